@@ -1,0 +1,171 @@
+//! A fixed-entry-size index file, preallocated and memory-mapped, shared by the offset and time
+//! indexes.
+//!
+//! Invariants:
+//! - `entries * entry_bytes <= mapped length`; entries are stored back to back from byte 0.
+//! - Keys (the first field of an entry) are strictly increasing, so lookups binary-search.
+//! - While a segment is active the file is preallocated to `segment.index.bytes` (rounded down
+//!   to whole entries); it is trimmed to `entries * entry_bytes` when the segment is rolled or
+//!   closed, so after a clean shutdown the entry count is the file length divided by the entry size.
+//!
+//! Concurrency: not synchronised; the owning segment guards it with a mutex.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use memmap2::MmapMut;
+
+use crate::error::{IoContext, Result};
+
+/// Bytes of entries searched first, Kafka's "warm section". Appends and tail reads (the common
+/// case: consumers near the end of the log) only touch the entries at the end of the index, and
+/// 8 KiB is two pages on most systems, so a lookup in the warm section stays within pages that
+/// the writer keeps hot. A 10 MiB index at 4 KiB per entry covers ~5 GiB of log with 1024 warm
+/// entries covering the newest ~4 MiB.
+const WARM_SECTION_BYTES: usize = 8192;
+
+pub(crate) struct IndexFile {
+    path: PathBuf,
+    file: File,
+    /// `None` while the mapped length is zero (an empty, trimmed index cannot be mapped).
+    mmap: Option<MmapMut>,
+    entry_bytes: usize,
+    entries: usize,
+    /// Entries that fit in the current mapping.
+    capacity: usize,
+}
+
+impl IndexFile {
+    /// Opens (creating if needed) the index at `path`. `existing_entries` says how many entries a
+    /// trimmed file holds (`None`: derive from the file length, the clean-shutdown case).
+    /// If `preallocate_bytes` is given, the file grows to that many bytes (rounded down to whole
+    /// entries) so appends need no remapping.
+    pub(crate) fn open(path: &Path, entry_bytes: usize, preallocate_bytes: Option<u64>) -> Result<IndexFile> {
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).at(path)?;
+        let length = file.metadata().at(path)?.len() as usize;
+        let entries = length / entry_bytes;
+        let mut index = IndexFile { path: path.to_path_buf(), file, mmap: None, entry_bytes, entries, capacity: 0 };
+        let target = match preallocate_bytes {
+            Some(bytes) => (bytes as usize / entry_bytes).max(entries) * entry_bytes,
+            None => entries * entry_bytes,
+        };
+        index.remap(target)?;
+        Ok(index)
+    }
+
+    fn remap(&mut self, length: usize) -> Result<()> {
+        self.mmap = None;
+        self.file.set_len(length as u64).at(&self.path)?;
+        if length > 0 {
+            // SAFETY: the mapping is of a file this process owns inside its data directory, opened
+            // read-write; nothing else truncates it while mapped (we drop the mapping above before
+            // every set_len). Other processes modifying it is outside the data directory contract.
+            #[allow(unsafe_code)]
+            let mmap = unsafe { MmapMut::map_mut(&self.file) }.at(&self.path)?;
+            self.mmap = Some(mmap);
+        }
+        self.capacity = length / self.entry_bytes;
+        Ok(())
+    }
+
+    pub(crate) fn entries(&self) -> usize {
+        self.entries
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.entries >= self.capacity
+    }
+
+    pub(crate) fn entry(&self, i: usize) -> &[u8] {
+        debug_assert!(i < self.entries);
+        let at = i * self.entry_bytes;
+        match &self.mmap {
+            Some(m) => &m[at..at + self.entry_bytes],
+            None => &[],
+        }
+    }
+
+    /// Appends one entry. The caller checks `is_full` first and keeps keys increasing.
+    pub(crate) fn push(&mut self, entry: &[u8]) {
+        assert_eq!(entry.len(), self.entry_bytes);
+        assert!(!self.is_full(), "index {} is full", self.path.display());
+        let at = self.entries * self.entry_bytes;
+        if let Some(m) = &mut self.mmap {
+            m[at..at + self.entry_bytes].copy_from_slice(entry);
+            self.entries += 1;
+        }
+    }
+
+    /// Keeps the first `entries` entries.
+    pub(crate) fn truncate_entries(&mut self, entries: usize) {
+        self.entries = self.entries.min(entries);
+    }
+
+    /// Grows the file back to `bytes` (when a trimmed index becomes active again after truncation).
+    pub(crate) fn preallocate(&mut self, bytes: u64) -> Result<()> {
+        let target = (bytes as usize / self.entry_bytes).max(self.entries) * self.entry_bytes;
+        if target / self.entry_bytes != self.capacity {
+            self.flush()?;
+            self.remap(target)?;
+        }
+        Ok(())
+    }
+
+    /// Shrinks the file to the used entries (on roll and close).
+    pub(crate) fn trim(&mut self) -> Result<()> {
+        if self.capacity != self.entries {
+            self.flush()?;
+            self.remap(self.entries * self.entry_bytes)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        if let Some(m) = &self.mmap {
+            m.flush().at(&self.path)?;
+        }
+        Ok(())
+    }
+
+    /// Index of the last entry whose key is `<= target`, searching the warm section first.
+    /// `key` extracts an entry's key.
+    pub(crate) fn largest_lower_bound<K: Ord + Copy>(&self, target: K, key: impl Fn(&[u8]) -> K) -> Option<usize> {
+        if self.entries == 0 || key(self.entry(0)) > target {
+            return None;
+        }
+        let warm_entries = (WARM_SECTION_BYTES / self.entry_bytes).max(1);
+        let first_warm = self.entries.saturating_sub(warm_entries);
+        if key(self.entry(first_warm)) <= target {
+            return Some(self.search(first_warm, self.entries - 1, target, &key));
+        }
+        Some(self.search(0, first_warm, target, &key))
+    }
+
+    /// Binary search in `[low, high]` where `key(low) <= target`.
+    fn search<K: Ord + Copy>(&self, mut low: usize, mut high: usize, target: K, key: &impl Fn(&[u8]) -> K) -> usize {
+        while low < high {
+            let mid = low + (high - low).div_ceil(2);
+            if key(self.entry(mid)) <= target {
+                low = mid;
+            } else {
+                high = mid - 1;
+            }
+        }
+        low
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Renames the file (its mapping stays valid).
+    pub(crate) fn rename(&mut self, to: &Path) -> Result<()> {
+        std::fs::rename(&self.path, to).at(&self.path)?;
+        self.path = to.to_path_buf();
+        Ok(())
+    }
+}

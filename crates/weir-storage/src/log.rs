@@ -1,0 +1,914 @@
+//! A partition log: a directory of segments with one writer, many readers, flush policies with
+//! group commit, retention, truncation and recovery.
+//!
+//! Offsets: `log_start_offset <= high_watermark <= log_end_offset`, and
+//! `recovery_point <= log_end_offset`. Everything below `recovery_point` is fsynced; recovery
+//! after a crash rescans from the segment that contains it. Offsets are `i64` as in Kafka.
+//!
+//! Locks, always taken in this order: `maintenance` (retention, compaction, truncation: one at a
+//! time), `writer` (appends, rolls), `segments` (the map; held only to clone or swap entries),
+//! then a segment's own state lock. `sync` is independent: it is never held while taking others.
+
+use std::collections::hash_map::RandomState;
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::batch::{self, TimestampType};
+use crate::checkpoint::fsync_dir;
+use crate::clock::Clock;
+use crate::config::{FlushPolicy, LogConfig};
+use crate::deletion::DeletionQueue;
+use crate::error::{IoContext, Result, StorageError};
+use crate::file_slice::FileSlice;
+use crate::segment::{self, Segment, SegmentRead};
+
+/// What `append` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendInfo {
+    pub first_offset: i64,
+    pub last_offset: i64,
+    /// The broker's time stamped on the batches with `LogAppendTime`, else `None`.
+    pub log_append_time_ms: Option<i64>,
+    pub batch_count: u32,
+    pub record_count: u64,
+    pub bytes: u64,
+}
+
+/// What `read` found.
+#[derive(Debug, Clone)]
+pub struct ReadResult {
+    /// `None` when there is nothing at or after the requested offset below the upper bound.
+    pub slice: Option<FileSlice>,
+    pub log_start_offset: i64,
+    pub log_end_offset: i64,
+    pub high_watermark: i64,
+}
+
+/// An offset found by timestamp, with the record's timestamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimestampOffset {
+    pub timestamp: i64,
+    pub offset: i64,
+}
+
+/// How `open` should treat the files it finds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenOptions {
+    /// The data directory was shut down cleanly: trust the files, scan nothing.
+    pub clean_shutdown: bool,
+    /// From the recovery-point checkpoint; `None` rescans the whole log after a crash.
+    pub recovery_point: Option<i64>,
+    /// From the log-start-offset checkpoint (DeleteRecords moves it inside a segment).
+    pub log_start_offset: Option<i64>,
+}
+
+/// Counters a benchmark or metrics exporter reads.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    pub appended_batches: AtomicU64,
+    pub appended_bytes: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub fsync_nanos: AtomicU64,
+    pub rolls: AtomicU64,
+    pub recovered_truncated_bytes: AtomicU64,
+}
+
+/// What a retention pass removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetentionOutcome {
+    pub deleted_segments: usize,
+    pub deleted_bytes: u64,
+}
+
+struct SyncState {
+    /// Every offset below this is on disk.
+    durable_end: i64,
+    /// One thread is running fdatasync on behalf of all waiters.
+    syncing: bool,
+}
+
+pub struct Log {
+    dir: PathBuf,
+    config: RwLock<Arc<LogConfig>>,
+    clock: Arc<dyn Clock>,
+    pub(crate) segments: RwLock<BTreeMap<i64, Arc<Segment>>>,
+    writer: Mutex<()>,
+    pub(crate) maintenance: Mutex<()>,
+    log_start_offset: AtomicI64,
+    log_end_offset: AtomicI64,
+    high_watermark: AtomicI64,
+    recovery_point: AtomicI64,
+    unflushed_messages: AtomicU64,
+    last_flush_ms: AtomicI64,
+    sync: Mutex<SyncState>,
+    sync_done: Condvar,
+    closed: AtomicBool,
+    /// Replication decides the high watermark (cluster mode); otherwise the log advances it
+    /// itself: to the log end on append, or, with `flush=sync`, to what is durable, so that no
+    /// consumer ever reads data that a power failure could take back.
+    high_watermark_managed: AtomicBool,
+    pub(crate) deletion_queue: Arc<DeletionQueue>,
+    /// Where compaction has reached (first uncleaned offset); kept by the cleaner.
+    pub(crate) cleaner_checkpoint: AtomicI64,
+    jitter: RandomState,
+    pub stats: LogStats,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Log {
+    /// Opens the log in `dir` (creating it if needed), recovering after a crash as `options`
+    /// says.
+    pub fn open(
+        dir: &Path,
+        config: LogConfig,
+        clock: Arc<dyn Clock>,
+        options: OpenOptions,
+        deletion_queue: Arc<DeletionQueue>,
+    ) -> Result<Log> {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).at(dir)?;
+            if let Some(parent) = dir.parent() {
+                fsync_dir(parent)?;
+            }
+        }
+        let now = clock.now_ms();
+        let bases = prepare_directory(dir)?;
+        let log = Log {
+            dir: dir.to_path_buf(),
+            config: RwLock::new(Arc::new(config)),
+            clock,
+            segments: RwLock::new(BTreeMap::new()),
+            writer: Mutex::new(()),
+            maintenance: Mutex::new(()),
+            log_start_offset: AtomicI64::new(0),
+            log_end_offset: AtomicI64::new(0),
+            high_watermark: AtomicI64::new(0),
+            recovery_point: AtomicI64::new(0),
+            unflushed_messages: AtomicU64::new(0),
+            last_flush_ms: AtomicI64::new(now),
+            sync: Mutex::new(SyncState { durable_end: 0, syncing: false }),
+            sync_done: Condvar::new(),
+            closed: AtomicBool::new(false),
+            high_watermark_managed: AtomicBool::new(false),
+            deletion_queue,
+            cleaner_checkpoint: AtomicI64::new(0),
+            jitter: RandomState::new(),
+            stats: LogStats::default(),
+        };
+        log.load_segments(&bases, options, now)?;
+        Ok(log)
+    }
+
+    fn load_segments(&self, bases: &[i64], options: OpenOptions, now: i64) -> Result<()> {
+        let config = self.config();
+        let mut map = BTreeMap::new();
+        for (i, base) in bases.iter().enumerate() {
+            let active = i + 1 == bases.len();
+            let segment = Segment::open(
+                &self.dir,
+                *base,
+                active,
+                config.segment_index_bytes,
+                self.roll_jitter(&config, *base),
+                now,
+            )?;
+            map.insert(*base, Arc::new(segment));
+        }
+        if !options.clean_shutdown && !map.is_empty() {
+            let recovery_point = options.recovery_point.unwrap_or(i64::MIN);
+            let first_to_recover = map.range(..=recovery_point).next_back().map_or(i64::MIN, |(b, _)| *b);
+            let mut min_offset = i64::MIN;
+            let mut cut = None;
+            for (base, segment) in map.range(first_to_recover..) {
+                let outcome = segment.recover(config.index_interval_bytes, min_offset)?;
+                self.stats.recovered_truncated_bytes.fetch_add(outcome.truncated_bytes, Ordering::Relaxed);
+                // The segment is now validated; make what recovery kept durable before the
+                // recovery point moves past it.
+                segment.flush()?;
+                min_offset = outcome.next_offset.unwrap_or(*base);
+                if outcome.truncated_bytes > 0 {
+                    cut = Some(*base);
+                    break;
+                }
+            }
+            if let Some(cut) = cut {
+                // Everything after a corrupt batch is unreachable by offset order: drop it, as Kafka does.
+                let later: Vec<i64> = map.range(cut + 1..).map(|(b, _)| *b).collect();
+                for base in later {
+                    if let Some(segment) = map.remove(&base) {
+                        tracing::warn!(segment = %segment.log_path().display(), "deleting segment after a corrupt tail");
+                        let paths = segment.rename_to_deleted()?;
+                        self.deletion_queue.schedule(paths, now);
+                    }
+                }
+                if let Some((_, last)) = map.iter().next_back() {
+                    last.reactivate()?;
+                }
+            }
+        }
+        if map.is_empty() {
+            let base = options.log_start_offset.unwrap_or(0).max(0);
+            let segment =
+                Segment::create(&self.dir, base, config.segment_index_bytes, self.roll_jitter(&config, base), now)?;
+            fsync_dir(&self.dir)?;
+            map.insert(base, Arc::new(segment));
+        }
+        let last = map.values().next_back().map(Arc::clone).expect("at least one segment");
+        let first_base = *map.keys().next().expect("at least one segment");
+        let log_end = last.next_offset()?;
+        let log_start = options.log_start_offset.unwrap_or(first_base).max(first_base).min(log_end);
+        *self.segments.write().unwrap_or_else(|p| p.into_inner()) = map;
+        self.log_end_offset.store(log_end, Ordering::Release);
+        self.log_start_offset.store(log_start, Ordering::Release);
+        self.high_watermark.store(log_end, Ordering::Release);
+        self.recovery_point.store(log_end, Ordering::Release);
+        lock(&self.sync).durable_end = log_end;
+        self.cleaner_checkpoint.store(log_start, Ordering::Release);
+        Ok(())
+    }
+
+    fn roll_jitter(&self, config: &LogConfig, base: i64) -> u64 {
+        let bound = config.segment_jitter_ms.min(config.segment_ms);
+        if bound == 0 {
+            0
+        } else {
+            self.jitter.hash_one(base) % bound
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> Arc<LogConfig> {
+        Arc::clone(&self.config.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Replaces the configuration; it applies to the next append, roll and retention pass.
+    pub fn set_config(&self, config: LogConfig) {
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+    }
+
+    pub fn log_start_offset(&self) -> i64 {
+        self.log_start_offset.load(Ordering::Acquire)
+    }
+
+    pub fn log_end_offset(&self) -> i64 {
+        self.log_end_offset.load(Ordering::Acquire)
+    }
+
+    pub fn high_watermark(&self) -> i64 {
+        self.high_watermark.load(Ordering::Acquire)
+    }
+
+    /// Hands the high watermark to the caller's replication (see [`Log::set_high_watermark`]).
+    pub fn set_high_watermark_managed(&self, managed: bool) {
+        self.high_watermark_managed.store(managed, Ordering::Release);
+    }
+
+    fn advance_high_watermark(&self, offset: i64) {
+        if !self.high_watermark_managed.load(Ordering::Acquire) {
+            self.high_watermark.fetch_max(offset.min(self.log_end_offset()), Ordering::AcqRel);
+        }
+    }
+
+    /// Sets the high watermark (the broker's replication decides it), clamped to the log.
+    pub fn set_high_watermark(&self, offset: i64) {
+        let clamped = offset.clamp(self.log_start_offset(), self.log_end_offset());
+        self.high_watermark.store(clamped, Ordering::Release);
+    }
+
+    /// Every offset below this is fsynced.
+    pub fn recovery_point(&self) -> i64 {
+        self.recovery_point.load(Ordering::Acquire)
+    }
+
+    /// Total bytes of all segments.
+    pub fn size_bytes(&self) -> u64 {
+        self.segments_snapshot().iter().map(|s| s.size()).sum()
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.segments.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Base offsets of the segments, oldest first.
+    pub fn segment_base_offsets(&self) -> Vec<i64> {
+        self.segments.read().unwrap_or_else(|p| p.into_inner()).keys().copied().collect()
+    }
+
+    pub(crate) fn segments_snapshot(&self) -> Vec<Arc<Segment>> {
+        self.segments.read().unwrap_or_else(|p| p.into_inner()).values().map(Arc::clone).collect()
+    }
+
+    pub(crate) fn active_segment(&self) -> Arc<Segment> {
+        let segments = self.segments.read().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(segments.values().next_back().expect("a log always has an active segment"))
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StorageError::Closed(self.dir.clone()));
+        }
+        Ok(())
+    }
+
+    /// Appends one or more whole batches as the leader: validates them (the log is untouched if
+    /// any is invalid), assigns offsets from the log end offset by rewriting `baseOffset` and
+    /// `partitionLeaderEpoch` in `records` in place, stamps `LogAppendTime` if configured, and
+    /// writes them. The data is in the page cache on return; with `flush=sync`, call
+    /// [`Log::sync_to`] with `last_offset + 1` before acknowledging.
+    pub fn append(&self, records: &mut [u8], partition_leader_epoch: i32) -> Result<AppendInfo> {
+        let config = self.config();
+        // Validation (CRC over every byte) runs before the writer lock, so concurrent appenders
+        // validate in parallel and the lock covers only offset assignment and the write.
+        let summary = batch::validate_batches(records, config.max_message_bytes as usize)?;
+        let writer = lock(&self.writer);
+        self.check_open()?;
+        let now = self.clock.now_ms();
+        let first_offset = self.log_end_offset();
+        let segment =
+            self.maybe_roll(&config, records.len() as u64, summary.offset_count, summary.first_max_timestamp, now)?;
+        let append_time = (config.timestamp_type == TimestampType::LogAppendTime).then_some(now);
+        let next_offset = batch::assign_offsets(records, first_offset, partition_leader_epoch, append_time);
+        segment.append(records, config.index_interval_bytes)?;
+        self.log_end_offset.store(next_offset, Ordering::Release);
+        if config.flush != FlushPolicy::Sync {
+            self.advance_high_watermark(next_offset);
+        }
+        drop(writer);
+        self.stats.appended_batches.fetch_add(u64::from(summary.batch_count), Ordering::Relaxed);
+        self.stats.appended_bytes.fetch_add(records.len() as u64, Ordering::Relaxed);
+        let unflushed =
+            self.unflushed_messages.fetch_add(summary.record_count, Ordering::AcqRel) + summary.record_count;
+        if let FlushPolicy::Interval { messages, .. } = config.flush {
+            if unflushed >= messages {
+                self.flush()?;
+            }
+        }
+        Ok(AppendInfo {
+            first_offset,
+            last_offset: next_offset - 1,
+            log_append_time_ms: append_time,
+            batch_count: summary.batch_count,
+            record_count: summary.record_count,
+            bytes: records.len() as u64,
+        })
+    }
+
+    /// Rolls the active segment if the append would overflow it or it is old enough; returns
+    /// the segment to append to. Called with the writer lock held.
+    fn maybe_roll(
+        &self,
+        config: &LogConfig,
+        bytes: u64,
+        offsets: u64,
+        first_timestamp: i64,
+        now: i64,
+    ) -> Result<Arc<Segment>> {
+        let active = self.active_segment();
+        let size = active.size();
+        let log_end = self.log_end_offset();
+        let rolling_since = active.first_batch_timestamp().unwrap_or(active.created_ms);
+        let _ = first_timestamp;
+        let reason = if size > 0 && size + bytes > config.segment_bytes {
+            Some("segment.bytes")
+        } else if size > 0
+            && now.saturating_sub(rolling_since)
+                > (config.segment_ms - active.roll_jitter_ms.min(config.segment_ms)) as i64
+        {
+            Some("segment.ms")
+        } else if size > 0 && active.indexes_full()? {
+            Some("index full")
+        } else if log_end + offsets as i64 - 1 - active.base_offset() > i64::from(u32::MAX) {
+            Some("relative offset overflow")
+        } else if log_end != active.base_offset() && size == 0 {
+            // An empty active segment whose base is not the log end (after DeleteRecords or
+            // truncation of everything) is replaced so that file name = first offset holds.
+            Some("empty segment at a stale base offset")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => self.roll(config, reason, now),
+            None => Ok(active),
+        }
+    }
+
+    fn roll(&self, config: &LogConfig, reason: &str, now: i64) -> Result<Arc<Segment>> {
+        let active = self.active_segment();
+        let base = self.log_end_offset();
+        tracing::debug!(dir = %self.dir.display(), base, reason, "rolling segment");
+        if active.size() == 0 {
+            // Replace an empty segment rather than leaving an empty file behind.
+            let mut segments = self.segments.write().unwrap_or_else(|p| p.into_inner());
+            segments.remove(&active.base_offset());
+            drop(segments);
+            let paths = active.rename_to_deleted()?;
+            self.deletion_queue.schedule(paths, now);
+        } else {
+            active.on_roll()?;
+        }
+        let segment = Arc::new(Segment::create(
+            &self.dir,
+            base,
+            config.segment_index_bytes,
+            self.roll_jitter(config, base),
+            now,
+        )?);
+        // The new file's directory entry must be durable before any data in it is acknowledged.
+        fsync_dir(&self.dir)?;
+        self.segments.write().unwrap_or_else(|p| p.into_inner()).insert(base, Arc::clone(&segment));
+        self.stats.rolls.fetch_add(1, Ordering::Relaxed);
+        Ok(segment)
+    }
+
+    /// Rolls the active segment now if it holds data (e.g. before time-based retention).
+    pub fn roll_now(&self) -> Result<()> {
+        let _writer = lock(&self.writer);
+        if self.active_segment().size() > 0 {
+            let config = self.config();
+            self.roll(&config, "requested", self.clock.now_ms())?;
+        }
+        Ok(())
+    }
+
+    /// Blocks until every offset below `end_offset` is on disk. Concurrent callers share one
+    /// fdatasync (group commit): while one thread syncs, others queue; when it finishes, one of
+    /// them syncs everything appended meanwhile for all of them.
+    pub fn sync_to(&self, end_offset: i64) -> Result<()> {
+        let mut state = lock(&self.sync);
+        loop {
+            if state.durable_end >= end_offset {
+                return Ok(());
+            }
+            if !state.syncing {
+                state.syncing = true;
+                drop(state);
+                let target = self.log_end_offset();
+                let result = self.flush_data_to(target);
+                state = lock(&self.sync);
+                state.syncing = false;
+                if result.is_ok() {
+                    state.durable_end = state.durable_end.max(target);
+                    self.advance_high_watermark(target);
+                }
+                self.sync_done.notify_all();
+                result?;
+                continue;
+            }
+            state = self.sync_done.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// fsyncs everything appended so far.
+    pub fn flush(&self) -> Result<()> {
+        self.sync_to(self.log_end_offset())
+    }
+
+    /// fdatasyncs the segments holding offsets in `[recovery_point, target)`.
+    fn flush_data_to(&self, target: i64) -> Result<()> {
+        let from = self.recovery_point();
+        if from >= target {
+            return Ok(());
+        }
+        let segments: Vec<Arc<Segment>> = {
+            let map = self.segments.read().unwrap_or_else(|p| p.into_inner());
+            let first = map.range(..=from).next_back().map_or(i64::MIN, |(b, _)| *b);
+            map.range(first..target).map(|(_, s)| Arc::clone(s)).collect()
+        };
+        let started = Instant::now();
+        for segment in &segments {
+            segment.file().sync_data().at(&segment.log_path())?;
+        }
+        self.stats.fsyncs.fetch_add(segments.len() as u64, Ordering::Relaxed);
+        self.stats.fsync_nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.recovery_point.fetch_max(target, Ordering::AcqRel);
+        self.unflushed_messages.store(0, Ordering::Release);
+        self.last_flush_ms.store(self.clock.now_ms(), Ordering::Release);
+        Ok(())
+    }
+
+    /// For `flush=interval`: flushes if `flush.ms` has passed since the last flush. For
+    /// `flush=none`: flushes segments that were rolled, as Kafka does after a roll, so recovery
+    /// after a crash only rescans the active segment. Called periodically by the manager.
+    pub fn flush_if_due(&self) -> Result<()> {
+        let config = self.config();
+        match config.flush {
+            FlushPolicy::Interval { interval_ms, .. } => {
+                let since = self.clock.now_ms() - self.last_flush_ms.load(Ordering::Acquire);
+                if since >= interval_ms as i64 && self.recovery_point() < self.log_end_offset() {
+                    self.flush()?;
+                }
+            }
+            FlushPolicy::None | FlushPolicy::Sync => {
+                let active_base = self.active_segment().base_offset();
+                if self.recovery_point() < active_base {
+                    self.sync_to(active_base)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads whole batches starting at the batch that contains `from`: at most `max_bytes`, but
+    /// always at least one batch so a consumer never starves on a large batch, and never a batch
+    /// that reaches `max_offset_exclusive` (the high watermark or last stable offset).
+    pub fn read(&self, from: i64, max_bytes: u64, max_offset_exclusive: i64) -> Result<ReadResult> {
+        self.read_with(from, max_bytes, max_offset_exclusive, true)
+    }
+
+    /// As [`Log::read`], with `min_one_batch = false` allowing an empty answer when the first
+    /// batch exceeds `max_bytes` (Kafka applies the at-least-one rule to one partition per fetch).
+    pub fn read_with(
+        &self,
+        from: i64,
+        max_bytes: u64,
+        max_offset_exclusive: i64,
+        min_one_batch: bool,
+    ) -> Result<ReadResult> {
+        let log_start = self.log_start_offset();
+        let log_end = self.log_end_offset();
+        let mut result = ReadResult {
+            slice: None,
+            log_start_offset: log_start,
+            log_end_offset: log_end,
+            high_watermark: self.high_watermark(),
+        };
+        if from < log_start || from > log_end {
+            return Err(StorageError::OffsetOutOfRange {
+                offset: from,
+                log_start_offset: log_start,
+                log_end_offset: log_end,
+            });
+        }
+        let upper = max_offset_exclusive.min(log_end);
+        if from >= upper {
+            return Ok(result);
+        }
+        let mut cursor = {
+            let map = self.segments.read().unwrap_or_else(|p| p.into_inner());
+            map.range(..=from).next_back().or_else(|| map.iter().next()).map(|(_, s)| Arc::clone(s))
+        };
+        while let Some(segment) = cursor {
+            if segment.base_offset() >= upper {
+                break;
+            }
+            match segment.read(from, max_bytes, upper, min_one_batch)? {
+                SegmentRead::Slice(slice) => {
+                    result.slice = Some(slice);
+                    break;
+                }
+                SegmentRead::AtUpperBound => break,
+                SegmentRead::NotHere => {
+                    let map = self.segments.read().unwrap_or_else(|p| p.into_inner());
+                    cursor = map.range(segment.base_offset() + 1..).next().map(|(_, s)| Arc::clone(s));
+                }
+            }
+        }
+        Ok(result)
+    }
+
+    /// The first record with timestamp `>= target` at or after the log start offset (ListOffsets
+    /// by timestamp), or `None` if every record is older.
+    pub fn offset_for_timestamp(&self, target: i64) -> Result<Option<TimestampOffset>> {
+        let log_start = self.log_start_offset();
+        let log_end = self.log_end_offset();
+        for segment in self.segments_snapshot() {
+            match segment.max_timestamp()? {
+                Some((max, _)) if max >= target => {}
+                _ => continue,
+            }
+            let mut min_offset = log_start;
+            while let Some((position, header)) = segment.find_batch_by_timestamp(target, min_offset)? {
+                if header.base_offset >= log_end {
+                    return Ok(None);
+                }
+                let batch = segment.read_batch(position, &header)?;
+                if let Some(found) = first_record_at_or_after(&batch, target, log_start, log_end)? {
+                    return Ok(Some(found));
+                }
+                // Only records below the log start qualified; keep looking after this batch.
+                min_offset = header.next_offset();
+            }
+        }
+        Ok(None)
+    }
+
+    /// The record with the largest timestamp (ListOffsets MAX_TIMESTAMP, KIP-734).
+    pub fn max_timestamp_offset(&self) -> Result<Option<TimestampOffset>> {
+        let mut best: Option<TimestampOffset> = None;
+        for segment in self.segments_snapshot() {
+            if let Some((timestamp, offset)) = segment.max_timestamp()? {
+                if best.is_none_or(|b| timestamp > b.timestamp) {
+                    best = Some(TimestampOffset { timestamp, offset });
+                }
+            }
+        }
+        // Refine from the batch to the record carrying the timestamp.
+        if let Some(b) = best {
+            let read = self.read(b.offset.max(self.log_start_offset()), 1, self.log_end_offset())?;
+            if let Some(slice) = read.slice {
+                let bytes = slice.read_to_vec()?;
+                if let Ok(records) = decode_records(&bytes) {
+                    if let Some(r) = records.iter().filter(|r| r.timestamp == b.timestamp).max_by_key(|r| r.offset) {
+                        return Ok(Some(TimestampOffset { timestamp: r.timestamp, offset: r.offset }));
+                    }
+                }
+            }
+        }
+        Ok(best)
+    }
+
+    /// DeleteRecords: moves the log start offset up to `offset` (at most the high watermark) and
+    /// removes the segments entirely below it. Returns the new log start offset.
+    pub fn delete_records_before(&self, offset: i64) -> Result<i64> {
+        let hw = self.high_watermark();
+        if offset > hw || offset < 0 {
+            return Err(StorageError::OffsetOutOfRange {
+                offset,
+                log_start_offset: self.log_start_offset(),
+                log_end_offset: hw,
+            });
+        }
+        self.log_start_offset.fetch_max(offset, Ordering::AcqRel);
+        let _maintenance = lock(&self.maintenance);
+        self.delete_segments_below_log_start()?;
+        Ok(self.log_start_offset())
+    }
+
+    fn delete_segments_below_log_start(&self) -> Result<RetentionOutcome> {
+        let log_start = self.log_start_offset();
+        let bases = self.segment_base_offsets();
+        let mut doomed = Vec::new();
+        for pair in bases.windows(2) {
+            if pair[1] <= log_start {
+                doomed.push(pair[0]);
+            }
+        }
+        self.delete_segments(&doomed)
+    }
+
+    /// Removes the given (non-active) segments: out of the map first, so no new reader finds
+    /// them, then renamed to `.deleted` and queued for unlinking after `file.delete.delay.ms`.
+    pub(crate) fn delete_segments(&self, bases: &[i64]) -> Result<RetentionOutcome> {
+        let mut outcome = RetentionOutcome::default();
+        if bases.is_empty() {
+            return Ok(outcome);
+        }
+        let now = self.clock.now_ms();
+        let delay = self.config().file_delete_delay_ms as i64;
+        let removed: Vec<Arc<Segment>> = {
+            let mut map = self.segments.write().unwrap_or_else(|p| p.into_inner());
+            let active = *map.keys().next_back().expect("active segment");
+            let removed = bases.iter().filter(|b| **b != active).filter_map(|b| map.remove(b)).collect();
+            if let Some(first) = map.keys().next() {
+                self.log_start_offset.fetch_max(*first, Ordering::AcqRel);
+            }
+            removed
+        };
+        for segment in removed {
+            outcome.deleted_segments += 1;
+            outcome.deleted_bytes += segment.size();
+            let paths = segment.rename_to_deleted()?;
+            self.deletion_queue.schedule(paths, now + delay);
+        }
+        if outcome.deleted_segments > 0 {
+            tracing::info!(dir = %self.dir.display(), segments = outcome.deleted_segments, bytes = outcome.deleted_bytes, log_start_offset = self.log_start_offset(), "deleted segments");
+        }
+        Ok(outcome)
+    }
+
+    /// One retention pass: segments below the log start offset; with `cleanup.policy` containing
+    /// `delete`, segments older than `retention.ms` (by their largest timestamp) and the oldest
+    /// segments beyond `retention.bytes`. Never deletes data at or above the high watermark.
+    pub fn apply_retention(&self) -> Result<RetentionOutcome> {
+        let _maintenance = lock(&self.maintenance);
+        let config = self.config();
+        let now = self.clock.now_ms();
+        let mut outcome = self.delete_segments_below_log_start()?;
+        if !config.cleanup_policy.delete {
+            return Ok(outcome);
+        }
+        if config.retention_ms >= 0 {
+            let expired = |segment: &Segment| -> Result<bool> {
+                let largest = segment.max_timestamp()?.map_or(segment.created_ms, |(t, _)| t);
+                Ok(now - largest > config.retention_ms)
+            };
+            let active = self.active_segment();
+            // If everything including the active segment expired, roll so the data can go.
+            let all_expired = self
+                .segments_snapshot()
+                .iter()
+                .try_fold(true, |acc, s| Ok::<bool, StorageError>(acc && (s.size() == 0 || expired(s)?)))?;
+            if all_expired && active.size() > 0 && self.high_watermark() >= self.log_end_offset() {
+                self.roll_now()?;
+            }
+            let mut doomed = Vec::new();
+            let segments = self.segments_snapshot();
+            for pair in segments.windows(2) {
+                let (segment, next) = (&pair[0], &pair[1]);
+                if next.base_offset() > self.high_watermark() || !expired(segment)? {
+                    break;
+                }
+                doomed.push(segment.base_offset());
+            }
+            let o = self.delete_segments(&doomed)?;
+            outcome.deleted_segments += o.deleted_segments;
+            outcome.deleted_bytes += o.deleted_bytes;
+        }
+        if config.retention_bytes >= 0 {
+            let segments = self.segments_snapshot();
+            let mut excess = segments.iter().map(|s| s.size()).sum::<u64>() as i64 - config.retention_bytes;
+            let mut doomed = Vec::new();
+            for pair in segments.windows(2) {
+                let (segment, next) = (&pair[0], &pair[1]);
+                if excess < segment.size() as i64 || next.base_offset() > self.high_watermark() {
+                    break;
+                }
+                excess -= segment.size() as i64;
+                doomed.push(segment.base_offset());
+            }
+            let o = self.delete_segments(&doomed)?;
+            outcome.deleted_segments += o.deleted_segments;
+            outcome.deleted_bytes += o.deleted_bytes;
+        }
+        Ok(outcome)
+    }
+
+    /// Removes every batch at or after the batch containing `offset` (a follower truncating to
+    /// the leader). Returns the new log end offset. Truncating below the log start offset
+    /// empties the log and restarts it at `offset`.
+    pub fn truncate_to(&self, offset: i64) -> Result<i64> {
+        let _maintenance = lock(&self.maintenance);
+        let _writer = lock(&self.writer);
+        self.check_open()?;
+        if offset >= self.log_end_offset() {
+            return Ok(self.log_end_offset());
+        }
+        if offset <= self.log_start_offset() {
+            self.reset_to(offset)?;
+            return Ok(offset);
+        }
+        let doomed: Vec<Arc<Segment>> = {
+            let mut map = self.segments.write().unwrap_or_else(|p| p.into_inner());
+            let floor = map.range(..=offset).next_back().map_or(i64::MIN, |(b, _)| *b);
+            let later: Vec<i64> = map.range(floor + 1..).map(|(b, _)| *b).collect();
+            later.iter().filter_map(|b| map.remove(b)).collect()
+        };
+        let now = self.clock.now_ms();
+        for segment in doomed {
+            let paths = segment.rename_to_deleted()?;
+            self.deletion_queue.schedule(paths, now);
+        }
+        let active = self.active_segment();
+        active.truncate_to(offset)?;
+        active.reactivate()?;
+        let log_end = active.next_offset()?;
+        self.log_end_offset.store(log_end, Ordering::Release);
+        self.recovery_point.fetch_min(log_end, Ordering::AcqRel);
+        self.high_watermark.fetch_min(log_end, Ordering::AcqRel);
+        self.cleaner_checkpoint.fetch_min(log_end, Ordering::AcqRel);
+        let mut sync = lock(&self.sync);
+        sync.durable_end = sync.durable_end.min(log_end);
+        Ok(log_end)
+    }
+
+    /// Empties the log and restarts it at `offset` (Kafka's truncateFullyAndStartAt).
+    fn reset_to(&self, offset: i64) -> Result<()> {
+        let now = self.clock.now_ms();
+        let old: Vec<Arc<Segment>> =
+            std::mem::take(&mut *self.segments.write().unwrap_or_else(|p| p.into_inner())).into_values().collect();
+        for segment in old {
+            let paths = segment.rename_to_deleted()?;
+            self.deletion_queue.schedule(paths, now);
+        }
+        let config = self.config();
+        let segment =
+            Segment::create(&self.dir, offset, config.segment_index_bytes, self.roll_jitter(&config, offset), now)?;
+        fsync_dir(&self.dir)?;
+        self.segments.write().unwrap_or_else(|p| p.into_inner()).insert(offset, Arc::new(segment));
+        for value in [
+            &self.log_start_offset,
+            &self.log_end_offset,
+            &self.high_watermark,
+            &self.recovery_point,
+            &self.cleaner_checkpoint,
+        ] {
+            value.store(offset, Ordering::Release);
+        }
+        lock(&self.sync).durable_end = offset;
+        Ok(())
+    }
+
+    /// Validates every batch of every segment (a scrub); reports the first corruption.
+    pub fn verify(&self) -> Result<()> {
+        for segment in self.segments_snapshot() {
+            segment.verify_all()?;
+        }
+        Ok(())
+    }
+
+    /// Flushes everything and trims the indexes; the log accepts no more appends.
+    pub fn close(&self) -> Result<()> {
+        let _writer = lock(&self.writer);
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        for segment in self.segments_snapshot() {
+            segment.close()?;
+        }
+        self.recovery_point.store(self.log_end_offset(), Ordering::Release);
+        Ok(())
+    }
+
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+}
+
+/// Decodes the records of the batches in `bytes` (decompressing as needed).
+pub(crate) fn decode_records(bytes: &[u8]) -> Result<Vec<kafka_protocol::records::Record>> {
+    let mut buf = Bytes::copy_from_slice(bytes);
+    let sets = kafka_protocol::records::RecordBatchDecoder::decode_all(&mut buf)
+        .map_err(|e| StorageError::from(crate::error::BatchError::Corrupt(format!("cannot decode records: {e}"))))?;
+    Ok(sets.into_iter().flat_map(|s| s.records).collect())
+}
+
+fn first_record_at_or_after(
+    batch: &[u8],
+    target: i64,
+    log_start: i64,
+    log_end: i64,
+) -> Result<Option<TimestampOffset>> {
+    let records = decode_records(batch)?;
+    Ok(records
+        .iter()
+        .find(|r| r.timestamp >= target && r.offset >= log_start && r.offset < log_end)
+        .map(|r| TimestampOffset { timestamp: r.timestamp, offset: r.offset }))
+}
+
+/// Cleans up what an interrupted operation left in `dir` and returns the segment base offsets,
+/// ascending. `.deleted` and `.cleaned` files are removed; a `.swap` file (a finished compaction
+/// whose swap was interrupted) replaces the segment of the same name.
+fn prepare_directory(dir: &Path) -> Result<Vec<i64>> {
+    let mut bases = Vec::new();
+    let entries = std::fs::read_dir(dir).at(dir)?;
+    let mut swaps = Vec::new();
+    for entry in entries {
+        let entry = entry.at(dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if name.ends_with(".deleted") || name.ends_with(".cleaned") || name.ends_with(".tmp") {
+            std::fs::remove_file(&path).at(&path)?;
+        } else if name.ends_with(".swap") {
+            swaps.push(path);
+        }
+    }
+    for swap in swaps {
+        let final_path = swap.with_extension("");
+        // `<base>.log.swap` -> `<base>.log`; indexes of that segment are stale now.
+        tracing::info!(file = %swap.display(), "completing an interrupted compaction swap");
+        std::fs::rename(&swap, &final_path).at(&swap)?;
+        if let Some(stem) = final_path.file_stem() {
+            for ext in ["index", "timeindex"] {
+                let _ = std::fs::remove_file(dir.join(format!("{}.{ext}", stem.to_string_lossy())));
+            }
+        }
+    }
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(stem) = name.strip_suffix(".log") {
+            if stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()) {
+                if let Ok(base) = stem.parse::<i64>() {
+                    bases.push(base);
+                }
+            }
+        }
+    }
+    bases.sort_unstable();
+    // Index files without a log are leftovers of a deleted segment.
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        for ext in [".index", ".timeindex"] {
+            if let Some(stem) = name.strip_suffix(ext) {
+                if stem.parse::<i64>().is_ok_and(|b| bases.binary_search(&b).is_err()) {
+                    std::fs::remove_file(entry.path()).at(&entry.path())?;
+                }
+            }
+        }
+    }
+    let _ = segment::file_name(0, "");
+    Ok(bases)
+}

@@ -1,0 +1,3 @@
+pub struct LogManager;
+pub struct ManagerOptions;
+pub struct TopicPartition;
