@@ -225,7 +225,7 @@ impl LogConfig {
         put("file.delete.delay.ms", self.file_delete_delay_ms.to_string());
         p
     }
-
+}
 
 fn invalid(name: &str, value: &str, reason: &str) -> StorageError {
     StorageError::InvalidConfig { name: name.into(), value: value.into(), reason: reason.into() }

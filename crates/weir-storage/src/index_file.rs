@@ -10,7 +10,7 @@
 //!
 //! Concurrency: not synchronised; the owning segment guards it with a mutex.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 
 use memmap2::MmapMut;
@@ -26,7 +26,6 @@ const WARM_SECTION_BYTES: usize = 8192;
 
 pub(crate) struct IndexFile {
     path: PathBuf,
-    file: File,
     /// `None` while the mapped length is zero (an empty, trimmed index cannot be mapped).
     mmap: Option<MmapMut>,
     entry_bytes: usize,
@@ -36,15 +35,15 @@ pub(crate) struct IndexFile {
 }
 
 impl IndexFile {
-    /// Opens (creating if needed) the index at `path`. `existing_entries` says how many entries a
-    /// trimmed file holds (`None`: derive from the file length, the clean-shutdown case).
-    /// If `preallocate_bytes` is given, the file grows to that many bytes (rounded down to whole
+    /// Opens (creating if needed) the index at `path`, taking the entry count from the file
+    /// length (exact for a trimmed file; a preallocated file left by a crash is caught by the
+    /// owner's sanity check and rebuilt). If `preallocate_bytes` is given, the file grows to that many bytes (rounded down to whole
     /// entries) so appends need no remapping.
     pub(crate) fn open(path: &Path, entry_bytes: usize, preallocate_bytes: Option<u64>) -> Result<IndexFile> {
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).at(path)?;
         let length = file.metadata().at(path)?.len() as usize;
         let entries = length / entry_bytes;
-        let mut index = IndexFile { path: path.to_path_buf(), file, mmap: None, entry_bytes, entries, capacity: 0 };
+        let mut index = IndexFile { path: path.to_path_buf(), mmap: None, entry_bytes, entries, capacity: 0 };
         let target = match preallocate_bytes {
             Some(bytes) => (bytes as usize / entry_bytes).max(entries) * entry_bytes,
             None => entries * entry_bytes,
@@ -53,15 +52,18 @@ impl IndexFile {
         Ok(index)
     }
 
+    /// Resizes the file and maps it again. The file descriptor is closed once mapped: a broker
+    /// with 10,000 partitions would otherwise hold two more descriptors per segment.
     fn remap(&mut self, length: usize) -> Result<()> {
         self.mmap = None;
-        self.file.set_len(length as u64).at(&self.path)?;
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&self.path).at(&self.path)?;
+        file.set_len(length as u64).at(&self.path)?;
         if length > 0 {
             // SAFETY: the mapping is of a file this process owns inside its data directory, opened
             // read-write; nothing else truncates it while mapped (we drop the mapping above before
             // every set_len). Other processes modifying it is outside the data directory contract.
             #[allow(unsafe_code)]
-            let mmap = unsafe { MmapMut::map_mut(&self.file) }.at(&self.path)?;
+            let mmap = unsafe { MmapMut::map_mut(&file) }.at(&self.path)?;
             self.mmap = Some(mmap);
         }
         self.capacity = length / self.entry_bytes;

@@ -77,6 +77,8 @@ pub struct LogStats {
     pub fsync_nanos: AtomicU64,
     pub rolls: AtomicU64,
     pub recovered_truncated_bytes: AtomicU64,
+    /// Segments scanned by recovery when the log was opened.
+    pub segments_recovered: AtomicU64,
 }
 
 /// What a retention pass removed.
@@ -190,6 +192,7 @@ impl Log {
             let mut cut = None;
             for (base, segment) in map.range(first_to_recover..) {
                 let outcome = segment.recover(config.index_interval_bytes, min_offset)?;
+                self.stats.segments_recovered.fetch_add(1, Ordering::Relaxed);
                 self.stats.recovered_truncated_bytes.fetch_add(outcome.truncated_bytes, Ordering::Relaxed);
                 // The segment is now validated; make what recovery kept durable before the
                 // recovery point moves past it.

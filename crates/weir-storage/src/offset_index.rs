@@ -72,7 +72,7 @@ impl OffsetIndex {
 
     /// The last entry with offset `<= target`, or the segment start if there is none.
     pub(crate) fn lookup(&self, target: i64) -> OffsetPosition {
-        let Ok(relative) = u32::try_from(target - self.base_offset) else {
+        let Ok(relative) = u32::try_from(target.saturating_sub(self.base_offset)) else {
             return OffsetPosition { offset: self.base_offset, position: 0 };
         };
         match self.file.largest_lower_bound(relative, relative_offset) {
@@ -83,11 +83,13 @@ impl OffsetIndex {
 
     /// Removes the entries with offset `>= target`.
     pub(crate) fn truncate_to(&mut self, target: i64) {
-        let keep = match u32::try_from(target - self.base_offset) {
-            Err(_) if target < self.base_offset => 0,
-            Err(_) => self.entries(),
-            Ok(0) => 0,
-            Ok(relative) => self.file.largest_lower_bound(relative - 1, relative_offset).map_or(0, |i| i + 1),
+        let keep = if target <= self.base_offset {
+            0
+        } else {
+            match u32::try_from(target.saturating_sub(self.base_offset)) {
+                Err(_) => self.entries(),
+                Ok(relative) => self.file.largest_lower_bound(relative - 1, relative_offset).map_or(0, |i| i + 1),
+            }
         };
         self.file.truncate_entries(keep);
     }

@@ -412,7 +412,8 @@ impl Segment {
         }
         let (oi, _) = self.indexes(&mut state)?;
         let start = oi.last_entry().map_or(0, |e| u64::from(e.position));
-        let mut scanner = HeaderScanner::new(&self.log, self.log_path(), start, self.size());
+        // Read only headers: opening a log after a clean shutdown must not read its data.
+        let mut scanner = HeaderScanner::new(&self.log, self.log_path(), start, self.size()).headers_only();
         while scanner.next()?.is_some() {}
         let next = scanner.last_next_offset.unwrap_or(self.base_offset);
         state.next_offset = Some(next);
@@ -633,6 +634,14 @@ impl Segment {
     pub(crate) fn close(&self) -> Result<()> {
         self.flush()?;
         let mut state = self.lock();
+        // As at roll: the last time-index entry carries the largest timestamp, so a reopened
+        // segment knows it without reading data.
+        let (max_ts, max_offset) = (state.max_timestamp, state.offset_of_max_timestamp);
+        if max_ts != i64::MIN {
+            if let Some(ti) = state.time_index.as_mut() {
+                ti.maybe_append(max_ts, max_offset);
+            }
+        }
         if let Some(oi) = state.offset_index.as_mut() {
             oi.file().trim()?;
         }
@@ -726,6 +735,12 @@ impl<'f> HeaderScanner<'f> {
         HeaderScanner { file, path, position, end, buf: Vec::new(), buf_start: 0, last_size: 0, last_next_offset: None }
     }
 
+    /// Reads exactly the header bytes of each batch, never a chunk of batch data.
+    pub(crate) fn headers_only(mut self) -> Self {
+        self.last_size = usize::MAX;
+        self
+    }
+
     /// The next (position, header), or `None` at `end`. A header that is cut off or has an
     /// impossible length ends the scan with an error: the data is corrupt.
     pub(crate) fn next(&mut self) -> Result<Option<(u64, BatchHeader)>> {
@@ -758,7 +773,9 @@ impl<'f> HeaderScanner<'f> {
             .ok_or_else(|| corrupt(self.position, "batch header with an impossible length or magic"))?;
         let position = self.position;
         self.position += size as u64;
-        self.last_size = size;
+        if self.last_size != usize::MAX {
+            self.last_size = size;
+        }
         self.last_next_offset = Some(header.next_offset());
         Ok(Some((position, header)))
     }
