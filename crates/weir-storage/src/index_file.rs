@@ -56,7 +56,8 @@ impl IndexFile {
     /// with 10,000 partitions would otherwise hold two more descriptors per segment.
     fn remap(&mut self, length: usize) -> Result<()> {
         self.mmap = None;
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&self.path).at(&self.path)?;
+        let file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&self.path).at(&self.path)?;
         file.set_len(length as u64).at(&self.path)?;
         if length > 0 {
             // SAFETY: the mapping is of a file this process owns inside its data directory, opened

@@ -381,7 +381,14 @@ impl Log {
         let active = self.active_segment();
         let size = active.size();
         let log_end = self.log_end_offset();
-        let rolling_since = active.first_batch_timestamp().unwrap_or(active.created_ms);
+        // Kafka measures segment.ms from the first batch's timestamp, which survives restarts.
+        // A producer replaying old data (timestamps far in the past) would then roll a segment
+        // per append; for a segment this process created, its creation time bounds the age.
+        let rolling_since = match active.first_batch_timestamp() {
+            Some(ts) if active.created_empty => ts.max(active.created_ms),
+            Some(ts) => ts,
+            None => active.created_ms,
+        };
         let _ = first_timestamp;
         let reason = if size > 0 && size + bytes > config.segment_bytes {
             Some("segment.bytes")
@@ -593,10 +600,12 @@ impl Log {
             }
             let mut min_offset = log_start;
             while let Some((position, header)) = segment.find_batch_by_timestamp(target, min_offset)? {
+                // Read (and so CRC- and offset-check) the batch before trusting its base offset: a
+                // corrupted one must be an error, not a silent "no such record".
+                let batch = segment.read_batch(position, &header)?;
                 if header.base_offset >= log_end {
                     return Ok(None);
                 }
-                let batch = segment.read_batch(position, &header)?;
                 if let Some(found) = first_record_at_or_after(&batch, target, log_start, log_end)? {
                     return Ok(Some(found));
                 }
@@ -815,8 +824,26 @@ impl Log {
 
     /// Validates every batch of every segment (a scrub); reports the first corruption.
     pub fn verify(&self) -> Result<()> {
-        for segment in self.segments_snapshot() {
+        let segments = self.segments_snapshot();
+        for (i, segment) in segments.iter().enumerate() {
             segment.verify_all()?;
+            // baseOffset is outside the CRC. `verify_all` checks the order of offsets inside the
+            // segment; only the next segment's base offset bounds its last batch.
+            let Some(next) = segments.get(i + 1) else { continue };
+            if let Some((position, last)) = segment.batch_headers()?.pop() {
+                let end = last.base_offset.checked_add(i64::from(last.last_offset_delta) + 1);
+                if end.is_none_or(|end| end > next.base_offset()) {
+                    return Err(StorageError::CorruptSegment {
+                        path: segment.log_path(),
+                        position,
+                        reason: format!(
+                            "the last batch (base offset {}) runs into the next segment at {}",
+                            last.base_offset,
+                            next.base_offset()
+                        ),
+                    });
+                }
+            }
         }
         Ok(())
     }

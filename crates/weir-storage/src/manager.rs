@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::checkpoint::{self, fsync_dir, OffsetMap};
+use crate::cleaner::{Cleaner, CleanerConfig};
 use crate::clock::{Clock, SystemClock};
 use crate::config::LogConfig;
 use crate::deletion::DeletionQueue;
@@ -129,6 +130,8 @@ pub struct LogManager {
     recovered_from_clean_shutdown: bool,
     shutdown: Arc<Shutdown>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The running cleaner, so shutdown can abort a long pass instead of waiting for it.
+    cleaner: Mutex<Option<Arc<Cleaner>>>,
     closed: Mutex<bool>,
 }
 
@@ -169,7 +172,9 @@ impl LogManager {
         for (tp, log) in opened {
             let key = (tp.topic.clone(), tp.partition);
             if let Some(cleaned_to) = cleaner_points.get(&key) {
-                log.cleaner_checkpoint.store((*cleaned_to).max(log.log_start_offset()), Ordering::Release);
+                // A checkpoint older than a crash-truncated log must not point past its end.
+                let cleaned_to = (*cleaned_to).max(log.log_start_offset()).min(log.log_end_offset());
+                log.cleaner_checkpoint.store(cleaned_to, Ordering::Release);
             }
             logs.insert(tp, Arc::new(log));
         }
@@ -193,6 +198,7 @@ impl LogManager {
             recovered_from_clean_shutdown: clean,
             shutdown: Arc::new(Shutdown { stopping: Mutex::new(false), wake: Condvar::new() }),
             threads: Mutex::new(Vec::new()),
+            cleaner: Mutex::new(None),
             closed: Mutex::new(false),
         }))
     }
@@ -332,10 +338,15 @@ impl LogManager {
     }
 
     fn cleaner_loop(&self) {
+        let cleaner = Arc::new(Cleaner::new(CleanerConfig {
+            io_bytes_per_second: self.options.cleaner_io_max_bytes_per_second,
+            ..CleanerConfig::default()
+        }));
+        *self.cleaner.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&cleaner));
         loop {
             let logs: Vec<Arc<Log>> = self.logs().into_iter().map(|(_, l)| l).collect();
-            let did_work = match run_cleaner_pass(&logs, self.options.cleaner_io_max_bytes_per_second) {
-                Ok(did_work) => did_work,
+            let did_work = match cleaner.run_once(&logs) {
+                Ok(outcome) => outcome.is_some(),
                 Err(e) => {
                     tracing::error!(error = %e, "log cleaner pass failed");
                     false
@@ -357,6 +368,9 @@ impl LogManager {
         }
         *self.shutdown.stopping.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.shutdown.wake.notify_all();
+        if let Some(cleaner) = self.cleaner.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            cleaner.stop();
+        }
         for thread in self.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             let _ = thread.join();
         }
@@ -371,11 +385,6 @@ impl LogManager {
         *closed = true;
         Ok(())
     }
-}
-
-/// One compaction pass over the logs; true if it cleaned something. (Wired to the cleaner.)
-fn run_cleaner_pass(_logs: &[Arc<Log>], _io_max_bytes_per_second: u64) -> Result<bool> {
-    Ok(false)
 }
 
 fn lock_directory(dir: &Path) -> Result<File> {

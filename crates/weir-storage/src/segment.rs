@@ -45,6 +45,8 @@ pub(crate) struct Segment {
     pub(crate) roll_jitter_ms: u64,
     /// Wall-clock creation (or load) time; used for time-based rolls of an empty-timestamp segment.
     pub(crate) created_ms: i64,
+    /// The segment started empty in this process, so `created_ms` is its true age.
+    pub(crate) created_empty: bool,
 }
 
 struct SegmentState {
@@ -163,6 +165,7 @@ impl Segment {
             }),
             roll_jitter_ms,
             created_ms: now_ms,
+            created_empty: size == 0,
         }
     }
 
@@ -194,6 +197,12 @@ impl Segment {
         let index_path = self.index_path();
         let time_index_path = self.time_index_path();
         let missing = !index_path.exists() || !time_index_path.exists();
+        // Index files hold whole entries (trimmed or preallocated alike); a length that is not a
+        // multiple of the entry size is damage. Checked before opening: `open` rounds the file
+        // down to whole entries, silently dropping the last (often the largest-timestamp) entry.
+        let torn = [(&index_path, offset_index::ENTRY_BYTES), (&time_index_path, time_index::ENTRY_BYTES)]
+            .into_iter()
+            .any(|(path, entry)| std::fs::metadata(path).is_ok_and(|m| m.len() % entry as u64 != 0));
         let offset_index = OffsetIndex::open(&index_path, self.base_offset, prealloc)?;
         let time_index = TimeIndex::open(&time_index_path, self.base_offset, prealloc)?;
         // A preallocated index found on disk (crash while active) has zero entries at its tail:
@@ -201,6 +210,14 @@ impl Segment {
         let size = self.size();
         let problem = if missing && size > 0 {
             Some("index files missing".to_string())
+        } else if torn {
+            Some("index file cut inside an entry".to_string())
+        } else if size > 0 && time_index.entries() == 0 {
+            // Roll, close and recovery always leave the largest timestamp as the last time-index
+            // entry, so a segment with batches and an empty time index lost it (an emptied or
+            // lost file). Without it the segment's largest timestamp would read as "none", and
+            // ListOffsets by timestamp and time-based retention would skip the segment.
+            Some("time index empty for a non-empty segment".to_string())
         } else {
             offset_index.sanity_check(size).err().or_else(|| time_index.sanity_check(i64::MAX).err())
         };
@@ -242,6 +259,15 @@ impl Segment {
             self.index_batch(state, position, &header, interval);
         }
         state.next_offset = Some(scanner.last_next_offset.unwrap_or(self.base_offset));
+        // As at roll and close: persist the largest timestamp, which `index_batch` only indexes
+        // at interval boundaries; without it the next open would understate it. A closed segment's
+        // indexes are trimmed again (`indexes_raw` preallocated them for the rebuild).
+        append_largest_timestamp_entry(state);
+        if !state.active {
+            let (oi, ti) = self.indexes_raw(state)?;
+            oi.file().trim()?;
+            ti.file().trim()?;
+        }
         Ok(())
     }
 
@@ -393,6 +419,12 @@ impl Segment {
         if position == 0 {
             state.next_offset = Some(self.base_offset);
         }
+        // The rebuilt time index lacks the entry roll wrote with the segment's largest timestamp
+        // (Kafka's recovery appends it too). Without it, an open that trusts this segment's
+        // indexes (below a later recovery point, or after a clean shutdown) understates the
+        // largest timestamp: ListOffsets by timestamp skips the segment and time-based retention
+        // deletes it early.
+        append_largest_timestamp_entry(&mut state);
         if !state.active {
             let (oi, ti) = self.indexes_raw(&mut state)?;
             oi.file().trim()?;
@@ -456,12 +488,24 @@ impl Segment {
             return Ok(SegmentRead::NotHere);
         };
         if first.last_offset() >= upper_bound {
+            // Check the batch before trusting its offsets: one whose baseOffset was corrupted
+            // upwards would otherwise hide the records at `from` behind an empty answer forever.
+            self.ensure_verified(start + first.size_bytes().unwrap_or(HEADER_BYTES) as u64)?;
             return Ok(SegmentRead::AtUpperBound);
         }
         let mut scanner = HeaderScanner::new(&self.log, self.log_path(), start, end);
         let mut len = 0u64;
         let mut next_offset = first.base_offset;
-        while let Some((_, header)) = scanner.next()? {
+        loop {
+            let header = match scanner.next() {
+                Ok(Some((_, header))) => header,
+                Ok(None) => break,
+                // A corrupt header after whole batches ends the read there: the batches before it
+                // are served (and CRC-checked below); a read that starts at the corrupt header
+                // reports it. Failing the whole read would make intact data unreadable.
+                Err(StorageError::CorruptSegment { .. }) if len > 0 => break,
+                Err(e) => return Err(e),
+            };
             let size = header.size_bytes().unwrap_or(0) as u64;
             if header.last_offset() >= upper_bound {
                 break;
@@ -475,7 +519,20 @@ impl Segment {
         if len == 0 {
             return Ok(SegmentRead::AtUpperBound);
         }
-        self.ensure_verified(start + len)?;
+        match self.ensure_verified(start + len) {
+            Ok(()) => {}
+            // Bit rot inside the range: serve the batches before the corrupt one, which passed
+            // their CRC check; the read that starts at the corrupt batch reports it. A consumer
+            // so gets every intact batch and then the error at the exact offset, rather than an
+            // error at its position that it can never get past.
+            Err(StorageError::CorruptSegment { position, .. }) if position > start && position < start + len => {
+                let mut scanner = HeaderScanner::new(&self.log, self.log_path(), start, position);
+                while scanner.next()?.is_some() {}
+                len = position - start;
+                next_offset = scanner.last_next_offset.unwrap_or(first.base_offset);
+            }
+            Err(e) => return Err(e),
+        }
         Ok(SegmentRead::Slice(FileSlice {
             file: Arc::clone(&self.log),
             path: self.log_path(),
@@ -496,6 +553,13 @@ impl Segment {
         let mut buf = Vec::new();
         let mut buf_start = 0;
         let file_end = self.size();
+        // baseOffset is outside the CRC, so a flipped bit there shows only in the offsets: each
+        // batch must lie in [segment base, segment next offset) and start at or after the end of
+        // the batch before it (checked within this call; `verify_all` walks the segment in one).
+        // Without this, such a batch is served with wrong offsets, or hides its records from a
+        // read at their offset. The next offset is only a bound when the tail is readable.
+        let segment_end = self.next_offset().ok();
+        let mut previous: Option<(u64, i64)> = None;
         while position < end {
             let corrupt = |reason: String| StorageError::CorruptSegment { path: path.clone(), position, reason };
             let header_bytes = read_span(&self.log, &path, &mut buf, &mut buf_start, position, HEADER_BYTES, file_end)?
@@ -505,6 +569,27 @@ impl Segment {
             let bytes = read_span(&self.log, &path, &mut buf, &mut buf_start, position, size, file_end)?
                 .ok_or_else(|| corrupt("batch runs past the end of the segment".into()))?;
             batch::validate_one(bytes, RECOVERY_MAX_BATCH_BYTES).map_err(|e| corrupt(e.to_string()))?;
+            let first = header.base_offset;
+            let next = first.checked_add(i64::from(header.last_offset_delta) + 1);
+            if first < self.base_offset || next.is_none_or(|n| segment_end.is_some_and(|end| n > end)) {
+                return Err(corrupt(format!(
+                    "batch base offset {first} outside the segment's offsets [{}, {})",
+                    self.base_offset,
+                    segment_end.map_or("?".to_string(), |e| e.to_string())
+                )));
+            }
+            if let Some((previous_position, previous_next)) = previous.filter(|(_, n)| first < *n) {
+                // Either batch may carry the bad offset: report the earlier one, and unmark it as
+                // verified so that the next call, which would otherwise start alone at this batch,
+                // checks the pair again.
+                self.verified_bytes.fetch_min(previous_position, Ordering::AcqRel);
+                return Err(StorageError::CorruptSegment {
+                    path: path.clone(),
+                    position: previous_position,
+                    reason: format!("the next batch starts at offset {first}, before this one ends ({previous_next})"),
+                });
+            }
+            previous = next.map(|n| (position, n));
             position += size as u64;
             self.verified_bytes.fetch_max(position, Ordering::AcqRel);
         }
@@ -682,6 +767,18 @@ impl Segment {
     }
 }
 
+/// Appends the segment's largest timestamp as the last time-index entry, as roll and close do,
+/// so that a later open that trusts the indexes knows it without reading the log. A no-op when
+/// it is indexed already (`maybe_append` keeps timestamps increasing) or the index is full.
+fn append_largest_timestamp_entry(state: &mut SegmentState) {
+    let (max_ts, max_offset) = (state.max_timestamp, state.offset_of_max_timestamp);
+    if max_ts != i64::MIN {
+        if let Some(ti) = state.time_index.as_mut() {
+            ti.maybe_append(max_ts, max_offset);
+        }
+    }
+}
+
 pub(crate) fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(suffix);
@@ -784,4 +881,96 @@ impl<'f> HeaderScanner<'f> {
 #[allow(dead_code)]
 fn _entry_sizes_are_kafkas() {
     const _: () = assert!(offset_index::ENTRY_BYTES == 8 && time_index::ENTRY_BYTES == 12);
+}
+
+// ---- Compaction support (cleaner.rs) ----
+
+/// Suffix of the files a cleaner is still writing; `Log::open` deletes leftovers.
+const CLEANED_SUFFIX: &str = ".cleaned";
+/// Suffix of a finished cleaned log whose swap was interrupted; `Log::open` completes it.
+const SWAP_SUFFIX: &str = ".swap";
+
+impl Segment {
+    /// A new, empty segment for `base_offset` written to `<base>.log.cleaned` (with
+    /// `<base>.index.cleaned` and `<base>.timeindex.cleaned`), so the live segment of that name
+    /// stays untouched until [`Segment::cleaned_to_swap`]. The cleaner fills it with
+    /// [`Segment::append`]; `created_ms` is the replaced segment's, so retention's fallback age
+    /// does not restart.
+    pub(crate) fn create_cleaned(dir: &Path, base_offset: i64, index_bytes: u64, created_ms: i64) -> Result<Segment> {
+        let path = with_suffix(&dir.join(file_name(base_offset, ".log")), CLEANED_SUFFIX);
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).at(&path)?;
+        let segment = Segment::new(dir, base_offset, file, 0, true, index_bytes, 0, created_ms);
+        {
+            let mut state = segment.lock();
+            let index_path = with_suffix(&segment.index_path(), CLEANED_SUFFIX);
+            let time_index_path = with_suffix(&segment.time_index_path(), CLEANED_SUFFIX);
+            for p in [&index_path, &time_index_path] {
+                let _ = std::fs::remove_file(p);
+            }
+            state.offset_index = Some(OffsetIndex::open(&index_path, base_offset, Some(index_bytes))?);
+            state.time_index = Some(TimeIndex::open(&time_index_path, base_offset, Some(index_bytes))?);
+            state.next_offset = Some(base_offset);
+        }
+        Ok(segment)
+    }
+
+    /// Opens the indexes now. A segment about to be replaced must hold its own index files open:
+    /// loaded lazily after the swap, it would open the new segment's indexes by name.
+    pub(crate) fn open_indexes(&self) -> Result<()> {
+        let mut state = self.lock();
+        self.load_indexes(&mut state)
+    }
+
+    /// Finishes a cleaned segment: final time-index entry, trimmed indexes, everything on disk.
+    pub(crate) fn seal_cleaned(&self) -> Result<()> {
+        self.on_roll()?;
+        self.flush()
+    }
+
+    /// The commit point of a swap: `<base>.log.cleaned` becomes `<base>.log.swap`, which
+    /// `Log::open` completes after a crash. The caller fsyncs the directory.
+    pub(crate) fn cleaned_to_swap(&self) -> Result<()> {
+        let cleaned = with_suffix(&self.log_path(), CLEANED_SUFFIX);
+        let swap = with_suffix(&self.log_path(), SWAP_SUFFIX);
+        std::fs::rename(&cleaned, &swap).at(&cleaned)
+    }
+
+    /// Moves a swapped segment to the final names, once the replaced segment's files are gone
+    /// (renamed to `.deleted`): `.log.swap` to `.log`, then the indexes. The caller fsyncs the
+    /// directory.
+    pub(crate) fn swap_into_place(&self) -> Result<()> {
+        let swap = with_suffix(&self.log_path(), SWAP_SUFFIX);
+        std::fs::rename(&swap, self.log_path()).at(&swap)?;
+        let (index_path, time_index_path) = (self.index_path(), self.time_index_path());
+        let mut state = self.lock();
+        if let Some(oi) = state.offset_index.as_mut() {
+            oi.file().rename(&index_path)?;
+        }
+        if let Some(ti) = state.time_index.as_mut() {
+            ti.file().rename(&time_index_path)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the files of a cleaned segment that will not be swapped in (nothing changed, it
+    /// came out empty, or the clean was aborted). Only before [`Segment::cleaned_to_swap`]: after
+    /// the commit point the `.swap` file is the segment's data.
+    pub(crate) fn discard_cleaned(&self) {
+        let mut paths = vec![with_suffix(&self.log_path(), CLEANED_SUFFIX)];
+        let mut state = self.lock();
+        if let Some(oi) = state.offset_index.as_mut() {
+            paths.push(oi.file().path().to_path_buf());
+        }
+        if let Some(ti) = state.time_index.as_mut() {
+            paths.push(ti.file().path().to_path_buf());
+        }
+        drop(state);
+        for path in paths {
+            if let Err(e) = std::fs::remove_file(&path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove a cleaned segment file");
+                }
+            }
+        }
+    }
 }

@@ -41,28 +41,34 @@ impl Default for BatchSpec {
 /// Encodes one batch as a producer would send it (base offset 0, no producer id).
 pub fn batch(spec: &BatchSpec) -> Vec<u8> {
     let records: Vec<Record> = (0..spec.records)
-        .map(|i| Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: KTimestampType::Creation,
-            offset: i as i64,
-            // The encoder groups records whose offset - sequence agree; -1 + i keeps baseSequence = -1.
-            sequence: i as i32 - 1,
-            timestamp: spec.timestamp + i as i64,
-            key: spec.keys.as_ref().filter(|k| !k.is_empty()).map(|k| Bytes::from(k[i % k.len()].clone())),
-            value: if spec.tombstones.contains(&i) {
-                None
-            } else {
-                Some(Bytes::from(vec![spec.fill.wrapping_add(i as u8); spec.value_bytes]))
-            },
-            headers: Default::default(),
+        .map(|i| {
+            let key = spec.keys.as_ref().filter(|k| !k.is_empty()).map(|k| Bytes::from(k[i % k.len()].clone()));
+            let value = (!spec.tombstones.contains(&i))
+                .then(|| Bytes::from(vec![spec.fill.wrapping_add(i as u8); spec.value_bytes]));
+            record(i as i64, spec.timestamp + i as i64, key, value)
         })
         .collect();
     encode(&records, spec.compression)
+}
+
+/// A producer's record (no producer id) at `offset` within its batch.
+pub fn record(offset: i64, timestamp: i64, key: Option<Bytes>, value: Option<Bytes>) -> Record {
+    Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: -1,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: KTimestampType::Creation,
+        offset,
+        // The encoder groups records whose offset - sequence agree; offset - 1 keeps baseSequence = -1.
+        sequence: offset as i32 - 1,
+        timestamp,
+        key,
+        value,
+        headers: Default::default(),
+    }
 }
 
 /// Encodes `records` into one batch (records must share producer fields, as a producer's do).

@@ -91,6 +91,21 @@ fn given_segment_ms_when_time_passes_should_roll() {
 }
 
 #[test]
+fn given_old_producer_timestamps_when_appending_should_not_roll_every_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0 + 365 * 24 * 3600 * 1000));
+    let log = open(dir.path(), config(&[("segment.ms", "60000")]), Arc::clone(&clock), OpenOptions::default());
+    for i in 0..10u8 {
+        // A year-old CreateTime, as when a producer replays history.
+        log.append(&mut records(1, 10, T0, i), 0).expect("append");
+    }
+    assert_eq!(log.segment_count(), 1, "age is measured from the segment's creation");
+    clock.advance_ms(61_000);
+    log.append(&mut records(1, 10, T0, 0), 0).expect("append");
+    assert_eq!(log.segment_count(), 2, "segment.ms still rolls it");
+}
+
+#[test]
 fn given_clean_close_when_reopened_should_keep_everything_and_trim_indexes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0));
@@ -198,7 +213,7 @@ fn given_retention_ms_when_segments_expire_should_delete_oldest_first() {
     assert!(outcome.deleted_segments > 0);
     // Every remaining non-active segment holds a timestamp within retention.
     let first = log.log_start_offset();
-    assert!(first >= 15 && first <= 20, "log start {first}");
+    assert!((15..=20).contains(&first), "log start {first}");
     let oldest = log.read(first, 1, i64::MAX).expect("read").slice.expect("data");
     assert_eq!(oldest.first_offset, first);
     assert!(std::fs::read_dir(dir.path()).expect("ls").any(|e| e

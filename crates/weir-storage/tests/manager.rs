@@ -129,7 +129,10 @@ fn given_retention_due_when_maintenance_runs_should_delete_and_later_unlink() {
     clock.advance_ms(5_000);
     manager.run_maintenance(false).expect("maintenance");
     assert_eq!(manager.pending_deletions(), 0);
-    let leftovers = std::fs::read_dir(log.dir()).expect("ls").filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".deleted"))).count();
+    let leftovers = std::fs::read_dir(log.dir())
+        .expect("ls")
+        .filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".deleted")))
+        .count();
     assert_eq!(leftovers, 0);
 }
 
@@ -139,7 +142,11 @@ fn given_retention_due_when_maintenance_runs_should_delete_and_later_unlink() {
 fn given_ten_thousand_partitions_when_reopened_cleanly_should_not_read_their_data() {
     // tmpfs keeps the 30,000 file creations and fsyncs of the set-up fast; the property checked
     // (bytes read by the process) does not depend on the file system.
-    let base = if std::path::Path::new("/dev/shm").is_dir() { std::path::PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let base = if std::path::Path::new("/dev/shm").is_dir() {
+        std::path::PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
     let dir = tempfile::tempdir_in(base).expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0));
     let cfg = config(&[("segment.index.bytes", "4096")]);
@@ -170,4 +177,43 @@ fn given_ten_thousand_partitions_when_reopened_cleanly_should_not_read_their_dat
     let log = manager.get(&TopicPartition::new("wide", 9_999)).expect("log");
     assert_eq!(log.log_end_offset(), 8);
     manager.shutdown().expect("shutdown");
+}
+
+#[test]
+fn given_compacted_topic_when_background_cleaner_runs_should_keep_latest_per_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut opts = options(dir.path(), &clock);
+    opts.cleaner_backoff_ms = 20;
+    opts.flush_check_interval_ms = 20;
+    let manager = LogManager::open(opts).expect("open");
+    let log = manager
+        .get_or_create(
+            &TopicPartition::new("users", 0),
+            config(&[("cleanup.policy", "compact"), ("segment.bytes", "2048")]),
+        )
+        .expect("create");
+    for round in 0..20u8 {
+        let keys = (0..4u8).map(|k| vec![b'k', k]).collect();
+        let mut b = weir_storage::testing::batch(&weir_storage::testing::BatchSpec {
+            records: 4,
+            value_bytes: 100,
+            keys: Some(keys),
+            fill: round,
+            ..Default::default()
+        });
+        log.append(&mut b, 0).expect("append");
+    }
+    let before = log.size_bytes();
+    manager.start_background().expect("start");
+    let deadline = Instant::now() + std::time::Duration::from_secs(20);
+    while log.size_bytes() * 2 > before && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    manager.shutdown().expect("shutdown");
+    assert!(log.size_bytes() * 2 <= before, "compaction shrank {before} bytes to {}", log.size_bytes());
+    // Every key's latest value (round 19, or the active segment's) is still readable.
+    let all = read_all(&log, log.log_start_offset());
+    let last = all.last().expect("data");
+    assert_eq!(last.0, 76);
 }

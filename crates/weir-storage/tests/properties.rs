@@ -21,8 +21,13 @@ fn build(dir: &std::path::Path, specs: &[(usize, usize, i64)], pairs: &[(&str, &
     let log = open(dir, config(pairs), Arc::new(ManualClock::new(T0)), OpenOptions::default());
     let mut appended = Vec::new();
     for (i, (records, value_bytes, timestamp)) in specs.iter().enumerate() {
-        let mut bytes =
-            batch(&BatchSpec { records: *records, value_bytes: *value_bytes, timestamp: *timestamp, fill: i as u8, ..Default::default() });
+        let mut bytes = batch(&BatchSpec {
+            records: *records,
+            value_bytes: *value_bytes,
+            timestamp: *timestamp,
+            fill: i as u8,
+            ..Default::default()
+        });
         let info = log.append(&mut bytes, 0).expect("append");
         appended.push(Appended { base: info.first_offset, records: *records, first_timestamp: *timestamp });
     }
@@ -36,7 +41,10 @@ fn batch_holding(appended: &[Appended], offset: i64) -> i64 {
 
 /// Naive: the first record (in offset order) whose timestamp is >= target.
 fn first_at_or_after(appended: &[Appended], target: i64) -> Option<(i64, i64)> {
-    appended.iter().flat_map(|a| (0..a.records).map(move |i| (a.base + i as i64, a.first_timestamp + i as i64))).find(|(_, ts)| *ts >= target)
+    appended
+        .iter()
+        .flat_map(|a| (0..a.records).map(move |i| (a.base + i as i64, a.first_timestamp + i as i64)))
+        .find(|(_, ts)| *ts >= target)
 }
 
 fn batch_specs() -> impl Strategy<Value = Vec<(usize, usize, i64)>> {
