@@ -1,1 +1,25 @@
-fn main() {}
+//! `weir`: the broker's command line. Subcommands are declared in [`cli`] and run by their own
+//! modules.
+#![forbid(unsafe_code)]
+
+mod bench;
+mod cli;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{BenchCommand, Cli, Command};
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing(cli.command.default_log_filter());
+    match cli.command {
+        Command::Bench(BenchCommand::Storage(args)) => bench::storage::run(&args),
+    }
+}
+
+/// Logs to stderr, filtered by RUST_LOG, or by `default_filter` when RUST_LOG is unset.
+fn init_tracing(default_filter: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}

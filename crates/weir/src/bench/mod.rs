@@ -1,0 +1,3 @@
+//! `weir bench ...`: measurements of Weir's components on this machine.
+
+pub mod storage;

@@ -1,0 +1,180 @@
+//! The command line of `weir`, as clap types. Each subcommand's arguments live here; the code that
+//! runs them lives in its own module (`bench::storage`, ...), so adding a command is: a variant
+//! here, a module there, one arm in `main`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "weir",
+    version,
+    about = "Weir: a distributed message queue and streaming log that speaks Kafka.",
+    after_help = "Logging goes to stderr; set RUST_LOG (e.g. RUST_LOG=weir_storage=debug) to change it.\n\
+                  Run `weir help <command>` or `weir <command> --help` for a command's flags."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Measure Weir's components on this machine.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+impl Command {
+    /// The tracing filter used when RUST_LOG is not set.
+    pub fn default_log_filter(&self) -> &'static str {
+        match self {
+            // Benchmarks print their own results; only problems should interleave with them.
+            Command::Bench(_) => "warn",
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Throughput of the partition log (append with flush.policy none and sync, catch-up read)
+    /// against plain file writes in the same directory.
+    #[command(long_about = STORAGE_LONG_ABOUT)]
+    Storage(StorageBenchArgs),
+}
+
+const STORAGE_LONG_ABOUT: &str = "\
+Throughput of the partition log (weir-storage's Log) against plain file writes in the same directory.
+
+For records with 1 KiB values it measures, in one run:
+  * append MB/s and batches/s for batches of up to 16 KiB and up to 1 MiB, with flush.policy=none
+    and flush.policy=sync, each with 1, 8 and 64 appender threads on one log. With sync every
+    thread acknowledges as a producer with acks would: Log::append, then
+    Log::sync_to(last_offset + 1), so concurrent appenders share fdatasyncs (group commit).
+    A none run is timed until one final Log::flush, so it ends with the data on disk, like the
+    reference.
+  * read MB/s: a sequential catch-up read of a none log with Log::read (1 MiB at a time) and pread of
+    each slice into one reused buffer. This is the user-space path from the page cache, not the
+    broker's sendfile path.
+  * the reference: the same volume written with write_all and one fdatasync at the end, in 1 MiB
+    chunks (before each batch size's runs and at the end) and in chunks of the 16 KiB batch's
+    size (before the 16 KiB runs and at the end); ratios use the best run of a chunk size. And
+    write_all of 16 KiB chunks each followed by fdatasync, taking turns with the 16 KiB sync runs.
+A first untimed write warms up the file system. The sync runs of one batch size take turns in 3
+slices, so that a drift of fsync latency during the run affects them alike.
+It reports flush=none append vs plain write (1 MiB batches vs 1 MiB chunks; target >= 0.8x),
+flush=sync 64 vs 1 appender (target >= 20x: group commit) and the fsync count of every run
+(Log::stats.fsyncs).
+
+Batches are encoded before timing; each thread appends from its own pool of prebuilt batches
+(append rewrites only the header's baseOffset and partitionLeaderEpoch in place), so nothing is
+copied or encoded while timing. Everything written is removed at the end.
+
+MB = 10^6 bytes; KiB, MiB, GiB are powers of 1024.";
+
+#[derive(Debug, Args)]
+pub struct StorageBenchArgs {
+    /// Directory to write in (created if missing). The benchmark works in a fresh
+    /// `weir-bench-storage-*` subdirectory that it removes at the end, and removes PATH too if it
+    /// created it. Put it on the disk you want to measure: a tmpfs makes fsync free. [default:
+    /// ./bench-data, or the system temp dir if that cannot be created]
+    #[arg(long, value_name = "PATH")]
+    pub dir: Option<PathBuf>,
+
+    /// Bytes written by each flush=none run, each plain-write reference run and the warm-up; the
+    /// most each sync run writes. Plain bytes or with a binary suffix: 512K, 64M, 1G (also KiB, MiB, GiB).
+    /// [default: 1G, or 16M with --quick]
+    #[arg(long, value_name = "N", value_parser = parse_size)]
+    pub bytes: Option<u64>,
+
+    /// Time limit of each sync run and of the fdatasync-per-16-KiB reference, in seconds (a run
+    /// also stops at --bytes). [default: 3, or 0.25 with --quick]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub sync_seconds: Option<Duration>,
+
+    /// A tiny run that takes a few seconds: checks that everything works (CI), the figures mean
+    /// little.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Also write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// Parses a byte count: digits with an optional K/M/G suffix (powers of 1024; `KiB` etc. too).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte count such as 1048576 or 1G"))?;
+    let multiplier: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        other => return Err(format!("unknown size suffix {other:?}: use K, M or G (powers of 1024)")),
+    };
+    let bytes = number.checked_mul(multiplier).ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes == 0 {
+        return Err("the byte count must be positive".into());
+    }
+    Ok(bytes)
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text.trim().parse().map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(seconds > 0.0 && seconds <= 3600.0) {
+        return Err("expected a number of seconds in (0, 3600]".into());
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("16K"), Ok(16 << 10));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("1T").is_err());
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn bench_storage_parses_every_flag() {
+        let cli = Cli::try_parse_from([
+            "weir",
+            "bench",
+            "storage",
+            "--dir",
+            "/tmp/x",
+            "--bytes",
+            "8M",
+            "--sync-seconds",
+            "0.5",
+            "--quick",
+            "--json",
+            "out.json",
+        ])
+        .expect("valid command line");
+        let Command::Bench(BenchCommand::Storage(args)) = cli.command;
+        assert_eq!(args.bytes, Some(8 << 20));
+        assert_eq!(args.sync_seconds, Some(Duration::from_millis(500)));
+        assert!(args.quick);
+        assert_eq!(args.json, Some(PathBuf::from("out.json")));
+        assert_eq!(args.dir, Some(PathBuf::from("/tmp/x")));
+    }
+}
