@@ -26,7 +26,7 @@ use crate::config::{FlushPolicy, LogConfig};
 use crate::deletion::DeletionQueue;
 use crate::error::{IoContext, Result, StorageError};
 use crate::file_slice::FileSlice;
-use crate::segment::{self, Segment, SegmentRead};
+use crate::segment::{Segment, SegmentRead};
 
 /// What `append` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,8 +339,7 @@ impl Log {
         self.check_open()?;
         let now = self.clock.now_ms();
         let first_offset = self.log_end_offset();
-        let segment =
-            self.maybe_roll(&config, records.len() as u64, summary.offset_count, summary.first_max_timestamp, now)?;
+        let segment = self.maybe_roll(&config, records.len() as u64, summary.offset_count, now)?;
         let append_time = (config.timestamp_type == TimestampType::LogAppendTime).then_some(now);
         let next_offset = batch::assign_offsets(records, first_offset, partition_leader_epoch, append_time);
         segment.append(records, config.index_interval_bytes)?;
@@ -370,14 +369,7 @@ impl Log {
 
     /// Rolls the active segment if the append would overflow it or it is old enough; returns
     /// the segment to append to. Called with the writer lock held.
-    fn maybe_roll(
-        &self,
-        config: &LogConfig,
-        bytes: u64,
-        offsets: u64,
-        first_timestamp: i64,
-        now: i64,
-    ) -> Result<Arc<Segment>> {
+    fn maybe_roll(&self, config: &LogConfig, bytes: u64, offsets: u64, now: i64) -> Result<Arc<Segment>> {
         let active = self.active_segment();
         let size = active.size();
         let log_end = self.log_end_offset();
@@ -389,7 +381,6 @@ impl Log {
             Some(ts) => ts,
             None => active.created_ms,
         };
-        let _ = first_timestamp;
         let reason = if size > 0 && size + bytes > config.segment_bytes {
             Some("segment.bytes")
         } else if size > 0
@@ -939,6 +930,5 @@ fn prepare_directory(dir: &Path) -> Result<Vec<i64>> {
             }
         }
     }
-    let _ = segment::file_name(0, "");
     Ok(bases)
 }

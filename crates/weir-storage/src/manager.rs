@@ -297,21 +297,19 @@ impl LogManager {
     /// Starts the scheduler and cleaner threads.
     pub fn start_background(self: &Arc<Self>) -> Result<()> {
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        let manager = Arc::clone(self);
-        let scheduler = std::thread::Builder::new()
-            .name("weir-log-scheduler".into())
-            .spawn(move || manager.scheduler_loop())
-            .map_err(|e| StorageError::io(&self.options.data_dir, e))?;
-        threads.push(scheduler);
+        threads.push(self.spawn("weir-log-scheduler", LogManager::scheduler_loop)?);
         if self.options.cleaner_enabled {
-            let manager = Arc::clone(self);
-            let cleaner = std::thread::Builder::new()
-                .name("weir-log-cleaner".into())
-                .spawn(move || manager.cleaner_loop())
-                .map_err(|e| StorageError::io(&self.options.data_dir, e))?;
-            threads.push(cleaner);
+            threads.push(self.spawn("weir-log-cleaner", LogManager::cleaner_loop)?);
         }
         Ok(())
+    }
+
+    fn spawn(self: &Arc<Self>, name: &str, body: fn(&LogManager)) -> Result<JoinHandle<()>> {
+        let manager = Arc::clone(self);
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || body(&manager))
+            .map_err(|e| StorageError::io(&self.options.data_dir, e))
     }
 
     fn scheduler_loop(&self) {

@@ -466,6 +466,12 @@ impl Segment {
 
     /// Finds the first batch whose last offset is `>= offset`, starting from the index.
     fn find_batch(&self, offset: i64, end: u64) -> Result<Option<(u64, BatchHeader)>> {
+        Ok(self.seek_batch(offset, end)?.map(|(position, header, _)| (position, header)))
+    }
+
+    /// As `find_batch`, also returning the scanner positioned after that batch, so a read goes on
+    /// from the buffer it already has instead of reading the first batch's header again.
+    fn seek_batch(&self, offset: i64, end: u64) -> Result<Option<(u64, BatchHeader, HeaderScanner<'_>)>> {
         let start = {
             let mut state = self.lock();
             let (oi, _) = self.indexes(&mut state)?;
@@ -474,7 +480,7 @@ impl Segment {
         let mut scanner = HeaderScanner::new(&self.log, self.log_path(), u64::from(start), end);
         while let Some((position, header)) = scanner.next()? {
             if header.last_offset() >= offset {
-                return Ok(Some((position, header)));
+                return Ok(Some((position, header, scanner)));
             }
         }
         Ok(None)
@@ -484,7 +490,7 @@ impl Segment {
     /// (but at least one batch if `min_one_batch`), none with an offset `>= upper_bound`.
     pub(crate) fn read(&self, from: i64, max_bytes: u64, upper_bound: i64, min_one_batch: bool) -> Result<SegmentRead> {
         let end = self.size();
-        let Some((start, first)) = self.find_batch(from, end)? else {
+        let Some((start, first, mut scanner)) = self.seek_batch(from, end)? else {
             return Ok(SegmentRead::NotHere);
         };
         if first.last_offset() >= upper_bound {
@@ -493,9 +499,12 @@ impl Segment {
             self.ensure_verified(start + first.size_bytes().unwrap_or(HEADER_BYTES) as u64)?;
             return Ok(SegmentRead::AtUpperBound);
         }
-        let mut scanner = HeaderScanner::new(&self.log, self.log_path(), start, end);
-        let mut len = 0u64;
-        let mut next_offset = first.base_offset;
+        let first_size = first.size_bytes().unwrap_or(0) as u64;
+        if first_size > max_bytes && !min_one_batch {
+            return Ok(SegmentRead::AtUpperBound);
+        }
+        let mut len = first_size;
+        let mut next_offset = first.next_offset();
         loop {
             let header = match scanner.next() {
                 Ok(Some((_, header))) => header,
@@ -739,28 +748,21 @@ impl Segment {
     /// Renames all files to `<name>.deleted`; the caller removes them later. Open handles (and
     /// slices being sent) keep working.
     pub(crate) fn rename_to_deleted(&self) -> Result<Vec<PathBuf>> {
-        let mut state = self.lock();
-        let mut renamed = Vec::new();
-        let log_path = self.log_path();
-        let deleted = with_suffix(&log_path, ".deleted");
-        std::fs::rename(&log_path, &deleted).at(&log_path)?;
-        renamed.push(deleted);
-        if let Some(oi) = state.offset_index.as_mut() {
-            let to = with_suffix(oi.file().path(), ".deleted");
-            oi.file().rename(&to)?;
-            renamed.push(to);
-        } else if self.index_path().exists() {
-            let to = with_suffix(&self.index_path(), ".deleted");
-            std::fs::rename(self.index_path(), &to).at(&self.index_path())?;
-            renamed.push(to);
-        }
-        if let Some(ti) = state.time_index.as_mut() {
-            let to = with_suffix(ti.file().path(), ".deleted");
-            ti.file().rename(&to)?;
-            renamed.push(to);
-        } else if self.time_index_path().exists() {
-            let to = with_suffix(&self.time_index_path(), ".deleted");
-            std::fs::rename(self.time_index_path(), &to).at(&self.time_index_path())?;
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let mut renamed = vec![with_suffix(&self.log_path(), ".deleted")];
+        std::fs::rename(self.log_path(), &renamed[0]).at(&self.log_path())?;
+        let loaded =
+            [state.offset_index.as_mut().map(OffsetIndex::file), state.time_index.as_mut().map(TimeIndex::file)];
+        for (path, loaded) in [self.index_path(), self.time_index_path()].into_iter().zip(loaded) {
+            let to = with_suffix(&path, ".deleted");
+            match loaded {
+                // A loaded index follows its file, so a late remap does not recreate the old name.
+                Some(index) => index.rename(&to)?,
+                // An index never loaded may not exist yet.
+                None if path.exists() => std::fs::rename(&path, &to).at(&path)?,
+                None => continue,
+            }
             renamed.push(to);
         }
         Ok(renamed)
@@ -878,10 +880,8 @@ impl<'f> HeaderScanner<'f> {
     }
 }
 
-#[allow(dead_code)]
-fn _entry_sizes_are_kafkas() {
-    const _: () = assert!(offset_index::ENTRY_BYTES == 8 && time_index::ENTRY_BYTES == 12);
-}
+// Kafka's on-disk index formats: (u32 relative offset, u32 position) and (i64 timestamp, u32 relative offset).
+const _: () = assert!(offset_index::ENTRY_BYTES == 8 && time_index::ENTRY_BYTES == 12);
 
 // ---- Compaction support (cleaner.rs) ----
 
