@@ -1,0 +1,733 @@
+//! The broker core on one node: topics and partitions over the storage engine, changed only
+//! through the metadata state machine.
+//!
+//! Control operations (create/delete topics, add partitions, alter configs) are serialized by
+//! the controller lock: validate against the current state, append records to the metadata log,
+//! apply them, then reconcile the partition logs with the new state. Data operations (append,
+//! read, list offsets) touch only their partition and take no broker-wide lock beyond a read
+//! lock on the partition map.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::sync::{watch, Notify};
+use uuid::Uuid;
+use weir_storage::{
+    AppendInfo, Clock, FlushPolicy, LogManager, ManagerOptions, ReadResult, StorageError, SystemClock, TopicPartition,
+};
+
+use crate::config::BrokerConfig;
+use crate::error::{BrokerError, ErrorCode};
+use crate::metadata::{MetadataLog, MetadataRecord, MetadataState, TopicMetadata};
+use crate::partition::Partition;
+use crate::topic_config;
+
+/// Longest legal topic name (Kafka's limit, which keeps `<topic>-<partition>` a valid file name).
+pub const MAX_TOPIC_NAME_LEN: usize = 249;
+
+/// A topic to create.
+#[derive(Debug, Clone)]
+pub struct NewTopic {
+    pub name: String,
+    /// -1: the broker's `num.partitions`.
+    pub partitions: i32,
+    /// -1: the broker's `default.replication.factor`.
+    pub replication_factor: i16,
+    /// Manual assignment: partition → replica broker ids. Empty for automatic.
+    pub assignments: Vec<(i32, Vec<i32>)>,
+    pub configs: BTreeMap<String, String>,
+}
+
+/// A created (or, with validate-only, validated) topic.
+#[derive(Debug, Clone)]
+pub struct CreatedTopic {
+    pub topic: TopicMetadata,
+    pub replication_factor: i16,
+}
+
+/// A partition's size on disk (DescribeLogDirs).
+#[derive(Debug, Clone)]
+pub struct PartitionSize {
+    pub topic: String,
+    pub partition: i32,
+    pub size_bytes: u64,
+}
+
+/// What ListOffsets resolves a timestamp query to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetAnswer {
+    pub timestamp: i64,
+    pub offset: i64,
+}
+
+/// Special timestamps of ListOffsets.
+pub const LATEST_TIMESTAMP: i64 = -1;
+pub const EARLIEST_TIMESTAMP: i64 = -2;
+pub const MAX_TIMESTAMP: i64 = -3;
+pub const EARLIEST_LOCAL_TIMESTAMP: i64 = -4;
+
+pub struct Broker {
+    pub config: BrokerConfig,
+    clock: Arc<dyn Clock>,
+    logs: Arc<LogManager>,
+    /// The applied metadata; replaced as a whole on every change, so readers never block.
+    metadata: RwLock<Arc<MetadataState>>,
+    /// The controller: one metadata change at a time.
+    controller: Mutex<MetadataLog>,
+    partitions: RwLock<HashMap<(String, i32), Arc<Partition>>>,
+    shutdown_tx: watch::Sender<bool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
+    BrokerError::new(ErrorCode::KafkaStorageError, format!("{context}: {e}"))
+}
+
+impl Broker {
+    /// Opens the data directory: recovers the partition logs, loads the metadata and brings the
+    /// logs in line with it. Blocking; call it before serving or from a blocking thread.
+    pub fn open(config: BrokerConfig) -> Result<Arc<Broker>, BrokerError> {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let mut options = ManagerOptions::new(config.data_dir.clone());
+        options.default_config = config.default_log_config();
+        options.clock = clock.clone();
+        options.retention_check_interval_ms = config.retention_check_interval_ms;
+        options.flush_check_interval_ms = config.flush_check_interval_ms;
+        options.checkpoint_interval_ms = config.checkpoint_interval_ms;
+        options.cleaner_enabled = config.cleaner_enabled;
+        options.cleaner_backoff_ms = config.cleaner_backoff_ms;
+        options.cleaner_io_max_bytes_per_second = config.cleaner_io_max_bytes_per_second;
+        options.recovery_threads = config.recovery_threads;
+        let logs = LogManager::open(options)?;
+        let (mut metadata_log, mut state) =
+            MetadataLog::open(&config.data_dir, clock.clone(), config.metadata_snapshot_interval)
+                .map_err(|e| io_error("cannot open the metadata log", e))?;
+        if state.cluster_id.is_empty() {
+            let record = MetadataRecord::InitCluster { cluster_id: new_cluster_id() };
+            let offset = metadata_log
+                .append(std::slice::from_ref(&record), clock.now_ms())
+                .map_err(|e| io_error("metadata log", e))?;
+            state.apply(offset, &record);
+        }
+        let (shutdown_tx, _) = watch::channel(false);
+        let broker = Arc::new(Broker {
+            config,
+            clock,
+            logs,
+            metadata: RwLock::new(Arc::new(state.clone())),
+            controller: Mutex::new(metadata_log),
+            partitions: RwLock::new(HashMap::new()),
+            shutdown_tx,
+        });
+        broker.reconcile(&state)?;
+        broker.logs.start_background()?;
+        Ok(broker)
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    pub fn metadata(&self) -> Arc<MetadataState> {
+        self.metadata.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn cluster_id(&self) -> String {
+        self.metadata().cluster_id.clone()
+    }
+
+    pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
+        self.partitions.read().unwrap_or_else(|p| p.into_inner()).get(&(topic.to_string(), index)).cloned()
+    }
+
+    /// Resolves the partition or says why not, as Kafka does.
+    pub fn require_partition(&self, topic: &str, index: i32) -> Result<Arc<Partition>, BrokerError> {
+        self.partition(topic, index).ok_or_else(|| BrokerError::unknown_topic(topic, index))
+    }
+
+    /// Fires when the broker starts shutting down (long polls return early).
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown_tx.subscribe()
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown_tx.borrow()
+    }
+
+    // ----- control operations -------------------------------------------------------------
+
+    /// Checks a topic name against Kafka's rules.
+    pub fn validate_topic_name(name: &str) -> Result<(), BrokerError> {
+        let invalid = |why: String| Err(BrokerError::new(ErrorCode::InvalidTopicException, why));
+        if name.is_empty() {
+            return invalid("Topic name is illegal, it can't be empty".into());
+        }
+        if name == "." || name == ".." {
+            return invalid(format!("Topic name cannot be \"{name}\""));
+        }
+        if name.len() > MAX_TOPIC_NAME_LEN {
+            return invalid(format!(
+                "Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME_LEN} characters, topic name: {name}"
+            ));
+        }
+        if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
+            return invalid(format!(
+                "Topic name \"{name}\" is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates topics (each independently; one failure does not stop the others). With
+    /// `validate_only` nothing changes but every check runs.
+    pub async fn create_topics(
+        self: &Arc<Self>,
+        topics: Vec<NewTopic>,
+        validate_only: bool,
+    ) -> Vec<Result<CreatedTopic, BrokerError>> {
+        let count = topics.len();
+        let this = self.clone();
+        match tokio::task::spawn_blocking(move || this.create_topics_blocking(topics, validate_only)).await {
+            Ok(results) => results,
+            Err(e) => vec![Err(BrokerError::new(ErrorCode::UnknownServerError, e.to_string())); count],
+        }
+    }
+
+    pub fn create_topics_blocking(
+        &self,
+        topics: Vec<NewTopic>,
+        validate_only: bool,
+    ) -> Vec<Result<CreatedTopic, BrokerError>> {
+        let mut controller = lock(&self.controller);
+        let mut results = Vec::with_capacity(topics.len());
+        for topic in topics {
+            let result = self.validate_new_topic(&topic).and_then(|(partitions, replication_factor)| {
+                let record = MetadataRecord::CreateTopic {
+                    name: topic.name.clone(),
+                    id: Uuid::new_v4(),
+                    partitions,
+                    configs: topic.configs.clone(),
+                    // Only the broker creates internal topics (ensure_internal_topic).
+                    internal: false,
+                };
+                if !validate_only {
+                    self.commit(&mut controller, vec![record])?;
+                }
+                let created = self.metadata().topic(&topic.name).cloned().unwrap_or(TopicMetadata {
+                    name: topic.name.clone(),
+                    id: Uuid::nil(),
+                    partitions,
+                    configs: topic.configs.clone(),
+                    internal: false,
+                });
+                Ok(CreatedTopic { topic: created, replication_factor })
+            });
+            if let Err(e) = &result {
+                tracing::info!(topic = %topic.name, error = %e, validate_only, "create topic refused");
+            } else if !validate_only {
+                tracing::info!(topic = %topic.name, "created topic");
+            }
+            results.push(result);
+        }
+        results
+    }
+
+    fn validate_new_topic(&self, topic: &NewTopic) -> Result<(i32, i16), BrokerError> {
+        Broker::validate_topic_name(&topic.name)?;
+        if self.metadata().topic(&topic.name).is_some() {
+            return Err(BrokerError::new(
+                ErrorCode::TopicAlreadyExists,
+                format!("Topic '{}' already exists.", topic.name),
+            ));
+        }
+        let (partitions, replication_factor) = if topic.assignments.is_empty() {
+            let partitions = if topic.partitions == -1 { self.config.num_partitions } else { topic.partitions };
+            let rf = if topic.replication_factor == -1 {
+                self.config.default_replication_factor
+            } else {
+                topic.replication_factor
+            };
+            (partitions, rf)
+        } else {
+            if topic.partitions != -1 || topic.replication_factor != -1 {
+                return Err(BrokerError::new(
+                    ErrorCode::InvalidRequest,
+                    "Both numPartitions or replicationFactor and replicasAssignments were set. Both cannot be used at the same time.",
+                ));
+            }
+            let mut seen = HashSet::new();
+            let mut rf = None;
+            for (partition, replicas) in &topic.assignments {
+                if !seen.insert(*partition) || *partition < 0 || *partition as usize >= topic.assignments.len() {
+                    return Err(BrokerError::new(
+                        ErrorCode::InvalidReplicaAssignment,
+                        "Partitions should be a consecutive 0-based integer sequence".to_string(),
+                    ));
+                }
+                if replicas.iter().any(|b| *b != self.config.node_id) || replicas.is_empty() {
+                    return Err(BrokerError::new(
+                        ErrorCode::InvalidReplicaAssignment,
+                        format!(
+                            "Replica assignment {replicas:?} names brokers that do not exist; the only broker is {}",
+                            self.config.node_id
+                        ),
+                    ));
+                }
+                rf = Some(replicas.len() as i16);
+            }
+            (topic.assignments.len() as i32, rf.unwrap_or(1))
+        };
+        if partitions < 1 {
+            return Err(BrokerError::new(ErrorCode::InvalidPartitions, "Number of partitions must be larger than 0."));
+        }
+        if partitions > self.config.max_partitions_per_topic {
+            return Err(BrokerError::new(
+                ErrorCode::InvalidPartitions,
+                format!(
+                    "Number of partitions {partitions} exceeds the limit of {} per topic (max.partitions.per.topic).",
+                    self.config.max_partitions_per_topic
+                ),
+            ));
+        }
+        if replication_factor < 1 {
+            return Err(BrokerError::new(
+                ErrorCode::InvalidReplicationFactor,
+                "Replication factor must be larger than 0.",
+            ));
+        }
+        if replication_factor > 1 {
+            return Err(BrokerError::new(
+                ErrorCode::InvalidReplicationFactor,
+                format!("Unable to replicate the partition {replication_factor} time(s): The target replication factor of {replication_factor} cannot be reached because only 1 broker(s) are registered."),
+            ));
+        }
+        topic_config::validate(&topic.configs).map_err(|e| BrokerError::new(ErrorCode::InvalidConfig, e.message))?;
+        Ok((partitions, replication_factor))
+    }
+
+    /// Creates `name` with the broker's defaults if it does not exist (Metadata auto-creation).
+    pub async fn auto_create_topic(self: &Arc<Self>, name: &str) -> Result<TopicMetadata, BrokerError> {
+        let topic = NewTopic {
+            name: name.to_string(),
+            partitions: -1,
+            replication_factor: -1,
+            assignments: Vec::new(),
+            configs: BTreeMap::new(),
+        };
+        match self.create_topics(vec![topic], false).await.pop() {
+            Some(Ok(created)) => Ok(created.topic),
+            Some(Err(e)) if e.code == ErrorCode::TopicAlreadyExists => self
+                .metadata()
+                .topic(name)
+                .cloned()
+                .ok_or_else(|| BrokerError::new(ErrorCode::UnknownTopicOrPartition, "topic was deleted meanwhile")),
+            Some(Err(e)) => Err(e),
+            None => Err(BrokerError::new(ErrorCode::UnknownServerError, "no result")),
+        }
+    }
+
+    /// Creates an internal topic (name starting with `__`) unless it exists; returns its metadata.
+    pub fn ensure_internal_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+    ) -> Result<TopicMetadata, BrokerError> {
+        if let Some(topic) = self.metadata().topic(name) {
+            return Ok(topic.clone());
+        }
+        let mut controller = lock(&self.controller);
+        if let Some(topic) = self.metadata().topic(name) {
+            return Ok(topic.clone());
+        }
+        let record = MetadataRecord::CreateTopic {
+            name: name.to_string(),
+            id: Uuid::new_v4(),
+            partitions,
+            configs,
+            internal: true,
+        };
+        self.commit(&mut controller, vec![record])?;
+        self.metadata()
+            .topic(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::new(ErrorCode::UnknownServerError, "internal topic vanished"))
+    }
+
+    /// Deletes a topic by name or id.
+    pub async fn delete_topic(
+        self: &Arc<Self>,
+        name: Option<String>,
+        id: Option<Uuid>,
+    ) -> Result<TopicMetadata, BrokerError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut controller = lock(&this.controller);
+            if !this.config.delete_topic_enable {
+                return Err(BrokerError::new(
+                    ErrorCode::TopicDeletionDisabled,
+                    "Topic deletion is disabled (delete.topic.enable=false).",
+                ));
+            }
+            let state = this.metadata();
+            let topic = match (&name, id) {
+                (Some(name), _) if !name.is_empty() => state.topic(name),
+                (_, Some(id)) => state.topic_by_id(id),
+                _ => None,
+            };
+            let Some(topic) = topic.cloned() else {
+                return Err(match id {
+                    Some(id) if name.as_deref().is_none_or(str::is_empty) => {
+                        BrokerError::new(ErrorCode::UnknownTopicId, format!("Topic id {id} does not exist."))
+                    }
+                    _ => BrokerError::new(
+                        ErrorCode::UnknownTopicOrPartition,
+                        format!("Topic '{}' does not exist.", name.unwrap_or_default()),
+                    ),
+                });
+            };
+            if topic.internal {
+                return Err(BrokerError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("Internal topic {} cannot be deleted.", topic.name),
+                ));
+            }
+            this.commit(&mut controller, vec![MetadataRecord::DeleteTopic { name: topic.name.clone(), id: topic.id }])?;
+            tracing::info!(topic = %topic.name, "deleted topic");
+            Ok(topic)
+        })
+        .await
+        .unwrap_or_else(|e| Err(BrokerError::new(ErrorCode::UnknownServerError, e.to_string())))
+    }
+
+    /// Grows a topic to `count` partitions.
+    pub async fn create_partitions(
+        self: &Arc<Self>,
+        name: String,
+        count: i32,
+        validate_only: bool,
+    ) -> Result<(), BrokerError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut controller = lock(&this.controller);
+            let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
+                BrokerError::new(ErrorCode::UnknownTopicOrPartition, format!("The topic '{name}' does not exist."))
+            })?;
+            if count < topic.partitions {
+                return Err(BrokerError::new(
+                    ErrorCode::InvalidPartitions,
+                    format!(
+                        "Topic currently has {} partitions, which is higher than the requested {count}.",
+                        topic.partitions
+                    ),
+                ));
+            }
+            if count == topic.partitions {
+                return Err(BrokerError::new(
+                    ErrorCode::InvalidPartitions,
+                    format!("Topic already has {count} partitions."),
+                ));
+            }
+            if count > this.config.max_partitions_per_topic {
+                return Err(BrokerError::new(
+                    ErrorCode::InvalidPartitions,
+                    format!(
+                        "Number of partitions {count} exceeds the limit of {} per topic.",
+                        this.config.max_partitions_per_topic
+                    ),
+                ));
+            }
+            if !validate_only {
+                this.commit(
+                    &mut controller,
+                    vec![MetadataRecord::CreatePartitions { name: name.clone(), id: topic.id, partitions: count }],
+                )?;
+                tracing::info!(topic = %name, partitions = count, "added partitions");
+            }
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|e| Err(BrokerError::new(ErrorCode::UnknownServerError, e.to_string())))
+    }
+
+    /// Replaces a topic's config overrides with `configs` (after `edit` turns the current
+    /// overrides into the new ones, under the controller lock so edits do not race).
+    pub async fn alter_topic_configs(
+        self: &Arc<Self>,
+        name: String,
+        validate_only: bool,
+        edit: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, BrokerError> + Send + 'static,
+    ) -> Result<(), BrokerError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut controller = lock(&this.controller);
+            let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
+                BrokerError::new(ErrorCode::UnknownTopicOrPartition, format!("Topic {name} does not exist."))
+            })?;
+            let configs = edit(&topic.configs)?;
+            topic_config::validate(&configs).map_err(|e| BrokerError::new(ErrorCode::InvalidConfig, e.message))?;
+            if !validate_only && configs != topic.configs {
+                this.commit(
+                    &mut controller,
+                    vec![MetadataRecord::SetTopicConfigs { name: name.clone(), id: topic.id, configs }],
+                )?;
+                tracing::info!(topic = %name, "altered topic configs");
+            }
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|e| Err(BrokerError::new(ErrorCode::UnknownServerError, e.to_string())))
+    }
+
+    /// Appends, applies and reconciles. Called with the controller lock held.
+    fn commit(&self, controller: &mut MetadataLog, records: Vec<MetadataRecord>) -> Result<(), BrokerError> {
+        let first = controller.append(&records, self.now_ms()).map_err(|e| io_error("metadata log", e))?;
+        let mut state = (*self.metadata()).clone();
+        for (i, record) in records.iter().enumerate() {
+            state.apply(first + i as i64, record);
+        }
+        *self.metadata.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(state.clone());
+        if let Err(e) = controller.maybe_snapshot(&state) {
+            // The records are durable in the log; a failed snapshot only means a longer replay.
+            tracing::warn!(error = %e, "cannot write a metadata snapshot");
+        }
+        self.reconcile(&state)
+    }
+
+    /// Makes the partition logs match `state`: opens logs of new partitions, applies changed
+    /// configs, deletes logs of deleted topics (and orphans left by a crash mid-delete).
+    fn reconcile(&self, state: &MetadataState) -> Result<(), BrokerError> {
+        let mut partitions = self.partitions.write().unwrap_or_else(|p| p.into_inner());
+        let wanted =
+            |topic: &str, index: i32, id: Uuid| state.topic(topic).is_some_and(|t| t.id == id && index < t.partitions);
+        // Deletions first: a topic deleted and created again under the same name reuses the dir.
+        let stale: Vec<(String, i32)> =
+            partitions.iter().filter(|(_, p)| !wanted(&p.topic, p.index, p.topic_id)).map(|(k, _)| k.clone()).collect();
+        for key in stale {
+            if let Some(partition) = partitions.remove(&key) {
+                partition.wake_waiters();
+                self.logs.delete(&TopicPartition::new(key.0.clone(), key.1))?;
+            }
+        }
+        for (tp, _) in self.logs.logs() {
+            let known = state.topic(&tp.topic).is_some_and(|t| tp.partition < t.partitions);
+            if !known {
+                tracing::warn!(partition = %tp, "deleting a log that no topic owns");
+                self.logs.delete(&tp)?;
+            }
+        }
+        for topic in state.topics.values() {
+            let config = topic_config::log_config(&self.config.topic_defaults, &topic.configs)
+                .map_err(|e| BrokerError::new(ErrorCode::InvalidConfig, e.message))?;
+            for index in 0..topic.partitions {
+                let key = (topic.name.clone(), index);
+                match partitions.get(&key) {
+                    Some(partition) => {
+                        if *partition.log.config() != config {
+                            partition.log.set_config(config.clone());
+                        }
+                    }
+                    None => {
+                        let log =
+                            self.logs.get_or_create(&TopicPartition::new(topic.name.clone(), index), config.clone())?;
+                        if *log.config() != config {
+                            log.set_config(config.clone());
+                        }
+                        partitions.insert(key, Arc::new(Partition::new(topic.name.clone(), topic.id, index, log)));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ----- data operations ----------------------------------------------------------------
+
+    /// Appends a producer's batches. Returns once the append is as durable as the topic's flush
+    /// policy promises (`flush.policy=sync`: fsynced, group-committed with concurrent appends).
+    pub async fn append(
+        &self,
+        partition: Arc<Partition>,
+        mut records: BytesMut,
+        acks: i16,
+    ) -> Result<AppendInfo, BrokerError> {
+        if acks == -1 {
+            let state = self.metadata();
+            if let Some(topic) = state.topic(&partition.topic) {
+                let min_isr = topic_config::min_insync_replicas(&self.config.topic_defaults, &topic.configs);
+                if min_isr > 1 {
+                    return Err(BrokerError::new(
+                        ErrorCode::NotEnoughReplicas,
+                        format!("The size of the current ISR (1) is insufficient to satisfy the min.isr requirement of {min_isr} for partition {}-{}", partition.topic, partition.index),
+                    ));
+                }
+            }
+        }
+        let task_partition = partition.clone();
+        let info = tokio::task::spawn_blocking(move || -> Result<AppendInfo, StorageError> {
+            let log = &task_partition.log;
+            if log.config().cleanup_policy.compact {
+                reject_keyless_records(&records)?;
+            }
+            let info = log.append(&mut records, 0)?;
+            if log.config().flush == FlushPolicy::Sync {
+                log.sync_to(info.last_offset + 1)?;
+            }
+            Ok(info)
+        })
+        .await
+        .map_err(|e| BrokerError::new(ErrorCode::UnknownServerError, e.to_string()))?;
+        match info {
+            Ok(info) => {
+                partition.wake_waiters();
+                Ok(info)
+            }
+            Err(e) => {
+                if e.is_disk_full() {
+                    tracing::error!(partition = %format!("{}-{}", partition.topic, partition.index), "append failed: disk full");
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Appends the broker's own records (internal topics) and waits for them to be durable.
+    /// Blocking.
+    pub fn append_internal_blocking(
+        &self,
+        partition: &Partition,
+        mut records: BytesMut,
+    ) -> Result<AppendInfo, BrokerError> {
+        let info = partition.log.append(&mut records, 0)?;
+        partition.log.sync_to(info.last_offset + 1)?;
+        partition.wake_waiters();
+        Ok(info)
+    }
+
+    /// Reads whole batches from `offset`, up to the high watermark. Blocking (reads headers
+    /// from the page cache or disk).
+    pub fn read(
+        &self,
+        partition: &Partition,
+        offset: i64,
+        max_bytes: u64,
+        min_one_batch: bool,
+    ) -> Result<ReadResult, BrokerError> {
+        let log = &partition.log;
+        Ok(log.read_with(offset, max_bytes, log.high_watermark(), min_one_batch)?)
+    }
+
+    /// ListOffsets for one partition.
+    pub fn list_offset(&self, partition: &Partition, timestamp: i64) -> Result<OffsetAnswer, BrokerError> {
+        let log = &partition.log;
+        let none = OffsetAnswer { timestamp: -1, offset: -1 };
+        Ok(match timestamp {
+            LATEST_TIMESTAMP => OffsetAnswer { timestamp: -1, offset: log.high_watermark() },
+            EARLIEST_TIMESTAMP | EARLIEST_LOCAL_TIMESTAMP => {
+                OffsetAnswer { timestamp: -1, offset: log.log_start_offset() }
+            }
+            MAX_TIMESTAMP => match log.max_timestamp_offset()? {
+                Some(found) if found.offset < log.high_watermark() => {
+                    OffsetAnswer { timestamp: found.timestamp, offset: found.offset }
+                }
+                _ => none,
+            },
+            t if t >= 0 => match log.offset_for_timestamp(t)? {
+                Some(found) if found.offset < log.high_watermark() => {
+                    OffsetAnswer { timestamp: found.timestamp, offset: found.offset }
+                }
+                _ => none,
+            },
+            other => {
+                return Err(BrokerError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("Unsupported ListOffsets timestamp {other}"),
+                ))
+            }
+        })
+    }
+
+    /// DeleteRecords: moves the log start offset to `offset` (-1: the high watermark).
+    /// Returns the new low watermark.
+    pub fn delete_records(&self, partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
+        let log = &partition.log;
+        let target = if offset == -1 { log.high_watermark() } else { offset };
+        if target < 0 || target > log.high_watermark() {
+            return Err(BrokerError::new(
+                ErrorCode::OffsetOutOfRange,
+                format!("Cannot delete records before {target}: the high watermark is {}", log.high_watermark()),
+            ));
+        }
+        Ok(log.delete_records_before(target)?)
+    }
+
+    /// Every partition's size (DescribeLogDirs).
+    pub fn partition_sizes(&self) -> Vec<PartitionSize> {
+        let partitions = self.partitions.read().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<PartitionSize> = partitions
+            .values()
+            .map(|p| PartitionSize { topic: p.topic.clone(), partition: p.index, size_bytes: p.log.size_bytes() })
+            .collect();
+        out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        out
+    }
+
+    /// Parks until one of `partitions` may have new data, `deadline` passes, or the broker shuts
+    /// down. The caller re-reads after it returns; a spurious wake-up only costs a read.
+    pub async fn wait_for_data(&self, waiter: &Arc<Notify>, deadline: tokio::time::Instant) {
+        let mut shutdown = self.shutdown_signal();
+        if *shutdown.borrow() {
+            return;
+        }
+        tokio::select! {
+            _ = waiter.notified() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+
+    /// Starts shutting down: parked fetches return at once.
+    pub fn begin_shutdown(&self) {
+        self.shutdown_tx.send_replace(true);
+    }
+
+    /// Flushes and closes every log and writes the clean-shutdown marker. Blocking.
+    pub fn shutdown(&self) -> Result<(), BrokerError> {
+        self.begin_shutdown();
+        let controller = lock(&self.controller);
+        if let Err(e) = controller.close() {
+            tracing::warn!(error = %e, "closing the metadata log");
+        }
+        self.logs.shutdown()?;
+        tracing::info!("storage closed cleanly");
+        Ok(())
+    }
+
+    /// How long a shut-down waits for requests in progress.
+    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+}
+
+/// Compaction keeps the latest record per key, so a compacted topic refuses records without a
+/// key, as Kafka does. This decodes (and decompresses) the batches: compacted topics only.
+fn reject_keyless_records(records: &[u8]) -> Result<(), StorageError> {
+    let decoded = crate::internal_records::decode_batches(bytes::Bytes::copy_from_slice(records))
+        .map_err(|e| StorageError::Batch(weir_storage::BatchError::Corrupt(e)))?;
+    if decoded.iter().any(|r| r.key.is_none()) {
+        return Err(StorageError::Batch(weir_storage::BatchError::Invalid(
+            "Compacted topic cannot accept message without key".into(),
+        )));
+    }
+    Ok(())
+}
+
+/// A cluster id in Kafka's style: a UUID in URL-safe base64 without padding (22 characters).
+fn new_cluster_id() -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let bits = Uuid::new_v4().as_u128();
+    (0..22).map(|i| ALPHABET[((bits >> (i * 6)) & 63) as usize] as char).collect()
+}

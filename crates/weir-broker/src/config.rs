@@ -1,0 +1,505 @@
+//! Broker settings, named as Kafka names them wherever a Kafka user would look for them.
+//!
+//! Every setting is declared once in [`SETTINGS`] (name, default, meaning); `weir.example.toml`
+//! documents the same list and a test keeps the two in step. Values arrive as strings (from the
+//! TOML file, flattened to dotted names, then from `--set name=value`) and are parsed here, so a
+//! bad value is rejected at start-up with a message that names the setting.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use weir_storage::LogConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("unknown setting `{0}` (see weir.example.toml for the settings Weir knows)")]
+    Unknown(String),
+    #[error("invalid value {value:?} for `{name}`: {reason}")]
+    Invalid { name: String, value: String, reason: String },
+    #[error("cannot read config file {path}: {reason}")]
+    File { path: String, reason: String },
+}
+
+pub struct Setting {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
+const fn s(name: &'static str, default: &'static str, doc: &'static str) -> Setting {
+    Setting { name, default, doc }
+}
+
+/// Broker-level settings. `log.*` and `message.max.bytes` are the defaults of the topic configs
+/// they map to (see [`TOPIC_DEFAULT_SETTINGS`]).
+pub const SETTINGS: &[Setting] = &[
+    s("node.id", "0", "This broker's id in Metadata responses."),
+    s("listeners", "127.0.0.1:9092", "Address the Kafka listener binds: host:port or PLAINTEXT://host:port."),
+    s("advertised.listeners", "", "Address clients are told to connect to; empty means the bound address."),
+    s("log.dirs", "./data", "The data directory: partition logs, metadata log, checkpoints."),
+    s("num.partitions", "1", "Partitions of an auto-created topic, and of CreateTopics asking for -1."),
+    s("default.replication.factor", "1", "Replication factor of auto-created topics."),
+    s("auto.create.topics.enable", "true", "Create a topic when a client asks Metadata for an unknown one."),
+    s("delete.topic.enable", "true", "Allow DeleteTopics."),
+    s("max.partitions.per.topic", "10000", "Most partitions one topic may have (Weir's limit)."),
+    s("socket.request.max.bytes", "104857600", "Largest request frame; a bigger one closes the connection."),
+    s("max.connections", "10000", "Most client connections at once; more are refused."),
+    s("connections.max.idle.ms", "600000", "Close a connection idle this long."),
+    s("queued.max.requests.per.connection", "64", "Requests read ahead of the one being handled, per connection."),
+    s("fetch.sendfile.enable", "true", "Send fetched record data from file to socket with sendfile (zero copy)."),
+    s("group.min.session.timeout.ms", "6000", "Smallest session timeout a group member may ask for."),
+    s("group.max.session.timeout.ms", "1800000", "Largest session timeout a group member may ask for."),
+    s("group.initial.rebalance.delay.ms", "3000", "Wait this long for more members when a group forms."),
+    s("group.max.size", "1000", "Most members in one consumer group."),
+    s("offsets.topic.num.partitions", "50", "Partitions of the internal __consumer_offsets topic."),
+    s("offsets.retention.minutes", "10080", "Drop an empty group's committed offsets after this long."),
+    s("offsets.retention.check.interval.ms", "600000", "How often expired offsets are looked for."),
+    s("metadata.snapshot.interval.records", "1000", "Write a metadata snapshot after this many records."),
+    s("log.retention.check.interval.ms", "300000", "How often retention runs."),
+    s("log.flush.scheduler.interval.ms", "1000", "How often logs are checked for a due flush (flush.ms)."),
+    s("log.flush.offset.checkpoint.interval.ms", "60000", "How often recovery points are checkpointed."),
+    s("log.cleaner.enable", "true", "Run compaction for topics with cleanup.policy=compact."),
+    s("log.cleaner.backoff.ms", "15000", "Sleep between compaction passes with nothing to do."),
+    s("log.cleaner.io.max.bytes.per.second", "0", "Compaction I/O limit; 0 means none."),
+    s("num.recovery.threads.per.data.dir", "2", "Threads recovering logs at start-up."),
+];
+
+/// Broker-level defaults of topic configs: (broker name, topic name, default). A topic's own
+/// config overrides these.
+pub const TOPIC_DEFAULT_SETTINGS: &[(&str, &str, &str)] = &[
+    ("log.segment.bytes", "segment.bytes", "1073741824"),
+    ("log.roll.ms", "segment.ms", "604800000"),
+    ("log.roll.jitter.ms", "segment.jitter.ms", "0"),
+    ("log.index.size.max.bytes", "segment.index.bytes", "10485760"),
+    ("log.index.interval.bytes", "index.interval.bytes", "4096"),
+    ("message.max.bytes", "max.message.bytes", "1048588"),
+    ("log.message.timestamp.type", "message.timestamp.type", "CreateTime"),
+    ("log.flush.policy", "flush.policy", "none"),
+    ("log.flush.interval.messages", "flush.messages", "9223372036854775807"),
+    ("log.flush.interval.ms", "flush.ms", "9223372036854775807"),
+    ("log.retention.ms", "retention.ms", "604800000"),
+    ("log.retention.bytes", "retention.bytes", "-1"),
+    ("log.cleanup.policy", "cleanup.policy", "delete"),
+    ("log.cleaner.delete.retention.ms", "delete.retention.ms", "86400000"),
+    ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms", "0"),
+    ("log.cleaner.min.cleanable.ratio", "min.cleanable.dirty.ratio", "0.5"),
+    ("log.segment.delete.delay.ms", "file.delete.delay.ms", "60000"),
+    ("min.insync.replicas", "min.insync.replicas", "1"),
+    ("compression.type", "compression.type", "producer"),
+];
+
+/// Kafka's coarser aliases: (alias, canonical name, multiplier to the canonical unit).
+const ALIASES: &[(&str, &str, i64)] = &[
+    ("log.retention.minutes", "log.retention.ms", 60_000),
+    ("log.retention.hours", "log.retention.ms", 3_600_000),
+    ("log.roll.hours", "log.roll.ms", 3_600_000),
+];
+
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub node_id: i32,
+    pub listen: SocketAddr,
+    /// Host and port put in Metadata responses.
+    pub advertised_host: String,
+    pub advertised_port: u16,
+    pub data_dir: PathBuf,
+    pub num_partitions: i32,
+    pub default_replication_factor: i16,
+    pub auto_create_topics: bool,
+    pub delete_topic_enable: bool,
+    pub max_partitions_per_topic: i32,
+    pub socket_request_max_bytes: usize,
+    pub max_connections: usize,
+    pub connections_max_idle_ms: u64,
+    pub queued_requests_per_connection: usize,
+    pub fetch_sendfile: bool,
+    pub group_min_session_timeout_ms: i32,
+    pub group_max_session_timeout_ms: i32,
+    pub group_initial_rebalance_delay_ms: u64,
+    pub group_max_size: usize,
+    pub offsets_topic_partitions: i32,
+    pub offsets_retention_ms: i64,
+    pub offsets_retention_check_interval_ms: u64,
+    pub metadata_snapshot_interval: u64,
+    pub retention_check_interval_ms: u64,
+    pub flush_check_interval_ms: u64,
+    pub checkpoint_interval_ms: u64,
+    pub cleaner_enabled: bool,
+    pub cleaner_backoff_ms: u64,
+    pub cleaner_io_max_bytes_per_second: u64,
+    pub recovery_threads: usize,
+    /// Broker-wide topic config defaults, by topic config name (`retention.ms`, ...).
+    pub topic_defaults: BTreeMap<String, String>,
+    /// The settings as given (after aliases), for DescribeConfigs on the broker resource.
+    pub explicit: BTreeMap<String, String>,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        match BrokerConfig::from_settings(&BTreeMap::new()) {
+            Ok(config) => config,
+            Err(e) => panic!("built-in defaults must parse: {e}"),
+        }
+    }
+}
+
+fn invalid(name: &str, value: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { name: name.to_string(), value: value.to_string(), reason: reason.into() }
+}
+
+fn parse_num<T: std::str::FromStr + PartialOrd + std::fmt::Display>(
+    name: &str,
+    value: &str,
+    min: T,
+) -> Result<T, ConfigError> {
+    let parsed: T = value.trim().parse().map_err(|_| invalid(name, value, "expected a number"))?;
+    if parsed < min {
+        return Err(invalid(name, value, format!("must be at least {min}")));
+    }
+    Ok(parsed)
+}
+
+fn parse_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(invalid(name, value, "expected true or false")),
+    }
+}
+
+/// `host:port` or `PLAINTEXT://host:port` (the first listener if several are listed).
+fn parse_listener(name: &str, value: &str) -> Result<(String, u16), ConfigError> {
+    let first = value.split(',').next().unwrap_or("").trim();
+    let addr = match first.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("PLAINTEXT") => rest,
+        Some((scheme, _)) => {
+            return Err(invalid(name, value, format!("listener scheme {scheme} is not supported yet; use PLAINTEXT")))
+        }
+        None => first,
+    };
+    let (host, port) =
+        addr.rsplit_once(':').ok_or_else(|| invalid(name, value, "expected host:port, e.g. 127.0.0.1:9092"))?;
+    let port: u16 = port.parse().map_err(|_| invalid(name, value, "the port must be a number from 0 to 65535"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Ok((if host.is_empty() { "0.0.0.0".to_string() } else { host.to_string() }, port))
+}
+
+impl BrokerConfig {
+    /// Builds the config from named settings; unknown names and invalid values are errors.
+    pub fn from_settings(given: &BTreeMap<String, String>) -> Result<BrokerConfig, ConfigError> {
+        let mut values: BTreeMap<String, String> = BTreeMap::new();
+        for setting in SETTINGS {
+            values.insert(setting.name.to_string(), setting.default.to_string());
+        }
+        let mut topic_defaults: BTreeMap<String, String> = BTreeMap::new();
+        let mut explicit = BTreeMap::new();
+        for (name, value) in given {
+            let (name, value) = match ALIASES.iter().find(|(alias, _, _)| alias == name) {
+                Some((alias, canonical, factor)) => {
+                    let n: i64 = parse_num(alias, value, -1)?;
+                    let v = if n < 0 { n } else { n.saturating_mul(*factor) };
+                    if given.contains_key(*canonical) {
+                        continue; // the finer-grained setting wins, as in Kafka
+                    }
+                    (canonical.to_string(), v.to_string())
+                }
+                None => (name.clone(), value.clone()),
+            };
+            if let Some((_, topic_name, _)) = TOPIC_DEFAULT_SETTINGS.iter().find(|(b, _, _)| *b == name) {
+                topic_defaults.insert(topic_name.to_string(), value.clone());
+            } else if values.contains_key(&name) {
+                values.insert(name.clone(), value.clone());
+            } else {
+                return Err(ConfigError::Unknown(name));
+            }
+            explicit.insert(name, value);
+        }
+        // Validate the topic defaults with the same code that validates topic configs.
+        crate::topic_config::validate(&topic_defaults).map_err(|e| match e.name {
+            Some(topic_name) => {
+                let broker_name = TOPIC_DEFAULT_SETTINGS
+                    .iter()
+                    .find(|(_, t, _)| *t == topic_name)
+                    .map(|(b, _, _)| b.to_string())
+                    .unwrap_or(topic_name);
+                let value = topic_defaults.get(
+                    TOPIC_DEFAULT_SETTINGS.iter().find(|(b, _, _)| *b == broker_name).map(|(_, t, _)| *t).unwrap_or(""),
+                );
+                invalid(&broker_name, value.map(String::as_str).unwrap_or(""), e.message)
+            }
+            None => invalid("log.*", "", e.message),
+        })?;
+
+        let get = |name: &str| values.get(name).map(String::as_str).unwrap_or("");
+        let (listen_host, listen_port) = parse_listener("listeners", get("listeners"))?;
+        let listen: SocketAddr = format!(
+            "{}:{}",
+            if listen_host.contains(':') { format!("[{listen_host}]") } else { listen_host.clone() },
+            listen_port
+        )
+        .parse()
+        .map_err(|_| {
+            invalid("listeners", get("listeners"), "the host must be an IP address (e.g. 127.0.0.1 or 0.0.0.0)")
+        })?;
+        let (advertised_host, advertised_port) = if get("advertised.listeners").trim().is_empty() {
+            (listen_host, listen_port)
+        } else {
+            parse_listener("advertised.listeners", get("advertised.listeners"))?
+        };
+        let data_dir = PathBuf::from(get("log.dirs").split(',').next().unwrap_or("").trim());
+        if data_dir.as_os_str().is_empty() {
+            return Err(invalid("log.dirs", get("log.dirs"), "must name a directory"));
+        }
+        let config = BrokerConfig {
+            node_id: parse_num("node.id", get("node.id"), 0)?,
+            listen,
+            advertised_host,
+            advertised_port,
+            data_dir,
+            num_partitions: parse_num("num.partitions", get("num.partitions"), 1)?,
+            default_replication_factor: parse_num("default.replication.factor", get("default.replication.factor"), 1)?,
+            auto_create_topics: parse_bool("auto.create.topics.enable", get("auto.create.topics.enable"))?,
+            delete_topic_enable: parse_bool("delete.topic.enable", get("delete.topic.enable"))?,
+            max_partitions_per_topic: parse_num("max.partitions.per.topic", get("max.partitions.per.topic"), 1)?,
+            socket_request_max_bytes: parse_num("socket.request.max.bytes", get("socket.request.max.bytes"), 1024)?,
+            max_connections: parse_num("max.connections", get("max.connections"), 1)?,
+            connections_max_idle_ms: parse_num("connections.max.idle.ms", get("connections.max.idle.ms"), 1)?,
+            queued_requests_per_connection: parse_num(
+                "queued.max.requests.per.connection",
+                get("queued.max.requests.per.connection"),
+                1,
+            )?,
+            fetch_sendfile: parse_bool("fetch.sendfile.enable", get("fetch.sendfile.enable"))?,
+            group_min_session_timeout_ms: parse_num(
+                "group.min.session.timeout.ms",
+                get("group.min.session.timeout.ms"),
+                1,
+            )?,
+            group_max_session_timeout_ms: parse_num(
+                "group.max.session.timeout.ms",
+                get("group.max.session.timeout.ms"),
+                1,
+            )?,
+            group_initial_rebalance_delay_ms: parse_num(
+                "group.initial.rebalance.delay.ms",
+                get("group.initial.rebalance.delay.ms"),
+                0,
+            )?,
+            group_max_size: parse_num("group.max.size", get("group.max.size"), 1)?,
+            offsets_topic_partitions: parse_num(
+                "offsets.topic.num.partitions",
+                get("offsets.topic.num.partitions"),
+                1,
+            )?,
+            offsets_retention_ms: parse_num::<i64>("offsets.retention.minutes", get("offsets.retention.minutes"), 1)?
+                .saturating_mul(60_000),
+            offsets_retention_check_interval_ms: parse_num(
+                "offsets.retention.check.interval.ms",
+                get("offsets.retention.check.interval.ms"),
+                1,
+            )?,
+            metadata_snapshot_interval: parse_num(
+                "metadata.snapshot.interval.records",
+                get("metadata.snapshot.interval.records"),
+                1,
+            )?,
+            retention_check_interval_ms: parse_num(
+                "log.retention.check.interval.ms",
+                get("log.retention.check.interval.ms"),
+                1,
+            )?,
+            flush_check_interval_ms: parse_num(
+                "log.flush.scheduler.interval.ms",
+                get("log.flush.scheduler.interval.ms"),
+                1,
+            )?,
+            checkpoint_interval_ms: parse_num(
+                "log.flush.offset.checkpoint.interval.ms",
+                get("log.flush.offset.checkpoint.interval.ms"),
+                1,
+            )?,
+            cleaner_enabled: parse_bool("log.cleaner.enable", get("log.cleaner.enable"))?,
+            cleaner_backoff_ms: parse_num("log.cleaner.backoff.ms", get("log.cleaner.backoff.ms"), 1)?,
+            cleaner_io_max_bytes_per_second: parse_num(
+                "log.cleaner.io.max.bytes.per.second",
+                get("log.cleaner.io.max.bytes.per.second"),
+                0,
+            )?,
+            recovery_threads: parse_num(
+                "num.recovery.threads.per.data.dir",
+                get("num.recovery.threads.per.data.dir"),
+                1,
+            )?,
+            topic_defaults,
+            explicit,
+        };
+        if config.group_min_session_timeout_ms > config.group_max_session_timeout_ms {
+            return Err(invalid(
+                "group.min.session.timeout.ms",
+                &config.group_min_session_timeout_ms.to_string(),
+                "must not exceed group.max.session.timeout.ms",
+            ));
+        }
+        if config.default_replication_factor > 1 {
+            return Err(invalid(
+                "default.replication.factor",
+                &config.default_replication_factor.to_string(),
+                "a single-node broker can keep only 1 replica",
+            ));
+        }
+        Ok(config)
+    }
+
+    /// Parses a TOML config file into dotted setting names: nested tables are flattened, so
+    /// `log.retention.ms = 1000` (a TOML table path) and `"log.retention.ms" = 1000` both work.
+    pub fn settings_from_toml(text: &str, origin: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::File { path: origin.to_string(), reason: e.to_string() })?;
+        let mut out = BTreeMap::new();
+        flatten("", &toml::Value::Table(table), &mut out, origin)?;
+        Ok(out)
+    }
+
+    /// The broker-level default of every topic config, as a LogConfig.
+    pub fn default_log_config(&self) -> LogConfig {
+        // Validated in from_settings, so this cannot fail; fall back to Kafka's defaults anyway.
+        crate::topic_config::log_config(&self.topic_defaults, &BTreeMap::new()).unwrap_or_default()
+    }
+
+    /// The value and whether it was set explicitly, for every broker setting (DescribeConfigs).
+    pub fn describe(&self) -> Vec<(String, String, bool)> {
+        let mut out = Vec::new();
+        for setting in SETTINGS {
+            let value = self.explicit.get(setting.name).cloned();
+            out.push((
+                setting.name.to_string(),
+                value.clone().unwrap_or_else(|| setting.default.to_string()),
+                value.is_some(),
+            ));
+        }
+        for (broker_name, _, default) in TOPIC_DEFAULT_SETTINGS {
+            let value = self.explicit.get(*broker_name).cloned();
+            out.push((broker_name.to_string(), value.clone().unwrap_or_else(|| default.to_string()), value.is_some()));
+        }
+        out
+    }
+}
+
+fn flatten(
+    prefix: &str,
+    value: &toml::Value,
+    out: &mut BTreeMap<String, String>,
+    origin: &str,
+) -> Result<(), ConfigError> {
+    match value {
+        toml::Value::Table(table) => {
+            for (key, inner) in table {
+                let name = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                flatten(&name, inner, out, origin)?;
+            }
+        }
+        toml::Value::String(s) => {
+            out.insert(prefix.to_string(), s.clone());
+        }
+        toml::Value::Integer(i) => {
+            out.insert(prefix.to_string(), i.to_string());
+        }
+        toml::Value::Float(f) => {
+            out.insert(prefix.to_string(), f.to_string());
+        }
+        toml::Value::Boolean(b) => {
+            out.insert(prefix.to_string(), b.to_string());
+        }
+        toml::Value::Array(items) => {
+            let mut parts = Vec::new();
+            for item in items {
+                match item {
+                    toml::Value::String(s) => parts.push(s.clone()),
+                    other => parts.push(other.to_string()),
+                }
+            }
+            out.insert(prefix.to_string(), parts.join(","));
+        }
+        toml::Value::Datetime(_) => {
+            return Err(ConfigError::Invalid {
+                name: prefix.to_string(),
+                value: value.to_string(),
+                reason: format!("dates are not a setting type (in {origin})"),
+            })
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn defaults_parse() {
+        let config = BrokerConfig::default();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:9092");
+        assert_eq!(config.data_dir, PathBuf::from("./data"));
+        assert!(config.auto_create_topics);
+        assert_eq!(config.default_log_config().retention_ms, 604_800_000);
+    }
+
+    #[test]
+    fn unknown_and_invalid_settings_are_named() {
+        let err = BrokerConfig::from_settings(&settings(&[("log.retention.mss", "1")])).unwrap_err();
+        assert!(err.to_string().contains("`log.retention.mss`"), "{err}");
+        let err = BrokerConfig::from_settings(&settings(&[("num.partitions", "zero")])).unwrap_err();
+        assert!(err.to_string().contains("`num.partitions`"), "{err}");
+        let err = BrokerConfig::from_settings(&settings(&[("log.retention.ms", "soon")])).unwrap_err();
+        assert!(err.to_string().contains("`log.retention.ms`"), "{err}");
+        let err = BrokerConfig::from_settings(&settings(&[("log.flush.policy", "always")])).unwrap_err();
+        assert!(err.to_string().contains("`log.flush.policy`"), "{err}");
+    }
+
+    #[test]
+    fn aliases_and_topic_defaults() {
+        let config =
+            BrokerConfig::from_settings(&settings(&[("log.retention.hours", "2"), ("log.flush.policy", "sync")]))
+                .unwrap();
+        let log = config.default_log_config();
+        assert_eq!(log.retention_ms, 7_200_000);
+        assert_eq!(log.flush, weir_storage::FlushPolicy::Sync);
+    }
+
+    #[test]
+    fn toml_tables_flatten_to_dotted_names() {
+        let text =
+            "listeners = \"127.0.0.1:19092\"\nlog.retention.ms = 5000\n[group]\ninitial.rebalance.delay.ms = 0\n";
+        let map = BrokerConfig::settings_from_toml(text, "test").unwrap();
+        assert_eq!(map.get("log.retention.ms").map(String::as_str), Some("5000"));
+        assert_eq!(map.get("group.initial.rebalance.delay.ms").map(String::as_str), Some("0"));
+        let config = BrokerConfig::from_settings(&map).unwrap();
+        assert_eq!(config.listen.port(), 19092);
+        assert_eq!(config.group_initial_rebalance_delay_ms, 0);
+    }
+
+    #[test]
+    fn example_file_documents_every_setting() {
+        let text = include_str!("../../../weir.example.toml");
+        // Uncomment the `# name = value` lines, leaving the prose comments alone.
+        let is_setting = |l: &&str| {
+            l.split_once(" = ").is_some_and(|(name, _)| name.bytes().all(|b| b.is_ascii_lowercase() || b == b'.'))
+        };
+        let uncommented: String =
+            text.lines().map(|l| l.strip_prefix("# ").filter(is_setting).unwrap_or(l)).collect::<Vec<_>>().join("\n");
+        let map = BrokerConfig::settings_from_toml(&uncommented, "weir.example.toml").unwrap();
+        for setting in SETTINGS {
+            assert_eq!(map.get(setting.name).map(String::as_str), Some(setting.default), "{}", setting.name);
+        }
+        for (name, _, default) in TOPIC_DEFAULT_SETTINGS {
+            assert_eq!(map.get(*name).map(String::as_str), Some(*default), "{name}");
+        }
+        BrokerConfig::from_settings(&map).unwrap();
+    }
+}

@@ -1,0 +1,853 @@
+//! The group coordinator: every classic group of this broker, their committed offsets, and the
+//! timers that drive them.
+//!
+//! Concurrency contract:
+//! - `groups` (one mutex over every group) guards all group state. It is held only for
+//!   in-memory work, never across I/O or an `.await`.
+//! - Each `__consumer_offsets` partition has a writer mutex. Whatever appends to a partition
+//!   (commits, the group record of a completed rebalance, deletions, offset expiry) holds it
+//!   from validating against the group state, through the fsynced append, to applying the
+//!   result to the cache. So the cache changes in log order, and a validation cannot be
+//!   overtaken by another append to the same group. Lock order: writer, then `groups`.
+//! - JoinGroup and SyncGroup replies travel through one-shot channels held by the members
+//!   (see `state`); shutdown answers every one of them, so no request waits forever.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{oneshot, watch, Notify};
+
+use crate::broker::Broker;
+use crate::error::BrokerError;
+use crate::internal_records::encode_batch;
+use crate::partition::Partition;
+
+use super::offsets::{self, LoadedGroup};
+use super::state::{CommittedOffset, Group, Limits, SyncOutcome};
+use super::{
+    partition_for, CommitParams, ErrorCode, FetchedOffset, GroupDescription, GroupListing, GroupState, HeartbeatParams,
+    JoinGroupParams, JoinGroupResult, LeaveGroupResult, LeavingMember, MemberLeaveResult, PartitionResult,
+    SyncGroupParams, SyncGroupResult, OFFSETS_TOPIC, OFFSET_METADATA_MAX_BYTES,
+};
+
+/// Longest sleep of the timer task: it re-checks its deadlines (and whether the coordinator
+/// still exists) at least this often.
+const TIMER_TICK_MAX_MS: i64 = 1000;
+/// Bytes of records per batch appended to `__consumer_offsets`, well under the topic's
+/// `max.message.bytes` (1 MiB by default); a larger commit becomes several batches of one append.
+const BATCH_BYTES_MAX: usize = 256 * 1024;
+
+struct OffsetsPartition {
+    partition: Arc<Partition>,
+    /// Held across validate → append → apply (see the module doc).
+    writer: Mutex<()>,
+}
+
+pub struct GroupCoordinator {
+    broker: Arc<Broker>,
+    limits: Limits,
+    session_timeout_ms_min: i32,
+    session_timeout_ms_max: i32,
+    offsets_retention_ms: i64,
+    offsets_retention_check_interval_ms: i64,
+    groups: Mutex<HashMap<String, Group>>,
+    partitions: Vec<OffsetsPartition>,
+    /// Wakes the timer task when a deadline may have moved earlier.
+    timer_wake: Arc<Notify>,
+    shut_down: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The error a client sees when an append to `__consumer_offsets` fails (Kafka's mapping:
+/// retriable coordinator errors for storage trouble, so clients retry or rediscover).
+fn append_error_code(e: &BrokerError, too_large: ErrorCode) -> ErrorCode {
+    match e.code {
+        ErrorCode::UnknownTopicOrPartition | ErrorCode::NotEnoughReplicas | ErrorCode::NotEnoughReplicasAfterAppend => {
+            ErrorCode::CoordinatorNotAvailable
+        }
+        ErrorCode::NotLeaderOrFollower | ErrorCode::KafkaStorageError => ErrorCode::NotCoordinator,
+        ErrorCode::MessageTooLarge | ErrorCode::RecordListTooLarge | ErrorCode::InvalidFetchSize => too_large,
+        other => other,
+    }
+}
+
+impl GroupCoordinator {
+    /// Creates `__consumer_offsets` if needed, loads every group and committed offset from it,
+    /// and starts the timer task. Blocking (it reads the whole topic); call it from within a
+    /// tokio runtime (the timer task is spawned on it), e.g. in `spawn_blocking` or before
+    /// serving.
+    pub fn start(broker: Arc<Broker>) -> Result<Arc<GroupCoordinator>, BrokerError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            BrokerError::new(ErrorCode::UnknownServerError, "GroupCoordinator::start must run within a tokio runtime")
+        })?;
+        let configs: BTreeMap<String, String> = [("cleanup.policy", "compact"), ("segment.bytes", "104857600")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let topic = broker.ensure_internal_topic(OFFSETS_TOPIC, broker.config.offsets_topic_partitions, configs)?;
+        if topic.partitions != broker.config.offsets_topic_partitions {
+            tracing::warn!(
+                existing = topic.partitions,
+                configured = broker.config.offsets_topic_partitions,
+                "{OFFSETS_TOPIC} exists with a different partition count than offsets.topic.num.partitions; keeping the existing one"
+            );
+        }
+        let started = std::time::Instant::now();
+        let mut loaded: HashMap<String, LoadedGroup> = HashMap::new();
+        let mut partitions = Vec::with_capacity(topic.partitions.max(0) as usize);
+        let mut records = 0u64;
+        for index in 0..topic.partitions {
+            let partition = broker.require_partition(OFFSETS_TOPIC, index)?;
+            records += offsets::load_partition(&broker, &partition, &mut loaded)?;
+            partitions.push(OffsetsPartition { partition, writer: Mutex::new(()) });
+        }
+        let offsets: usize = loaded.values().map(|g| g.offsets.len()).sum();
+        let groups: HashMap<String, Group> =
+            loaded.into_iter().map(|(id, group)| (id.clone(), Group::from_loaded(id, group))).collect();
+        tracing::info!(
+            groups = groups.len(),
+            offsets,
+            records,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "loaded consumer groups from {OFFSETS_TOPIC}"
+        );
+        let config = &broker.config;
+        let coordinator = Arc::new(GroupCoordinator {
+            limits: Limits {
+                initial_rebalance_delay_ms: i64::try_from(config.group_initial_rebalance_delay_ms).unwrap_or(i64::MAX),
+                max_size: config.group_max_size,
+            },
+            session_timeout_ms_min: config.group_min_session_timeout_ms,
+            session_timeout_ms_max: config.group_max_session_timeout_ms,
+            offsets_retention_ms: config.offsets_retention_ms,
+            offsets_retention_check_interval_ms: i64::try_from(config.offsets_retention_check_interval_ms)
+                .unwrap_or(i64::MAX),
+            groups: Mutex::new(groups),
+            partitions,
+            timer_wake: Arc::new(Notify::new()),
+            shut_down: AtomicBool::new(false),
+            broker,
+        });
+        runtime.spawn(run_timers(
+            Arc::downgrade(&coordinator),
+            coordinator.timer_wake.clone(),
+            coordinator.broker.shutdown_signal(),
+        ));
+        Ok(coordinator)
+    }
+
+    /// Stops the timers and answers every waiting JoinGroup/SyncGroup with
+    /// COORDINATOR_NOT_AVAILABLE; later requests get the same. Committed offsets are already
+    /// durable, so nothing needs flushing.
+    pub fn shutdown(&self) {
+        // The flag first: a request that takes the lock after the drain below sees it.
+        if self.shut_down.swap(true, Ordering::SeqCst) {
+            return; // already stopped (the timer task also stops it on broker shutdown)
+        }
+        let mut groups = lock(&self.groups);
+        for group in groups.values_mut() {
+            group.fail_waiters(ErrorCode::CoordinatorNotAvailable);
+        }
+        drop(groups);
+        self.timer_wake.notify_one();
+        tracing::info!("group coordinator stopped");
+    }
+
+    fn is_active(&self) -> bool {
+        !self.shut_down.load(Ordering::SeqCst) && !self.broker.is_shutting_down()
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.broker.now_ms()
+    }
+
+    fn offsets_partition(&self, group_id: &str) -> &OffsetsPartition {
+        let index = partition_for(group_id, self.partitions.len() as i32) as usize;
+        &self.partitions[index]
+    }
+
+    /// The `__consumer_offsets` partition holding `group_id` (FindCoordinator's answer is this
+    /// broker either way on one node).
+    pub fn partition_for(&self, group_id: &str) -> i32 {
+        partition_for(group_id, self.partitions.len() as i32)
+    }
+
+    fn validate_session_timeout(&self, session_timeout_ms: i32) -> bool {
+        (self.session_timeout_ms_min..=self.session_timeout_ms_max).contains(&session_timeout_ms)
+    }
+
+    /// Appends `entries` to the group's partition and waits for the fsync. The caller holds the
+    /// partition's writer lock.
+    fn append(&self, target: &OffsetsPartition, entries: &[(Bytes, Option<Bytes>)]) -> Result<(), BrokerError> {
+        let now = self.now_ms();
+        let mut records = bytes::BytesMut::new();
+        let mut chunk_start = 0;
+        let mut chunk_bytes = 0;
+        for (i, (key, value)) in entries.iter().enumerate() {
+            let size = key.len() + value.as_ref().map_or(0, Bytes::len) + 32;
+            if chunk_bytes + size > BATCH_BYTES_MAX && i > chunk_start {
+                records.unsplit(encode_batch(&entries[chunk_start..i], now));
+                chunk_start = i;
+                chunk_bytes = 0;
+            }
+            chunk_bytes += size;
+        }
+        if chunk_start < entries.len() {
+            records.unsplit(encode_batch(&entries[chunk_start..], now));
+        }
+        if records.is_empty() {
+            return Err(BrokerError::new(ErrorCode::UnknownServerError, "cannot encode group records"));
+        }
+        self.broker.append_internal_blocking(&target.partition, records).map(|_| ())
+    }
+
+    // ----- membership ---------------------------------------------------------------------
+
+    /// JoinGroup: returns when the join phase completes (or at once with an error, a
+    /// MEMBER_ID_REQUIRED, or the current generation for a member that changed nothing).
+    pub async fn join_group(&self, params: JoinGroupParams) -> JoinGroupResult {
+        let member_id = params.member_id.clone();
+        if params.group_id.is_empty() {
+            return JoinGroupResult::error(member_id, ErrorCode::InvalidGroupId);
+        }
+        if !self.validate_session_timeout(params.session_timeout_ms) {
+            return JoinGroupResult::error(member_id, ErrorCode::InvalidSessionTimeout);
+        }
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut groups = lock(&self.groups);
+            if !self.is_active() {
+                return JoinGroupResult::error(member_id, ErrorCode::CoordinatorNotAvailable);
+            }
+            let now = self.now_ms();
+            let group_id = params.group_id.clone();
+            if !groups.contains_key(&group_id) {
+                if !member_id.is_empty() {
+                    return JoinGroupResult::error(member_id, ErrorCode::UnknownMemberId);
+                }
+                groups.insert(group_id.clone(), Group::new(group_id.clone(), now));
+            }
+            if let Some(group) = groups.get_mut(&group_id) {
+                group.join(params, reply, now, &self.limits);
+                if group.is_vacant() && !group.persisted {
+                    groups.remove(&group_id);
+                }
+            }
+        }
+        self.timer_wake.notify_one();
+        answer.await.unwrap_or_else(|_| JoinGroupResult::error(member_id, ErrorCode::CoordinatorNotAvailable))
+    }
+
+    /// SyncGroup: a follower's reply waits for the leader's; the leader's assignment is handed
+    /// out once the group record is durable.
+    pub async fn sync_group(self: &Arc<Self>, params: SyncGroupParams) -> SyncGroupResult {
+        if params.group_id.is_empty() {
+            return SyncGroupResult::error(ErrorCode::InvalidGroupId);
+        }
+        let group_id = params.group_id.clone();
+        let (reply, answer) = oneshot::channel();
+        let outcome = {
+            let mut groups = lock(&self.groups);
+            if !self.is_active() {
+                return SyncGroupResult::error(ErrorCode::CoordinatorNotAvailable);
+            }
+            let now = self.now_ms();
+            match groups.get_mut(&group_id) {
+                None => return SyncGroupResult::error(ErrorCode::UnknownMemberId),
+                Some(group) => group.sync(params, reply, now),
+            }
+        };
+        if let SyncOutcome::Store { generation, assignments } = outcome {
+            // Detached: the store completes (and the followers get their assignment) even if
+            // the leader's connection goes away meanwhile.
+            let this = self.clone();
+            let id = group_id.clone();
+            tokio::task::spawn_blocking(move || this.store_group_blocking(&id, generation, assignments));
+        }
+        self.timer_wake.notify_one();
+        answer.await.unwrap_or_else(|_| SyncGroupResult::error(ErrorCode::CoordinatorNotAvailable))
+    }
+
+    fn store_group_blocking(&self, group_id: &str, generation: i32, assignments: HashMap<String, Bytes>) {
+        let target = self.offsets_partition(group_id);
+        let _writer = lock(&target.writer);
+        let now = self.now_ms();
+        let record = {
+            let groups = lock(&self.groups);
+            match groups.get(group_id) {
+                Some(g) if g.state == GroupState::CompletingRebalance && g.generation == generation => g.record(now),
+                // Moved on meanwhile; its members were told (REBALANCE_IN_PROGRESS).
+                _ => return,
+            }
+        };
+        let entry = (offsets::group_key(group_id), Some(offsets::group_value(&record)));
+        let stored = self.append(target, std::slice::from_ref(&entry)).map_err(|e| {
+            tracing::error!(group = group_id, error = %e, "cannot store the group record");
+            append_error_code(&e, ErrorCode::UnknownServerError)
+        });
+        let mut groups = lock(&self.groups);
+        if let Some(group) = groups.get_mut(group_id) {
+            group.complete_sync(generation, &assignments, stored, self.now_ms(), &self.limits);
+        }
+        drop(groups);
+        self.timer_wake.notify_one();
+    }
+
+    pub async fn heartbeat(&self, params: HeartbeatParams) -> Result<(), ErrorCode> {
+        if params.group_id.is_empty() {
+            return Err(ErrorCode::InvalidGroupId);
+        }
+        let mut groups = lock(&self.groups);
+        if !self.is_active() {
+            return Err(ErrorCode::CoordinatorNotAvailable);
+        }
+        let now = self.now_ms();
+        match groups.get_mut(&params.group_id) {
+            None => Err(ErrorCode::UnknownMemberId),
+            Some(group) => group.heartbeat(&params, now),
+        }
+    }
+
+    /// LeaveGroup for one or more members (v3+ batches them).
+    pub async fn leave_group(&self, group_id: &str, members: Vec<LeavingMember>) -> LeaveGroupResult {
+        if group_id.is_empty() {
+            return LeaveGroupResult { error: Some(ErrorCode::InvalidGroupId), members: Vec::new() };
+        }
+        let result = {
+            let mut groups = lock(&self.groups);
+            if !self.is_active() {
+                return LeaveGroupResult { error: Some(ErrorCode::CoordinatorNotAvailable), members: Vec::new() };
+            }
+            let now = self.now_ms();
+            match groups.get_mut(group_id) {
+                None => LeaveGroupResult {
+                    error: None,
+                    members: members
+                        .into_iter()
+                        .map(|m| MemberLeaveResult {
+                            member_id: m.member_id,
+                            group_instance_id: m.group_instance_id,
+                            error: Some(ErrorCode::UnknownMemberId),
+                        })
+                        .collect(),
+                },
+                Some(group) => {
+                    let result = group.leave(members, now, &self.limits);
+                    if group.is_vacant() && !group.persisted {
+                        groups.remove(group_id);
+                    }
+                    result
+                }
+            }
+        };
+        self.timer_wake.notify_one();
+        result
+    }
+
+    // ----- offsets ------------------------------------------------------------------------
+
+    /// OffsetCommit. Returns once the commit is fsynced (or refused), one result per offset in
+    /// request order.
+    pub async fn commit_offsets(self: &Arc<Self>, params: CommitParams) -> Vec<PartitionResult> {
+        let fallback: Vec<PartitionResult> = params
+            .offsets
+            .iter()
+            .map(|o| PartitionResult {
+                topic: o.topic.clone(),
+                partition: o.partition,
+                error: Some(ErrorCode::UnknownServerError),
+            })
+            .collect();
+        let this = self.clone();
+        match tokio::task::spawn_blocking(move || this.commit_blocking(params)).await {
+            Ok(results) => results,
+            Err(e) => {
+                tracing::error!(error = %e, "offset commit task failed");
+                fallback
+            }
+        }
+    }
+
+    fn commit_blocking(&self, params: CommitParams) -> Vec<PartitionResult> {
+        let mut results: Vec<PartitionResult> = params
+            .offsets
+            .iter()
+            .map(|o| PartitionResult { topic: o.topic.clone(), partition: o.partition, error: None })
+            .collect();
+        // Offsets of partitions that do not exist are refused before the group is consulted.
+        let mut known = Vec::with_capacity(results.len());
+        for (i, o) in params.offsets.iter().enumerate() {
+            if self.broker.partition(&o.topic, o.partition).is_none() {
+                results[i].error = Some(ErrorCode::UnknownTopicOrPartition);
+            } else {
+                known.push(i);
+            }
+        }
+        if known.is_empty() {
+            return results;
+        }
+        let group_id = params.group_id.as_str();
+        let target = self.offsets_partition(group_id);
+        let _writer = lock(&target.writer);
+        let now = self.now_ms();
+        let validation = {
+            let mut groups = lock(&self.groups);
+            if !self.is_active() {
+                Err(ErrorCode::CoordinatorNotAvailable)
+            } else {
+                match groups.get_mut(group_id) {
+                    Some(group) => group.validate_commit(
+                        params.generation_id,
+                        &params.member_id,
+                        params.group_instance_id.as_deref(),
+                        now,
+                    ),
+                    // A group that does not exist takes only simple commits (it is created by
+                    // the first one); a generation means a member of a group that is gone.
+                    None if params.generation_id < 0 => Group::new(group_id.to_string(), now).validate_commit(
+                        params.generation_id,
+                        &params.member_id,
+                        params.group_instance_id.as_deref(),
+                        now,
+                    ),
+                    None => Err(ErrorCode::IllegalGeneration),
+                }
+            }
+        };
+        if let Err(code) = validation {
+            for &i in &known {
+                results[i].error = Some(code);
+            }
+            return results;
+        }
+        let mut stored: Vec<(usize, CommittedOffset)> = Vec::with_capacity(known.len());
+        for &i in &known {
+            let o = &params.offsets[i];
+            let metadata = o.metadata.clone().unwrap_or_default();
+            if metadata.len() > OFFSET_METADATA_MAX_BYTES {
+                results[i].error = Some(ErrorCode::OffsetMetadataTooLarge);
+                continue;
+            }
+            stored.push((
+                i,
+                CommittedOffset { offset: o.offset, leader_epoch: o.leader_epoch, metadata, commit_timestamp_ms: now },
+            ));
+        }
+        if stored.is_empty() {
+            return results;
+        }
+        let entries: Vec<(Bytes, Option<Bytes>)> = stored
+            .iter()
+            .map(|(i, committed)| {
+                let o = &params.offsets[*i];
+                (offsets::offset_key(group_id, &o.topic, o.partition), Some(offsets::offset_value(committed)))
+            })
+            .collect();
+        if let Err(e) = self.append(target, &entries) {
+            tracing::error!(group = group_id, error = %e, "cannot store committed offsets");
+            let code = append_error_code(&e, ErrorCode::InvalidCommitOffsetSize);
+            for (i, _) in &stored {
+                results[*i].error = Some(code);
+            }
+            return results;
+        }
+        let mut groups = lock(&self.groups);
+        let group = groups.entry(group_id.to_string()).or_insert_with(|| Group::new(group_id.to_string(), now));
+        for (i, committed) in stored {
+            let o = &params.offsets[i];
+            group.offsets.insert((o.topic.clone(), o.partition), committed);
+        }
+        results
+    }
+
+    /// OffsetFetch: the listed partitions (offset -1 where nothing is committed), or every
+    /// committed partition of the group with `None`.
+    pub async fn fetch_offsets(
+        &self,
+        group_id: &str,
+        partitions: Option<Vec<(String, i32)>>,
+    ) -> Result<Vec<FetchedOffset>, ErrorCode> {
+        let groups = lock(&self.groups);
+        if !self.is_active() {
+            return Err(ErrorCode::CoordinatorNotAvailable);
+        }
+        let group = groups.get(group_id);
+        let fetched = |(topic, partition): (String, i32), committed: Option<&CommittedOffset>| match committed {
+            Some(c) => FetchedOffset {
+                topic,
+                partition,
+                offset: c.offset,
+                leader_epoch: c.leader_epoch,
+                metadata: c.metadata.clone(),
+                error: None,
+            },
+            None => {
+                FetchedOffset { topic, partition, offset: -1, leader_epoch: -1, metadata: String::new(), error: None }
+            }
+        };
+        Ok(match partitions {
+            Some(list) => list
+                .into_iter()
+                .map(|key| {
+                    let committed = group.and_then(|g| g.offsets.get(&key));
+                    fetched(key, committed)
+                })
+                .collect(),
+            None => {
+                let mut all: Vec<FetchedOffset> = group
+                    .map(|g| g.offsets.iter().map(|(key, c)| fetched(key.clone(), Some(c))).collect())
+                    .unwrap_or_default();
+                all.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+                all
+            }
+        })
+    }
+
+    /// OffsetDelete. An Empty group's offsets can all go; a consumer group with members keeps
+    /// those of topics its members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC); another group with
+    /// members refuses (NON_EMPTY_GROUP). An Empty group left without offsets is deleted.
+    pub async fn delete_offsets(
+        self: &Arc<Self>,
+        group_id: String,
+        partitions: Vec<(String, i32)>,
+    ) -> Result<Vec<PartitionResult>, ErrorCode> {
+        if group_id.is_empty() {
+            return Err(ErrorCode::InvalidGroupId);
+        }
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.delete_offsets_blocking(&group_id, partitions))
+            .await
+            .unwrap_or(Err(ErrorCode::UnknownServerError))
+    }
+
+    fn delete_offsets_blocking(
+        &self,
+        group_id: &str,
+        partitions: Vec<(String, i32)>,
+    ) -> Result<Vec<PartitionResult>, ErrorCode> {
+        let target = self.offsets_partition(group_id);
+        let _writer = lock(&target.writer);
+        let metadata = self.broker.metadata();
+        let mut results = Vec::with_capacity(partitions.len());
+        let mut entries: Vec<(Bytes, Option<Bytes>)> = Vec::new();
+        let mut removed: Vec<(String, i32)> = Vec::new();
+        let deletes_group;
+        {
+            let groups = lock(&self.groups);
+            if !self.is_active() {
+                return Err(ErrorCode::CoordinatorNotAvailable);
+            }
+            let Some(group) = groups.get(group_id).filter(|g| g.state != GroupState::Dead) else {
+                return Err(ErrorCode::GroupIdNotFound);
+            };
+            let checks_subscriptions = match group.state {
+                GroupState::Empty => false,
+                _ if group.is_consumer_group() => true,
+                _ => return Err(ErrorCode::NonEmptyGroup),
+            };
+            for (topic, partition) in partitions {
+                let error = if metadata.topic(&topic).is_none() {
+                    Some(ErrorCode::UnknownTopicOrPartition)
+                } else if checks_subscriptions && group.is_subscribed_to(&topic) {
+                    Some(ErrorCode::GroupSubscribedToTopic)
+                } else {
+                    let key = (topic.clone(), partition);
+                    if group.offsets.contains_key(&key) && !removed.contains(&key) {
+                        entries.push((offsets::offset_key(group_id, &topic, partition), None));
+                        removed.push(key);
+                    }
+                    None
+                };
+                results.push(PartitionResult { topic, partition, error });
+            }
+            deletes_group = group.state == GroupState::Empty
+                && group.offsets.keys().all(|key| removed.contains(key))
+                && !group.offsets.is_empty();
+            if deletes_group && group.persisted {
+                entries.push((offsets::group_key(group_id), None));
+            }
+        }
+        if entries.is_empty() {
+            return Ok(results);
+        }
+        if let Err(e) = self.append(target, &entries) {
+            tracing::error!(group = group_id, error = %e, "cannot delete offsets");
+            return Err(append_error_code(&e, ErrorCode::UnknownServerError));
+        }
+        let mut groups = lock(&self.groups);
+        if let Some(group) = groups.get_mut(group_id) {
+            for key in &removed {
+                group.offsets.remove(key);
+            }
+            if deletes_group && group.is_vacant() {
+                groups.remove(group_id);
+                tracing::info!(group = group_id, "group deleted: its last offsets were deleted");
+            }
+        }
+        Ok(results)
+    }
+
+    // ----- administration -----------------------------------------------------------------
+
+    /// ListGroups, sorted by group id; an empty `states` lists every state.
+    pub async fn list_groups(&self, states: &[GroupState]) -> Result<Vec<GroupListing>, ErrorCode> {
+        let groups = lock(&self.groups);
+        if !self.is_active() {
+            return Err(ErrorCode::CoordinatorNotAvailable);
+        }
+        let mut listed: Vec<GroupListing> = groups
+            .values()
+            .filter(|g| g.state != GroupState::Dead && (states.is_empty() || states.contains(&g.state)))
+            .map(|g| GroupListing {
+                group_id: g.id.clone(),
+                protocol_type: g.protocol_type.clone().unwrap_or_default(),
+                state: g.state,
+            })
+            .collect();
+        listed.sort_by(|a, b| a.group_id.cmp(&b.group_id));
+        Ok(listed)
+    }
+
+    /// DescribeGroups, in request order. A group that does not exist is described as Dead
+    /// without error (as Kafka does before DescribeGroups v6).
+    pub async fn describe_groups(&self, group_ids: &[String]) -> Vec<GroupDescription> {
+        let groups = lock(&self.groups);
+        let active = self.is_active();
+        group_ids
+            .iter()
+            .map(|id| match groups.get(id) {
+                _ if !active => GroupDescription { error: Some(ErrorCode::CoordinatorNotAvailable), ..dead_group(id) },
+                Some(group) => group.describe(),
+                None => dead_group(id),
+            })
+            .collect()
+    }
+
+    /// DeleteGroups: each Empty group is deleted with its offsets (tombstones, fsynced);
+    /// NON_EMPTY_GROUP while it has members, GROUP_ID_NOT_FOUND if unknown.
+    pub async fn delete_groups(self: &Arc<Self>, group_ids: Vec<String>) -> Vec<(String, Option<ErrorCode>)> {
+        let this = self.clone();
+        let fallback: Vec<(String, Option<ErrorCode>)> =
+            group_ids.iter().map(|id| (id.clone(), Some(ErrorCode::UnknownServerError))).collect();
+        tokio::task::spawn_blocking(move || {
+            group_ids
+                .into_iter()
+                .map(|id| {
+                    let error = this.delete_group_blocking(&id).err();
+                    (id, error)
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or(fallback)
+    }
+
+    fn delete_group_blocking(&self, group_id: &str) -> Result<(), ErrorCode> {
+        let target = self.offsets_partition(group_id);
+        let _writer = lock(&target.writer);
+        let mut entries: Vec<(Bytes, Option<Bytes>)> = Vec::new();
+        {
+            let mut groups = lock(&self.groups);
+            if !self.is_active() {
+                return Err(ErrorCode::CoordinatorNotAvailable);
+            }
+            let group = match groups.get_mut(group_id) {
+                None => return Err(ErrorCode::GroupIdNotFound),
+                Some(g) if g.state == GroupState::Dead => return Err(ErrorCode::GroupIdNotFound),
+                Some(g) if g.state != GroupState::Empty => return Err(ErrorCode::NonEmptyGroup),
+                Some(g) => g,
+            };
+            // Dead until the tombstones are durable: joins meanwhile get
+            // COORDINATOR_NOT_AVAILABLE and retry.
+            group.state = GroupState::Dead;
+            for (topic, partition) in group.offsets.keys() {
+                entries.push((offsets::offset_key(group_id, topic, *partition), None));
+            }
+            if group.persisted {
+                entries.push((offsets::group_key(group_id), None));
+            }
+        }
+        let appended = if entries.is_empty() { Ok(()) } else { self.append(target, &entries) };
+        let mut groups = lock(&self.groups);
+        match appended {
+            Ok(()) => {
+                groups.remove(group_id);
+                tracing::info!(group = group_id, offsets = entries.len(), "group deleted");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(group = group_id, error = %e, "cannot delete the group");
+                if let Some(group) = groups.get_mut(group_id) {
+                    group.state = GroupState::Empty;
+                }
+                Err(append_error_code(&e, ErrorCode::UnknownServerError))
+            }
+        }
+    }
+
+    // ----- timers -------------------------------------------------------------------------
+
+    /// Runs every group's due timers; returns the earliest next deadline. Also forgets groups
+    /// with nothing left in memory or on disk.
+    fn poll_groups(&self, now_ms: i64) -> Option<i64> {
+        let mut groups = lock(&self.groups);
+        let mut next: Option<i64> = None;
+        groups.retain(|_, group| {
+            group.poll(now_ms, &self.limits);
+            if let Some(deadline) = group.next_deadline_ms() {
+                next = Some(next.map_or(deadline, |n| n.min(deadline)));
+            }
+            !group.is_vacant() || group.persisted
+        });
+        next
+    }
+
+    /// Deletes committed offsets of Empty groups that have not been committed (nor the group
+    /// been non-empty) for `offsets.retention.minutes`, and Empty groups left with nothing.
+    /// Blocking (appends tombstones).
+    pub fn expire_offsets_blocking(&self) {
+        self.expire_offsets_at(self.now_ms());
+    }
+
+    pub(crate) fn expire_offsets_at(&self, now: i64) {
+        let retention = self.offsets_retention_ms;
+        let due: Vec<usize> = {
+            let groups = lock(&self.groups);
+            let mut due: Vec<usize> = groups
+                .values()
+                .filter(|g| {
+                    g.state == GroupState::Empty
+                        && (g.offsets.is_empty()
+                            || g.offsets
+                                .values()
+                                .any(|c| c.commit_timestamp_ms.max(g.empty_since_ms) + retention <= now))
+                })
+                .map(|g| partition_for(&g.id, self.partitions.len() as i32) as usize)
+                .collect();
+            due.sort_unstable();
+            due.dedup();
+            due
+        };
+        for index in due {
+            let target = &self.partitions[index];
+            let _writer = lock(&target.writer);
+            let mut entries: Vec<(Bytes, Option<Bytes>)> = Vec::new();
+            let mut expired: Vec<(String, Vec<(String, i32)>)> = Vec::new();
+            {
+                let groups = lock(&self.groups);
+                for group in groups.values() {
+                    if group.state != GroupState::Empty
+                        || partition_for(&group.id, self.partitions.len() as i32) as usize != index
+                    {
+                        continue;
+                    }
+                    let keys: Vec<(String, i32)> = group
+                        .offsets
+                        .iter()
+                        .filter(|(_, c)| c.commit_timestamp_ms.max(group.empty_since_ms) + retention <= now)
+                        .map(|(key, _)| key.clone())
+                        .collect();
+                    for (topic, partition) in &keys {
+                        entries.push((offsets::offset_key(&group.id, topic, *partition), None));
+                    }
+                    let emptied = keys.len() == group.offsets.len();
+                    if emptied && group.persisted && !group.has_members() {
+                        entries.push((offsets::group_key(&group.id), None));
+                    }
+                    if !keys.is_empty() || emptied {
+                        expired.push((group.id.clone(), keys));
+                    }
+                }
+            }
+            if !entries.is_empty() {
+                if let Err(e) = self.append(target, &entries) {
+                    tracing::error!(partition = index, error = %e, "cannot expire offsets");
+                    continue;
+                }
+            }
+            let mut groups = lock(&self.groups);
+            for (group_id, keys) in expired {
+                let Some(group) = groups.get_mut(&group_id) else { continue };
+                for key in &keys {
+                    group.offsets.remove(key);
+                }
+                if !keys.is_empty() {
+                    tracing::info!(group = %group_id, offsets = keys.len(), "expired committed offsets");
+                }
+                if group.is_vacant() {
+                    // Its group record (if any) was tombstoned above; a member that joined
+                    // meanwhile makes it non-vacant, and its next rebalance rewrites the record.
+                    groups.remove(&group_id);
+                    tracing::info!(group = %group_id, "removed an empty group without offsets");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl GroupCoordinator {
+    pub(crate) fn check_invariants(&self) {
+        for group in lock(&self.groups).values() {
+            group.check_invariants();
+        }
+    }
+}
+
+fn dead_group(id: &str) -> GroupDescription {
+    GroupDescription {
+        group_id: id.to_string(),
+        error: None,
+        state: GroupState::Dead,
+        protocol_type: String::new(),
+        protocol_data: String::new(),
+        members: Vec::new(),
+    }
+}
+
+/// The timer task: polls the groups at their next deadline (at least every
+/// TIMER_TICK_MAX_MS), expires offsets every `offsets.retention.check.interval.ms`. Holds only a
+/// weak reference, so dropping the coordinator (a crash test) ends it.
+async fn run_timers(coordinator: Weak<GroupCoordinator>, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+    let mut next_retention_check_ms: Option<i64> = None;
+    loop {
+        let sleep_ms = {
+            let Some(c) = coordinator.upgrade() else { return };
+            if *shutdown.borrow() {
+                c.shutdown();
+                return;
+            }
+            if c.shut_down.load(Ordering::SeqCst) {
+                return;
+            }
+            let now = c.now_ms();
+            let interval = c.offsets_retention_check_interval_ms;
+            let retention_due = *next_retention_check_ms.get_or_insert(now.saturating_add(interval));
+            if now >= retention_due {
+                let task = c.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || task.expire_offsets_blocking()).await {
+                    tracing::error!(error = %e, "offset expiry task failed");
+                }
+                next_retention_check_ms = Some(c.now_ms().saturating_add(interval));
+            }
+            let now = c.now_ms();
+            let next = c.poll_groups(now).unwrap_or(i64::MAX).min(next_retention_check_ms.unwrap_or(i64::MAX));
+            (next.saturating_sub(now)).clamp(1, TIMER_TICK_MAX_MS)
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(sleep_ms as u64)) => {}
+            _ = wake.notified() => {}
+            changed = shutdown.changed() => {
+                if changed.is_err() {
+                    return; // the broker is gone
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! Consumer groups: the classic group protocol's coordinator and the committed-offset store.
+//!
+//! Code map:
+//! - [`coordinator`]: [`GroupCoordinator`], the entry point. Holds every group under one mutex,
+//!   runs the timers (join phase, session expiry, pending syncs, offset retention), and does the
+//!   log appends outside that mutex.
+//! - `state`: one group's state machine (Kafka's `GroupMetadata` plus the per-group parts of its
+//!   `GroupCoordinator`): pure, synchronous, time passed in.
+//! - `offsets`: the on-disk encoding of `__consumer_offsets` records and their loading at start-up.
+//!
+//! The group protocol is carried by the clients: the broker picks a protocol every member
+//! supports, elects a leader, hands the leader the members' metadata and hands every member the
+//! assignment the leader sends back. Range, round-robin, cooperative-sticky and any other
+//! assignor work without the broker knowing them.
+//!
+//! API boundary: nothing here names a wire-protocol type; results carry Kafka's error codes
+//! ([`ErrorCode`]) because they are the broker's vocabulary. `None` means success.
+//!
+//! Durability contract: a committed offset, a group deletion and the group record written when a
+//! rebalance completes are acknowledged only after their append to `__consumer_offsets` is
+//! fsynced. Group membership itself is not persisted: after a restart every group is Empty (its
+//! members rejoin, as after a coordinator move in Kafka), with its committed offsets, protocol
+//! type and generation intact.
+
+pub mod coordinator;
+mod offsets;
+mod state;
+#[cfg(test)]
+mod tests;
+
+use bytes::Bytes;
+
+pub use crate::error::ErrorCode;
+pub use coordinator::GroupCoordinator;
+
+/// The internal topic holding committed offsets and group records.
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+/// Longest commit metadata string accepted (Kafka's `offset.metadata.max.bytes` default).
+pub const OFFSET_METADATA_MAX_BYTES: usize = 4096;
+/// A joining member that never completes its first join is removed after this long (Kafka's
+/// `GroupCoordinator.NewMemberJoinTimeoutMs`): its socket is muted while the join waits, so a
+/// disconnect cannot be noticed otherwise.
+pub const NEW_MEMBER_JOIN_TIMEOUT_MS: i64 = 300_000;
+
+/// A group's state, with Kafka's names (ListGroups and DescribeGroups send them as strings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GroupState {
+    /// No members; may still hold committed offsets.
+    Empty,
+    /// Waiting for the members to (re)join.
+    PreparingRebalance,
+    /// Joined; waiting for the leader's assignment.
+    CompletingRebalance,
+    Stable,
+    /// Being deleted, or never existed (DescribeGroups of an unknown group).
+    Dead,
+}
+
+impl GroupState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupState::Empty => "Empty",
+            GroupState::PreparingRebalance => "PreparingRebalance",
+            GroupState::CompletingRebalance => "CompletingRebalance",
+            GroupState::Stable => "Stable",
+            GroupState::Dead => "Dead",
+        }
+    }
+
+    /// Parses a state name, ignoring case (ListGroups' states filter).
+    pub fn parse(name: &str) -> Option<GroupState> {
+        [
+            GroupState::Empty,
+            GroupState::PreparingRebalance,
+            GroupState::CompletingRebalance,
+            GroupState::Stable,
+            GroupState::Dead,
+        ]
+        .into_iter()
+        .find(|s| s.as_str().eq_ignore_ascii_case(name))
+    }
+}
+
+/// The `__consumer_offsets` partition that owns `group_id`: `abs(String.hashCode) % partitions`,
+/// as Kafka computes it (Java's hash over UTF-16 code units; `abs(i32::MIN)` is 0).
+pub fn partition_for(group_id: &str, partitions: i32) -> i32 {
+    assert!(partitions > 0, "the offsets topic has at least one partition");
+    let hash = group_id.encode_utf16().fold(0i32, |h, unit| h.wrapping_mul(31).wrapping_add(i32::from(unit)));
+    let abs = if hash == i32::MIN { 0 } else { hash.abs() };
+    abs % partitions
+}
+
+/// One protocol a joining member supports, in its order of preference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Protocol {
+    pub name: String,
+    pub metadata: Bytes,
+}
+
+#[derive(Debug, Clone)]
+pub struct JoinGroupParams {
+    pub group_id: String,
+    /// Empty for a first join.
+    pub member_id: String,
+    /// `group.instance.id` of a static member (KIP-345).
+    pub group_instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub session_timeout_ms: i32,
+    pub rebalance_timeout_ms: i32,
+    pub protocol_type: String,
+    pub protocols: Vec<Protocol>,
+    /// KIP-394 (JoinGroup v4+): a first join without member id gets MEMBER_ID_REQUIRED and a
+    /// member id to join with.
+    pub require_known_member_id: bool,
+    pub reason: Option<String>,
+}
+
+/// A member as the leader sees it in its JoinGroup response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinedMember {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    /// The member's metadata for the selected protocol.
+    pub metadata: Bytes,
+}
+
+#[derive(Debug, Clone)]
+pub struct JoinGroupResult {
+    pub error: Option<ErrorCode>,
+    /// The member's id: generated for a new member (also with MEMBER_ID_REQUIRED).
+    pub member_id: String,
+    /// -1 with an error.
+    pub generation_id: i32,
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    /// Empty with an error.
+    pub leader_id: String,
+    pub skip_assignment: bool,
+    /// Every member with its metadata for the leader; empty for followers.
+    pub members: Vec<JoinedMember>,
+}
+
+impl JoinGroupResult {
+    pub fn error(member_id: impl Into<String>, code: ErrorCode) -> JoinGroupResult {
+        JoinGroupResult {
+            error: Some(code),
+            member_id: member_id.into(),
+            generation_id: -1,
+            protocol_type: None,
+            protocol_name: None,
+            leader_id: String::new(),
+            skip_assignment: false,
+            members: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SyncGroupParams {
+    pub group_id: String,
+    pub generation_id: i32,
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    /// SyncGroup v5+: checked against the group's when given.
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    /// The leader's assignment, member id → assignment bytes; empty from followers.
+    pub assignments: Vec<(String, Bytes)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SyncGroupResult {
+    pub error: Option<ErrorCode>,
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    pub assignment: Bytes,
+}
+
+impl SyncGroupResult {
+    pub fn error(code: ErrorCode) -> SyncGroupResult {
+        SyncGroupResult { error: Some(code), protocol_type: None, protocol_name: None, assignment: Bytes::new() }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct HeartbeatParams {
+    pub group_id: String,
+    pub generation_id: i32,
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+}
+
+/// A member to remove (LeaveGroup). An empty member id with an instance id removes the static
+/// member holding that instance id (administrative removal, KIP-345).
+#[derive(Debug, Clone)]
+pub struct LeavingMember {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LeaveGroupResult {
+    /// Group-level error; when set, `members` is empty.
+    pub error: Option<ErrorCode>,
+    /// One entry per leaving member, in request order.
+    pub members: Vec<MemberLeaveResult>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MemberLeaveResult {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub error: Option<ErrorCode>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CommitParams {
+    pub group_id: String,
+    /// -1 with an empty member id: a "simple" commit (standalone consumer), allowed only while
+    /// the group is Empty.
+    pub generation_id: i32,
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub offsets: Vec<OffsetToCommit>,
+}
+
+#[derive(Debug, Clone)]
+pub struct OffsetToCommit {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    /// -1 when unknown.
+    pub leader_epoch: i32,
+    /// `None` is stored as the empty string, as Kafka does.
+    pub metadata: Option<String>,
+}
+
+/// A per-partition outcome, in request order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionResult {
+    pub topic: String,
+    pub partition: i32,
+    pub error: Option<ErrorCode>,
+}
+
+/// A committed offset as OffsetFetch returns it; offset -1 when none is committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchedOffset {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: String,
+    pub error: Option<ErrorCode>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupListing {
+    pub group_id: String,
+    /// Empty for a group that only ever had simple commits.
+    pub protocol_type: String,
+    pub state: GroupState,
+}
+
+#[derive(Debug, Clone)]
+pub struct GroupDescription {
+    pub group_id: String,
+    pub error: Option<ErrorCode>,
+    /// `Dead` for a group that does not exist.
+    pub state: GroupState,
+    pub protocol_type: String,
+    /// The selected protocol while Stable, else empty.
+    pub protocol_data: String,
+    pub members: Vec<MemberDescription>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MemberDescription {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    /// Metadata for the selected protocol and the current assignment: only while Stable (as
+    /// Kafka), else empty.
+    pub metadata: Bytes,
+    pub assignment: Bytes,
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+
+    #[test]
+    fn partition_for_matches_java_string_hash_code() {
+        // "my-group".hashCode() == -1906497762 in Java; 1906497762 % 50 == 12.
+        assert_eq!(partition_for("my-group", 50), 12);
+        assert_eq!(partition_for("", 50), 0);
+        // "polygenelubricants".hashCode() == Integer.MIN_VALUE; Kafka's Utils.abs maps it to 0.
+        assert_eq!(partition_for("polygenelubricants", 50), 0);
+        // A non-BMP character hashes as its two UTF-16 surrogates: "😀" = \uD83D\uDE00,
+        // 0xD83D * 31 + 0xDE00 = 1772899.
+        assert_eq!(partition_for("😀", 1_000_000_007), 1_772_899);
+    }
+
+    #[test]
+    fn state_names_round_trip_ignoring_case() {
+        for state in
+            [GroupState::Empty, GroupState::PreparingRebalance, GroupState::CompletingRebalance, GroupState::Stable]
+        {
+            assert_eq!(GroupState::parse(&state.as_str().to_lowercase()), Some(state));
+        }
+        assert_eq!(GroupState::parse("Unknown"), None);
+    }
+}

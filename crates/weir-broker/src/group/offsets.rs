@@ -1,0 +1,306 @@
+//! `__consumer_offsets` records: their encoding, and their loading at start-up.
+//!
+//! Every record is a key/value pair in an ordinary RecordBatch (see `internal_records`), so the
+//! storage engine recovers, indexes and compacts it like any topic's data. The topic is
+//! compacted: the last record of a key is what survives, and a tombstone (a record without
+//! value) deletes the key. All records of one group live in partition
+//! [`partition_for`](super::partition_for)`(group)`, so replaying a partition in offset order
+//! rebuilds each of its groups exactly.
+//!
+//! Keys. The first byte says which kind of key it is; keys carry no version, so one logical key
+//! is always the same bytes (compaction relies on that):
+//! ```text
+//! offset key: u8 1 | u32 len | group id | u32 len | topic | i32 partition
+//! group key:  u8 2 | u32 len | group id
+//! ```
+//! Values start with a version byte (0 today). A value of a version this code does not know is
+//! skipped with an error in the log rather than guessed at:
+//! ```text
+//! offset value v0: u8 0 | i64 offset | i32 leader epoch (-1: unknown) | i64 commit timestamp ms
+//!                  | u32 len | metadata
+//! group value v0:  u8 0 | i32 generation | u32 len | protocol type
+//!                  | i32 len (-1: none) | protocol name | i64 timestamp ms (when written)
+//! ```
+//! Integers are big-endian, strings UTF-8. Group membership is deliberately absent: after a
+//! restart the members rejoin, so only what outlives them is kept (offsets, protocol type,
+//! generation).
+
+use std::collections::HashMap;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::broker::Broker;
+use crate::error::BrokerError;
+use crate::internal_records;
+use crate::partition::Partition;
+
+use super::state::CommittedOffset;
+
+const KEY_OFFSET: u8 = 1;
+const KEY_GROUP: u8 = 2;
+const VALUE_VERSION: u8 = 0;
+
+/// How much one read asks for while loading.
+const LOAD_READ_BYTES: u64 = 1024 * 1024;
+
+/// A decoded key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RecordKey {
+    Offset { group: String, topic: String, partition: i32 },
+    Group { group: String },
+}
+
+/// What a group record keeps of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GroupRecord {
+    pub generation: i32,
+    pub protocol_type: String,
+    pub protocol_name: Option<String>,
+    pub timestamp_ms: i64,
+}
+
+fn put_str(buf: &mut BytesMut, s: &str) {
+    // Group ids, topics and protocol names arrive as Kafka strings (at most 32767 bytes) and
+    // metadata is capped at OFFSET_METADATA_MAX_BYTES, so the length always fits.
+    let len = u32::try_from(s.len()).unwrap_or(u32::MAX);
+    buf.put_u32(len);
+    buf.put_slice(&s.as_bytes()[..len as usize]);
+}
+
+fn get_str(buf: &mut &[u8], what: &str) -> Result<String, String> {
+    if buf.remaining() < 4 {
+        return Err(format!("truncated {what} length"));
+    }
+    let len = buf.get_u32() as usize;
+    if buf.remaining() < len {
+        return Err(format!("truncated {what}: {len} bytes announced, {} left", buf.remaining()));
+    }
+    let s = std::str::from_utf8(&buf[..len]).map_err(|e| format!("{what} is not UTF-8: {e}"))?.to_string();
+    buf.advance(len);
+    Ok(s)
+}
+
+fn need(buf: &[u8], n: usize, what: &str) -> Result<(), String> {
+    if buf.len() < n {
+        return Err(format!("truncated {what}"));
+    }
+    Ok(())
+}
+
+pub(crate) fn offset_key(group: &str, topic: &str, partition: i32) -> Bytes {
+    let mut buf = BytesMut::with_capacity(1 + 4 + group.len() + 4 + topic.len() + 4);
+    buf.put_u8(KEY_OFFSET);
+    put_str(&mut buf, group);
+    put_str(&mut buf, topic);
+    buf.put_i32(partition);
+    buf.freeze()
+}
+
+pub(crate) fn group_key(group: &str) -> Bytes {
+    let mut buf = BytesMut::with_capacity(1 + 4 + group.len());
+    buf.put_u8(KEY_GROUP);
+    put_str(&mut buf, group);
+    buf.freeze()
+}
+
+pub(crate) fn decode_key(mut buf: &[u8]) -> Result<RecordKey, String> {
+    need(buf, 1, "key kind")?;
+    let kind = buf.get_u8();
+    let key = match kind {
+        KEY_OFFSET => {
+            let group = get_str(&mut buf, "group id")?;
+            let topic = get_str(&mut buf, "topic")?;
+            need(buf, 4, "partition")?;
+            RecordKey::Offset { group, topic, partition: buf.get_i32() }
+        }
+        KEY_GROUP => RecordKey::Group { group: get_str(&mut buf, "group id")? },
+        other => return Err(format!("unknown key kind {other}")),
+    };
+    if !buf.is_empty() {
+        return Err(format!("{} trailing bytes after the key", buf.len()));
+    }
+    Ok(key)
+}
+
+pub(crate) fn offset_value(offset: &CommittedOffset) -> Bytes {
+    let mut buf = BytesMut::with_capacity(1 + 8 + 4 + 8 + 4 + offset.metadata.len());
+    buf.put_u8(VALUE_VERSION);
+    buf.put_i64(offset.offset);
+    buf.put_i32(offset.leader_epoch);
+    buf.put_i64(offset.commit_timestamp_ms);
+    put_str(&mut buf, &offset.metadata);
+    buf.freeze()
+}
+
+pub(crate) fn decode_offset_value(mut buf: &[u8]) -> Result<CommittedOffset, String> {
+    need(buf, 1, "value version")?;
+    let version = buf.get_u8();
+    if version != VALUE_VERSION {
+        return Err(format!("unknown offset value version {version}"));
+    }
+    need(buf, 8 + 4 + 8, "offset value")?;
+    let offset = buf.get_i64();
+    let leader_epoch = buf.get_i32();
+    let commit_timestamp_ms = buf.get_i64();
+    let metadata = get_str(&mut buf, "metadata")?;
+    Ok(CommittedOffset { offset, leader_epoch, metadata, commit_timestamp_ms })
+}
+
+pub(crate) fn group_value(record: &GroupRecord) -> Bytes {
+    let mut buf = BytesMut::with_capacity(64);
+    buf.put_u8(VALUE_VERSION);
+    buf.put_i32(record.generation);
+    put_str(&mut buf, &record.protocol_type);
+    match &record.protocol_name {
+        Some(name) => put_str(&mut buf, name),
+        None => buf.put_i32(-1),
+    }
+    buf.put_i64(record.timestamp_ms);
+    buf.freeze()
+}
+
+pub(crate) fn decode_group_value(mut buf: &[u8]) -> Result<GroupRecord, String> {
+    need(buf, 1, "value version")?;
+    let version = buf.get_u8();
+    if version != VALUE_VERSION {
+        return Err(format!("unknown group value version {version}"));
+    }
+    need(buf, 4, "generation")?;
+    let generation = buf.get_i32();
+    let protocol_type = get_str(&mut buf, "protocol type")?;
+    need(buf, 4, "protocol name length")?;
+    let protocol_name = if i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) == -1 {
+        buf.advance(4);
+        None
+    } else {
+        Some(get_str(&mut buf, "protocol name")?)
+    };
+    need(buf, 8, "timestamp")?;
+    let timestamp_ms = buf.get_i64();
+    Ok(GroupRecord { generation, protocol_type, protocol_name, timestamp_ms })
+}
+
+/// What the log says about one group.
+#[derive(Debug, Default)]
+pub(crate) struct LoadedGroup {
+    pub record: Option<GroupRecord>,
+    pub offsets: HashMap<(String, i32), CommittedOffset>,
+}
+
+/// Replays one partition of `__consumer_offsets` into `groups`. Blocking. Records that cannot be
+/// decoded are skipped with an error in the log: one bad record must not keep every other
+/// group's offsets from loading.
+pub(crate) fn load_partition(
+    broker: &Broker,
+    partition: &Partition,
+    groups: &mut HashMap<String, LoadedGroup>,
+) -> Result<u64, BrokerError> {
+    let mut offset = partition.log.log_start_offset();
+    let mut records_read = 0u64;
+    loop {
+        let read = broker.read(partition, offset, LOAD_READ_BYTES, true)?;
+        let Some(slice) = read.slice else { break };
+        let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
+        let records = internal_records::decode_batches(Bytes::from(bytes)).map_err(|e| {
+            BrokerError::new(
+                crate::error::ErrorCode::KafkaStorageError,
+                format!("cannot decode {}-{} at offset {offset}: {e}", partition.topic, partition.index),
+            )
+        })?;
+        for record in records {
+            records_read += 1;
+            apply_record(partition, record, groups);
+        }
+        if slice.next_offset <= offset {
+            break; // no progress: never loop on a broken read
+        }
+        offset = slice.next_offset;
+    }
+    groups.retain(|_, g| g.record.is_some() || !g.offsets.is_empty());
+    Ok(records_read)
+}
+
+fn apply_record(
+    partition: &Partition,
+    record: internal_records::InternalRecord,
+    groups: &mut HashMap<String, LoadedGroup>,
+) {
+    let at = || format!("{}-{}@{}", partition.topic, partition.index, record.offset);
+    let Some(key) = record.key.as_deref() else {
+        tracing::error!(record = %at(), "skipping a record without key");
+        return;
+    };
+    let key = match decode_key(key) {
+        Ok(key) => key,
+        Err(e) => {
+            tracing::error!(record = %at(), error = %e, "skipping a record with an undecodable key");
+            return;
+        }
+    };
+    match key {
+        RecordKey::Offset { group, topic, partition: index } => {
+            let entry = groups.entry(group).or_default();
+            match record.value.as_deref() {
+                None => {
+                    entry.offsets.remove(&(topic, index));
+                }
+                Some(value) => match decode_offset_value(value) {
+                    Ok(committed) => {
+                        entry.offsets.insert((topic, index), committed);
+                    }
+                    Err(e) => tracing::error!(record = %at(), error = %e, "skipping an undecodable offset"),
+                },
+            }
+        }
+        RecordKey::Group { group } => match record.value.as_deref() {
+            // A group tombstone deletes the group: its offsets were tombstoned before it.
+            None => {
+                groups.remove(&group);
+            }
+            Some(value) => match decode_group_value(value) {
+                Ok(decoded) => groups.entry(group).or_default().record = Some(decoded),
+                Err(e) => tracing::error!(record = %at(), error = %e, "skipping an undecodable group record"),
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_and_are_distinct_per_kind() {
+        let key = offset_key("g", "t", 3);
+        assert_eq!(decode_key(&key).unwrap(), RecordKey::Offset { group: "g".into(), topic: "t".into(), partition: 3 });
+        assert_eq!(decode_key(&group_key("g")).unwrap(), RecordKey::Group { group: "g".into() });
+        assert_ne!(offset_key("g", "", 0)[..1], group_key("g")[..1]);
+        assert!(decode_key(&key[..key.len() - 1]).is_err());
+        assert!(decode_key(&[9]).is_err());
+    }
+
+    #[test]
+    fn values_round_trip() {
+        let committed = CommittedOffset {
+            offset: 42,
+            leader_epoch: 7,
+            metadata: "meta".into(),
+            commit_timestamp_ms: 1_700_000_000_000,
+        };
+        assert_eq!(decode_offset_value(&offset_value(&committed)).unwrap(), committed);
+        for protocol_name in [None, Some("range".to_string())] {
+            let record =
+                GroupRecord { generation: 5, protocol_type: "consumer".into(), protocol_name, timestamp_ms: 123 };
+            assert_eq!(decode_group_value(&group_value(&record)).unwrap(), record);
+        }
+    }
+
+    #[test]
+    fn unknown_value_versions_are_refused() {
+        let committed =
+            CommittedOffset { offset: 1, leader_epoch: -1, metadata: String::new(), commit_timestamp_ms: 0 };
+        let mut value = offset_value(&committed).to_vec();
+        value[0] = 1;
+        assert!(decode_offset_value(&value).unwrap_err().contains("version"));
+    }
+}

@@ -1,0 +1,23 @@
+//! Weir's broker core: topics and partitions over the storage engine, the metadata state
+//! machine, consumer groups and long-poll waits.
+//!
+//! Architecture invariant: nothing here parses or writes a wire protocol. Front-ends (the Kafka
+//! protocol in `weir-kafka`, later RocketMQ and the admin HTTP API) decode requests, call these
+//! plain Rust operations and encode the answers. Kafka's error codes ([`ErrorCode`]) are the
+//! shared vocabulary of failures.
+#![deny(unsafe_code)]
+#![deny(clippy::unwrap_used)]
+
+pub mod broker;
+pub mod config;
+pub mod error;
+pub mod group;
+pub mod internal_records;
+pub mod metadata;
+pub mod partition;
+pub mod topic_config;
+
+pub use broker::{Broker, CreatedTopic, NewTopic, OffsetAnswer, PartitionSize};
+pub use config::{BrokerConfig, ConfigError};
+pub use error::{BrokerError, ErrorCode};
+pub use partition::Partition;

@@ -1,0 +1,184 @@
+//! Topic configs: Kafka's names, validated in one place.
+//!
+//! Most are storage settings (weir-storage's [`LogConfig`]); `min.insync.replicas` and
+//! `compression.type` are the broker's. A topic's effective config is: Kafka's default, then the
+//! broker-wide `log.*` default, then the topic's own override.
+
+use std::collections::BTreeMap;
+
+use weir_storage::config::TOPIC_CONFIG_NAMES;
+use weir_storage::{LogConfig, StorageError};
+
+/// Topic configs the broker itself interprets.
+pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[("min.insync.replicas", "1"), ("compression.type", "producer")];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicConfigError {
+    /// The setting at fault, when one is.
+    pub name: Option<String>,
+    pub message: String,
+}
+
+impl std::fmt::Display for TopicConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Where a config's value comes from (DescribeConfigs' `config_source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigSource {
+    Topic,
+    BrokerDefault,
+    Default,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConfigEntry {
+    pub name: String,
+    pub value: String,
+    pub source: ConfigSource,
+}
+
+pub fn is_known(name: &str) -> bool {
+    TOPIC_CONFIG_NAMES.contains(&name) || BROKER_TOPIC_CONFIGS.iter().any(|(n, _)| *n == name)
+}
+
+/// Checks names and values without applying them.
+pub fn validate(configs: &BTreeMap<String, String>) -> Result<(), TopicConfigError> {
+    log_config(&BTreeMap::new(), configs).map(|_| ())
+}
+
+/// The storage config for a topic with `overrides` on a broker with `broker_defaults` (both by
+/// topic config name).
+pub fn log_config(
+    broker_defaults: &BTreeMap<String, String>,
+    overrides: &BTreeMap<String, String>,
+) -> Result<LogConfig, TopicConfigError> {
+    let mut storage_overrides = BTreeMap::new();
+    for layer in [broker_defaults, overrides] {
+        for (name, value) in layer {
+            match name.as_str() {
+                "min.insync.replicas" => {
+                    let n: i64 =
+                        value.trim().parse().map_err(|_| bad(name, value, "expected an integer of at least 1"))?;
+                    if n < 1 {
+                        return Err(bad(name, value, "expected an integer of at least 1"));
+                    }
+                }
+                "compression.type" => {
+                    // Recompressing on the broker is not implemented: batches are stored as sent.
+                    if !matches!(value.trim(), "producer" | "uncompressed") {
+                        return Err(bad(
+                            name,
+                            value,
+                            "Weir stores batches as the producer compressed them; only `producer` is supported",
+                        ));
+                    }
+                }
+                n if TOPIC_CONFIG_NAMES.contains(&n) => {
+                    storage_overrides.insert(name.clone(), value.clone());
+                }
+                _ => {
+                    return Err(TopicConfigError {
+                        name: Some(name.clone()),
+                        message: format!("Unknown topic config name: {name}"),
+                    })
+                }
+            }
+        }
+    }
+    LogConfig::default().with_overrides(&storage_overrides).map_err(|e| match e {
+        StorageError::InvalidConfig { name, value, reason } => TopicConfigError {
+            message: format!("Invalid value {value} for configuration {name}: {reason}"),
+            name: Some(name),
+        },
+        other => TopicConfigError { name: None, message: other.to_string() },
+    })
+}
+
+fn bad(name: &str, value: &str, reason: &str) -> TopicConfigError {
+    TopicConfigError {
+        name: Some(name.to_string()),
+        message: format!("Invalid value {value} for configuration {name}: {reason}"),
+    }
+}
+
+/// `min.insync.replicas` of a topic.
+pub fn min_insync_replicas(broker_defaults: &BTreeMap<String, String>, overrides: &BTreeMap<String, String>) -> i64 {
+    overrides
+        .get("min.insync.replicas")
+        .or_else(|| broker_defaults.get("min.insync.replicas"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1)
+}
+
+/// Every topic config with its effective value and source, sorted by name.
+pub fn describe(broker_defaults: &BTreeMap<String, String>, overrides: &BTreeMap<String, String>) -> Vec<ConfigEntry> {
+    let effective = log_config(broker_defaults, overrides).unwrap_or_default().to_properties();
+    let mut entries = Vec::new();
+    for (name, value) in effective {
+        let source = source_of(&name, broker_defaults, overrides);
+        // flush.messages/flush.ms are implied by flush.policy unless set; report what is in force.
+        let value = overrides.get(&name).cloned().unwrap_or(value);
+        entries.push(ConfigEntry { name, value, source });
+    }
+    for (name, default) in BROKER_TOPIC_CONFIGS {
+        let value =
+            overrides.get(*name).or_else(|| broker_defaults.get(*name)).cloned().unwrap_or_else(|| default.to_string());
+        entries.push(ConfigEntry {
+            name: name.to_string(),
+            value,
+            source: source_of(name, broker_defaults, overrides),
+        });
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    entries
+}
+
+fn source_of(
+    name: &str,
+    broker_defaults: &BTreeMap<String, String>,
+    overrides: &BTreeMap<String, String>,
+) -> ConfigSource {
+    if overrides.contains_key(name) {
+        ConfigSource::Topic
+    } else if broker_defaults.contains_key(name) {
+        ConfigSource::BrokerDefault
+    } else {
+        ConfigSource::Default
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn layers_apply_in_order() {
+        let config = log_config(&map(&[("retention.ms", "1000")]), &map(&[("retention.ms", "2000")])).unwrap();
+        assert_eq!(config.retention_ms, 2000);
+        let entries = describe(&map(&[("segment.bytes", "1048576")]), &map(&[("retention.ms", "2000")]));
+        let get = |n: &str| entries.iter().find(|e| e.name == n).unwrap().clone();
+        assert_eq!(get("retention.ms").source, ConfigSource::Topic);
+        assert_eq!(get("segment.bytes").source, ConfigSource::BrokerDefault);
+        assert_eq!(get("segment.bytes").value, "1048576");
+        assert_eq!(get("cleanup.policy").source, ConfigSource::Default);
+        assert_eq!(get("min.insync.replicas").value, "1");
+    }
+
+    #[test]
+    fn errors_name_the_setting() {
+        let err = validate(&map(&[("retention.mss", "1")])).unwrap_err();
+        assert_eq!(err.name.as_deref(), Some("retention.mss"));
+        let err = validate(&map(&[("min.insync.replicas", "0")])).unwrap_err();
+        assert_eq!(err.name.as_deref(), Some("min.insync.replicas"));
+        let err = validate(&map(&[("cleanup.policy", "shred")])).unwrap_err();
+        assert_eq!(err.name.as_deref(), Some("cleanup.policy"));
+        assert!(validate(&map(&[("compression.type", "producer"), ("cleanup.policy", "compact")])).is_ok());
+    }
+}

@@ -1,0 +1,156 @@
+//! The broker core against a real data directory: topics through the metadata state machine,
+//! their logs, and what survives a reopen without a clean shutdown.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use weir_broker::{Broker, BrokerConfig, ErrorCode, NewTopic};
+
+fn config(dir: &Path, extra: &[(&str, &str)]) -> BrokerConfig {
+    let mut settings: BTreeMap<String, String> =
+        [("log.dirs".to_string(), dir.display().to_string())].into_iter().collect();
+    for (k, v) in extra {
+        settings.insert(k.to_string(), v.to_string());
+    }
+    BrokerConfig::from_settings(&settings).unwrap()
+}
+
+fn topic(name: &str, partitions: i32, configs: &[(&str, &str)]) -> NewTopic {
+    NewTopic {
+        name: name.into(),
+        partitions,
+        replication_factor: -1,
+        assignments: Vec::new(),
+        configs: configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    }
+}
+
+fn batch() -> bytes::BytesMut {
+    let records = [weir_storage::testing::record(0, 1_700_000_000_000, None, Some(bytes::Bytes::from_static(b"v")))];
+    bytes::BytesMut::from(&weir_storage::testing::encode(&records, weir_storage::Compression::None)[..])
+}
+
+/// A crash, as far as the files are concerned: a copy of the data directory taken while the
+/// broker is running (the running broker keeps its directory locked).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else if entry.file_name() != ".lock" {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+fn open(dir: &Path, extra: &[(&str, &str)]) -> Arc<Broker> {
+    Broker::open(config(dir, extra)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_configs_and_data_survive_a_reopen_without_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let after_crash = tempfile::tempdir().unwrap();
+    // A tiny snapshot interval exercises snapshot + replay too.
+    let settings = [("metadata.snapshot.interval.records", "2")];
+    let (cluster_id, ids) = {
+        let broker = open(dir.path(), &settings);
+        let results = broker
+            .create_topics(
+                vec![topic("a", 3, &[("retention.ms", "1000")]), topic("b", 1, &[]), topic("c", 2, &[])],
+                false,
+            )
+            .await;
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        broker.create_partitions("b".into(), 4, false).await.unwrap();
+        broker.delete_topic(Some("c".into()), None).await.unwrap();
+        broker
+            .alter_topic_configs("a".into(), false, |current| {
+                let mut next = current.clone();
+                next.insert("cleanup.policy".into(), "compact".into());
+                Ok(next)
+            })
+            .await
+            .unwrap();
+        let partition = broker.require_partition("b", 3).unwrap();
+        let info = broker.append(partition, batch(), 1).await.unwrap();
+        assert_eq!(info.first_offset, 0);
+        let state = broker.metadata();
+        let ids: Vec<_> = ["a", "b"].iter().map(|n| state.topic(n).unwrap().id).collect();
+        copy_dir(dir.path(), after_crash.path());
+        (broker.cluster_id(), ids)
+    };
+    let crashed = after_crash.path();
+    assert!(!crashed.join(".weir_clean_shutdown").exists());
+    let broker = open(crashed, &settings);
+    let state = broker.metadata();
+    assert_eq!(broker.cluster_id(), cluster_id);
+    assert_eq!(state.topics.keys().collect::<Vec<_>>(), vec!["a", "b"]);
+    assert_eq!(state.topic("a").unwrap().id, ids[0]);
+    assert_eq!(state.topic("b").unwrap().id, ids[1]);
+    assert_eq!(state.topic("b").unwrap().partitions, 4);
+    let a = state.topic("a").unwrap();
+    assert_eq!(a.configs.get("cleanup.policy").map(String::as_str), Some("compact"));
+    assert_eq!(a.configs.get("retention.ms").map(String::as_str), Some("1000"));
+    // The storage config follows the metadata.
+    assert!(broker.require_partition("a", 0).unwrap().log.config().cleanup_policy.compact);
+    assert_eq!(broker.require_partition("b", 3).unwrap().log.log_end_offset(), 1);
+    assert!(broker.partition("c", 0).is_none());
+    assert!(!crashed.join("c-0").exists(), "the deleted topic's log is gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_deleted_and_created_again_starts_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path(), &[]);
+    broker.create_topics(vec![topic("t", 1, &[])], false).await.pop().unwrap().unwrap();
+    broker.append(broker.require_partition("t", 0).unwrap(), batch(), 1).await.unwrap();
+    let old = broker.delete_topic(Some("t".into()), None).await.unwrap();
+    let created = broker.create_topics(vec![topic("t", 1, &[])], false).await.pop().unwrap().unwrap();
+    assert_ne!(created.topic.id, old.id);
+    assert_eq!(broker.require_partition("t", 0).unwrap().log.log_end_offset(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_requests_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path(), &[("max.partitions.per.topic", "8")]);
+    let before = broker.metadata();
+    let cases = [
+        (topic("bad/name", 1, &[]), ErrorCode::InvalidTopicException),
+        (topic("x", 0, &[]), ErrorCode::InvalidPartitions),
+        (topic("x", 9, &[]), ErrorCode::InvalidPartitions),
+        (topic("x", 1, &[("retention.mss", "1")]), ErrorCode::InvalidConfig),
+        (NewTopic { replication_factor: 3, ..topic("x", 1, &[]) }, ErrorCode::InvalidReplicationFactor),
+    ];
+    for (request, expected) in cases {
+        let name = request.name.clone();
+        let err = broker.create_topics(vec![request], false).await.pop().unwrap().unwrap_err();
+        assert_eq!(err.code, expected, "{name}: {}", err.message);
+        assert!(!err.message.is_empty());
+    }
+    // validate_only checks everything and creates nothing.
+    broker.create_topics(vec![topic("ok", 2, &[])], true).await.pop().unwrap().unwrap();
+    assert_eq!(broker.metadata().topics, before.topics);
+    let err = broker.create_partitions("missing".into(), 2, false).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::UnknownTopicOrPartition);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacted_topics_refuse_records_without_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path(), &[]);
+    broker
+        .create_topics(vec![topic("compacted", 1, &[("cleanup.policy", "compact")])], false)
+        .await
+        .pop()
+        .unwrap()
+        .unwrap();
+    let err = broker.append(broker.require_partition("compacted", 0).unwrap(), batch(), 1).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidRecord);
+    assert_eq!(broker.require_partition("compacted", 0).unwrap().log.log_end_offset(), 0);
+}
