@@ -1,20 +1,27 @@
 //! `weir`: the broker's command line. Subcommands are declared in [`cli`] and run by their own
 //! modules.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+mod alloc;
 mod bench;
 mod cli;
+mod server;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{BenchCommand, Cli, Command};
 
+#[global_allocator]
+static ALLOCATOR: alloc::WeirAllocator = alloc::WeirAllocator;
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_tracing(cli.command.default_log_filter());
     match cli.command {
+        Command::Server(args) => server::run(&args),
         Command::Bench(BenchCommand::Storage(args)) => bench::storage::run(&args),
+        Command::Bench(BenchCommand::Fetch(args)) => bench::fetch::run(&args),
     }
 }
 

@@ -1,0 +1,119 @@
+//! One client connection: a reader that reads frames ahead (bounded), a processor that handles
+//! them one at a time in arrival order (Kafka's per-connection ordering: a producer's pipelined
+//! batches are appended in the order sent), and a writer that sends responses in the same
+//! order while the next request is being handled.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::BufReader;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+
+use crate::context::Ctx;
+use crate::dispatch;
+use crate::frame::{self, FrameError, ResponseFrame};
+use crate::zero_copy;
+
+pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr, mut shutdown: watch::Receiver<bool>) {
+    let _ = stream.set_nodelay(true);
+    let config = &ctx.broker.config;
+    let max_frame = config.socket_request_max_bytes;
+    let queued = config.queued_requests_per_connection;
+    let idle = Duration::from_millis(config.connections_max_idle_ms);
+    let use_sendfile = config.fetch_sendfile;
+    let (read_half, mut write_half) = stream.into_split();
+    let (request_tx, mut request_rx) = mpsc::channel::<Bytes>(queued);
+    let (response_tx, mut response_rx) = mpsc::channel::<ResponseFrame>(queued);
+    // Requests read but not yet answered (or dropped, for acks=0): a connection with one is not idle.
+    let in_flight = Arc::new(AtomicUsize::new(0));
+
+    let reader = {
+        let in_flight = in_flight.clone();
+        async move {
+            let mut reader = BufReader::with_capacity(64 * 1024, read_half);
+            loop {
+                // The read of one frame lives across idle ticks: cancelling it when the timer
+                // fires would drop the bytes of a partly read frame and desynchronize the stream
+                // (a long poll in flight keeps the connection open while the next request is
+                // still arriving).
+                let frame = {
+                    let read = frame::read_frame(&mut reader, max_frame);
+                    tokio::pin!(read);
+                    loop {
+                        tokio::select! {
+                            frame = &mut read => break frame,
+                            _ = tokio::time::sleep(idle) => {
+                                if in_flight.load(Ordering::Acquire) == 0 {
+                                    tracing::info!(%peer, idle_ms = idle.as_millis() as u64, "closing idle connection");
+                                    return;
+                                }
+                            }
+                            _ = shutdown.changed() => return,
+                        }
+                    }
+                };
+                match frame {
+                    Ok(Some(frame)) => {
+                        in_flight.fetch_add(1, Ordering::AcqRel);
+                        if request_tx.send(frame).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(FrameError::Io(e)) => {
+                        tracing::debug!(%peer, error = %e, "connection read failed");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "closing connection");
+                        return;
+                    }
+                }
+            }
+        }
+    };
+
+    let processor = {
+        let ctx = ctx.clone();
+        let in_flight = in_flight.clone();
+        async move {
+            let host = peer.ip().to_string();
+            while let Some(frame) = request_rx.recv().await {
+                match dispatch::handle(&ctx, &host, frame).await {
+                    Ok(Some(response)) => {
+                        if response_tx.send(response).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => {
+                        in_flight.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "closing connection");
+                        return;
+                    }
+                }
+            }
+        }
+    };
+
+    let writer = async move {
+        while let Some(response) = response_rx.recv().await {
+            let result = zero_copy::write_response(&mut write_half, response, use_sendfile).await;
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "connection write failed");
+                return;
+            }
+        }
+    };
+
+    // The three run concurrently on this task. When the processor stops (protocol error), the
+    // reader's channel closes; when the reader stops (EOF, shutdown), the processor drains what
+    // was read and the writer sends what was answered, then the socket closes.
+    tokio::join!(reader, processor, writer);
+}

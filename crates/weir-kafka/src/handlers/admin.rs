@@ -1,0 +1,487 @@
+//! Admin APIs: topics, partitions, configs, records, cluster and log dirs.
+
+use std::collections::BTreeMap;
+
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
+use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
+};
+use kafka_protocol::messages::describe_log_dirs_response::{
+    DescribeLogDirsPartition, DescribeLogDirsResult, DescribeLogDirsTopic,
+};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
+use weir_broker::topic_config::{self, ConfigSource};
+use weir_broker::{BrokerError, NewTopic};
+
+use crate::context::{Client, Ctx};
+use crate::handlers::{authorized_operations, message};
+
+/// DescribeConfigs/AlterConfigs resource types.
+const RESOURCE_TOPIC: i8 = 2;
+const RESOURCE_BROKER: i8 = 4;
+
+/// DescribeConfigs config sources.
+const SOURCE_DYNAMIC_TOPIC: i8 = 1;
+const SOURCE_STATIC_BROKER: i8 = 4;
+const SOURCE_DEFAULT: i8 = 5;
+
+fn str(s: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(s.into())
+}
+
+fn topic_name(s: &str) -> TopicName {
+    TopicName(str(s))
+}
+
+fn source_code(source: ConfigSource) -> i8 {
+    match source {
+        ConfigSource::Topic => SOURCE_DYNAMIC_TOPIC,
+        ConfigSource::BrokerDefault => SOURCE_STATIC_BROKER,
+        ConfigSource::Default => SOURCE_DEFAULT,
+    }
+}
+
+/// DescribeConfigs' `config_type`, from the name (Kafka's ConfigType codes).
+fn config_type(name: &str) -> i8 {
+    const BOOLEAN: i8 = 1;
+    const STRING: i8 = 2;
+    const INT: i8 = 3;
+    const LONG: i8 = 5;
+    const DOUBLE: i8 = 6;
+    const LIST: i8 = 7;
+    match name {
+        "cleanup.policy" | "listeners" | "advertised.listeners" | "log.dirs" | "log.cleanup.policy" => LIST,
+        "min.cleanable.dirty.ratio" | "log.cleaner.min.cleanable.ratio" => DOUBLE,
+        n if n.ends_with(".enable") => BOOLEAN,
+        n if n.ends_with(".ms") || n == "retention.bytes" || n == "flush.messages" || n.ends_with(".minutes") => LONG,
+        n if n.ends_with(".bytes") || n.ends_with("replicas") || n.ends_with(".partitions") || n == "node.id" => INT,
+        _ => STRING,
+    }
+}
+
+pub async fn create_topics(ctx: &Ctx, client: &Client, request: CreateTopicsRequest) -> CreateTopicsResponse {
+    let broker = &ctx.broker;
+    let mut results = Vec::with_capacity(request.topics.len());
+    let mut topics = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for topic in request.topics {
+        let name = topic.name.to_string();
+        if !seen.insert(name.clone()) {
+            results.push(
+                CreatableTopicResult::default()
+                    .with_name(topic.name)
+                    .with_error_code(ResponseError::InvalidRequest.code())
+                    .with_error_message(message(format!("Duplicate topic name {name} in the request."))),
+            );
+            continue;
+        }
+        let mut configs = BTreeMap::new();
+        for c in &topic.configs {
+            if let Some(value) = &c.value {
+                configs.insert(c.name.to_string(), value.to_string());
+            }
+        }
+        topics.push(NewTopic {
+            name,
+            partitions: topic.num_partitions,
+            replication_factor: topic.replication_factor,
+            assignments: topic
+                .assignments
+                .iter()
+                .map(|a| (a.partition_index, a.broker_ids.iter().map(|b| b.0).collect()))
+                .collect(),
+            configs,
+        });
+    }
+    let names: Vec<String> = topics.iter().map(|t| t.name.clone()).collect();
+    let outcomes = broker.create_topics(topics, request.validate_only).await;
+    for (name, outcome) in names.into_iter().zip(outcomes) {
+        let result = CreatableTopicResult::default().with_name(topic_name(&name));
+        results.push(match outcome {
+            Ok(created) => {
+                let configs = topic_config::describe(&broker.config.topic_defaults, &created.topic.configs)
+                    .into_iter()
+                    .map(|e| {
+                        CreatableTopicConfigs::default()
+                            .with_name(str(e.name))
+                            .with_value(Some(str(e.value)))
+                            .with_config_source(source_code(e.source))
+                    })
+                    .collect();
+                let result = if client.version >= 7 { result.with_topic_id(created.topic.id) } else { result };
+                if client.version >= 5 {
+                    result
+                        .with_num_partitions(created.topic.partitions)
+                        .with_replication_factor(created.replication_factor)
+                        .with_configs(Some(configs))
+                } else {
+                    result
+                }
+            }
+            Err(e) => result.with_error_code(e.code.code()).with_error_message(message(e.message)),
+        });
+    }
+    CreateTopicsResponse::default().with_topics(results)
+}
+
+pub async fn delete_topics(ctx: &Ctx, client: &Client, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
+    let targets: Vec<(Option<String>, Option<uuid::Uuid>)> = if client.version >= 6 {
+        request
+            .topics
+            .iter()
+            .map(|t| (t.name.as_ref().map(|n| n.to_string()), (!t.topic_id.is_nil()).then_some(t.topic_id)))
+            .collect()
+    } else {
+        request.topic_names.iter().map(|n| (Some(n.to_string()), None)).collect()
+    };
+    let mut responses = Vec::with_capacity(targets.len());
+    for (name, id) in targets {
+        let result = match ctx.broker.delete_topic(name.clone(), id).await {
+            Ok(topic) => DeletableTopicResult::default()
+                .with_name(Some(topic_name(&topic.name)))
+                .with_topic_id(if client.version >= 6 { topic.id } else { uuid::Uuid::nil() }),
+            Err(e) => {
+                let failed = DeletableTopicResult::default()
+                    .with_name(name.as_deref().map(topic_name))
+                    .with_topic_id(id.unwrap_or_default())
+                    .with_error_code(e.code.code());
+                if client.version >= 5 {
+                    failed.with_error_message(message(e.message))
+                } else {
+                    failed
+                }
+            }
+        };
+        responses.push(result);
+    }
+    DeleteTopicsResponse::default().with_responses(responses)
+}
+
+pub async fn create_partitions(
+    ctx: &Ctx,
+    _client: &Client,
+    request: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
+    let mut results = Vec::with_capacity(request.topics.len());
+    for topic in request.topics {
+        let name = topic.name.to_string();
+        let outcome = if let Some(assignments) = &topic.assignments {
+            let node = ctx.broker.config.node_id;
+            if assignments.iter().any(|a| a.broker_ids.iter().any(|b| b.0 != node)) {
+                Err(BrokerError::new(
+                    ResponseError::InvalidReplicaAssignment,
+                    "The assignment names brokers that do not exist.",
+                ))
+            } else {
+                ctx.broker.create_partitions(name, topic.count, request.validate_only).await
+            }
+        } else {
+            ctx.broker.create_partitions(name, topic.count, request.validate_only).await
+        };
+        let result = CreatePartitionsTopicResult::default().with_name(topic.name);
+        results.push(match outcome {
+            Ok(()) => result,
+            Err(e) => result.with_error_code(e.code.code()).with_error_message(message(e.message)),
+        });
+    }
+    CreatePartitionsResponse::default().with_results(results)
+}
+
+pub async fn describe_configs(ctx: &Ctx, client: &Client, request: DescribeConfigsRequest) -> DescribeConfigsResponse {
+    let broker = &ctx.broker;
+    let mut results = Vec::with_capacity(request.resources.len());
+    for resource in request.resources {
+        let name = resource.resource_name.to_string();
+        let wanted =
+            |key: &str| resource.configuration_keys.as_ref().is_none_or(|keys| keys.iter().any(|k| k.as_str() == key));
+        let base = DescribeConfigsResult::default()
+            .with_resource_type(resource.resource_type)
+            .with_resource_name(resource.resource_name.clone());
+        let entries: Vec<(String, String, i8)> = match resource.resource_type {
+            RESOURCE_TOPIC => match broker.metadata().topic(&name) {
+                Some(topic) => topic_config::describe(&broker.config.topic_defaults, &topic.configs)
+                    .into_iter()
+                    .map(|e| (e.name, e.value, source_code(e.source)))
+                    .collect(),
+                None => {
+                    results.push(
+                        base.with_error_code(ResponseError::UnknownTopicOrPartition.code())
+                            .with_error_message(message(format!("Topic {name} does not exist."))),
+                    );
+                    continue;
+                }
+            },
+            RESOURCE_BROKER => {
+                if !name.is_empty() && name != broker.config.node_id.to_string() {
+                    results.push(base.with_error_code(ResponseError::InvalidRequest.code()).with_error_message(
+                        message(format!("Broker {name} does not exist; this is broker {}.", broker.config.node_id)),
+                    ));
+                    continue;
+                }
+                broker
+                    .config
+                    .describe()
+                    .into_iter()
+                    .map(|(n, v, explicit)| (n, v, if explicit { SOURCE_STATIC_BROKER } else { SOURCE_DEFAULT }))
+                    .collect()
+            }
+            other => {
+                results.push(
+                    base.with_error_code(ResponseError::InvalidRequest.code())
+                        .with_error_message(message(format!("Resource type {other} is not supported."))),
+                );
+                continue;
+            }
+        };
+        let configs = entries
+            .into_iter()
+            .filter(|(n, _, _)| wanted(n))
+            .map(|(n, v, source)| {
+                let synonyms = if request.include_synonyms {
+                    vec![DescribeConfigsSynonym::default()
+                        .with_name(str(n.clone()))
+                        .with_value(Some(str(v.clone())))
+                        .with_source(source)]
+                } else {
+                    Vec::new()
+                };
+                let entry = DescribeConfigsResourceResult::default()
+                    .with_name(str(n.clone()))
+                    .with_value(Some(str(v)))
+                    .with_read_only(resource.resource_type == RESOURCE_BROKER)
+                    .with_config_source(source)
+                    .with_synonyms(synonyms);
+                if client.version >= 3 {
+                    entry.with_config_type(config_type(&n))
+                } else {
+                    entry
+                }
+            })
+            .collect();
+        results.push(base.with_configs(configs));
+    }
+    DescribeConfigsResponse::default().with_results(results)
+}
+
+fn broker_configs_are_static(resource_type: i8) -> Option<BrokerError> {
+    (resource_type != RESOURCE_TOPIC).then(|| {
+        BrokerError::new(
+            ResponseError::InvalidRequest,
+            if resource_type == RESOURCE_BROKER {
+                "Broker configs are static in Weir: set them in weir.toml or with --set and restart.".to_string()
+            } else {
+                format!("Resource type {resource_type} is not supported.")
+            },
+        )
+    })
+}
+
+pub async fn alter_configs(ctx: &Ctx, _client: &Client, request: AlterConfigsRequest) -> AlterConfigsResponse {
+    use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
+    let mut responses = Vec::with_capacity(request.resources.len());
+    for resource in request.resources {
+        let outcome = match broker_configs_are_static(resource.resource_type) {
+            Some(e) => Err(e),
+            None => {
+                // Non-incremental: the given set replaces every override.
+                let configs: BTreeMap<String, String> = resource
+                    .configs
+                    .iter()
+                    .filter_map(|c| c.value.as_ref().map(|v| (c.name.to_string(), v.to_string())))
+                    .collect();
+                ctx.broker
+                    .alter_topic_configs(resource.resource_name.to_string(), request.validate_only, move |_| {
+                        Ok(configs)
+                    })
+                    .await
+            }
+        };
+        let response = AlterConfigsResourceResponse::default()
+            .with_resource_type(resource.resource_type)
+            .with_resource_name(resource.resource_name);
+        responses.push(match outcome {
+            Ok(()) => response,
+            Err(e) => response.with_error_code(e.code.code()).with_error_message(message(e.message)),
+        });
+    }
+    AlterConfigsResponse::default().with_responses(responses)
+}
+
+pub async fn incremental_alter_configs(
+    ctx: &Ctx,
+    _client: &Client,
+    request: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
+    use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
+    const SET: i8 = 0;
+    const DELETE: i8 = 1;
+    const APPEND: i8 = 2;
+    const SUBTRACT: i8 = 3;
+    let mut responses = Vec::with_capacity(request.resources.len());
+    for resource in request.resources {
+        let outcome = match broker_configs_are_static(resource.resource_type) {
+            Some(e) => Err(e),
+            None => {
+                let ops: Vec<(String, i8, Option<String>)> = resource
+                    .configs
+                    .iter()
+                    .map(|c| (c.name.to_string(), c.config_operation, c.value.as_ref().map(|v| v.to_string())))
+                    .collect();
+                let defaults = ctx.broker.config.topic_defaults.clone();
+                ctx.broker
+                    .alter_topic_configs(resource.resource_name.to_string(), request.validate_only, move |current| {
+                        let mut configs = current.clone();
+                        for (name, op, value) in ops {
+                            if !topic_config::is_known(&name) {
+                                return Err(BrokerError::new(
+                                    ResponseError::InvalidConfig,
+                                    format!("Unknown topic config name: {name}"),
+                                ));
+                            }
+                            let list = |configs: &BTreeMap<String, String>| -> Vec<String> {
+                                let effective = topic_config::describe(&defaults, configs);
+                                effective
+                                    .iter()
+                                    .find(|e| e.name == name)
+                                    .map(|e| {
+                                        e.value
+                                            .split(',')
+                                            .map(|s| s.trim().to_string())
+                                            .filter(|s| !s.is_empty())
+                                            .collect()
+                                    })
+                                    .unwrap_or_default()
+                            };
+                            match (op, value) {
+                                (SET, Some(v)) => {
+                                    configs.insert(name, v);
+                                }
+                                (DELETE, _) => {
+                                    configs.remove(&name);
+                                }
+                                (APPEND, Some(v)) => {
+                                    let mut items = list(&configs);
+                                    for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                                        if !items.iter().any(|i| i == item) {
+                                            items.push(item.to_string());
+                                        }
+                                    }
+                                    configs.insert(name, items.join(","));
+                                }
+                                (SUBTRACT, Some(v)) => {
+                                    let remove: Vec<&str> = v.split(',').map(str::trim).collect();
+                                    let items: Vec<String> =
+                                        list(&configs).into_iter().filter(|i| !remove.contains(&i.as_str())).collect();
+                                    configs.insert(name, items.join(","));
+                                }
+                                (op, _) => {
+                                    return Err(BrokerError::new(
+                                        ResponseError::InvalidRequest,
+                                        format!("Invalid config operation {op} or missing value for {name}"),
+                                    ))
+                                }
+                            }
+                        }
+                        Ok(configs)
+                    })
+                    .await
+            }
+        };
+        let response = AlterConfigsResourceResponse::default()
+            .with_resource_type(resource.resource_type)
+            .with_resource_name(resource.resource_name);
+        responses.push(match outcome {
+            Ok(()) => response,
+            Err(e) => response.with_error_code(e.code.code()).with_error_message(message(e.message)),
+        });
+    }
+    IncrementalAlterConfigsResponse::default().with_responses(responses)
+}
+
+pub async fn delete_records(ctx: &Ctx, _client: &Client, request: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let broker = ctx.broker.clone();
+    let topics = tokio::task::spawn_blocking(move || {
+        request
+            .topics
+            .into_iter()
+            .map(|topic| {
+                let name = topic.name.to_string();
+                let partitions = topic
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        let result = DeleteRecordsPartitionResult::default()
+                            .with_partition_index(p.partition_index)
+                            .with_low_watermark(-1);
+                        match broker
+                            .require_partition(&name, p.partition_index)
+                            .and_then(|part| broker.delete_records(&part, p.offset))
+                        {
+                            Ok(low) => result.with_low_watermark(low),
+                            Err(e) => result.with_error_code(e.code.code()),
+                        }
+                    })
+                    .collect();
+                DeleteRecordsTopicResult::default().with_name(topic.name).with_partitions(partitions)
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_default();
+    DeleteRecordsResponse::default().with_topics(topics)
+}
+
+pub async fn describe_cluster(ctx: &Ctx, _client: &Client, request: DescribeClusterRequest) -> DescribeClusterResponse {
+    let config = &ctx.broker.config;
+    // endpoint_type 1 = brokers, 2 = controllers; this node is both.
+    let operations = if request.include_cluster_authorized_operations {
+        authorized_operations::CLUSTER
+    } else {
+        authorized_operations::NOT_REQUESTED
+    };
+    DescribeClusterResponse::default()
+        .with_cluster_authorized_operations(operations)
+        .with_endpoint_type(request.endpoint_type)
+        .with_cluster_id(str(ctx.broker.cluster_id()))
+        .with_controller_id(BrokerId(config.node_id))
+        .with_brokers(vec![DescribeClusterBroker::default()
+            .with_broker_id(BrokerId(config.node_id))
+            .with_host(str(config.advertised_host.clone()))
+            .with_port(config.advertised_port as i32)])
+}
+
+pub async fn describe_log_dirs(
+    ctx: &Ctx,
+    _client: &Client,
+    request: DescribeLogDirsRequest,
+) -> DescribeLogDirsResponse {
+    let sizes = ctx.broker.partition_sizes();
+    let wanted = |topic: &str, partition: i32| match &request.topics {
+        None => true,
+        Some(list) => list.iter().any(|t| t.topic.as_str() == topic && t.partitions.contains(&partition)),
+    };
+    let mut topics: Vec<DescribeLogDirsTopic> = Vec::new();
+    for size in sizes.into_iter().filter(|s| wanted(&s.topic, s.partition)) {
+        let entry = DescribeLogDirsPartition::default()
+            .with_partition_index(size.partition)
+            .with_partition_size(size.size_bytes as i64)
+            .with_offset_lag(0);
+        match topics.last_mut() {
+            Some(last) if last.name.as_str() == size.topic => last.partitions.push(entry),
+            _ => topics
+                .push(DescribeLogDirsTopic::default().with_name(topic_name(&size.topic)).with_partitions(vec![entry])),
+        }
+    }
+    let dir = std::fs::canonicalize(&ctx.broker.config.data_dir).unwrap_or_else(|_| ctx.broker.config.data_dir.clone());
+    DescribeLogDirsResponse::default().with_results(vec![DescribeLogDirsResult::default()
+        .with_log_dir(str(dir.display().to_string()))
+        .with_topics(topics)
+        .with_total_bytes(-1)
+        .with_usable_bytes(-1)])
+}

@@ -1,0 +1,213 @@
+//! Fetch: long polling and zero copy.
+//!
+//! A fetch reads every requested partition up to its high watermark, honouring `max_bytes`,
+//! `partition_max_bytes` and Kafka's at-least-one-batch rule (the first partition that has data
+//! returns at least its first batch, whatever the limits). When fewer than `min_bytes` are
+//! available it parks until an append wakes it or `max_wait_ms` passes — no polling loop.
+//!
+//! Fetch sessions (KIP-227) are declined: a request to open one (epoch 0) is answered with
+//! session id 0, which tells the client to keep sending full fetch requests; a request naming a
+//! session gets FETCH_SESSION_ID_NOT_FOUND.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{ApiKey, FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
+use tokio::sync::Notify;
+use uuid::Uuid;
+use weir_broker::{Broker, BrokerError, Partition};
+use weir_storage::FileSlice;
+
+use crate::context::{Client, Ctx};
+use crate::frame::{self, FrameError, ResponseFrame};
+use crate::handlers::list_offsets::check_leader_epoch;
+use crate::zero_copy;
+
+/// One requested partition, resolved.
+struct Wanted {
+    topic_index: usize,
+    partition_index: i32,
+    fetch_offset: i64,
+    partition_max_bytes: i32,
+    target: Result<Arc<Partition>, ResponseError>,
+}
+
+/// What a read found for one partition.
+struct Found {
+    error: ResponseError,
+    high_watermark: i64,
+    log_start_offset: i64,
+    slice: Option<FileSlice>,
+}
+
+pub async fn handle(
+    ctx: &Ctx,
+    client: &Client,
+    correlation_id: i32,
+    request: FetchRequest,
+) -> Result<ResponseFrame, FrameError> {
+    let version = client.version;
+    let broker = &ctx.broker;
+    if version >= 7 && request.session_id != 0 {
+        let response = FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code());
+        let encoded = frame::encode_response(ApiKey::Fetch, version, correlation_id, &response)?;
+        return Ok(ResponseFrame { chunks: vec![frame::Chunk::Bytes(encoded.freeze())] });
+    }
+
+    let state = broker.metadata();
+    let mut topics: Vec<(TopicName, Uuid)> = Vec::new();
+    let mut wanted = Vec::new();
+    for topic in &request.topics {
+        let (name, id) = if version >= 13 {
+            match state.topic_by_id(topic.topic_id) {
+                Some(t) => (Some(t.name.clone()), t.id),
+                None => (None, topic.topic_id),
+            }
+        } else {
+            let name = topic.topic.to_string();
+            let id = state.topic(&name).map(|t| t.id).unwrap_or_default();
+            (Some(name), id)
+        };
+        let topic_index = topics.len();
+        topics.push((TopicName(StrBytes::from_string(name.clone().unwrap_or_default())), id));
+        for p in &topic.partitions {
+            let target = match &name {
+                None => Err(ResponseError::UnknownTopicId),
+                Some(name) => match check_leader_epoch(p.current_leader_epoch) {
+                    Err(code) => Err(code),
+                    Ok(()) => broker.partition(name, p.partition).ok_or(ResponseError::UnknownTopicOrPartition),
+                },
+            };
+            wanted.push(Wanted {
+                topic_index,
+                partition_index: p.partition,
+                fetch_offset: p.fetch_offset,
+                partition_max_bytes: p.partition_max_bytes,
+                target,
+            });
+        }
+    }
+    let wanted = Arc::new(wanted);
+
+    let max_wait = Duration::from_millis(request.max_wait_ms.max(0) as u64);
+    let deadline = tokio::time::Instant::now() + max_wait;
+    let min_bytes = request.min_bytes.max(0) as u64;
+    let max_bytes = if request.max_bytes <= 0 { i32::MAX as u64 } else { request.max_bytes as u64 };
+    let found = loop {
+        let waiter = Arc::new(Notify::new());
+        for w in wanted.iter() {
+            if let Ok(partition) = &w.target {
+                partition.register_waiter(&waiter);
+            }
+        }
+        let reader_broker = broker.clone();
+        let reader_wanted = wanted.clone();
+        let found = tokio::task::spawn_blocking(move || read_all(&reader_broker, &reader_wanted, max_bytes))
+            .await
+            .map_err(|e| FrameError::Io(std::io::Error::other(e)))?;
+        let bytes: u64 = found.iter().filter_map(|f| f.slice.as_ref()).map(|s| s.len).sum();
+        let any_error = found.iter().any(|f| f.error != ResponseError::Unknown(0));
+        if bytes >= min_bytes
+            || bytes > 0 && min_bytes == 0
+            || any_error
+            || tokio::time::Instant::now() >= deadline
+            || broker.is_shutting_down()
+        {
+            break found;
+        }
+        broker.wait_for_data(&waiter, deadline).await;
+    };
+
+    // Build the response with a placeholder where each file range goes.
+    let mut files = Vec::new();
+    let mut responses: Vec<FetchableTopicResponse> = topics
+        .iter()
+        .map(|(name, id)| {
+            // v13+ identifies topics by id only, earlier versions by name only.
+            if version >= 13 {
+                FetchableTopicResponse::default().with_topic_id(*id)
+            } else {
+                FetchableTopicResponse::default().with_topic(name.clone())
+            }
+        })
+        .collect();
+    for (w, f) in wanted.iter().zip(found) {
+        let records = match f.slice {
+            Some(slice) => {
+                let placeholder = zero_copy::placeholder(files.len());
+                files.push(slice);
+                placeholder
+            }
+            None => Bytes::new(),
+        };
+        let error_code = if f.error == ResponseError::Unknown(0) { 0 } else { f.error.code() };
+        let data = PartitionData::default()
+            .with_partition_index(w.partition_index)
+            .with_error_code(error_code)
+            .with_high_watermark(f.high_watermark)
+            .with_last_stable_offset(f.high_watermark)
+            .with_log_start_offset(if version >= 5 { f.log_start_offset } else { -1 })
+            .with_records(Some(records));
+        responses[w.topic_index].partitions.push(data);
+    }
+    let response = FetchResponse::default().with_session_id(0).with_responses(responses);
+    let encoded = frame::encode_response(ApiKey::Fetch, version, correlation_id, &response)?;
+    zero_copy::splice_files(encoded, files, version >= 12).map_err(|reason| FrameError::Encode {
+        api_key: ApiKey::Fetch,
+        version,
+        reason,
+    })
+}
+
+/// Reads every wanted partition once. `ResponseError::Unknown(0)` stands for "no error".
+fn read_all(broker: &Broker, wanted: &[Wanted], max_bytes: u64) -> Vec<Found> {
+    let mut total: u64 = 0;
+    let mut out = Vec::with_capacity(wanted.len());
+    for w in wanted {
+        let partition = match &w.target {
+            Ok(p) => p,
+            Err(code) => {
+                out.push(Found { error: *code, high_watermark: -1, log_start_offset: -1, slice: None });
+                continue;
+            }
+        };
+        let log = &partition.log;
+        let remaining = max_bytes.saturating_sub(total);
+        let limit = remaining.min(w.partition_max_bytes.max(0) as u64);
+        let min_one = total == 0;
+        let result = if limit == 0 && !min_one {
+            Ok(None)
+        } else {
+            broker.read(partition, w.fetch_offset, limit, min_one).map(|r| r.slice)
+        };
+        match result {
+            Ok(slice) => {
+                if let Some(s) = &slice {
+                    total += s.len;
+                }
+                out.push(Found {
+                    error: ResponseError::Unknown(0),
+                    high_watermark: log.high_watermark(),
+                    log_start_offset: log.log_start_offset(),
+                    slice,
+                });
+            }
+            Err(BrokerError { code, message }) => {
+                if code != ResponseError::OffsetOutOfRange {
+                    tracing::warn!(topic = %partition.topic, partition = partition.index, error = %message, "fetch failed");
+                }
+                out.push(Found {
+                    error: code,
+                    high_watermark: log.high_watermark(),
+                    log_start_offset: log.log_start_offset(),
+                    slice: None,
+                });
+            }
+        }
+    }
+    out
+}

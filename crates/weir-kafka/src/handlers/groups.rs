@@ -1,0 +1,740 @@
+//! Consumer group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
+//! OffsetCommit, OffsetFetch, OffsetDelete, ListGroups, DescribeGroups, DeleteGroups.
+//!
+//! Each handler turns the decoded request into the plain parameters of
+//! `weir_broker::group::GroupCoordinator` and its answer into the response of the request's
+//! version. The coordinator owns every rule; here are only the version differences (which
+//! fields exist, where an error goes when a version has no place for it).
+
+use std::collections::HashMap;
+
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
+use kafka_protocol::messages::offset_delete_response::{OffsetDeleteResponsePartition, OffsetDeleteResponseTopic};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions, OffsetFetchResponseTopic,
+    OffsetFetchResponseTopics,
+};
+use kafka_protocol::messages::{
+    BrokerId, DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
+    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse, OffsetFetchRequest,
+    OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use weir_broker::group::{
+    CommitParams, ErrorCode, FetchedOffset, GroupState, HeartbeatParams, JoinGroupParams, LeavingMember,
+    OffsetToCommit, Protocol, SyncGroupParams,
+};
+
+use crate::context::{Client, Ctx};
+
+/// FindCoordinator key types.
+const KEY_TYPE_GROUP: i8 = 0;
+const KEY_TYPE_TRANSACTION: i8 = 1;
+
+/// DescribeGroups' authorized operations without ACLs: READ (3), DELETE (6) and DESCRIBE (8),
+/// everything Kafka allows on a group, as a bit field.
+const GROUP_AUTHORIZED_OPERATIONS: i32 = (1 << 3) | (1 << 6) | (1 << 8);
+/// "Not requested" in DescribeGroups' authorized operations.
+const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
+
+fn s(text: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(text.into())
+}
+
+fn code(error: Option<ErrorCode>) -> i16 {
+    error.map_or(0, |e| e.code())
+}
+
+/// Kafka reports client hosts as `InetAddress.toString()`: "/127.0.0.1".
+fn client_host(client: &Client) -> String {
+    if client.host.starts_with('/') {
+        client.host.clone()
+    } else {
+        format!("/{}", client.host)
+    }
+}
+
+/// Groups `(topic, item)` pairs by topic, topics in order of first appearance.
+fn by_topic<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
+    let mut order: Vec<(String, Vec<T>)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for (topic, item) in items {
+        match index.get(&topic) {
+            Some(&i) => order[i].1.push(item),
+            None => {
+                index.insert(topic.clone(), order.len());
+                order.push((topic, vec![item]));
+            }
+        }
+    }
+    order
+}
+
+// ----- FindCoordinator ---------------------------------------------------------------------
+
+pub async fn find_coordinator(ctx: &Ctx, client: &Client, req: FindCoordinatorRequest) -> FindCoordinatorResponse {
+    let config = &ctx.broker.config;
+    // This broker coordinates every group on one node; transactions come later.
+    let answer = |key_type: i8| -> Result<(), (ErrorCode, &'static str)> {
+        match key_type {
+            KEY_TYPE_GROUP if ctx.broker.is_shutting_down() => {
+                Err((ErrorCode::CoordinatorNotAvailable, "The broker is shutting down."))
+            }
+            KEY_TYPE_GROUP => Ok(()),
+            KEY_TYPE_TRANSACTION => Err((ErrorCode::CoordinatorNotAvailable, "Transactions are not supported yet.")),
+            _ => Err((ErrorCode::InvalidRequest, "Unknown coordinator key type.")),
+        }
+    };
+    let node = BrokerId(config.node_id);
+    let host = s(config.advertised_host.clone());
+    let port = i32::from(config.advertised_port);
+    if client.version >= 4 {
+        let coordinators = req
+            .coordinator_keys
+            .into_iter()
+            .map(|key| {
+                let base = Coordinator::default().with_key(key);
+                match answer(req.key_type) {
+                    Ok(()) => base.with_node_id(node).with_host(host.clone()).with_port(port),
+                    Err((error, text)) => base
+                        .with_node_id(BrokerId(-1))
+                        .with_port(-1)
+                        .with_error_code(error.code())
+                        .with_error_message(super::message(text)),
+                }
+            })
+            .collect();
+        return FindCoordinatorResponse::default().with_coordinators(coordinators);
+    }
+    let response = FindCoordinatorResponse::default();
+    match answer(req.key_type) {
+        Ok(()) => response.with_node_id(node).with_host(host).with_port(port),
+        Err((error, text)) => {
+            let response = response.with_error_code(error.code()).with_node_id(BrokerId(-1)).with_port(-1);
+            if client.version >= 1 {
+                response.with_error_message(super::message(text))
+            } else {
+                response
+            }
+        }
+    }
+}
+
+// ----- membership --------------------------------------------------------------------------
+
+pub async fn join_group(ctx: &Ctx, client: &Client, req: JoinGroupRequest) -> JoinGroupResponse {
+    let version = client.version;
+    let params = JoinGroupParams {
+        group_id: req.group_id.to_string(),
+        member_id: req.member_id.to_string(),
+        group_instance_id: req.group_instance_id.map(|i| i.to_string()),
+        client_id: client.client_id.clone(),
+        client_host: client_host(client),
+        session_timeout_ms: req.session_timeout_ms,
+        // v0 has no rebalance timeout: the session timeout serves as both.
+        rebalance_timeout_ms: if version == 0 { req.session_timeout_ms } else { req.rebalance_timeout_ms },
+        protocol_type: req.protocol_type.to_string(),
+        protocols: req
+            .protocols
+            .into_iter()
+            .map(|p| Protocol { name: p.name.to_string(), metadata: p.metadata })
+            .collect(),
+        require_known_member_id: version >= 4,
+        reason: req.reason.map(|r| r.to_string()),
+    };
+    let result = ctx.groups.join_group(params).await;
+    let members = result
+        .members
+        .into_iter()
+        .map(|m| {
+            JoinGroupResponseMember::default()
+                .with_member_id(s(m.member_id))
+                .with_group_instance_id(if version >= 5 { m.group_instance_id.map(s) } else { None })
+                .with_metadata(m.metadata)
+        })
+        .collect();
+    // Before v7 the protocol name is a non-nullable string and there is no protocol type.
+    let (protocol_type, protocol_name) = if version >= 7 {
+        (result.protocol_type.map(s), result.protocol_name.map(s))
+    } else {
+        (None, Some(s(result.protocol_name.unwrap_or_default())))
+    };
+    JoinGroupResponse::default()
+        .with_error_code(code(result.error))
+        .with_generation_id(result.generation_id)
+        .with_protocol_type(protocol_type)
+        .with_protocol_name(protocol_name)
+        .with_leader(s(result.leader_id))
+        .with_skip_assignment(version >= 9 && result.skip_assignment)
+        .with_member_id(s(result.member_id))
+        .with_members(members)
+}
+
+pub async fn sync_group(ctx: &Ctx, client: &Client, req: SyncGroupRequest) -> SyncGroupResponse {
+    let params = SyncGroupParams {
+        group_id: req.group_id.to_string(),
+        generation_id: req.generation_id,
+        member_id: req.member_id.to_string(),
+        group_instance_id: req.group_instance_id.map(|i| i.to_string()),
+        protocol_type: req.protocol_type.map(|t| t.to_string()),
+        protocol_name: req.protocol_name.map(|n| n.to_string()),
+        assignments: req.assignments.into_iter().map(|a| (a.member_id.to_string(), a.assignment)).collect(),
+    };
+    let result = ctx.groups.sync_group(params).await;
+    let response = SyncGroupResponse::default().with_error_code(code(result.error)).with_assignment(result.assignment);
+    if client.version >= 5 {
+        response.with_protocol_type(result.protocol_type.map(s)).with_protocol_name(result.protocol_name.map(s))
+    } else {
+        response
+    }
+}
+
+pub async fn heartbeat(ctx: &Ctx, _client: &Client, req: HeartbeatRequest) -> HeartbeatResponse {
+    let params = HeartbeatParams {
+        group_id: req.group_id.to_string(),
+        generation_id: req.generation_id,
+        member_id: req.member_id.to_string(),
+        group_instance_id: req.group_instance_id.map(|i| i.to_string()),
+    };
+    let result = ctx.groups.heartbeat(params).await;
+    HeartbeatResponse::default().with_error_code(code(result.err()))
+}
+
+pub async fn leave_group(ctx: &Ctx, client: &Client, req: LeaveGroupRequest) -> LeaveGroupResponse {
+    let members = if client.version >= 3 {
+        req.members
+            .into_iter()
+            .map(|m| LeavingMember {
+                member_id: m.member_id.to_string(),
+                group_instance_id: m.group_instance_id.map(|i| i.to_string()),
+                reason: m.reason.map(|r| r.to_string()),
+            })
+            .collect()
+    } else {
+        vec![LeavingMember { member_id: req.member_id.to_string(), group_instance_id: None, reason: None }]
+    };
+    let result = ctx.groups.leave_group(&req.group_id, members).await;
+    if client.version < 3 {
+        // One member, no per-member results: its error is the response's.
+        let error = result.error.or_else(|| result.members.first().and_then(|m| m.error));
+        return LeaveGroupResponse::default().with_error_code(code(error));
+    }
+    let members = result
+        .members
+        .into_iter()
+        .map(|m| {
+            MemberResponse::default()
+                .with_member_id(s(m.member_id))
+                .with_group_instance_id(m.group_instance_id.map(s))
+                .with_error_code(code(m.error))
+        })
+        .collect();
+    LeaveGroupResponse::default().with_error_code(code(result.error)).with_members(members)
+}
+
+// ----- offsets -----------------------------------------------------------------------------
+
+pub async fn offset_commit(ctx: &Ctx, client: &Client, req: OffsetCommitRequest) -> OffsetCommitResponse {
+    let mut offsets = Vec::new();
+    for topic in &req.topics {
+        for p in &topic.partitions {
+            offsets.push(OffsetToCommit {
+                topic: topic.name.to_string(),
+                partition: p.partition_index,
+                offset: p.committed_offset,
+                // Leader epochs exist from v6.
+                leader_epoch: if client.version >= 6 { p.committed_leader_epoch } else { -1 },
+                metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
+            });
+        }
+    }
+    let params = CommitParams {
+        group_id: req.group_id.to_string(),
+        generation_id: req.generation_id_or_member_epoch,
+        member_id: req.member_id.to_string(),
+        group_instance_id: req.group_instance_id.map(|i| i.to_string()),
+        offsets,
+    };
+    let results = ctx.groups.commit_offsets(params).await;
+    let topics = by_topic(results.into_iter().map(|r| (r.topic, (r.partition, r.error))))
+        .into_iter()
+        .map(|(topic, partitions)| {
+            OffsetCommitResponseTopic::default().with_name(TopicName(s(topic))).with_partitions(
+                partitions
+                    .into_iter()
+                    .map(|(index, error)| {
+                        OffsetCommitResponsePartition::default()
+                            .with_partition_index(index)
+                            .with_error_code(code(error))
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    OffsetCommitResponse::default().with_topics(topics)
+}
+
+pub async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -> OffsetFetchResponse {
+    let version = client.version;
+    if version >= 8 {
+        let mut groups = Vec::with_capacity(req.groups.len());
+        for group in req.groups {
+            let partitions = group.topics.map(|topics| {
+                topics
+                    .into_iter()
+                    .flat_map(|t| {
+                        let name = t.name.to_string();
+                        t.partition_indexes.into_iter().map(move |p| (name.clone(), p))
+                    })
+                    .collect()
+            });
+            let response = OffsetFetchResponseGroup::default().with_group_id(group.group_id.clone());
+            groups.push(match ctx.groups.fetch_offsets(&group.group_id, partitions).await {
+                Ok(fetched) => response.with_topics(
+                    by_topic(fetched.into_iter().map(|f| (f.topic.clone(), f)))
+                        .into_iter()
+                        .map(|(topic, partitions)| {
+                            OffsetFetchResponseTopics::default()
+                                .with_name(TopicName(s(topic)))
+                                .with_partitions(partitions.into_iter().map(partition_v8).collect())
+                        })
+                        .collect(),
+                ),
+                Err(error) => response.with_error_code(error.code()),
+            });
+        }
+        return OffsetFetchResponse::default().with_groups(groups);
+    }
+    let requested: Option<Vec<(String, i32)>> = req.topics.map(|topics| {
+        topics
+            .into_iter()
+            .flat_map(|t| {
+                let name = t.name.to_string();
+                t.partition_indexes.into_iter().map(move |p| (name.clone(), p))
+            })
+            .collect()
+    });
+    let fetched = match ctx.groups.fetch_offsets(&req.group_id, requested.clone()).await {
+        Ok(fetched) => fetched,
+        Err(error) if version >= 2 => return OffsetFetchResponse::default().with_error_code(error.code()),
+        // v1 has no top-level error: each requested partition carries it.
+        Err(error) => requested
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(topic, partition)| FetchedOffset {
+                topic,
+                partition,
+                offset: -1,
+                leader_epoch: -1,
+                metadata: String::new(),
+                error: Some(error),
+            })
+            .collect(),
+    };
+    let topics = by_topic(fetched.into_iter().map(|f| (f.topic.clone(), f)))
+        .into_iter()
+        .map(|(topic, partitions)| {
+            let partitions = partitions
+                .into_iter()
+                .map(|f| {
+                    let p = OffsetFetchResponsePartition::default()
+                        .with_partition_index(f.partition)
+                        .with_committed_offset(f.offset)
+                        .with_metadata(Some(s(f.metadata)))
+                        .with_error_code(code(f.error));
+                    if version >= 5 {
+                        p.with_committed_leader_epoch(f.leader_epoch)
+                    } else {
+                        p
+                    }
+                })
+                .collect();
+            OffsetFetchResponseTopic::default().with_name(TopicName(s(topic))).with_partitions(partitions)
+        })
+        .collect();
+    OffsetFetchResponse::default().with_topics(topics)
+}
+
+fn partition_v8(f: FetchedOffset) -> OffsetFetchResponsePartitions {
+    OffsetFetchResponsePartitions::default()
+        .with_partition_index(f.partition)
+        .with_committed_offset(f.offset)
+        .with_committed_leader_epoch(f.leader_epoch)
+        .with_metadata(Some(s(f.metadata)))
+        .with_error_code(code(f.error))
+}
+
+pub async fn offset_delete(ctx: &Ctx, _client: &Client, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    let partitions: Vec<(String, i32)> =
+        req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.to_string(), p.partition_index))).collect();
+    match ctx.groups.delete_offsets(req.group_id.to_string(), partitions).await {
+        Ok(results) => {
+            let topics = by_topic(results.into_iter().map(|r| (r.topic, (r.partition, r.error))))
+                .into_iter()
+                .map(|(topic, partitions)| {
+                    OffsetDeleteResponseTopic::default().with_name(TopicName(s(topic))).with_partitions(
+                        partitions
+                            .into_iter()
+                            .map(|(index, error)| {
+                                OffsetDeleteResponsePartition::default()
+                                    .with_partition_index(index)
+                                    .with_error_code(code(error))
+                            })
+                            .collect(),
+                    )
+                })
+                .collect();
+            OffsetDeleteResponse::default().with_topics(topics)
+        }
+        Err(error) => OffsetDeleteResponse::default().with_error_code(error.code()),
+    }
+}
+
+// ----- administration ----------------------------------------------------------------------
+
+pub async fn list_groups(ctx: &Ctx, client: &Client, req: ListGroupsRequest) -> ListGroupsResponse {
+    let states: Vec<GroupState> = req.states_filter.iter().filter_map(|name| GroupState::parse(name)).collect();
+    // A filter naming only unknown states matches no group.
+    if !req.states_filter.is_empty() && states.is_empty() {
+        return ListGroupsResponse::default();
+    }
+    match ctx.groups.list_groups(&states).await {
+        Ok(groups) => {
+            let groups = groups
+                .into_iter()
+                .map(|g| {
+                    let listed = ListedGroup::default()
+                        .with_group_id(GroupId(s(g.group_id)))
+                        .with_protocol_type(s(g.protocol_type));
+                    if client.version >= 4 {
+                        listed.with_group_state(s(g.state.as_str()))
+                    } else {
+                        listed
+                    }
+                })
+                .collect();
+            ListGroupsResponse::default().with_groups(groups)
+        }
+        Err(error) => ListGroupsResponse::default().with_error_code(error.code()),
+    }
+}
+
+pub async fn describe_groups(ctx: &Ctx, client: &Client, req: DescribeGroupsRequest) -> DescribeGroupsResponse {
+    let version = client.version;
+    let ids: Vec<String> = req.groups.iter().map(|g| g.to_string()).collect();
+    let authorized_operations = if version >= 3 && req.include_authorized_operations {
+        GROUP_AUTHORIZED_OPERATIONS
+    } else {
+        AUTHORIZED_OPERATIONS_OMITTED
+    };
+    let groups = ctx
+        .groups
+        .describe_groups(&ids)
+        .await
+        .into_iter()
+        .map(|g| {
+            let members = g
+                .members
+                .into_iter()
+                .map(|m| {
+                    DescribedGroupMember::default()
+                        .with_member_id(s(m.member_id))
+                        .with_group_instance_id(if version >= 4 { m.group_instance_id.map(s) } else { None })
+                        .with_client_id(s(m.client_id))
+                        .with_client_host(s(m.client_host))
+                        .with_member_metadata(m.metadata)
+                        .with_member_assignment(m.assignment)
+                })
+                .collect();
+            DescribedGroup::default()
+                .with_error_code(code(g.error))
+                .with_group_id(GroupId(s(g.group_id)))
+                .with_group_state(s(g.state.as_str()))
+                .with_protocol_type(s(g.protocol_type))
+                .with_protocol_data(s(g.protocol_data))
+                .with_members(members)
+                .with_authorized_operations(authorized_operations)
+        })
+        .collect();
+    DescribeGroupsResponse::default().with_groups(groups)
+}
+
+pub async fn delete_groups(ctx: &Ctx, _client: &Client, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let ids: Vec<String> = req.groups_names.iter().map(|g| g.to_string()).collect();
+    let results = ctx
+        .groups
+        .delete_groups(ids)
+        .await
+        .into_iter()
+        .map(|(id, error)| DeletableGroupResult::default().with_group_id(GroupId(s(id))).with_error_code(code(error)))
+        .collect();
+    DeleteGroupsResponse::default().with_results(results)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every handler at every advertised version: the response must encode at that version and
+    //! decode back (a field set that the version lacks makes the encoder fail).
+    use std::collections::BTreeMap;
+
+    use bytes::{Bytes, BytesMut};
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::leave_group_request::MemberIdentity;
+    use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+    use kafka_protocol::messages::offset_delete_request::{OffsetDeleteRequestPartition, OffsetDeleteRequestTopic};
+    use kafka_protocol::messages::offset_fetch_request::{OffsetFetchRequestGroup, OffsetFetchRequestTopic};
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    use kafka_protocol::protocol::{Decodable, Encodable};
+    use weir_broker::{Broker, BrokerConfig, NewTopic};
+
+    use super::*;
+
+    fn round_trip<T: Encodable + Decodable>(response: &T, version: i16) -> T {
+        let mut buf = BytesMut::new();
+        response.encode(&mut buf, version).unwrap_or_else(|e| panic!("encode v{version}: {e}"));
+        let mut bytes = buf.freeze();
+        let decoded = T::decode(&mut bytes, version).unwrap_or_else(|e| panic!("decode v{version}: {e}"));
+        assert!(bytes.is_empty(), "v{version}: trailing bytes");
+        decoded
+    }
+
+    async fn context() -> (Ctx, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("weir-groups-handlers-{}", uuid::Uuid::new_v4()));
+        let mut settings = BTreeMap::new();
+        settings.insert("log.dirs".to_string(), dir.display().to_string());
+        settings.insert("group.initial.rebalance.delay.ms".to_string(), "0".to_string());
+        settings.insert("offsets.topic.num.partitions".to_string(), "2".to_string());
+        let config = BrokerConfig::from_settings(&settings).unwrap();
+        let (broker, groups) = tokio::task::spawn_blocking(move || {
+            let broker = Broker::open(config).unwrap();
+            let topic = NewTopic {
+                name: "t".into(),
+                partitions: 2,
+                replication_factor: -1,
+                assignments: Vec::new(),
+                configs: BTreeMap::new(),
+            };
+            broker.create_topics_blocking(vec![topic], false).pop().unwrap().unwrap();
+            let groups = weir_broker::group::GroupCoordinator::start(broker.clone()).unwrap();
+            (broker, groups)
+        })
+        .await
+        .unwrap();
+        (Ctx { broker, groups }, dir)
+    }
+
+    fn client(version: i16) -> Client {
+        Client { version, client_id: "test-client".into(), host: "127.0.0.1".into() }
+    }
+
+    fn join_request(group: &str, member_id: &str) -> JoinGroupRequest {
+        JoinGroupRequest::default()
+            .with_group_id(GroupId(s(group)))
+            .with_session_timeout_ms(10_000)
+            .with_rebalance_timeout_ms(10_000)
+            .with_member_id(s(member_id))
+            .with_protocol_type(s("consumer"))
+            .with_protocols(vec![JoinGroupRequestProtocol::default()
+                .with_name(s("range"))
+                .with_metadata(Bytes::from_static(b"\0\0\0\0\0\x01\0\x01t\xff\xff\xff\xff"))])
+    }
+
+    /// Joins (twice from v4: MEMBER_ID_REQUIRED first) and syncs at `version`s; returns the
+    /// member id and generation.
+    async fn join_and_sync(ctx: &Ctx, group: &str, join_version: i16, sync_version: i16) -> (String, i32) {
+        let mut member_id = String::new();
+        if join_version >= 4 {
+            let first = join_group(ctx, &client(join_version), join_request(group, "")).await;
+            let first = round_trip(&first, join_version);
+            assert_eq!(first.error_code, ErrorCode::MemberIdRequired.code());
+            member_id = first.member_id.to_string();
+        }
+        let joined = join_group(ctx, &client(join_version), join_request(group, &member_id)).await;
+        let joined = round_trip(&joined, join_version);
+        assert_eq!(joined.error_code, 0, "join v{join_version}");
+        assert_eq!(joined.leader, joined.member_id);
+        assert_eq!(joined.members.len(), 1);
+        assert_eq!(joined.protocol_name.as_ref().map(|n| n.to_string()), Some("range".to_string()));
+        let member_id = joined.member_id.to_string();
+        let sync = SyncGroupRequest::default()
+            .with_group_id(GroupId(s(group)))
+            .with_generation_id(joined.generation_id)
+            .with_member_id(s(member_id.clone()))
+            .with_assignments(vec![SyncGroupRequestAssignment::default()
+                .with_member_id(s(member_id.clone()))
+                .with_assignment(Bytes::from_static(b"assignment"))]);
+        let synced = round_trip(&sync_group(ctx, &client(sync_version), sync).await, sync_version);
+        assert_eq!(synced.error_code, 0, "sync v{sync_version}");
+        assert_eq!(synced.assignment, Bytes::from_static(b"assignment"));
+        (member_id, joined.generation_id)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_group_api_answers_at_every_advertised_version() {
+        let (ctx, dir) = context().await;
+
+        for version in 0..=4 {
+            let request = FindCoordinatorRequest::default().with_key(s("g")).with_coordinator_keys(if version >= 4 {
+                vec![s("g"), s("h")]
+            } else {
+                Vec::new()
+            });
+            let response = round_trip(&find_coordinator(&ctx, &client(version), request).await, version);
+            if version >= 4 {
+                assert_eq!(response.coordinators.len(), 2);
+                assert!(response.coordinators.iter().all(|c| c.error_code == 0 && c.port > 0));
+            } else {
+                assert_eq!(response.error_code, 0);
+                assert_eq!(response.host.as_str(), ctx.broker.config.advertised_host);
+            }
+            let txn = FindCoordinatorRequest::default()
+                .with_key(s("txn"))
+                .with_key_type(1)
+                .with_coordinator_keys(if version >= 4 { vec![s("txn")] } else { Vec::new() });
+            if version >= 1 {
+                let response = round_trip(&find_coordinator(&ctx, &client(version), txn).await, version);
+                let error = if version >= 4 { response.coordinators[0].error_code } else { response.error_code };
+                assert_eq!(error, ErrorCode::CoordinatorNotAvailable.code());
+            }
+        }
+
+        for join_version in 0..=9i16 {
+            let group = format!("group-v{join_version}");
+            let sync_version = join_version.min(5);
+            let (member_id, generation) = join_and_sync(&ctx, &group, join_version, sync_version).await;
+
+            for version in 0..=4i16 {
+                let request = HeartbeatRequest::default()
+                    .with_group_id(GroupId(s(group.clone())))
+                    .with_generation_id(generation)
+                    .with_member_id(s(member_id.clone()));
+                let response = round_trip(&heartbeat(&ctx, &client(version), request).await, version);
+                assert_eq!(response.error_code, 0, "heartbeat v{version}");
+            }
+
+            let commit_version = join_version.clamp(2, 8);
+            let commit = OffsetCommitRequest::default()
+                .with_group_id(GroupId(s(group.clone())))
+                .with_generation_id_or_member_epoch(generation)
+                .with_member_id(s(member_id.clone()))
+                .with_topics(vec![OffsetCommitRequestTopic::default().with_name(TopicName(s("t"))).with_partitions(
+                    vec![
+                        OffsetCommitRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(7)
+                            .with_committed_leader_epoch(if commit_version >= 6 { 3 } else { -1 })
+                            .with_committed_metadata(Some(s("meta"))),
+                        OffsetCommitRequestPartition::default().with_partition_index(9).with_committed_offset(1),
+                    ],
+                )]);
+            let response = round_trip(&offset_commit(&ctx, &client(commit_version), commit).await, commit_version);
+            let errors: Vec<i16> = response.topics[0].partitions.iter().map(|p| p.error_code).collect();
+            assert_eq!(errors, vec![0, ErrorCode::UnknownTopicOrPartition.code()], "commit v{commit_version}");
+
+            for version in 1..=8i16 {
+                let response = if version >= 8 {
+                    let request = OffsetFetchRequest::default().with_groups(vec![
+                        OffsetFetchRequestGroup::default().with_group_id(GroupId(s(group.clone()))).with_topics(None),
+                        OffsetFetchRequestGroup::default().with_group_id(GroupId(s("unknown"))).with_topics(None),
+                    ]);
+                    let response = round_trip(&offset_fetch(&ctx, &client(version), request).await, version);
+                    assert_eq!(response.groups.len(), 2);
+                    assert!(response.groups[1].topics.is_empty());
+                    let p = &response.groups[0].topics[0].partitions[0];
+                    (p.committed_offset, p.metadata.clone(), p.committed_leader_epoch)
+                } else {
+                    let request =
+                        OffsetFetchRequest::default().with_group_id(GroupId(s(group.clone()))).with_topics(Some(vec![
+                            OffsetFetchRequestTopic::default()
+                                .with_name(TopicName(s("t")))
+                                .with_partition_indexes(vec![0, 1]),
+                        ]));
+                    let response = round_trip(&offset_fetch(&ctx, &client(version), request).await, version);
+                    let partitions = &response.topics[0].partitions;
+                    assert_eq!(partitions[1].committed_offset, -1);
+                    let p = &partitions[0];
+                    (p.committed_offset, p.metadata.clone(), p.committed_leader_epoch)
+                };
+                assert_eq!(response.0, 7, "fetch v{version}");
+                assert_eq!(response.1.as_ref().map(|m| m.to_string()), Some("meta".to_string()));
+                if version >= 5 {
+                    assert_eq!(response.2, if commit_version >= 6 { 3 } else { -1 });
+                }
+            }
+
+            for version in 0..=4i16 {
+                let request = ListGroupsRequest::default().with_states_filter(if version >= 4 {
+                    vec![s("stable")]
+                } else {
+                    Vec::new()
+                });
+                let response = round_trip(&list_groups(&ctx, &client(version), request).await, version);
+                let listed = response.groups.iter().find(|g| g.group_id.as_str() == group).expect("listed");
+                assert_eq!(listed.protocol_type.as_str(), "consumer");
+                if version >= 4 {
+                    assert_eq!(listed.group_state.as_str(), "Stable");
+                }
+            }
+
+            for version in 0..=5i16 {
+                let request = DescribeGroupsRequest::default()
+                    .with_groups(vec![GroupId(s(group.clone())), GroupId(s("unknown"))])
+                    .with_include_authorized_operations(version >= 3);
+                let response = round_trip(&describe_groups(&ctx, &client(version), request).await, version);
+                let described = &response.groups[0];
+                assert_eq!(described.group_state.as_str(), "Stable");
+                assert_eq!(described.protocol_data.as_str(), "range");
+                assert_eq!(described.members[0].client_host.as_str(), "/127.0.0.1");
+                assert_eq!(described.members[0].member_assignment, Bytes::from_static(b"assignment"));
+                assert_eq!(response.groups[1].group_state.as_str(), "Dead");
+            }
+
+            let delete = OffsetDeleteRequest::default().with_group_id(GroupId(s(group.clone()))).with_topics(vec![
+                OffsetDeleteRequestTopic::default()
+                    .with_name(TopicName(s("t")))
+                    .with_partitions(vec![OffsetDeleteRequestPartition::default().with_partition_index(0)]),
+            ]);
+            let response = round_trip(&offset_delete(&ctx, &client(0), delete).await, 0);
+            assert_eq!(response.error_code, 0);
+            assert_eq!(
+                response.topics[0].partitions[0].error_code,
+                ErrorCode::GroupSubscribedToTopic.code(),
+                "the member subscribes to t"
+            );
+
+            let leave_version = join_version.min(5);
+            let request = if leave_version >= 3 {
+                LeaveGroupRequest::default()
+                    .with_group_id(GroupId(s(group.clone())))
+                    .with_members(vec![MemberIdentity::default().with_member_id(s(member_id.clone()))])
+            } else {
+                LeaveGroupRequest::default().with_group_id(GroupId(s(group.clone()))).with_member_id(s(member_id))
+            };
+            let response = round_trip(&leave_group(&ctx, &client(leave_version), request).await, leave_version);
+            assert_eq!(response.error_code, 0);
+            if leave_version >= 3 {
+                assert_eq!(response.members[0].error_code, 0);
+            }
+
+            let delete_version = join_version.min(2);
+            let request =
+                DeleteGroupsRequest::default().with_groups_names(vec![GroupId(s(group)), GroupId(s("unknown"))]);
+            let response = round_trip(&delete_groups(&ctx, &client(delete_version), request).await, delete_version);
+            let errors: Vec<i16> = response.results.iter().map(|r| r.error_code).collect();
+            assert_eq!(errors, vec![0, ErrorCode::GroupIdNotFound.code()]);
+        }
+
+        ctx.groups.shutdown();
+        let broker = ctx.broker.clone();
+        tokio::task::spawn_blocking(move || broker.shutdown()).await.unwrap().unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,39 @@
+//! One module per group of Kafka APIs. Each handler takes the decoded request and returns the
+//! response to encode; failures are error codes inside the response, as the protocol wants.
+
+pub mod admin;
+pub mod api_versions;
+pub mod fetch;
+pub mod groups;
+pub mod list_offsets;
+pub mod metadata;
+pub mod produce;
+
+use kafka_protocol::protocol::StrBytes;
+
+/// Authorized-operation bitfields (bit n = ACL operation code n), answered when a client asks
+/// for them. Without ACLs every operation on a resource is allowed, as Kafka answers with no
+/// authorizer configured; `NOT_REQUESTED` is Kafka's "not asked" value.
+pub(crate) mod authorized_operations {
+    const READ: i32 = 1 << 3;
+    const WRITE: i32 = 1 << 4;
+    const CREATE: i32 = 1 << 5;
+    const DELETE: i32 = 1 << 6;
+    const ALTER: i32 = 1 << 7;
+    const DESCRIBE: i32 = 1 << 8;
+    const CLUSTER_ACTION: i32 = 1 << 9;
+    const DESCRIBE_CONFIGS: i32 = 1 << 10;
+    const ALTER_CONFIGS: i32 = 1 << 11;
+    const IDEMPOTENT_WRITE: i32 = 1 << 12;
+
+    pub const NOT_REQUESTED: i32 = i32::MIN;
+    /// Kafka's supported operations of the CLUSTER resource (token operations belong to users).
+    pub const CLUSTER: i32 =
+        CREATE | ALTER | DESCRIBE | CLUSTER_ACTION | DESCRIBE_CONFIGS | ALTER_CONFIGS | IDEMPOTENT_WRITE;
+    pub const TOPIC: i32 = READ | WRITE | CREATE | DELETE | ALTER | DESCRIBE | DESCRIBE_CONFIGS | ALTER_CONFIGS;
+}
+
+/// A response's optional error message.
+pub(crate) fn message(text: impl Into<String>) -> Option<StrBytes> {
+    Some(StrBytes::from_string(text.into()))
+}

@@ -1,0 +1,59 @@
+//! The Kafka listener: accepts connections up to `max.connections` and serves each on its own
+//! task until shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::connection::serve_connection;
+use crate::context::Ctx;
+
+/// Serves `listener` until `shutdown` completes, then stops accepting, lets every connection
+/// finish the requests it has read (up to `grace`), and returns.
+pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<Output = ()>, grace: Duration) {
+    let limit = Arc::new(Semaphore::new(ctx.broker.config.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = limit.clone().try_acquire_owned() else {
+                    tracing::warn!(%peer, limit = ctx.broker.config.max_connections, "refusing connection: max.connections reached");
+                    drop(stream);
+                    continue;
+                };
+                let ctx = ctx.clone();
+                let stop = stop_rx.clone();
+                connections.spawn(async move {
+                    serve_connection(ctx, stream, peer, stop).await;
+                    drop(permit);
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!(connections = connections.len(), "stopped accepting; finishing requests in progress");
+    ctx.broker.begin_shutdown();
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(remaining = connections.len(), "closing connections still busy after the grace period");
+        connections.abort_all();
+    }
+}

@@ -1,0 +1,66 @@
+//! The APIs and versions this broker implements: what ApiVersions advertises, and the gate every
+//! request passes. Each range is what the handlers implement, intersected with what the
+//! `kafka-protocol` crate can decode, so nothing is advertised that is not handled.
+
+use kafka_protocol::messages::ApiKey;
+use kafka_protocol::protocol::VersionRange;
+
+/// (API, lowest, highest) implemented by our handlers.
+const IMPLEMENTED: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 11),
+    (ApiKey::Fetch, 4, 16),
+    (ApiKey::ListOffsets, 1, 8),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 8),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::DeleteRecords, 0, 2),
+    (ApiKey::OffsetForLeaderEpoch, 2, 4),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::AlterConfigs, 0, 2),
+    (ApiKey::DescribeLogDirs, 1, 4),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
+    (ApiKey::OffsetDelete, 0, 0),
+    (ApiKey::DescribeCluster, 0, 1),
+];
+
+/// The supported version range of `key`, or `None` if the API is not implemented.
+pub fn supported(key: ApiKey) -> Option<VersionRange> {
+    IMPLEMENTED.iter().find(|(k, _, _)| *k == key).map(|(_, min, max)| {
+        let range = VersionRange { min: *min, max: *max }.intersect(&key.valid_versions());
+        debug_assert!(!range.is_empty(), "{key:?}");
+        range
+    })
+}
+
+/// Every implemented API with its range, in API key order.
+pub fn all() -> Vec<(ApiKey, VersionRange)> {
+    let mut out: Vec<(ApiKey, VersionRange)> =
+        IMPLEMENTED.iter().filter_map(|(k, _, _)| supported(*k).map(|r| (*k, r))).collect();
+    out.sort_by_key(|(k, _)| *k as i16);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_range_is_decodable_by_the_protocol_crate() {
+        for (key, min, max) in IMPLEMENTED {
+            let crate_range = key.valid_versions();
+            assert!(*min >= crate_range.min && *max <= crate_range.max, "{key:?} {min}..{max} vs {crate_range}");
+        }
+    }
+}

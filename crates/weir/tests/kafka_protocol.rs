@@ -1,0 +1,1140 @@
+//! Kafka protocol conformance of the real `weir server` binary, over raw TCP: what ApiVersions
+//! advertises, that every advertised version of every API answers with a response that decodes
+//! at that version, and the semantics of Produce, Fetch (limits, long polling, topic ids),
+//! ListOffsets, pipelining and the error codes of Produce and CreateTopics.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::fetch_request::FetchTopic;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::Encodable;
+use support::*;
+
+// ----- ApiVersions --------------------------------------------------------------------------
+
+/// The broker's list of implemented APIs, read from the source of `weir_kafka::versions` (the
+/// binary's crate is not a dependency of these tests, and a copy of the list would go stale).
+fn implemented_apis() -> Vec<(ApiKey, i16, i16)> {
+    let source = include_str!("../../weir-kafka/src/versions.rs");
+    let table = source.split("const IMPLEMENTED").nth(1).expect("versions.rs declares IMPLEMENTED");
+    let table = &table[..table.find("];").expect("end of IMPLEMENTED")];
+    let mut apis = Vec::new();
+    for line in table.lines().map(str::trim) {
+        let Some(entry) = line.strip_prefix("(ApiKey::") else { continue };
+        let fields: Vec<&str> = entry.trim_end_matches(',').trim_end_matches(')').split(',').map(str::trim).collect();
+        assert_eq!(fields.len(), 3, "cannot read the IMPLEMENTED entry {line:?}");
+        let key = ApiKey::iter()
+            .find(|k| format!("{k:?}") == fields[0])
+            .unwrap_or_else(|| panic!("unknown API {} in versions.rs", fields[0]));
+        apis.push((key, fields[1].parse().expect("min version"), fields[2].parse().expect("max version")));
+    }
+    assert!(apis.len() >= 10, "read only {} APIs from versions.rs; has its format changed?", apis.len());
+    apis
+}
+
+/// (API key, min, max) as advertised, in the order received.
+fn advertised(response: &ApiVersionsResponse) -> Vec<(i16, i16, i16)> {
+    response.api_keys.iter().map(|a| (a.api_key, a.min_version, a.max_version)).collect()
+}
+
+#[test]
+fn api_versions_advertises_exactly_the_implemented_versions() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let response = client.api_versions();
+    let got = advertised(&response);
+
+    let mut expected: Vec<(i16, i16, i16)> = implemented_apis()
+        .into_iter()
+        .filter_map(|(key, min, max)| {
+            // What the broker can decode: its own range within the protocol crate's.
+            let known = key.valid_versions();
+            let (min, max) = (min.max(known.min), max.min(known.max));
+            (min <= max).then_some((key as i16, min, max))
+        })
+        .collect();
+    expected.sort();
+    let mut sorted = got.clone();
+    sorted.sort();
+    assert_eq!(sorted, expected, "advertised API versions differ from weir_kafka::versions");
+
+    let mut keys: Vec<i16> = got.iter().map(|(k, _, _)| *k).collect();
+    keys.dedup();
+    assert_eq!(keys.len(), got.len(), "an API is advertised twice: {got:?}");
+    for (key, min, max) in &got {
+        assert!(min <= max, "empty range {min}..{max} for API {key}");
+        let known =
+            ApiKey::try_from(*key).unwrap_or_else(|_| panic!("advertised unknown API key {key}")).valid_versions();
+        assert!(*min >= known.min && *max <= known.max, "API {key}: {min}..{max} outside what the protocol defines");
+    }
+    // What every client needs, at versions current clients use.
+    for (key, version) in [
+        (ApiKey::ApiVersions, 3),
+        (ApiKey::Metadata, 12),
+        (ApiKey::Produce, 9),
+        (ApiKey::Fetch, 12),
+        (ApiKey::ListOffsets, 7),
+        (ApiKey::CreateTopics, 7),
+    ] {
+        assert!(
+            got.iter().any(|(k, min, max)| *k == key as i16 && *min <= version && version <= *max),
+            "{key:?} v{version} is not advertised: {got:?}"
+        );
+    }
+}
+
+/// An ApiVersions request frame at a version the broker may not know (the header is v2, as a
+/// KIP-511 client sends it; the body is v3's).
+fn api_versions_frame(version: i16, correlation_id: i32) -> BytesMut {
+    let header = RequestHeader::default()
+        .with_request_api_key(ApiKey::ApiVersions as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(correlation_id)
+        .with_client_id(Some(s("weir-tests")));
+    let mut frame = BytesMut::new();
+    frame.put_i32(0);
+    header.encode(&mut frame, 2).expect("header");
+    api_versions_request().encode(&mut frame, 3).expect("body");
+    let size = (frame.len() - 4) as i32;
+    frame[..4].copy_from_slice(&size.to_be_bytes());
+    frame
+}
+
+#[test]
+fn api_versions_at_an_unknown_version_answers_in_v0_with_unsupported_version_and_the_list() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let list = advertised(&client.api_versions());
+    let max = list.iter().find(|(k, _, _)| *k == ApiKey::ApiVersions as i16).expect("ApiVersions advertised").2;
+
+    // KIP-511: the broker cannot parse the body, so it answers in v0 (response header v0).
+    for (i, version) in [max + 1, 99, i16::MAX].into_iter().enumerate() {
+        let correlation_id = 1000 + i as i32;
+        client.write_raw(&api_versions_frame(version, correlation_id)).expect("write");
+        let frame = client.read_frame().unwrap_or_else(|e| panic!("ApiVersions v{version}: {e}"));
+        let response: ApiVersionsResponse = decode_response::<ApiVersionsRequest>(frame, 0, correlation_id)
+            .unwrap_or_else(|e| panic!("ApiVersions v{version} answer is not a v0 response: {e}"));
+        assert_eq!(response.error_code, code::UNSUPPORTED_VERSION, "ApiVersions v{version}");
+        assert_eq!(advertised(&response), list, "the v0 answer to v{version} carries the API list");
+        // The connection is still usable, at a supported version.
+        assert_eq!(advertised(&client.api_versions()), list, "ApiVersions after v{version}");
+    }
+    broker_still_serves(&broker);
+}
+
+fn broker_still_serves(broker: &Broker) {
+    let mut fresh = broker.connect();
+    fresh.api_versions();
+}
+
+// ----- every version of every API -----------------------------------------------------------
+
+const GROUP_APIS: &[ApiKey] = &[
+    ApiKey::OffsetCommit,
+    ApiKey::OffsetFetch,
+    ApiKey::FindCoordinator,
+    ApiKey::JoinGroup,
+    ApiKey::Heartbeat,
+    ApiKey::LeaveGroup,
+    ApiKey::SyncGroup,
+    ApiKey::DescribeGroups,
+    ApiKey::ListGroups,
+    ApiKey::DeleteGroups,
+    ApiKey::OffsetDelete,
+];
+
+/// What the per-version cases share.
+struct Fixture {
+    port: i32,
+    /// Advertised (min, max) by API.
+    versions: BTreeMap<i16, (i16, i16)>,
+    /// 1 partition holding [`Fixture::messages`] at offsets 0..3.
+    topic: String,
+    topic_id: uuid::Uuid,
+    messages: Vec<Message>,
+    /// Produce cases append here; `produced` counts the records so far.
+    produce_topic: String,
+    produced: i64,
+    /// DeleteRecords cases move its log start offset up, one record per case.
+    delete_records_topic: String,
+    /// AlterConfigs and IncrementalAlterConfigs cases change its configs.
+    configs_topic: String,
+}
+
+impl Fixture {
+    fn max_version(&self, key: ApiKey) -> i16 {
+        self.versions.get(&(key as i16)).unwrap_or_else(|| panic!("{key:?} is not advertised")).1
+    }
+}
+
+type CaseResult = Result<(), String>;
+
+macro_rules! ensure {
+    ($cond:expr, $($message:tt)+) => {
+        if !$cond {
+            return Err(format!($($message)+));
+        }
+    };
+}
+
+fn call<R: kafka_protocol::protocol::Request>(
+    client: &mut Client,
+    version: i16,
+    request: &R,
+) -> Result<R::Response, String> {
+    client.try_send(version, request).map_err(|e| e.to_string())
+}
+
+fn expect_code(what: &str, actual: i16, expected: i16) -> CaseResult {
+    ensure!(actual == expected, "{what}: error code {actual}, expected {expected}");
+    Ok(())
+}
+
+/// Runs every advertised version of every API that `wanted` selects; one failure does not stop
+/// the others, and all are reported together.
+fn exercise_every_version(wanted: impl Fn(ApiKey) -> bool) {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let response = client.api_versions();
+    let topic = "conformance".to_string();
+    let topic_id = client.create_topic(&topic, 1, &[]);
+    let messages =
+        vec![Message::new("k0", "v0", 1_000), Message::new("k1", "v1", 1_001), Message::new("k2", "v2", 1_002)];
+    assert_eq!(client.produce_ok(&topic, 0, batch(&messages)), 0);
+    let mut fx = Fixture {
+        port: broker.addr().port() as i32,
+        versions: response.api_keys.iter().map(|a| (a.api_key, (a.min_version, a.max_version))).collect(),
+        topic,
+        topic_id,
+        messages,
+        produce_topic: "conformance-produce".into(),
+        produced: 0,
+        delete_records_topic: "conformance-delete-records".into(),
+        configs_topic: "conformance-configs".into(),
+    };
+    client.create_topic(&fx.produce_topic, 1, &[]);
+    client.create_topic(&fx.delete_records_topic, 1, &[]);
+    let many: Vec<Message> = (0..10).map(|i| Message::new("k", &format!("v{i}"), 1_000 + i)).collect();
+    client.produce_ok(&fx.delete_records_topic, 0, batch(&many));
+    client.create_topic(&fx.configs_topic, 1, &[]);
+
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let apis: Vec<(i16, (i16, i16))> = fx.versions.iter().map(|(k, v)| (*k, *v)).collect();
+    for (key, (min, max)) in apis {
+        let key = ApiKey::try_from(key).expect("advertised keys are known (checked elsewhere)");
+        if !wanted(key) {
+            continue;
+        }
+        for version in min..=max {
+            checked += 1;
+            if let Err(why) = check_version(&mut client, &mut fx, key, version) {
+                failures.push(format!("{key:?} v{version}: {why}"));
+                // The broker may have closed the connection; carry on with a fresh one.
+                client = broker.connect();
+            }
+        }
+    }
+    let mut broker = broker;
+    broker.assert_running("after every API version");
+    assert!(checked >= 10, "only {checked} API versions were exercised");
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} API versions failed:\n{}\n\nbroker log:\n{}",
+        failures.len(),
+        failures.join("\n"),
+        broker.logs()
+    );
+}
+
+#[test]
+fn every_version_of_every_advertised_non_group_api_answers() {
+    exercise_every_version(|key| !GROUP_APIS.contains(&key));
+}
+
+#[test]
+fn every_version_of_every_advertised_group_api_answers() {
+    exercise_every_version(|key| GROUP_APIS.contains(&key));
+}
+
+/// One minimal valid request of `key` at `version` and the checks on its response.
+fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i16) -> CaseResult {
+    match key {
+        ApiKey::ApiVersions => {
+            let request = if version >= 3 { api_versions_request() } else { ApiVersionsRequest::default() };
+            let response = call(client, version, &request)?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            ensure!(
+                response.api_keys.iter().any(|a| a.api_key == ApiKey::ApiVersions as i16 && a.max_version >= version),
+                "the list does not include ApiVersions v{version}"
+            );
+        }
+        ApiKey::Metadata => {
+            let request = MetadataRequest::default().with_topics(Some(vec![
+                metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name(&fx.topic))),
+            ]));
+            let response = call(client, version, &request)?;
+            ensure!(response.brokers.len() == 1, "{} brokers", response.brokers.len());
+            ensure!(response.brokers[0].port == fx.port, "broker port {}", response.brokers[0].port);
+            ensure!(response.topics.len() == 1, "{} topics", response.topics.len());
+            let topic = &response.topics[0];
+            expect_code("topic", topic.error_code, code::NONE)?;
+            ensure!(topic.partitions.len() == 1, "{} partitions", topic.partitions.len());
+            expect_code("partition", topic.partitions[0].error_code, code::NONE)?;
+            if version >= 10 {
+                ensure!(topic.topic_id == fx.topic_id, "topic id {} instead of {}", topic.topic_id, fx.topic_id);
+            }
+        }
+        ApiKey::Produce => {
+            let message = Message::new("produce", &format!("v{version}"), 10_000 + version as i64);
+            let response = call(client, version, &produce_request(&fx.produce_topic, 0, batch(&[message]), 1))?;
+            let partition = response
+                .responses
+                .first()
+                .and_then(|t| t.partition_responses.first())
+                .ok_or("no partition in the response")?;
+            expect_code("partition", partition.error_code, code::NONE)?;
+            ensure!(
+                partition.base_offset == fx.produced,
+                "base offset {} instead of {}",
+                partition.base_offset,
+                fx.produced
+            );
+            fx.produced += 1;
+        }
+        ApiKey::Fetch => {
+            let topic = if version >= 13 {
+                fetch_topic_by_id(fx.topic_id, 0, 0, 1 << 20)
+            } else {
+                fetch_topic_by_name(&fx.topic, 0, 0, 1 << 20)
+            };
+            let response = call(client, version, &fetch_request(0, 0, 1 << 20).with_topics(vec![topic]))?;
+            if version >= 7 {
+                expect_code("top level", response.error_code, code::NONE)?;
+            }
+            let topic = response.responses.first().ok_or("no topic in the response")?;
+            if version >= 13 {
+                ensure!(topic.topic_id == fx.topic_id, "topic id {}", topic.topic_id);
+            } else {
+                ensure!(topic.topic.0.as_str() == fx.topic, "topic {:?}", topic.topic.0.as_str());
+            }
+            let partition = topic.partitions.first().ok_or("no partition in the response")?;
+            expect_code("partition", partition.error_code, code::NONE)?;
+            ensure!(partition.high_watermark == 3, "high watermark {}", partition.high_watermark);
+            let records = decode_records(partition.records.clone().unwrap_or_default());
+            ensure!(records.len() == 3, "{} records fetched", records.len());
+            for (record, message) in records.iter().zip(&fx.messages) {
+                ensure!(record.value == message.value, "record {} differs", record.offset);
+            }
+        }
+        ApiKey::ListOffsets => {
+            let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![
+                list_offsets_request::ListOffsetsTopic::default().with_name(topic_name(&fx.topic)).with_partitions(
+                    vec![list_offsets_request::ListOffsetsPartition::default()
+                        .with_partition_index(0)
+                        .with_timestamp(-1)],
+                ),
+            ]);
+            let response = call(client, version, &request)?;
+            let partition = response.topics.first().and_then(|t| t.partitions.first()).ok_or("no partition")?;
+            expect_code("partition", partition.error_code, code::NONE)?;
+            ensure!(partition.offset == 3, "latest offset {}", partition.offset);
+        }
+        ApiKey::OffsetForLeaderEpoch => {
+            let request = OffsetForLeaderEpochRequest::default().with_topics(vec![
+                offset_for_leader_epoch_request::OffsetForLeaderTopic::default()
+                    .with_topic(topic_name(&fx.topic))
+                    .with_partitions(vec![offset_for_leader_epoch_request::OffsetForLeaderPartition::default()
+                        .with_partition(0)
+                        .with_current_leader_epoch(-1)
+                        .with_leader_epoch(0)]),
+            ]);
+            let response = call(client, version, &request)?;
+            let partition = response.topics.first().and_then(|t| t.partitions.first()).ok_or("no partition")?;
+            expect_code("partition", partition.error_code, code::NONE)?;
+            ensure!(partition.end_offset == 3, "end offset {}", partition.end_offset);
+        }
+        ApiKey::CreateTopics => {
+            let name = unique(&format!("conformance-create-v{version}"));
+            let response =
+                call(client, version, &create_topics_request(&name, 2, 1, &[("retention.ms", "3600000")], false))?;
+            let topic = response.topics.first().ok_or("no topic in the response")?;
+            expect_code("topic", topic.error_code, code::NONE)?;
+            ensure!(topic.name.0.as_str() == name, "topic name {:?}", topic.name.0.as_str());
+            if version >= 5 {
+                ensure!(topic.num_partitions == 2, "num_partitions {}", topic.num_partitions);
+                ensure!(topic.replication_factor == 1, "replication_factor {}", topic.replication_factor);
+            }
+            if version >= 7 {
+                ensure!(!topic.topic_id.is_nil(), "nil topic id");
+            }
+        }
+        ApiKey::DeleteTopics => {
+            let name = unique(&format!("conformance-delete-v{version}"));
+            client.create_topic(&name, 1, &[]);
+            let request = if version >= 6 {
+                DeleteTopicsRequest::default().with_topics(vec![
+                    delete_topics_request::DeleteTopicState::default().with_name(Some(topic_name(&name)))
+                ])
+            } else {
+                DeleteTopicsRequest::default().with_topic_names(vec![topic_name(&name)])
+            }
+            .with_timeout_ms(10_000);
+            let response = call(client, version, &request)?;
+            let result = response.responses.first().ok_or("no topic in the response")?;
+            expect_code("topic", result.error_code, code::NONE)?;
+        }
+        ApiKey::CreatePartitions => {
+            let name = unique(&format!("conformance-partitions-v{version}"));
+            client.create_topic(&name, 1, &[]);
+            let request = CreatePartitionsRequest::default().with_timeout_ms(10_000).with_topics(vec![
+                create_partitions_request::CreatePartitionsTopic::default().with_name(topic_name(&name)).with_count(3),
+            ]);
+            let response = call(client, version, &request)?;
+            let result = response.results.first().ok_or("no topic in the response")?;
+            expect_code("topic", result.error_code, code::NONE)?;
+        }
+        ApiKey::DeleteRecords => {
+            // Versions are checked in order: each moves the start up by one.
+            let before = version as i64 + 1;
+            let request = DeleteRecordsRequest::default().with_timeout_ms(10_000).with_topics(vec![
+                delete_records_request::DeleteRecordsTopic::default()
+                    .with_name(topic_name(&fx.delete_records_topic))
+                    .with_partitions(vec![delete_records_request::DeleteRecordsPartition::default()
+                        .with_partition_index(0)
+                        .with_offset(before)]),
+            ]);
+            let response = call(client, version, &request)?;
+            let partition = response.topics.first().and_then(|t| t.partitions.first()).ok_or("no partition")?;
+            expect_code("partition", partition.error_code, code::NONE)?;
+            ensure!(partition.low_watermark == before, "low watermark {} instead of {before}", partition.low_watermark);
+        }
+        ApiKey::DescribeConfigs => {
+            let request = DescribeConfigsRequest::default().with_resources(vec![
+                describe_configs_request::DescribeConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(s(&fx.topic))
+                    .with_configuration_keys(None),
+            ]);
+            let response = call(client, version, &request)?;
+            let result = response.results.first().ok_or("no resource in the response")?;
+            expect_code("resource", result.error_code, code::NONE)?;
+            for name in ["retention.ms", "max.message.bytes", "cleanup.policy"] {
+                ensure!(result.configs.iter().any(|c| c.name.as_str() == name), "{name} is not described");
+            }
+        }
+        ApiKey::AlterConfigs => {
+            let request = AlterConfigsRequest::default().with_resources(vec![
+                alter_configs_request::AlterConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(s(&fx.configs_topic))
+                    .with_configs(vec![alter_configs_request::AlterableConfig::default()
+                        .with_name(s("retention.ms"))
+                        .with_value(Some(s(&format!("{}", 3_600_000 + version as i64))))]),
+            ]);
+            let response = call(client, version, &request)?;
+            let result = response.responses.first().ok_or("no resource in the response")?;
+            expect_code("resource", result.error_code, code::NONE)?;
+        }
+        ApiKey::IncrementalAlterConfigs => {
+            let request = IncrementalAlterConfigsRequest::default().with_resources(vec![
+                incremental_alter_configs_request::AlterConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(s(&fx.configs_topic))
+                    .with_configs(vec![incremental_alter_configs_request::AlterableConfig::default()
+                        .with_name(s("segment.ms"))
+                        .with_config_operation(0)
+                        .with_value(Some(s(&format!("{}", 7_200_000 + version as i64))))]),
+            ]);
+            let response = call(client, version, &request)?;
+            let result = response.responses.first().ok_or("no resource in the response")?;
+            expect_code("resource", result.error_code, code::NONE)?;
+        }
+        ApiKey::DescribeLogDirs => {
+            let response = call(client, version, &DescribeLogDirsRequest::default().with_topics(None))?;
+            if version >= 3 {
+                expect_code("top level", response.error_code, code::NONE)?;
+            }
+            let dir = response.results.first().ok_or("no log dir")?;
+            expect_code("log dir", dir.error_code, code::NONE)?;
+            let topic =
+                dir.topics.iter().find(|t| t.name.0.as_str() == fx.topic).ok_or("the fixture topic is not listed")?;
+            ensure!(
+                topic.partitions.first().is_some_and(|p| p.partition_size > 0),
+                "partition size: {:?}",
+                topic.partitions
+            );
+        }
+        ApiKey::DescribeCluster => {
+            let response = call(client, version, &DescribeClusterRequest::default())?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            ensure!(!response.cluster_id.as_str().is_empty(), "empty cluster id");
+            ensure!(
+                response.brokers.len() == 1 && response.brokers[0].port == fx.port,
+                "brokers {:?}",
+                response.brokers
+            );
+        }
+        // ----- groups -----
+        ApiKey::FindCoordinator => {
+            let group = unique("conformance-find");
+            let response = if version >= 4 {
+                call(client, version, &FindCoordinatorRequest::default().with_coordinator_keys(vec![s(&group)]))?
+            } else {
+                call(client, version, &FindCoordinatorRequest::default().with_key(s(&group)))?
+            };
+            let (error, node, port) = if version >= 4 {
+                let c = response.coordinators.first().ok_or("no coordinator in the response")?;
+                ensure!(c.key.as_str() == group, "coordinator key {:?}", c.key.as_str());
+                (c.error_code, c.node_id.0, c.port)
+            } else {
+                (response.error_code, response.node_id.0, response.port)
+            };
+            expect_code("coordinator", error, code::NONE)?;
+            ensure!(node == 0 && port == fx.port, "coordinator node {node} port {port}");
+        }
+        ApiKey::JoinGroup => {
+            let group = unique("conformance-join");
+            let first = call(client, version, &join_request(&group, ""))?;
+            let joined = if version >= 4 {
+                // KIP-394: a new member first gets its id.
+                expect_code("first join", first.error_code, code::MEMBER_ID_REQUIRED)?;
+                ensure!(!first.member_id.is_empty(), "MEMBER_ID_REQUIRED without a member id");
+                call(client, version, &join_request(&group, first.member_id.as_str()))?
+            } else {
+                first
+            };
+            expect_code("join", joined.error_code, code::NONE)?;
+            ensure!(joined.generation_id >= 1, "generation {}", joined.generation_id);
+            ensure!(!joined.member_id.is_empty() && joined.leader == joined.member_id, "the only member leads");
+            ensure!(joined.members.len() == 1, "the leader sees {} members", joined.members.len());
+        }
+        ApiKey::SyncGroup => {
+            let group = unique("conformance-sync");
+            let (member, generation) = join(client, fx, &group)?;
+            let assignment = Bytes::from_static(b"assignment");
+            let mut request = SyncGroupRequest::default()
+                .with_group_id(group_id(&group))
+                .with_generation_id(generation)
+                .with_member_id(s(&member))
+                .with_assignments(vec![sync_group_request::SyncGroupRequestAssignment::default()
+                    .with_member_id(s(&member))
+                    .with_assignment(assignment.clone())]);
+            if version >= 5 {
+                request = request.with_protocol_type(Some(s("consumer"))).with_protocol_name(Some(s("range")));
+            }
+            let response = call(client, version, &request)?;
+            expect_code("sync", response.error_code, code::NONE)?;
+            ensure!(response.assignment == assignment, "assignment {:?}", response.assignment);
+        }
+        ApiKey::Heartbeat => {
+            let group = unique("conformance-heartbeat");
+            let (member, generation) = join_and_sync(client, fx, &group)?;
+            let request = HeartbeatRequest::default()
+                .with_group_id(group_id(&group))
+                .with_generation_id(generation)
+                .with_member_id(s(&member));
+            expect_code("heartbeat", call(client, version, &request)?.error_code, code::NONE)?;
+        }
+        ApiKey::LeaveGroup => {
+            let group = unique("conformance-leave");
+            let (member, _) = join_and_sync(client, fx, &group)?;
+            let request = if version >= 3 {
+                LeaveGroupRequest::default()
+                    .with_group_id(group_id(&group))
+                    .with_members(vec![leave_group_request::MemberIdentity::default().with_member_id(s(&member))])
+            } else {
+                LeaveGroupRequest::default().with_group_id(group_id(&group)).with_member_id(s(&member))
+            };
+            let response = call(client, version, &request)?;
+            expect_code("leave", response.error_code, code::NONE)?;
+            if version >= 3 {
+                let m = response.members.first().ok_or("no member in the response")?;
+                expect_code("member", m.error_code, code::NONE)?;
+            }
+        }
+        ApiKey::OffsetCommit => {
+            let group = unique("conformance-commit");
+            let response = call(client, version, &commit_request(&group, &fx.topic, 2))?;
+            let partition = response.topics.first().and_then(|t| t.partitions.first()).ok_or("no partition")?;
+            expect_code("partition", partition.error_code, code::NONE)?;
+        }
+        ApiKey::OffsetFetch => {
+            let group = unique("conformance-offset-fetch");
+            commit(client, fx, &group)?;
+            let (error, offset) = if version >= 8 {
+                let request = OffsetFetchRequest::default().with_groups(vec![
+                    offset_fetch_request::OffsetFetchRequestGroup::default()
+                        .with_group_id(group_id(&group))
+                        .with_topics(Some(vec![offset_fetch_request::OffsetFetchRequestTopics::default()
+                            .with_name(topic_name(&fx.topic))
+                            .with_partition_indexes(vec![0])])),
+                ]);
+                let response = call(client, version, &request)?;
+                let g = response.groups.first().ok_or("no group in the response")?;
+                expect_code("group", g.error_code, code::NONE)?;
+                let p = g.topics.first().and_then(|t| t.partitions.first()).ok_or("no partition")?;
+                (p.error_code, p.committed_offset)
+            } else {
+                let request = OffsetFetchRequest::default().with_group_id(group_id(&group)).with_topics(Some(vec![
+                    offset_fetch_request::OffsetFetchRequestTopic::default()
+                        .with_name(topic_name(&fx.topic))
+                        .with_partition_indexes(vec![0]),
+                ]));
+                let response = call(client, version, &request)?;
+                if version >= 2 {
+                    expect_code("top level", response.error_code, code::NONE)?;
+                }
+                let p = response.topics.first().and_then(|t| t.partitions.first()).ok_or("no partition")?;
+                (p.error_code, p.committed_offset)
+            };
+            expect_code("partition", error, code::NONE)?;
+            ensure!(offset == 2, "committed offset {offset}, expected 2");
+        }
+        ApiKey::DescribeGroups => {
+            let group = unique("conformance-describe");
+            let (member, _) = join_and_sync(client, fx, &group)?;
+            let response =
+                call(client, version, &DescribeGroupsRequest::default().with_groups(vec![group_id(&group)]))?;
+            let g = response.groups.first().ok_or("no group in the response")?;
+            expect_code("group", g.error_code, code::NONE)?;
+            ensure!(g.group_state.as_str() == "Stable", "state {:?}", g.group_state.as_str());
+            ensure!(g.protocol_type.as_str() == "consumer" && g.protocol_data.as_str() == "range", "protocol {:?}", g);
+            ensure!(g.members.len() == 1 && g.members[0].member_id.as_str() == member, "members {:?}", g.members);
+        }
+        ApiKey::ListGroups => {
+            let group = unique("conformance-list");
+            join_and_sync(client, fx, &group)?;
+            let response = call(client, version, &ListGroupsRequest::default())?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            ensure!(response.groups.iter().any(|g| g.group_id.0.as_str() == group), "{group} is not listed");
+        }
+        ApiKey::DeleteGroups => {
+            let group = unique("conformance-delete-group");
+            commit(client, fx, &group)?;
+            let response =
+                call(client, version, &DeleteGroupsRequest::default().with_groups_names(vec![group_id(&group)]))?;
+            let result = response.results.first().ok_or("no group in the response")?;
+            expect_code("group", result.error_code, code::NONE)?;
+        }
+        ApiKey::OffsetDelete => {
+            let group = unique("conformance-offset-delete");
+            commit(client, fx, &group)?;
+            let request = OffsetDeleteRequest::default().with_group_id(group_id(&group)).with_topics(vec![
+                offset_delete_request::OffsetDeleteRequestTopic::default()
+                    .with_name(topic_name(&fx.topic))
+                    .with_partitions(vec![
+                        offset_delete_request::OffsetDeleteRequestPartition::default().with_partition_index(0)
+                    ]),
+            ]);
+            let response = call(client, version, &request)?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            let p = response.topics.first().and_then(|t| t.partitions.first()).ok_or("no partition")?;
+            expect_code("partition", p.error_code, code::NONE)?;
+        }
+        other => return Err(format!("no conformance case for {other:?}: add one to check_version")),
+    }
+    Ok(())
+}
+
+fn join_request(group: &str, member_id: &str) -> JoinGroupRequest {
+    JoinGroupRequest::default()
+        .with_group_id(group_id(group))
+        .with_session_timeout_ms(10_000)
+        .with_rebalance_timeout_ms(10_000)
+        .with_member_id(s(member_id))
+        .with_protocol_type(s("consumer"))
+        .with_protocols(vec![join_group_request::JoinGroupRequestProtocol::default()
+            .with_name(s("range"))
+            .with_metadata(Bytes::from_static(b"subscription"))])
+}
+
+/// Joins `group` as its only member at the newest JoinGroup version; (member id, generation).
+fn join(client: &mut Client, fx: &Fixture, group: &str) -> Result<(String, i32), String> {
+    let version = fx.max_version(ApiKey::JoinGroup);
+    let mut response = call(client, version, &join_request(group, ""))?;
+    if response.error_code == code::MEMBER_ID_REQUIRED {
+        response = call(client, version, &join_request(group, response.member_id.as_str()))?;
+    }
+    expect_code("helper join", response.error_code, code::NONE)?;
+    Ok((response.member_id.to_string(), response.generation_id))
+}
+
+/// Joins and syncs `group` (one member, the leader); (member id, generation).
+fn join_and_sync(client: &mut Client, fx: &Fixture, group: &str) -> Result<(String, i32), String> {
+    let (member, generation) = join(client, fx, group)?;
+    let request = SyncGroupRequest::default()
+        .with_group_id(group_id(group))
+        .with_generation_id(generation)
+        .with_member_id(s(&member))
+        .with_assignments(vec![sync_group_request::SyncGroupRequestAssignment::default()
+            .with_member_id(s(&member))
+            .with_assignment(Bytes::from_static(b"assignment"))]);
+    let response = call(client, fx.max_version(ApiKey::SyncGroup), &request)?;
+    expect_code("helper sync", response.error_code, code::NONE)?;
+    Ok((member, generation))
+}
+
+/// A standalone (no generation) commit of partition 0 of `topic` at `offset`.
+fn commit_request(group: &str, topic: &str, offset: i64) -> OffsetCommitRequest {
+    OffsetCommitRequest::default().with_group_id(group_id(group)).with_generation_id_or_member_epoch(-1).with_topics(
+        vec![offset_commit_request::OffsetCommitRequestTopic::default().with_name(topic_name(topic)).with_partitions(
+            vec![offset_commit_request::OffsetCommitRequestPartition::default()
+                .with_partition_index(0)
+                .with_committed_offset(offset)],
+        )],
+    )
+}
+
+/// Commits offset 2 of the fixture topic for `group` at the newest OffsetCommit version.
+fn commit(client: &mut Client, fx: &Fixture, group: &str) -> CaseResult {
+    let response = call(client, fx.max_version(ApiKey::OffsetCommit), &commit_request(group, &fx.topic, 2))?;
+    let partition = response.topics.first().and_then(|t| t.partitions.first()).ok_or("helper commit: no partition")?;
+    expect_code("helper commit", partition.error_code, code::NONE)
+}
+
+// ----- Produce and Fetch --------------------------------------------------------------------
+
+#[test]
+fn produce_assigns_consecutive_offsets_and_fetch_returns_the_batches_verbatim() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("verbatim", 1, &[]);
+    let batches: Vec<Vec<Message>> = vec![
+        vec![Message::new("a", "one", 1_000)],
+        vec![Message::new("b", "two", 1_001)],
+        vec![Message::new("c", "three", 1_002)],
+        vec![Message::new("d", "four", 1_003), Message::new("e", "five", 1_004), Message::new("f", "six", 1_005)],
+        vec![Message { key: None, value: None, timestamp: 1_006 }],
+        vec![Message::new("g", "seven", 1_007)],
+    ];
+    let encoded: Vec<Bytes> = batches.iter().map(|b| batch(b)).collect();
+    let bases: Vec<i64> = encoded.iter().map(|b| client.produce_ok("verbatim", 0, b.clone())).collect();
+    assert_eq!(bases, vec![0, 1, 2, 3, 6, 7], "base offsets of acks=1 produces");
+
+    for version in [4, 12] {
+        let request = fetch_request(0, 0, 1 << 20).with_topics(vec![fetch_topic_by_name("verbatim", 0, 0, 1 << 20)]);
+        let response = client.send(version, &request);
+        let partition = &response.responses[0].partitions[0];
+        assert_eq!(partition.error_code, code::NONE);
+        assert_eq!(partition.high_watermark, 8);
+        let records = partition.records.clone().expect("records");
+        let spans = batch_spans(&records);
+        assert_eq!(spans.len(), batches.len(), "Fetch v{version} returns every batch");
+        for ((span, produced), base) in spans.iter().zip(&encoded).zip(&bases) {
+            assert_same_batch(&records[span.0..span.0 + span.1], produced, *base);
+        }
+        let all: Vec<Message> = batches.iter().flatten().cloned().collect();
+        assert_records(&decode_records(records), &all, 0);
+    }
+
+    // Fetching from the middle of a batch returns the whole batch (Kafka's clients skip the
+    // records before the offset they asked for).
+    let (error, _, records) = client.fetch("verbatim", 0, 4, 1 << 20);
+    assert_eq!(error, code::NONE);
+    assert_eq!(decode_records(records).first().map(|r| r.offset), Some(3), "fetch at offset 4 starts with its batch");
+}
+
+#[test]
+fn produce_with_acks_0_gets_no_response_but_is_stored() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("fire-and-forget", 1, &[]);
+    let messages = [Message::new("k", "no-ack-1", 1), Message::new("k", "no-ack-2", 2)];
+    for m in &messages {
+        client.write(9, &produce_request("fire-and-forget", 0, batch(std::slice::from_ref(m)), 0)).expect("write");
+    }
+    // The next response on this connection must be the ApiVersions one: the produces got none.
+    let id = client.write(3, &api_versions_request()).expect("write");
+    let response = client.read::<ApiVersionsRequest>(3, id).unwrap_or_else(|e| panic!("after acks=0 produces: {e}"));
+    assert_eq!(response.error_code, code::NONE);
+    // Requests on a connection are handled in order, so the records are there by now.
+    assert_records(&client.fetch_all("fire-and-forget", 0), &messages, 0);
+}
+
+/// Produces `count` one-record batches of about `value_len` bytes each; returns them encoded.
+fn produce_batches(client: &mut Client, topic: &str, partition: i32, count: usize, value_len: usize) -> Vec<Bytes> {
+    (0..count)
+        .map(|i| {
+            let encoded = batch(&[Message::with_value_len(&format!("key-{i}"), value_len, i as i64)]);
+            client.produce_ok(topic, partition, encoded.clone());
+            encoded
+        })
+        .collect()
+}
+
+fn fetch_spans(client: &mut Client, request: FetchRequest) -> Vec<Vec<usize>> {
+    let response = client.send(12, &request);
+    assert_eq!(response.error_code, code::NONE);
+    response
+        .responses
+        .iter()
+        .flat_map(|t| t.partitions.iter())
+        .map(|p| {
+            assert_eq!(p.error_code, code::NONE, "partition {}", p.partition_index);
+            batch_spans(p.records.as_deref().unwrap_or_default()).into_iter().map(|(_, len)| len).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn fetch_returns_at_least_one_batch_and_otherwise_honours_max_bytes_and_partition_max_bytes() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("limits", 2, &[]);
+    let batches = produce_batches(&mut client, "limits", 0, 3, 1_000);
+    produce_batches(&mut client, "limits", 1, 3, 1_000);
+    let size = batches[0].len();
+    assert!(batches.iter().all(|b| b.len() == size), "equal-size batches");
+    let one_partition = |max_bytes: i32, partition_max_bytes: i32| {
+        fetch_request(0, 0, max_bytes).with_topics(vec![fetch_topic_by_name("limits", 0, 0, partition_max_bytes)])
+    };
+
+    // max_bytes smaller than the first batch: that batch anyway, and nothing more.
+    assert_eq!(fetch_spans(&mut client, one_partition(100, 1 << 20)), vec![vec![size]]);
+    // Room for one and a half batches: one.
+    assert_eq!(fetch_spans(&mut client, one_partition((size + size / 2) as i32, 1 << 20)), vec![vec![size]]);
+    // Exactly two batches: two.
+    assert_eq!(fetch_spans(&mut client, one_partition((2 * size) as i32, 1 << 20)), vec![vec![size, size]]);
+    // partition_max_bytes limits the same way.
+    assert_eq!(fetch_spans(&mut client, one_partition(1 << 20, 100)), vec![vec![size]]);
+    assert_eq!(fetch_spans(&mut client, one_partition(1 << 20, (2 * size + 10) as i32)), vec![vec![size, size]]);
+    assert_eq!(fetch_spans(&mut client, one_partition(1 << 20, 1 << 20)), vec![vec![size, size, size]]);
+
+    // Two partitions: only the first response is exempt from the limit.
+    let both = |max_bytes: i32, partition_max_bytes: i32| {
+        let partitions = vec![fetch_partition(0, 0, partition_max_bytes), fetch_partition(1, 0, partition_max_bytes)];
+        fetch_request(0, 0, max_bytes)
+            .with_topics(vec![FetchTopic::default().with_topic(topic_name("limits")).with_partitions(partitions)])
+    };
+    assert_eq!(fetch_spans(&mut client, both(100, 1 << 20)), vec![vec![size], vec![]]);
+    assert_eq!(
+        fetch_spans(&mut client, both((4 * size) as i32, (2 * size) as i32)),
+        vec![vec![size, size], vec![size, size]]
+    );
+    assert_eq!(fetch_spans(&mut client, both((3 * size) as i32, 1 << 20)), vec![vec![size, size, size], vec![]]);
+}
+
+#[test]
+fn fetch_outside_the_log_is_offset_out_of_range() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("range", 1, &[]);
+    client.produce_ok("range", 0, batch(&[Message::new("k", "a", 1), Message::new("k", "b", 2)]));
+
+    let (error, high_watermark, records) = client.fetch("range", 0, 2, 1 << 20);
+    assert_eq!((error, high_watermark), (code::NONE, 2), "fetch at the log end: no error, no data");
+    assert!(records.is_empty(), "fetch at the log end returned data");
+    for offset in [3, 1_000, -1] {
+        let (error, high_watermark, records) = client.fetch("range", 0, offset, 1 << 20);
+        assert_eq!(error, code::OFFSET_OUT_OF_RANGE, "fetch at offset {offset}");
+        assert_eq!(high_watermark, 2, "the high watermark comes with OFFSET_OUT_OF_RANGE");
+        assert!(records.is_empty());
+    }
+    // An unknown partition of a known topic, and an unknown topic.
+    assert_eq!(client.fetch("range", 7, 0, 1 << 20).0, code::UNKNOWN_TOPIC_OR_PARTITION);
+    assert_eq!(client.fetch("no-such-topic", 0, 0, 1 << 20).0, code::UNKNOWN_TOPIC_OR_PARTITION);
+}
+
+#[test]
+fn fetch_by_topic_id_from_v13_and_unknown_ids_are_unknown_topic_id() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let id = client.create_topic("by-id", 1, &[]);
+    let messages = [Message::new("k", "by id", 42)];
+    client.produce_ok("by-id", 0, batch(&messages));
+    let max = client
+        .api_versions()
+        .api_keys
+        .iter()
+        .find(|a| a.api_key == ApiKey::Fetch as i16)
+        .expect("Fetch advertised")
+        .max_version;
+    assert!(max >= 13, "Fetch v13 (topic ids) is not advertised");
+
+    let unknown = uuid::Uuid::new_v4();
+    for version in 13..=max {
+        let request = fetch_request(0, 0, 1 << 20)
+            .with_topics(vec![fetch_topic_by_id(id, 0, 0, 1 << 20), fetch_topic_by_id(unknown, 0, 0, 1 << 20)]);
+        let response = client.send(version, &request);
+        assert_eq!(response.error_code, code::NONE);
+        assert_eq!(response.responses.len(), 2, "Fetch v{version}: one answer per topic");
+        let known = &response.responses[0];
+        assert_eq!(known.topic_id, id);
+        assert_eq!(known.partitions[0].error_code, code::NONE, "Fetch v{version} by id");
+        assert_records(&decode_records(known.partitions[0].records.clone().unwrap_or_default()), &messages, 0);
+        let missing = &response.responses[1];
+        assert_eq!(missing.topic_id, unknown, "the unknown id is echoed");
+        assert_eq!(missing.partitions[0].error_code, code::UNKNOWN_TOPIC_ID, "Fetch v{version} of an unknown id");
+    }
+}
+
+#[test]
+fn long_poll_fetch_returns_as_soon_as_data_arrives() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("long-poll", 1, &[]);
+    let addr = broker.addr();
+
+    let started = Instant::now();
+    let request = fetch_request(5_000, 1, 1 << 20).with_topics(vec![fetch_topic_by_name("long-poll", 0, 0, 1 << 20)]);
+    let id = client.write(12, &request).expect("write fetch");
+    let producer = thread::spawn(move || {
+        // Give the fetch time to park (the one fixed sleep: it is what is being measured).
+        thread::sleep(Duration::from_millis(300));
+        let sent = started.elapsed();
+        let mut other = Client::connect(addr);
+        other.produce_ok("long-poll", 0, batch(&[Message::new("k", "wake up", 7)]));
+        (sent, started.elapsed())
+    });
+    let response = client.read::<FetchRequest>(12, id).expect("fetch response");
+    let returned = started.elapsed();
+    let (produce_sent, produce_acked) = producer.join().expect("producer thread");
+
+    let partition = &response.responses[0].partitions[0];
+    assert_eq!(partition.error_code, code::NONE);
+    assert_eq!(
+        decode_records(partition.records.clone().unwrap_or_default()).len(),
+        1,
+        "the fetch returned the new record"
+    );
+    assert!(
+        returned >= produce_sent,
+        "the fetch returned after {returned:?}, before the produce was sent ({produce_sent:?})"
+    );
+    assert!(
+        returned < produce_acked + Duration::from_secs(1),
+        "the fetch returned {returned:?} after it was sent, the produce was acknowledged at {produce_acked:?}"
+    );
+    assert!(returned < Duration::from_secs(3), "the fetch waited {returned:?} of its 5 s");
+}
+
+#[test]
+fn long_poll_fetch_without_data_returns_after_max_wait() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("quiet", 1, &[]);
+    let max_wait = Duration::from_millis(700);
+    let request = fetch_request(max_wait.as_millis() as i32, 1, 1 << 20).with_topics(vec![fetch_topic_by_name(
+        "quiet",
+        0,
+        0,
+        1 << 20,
+    )]);
+    let started = Instant::now();
+    let response = client.send(12, &request);
+    let waited = started.elapsed();
+    let partition = &response.responses[0].partitions[0];
+    assert_eq!(partition.error_code, code::NONE);
+    assert!(partition.records.as_ref().is_none_or(|r| r.is_empty()), "no data was produced");
+    assert!(waited >= max_wait, "returned after {waited:?}, before max_wait_ms");
+    assert!(waited < max_wait + Duration::from_secs(1), "returned after {waited:?}, long after max_wait_ms");
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("pipeline", 1, &[]);
+    const REQUESTS: usize = 50;
+    // Even: a produce of one record; odd: Metadata or ApiVersions. All written before any read.
+    let mut sent = Vec::new();
+    for i in 0..REQUESTS {
+        let id = match i % 4 {
+            0 | 2 => {
+                let records = batch(&[Message::new("k", &format!("pipelined-{i}"), i as i64)]);
+                client.write(9, &produce_request("pipeline", 0, records, 1))
+            }
+            1 => client.write(12, &MetadataRequest::default().with_topics(None)),
+            _ => client.write(3, &api_versions_request()),
+        }
+        .expect("write");
+        sent.push((i, id));
+    }
+    let mut next_offset = 0;
+    for (i, id) in sent {
+        // Each read checks the correlation id: responses come back in request order.
+        match i % 4 {
+            0 | 2 => {
+                let response = client.read::<ProduceRequest>(9, id).unwrap_or_else(|e| panic!("response {i}: {e}"));
+                let p = &response.responses[0].partition_responses[0];
+                assert_eq!((p.error_code, p.base_offset), (code::NONE, next_offset), "produce {i}");
+                next_offset += 1;
+            }
+            1 => {
+                client.read::<MetadataRequest>(12, id).unwrap_or_else(|e| panic!("response {i}: {e}"));
+            }
+            _ => {
+                client.read::<ApiVersionsRequest>(3, id).unwrap_or_else(|e| panic!("response {i}: {e}"));
+            }
+        }
+    }
+    let values: Vec<String> = client
+        .fetch_all("pipeline", 0)
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into())
+        .collect();
+    let expected: Vec<String> = (0..REQUESTS).filter(|i| i % 2 == 0).map(|i| format!("pipelined-{i}")).collect();
+    assert_eq!(values, expected, "the produces were appended in request order");
+}
+
+// ----- ListOffsets --------------------------------------------------------------------------
+
+#[test]
+fn list_offsets_finds_earliest_latest_by_timestamp_and_max_timestamp() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("times", 1, &[]);
+    // Offsets 0 and 1 at t=1000 and 1001, offset 2 at t=5000 (the maximum), offset 3 at t=3000.
+    client.produce_ok("times", 0, batch(&[Message::new("k", "a", 1_000), Message::new("k", "b", 1_001)]));
+    client.produce_ok("times", 0, batch(&[Message::new("k", "c", 5_000)]));
+    client.produce_ok("times", 0, batch(&[Message::new("k", "d", 3_000)]));
+
+    let max = client
+        .api_versions()
+        .api_keys
+        .iter()
+        .find(|a| a.api_key == ApiKey::ListOffsets as i16)
+        .map(|a| (a.min_version, a.max_version))
+        .expect("ListOffsets advertised");
+    // (query timestamp, expected offset, expected timestamp, lowest version)
+    let cases: &[(i64, i64, i64, i16)] = &[
+        (-2, 0, -1, 0),   // earliest
+        (-1, 4, -1, 0),   // latest
+        (0, 0, 1_000, 1), // the first record at or after t=0
+        (1_001, 1, 1_001, 1),
+        (2_000, 2, 5_000, 1), // first *by offset* with timestamp >= 2000
+        (5_000, 2, 5_000, 1),
+        (5_001, -1, -1, 1), // nothing that late
+        (-3, 2, 5_000, 7),  // MAX_TIMESTAMP (KIP-734)
+    ];
+    for version in max.0..=max.1 {
+        for &(timestamp, offset, found_timestamp, since) in cases {
+            if version < since {
+                continue;
+            }
+            let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![
+                list_offsets_request::ListOffsetsTopic::default().with_name(topic_name("times")).with_partitions(vec![
+                    list_offsets_request::ListOffsetsPartition::default()
+                        .with_partition_index(0)
+                        .with_timestamp(timestamp),
+                ]),
+            ]);
+            let response = client.send(version, &request);
+            let p = &response.topics[0].partitions[0];
+            let what = format!("ListOffsets v{version} timestamp {timestamp}");
+            assert_eq!(p.error_code, code::NONE, "{what}");
+            assert_eq!(p.offset, offset, "{what}: offset");
+            if timestamp >= 0 || timestamp == -3 {
+                assert_eq!(p.timestamp, found_timestamp, "{what}: timestamp");
+            }
+        }
+    }
+    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![
+        list_offsets_request::ListOffsetsTopic::default().with_name(topic_name("no-such-topic")).with_partitions(vec![
+            list_offsets_request::ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1),
+        ]),
+    ]);
+    assert_eq!(client.send(7, &request).topics[0].partitions[0].error_code, code::UNKNOWN_TOPIC_OR_PARTITION);
+}
+
+// ----- errors -------------------------------------------------------------------------------
+
+#[test]
+fn produce_errors_are_reported_and_leave_the_log_unchanged() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("errors", 1, &[]);
+    client.create_topic("small", 1, &[("max.message.bytes", "1024")]);
+    let good = [Message::new("k", "good-1", 1), Message::new("k", "good-2", 2)];
+    assert_eq!(client.produce_ok("errors", 0, batch(&good[..1])), 0);
+    let small_ok = [Message::with_value_len("k", 100, 3)];
+    assert_eq!(client.produce_ok("small", 0, batch(&small_ok)), 0);
+
+    let mut corrupt = BytesMut::from(&batch(&[Message::new("k", "flipped", 4)])[..]);
+    let last = corrupt.len() - 1;
+    corrupt[last] ^= 0xff;
+    let too_large = batch(&[Message::with_value_len("k", 2_000, 5)]);
+    let plain = batch(&[Message::new("k", "never stored", 6)]);
+    let cases: Vec<(&str, ProduceRequest, i16)> = vec![
+        ("a CRC mismatch", produce_request("errors", 0, corrupt.freeze(), 1), code::CORRUPT_MESSAGE),
+        ("a batch over max.message.bytes", produce_request("small", 0, too_large, 1), code::MESSAGE_TOO_LARGE),
+        ("an unknown topic", produce_request("no-such-topic", 0, plain.clone(), 1), code::UNKNOWN_TOPIC_OR_PARTITION),
+        ("an unknown partition", produce_request("errors", 3, plain.clone(), 1), code::UNKNOWN_TOPIC_OR_PARTITION),
+        ("acks=2", produce_request("errors", 0, plain.clone(), 2), code::INVALID_REQUIRED_ACKS),
+    ];
+    for (what, request, expected) in cases {
+        let response = client.try_send(9, &request).unwrap_or_else(|e| panic!("produce with {what}: {e}"));
+        let p = &response.responses[0].partition_responses[0];
+        assert_eq!(p.error_code, expected, "produce with {what}");
+        assert_eq!(p.base_offset, -1, "produce with {what}: base offset");
+        assert!(p.error_message.as_ref().is_some_and(|m| !m.is_empty()), "produce with {what}: no error message");
+    }
+
+    // Only the good batches are in the logs.
+    assert_eq!(client.produce_ok("errors", 0, batch(&good[1..])), 1, "the failed produces took no offsets");
+    assert_records(&client.fetch_all("errors", 0), &good, 0);
+    assert_records(&client.fetch_all("small", 0), &small_ok, 0);
+    // Produce does not create topics.
+    let metadata = client.send(
+        12,
+        &MetadataRequest::default()
+            .with_topics(Some(vec![
+                metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name("no-such-topic")))
+            ]))
+            .with_allow_auto_topic_creation(false),
+    );
+    assert_eq!(metadata.topics[0].error_code, code::UNKNOWN_TOPIC_OR_PARTITION);
+}
+
+#[test]
+fn create_topics_errors_have_codes_and_messages_and_validate_only_creates_nothing() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("exists", 1, &[]);
+    // (what, name, partitions, replication factor, configs, expected error)
+    type Case<'a> = (&'a str, &'a str, i32, i16, &'a [(&'a str, &'a str)], i16);
+    let cases: &[Case] = &[
+        ("an existing name", "exists", 1, 1, &[], code::TOPIC_ALREADY_EXISTS),
+        ("an invalid name", "bad/name", 1, 1, &[], code::INVALID_TOPIC_EXCEPTION),
+        ("replication factor 3", "rf3", 1, 3, &[], code::INVALID_REPLICATION_FACTOR),
+        ("0 partitions", "zero", 0, 1, &[], code::INVALID_PARTITIONS),
+        ("an unknown config", "unknown-config", 1, 1, &[("no.such.config", "1")], code::INVALID_CONFIG),
+        ("an invalid config value", "bad-value", 1, 1, &[("retention.ms", "soon")], code::INVALID_CONFIG),
+    ];
+    for validate_only in [false, true] {
+        for &(what, name, partitions, replication_factor, configs, expected) in cases {
+            let request = create_topics_request(name, partitions, replication_factor, configs, validate_only);
+            let response = client.send(7, &request);
+            let result = &response.topics[0];
+            let what = format!("{what} (validate_only={validate_only})");
+            assert_eq!(result.error_code, expected, "{what}");
+            assert!(result.error_message.as_ref().is_some_and(|m| !m.is_empty()), "{what}: no error message");
+        }
+    }
+
+    let response = client.send(7, &create_topics_request("validated", 3, 1, &[("retention.ms", "1000")], true));
+    assert_eq!(response.topics[0].error_code, code::NONE, "validate_only of a valid topic");
+    assert_eq!(response.topics[0].num_partitions, 3);
+    let metadata = client.send(
+        12,
+        &MetadataRequest::default()
+            .with_topics(Some(
+                ["validated", "rf3", "zero", "unknown-config", "bad-value"]
+                    .iter()
+                    .map(|n| metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name(n))))
+                    .collect(),
+            ))
+            .with_allow_auto_topic_creation(false),
+    );
+    for topic in &metadata.topics {
+        assert_eq!(topic.error_code, code::UNKNOWN_TOPIC_OR_PARTITION, "{:?} exists", topic.name);
+    }
+    // And creating it for real still works.
+    client.create_topic("validated", 3, &[]);
+}
