@@ -1,0 +1,40 @@
+"""Smoke test of scripts/bench-kafka.py: a tiny run prints sane numbers (no performance claims)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench-kafka.py"
+
+
+def run_bench(*args, timeout=120):
+    cmd = [sys.executable, str(BENCH), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_bench_json(broker):
+    out = run_bench("--bootstrap", broker.bootstrap, "--messages", "2000", "--pid", str(broker.pid), "--json")
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["ok"] is True
+    assert (result["messages"], result["size"], result["partitions"], result["acks"]) == (2000, 1024, 6, "1")
+    assert result["produce"]["messages_acked"] == 2000 and result["produce"]["errors"] == 0
+    assert result["consume"]["messages"] == 2000 and result["consume"]["errors"] == 0
+    for phase in ("produce", "consume"):
+        r = result[phase]
+        assert 0 < r["seconds"] < 60
+        assert r["msg_per_s"] > 0 and r["mb_per_s"] > 0
+        assert abs(r["mb_per_s"] - r["msg_per_s"] * 1024 / 1e6) < 1e-6 * max(1.0, r["mb_per_s"])
+    assert 1024 < result["broker_peak_rss_kib"] < 8 * 1024 * 1024  # between 1 MiB and 8 GiB
+
+
+def test_bench_text_with_acks_all(broker):
+    out = run_bench("--bootstrap", broker.bootstrap, "--messages", "500", "--size", "100", "--acks", "all",
+                    "--partitions", "2", "--pid", str(broker.pid))
+    lines = out.splitlines()
+    assert any(line.startswith("produce") and "MB/s" in line and "msg/s" in line and "500 records" in line
+               for line in lines), out
+    assert any(line.startswith("consume") and "MB/s" in line and "500 records" in line for line in lines), out
+    assert any(line.startswith("broker peak RSS (VmHWM):") for line in lines), out
