@@ -38,6 +38,7 @@ pub const SETTINGS: &[Setting] = &[
     s("listeners", "127.0.0.1:9092", "Address the Kafka listener binds: host:port or PLAINTEXT://host:port."),
     s("advertised.listeners", "", "Address clients are told to connect to; empty means the bound address."),
     s("log.dirs", "./data", "The data directory: partition logs, metadata log, checkpoints."),
+    s("admin.listeners", "127.0.0.1:9644", "Address of the admin HTTP listener (JSON API, /metrics, /health, /ready); empty disables it."),
     s("num.partitions", "1", "Partitions of an auto-created topic, and of CreateTopics asking for -1."),
     s("default.replication.factor", "1", "Replication factor of auto-created topics."),
     s("auto.create.topics.enable", "true", "Create a topic when a client asks Metadata for an unknown one."),
@@ -103,6 +104,8 @@ pub struct BrokerConfig {
     /// Host and port put in Metadata responses.
     pub advertised_host: String,
     pub advertised_port: u16,
+    /// The admin HTTP listener (`admin.listeners`); `None` when disabled.
+    pub admin_listen: Option<SocketAddr>,
     pub data_dir: PathBuf,
     pub num_partitions: i32,
     pub default_replication_factor: i16,
@@ -247,6 +250,15 @@ impl BrokerConfig {
         } else {
             parse_listener("advertised.listeners", get("advertised.listeners"))?
         };
+        let admin_listen = if get("admin.listeners").trim().is_empty() {
+            None
+        } else {
+            let (host, port) = parse_listener("admin.listeners", get("admin.listeners"))?;
+            let addr = format!("{}:{port}", if host.contains(':') { format!("[{host}]") } else { host });
+            Some(addr.parse().map_err(|_| {
+                invalid("admin.listeners", get("admin.listeners"), "the host must be an IP address (e.g. 127.0.0.1)")
+            })?)
+        };
         let data_dir = PathBuf::from(get("log.dirs").split(',').next().unwrap_or("").trim());
         if data_dir.as_os_str().is_empty() {
             return Err(invalid("log.dirs", get("log.dirs"), "must name a directory"));
@@ -256,6 +268,7 @@ impl BrokerConfig {
             listen,
             advertised_host,
             advertised_port,
+            admin_listen,
             data_dir,
             num_partitions: parse_num("num.partitions", get("num.partitions"), 1)?,
             default_replication_factor: parse_num("default.replication.factor", get("default.replication.factor"), 1)?,

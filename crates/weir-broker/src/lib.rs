@@ -14,6 +14,7 @@ pub mod error;
 pub mod group;
 pub mod internal_records;
 pub mod metadata;
+pub mod metrics;
 pub mod partition;
 pub mod topic_config;
 
