@@ -39,8 +39,8 @@ pub const MAGIC_V2: i8 = 2;
 
 const ATTR_COMPRESSION_MASK: i16 = 0x07;
 const ATTR_TIMESTAMP_TYPE_LOG_APPEND: i16 = 0x08;
-const ATTR_TRANSACTIONAL: i16 = 0x10;
-const ATTR_CONTROL: i16 = 0x20;
+pub const ATTR_TRANSACTIONAL: i16 = 0x10;
+pub const ATTR_CONTROL: i16 = 0x20;
 
 /// How the timestamps of a batch were set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,6 +300,43 @@ pub fn assign_offsets(
         position += size;
     }
     next_offset
+}
+
+/// The type of a transaction marker (the key of a control batch's record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlType {
+    Abort,
+    Commit,
+    /// A control record this version does not know (e.g. leader-change records of KRaft).
+    Other(i16),
+}
+
+/// Reads the control type of a control batch (uncompressed, as Kafka writes them): the key of
+/// its first record is `version: i16, type: i16`. `None` if the bytes do not hold one.
+pub fn control_type(batch: &[u8]) -> Option<ControlType> {
+    let header = BatchHeader::parse(batch)?;
+    if !header.is_control() || header.compression() != Some(Compression::None) {
+        return None;
+    }
+    let records = batch.get(HEADER_BYTES..)?;
+    let (_length, used) = read_varint(records)?;
+    let body = records.get(used..)?;
+    // attributes (1 byte), timestampDelta (varlong), offsetDelta (varint), keyLength (varint)
+    let rest = body.get(1..)?;
+    let (_, ts_used) = read_varlong(rest)?;
+    let rest = rest.get(ts_used..)?;
+    let (_, delta_used) = read_varint(rest)?;
+    let rest = rest.get(delta_used..)?;
+    let (key_length, key_used) = read_varint(rest)?;
+    if key_length < 4 {
+        return None;
+    }
+    let key = rest.get(key_used..key_used + 4)?;
+    Some(match i16::from_be_bytes([key[2], key[3]]) {
+        0 => ControlType::Abort,
+        1 => ControlType::Commit,
+        other => ControlType::Other(other),
+    })
 }
 
 /// Iterates over the headers of a buffer of whole batches (already validated), with each

@@ -44,6 +44,9 @@ pub enum StorageError {
     Closed(PathBuf),
     #[error("I/O error on {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    /// An idempotent or transactional producer's batch broke the sequence or epoch rules.
+    #[error(transparent)]
+    Producer(crate::producer_state::ProducerError),
 }
 
 impl StorageError {

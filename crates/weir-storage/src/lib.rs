@@ -26,9 +26,11 @@ mod index_file;
 pub mod log;
 pub mod manager;
 mod offset_index;
+pub mod producer_state;
 mod segment;
 pub mod testing;
 mod time_index;
+pub mod txn_index;
 
 pub use batch::{BatchHeader, Compression, TimestampType};
 pub use checkpoint::{fsync_dir, write_atomically};
@@ -39,6 +41,8 @@ pub use error::{BatchError, Result, StorageError};
 pub use file_slice::FileSlice;
 pub use log::{AppendInfo, Log, LogStats, OpenOptions, ReadResult, RetentionOutcome, TimestampOffset};
 pub use manager::{LogManager, ManagerOptions, TopicPartition};
+pub use producer_state::{ProducerError, ProducerStateManager};
+pub use txn_index::AbortedTxn;
 
 #[cfg(test)]
 pub(crate) use testing as test_support;

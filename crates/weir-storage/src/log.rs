@@ -26,11 +26,16 @@ use crate::config::{FlushPolicy, LogConfig};
 use crate::deletion::DeletionQueue;
 use crate::error::{IoContext, Result, StorageError};
 use crate::file_slice::FileSlice;
+use crate::producer_state::{ProducerCheck, ProducerError, ProducerStateManager, NO_PRODUCER_ID};
 use crate::segment::{Segment, SegmentRead};
+use crate::txn_index::{AbortedTxn, TxnIndex};
 
 /// What `append` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AppendInfo {
+    /// True when an idempotent producer resent a batch the log already holds: nothing was
+    /// written, and the offsets are those of the original append.
+    pub duplicate: bool,
     pub first_offset: i64,
     pub last_offset: i64,
     /// The broker's time stamped on the batches with `LogAppendTime`, else `None`.
@@ -119,6 +124,10 @@ pub struct Log {
     /// Where compaction has reached (first uncleaned offset); kept by the cleaner.
     pub(crate) cleaner_checkpoint: AtomicI64,
     jitter: RandomState,
+    /// Idempotent producers' sequence state; changed only under the writer lock.
+    producers: Mutex<ProducerStateManager>,
+    /// Aborted transactions, for read_committed fetches. Lock order: writer, producers, this.
+    aborted: Mutex<Option<TxnIndex>>,
     pub stats: LogStats,
 }
 
@@ -164,9 +173,12 @@ impl Log {
             deletion_queue,
             cleaner_checkpoint: AtomicI64::new(0),
             jitter: RandomState::new(),
+            producers: Mutex::new(ProducerStateManager::new()),
+            aborted: Mutex::new(None),
             stats: LogStats::default(),
         };
         log.load_segments(&bases, options, now)?;
+        log.rebuild_producer_state()?;
         Ok(log)
     }
 
@@ -335,14 +347,45 @@ impl Log {
         // Validation (CRC over every byte) runs before the writer lock, so concurrent appenders
         // validate in parallel and the lock covers only offset assignment and the write.
         let summary = batch::validate_batches(records, config.max_message_bytes as usize)?;
+        let producer_batch = batch::headers(records).map(|(_, h)| h).find(|h| h.producer_id != NO_PRODUCER_ID);
+        if producer_batch.is_some() && summary.batch_count > 1 {
+            // Kafka's rule: a request from an idempotent producer carries one batch per partition.
+            return Err(ProducerError::Invalid(format!(
+                "{} batches in one append; an idempotent producer sends one per partition",
+                summary.batch_count
+            ))
+            .into());
+        }
         let writer = lock(&self.writer);
         self.check_open()?;
         let now = self.clock.now_ms();
+        if let Some(header) = &producer_batch {
+            if let ProducerCheck::Duplicate { first_offset, last_offset } = lock(&self.producers).check(header)? {
+                return Ok(AppendInfo {
+                    duplicate: true,
+                    first_offset,
+                    last_offset,
+                    log_append_time_ms: None,
+                    batch_count: 0,
+                    record_count: 0,
+                    bytes: 0,
+                });
+            }
+        }
         let first_offset = self.log_end_offset();
         let segment = self.maybe_roll(&config, records.len() as u64, summary.offset_count, now)?;
         let append_time = (config.timestamp_type == TimestampType::LogAppendTime).then_some(now);
         let next_offset = batch::assign_offsets(records, first_offset, partition_leader_epoch, append_time);
         segment.append(records, config.index_interval_bytes)?;
+        if producer_batch.is_some() {
+            let mut producers = lock(&self.producers);
+            for (at, header) in batch::headers(records) {
+                let control = header.is_control().then(|| batch::control_type(&records[at..])).flatten();
+                if let Some(aborted) = producers.update(&header, control, now) {
+                    self.record_abort(aborted)?;
+                }
+            }
+        }
         self.log_end_offset.store(next_offset, Ordering::Release);
         if config.flush != FlushPolicy::Sync {
             self.advance_high_watermark(next_offset);
@@ -358,6 +401,7 @@ impl Log {
             }
         }
         Ok(AppendInfo {
+            duplicate: false,
             first_offset,
             last_offset: next_offset - 1,
             log_append_time_ms: append_time,
@@ -408,6 +452,10 @@ impl Log {
     fn roll(&self, config: &LogConfig, reason: &str, now: i64) -> Result<Arc<Segment>> {
         let active = self.active_segment();
         let base = self.log_end_offset();
+        // Recovery then replays at most the new segment's batches; aborts before the snapshot
+        // must be durable in the transaction index first.
+        self.sync_txn_index()?;
+        lock(&self.producers).write_snapshot(&self.dir, base)?;
         tracing::debug!(dir = %self.dir.display(), base, reason, "rolling segment");
         if active.size() == 0 {
             // Replace an empty segment rather than leaving an empty file behind.
@@ -760,6 +808,7 @@ impl Log {
         }
         if offset <= self.log_start_offset() {
             self.reset_to(offset)?;
+            self.rebuild_producer_state()?;
             return Ok(offset);
         }
         let doomed: Vec<Arc<Segment>> = {
@@ -781,8 +830,11 @@ impl Log {
         self.recovery_point.fetch_min(log_end, Ordering::AcqRel);
         self.high_watermark.fetch_min(log_end, Ordering::AcqRel);
         self.cleaner_checkpoint.fetch_min(log_end, Ordering::AcqRel);
-        let mut sync = lock(&self.sync);
-        sync.durable_end = sync.durable_end.min(log_end);
+        {
+            let mut sync = lock(&self.sync);
+            sync.durable_end = sync.durable_end.min(log_end);
+        }
+        self.rebuild_producer_state()?;
         Ok(log_end)
     }
 
@@ -848,8 +900,108 @@ impl Log {
         for segment in self.segments_snapshot() {
             segment.close()?;
         }
+        // After a clean shutdown the next open loads this and reads no batches.
+        self.sync_txn_index()?;
+        lock(&self.producers).write_snapshot(&self.dir, self.log_end_offset())?;
         self.recovery_point.store(self.log_end_offset(), Ordering::Release);
         Ok(())
+    }
+
+    /// Rebuilds the producer state from the newest snapshot at or below the log end plus the
+    /// batch headers after it (at open and after truncation).
+    fn rebuild_producer_state(&self) -> Result<()> {
+        let log_end = self.log_end_offset();
+        {
+            let mut aborted = lock(&self.aborted);
+            match aborted.as_mut() {
+                Some(index) => index.truncate(log_end)?,
+                None => {
+                    let mut index = TxnIndex::open(&self.dir, log_end)?;
+                    index.prune(self.log_start_offset())?;
+                    *aborted = Some(index);
+                }
+            }
+        }
+        let (mut state, from) = match ProducerStateManager::load_snapshot(&self.dir, log_end)? {
+            Some((state, offset)) => (state, offset.max(self.log_start_offset())),
+            None => (ProducerStateManager::new(), self.log_start_offset()),
+        };
+        let mut next = from;
+        while next < log_end {
+            // A corrupt old segment must not stop the log from opening: reads report it. The
+            // state then lacks what that segment held, as after producer expiry.
+            let bytes = match self.read_with(next, 4 << 20, log_end, true).and_then(|read| match read.slice {
+                Some(slice) => slice.read_to_vec().map(|bytes| (bytes, slice.next_offset)),
+                None => Ok((Vec::new(), log_end)),
+            }) {
+                Ok((bytes, _)) if bytes.is_empty() => break,
+                Ok((bytes, slice_next)) => {
+                    next = slice_next;
+                    bytes
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %self.dir.display(), offset = next, error = %e, "producer state rebuilt only up to an unreadable batch");
+                    break;
+                }
+            };
+            for (at, header) in batch::headers(&bytes) {
+                if header.producer_id != NO_PRODUCER_ID {
+                    let control = header.is_control().then(|| batch::control_type(&bytes[at..])).flatten();
+                    if let Some(aborted) = state.update(&header, control, header.max_timestamp) {
+                        let known = lock(&self.aborted)
+                            .as_ref()
+                            .is_some_and(|i| i.contains(aborted.producer_id, aborted.last_offset));
+                        if !known {
+                            self.record_abort(aborted)?;
+                        }
+                    }
+                }
+            }
+        }
+        *lock(&self.producers) = state;
+        Ok(())
+    }
+
+    fn record_abort(&self, aborted: AbortedTxn) -> Result<()> {
+        match lock(&self.aborted).as_mut() {
+            Some(index) => index.append(aborted),
+            None => Ok(()),
+        }
+    }
+
+    fn sync_txn_index(&self) -> Result<()> {
+        match lock(&self.aborted).as_ref() {
+            Some(index) => index.sync(),
+            None => Ok(()),
+        }
+    }
+
+    /// The last stable offset: the first offset of the oldest open transaction, or the high
+    /// watermark. `read_committed` consumers read up to here.
+    pub fn last_stable_offset(&self) -> i64 {
+        let hw = self.high_watermark();
+        self.first_unstable_offset().map_or(hw, |first| first.min(hw))
+    }
+
+    /// Aborted transactions overlapping `[from, upper)`, for a read_committed fetch of that range.
+    pub fn aborted_transactions(&self, from: i64, upper: i64) -> Vec<AbortedTxn> {
+        lock(&self.aborted).as_ref().map(|i| i.overlapping(from, upper)).unwrap_or_default()
+    }
+
+    /// Forgets producers idle longer than `expiration_ms` (`producer.id.expiration.ms`).
+    pub fn expire_producers(&self, expiration_ms: i64) -> usize {
+        let now = self.clock.now_ms();
+        lock(&self.producers).expire(now, expiration_ms)
+    }
+
+    /// The idempotent producers this partition knows.
+    pub fn producer_count(&self) -> usize {
+        lock(&self.producers).len()
+    }
+
+    /// The first offset of the oldest open transaction, if any.
+    pub fn first_unstable_offset(&self) -> Option<i64> {
+        lock(&self.producers).first_unstable_offset()
     }
 
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {

@@ -86,6 +86,8 @@ pub struct ManagerOptions {
     pub cleaner_io_max_bytes_per_second: u64,
     /// `num.recovery.threads.per.data.dir`: threads that open (and recover) logs at start-up.
     pub recovery_threads: usize,
+    /// `producer.id.expiration.ms`: forget an idempotent producer idle this long (Kafka: 1 day).
+    pub producer_id_expiration_ms: i64,
 }
 
 impl ManagerOptions {
@@ -101,6 +103,7 @@ impl ManagerOptions {
             cleaner_backoff_ms: 15_000,
             cleaner_io_max_bytes_per_second: u64::MAX,
             recovery_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            producer_id_expiration_ms: 86_400_000,
         }
     }
 }
@@ -283,6 +286,7 @@ impl LogManager {
                 if let Err(e) = log.apply_retention() {
                     tracing::error!(partition = %tp, error = %e, "retention failed");
                 }
+                log.expire_producers(self.options.producer_id_expiration_ms);
             }
         }
         self.deletion_queue.remove_due(self.options.clock.now_ms());

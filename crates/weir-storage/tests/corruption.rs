@@ -731,6 +731,11 @@ fn check_append_of_arbitrary_bytes(log: &Log, bytes: Vec<u8>) -> Result<(), Test
             prop_assert!(!valid, "append refused a valid batch");
             prop_assert_eq!((log.log_end_offset(), log.size_bytes()), (end, size), "log untouched");
         }
+        // A damaged producer id or sequence still gives an intact batch that the producer
+        // rules may refuse; the log must be untouched then too.
+        Err(StorageError::Producer(_)) => {
+            prop_assert_eq!((log.log_end_offset(), log.size_bytes()), (end, size), "log untouched");
+        }
         Err(other) => prop_assert!(false, "not a batch error: {other:?}"),
     }
     Ok(())
