@@ -1,4 +1,5 @@
 //! `weir bench ...`: measurements of Weir's components on this machine.
 
 pub mod fetch;
+pub mod kafka;
 pub mod storage;
