@@ -21,6 +21,7 @@ use weir_storage::{
 use crate::config::BrokerConfig;
 use crate::error::{BrokerError, ErrorCode};
 use crate::metadata::{MetadataLog, MetadataRecord, MetadataState, TopicMetadata};
+use crate::metrics::BrokerMetrics;
 use crate::partition::Partition;
 use crate::topic_config;
 
@@ -78,6 +79,9 @@ pub struct Broker {
     controller: Mutex<MetadataLog>,
     partitions: RwLock<HashMap<(String, i32), Arc<Partition>>>,
     shutdown_tx: watch::Sender<bool>,
+    producer_ids: Mutex<ProducerIdBlock>,
+    /// Counters and gauges of the request paths (see `metrics`); the rest is read at scrape time.
+    pub metrics: BrokerMetrics,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -103,6 +107,7 @@ impl Broker {
         options.cleaner_backoff_ms = config.cleaner_backoff_ms;
         options.cleaner_io_max_bytes_per_second = config.cleaner_io_max_bytes_per_second;
         options.recovery_threads = config.recovery_threads;
+        options.producer_id_expiration_ms = config.producer_id_expiration_ms;
         let logs = LogManager::open(options)?;
         let (mut metadata_log, mut state) =
             MetadataLog::open(&config.data_dir, clock.clone(), config.metadata_snapshot_interval)
@@ -123,6 +128,8 @@ impl Broker {
             controller: Mutex::new(metadata_log),
             partitions: RwLock::new(HashMap::new()),
             shutdown_tx,
+            producer_ids: Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
+            metrics: BrokerMetrics::default(),
         });
         broker.reconcile(&state)?;
         broker.logs.start_background()?;
@@ -143,6 +150,14 @@ impl Broker {
 
     pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
         self.partitions.read().unwrap_or_else(|p| p.into_inner()).get(&(topic.to_string(), index)).cloned()
+    }
+
+    /// Every partition, sorted by topic and index (a copy of the map's values).
+    pub fn partitions(&self) -> Vec<Arc<Partition>> {
+        let mut out: Vec<Arc<Partition>> =
+            self.partitions.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        out.sort_unstable_by(|a, b| (&a.topic, a.index).cmp(&(&b.topic, b.index)));
+        out
     }
 
     /// Resolves the partition or says why not, as Kafka does.
@@ -585,6 +600,8 @@ impl Broker {
         match info {
             Ok(info) => {
                 partition.wake_waiters();
+                partition.metrics.bytes_in.add(info.bytes);
+                partition.metrics.messages_in.add(info.record_count);
                 Ok(info)
             }
             Err(e) => {
@@ -622,25 +639,43 @@ impl Broker {
         Ok(log.read_with(offset, max_bytes, log.high_watermark(), min_one_batch)?)
     }
 
+    /// Like [`Broker::read`], but a `read_committed` reader stops at the last stable offset
+    /// (no record of a transaction still open).
+    pub fn read_isolated(
+        &self,
+        partition: &Partition,
+        offset: i64,
+        max_bytes: u64,
+        min_one_batch: bool,
+        read_committed: bool,
+    ) -> Result<ReadResult, BrokerError> {
+        let log = &partition.log;
+        let upper = if read_committed { log.last_stable_offset() } else { log.high_watermark() };
+        Ok(log.read_with(offset, max_bytes, upper, min_one_batch)?)
+    }
+
     /// ListOffsets for one partition.
-    pub fn list_offset(&self, partition: &Partition, timestamp: i64) -> Result<OffsetAnswer, BrokerError> {
+    /// With `read_committed`, offsets stop at the last stable offset instead of the high watermark.
+    pub fn list_offset(
+        &self,
+        partition: &Partition,
+        timestamp: i64,
+        read_committed: bool,
+    ) -> Result<OffsetAnswer, BrokerError> {
         let log = &partition.log;
         let none = OffsetAnswer { timestamp: -1, offset: -1 };
+        let end = if read_committed { log.last_stable_offset() } else { log.high_watermark() };
         Ok(match timestamp {
-            LATEST_TIMESTAMP => OffsetAnswer { timestamp: -1, offset: log.high_watermark() },
+            LATEST_TIMESTAMP => OffsetAnswer { timestamp: -1, offset: end },
             EARLIEST_TIMESTAMP | EARLIEST_LOCAL_TIMESTAMP => {
                 OffsetAnswer { timestamp: -1, offset: log.log_start_offset() }
             }
             MAX_TIMESTAMP => match log.max_timestamp_offset()? {
-                Some(found) if found.offset < log.high_watermark() => {
-                    OffsetAnswer { timestamp: found.timestamp, offset: found.offset }
-                }
+                Some(found) if found.offset < end => OffsetAnswer { timestamp: found.timestamp, offset: found.offset },
                 _ => none,
             },
             t if t >= 0 => match log.offset_for_timestamp(t)? {
-                Some(found) if found.offset < log.high_watermark() => {
-                    OffsetAnswer { timestamp: found.timestamp, offset: found.offset }
-                }
+                Some(found) if found.offset < end => OffsetAnswer { timestamp: found.timestamp, offset: found.offset },
                 _ => none,
             },
             other => {
@@ -730,4 +765,34 @@ fn new_cluster_id() -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let bits = Uuid::new_v4().as_u128();
     (0..22).map(|i| ALPHABET[((bits >> (i * 6)) & 63) as usize] as char).collect()
+}
+
+/// Producer ids handed out from blocks reserved in the metadata log, so an id is never given
+/// twice, even across crashes (ids of a block not used before a crash are skipped).
+pub(crate) struct ProducerIdBlock {
+    pub next: i64,
+    pub end: i64,
+}
+
+/// How many producer ids one metadata record reserves.
+const PRODUCER_ID_BLOCK: i64 = 1000;
+
+impl Broker {
+    /// A new producer id for InitProducerId (idempotent producers). Blocking when a new block
+    /// must be reserved (one fsynced metadata record per thousand ids).
+    pub fn allocate_producer_id(&self) -> Result<i64, BrokerError> {
+        let mut block = lock(&self.producer_ids);
+        if block.next >= block.end {
+            let mut controller = lock(&self.controller);
+            let first = self.metadata().next_producer_id.max(block.end);
+            self.commit(
+                &mut controller,
+                vec![MetadataRecord::AllocateProducerIds { first, count: PRODUCER_ID_BLOCK }],
+            )?;
+            *block = ProducerIdBlock { next: first, end: first + PRODUCER_ID_BLOCK };
+        }
+        let id = block.next;
+        block.next += 1;
+        Ok(id)
+    }
 }

@@ -2,7 +2,7 @@
 //! can see is one [`ErrorCode`] plus a readable message; the Kafka front-end sends both as they
 //! are, other front-ends map the code to their own.
 
-use weir_storage::{BatchError, StorageError};
+use weir_storage::{BatchError, ProducerError, StorageError};
 
 pub use kafka_protocol::ResponseError as ErrorCode;
 
@@ -41,6 +41,12 @@ impl From<StorageError> for BrokerError {
             StorageError::InvalidConfig { .. } => ErrorCode::InvalidConfig,
             StorageError::InvalidArgument(_) => ErrorCode::InvalidRequest,
             StorageError::Closed(_) => ErrorCode::NotLeaderOrFollower,
+            StorageError::Producer(p) => match p {
+                ProducerError::OutOfOrderSequence(_) => ErrorCode::OutOfOrderSequenceNumber,
+                ProducerError::InvalidProducerEpoch(_) => ErrorCode::InvalidProducerEpoch,
+                ProducerError::UnknownProducerId(_) => ErrorCode::UnknownProducerId,
+                ProducerError::Invalid(_) => ErrorCode::InvalidRecord,
+            },
             StorageError::CorruptSegment { .. } | StorageError::DirectoryLocked(_) | StorageError::Io { .. } => {
                 ErrorCode::KafkaStorageError
             }

@@ -17,6 +17,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod partition;
 pub mod topic_config;
+pub mod txn;
 
 pub use broker::{Broker, CreatedTopic, NewTopic, OffsetAnswer, PartitionSize};
 pub use config::{BrokerConfig, ConfigError};

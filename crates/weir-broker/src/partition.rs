@@ -6,11 +6,15 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 use weir_storage::Log;
 
+use crate::metrics::PartitionMetrics;
+
 pub struct Partition {
     pub topic: String,
     pub topic_id: Uuid,
     pub index: i32,
     pub log: Arc<Log>,
+    /// Bytes and records in and out, counted by the produce and fetch paths.
+    pub metrics: PartitionMetrics,
     /// Fetches parked until new data is visible. Each holds its own `Notify`; an append wakes
     /// all of them (a fetch over many partitions registers the same `Notify` in each).
     waiters: Mutex<Vec<Weak<Notify>>>,
@@ -18,7 +22,7 @@ pub struct Partition {
 
 impl Partition {
     pub fn new(topic: String, topic_id: Uuid, index: i32, log: Arc<Log>) -> Partition {
-        Partition { topic, topic_id, index, log, waiters: Mutex::new(Vec::new()) }
+        Partition { topic, topic_id, index, log, metrics: PartitionMetrics::default(), waiters: Mutex::new(Vec::new()) }
     }
 
     /// Registers `waiter` to be notified at the next change of the visible end (high

@@ -28,8 +28,7 @@ pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr
     let (read_half, mut write_half) = stream.into_split();
     let (request_tx, mut request_rx) = mpsc::channel::<Bytes>(queued);
     let (response_tx, mut response_rx) = mpsc::channel::<ResponseFrame>(queued);
-    // Requests read but not yet answered (or dropped, for acks=0): a connection with one is not idle.
-    let in_flight = Arc::new(AtomicUsize::new(0));
+    let in_flight = Arc::new(InFlight { count: AtomicUsize::new(0), ctx: ctx.clone() });
 
     let reader = {
         let in_flight = in_flight.clone();
@@ -47,7 +46,7 @@ pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr
                         tokio::select! {
                             frame = &mut read => break frame,
                             _ = tokio::time::sleep(idle) => {
-                                if in_flight.load(Ordering::Acquire) == 0 {
+                                if in_flight.count.load(Ordering::Acquire) == 0 {
                                     tracing::info!(%peer, idle_ms = idle.as_millis() as u64, "closing idle connection");
                                     return;
                                 }
@@ -58,7 +57,7 @@ pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr
                 };
                 match frame {
                     Ok(Some(frame)) => {
-                        in_flight.fetch_add(1, Ordering::AcqRel);
+                        in_flight.add();
                         if request_tx.send(frame).await.is_err() {
                             return;
                         }
@@ -89,9 +88,7 @@ pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr
                             return;
                         }
                     }
-                    Ok(None) => {
-                        in_flight.fetch_sub(1, Ordering::AcqRel);
-                    }
+                    Ok(None) => in_flight.done(),
                     Err(e) => {
                         tracing::warn!(%peer, error = %e, "closing connection");
                         return;
@@ -104,7 +101,7 @@ pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr
     let writer = async move {
         while let Some(response) = response_rx.recv().await {
             let result = zero_copy::write_response(&mut write_half, response, use_sendfile).await;
-            in_flight.fetch_sub(1, Ordering::AcqRel);
+            in_flight.done();
             if let Err(e) = result {
                 tracing::debug!(%peer, error = %e, "connection write failed");
                 return;
@@ -116,4 +113,31 @@ pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr
     // reader's channel closes; when the reader stops (EOF, shutdown), the processor drains what
     // was read and the writer sends what was answered, then the socket closes.
     tokio::join!(reader, processor, writer);
+}
+
+/// Requests read from one connection but not yet answered (or dropped, for acks=0): a connection
+/// with one is not idle. Mirrored in the broker's `requests_in_flight` gauge; whatever is left
+/// when the connection ends (requests read but never answered) is taken off the gauge on drop.
+struct InFlight {
+    count: AtomicUsize,
+    ctx: Arc<Ctx>,
+}
+
+impl InFlight {
+    fn add(&self) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        self.ctx.broker.metrics.connections.requests_in_flight.inc();
+    }
+
+    fn done(&self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.ctx.broker.metrics.connections.requests_in_flight.dec();
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let left = self.count.load(Ordering::Acquire);
+        self.ctx.broker.metrics.connections.requests_in_flight.add(-(left as i64));
+    }
 }

@@ -3,12 +3,14 @@
 use std::sync::Arc;
 
 use weir_broker::group::GroupCoordinator;
+use weir_broker::txn::TxnCoordinator;
 use weir_broker::Broker;
 
 /// Shared by all connections.
 pub struct Ctx {
     pub broker: Arc<Broker>,
     pub groups: Arc<GroupCoordinator>,
+    pub txns: Arc<TxnCoordinator>,
 }
 
 /// The client behind one request.

@@ -1,22 +1,62 @@
 //! From a request frame to a response frame: check the API and version, decode with the
-//! `kafka-protocol` crate, call the handler, encode.
+//! `kafka-protocol` crate, call the handler, encode. Every request is timed here and its
+//! response's error codes counted (`weir_request_duration_seconds`, `weir_request_errors_total`).
+
+use std::time::Instant;
 
 use bytes::Bytes;
 use kafka_protocol::messages::*;
+use weir_broker::metrics::{ApiMetrics, ErrorCounter};
 
 use crate::context::{Client, Ctx};
 use crate::frame::{self, FrameError, ResponseFrame};
 use crate::handlers::{self, admin, groups};
 use crate::versions;
 
+/// The request metrics of `api_key` (named after the key, as Kafka names its APIs: `Produce`,
+/// `ApiVersions`). `None` only for a key beyond the metrics' slots.
+pub(crate) fn api_metrics(ctx: &Ctx, api_key: ApiKey) -> Option<&ApiMetrics> {
+    ctx.broker.metrics.requests.api(api_key as i16, || format!("{api_key:?}"))
+}
+
 /// Handles one request. `Ok(None)`: no response is due (Produce with acks=0). `Err`: the
 /// connection must be closed (the error says why, for the log).
-pub async fn handle(ctx: &Ctx, host: &str, mut frame: Bytes) -> Result<Option<ResponseFrame>, FrameError> {
+///
+/// The time measured runs from here (the request was read and its turn on the connection has
+/// come) to the response being encoded, before it is written: for Fetch it includes the
+/// long-poll wait, for JoinGroup the wait for the other members.
+pub async fn handle(ctx: &Ctx, host: &str, frame: Bytes) -> Result<Option<ResponseFrame>, FrameError> {
+    let started = Instant::now();
+    let known = frame::peek_prefix(&frame).ok().and_then(|p| ApiKey::try_from(p.api_key).ok());
+    let Some(metrics) = known.and_then(|key| api_metrics(ctx, key)) else {
+        ctx.broker.metrics.requests.count_unknown_api();
+        return route(ctx, host, frame, None).await;
+    };
+    let result = route(ctx, host, frame, Some(metrics)).await;
+    metrics.observe(started.elapsed());
+    if result.is_err() {
+        metrics.count_failure();
+    }
+    result
+}
+
+async fn route(
+    ctx: &Ctx,
+    host: &str,
+    mut frame: Bytes,
+    metrics: Option<&ApiMetrics>,
+) -> Result<Option<ResponseFrame>, FrameError> {
     let prefix = frame::peek_prefix(&frame)?;
     let Ok(api_key) = ApiKey::try_from(prefix.api_key) else {
         return Err(FrameError::UnknownApiKey { api_key: prefix.api_key, correlation_id: prefix.correlation_id });
     };
     let version = prefix.version;
+    // Counts the error codes of a response (not across an await: the counter holds a lock).
+    let count_errors = |response: &dyn ErrorCodes| {
+        if let Some(metrics) = metrics {
+            response.error_codes(&mut metrics.error_counter());
+        }
+    };
     let supported = versions::supported(api_key);
     let in_range = supported.is_some_and(|r| version >= r.min && version <= r.max);
     if !in_range {
@@ -42,6 +82,7 @@ pub async fn handle(ctx: &Ctx, host: &str, mut frame: Bytes) -> Result<Option<Re
         ($request:ty, $handler:path) => {{
             let request: $request = frame::decode_body(&mut body, api_key, version)?;
             let response = $handler(ctx, &client, request).await;
+            count_errors(&response);
             Some(single(frame::encode_response(api_key, version, correlation_id, &response)?))
         }};
     }
@@ -53,8 +94,12 @@ pub async fn handle(ctx: &Ctx, host: &str, mut frame: Bytes) -> Result<Option<Re
             let request: ProduceRequest = frame::decode_body(&mut body, api_key, version)?;
             let acks = request.acks;
             let response = handlers::produce::handle(ctx, &client, request).await;
+            count_errors(&response);
             if acks == 0 {
                 None
+            } else if drop_response_for_fault_injection(ctx) {
+                // Test-only fault: the append happened, the producer never hears of it.
+                return Err(FrameError::FaultInjected("dropped a produce response"));
             } else {
                 Some(single(frame::encode_response(api_key, version, correlation_id, &response)?))
             }
@@ -64,6 +109,13 @@ pub async fn handle(ctx: &Ctx, host: &str, mut frame: Bytes) -> Result<Option<Re
             Some(handlers::fetch::handle(ctx, &client, correlation_id, request).await?)
         }
         ApiKey::ListOffsets => call!(ListOffsetsRequest, handlers::list_offsets::handle),
+        ApiKey::InitProducerId => call!(InitProducerIdRequest, handlers::producer::init_producer_id),
+        ApiKey::AddPartitionsToTxn => call!(AddPartitionsToTxnRequest, handlers::txn::add_partitions),
+        ApiKey::AddOffsetsToTxn => call!(AddOffsetsToTxnRequest, handlers::txn::add_offsets),
+        ApiKey::EndTxn => call!(EndTxnRequest, handlers::txn::end_txn),
+        ApiKey::TxnOffsetCommit => call!(TxnOffsetCommitRequest, handlers::txn::txn_offset_commit),
+        ApiKey::DescribeTransactions => call!(DescribeTransactionsRequest, handlers::txn::describe_transactions),
+        ApiKey::ListTransactions => call!(ListTransactionsRequest, handlers::txn::list_transactions),
         ApiKey::OffsetForLeaderEpoch => {
             call!(OffsetForLeaderEpochRequest, handlers::list_offsets::offset_for_leader_epoch)
         }
@@ -95,4 +147,109 @@ pub async fn handle(ctx: &Ctx, host: &str, mut frame: Bytes) -> Result<Option<Re
 
 fn single(bytes: bytes::BytesMut) -> ResponseFrame {
     ResponseFrame { chunks: vec![frame::Chunk::Bytes(bytes.freeze())] }
+}
+
+/// The error codes a response carries, as Kafka's `AbstractResponse.errorCounts()` counts them:
+/// the top-level code and each topic, partition, group or member entry's. Visited in place, so
+/// a response without errors costs a walk over its entries and no lock.
+trait ErrorCodes {
+    fn error_codes(&self, counter: &mut ErrorCounter<'_>);
+}
+
+macro_rules! error_codes {
+    ($($response:ty => |$r:ident, $c:ident| $body:expr;)*) => {
+        $(
+            impl ErrorCodes for $response {
+                fn error_codes(&self, $c: &mut ErrorCounter<'_>) {
+                    let $r = self;
+                    $body
+                }
+            }
+        )*
+    };
+}
+
+error_codes! {
+    ApiVersionsResponse => |r, c| c.count(r.error_code);
+    InitProducerIdResponse => |r, c| c.count(r.error_code);
+    AddPartitionsToTxnResponse => |r, c| {
+        for t in &r.results_by_topic_v3_and_below {
+            for p in &t.results_by_partition {
+                c.count(p.partition_error_code);
+            }
+        }
+    };
+    AddOffsetsToTxnResponse => |r, c| c.count(r.error_code);
+    EndTxnResponse => |r, c| c.count(r.error_code);
+    TxnOffsetCommitResponse => |r, c| {
+        for t in &r.topics {
+            for p in &t.partitions {
+                c.count(p.error_code);
+            }
+        }
+    };
+    DescribeTransactionsResponse => |r, c| {
+        for t in &r.transaction_states {
+            c.count(t.error_code);
+        }
+    };
+    ListTransactionsResponse => |r, c| c.count(r.error_code);
+    MetadataResponse => |r, c| {
+        c.count(r.error_code);
+        for t in &r.topics {
+            c.count(t.error_code);
+            t.partitions.iter().for_each(|p| c.count(p.error_code));
+        }
+    };
+    ProduceResponse => |r, c| r.responses.iter().flat_map(|t| &t.partition_responses).for_each(|p| c.count(p.error_code));
+    ListOffsetsResponse => |r, c| r.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+    OffsetForLeaderEpochResponse => |r, c| r.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+    CreateTopicsResponse => |r, c| r.topics.iter().for_each(|t| c.count(t.error_code));
+    DeleteTopicsResponse => |r, c| r.responses.iter().for_each(|t| c.count(t.error_code));
+    CreatePartitionsResponse => |r, c| r.results.iter().for_each(|t| c.count(t.error_code));
+    DescribeConfigsResponse => |r, c| r.results.iter().for_each(|t| c.count(t.error_code));
+    AlterConfigsResponse => |r, c| r.responses.iter().for_each(|t| c.count(t.error_code));
+    IncrementalAlterConfigsResponse => |r, c| r.responses.iter().for_each(|t| c.count(t.error_code));
+    DeleteRecordsResponse => |r, c| r.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+    DescribeClusterResponse => |r, c| c.count(r.error_code);
+    DescribeLogDirsResponse => |r, c| {
+        c.count(r.error_code);
+        r.results.iter().for_each(|d| c.count(d.error_code));
+    };
+    FindCoordinatorResponse => |r, c| {
+        c.count(r.error_code);
+        r.coordinators.iter().for_each(|k| c.count(k.error_code));
+    };
+    JoinGroupResponse => |r, c| c.count(r.error_code);
+    SyncGroupResponse => |r, c| c.count(r.error_code);
+    HeartbeatResponse => |r, c| c.count(r.error_code);
+    LeaveGroupResponse => |r, c| {
+        c.count(r.error_code);
+        r.members.iter().for_each(|m| c.count(m.error_code));
+    };
+    OffsetCommitResponse => |r, c| r.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+    OffsetFetchResponse => |r, c| {
+        c.count(r.error_code);
+        r.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+        for g in &r.groups {
+            c.count(g.error_code);
+            g.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+        }
+    };
+    OffsetDeleteResponse => |r, c| {
+        c.count(r.error_code);
+        r.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+    };
+    ListGroupsResponse => |r, c| c.count(r.error_code);
+    DescribeGroupsResponse => |r, c| r.groups.iter().for_each(|g| c.count(g.error_code));
+    DeleteGroupsResponse => |r, c| r.results.iter().for_each(|g| c.count(g.error_code));
+}
+
+/// `fault.produce.response.drop.every=N` (tests only; 0, the default, is off): every Nth produce
+/// response is dropped and its connection closed after the append, as when a response is lost
+/// in the network. Idempotent producers must then retry without duplicating anything.
+fn drop_response_for_fault_injection(ctx: &Ctx) -> bool {
+    static PRODUCE_RESPONSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let every = ctx.broker.config.fault_produce_response_drop_every;
+    every > 0 && PRODUCE_RESPONSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % every == every - 1
 }

@@ -29,6 +29,8 @@ pub enum FrameError {
     Encode { api_key: ApiKey, version: i16, reason: String },
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    #[error("fault injection: {0}")]
+    FaultInjected(&'static str),
 }
 
 /// Reads one frame's bytes (without the size prefix). `Ok(None)` is a clean end of stream at a

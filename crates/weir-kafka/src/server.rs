@@ -11,10 +11,15 @@ use tokio::task::JoinSet;
 
 use crate::connection::serve_connection;
 use crate::context::Ctx;
+use crate::{dispatch, versions};
 
 /// Serves `listener` until `shutdown` completes, then stops accepting, lets every connection
 /// finish the requests it has read (up to `grace`), and returns.
 pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<Output = ()>, grace: Duration) {
+    // Every implemented API shows in the metrics from the start, with zero requests.
+    for (api_key, _) in versions::all() {
+        dispatch::api_metrics(&ctx, api_key);
+    }
     let limit = Arc::new(Semaphore::new(ctx.broker.config.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -32,15 +37,18 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<O
                     }
                 };
                 let Ok(permit) = limit.clone().try_acquire_owned() else {
+                    ctx.broker.metrics.connections.refused.inc();
                     tracing::warn!(%peer, limit = ctx.broker.config.max_connections, "refusing connection: max.connections reached");
                     drop(stream);
                     continue;
                 };
+                let open = OpenConnection::new(ctx.clone());
                 let ctx = ctx.clone();
                 let stop = stop_rx.clone();
                 connections.spawn(async move {
                     serve_connection(ctx, stream, peer, stop).await;
                     drop(permit);
+                    drop(open);
                 });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -55,5 +63,23 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<O
     if drained.is_err() {
         tracing::warn!(remaining = connections.len(), "closing connections still busy after the grace period");
         connections.abort_all();
+    }
+}
+
+/// One open connection in the metrics: counted when accepted, uncounted when its task ends or
+/// is aborted (the guard is dropped with the task's future either way).
+struct OpenConnection(Arc<Ctx>);
+
+impl OpenConnection {
+    fn new(ctx: Arc<Ctx>) -> OpenConnection {
+        ctx.broker.metrics.connections.accepted.inc();
+        ctx.broker.metrics.connections.open.inc();
+        OpenConnection(ctx)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.broker.metrics.connections.open.dec();
     }
 }

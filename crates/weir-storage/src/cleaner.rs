@@ -286,7 +286,8 @@ fn cleanable_range(log: &Log, config: &LogConfig, now: i64) -> Result<CleanableR
     let Some(active) = all.last() else {
         return Ok(CleanableRange { segments: Vec::new(), first_dirty: 0, upper: 0 });
     };
-    let mut upper = active.base_offset().min(log.high_watermark());
+    // Never past the last stable offset: an open transaction's outcome is not known yet.
+    let mut upper = active.base_offset().min(log.last_stable_offset());
     if config.min_compaction_lag_ms > 0 {
         let horizon = now.saturating_sub(i64::try_from(config.min_compaction_lag_ms).unwrap_or(i64::MAX));
         for segment in &all[..all.len() - 1] {

@@ -29,6 +29,14 @@ pub enum Command {
     /// Measure Weir's components on this machine.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Create, list, describe, alter and delete topics of a running broker (admin HTTP API).
+    Topic(crate::admin_cli::topic::TopicArgs),
+    /// List, describe, reset the offsets of and delete consumer groups (admin HTTP API).
+    Group(crate::admin_cli::group::GroupArgs),
+    /// Produce the lines of stdin as records to a topic (admin HTTP API).
+    Produce(crate::admin_cli::produce::ProduceArgs),
+    /// Print a topic's records, optionally as a consumer group (admin HTTP API).
+    Consume(crate::admin_cli::consume::ConsumeArgs),
 }
 
 impl Command {
@@ -38,6 +46,8 @@ impl Command {
             Command::Server(_) => "info",
             // Benchmarks print their own results; only problems should interleave with them.
             Command::Bench(_) => "warn",
+            // Client commands print their own results and errors.
+            Command::Topic(_) | Command::Group(_) | Command::Produce(_) | Command::Consume(_) => "warn",
         }
     }
 }
@@ -95,6 +105,11 @@ pub enum BenchCommand {
     /// the user-space copy path, side by side in one run.
     #[command(long_about = FETCH_LONG_ABOUT)]
     Fetch(FetchBenchArgs),
+    /// OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka:
+    /// runs the weir-bench binary next to this one with the same arguments (build it with
+    /// `cargo build --release -p weir-bench`; `weir bench kafka --help` lists its flags).
+    #[command(disable_help_flag = true)]
+    Kafka(crate::bench::kafka::KafkaBenchArgs),
 }
 
 const STORAGE_LONG_ABOUT: &str = "\

@@ -2,6 +2,7 @@
 //! modules.
 #![deny(unsafe_code)]
 
+mod admin_cli;
 mod alloc;
 mod bench;
 mod cli;
@@ -22,6 +23,11 @@ fn main() -> anyhow::Result<()> {
         Command::Server(args) => server::run(&args),
         Command::Bench(BenchCommand::Storage(args)) => bench::storage::run(&args),
         Command::Bench(BenchCommand::Fetch(args)) => bench::fetch::run(&args),
+        Command::Bench(BenchCommand::Kafka(args)) => bench::kafka::run(&args),
+        Command::Topic(args) => admin_cli::finish(admin_cli::topic::run(&args)),
+        Command::Group(args) => admin_cli::finish(admin_cli::group::run(&args)),
+        Command::Produce(args) => admin_cli::finish(admin_cli::produce::run(&args)),
+        Command::Consume(args) => admin_cli::finish(admin_cli::consume::run(&args)),
     }
 }
 

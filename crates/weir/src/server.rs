@@ -1,11 +1,20 @@
-//! `weir server`: load the settings, open the data directory, serve the Kafka protocol until
-//! SIGTERM/SIGINT, then shut down cleanly.
+//! `weir server`: load the settings, open the data directory, serve the Kafka protocol and the
+//! admin HTTP API until SIGTERM/SIGINT, then shut down cleanly.
+//!
+//! Order of events: bind both listeners (a busy port fails before any recovery work); serve
+//! the admin API at once (`/health` is 200, `/ready` and the API 503 while the logs recover);
+//! open the broker; hand it to the admin API; print the addresses; serve Kafka. On a signal:
+//! the Kafka listener closes and drains (the broker is now shutting down, so `/ready` is 503
+//! and long polls return), then the admin listener stops gracefully, then the group
+//! coordinator and the logs close.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 use weir_broker::config::{SETTINGS, TOPIC_DEFAULT_SETTINGS};
 use weir_broker::group::GroupCoordinator;
 use weir_broker::{Broker, BrokerConfig};
@@ -50,6 +59,7 @@ pub fn load_config(args: &ServerArgs) -> anyhow::Result<BrokerConfig> {
 }
 
 pub fn run(args: &ServerArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
     let mut config = load_config(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("weir").build()?;
     runtime.block_on(async move {
@@ -61,6 +71,21 @@ pub fn run(args: &ServerArgs) -> anyhow::Result<()> {
         if config.advertised_port == 0 {
             config.advertised_port = bound.port();
         }
+        let admin = match config.admin_listen {
+            None => None,
+            Some(addr) => {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (the `admin.listeners` setting)"))?;
+                let admin_bound = listener.local_addr()?;
+                let state = weir_admin::AdminState::new(started, bound, admin_bound);
+                let (stop, stopped) = oneshot::channel::<()>();
+                let task = tokio::spawn(weir_admin::serve(listener, state.clone(), async {
+                    let _ = stopped.await;
+                }));
+                Some(AdminServer { addr: admin_bound, state, stop, task })
+            }
+        };
         let data_dir = config.data_dir.clone();
         let broker = tokio::task::spawn_blocking(move || Broker::open(config))
             .await?
@@ -71,11 +96,24 @@ pub fn run(args: &ServerArgs) -> anyhow::Result<()> {
                 .await?
                 .map_err(|e| anyhow::anyhow!("cannot load consumer groups: {}", e.message))?
         };
+        let txns = {
+            let (broker, groups) = (broker.clone(), groups.clone());
+            tokio::task::spawn_blocking(move || weir_broker::txn::TxnCoordinator::start(broker, groups))
+                .await?
+                .map_err(|e| anyhow::anyhow!("cannot load transactions: {}", e.message))?
+        };
         let shown_dir = std::fs::canonicalize(&data_dir).unwrap_or(data_dir);
         println!("weir {} listening on {bound} (Kafka protocol), data in {}", env!("CARGO_PKG_VERSION"), shown_dir.display());
+        if let Some(admin) = &admin {
+            admin.state.set_ready(weir_admin::Core { broker: broker.clone(), groups: groups.clone() });
+            println!("admin http://{} (JSON API, /metrics)", admin.addr);
+        }
         tracing::info!(listen = %bound, data_dir = %shown_dir.display(), cluster_id = %broker.cluster_id(), "broker started");
-        let ctx = Arc::new(Ctx { broker: broker.clone(), groups: groups.clone() });
+        let ctx = Arc::new(Ctx { broker: broker.clone(), groups: groups.clone(), txns });
         weir_kafka::serve(listener, ctx, shutdown_signal(), Broker::SHUTDOWN_GRACE).await;
+        if let Some(admin) = admin {
+            admin.stop().await;
+        }
         groups.shutdown();
         let closing = broker.clone();
         tokio::task::spawn_blocking(move || closing.shutdown()).await?.map_err(|e| anyhow::anyhow!("{}", e.message))?;
@@ -83,6 +121,31 @@ pub fn run(args: &ServerArgs) -> anyhow::Result<()> {
         Ok::<(), anyhow::Error>(())
     })?;
     Ok(())
+}
+
+/// The running admin HTTP listener.
+struct AdminServer {
+    addr: std::net::SocketAddr,
+    state: Arc<weir_admin::AdminState>,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl AdminServer {
+    /// Stops accepting and waits for the requests in progress, at most the shutdown grace.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let mut task = self.task;
+        match tokio::time::timeout(Broker::SHUTDOWN_GRACE, &mut task).await {
+            Ok(Ok(Ok(()))) => tracing::info!("admin listener stopped"),
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "admin listener failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "admin listener task failed"),
+            Err(_) => {
+                tracing::warn!("admin requests still running after the grace period; closing them");
+                task.abort();
+            }
+        }
+    }
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -164,6 +164,8 @@ struct Fixture {
     delete_records_topic: String,
     /// AlterConfigs and IncrementalAlterConfigs cases change its configs.
     configs_topic: String,
+    /// Producer ids InitProducerId handed out: each must be new.
+    producer_ids: std::collections::HashSet<i64>,
 }
 
 impl Fixture {
@@ -216,6 +218,7 @@ fn exercise_every_version(wanted: impl Fn(ApiKey) -> bool) {
         produced: 0,
         delete_records_topic: "conformance-delete-records".into(),
         configs_topic: "conformance-configs".into(),
+        producer_ids: Default::default(),
     };
     client.create_topic(&fx.produce_topic, 1, &[]);
     client.create_topic(&fx.delete_records_topic, 1, &[]);
@@ -289,6 +292,86 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
             if version >= 10 {
                 ensure!(topic.topic_id == fx.topic_id, "topic id {} instead of {}", topic.topic_id, fx.topic_id);
             }
+        }
+        ApiKey::InitProducerId => {
+            let request = InitProducerIdRequest::default().with_transaction_timeout_ms(60_000);
+            let request =
+                if version >= 3 { request.with_producer_id(ProducerId(-1)).with_producer_epoch(-1) } else { request };
+            let response = call(client, version, &request)?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            ensure!(response.producer_id.0 >= 0, "producer id {}", response.producer_id.0);
+            ensure!(response.producer_epoch == 0, "producer epoch {}", response.producer_epoch);
+            ensure!(
+                fx.producer_ids.insert(response.producer_id.0),
+                "producer id {} given twice",
+                response.producer_id.0
+            );
+        }
+        // The transaction APIs, asked about a transactional id that was never initialized:
+        // each version must decode and answer with the error Kafka gives.
+        ApiKey::AddPartitionsToTxn => {
+            let request = AddPartitionsToTxnRequest::default()
+                .with_v3_and_below_transactional_id(TransactionalId(s("conformance-unknown-tx")))
+                .with_v3_and_below_producer_id(ProducerId(12345))
+                .with_v3_and_below_producer_epoch(0)
+                .with_v3_and_below_topics(vec![add_partitions_to_txn_request::AddPartitionsToTxnTopic::default()
+                    .with_name(topic_name(&fx.topic))
+                    .with_partitions(vec![0])]);
+            let response = call(client, version, &request)?;
+            let result = response
+                .results_by_topic_v3_and_below
+                .first()
+                .and_then(|t| t.results_by_partition.first())
+                .ok_or("no partition result")?;
+            expect_code("partition", result.partition_error_code, code::INVALID_PRODUCER_ID_MAPPING)?;
+        }
+        ApiKey::AddOffsetsToTxn => {
+            let request = AddOffsetsToTxnRequest::default()
+                .with_transactional_id(TransactionalId(s("conformance-unknown-tx")))
+                .with_producer_id(ProducerId(12345))
+                .with_group_id(group_id("conformance-txn-group"));
+            let response = call(client, version, &request)?;
+            expect_code("top level", response.error_code, code::INVALID_PRODUCER_ID_MAPPING)?;
+        }
+        ApiKey::EndTxn => {
+            let request = EndTxnRequest::default()
+                .with_transactional_id(TransactionalId(s("conformance-unknown-tx")))
+                .with_producer_id(ProducerId(12345))
+                .with_committed(true);
+            let response = call(client, version, &request)?;
+            expect_code("top level", response.error_code, code::INVALID_PRODUCER_ID_MAPPING)?;
+        }
+        ApiKey::TxnOffsetCommit => {
+            let request = TxnOffsetCommitRequest::default()
+                .with_transactional_id(TransactionalId(s("conformance-unknown-tx")))
+                .with_group_id(group_id("conformance-txn-group"))
+                .with_producer_id(ProducerId(12345))
+                .with_generation_id(-1)
+                .with_topics(vec![txn_offset_commit_request::TxnOffsetCommitRequestTopic::default()
+                    .with_name(topic_name(&fx.topic))
+                    .with_partitions(vec![txn_offset_commit_request::TxnOffsetCommitRequestPartition::default()
+                        .with_partition_index(0)
+                        .with_committed_offset(1)])]);
+            let response = call(client, version, &request)?;
+            let partition = response.topics.first().and_then(|t| t.partitions.first()).ok_or("no partition result")?;
+            expect_code("partition", partition.error_code, code::INVALID_PRODUCER_ID_MAPPING)?;
+        }
+        ApiKey::DescribeTransactions => {
+            let request = DescribeTransactionsRequest::default()
+                .with_transactional_ids(vec![TransactionalId(s("conformance-unknown-tx"))]);
+            let response = call(client, version, &request)?;
+            let state = response.transaction_states.first().ok_or("no transaction state")?;
+            expect_code("transaction", state.error_code, code::TRANSACTIONAL_ID_NOT_FOUND)?;
+        }
+        ApiKey::ListTransactions => {
+            let request = ListTransactionsRequest::default().with_state_filters(vec![s("Ongoing"), s("NoSuchState")]);
+            let response = call(client, version, &request)?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            ensure!(
+                response.unknown_state_filters.iter().map(|f| f.as_str()).collect::<Vec<_>>() == ["NoSuchState"],
+                "unknown state filters {:?}",
+                response.unknown_state_filters
+            );
         }
         ApiKey::Produce => {
             let message = Message::new("produce", &format!("v{version}"), 10_000 + version as i64);

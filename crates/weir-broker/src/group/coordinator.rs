@@ -28,9 +28,9 @@ use crate::partition::Partition;
 use super::offsets::{self, LoadedGroup};
 use super::state::{CommittedOffset, Group, Limits, SyncOutcome};
 use super::{
-    partition_for, CommitParams, ErrorCode, FetchedOffset, GroupDescription, GroupListing, GroupState, HeartbeatParams,
-    JoinGroupParams, JoinGroupResult, LeaveGroupResult, LeavingMember, MemberLeaveResult, PartitionResult,
-    SyncGroupParams, SyncGroupResult, OFFSETS_TOPIC, OFFSET_METADATA_MAX_BYTES,
+    partition_for, CommitParams, ErrorCode, FetchedOffset, GroupDescription, GroupListing, GroupOffsets, GroupState,
+    HeartbeatParams, JoinGroupParams, JoinGroupResult, LeaveGroupResult, LeavingMember, MemberLeaveResult,
+    PartitionResult, SyncGroupParams, SyncGroupResult, OFFSETS_TOPIC, OFFSET_METADATA_MAX_BYTES,
 };
 
 /// Longest sleep of the timer task: it re-checks its deadlines (and whether the coordinator
@@ -375,6 +375,49 @@ impl GroupCoordinator {
     }
 
     fn commit_blocking(&self, params: CommitParams) -> Vec<PartitionResult> {
+        self.commit_checked(params, true)
+    }
+
+    /// Stores the offsets a transaction committed (TxnOffsetCommit, materialized when EndTxn
+    /// commits): the member was checked when the offsets were sent, so the group's current
+    /// generation is not checked again. Blocking.
+    pub fn commit_transaction_offsets_blocking(
+        &self,
+        group_id: &str,
+        offsets: Vec<super::OffsetToCommit>,
+    ) -> Vec<PartitionResult> {
+        let params = CommitParams {
+            group_id: group_id.to_string(),
+            generation_id: -1,
+            member_id: String::new(),
+            group_instance_id: None,
+            offsets,
+        };
+        self.commit_checked(params, false)
+    }
+
+    /// Checks a transactional commit's member as an OffsetCommit would (TxnOffsetCommit v3+
+    /// carries the generation and member id); a generation of -1 is accepted, as older clients
+    /// send no member.
+    pub fn validate_transactional_commit(
+        &self,
+        group_id: &str,
+        generation_id: i32,
+        member_id: &str,
+        group_instance_id: Option<&str>,
+    ) -> Result<(), ErrorCode> {
+        if generation_id < 0 {
+            return Ok(());
+        }
+        let now = self.now_ms();
+        let mut groups = lock(&self.groups);
+        match groups.get_mut(group_id) {
+            Some(group) => group.validate_commit(generation_id, member_id, group_instance_id, now).map(|_| ()),
+            None => Err(ErrorCode::IllegalGeneration),
+        }
+    }
+
+    fn commit_checked(&self, params: CommitParams, validate: bool) -> Vec<PartitionResult> {
         let mut results: Vec<PartitionResult> = params
             .offsets
             .iter()
@@ -398,7 +441,13 @@ impl GroupCoordinator {
         let now = self.now_ms();
         let validation = {
             let mut groups = lock(&self.groups);
-            if !self.is_active() {
+            if !validate {
+                if self.is_active() {
+                    Ok(())
+                } else {
+                    Err(ErrorCode::CoordinatorNotAvailable)
+                }
+            } else if !self.is_active() {
                 Err(ErrorCode::CoordinatorNotAvailable)
             } else {
                 match groups.get_mut(group_id) {
@@ -627,6 +676,25 @@ impl GroupCoordinator {
                 None => dead_group(id),
             })
             .collect()
+    }
+
+    /// Every live group's state and committed offsets, sorted by group id: a copy taken under
+    /// the groups mutex (in-memory work only), for metrics.
+    pub fn committed_offsets(&self) -> Vec<GroupOffsets> {
+        let groups = lock(&self.groups);
+        let mut out: Vec<GroupOffsets> = groups
+            .values()
+            .filter(|g| g.state != GroupState::Dead)
+            .map(|g| {
+                let mut offsets: Vec<(String, i32, i64)> =
+                    g.offsets.iter().map(|((topic, partition), c)| (topic.clone(), *partition, c.offset)).collect();
+                offsets.sort_unstable();
+                GroupOffsets { group_id: g.id.clone(), state: g.state, offsets }
+            })
+            .collect();
+        drop(groups);
+        out.sort_unstable_by(|a, b| a.group_id.cmp(&b.group_id));
+        out
     }
 
     /// DeleteGroups: each Empty group is deleted with its offsets (tombstones, fsynced);

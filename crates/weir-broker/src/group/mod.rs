@@ -264,6 +264,15 @@ pub struct GroupListing {
     pub state: GroupState,
 }
 
+/// A group's committed offsets, copied for metrics (consumer lag is computed from them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupOffsets {
+    pub group_id: String,
+    pub state: GroupState,
+    /// (topic, partition, committed offset), sorted.
+    pub offsets: Vec<(String, i32, i64)>,
+}
+
 #[derive(Debug, Clone)]
 pub struct GroupDescription {
     pub group_id: String,

@@ -47,6 +47,11 @@ pub enum MetadataRecord {
         id: Uuid,
         configs: BTreeMap<String, String>,
     },
+    /// Reserves producer ids `[first, first + count)` for InitProducerId; ids are never reused.
+    AllocateProducerIds {
+        first: i64,
+        count: i64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,6 +70,9 @@ pub struct MetadataState {
     pub topics: BTreeMap<String, TopicMetadata>,
     /// Offset of the last applied record; -1 before the first.
     pub applied_offset: i64,
+    /// The first producer id not yet reserved.
+    #[serde(default)]
+    pub next_producer_id: i64,
 }
 
 impl MetadataState {
@@ -121,6 +129,13 @@ impl MetadataState {
                 Some(topic) if topic.id == *id => topic.configs = configs.clone(),
                 _ => tracing::warn!(offset, topic = %name, "metadata: skipping configs of an unknown topic"),
             },
+            MetadataRecord::AllocateProducerIds { first, count } => {
+                if *first >= self.next_producer_id && *count > 0 {
+                    self.next_producer_id = first.saturating_add(*count);
+                } else {
+                    tracing::warn!(offset, first, "metadata: skipping an overlapping producer id block");
+                }
+            }
         }
     }
 }

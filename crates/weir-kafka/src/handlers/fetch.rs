@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{ApiKey, FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -40,8 +40,11 @@ struct Wanted {
 struct Found {
     error: ResponseError,
     high_watermark: i64,
+    last_stable_offset: i64,
     log_start_offset: i64,
     slice: Option<FileSlice>,
+    /// read_committed: (producer id, first offset) of aborted transactions in the slice.
+    aborted: Option<Vec<(i64, i64)>>,
 }
 
 pub async fn handle(
@@ -52,7 +55,11 @@ pub async fn handle(
 ) -> Result<ResponseFrame, FrameError> {
     let version = client.version;
     let broker = &ctx.broker;
+    let metrics = crate::dispatch::api_metrics(ctx, ApiKey::Fetch);
     if version >= 7 && request.session_id != 0 {
+        if let Some(metrics) = metrics {
+            metrics.count_errors([ResponseError::FetchSessionIdNotFound.code()]);
+        }
         let response = FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code());
         let encoded = frame::encode_response(ApiKey::Fetch, version, correlation_id, &response)?;
         return Ok(ResponseFrame { chunks: vec![frame::Chunk::Bytes(encoded.freeze())] });
@@ -97,6 +104,9 @@ pub async fn handle(
     let deadline = tokio::time::Instant::now() + max_wait;
     let min_bytes = request.min_bytes.max(0) as u64;
     let max_bytes = if request.max_bytes <= 0 { i32::MAX as u64 } else { request.max_bytes as u64 };
+    // isolation_level 1 = READ_COMMITTED: read up to the last stable offset and get the aborted
+    // transactions of what is returned.
+    let read_committed = request.isolation_level == 1;
     let found = loop {
         let waiter = Arc::new(Notify::new());
         for w in wanted.iter() {
@@ -106,9 +116,10 @@ pub async fn handle(
         }
         let reader_broker = broker.clone();
         let reader_wanted = wanted.clone();
-        let found = tokio::task::spawn_blocking(move || read_all(&reader_broker, &reader_wanted, max_bytes))
-            .await
-            .map_err(|e| FrameError::Io(std::io::Error::other(e)))?;
+        let found =
+            tokio::task::spawn_blocking(move || read_all(&reader_broker, &reader_wanted, max_bytes, read_committed))
+                .await
+                .map_err(|e| FrameError::Io(std::io::Error::other(e)))?;
         let bytes: u64 = found.iter().filter_map(|f| f.slice.as_ref()).map(|s| s.len).sum();
         let any_error = found.iter().any(|f| f.error != ResponseError::Unknown(0));
         if bytes >= min_bytes
@@ -135,9 +146,14 @@ pub async fn handle(
             }
         })
         .collect();
+    // Error codes and bytes out are counted as the response is built (the write may still fail).
+    let mut errors = metrics.map(|m| m.error_counter());
     for (w, f) in wanted.iter().zip(found) {
         let records = match f.slice {
             Some(slice) => {
+                if let Ok(partition) = &w.target {
+                    partition.metrics.bytes_out.add(slice.len);
+                }
                 let placeholder = zero_copy::placeholder(files.len());
                 files.push(slice);
                 placeholder
@@ -145,15 +161,28 @@ pub async fn handle(
             None => Bytes::new(),
         };
         let error_code = if f.error == ResponseError::Unknown(0) { 0 } else { f.error.code() };
+        if let Some(errors) = &mut errors {
+            errors.count(error_code);
+        }
         let data = PartitionData::default()
             .with_partition_index(w.partition_index)
             .with_error_code(error_code)
             .with_high_watermark(f.high_watermark)
-            .with_last_stable_offset(f.high_watermark)
+            .with_last_stable_offset(f.last_stable_offset)
             .with_log_start_offset(if version >= 5 { f.log_start_offset } else { -1 })
+            .with_aborted_transactions(f.aborted.map(|list| {
+                list.into_iter()
+                    .map(|(producer_id, first_offset)| {
+                        AbortedTransaction::default()
+                            .with_producer_id(kafka_protocol::messages::ProducerId(producer_id))
+                            .with_first_offset(first_offset)
+                    })
+                    .collect()
+            }))
             .with_records(Some(records));
         responses[w.topic_index].partitions.push(data);
     }
+    drop(errors);
     let response = FetchResponse::default().with_session_id(0).with_responses(responses);
     let encoded = frame::encode_response(ApiKey::Fetch, version, correlation_id, &response)?;
     zero_copy::splice_files(encoded, files, version >= 12).map_err(|reason| FrameError::Encode {
@@ -164,14 +193,21 @@ pub async fn handle(
 }
 
 /// Reads every wanted partition once. `ResponseError::Unknown(0)` stands for "no error".
-fn read_all(broker: &Broker, wanted: &[Wanted], max_bytes: u64) -> Vec<Found> {
+fn read_all(broker: &Broker, wanted: &[Wanted], max_bytes: u64, read_committed: bool) -> Vec<Found> {
     let mut total: u64 = 0;
     let mut out = Vec::with_capacity(wanted.len());
     for w in wanted {
         let partition = match &w.target {
             Ok(p) => p,
             Err(code) => {
-                out.push(Found { error: *code, high_watermark: -1, log_start_offset: -1, slice: None });
+                out.push(Found {
+                    error: *code,
+                    high_watermark: -1,
+                    last_stable_offset: -1,
+                    log_start_offset: -1,
+                    slice: None,
+                    aborted: None,
+                });
                 continue;
             }
         };
@@ -182,18 +218,30 @@ fn read_all(broker: &Broker, wanted: &[Wanted], max_bytes: u64) -> Vec<Found> {
         let result = if limit == 0 && !min_one {
             Ok(None)
         } else {
-            broker.read(partition, w.fetch_offset, limit, min_one).map(|r| r.slice)
+            broker.read_isolated(partition, w.fetch_offset, limit, min_one, read_committed).map(|r| r.slice)
         };
         match result {
             Ok(slice) => {
                 if let Some(s) = &slice {
                     total += s.len;
                 }
+                // A read_committed consumer must drop the records of transactions aborted in
+                // what it receives.
+                let aborted = read_committed.then(|| match &slice {
+                    Some(s) => log
+                        .aborted_transactions(s.first_offset, s.next_offset)
+                        .into_iter()
+                        .map(|t| (t.producer_id, t.first_offset))
+                        .collect(),
+                    None => Vec::new(),
+                });
                 out.push(Found {
                     error: ResponseError::Unknown(0),
                     high_watermark: log.high_watermark(),
+                    last_stable_offset: log.last_stable_offset(),
                     log_start_offset: log.log_start_offset(),
                     slice,
+                    aborted,
                 });
             }
             Err(BrokerError { code, message }) => {
@@ -203,8 +251,10 @@ fn read_all(broker: &Broker, wanted: &[Wanted], max_bytes: u64) -> Vec<Found> {
                 out.push(Found {
                     error: code,
                     high_watermark: log.high_watermark(),
+                    last_stable_offset: log.last_stable_offset(),
                     log_start_offset: log.log_start_offset(),
                     slice: None,
+                    aborted: None,
                 });
             }
         }

@@ -82,14 +82,13 @@ fn by_topic<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec
 
 pub async fn find_coordinator(ctx: &Ctx, client: &Client, req: FindCoordinatorRequest) -> FindCoordinatorResponse {
     let config = &ctx.broker.config;
-    // This broker coordinates every group on one node; transactions come later.
     let answer = |key_type: i8| -> Result<(), (ErrorCode, &'static str)> {
         match key_type {
-            KEY_TYPE_GROUP if ctx.broker.is_shutting_down() => {
+            KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION if ctx.broker.is_shutting_down() => {
                 Err((ErrorCode::CoordinatorNotAvailable, "The broker is shutting down."))
             }
-            KEY_TYPE_GROUP => Ok(()),
-            KEY_TYPE_TRANSACTION => Err((ErrorCode::CoordinatorNotAvailable, "Transactions are not supported yet.")),
+            // This broker coordinates every group and every transactional id.
+            KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION => Ok(()),
             _ => Err((ErrorCode::InvalidRequest, "Unknown coordinator key type.")),
         }
     };
@@ -513,7 +512,7 @@ mod tests {
         settings.insert("group.initial.rebalance.delay.ms".to_string(), "0".to_string());
         settings.insert("offsets.topic.num.partitions".to_string(), "2".to_string());
         let config = BrokerConfig::from_settings(&settings).unwrap();
-        let (broker, groups) = tokio::task::spawn_blocking(move || {
+        let broker = tokio::task::spawn_blocking(move || {
             let broker = Broker::open(config).unwrap();
             let topic = NewTopic {
                 name: "t".into(),
@@ -524,11 +523,12 @@ mod tests {
             };
             broker.create_topics_blocking(vec![topic], false).pop().unwrap().unwrap();
             let groups = weir_broker::group::GroupCoordinator::start(broker.clone()).unwrap();
-            (broker, groups)
+            let txns = weir_broker::txn::TxnCoordinator::start(broker.clone(), groups.clone()).unwrap();
+            (broker, groups, txns)
         })
         .await
         .unwrap();
-        (Ctx { broker, groups }, dir)
+        (Ctx { broker: broker.0, groups: broker.1, txns: broker.2 }, dir)
     }
 
     fn client(version: i16) -> Client {
@@ -602,7 +602,7 @@ mod tests {
             if version >= 1 {
                 let response = round_trip(&find_coordinator(&ctx, &client(version), txn).await, version);
                 let error = if version >= 4 { response.coordinators[0].error_code } else { response.error_code };
-                assert_eq!(error, ErrorCode::CoordinatorNotAvailable.code());
+                assert_eq!(error, 0, "this broker coordinates transactions too");
             }
         }
 

@@ -27,6 +27,8 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsRequest) -> 
     let broker = ctx.broker.clone();
     // Leader epochs exist from v4 (the encoder refuses fields a version does not have).
     let epoch = if client.version >= 4 { LEADER_EPOCH } else { -1 };
+    // v2+: a read_committed consumer's "latest" is the last stable offset.
+    let read_committed = request.isolation_level == 1;
     // Timestamp lookups read index files: off the async threads.
     let topics = tokio::task::spawn_blocking(move || {
         request
@@ -48,7 +50,7 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsRequest) -> 
                         }
                         let answer = broker
                             .require_partition(&name, p.partition_index)
-                            .and_then(|partition| broker.list_offset(&partition, p.timestamp));
+                            .and_then(|partition| broker.list_offset(&partition, p.timestamp, read_committed));
                         match answer {
                             Ok(a) => base.with_timestamp(a.timestamp).with_offset(a.offset).with_leader_epoch(epoch),
                             Err(e) => base.with_error_code(e.code.code()),

@@ -8,6 +8,8 @@ pub mod groups;
 pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
+pub mod producer;
+pub mod txn;
 
 use kafka_protocol::protocol::StrBytes;
 

@@ -38,13 +38,6 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: ProduceRequest) -> Prod
                     .push(fail(ResponseError::InvalidRequiredAcks, format!("acks must be -1, 0 or 1, not {acks}")));
                 continue;
             }
-            if request.transactional_id.is_some() {
-                partitions.push(fail(
-                    ResponseError::TransactionalIdAuthorizationFailed,
-                    "transactions are not supported yet".into(),
-                ));
-                continue;
-            }
             let partition = match broker.require_partition(&name, data.index) {
                 Ok(p) => p,
                 Err(e) => {

@@ -35,7 +35,7 @@ impl Server {
         let mut child = Command::new(exe)
             .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir.path())
-            .args(["--set", &format!("fetch.sendfile.enable={sendfile}")])
+            .args(["--set", &format!("fetch.sendfile.enable={sendfile}"), "--set", "admin.listeners="])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

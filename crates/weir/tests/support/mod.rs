@@ -46,7 +46,9 @@ pub mod code {
     pub const INVALID_PARTITIONS: i16 = 37;
     pub const INVALID_REPLICATION_FACTOR: i16 = 38;
     pub const INVALID_CONFIG: i16 = 40;
+    pub const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
     pub const MEMBER_ID_REQUIRED: i16 = 79;
+    pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
     pub const UNKNOWN_TOPIC_ID: i16 = 100;
 }
 
@@ -143,7 +145,9 @@ impl Broker {
             .arg("server")
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(self.data_dir())
-            .args(["--set", "group.initial.rebalance.delay.ms=0"]);
+            .args(["--set", "group.initial.rebalance.delay.ms=0"])
+            // Tests run brokers side by side: a free admin port each, not the fixed default.
+            .args(["--set", "admin.listeners=127.0.0.1:0"]);
         for setting in &self.settings {
             command.args(["--set", setting]);
         }

@@ -1,0 +1,553 @@
+//! The JSON bodies of the admin API, as Rust types.
+//!
+//! API boundary: these types *are* the wire format. The server serializes them and the `weir`
+//! command line deserializes the same types, so a field renamed here is renamed for both; and
+//! `docs/admin-api.md` shows every one of them. Optional request fields have serde defaults, so a
+//! client sends only what it means.
+
+use std::collections::BTreeMap;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
+
+// ----- errors and probes ---------------------------------------------------------------------
+
+/// Every error response: `{"error":{"code":"UNKNOWN_TOPIC_OR_PARTITION","message":"..."}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// `code` is Kafka's error name (SCREAMING_SNAKE_CASE, e.g. `TOPIC_ALREADY_EXISTS`), or one of
+/// the HTTP-level codes `NOT_FOUND` and `METHOD_NOT_ALLOWED` for a request no endpoint matches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+}
+
+/// `/health` and `/ready`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// `ok` (live), `ready`, `starting` or `shutting_down`.
+    pub status: String,
+}
+
+// ----- broker --------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BrokerInfo {
+    pub node_id: i32,
+    pub cluster_id: String,
+    /// Weir's version.
+    pub version: String,
+    pub listeners: Listeners,
+    /// Absolute path of the data directory.
+    pub data_dir: String,
+    /// Milliseconds since `weir server` started.
+    pub uptime_ms: u64,
+    /// Topics, internal ones included.
+    pub topics: usize,
+    /// Partitions of all topics.
+    pub partitions: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Listeners {
+    /// The bound Kafka listener.
+    pub kafka: String,
+    /// What Metadata tells Kafka clients to connect to.
+    pub kafka_advertised: String,
+    /// The bound admin HTTP listener.
+    pub admin: String,
+}
+
+/// One config with its effective value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigEntry {
+    pub name: String,
+    pub value: String,
+    /// Topic configs: `topic` (the topic's own override), `broker` (the broker-wide `log.*`
+    /// default) or `default` (Kafka's default). Broker settings: `static` (set in the config
+    /// file, environment or command line) or `default`.
+    pub source: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Configs {
+    pub configs: Vec<ConfigEntry>,
+}
+
+// ----- topics --------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TopicList {
+    pub topics: Vec<TopicSummary>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TopicSummary {
+    pub name: String,
+    pub id: String,
+    pub partitions: i32,
+    pub internal: bool,
+}
+
+/// `POST /v1/topics`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTopic {
+    pub name: String,
+    /// Default: the broker's `num.partitions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<i32>,
+    /// Default: the broker's `default.replication.factor` (a single node keeps 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication_factor: Option<i16>,
+    /// Topic config overrides by Kafka name (`retention.ms`, `cleanup.policy`, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub configs: BTreeMap<String, String>,
+    /// Run every check, create nothing.
+    #[serde(default)]
+    pub validate_only: bool,
+}
+
+/// The answer to `POST /v1/topics`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreatedTopic {
+    pub name: String,
+    /// Nil with `validate_only` (no topic was created).
+    pub id: String,
+    pub partitions: i32,
+    pub replication_factor: i16,
+    pub configs: Vec<ConfigEntry>,
+    pub validate_only: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TopicDescription {
+    pub name: String,
+    pub id: String,
+    pub internal: bool,
+    pub replication_factor: i16,
+    pub partitions: Vec<PartitionInfo>,
+    /// Every topic config with its effective value and source, sorted by name.
+    pub configs: Vec<ConfigEntry>,
+    /// Bytes on disk, all partitions.
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartitionInfo {
+    pub partition: i32,
+    pub leader: i32,
+    pub replicas: Vec<i32>,
+    pub isr: Vec<i32>,
+    /// The first offset still in the log (retention and DeleteRecords move it).
+    pub log_start_offset: i64,
+    /// Consumers read up to here (exclusive).
+    pub high_watermark: i64,
+    /// The offset the next record appended gets.
+    pub log_end_offset: i64,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeletedTopic {
+    pub name: String,
+    pub id: String,
+}
+
+/// `PATCH /v1/topics/{topic}/configs`: an incremental change.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlterConfigs {
+    /// Overrides to set (added or replaced).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub set: BTreeMap<String, String>,
+    /// Overrides to remove (the config falls back to the broker's default).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delete: Vec<String>,
+    #[serde(default)]
+    pub validate_only: bool,
+}
+
+/// `POST /v1/topics/{topic}/partitions`: grow the topic to `count` partitions.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePartitions {
+    pub count: i32,
+    #[serde(default)]
+    pub validate_only: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartitionCount {
+    pub name: String,
+    pub partitions: i32,
+    pub validate_only: bool,
+}
+
+// ----- records -------------------------------------------------------------------------------
+
+/// How keys, values and header values are written in JSON.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// UTF-8 text. Reading a record whose bytes are not UTF-8 replaces the invalid sequences
+    /// with U+FFFD; use base64 for binary data.
+    #[default]
+    Utf8,
+    /// Standard base64 with padding (RFC 4648 §4).
+    Base64,
+}
+
+impl Encoding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encoding::Utf8 => "utf8",
+            Encoding::Base64 => "base64",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Encoding> {
+        match text {
+            "utf8" | "utf-8" => Some(Encoding::Utf8),
+            "base64" => Some(Encoding::Base64),
+            _ => None,
+        }
+    }
+}
+
+/// Record headers in order. Written as a JSON object (`{"trace":"abc"}`); read from an object or
+/// from an array of `[name, value]` pairs (which keeps the order). A `null` value is a header
+/// without value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Headers(pub Vec<(String, Option<String>)>);
+
+impl Headers {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for Headers {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (name, value) in &self.0 {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Headers {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Headers, D::Error> {
+        struct HeadersVisitor;
+        impl<'de> Visitor<'de> for HeadersVisitor {
+            type Value = Headers;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object of header names to values, or an array of [name, value] pairs")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Headers, A::Error> {
+                let mut out = Vec::new();
+                while let Some((name, value)) = access.next_entry::<String, Option<String>>()? {
+                    out.push((name, value));
+                }
+                Ok(Headers(out))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Headers, A::Error> {
+                let mut out = Vec::new();
+                while let Some((name, value)) = access.next_element::<(String, Option<String>)>()? {
+                    out.push((name, value));
+                }
+                Ok(Headers(out))
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Headers, E> {
+                Ok(Headers::default())
+            }
+        }
+        deserializer.deserialize_any(HeadersVisitor)
+    }
+}
+
+/// `POST /v1/topics/{topic}/records`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProduceRequest {
+    pub records: Vec<ProduceRecord>,
+    #[serde(default)]
+    pub encoding: Encoding,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProduceRecord {
+    #[serde(default)]
+    pub key: Option<String>,
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Headers::is_empty")]
+    pub headers: Headers,
+    /// Default: by Kafka's murmur2 hash of the key (as the Java client's default partitioner), or
+    /// round-robin for a null key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<i32>,
+    /// CreateTime in ms since the epoch. Default: now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<i64>,
+}
+
+/// One entry per record, in request order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProduceResponse {
+    pub offsets: Vec<ProducedRecord>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProducedRecord {
+    pub partition: i32,
+    /// Absent when the append to this partition failed (see `error`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
+}
+
+/// A record read back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumedRecord {
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: i64,
+    /// `CreateTime` or `LogAppendTime`.
+    pub timestamp_type: String,
+    pub key: Option<String>,
+    pub value: Option<String>,
+    #[serde(default)]
+    pub headers: Headers,
+}
+
+/// `GET /v1/topics/{topic}/partitions/{partition}/records`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartitionRecords {
+    pub topic: String,
+    pub partition: i32,
+    pub encoding: Encoding,
+    pub records: Vec<ConsumedRecord>,
+    /// Where to continue: the offset after the last record returned (or after the batches read
+    /// when they held nothing to return).
+    pub next_offset: i64,
+    pub high_watermark: i64,
+    pub log_start_offset: i64,
+}
+
+/// `GET /v1/topics/{topic}/records?offsets=P:O,...`: several partitions in one long poll.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TopicRecords {
+    pub topic: String,
+    pub encoding: Encoding,
+    pub records: Vec<ConsumedRecord>,
+    /// One entry per requested partition, in request order.
+    pub partitions: Vec<PartitionPosition>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartitionPosition {
+    pub partition: i32,
+    pub next_offset: i64,
+    pub high_watermark: i64,
+    pub log_start_offset: i64,
+}
+
+// ----- consumer groups -----------------------------------------------------------------------
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupList {
+    pub groups: Vec<GroupSummary>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupSummary {
+    pub group_id: String,
+    /// Kafka's names: `Empty`, `PreparingRebalance`, `CompletingRebalance`, `Stable`.
+    pub state: String,
+    /// `consumer` for Kafka consumers; empty for a group that only ever had standalone commits.
+    pub protocol_type: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupDescription {
+    pub group_id: String,
+    pub state: String,
+    pub protocol_type: String,
+    /// The assignor of a Stable group (`range`, `cooperative-sticky`, ...), else empty.
+    pub protocol: String,
+    pub members: Vec<GroupMember>,
+    /// Committed and assigned partitions, sorted by topic and partition.
+    pub offsets: Vec<GroupOffset>,
+    /// The sum of every known lag.
+    pub total_lag: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupMember {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    /// Decoded for `consumer` groups while Stable; empty otherwise.
+    pub assignment: Vec<TopicPartitions>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicPartitions {
+    pub topic: String,
+    pub partitions: Vec<i32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupOffset {
+    pub topic: String,
+    pub partition: i32,
+    /// `null`: nothing committed (the partition is only assigned).
+    pub committed_offset: Option<i64>,
+    /// `null`: the partition no longer exists.
+    pub high_watermark: Option<i64>,
+    /// high watermark − committed offset (never negative); `null` when either is unknown.
+    pub lag: Option<i64>,
+    /// The member the partition is assigned to, if any.
+    pub member_id: Option<String>,
+    /// The commit's metadata string.
+    pub metadata: Option<String>,
+}
+
+/// Which partitions of a topic to reset: `"orders"` (all of them) or
+/// `{"topic":"orders","partitions":[0,2]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TopicSelector {
+    All(String),
+    Some { topic: String, partitions: Vec<i32> },
+}
+
+impl TopicSelector {
+    pub fn topic(&self) -> &str {
+        match self {
+            TopicSelector::All(topic) | TopicSelector::Some { topic, .. } => topic,
+        }
+    }
+}
+
+/// Where to move a group's offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResetTo {
+    /// `"earliest"`: the log start offset.
+    Earliest,
+    /// `"latest"`: the high watermark.
+    Latest,
+    /// `{"timestamp": ms}`: the first record with a timestamp at or after it (the high watermark
+    /// if none is that recent), as ListOffsets resolves it.
+    Timestamp(i64),
+    /// `{"offset": n}`: exactly n, which must lie between the log start offset and the high
+    /// watermark.
+    Offset(i64),
+    /// `{"shift_by": n}`: the committed offset plus n (negative moves back), kept between the log
+    /// start offset and the high watermark.
+    ShiftBy(i64),
+}
+
+/// `POST /v1/groups/{group}/reset-offsets`. Only while the group has no members (Empty).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResetOffsets {
+    /// Default: every topic the group has committed offsets for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topics: Option<Vec<TopicSelector>>,
+    pub to: ResetTo,
+    /// Compute and return the new offsets without committing them.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResetOffsetsResult {
+    pub group_id: String,
+    pub dry_run: bool,
+    pub offsets: Vec<OffsetChange>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OffsetChange {
+    pub topic: String,
+    pub partition: i32,
+    pub previous_offset: Option<i64>,
+    pub new_offset: i64,
+}
+
+/// `POST /v1/groups/{group}/offsets`: a standalone commit (as a consumer without group
+/// membership commits), allowed only while the group has no members.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitOffsets {
+    pub offsets: Vec<CommitOffset>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitOffset {
+    pub topic: String,
+    pub partition: i32,
+    /// The next offset to consume.
+    pub offset: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CommittedOffsets {
+    pub group_id: String,
+    pub offsets: Vec<CommitOffset>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeletedGroup {
+    pub group_id: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_read_objects_and_pairs_and_write_objects_in_order() {
+        let from_object: Headers = serde_json::from_str(r#"{"b":"2","a":null}"#).unwrap();
+        assert_eq!(from_object.0.len(), 2);
+        let from_pairs: Headers = serde_json::from_str(r#"[["z","1"],["a",null]]"#).unwrap();
+        assert_eq!(from_pairs, Headers(vec![("z".into(), Some("1".into())), ("a".into(), None)]));
+        assert_eq!(serde_json::to_string(&from_pairs).unwrap(), r#"{"z":"1","a":null}"#);
+        assert!(serde_json::from_str::<Headers>(r#""text""#).is_err());
+        assert!(serde_json::from_str::<Headers>(r#"[["only-a-name"]]"#).is_err());
+    }
+
+    #[test]
+    fn reset_targets_are_strings_or_one_key_objects() {
+        let parse = |s: &str| serde_json::from_str::<ResetTo>(s);
+        assert_eq!(parse(r#""earliest""#).unwrap(), ResetTo::Earliest);
+        assert_eq!(parse(r#"{"offset":5}"#).unwrap(), ResetTo::Offset(5));
+        assert_eq!(parse(r#"{"shift_by":-2}"#).unwrap(), ResetTo::ShiftBy(-2));
+        assert_eq!(parse(r#"{"timestamp":1700000000000}"#).unwrap(), ResetTo::Timestamp(1_700_000_000_000));
+        assert!(parse(r#""newest""#).is_err());
+        let selectors: Vec<TopicSelector> = serde_json::from_str(r#"["a",{"topic":"b","partitions":[1]}]"#).unwrap();
+        assert_eq!(selectors[0].topic(), "a");
+        assert_eq!(selectors[1], TopicSelector::Some { topic: "b".into(), partitions: vec![1] });
+    }
+}

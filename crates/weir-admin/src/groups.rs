@@ -1,0 +1,362 @@
+//! Consumer groups: list, describe with lag, reset offsets, standalone commits, delete.
+//!
+//! Offsets are changed the way Kafka's `kafka-consumer-groups.sh` changes them: as a standalone
+//! ("simple") commit with generation −1, which the coordinator accepts only while the group has
+//! no members. A reset can therefore never race a live consumer's own commits.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use axum::extract::State;
+use axum::Json;
+use bytes::{Buf, Bytes};
+use kafka_protocol::messages::ConsumerProtocolAssignment;
+use kafka_protocol::protocol::Decodable;
+use weir_broker::group::{CommitParams, GroupDescription as Described, GroupState, OffsetToCommit};
+use weir_broker::ErrorCode;
+
+use crate::api::{
+    CommitOffsets, CommittedOffsets, DeletedGroup, GroupDescription, GroupList, GroupMember, GroupOffset, GroupSummary,
+    OffsetChange, ResetOffsets, ResetOffsetsResult, ResetTo, TopicPartitions, TopicSelector,
+};
+use crate::error::ApiError;
+use crate::extract::{JsonBody, PathParams, QueryParams};
+use crate::topics::require_topic;
+use crate::{Core, SharedState};
+
+/// Newest ConsumerProtocolAssignment version this decoder knows; newer ones start with the
+/// same fields (Kafka's consumer protocol only ever appends), so they decode at this version.
+const ASSIGNMENT_VERSION_MAX: i16 = 3;
+
+fn coordinator_error(code: ErrorCode, group: &str) -> ApiError {
+    match code {
+        ErrorCode::GroupIdNotFound => ApiError::unknown_group(group),
+        ErrorCode::NonEmptyGroup => non_empty(group, None),
+        other => ApiError::new(other, format!("group '{group}': {other}")),
+    }
+}
+
+fn non_empty(group: &str, state: Option<GroupState>) -> ApiError {
+    let state = state.map(|s| format!(" (state {})", s.as_str())).unwrap_or_default();
+    ApiError::new(
+        ErrorCode::NonEmptyGroup,
+        format!("group '{group}' has active members{state}; stop its consumers first"),
+    )
+}
+
+async fn describe_one(core: &Core, group: &str) -> Result<Described, ApiError> {
+    let described = core.groups.describe_groups(&[group.to_string()]).await.pop();
+    let described = described.ok_or_else(|| ApiError::internal("the coordinator returned no group"))?;
+    if let Some(code) = described.error {
+        return Err(coordinator_error(code, group));
+    }
+    Ok(described)
+}
+
+/// A consumer group member's assignment, or nothing for other protocols and undecodable bytes.
+fn decode_assignment(protocol_type: &str, bytes: &Bytes) -> Vec<TopicPartitions> {
+    if protocol_type != "consumer" || bytes.len() < 2 {
+        return Vec::new();
+    }
+    let mut buf = bytes.clone();
+    let version = buf.get_i16();
+    if version < 0 {
+        return Vec::new();
+    }
+    match ConsumerProtocolAssignment::decode(&mut buf, version.min(ASSIGNMENT_VERSION_MAX)) {
+        Ok(assignment) => assignment
+            .assigned_partitions
+            .into_iter()
+            .map(|tp| TopicPartitions { topic: tp.topic.to_string(), partitions: tp.partitions })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+pub async fn list(State(state): State<SharedState>, query: QueryParams) -> Result<Json<GroupList>, ApiError> {
+    let core = state.core()?;
+    let mut states = Vec::new();
+    for name in query.get("state").unwrap_or("").split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        states.push(GroupState::parse(name).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "unknown group state {name:?}: expected Empty, PreparingRebalance, CompletingRebalance or Stable"
+            ))
+        })?);
+    }
+    let listed = core.groups.list_groups(&states).await.map_err(|code| coordinator_error(code, "*"))?;
+    let groups = listed
+        .into_iter()
+        .map(|g| GroupSummary {
+            group_id: g.group_id,
+            state: g.state.as_str().to_string(),
+            protocol_type: g.protocol_type,
+        })
+        .collect();
+    Ok(Json(GroupList { groups }))
+}
+
+pub async fn describe(
+    State(state): State<SharedState>,
+    PathParams(group): PathParams<String>,
+) -> Result<Json<GroupDescription>, ApiError> {
+    let core = state.core()?;
+    let described = describe_one(core, &group).await?;
+    if described.state == GroupState::Dead {
+        return Err(ApiError::unknown_group(&group));
+    }
+    let committed = core.groups.fetch_offsets(&group, None).await.map_err(|code| coordinator_error(code, &group))?;
+    let mut offsets: BTreeMap<(String, i32), GroupOffset> = BTreeMap::new();
+    let entry = |topic: &str, partition: i32| GroupOffset {
+        topic: topic.to_string(),
+        partition,
+        committed_offset: None,
+        high_watermark: None,
+        lag: None,
+        member_id: None,
+        metadata: None,
+    };
+    for c in committed {
+        let e = offsets.entry((c.topic.clone(), c.partition)).or_insert_with(|| entry(&c.topic, c.partition));
+        e.committed_offset = Some(c.offset);
+        e.metadata = Some(c.metadata);
+    }
+    let mut members = Vec::with_capacity(described.members.len());
+    for m in described.members {
+        let assignment = decode_assignment(&described.protocol_type, &m.assignment);
+        for tp in &assignment {
+            for &partition in &tp.partitions {
+                let e = offsets.entry((tp.topic.clone(), partition)).or_insert_with(|| entry(&tp.topic, partition));
+                e.member_id = Some(m.member_id.clone());
+            }
+        }
+        members.push(GroupMember {
+            member_id: m.member_id,
+            group_instance_id: m.group_instance_id,
+            client_id: m.client_id,
+            client_host: m.client_host,
+            assignment,
+        });
+    }
+    let mut total_lag = 0;
+    for e in offsets.values_mut() {
+        e.high_watermark = core.broker.partition(&e.topic, e.partition).map(|p| p.log.high_watermark());
+        if let (Some(hw), Some(committed)) = (e.high_watermark, e.committed_offset) {
+            let lag = (hw - committed).max(0);
+            e.lag = Some(lag);
+            total_lag += lag;
+        }
+    }
+    Ok(Json(GroupDescription {
+        group_id: described.group_id,
+        state: described.state.as_str().to_string(),
+        protocol_type: described.protocol_type,
+        protocol: described.protocol_data,
+        members,
+        offsets: offsets.into_values().collect(),
+        total_lag,
+    }))
+}
+
+/// Commits `offsets` for `group` as a standalone consumer: all or nothing (one fsynced append).
+async fn simple_commit(core: &Core, group: &str, offsets: Vec<OffsetToCommit>) -> Result<(), ApiError> {
+    let params = CommitParams {
+        group_id: group.to_string(),
+        generation_id: -1,
+        member_id: String::new(),
+        group_instance_id: None,
+        offsets,
+    };
+    for result in core.groups.commit_offsets(params).await {
+        if let Some(code) = result.error {
+            return Err(match code {
+                // What a standalone commit gets while the group has members.
+                ErrorCode::UnknownMemberId | ErrorCode::IllegalGeneration | ErrorCode::RebalanceInProgress => {
+                    non_empty(group, None)
+                }
+                ErrorCode::UnknownTopicOrPartition => {
+                    ApiError::new(code, format!("topic '{}' has no partition {}", result.topic, result.partition))
+                }
+                other => ApiError::new(
+                    other,
+                    format!("cannot commit {}-{} for group '{group}': {other}", result.topic, result.partition),
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn to_commit(topic: String, partition: i32, offset: i64, metadata: Option<String>) -> OffsetToCommit {
+    OffsetToCommit { topic, partition, offset, leader_epoch: -1, metadata }
+}
+
+/// `POST /v1/groups/{group}/offsets`.
+pub async fn commit(
+    State(state): State<SharedState>,
+    PathParams(group): PathParams<String>,
+    JsonBody(request): JsonBody<CommitOffsets>,
+) -> Result<Json<CommittedOffsets>, ApiError> {
+    let core = state.core()?;
+    if request.offsets.is_empty() {
+        return Err(ApiError::invalid("no offsets to commit: `offsets` is empty"));
+    }
+    for o in &request.offsets {
+        if o.offset < 0 {
+            return Err(ApiError::invalid(format!(
+                "offset {} for {}-{} is negative; commit the next offset to consume",
+                o.offset, o.topic, o.partition
+            )));
+        }
+        let topic = require_topic(&core.broker, &o.topic)?;
+        if !(0..topic.partitions).contains(&o.partition) {
+            return Err(ApiError::unknown_partition(&o.topic, o.partition));
+        }
+    }
+    let offsets =
+        request.offsets.iter().map(|o| to_commit(o.topic.clone(), o.partition, o.offset, o.metadata.clone())).collect();
+    simple_commit(core, &group, offsets).await?;
+    Ok(Json(CommittedOffsets { group_id: group, offsets: request.offsets }))
+}
+
+/// `POST /v1/groups/{group}/reset-offsets`.
+pub async fn reset_offsets(
+    State(state): State<SharedState>,
+    PathParams(group): PathParams<String>,
+    JsonBody(request): JsonBody<ResetOffsets>,
+) -> Result<Json<ResetOffsetsResult>, ApiError> {
+    let core = state.core()?;
+    let broker = core.broker.clone();
+    let described = describe_one(core, &group).await?;
+    // A group that does not exist yet is created by the commit, as Kafka's tool does.
+    if !matches!(described.state, GroupState::Empty | GroupState::Dead) {
+        return Err(non_empty(&group, Some(described.state)));
+    }
+    let committed: HashMap<(String, i32), i64> = core
+        .groups
+        .fetch_offsets(&group, None)
+        .await
+        .map_err(|code| coordinator_error(code, &group))?
+        .into_iter()
+        .map(|c| ((c.topic, c.partition), c.offset))
+        .collect();
+    let selectors = match request.topics {
+        Some(topics) if topics.is_empty() => return Err(ApiError::invalid("`topics` is empty")),
+        Some(topics) => topics,
+        None => {
+            let topics: BTreeSet<&String> = committed.keys().map(|(topic, _)| topic).collect();
+            if topics.is_empty() {
+                return Err(ApiError::invalid(format!(
+                    "group '{group}' has no committed offsets; name the topics to reset"
+                )));
+            }
+            topics.into_iter().map(|t| TopicSelector::All(t.clone())).collect()
+        }
+    };
+    // Every (topic, partition), checked, in order and without duplicates.
+    let mut targets: BTreeSet<(String, i32)> = BTreeSet::new();
+    for selector in &selectors {
+        let topic = require_topic(&broker, selector.topic())?;
+        match selector {
+            TopicSelector::All(_) => targets.extend((0..topic.partitions).map(|p| (topic.name.clone(), p))),
+            TopicSelector::Some { partitions, .. } => {
+                if partitions.is_empty() {
+                    return Err(ApiError::invalid(format!("no partitions listed for topic '{}'", topic.name)));
+                }
+                for &p in partitions {
+                    if !(0..topic.partitions).contains(&p) {
+                        return Err(ApiError::unknown_partition(&topic.name, p));
+                    }
+                    targets.insert((topic.name.clone(), p));
+                }
+            }
+        }
+    }
+    let to = request.to;
+    if let ResetTo::Timestamp(t) = to {
+        if t < 0 {
+            return Err(ApiError::new(ErrorCode::InvalidTimestamp, format!("timestamp {t} is negative")));
+        }
+    }
+    // Offsets by timestamp read the time indexes: off the async workers.
+    let resolver = broker.clone();
+    let changes = tokio::task::spawn_blocking(move || -> Result<Vec<OffsetChange>, ApiError> {
+        let mut changes = Vec::with_capacity(targets.len());
+        for (topic, index) in targets {
+            let partition =
+                resolver.partition(&topic, index).ok_or_else(|| ApiError::unknown_partition(&topic, index))?;
+            let (start, hw) = (partition.log.log_start_offset(), partition.log.high_watermark());
+            let previous = committed.get(&(topic.clone(), index)).copied();
+            let new_offset = match to {
+                ResetTo::Earliest => start,
+                ResetTo::Latest => hw,
+                ResetTo::Timestamp(t) => match resolver.list_offset(&partition, t, false)?.offset {
+                    -1 => hw,
+                    found => found,
+                },
+                ResetTo::Offset(n) if n < start || n > hw => {
+                    return Err(ApiError::new(
+                        ErrorCode::OffsetOutOfRange,
+                        format!("offset {n} is out of range for {topic}-{index}: valid offsets are {start} to {hw} (the high watermark)"),
+                    ))
+                }
+                ResetTo::Offset(n) => n,
+                ResetTo::ShiftBy(n) => match previous {
+                    Some(current) => current.saturating_add(n).clamp(start, hw),
+                    None => {
+                        return Err(ApiError::invalid(format!(
+                            "group has no committed offset for {topic}-{index} to shift from; reset it to earliest, latest, a timestamp or an offset"
+                        )))
+                    }
+                },
+            };
+            changes.push(OffsetChange { topic, partition: index, previous_offset: previous, new_offset });
+        }
+        Ok(changes)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("offset lookup failed: {e}")))??;
+    if !request.dry_run {
+        let offsets = changes.iter().map(|c| to_commit(c.topic.clone(), c.partition, c.new_offset, None)).collect();
+        simple_commit(core, &group, offsets).await?;
+        tracing::info!(group = %group, partitions = changes.len(), "reset committed offsets over HTTP");
+    }
+    Ok(Json(ResetOffsetsResult { group_id: group, dry_run: request.dry_run, offsets: changes }))
+}
+
+pub async fn delete(
+    State(state): State<SharedState>,
+    PathParams(group): PathParams<String>,
+) -> Result<Json<DeletedGroup>, ApiError> {
+    let core = state.core()?;
+    let outcome = core.groups.delete_groups(vec![group.clone()]).await.pop();
+    match outcome {
+        Some((_, None)) => Ok(Json(DeletedGroup { group_id: group })),
+        Some((_, Some(code))) => Err(coordinator_error(code, &group)),
+        None => Err(ApiError::internal("the coordinator returned no result")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition;
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+
+    #[test]
+    fn consumer_assignments_decode_at_any_version() {
+        let assignment = ConsumerProtocolAssignment::default()
+            .with_assigned_partitions(vec![TopicPartition::default()
+                .with_topic(TopicName(StrBytes::from_static_str("orders")))
+                .with_partitions(vec![0, 2])]);
+        for version in [0i16, 1, 3] {
+            let mut buf = bytes::BytesMut::new();
+            buf.extend_from_slice(&version.to_be_bytes());
+            assignment.encode(&mut buf, version).unwrap();
+            let decoded = decode_assignment("consumer", &buf.freeze());
+            assert_eq!(decoded, vec![TopicPartitions { topic: "orders".into(), partitions: vec![0, 2] }]);
+        }
+        assert!(decode_assignment("connect", &Bytes::from_static(b"\0\0anything")).is_empty());
+        assert!(decode_assignment("consumer", &Bytes::from_static(b"\0")).is_empty());
+        assert!(decode_assignment("consumer", &Bytes::from_static(b"\0\0\0\0\0\x09")).is_empty());
+    }
+}

@@ -1,0 +1,139 @@
+//! Weir's admin HTTP front-end: liveness and readiness probes, Prometheus metrics, and a JSON
+//! API over topics, consumer groups, records and the broker. The `weir` command line (`weir
+//! topic`, `weir group`, `weir produce`, `weir consume`) is a client of this API.
+//!
+//! Like the Kafka front-end it is a thin adapter: parse the request, call the broker core
+//! (`weir-broker`), write the answer. Every failure is Kafka's error code under its Kafka name
+//! with a fitting HTTP status ([`error`]).
+//!
+//! Layout: [`api`] the JSON bodies (shared with the CLI), [`error`] the error mapping,
+//! `probes` (`/health`, `/ready`, `/metrics`), `broker_info`, `topics`, `groups`, `records`
+//! (produce and consume over HTTP), [`partitioner`] (Kafka's murmur2 key partitioner).
+//!
+//! Architecture invariant: every change goes through `Broker` and `GroupCoordinator` (appends,
+//! commits, metadata changes), exactly as the Kafka front-end makes it, so the Kafka protocol
+//! and HTTP see the same topics, records and offsets; reads use what `Broker::read` returns. The
+//! only state of its own is a round-robin counter for records without key.
+//!
+//! Start-up: the listener serves from the moment it is bound, before the broker has recovered
+//! its data: `/health` answers at once (the process is alive), `/ready` and the API answer 503
+//! until [`AdminState::set_ready`] hands over the broker.
+#![deny(unsafe_code)]
+#![deny(clippy::unwrap_used)]
+
+pub mod api;
+mod broker_info;
+pub mod error;
+mod extract;
+mod groups;
+pub mod partitioner;
+mod probes;
+mod records;
+mod topics;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+use weir_broker::group::GroupCoordinator;
+use weir_broker::{Broker, ErrorCode};
+
+use crate::error::ApiError;
+
+/// Largest request body (a produce request's records, base64 included). Bodies above it get
+/// 413 before they are parsed.
+pub const BODY_BYTES_MAX: usize = 16 << 20;
+
+/// The broker's parts the API calls, available once the broker has recovered.
+pub struct Core {
+    pub broker: Arc<Broker>,
+    pub groups: Arc<GroupCoordinator>,
+}
+
+/// Shared by every request.
+pub struct AdminState {
+    started: Instant,
+    kafka_listener: SocketAddr,
+    admin_listener: SocketAddr,
+    core: OnceLock<Core>,
+    /// Next partition for a record without key (round-robin over requests and topics).
+    round_robin: AtomicU32,
+}
+
+impl AdminState {
+    /// `started`: when the process started (uptime is measured from it).
+    pub fn new(started: Instant, kafka_listener: SocketAddr, admin_listener: SocketAddr) -> Arc<AdminState> {
+        Arc::new(AdminState {
+            started,
+            kafka_listener,
+            admin_listener,
+            core: OnceLock::new(),
+            round_robin: AtomicU32::new(0),
+        })
+    }
+
+    /// The broker has recovered and serves: the API and `/ready` start answering.
+    pub fn set_ready(&self, core: Core) {
+        if self.core.set(core).is_err() {
+            tracing::warn!("admin API: the broker was handed over twice; keeping the first");
+        }
+    }
+
+    /// The broker, or 503 BROKER_NOT_AVAILABLE while it is starting.
+    fn core(&self) -> Result<&Core, ApiError> {
+        self.core.get().ok_or_else(|| {
+            ApiError::new(ErrorCode::BrokerNotAvailable, "the broker is starting (recovering its logs); retry shortly")
+        })
+    }
+}
+
+type SharedState = Arc<AdminState>;
+
+/// Every endpoint. See `docs/admin-api.md`.
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route("/health", get(probes::health))
+        .route("/ready", get(probes::ready))
+        .route("/metrics", get(probes::metrics))
+        .route("/v1/broker", get(broker_info::info))
+        .route("/v1/broker/configs", get(broker_info::configs))
+        .route("/v1/topics", get(topics::list).post(topics::create))
+        .route("/v1/topics/{topic}", get(topics::describe).delete(topics::delete))
+        .route("/v1/topics/{topic}/configs", get(topics::configs).patch(topics::alter_configs))
+        .route("/v1/topics/{topic}/partitions", get(topics::partitions).post(topics::create_partitions))
+        .route("/v1/topics/{topic}/records", get(records::consume_topic).post(records::produce))
+        .route("/v1/topics/{topic}/partitions/{partition}/records", get(records::consume_partition))
+        .route("/v1/groups", get(groups::list))
+        .route("/v1/groups/{group}", get(groups::describe).delete(groups::delete))
+        .route("/v1/groups/{group}/offsets", post(groups::commit))
+        .route("/v1/groups/{group}/reset-offsets", post(groups::reset_offsets))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::http(StatusCode::NOT_FOUND, "NOT_FOUND", "no such endpoint; see docs/admin-api.md")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::http(StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", "this endpoint does not take that method")
+}
+
+/// Serves `listener` until `shutdown` completes, then stops accepting and waits for the
+/// requests in progress (long polls return early once the broker begins shutting down).
+pub async fn serve(
+    listener: TcpListener,
+    state: SharedState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}

@@ -1,0 +1,219 @@
+//! Transactions: AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn (the producer's
+//! side), DescribeTransactions and ListTransactions (operators). The coordinator is
+//! `weir_broker::txn::TxnCoordinator`; InitProducerId with a transactional id is in
+//! `handlers::producer`.
+
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
+};
+use kafka_protocol::messages::describe_transactions_response::{TopicData, TransactionState};
+use kafka_protocol::messages::list_transactions_response::TransactionState as ListedTransaction;
+use kafka_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
+use weir_broker::txn::{PendingOffset, ProducerIdentity};
+use weir_broker::BrokerError;
+
+use crate::context::{Client, Ctx};
+
+fn code(result: &Result<(), BrokerError>) -> i16 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::debug!(error = %e, "transaction request refused");
+            e.code.code()
+        }
+    }
+}
+
+/// Runs a blocking coordinator call off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, BrokerError> + Send + 'static,
+) -> Result<T, BrokerError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(BrokerError::new(ResponseError::UnknownServerError, e.to_string())))
+}
+
+pub async fn add_partitions(
+    ctx: &Ctx,
+    _client: &Client,
+    request: AddPartitionsToTxnRequest,
+) -> AddPartitionsToTxnResponse {
+    // v0-3: one transaction per request (the client's form).
+    let who = ProducerIdentity {
+        producer_id: request.v3_and_below_producer_id.0,
+        producer_epoch: request.v3_and_below_producer_epoch,
+    };
+    let txn_id = request.v3_and_below_transactional_id.to_string();
+    let partitions: Vec<(String, i32)> = request
+        .v3_and_below_topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(move |p| (t.name.to_string(), *p)))
+        .collect();
+    let txns = ctx.txns.clone();
+    let asked = partitions.clone();
+    let outcomes =
+        tokio::task::spawn_blocking(move || txns.add_partitions(&txn_id, who, &asked)).await.unwrap_or_else(|_| {
+            vec![Some(BrokerError::new(ResponseError::UnknownServerError, "task failed")); partitions.len()]
+        });
+    let mut topics: Vec<AddPartitionsToTxnTopicResult> = Vec::new();
+    for ((topic, partition), outcome) in partitions.into_iter().zip(outcomes) {
+        let result = AddPartitionsToTxnPartitionResult::default()
+            .with_partition_index(partition)
+            .with_partition_error_code(outcome.map_or(0, |e| e.code.code()));
+        match topics.iter_mut().find(|t| t.name.as_str() == topic) {
+            Some(t) => t.results_by_partition.push(result),
+            None => topics.push(
+                AddPartitionsToTxnTopicResult::default()
+                    .with_name(TopicName(StrBytes::from_string(topic)))
+                    .with_results_by_partition(vec![result]),
+            ),
+        }
+    }
+    AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(topics)
+}
+
+pub async fn add_offsets(ctx: &Ctx, _client: &Client, request: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
+    let who = ProducerIdentity { producer_id: request.producer_id.0, producer_epoch: request.producer_epoch };
+    let (txns, txn_id, group) = (ctx.txns.clone(), request.transactional_id.to_string(), request.group_id.to_string());
+    let result = blocking(move || txns.add_offsets(&txn_id, who, &group)).await;
+    AddOffsetsToTxnResponse::default().with_error_code(code(&result))
+}
+
+pub async fn txn_offset_commit(ctx: &Ctx, client: &Client, request: TxnOffsetCommitRequest) -> TxnOffsetCommitResponse {
+    let who = ProducerIdentity { producer_id: request.producer_id.0, producer_epoch: request.producer_epoch };
+    let group = request.group_id.to_string();
+    let mut offsets = Vec::new();
+    for topic in &request.topics {
+        for p in &topic.partitions {
+            offsets.push(PendingOffset {
+                topic: topic.name.to_string(),
+                partition: p.partition_index,
+                offset: p.committed_offset,
+                leader_epoch: if client.version >= 2 { p.committed_leader_epoch } else { -1 },
+                metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
+            });
+        }
+    }
+    // v3+ (KIP-447): the member's generation is checked like an OffsetCommit's.
+    let member_check = if client.version >= 3 {
+        ctx.groups
+            .validate_transactional_commit(
+                &group,
+                request.generation_id,
+                request.member_id.as_str(),
+                request.group_instance_id.as_ref().map(|i| i.as_str()),
+            )
+            .map_err(|code| BrokerError::new(code, "the consumer's group membership is stale"))
+    } else {
+        Ok(())
+    };
+    let unknown: Vec<bool> = offsets.iter().map(|o| ctx.broker.partition(&o.topic, o.partition).is_none()).collect();
+    let result = match member_check {
+        Err(e) => Err(e),
+        Ok(()) => {
+            let (txns, txn_id, group, known) = (
+                ctx.txns.clone(),
+                request.transactional_id.to_string(),
+                group.clone(),
+                offsets.iter().zip(&unknown).filter(|(_, u)| !**u).map(|(o, _)| o.clone()).collect(),
+            );
+            blocking(move || txns.txn_offset_commit(&txn_id, who, &group, known)).await
+        }
+    };
+    let common = code(&result);
+    let topics = request
+        .topics
+        .iter()
+        .map(|topic| {
+            let partitions = topic
+                .partitions
+                .iter()
+                .map(|p| {
+                    let missing = ctx.broker.partition(topic.name.as_str(), p.partition_index).is_none();
+                    let error = if missing { ResponseError::UnknownTopicOrPartition.code() } else { common };
+                    TxnOffsetCommitResponsePartition::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(error)
+                })
+                .collect();
+            TxnOffsetCommitResponseTopic::default().with_name(topic.name.clone()).with_partitions(partitions)
+        })
+        .collect();
+    TxnOffsetCommitResponse::default().with_topics(topics)
+}
+
+pub async fn end_txn(ctx: &Ctx, _client: &Client, request: EndTxnRequest) -> EndTxnResponse {
+    let who = ProducerIdentity { producer_id: request.producer_id.0, producer_epoch: request.producer_epoch };
+    let (txns, txn_id, commit) = (ctx.txns.clone(), request.transactional_id.to_string(), request.committed);
+    let result = blocking(move || txns.end_txn(&txn_id, who, commit)).await;
+    EndTxnResponse::default().with_error_code(code(&result))
+}
+
+pub async fn describe_transactions(
+    ctx: &Ctx,
+    _client: &Client,
+    request: DescribeTransactionsRequest,
+) -> DescribeTransactionsResponse {
+    let states = request
+        .transactional_ids
+        .iter()
+        .map(|id| {
+            let base = TransactionState::default().with_transactional_id(id.clone());
+            match ctx.txns.describe(id.as_str()) {
+                None => base.with_error_code(ResponseError::TransactionalIdNotFound.code()),
+                Some(meta) => {
+                    let mut topics: Vec<TopicData> = Vec::new();
+                    for (topic, partition) in &meta.partitions {
+                        match topics.iter_mut().find(|t| t.topic.as_str() == topic) {
+                            Some(t) => t.partitions.push(*partition),
+                            None => topics.push(
+                                TopicData::default()
+                                    .with_topic(TopicName(StrBytes::from_string(topic.clone())))
+                                    .with_partitions(vec![*partition]),
+                            ),
+                        }
+                    }
+                    base.with_transaction_state(StrBytes::from_static_str(meta.state.name()))
+                        .with_transaction_timeout_ms(meta.timeout_ms)
+                        .with_transaction_start_time_ms(meta.started_ms)
+                        .with_producer_id(ProducerId(meta.producer_id))
+                        .with_producer_epoch(meta.producer_epoch)
+                        .with_topics(topics)
+                }
+            }
+        })
+        .collect();
+    DescribeTransactionsResponse::default().with_transaction_states(states)
+}
+
+pub async fn list_transactions(
+    ctx: &Ctx,
+    _client: &Client,
+    request: ListTransactionsRequest,
+) -> ListTransactionsResponse {
+    const KNOWN: [&str; 6] = ["Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort"];
+    let filters: Vec<String> = request.state_filters.iter().map(|s| s.to_string()).collect();
+    let unknown: Vec<StrBytes> =
+        filters.iter().filter(|f| !KNOWN.contains(&f.as_str())).map(|f| StrBytes::from_string(f.clone())).collect();
+    let producer_ids: Vec<i64> = request.producer_id_filters.iter().map(|p| p.0).collect();
+    let now = ctx.broker.now_ms();
+    let states = ctx
+        .txns
+        .list(&filters, &producer_ids)
+        .into_iter()
+        // v1+: only transactions running longer than the duration filter (-1: all).
+        .filter(|m| request.duration_filter < 0 || now.saturating_sub(m.started_ms) >= request.duration_filter)
+        .map(|m| {
+            ListedTransaction::default()
+                .with_transactional_id(TransactionalId(StrBytes::from_string(m.transactional_id)))
+                .with_producer_id(ProducerId(m.producer_id))
+                .with_transaction_state(StrBytes::from_static_str(m.state.name()))
+        })
+        .collect();
+    ListTransactionsResponse::default().with_unknown_state_filters(unknown).with_transaction_states(states)
+}

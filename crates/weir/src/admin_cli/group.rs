@@ -1,0 +1,221 @@
+//! `weir group list|describe|reset-offsets|delete`.
+
+use std::io::Write;
+
+use clap::{ArgGroup, Args, Subcommand};
+use weir_admin::api::{
+    DeletedGroup, GroupDescription, GroupList, ResetOffsets, ResetOffsetsResult, ResetTo, TopicSelector,
+};
+
+use super::{or_dash, print_json, segment, AdminClient, Connection, Table};
+
+#[derive(Debug, Args)]
+pub struct GroupArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    #[command(subcommand)]
+    pub command: GroupCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GroupCommand {
+    /// List the consumer groups with their state.
+    List(ListArgs),
+    /// Members, assignments, committed offsets and lag of a group.
+    Describe(GroupName),
+    /// Move a group's committed offsets (only while it has no members).
+    ResetOffsets(ResetArgs),
+    /// Delete a group and its committed offsets (only while it has no members).
+    Delete(GroupName),
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only groups in these states (Empty, PreparingRebalance, CompletingRebalance, Stable);
+    /// comma-separated or repeated.
+    #[arg(long = "state", value_delimiter = ',')]
+    pub states: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct GroupName {
+    pub group: String,
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("to").required(true).multiple(false)))]
+#[command(group(ArgGroup::new("which").required(true).multiple(false)))]
+pub struct ResetArgs {
+    pub group: String,
+    /// A topic, or some of its partitions: --topic orders or --topic orders:0,2. Repeatable.
+    #[arg(long = "topic", value_name = "TOPIC[:PARTITIONS]", value_parser = parse_topic_selector, group = "which")]
+    pub topics: Vec<TopicSelector>,
+    /// Every topic the group has committed offsets for.
+    #[arg(long, group = "which")]
+    pub all_topics: bool,
+    /// To the log start offset.
+    #[arg(long, group = "to")]
+    pub to_earliest: bool,
+    /// To the high watermark (skip everything not yet consumed).
+    #[arg(long, group = "to")]
+    pub to_latest: bool,
+    /// To the first record at or after this time, in ms since the epoch.
+    #[arg(long, value_name = "MS", group = "to")]
+    pub to_timestamp: Option<i64>,
+    /// To this offset (it must lie between the log start and the high watermark).
+    #[arg(long, value_name = "OFFSET", group = "to")]
+    pub to_offset: Option<i64>,
+    /// By this many records from the committed offset (negative: back), kept within the log.
+    #[arg(long, value_name = "N", group = "to", allow_hyphen_values = true)]
+    pub shift_by: Option<i64>,
+    /// Show the new offsets without committing them.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `orders` or `orders:0,2`.
+fn parse_topic_selector(text: &str) -> Result<TopicSelector, String> {
+    match text.split_once(':') {
+        None if !text.is_empty() => Ok(TopicSelector::All(text.to_string())),
+        None => Err("empty topic name".into()),
+        Some((topic, list)) => {
+            let partitions = list
+                .split(',')
+                .map(|p| p.trim().parse::<i32>().map_err(|_| format!("{p:?} in {text:?} is not a partition number")))
+                .collect::<Result<Vec<i32>, String>>()?;
+            Ok(TopicSelector::Some { topic: topic.to_string(), partitions })
+        }
+    }
+}
+
+pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
+    let client = AdminClient::new(&args.connection)?;
+    let json = args.connection.json;
+    let mut out = std::io::stdout().lock();
+    match &args.command {
+        GroupCommand::List(a) => {
+            let query: Vec<(&str, String)> =
+                if a.states.is_empty() { Vec::new() } else { vec![("state", a.states.join(","))] };
+            let list: GroupList = client.get("/v1/groups", &query)?;
+            if json {
+                return print_json(&mut out, &list);
+            }
+            let mut table = Table::new(&["GROUP", "STATE", "PROTOCOL-TYPE"]);
+            for g in list.groups {
+                table.row(vec![g.group_id, g.state, g.protocol_type]);
+            }
+            table.write(&mut out)?;
+        }
+        GroupCommand::Describe(a) => {
+            let group: GroupDescription = client.get(&format!("/v1/groups/{}", segment(&a.group)), &[])?;
+            if json {
+                return print_json(&mut out, &group);
+            }
+            write_description(&mut out, &group)?;
+        }
+        GroupCommand::ResetOffsets(a) => {
+            let to = match (a.to_earliest, a.to_latest, a.to_timestamp, a.to_offset, a.shift_by) {
+                (true, ..) => ResetTo::Earliest,
+                (_, true, ..) => ResetTo::Latest,
+                (_, _, Some(t), ..) => ResetTo::Timestamp(t),
+                (_, _, _, Some(o), _) => ResetTo::Offset(o),
+                (.., Some(n)) => ResetTo::ShiftBy(n),
+                _ => {
+                    anyhow::bail!("say where to: --to-earliest, --to-latest, --to-timestamp, --to-offset or --shift-by")
+                }
+            };
+            let request = ResetOffsets {
+                topics: if a.all_topics { None } else { Some(a.topics.clone()) },
+                to,
+                dry_run: a.dry_run,
+            };
+            let result: ResetOffsetsResult =
+                client.post(&format!("/v1/groups/{}/reset-offsets", segment(&a.group)), &request)?;
+            if json {
+                return print_json(&mut out, &result);
+            }
+            let mut table = Table::new(&["TOPIC", "PARTITION", "PREVIOUS-OFFSET", "NEW-OFFSET"]);
+            for c in &result.offsets {
+                table.row(vec![
+                    c.topic.clone(),
+                    c.partition.to_string(),
+                    or_dash(c.previous_offset),
+                    c.new_offset.to_string(),
+                ]);
+            }
+            table.write(&mut out)?;
+            if result.dry_run {
+                writeln!(out, "dry run: nothing committed")?;
+            } else {
+                writeln!(out, "reset {} partition(s) of group '{}'", result.offsets.len(), result.group_id)?;
+            }
+        }
+        GroupCommand::Delete(a) => {
+            let deleted: DeletedGroup = client.delete(&format!("/v1/groups/{}", segment(&a.group)))?;
+            if json {
+                return print_json(&mut out, &deleted);
+            }
+            writeln!(out, "deleted group '{}'", deleted.group_id)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_description(out: &mut impl Write, group: &GroupDescription) -> anyhow::Result<()> {
+    let protocol = match (group.protocol_type.as_str(), group.protocol.as_str()) {
+        ("", _) => "-".to_string(),
+        (kind, "") => kind.to_string(),
+        (kind, assignor) => format!("{kind} ({assignor})"),
+    };
+    writeln!(out, "Group: {}", group.group_id)?;
+    writeln!(
+        out,
+        "State: {}   Protocol: {protocol}   Members: {}   Total lag: {}",
+        group.state,
+        group.members.len(),
+        group.total_lag
+    )?;
+    writeln!(out)?;
+    let member = |id: &Option<String>| group.members.iter().find(|m| Some(&m.member_id) == id.as_ref());
+    let mut table = Table::new(&[
+        "TOPIC",
+        "PARTITION",
+        "CURRENT-OFFSET",
+        "LOG-END-OFFSET",
+        "LAG",
+        "CONSUMER-ID",
+        "HOST",
+        "CLIENT-ID",
+    ]);
+    for o in &group.offsets {
+        let m = member(&o.member_id);
+        table.row(vec![
+            o.topic.clone(),
+            o.partition.to_string(),
+            or_dash(o.committed_offset),
+            or_dash(o.high_watermark),
+            or_dash(o.lag),
+            m.map_or("-".into(), |m| m.member_id.clone()),
+            m.map_or("-".into(), |m| m.client_host.clone()),
+            m.map_or("-".into(), |m| m.client_id.clone()),
+        ]);
+    }
+    table.write(out)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_selectors_parse() {
+        assert_eq!(parse_topic_selector("orders"), Ok(TopicSelector::All("orders".into())));
+        assert_eq!(
+            parse_topic_selector("orders:0,2"),
+            Ok(TopicSelector::Some { topic: "orders".into(), partitions: vec![0, 2] })
+        );
+        assert!(parse_topic_selector("orders:x").is_err());
+        assert!(parse_topic_selector("").is_err());
+    }
+}

@@ -1,0 +1,268 @@
+//! The client commands: `weir topic`, `weir group`, `weir produce`, `weir consume`. They talk to
+//! a running broker through its admin HTTP API (`--admin`, `WEIR_ADMIN`, default
+//! http://127.0.0.1:9644) with the JSON types of `weir_admin::api`, print aligned tables for
+//! people or `--json` for scripts, and on failure print one line `error: ...` on stderr and exit
+//! 1.
+//!
+//! Their arguments are declared next to the code that runs them (one module per command),
+//! unlike `server` and `bench`, whose arguments are in `cli.rs`.
+
+pub mod consume;
+pub mod group;
+pub mod produce;
+pub mod topic;
+
+use std::io::{self, Write};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use weir_admin::api::ErrorBody;
+
+/// Where the admin API listens unless told otherwise (the `admin.listeners` default).
+pub const DEFAULT_ADMIN: &str = "http://127.0.0.1:9644";
+/// Longest response body read (a consume response of 1 MiB of batches is a few MiB of JSON).
+const RESPONSE_BYTES_MAX: u64 = 256 << 20;
+/// Time allowed for one request beyond its own long-poll timeout.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The flags every client command takes (also after the subcommand: they are global).
+#[derive(Debug, Clone, Args)]
+pub struct Connection {
+    /// The broker's admin HTTP API.
+    #[arg(long, value_name = "URL", env = "WEIR_ADMIN", default_value = DEFAULT_ADMIN, global = true)]
+    pub admin: String,
+
+    /// Print JSON (one object per line) instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// An error answer of the admin API.
+#[derive(Debug)]
+pub struct ApiFailure {
+    pub code: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ApiFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.code)
+    }
+}
+
+impl std::error::Error for ApiFailure {}
+
+/// The error code of an API failure, if `e` is one.
+pub fn failure_code(e: &anyhow::Error) -> Option<&str> {
+    e.downcast_ref::<ApiFailure>().map(|f| f.code.as_str())
+}
+
+/// A blocking client of the admin API.
+pub struct AdminClient {
+    base: String,
+    agent: ureq::Agent,
+}
+
+/// Percent-encodes one path segment (group ids may hold any character).
+pub fn segment(text: &str) -> String {
+    let only_dots = text.bytes().all(|b| b == b'.');
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' || (b == b'.' && !only_dots) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl AdminClient {
+    pub fn new(connection: &Connection) -> anyhow::Result<AdminClient> {
+        let base = connection.admin.trim_end_matches('/').to_string();
+        if !base.starts_with("http://") {
+            anyhow::bail!("--admin {base:?}: expected an http:// URL such as {DEFAULT_ADMIN}");
+        }
+        let config =
+            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(REQUEST_TIMEOUT)).build();
+        Ok(AdminClient { base, agent: ureq::Agent::new_with_config(config) })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn get<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
+        let mut request = self.agent.get(self.url(path));
+        for (name, value) in query {
+            request = request.query(*name, value);
+        }
+        self.finish(request.call())
+    }
+
+    pub fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        self.finish(self.agent.post(self.url(path)).send_json(body))
+    }
+
+    pub fn patch<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        self.finish(self.agent.patch(self.url(path)).send_json(body))
+    }
+
+    pub fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        self.finish(self.agent.delete(self.url(path)).call())
+    }
+
+    fn finish<T: DeserializeOwned>(
+        &self,
+        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> anyhow::Result<T> {
+        let mut response = response.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach the admin API at {} ({e}); is `weir server` running there? (set --admin or WEIR_ADMIN)",
+                self.base
+            )
+        })?;
+        let status = response.status();
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(RESPONSE_BYTES_MAX)
+            .read_to_vec()
+            .with_context(|| format!("reading the answer of {}", self.base))?;
+        if status.is_success() {
+            return serde_json::from_slice(&body).with_context(|| {
+                format!("the admin API at {} sent an answer this weir does not understand", self.base)
+            });
+        }
+        match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(ErrorBody { error }) => Err(ApiFailure { code: error.code, message: error.message }.into()),
+            Err(_) => Err(anyhow::anyhow!(
+                "the admin API at {} answered HTTP {status}: {}",
+                self.base,
+                String::from_utf8_lossy(&body).trim()
+            )),
+        }
+    }
+}
+
+/// Ends a client command: on error, one line on stderr and exit status 1 (a closed stdout, as
+/// in `weir consume ... | head`, ends quietly with 0).
+pub fn finish(result: anyhow::Result<()>) -> anyhow::Result<()> {
+    let Err(e) = result else { return Ok(()) };
+    if e.chain().any(|cause| cause.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe))
+    {
+        std::process::exit(0);
+    }
+    eprintln!("error: {e:#}");
+    std::process::exit(1);
+}
+
+/// Writes `value` as one line of JSON.
+pub fn print_json<T: Serialize>(out: &mut impl Write, value: &T) -> anyhow::Result<()> {
+    serde_json::to_writer(&mut *out, value)?;
+    out.write_all(b"\n")?;
+    Ok(())
+}
+
+/// A table for people: left-aligned columns, two spaces apart.
+pub struct Table {
+    headers: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(headers: &[&'static str]) -> Table {
+        Table { headers: headers.to_vec(), rows: Vec::new() }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        debug_assert_eq!(cells.len(), self.headers.len());
+        self.rows.push(cells);
+    }
+
+    pub fn write(&self, out: &mut impl Write) -> io::Result<()> {
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let line = |cells: Vec<&str>| -> String {
+            let last = cells.len().saturating_sub(1);
+            let mut text = String::new();
+            for (i, (cell, width)) in cells.iter().zip(&widths).enumerate() {
+                text.push_str(cell);
+                if i < last {
+                    text.push_str(&" ".repeat(width - cell.chars().count() + 2));
+                }
+            }
+            text
+        };
+        writeln!(out, "{}", line(self.headers.clone()))?;
+        for row in &self.rows {
+            writeln!(out, "{}", line(row.iter().map(String::as_str).collect()))?;
+        }
+        Ok(())
+    }
+}
+
+/// `Some(n)` as a number, `None` as `-`.
+pub fn or_dash(value: Option<i64>) -> String {
+    value.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+/// Bytes for people: 512 B, 1.5 KiB, 3.0 MiB.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// `name=value` (for --config, --set, --header).
+pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().to_string(), value.to_string())),
+        _ => Err(format!("expected NAME=VALUE, got {text:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns() {
+        let mut table = Table::new(&["TOPIC", "PARTITIONS"]);
+        table.row(vec!["a-long-name".into(), "3".into()]);
+        table.row(vec!["b".into(), "12".into()]);
+        let mut out = Vec::new();
+        table.write(&mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "TOPIC        PARTITIONS\na-long-name  3\nb            12\n");
+    }
+
+    #[test]
+    fn segments_are_percent_encoded() {
+        assert_eq!(segment("orders.v1"), "orders.v1");
+        assert_eq!(segment("my group/1"), "my%20group%2F1");
+        assert_eq!(segment(".."), "%2E%2E");
+        assert_eq!(segment("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+}

@@ -1,0 +1,224 @@
+//! `weir topic create|list|describe|delete|alter`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use clap::{Args, Subcommand};
+use weir_admin::api::{
+    AlterConfigs, Configs, CreatePartitions, CreateTopic, CreatedTopic, DeletedTopic, PartitionCount, TopicDescription,
+    TopicList,
+};
+
+use super::{human_bytes, parse_key_value, print_json, segment, AdminClient, Connection, Table};
+
+#[derive(Debug, Args)]
+pub struct TopicArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    #[command(subcommand)]
+    pub command: TopicCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopicCommand {
+    /// Create a topic.
+    Create(CreateArgs),
+    /// List the topics (internal ones too, unless --exclude-internal).
+    List(ListArgs),
+    /// Partitions (offsets, sizes) and configs of a topic.
+    Describe(DescribeArgs),
+    /// Delete a topic and its data.
+    Delete(NameArg),
+    /// Change a topic's configs (--set, --delete) or add partitions (--partitions).
+    Alter(AlterArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    pub name: String,
+    /// Partitions. [default: the broker's num.partitions]
+    #[arg(long)]
+    pub partitions: Option<i32>,
+    /// Replicas per partition; a single node keeps 1. [default: the broker's default.replication.factor]
+    #[arg(long)]
+    pub replication_factor: Option<i16>,
+    /// A topic config, Kafka-named: --config retention.ms=3600000. Repeatable.
+    #[arg(long = "config", value_name = "NAME=VALUE", value_parser = parse_key_value)]
+    pub configs: Vec<(String, String)>,
+    /// Check everything, create nothing.
+    #[arg(long)]
+    pub validate_only: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Leave out internal topics (__consumer_offsets).
+    #[arg(long)]
+    pub exclude_internal: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DescribeArgs {
+    pub name: String,
+    /// Show every config, not only the topic's overrides.
+    #[arg(long)]
+    pub all_configs: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct NameArg {
+    pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct AlterArgs {
+    pub name: String,
+    /// Set a topic config: --set retention.ms=3600000. Repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_key_value)]
+    pub set: Vec<(String, String)>,
+    /// Remove a topic config override (back to the broker's default). Repeatable.
+    #[arg(long = "delete", value_name = "NAME")]
+    pub delete: Vec<String>,
+    /// Grow the topic to this many partitions.
+    #[arg(long)]
+    pub partitions: Option<i32>,
+    /// Check everything, change nothing.
+    #[arg(long)]
+    pub validate_only: bool,
+}
+
+pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
+    let client = AdminClient::new(&args.connection)?;
+    let json = args.connection.json;
+    let mut out = std::io::stdout().lock();
+    match &args.command {
+        TopicCommand::Create(a) => {
+            let request = CreateTopic {
+                name: a.name.clone(),
+                partitions: a.partitions,
+                replication_factor: a.replication_factor,
+                configs: a.configs.iter().cloned().collect(),
+                validate_only: a.validate_only,
+            };
+            let created: CreatedTopic = client.post("/v1/topics", &request)?;
+            if json {
+                return print_json(&mut out, &created);
+            }
+            let partitions = match created.partitions {
+                1 => "1 partition".to_string(),
+                n => format!("{n} partitions"),
+            };
+            if created.validate_only {
+                writeln!(out, "topic '{}' is valid: {partitions} (nothing created)", created.name)?;
+            } else {
+                writeln!(out, "created topic '{}' with {partitions}", created.name)?;
+            }
+        }
+        TopicCommand::List(a) => {
+            let mut list: TopicList = client.get("/v1/topics", &[])?;
+            if a.exclude_internal {
+                list.topics.retain(|t| !t.internal);
+            }
+            if json {
+                return print_json(&mut out, &list);
+            }
+            let mut table = Table::new(&["TOPIC", "PARTITIONS", "INTERNAL", "ID"]);
+            for t in list.topics {
+                let internal = if t.internal { "yes" } else { "no" };
+                table.row(vec![t.name, t.partitions.to_string(), internal.into(), t.id]);
+            }
+            table.write(&mut out)?;
+        }
+        TopicCommand::Describe(a) => {
+            let topic: TopicDescription = client.get(&format!("/v1/topics/{}", segment(&a.name)), &[])?;
+            if json {
+                return print_json(&mut out, &topic);
+            }
+            write_description(&mut out, &topic, a.all_configs)?;
+        }
+        TopicCommand::Delete(a) => {
+            let deleted: DeletedTopic = client.delete(&format!("/v1/topics/{}", segment(&a.name)))?;
+            if json {
+                return print_json(&mut out, &deleted);
+            }
+            writeln!(out, "deleted topic '{}'", deleted.name)?;
+        }
+        TopicCommand::Alter(a) => alter(&client, &mut out, a, json)?,
+    }
+    Ok(())
+}
+
+fn write_description(out: &mut impl Write, topic: &TopicDescription, all_configs: bool) -> anyhow::Result<()> {
+    writeln!(out, "Topic: {}{}", topic.name, if topic.internal { " (internal)" } else { "" })?;
+    writeln!(out, "Id: {}", topic.id)?;
+    writeln!(
+        out,
+        "Partitions: {}   Replication factor: {}   Size: {}",
+        topic.partitions.len(),
+        topic.replication_factor,
+        human_bytes(topic.size_bytes)
+    )?;
+    writeln!(out)?;
+    let mut table = Table::new(&["PARTITION", "LEADER", "REPLICAS", "LOG-START", "HIGH-WATERMARK", "LOG-END", "SIZE"]);
+    for p in &topic.partitions {
+        let replicas: Vec<String> = p.replicas.iter().map(i32::to_string).collect();
+        table.row(vec![
+            p.partition.to_string(),
+            p.leader.to_string(),
+            replicas.join(","),
+            p.log_start_offset.to_string(),
+            p.high_watermark.to_string(),
+            p.log_end_offset.to_string(),
+            human_bytes(p.size_bytes),
+        ]);
+    }
+    table.write(out)?;
+    writeln!(out)?;
+    let configs: Vec<_> = topic.configs.iter().filter(|c| all_configs || c.source == "topic").collect();
+    if configs.is_empty() {
+        writeln!(out, "Configs: no overrides (--all-configs shows the defaults in force)")?;
+        return Ok(());
+    }
+    let mut table = Table::new(&["CONFIG", "VALUE", "SOURCE"]);
+    for c in configs {
+        table.row(vec![c.name.clone(), c.value.clone(), c.source.clone()]);
+    }
+    table.write(out)?;
+    Ok(())
+}
+
+fn alter(client: &AdminClient, out: &mut impl Write, a: &AlterArgs, json: bool) -> anyhow::Result<()> {
+    if a.set.is_empty() && a.delete.is_empty() && a.partitions.is_none() {
+        anyhow::bail!("nothing to alter: give --set NAME=VALUE, --delete NAME or --partitions N");
+    }
+    let path = format!("/v1/topics/{}", segment(&a.name));
+    let mut done = Vec::new();
+    let mut results = BTreeMap::new();
+    if !a.set.is_empty() || !a.delete.is_empty() {
+        let request = AlterConfigs {
+            set: a.set.iter().cloned().collect(),
+            delete: a.delete.clone(),
+            validate_only: a.validate_only,
+        };
+        let configs: Configs = client.patch(&format!("{path}/configs"), &request)?;
+        for (name, value) in &a.set {
+            done.push(format!("set {name}={value}"));
+        }
+        for name in &a.delete {
+            done.push(format!("deleted {name}"));
+        }
+        results.insert("configs", serde_json::to_value(configs)?);
+    }
+    if let Some(count) = a.partitions {
+        let request = CreatePartitions { count, validate_only: a.validate_only };
+        let grown: PartitionCount = client.post(&format!("{path}/partitions"), &request)?;
+        done.push(format!("{} partitions", grown.partitions));
+        results.insert("partitions", serde_json::to_value(grown)?);
+    }
+    if json {
+        return print_json(out, &results);
+    }
+    let verb = if a.validate_only { "would alter (nothing changed)" } else { "altered" };
+    writeln!(out, "{verb} topic '{}': {}", a.name, done.join(", "))?;
+    Ok(())
+}

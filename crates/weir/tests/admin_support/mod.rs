@@ -1,0 +1,249 @@
+//! Shared helpers of the admin API and CLI tests: start the real `weir server` with its admin
+//! listener on a free port, call the HTTP API, run the `weir` client commands against it.
+// Each test file uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// How long the broker may take to print its address lines (debug build, loaded machine).
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A `weir server` child process with the admin listener on; killed when dropped.
+pub struct Server {
+    child: Child,
+    scratch: tempfile::TempDir,
+    pub kafka: SocketAddr,
+    /// `http://127.0.0.1:PORT`.
+    pub admin: String,
+    agent: ureq::Agent,
+}
+
+impl Server {
+    /// Starts `weir server` on 127.0.0.1 port 0 for both listeners, with
+    /// `group.initial.rebalance.delay.ms=0` and `settings` (`name=value`).
+    pub fn start(settings: &[&str]) -> Server {
+        let scratch = tempfile::Builder::new().prefix("weir-admin-test-").tempdir().expect("scratch dir");
+        let log = File::create(scratch.path().join("broker.log")).expect("log file");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
+        command.args(["server", "--listen", "127.0.0.1:0", "--data-dir"]).arg(scratch.path().join("data")).args([
+            "--set",
+            "admin.listeners=127.0.0.1:0",
+            "--set",
+            "group.initial.rebalance.delay.ms=0",
+        ]);
+        for setting in settings {
+            command.args(["--set", setting]);
+        }
+        for (key, _) in std::env::vars() {
+            if key.starts_with("WEIR_") {
+                command.env_remove(key);
+            }
+        }
+        command.env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(log));
+        let mut child = command.spawn().expect("spawn weir server");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        // Reads the two address lines, then drains stdout so the broker never blocks on it.
+        std::thread::spawn(move || {
+            let mut kafka: Option<SocketAddr> = None;
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = parse_kafka_line(&line) {
+                    kafka = Some(addr);
+                } else if let (Some(admin), Some(kafka)) = (parse_admin_line(&line), kafka) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send((kafka, admin));
+                    }
+                }
+            }
+        });
+        let agent = ureq::Agent::new_with_config(
+            ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(60)))
+                .build(),
+        );
+        match rx.recv_timeout(STARTUP_TIMEOUT) {
+            Ok((kafka, admin)) => Server { child, scratch, kafka, admin: format!("http://{admin}"), agent },
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let log = std::fs::read_to_string(scratch.path().join("broker.log")).unwrap_or_default();
+                panic!("weir server did not print both address lines within {STARTUP_TIMEOUT:?}\n{log}");
+            }
+        }
+    }
+
+    /// SIGTERM, then waits (up to 30 s) for the process to exit; returns its status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "weir did not exit within 30 s of SIGTERM\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self.scratch.path().join("data")
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.scratch.path().join("broker.log")).unwrap_or_default()
+    }
+
+    /// One HTTP request; `body` is sent as is (it need not be valid JSON). Returns the status
+    /// and the body parsed as JSON (`Value::Null` for an empty or non-JSON body).
+    pub fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let (status, _, text) = self.call_raw(method, path, body);
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// As [`Server::call`]: (status, content type, body text).
+    pub fn call_raw(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String, String) {
+        let url = format!("{}{path}", self.admin);
+        let result = match (method, body) {
+            ("GET", _) => self.agent.get(&url).call(),
+            ("DELETE", _) => self.agent.delete(&url).call(),
+            ("POST", Some(b)) => self.agent.post(&url).content_type("application/json").send(b.as_bytes()),
+            ("POST", None) => self.agent.post(&url).send_empty(),
+            ("PATCH", Some(b)) => self.agent.patch(&url).content_type("application/json").send(b.as_bytes()),
+            ("PUT", Some(b)) => self.agent.put(&url).send(b.as_bytes()),
+            other => panic!("unsupported request {other:?}"),
+        };
+        let mut response = result.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status().as_u16();
+        let content_type =
+            response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        let text = response.body_mut().with_config().limit(256 << 20).read_to_string().expect("response body");
+        (status, content_type, text)
+    }
+
+    /// GET that must answer 200.
+    pub fn get_ok(&self, path: &str) -> Value {
+        let (status, body) = self.call("GET", path, None);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        body
+    }
+
+    /// A request whose answer must be `status`; returns the body.
+    pub fn expect(&self, method: &str, path: &str, body: Option<&str>, status: u16) -> Value {
+        let (got, answer) = self.call(method, path, body);
+        assert_eq!(got, status, "{method} {path} {body:?}: {answer}");
+        answer
+    }
+
+    /// A request that must fail with `status` and the Kafka-named `code`; returns the message.
+    pub fn expect_error(&self, method: &str, path: &str, body: Option<&str>, status: u16, code: &str) -> String {
+        let answer = self.expect(method, path, body, status);
+        assert_eq!(answer["error"]["code"], code, "{method} {path}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default().to_string();
+        assert!(!message.is_empty(), "{method} {path}: an error without message: {answer}");
+        message
+    }
+
+    /// Creates a topic over HTTP; panics unless it is created.
+    pub fn create_topic(&self, name: &str, partitions: i32) {
+        let body = serde_json::json!({ "name": name, "partitions": partitions }).to_string();
+        self.expect("POST", "/v1/topics", Some(&body), 201);
+    }
+
+    /// Runs `weir ARGS` against this server (through WEIR_ADMIN) with `stdin`.
+    pub fn weir(&self, args: &[&str], stdin: &str) -> CliOutput {
+        run_weir(args, stdin, &[("WEIR_ADMIN", self.admin.as_str())])
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `weir 0.1.0 listening on 127.0.0.1:PORT (Kafka protocol), data in DIR` → the address.
+fn parse_kafka_line(line: &str) -> Option<SocketAddr> {
+    let rest = line.strip_prefix("weir ")?;
+    let (_, rest) = rest.split_once(" listening on ")?;
+    rest.split_once(' ')?.0.parse().ok()
+}
+
+/// `admin http://127.0.0.1:PORT (JSON API, /metrics)` → the address.
+fn parse_admin_line(line: &str) -> Option<SocketAddr> {
+    let rest = line.strip_prefix("admin http://")?;
+    let (addr, tail) = rest.split_once(' ')?;
+    (tail == "(JSON API, /metrics)").then_some(())?;
+    addr.parse().ok()
+}
+
+/// What a `weir` client command did.
+#[derive(Debug)]
+pub struct CliOutput {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CliOutput {
+    /// Panics unless the command exited 0; returns stdout.
+    pub fn ok(&self) -> &str {
+        assert_eq!(self.code, Some(0), "the command failed:\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
+        &self.stdout
+    }
+
+    /// Panics unless the command exited 1 with exactly one line `error: ...` on stderr;
+    /// returns that line.
+    pub fn failed(&self) -> &str {
+        assert_eq!(self.code, Some(1), "expected exit status 1:\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "expected one line on stderr: {:?}", self.stderr);
+        assert!(lines[0].starts_with("error: "), "{:?}", lines[0]);
+        lines[0]
+    }
+
+    /// stdout's lines parsed as JSON, one object each.
+    pub fn json_lines(&self) -> Vec<Value> {
+        self.ok().lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"))).collect()
+    }
+}
+
+/// Runs `weir ARGS` with `stdin` and extra environment variables (any WEIR_* of the test run
+/// removed first).
+pub fn run_weir(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> CliOutput {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
+    command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("WEIR_") || key == "RUST_LOG" {
+            command.env_remove(key);
+        }
+    }
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().expect("spawn weir");
+    let mut input = child.stdin.take().expect("piped stdin");
+    let text = stdin.to_string();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(text.as_bytes());
+    });
+    let Output { status, stdout, stderr } = child.wait_with_output().expect("wait for weir");
+    let _ = writer.join();
+    CliOutput {
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    }
+}

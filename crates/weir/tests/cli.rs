@@ -1,0 +1,260 @@
+//! The `weir` client commands (`topic`, `group`, `produce`, `consume`) against the real
+//! `weir server` binary: their tables, their `--json`, and their errors (exit status 1 with one
+//! `error: ...` line on stderr).
+
+mod admin_support;
+
+use admin_support::{run_weir, Server};
+use serde_json::{json, Value};
+
+#[test]
+fn topic_commands_create_list_describe_alter_and_delete() {
+    let server = Server::start(&[]);
+    let created =
+        server.weir(&["topic", "create", "orders", "--partitions", "3", "--config", "retention.ms=60000"], "");
+    assert_eq!(created.ok(), "created topic 'orders' with 3 partitions\n");
+    let checked = server.weir(&["topic", "create", "dry", "--validate-only"], "");
+    assert_eq!(checked.ok(), "topic 'dry' is valid: 1 partition (nothing created)\n");
+    let json = server.weir(&["topic", "create", "events", "--json"], "").json_lines();
+    assert_eq!(json.len(), 1);
+    assert_eq!((json[0]["name"].as_str(), json[0]["partitions"].as_i64()), (Some("events"), Some(1)));
+
+    let listed = server.weir(&["topic", "list"], "");
+    let lines: Vec<&str> = listed.ok().lines().collect();
+    assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>(), ["TOPIC", "PARTITIONS", "INTERNAL", "ID"]);
+    let orders = lines.iter().find(|l| l.starts_with("orders ")).expect("orders is listed");
+    assert_eq!(orders.split_whitespace().take(3).collect::<Vec<_>>(), ["orders", "3", "no"]);
+    assert!(lines.iter().any(|l| l.starts_with("__consumer_offsets ")));
+    // Columns line up: every row's second column starts where the header's does.
+    let column = lines[0].find("PARTITIONS").unwrap();
+    assert!(lines[1..].iter().all(|l| l[column..].starts_with(|c: char| c.is_ascii_digit())), "{lines:?}");
+    let internal_free = server.weir(&["topic", "list", "--exclude-internal", "--json"], "").json_lines();
+    let names: Vec<&str> =
+        internal_free[0]["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["events", "orders"]);
+
+    let described = server.weir(&["topic", "describe", "orders"], "");
+    let text = described.ok();
+    assert!(text.starts_with("Topic: orders\n"), "{text}");
+    assert!(text.contains("Partitions: 3   Replication factor: 1"), "{text}");
+    assert!(text.contains("PARTITION  LEADER  REPLICAS  LOG-START  HIGH-WATERMARK  LOG-END  SIZE"), "{text}");
+    let config_line = text.lines().find(|l| l.starts_with("retention.ms")).expect("the override is shown");
+    assert_eq!(config_line.split_whitespace().collect::<Vec<_>>(), ["retention.ms", "60000", "topic"]);
+    assert!(!text.contains("cleanup.policy"), "defaults only with --all-configs: {text}");
+    assert!(server.weir(&["topic", "describe", "orders", "--all-configs"], "").ok().contains("cleanup.policy"));
+    let json = server.weir(&["topic", "describe", "orders", "--json"], "").json_lines();
+    assert_eq!(json[0]["partitions"].as_array().map(Vec::len), Some(3));
+
+    let altered = server.weir(
+        &[
+            "topic",
+            "alter",
+            "orders",
+            "--set",
+            "segment.bytes=1048576",
+            "--delete",
+            "retention.ms",
+            "--partitions",
+            "4",
+        ],
+        "",
+    );
+    assert_eq!(altered.ok(), "altered topic 'orders': set segment.bytes=1048576, deleted retention.ms, 4 partitions\n");
+    let after = server.get_ok("/v1/topics/orders");
+    assert_eq!(after["partitions"].as_array().map(Vec::len), Some(4));
+    let source = |name: &str| {
+        after["configs"].as_array().unwrap().iter().find(|c| c["name"] == name).map(|c| c["source"].clone())
+    };
+    assert_eq!(source("segment.bytes"), Some(json!("topic")));
+    assert_eq!(source("retention.ms"), Some(json!("default")));
+
+    // Errors: one line, Kafka's code, exit status 1.
+    assert_eq!(
+        server.weir(&["topic", "describe", "nope"], "").failed(),
+        "error: topic 'nope' does not exist (UNKNOWN_TOPIC_OR_PARTITION)"
+    );
+    assert_eq!(
+        server.weir(&["topic", "create", "orders"], "").failed(),
+        "error: topic 'orders' already exists (TOPIC_ALREADY_EXISTS)"
+    );
+    assert!(server
+        .weir(&["topic", "create", "x", "--config", "retention.ms=soon"], "")
+        .failed()
+        .ends_with("(INVALID_CONFIG)"));
+    assert!(server
+        .weir(&["topic", "alter", "orders", "--partitions", "2"], "")
+        .failed()
+        .ends_with("(INVALID_PARTITIONS)"));
+    assert_eq!(
+        server.weir(&["topic", "alter", "orders"], "").failed(),
+        "error: nothing to alter: give --set NAME=VALUE, --delete NAME or --partitions N"
+    );
+
+    assert_eq!(server.weir(&["topic", "delete", "orders"], "").ok(), "deleted topic 'orders'\n");
+    assert!(server.weir(&["topic", "delete", "orders"], "").failed().ends_with("(UNKNOWN_TOPIC_OR_PARTITION)"));
+}
+
+#[test]
+fn produce_reads_stdin_lines_and_consume_prints_them() {
+    let server = Server::start(&[]);
+    server.create_topic("lines", 1);
+    let produced = server.weir(
+        &["produce", "lines", "--key-separator", ":", "--header", "source=cli"],
+        "k1:hello\nk2:world: with a colon\nno key here\n\nlast\r\n",
+    );
+    assert_eq!(produced.ok(), "produced 5 record(s) to 'lines'\n");
+
+    let consumed = server.weir(&["consume", "lines", "--from-beginning", "--timeout", "1"], "");
+    assert_eq!(
+        consumed.ok(),
+        "partition=0 offset=0 key=k1 headers=source:cli value=hello\n\
+         partition=0 offset=1 key=k2 headers=source:cli value=world: with a colon\n\
+         partition=0 offset=2 key=(null) headers=source:cli value=no key here\n\
+         partition=0 offset=3 key=(null) headers=source:cli value=\n\
+         partition=0 offset=4 key=(null) headers=source:cli value=last\n"
+    );
+    assert_eq!(consumed.stderr, "consumed 5 record(s)\n");
+
+    let json =
+        server.weir(&["consume", "lines", "--partition", "0", "--offset", "1", "--max-messages", "2", "--json"], "");
+    let records = json.json_lines();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0]["topic"], "lines");
+    assert_eq!(records[0]["offset"], 1);
+    assert_eq!(records[0]["key"], "k2");
+    assert_eq!(records[0]["headers"], json!({"source": "cli"}));
+    assert_eq!(records[1]["value"], "no key here");
+    let base64 = server.weir(
+        &["consume", "lines", "--offset", "earliest", "--max-messages", "1", "--json", "--encoding", "base64"],
+        "",
+    );
+    assert_eq!(base64.json_lines()[0]["value"], "aGVsbG8=");
+
+    // Binary lines round-trip; --json prints each record's partition and offset.
+    let produced = server.weir(&["produce", "lines", "--json", "--partition", "0"], "\u{1}\u{2}\n");
+    assert_eq!(
+        produced.json_lines(),
+        vec![json!({"partition": 0, "offset": 5, "timestamp": produced.json_lines()[0]["timestamp"]})]
+    );
+
+    // Only new records without --from-beginning: nothing arrives within the timeout.
+    let quiet = server.weir(&["consume", "lines", "--timeout", "0.5"], "");
+    assert_eq!(quiet.ok(), "");
+    assert_eq!(quiet.stderr, "consumed 0 record(s)\n");
+
+    // Errors.
+    assert_eq!(
+        server.weir(&["produce", "nope"], "x\n").failed(),
+        "error: topic 'nope' does not exist (UNKNOWN_TOPIC_OR_PARTITION)"
+    );
+    assert!(server
+        .weir(&["produce", "lines", "--partition", "3"], "x\n")
+        .failed()
+        .ends_with("(UNKNOWN_TOPIC_OR_PARTITION)"));
+    assert_eq!(
+        server.weir(&["consume", "nope", "--timeout", "0.1"], "").failed(),
+        "error: topic 'nope' does not exist (UNKNOWN_TOPIC_OR_PARTITION)"
+    );
+    assert!(server
+        .weir(&["consume", "lines", "--partition", "0", "--offset", "99", "--timeout", "0.1"], "")
+        .failed()
+        .contains("offset 99 is out of range for lines-0"));
+    assert_eq!(
+        server.weir(&["consume", "lines", "--offset", "7", "--timeout", "0.1"], "").failed(),
+        "error: --offset 7 needs --partition (or use earliest or latest)"
+    );
+    assert_eq!(
+        server.weir(&["consume", "lines", "--partition", "2", "--timeout", "0.1"], "").failed(),
+        "error: topic 'lines' has no partition 2"
+    );
+}
+
+#[test]
+fn group_commands_follow_a_consumer_group() {
+    let server = Server::start(&["offsets.topic.num.partitions=3"]);
+    server.create_topic("tasks", 2);
+    let input: String = (0..6).map(|i| format!("t{i}\n")).collect();
+    server.weir(&["produce", "tasks", "--partition", "0"], &input).ok();
+
+    // A group consumer starts where nothing is committed (--from-beginning), commits what it
+    // printed, and the next one resumes there.
+    let first = server.weir(&["consume", "tasks", "--group", "crew", "--from-beginning", "--max-messages", "4"], "");
+    assert_eq!(first.ok().lines().count(), 4);
+    let second = server.weir(&["consume", "tasks", "--group", "crew", "--timeout", "1", "--json"], "");
+    let values: Vec<Value> = second.json_lines().iter().map(|r| r["value"].clone()).collect();
+    assert_eq!(values, [json!("t4"), json!("t5")]);
+
+    let listed = server.weir(&["group", "list"], "");
+    assert_eq!(
+        listed.ok().lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).collect::<Vec<_>>(),
+        vec![vec!["GROUP", "STATE", "PROTOCOL-TYPE"], vec!["crew", "Empty"],]
+    );
+    assert_eq!(
+        server.weir(&["group", "list", "--state", "Stable", "--json"], "").json_lines(),
+        vec![json!({"groups": []})]
+    );
+
+    let described = server.weir(&["group", "describe", "crew"], "");
+    let text = described.ok();
+    assert!(text.starts_with("Group: crew\nState: Empty   Protocol: -   Members: 0   Total lag: 0\n"), "{text}");
+    let row = |text: &str, topic_partition: &str| -> Vec<String> {
+        text.lines()
+            .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .find(|cells| cells.len() > 2 && format!("{} {}", cells[0], cells[1]) == topic_partition)
+            .unwrap_or_else(|| panic!("no row for {topic_partition} in {text}"))
+    };
+    assert_eq!(row(text, "tasks 0"), ["tasks", "0", "6", "6", "0", "-", "-", "-"]);
+
+    // Reset: a dry run shows, a real one commits.
+    let dry =
+        server.weir(&["group", "reset-offsets", "crew", "--topic", "tasks:0", "--to-offset", "2", "--dry-run"], "");
+    let text = dry.ok();
+    assert_eq!(row(text, "tasks 0"), ["tasks", "0", "6", "2"]);
+    assert!(text.ends_with("dry run: nothing committed\n"), "{text}");
+    assert_eq!(server.get_ok("/v1/groups/crew")["total_lag"], 0);
+    let reset = server.weir(&["group", "reset-offsets", "crew", "--all-topics", "--to-earliest"], "");
+    assert!(reset.ok().ends_with("reset 2 partition(s) of group 'crew'\n"), "{}", reset.stdout);
+    assert_eq!(row(&server.weir(&["group", "describe", "crew"], "").stdout, "tasks 0")[4], "6", "lag after the reset");
+    let shifted =
+        server.weir(&["group", "reset-offsets", "crew", "--topic", "tasks:0", "--shift-by", "-1", "--json"], "");
+    assert_eq!(shifted.json_lines()[0]["offsets"][0]["new_offset"], 0);
+    server.weir(&["group", "reset-offsets", "crew", "--topic", "tasks", "--to-latest"], "").ok();
+    let json = server.weir(&["group", "describe", "crew", "--json"], "").json_lines();
+    assert_eq!(json[0]["total_lag"], 0);
+
+    // Errors.
+    assert!(server
+        .weir(&["group", "reset-offsets", "crew", "--topic", "tasks", "--to-offset", "99"], "")
+        .failed()
+        .ends_with("(OFFSET_OUT_OF_RANGE)"));
+    assert!(server
+        .weir(&["group", "reset-offsets", "crew", "--topic", "nope", "--to-earliest"], "")
+        .failed()
+        .ends_with("(UNKNOWN_TOPIC_OR_PARTITION)"));
+    let usage = server.weir(&["group", "reset-offsets", "crew", "--topic", "tasks"], "");
+    assert_eq!(usage.code, Some(2), "clap refuses a reset without a target: {}", usage.stderr);
+    assert_eq!(
+        server.weir(&["group", "describe", "ghosts"], "").failed(),
+        "error: group 'ghosts' does not exist (GROUP_ID_NOT_FOUND)"
+    );
+
+    assert_eq!(server.weir(&["group", "delete", "crew"], "").ok(), "deleted group 'crew'\n");
+    assert_eq!(
+        server.weir(&["group", "delete", "crew"], "").failed(),
+        "error: group 'crew' does not exist (GROUP_ID_NOT_FOUND)"
+    );
+}
+
+#[test]
+fn the_admin_address_comes_from_the_flag_or_the_environment() {
+    let server = Server::start(&[]);
+    let by_flag = run_weir(&["topic", "list", "--admin", &server.admin, "--json"], "", &[]);
+    assert!(by_flag.ok().contains("__consumer_offsets"));
+    let by_env = run_weir(&["topic", "list"], "", &[("WEIR_ADMIN", &server.admin)]);
+    assert!(by_env.ok().contains("__consumer_offsets"));
+
+    let unreachable = run_weir(&["topic", "list", "--admin", "http://127.0.0.1:1"], "", &[]);
+    let line = unreachable.failed();
+    assert!(line.starts_with("error: cannot reach the admin API at http://127.0.0.1:1"), "{line}");
+    assert!(run_weir(&["topic", "list", "--admin", "ftp://x"], "", &[]).failed().contains("expected an http:// URL"));
+}
