@@ -25,7 +25,8 @@ from helpers import close_quietly
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # Settings every broker of the suite starts with; a test may add or override some.
-DEFAULT_SETTINGS = {"group.initial.rebalance.delay.ms": "0"}
+# Several brokers run at once: each takes a free admin port rather than the fixed default.
+DEFAULT_SETTINGS = {"group.initial.rebalance.delay.ms": "0", "admin.listeners": "127.0.0.1:0"}
 
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 15.0
