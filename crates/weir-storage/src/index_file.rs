@@ -65,6 +65,11 @@ impl IndexFile {
             // every set_len). Other processes modifying it is outside the data directory contract.
             #[allow(unsafe_code)]
             let mmap = unsafe { MmapMut::map_mut(&file) }.at(&self.path)?;
+            // The file is preallocated and mostly a hole. Without this, every write fault in a
+            // fresh page makes the kernel read ahead (zero-fill) the pages after it too: with a
+            // thousand partitions that was most of the broker's CPU, and resident memory the
+            // index never uses. Best effort: a kernel that refuses the hint just reads ahead.
+            let _ = mmap.advise(memmap2::Advice::Random);
             self.mmap = Some(mmap);
         }
         self.capacity = length / self.entry_bytes;
