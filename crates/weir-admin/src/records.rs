@@ -18,11 +18,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Record, RecordBatchDecoder, TimestampType};
 use tokio::sync::Notify;
-use weir_broker::{Broker, BrokerError, ErrorCode, Partition};
+use weir_broker::{internal_records, Broker, BrokerError, ErrorCode, Partition};
 
 use crate::api::{
     ConsumedRecord, Encoding, Headers, PartitionPosition, PartitionRecords, ProduceRequest, ProduceResponse,
@@ -64,30 +62,14 @@ fn new_record(
     value: Option<Bytes>,
     headers: Vec<(String, Option<Bytes>)>,
 ) -> Record {
-    Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: -1,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: TimestampType::Creation,
-        offset,
-        // The encoder keeps records in one batch while offset − sequence is constant, and
-        // derives the base sequence from the first record: −1, "no sequence".
-        sequence: (offset as i32).wrapping_sub(1),
-        timestamp,
-        key,
-        value,
-        headers: headers.into_iter().map(|(name, value)| (StrBytes::from_string(name), value)).collect(),
-    }
+    let mut record = internal_records::plain_record(offset, timestamp, key, value);
+    record.headers = headers.into_iter().map(|(name, value)| (StrBytes::from_string(name), value)).collect();
+    record
 }
 
 fn encode_batch(records: &[Record]) -> Result<BytesMut, ApiError> {
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(&mut buf, records, &RecordEncodeOptions { version: 2, compression: Compression::None })
-        .map_err(|e| ApiError::internal(format!("cannot encode the record batch: {e}")))?;
-    Ok(buf)
+    internal_records::encode_records(records)
+        .map_err(|e| ApiError::internal(format!("cannot encode the record batch: {e}")))
 }
 
 /// `POST /v1/topics/{topic}/records`. One batch per partition; each partition's append succeeds

@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 use serde::{Deserialize, Serialize};
 
 use crate::group::{GroupCoordinator, OffsetToCommit};
@@ -512,29 +511,15 @@ pub fn control_batch(producer_id: i64, producer_epoch: i16, commit: bool, now_ms
     let mut key = Vec::with_capacity(4);
     key.extend_from_slice(&0i16.to_be_bytes());
     key.extend_from_slice(&kind.to_be_bytes());
-    let record = Record {
-        transactional: true,
-        control: true,
-        delete_horizon: false,
-        partition_leader_epoch: -1,
-        producer_id,
-        producer_epoch,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence: -1,
-        timestamp: now_ms,
-        key: Some(Bytes::from(key)),
-        value: Some(Bytes::from_static(&[0, 0, 0, 0, 0, 0])),
-        headers: Default::default(),
-    };
-    let mut buf = BytesMut::new();
-    if let Err(e) = RecordBatchEncoder::encode(
-        &mut buf,
-        [&record],
-        &RecordEncodeOptions { version: 2, compression: Compression::None },
-    ) {
+    let mut record =
+        internal_records::plain_record(0, now_ms, Some(Bytes::from(key)), Some(Bytes::from_static(&[0; 6])));
+    record.transactional = true;
+    record.control = true;
+    record.producer_id = producer_id;
+    record.producer_epoch = producer_epoch;
+    record.sequence = -1;
+    internal_records::encode_records(&[record]).unwrap_or_else(|e| {
         tracing::error!(error = %e, "cannot encode a transaction marker");
-        buf.clear();
-    }
-    buf
+        BytesMut::new()
+    })
 }
