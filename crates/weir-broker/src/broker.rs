@@ -539,6 +539,7 @@ impl Broker {
         for topic in state.topics.values() {
             let config = topic_config::log_config(&self.config.topic_defaults, &topic.configs)
                 .map_err(|e| BrokerError::new(ErrorCode::InvalidConfig, e.message))?;
+            let min_insync = topic_config::min_insync_replicas(&self.config.topic_defaults, &topic.configs);
             for index in 0..topic.partitions {
                 let key = (topic.name.clone(), index);
                 match partitions.get(&key) {
@@ -546,6 +547,7 @@ impl Broker {
                         if *partition.log.config() != config {
                             partition.log.set_config(config.clone());
                         }
+                        partition.set_min_insync_replicas(min_insync);
                     }
                     None => {
                         let log =
@@ -553,7 +555,9 @@ impl Broker {
                         if *log.config() != config {
                             log.set_config(config.clone());
                         }
-                        partitions.insert(key, Arc::new(Partition::new(topic.name.clone(), topic.id, index, log)));
+                        let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal);
+                        partition.set_min_insync_replicas(min_insync);
+                        partitions.insert(key, Arc::new(partition));
                     }
                 }
             }
@@ -571,17 +575,12 @@ impl Broker {
         mut records: BytesMut,
         acks: i16,
     ) -> Result<AppendInfo, BrokerError> {
-        if acks == -1 {
-            let state = self.metadata();
-            if let Some(topic) = state.topic(&partition.topic) {
-                let min_isr = topic_config::min_insync_replicas(&self.config.topic_defaults, &topic.configs);
-                if min_isr > 1 {
-                    return Err(BrokerError::new(
-                        ErrorCode::NotEnoughReplicas,
-                        format!("The size of the current ISR (1) is insufficient to satisfy the min.isr requirement of {min_isr} for partition {}-{}", partition.topic, partition.index),
-                    ));
-                }
-            }
+        let min_isr = partition.min_insync_replicas();
+        if acks == -1 && min_isr > 1 {
+            return Err(BrokerError::new(
+                ErrorCode::NotEnoughReplicas,
+                format!("The size of the current ISR (1) is insufficient to satisfy the min.isr requirement of {min_isr} for partition {}-{}", partition.topic, partition.index),
+            ));
         }
         let task_partition = partition.clone();
         let info = tokio::task::spawn_blocking(move || -> Result<AppendInfo, StorageError> {

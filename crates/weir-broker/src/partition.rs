@@ -1,5 +1,6 @@
 //! A partition as the broker sees it: its log, and the long-poll fetches waiting for it to grow.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
@@ -13,6 +14,11 @@ pub struct Partition {
     pub topic_id: Uuid,
     pub index: i32,
     pub log: Arc<Log>,
+    /// An internal topic's partition (`__consumer_offsets`, ...): clients may not produce to it.
+    pub internal: bool,
+    /// The topic's `min.insync.replicas`, kept current by the broker when configs change, so
+    /// the produce path checks it without looking up the topic and parsing its configs.
+    min_insync_replicas: AtomicI64,
     /// Bytes and records in and out, counted by the produce and fetch paths.
     pub metrics: PartitionMetrics,
     /// Fetches parked until new data is visible. Each holds its own `Notify`; an append wakes
@@ -21,8 +27,25 @@ pub struct Partition {
 }
 
 impl Partition {
-    pub fn new(topic: String, topic_id: Uuid, index: i32, log: Arc<Log>) -> Partition {
-        Partition { topic, topic_id, index, log, metrics: PartitionMetrics::default(), waiters: Mutex::new(Vec::new()) }
+    pub fn new(topic: String, topic_id: Uuid, index: i32, log: Arc<Log>, internal: bool) -> Partition {
+        Partition {
+            topic,
+            topic_id,
+            index,
+            log,
+            internal,
+            min_insync_replicas: AtomicI64::new(1),
+            metrics: PartitionMetrics::default(),
+            waiters: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn min_insync_replicas(&self) -> i64 {
+        self.min_insync_replicas.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_min_insync_replicas(&self, value: i64) {
+        self.min_insync_replicas.store(value, Ordering::Relaxed);
     }
 
     /// Registers `waiter` to be notified at the next change of the visible end (high

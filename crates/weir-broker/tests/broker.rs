@@ -154,3 +154,21 @@ async fn compacted_topics_refuse_records_without_a_key() {
     assert_eq!(err.code, ErrorCode::InvalidRecord);
     assert_eq!(broker.require_partition("compacted", 0).unwrap().log.log_end_offset(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_all_follows_min_insync_replicas_through_config_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path(), &[]);
+    broker
+        .create_topics(vec![topic("strict", 1, &[("min.insync.replicas", "2")])], false)
+        .await
+        .pop()
+        .unwrap()
+        .unwrap();
+    let partition = broker.require_partition("strict", 0).unwrap();
+    let err = broker.append(partition.clone(), batch(), -1).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::NotEnoughReplicas);
+    broker.append(partition.clone(), batch(), 1).await.unwrap();
+    broker.alter_topic_configs("strict".into(), false, |_| Ok(BTreeMap::new())).await.unwrap();
+    broker.append(partition, batch(), -1).await.unwrap();
+}

@@ -45,7 +45,7 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: ProduceRequest) -> Prod
                     continue;
                 }
             };
-            if broker.metadata().topic(&partition.topic).is_some_and(|t| t.internal) {
+            if partition.internal {
                 partitions.push(fail(
                     ResponseError::InvalidTopicException,
                     format!("Cannot append to internal topic {name}"),
