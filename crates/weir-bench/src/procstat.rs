@@ -1,4 +1,5 @@
-//! A broker process's CPU time and memory, read from /proc (Linux).
+//! A process's CPU time and memory, read from /proc (Linux): the broker's, and the benchmark's own
+//! (the clients), so a run shows which side the machine's CPU went to.
 
 use std::time::Instant;
 
@@ -39,9 +40,9 @@ fn parse_memory(status: &str) -> Option<(u64, u64)> {
     Some((kib("VmRSS:")? * 1024, kib("VmHWM:")? * 1024))
 }
 
-/// The broker's figures over one run.
+/// A process's figures over one run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct BrokerUsage {
+pub struct ProcessUsage {
     pub pid: u32,
     /// CPU time over wall time: 100 is one core busy for the whole run.
     pub cpu_percent: f64,
@@ -52,41 +53,46 @@ pub struct BrokerUsage {
     pub vm_hwm_bytes: u64,
 }
 
-/// Samples one broker process during a run.
+/// Samples one process during a run.
 #[derive(Debug)]
-pub struct BrokerMonitor {
+pub struct ProcessMonitor {
     pid: u32,
     started: Instant,
     cpu_start: f64,
     rss_peak_bytes: u64,
+    /// (time in ns since the phase's epoch, VmRSS bytes) of every sample.
+    rss_samples: Vec<(u64, u64)>,
 }
 
-impl BrokerMonitor {
-    pub fn start(pid: u32) -> std::io::Result<BrokerMonitor> {
+impl ProcessMonitor {
+    pub fn start(pid: u32) -> std::io::Result<ProcessMonitor> {
         let cpu_start = cpu_seconds(pid)?;
         let (rss, _) = memory(pid)?;
-        Ok(BrokerMonitor { pid, started: Instant::now(), cpu_start, rss_peak_bytes: rss })
+        Ok(ProcessMonitor { pid, started: Instant::now(), cpu_start, rss_peak_bytes: rss, rss_samples: Vec::new() })
     }
 
-    /// Reads VmRSS; call it often (every few hundred milliseconds) to catch the peak.
-    pub fn sample(&mut self) {
+    /// Reads VmRSS at `at_ns` (phase time); call it often (every few hundred milliseconds) to
+    /// catch the peak.
+    pub fn sample(&mut self, at_ns: u64) {
         if let Ok((rss, _)) = memory(self.pid) {
             self.rss_peak_bytes = self.rss_peak_bytes.max(rss);
+            self.rss_samples.push((at_ns, rss));
         }
     }
 
-    pub fn finish(mut self) -> std::io::Result<BrokerUsage> {
-        self.sample();
+    /// The figures, and the RSS samples over time.
+    pub fn finish(self) -> std::io::Result<(ProcessUsage, Vec<(u64, u64)>)> {
         let cpu_seconds = cpu_seconds(self.pid)? - self.cpu_start;
         let wall = self.started.elapsed().as_secs_f64().max(1e-3);
-        let (_, vm_hwm_bytes) = memory(self.pid)?;
-        Ok(BrokerUsage {
+        let (rss, vm_hwm_bytes) = memory(self.pid)?;
+        let usage = ProcessUsage {
             pid: self.pid,
             cpu_percent: cpu_seconds / wall * 100.0,
             cpu_seconds,
-            rss_peak_bytes: self.rss_peak_bytes,
+            rss_peak_bytes: self.rss_peak_bytes.max(rss),
             vm_hwm_bytes,
-        })
+        };
+        Ok((usage, self.rss_samples))
     }
 }
 
@@ -111,14 +117,16 @@ mod tests {
     #[test]
     fn reads_this_process() {
         let pid = std::process::id();
-        let mut monitor = BrokerMonitor::start(pid).unwrap();
+        let mut monitor = ProcessMonitor::start(pid).unwrap();
         let spin = Instant::now();
         let mut x = 0u64;
         while spin.elapsed().as_millis() < 50 {
             x = x.wrapping_add(std::hint::black_box(1));
         }
-        monitor.sample();
-        let usage = monitor.finish().unwrap();
+        monitor.sample(1);
+        let (usage, samples) = monitor.finish().unwrap();
+        assert_eq!(samples.len(), 1);
+        assert_eq!(samples[0].0, 1);
         assert!(x > 0);
         assert!(usage.rss_peak_bytes > 0 && usage.vm_hwm_bytes >= usage.rss_peak_bytes / 2, "{usage:?}");
         assert!(usage.cpu_percent >= 0.0, "{usage:?}");

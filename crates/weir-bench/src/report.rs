@@ -7,7 +7,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::cli::{Acks, Workload};
-use crate::procstat::BrokerUsage;
+use crate::procstat::ProcessUsage;
 use crate::reference::Reference;
 use crate::stats::{Flow, Percentiles, SeriesPoint};
 
@@ -62,7 +62,16 @@ pub struct RunResult {
     pub publish_latency: Option<Percentiles>,
     /// Send stamp to the consumer's receipt; none for catch-up.
     pub e2e_latency: Option<Percentiles>,
-    pub broker: Option<BrokerUsage>,
+    pub broker: Option<ProcessUsage>,
+    /// This process (producers, consumer, librdkafka's threads) over the same time as `broker`.
+    pub client: Option<ProcessUsage>,
+    /// Catch-up only: the broker and the clients while the backlog was written (`broker` and
+    /// `client` are the drain).
+    pub broker_write: Option<ProcessUsage>,
+    pub client_write: Option<ProcessUsage>,
+    /// The broker's peak RSS early in the measured window and late in it (first and last
+    /// quarter): a soak shows whether memory grows with the bytes written.
+    pub broker_rss_trend: Option<RssTrend>,
     /// Every acknowledged message was received, with no error.
     pub complete: bool,
     pub problems: Vec<String>,
@@ -70,6 +79,12 @@ pub struct RunResult {
     pub notes: Vec<String>,
     /// 1-second buckets from the start of the run (catch-up: the write, then the drain).
     pub series: Vec<SeriesPoint>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RssTrend {
+    pub early_peak_bytes: u64,
+    pub late_peak_bytes: u64,
 }
 
 /// The JSON file: everything the table shows and the series behind the chart.
@@ -119,6 +134,7 @@ pub fn table(results: &[RunResult], reference: Option<&Reference>) -> String {
         "pub p99",
         "%disk",
         "cpu %",
+        "client %",
         "rss MiB",
         "ok",
     ];
@@ -141,7 +157,8 @@ pub fn table(results: &[RunResult], reference: Option<&Reference>) -> String {
             reference.map_or("-".to_string(), |reference| {
                 format!("{:.0}%", r.produced.mb_per_s / reference.disk_write_mb_per_s.max(1e-9) * 100.0)
             }),
-            r.broker.map_or("-".to_string(), |b| format!("{:.0}", b.cpu_percent)),
+            cpu_cell(r.broker_write, r.broker),
+            cpu_cell(r.client_write, r.client),
             r.broker.map_or("-".to_string(), |b| format!("{:.0}", b.rss_peak_bytes as f64 / (1 << 20) as f64)),
             if r.complete { "yes".into() } else { "NO".into() },
         ]);
@@ -167,7 +184,8 @@ pub fn table(results: &[RunResult], reference: Option<&Reference>) -> String {
     out.push_str(
         "MB = 10^6 bytes of message values. Latencies in ms: e2e from the send stamp to the consumer, pub to the \
          producer's acknowledgement.\ncatch-up: prod = writing the backlog, cons = draining it; cpu % = broker \
-         CPU while draining. %disk = prod MB/s over the sequential-write reference.\n",
+         CPU, client % = this process's CPU (all clients), both as write/drain for catch-up; 100 = one core. \
+         %disk = prod MB/s over the sequential-write reference.\n",
     );
     for r in results.iter().filter(|r| !r.problems.is_empty() || !r.notes.is_empty()) {
         let _ = writeln!(out, "problems of {} {} {}:", r.target, r.workload.name(), r.case);
@@ -192,6 +210,16 @@ fn ms(value: f64) -> String {
     }
 }
 
+/// A CPU cell: "45", or "45/22" when a write phase came first (catch-up).
+fn cpu_cell(write: Option<ProcessUsage>, main: Option<ProcessUsage>) -> String {
+    match (write, main) {
+        (Some(w), Some(m)) => format!("{:.0}/{:.0}", w.cpu_percent, m.cpu_percent),
+        (_, Some(m)) => format!("{:.0}", m.cpu_percent),
+        (Some(w), None) => format!("{:.0}/-", w.cpu_percent),
+        (None, None) => "-".to_string(),
+    }
+}
+
 #[cfg(test)]
 pub mod tests {
     use super::*;
@@ -208,6 +236,7 @@ pub mod tests {
                 consume_msgs_per_s: 99_000,
                 e2e_p50_ms: Some(1.0 + t as f64),
                 e2e_p99_ms: if t == 2 { None } else { Some(10.0 * (t + 1) as f64) },
+                broker_rss_mib: Some(100.0),
             })
             .collect();
         let flow = FlowSummary {
@@ -249,13 +278,17 @@ pub mod tests {
                 p999_ms: 150.0,
                 max_ms: 1234.0,
             }),
-            broker: Some(BrokerUsage {
+            broker: Some(ProcessUsage {
                 pid: 1,
                 cpu_percent: 87.4,
                 cpu_seconds: 4.0,
                 rss_peak_bytes: 100 << 20,
                 vm_hwm_bytes: 120 << 20,
             }),
+            client: None,
+            broker_write: None,
+            client_write: None,
+            broker_rss_trend: None,
             complete: true,
             problems: vec![],
             notes: vec![],

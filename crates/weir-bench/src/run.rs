@@ -27,7 +27,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::cli::Acks;
 use crate::kafka::{self, payload};
-use crate::procstat::{BrokerMonitor, BrokerUsage};
+use crate::procstat::{ProcessMonitor, ProcessUsage};
 use crate::stats::{Flow, Latency, Series};
 
 /// Messages a producer claims at a time from a shared --messages budget.
@@ -97,7 +97,11 @@ pub struct PhaseOutcome {
     pub notes: Vec<String>,
     /// The last event of the phase.
     pub end_ns: u64,
-    pub broker: Option<BrokerUsage>,
+    pub broker: Option<ProcessUsage>,
+    /// The broker's VmRSS over the phase: (ns since the epoch, bytes), every 200 ms.
+    pub broker_rss: Vec<(u64, u64)>,
+    /// This process: the clients (producers, consumer and librdkafka's threads).
+    pub client: Option<ProcessUsage>,
 }
 
 /// State shared by the threads of a phase.
@@ -267,7 +271,7 @@ pub fn run_phase(spec: &PhaseSpec) -> anyhow::Result<PhaseOutcome> {
     });
     let warmup_ns = u64::try_from(spec.warmup.as_nanos()).unwrap_or(u64::MAX);
 
-    let (producer_stats, consumer_stats, broker) = std::thread::scope(|scope| {
+    let (producer_stats, consumer_stats, usage) = std::thread::scope(|scope| {
         let producers: Vec<_> = (0..spec.producers)
             .map(|index| {
                 let shared = shared.clone();
@@ -298,21 +302,29 @@ pub fn run_phase(spec: &PhaseSpec) -> anyhow::Result<PhaseOutcome> {
         }
         shared.epoch.get_or_init(Instant::now);
         shared.go.store(true, Ordering::SeqCst);
-        let broker = monitor(spec, &shared, || {
+        let usage = monitor(spec, &shared, || {
             handles.iter().all(|h| h.is_finished()) && consumer.as_ref().is_none_or(|c| c.is_finished())
         });
         let producer_stats: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
         let consumer_stats = consumer.map(|c| c.join());
-        (producer_stats, consumer_stats, broker)
+        (producer_stats, consumer_stats, usage)
     });
+    let (broker, client) = usage;
+    let (broker, broker_rss) = match broker.transpose() {
+        Ok(Some((usage, rss))) => (Some(usage), rss),
+        Ok(None) => (None, Vec::new()),
+        Err(e) => {
+            shared.note(format!("cannot read the broker's /proc figures: {e}"));
+            (None, Vec::new())
+        }
+    };
 
     let mut outcome = PhaseOutcome {
         produced: Flow::new(warmup_ns),
         consumed: Flow::new(warmup_ns),
-        broker: broker.transpose().unwrap_or_else(|e| {
-            shared.note(format!("cannot read the broker's /proc figures: {e}"));
-            None
-        }),
+        broker,
+        broker_rss,
+        client: client.ok().map(|(usage, _)| usage),
         ..PhaseOutcome::default()
     };
     for stats in producer_stats {
@@ -349,9 +361,13 @@ pub fn run_phase(spec: &PhaseSpec) -> anyhow::Result<PhaseOutcome> {
     Ok(outcome)
 }
 
-/// Updates the progress bar and samples the broker every 200 ms until `done`.
-fn monitor(spec: &PhaseSpec, shared: &Shared, done: impl Fn() -> bool) -> Option<std::io::Result<BrokerUsage>> {
-    let mut broker = spec.broker_pid.map(BrokerMonitor::start);
+type Sampled = std::io::Result<(ProcessUsage, Vec<(u64, u64)>)>;
+
+/// Updates the progress bar and samples the broker every 200 ms until `done`; measures this
+/// process's CPU over the same time. Returns (broker, clients).
+fn monitor(spec: &PhaseSpec, shared: &Shared, done: impl Fn() -> bool) -> (Option<Sampled>, Sampled) {
+    let mut broker = spec.broker_pid.map(ProcessMonitor::start);
+    let client = ProcessMonitor::start(std::process::id());
     let total_ns = spec.duration.map(|d| (spec.warmup + d).as_nanos() as u64);
     let bar = if spec.progress { ProgressBar::new(1000) } else { ProgressBar::hidden() };
     if spec.progress {
@@ -365,10 +381,10 @@ fn monitor(spec: &PhaseSpec, shared: &Shared, done: impl Fn() -> bool) -> Option
     let mut last = (Instant::now(), 0u64, 0u64);
     while !done() {
         std::thread::sleep(Duration::from_millis(200));
-        if let Some(Ok(monitor)) = &mut broker {
-            monitor.sample();
-        }
         let now_ns = shared.now_ns();
+        if let Some(Ok(monitor)) = &mut broker {
+            monitor.sample(now_ns);
+        }
         let acked = shared.acked_bytes.load(Ordering::Relaxed);
         let received = shared.received_bytes.load(Ordering::Relaxed);
         let fraction = match (spec.consumer, total_ns, spec.messages) {
@@ -391,7 +407,7 @@ fn monitor(spec: &PhaseSpec, shared: &Shared, done: impl Fn() -> bool) -> Option
         last = (Instant::now(), acked, received);
     }
     bar.finish_and_clear();
-    broker.map(|b| b.and_then(BrokerMonitor::finish))
+    (broker.map(|b| b.and_then(ProcessMonitor::finish)), client.and_then(ProcessMonitor::finish))
 }
 
 fn producer_thread(spec: &PhaseSpec, index: u32, shared: Arc<Shared>, warmup_ns: u64) -> anyhow::Result<ProducerStats> {
@@ -471,7 +487,8 @@ fn produce(spec: &PhaseSpec, index: u32, shared: &Shared, producer: &BaseProduce
                 while now < due {
                     let wait = Duration::from_nanos(due - now);
                     if wait > Duration::from_millis(2) {
-                        producer.poll(Duration::from_millis(1));
+                        producer.poll(Duration::ZERO);
+                        std::thread::sleep(Duration::from_millis(1));
                     } else {
                         std::thread::sleep(wait);
                     }
@@ -492,7 +509,7 @@ fn produce(spec: &PhaseSpec, index: u32, shared: &Shared, producer: &BaseProduce
                 BaseRecord::to(&spec.topic).payload(&value[..]).partition(partition);
             match producer.send(record) {
                 Ok(()) => break,
-                Err((e, _)) if kafka::is_queue_full(&e) => producer.poll(Duration::from_millis(1)),
+                Err((e, _)) if kafka::is_queue_full(&e) => wait_for_queue_room(producer),
                 Err((e, _)) => {
                     shared.fail(format!("send failed: {e}"));
                     return Err(anyhow::anyhow!("send failed: {e}"));
@@ -505,6 +522,26 @@ fn produce(spec: &PhaseSpec, index: u32, shared: &Shared, producer: &BaseProduce
             producer.poll(Duration::ZERO);
         }
     }
+}
+
+/// Serves every pending delivery report, then gives the CPU away for a moment if none was
+/// pending. Not `poll(1 ms)`: rdkafka 0.39 hands librdkafka the remaining wait truncated to
+/// whole milliseconds and loops until its deadline, so the last fraction of every blocking poll
+/// is a busy spin. With a full queue that spin took half of the producer thread's CPU, from the
+/// broker and librdkafka's own threads on a 2-core machine. `poll(0)` serves one event (one
+/// partition's batch), so it repeats while it frees messages: with 1,000 partitions a response
+/// brings 1,000 events. 200 µs is far below the time the 32 MiB buffer takes to drain.
+fn wait_for_queue_room(producer: &BaseProducer<ProducerCtx>) {
+    let mut waiting = producer.in_flight_count();
+    loop {
+        producer.poll(Duration::ZERO);
+        let now = producer.in_flight_count();
+        if now >= waiting {
+            break;
+        }
+        waiting = now;
+    }
+    std::thread::sleep(Duration::from_micros(200));
 }
 
 fn consumer_thread(spec: &PhaseSpec, shared: Arc<Shared>, warmup_ns: u64) -> anyhow::Result<ConsumerStats> {

@@ -170,6 +170,8 @@ pub struct SeriesPoint {
     /// None for a second in which nothing was received.
     pub e2e_p50_ms: Option<f64>,
     pub e2e_p99_ms: Option<f64>,
+    /// The broker's highest VmRSS sampled in this second (with `--broker-pid`), MiB.
+    pub broker_rss_mib: Option<f64>,
 }
 
 impl SeriesPoint {
@@ -242,6 +244,7 @@ impl Series {
                     consume_msgs_per_s: (b.consumed_msgs as f64 / seconds).round() as u64,
                     e2e_p50_ms: b.e2e.as_ref().map(|l| l.quantile_ms(0.50)),
                     e2e_p99_ms: b.e2e.as_ref().map(|l| l.quantile_ms(0.99)),
+                    broker_rss_mib: None,
                 }
             })
             .collect()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::cli::{Acks, Plan, Target, Workload};
 use crate::kafka;
-use crate::report::{FlowSummary, RunResult};
+use crate::report::{FlowSummary, RssTrend, RunResult};
 use crate::run::{run_phase, ConsumerMode, PhaseOutcome, PhaseSpec};
 use crate::stats::{SeriesPoint, NANOS_PER_SEC};
 
@@ -213,12 +213,17 @@ fn result_of(plan: &Plan, case: &Case, target: &Target, main: &PhaseOutcome, fil
     let mut offset_s = 0;
     if let Some(fill) = fill {
         series = fill.series.points(fill.end_ns);
+        add_rss(&mut series, &fill.broker_rss);
         offset_s = fill.end_ns.div_ceil(NANOS_PER_SEC);
     }
-    series.extend(main.series.points(main.end_ns).into_iter().map(|mut p| {
+    let mut main_series = main.series.points(main.end_ns);
+    add_rss(&mut main_series, &main.broker_rss);
+    series.extend(main_series.into_iter().map(|mut p| {
         p.t_s += offset_s;
         p
     }));
+    let warmup_ns = u64::try_from(plan.warmup.as_nanos()).unwrap_or(u64::MAX);
+    let broker_rss_trend = rss_trend(&producing.broker_rss, warmup_ns);
     let broker = match (fill.and_then(|f| f.broker), main.broker) {
         // CPU of the drain (the read path); peak memory of the whole run.
         (Some(fill), Some(mut drain)) => {
@@ -244,11 +249,40 @@ fn result_of(plan: &Plan, case: &Case, target: &Target, main: &PhaseOutcome, fil
         publish_latency: producing.publish.percentiles(),
         e2e_latency: main.e2e.percentiles(),
         broker,
+        client: main.client,
+        broker_write: fill.and_then(|f| f.broker),
+        client_write: fill.and_then(|f| f.client),
+        broker_rss_trend,
         complete: main.complete && producing.produce_errors == 0 && problems.is_empty(),
         problems,
         notes,
         series,
     }
+}
+
+/// Puts the highest RSS sample of each second into that second's point.
+fn add_rss(series: &mut [SeriesPoint], samples: &[(u64, u64)]) {
+    for &(at_ns, rss) in samples {
+        let t_s = at_ns / NANOS_PER_SEC;
+        if let Some(point) = series.iter_mut().find(|p| p.t_s == t_s) {
+            let mib = rss as f64 / (1u64 << 20) as f64;
+            point.broker_rss_mib = Some(point.broker_rss_mib.map_or(mib, |m: f64| m.max(mib)));
+        }
+    }
+}
+
+/// The peak RSS over the first and the last quarter of the samples after the warm-up.
+fn rss_trend(samples: &[(u64, u64)], warmup_ns: u64) -> Option<RssTrend> {
+    let measured: Vec<u64> = samples.iter().filter(|(at, _)| *at >= warmup_ns).map(|&(_, rss)| rss).collect();
+    let quarter = measured.len() / 4;
+    if quarter == 0 {
+        return None;
+    }
+    let peak = |s: &[u64]| s.iter().copied().max().unwrap_or(0);
+    Some(RssTrend {
+        early_peak_bytes: peak(&measured[..quarter]),
+        late_peak_bytes: peak(&measured[measured.len() - quarter..]),
+    })
 }
 
 #[cfg(test)]
