@@ -77,7 +77,10 @@ pub struct Broker {
     metadata: RwLock<Arc<MetadataState>>,
     /// The controller: one metadata change at a time.
     controller: Mutex<MetadataLog>,
-    partitions: RwLock<HashMap<(String, i32), Arc<Partition>>>,
+    /// Every open partition, by topic name, indexed by partition number (Kafka partitions run
+    /// from 0 without gaps and never shrink). A topic's list is replaced as a whole when it
+    /// grows, so the request paths resolve a topic once and index into it without the lock.
+    partitions: RwLock<HashMap<String, Arc<[Arc<Partition>]>>>,
     shutdown_tx: watch::Sender<bool>,
     producer_ids: Mutex<ProducerIdBlock>,
     /// Counters and gauges of the request paths (see `metrics`); the rest is read at scrape time.
@@ -149,13 +152,19 @@ impl Broker {
     }
 
     pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
-        self.partitions.read().unwrap_or_else(|p| p.into_inner()).get(&(topic.to_string(), index)).cloned()
+        let index = usize::try_from(index).ok()?;
+        self.partitions.read().unwrap_or_else(|p| p.into_inner()).get(topic)?.get(index).cloned()
     }
 
-    /// Every partition, sorted by topic and index (a copy of the map's values).
+    /// A topic's partitions, by index: one lookup for all the partitions of a request.
+    pub fn topic_partitions(&self, topic: &str) -> Option<Arc<[Arc<Partition>]>> {
+        self.partitions.read().unwrap_or_else(|p| p.into_inner()).get(topic).cloned()
+    }
+
+    /// Every partition, sorted by topic and index.
     pub fn partitions(&self) -> Vec<Arc<Partition>> {
-        let mut out: Vec<Arc<Partition>> =
-            self.partitions.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        let topics = self.partitions.read().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<Arc<Partition>> = topics.values().flat_map(|list| list.iter().cloned()).collect();
         out.sort_unstable_by(|a, b| (&a.topic, a.index).cmp(&(&b.topic, b.index)));
         out
     }
@@ -517,16 +526,22 @@ impl Broker {
     /// Makes the partition logs match `state`: opens logs of new partitions, applies changed
     /// configs, deletes logs of deleted topics (and orphans left by a crash mid-delete).
     fn reconcile(&self, state: &MetadataState) -> Result<(), BrokerError> {
-        let mut partitions = self.partitions.write().unwrap_or_else(|p| p.into_inner());
-        let wanted =
-            |topic: &str, index: i32, id: Uuid| state.topic(topic).is_some_and(|t| t.id == id && index < t.partitions);
+        let mut topics = self.partitions.write().unwrap_or_else(|p| p.into_inner());
         // Deletions first: a topic deleted and created again under the same name reuses the dir.
-        let stale: Vec<(String, i32)> =
-            partitions.iter().filter(|(_, p)| !wanted(&p.topic, p.index, p.topic_id)).map(|(k, _)| k.clone()).collect();
-        for key in stale {
-            if let Some(partition) = partitions.remove(&key) {
-                partition.wake_waiters();
-                self.logs.delete(&TopicPartition::new(key.0.clone(), key.1))?;
+        // Partitions never shrink, so a topic is either kept whole or deleted whole.
+        let stale: Vec<String> = topics
+            .iter()
+            .filter(|(name, list)| {
+                !state.topic(name).is_some_and(|t| list.iter().all(|p| p.topic_id == t.id && p.index < t.partitions))
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in stale {
+            if let Some(list) = topics.remove(&name) {
+                for partition in list.iter() {
+                    partition.wake_waiters();
+                    self.logs.delete(&TopicPartition::new(name.clone(), partition.index))?;
+                }
             }
         }
         for (tp, _) in self.logs.logs() {
@@ -540,26 +555,27 @@ impl Broker {
             let config = topic_config::log_config(&self.config.topic_defaults, &topic.configs)
                 .map_err(|e| BrokerError::new(ErrorCode::InvalidConfig, e.message))?;
             let min_insync = topic_config::min_insync_replicas(&self.config.topic_defaults, &topic.configs);
-            for index in 0..topic.partitions {
-                let key = (topic.name.clone(), index);
-                match partitions.get(&key) {
-                    Some(partition) => {
-                        if *partition.log.config() != config {
-                            partition.log.set_config(config.clone());
-                        }
-                        partition.set_min_insync_replicas(min_insync);
-                    }
-                    None => {
-                        let log =
-                            self.logs.get_or_create(&TopicPartition::new(topic.name.clone(), index), config.clone())?;
-                        if *log.config() != config {
-                            log.set_config(config.clone());
-                        }
-                        let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal);
-                        partition.set_min_insync_replicas(min_insync);
-                        partitions.insert(key, Arc::new(partition));
-                    }
+            let existing: &[Arc<Partition>] = topics.get(&topic.name).map_or(&[], |list| list);
+            for partition in existing {
+                if *partition.log.config() != config {
+                    partition.log.set_config(config.clone());
                 }
+                partition.set_min_insync_replicas(min_insync);
+            }
+            let have = existing.len() as i32;
+            if have < topic.partitions {
+                let mut list = existing.to_vec();
+                for index in have..topic.partitions {
+                    let log =
+                        self.logs.get_or_create(&TopicPartition::new(topic.name.clone(), index), config.clone())?;
+                    if *log.config() != config {
+                        log.set_config(config.clone());
+                    }
+                    let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal);
+                    partition.set_min_insync_replicas(min_insync);
+                    list.push(Arc::new(partition));
+                }
+                topics.insert(topic.name.clone(), list.into());
             }
         }
         Ok(())
@@ -567,49 +583,97 @@ impl Broker {
 
     // ----- data operations ----------------------------------------------------------------
 
-    /// Appends a producer's batches. Returns once the append is as durable as the topic's flush
-    /// policy promises (`flush.policy=sync`: fsynced, group-committed with concurrent appends).
+    /// Appends a producer's batches to one partition. Returns once the append is as durable as
+    /// the topic's flush policy promises (see [`Broker::append_many`]).
     pub async fn append(
         &self,
         partition: Arc<Partition>,
-        mut records: BytesMut,
+        records: BytesMut,
         acks: i16,
     ) -> Result<AppendInfo, BrokerError> {
-        let min_isr = partition.min_insync_replicas();
-        if acks == -1 && min_isr > 1 {
-            return Err(BrokerError::new(
-                ErrorCode::NotEnoughReplicas,
-                format!("The size of the current ISR (1) is insufficient to satisfy the min.isr requirement of {min_isr} for partition {}-{}", partition.topic, partition.index),
-            ));
+        self.append_many(vec![(partition, records)], acks)
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(BrokerError::new(ErrorCode::UnknownServerError, "append lost its result")))
+    }
+
+    /// Appends the batches of a whole produce request, in order, and returns one result per
+    /// entry once each append is as durable as its topic's `flush.policy` promises: in the page
+    /// cache (`none`, `interval`), or fsynced (`sync`). [`Broker::write_many`] followed by
+    /// [`PendingAppends::durable`].
+    pub async fn append_many(
+        &self,
+        appends: Vec<(Arc<Partition>, BytesMut)>,
+        acks: i16,
+    ) -> Vec<Result<AppendInfo, BrokerError>> {
+        self.write_many(appends, acks).await.durable().await
+    }
+
+    /// The first half of [`Broker::append_many`]: writes the batches, in order, and returns
+    /// without waiting for fsyncs. A connection can then take its next request while this one's
+    /// fsync runs, and the fsyncs of several requests merge (group commit across pipelined
+    /// requests); the response still waits for [`PendingAppends::durable`].
+    ///
+    /// All the writes run in one blocking task: a request for 1,000 partitions costs one hop off
+    /// the async workers, not 1,000.
+    pub async fn write_many(&self, appends: Vec<(Arc<Partition>, BytesMut)>, acks: i16) -> PendingAppends {
+        let mut results: Vec<Option<Result<AppendInfo, BrokerError>>> = Vec::with_capacity(appends.len());
+        let mut work = Vec::with_capacity(appends.len());
+        for (slot, (partition, records)) in appends.into_iter().enumerate() {
+            let min_isr = partition.min_insync_replicas();
+            if acks == -1 && min_isr > 1 {
+                results.push(Some(Err(BrokerError::new(
+                    ErrorCode::NotEnoughReplicas,
+                    format!("The size of the current ISR (1) is insufficient to satisfy the min.isr requirement of {min_isr} for partition {}-{}", partition.topic, partition.index),
+                ))));
+            } else {
+                results.push(None);
+                work.push((slot, partition, records));
+            }
         }
-        let task_partition = partition.clone();
-        let info = tokio::task::spawn_blocking(move || -> Result<AppendInfo, StorageError> {
-            let log = &task_partition.log;
-            if log.config().cleanup_policy.compact {
-                reject_keyless_records(&records)?;
-            }
-            let info = log.append(&mut records, 0)?;
-            if log.config().flush == FlushPolicy::Sync {
-                log.sync_to(info.last_offset + 1)?;
-            }
-            Ok(info)
+        let mut pending = PendingAppends { results, to_sync: Vec::new() };
+        if work.is_empty() {
+            return pending;
+        }
+        let outcome = tokio::task::spawn_blocking(move || {
+            work.into_iter()
+                .map(|(slot, partition, mut records)| {
+                    let log = &partition.log;
+                    let result = if log.config().cleanup_policy.compact {
+                        reject_keyless_records(&records).and_then(|()| log.append(&mut records, 0))
+                    } else {
+                        log.append(&mut records, 0)
+                    };
+                    (slot, partition, result)
+                })
+                .collect::<Vec<_>>()
         })
-        .await
-        .map_err(|e| BrokerError::new(ErrorCode::UnknownServerError, e.to_string()))?;
-        match info {
-            Ok(info) => {
-                partition.wake_waiters();
-                partition.metrics.bytes_in.add(info.bytes);
-                partition.metrics.messages_in.add(info.record_count);
-                Ok(info)
-            }
+        .await;
+        let written = match outcome {
+            Ok(written) => written,
             Err(e) => {
-                if e.is_disk_full() {
-                    tracing::error!(partition = %format!("{}-{}", partition.topic, partition.index), "append failed: disk full");
+                let message = format!("append task failed: {e}");
+                for result in pending.results.iter_mut().filter(|r| r.is_none()) {
+                    *result = Some(Err(BrokerError::new(ErrorCode::UnknownServerError, message.clone())));
                 }
-                Err(e.into())
+                return pending;
+            }
+        };
+        for (slot, partition, result) in written {
+            match result {
+                Ok(info) if partition.log.config().flush == FlushPolicy::Sync => {
+                    pending.to_sync.push((slot, partition, info));
+                }
+                Ok(info) => pending.results[slot] = Some(Ok(appended(&partition, info))),
+                Err(e) => {
+                    if e.is_disk_full() {
+                        log_disk_full(&partition, self.now_ms());
+                    }
+                    pending.results[slot] = Some(Err(e.into()));
+                }
             }
         }
+        pending
     }
 
     /// Appends the broker's own records (internal topics) and waits for them to be durable.
@@ -702,9 +766,10 @@ impl Broker {
 
     /// Every partition's size (DescribeLogDirs).
     pub fn partition_sizes(&self) -> Vec<PartitionSize> {
-        let partitions = self.partitions.read().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<PartitionSize> = partitions
+        let topics = self.partitions.read().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<PartitionSize> = topics
             .values()
+            .flat_map(|list| list.iter())
             .map(|p| PartitionSize { topic: p.topic.clone(), partition: p.index, size_bytes: p.log.size_bytes() })
             .collect();
         out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
@@ -744,6 +809,92 @@ impl Broker {
 
     /// How long a shut-down waits for requests in progress.
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+}
+
+/// A produce request's appends, written but not necessarily durable yet (see
+/// [`Broker::write_many`]).
+#[must_use = "the appends are acknowledged only by `durable`"]
+pub struct PendingAppends {
+    /// One per append, in request order; `None` while it waits for its fsync.
+    results: Vec<Option<Result<AppendInfo, BrokerError>>>,
+    /// Written to `flush.policy=sync` partitions: (slot, partition, what was written).
+    to_sync: Vec<(usize, Arc<Partition>, AppendInfo)>,
+}
+
+impl PendingAppends {
+    /// Waits until every append is as durable as its topic promises and returns the results in
+    /// request order. The fsyncs of different partitions run in parallel; each partition's
+    /// `sync_to` is shared with concurrent appenders (group commit).
+    pub async fn durable(self) -> Vec<Result<AppendInfo, BrokerError>> {
+        /// Blocking threads one request's fsyncs may occupy at once.
+        const PARALLEL_SYNCS: usize = 8;
+        let PendingAppends { mut results, to_sync } = self;
+        let lanes = to_sync.len().min(PARALLEL_SYNCS);
+        let mut groups: Vec<Vec<_>> = (0..lanes).map(|_| Vec::new()).collect();
+        for (i, entry) in to_sync.into_iter().enumerate() {
+            groups[i % lanes].push(entry);
+        }
+        let tasks: Vec<_> = groups
+            .into_iter()
+            .map(|group| {
+                tokio::task::spawn_blocking(move || {
+                    group
+                        .into_iter()
+                        .map(|(slot, partition, info)| {
+                            let synced = partition.log.sync_to(info.last_offset + 1);
+                            (slot, partition, info, synced)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for task in tasks {
+            match task.await {
+                Ok(synced) => {
+                    for (slot, partition, info, outcome) in synced {
+                        results[slot] = Some(match outcome {
+                            Ok(()) => Ok(appended(&partition, info)),
+                            Err(e) => Err(e.into()),
+                        });
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "fsync task failed"),
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(BrokerError::new(ErrorCode::UnknownServerError, "append lost its result")))
+            })
+            .collect()
+    }
+}
+
+/// Logs a failed append on a full disk at most once every 10 s: producers retry, and one line
+/// per refused request (hundreds a second) would fill what little space is left with the log.
+fn log_disk_full(partition: &Partition, now_ms: i64) {
+    static LAST_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(i64::MIN);
+    static SUPPRESSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    use std::sync::atomic::Ordering::Relaxed;
+    let last = LAST_MS.load(Relaxed);
+    if now_ms.saturating_sub(last) >= 10_000 && LAST_MS.compare_exchange(last, now_ms, Relaxed, Relaxed).is_ok() {
+        let suppressed = SUPPRESSED.swap(0, Relaxed);
+        tracing::error!(
+            partition = %format!("{}-{}", partition.topic, partition.index),
+            suppressed,
+            "append failed: disk full (answering KAFKA_STORAGE_ERROR until space is freed)"
+        );
+    } else {
+        SUPPRESSED.fetch_add(1, Relaxed);
+    }
+}
+
+/// Bookkeeping once an append is acknowledged: wake the fetches parked on the partition, count.
+fn appended(partition: &Partition, info: AppendInfo) -> AppendInfo {
+    partition.wake_waiters();
+    partition.metrics.bytes_in.add(info.bytes);
+    partition.metrics.messages_in.add(info.record_count);
+    info
 }
 
 /// Compaction keeps the latest record per key, so a compacted topic refuses records without a

@@ -19,7 +19,7 @@ pub mod partition;
 pub mod topic_config;
 pub mod txn;
 
-pub use broker::{Broker, CreatedTopic, NewTopic, OffsetAnswer, PartitionSize};
+pub use broker::{Broker, CreatedTopic, NewTopic, OffsetAnswer, PartitionSize, PendingAppends};
 pub use config::{BrokerConfig, ConfigError};
 pub use error::{BrokerError, ErrorCode};
 pub use partition::Partition;

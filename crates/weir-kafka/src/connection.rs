@@ -1,7 +1,10 @@
 //! One client connection: a reader that reads frames ahead (bounded), a processor that handles
 //! them one at a time in arrival order (Kafka's per-connection ordering: a producer's pipelined
 //! batches are appended in the order sent), and a writer that sends responses in the same
-//! order while the next request is being handled.
+//! order while the next request is being handled. A produce is handed to the writer once its
+//! batches are written, with its fsync still to wait for (`Reply::Later`): the processor goes on
+//! to the next request, and the writer awaits the fsync before writing that response and the
+//! ones after it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,8 +17,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::context::Ctx;
-use crate::dispatch;
-use crate::frame::{self, FrameError, ResponseFrame};
+use crate::dispatch::{self, Reply};
+use crate::frame::{self, FrameError};
 use crate::zero_copy;
 
 pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr, mut shutdown: watch::Receiver<bool>) {
@@ -27,7 +30,7 @@ pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr
     let use_sendfile = config.fetch_sendfile;
     let (read_half, mut write_half) = stream.into_split();
     let (request_tx, mut request_rx) = mpsc::channel::<Bytes>(queued);
-    let (response_tx, mut response_rx) = mpsc::channel::<ResponseFrame>(queued);
+    let (response_tx, mut response_rx) = mpsc::channel::<Reply>(queued);
     let in_flight = Arc::new(InFlight { count: AtomicUsize::new(0), ctx: ctx.clone() });
 
     let reader = {
@@ -83,12 +86,12 @@ pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr
             let host = peer.ip().to_string();
             while let Some(frame) = request_rx.recv().await {
                 match dispatch::handle(&ctx, &host, frame).await {
-                    Ok(Some(response)) => {
-                        if response_tx.send(response).await.is_err() {
+                    Ok(Reply::Now(None)) => in_flight.done(),
+                    Ok(reply) => {
+                        if response_tx.send(reply).await.is_err() {
                             return;
                         }
                     }
-                    Ok(None) => in_flight.done(),
                     Err(e) => {
                         tracing::warn!(%peer, error = %e, "closing connection");
                         return;
@@ -99,7 +102,24 @@ pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr
     };
 
     let writer = async move {
-        while let Some(response) = response_rx.recv().await {
+        while let Some(reply) = response_rx.recv().await {
+            let response = match reply {
+                Reply::Now(response) => response,
+                Reply::Later(deferred) => match deferred.await {
+                    Ok(response) => response,
+                    Err(e) => {
+                        // Closing the connection: the requests after this one are dropped
+                        // unanswered, as when the processor stops.
+                        tracing::warn!(%peer, error = %e, "closing connection");
+                        in_flight.done();
+                        return;
+                    }
+                },
+            };
+            let Some(response) = response else {
+                in_flight.done();
+                continue;
+            };
             let result = zero_copy::write_response(&mut write_half, response, use_sendfile).await;
             in_flight.done();
             if let Err(e) = result {

@@ -2,11 +2,14 @@
 //! `kafka-protocol` crate, call the handler, encode. Every request is timed here and its
 //! response's error codes counted (`weir_request_duration_seconds`, `weir_request_errors_total`).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Instant;
 
 use bytes::Bytes;
 use kafka_protocol::messages::*;
 use weir_broker::metrics::{ApiMetrics, ErrorCounter};
+use weir_broker::Broker;
 
 use crate::context::{Client, Ctx};
 use crate::frame::{self, FrameError, ResponseFrame};
@@ -16,36 +19,65 @@ use crate::versions;
 /// The request metrics of `api_key` (named after the key, as Kafka names its APIs: `Produce`,
 /// `ApiVersions`). `None` only for a key beyond the metrics' slots.
 pub(crate) fn api_metrics(ctx: &Ctx, api_key: ApiKey) -> Option<&ApiMetrics> {
-    ctx.broker.metrics.requests.api(api_key as i16, || format!("{api_key:?}"))
+    broker_api_metrics(&ctx.broker, api_key)
 }
 
-/// Handles one request. `Ok(None)`: no response is due (Produce with acks=0). `Err`: the
-/// connection must be closed (the error says why, for the log).
+fn broker_api_metrics(broker: &Broker, api_key: ApiKey) -> Option<&ApiMetrics> {
+    broker.metrics.requests.api(api_key as i16, || format!("{api_key:?}"))
+}
+
+/// The rest of a request's work, run after the connection has moved on to its next request.
+/// Resolves to the response, `None` when none is due, or an error that closes the connection.
+pub type Deferred = Pin<Box<dyn Future<Output = Result<Option<ResponseFrame>, FrameError>> + Send>>;
+
+/// What handling a request produced. Responses go out in request order either way.
+pub enum Reply {
+    /// The response, or `None` when none is due (Produce with acks=0).
+    Now(Option<ResponseFrame>),
+    /// A produce whose batches are written but whose fsync (`flush.policy=sync`) is still to
+    /// come: the connection takes its next request meanwhile, so pipelined produces share
+    /// fsyncs, and the writer awaits this before the responses after it.
+    Later(Deferred),
+}
+
+/// Handles one request. `Err`: the connection must be closed (the error says why, for the log).
 ///
 /// The time measured runs from here (the request was read and its turn on the connection has
 /// come) to the response being encoded, before it is written: for Fetch it includes the
-/// long-poll wait, for JoinGroup the wait for the other members.
-pub async fn handle(ctx: &Ctx, host: &str, frame: Bytes) -> Result<Option<ResponseFrame>, FrameError> {
+/// long-poll wait, for JoinGroup the wait for the other members, for Produce the fsync.
+pub async fn handle(ctx: &Ctx, host: &str, frame: Bytes) -> Result<Reply, FrameError> {
     let started = Instant::now();
     let known = frame::peek_prefix(&frame).ok().and_then(|p| ApiKey::try_from(p.api_key).ok());
-    let Some(metrics) = known.and_then(|key| api_metrics(ctx, key)) else {
+    let Some((key, metrics)) = known.and_then(|key| api_metrics(ctx, key).map(|m| (key, m))) else {
         ctx.broker.metrics.requests.count_unknown_api();
         return route(ctx, host, frame, None).await;
     };
     let result = route(ctx, host, frame, Some(metrics)).await;
-    metrics.observe(started.elapsed());
-    if result.is_err() {
-        metrics.count_failure();
+    match result {
+        Ok(Reply::Later(deferred)) => {
+            let broker = ctx.broker.clone();
+            Ok(Reply::Later(Box::pin(async move {
+                let result = deferred.await;
+                if let Some(metrics) = broker_api_metrics(&broker, key) {
+                    metrics.observe(started.elapsed());
+                    if result.is_err() {
+                        metrics.count_failure();
+                    }
+                }
+                result
+            })))
+        }
+        result => {
+            metrics.observe(started.elapsed());
+            if result.is_err() {
+                metrics.count_failure();
+            }
+            result
+        }
     }
-    result
 }
 
-async fn route(
-    ctx: &Ctx,
-    host: &str,
-    mut frame: Bytes,
-    metrics: Option<&ApiMetrics>,
-) -> Result<Option<ResponseFrame>, FrameError> {
+async fn route(ctx: &Ctx, host: &str, mut frame: Bytes, metrics: Option<&ApiMetrics>) -> Result<Reply, FrameError> {
     let prefix = frame::peek_prefix(&frame)?;
     let Ok(api_key) = ApiKey::try_from(prefix.api_key) else {
         return Err(FrameError::UnknownApiKey { api_key: prefix.api_key, correlation_id: prefix.correlation_id });
@@ -65,7 +97,7 @@ async fn route(
             // know; answer in v0 with UNSUPPORTED_VERSION and the list, so it can pick one.
             let response = handlers::api_versions::unsupported_version_response();
             let bytes = frame::encode_response(api_key, 0, prefix.correlation_id, &response)?;
-            return Ok(Some(single(bytes)));
+            return Ok(Reply::Now(Some(single(bytes))));
         }
         return Err(FrameError::UnsupportedVersion { api_key, version, correlation_id: prefix.correlation_id });
     }
@@ -93,16 +125,23 @@ async fn route(
         ApiKey::Produce => {
             let request: ProduceRequest = frame::decode_body(&mut body, api_key, version)?;
             let acks = request.acks;
-            let response = handlers::produce::handle(ctx, &client, request).await;
-            count_errors(&response);
-            if acks == 0 {
-                None
-            } else if drop_response_for_fault_injection(ctx) {
-                // Test-only fault: the append happened, the producer never hears of it.
-                return Err(FrameError::FaultInjected("dropped a produce response"));
-            } else {
-                Some(single(frame::encode_response(api_key, version, correlation_id, &response)?))
-            }
+            let durable = handlers::produce::handle(ctx, &client, request).await;
+            // Test-only fault: the append happens, the producer never hears of it.
+            let drop_response = acks != 0 && drop_response_for_fault_injection(ctx);
+            let broker = ctx.broker.clone();
+            return Ok(Reply::Later(Box::pin(async move {
+                let response = durable.await;
+                if let Some(metrics) = broker_api_metrics(&broker, api_key) {
+                    response.error_codes(&mut metrics.error_counter());
+                }
+                if acks == 0 {
+                    Ok(None)
+                } else if drop_response {
+                    Err(FrameError::FaultInjected("dropped a produce response"))
+                } else {
+                    Ok(Some(single(frame::encode_response(api_key, version, correlation_id, &response)?)))
+                }
+            })));
         }
         ApiKey::Fetch => {
             let request: FetchRequest = frame::decode_body(&mut body, api_key, version)?;
@@ -142,7 +181,7 @@ async fn route(
         // versions::supported() admitted only the keys above.
         other => return Err(FrameError::UnsupportedVersion { api_key: other, version, correlation_id }),
     };
-    Ok(response)
+    Ok(Reply::Now(response))
 }
 
 fn single(bytes: bytes::BytesMut) -> ResponseFrame {

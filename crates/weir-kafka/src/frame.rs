@@ -53,12 +53,16 @@ pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R, max: usize) -> Res
     if size > max {
         return Err(FrameError::TooLarge { size, max });
     }
-    let mut buf = BytesMut::zeroed(size);
-    match reader.read_exact(&mut buf).await {
-        Ok(_) => Ok(Some(buf.freeze())),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(FrameError::Truncated),
-        Err(e) => Err(e.into()),
+    // Read into uninitialised capacity: zeroing each frame first (`BytesMut::zeroed`) cost a
+    // fifth of the broker's CPU when taking 1 MiB produce requests at 1 GB/s.
+    let mut buf = BytesMut::with_capacity(size);
+    while buf.len() < size {
+        let wanted = size - buf.len();
+        if reader.read_buf(&mut (&mut buf).limit(wanted)).await? == 0 {
+            return Err(FrameError::Truncated);
+        }
     }
+    Ok(Some(buf.freeze()))
 }
 
 /// The request's API key, version and correlation id, read before anything is decoded.

@@ -45,6 +45,8 @@ struct Found {
     slice: Option<FileSlice>,
     /// read_committed: (producer id, first offset) of aborted transactions in the slice.
     aborted: Option<Vec<(i64, i64)>>,
+    /// The high watermark read before the read: if it moved since, there may be more to read.
+    seen_high_watermark: i64,
 }
 
 pub async fn handle(
@@ -80,13 +82,20 @@ pub async fn handle(
             (Some(name), id)
         };
         let topic_index = topics.len();
+        // One lookup per topic, not per partition: a consumer of 1,000 partitions names them all
+        // in every fetch (librdkafka has no fetch sessions).
+        let partitions = name.as_deref().and_then(|name| broker.topic_partitions(name));
         topics.push((TopicName(StrBytes::from_string(name.clone().unwrap_or_default())), id));
         for p in &topic.partitions {
             let target = match &name {
                 None => Err(ResponseError::UnknownTopicId),
-                Some(name) => match check_leader_epoch(p.current_leader_epoch) {
+                Some(_) => match check_leader_epoch(p.current_leader_epoch) {
                     Err(code) => Err(code),
-                    Ok(()) => broker.partition(name, p.partition).ok_or(ResponseError::UnknownTopicOrPartition),
+                    Ok(()) => partitions
+                        .as_ref()
+                        .and_then(|list| usize::try_from(p.partition).ok().and_then(|i| list.get(i)))
+                        .cloned()
+                        .ok_or(ResponseError::UnknownTopicOrPartition),
                 },
             };
             wanted.push(Wanted {
@@ -108,12 +117,6 @@ pub async fn handle(
     // transactions of what is returned.
     let read_committed = request.isolation_level == 1;
     let found = loop {
-        let waiter = Arc::new(Notify::new());
-        for w in wanted.iter() {
-            if let Ok(partition) = &w.target {
-                partition.register_waiter(&waiter);
-            }
-        }
         let reader_broker = broker.clone();
         let reader_wanted = wanted.clone();
         let found =
@@ -130,7 +133,22 @@ pub async fn handle(
         {
             break found;
         }
-        broker.wait_for_data(&waiter, deadline).await;
+        // Not enough yet: park. Register first, then check that no high watermark moved since
+        // the read (`Notify` keeps a permit for a wake-up after the registration, so none is
+        // lost). Registering only here keeps fetches that find data off the waiter lists.
+        let waiter = Arc::new(Notify::new());
+        for w in wanted.iter() {
+            if let Ok(partition) = &w.target {
+                partition.register_waiter(&waiter);
+            }
+        }
+        let moved = wanted.iter().zip(&found).any(|(w, f)| match &w.target {
+            Ok(partition) => partition.log.high_watermark() != f.seen_high_watermark,
+            Err(_) => false,
+        });
+        if !moved {
+            broker.wait_for_data(&waiter, deadline).await;
+        }
     };
 
     // Build the response with a placeholder where each file range goes.
@@ -207,11 +225,13 @@ fn read_all(broker: &Broker, wanted: &[Wanted], max_bytes: u64, read_committed: 
                     log_start_offset: -1,
                     slice: None,
                     aborted: None,
+                    seen_high_watermark: -1,
                 });
                 continue;
             }
         };
         let log = &partition.log;
+        let seen_high_watermark = log.high_watermark();
         let remaining = max_bytes.saturating_sub(total);
         let limit = remaining.min(w.partition_max_bytes.max(0) as u64);
         let min_one = total == 0;
@@ -242,6 +262,7 @@ fn read_all(broker: &Broker, wanted: &[Wanted], max_bytes: u64, read_committed: 
                     log_start_offset: log.log_start_offset(),
                     slice,
                     aborted,
+                    seen_high_watermark,
                 });
             }
             Err(BrokerError { code, message }) => {
@@ -255,6 +276,7 @@ fn read_all(broker: &Broker, wanted: &[Wanted], max_bytes: u64, read_committed: 
                     log_start_offset: log.log_start_offset(),
                     slice: None,
                     aborted: None,
+                    seen_high_watermark,
                 });
             }
         }

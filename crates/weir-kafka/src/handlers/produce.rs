@@ -1,80 +1,144 @@
 //! Produce: batches are validated and appended as sent (compressed batches stay compressed), one
-//! partition after another in request order. The response waits as long as the topic's flush
-//! policy says an acknowledged write must wait (see `Broker::append`).
+//! partition after another in request order, all in one blocking task (`Broker::write_many`).
+//! The response waits as long as each topic's flush policy says an acknowledged write must wait,
+//! but the connection does not: `handle` returns once the batches are written, with the wait
+//! still to run, so the next request on the connection is appended while this one's fsync runs.
+
+use std::future::Future;
+use std::sync::Arc;
 
 use bytes::BytesMut;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::ResponseError;
+use weir_broker::{BrokerError, Partition};
 
 use crate::context::{Client, Ctx};
 use crate::handlers::message;
 
-pub async fn handle(ctx: &Ctx, client: &Client, request: ProduceRequest) -> ProduceResponse {
+/// Writes the request's batches; the returned future waits until they are durable as promised
+/// and builds the response.
+pub async fn handle(
+    ctx: &Ctx,
+    client: &Client,
+    request: ProduceRequest,
+) -> impl Future<Output = ProduceResponse> + Send + 'static {
     let broker = &ctx.broker;
     let version = client.version;
     let acks = request.acks;
-    let mut responses = Vec::with_capacity(request.topic_data.len());
+    let fail = |index: i32, code: ResponseError, text: String| failed_partition(version, index, code, text);
+
+    // First pass: resolve and check every partition; what passes is appended in one go.
+    let mut slots: Vec<Vec<Slot>> = Vec::with_capacity(request.topic_data.len());
+    let mut names = Vec::with_capacity(request.topic_data.len());
+    let mut appends: Vec<(Arc<Partition>, BytesMut)> = Vec::new();
     for topic in request.topic_data {
-        let name = topic.name.to_string();
-        let mut partitions = Vec::with_capacity(topic.partition_data.len());
+        let partitions = broker.topic_partitions(&topic.name);
+        let mut topic_slots = Vec::with_capacity(topic.partition_data.len());
         for data in topic.partition_data {
-            let base = PartitionProduceResponse::default()
-                .with_index(data.index)
-                .with_base_offset(-1)
-                .with_log_append_time_ms(-1)
-                .with_log_start_offset(-1);
-            let fail = |code: ResponseError, text: String| {
-                let failed = base.clone().with_error_code(code.code());
-                // Error messages exist from v8.
-                if version >= 8 {
-                    failed.with_error_message(message(text))
-                } else {
-                    failed
-                }
-            };
+            let index = data.index;
             if !matches!(acks, -1..=1) {
-                partitions
-                    .push(fail(ResponseError::InvalidRequiredAcks, format!("acks must be -1, 0 or 1, not {acks}")));
+                let text = format!("acks must be -1, 0 or 1, not {acks}");
+                topic_slots.push(Slot::Done(fail(index, ResponseError::InvalidRequiredAcks, text)));
                 continue;
             }
-            let partition = match broker.require_partition(&name, data.index) {
-                Ok(p) => p,
-                Err(e) => {
-                    partitions.push(fail(e.code, e.message));
-                    continue;
-                }
+            let partition = partitions.as_ref().and_then(|list| usize::try_from(index).ok().and_then(|i| list.get(i)));
+            let Some(partition) = partition else {
+                let e = BrokerError::unknown_topic(&topic.name, index);
+                topic_slots.push(Slot::Done(fail(index, e.code, e.message)));
+                continue;
             };
             if partition.internal {
-                partitions.push(fail(
-                    ResponseError::InvalidTopicException,
-                    format!("Cannot append to internal topic {name}"),
-                ));
+                let text = format!("Cannot append to internal topic {}", &*topic.name);
+                topic_slots.push(Slot::Done(fail(index, ResponseError::InvalidTopicException, text)));
                 continue;
             }
-            let records = match data.records {
-                Some(records) if !records.is_empty() => BytesMut::from(&records[..]),
-                _ => {
-                    partitions.push(fail(
-                        ResponseError::InvalidRecord,
-                        "a produce request needs at least one record batch".into(),
-                    ));
-                    continue;
+            match data.records {
+                // The batch is copied once into a buffer of its own: the log assigns offsets in
+                // place, and the request's bytes are shared with the rest of the frame.
+                Some(records) if !records.is_empty() => {
+                    topic_slots.push(Slot::Appending(appends.len()));
+                    appends.push((partition.clone(), BytesMut::from(&records[..])));
                 }
-            };
-            match broker.append(partition.clone(), records, acks).await {
-                Ok(info) => partitions.push(
-                    base.with_base_offset(info.first_offset)
-                        .with_log_append_time_ms(info.log_append_time_ms.unwrap_or(-1))
-                        .with_log_start_offset(if version >= 5 { partition.log.log_start_offset() } else { -1 }),
-                ),
-                Err(e) => {
-                    tracing::debug!(topic = %name, partition = data.index, error = %e, "produce refused");
-                    partitions.push(fail(e.code, e.message));
+                _ => {
+                    let text = "a produce request needs at least one record batch".to_string();
+                    topic_slots.push(Slot::Done(fail(index, ResponseError::InvalidRecord, text)));
                 }
             }
         }
-        responses.push(TopicProduceResponse::default().with_name(topic.name).with_partition_responses(partitions));
+        slots.push(topic_slots);
+        names.push(topic.name);
+    }
+
+    let targets: Vec<Arc<Partition>> = appends.iter().map(|(p, _)| p.clone()).collect();
+    let pending = broker.write_many(appends, acks).await;
+    async move {
+        let results = pending.durable().await;
+        respond(version, names, slots, &targets, results)
+    }
+}
+
+/// The response: each partition's slot, either decided before the append or filled from its
+/// append's result.
+fn respond(
+    version: i16,
+    names: Vec<kafka_protocol::messages::TopicName>,
+    slots: Vec<Vec<Slot>>,
+    targets: &[Arc<Partition>],
+    results: Vec<Result<weir_storage::AppendInfo, BrokerError>>,
+) -> ProduceResponse {
+    let mut results: Vec<Option<Result<_, BrokerError>>> = results.into_iter().map(Some).collect();
+    let mut responses = Vec::with_capacity(slots.len());
+    for (name, topic_slots) in names.into_iter().zip(slots) {
+        let partitions = topic_slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Done(response) => response,
+                Slot::Appending(i) => {
+                    let partition = &targets[i];
+                    match results[i].take() {
+                        Some(Ok(info)) => PartitionProduceResponse::default()
+                            .with_index(partition.index)
+                            .with_base_offset(info.first_offset)
+                            .with_log_append_time_ms(info.log_append_time_ms.unwrap_or(-1))
+                            .with_log_start_offset(if version >= 5 { partition.log.log_start_offset() } else { -1 }),
+                        Some(Err(e)) => {
+                            tracing::debug!(topic = %partition.topic, partition = partition.index, error = %e, "produce refused");
+                            failed_partition(version, partition.index, e.code, e.message)
+                        }
+                        None => failed_partition(
+                            version,
+                            partition.index,
+                            ResponseError::UnknownServerError,
+                            "append lost its result".into(),
+                        ),
+                    }
+                }
+            })
+            .collect();
+        responses.push(TopicProduceResponse::default().with_name(name).with_partition_responses(partitions));
     }
     ProduceResponse::default().with_responses(responses)
+}
+
+/// `slots[t][p]` of a request: the partition's response decided before the append, or the index
+/// of its append.
+enum Slot {
+    Done(PartitionProduceResponse),
+    Appending(usize),
+}
+
+fn failed_partition(version: i16, index: i32, code: ResponseError, text: String) -> PartitionProduceResponse {
+    let failed = PartitionProduceResponse::default()
+        .with_index(index)
+        .with_error_code(code.code())
+        .with_base_offset(-1)
+        .with_log_append_time_ms(-1)
+        .with_log_start_offset(-1);
+    // Error messages exist from v8.
+    if version >= 8 {
+        failed.with_error_message(message(text))
+    } else {
+        failed
+    }
 }
