@@ -79,6 +79,40 @@ fn given_crash_after_checkpoint_when_reopened_should_recover_only_from_recovery_
 }
 
 #[test]
+fn given_crash_when_recovered_should_not_move_the_recovery_point_past_unsynced_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let tp = TopicPartition::new("clicks", 0);
+    {
+        let manager = LogManager::open(options(dir.path(), &clock)).expect("open");
+        let log = manager.get_or_create(&tp, config(&[("segment.bytes", "4096")])).expect("create");
+        for i in 0..20u8 {
+            log.append(&mut records(2, 300, T0, i), 0).expect("append");
+        }
+        manager.checkpoint().expect("checkpoint");
+        // dropped without shutdown: a crash, with nothing fsynced by the log
+    }
+    for round in 0..2 {
+        let manager = LogManager::open(options(dir.path(), &clock)).expect("reopen");
+        assert!(!manager.recovered_from_clean_shutdown());
+        let log = manager.get(&tp).expect("log");
+        assert_eq!(log.log_end_offset(), 40 + round, "round {round}");
+        // Recovery validated the data but did not fsync it: the recovery point stays where
+        // the checkpoint put it, so the next crash rescans the same segments.
+        assert!(log.recovery_point() < log.log_end_offset(), "round {round}: {}", log.recovery_point());
+        assert!(log.stats.segments_recovered.load(Ordering::Relaxed) > 1, "round {round}");
+        log.append(&mut records(1, 10, T0, 99), 0).expect("append");
+        // a crash again
+    }
+    // A flush after recovery makes everything durable and moves the recovery point.
+    let manager = LogManager::open(options(dir.path(), &clock)).expect("reopen");
+    let log = manager.get(&tp).expect("log");
+    log.flush().expect("flush");
+    assert_eq!(log.recovery_point(), log.log_end_offset());
+    assert_eq!(read_all(&log, 0).len(), 20 + 2, "batches");
+}
+
+#[test]
 fn given_directory_in_use_when_opened_twice_should_refuse() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(T0));
