@@ -25,11 +25,11 @@ mod file_slice;
 mod index_file;
 pub mod log;
 pub mod manager;
-mod offset_index;
+pub mod offset_index;
 pub mod producer_state;
 mod segment;
 pub mod testing;
-mod time_index;
+pub mod time_index;
 pub mod txn_index;
 
 pub use batch::{BatchHeader, Compression, TimestampType};

@@ -12,13 +12,13 @@ use crate::index_file::IndexFile;
 
 pub(crate) const ENTRY_BYTES: usize = 8;
 
-pub(crate) struct OffsetIndex {
+pub struct OffsetIndex {
     file: IndexFile,
     base_offset: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct OffsetPosition {
+pub struct OffsetPosition {
     pub offset: i64,
     pub position: u32,
 }
@@ -32,7 +32,7 @@ fn position(entry: &[u8]) -> u32 {
 }
 
 impl OffsetIndex {
-    pub(crate) fn open(path: &Path, base_offset: i64, preallocate_bytes: Option<u64>) -> Result<OffsetIndex> {
+    pub fn open(path: &Path, base_offset: i64, preallocate_bytes: Option<u64>) -> Result<OffsetIndex> {
         Ok(OffsetIndex { file: IndexFile::open(path, ENTRY_BYTES, preallocate_bytes)?, base_offset })
     }
 
@@ -44,7 +44,7 @@ impl OffsetIndex {
         self.file.entries()
     }
 
-    pub(crate) fn is_full(&self) -> bool {
+    pub fn is_full(&self) -> bool {
         self.file.is_full()
     }
 
@@ -59,7 +59,7 @@ impl OffsetIndex {
 
     /// Adds an entry; the caller guarantees `offset` and `position` exceed the last entry's and
     /// that the index is not full.
-    pub(crate) fn append(&mut self, offset: i64, position: u32) {
+    pub fn append(&mut self, offset: i64, position: u32) {
         let relative = u32::try_from(offset - self.base_offset).expect("relative offset fits u32 (roll guarantees)");
         if let Some(last) = self.last_entry() {
             assert!(offset > last.offset && position > last.position, "offset index must grow");
@@ -71,7 +71,7 @@ impl OffsetIndex {
     }
 
     /// The last entry with offset `<= target`, or the segment start if there is none.
-    pub(crate) fn lookup(&self, target: i64) -> OffsetPosition {
+    pub fn lookup(&self, target: i64) -> OffsetPosition {
         let Ok(relative) = u32::try_from(target.saturating_sub(self.base_offset)) else {
             return OffsetPosition { offset: self.base_offset, position: 0 };
         };

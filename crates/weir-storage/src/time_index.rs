@@ -13,13 +13,13 @@ use crate::index_file::IndexFile;
 
 pub(crate) const ENTRY_BYTES: usize = 12;
 
-pub(crate) struct TimeIndex {
+pub struct TimeIndex {
     file: IndexFile,
     base_offset: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TimestampOffset {
+pub struct TimestampOffset {
     pub timestamp: i64,
     pub offset: i64,
 }
@@ -35,7 +35,7 @@ fn relative_offset(entry: &[u8]) -> u32 {
 }
 
 impl TimeIndex {
-    pub(crate) fn open(path: &Path, base_offset: i64, preallocate_bytes: Option<u64>) -> Result<TimeIndex> {
+    pub fn open(path: &Path, base_offset: i64, preallocate_bytes: Option<u64>) -> Result<TimeIndex> {
         Ok(TimeIndex { file: IndexFile::open(path, ENTRY_BYTES, preallocate_bytes)?, base_offset })
     }
 
@@ -47,7 +47,7 @@ impl TimeIndex {
         self.file.entries()
     }
 
-    pub(crate) fn is_full(&self) -> bool {
+    pub fn is_full(&self) -> bool {
         self.file.is_full()
     }
 
@@ -66,7 +66,7 @@ impl TimeIndex {
 
     /// Adds (timestamp, offset) if `timestamp` is larger than the last entry's; otherwise the
     /// entry would add nothing a lookup can use.
-    pub(crate) fn maybe_append(&mut self, timestamp: i64, offset: i64) {
+    pub fn maybe_append(&mut self, timestamp: i64, offset: i64) {
         if let Some(last) = self.last_entry() {
             if timestamp <= last.timestamp || offset < last.offset {
                 return;
@@ -85,7 +85,7 @@ impl TimeIndex {
     /// The last entry whose timestamp is strictly below `target`: every record before its offset
     /// has a smaller timestamp, so a search for the first record with timestamp >= `target`
     /// can start there. `None`: start at the segment's beginning.
-    pub(crate) fn lookup_below(&self, target: i64) -> Option<TimestampOffset> {
+    pub fn lookup_below(&self, target: i64) -> Option<TimestampOffset> {
         let below = target.checked_sub(1)?;
         self.file.largest_lower_bound(below, timestamp).map(|i| self.entry(i))
     }

@@ -105,6 +105,10 @@ pub enum BenchCommand {
     /// the user-space copy path, side by side in one run.
     #[command(long_about = FETCH_LONG_ABOUT)]
     Fetch(FetchBenchArgs),
+    /// Produce capacity of a broker (its own `weir server` child, or --bootstrap) measured with a
+    /// raw Kafka-protocol client that costs next to nothing: MB/s, broker CPU and RSS, latency.
+    #[command(long_about = PRODUCE_LONG_ABOUT)]
+    Produce(ProduceBenchArgs),
     /// OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka:
     /// runs the weir-bench binary next to this one with the same arguments (build it with
     /// `cargo build --release -p weir-bench`; `weir bench kafka --help` lists its flags).
@@ -176,6 +180,114 @@ pub struct FetchBenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+}
+
+const PRODUCE_LONG_ABOUT: &str = "\
+Produce capacity of a broker, measured with a load generator that is not the bottleneck.
+
+librdkafka spends about as much CPU as the broker per byte produced, so on a small machine
+`weir bench kafka` measures the client as much as the broker. This benchmark speaks the Kafka
+protocol itself: every Produce request is encoded once before the run (per partition one
+RecordBatch v2 of --batch-bytes, made of --size-byte values without keys, with its CRC32C), and
+the same bytes are sent again and again with only the correlation id patched in, since the broker
+assigns the offsets. Each of --connections threads owns one TCP connection and keeps up to
+--in-flight requests outstanding; a reader thread per connection takes the responses in order,
+checks that every partition's error code is 0 (any error fails the run) and records the latency
+from the start of the request's write to its response (HDR histogram, microseconds).
+
+Target: by default this binary's own `weir server` child on 127.0.0.1 port 0 in a temporary data
+directory (under --data-dir, else the system temp dir) with admin.listeners= and every --set;
+or a running broker with --bootstrap (add --broker-pid for its CPU and RSS). It creates a fresh
+topic of --partitions with every --topic-config (deleted at the end on a --bootstrap broker
+unless --keep-topic). Connection c sends the partitions p with p % C = c (if there are fewer
+partitions than connections, partition c % P), one batch each per request.
+
+The run stops after --bytes of values (default 1 GiB) or --duration, whichever comes first
+(each connection finishes its last request). Then the benchmark checks with ListOffsets that
+the topic's offsets grew by exactly the records acknowledged (with acks=0, it waits for that and
+the wait is part of the timed run), and fails otherwise.
+
+It reports MB/s (10^6 bytes of values) and msg/s, the broker's CPU seconds and CPU % (user +
+system over the run's wall time from /proc/PID/stat; 100 % = one core), the broker's peak RSS
+(VmRSS sampled every 100 ms, and VmHWM for its own child), this process's own CPU %
+(/proc/self/stat), and the request latency p50 / p99 / p99.9 / max. With --consume it then
+reads everything back from offset 0 over one connection with Fetch and reports that drain's
+MB/s and broker CPU.";
+
+#[derive(Debug, Args)]
+pub struct ProduceBenchArgs {
+    /// A running broker to measure, HOST:PORT. [default: start a `weir server` child]
+    #[arg(long, value_name = "HOST:PORT")]
+    pub bootstrap: Option<String>,
+
+    /// The --bootstrap broker's process id, for its CPU and RSS from /proc.
+    #[arg(long, value_name = "PID", requires = "bootstrap")]
+    pub broker_pid: Option<u32>,
+
+    /// A setting of the child broker, like `weir server --set`; repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting, conflicts_with = "bootstrap")]
+    pub settings: Vec<(String, String)>,
+
+    /// Where the child broker's temporary data directory goes. [default: the system temp dir]
+    #[arg(long, value_name = "DIR", conflicts_with = "bootstrap")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Partitions of the benchmark's topic.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=100_000))]
+    pub partitions: i32,
+
+    /// A config of the benchmark's topic, e.g. flush.policy=sync; repeatable.
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_setting)]
+    pub topic_config: Vec<(String, String)>,
+
+    /// Bytes of each message value (no key).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1024")]
+    pub size: u64,
+
+    /// Bytes of each partition's record batch in a request (as many values as fit).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1M")]
+    pub batch_bytes: u64,
+
+    /// Connections, each with its own thread (and a reader thread).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub connections: u32,
+
+    /// Produce requests outstanding per connection.
+    #[arg(long, value_name = "K", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub in_flight: u32,
+
+    /// acks of the Produce requests: 1, all (or -1), or 0.
+    #[arg(long, value_name = "ACKS", value_parser = parse_acks, default_value = "1")]
+    pub acks: i16,
+
+    /// Stop after this many bytes of values (all connections). [default: 1G, or no limit with --duration]
+    #[arg(long, value_name = "N", value_parser = parse_size)]
+    pub bytes: Option<u64>,
+
+    /// Stop sending after this many seconds.
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+
+    /// Then read everything back with Fetch over one connection and report that too.
+    #[arg(long)]
+    pub consume: bool,
+
+    /// Leave the topic on the --bootstrap broker at the end.
+    #[arg(long)]
+    pub keep_topic: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+fn parse_acks(text: &str) -> Result<i16, String> {
+    match text.trim() {
+        "1" => Ok(1),
+        "all" | "-1" => Ok(-1),
+        "0" => Ok(0),
+        other => Err(format!("acks must be 1, all or 0, not {other:?}")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -276,6 +388,37 @@ mod tests {
         assert_eq!(args.listen.as_deref(), Some("127.0.0.1:0"));
         assert_eq!(args.settings, vec![("num.partitions".into(), "3".into()), ("log.retention.ms".into(), "5".into())]);
         assert!(Cli::try_parse_from(["weir", "server", "--set", "novalue"]).is_err());
+    }
+
+    #[test]
+    fn bench_produce_parses_its_flags() {
+        let cli = Cli::try_parse_from([
+            "weir",
+            "bench",
+            "produce",
+            "--acks",
+            "all",
+            "--topic-config",
+            "flush.policy=sync",
+            "--partitions",
+            "4",
+            "--connections",
+            "2",
+            "--bytes",
+            "8M",
+            "--set",
+            "num.io.threads=2",
+        ])
+        .expect("valid command line");
+        let Command::Bench(BenchCommand::Produce(args)) = cli.command else { panic!("not bench produce") };
+        assert_eq!(args.acks, -1);
+        assert_eq!(args.topic_config, vec![("flush.policy".into(), "sync".into())]);
+        assert_eq!((args.partitions, args.connections, args.in_flight), (4, 2, 5));
+        assert_eq!((args.size, args.batch_bytes, args.bytes), (1024, 1 << 20, Some(8 << 20)));
+        assert!(Cli::try_parse_from(["weir", "bench", "produce", "--acks", "2"]).is_err());
+        assert!(Cli::try_parse_from(["weir", "bench", "produce", "--broker-pid", "1"]).is_err());
+        let both = ["weir", "bench", "produce", "--bootstrap", "h:1", "--set", "a=b"];
+        assert!(Cli::try_parse_from(both).is_err());
     }
 
     #[test]

@@ -23,6 +23,7 @@ fn main() -> anyhow::Result<()> {
         Command::Server(args) => server::run(&args),
         Command::Bench(BenchCommand::Storage(args)) => bench::storage::run(&args),
         Command::Bench(BenchCommand::Fetch(args)) => bench::fetch::run(&args),
+        Command::Bench(BenchCommand::Produce(args)) => bench::produce::run(&args),
         Command::Bench(BenchCommand::Kafka(args)) => bench::kafka::run(&args),
         Command::Topic(args) => admin_cli::finish(admin_cli::topic::run(&args)),
         Command::Group(args) => admin_cli::finish(admin_cli::group::run(&args)),

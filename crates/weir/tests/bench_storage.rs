@@ -1,8 +1,9 @@
 //! Smoke test of `weir bench storage --quick`: the real binary runs every case, writes the JSON
 //! report with positive figures, and leaves nothing behind.
 
-use std::process::Command;
+mod bench_support;
 
+use bench_support::{args, run_bench};
 use serde_json::Value;
 
 fn positive(value: &Value, what: &str) -> f64 {
@@ -15,26 +16,10 @@ fn positive(value: &Value, what: &str) -> f64 {
 fn quick_storage_bench_reports_every_case() {
     let scratch = tempfile::tempdir().expect("tempdir");
     let bench_dir = scratch.path().join("bench");
-    let json_path = scratch.path().join("report.json");
-    let output = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["bench", "storage", "--quick", "--dir"])
-        .arg(&bench_dir)
-        .arg("--json")
-        .arg(&json_path)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run weir");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "weir bench storage failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
+    let mut bench_args = args(&["storage", "--quick", "--dir"]);
+    bench_args.push(bench_dir.clone().into_os_string());
+    let (report, stdout) = run_bench(&bench_args);
     assert!(stdout.contains("Ratios"), "no table on stdout:\n{stdout}");
-
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("JSON report written")).expect("valid JSON");
 
     assert_eq!(report["settings"]["quick"], Value::Bool(true));
     positive(&report["settings"]["bytes"], "settings.bytes");

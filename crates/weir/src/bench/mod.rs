@@ -2,4 +2,6 @@
 
 pub mod fetch;
 pub mod kafka;
+pub mod produce;
+pub mod raw_client;
 pub mod storage;

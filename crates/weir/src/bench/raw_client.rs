@@ -1,0 +1,389 @@
+//! The pieces the raw-protocol benchmarks (`weir bench fetch`, `weir bench produce`) share: a
+//! broker child process, a minimal blocking Kafka client on a plain `TcpStream`, the few admin
+//! calls they need, a Fetch loop that drains partitions, and CPU / RSS accounting from /proc.
+//!
+//! The client encodes and decodes with the kafka-protocol crate the broker itself uses, so it
+//! costs next to nothing next to the broker: no buffering layer, no batching logic, no threads of
+//! its own.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::error::ParseResponseErrorCode;
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
+
+/// `weir server` (this binary) as a child process in its own scratch data directory, on
+/// 127.0.0.1 port 0; killed on drop.
+pub struct Server {
+    child: Child,
+    pub addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts the broker with `settings` (`--set NAME=VALUE` each) in a fresh directory named
+    /// `prefix*` under `parent` (the system temp dir if `None`), and waits for its listening line.
+    pub fn start(prefix: &str, settings: &[(String, String)], parent: Option<&Path>) -> anyhow::Result<Server> {
+        let builder = {
+            let mut b = tempfile::Builder::new();
+            b.prefix(prefix);
+            b
+        };
+        let dir = match parent {
+            Some(parent) => builder.tempdir_in(parent),
+            None => builder.tempdir(),
+        }
+        .context("cannot create the broker's data directory")?;
+        let exe = std::env::current_exe()?;
+        let mut command = Command::new(exe);
+        command.args(["server", "--listen", "127.0.0.1:0", "--data-dir"]).arg(dir.path());
+        for (name, value) in settings {
+            command.arg("--set").arg(format!("{name}={value}"));
+        }
+        let mut child = command
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start `weir server`")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let addr = line.split_whitespace().find_map(|w| w.parse::<SocketAddr>().ok());
+        let Some(addr) = addr else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("unexpected first line from `weir server`: {line:?} (see its errors above)");
+        };
+        Ok(Server { child, addr, _dir: dir })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// User + system CPU seconds of the broker so far.
+    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        cpu_seconds(&self.pid().to_string())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// User + system CPU seconds of process `pid` (a number, or `self`) from /proc/PID/stat, all
+/// threads together.
+pub fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // Fields after the command name (which is in parentheses): utime is the 12th, stime 13th.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // Linux reports in USER_HZ, 100 on every supported platform.
+    Ok((ticks(11) + ticks(12)) / 100.0)
+}
+
+/// A `Vm*` line of /proc/PID/status in bytes (`VmRSS`: resident now, `VmHWM`: the peak).
+pub fn status_bytes(pid: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.split(':').next() == Some(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The name of a Kafka error code, for messages: `NotLeaderOrFollower (6)`.
+pub fn error_name(code: i16) -> String {
+    match code.err() {
+        Some(e) => format!("{e:?} ({code})"),
+        None => "none (0)".to_string(),
+    }
+}
+
+/// A whole request frame (size prefix, header, body), ready to write to the socket. The
+/// correlation id is at bytes [`CORRELATION_ID_AT`] of the frame.
+pub fn encode_request<R: Request>(correlation: i32, version: i16, request: &R) -> anyhow::Result<BytesMut> {
+    let api_key = ApiKey::try_from(R::KEY).map_err(|_| anyhow::anyhow!("unknown api key {}", R::KEY))?;
+    let header = RequestHeader::default()
+        .with_request_api_key(R::KEY)
+        .with_request_api_version(version)
+        .with_correlation_id(correlation)
+        .with_client_id(Some(StrBytes::from_static_str("weir-bench")));
+    let mut frame = BytesMut::new();
+    frame.put_i32(0);
+    header.encode(&mut frame, api_key.request_header_version(version))?;
+    request.encode(&mut frame, version)?;
+    let size = i32::try_from(frame.len() - 4).context("request larger than 2 GiB")?;
+    frame[..4].copy_from_slice(&size.to_be_bytes());
+    Ok(frame)
+}
+
+/// Where the correlation id sits in a frame from [`encode_request`]: after the size (4), the api
+/// key (2) and the api version (2), in every request header version.
+pub const CORRELATION_ID_AT: std::ops::Range<usize> = 8..12;
+
+/// Reads one response frame into `buf` (resized to the frame).
+pub fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> anyhow::Result<()> {
+    let mut size = [0u8; 4];
+    stream.read_exact(&mut size).context("reading a response frame size")?;
+    let size = i32::from_be_bytes(size);
+    if size < 0 {
+        bail!("negative response frame size {size}");
+    }
+    buf.resize(size as usize, 0);
+    stream.read_exact(buf).context("reading a response frame")?;
+    Ok(())
+}
+
+/// Decodes a response frame body: returns the correlation id and the response.
+pub fn decode_response<R: Request>(mut body: Bytes, version: i16) -> anyhow::Result<(i32, R::Response)> {
+    let api_key = ApiKey::try_from(R::KEY).map_err(|_| anyhow::anyhow!("unknown api key {}", R::KEY))?;
+    let header = ResponseHeader::decode(&mut body, api_key.response_header_version(version))
+        .with_context(|| format!("decoding a {api_key:?} response header"))?;
+    let response = R::Response::decode(&mut body, version)
+        .with_context(|| format!("decoding a {api_key:?} v{version} response"))?;
+    Ok((header.correlation_id, response))
+}
+
+/// A minimal blocking Kafka client: one request at a time.
+pub struct Client {
+    stream: TcpStream,
+    correlation: i32,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
+        let stream = connect(addr)?;
+        Ok(Client { stream, correlation: 0, buf: Vec::new() })
+    }
+
+    pub fn send<R: Request>(&mut self, version: i16, request: &R) -> anyhow::Result<R::Response> {
+        self.correlation = self.correlation.wrapping_add(1);
+        let frame = encode_request(self.correlation, version, request)?;
+        self.stream.write_all(&frame).context("sending a request")?;
+        read_frame(&mut self.stream, &mut self.buf)?;
+        let (correlation, response) = decode_response::<R>(Bytes::copy_from_slice(&self.buf), version)?;
+        if correlation != self.correlation {
+            bail!("response with correlation id {correlation}, expected {}", self.correlation);
+        }
+        Ok(response)
+    }
+}
+
+/// A TCP connection to a broker as the benchmarks use it: no Nagle, generous read and write
+/// timeouts (so a hung broker fails the run instead of hanging it).
+pub fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
+    let stream = TcpStream::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(60)))?;
+    Ok(stream)
+}
+
+pub fn topic_name(name: &str) -> TopicName {
+    TopicName(StrBytes::from_string(name.to_string()))
+}
+
+/// CreateTopics of one topic with replication factor 1; fails unless the broker created it.
+pub fn create_topic(
+    client: &mut Client,
+    name: &str,
+    partitions: i32,
+    configs: &[(String, String)],
+) -> anyhow::Result<()> {
+    let configs = configs
+        .iter()
+        .map(|(k, v)| {
+            CreatableTopicConfig::default()
+                .with_name(StrBytes::from_string(k.clone()))
+                .with_value(Some(StrBytes::from_string(v.clone())))
+        })
+        .collect();
+    let create = CreateTopicsRequest::default()
+        .with_topics(vec![CreatableTopic::default()
+            .with_name(topic_name(name))
+            .with_num_partitions(partitions)
+            .with_replication_factor(1)
+            .with_configs(configs)])
+        .with_timeout_ms(30_000);
+    let created = client.send(5, &create).context("CreateTopics")?;
+    let result = created.topics.first().context("empty CreateTopics response")?;
+    if result.error_code != 0 {
+        bail!(
+            "creating topic {name} failed: {} {}",
+            error_name(result.error_code),
+            result.error_message.as_deref().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+/// DeleteTopics of one topic.
+pub fn delete_topic(client: &mut Client, name: &str) -> anyhow::Result<()> {
+    let request = DeleteTopicsRequest::default()
+        .with_topics(vec![DeleteTopicState::default().with_name(Some(topic_name(name)))])
+        .with_timeout_ms(30_000);
+    let response = client.send(6, &request).context("DeleteTopics")?;
+    if let Some(r) = response.responses.iter().find(|r| r.error_code != 0) {
+        bail!("deleting topic {name} failed: {}", error_name(r.error_code));
+    }
+    Ok(())
+}
+
+/// The latest offsets (ListOffsets at -1: the high watermark) of `partitions` of `topic`.
+pub fn latest_offsets(client: &mut Client, topic: &str, partitions: &[i32]) -> anyhow::Result<Vec<i64>> {
+    let request =
+        ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
+            .with_name(topic_name(topic))
+            .with_partitions(
+                partitions
+                    .iter()
+                    .map(|&p| ListOffsetsPartition::default().with_partition_index(p).with_timestamp(-1))
+                    .collect(),
+            )]);
+    let response = client.send(7, &request).context("ListOffsets")?;
+    let answered: Vec<_> = response.topics.iter().flat_map(|t| &t.partitions).collect();
+    partitions
+        .iter()
+        .map(|&p| {
+            let r = answered
+                .iter()
+                .find(|r| r.partition_index == p)
+                .with_context(|| format!("no offset for partition {p}"))?;
+            if r.error_code != 0 {
+                bail!("ListOffsets of {topic}-{p} failed: {}", error_name(r.error_code));
+            }
+            Ok(r.offset)
+        })
+        .collect()
+}
+
+/// What [`fetch_all`] received: record batch bytes (protocol bytes, not values) and offsets.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Fetched {
+    pub bytes: u64,
+    pub records: u64,
+}
+
+/// Reads `start..end` of every `(partition, start, end)` of `topic` with Fetch requests over
+/// `client`, each asking every unfinished partition for up to `partition_max_bytes`. The client
+/// only walks the batch headers to find the next offset; nothing is decoded or checked further.
+pub fn fetch_all(
+    client: &mut Client,
+    topic: &str,
+    ranges: &[(i32, i64, i64)],
+    partition_max_bytes: i32,
+) -> anyhow::Result<Fetched> {
+    let mut positions: Vec<(i32, i64, i64)> = ranges.iter().copied().filter(|(_, start, end)| start < end).collect();
+    let mut fetched = Fetched::default();
+    while !positions.is_empty() {
+        let partitions = positions
+            .iter()
+            .map(|&(p, offset, _)| {
+                FetchPartition::default()
+                    .with_partition(p)
+                    .with_fetch_offset(offset)
+                    .with_partition_max_bytes(partition_max_bytes)
+            })
+            .collect();
+        let request = FetchRequest::default()
+            .with_max_wait_ms(500)
+            .with_min_bytes(1)
+            .with_max_bytes(partition_max_bytes.saturating_mul(positions.len() as i32))
+            .with_session_epoch(-1)
+            .with_topics(vec![FetchTopic::default().with_topic(topic_name(topic)).with_partitions(partitions)]);
+        let response = client.send(12, &request).context("Fetch")?;
+        let answered: Vec<_> = response.responses.iter().flat_map(|t| &t.partitions).collect();
+        let mut progress = false;
+        for (p, offset, _) in positions.iter_mut() {
+            let Some(partition) = answered.iter().find(|r| r.partition_index == *p) else { continue };
+            if partition.error_code != 0 {
+                bail!("Fetch of {topic}-{p} at {offset} failed: {}", error_name(partition.error_code));
+            }
+            let mut records = partition.records.clone().unwrap_or_default();
+            fetched.bytes += records.len() as u64;
+            // Walk the batch headers: baseOffset (8), batchLength (4), ... lastOffsetDelta at 23.
+            let mut next = *offset;
+            while records.len() >= 27 {
+                let base = (&records[0..8]).get_i64();
+                let length = (&records[8..12]).get_i32();
+                let last_delta = (&records[23..27]).get_i32() as i64;
+                let Ok(length) = usize::try_from(length) else {
+                    bail!("Fetch of {topic}-{p}: a batch with negative length {length}");
+                };
+                if records.len() - 12 < length {
+                    break;
+                }
+                next = base + last_delta + 1;
+                records.advance(12 + length);
+            }
+            if next > *offset {
+                fetched.records += (next - *offset) as u64;
+                *offset = next;
+                progress = true;
+            }
+        }
+        if !progress {
+            let stuck: Vec<String> = positions.iter().map(|(p, o, e)| format!("{topic}-{p} at {o} of {e}")).collect();
+            bail!("a Fetch made no progress: {}", stuck.join(", "));
+        }
+        positions.retain(|(_, offset, end)| offset < end);
+    }
+    Ok(fetched)
+}
+
+/// Polls `latest_offsets` until their sum reaches `expected` or `timeout` passes; returns the
+/// last offsets seen.
+pub fn wait_for_offsets(
+    client: &mut Client,
+    topic: &str,
+    partitions: &[i32],
+    expected: i64,
+    timeout: Duration,
+) -> anyhow::Result<Vec<i64>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let offsets = latest_offsets(client, topic, partitions)?;
+        if offsets.iter().sum::<i64>() >= expected || Instant::now() >= deadline {
+            return Ok(offsets);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn correlation_id_is_where_the_writers_patch_it() {
+        let request = ProduceRequest::default().with_acks(1);
+        for version in [3, 9, 11] {
+            let frame = encode_request(0x0102_0304, version, &request).expect("encodes");
+            assert_eq!(&frame[CORRELATION_ID_AT], &[1, 2, 3, 4], "v{version}");
+            let size = i32::from_be_bytes(frame[..4].try_into().expect("4 bytes"));
+            assert_eq!(size as usize, frame.len() - 4);
+        }
+    }
+
+    #[test]
+    fn error_names_are_readable() {
+        assert_eq!(error_name(0), "none (0)");
+        assert!(error_name(6).starts_with("NotLeaderOrFollower"), "{}", error_name(6));
+    }
+}
