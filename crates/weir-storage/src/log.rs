@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::batch::{self, TimestampType};
+use crate::batch::{self, TimestampType, HEADER_BYTES};
 use crate::checkpoint::fsync_dir;
 use crate::clock::Clock;
 use crate::config::{FlushPolicy, LogConfig};
@@ -71,6 +71,12 @@ pub struct OpenOptions {
     pub recovery_point: Option<i64>,
     /// From the log-start-offset checkpoint (DeleteRecords moves it inside a segment).
     pub log_start_offset: Option<i64>,
+    /// After a crash: only the process died, the machine did not (same kernel boot), so the
+    /// page cache still holds every byte written. Recovery then reads only the headers after
+    /// each segment's last index entry instead of checksumming whole segments (CRCs are checked
+    /// lazily, before first served). Never set it after a machine crash or for files that may
+    /// have been damaged on disk.
+    pub page_cache_survived: bool,
 }
 
 /// Counters a benchmark or metrics exporter reads.
@@ -208,7 +214,15 @@ impl Log {
             let mut min_offset = i64::MIN;
             let mut cut = None;
             for (base, segment) in map.range(first_to_recover..) {
-                let outcome = segment.recover(config.index_interval_bytes, min_offset)?;
+                let tail_only = if options.page_cache_survived {
+                    segment.recover_tail(config.index_interval_bytes, min_offset)?
+                } else {
+                    None
+                };
+                let outcome = match tail_only {
+                    Some(outcome) => outcome,
+                    None => segment.recover(config.index_interval_bytes, min_offset)?,
+                };
                 self.stats.segments_recovered.fetch_add(1, Ordering::Relaxed);
                 self.stats.recovered_truncated_bytes.fetch_add(outcome.truncated_bytes, Ordering::Relaxed);
                 min_offset = outcome.next_offset.unwrap_or(*base);
@@ -932,36 +946,44 @@ impl Log {
             Some((state, offset)) => (state, offset.max(self.log_start_offset())),
             None => (ProducerStateManager::new(), self.log_start_offset()),
         };
-        let mut next = from;
-        while next < log_end {
-            // A corrupt old segment must not stop the log from opening: reads report it. The
-            // state then lacks what that segment held, as after producer expiry.
-            let bytes = match self.read_with(next, 4 << 20, log_end, true).and_then(|read| match read.slice {
-                Some(slice) => slice.read_to_vec().map(|bytes| (bytes, slice.next_offset)),
-                None => Ok((Vec::new(), log_end)),
-            }) {
-                Ok((bytes, _)) if bytes.is_empty() => break,
-                Ok((bytes, slice_next)) => {
-                    next = slice_next;
-                    bytes
+        // Headers only: after a crash the newest snapshot can be a whole active segment behind,
+        // and reading (and checksumming) gigabytes of batches here made start-up as slow as a
+        // full recovery. Control batches, the only ones whose records matter, are read whole.
+        // After a clean shutdown the snapshot is at the log end: nothing to read.
+        let segments = if from < log_end { self.segments_snapshot() } else { Vec::new() };
+        let first = segments.iter().rposition(|s| s.base_offset() <= from).unwrap_or(0);
+        'segments: for segment in &segments[first..] {
+            if segment.base_offset() >= log_end {
+                break;
+            }
+            let walked = segment.visit_headers(from, |position, header| {
+                if header.base_offset >= log_end {
+                    return Ok(false);
                 }
-                Err(e) => {
-                    tracing::warn!(dir = %self.dir.display(), offset = next, error = %e, "producer state rebuilt only up to an unreadable batch");
-                    break;
+                if header.producer_id == NO_PRODUCER_ID || header.next_offset() <= from {
+                    return Ok(true);
                 }
-            };
-            for (at, header) in batch::headers(&bytes) {
-                if header.producer_id != NO_PRODUCER_ID {
-                    let control = header.is_control().then(|| batch::control_type(&bytes[at..])).flatten();
-                    if let Some(aborted) = state.update(&header, control, header.max_timestamp) {
-                        let known = lock(&self.aborted)
-                            .as_ref()
-                            .is_some_and(|i| i.contains(aborted.producer_id, aborted.last_offset));
-                        if !known {
-                            self.record_abort(aborted)?;
-                        }
+                let control = if header.is_control() {
+                    let size = header.size_bytes().unwrap_or(HEADER_BYTES);
+                    batch::control_type(&segment.read_batch_unchecked(position, size)?)
+                } else {
+                    None
+                };
+                if let Some(aborted) = state.update(header, control, header.max_timestamp) {
+                    let known = lock(&self.aborted)
+                        .as_ref()
+                        .is_some_and(|i| i.contains(aborted.producer_id, aborted.last_offset));
+                    if !known {
+                        self.record_abort(aborted)?;
                     }
                 }
+                Ok(true)
+            });
+            if let Err(e) = walked {
+                // A corrupt old segment must not stop the log from opening: reads report it. The
+                // state then lacks what that segment held, as after producer expiry.
+                tracing::warn!(dir = %self.dir.display(), segment = segment.base_offset(), error = %e, "producer state rebuilt only up to an unreadable batch");
+                break 'segments;
             }
         }
         *lock(&self.producers) = state;

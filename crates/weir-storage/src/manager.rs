@@ -4,6 +4,10 @@
 //! - `.lock`: held with `flock` while a process uses the directory, so two brokers never share it.
 //! - `.weir_clean_shutdown`: written last by a clean shutdown, removed once the logs are loaded.
 //!   Present at start-up: no file is scanned. Absent: each log is recovered from its recovery point.
+//! - `.weir_boot_id`: the kernel boot id of the last process that opened the directory. After a
+//!   crash with the same boot id, only the process died and the page cache kept every write, so
+//!   recovery reads only segment tails (see `OpenOptions::page_cache_survived`); after a machine
+//!   crash the id differs (or the file is lost) and recovery checksums whole segments.
 //! - `recovery-point-offset-checkpoint`, `log-start-offset-checkpoint`,
 //!   `cleaner-offset-checkpoint`: Kafka-format checkpoints, written atomically.
 //!
@@ -28,6 +32,14 @@ use crate::error::{IoContext, Result, StorageError};
 use crate::log::{Log, OpenOptions};
 
 const CLEAN_SHUTDOWN_FILE: &str = ".weir_clean_shutdown";
+const BOOT_ID_FILE: &str = ".weir_boot_id";
+
+/// This boot of the kernel, from Linux's `/proc/sys/kernel/random/boot_id`; `None` elsewhere.
+fn current_boot_id() -> Option<String> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let id = id.trim();
+    (!id.is_empty()).then(|| id.to_string())
+}
 const LOCK_FILE: &str = ".lock";
 const RECOVERY_POINT_CHECKPOINT: &str = "recovery-point-offset-checkpoint";
 const LOG_START_CHECKPOINT: &str = "log-start-offset-checkpoint";
@@ -88,6 +100,10 @@ pub struct ManagerOptions {
     pub recovery_threads: usize,
     /// `producer.id.expiration.ms`: forget an idempotent producer idle this long (Kafka: 1 day).
     pub producer_id_expiration_ms: i64,
+    /// After a crash of the process alone (same kernel boot id as the last open), recover only
+    /// segment tails, trusting the page cache (see `OpenOptions::page_cache_survived`). Tests
+    /// that damage files to play a machine crash turn it off.
+    pub trust_page_cache_after_process_crash: bool,
 }
 
 impl ManagerOptions {
@@ -104,6 +120,7 @@ impl ManagerOptions {
             cleaner_io_max_bytes_per_second: u64::MAX,
             recovery_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             producer_id_expiration_ms: 86_400_000,
+            trust_page_cache_after_process_crash: true,
         }
     }
 }
@@ -146,6 +163,12 @@ impl LogManager {
         let lock_file = lock_directory(&dir)?;
         let marker = dir.join(CLEAN_SHUTDOWN_FILE);
         let clean = marker.exists();
+        let boot_id = current_boot_id();
+        let boot_file = dir.join(BOOT_ID_FILE);
+        let page_cache_survived = !clean
+            && options.trust_page_cache_after_process_crash
+            && boot_id.is_some()
+            && std::fs::read_to_string(&boot_file).ok().as_deref().map(str::trim) == boot_id.as_deref();
         let recovery_points = checkpoint::read_offsets(&dir.join(RECOVERY_POINT_CHECKPOINT))?;
         let log_starts = checkpoint::read_offsets(&dir.join(LOG_START_CHECKPOINT))?;
         let cleaner_points = checkpoint::read_offsets(&dir.join(CLEANER_CHECKPOINT))?;
@@ -170,7 +193,14 @@ impl LogManager {
         }
 
         let started = std::time::Instant::now();
-        let opened = open_logs(&options, &partitions, clean, &recovery_points, &log_starts, &deletion_queue)?;
+        let opened = open_logs(
+            &options,
+            &partitions,
+            (clean, page_cache_survived),
+            &recovery_points,
+            &log_starts,
+            &deletion_queue,
+        )?;
         let mut logs = HashMap::with_capacity(opened.len());
         for (tp, log) in opened {
             let key = (tp.topic.clone(), tp.partition);
@@ -185,9 +215,17 @@ impl LogManager {
             dir = %dir.display(),
             partitions = logs.len(),
             clean_shutdown = clean,
+            page_cache_survived,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "loaded logs"
         );
+        // The next start compares its boot id with this one. Not fsynced: after a machine crash
+        // the file holds an older id or nothing, and either means a full recovery.
+        if let Some(id) = &boot_id {
+            if let Err(e) = std::fs::write(&boot_file, id) {
+                tracing::warn!(error = %e, "cannot record the boot id; a crash will be recovered in full");
+            }
+        }
         // From here on a crash must be treated as unclean.
         if clean {
             std::fs::remove_file(&marker).at(&marker)?;
@@ -405,7 +443,7 @@ fn lock_directory(dir: &Path) -> Result<File> {
 fn open_logs(
     options: &ManagerOptions,
     partitions: &[TopicPartition],
-    clean: bool,
+    (clean, page_cache_survived): (bool, bool),
     recovery_points: &OffsetMap,
     log_starts: &OffsetMap,
     deletion_queue: &Arc<DeletionQueue>,
@@ -423,6 +461,7 @@ fn open_logs(
                     clean_shutdown: clean,
                     recovery_point: recovery_points.get(&key).copied(),
                     log_start_offset: log_starts.get(&key).copied(),
+                    page_cache_survived,
                 };
                 let result = Log::open(
                     &options.data_dir.join(tp.dir_name()),

@@ -405,20 +405,7 @@ impl Segment {
             expected_min_offset = header.next_offset();
             position += size as u64;
         }
-        let truncated_bytes = file_len - position;
-        if truncated_bytes > 0 {
-            tracing::warn!(
-                segment = %path.display(),
-                valid_bytes = position,
-                truncated_bytes,
-                reason = reason.as_deref().unwrap_or("unknown"),
-                "truncating invalid tail found by recovery"
-            );
-            self.log.set_len(position).at(&path)?;
-        }
-        if position == 0 {
-            state.next_offset = Some(self.base_offset);
-        }
+        let truncated_bytes = self.cut_after(&mut state, file_len, position, reason.as_deref())?;
         // The rebuilt time index lacks the entry roll wrote with the segment's largest timestamp
         // (Kafka's recovery appends it too). Without it, an open that trusts this segment's
         // indexes (below a later recovery point, or after a clean shutdown) understates the
@@ -433,6 +420,93 @@ impl Segment {
         self.size.store(position, Ordering::Release);
         self.verified_bytes.store(position, Ordering::Release);
         Ok(RecoveryOutcome { truncated_bytes, next_offset: state.next_offset })
+    }
+
+    /// Ends a recovery scan that found valid batches up to `valid` of the file's `file_len`
+    /// bytes: cuts the rest off (a torn or corrupt tail) and returns how many bytes that was.
+    fn cut_after(&self, state: &mut SegmentState, file_len: u64, valid: u64, reason: Option<&str>) -> Result<u64> {
+        let path = self.log_path();
+        let truncated_bytes = file_len - valid;
+        if truncated_bytes > 0 {
+            tracing::warn!(
+                segment = %path.display(),
+                valid_bytes = valid,
+                truncated_bytes,
+                reason = reason.unwrap_or("unknown"),
+                "truncating invalid tail found by recovery"
+            );
+            self.log.set_len(valid).at(&path)?;
+        }
+        if valid == 0 {
+            state.next_offset = Some(self.base_offset);
+        }
+        Ok(truncated_bytes)
+    }
+
+    /// Recovery after a crash of the process alone, while the machine kept running (the caller
+    /// checked the kernel's boot id): the page cache kept every byte written before the crash,
+    /// in order, so only the end of the segment can be wrong, cut inside a write by the kill.
+    /// The indexes load as after a clean shutdown (each entry was written after the data it
+    /// points at), and only the batch headers after the last offset-index entry are read; a
+    /// batch cut short there is truncated. CRCs are not read here: like every segment this
+    /// process did not write or recover, its batches are validated before they are first served
+    /// (`verified_bytes`). Returns `None` when the indexes cannot be trusted or the indexed
+    /// batch is unreadable; the caller then runs the full [`Segment::recover`].
+    pub(crate) fn recover_tail(
+        &self,
+        index_interval_bytes: u64,
+        min_base_offset: i64,
+    ) -> Result<Option<RecoveryOutcome>> {
+        let mut state = self.lock();
+        state.index_interval_bytes = index_interval_bytes;
+        if self.load_indexes(&mut state).is_err() {
+            return Ok(None);
+        }
+        let path = self.log_path();
+        let file_len = self.size();
+        let start = state.offset_index.as_ref().and_then(OffsetIndex::last_entry).map_or(0, |e| u64::from(e.position));
+        // The batch at `start` already has its entry: rescanning it must not add another.
+        state.bytes_since_last_index_entry = 0;
+        // A clean open leaves the first batch's timestamp unknown unless it scans from 0; so does this.
+        let first_batch_timestamp = state.first_batch_timestamp;
+        let mut scanner = HeaderScanner::new(&self.log, path.clone(), start, file_len).headers_only();
+        let mut position = start;
+        let mut expected_min_offset = min_base_offset.max(self.base_offset);
+        let mut reason = None;
+        loop {
+            match scanner.next() {
+                Ok(Some((at, header))) if header.base_offset >= expected_min_offset => {
+                    self.index_batch(&mut state, at, &header, index_interval_bytes);
+                    expected_min_offset = header.next_offset();
+                    position = at + header.size_bytes().unwrap_or(0) as u64;
+                }
+                Ok(Some((_, header))) => {
+                    reason = Some(format!("offset {} goes backwards", header.base_offset));
+                    break;
+                }
+                Ok(None) => break,
+                Err(StorageError::CorruptSegment { reason: why, .. }) => {
+                    reason = Some(why);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if position == start && start > 0 && position < file_len {
+            // The batch the index points at is unreadable: nothing here can be trusted.
+            return Ok(None);
+        }
+        if start > 0 {
+            state.first_batch_timestamp = first_batch_timestamp;
+        }
+        let truncated_bytes = self.cut_after(&mut state, file_len, position, reason.as_deref())?;
+        if !state.active {
+            let (oi, ti) = self.indexes_raw(&mut state)?;
+            oi.file().trim()?;
+            ti.file().trim()?;
+        }
+        self.size.store(position, Ordering::Release);
+        Ok(Some(RecoveryOutcome { truncated_bytes, next_offset: state.next_offset }))
     }
 
     /// The offset after the last batch, reading the tail headers (from the last index entry)
@@ -484,6 +558,37 @@ impl Segment {
             }
         }
         Ok(None)
+    }
+
+    /// Walks the batch headers from the first batch holding an offset `>= from`, calling `visit`
+    /// with each position and header until it returns `false`. Batch bodies are not read (when
+    /// batches are large, only their headers are) and CRCs are not checked: for state that
+    /// needs headers only (producers), which must not cost a read of the data at start-up.
+    pub(crate) fn visit_headers(
+        &self,
+        from: i64,
+        mut visit: impl FnMut(u64, &BatchHeader) -> Result<bool>,
+    ) -> Result<()> {
+        let end = self.size();
+        let Some((position, header, mut scanner)) = self.seek_batch(from, end)? else {
+            return Ok(());
+        };
+        if !visit(position, &header)? {
+            return Ok(());
+        }
+        while let Some((position, header)) = scanner.next()? {
+            if !visit(position, &header)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// One batch's bytes at `position` (a control batch, say), without a CRC check.
+    pub(crate) fn read_batch_unchecked(&self, position: u64, size: usize) -> Result<Vec<u8>> {
+        let mut bytes = vec![0; size];
+        self.log.read_exact_at(&mut bytes, position).at(&self.log_path())?;
+        Ok(bytes)
     }
 
     /// Whole batches from the first batch containing an offset `>= from`, at most `max_bytes`

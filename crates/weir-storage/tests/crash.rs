@@ -167,7 +167,14 @@ fn given_crash_child_environment_when_run_should_append_and_acknowledge_until_ki
         Path::new(&dir),
         crash_config(),
         Arc::new(ManualClock::new(T0)),
-        OpenOptions { clean_shutdown: false, recovery_point, log_start_offset: None },
+        // Every kill is of the process alone, so both recoveries apply: the full scan on even
+        // iterations, the tail-only one that trusts the page cache on odd ones.
+        OpenOptions {
+            clean_shutdown: false,
+            recovery_point,
+            log_start_offset: None,
+            page_cache_survived: iteration % 2 == 1,
+        },
     ));
     emit(&format!("OPEN {} {} {}\n", log.log_end_offset(), log.recovery_point(), started.elapsed().as_millis()));
     let threads: Vec<_> = (0..APPENDER_THREADS)
@@ -352,7 +359,9 @@ fn verify_recovered(
         dir,
         crash_config(),
         Arc::new(ManualClock::new(T0)),
-        OpenOptions { clean_shutdown: false, recovery_point, log_start_offset: None },
+        // Tail-only recovery, then verify() checksums everything: a torn or wrong tail that
+        // the tail scan let through fails here.
+        OpenOptions { clean_shutdown: false, recovery_point, log_start_offset: None, page_cache_survived: true },
     );
     if let Err(e) = log.verify() {
         panic!("{context}: verify() after recovery: {e}");

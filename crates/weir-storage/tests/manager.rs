@@ -112,6 +112,72 @@ fn given_crash_when_recovered_should_not_move_the_recovery_point_past_unsynced_d
     assert_eq!(read_all(&log, 0).len(), 20 + 2, "batches");
 }
 
+/// Ten 2-record batches in `clicks-0`, then a crash (the manager dropped without shutdown).
+/// Returns the path of the segment and the size of one batch.
+fn crashed_log_of_ten_batches(dir: &std::path::Path, clock: &Arc<ManualClock>) -> (std::path::PathBuf, usize) {
+    let manager = LogManager::open(options(dir, clock)).expect("open");
+    let log = manager.get_or_create(&TopicPartition::new("clicks", 0), config(&[])).expect("create");
+    for i in 0..10u8 {
+        log.append(&mut records(2, 300, T0, i), 0).expect("append");
+    }
+    (dir.join("clicks-0").join("00000000000000000000.log"), records(2, 300, T0, 0).len())
+}
+
+#[test]
+fn given_process_crash_with_a_write_cut_short_when_reopened_should_cut_only_that_tail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let (segment, batch_bytes) = crashed_log_of_ten_batches(dir.path(), &clock);
+    // The kill landed inside the write of an eleventh batch: only its first 100 bytes made it.
+    let mut file = std::fs::OpenOptions::new().append(true).open(&segment).expect("segment");
+    std::io::Write::write_all(&mut file, &records(2, 300, T0, 10)[..100]).expect("append");
+    drop(file);
+
+    let manager = LogManager::open(options(dir.path(), &clock)).expect("reopen");
+    let log = manager.get(&TopicPartition::new("clicks", 0)).expect("log");
+    assert_eq!(log.log_end_offset(), 20);
+    assert_eq!(log.stats.recovered_truncated_bytes.load(Ordering::Relaxed), 100);
+    assert_eq!(std::fs::metadata(&segment).expect("segment").len(), 10 * batch_bytes as u64);
+    assert_eq!(read_all(&log, 0).len(), 10);
+    log.verify().expect("every batch valid");
+    // Appends continue after the cut.
+    assert_eq!(log.append(&mut records(1, 10, T0, 11), 0).expect("append").first_offset, 20);
+}
+
+#[test]
+fn given_process_crash_when_reopened_should_leave_checksums_to_the_first_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let (segment, batch_bytes) = crashed_log_of_ten_batches(dir.path(), &clock);
+    // Damage inside the fourth batch's records, which a process crash cannot cause.
+    let mut bytes = std::fs::read(&segment).expect("segment");
+    bytes[3 * batch_bytes + batch_bytes / 2] ^= 0xff;
+    std::fs::write(&segment, &bytes).expect("write");
+
+    // Same boot: the tail-only recovery does not read the CRCs, so the log opens whole...
+    {
+        let manager = LogManager::open(options(dir.path(), &clock)).expect("reopen");
+        let log = manager.get(&TopicPartition::new("clicks", 0)).expect("log");
+        assert_eq!(log.log_end_offset(), 20);
+        // ...and the damage is found before it is served, not sent to a consumer: a read stops
+        // before the damaged batch, and a read of it fails.
+        let first = log.read(0, 1 << 20, i64::MAX).expect("read").slice.expect("the first batches");
+        assert_eq!(first.next_offset, 6);
+        match log.read(6, 1 << 20, i64::MAX) {
+            Err(StorageError::CorruptSegment { .. }) => {}
+            other => panic!("expected CorruptSegment, got {other:?}"),
+        }
+        // crash again
+    }
+
+    // Another boot id (a machine crash): recovery checksums the segment and cuts at the damage.
+    std::fs::write(dir.path().join(".weir_boot_id"), "another-boot").expect("boot id");
+    let manager = LogManager::open(options(dir.path(), &clock)).expect("reopen");
+    let log = manager.get(&TopicPartition::new("clicks", 0)).expect("log");
+    assert_eq!(log.log_end_offset(), 6);
+    assert_eq!(read_all(&log, 0).len(), 3);
+}
+
 #[test]
 fn given_directory_in_use_when_opened_twice_should_refuse() {
     let dir = tempfile::tempdir().expect("tempdir");

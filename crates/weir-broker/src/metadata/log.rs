@@ -57,7 +57,12 @@ impl MetadataLog {
             ..LogConfig::default()
         };
         // The log is small: always recover it fully rather than trusting a clean-shutdown marker.
-        let options = OpenOptions { clean_shutdown: false, recovery_point: None, log_start_offset: None };
+        let options = OpenOptions {
+            clean_shutdown: false,
+            recovery_point: None,
+            log_start_offset: None,
+            page_cache_survived: false,
+        };
         let log = Log::open(&log_dir, config, clock, options, Arc::new(DeletionQueue::new()))?;
         let mut replayed = 0u64;
         let mut next = (state.applied_offset + 1).max(log.log_start_offset());
