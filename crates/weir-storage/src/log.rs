@@ -132,6 +132,11 @@ pub struct Log {
     jitter: RandomState,
     /// Idempotent producers' sequence state; changed only under the writer lock.
     producers: Mutex<ProducerStateManager>,
+    /// Set (never cleared) once a transactional batch is appended or found at open. Until then
+    /// no transaction can be open, and the last stable offset is the high watermark without
+    /// taking `producers`: every read_committed fetch asks, for every partition it names.
+    /// Set before the high watermark moves past the batch (see `last_stable_offset`).
+    transactions_seen: AtomicBool,
     /// Aborted transactions, for read_committed fetches. Lock order: writer, producers, this.
     aborted: Mutex<Option<TxnIndex>>,
     pub stats: LogStats,
@@ -180,6 +185,7 @@ impl Log {
             cleaner_checkpoint: AtomicI64::new(0),
             jitter: RandomState::new(),
             producers: Mutex::new(ProducerStateManager::new()),
+            transactions_seen: AtomicBool::new(false),
             aborted: Mutex::new(None),
             stats: LogStats::default(),
         };
@@ -398,6 +404,9 @@ impl Log {
         let next_offset = batch::assign_offsets(records, first_offset, partition_leader_epoch, append_time);
         segment.append(records, config.index_interval_bytes)?;
         if producer_batch.is_some() {
+            if batch::headers(records).any(|(_, h)| h.is_transactional()) {
+                self.transactions_seen.store(true, Ordering::Release);
+            }
             let mut producers = lock(&self.producers);
             for (at, header) in batch::headers(records) {
                 let control = header.is_control().then(|| batch::control_type(&records[at..])).flatten();
@@ -986,6 +995,9 @@ impl Log {
                 break 'segments;
             }
         }
+        if state.first_unstable_offset().is_some() {
+            self.transactions_seen.store(true, Ordering::Release);
+        }
         *lock(&self.producers) = state;
         Ok(())
     }
@@ -1007,6 +1019,8 @@ impl Log {
     /// The last stable offset: the first offset of the oldest open transaction, or the high
     /// watermark. `read_committed` consumers read up to here.
     pub fn last_stable_offset(&self) -> i64 {
+        // The high watermark first: an append sets `transactions_seen` before it moves the high
+        // watermark, so a high watermark past a transactional batch implies the flag is seen.
         let hw = self.high_watermark();
         self.first_unstable_offset().map_or(hw, |first| first.min(hw))
     }
@@ -1029,6 +1043,9 @@ impl Log {
 
     /// The first offset of the oldest open transaction, if any.
     pub fn first_unstable_offset(&self) -> Option<i64> {
+        if !self.transactions_seen.load(Ordering::Acquire) {
+            return None;
+        }
         lock(&self.producers).first_unstable_offset()
     }
 
