@@ -135,7 +135,22 @@ async fn route(ctx: &Ctx, host: &str, mut frame: Bytes, metrics: Option<&ApiMetr
                     response.error_codes(&mut metrics.error_counter());
                 }
                 if acks == 0 {
-                    Ok(None)
+                    // No response to carry an error: as Kafka does, close the connection so the
+                    // producer notices (it reconnects and refreshes its metadata) instead of
+                    // losing records silently.
+                    let failed = response
+                        .responses
+                        .iter()
+                        .flat_map(|t| t.partition_responses.iter().map(move |p| (t, p)))
+                        .find(|(_, p)| p.error_code != 0);
+                    match failed {
+                        Some((topic, partition)) => Err(FrameError::Acks0Failed {
+                            topic: topic.name.to_string(),
+                            partition: partition.index,
+                            error_code: partition.error_code,
+                        }),
+                        None => Ok(None),
+                    }
                 } else if drop_response {
                     Err(FrameError::FaultInjected("dropped a produce response"))
                 } else {

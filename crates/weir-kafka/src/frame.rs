@@ -31,6 +31,8 @@ pub enum FrameError {
     Io(#[from] std::io::Error),
     #[error("fault injection: {0}")]
     FaultInjected(&'static str),
+    #[error("a produce with acks=0 failed ({topic}-{partition}: error code {error_code}); closing the connection so the producer notices")]
+    Acks0Failed { topic: String, partition: i32, error_code: i16 },
 }
 
 /// Reads one frame's bytes (without the size prefix). `Ok(None)` is a clean end of stream at a

@@ -840,6 +840,21 @@ fn produce_with_acks_0_gets_no_response_but_is_stored() {
     assert_records(&client.fetch_all("fire-and-forget", 0), &messages, 0);
 }
 
+#[test]
+fn a_failed_produce_with_acks_0_closes_the_connection() {
+    // Kafka's rule: with acks=0 there is no response to carry the error, so the broker closes
+    // the connection and the producer notices (librdkafka and the Java client reconnect and
+    // refresh their metadata).
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let message = Message::new("k", "lost?", 1);
+    client.write(9, &produce_request("no-such-topic", 0, batch(std::slice::from_ref(&message)), 0)).expect("write");
+    assert_eq!(client.wait_closed(Duration::from_secs(10)), Ok(()), "closed, nothing sent");
+    // The broker is fine; other connections work.
+    let mut other = broker.connect();
+    other.create_topic("still-fine", 1, &[]);
+}
+
 /// Produces `count` one-record batches of about `value_len` bytes each; returns them encoded.
 fn produce_batches(client: &mut Client, topic: &str, partition: i32, count: usize, value_len: usize) -> Vec<Bytes> {
     (0..count)
