@@ -152,8 +152,8 @@ impl Broker {
     }
 
     pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
-        let index = usize::try_from(index).ok()?;
-        self.partitions.read().unwrap_or_else(|p| p.into_inner()).get(topic)?.get(index).cloned()
+        crate::partition::by_index(self.partitions.read().unwrap_or_else(|p| p.into_inner()).get(topic)?, index)
+            .cloned()
     }
 
     /// A topic's partitions, by index: one lookup for all the partitions of a request.
@@ -639,12 +639,13 @@ impl Broker {
             work.into_iter()
                 .map(|(slot, partition, mut records)| {
                     let log = &partition.log;
-                    let result = if log.config().cleanup_policy.compact {
+                    let config = log.config();
+                    let result = if config.cleanup_policy.compact {
                         reject_keyless_records(&records).and_then(|()| log.append(&mut records, 0))
                     } else {
                         log.append(&mut records, 0)
                     };
-                    (slot, partition, result)
+                    (slot, partition, result, config.flush == FlushPolicy::Sync)
                 })
                 .collect::<Vec<_>>()
         })
@@ -659,9 +660,9 @@ impl Broker {
                 return pending;
             }
         };
-        for (slot, partition, result) in written {
+        for (slot, partition, result, needs_sync) in written {
             match result {
-                Ok(info) if partition.log.config().flush == FlushPolicy::Sync => {
+                Ok(info) if needs_sync => {
                     pending.to_sync.push((slot, partition, info));
                 }
                 Ok(info) => pending.results[slot] = Some(Ok(appended(&partition, info))),

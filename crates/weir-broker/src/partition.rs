@@ -26,6 +26,11 @@ pub struct Partition {
     waiters: Mutex<Vec<Weak<Notify>>>,
 }
 
+/// Partition `index` of a topic's list (see `Broker::topic_partitions`); `None` when out of range.
+pub fn by_index(partitions: &[Arc<Partition>], index: i32) -> Option<&Arc<Partition>> {
+    partitions.get(usize::try_from(index).ok()?)
+}
+
 impl Partition {
     pub fn new(topic: String, topic_id: Uuid, index: i32, log: Arc<Log>, internal: bool) -> Partition {
         Partition {

@@ -270,7 +270,7 @@ impl Log {
         // Not fsyncing at recovery keeps a restart after a crash fast (10 GiB in the page cache
         // took seconds to fsync); the recovery point stays below what was recovered, so a
         // second crash rescans it.
-        let durable = durable_until.map_or(log_end, |d| d.clamp(log_start.min(first_base), log_end));
+        let durable = durable_until.map_or(log_end, |d| d.clamp(first_base, log_end));
         self.recovery_point.store(durable, Ordering::Release);
         lock(&self.sync).durable_end = durable;
         self.cleaner_checkpoint.store(log_start, Ordering::Release);
@@ -404,11 +404,11 @@ impl Log {
         let next_offset = batch::assign_offsets(records, first_offset, partition_leader_epoch, append_time);
         segment.append(records, config.index_interval_bytes)?;
         if producer_batch.is_some() {
-            if batch::headers(records).any(|(_, h)| h.is_transactional()) {
-                self.transactions_seen.store(true, Ordering::Release);
-            }
             let mut producers = lock(&self.producers);
             for (at, header) in batch::headers(records) {
+                if header.is_transactional() {
+                    self.transactions_seen.store(true, Ordering::Release);
+                }
                 let control = header.is_control().then(|| batch::control_type(&records[at..])).flatten();
                 if let Some(aborted) = producers.update(&header, control, now) {
                     self.record_abort(aborted)?;

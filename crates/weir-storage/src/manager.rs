@@ -33,13 +33,6 @@ use crate::log::{Log, OpenOptions};
 
 const CLEAN_SHUTDOWN_FILE: &str = ".weir_clean_shutdown";
 const BOOT_ID_FILE: &str = ".weir_boot_id";
-
-/// This boot of the kernel, from Linux's `/proc/sys/kernel/random/boot_id`; `None` elsewhere.
-fn current_boot_id() -> Option<String> {
-    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let id = id.trim();
-    (!id.is_empty()).then(|| id.to_string())
-}
 const LOCK_FILE: &str = ".lock";
 const RECOVERY_POINT_CHECKPOINT: &str = "recovery-point-offset-checkpoint";
 const LOG_START_CHECKPOINT: &str = "log-start-offset-checkpoint";
@@ -100,10 +93,6 @@ pub struct ManagerOptions {
     pub recovery_threads: usize,
     /// `producer.id.expiration.ms`: forget an idempotent producer idle this long (Kafka: 1 day).
     pub producer_id_expiration_ms: i64,
-    /// After a crash of the process alone (same kernel boot id as the last open), recover only
-    /// segment tails, trusting the page cache (see `OpenOptions::page_cache_survived`). Tests
-    /// that damage files to play a machine crash turn it off.
-    pub trust_page_cache_after_process_crash: bool,
 }
 
 impl ManagerOptions {
@@ -120,7 +109,6 @@ impl ManagerOptions {
             cleaner_io_max_bytes_per_second: u64::MAX,
             recovery_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             producer_id_expiration_ms: 86_400_000,
-            trust_page_cache_after_process_crash: true,
         }
     }
 }
@@ -166,7 +154,6 @@ impl LogManager {
         let boot_id = current_boot_id();
         let boot_file = dir.join(BOOT_ID_FILE);
         let page_cache_survived = !clean
-            && options.trust_page_cache_after_process_crash
             && boot_id.is_some()
             && std::fs::read_to_string(&boot_file).ok().as_deref().map(str::trim) == boot_id.as_deref();
         let recovery_points = checkpoint::read_offsets(&dir.join(RECOVERY_POINT_CHECKPOINT))?;
@@ -440,6 +427,13 @@ fn lock_directory(dir: &Path) -> Result<File> {
 }
 
 /// Opens the logs on `recovery_threads` threads (recovery after a crash is CPU- and I/O-bound per log).
+/// This boot of the kernel, from Linux's `/proc/sys/kernel/random/boot_id`; `None` elsewhere.
+fn current_boot_id() -> Option<String> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let id = id.trim();
+    (!id.is_empty()).then(|| id.to_string())
+}
+
 fn open_logs(
     options: &ManagerOptions,
     partitions: &[TopicPartition],

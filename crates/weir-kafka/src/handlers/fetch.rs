@@ -19,7 +19,8 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use tokio::sync::Notify;
 use uuid::Uuid;
-use weir_broker::{Broker, BrokerError, Partition};
+use weir_broker::partition::{self, Partition};
+use weir_broker::{Broker, BrokerError};
 use weir_storage::FileSlice;
 
 use crate::context::{Client, Ctx};
@@ -92,8 +93,8 @@ pub async fn handle(
                 Some(_) => match check_leader_epoch(p.current_leader_epoch) {
                     Err(code) => Err(code),
                     Ok(()) => partitions
-                        .as_ref()
-                        .and_then(|list| usize::try_from(p.partition).ok().and_then(|i| list.get(i)))
+                        .as_deref()
+                        .and_then(|list| partition::by_index(list, p.partition))
                         .cloned()
                         .ok_or(ResponseError::UnknownTopicOrPartition),
                 },

@@ -11,7 +11,8 @@ use bytes::BytesMut;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::ResponseError;
-use weir_broker::{BrokerError, Partition};
+use weir_broker::partition::{self, Partition};
+use weir_broker::BrokerError;
 
 use crate::context::{Client, Ctx};
 use crate::handlers::message;
@@ -42,7 +43,7 @@ pub async fn handle(
                 topic_slots.push(Slot::Done(fail(index, ResponseError::InvalidRequiredAcks, text)));
                 continue;
             }
-            let partition = partitions.as_ref().and_then(|list| usize::try_from(index).ok().and_then(|i| list.get(i)));
+            let partition = partitions.as_deref().and_then(|list| partition::by_index(list, index));
             let Some(partition) = partition else {
                 let e = BrokerError::unknown_topic(&topic.name, index);
                 topic_slots.push(Slot::Done(fail(index, e.code, e.message)));
@@ -57,7 +58,7 @@ pub async fn handle(
                 // The batch is copied once into a buffer of its own: the log assigns offsets in
                 // place, and the request's bytes are shared with the rest of the frame.
                 Some(records) if !records.is_empty() => {
-                    topic_slots.push(Slot::Appending(appends.len()));
+                    topic_slots.push(Slot::Appending(partition.clone()));
                     appends.push((partition.clone(), BytesMut::from(&records[..])));
                 }
                 _ => {
@@ -70,33 +71,30 @@ pub async fn handle(
         names.push(topic.name);
     }
 
-    let targets: Vec<Arc<Partition>> = appends.iter().map(|(p, _)| p.clone()).collect();
     let pending = broker.write_many(appends, acks).await;
     async move {
         let results = pending.durable().await;
-        respond(version, names, slots, &targets, results)
+        respond(version, names, slots, results)
     }
 }
 
 /// The response: each partition's slot, either decided before the append or filled from its
-/// append's result.
+/// append's result (the appends' results come in slot order).
 fn respond(
     version: i16,
     names: Vec<kafka_protocol::messages::TopicName>,
     slots: Vec<Vec<Slot>>,
-    targets: &[Arc<Partition>],
     results: Vec<Result<weir_storage::AppendInfo, BrokerError>>,
 ) -> ProduceResponse {
-    let mut results: Vec<Option<Result<_, BrokerError>>> = results.into_iter().map(Some).collect();
+    let mut results = results.into_iter();
     let mut responses = Vec::with_capacity(slots.len());
     for (name, topic_slots) in names.into_iter().zip(slots) {
         let partitions = topic_slots
             .into_iter()
             .map(|slot| match slot {
                 Slot::Done(response) => response,
-                Slot::Appending(i) => {
-                    let partition = &targets[i];
-                    match results[i].take() {
+                Slot::Appending(partition) => {
+                    match results.next() {
                         Some(Ok(info)) => PartitionProduceResponse::default()
                             .with_index(partition.index)
                             .with_base_offset(info.first_offset)
@@ -121,11 +119,11 @@ fn respond(
     ProduceResponse::default().with_responses(responses)
 }
 
-/// `slots[t][p]` of a request: the partition's response decided before the append, or the index
-/// of its append.
+/// `slots[t][p]` of a request: the partition's response decided before the append, or the
+/// partition being appended to.
 enum Slot {
     Done(PartitionProduceResponse),
-    Appending(usize),
+    Appending(Arc<Partition>),
 }
 
 fn failed_partition(version: i16, index: i32, code: ResponseError, text: String) -> PartitionProduceResponse {
