@@ -101,13 +101,17 @@ async fn route(ctx: &Ctx, host: &str, mut frame: Bytes, metrics: Option<&ApiMetr
         }
         return Err(FrameError::UnsupportedVersion { api_key, version, correlation_id: prefix.correlation_id });
     }
-    let header = frame::decode_header(&mut frame, api_key, version)?;
-    let client = Client {
-        version,
-        client_id: header.client_id.as_ref().map(|s| s.to_string()).unwrap_or_default(),
-        host: host.to_string(),
+    // The header is dropped here: its client id is a slice of the frame, and Produce needs to
+    // be the frame's only holder to write into it.
+    let (client, correlation_id) = {
+        let header = frame::decode_header(&mut frame, api_key, version)?;
+        let client = Client {
+            version,
+            client_id: header.client_id.as_ref().map(|s| s.to_string()).unwrap_or_default(),
+            host: host.to_string(),
+        };
+        (client, header.correlation_id)
     };
-    let correlation_id = header.correlation_id;
     let mut body = frame;
 
     macro_rules! call {
@@ -123,9 +127,11 @@ async fn route(ctx: &Ctx, host: &str, mut frame: Bytes, metrics: Option<&ApiMetr
         ApiKey::ApiVersions => call!(ApiVersionsRequest, handlers::api_versions::handle),
         ApiKey::Metadata => call!(MetadataRequest, handlers::metadata::handle),
         ApiKey::Produce => {
+            let whole_body = body.clone();
             let request: ProduceRequest = frame::decode_body(&mut body, api_key, version)?;
+            drop(body);
             let acks = request.acks;
-            let durable = handlers::produce::handle(ctx, &client, request).await;
+            let durable = handlers::produce::handle(ctx, &client, request, whole_body).await;
             // Test-only fault: the append happens, the producer never hears of it.
             let drop_response = acks != 0 && drop_response_for_fault_injection(ctx);
             let broker = ctx.broker.clone();
