@@ -17,8 +17,12 @@ use crate::cli::{BenchCommand, Cli, Command};
 static ALLOCATOR: alloc::WeirAllocator = alloc::WeirAllocator;
 
 fn main() -> anyhow::Result<()> {
+    let malloc_tuned = alloc::keep_freed_memory();
     let cli = Cli::parse();
     init_tracing(cli.command.default_log_filter());
+    if !malloc_tuned {
+        tracing::warn!("glibc refused the malloc thresholds: request buffers are not reused");
+    }
     match cli.command {
         Command::Server(args) => server::run(&args),
         Command::Bench(BenchCommand::Storage(args)) => bench::storage::run(&args),
