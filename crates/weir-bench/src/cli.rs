@@ -77,6 +77,13 @@ pub struct Args {
     #[arg(long, value_name = "MSG/S", value_parser = parse_count, default_value = "20000")]
     pub rate: u64,
 
+    /// How messages are spread over the partitions: client (no key, no partition: librdkafka's
+    /// sticky partitioner fills one partition's batch at a time, as with OpenMessaging's NO_KEY)
+    /// or round-robin (each message to the next partition: with many partitions every batch
+    /// holds a message or two, the costliest case for clients and broker alike).
+    #[arg(long, value_enum, default_value = "client")]
+    pub partitioner: Partitioner,
+
     /// Bytes the catch-up workload writes before its consumer starts. [default: 2G, or 16M with
     /// --quick]
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
@@ -138,7 +145,9 @@ Workloads (--workload, repeatable, or all):
                    so a producer or broker that falls behind shows up in the figures.
   many-partitions  like max-throughput (first --producers and --acks) on 1,000 partitions.
   catch-up         writes a --backlog (2 GiB) first, then one consumer drains it from the start.
-Messages go to the partitions round-robin. Each run creates its own topic and deletes it after.
+Messages carry no key and no partition, so librdkafka's sticky partitioner spreads them (as with
+OpenMessaging's NO_KEY); --partitioner round-robin sends each to the next partition instead.
+Each run creates its own topic and deletes it after.
 
 Before the workloads it measures the machine: sequential write bandwidth of --data-dir (1 GiB in
 1 MiB chunks, then fdatasync) and loopback TCP bandwidth (one sender, one receiver, 3 seconds),
@@ -212,6 +221,16 @@ impl Acks {
     }
 }
 
+/// How the producers spread messages over the partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Partitioner {
+    /// The message names no partition and has no key: the client's partitioner decides.
+    Client,
+    /// Message i of producer k goes to partition (i + k) mod partitions.
+    RoundRobin,
+}
+
 /// The arguments with every default resolved: what the run will do.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -228,6 +247,7 @@ pub struct Plan {
     pub producers: Vec<u32>,
     pub acks: Vec<Acks>,
     pub rate: u64,
+    pub partitioner: Partitioner,
     pub backlog_bytes: u64,
     /// Most KiB waiting in each producer (queue.buffering.max.kbytes).
     pub producer_buffer_kib: u32,
@@ -317,6 +337,7 @@ impl Plan {
             producers,
             acks,
             rate: args.rate,
+            partitioner: args.partitioner,
             backlog_bytes,
             // 32 MiB, the Java client's default buffer.memory; 4 MiB with --quick, so that a
             // run ends soon after its 2 seconds even against a slow (debug) broker.
@@ -468,6 +489,7 @@ mod tests {
         assert_eq!(plan.producers, vec![1, 4]);
         assert_eq!(plan.acks, vec![Acks::One, Acks::All]);
         assert_eq!(plan.rate, 20_000);
+        assert_eq!(plan.partitioner, Partitioner::Client);
         assert_eq!(plan.backlog_bytes, 2 << 30);
         assert_eq!(plan.reference_disk_bytes, 1 << 30);
         assert_eq!(plan.replication_factor, -1);
@@ -515,6 +537,8 @@ mod tests {
             "all",
             "--rate",
             "5,000",
+            "--partitioner",
+            "round-robin",
             "--backlog",
             "1G",
             "--broker-pid",
@@ -546,6 +570,7 @@ mod tests {
         assert_eq!(plan.producers, vec![2, 8]);
         assert_eq!(plan.acks, vec![Acks::All]);
         assert_eq!(plan.rate, 5000);
+        assert_eq!(plan.partitioner, Partitioner::RoundRobin);
         assert_eq!(plan.backlog_bytes, 1 << 30);
         assert_eq!(plan.broker_pids, vec![Some(7), Some(42)]);
         assert_eq!(plan.replication_factor, 3);

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::cli::{Acks, Workload};
+use crate::cli::{Acks, Partitioner, Workload};
 use crate::procstat::ProcessUsage;
 use crate::reference::Reference;
 use crate::stats::{Flow, Percentiles, SeriesPoint};
@@ -52,6 +52,7 @@ pub struct RunResult {
     pub acks: Acks,
     pub linger_ms: u32,
     pub message_bytes: u64,
+    pub partitioner: Partitioner,
     pub target_rate_msgs_per_s: Option<u64>,
     pub warmup_s: f64,
     /// Acknowledged by the broker (for catch-up: while writing the backlog).
@@ -258,6 +259,7 @@ pub mod tests {
             acks: Acks::One,
             linger_ms: 5,
             message_bytes: 1024,
+            partitioner: Partitioner::Client,
             target_rate_msgs_per_s: None,
             warmup_s: 1.0,
             produced: flow,

@@ -6,8 +6,9 @@
 //! lets them go. Each
 //! thread records into its own [`stats`](crate::stats) values; they are merged after the join.
 //!
-//! A producer thread owns one librdkafka producer (its own connections) and sends to the
-//! partitions round-robin, polling for delivery reports as it goes. The consumer is assigned
+//! A producer thread owns one librdkafka producer (its own connections) and sends keyless
+//! messages that librdkafka's partitioner places (or, with `--partitioner round-robin`, names
+//! the next partition for each), polling for delivery reports as it goes. The consumer is assigned
 //! every partition from the beginning, without a group, and stops once it has received as many
 //! messages as were acknowledged, or when it has received nothing for `stall_timeout` while
 //! messages were due.
@@ -25,7 +26,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::cli::Acks;
+use crate::cli::{Acks, Partitioner};
 use crate::kafka::{self, payload};
 use crate::procstat::{ProcessMonitor, ProcessUsage};
 use crate::stats::{Flow, Latency, Series};
@@ -49,6 +50,7 @@ pub struct PhaseSpec {
     /// queue.buffering.max.kbytes of each producer.
     pub producer_buffer_kib: u32,
     pub message_bytes: u64,
+    pub partitioner: Partitioner,
     /// Messages per second of all producers together; None: as fast as they go.
     pub rate: Option<u64>,
     /// Producing stops at warm-up + duration (None: no time limit) ...
@@ -503,10 +505,15 @@ fn produce(spec: &PhaseSpec, index: u32, shared: &Shared, producer: &BaseProduce
             }
         };
         payload::write_header(&mut value, send_ns, sequence);
-        let partition = ((sequence + u64::from(index)) % partitions) as i32;
+        let partition = match spec.partitioner {
+            Partitioner::Client => None,
+            Partitioner::RoundRobin => Some(((sequence + u64::from(index)) % partitions) as i32),
+        };
         loop {
-            let record: BaseRecord<'_, [u8], [u8]> =
-                BaseRecord::to(&spec.topic).payload(&value[..]).partition(partition);
+            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&spec.topic).payload(&value[..]);
+            if let Some(partition) = partition {
+                record = record.partition(partition);
+            }
             match producer.send(record) {
                 Ok(()) => break,
                 Err((e, _)) if kafka::is_queue_full(&e) => wait_for_queue_room(producer),
