@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::fetch_request::FetchTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::Encodable;
 use support::*;
@@ -853,6 +854,46 @@ fn a_failed_produce_with_acks_0_closes_the_connection() {
     // The broker is fine; other connections work.
     let mut other = broker.connect();
     other.create_topic("still-fine", 1, &[]);
+}
+
+#[test]
+fn each_partition_of_a_produce_gets_its_own_batches_when_some_are_refused() {
+    // The batches are written in place in the request's frame; partitions refused before the
+    // append (unknown partition, unknown topic) must not shift the batches onto the others.
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("mixed", 2, &[]);
+    let message = |value: &str| Message::new("k", value, 1);
+    let partition = |index: i32, value: &str| {
+        PartitionProduceData::default().with_index(index).with_records(Some(batch(&[message(value)])))
+    };
+    let topic = |name: &str, partitions| {
+        TopicProduceData::default().with_name(topic_name(name)).with_partition_data(partitions)
+    };
+    for version in [3, 9] {
+        let request = ProduceRequest::default().with_acks(1).with_timeout_ms(10_000).with_topic_data(vec![
+            topic("absent", vec![partition(0, "to nowhere")]),
+            topic("mixed", vec![partition(99, "to no partition"), partition(0, "zero"), partition(1, "one")]),
+        ]);
+        let response = client.send(version, &request);
+        let codes: Vec<(String, i32, i16)> = response
+            .responses
+            .iter()
+            .flat_map(|t| t.partition_responses.iter().map(move |p| (t.name.to_string(), p.index, p.error_code)))
+            .collect();
+        assert_eq!(
+            codes,
+            vec![
+                ("absent".to_string(), 0, code::UNKNOWN_TOPIC_OR_PARTITION),
+                ("mixed".to_string(), 99, code::UNKNOWN_TOPIC_OR_PARTITION),
+                ("mixed".to_string(), 0, code::NONE),
+                ("mixed".to_string(), 1, code::NONE),
+            ],
+            "v{version}"
+        );
+    }
+    assert_records(&client.fetch_all("mixed", 0), &[message("zero"), message("zero")], 0);
+    assert_records(&client.fetch_all("mixed", 1), &[message("one"), message("one")], 0);
 }
 
 /// Produces `count` one-record batches of about `value_len` bytes each; returns them encoded.

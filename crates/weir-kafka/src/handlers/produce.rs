@@ -43,6 +43,8 @@ pub async fn handle(
         let mut topic_slots = Vec::with_capacity(topic.partition_data.len());
         for data in topic.partition_data {
             let index = data.index;
+            // Taken first, so that a partition refused below does not pass its records on.
+            let records = record_sets.next().flatten();
             if !matches!(acks, -1..=1) {
                 let text = format!("acks must be -1, 0 or 1, not {acks}");
                 topic_slots.push(Slot::Done(fail(index, ResponseError::InvalidRequiredAcks, text)));
@@ -59,7 +61,7 @@ pub async fn handle(
                 topic_slots.push(Slot::Done(fail(index, ResponseError::InvalidTopicException, text)));
                 continue;
             }
-            match record_sets.next().flatten() {
+            match records {
                 Some(records) if !records.is_empty() => {
                     topic_slots.push(Slot::Appending(partition.clone()));
                     appends.push((partition.clone(), records));
