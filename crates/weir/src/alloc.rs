@@ -9,7 +9,6 @@
 //! touched, so the decoder fails cleanly at the end of the real input and the mapping is
 //! released. Nothing legitimate in Weir makes single allocations this large (frames are bounded
 //! by `socket.request.max.bytes`), so this path only ever serves such lies.
-
 //!
 //! [`keep_freed_memory`] also tunes glibc's malloc so that request buffers are reused instead of
 //! being handed back to the kernel and faulted in again for the next request.
@@ -31,7 +30,7 @@ const TRIM_THRESHOLD: i32 = 16 << 20;
 /// quarter of the broker's CPU (`perf stat -e page-faults`, `weir bench produce`). With fixed
 /// thresholds (glibc's own upper bound for the mmap one, 32 MiB) the frames come from the heap
 /// and stay there; a heap still returns what it holds free beyond 16 MiB, which is a dozen
-/// frames in flight (64 MiB kept as much CPU off and held more memory).
+/// frames in flight (a 64 MiB threshold saved no more CPU and held more memory).
 ///
 /// False if glibc refused a value (not expected; the broker works either way, only slower).
 pub fn keep_freed_memory() -> bool {
