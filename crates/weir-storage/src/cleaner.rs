@@ -37,32 +37,25 @@ use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use kafka_protocol::records::{Compression as KCompression, Record, RecordBatchEncoder, RecordEncodeOptions};
-
-use crate::batch::{self, BatchHeader, Compression, TimestampType};
+use crate::batch::{self, BatchHeader};
 use crate::checkpoint::fsync_dir;
 use crate::config::LogConfig;
 use crate::error::{IoContext, Result, StorageError};
 use crate::log::{decode_records, Log};
+use crate::records::{encode_batch, BatchOptions, Record};
 use crate::segment::Segment;
+use crate::sync::{lock, write};
 
 /// Heap bytes one offset-map entry costs beyond its key: the boxed key's pointer and length, the
 /// offset, the table's control byte and free slots, and the allocator's header.
 const MAP_ENTRY_OVERHEAD_BYTES: usize = 48;
 /// Read and write size: large sequential I/O, bounded memory.
 const IO_CHUNK_BYTES: usize = 1 << 20;
-/// Attributes bit 3: the batch carries LogAppendTime (the encoder does not write it).
-const ATTR_LOG_APPEND_TIME: i16 = 0x08;
 /// The throttle lets debt below this accumulate instead of sleeping for microseconds per batch.
 const MIN_THROTTLE_SLEEP: Duration = Duration::from_millis(5);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Cleaner-wide settings (Kafka's broker-level `log.cleaner.*`), as opposed to the per-topic
 /// settings in [`LogConfig`].
@@ -510,7 +503,7 @@ fn clean_segment(pass: &Pass<'_>, old: &Arc<Segment>, is_first: bool, outcome: &
     let old_paths = old.rename_to_deleted()?;
     cleaned.swap_into_place()?;
     fsync_dir(log.dir())?;
-    log.segments.write().unwrap_or_else(|p| p.into_inner()).insert(base, Arc::new(cleaned));
+    write(&log.segments).insert(base, Arc::new(cleaned));
     let delay = i64::try_from(pass.config.file_delete_delay_ms).unwrap_or(i64::MAX);
     log.deletion_queue.schedule(old_paths, log.clock().now_ms().saturating_add(delay));
     outcome.segments_rewritten += 1;
@@ -547,63 +540,36 @@ fn filter_batch(pass: &Pass<'_>, bytes: &[u8], header: &BatchHeader) -> Result<O
 /// Encodes the kept records as one batch per run of consecutive offsets (see the module docs),
 /// with the original batch's compression, producer fields and timestamp type.
 fn encode_retained(header: &BatchHeader, records: &[Record], keep: &[bool]) -> Result<Vec<u8>, String> {
-    let compression = match header.compression() {
-        Some(Compression::None) => KCompression::None,
-        Some(Compression::Gzip) => KCompression::Gzip,
-        Some(Compression::Snappy) => KCompression::Snappy,
-        Some(Compression::Lz4) => KCompression::Lz4,
-        Some(Compression::Zstd) => KCompression::Zstd,
-        None => return Err(format!("unknown compression in attributes {:#x}", header.attributes)),
-    };
+    if header.compression().is_none() {
+        return Err(format!("unknown compression in attributes {:#x}", header.attributes));
+    }
     let mut out = Vec::new();
     let mut run: Vec<Record> = Vec::new();
     for (record, keep) in records.iter().zip(keep) {
         if !keep || run.last().is_some_and(|last| last.offset + 1 != record.offset) {
-            encode_run(header, &mut run, compression, &mut out)?;
+            encode_run(header, &mut run, &mut out)?;
         }
         if *keep {
             run.push(record.clone());
         }
     }
-    encode_run(header, &mut run, compression, &mut out)?;
+    encode_run(header, &mut run, &mut out)?;
     Ok(out)
 }
 
-fn encode_run(
-    header: &BatchHeader,
-    run: &mut Vec<Record>,
-    compression: KCompression,
-    out: &mut Vec<u8>,
-) -> Result<(), String> {
+fn encode_run(header: &BatchHeader, run: &mut Vec<Record>, out: &mut Vec<u8>) -> Result<(), String> {
     let Some(first) = run.first() else { return Ok(()) };
-    let (first_offset, first_sequence) = (first.offset, first.sequence);
+    let mut options = BatchOptions::of(header);
+    options.base_offset = first.offset;
     // Without a producer id the batch's baseSequence is -1 whatever the run's position; with
-    // one, the run starts at its first record's sequence. Either way offset - sequence is
-    // constant, which is what makes the encoder put the run in one batch.
-    let base_sequence = if header.base_sequence < 0 { header.base_sequence } else { first_sequence };
-    for record in run.iter_mut() {
-        record.sequence = base_sequence.wrapping_add((record.offset - first_offset) as i32);
+    // one, the run's first record keeps its sequence (the batch's plus its offset delta).
+    if header.base_sequence >= 0 {
+        options.base_sequence = header.base_sequence.wrapping_add((first.offset - header.base_offset) as i32);
     }
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(&mut buf, run.iter(), &RecordEncodeOptions { version: 2, compression })
-        .map_err(|e| format!("cannot re-encode records: {e}"))?;
-    let encoded = &mut buf[..];
-    let size = BatchHeader::parse(encoded).and_then(|h| h.size_bytes());
-    if size != Some(encoded.len()) {
-        return Err(format!("re-encoding {} records did not give one batch", run.len()));
-    }
-    if header.timestamp_type() == TimestampType::LogAppendTime {
-        // The encoder writes CreateTime and the records' own maximum; keep the broker's time.
-        let attributes = batch::be_i16(encoded, batch::ATTRIBUTES_AT) | ATTR_LOG_APPEND_TIME;
-        encoded[batch::ATTRIBUTES_AT..batch::ATTRIBUTES_AT + 2].copy_from_slice(&attributes.to_be_bytes());
-        encoded[batch::MAX_TIMESTAMP_AT..batch::MAX_TIMESTAMP_AT + 8]
-            .copy_from_slice(&header.max_timestamp.to_be_bytes());
-        let crc = crc32c::crc32c(&encoded[batch::ATTRIBUTES_AT..]);
-        encoded[batch::CRC_AT..batch::CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
-    }
+    let encoded = encode_batch(run, &options).map_err(|e| format!("cannot re-encode records: {e}"))?;
     // What is stored must pass the checks recovery and scrubs apply.
-    batch::validate_one(encoded, usize::MAX).map_err(|e| format!("re-encoded batch is invalid: {e}"))?;
-    out.extend_from_slice(encoded);
+    batch::validate_one(&encoded, usize::MAX).map_err(|e| format!("re-encoded batch is invalid: {e}"))?;
+    out.extend_from_slice(&encoded);
     run.clear();
     Ok(())
 }

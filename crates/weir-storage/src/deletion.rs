@@ -7,6 +7,8 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use crate::sync::lock;
+
 #[derive(Debug, Default)]
 pub struct DeletionQueue {
     pending: Mutex<Vec<(i64, PathBuf)>>,
@@ -18,14 +20,14 @@ impl DeletionQueue {
     }
 
     pub fn schedule(&self, paths: Vec<PathBuf>, due_ms: i64) {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = lock(&self.pending);
         pending.extend(paths.into_iter().map(|p| (due_ms, p)));
     }
 
     /// Unlinks every file due at `now_ms`; returns how many were removed.
     pub fn remove_due(&self, now_ms: i64) -> usize {
         let due: Vec<PathBuf> = {
-            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pending = lock(&self.pending);
             let (due, keep): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(at, _)| *at <= now_ms);
             *pending = keep;
             due.into_iter().map(|(_, p)| p).collect()
@@ -41,7 +43,7 @@ impl DeletionQueue {
     }
 
     pub fn len(&self) -> usize {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).len()
+        lock(&self.pending).len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -6,18 +6,26 @@
 //! after a crash rescans from the segment that contains it. Offsets are `i64` as in Kafka.
 //!
 //! Locks, always taken in this order: `maintenance` (retention, compaction, truncation: one at a
-//! time), `writer` (appends, rolls), `segments` (the map; held only to clone or swap entries),
-//! then a segment's own state lock. `sync` is independent: it is never held while taking others.
+//! time), `writer` (appends, rolls), `leader_epochs`, `segments` (the map; held only to clone or
+//! swap entries), then a segment's own state lock. `sync` is independent: it is never held while
+//! taking others.
+//!
+//! Two writers, one at a time: the leader's [`Log::append`] assigns offsets and stamps its
+//! leader epoch on the batches; a follower's [`Log::append_replicated`] keeps the offsets and
+//! epochs the leader gave them. Both keep the leader-epoch cache (`leader-epoch-checkpoint`,
+//! see `leader_epoch`), which answers OffsetForLeaderEpoch ([`Log::end_offset_for_epoch`]).
+//!
+//! The invariants above are checked by [`Log::check_invariants`] after every append,
+//! truncation, DeleteRecords and sync in debug builds.
 
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
-
-use bytes::Bytes;
 
 use crate::batch::{self, TimestampType, HEADER_BYTES};
 use crate::checkpoint::fsync_dir;
@@ -26,8 +34,10 @@ use crate::config::{FlushPolicy, LogConfig};
 use crate::deletion::DeletionQueue;
 use crate::error::{IoContext, Result, StorageError};
 use crate::file_slice::FileSlice;
+use crate::leader_epoch::{EpochEntry, LeaderEpochCache, UNDEFINED_EPOCH};
 use crate::producer_state::{ProducerCheck, ProducerError, ProducerStateManager, NO_PRODUCER_ID};
 use crate::segment::{Segment, SegmentRead};
+use crate::sync::{lock, read, write};
 use crate::txn_index::{AbortedTxn, TxnIndex};
 
 /// What `append` did.
@@ -43,6 +53,27 @@ pub struct AppendInfo {
     pub batch_count: u32,
     pub record_count: u64,
     pub bytes: u64,
+}
+
+impl AppendInfo {
+    /// What an append that wrote `summary`'s batches (`bytes` of them) at `first_offset..next_offset` did.
+    fn written(
+        first_offset: i64,
+        next_offset: i64,
+        log_append_time_ms: Option<i64>,
+        summary: &batch::BatchesSummary,
+        bytes: usize,
+    ) -> AppendInfo {
+        AppendInfo {
+            duplicate: false,
+            first_offset,
+            last_offset: next_offset - 1,
+            log_append_time_ms,
+            batch_count: summary.batch_count,
+            record_count: summary.record_count,
+            bytes: bytes as u64,
+        }
+    }
 }
 
 /// What `read` found.
@@ -86,6 +117,8 @@ pub struct LogStats {
     pub appended_bytes: AtomicU64,
     pub fsyncs: AtomicU64,
     pub fsync_nanos: AtomicU64,
+    /// How long each flush (the fdatasyncs of one group commit) took.
+    pub fsync_latency: crate::histogram::Histogram,
     pub rolls: AtomicU64,
     pub recovered_truncated_bytes: AtomicU64,
     /// Segments scanned by recovery when the log was opened.
@@ -97,6 +130,18 @@ pub struct LogStats {
 pub struct RetentionOutcome {
     pub deleted_segments: usize,
     pub deleted_bytes: u64,
+}
+
+/// `latest_leader_epoch` before the cache is seeded.
+const EPOCHS_NOT_SEEDED: i32 = i32::MIN;
+
+/// The leader-epoch cache and its lazy seeding (see `Log::epochs`).
+struct EpochState {
+    cache: LeaderEpochCache,
+    /// False while the cache may still have to be seeded from the log's first batch.
+    seeded: bool,
+    /// An epoch this broker began leading in before the seed was read.
+    pending: Option<i32>,
 }
 
 struct SyncState {
@@ -139,11 +184,13 @@ pub struct Log {
     transactions_seen: AtomicBool,
     /// Aborted transactions, for read_committed fetches. Lock order: writer, producers, this.
     aborted: Mutex<Option<TxnIndex>>,
+    /// Where each leader epoch began. Entries are added only under the writer lock.
+    leader_epochs: Mutex<EpochState>,
+    /// The latest epoch in `leader_epochs` once seeded (`UNDEFINED_EPOCH` when it has none,
+    /// `EPOCHS_NOT_SEEDED` before), so that an append in the current epoch checks it without
+    /// the lock.
+    latest_leader_epoch: AtomicI32,
     pub stats: LogStats,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Log {
@@ -187,11 +234,112 @@ impl Log {
             producers: Mutex::new(ProducerStateManager::new()),
             transactions_seen: AtomicBool::new(false),
             aborted: Mutex::new(None),
+            leader_epochs: Mutex::new(EpochState { cache: LeaderEpochCache::load(dir)?, seeded: false, pending: None }),
+            latest_leader_epoch: AtomicI32::new(EPOCHS_NOT_SEEDED),
             stats: LogStats::default(),
         };
         log.load_segments(&bases, options, now)?;
         log.rebuild_producer_state()?;
+        log.load_leader_epochs()?;
+        log.check_invariants();
         Ok(log)
+    }
+
+    /// Trims a leader-epoch checkpoint to the recovered log (a crash can leave it longer or
+    /// shorter than the log). Without a checkpoint the cache is seeded later, on first use
+    /// (`epochs`), so that opening thousands of partitions reads no batch for it.
+    fn load_leader_epochs(&self) -> Result<()> {
+        let (log_start, log_end) = (self.log_start_offset(), self.log_end_offset());
+        let mut epochs = lock(&self.leader_epochs);
+        epochs.cache.truncate_from_end(log_end, log_start)?;
+        epochs.cache.truncate_from_start(log_start)?;
+        epochs.seeded = epochs.cache.latest().is_some() || log_start == log_end;
+        if epochs.seeded {
+            self.latest_leader_epoch
+                .store(epochs.cache.latest().map_or(UNDEFINED_EPOCH, |e| e.epoch), Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// The leader-epoch cache, seeded first if it still has to be: from the batch holding the
+    /// log start offset, then with the epoch a leader took before the seed was read.
+    fn epochs(&self) -> Result<MutexGuard<'_, EpochState>> {
+        let mut epochs = lock(&self.leader_epochs);
+        if !epochs.seeded {
+            let (log_start, log_end) = (self.log_start_offset(), self.log_end_offset());
+            if log_start < log_end {
+                if let Some(slice) = self.read(log_start, 1, log_end)?.slice {
+                    let mut header = [0u8; HEADER_BYTES];
+                    slice.file.read_exact_at(&mut header, slice.position).at(&slice.path)?;
+                    if let Some(header) = batch::BatchHeader::parse(&header) {
+                        epochs.cache.seed(header.partition_leader_epoch, log_start);
+                    }
+                }
+            }
+            epochs.seeded = true;
+            if let Some(pending) = epochs.pending.take() {
+                epochs.cache.assign(pending, log_end, log_start)?;
+            }
+            self.latest_leader_epoch
+                .store(epochs.cache.latest().map_or(UNDEFINED_EPOCH, |e| e.epoch), Ordering::Release);
+        }
+        Ok(epochs)
+    }
+
+    /// Records in the cache that `epoch` begins at `start_offset`, if it is newer than the
+    /// latest. Called with the writer lock held, before the epoch's first batch is written.
+    fn note_leader_epoch(&self, epoch: i32, start_offset: i64) -> Result<()> {
+        if epoch == self.latest_leader_epoch.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut epochs = self.epochs()?;
+        if epochs.cache.assign(epoch, start_offset, self.log_start_offset())? {
+            self.latest_leader_epoch.store(epoch, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// This broker leads the partition from now on at `epoch`: the epoch begins at the log end
+    /// (Kafka's `maybeAssignEpochStartOffset` on becoming leader). An epoch not newer than the
+    /// latest changes nothing.
+    pub fn assign_leader_epoch(&self, epoch: i32) -> Result<()> {
+        let _writer = lock(&self.writer);
+        {
+            let mut epochs = lock(&self.leader_epochs);
+            if !epochs.seeded {
+                // Applied at the log end when the seed is read, before any append (every
+                // append reads it first), so the log end is still this one.
+                epochs.pending = Some(epochs.pending.map_or(epoch, |p| p.max(epoch)));
+                return Ok(());
+            }
+        }
+        self.note_leader_epoch(epoch, self.log_end_offset())
+    }
+
+    /// The latest leader epoch with an entry in the cache, if any.
+    pub fn latest_leader_epoch(&self) -> Result<Option<i32>> {
+        Ok(self.epochs()?.cache.latest().map(|e| e.epoch))
+    }
+
+    /// OffsetForLeaderEpoch: (the largest epoch at or below `epoch` that this log has, the offset
+    /// where it ended), or `(-1, -1)` when `epoch` is newer than every epoch here (see
+    /// `leader_epoch`).
+    pub fn end_offset_for_epoch(&self, epoch: i32) -> Result<(i32, i64)> {
+        let epochs = self.epochs()?;
+        Ok(epochs.cache.end_offset_for(epoch, self.log_end_offset()))
+    }
+
+    /// The leader epoch `offset` belongs to (-1 offsets: none).
+    pub fn epoch_for_offset(&self, offset: i64) -> Result<Option<i32>> {
+        if offset < 0 {
+            return Ok(None);
+        }
+        Ok(self.epochs()?.cache.epoch_for(offset))
+    }
+
+    /// Every (leader epoch, start offset) entry, oldest first.
+    pub fn leader_epoch_entries(&self) -> Result<Vec<EpochEntry>> {
+        Ok(self.epochs()?.cache.entries().to_vec())
     }
 
     fn load_segments(&self, bases: &[i64], options: OpenOptions, now: i64) -> Result<()> {
@@ -263,7 +411,7 @@ impl Log {
         let first_base = *map.keys().next().expect("at least one segment");
         let log_end = last.next_offset()?;
         let log_start = options.log_start_offset.unwrap_or(first_base).max(first_base).min(log_end);
-        *self.segments.write().unwrap_or_else(|p| p.into_inner()) = map;
+        *write(&self.segments) = map;
         self.log_end_offset.store(log_end, Ordering::Release);
         self.log_start_offset.store(log_start, Ordering::Release);
         self.high_watermark.store(log_end, Ordering::Release);
@@ -291,12 +439,12 @@ impl Log {
     }
 
     pub fn config(&self) -> Arc<LogConfig> {
-        Arc::clone(&self.config.read().unwrap_or_else(|p| p.into_inner()))
+        Arc::clone(&read(&self.config))
     }
 
     /// Replaces the configuration; it applies to the next append, roll and retention pass.
     pub fn set_config(&self, config: LogConfig) {
-        *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        *write(&self.config) = Arc::new(config);
     }
 
     pub fn log_start_offset(&self) -> i64 {
@@ -322,10 +470,28 @@ impl Log {
         }
     }
 
-    /// Sets the high watermark (the broker's replication decides it), clamped to the log.
+    /// Sets the high watermark, as the broker's replication decides it (see
+    /// [`Log::set_high_watermark_managed`]): the offset up to which every in-sync replica has
+    /// the log. It only moves forward and never past the log end; the caller keeps a
+    /// follower's below its own log end (the leader's may be ahead). Truncation lowers it
+    /// ([`Log::truncate_to`]), nothing else does.
+    ///
+    /// A backward move or one past the log end is a bug of the caller: it asserts in debug
+    /// builds; in release builds the high watermark stays where it was and the error is logged,
+    /// rather than clamping a wrong value into place.
     pub fn set_high_watermark(&self, offset: i64) {
-        let clamped = offset.clamp(self.log_start_offset(), self.log_end_offset());
-        self.high_watermark.store(clamped, Ordering::Release);
+        let (current, log_end) = (self.high_watermark(), self.log_end_offset());
+        let valid = offset >= current && offset <= log_end;
+        debug_assert!(
+            valid,
+            "{}: high watermark set from {current} to {offset} (log end {log_end})",
+            self.dir.display()
+        );
+        if !valid {
+            tracing::error!(dir = %self.dir.display(), current, offset, log_end, "refusing to move the high watermark backwards or past the log end");
+            return;
+        }
+        self.high_watermark.fetch_max(offset, Ordering::AcqRel);
     }
 
     /// Every offset below this is fsynced.
@@ -339,20 +505,20 @@ impl Log {
     }
 
     pub fn segment_count(&self) -> usize {
-        self.segments.read().unwrap_or_else(|p| p.into_inner()).len()
+        read(&self.segments).len()
     }
 
     /// Base offsets of the segments, oldest first.
     pub fn segment_base_offsets(&self) -> Vec<i64> {
-        self.segments.read().unwrap_or_else(|p| p.into_inner()).keys().copied().collect()
+        read(&self.segments).keys().copied().collect()
     }
 
     pub(crate) fn segments_snapshot(&self) -> Vec<Arc<Segment>> {
-        self.segments.read().unwrap_or_else(|p| p.into_inner()).values().map(Arc::clone).collect()
+        read(&self.segments).values().map(Arc::clone).collect()
     }
 
     pub(crate) fn active_segment(&self) -> Arc<Segment> {
-        let segments = self.segments.read().unwrap_or_else(|p| p.into_inner());
+        let segments = read(&self.segments);
         Arc::clone(segments.values().next_back().expect("a log always has an active segment"))
     }
 
@@ -399,13 +565,75 @@ impl Log {
             }
         }
         let first_offset = self.log_end_offset();
-        let segment = self.maybe_roll(&config, records.len() as u64, summary.offset_count, now)?;
+        let last_offset = first_offset + summary.offset_count as i64 - 1;
+        let segment = self.maybe_roll(&config, records.len() as u64, last_offset, now)?;
         let append_time = (config.timestamp_type == TimestampType::LogAppendTime).then_some(now);
         let next_offset = batch::assign_offsets(records, first_offset, partition_leader_epoch, append_time);
+        self.note_leader_epoch(partition_leader_epoch, first_offset)?;
         segment.append(records, config.index_interval_bytes)?;
-        if producer_batch.is_some() {
+        self.after_write(&config, records, producer_batch.is_some(), next_offset, now)?;
+        self.check_invariants_locked(&writer);
+        drop(writer);
+        self.count_append(&config, &summary, records.len())?;
+        Ok(AppendInfo::written(first_offset, next_offset, append_time, &summary, records.len()))
+    }
+
+    /// Appends batches as a follower: they keep the offsets and leader epochs the leader gave
+    /// them (and its `LogAppendTime` stamps). Validates them like [`Log::append`] (the log is
+    /// untouched if any is invalid) and also that their offsets go on from the log end in
+    /// order; gaps are allowed (a compacted leader's batches skip offsets). Idempotent
+    /// producers' sequences are not checked again (the leader did), only recorded, so this log
+    /// can take over as leader with the same state. The high watermark does not move unless
+    /// the log manages it itself; a follower's replication sets it from the leader's.
+    pub fn append_replicated(&self, records: &[u8]) -> Result<AppendInfo> {
+        let config = self.config();
+        let summary = batch::validate_batches(records, config.max_message_bytes as usize)?;
+        let writer = lock(&self.writer);
+        self.check_open()?;
+        let now = self.clock.now_ms();
+        let log_end = self.log_end_offset();
+        let mut next_offset = log_end;
+        let mut has_producer_batch = false;
+        for (_, header) in batch::headers(records) {
+            if header.base_offset < next_offset {
+                return Err(StorageError::Batch(crate::error::BatchError::Invalid(format!(
+                    "replicated batch at offset {} does not follow offset {} (log end {log_end})",
+                    header.base_offset,
+                    next_offset - 1
+                ))));
+            }
+            next_offset = header.next_offset();
+            has_producer_batch |= header.producer_id != NO_PRODUCER_ID;
+        }
+        let first_offset = batch::headers(records).next().map_or(log_end, |(_, h)| h.base_offset);
+        let segment = self.maybe_roll(&config, records.len() as u64, next_offset - 1, now)?;
+        for (_, header) in batch::headers(records) {
+            self.note_leader_epoch(header.partition_leader_epoch, header.base_offset)?;
+        }
+        segment.append(records, config.index_interval_bytes)?;
+        self.after_write(&config, records, has_producer_batch, next_offset, now)?;
+        self.check_invariants_locked(&writer);
+        drop(writer);
+        self.count_append(&config, &summary, records.len())?;
+        Ok(AppendInfo::written(first_offset, next_offset, None, &summary, records.len()))
+    }
+
+    /// What every append does once its batches are in the file: the producers' state, the log
+    /// end, and (without `flush=sync`) the high watermark. Called with the writer lock held.
+    fn after_write(
+        &self,
+        config: &LogConfig,
+        records: &[u8],
+        has_producer_batch: bool,
+        next_offset: i64,
+        now: i64,
+    ) -> Result<()> {
+        if has_producer_batch {
             let mut producers = lock(&self.producers);
             for (at, header) in batch::headers(records) {
+                if header.producer_id == NO_PRODUCER_ID {
+                    continue;
+                }
                 if header.is_transactional() {
                     self.transactions_seen.store(true, Ordering::Release);
                 }
@@ -419,9 +647,13 @@ impl Log {
         if config.flush != FlushPolicy::Sync {
             self.advance_high_watermark(next_offset);
         }
-        drop(writer);
+        Ok(())
+    }
+
+    /// Counts an append and flushes when `flush.messages` is reached. After the writer lock.
+    fn count_append(&self, config: &LogConfig, summary: &batch::BatchesSummary, bytes: usize) -> Result<()> {
         self.stats.appended_batches.fetch_add(u64::from(summary.batch_count), Ordering::Relaxed);
-        self.stats.appended_bytes.fetch_add(records.len() as u64, Ordering::Relaxed);
+        self.stats.appended_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         let unflushed =
             self.unflushed_messages.fetch_add(summary.record_count, Ordering::AcqRel) + summary.record_count;
         if let FlushPolicy::Interval { messages, .. } = config.flush {
@@ -429,20 +661,13 @@ impl Log {
                 self.flush()?;
             }
         }
-        Ok(AppendInfo {
-            duplicate: false,
-            first_offset,
-            last_offset: next_offset - 1,
-            log_append_time_ms: append_time,
-            batch_count: summary.batch_count,
-            record_count: summary.record_count,
-            bytes: records.len() as u64,
-        })
+        Ok(())
     }
 
     /// Rolls the active segment if the append would overflow it or it is old enough; returns
     /// the segment to append to. Called with the writer lock held.
-    fn maybe_roll(&self, config: &LogConfig, bytes: u64, offsets: u64, now: i64) -> Result<Arc<Segment>> {
+    /// `last_offset` is the last offset the append will write.
+    fn maybe_roll(&self, config: &LogConfig, bytes: u64, last_offset: i64, now: i64) -> Result<Arc<Segment>> {
         let active = self.active_segment();
         let size = active.size();
         let log_end = self.log_end_offset();
@@ -463,7 +688,7 @@ impl Log {
             Some("segment.ms")
         } else if size > 0 && active.indexes_full()? {
             Some("index full")
-        } else if log_end + offsets as i64 - 1 - active.base_offset() > i64::from(u32::MAX) {
+        } else if last_offset - active.base_offset() > i64::from(u32::MAX) {
             Some("relative offset overflow")
         } else if log_end != active.base_offset() && size == 0 {
             // An empty active segment whose base is not the log end (after DeleteRecords or
@@ -488,7 +713,7 @@ impl Log {
         tracing::debug!(dir = %self.dir.display(), base, reason, "rolling segment");
         if active.size() == 0 {
             // Replace an empty segment rather than leaving an empty file behind.
-            let mut segments = self.segments.write().unwrap_or_else(|p| p.into_inner());
+            let mut segments = write(&self.segments);
             segments.remove(&active.base_offset());
             drop(segments);
             let paths = active.rename_to_deleted()?;
@@ -505,7 +730,7 @@ impl Log {
         )?);
         // The new file's directory entry must be durable before any data in it is acknowledged.
         fsync_dir(&self.dir)?;
-        self.segments.write().unwrap_or_else(|p| p.into_inner()).insert(base, Arc::clone(&segment));
+        write(&self.segments).insert(base, Arc::clone(&segment));
         self.stats.rolls.fetch_add(1, Ordering::Relaxed);
         Ok(segment)
     }
@@ -542,6 +767,11 @@ impl Log {
                 }
                 self.sync_done.notify_all();
                 result?;
+                if cfg!(debug_assertions) {
+                    drop(state);
+                    self.check_invariants();
+                    state = lock(&self.sync);
+                }
                 continue;
             }
             state = self.sync_done.wait(state).unwrap_or_else(|p| p.into_inner());
@@ -560,7 +790,7 @@ impl Log {
             return Ok(());
         }
         let segments: Vec<Arc<Segment>> = {
-            let map = self.segments.read().unwrap_or_else(|p| p.into_inner());
+            let map = read(&self.segments);
             let first = map.range(..=from).next_back().map_or(i64::MIN, |(b, _)| *b);
             map.range(first..target).map(|(_, s)| Arc::clone(s)).collect()
         };
@@ -568,8 +798,10 @@ impl Log {
         for segment in &segments {
             segment.file().sync_data().at(&segment.log_path())?;
         }
+        let elapsed = started.elapsed();
         self.stats.fsyncs.fetch_add(segments.len() as u64, Ordering::Relaxed);
-        self.stats.fsync_nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.stats.fsync_nanos.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+        self.stats.fsync_latency.observe(elapsed);
         self.recovery_point.fetch_max(target, Ordering::AcqRel);
         self.unflushed_messages.store(0, Ordering::Release);
         self.last_flush_ms.store(self.clock.now_ms(), Ordering::Release);
@@ -634,7 +866,7 @@ impl Log {
             return Ok(result);
         }
         let mut cursor = {
-            let map = self.segments.read().unwrap_or_else(|p| p.into_inner());
+            let map = read(&self.segments);
             map.range(..=from).next_back().or_else(|| map.iter().next()).map(|(_, s)| Arc::clone(s))
         };
         while let Some(segment) = cursor {
@@ -648,7 +880,7 @@ impl Log {
                 }
                 SegmentRead::AtUpperBound => break,
                 SegmentRead::NotHere => {
-                    let map = self.segments.read().unwrap_or_else(|p| p.into_inner());
+                    let map = read(&self.segments);
                     cursor = map.range(segment.base_offset() + 1..).next().map(|(_, s)| Arc::clone(s));
                 }
             }
@@ -723,7 +955,16 @@ impl Log {
         self.log_start_offset.fetch_max(offset, Ordering::AcqRel);
         let _maintenance = lock(&self.maintenance);
         self.delete_segments_below_log_start()?;
+        self.trim_leader_epochs()?;
+        self.check_invariants();
         Ok(self.log_start_offset())
+    }
+
+    /// The epochs that ended before the log start are gone (after DeleteRecords or retention).
+    fn trim_leader_epochs(&self) -> Result<()> {
+        let mut epochs = lock(&self.leader_epochs);
+        // An unseeded cache is empty: it will be seeded from the new log start.
+        epochs.cache.truncate_from_start(self.log_start_offset())
     }
 
     fn delete_segments_below_log_start(&self) -> Result<RetentionOutcome> {
@@ -748,7 +989,7 @@ impl Log {
         let now = self.clock.now_ms();
         let delay = self.config().file_delete_delay_ms as i64;
         let removed: Vec<Arc<Segment>> = {
-            let mut map = self.segments.write().unwrap_or_else(|p| p.into_inner());
+            let mut map = write(&self.segments);
             let active = *map.keys().next_back().expect("active segment");
             let removed = bases.iter().filter(|b| **b != active).filter_map(|b| map.remove(b)).collect();
             if let Some(first) = map.keys().next() {
@@ -764,6 +1005,7 @@ impl Log {
         }
         if outcome.deleted_segments > 0 {
             tracing::info!(dir = %self.dir.display(), segments = outcome.deleted_segments, bytes = outcome.deleted_bytes, log_start_offset = self.log_start_offset(), "deleted segments");
+            self.trim_leader_epochs()?;
         }
         Ok(outcome)
     }
@@ -838,10 +1080,11 @@ impl Log {
         if offset <= self.log_start_offset() {
             self.reset_to(offset)?;
             self.rebuild_producer_state()?;
+            self.check_invariants_locked(&_writer);
             return Ok(offset);
         }
         let doomed: Vec<Arc<Segment>> = {
-            let mut map = self.segments.write().unwrap_or_else(|p| p.into_inner());
+            let mut map = write(&self.segments);
             let floor = map.range(..=offset).next_back().map_or(i64::MIN, |(b, _)| *b);
             let later: Vec<i64> = map.range(floor + 1..).map(|(b, _)| *b).collect();
             later.iter().filter_map(|b| map.remove(b)).collect()
@@ -864,14 +1107,24 @@ impl Log {
             sync.durable_end = sync.durable_end.min(log_end);
         }
         self.rebuild_producer_state()?;
+        self.epochs()?.cache.truncate_from_end(log_end, self.log_start_offset())?;
+        self.latest_leader_epoch.store(EPOCHS_NOT_SEEDED, Ordering::Release);
+        self.refresh_latest_epoch()?;
+        self.check_invariants_locked(&_writer);
         Ok(log_end)
+    }
+
+    /// Re-reads the latest epoch into its lock-free copy after the cache lost entries.
+    fn refresh_latest_epoch(&self) -> Result<()> {
+        let epochs = self.epochs()?;
+        self.latest_leader_epoch.store(epochs.cache.latest().map_or(UNDEFINED_EPOCH, |e| e.epoch), Ordering::Release);
+        Ok(())
     }
 
     /// Empties the log and restarts it at `offset` (Kafka's truncateFullyAndStartAt).
     fn reset_to(&self, offset: i64) -> Result<()> {
         let now = self.clock.now_ms();
-        let old: Vec<Arc<Segment>> =
-            std::mem::take(&mut *self.segments.write().unwrap_or_else(|p| p.into_inner())).into_values().collect();
+        let old: Vec<Arc<Segment>> = std::mem::take(&mut *write(&self.segments)).into_values().collect();
         for segment in old {
             let paths = segment.rename_to_deleted()?;
             self.deletion_queue.schedule(paths, now);
@@ -880,7 +1133,7 @@ impl Log {
         let segment =
             Segment::create(&self.dir, offset, config.segment_index_bytes, self.roll_jitter(&config, offset), now)?;
         fsync_dir(&self.dir)?;
-        self.segments.write().unwrap_or_else(|p| p.into_inner()).insert(offset, Arc::new(segment));
+        write(&self.segments).insert(offset, Arc::new(segment));
         for value in [
             &self.log_start_offset,
             &self.log_end_offset,
@@ -891,6 +1144,11 @@ impl Log {
             value.store(offset, Ordering::Release);
         }
         lock(&self.sync).durable_end = offset;
+        let mut epochs = lock(&self.leader_epochs);
+        epochs.cache.clear()?;
+        epochs.seeded = true;
+        epochs.pending = None;
+        self.latest_leader_epoch.store(UNDEFINED_EPOCH, Ordering::Release);
         Ok(())
     }
 
@@ -1052,14 +1310,61 @@ impl Log {
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
     }
+
+    /// Asserts the offset invariants of the module doc (debug builds only; nothing in release).
+    /// Takes the writer lock, so that no append or truncation is half done.
+    pub fn check_invariants(&self) {
+        if cfg!(debug_assertions) {
+            let writer = lock(&self.writer);
+            self.check_invariants_locked(&writer);
+        }
+    }
+
+    /// [`Log::check_invariants`] for a caller holding the writer lock. Values are read from the
+    /// one that only grows to the one that may shrink, so that a concurrent sync (which raises
+    /// the high watermark) or DeleteRecords (which raises the log start) cannot make a sound
+    /// state look broken.
+    fn check_invariants_locked(&self, _writer: &MutexGuard<'_, ()>) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let dir = self.dir.display();
+        // Retention moves the log start while holding the map's write lock: read both under it.
+        let segments = read(&self.segments);
+        let log_start = self.log_start_offset();
+        let (Some(first), Some(active)) = (segments.keys().next().copied(), segments.values().next_back().cloned())
+        else {
+            panic!("{dir}: a log without segments");
+        };
+        drop(segments);
+        let high_watermark = self.high_watermark();
+        let recovery_point = self.recovery_point();
+        let log_end = self.log_end_offset();
+        assert!(first <= log_start, "{dir}: the first segment ({first}) begins after the log start {log_start}");
+        assert!(log_start <= high_watermark, "{dir}: log start {log_start} > high watermark {high_watermark}");
+        assert!(high_watermark <= log_end, "{dir}: high watermark {high_watermark} > log end {log_end}");
+        assert!(recovery_point <= log_end, "{dir}: recovery point {recovery_point} > log end {log_end}");
+        assert!(
+            active.base_offset() <= log_end,
+            "{dir}: active segment {} past the log end {log_end}",
+            active.base_offset()
+        );
+        let epochs = lock(&self.leader_epochs);
+        let entries = epochs.cache.entries();
+        assert!(
+            entries.windows(2).all(|w| w[0].epoch < w[1].epoch && w[0].start_offset < w[1].start_offset),
+            "{dir}: leader epochs out of order: {entries:?}"
+        );
+        if let Some(latest) = entries.last() {
+            assert!(latest.start_offset <= log_end, "{dir}: epoch {latest:?} starts past the log end {log_end}");
+        }
+    }
 }
 
 /// Decodes the records of the batches in `bytes` (decompressing as needed).
-pub(crate) fn decode_records(bytes: &[u8]) -> Result<Vec<kafka_protocol::records::Record>> {
-    let mut buf = Bytes::copy_from_slice(bytes);
-    let sets = kafka_protocol::records::RecordBatchDecoder::decode_all(&mut buf)
-        .map_err(|e| StorageError::from(crate::error::BatchError::Corrupt(format!("cannot decode records: {e}"))))?;
-    Ok(sets.into_iter().flat_map(|s| s.records).collect())
+pub(crate) fn decode_records(bytes: &[u8]) -> Result<Vec<crate::records::Record>> {
+    crate::records::decode_records(bytes)
+        .map_err(|e| StorageError::from(crate::error::BatchError::Corrupt(format!("cannot decode records: {e}"))))
 }
 
 fn first_record_at_or_after(

@@ -30,6 +30,7 @@ use crate::config::LogConfig;
 use crate::deletion::DeletionQueue;
 use crate::error::{IoContext, Result, StorageError};
 use crate::log::{Log, OpenOptions};
+use crate::sync::{lock, read, write};
 
 const CLEAN_SHUTDOWN_FILE: &str = ".weir_clean_shutdown";
 const BOOT_ID_FILE: &str = ".weir_boot_id";
@@ -121,7 +122,7 @@ struct Shutdown {
 impl Shutdown {
     /// Sleeps up to `ms`; returns true if shutdown was requested.
     fn sleep(&self, ms: u64) -> bool {
-        let guard = self.stopping.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = lock(&self.stopping);
         let (guard, _) =
             self.wake.wait_timeout_while(guard, Duration::from_millis(ms), |s| !*s).unwrap_or_else(|p| p.into_inner());
         *guard
@@ -240,7 +241,7 @@ impl LogManager {
     }
 
     pub fn get(&self, tp: &TopicPartition) -> Option<Arc<Log>> {
-        self.logs.read().unwrap_or_else(|p| p.into_inner()).get(tp).cloned()
+        read(&self.logs).get(tp).cloned()
     }
 
     /// Returns the log, creating an empty one with `config` if it does not exist.
@@ -248,7 +249,7 @@ impl LogManager {
         if let Some(log) = self.get(tp) {
             return Ok(log);
         }
-        let mut logs = self.logs.write().unwrap_or_else(|p| p.into_inner());
+        let mut logs = write(&self.logs);
         if let Some(log) = logs.get(tp) {
             return Ok(Arc::clone(log));
         }
@@ -265,13 +266,13 @@ impl LogManager {
 
     /// Every log, in no particular order.
     pub fn logs(&self) -> Vec<(TopicPartition, Arc<Log>)> {
-        self.logs.read().unwrap_or_else(|p| p.into_inner()).iter().map(|(tp, l)| (tp.clone(), Arc::clone(l))).collect()
+        read(&self.logs).iter().map(|(tp, l)| (tp.clone(), Arc::clone(l))).collect()
     }
 
     /// Removes a partition: closes its log, renames its directory to `<name>.<stamp>-delete`
     /// (durably) so a crash cannot resurrect it, then removes the files.
     pub fn delete(&self, tp: &TopicPartition) -> Result<bool> {
-        let Some(log) = self.logs.write().unwrap_or_else(|p| p.into_inner()).remove(tp) else {
+        let Some(log) = write(&self.logs).remove(tp) else {
             return Ok(false);
         };
         log.close()?;
@@ -325,7 +326,7 @@ impl LogManager {
 
     /// Starts the scheduler and cleaner threads.
     pub fn start_background(self: &Arc<Self>) -> Result<()> {
-        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let mut threads = lock(&self.threads);
         threads.push(self.spawn("weir-log-scheduler", LogManager::scheduler_loop)?);
         if self.options.cleaner_enabled {
             threads.push(self.spawn("weir-log-cleaner", LogManager::cleaner_loop)?);
@@ -369,7 +370,7 @@ impl LogManager {
             io_bytes_per_second: self.options.cleaner_io_max_bytes_per_second,
             ..CleanerConfig::default()
         }));
-        *self.cleaner.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&cleaner));
+        *lock(&self.cleaner) = Some(Arc::clone(&cleaner));
         loop {
             let logs: Vec<Arc<Log>> = self.logs().into_iter().map(|(_, l)| l).collect();
             let did_work = match cleaner.run_once(&logs) {
@@ -389,16 +390,16 @@ impl LogManager {
     /// Stops background work, flushes and closes every log, writes the checkpoints and, last,
     /// the clean-shutdown marker. Safe to call more than once.
     pub fn shutdown(&self) -> Result<()> {
-        let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut closed = lock(&self.closed);
         if *closed {
             return Ok(());
         }
-        *self.shutdown.stopping.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *lock(&self.shutdown.stopping) = true;
         self.shutdown.wake.notify_all();
-        if let Some(cleaner) = self.cleaner.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        if let Some(cleaner) = lock(&self.cleaner).as_ref() {
             cleaner.stop();
         }
-        for thread in self.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for thread in lock(&self.threads).drain(..) {
             let _ = thread.join();
         }
         for (tp, log) in self.logs() {
@@ -465,7 +466,7 @@ fn open_logs(
                     Arc::clone(deletion_queue),
                 )
                 .map(|log| (tp.clone(), log));
-                results.lock().unwrap_or_else(|p| p.into_inner()).push(result);
+                lock(&results).push(result);
             });
         }
     });

@@ -21,6 +21,7 @@ use crate::batch::{self, BatchHeader, HEADER_BYTES};
 use crate::error::{IoContext, Result, StorageError};
 use crate::file_slice::FileSlice;
 use crate::offset_index::{self, OffsetIndex};
+use crate::sync::lock;
 use crate::time_index::{self, TimeIndex};
 
 /// The largest batch recovery accepts; anything claiming more is a corrupt length field.
@@ -172,7 +173,7 @@ impl Segment {
     fn lock(&self) -> MutexGuard<'_, SegmentState> {
         // A panic while holding this lock is a bug already reported; the state it guards is
         // rebuilt from the log on the next open, so continuing with it is safe.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     pub(crate) fn base_offset(&self) -> i64 {
