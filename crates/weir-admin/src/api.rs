@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde::ser::{SerializeMap, Serializer};
+use serde::ser::{SerializeSeq, Serializer};
 use serde::{Deserialize, Serialize};
 
 // ----- errors and probes ---------------------------------------------------------------------
@@ -141,7 +141,11 @@ pub struct TopicDescription {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PartitionInfo {
     pub partition: i32,
+    /// The broker leading the partition; -1 when it has none.
     pub leader: i32,
+    /// Bumped on every change of leader.
+    #[serde(default)]
+    pub leader_epoch: i32,
     pub replicas: Vec<i32>,
     pub isr: Vec<i32>,
     /// The first offset still in the log (retention and DeleteRecords move it).
@@ -220,8 +224,9 @@ impl Encoding {
     }
 }
 
-/// Record headers in order. Written as a JSON object (`{"trace":"abc"}`); read from an object or
-/// from an array of `[name, value]` pairs (which keeps the order). A `null` value is a header
+/// Record headers in order; a name may repeat (Kafka allows it and keeps every value). Written
+/// as a JSON array of `[name, value]` pairs (`[["trace","abc"]]`), which keeps repeats and order;
+/// read from such an array or from an object (`{"trace":"abc"}`). A `null` value is a header
 /// without value.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Headers(pub Vec<(String, Option<String>)>);
@@ -234,11 +239,11 @@ impl Headers {
 
 impl Serialize for Headers {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (name, value) in &self.0 {
-            map.serialize_entry(name, value)?;
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for pair in &self.0 {
+            seq.serialize_element(pair)?;
         }
-        map.end()
+        seq.end()
     }
 }
 
@@ -528,12 +533,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn headers_read_objects_and_pairs_and_write_objects_in_order() {
+    fn headers_read_objects_and_pairs_and_write_pairs_in_order() {
         let from_object: Headers = serde_json::from_str(r#"{"b":"2","a":null}"#).unwrap();
         assert_eq!(from_object.0.len(), 2);
         let from_pairs: Headers = serde_json::from_str(r#"[["z","1"],["a",null]]"#).unwrap();
         assert_eq!(from_pairs, Headers(vec![("z".into(), Some("1".into())), ("a".into(), None)]));
-        assert_eq!(serde_json::to_string(&from_pairs).unwrap(), r#"{"z":"1","a":null}"#);
+        assert_eq!(serde_json::to_string(&from_pairs).unwrap(), r#"[["z","1"],["a",null]]"#);
+        let repeated = Headers(vec![("t".into(), Some("1".into())), ("t".into(), Some("2".into()))]);
+        let written = serde_json::to_string(&repeated).unwrap();
+        assert_eq!(serde_json::from_str::<Headers>(&written).unwrap(), repeated, "a repeated name keeps both values");
         assert!(serde_json::from_str::<Headers>(r#""text""#).is_err());
         assert!(serde_json::from_str::<Headers>(r#"[["only-a-name"]]"#).is_err());
     }

@@ -1,11 +1,12 @@
-//! Errors of the admin API: Kafka's error code as a SCREAMING_SNAKE_CASE name, a readable message
-//! and the HTTP status that fits the code. The mapping from [`ErrorCode`] to a status is made
-//! here, once.
+//! Errors of the admin API: a name in SCREAMING_SNAKE_CASE, a readable message and the HTTP
+//! status that fits. The mapping from the core's [`ErrorKind`] to a name and a status is made
+//! here, once ([`error_name`], [`status_for`]). The names are Kafka's error names where Kafka has
+//! the error (`UNKNOWN_TOPIC_OR_PARTITION`), so that they read the same as the Kafka clients'.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use weir_broker::{BrokerError, ErrorCode};
+use weir_broker::{BrokerError, ErrorKind};
 
 use crate::api::{ErrorBody, ErrorDetail};
 
@@ -17,35 +18,35 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// An error with a Kafka code; the status follows from the code.
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError { status: status_for(code), code: error_name(code), message: message.into() }
+    /// An error of the core's kind; its name and status follow from the kind.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> ApiError {
+        ApiError { status: status_for(kind), code: error_name(kind).to_string(), message: message.into() }
     }
 
-    /// An error outside Kafka's vocabulary (no such endpoint, wrong method).
+    /// An error outside the core's vocabulary (no such endpoint, wrong method).
     pub fn http(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
         ApiError { status, code: code.to_string(), message: message.into() }
     }
 
     /// 400 INVALID_REQUEST: a malformed body, query parameter or path.
     pub fn invalid(message: impl Into<String>) -> ApiError {
-        ApiError::new(ErrorCode::InvalidRequest, message)
+        ApiError::new(ErrorKind::InvalidRequest, message)
     }
 
     pub fn unknown_topic(topic: &str) -> ApiError {
-        ApiError::new(ErrorCode::UnknownTopicOrPartition, format!("topic '{topic}' does not exist"))
+        ApiError::new(ErrorKind::UnknownTopicOrPartition, format!("topic '{topic}' does not exist"))
     }
 
     pub fn unknown_partition(topic: &str, partition: i32) -> ApiError {
-        ApiError::new(ErrorCode::UnknownTopicOrPartition, format!("topic '{topic}' has no partition {partition}"))
+        ApiError::new(ErrorKind::UnknownTopicOrPartition, format!("topic '{topic}' has no partition {partition}"))
     }
 
     pub fn unknown_group(group: &str) -> ApiError {
-        ApiError::new(ErrorCode::GroupIdNotFound, format!("group '{group}' does not exist"))
+        ApiError::new(ErrorKind::UnknownGroup, format!("group '{group}' does not exist"))
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError::new(ErrorCode::UnknownServerError, message)
+        ApiError::new(ErrorKind::Internal, message)
     }
 
     pub fn detail(&self) -> ErrorDetail {
@@ -55,7 +56,7 @@ impl ApiError {
 
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> ApiError {
-        ApiError::new(e.code, e.message)
+        ApiError::new(e.kind, e.message)
     }
 }
 
@@ -68,65 +69,118 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Kafka's name of `code`: `UnknownTopicOrPartition` → `UNKNOWN_TOPIC_OR_PARTITION`, as in
-/// Kafka's `Errors` enum.
-pub fn error_name(code: ErrorCode) -> String {
-    if let ErrorCode::Unknown(n) = code {
-        return format!("UNKNOWN_ERROR_CODE_{n}");
+/// The admin API's name of an error kind.
+pub fn error_name(kind: ErrorKind) -> &'static str {
+    use ErrorKind as K;
+    match kind {
+        K::UnknownTopicOrPartition => "UNKNOWN_TOPIC_OR_PARTITION",
+        K::UnknownTopicId => "UNKNOWN_TOPIC_ID",
+        K::TopicExists => "TOPIC_ALREADY_EXISTS",
+        K::InvalidTopic => "INVALID_TOPIC_EXCEPTION",
+        K::InvalidPartitionCount => "INVALID_PARTITIONS",
+        K::InvalidReplicationFactor => "INVALID_REPLICATION_FACTOR",
+        K::InvalidReplicaAssignment => "INVALID_REPLICA_ASSIGNMENT",
+        K::InvalidConfig => "INVALID_CONFIG",
+        K::TopicDeletionDisabled => "TOPIC_DELETION_DISABLED",
+        K::NotLeader => "NOT_LEADER_OR_FOLLOWER",
+        K::LeaderNotAvailable => "LEADER_NOT_AVAILABLE",
+        K::FencedLeaderEpoch => "FENCED_LEADER_EPOCH",
+        K::UnknownLeaderEpoch => "UNKNOWN_LEADER_EPOCH",
+        K::NotEnoughReplicas => "NOT_ENOUGH_REPLICAS",
+        K::NotEnoughReplicasAfterAppend => "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+        K::OffsetOutOfRange => "OFFSET_OUT_OF_RANGE",
+        K::TooLarge => "MESSAGE_TOO_LARGE",
+        K::Corrupt => "CORRUPT_MESSAGE",
+        K::InvalidRecord => "INVALID_RECORD",
+        K::InvalidTimestamp => "INVALID_TIMESTAMP",
+        K::UnsupportedFormat => "UNSUPPORTED_FOR_MESSAGE_FORMAT",
+        K::Storage => "KAFKA_STORAGE_ERROR",
+        K::OutOfOrderSequence => "OUT_OF_ORDER_SEQUENCE_NUMBER",
+        K::InvalidProducerEpoch => "INVALID_PRODUCER_EPOCH",
+        K::UnknownProducer => "UNKNOWN_PRODUCER_ID",
+        K::ProducerFenced => "PRODUCER_FENCED",
+        K::InvalidProducerIdMapping => "INVALID_PRODUCER_ID_MAPPING",
+        K::InvalidTransactionTimeout => "INVALID_TRANSACTION_TIMEOUT",
+        K::InvalidTransactionState => "INVALID_TXN_STATE",
+        K::ConcurrentTransactions => "CONCURRENT_TRANSACTIONS",
+        K::NotAttempted => "OPERATION_NOT_ATTEMPTED",
+        K::InvalidGroupId => "INVALID_GROUP_ID",
+        K::UnknownGroup => "GROUP_ID_NOT_FOUND",
+        K::GroupNotEmpty => "NON_EMPTY_GROUP",
+        K::GroupSubscribedToTopic => "GROUP_SUBSCRIBED_TO_TOPIC",
+        K::UnknownMember => "UNKNOWN_MEMBER_ID",
+        K::WrongGeneration => "ILLEGAL_GENERATION",
+        K::RebalanceInProgress => "REBALANCE_IN_PROGRESS",
+        K::MemberIdRequired => "MEMBER_ID_REQUIRED",
+        K::FencedInstance => "FENCED_INSTANCE_ID",
+        K::InconsistentGroupProtocol => "INCONSISTENT_GROUP_PROTOCOL",
+        K::InvalidSessionTimeout => "INVALID_SESSION_TIMEOUT",
+        K::GroupFull => "GROUP_MAX_SIZE_REACHED",
+        K::OffsetMetadataTooLarge => "OFFSET_METADATA_TOO_LARGE",
+        K::InvalidCommitOffsetSize => "INVALID_COMMIT_OFFSET_SIZE",
+        K::CoordinatorNotAvailable => "COORDINATOR_NOT_AVAILABLE",
+        K::NotCoordinator => "NOT_COORDINATOR",
+        K::InvalidRequest => "INVALID_REQUEST",
+        K::Throttled => "THROTTLING_QUOTA_EXCEEDED",
+        K::Unavailable => "BROKER_NOT_AVAILABLE",
+        K::Internal => "UNKNOWN_SERVER_ERROR",
     }
-    let camel = code.to_string();
-    let mut out = String::with_capacity(camel.len() + 8);
-    for (i, c) in camel.chars().enumerate() {
-        if c.is_ascii_uppercase() && i > 0 {
-            out.push('_');
-        }
-        out.push(c.to_ascii_uppercase());
-    }
-    out
 }
 
-/// The HTTP status of a Kafka error: 404 for what does not exist, 400 for what the request got
-/// wrong, 409 for a conflict with the current state, 413 for size limits, 503 for what is
-/// retriable once the broker is ready, 500 for the rest.
-pub fn status_for(code: ErrorCode) -> StatusCode {
-    use ErrorCode as E;
-    match code {
-        E::UnknownTopicOrPartition | E::UnknownTopicId | E::GroupIdNotFound => StatusCode::NOT_FOUND,
-        E::TopicAlreadyExists
-        | E::NonEmptyGroup
-        | E::GroupSubscribedToTopic
-        | E::RebalanceInProgress
-        | E::UnknownMemberId
-        | E::IllegalGeneration
-        | E::FencedInstanceId => StatusCode::CONFLICT,
-        E::InvalidTopicException
-        | E::InvalidPartitions
-        | E::InvalidReplicationFactor
-        | E::InvalidReplicaAssignment
-        | E::InvalidConfig
-        | E::InvalidRequest
-        | E::InvalidRecord
-        | E::CorruptMessage
-        | E::InvalidTimestamp
-        | E::InvalidGroupId
-        | E::InvalidCommitOffsetSize
-        | E::OffsetMetadataTooLarge
-        | E::OffsetOutOfRange
-        | E::InvalidRequiredAcks
-        | E::PolicyViolation
-        | E::UnsupportedForMessageFormat => StatusCode::BAD_REQUEST,
-        E::TopicDeletionDisabled => StatusCode::FORBIDDEN,
-        E::MessageTooLarge | E::RecordListTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        E::BrokerNotAvailable
-        | E::CoordinatorNotAvailable
-        | E::CoordinatorLoadInProgress
-        | E::NotCoordinator
-        | E::LeaderNotAvailable
-        | E::NotLeaderOrFollower
-        | E::NotEnoughReplicas
-        | E::NotEnoughReplicasAfterAppend
-        | E::RequestTimedOut => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
+/// The HTTP status of an error kind: 404 for what does not exist, 400 for what the request got
+/// wrong, 409 for a conflict with the current state, 413 for size limits, 429 for quotas, 503
+/// for what is retriable once the broker (or the partition's leader) is ready, 500 for the rest.
+pub fn status_for(kind: ErrorKind) -> StatusCode {
+    use ErrorKind as K;
+    match kind {
+        K::UnknownTopicOrPartition | K::UnknownTopicId | K::UnknownGroup => StatusCode::NOT_FOUND,
+        K::TopicExists
+        | K::GroupNotEmpty
+        | K::GroupSubscribedToTopic
+        | K::RebalanceInProgress
+        | K::UnknownMember
+        | K::WrongGeneration
+        | K::FencedInstance
+        | K::MemberIdRequired
+        | K::InconsistentGroupProtocol
+        | K::GroupFull
+        | K::OutOfOrderSequence
+        | K::InvalidProducerEpoch
+        | K::UnknownProducer
+        | K::ProducerFenced
+        | K::InvalidProducerIdMapping
+        | K::InvalidTransactionState
+        | K::ConcurrentTransactions => StatusCode::CONFLICT,
+        K::InvalidTopic
+        | K::InvalidPartitionCount
+        | K::InvalidReplicationFactor
+        | K::InvalidReplicaAssignment
+        | K::InvalidConfig
+        | K::InvalidRequest
+        | K::InvalidRecord
+        | K::Corrupt
+        | K::InvalidTimestamp
+        | K::InvalidGroupId
+        | K::InvalidCommitOffsetSize
+        | K::InvalidSessionTimeout
+        | K::InvalidTransactionTimeout
+        | K::OffsetMetadataTooLarge
+        | K::OffsetOutOfRange
+        | K::FencedLeaderEpoch
+        | K::UnknownLeaderEpoch
+        | K::NotAttempted
+        | K::UnsupportedFormat => StatusCode::BAD_REQUEST,
+        K::TopicDeletionDisabled => StatusCode::FORBIDDEN,
+        K::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        K::Throttled => StatusCode::TOO_MANY_REQUESTS,
+        K::Unavailable
+        | K::CoordinatorNotAvailable
+        | K::NotCoordinator
+        | K::LeaderNotAvailable
+        | K::NotLeader
+        | K::NotEnoughReplicas
+        | K::NotEnoughReplicasAfterAppend => StatusCode::SERVICE_UNAVAILABLE,
+        K::Storage | K::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -135,22 +189,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_are_kafkas() {
-        assert_eq!(error_name(ErrorCode::UnknownTopicOrPartition), "UNKNOWN_TOPIC_OR_PARTITION");
-        assert_eq!(error_name(ErrorCode::InvalidTopicException), "INVALID_TOPIC_EXCEPTION");
-        assert_eq!(error_name(ErrorCode::KafkaStorageError), "KAFKA_STORAGE_ERROR");
-        assert_eq!(error_name(ErrorCode::NonEmptyGroup), "NON_EMPTY_GROUP");
-        assert_eq!(error_name(ErrorCode::Unknown(9999)), "UNKNOWN_ERROR_CODE_9999");
+    fn names_are_kafkas_where_kafka_has_the_error() {
+        assert_eq!(error_name(ErrorKind::UnknownTopicOrPartition), "UNKNOWN_TOPIC_OR_PARTITION");
+        assert_eq!(error_name(ErrorKind::InvalidTopic), "INVALID_TOPIC_EXCEPTION");
+        assert_eq!(error_name(ErrorKind::Storage), "KAFKA_STORAGE_ERROR");
+        assert_eq!(error_name(ErrorKind::GroupNotEmpty), "NON_EMPTY_GROUP");
     }
 
     #[test]
-    fn statuses_fit_the_codes() {
-        assert_eq!(status_for(ErrorCode::UnknownTopicOrPartition), StatusCode::NOT_FOUND);
-        assert_eq!(status_for(ErrorCode::GroupIdNotFound), StatusCode::NOT_FOUND);
-        assert_eq!(status_for(ErrorCode::TopicAlreadyExists), StatusCode::CONFLICT);
-        assert_eq!(status_for(ErrorCode::NonEmptyGroup), StatusCode::CONFLICT);
-        assert_eq!(status_for(ErrorCode::InvalidConfig), StatusCode::BAD_REQUEST);
-        assert_eq!(status_for(ErrorCode::MessageTooLarge), StatusCode::PAYLOAD_TOO_LARGE);
-        assert_eq!(status_for(ErrorCode::KafkaStorageError), StatusCode::INTERNAL_SERVER_ERROR);
+    fn statuses_fit_the_kinds() {
+        assert_eq!(status_for(ErrorKind::UnknownTopicOrPartition), StatusCode::NOT_FOUND);
+        assert_eq!(status_for(ErrorKind::UnknownGroup), StatusCode::NOT_FOUND);
+        assert_eq!(status_for(ErrorKind::TopicExists), StatusCode::CONFLICT);
+        assert_eq!(status_for(ErrorKind::GroupNotEmpty), StatusCode::CONFLICT);
+        assert_eq!(status_for(ErrorKind::InvalidConfig), StatusCode::BAD_REQUEST);
+        assert_eq!(status_for(ErrorKind::TooLarge), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(status_for(ErrorKind::Storage), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(status_for(ErrorKind::NotLeader), StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -9,7 +9,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
-use weir_broker::ErrorCode;
+use weir_broker::ErrorKind;
 
 use crate::error::ApiError;
 
@@ -22,10 +22,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    ErrorCode::MessageTooLarge,
-                    format!("the request body exceeds {} bytes", crate::BODY_BYTES_MAX),
-                )
+                ApiError::new(ErrorKind::TooLarge, format!("the request body exceeds {} bytes", crate::BODY_BYTES_MAX))
             } else {
                 ApiError::invalid(format!("cannot read the request body: {}", rejection.body_text()))
             }

@@ -11,8 +11,9 @@ use axum::Json;
 use bytes::{Buf, Bytes};
 use kafka_protocol::messages::ConsumerProtocolAssignment;
 use kafka_protocol::protocol::Decodable;
+use weir_broker::fetch::Isolation;
 use weir_broker::group::{CommitParams, GroupDescription as Described, GroupState, OffsetToCommit};
-use weir_broker::ErrorCode;
+use weir_broker::{ErrorKind, OffsetQuery};
 
 use crate::api::{
     CommitOffsets, CommittedOffsets, DeletedGroup, GroupDescription, GroupList, GroupMember, GroupOffset, GroupSummary,
@@ -27,10 +28,10 @@ use crate::{Core, SharedState};
 /// same fields (Kafka's consumer protocol only ever appends), so they decode at this version.
 const ASSIGNMENT_VERSION_MAX: i16 = 3;
 
-fn coordinator_error(code: ErrorCode, group: &str) -> ApiError {
+fn coordinator_error(code: ErrorKind, group: &str) -> ApiError {
     match code {
-        ErrorCode::GroupIdNotFound => ApiError::unknown_group(group),
-        ErrorCode::NonEmptyGroup => non_empty(group, None),
+        ErrorKind::UnknownGroup => ApiError::unknown_group(group),
+        ErrorKind::GroupNotEmpty => non_empty(group, None),
         other => ApiError::new(other, format!("group '{group}': {other}")),
     }
 }
@@ -38,7 +39,7 @@ fn coordinator_error(code: ErrorCode, group: &str) -> ApiError {
 fn non_empty(group: &str, state: Option<GroupState>) -> ApiError {
     let state = state.map(|s| format!(" (state {})", s.as_str())).unwrap_or_default();
     ApiError::new(
-        ErrorCode::NonEmptyGroup,
+        ErrorKind::GroupNotEmpty,
         format!("group '{group}' has active members{state}; stop its consumers first"),
     )
 }
@@ -169,10 +170,10 @@ async fn simple_commit(core: &Core, group: &str, offsets: Vec<OffsetToCommit>) -
         if let Some(code) = result.error {
             return Err(match code {
                 // What a standalone commit gets while the group has members.
-                ErrorCode::UnknownMemberId | ErrorCode::IllegalGeneration | ErrorCode::RebalanceInProgress => {
+                ErrorKind::UnknownMember | ErrorKind::WrongGeneration | ErrorKind::RebalanceInProgress => {
                     non_empty(group, None)
                 }
-                ErrorCode::UnknownTopicOrPartition => {
+                ErrorKind::UnknownTopicOrPartition => {
                     ApiError::new(code, format!("topic '{}' has no partition {}", result.topic, result.partition))
                 }
                 other => ApiError::new(
@@ -273,7 +274,7 @@ pub async fn reset_offsets(
     let to = request.to;
     if let ResetTo::Timestamp(t) = to {
         if t < 0 {
-            return Err(ApiError::new(ErrorCode::InvalidTimestamp, format!("timestamp {t} is negative")));
+            return Err(ApiError::new(ErrorKind::InvalidTimestamp, format!("timestamp {t} is negative")));
         }
     }
     // Offsets by timestamp read the time indexes: off the async workers.
@@ -288,13 +289,13 @@ pub async fn reset_offsets(
             let new_offset = match to {
                 ResetTo::Earliest => start,
                 ResetTo::Latest => hw,
-                ResetTo::Timestamp(t) => match resolver.list_offset(&partition, t, false)?.offset {
+                ResetTo::Timestamp(t) => match resolver.list_offset(&partition, OffsetQuery::AtTimestamp(t), Isolation::HighWatermark)?.offset {
                     -1 => hw,
                     found => found,
                 },
                 ResetTo::Offset(n) if n < start || n > hw => {
                     return Err(ApiError::new(
-                        ErrorCode::OffsetOutOfRange,
+                        ErrorKind::OffsetOutOfRange,
                         format!("offset {n} is out of range for {topic}-{index}: valid offsets are {start} to {hw} (the high watermark)"),
                     ))
                 }

@@ -43,7 +43,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 use weir_broker::group::GroupCoordinator;
-use weir_broker::{Broker, ErrorCode};
+use weir_broker::{Broker, ErrorKind};
 
 use crate::error::ApiError;
 
@@ -89,7 +89,7 @@ impl AdminState {
     /// The broker, or 503 BROKER_NOT_AVAILABLE while it is starting.
     fn core(&self) -> Result<&Core, ApiError> {
         self.core.get().ok_or_else(|| {
-            ApiError::new(ErrorCode::BrokerNotAvailable, "the broker is starting (recovering its logs); retry shortly")
+            ApiError::new(ErrorKind::Unavailable, "the broker is starting (recovering its logs); retry shortly")
         })
     }
 }

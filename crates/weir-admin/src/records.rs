@@ -1,11 +1,11 @@
 //! Produce and consume over HTTP (REST-proxy style).
 //!
 //! Produce turns the JSON records into one uncompressed RecordBatch v2 per partition and appends
-//! it with acks=-1, exactly as a Kafka producer's batch would be appended, so Kafka consumers
-//! read these records like any other. Consume reads whole batches up to the high watermark,
-//! decodes (and decompresses) them and returns the records at or after the requested offset;
-//! with nothing to return it parks until an append wakes it or `timeout_ms` passes, with the
-//! same waiter mechanism as a Kafka fetch.
+//! it with acks=all, exactly as a Kafka producer's batch would be appended, so Kafka consumers
+//! read these records like any other. Consume is the core's fetch (`Broker::fetch`, the long
+//! poll Kafka's Fetch uses): it reads whole batches up to the high watermark, decodes (and
+//! decompresses) them and returns the records at or after the requested offset; with nothing to
+//! return it parks until an append wakes it or `timeout_ms` passes.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -17,10 +17,10 @@ use axum::Json;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{Record, RecordBatchDecoder, TimestampType};
-use tokio::sync::Notify;
-use weir_broker::{internal_records, Broker, BrokerError, ErrorCode, Partition};
+use weir_broker::fetch::{FetchPartition, FetchRequest, Isolation};
+use weir_broker::storage::records::{self, BatchOptions, Header, Record};
+use weir_broker::storage::TimestampType;
+use weir_broker::{Acks, Broker, ErrorKind, Partition};
 
 use crate::api::{
     ConsumedRecord, Encoding, Headers, PartitionPosition, PartitionRecords, ProduceRequest, ProduceResponse,
@@ -54,21 +54,8 @@ fn decode_field(text: Option<&str>, encoding: Encoding, what: impl Fn() -> Strin
     }
 }
 
-/// A record as a non-idempotent Kafka producer sends it; `offset` is relative to the batch.
-fn new_record(
-    offset: i64,
-    timestamp: i64,
-    key: Option<Bytes>,
-    value: Option<Bytes>,
-    headers: Vec<(String, Option<Bytes>)>,
-) -> Record {
-    let mut record = internal_records::plain_record(offset, timestamp, key, value);
-    record.headers = headers.into_iter().map(|(name, value)| (StrBytes::from_string(name), value)).collect();
-    record
-}
-
 fn encode_batch(records: &[Record]) -> Result<BytesMut, ApiError> {
-    internal_records::encode_records(records)
+    records::encode_batch(records, &BatchOptions::default())
         .map_err(|e| ApiError::internal(format!("cannot encode the record batch: {e}")))
 }
 
@@ -94,20 +81,14 @@ pub async fn produce(
         let key = decode_field(r.key.as_deref(), encoding, || format!("record {i}: the key"))?;
         let value = decode_field(r.value.as_deref(), encoding, || format!("record {i}: the value"))?;
         let mut headers = Vec::with_capacity(r.headers.0.len());
-        let mut names = HashSet::new();
         for (name, text) in &r.headers.0 {
-            if !names.insert(name.as_str()) {
-                return Err(ApiError::invalid(format!(
-                    "record {i}: header '{name}' appears twice; a record carries one value per header name here"
-                )));
-            }
             let value = decode_field(text.as_deref(), encoding, || format!("record {i}: header '{name}'"))?;
-            headers.push((name.clone(), value));
+            headers.push(Header::new(name.clone(), value));
         }
         let timestamp = match r.timestamp {
             Some(t) if t < 0 => {
                 return Err(ApiError::new(
-                    ErrorCode::InvalidTimestamp,
+                    ErrorKind::InvalidTimestamp,
                     format!("record {i}: timestamp {t} is negative; give ms since the epoch or leave it out"),
                 ))
             }
@@ -123,9 +104,9 @@ pub async fn produce(
                 (next % metadata.partitions as u32) as i32
             }
         };
-        let records = by_partition.entry(partition).or_default();
-        let offset = records.len() as i64;
-        records.push((i, new_record(offset, timestamp, key, value, headers)));
+        let mut record = Record::new(timestamp, key, value);
+        record.headers = headers;
+        by_partition.entry(partition).or_default().push((i, record));
     }
 
     let mut offsets: Vec<Option<ProducedRecord>> = vec![None; request.records.len()];
@@ -136,7 +117,7 @@ pub async fn produce(
         let outcome = match (broker.partition(&topic, index), encode_batch(&batch)) {
             (None, _) => Err(ApiError::unknown_partition(&topic, index)),
             (_, Err(e)) => Err(e),
-            (Some(partition), Ok(buf)) => broker.append(partition, buf, -1).await.map_err(ApiError::from),
+            (Some(partition), Ok(buf)) => broker.append(partition, buf, Acks::All).await.map_err(ApiError::from),
         };
         match outcome {
             Ok(info) => {
@@ -213,7 +194,7 @@ fn resolve_offset(partition: &Partition, text: &str) -> Result<i64, ApiError> {
     let (start, end) = (log.log_start_offset(), log.log_end_offset());
     if offset < start || offset > end {
         return Err(ApiError::new(
-            ErrorCode::OffsetOutOfRange,
+            ErrorKind::OffsetOutOfRange,
             format!(
                 "offset {offset} is out of range for {}-{}: the log holds offsets {start} to {} (high watermark {})",
                 partition.topic,
@@ -233,10 +214,10 @@ fn text_of(bytes: Option<Bytes>, encoding: Encoding) -> Option<String> {
     })
 }
 
-fn consumed(partition: i32, record: Record, encoding: Encoding) -> ConsumedRecord {
-    let timestamp_type = match record.timestamp_type {
-        TimestampType::Creation => "CreateTime",
-        TimestampType::LogAppend => "LogAppendTime",
+fn consumed(partition: i32, record: Record, timestamp_type: TimestampType, encoding: Encoding) -> ConsumedRecord {
+    let timestamp_type = match timestamp_type {
+        TimestampType::CreateTime => "CreateTime",
+        TimestampType::LogAppendTime => "LogAppendTime",
     };
     ConsumedRecord {
         partition,
@@ -245,99 +226,82 @@ fn consumed(partition: i32, record: Record, encoding: Encoding) -> ConsumedRecor
         timestamp_type: timestamp_type.to_string(),
         key: text_of(record.key, encoding),
         value: text_of(record.value, encoding),
-        headers: Headers(
-            record.headers.into_iter().map(|(name, value)| (name.to_string(), text_of(value, encoding))).collect(),
-        ),
+        headers: Headers(record.headers.into_iter().map(|h| (h.name, text_of(h.value, encoding))).collect()),
     }
 }
 
-/// Reads from every position in turn until `max_records` or `max_bytes` is reached, advancing
-/// each position past what it returned. Blocking (reads the log files).
-fn read_positions(
-    broker: &Broker,
-    positions: &mut [Position],
-    limits: &ReadLimits,
-) -> Result<Vec<ConsumedRecord>, ApiError> {
-    let mut out = Vec::new();
-    let mut bytes_left = limits.max_bytes;
-    for position in positions.iter_mut() {
-        let partition = position.partition.clone();
-        loop {
-            if out.len() >= limits.max_records || bytes_left == 0 {
-                return Ok(out);
-            }
-            let high_watermark = partition.log.high_watermark();
-            if position.offset >= high_watermark {
-                break;
-            }
-            // The first batch of the request is read whatever its size (a consumer never
-            // starves on a large batch); after that `max_bytes` holds.
-            let first = bytes_left == limits.max_bytes;
-            let read = broker.read(&partition, position.offset, bytes_left, first)?;
-            let Some(slice) = read.slice else { break };
-            let data = slice.read_to_vec().map_err(BrokerError::from)?;
-            bytes_left = bytes_left.saturating_sub(slice.len);
-            let mut buf = Bytes::from(data);
-            let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
-                ApiError::new(
-                    ErrorCode::CorruptMessage,
-                    format!(
-                        "cannot decode the batches of {}-{} at offset {}: {e}",
-                        partition.topic, partition.index, position.offset
-                    ),
-                )
-            })?;
-            let mut full = false;
-            for record in sets.into_iter().flat_map(|set| set.records) {
-                if record.control || record.offset < position.offset {
-                    continue;
-                }
-                if out.len() >= limits.max_records || record.offset >= high_watermark {
-                    full = true;
-                    break;
-                }
-                position.offset = record.offset + 1;
-                out.push(consumed(partition.index, record, limits.encoding));
-            }
-            if full {
-                return Ok(out);
-            }
-            // Past the batches read, also when they held nothing to return (control records,
-            // records compacted away).
-            position.offset = position.offset.max(slice.next_offset);
-        }
-    }
-    Ok(out)
-}
-
-/// Reads `positions`; with nothing to return, parks until an append to one of them, the
-/// timeout, or shutdown.
+/// Reads `positions` with the core's fetch until records come back, `limits.timeout` passes or
+/// the broker shuts down, and advances each position past what it returns (and past batches
+/// with nothing to return: control records, records compacted away).
 async fn long_poll(
     broker: &Arc<Broker>,
     mut positions: Vec<Position>,
     limits: ReadLimits,
 ) -> Result<(Vec<ConsumedRecord>, Vec<Position>), ApiError> {
     let deadline = tokio::time::Instant::now() + limits.timeout;
-    let limits = Arc::new(limits);
     loop {
-        // Register before reading: an append between the read and the wait is not missed.
-        let waiter = Arc::new(Notify::new());
-        for position in &positions {
-            position.partition.register_waiter(&waiter);
+        let request = FetchRequest {
+            partitions: positions
+                .iter()
+                .map(|p| FetchPartition {
+                    partition: p.partition.clone(),
+                    offset: p.offset,
+                    max_bytes: limits.max_bytes,
+                    current_leader_epoch: None,
+                })
+                .collect(),
+            max_bytes: limits.max_bytes,
+            min_bytes: 1,
+            max_wait: deadline.saturating_duration_since(tokio::time::Instant::now()),
+            isolation: Isolation::HighWatermark,
+        };
+        let fetched = broker.fetch(request).await?;
+        let mut out = Vec::new();
+        let mut read_any = false;
+        for (position, fetched) in positions.iter_mut().zip(fetched) {
+            if let Some(e) = fetched.error {
+                return Err(e.into());
+            }
+            let Some(slice) = fetched.slice else { continue };
+            read_any = true;
+            let (topic, index, from) = (position.partition.topic.clone(), position.partition.index, position.offset);
+            let (records, next) = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
+                let bytes = slice.read_to_vec().map_err(weir_broker::BrokerError::from)?;
+                let batches = records::decode_batches(&bytes).map_err(|e| {
+                    ApiError::new(
+                        ErrorKind::Corrupt,
+                        format!("cannot decode the batches of {topic}-{index} at offset {from}: {e}"),
+                    )
+                })?;
+                Ok((batches, slice.next_offset))
+            })
+            .await
+            .map_err(|e| ApiError::internal(format!("decode task failed: {e}")))??;
+            let mut full = false;
+            for batch in records.into_iter().filter(|b| !b.header.is_control()) {
+                let timestamp_type = batch.header.timestamp_type();
+                for record in batch.records {
+                    if record.offset < position.offset || record.offset >= fetched.high_watermark {
+                        continue;
+                    }
+                    if out.len() >= limits.max_records {
+                        full = true;
+                        break;
+                    }
+                    position.offset = record.offset + 1;
+                    out.push(consumed(index, record, timestamp_type, limits.encoding));
+                }
+            }
+            if full {
+                return Ok((out, positions));
+            }
+            position.offset = position.offset.max(next);
         }
-        let (reader, reader_limits) = (broker.clone(), limits.clone());
-        let (result, returned) = tokio::task::spawn_blocking(move || {
-            let result = read_positions(&reader, &mut positions, &reader_limits);
-            (result, positions)
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("read task failed: {e}")))?;
-        positions = returned;
-        let records = result?;
-        if !records.is_empty() || tokio::time::Instant::now() >= deadline || broker.is_shutting_down() {
-            return Ok((records, positions));
+        // With nothing read the fetch waited out the deadline (or the broker is stopping); with
+        // only batches that held nothing to return, read on from past them.
+        if !out.is_empty() || !read_any || tokio::time::Instant::now() >= deadline || broker.is_shutting_down() {
+            return Ok((out, positions));
         }
-        broker.wait_for_data(&waiter, deadline).await;
     }
 }
 
@@ -438,29 +402,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_batch_of_new_records_is_one_batch_that_decodes_back() {
+    fn a_batch_of_new_records_is_one_batch_that_decodes_back_with_every_header() {
         let records: Vec<Record> = (0..5)
             .map(|i| {
-                new_record(
-                    i,
-                    1_000 + i,
-                    Some(Bytes::from(format!("k{i}"))),
-                    Some(Bytes::from(format!("v{i}"))),
-                    vec![("h".to_string(), Some(Bytes::from_static(b"x"))), ("empty".to_string(), None)],
-                )
+                let mut record =
+                    Record::new(1_000 + i, Some(Bytes::from(format!("k{i}"))), Some(Bytes::from(format!("v{i}"))));
+                record.headers = vec![
+                    Header::new("h", Some(Bytes::from_static(b"x"))),
+                    Header::new("h", Some(Bytes::from_static(b"y"))),
+                    Header::new("empty", None),
+                ];
+                record
             })
             .collect();
-        let mut buf = encode_batch(&records).unwrap().freeze();
-        let sets = RecordBatchDecoder::decode_all(&mut buf).unwrap();
-        assert_eq!(sets.len(), 1, "one batch");
-        let decoded = &sets[0].records;
+        let buf = encode_batch(&records).unwrap().freeze();
+        let batches = records::decode_batches(&buf).unwrap();
+        assert_eq!(batches.len(), 1, "one batch");
+        let decoded = &batches[0].records;
         assert_eq!(decoded.len(), 5);
         assert_eq!(decoded[3].key.as_deref(), Some(&b"k3"[..]));
         assert_eq!(decoded[3].timestamp, 1_003);
-        assert_eq!(decoded[3].headers.len(), 2);
-        let c = consumed(0, decoded[3].clone(), Encoding::Base64);
+        let c = consumed(0, decoded[3].clone(), TimestampType::CreateTime, Encoding::Base64);
         assert_eq!(c.value.as_deref(), Some("djM="));
-        assert_eq!(c.headers.0[1], ("empty".to_string(), None));
+        assert_eq!(
+            c.headers.0,
+            vec![
+                ("h".to_string(), Some("eA==".to_string())),
+                ("h".to_string(), Some("eQ==".to_string())),
+                ("empty".to_string(), None)
+            ],
+            "a repeated header keeps every value, in order"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use weir_broker::metadata::TopicMetadata;
 use weir_broker::topic_config::{self, ConfigSource};
-use weir_broker::{Broker, BrokerError, ErrorCode, NewTopic};
+use weir_broker::{Broker, BrokerError, ErrorKind, NewTopic};
 
 use crate::api::{
     AlterConfigs, ConfigEntry, Configs, CreatePartitions, CreateTopic, CreatedTopic, DeletedTopic, PartitionCount,
@@ -42,7 +42,7 @@ pub(crate) fn require_topic(broker: &Broker, name: &str) -> Result<TopicMetadata
 
 /// A broker error about `topic`, with "does not exist" phrased the same everywhere.
 fn topic_error(topic: &str, e: BrokerError) -> ApiError {
-    if e.code == ErrorCode::UnknownTopicOrPartition {
+    if e.kind == ErrorKind::UnknownTopicOrPartition {
         ApiError::unknown_topic(topic)
     } else {
         e.into()
@@ -50,16 +50,17 @@ fn topic_error(topic: &str, e: BrokerError) -> ApiError {
 }
 
 fn partition_infos(broker: &Broker, topic: &TopicMetadata) -> Vec<PartitionInfo> {
-    let node = broker.config.node_id;
     (0..topic.partitions)
         .filter_map(|index| broker.partition(&topic.name, index))
         .map(|p| {
             let log = &p.log;
+            let state = p.state();
             PartitionInfo {
                 partition: p.index,
-                leader: node,
-                replicas: vec![node],
-                isr: vec![node],
+                leader: state.leader,
+                leader_epoch: state.leader_epoch,
+                replicas: state.replicas.clone(),
+                isr: state.isr.clone(),
                 log_start_offset: log.log_start_offset(),
                 high_watermark: log.high_watermark(),
                 log_end_offset: log.log_end_offset(),
@@ -124,8 +125,8 @@ pub async fn create(
     let outcome = broker.create_topics(vec![new], request.validate_only).await.pop();
     let created = match outcome {
         Some(Ok(created)) => created,
-        Some(Err(e)) if e.code == ErrorCode::TopicAlreadyExists => {
-            return Err(ApiError::new(e.code, format!("topic '{}' already exists", request.name)))
+        Some(Err(e)) if e.kind == ErrorKind::TopicExists => {
+            return Err(ApiError::new(e.kind, format!("topic '{}' already exists", request.name)))
         }
         Some(Err(e)) => return Err(e.into()),
         None => return Err(ApiError::internal("the broker returned no result")),
@@ -177,7 +178,7 @@ pub async fn alter_configs(
     }
     for config in request.set.keys().chain(&request.delete) {
         if !topic_config::is_known(config) {
-            return Err(ApiError::new(ErrorCode::InvalidConfig, format!("unknown topic config '{config}'")));
+            return Err(ApiError::new(ErrorKind::InvalidConfig, format!("unknown topic config '{config}'")));
         }
     }
     if let Some(both) = request.delete.iter().find(|c| request.set.contains_key(*c)) {
@@ -220,7 +221,7 @@ pub async fn create_partitions(
 ) -> Result<Json<PartitionCount>, ApiError> {
     let core = state.core()?;
     core.broker
-        .create_partitions(name.clone(), request.count, request.validate_only)
+        .create_partitions(name.clone(), request.count, None, request.validate_only)
         .await
         .map_err(|e| topic_error(&name, e))?;
     Ok(Json(PartitionCount { name, partitions: request.count, validate_only: request.validate_only }))

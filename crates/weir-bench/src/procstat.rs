@@ -4,40 +4,21 @@
 use std::time::Instant;
 
 use serde::Serialize;
+use weir_proc::Pid;
 
-/// Linux reports utime and stime in USER_HZ ticks, 100 per second on every supported platform.
-const TICKS_PER_SECOND: f64 = 100.0;
-
-/// User + system CPU seconds of `pid` so far, from /proc/PID/stat.
+/// User + system CPU seconds of `pid` so far.
 pub fn cpu_seconds(pid: u32) -> std::io::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    parse_cpu_seconds(&stat)
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("unexpected /proc/{pid}/stat")))
+    weir_proc::cpu_seconds(Pid::Of(pid)).ok_or_else(|| unreadable(pid, "stat"))
 }
 
-fn parse_cpu_seconds(stat: &str) -> Option<f64> {
-    // "pid (comm) state ppid ...": the command may hold spaces and parentheses, so split after the
-    // last ')'. utime and stime are fields 14 and 15 of the line, 12th and 13th after the name.
-    let (_, after) = stat.rsplit_once(')')?;
-    let mut fields = after.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) as f64 / TICKS_PER_SECOND)
-}
-
-/// Resident set size now (VmRSS) and its peak over the process's life (VmHWM), in bytes, from
-/// /proc/PID/status.
+/// Resident set size now (VmRSS) and its peak over the process's life (VmHWM), in bytes.
 pub fn memory(pid: u32) -> std::io::Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    parse_memory(&status)
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("no VmRSS in /proc/{pid}/status")))
+    let memory = weir_proc::memory(Pid::Of(pid)).ok_or_else(|| unreadable(pid, "status"))?;
+    memory.resident_bytes.zip(memory.resident_peak_bytes).ok_or_else(|| unreadable(pid, "status"))
 }
 
-fn parse_memory(status: &str) -> Option<(u64, u64)> {
-    let kib = |name: &str| {
-        status.lines().find_map(|line| line.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
-    };
-    Some((kib("VmRSS:")? * 1024, kib("VmHWM:")? * 1024))
+fn unreadable(pid: u32, file: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("cannot read /proc/{pid}/{file}"))
 }
 
 /// A process's figures over one run.
@@ -99,20 +80,6 @@ impl ProcessMonitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_stat_with_a_tricky_command_name() {
-        let stat = "4242 (weir (x) y) S 1 4242 4242 0 -1 4194560 1200 0 0 0 250 75 0 0 20 0 9 0 100 1000 200";
-        assert_eq!(parse_cpu_seconds(stat), Some(3.25));
-        assert_eq!(parse_cpu_seconds("garbage"), None);
-    }
-
-    #[test]
-    fn parses_status_memory_lines() {
-        let status = "Name:\tweir\nVmPeak:\t  999 kB\nVmHWM:\t   2048 kB\nVmRSS:\t    1024 kB\n";
-        assert_eq!(parse_memory(status), Some((1024 * 1024, 2048 * 1024)));
-        assert_eq!(parse_memory("Name: kthread\n"), None);
-    }
 
     #[test]
     fn reads_this_process() {

@@ -7,7 +7,7 @@
 //! read, list offsets) touch only their partition and take no broker-wide lock beyond a read
 //! lock on the partition map.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -19,11 +19,14 @@ use weir_storage::{
 };
 
 use crate::config::BrokerConfig;
-use crate::error::{BrokerError, ErrorCode};
-use crate::metadata::{MetadataLog, MetadataRecord, MetadataState, TopicMetadata};
+use crate::error::{BrokerError, ErrorKind, RecordError};
+use crate::fetch::Isolation;
+use crate::metadata::{MetadataLog, MetadataRecord, MetadataState, PartitionState, TopicMetadata};
 use crate::metrics::BrokerMetrics;
 use crate::partition::Partition;
-use crate::topic_config;
+use crate::topic_config::TopicCompression;
+use crate::{placement, topic_config};
+use weir_storage::sync::{lock, read, write};
 
 /// Longest legal topic name (Kafka's limit, which keeps `<topic>-<partition>` a valid file name).
 pub const MAX_TOPIC_NAME_LEN: usize = 249;
@@ -56,18 +59,39 @@ pub struct PartitionSize {
     pub size_bytes: u64,
 }
 
-/// What ListOffsets resolves a timestamp query to.
+/// Which offset ListOffsets asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OffsetAnswer {
-    pub timestamp: i64,
-    pub offset: i64,
+pub enum OffsetQuery {
+    /// The end of what is readable: the next offset to be consumed.
+    Latest,
+    /// The log start offset.
+    Earliest,
+    /// The record with the largest timestamp (KIP-734).
+    MaxTimestamp,
+    /// The first record with a timestamp at or after this one (ms).
+    AtTimestamp(i64),
 }
 
-/// Special timestamps of ListOffsets.
-pub const LATEST_TIMESTAMP: i64 = -1;
-pub const EARLIEST_TIMESTAMP: i64 = -2;
-pub const MAX_TIMESTAMP: i64 = -3;
-pub const EARLIEST_LOCAL_TIMESTAMP: i64 = -4;
+/// What ListOffsets resolves a query to; offset -1 when no record matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetAnswer {
+    /// The found record's timestamp; -1 for `Latest` and `Earliest`.
+    pub timestamp: i64,
+    pub offset: i64,
+    /// The leader epoch the offset belongs to, when the log knows it.
+    pub leader_epoch: Option<i32>,
+}
+
+/// When a producer's append is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acks {
+    /// Once the leader wrote it (as durable as the topic's `flush.policy` makes it there).
+    /// Kafka's `acks=1`, and `acks=0` whose front-end sends no answer.
+    Leader,
+    /// Once every in-sync replica has it; refused up front when fewer than
+    /// `min.insync.replicas` are in sync. Kafka's `acks=all` (`-1`).
+    All,
+}
 
 pub struct Broker {
     pub config: BrokerConfig,
@@ -87,12 +111,8 @@ pub struct Broker {
     pub metrics: BrokerMetrics,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
-    BrokerError::new(ErrorCode::KafkaStorageError, format!("{context}: {e}"))
+    BrokerError::new(ErrorKind::Storage, format!("{context}: {e}"))
 }
 
 impl Broker {
@@ -115,12 +135,24 @@ impl Broker {
         let (mut metadata_log, mut state) =
             MetadataLog::open(&config.data_dir, clock.clone(), config.metadata_snapshot_interval)
                 .map_err(|e| io_error("cannot open the metadata log", e))?;
+        let mut upgrade = Vec::new();
         if state.cluster_id.is_empty() {
-            let record = MetadataRecord::InitCluster { cluster_id: new_cluster_id() };
-            let offset = metadata_log
-                .append(std::slice::from_ref(&record), clock.now_ms())
-                .map_err(|e| io_error("metadata log", e))?;
-            state.apply(offset, &record);
+            upgrade.push(MetadataRecord::InitCluster { cluster_id: new_cluster_id() });
+        }
+        if state.has_unassigned_partitions() {
+            // A data directory of a version before replica assignments: its partitions have
+            // always been this node's.
+            tracing::info!(
+                broker = config.node_id,
+                "assigning the partitions of an older data directory to this broker"
+            );
+            upgrade.push(MetadataRecord::AssignLegacyPartitions { broker: config.node_id });
+        }
+        if !upgrade.is_empty() {
+            let first = metadata_log.append(&upgrade, clock.now_ms()).map_err(|e| io_error("metadata log", e))?;
+            for (i, record) in upgrade.iter().enumerate() {
+                state.apply(first + i as i64, record);
+            }
         }
         let (shutdown_tx, _) = watch::channel(false);
         let broker = Arc::new(Broker {
@@ -144,7 +176,7 @@ impl Broker {
     }
 
     pub fn metadata(&self) -> Arc<MetadataState> {
-        self.metadata.read().unwrap_or_else(|p| p.into_inner()).clone()
+        read(&self.metadata).clone()
     }
 
     pub fn cluster_id(&self) -> String {
@@ -152,18 +184,17 @@ impl Broker {
     }
 
     pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
-        crate::partition::by_index(self.partitions.read().unwrap_or_else(|p| p.into_inner()).get(topic)?, index)
-            .cloned()
+        crate::partition::by_index(read(&self.partitions).get(topic)?, index).cloned()
     }
 
     /// A topic's partitions, by index: one lookup for all the partitions of a request.
     pub fn topic_partitions(&self, topic: &str) -> Option<Arc<[Arc<Partition>]>> {
-        self.partitions.read().unwrap_or_else(|p| p.into_inner()).get(topic).cloned()
+        read(&self.partitions).get(topic).cloned()
     }
 
     /// Every partition, sorted by topic and index.
     pub fn partitions(&self) -> Vec<Arc<Partition>> {
-        let topics = self.partitions.read().unwrap_or_else(|p| p.into_inner());
+        let topics = read(&self.partitions);
         let mut out: Vec<Arc<Partition>> = topics.values().flat_map(|list| list.iter().cloned()).collect();
         out.sort_unstable_by(|a, b| (&a.topic, a.index).cmp(&(&b.topic, b.index)));
         out
@@ -171,7 +202,7 @@ impl Broker {
 
     /// Resolves the partition or says why not, as Kafka does.
     pub fn require_partition(&self, topic: &str, index: i32) -> Result<Arc<Partition>, BrokerError> {
-        self.partition(topic, index).ok_or_else(|| BrokerError::unknown_topic(topic, index))
+        self.partition(topic, index).ok_or_else(|| BrokerError::unknown_partition(topic, index))
     }
 
     /// Fires when the broker starts shutting down (long polls return early).
@@ -187,7 +218,7 @@ impl Broker {
 
     /// Checks a topic name against Kafka's rules.
     pub fn validate_topic_name(name: &str) -> Result<(), BrokerError> {
-        let invalid = |why: String| Err(BrokerError::new(ErrorCode::InvalidTopicException, why));
+        let invalid = |why: String| Err(BrokerError::new(ErrorKind::InvalidTopic, why));
         if name.is_empty() {
             return invalid("Topic name is illegal, it can't be empty".into());
         }
@@ -218,7 +249,7 @@ impl Broker {
         let this = self.clone();
         match tokio::task::spawn_blocking(move || this.create_topics_blocking(topics, validate_only)).await {
             Ok(results) => results,
-            Err(e) => vec![Err(BrokerError::new(ErrorCode::UnknownServerError, e.to_string())); count],
+            Err(e) => vec![Err(BrokerError::new(ErrorKind::Internal, e.to_string())); count],
         }
     }
 
@@ -230,7 +261,9 @@ impl Broker {
         let mut controller = lock(&self.controller);
         let mut results = Vec::with_capacity(topics.len());
         for topic in topics {
-            let result = self.validate_new_topic(&topic).and_then(|(partitions, replication_factor)| {
+            let result = self.validate_new_topic(&topic).and_then(|assignments| {
+                let partitions = assignments.len() as i32;
+                let replication_factor = assignments.first().map_or(0, |r| r.len() as i16);
                 let record = MetadataRecord::CreateTopic {
                     name: topic.name.clone(),
                     id: Uuid::new_v4(),
@@ -238,6 +271,7 @@ impl Broker {
                     configs: topic.configs.clone(),
                     // Only the broker creates internal topics (ensure_internal_topic).
                     internal: false,
+                    assignments: assignments.clone(),
                 };
                 if !validate_only {
                     self.commit(&mut controller, vec![record])?;
@@ -248,6 +282,7 @@ impl Broker {
                     partitions,
                     configs: topic.configs.clone(),
                     internal: false,
+                    assignments: assignments.into_iter().map(PartitionState::new).collect(),
                 });
                 Ok(CreatedTopic { topic: created, replication_factor })
             });
@@ -261,77 +296,76 @@ impl Broker {
         results
     }
 
-    fn validate_new_topic(&self, topic: &NewTopic) -> Result<(i32, i16), BrokerError> {
+    /// The brokers partitions can be placed on, sorted. One node: this one. (Cluster mode
+    /// replaces this with the registered, unfenced brokers.)
+    pub fn brokers(&self) -> Vec<i32> {
+        vec![self.config.node_id]
+    }
+
+    /// Checks a topic to create; returns the replicas of each of its partitions.
+    fn validate_new_topic(&self, topic: &NewTopic) -> Result<Vec<Vec<i32>>, BrokerError> {
         Broker::validate_topic_name(&topic.name)?;
         if self.metadata().topic(&topic.name).is_some() {
-            return Err(BrokerError::new(
-                ErrorCode::TopicAlreadyExists,
-                format!("Topic '{}' already exists.", topic.name),
-            ));
+            return Err(BrokerError::new(ErrorKind::TopicExists, format!("Topic '{}' already exists.", topic.name)));
         }
-        let (partitions, replication_factor) = if topic.assignments.is_empty() {
+        let brokers = self.brokers();
+        let assignments = if topic.assignments.is_empty() {
             let partitions = if topic.partitions == -1 { self.config.num_partitions } else { topic.partitions };
             let rf = if topic.replication_factor == -1 {
                 self.config.default_replication_factor
             } else {
                 topic.replication_factor
             };
-            (partitions, rf)
+            self.check_partition_count(partitions)?;
+            let rf = placement::check_replication_factor(rf, &brokers)?;
+            placement::assign_replicas(0, partitions, rf, &brokers, placement::random_start(brokers.len()))
         } else {
             if topic.partitions != -1 || topic.replication_factor != -1 {
                 return Err(BrokerError::new(
-                    ErrorCode::InvalidRequest,
+                    ErrorKind::InvalidRequest,
                     "Both numPartitions or replicationFactor and replicasAssignments were set. Both cannot be used at the same time.",
                 ));
             }
-            let mut seen = HashSet::new();
-            let mut rf = None;
+            let mut by_partition: Vec<Option<Vec<i32>>> = vec![None; topic.assignments.len()];
             for (partition, replicas) in &topic.assignments {
-                if !seen.insert(*partition) || *partition < 0 || *partition as usize >= topic.assignments.len() {
-                    return Err(BrokerError::new(
-                        ErrorCode::InvalidReplicaAssignment,
-                        "Partitions should be a consecutive 0-based integer sequence".to_string(),
-                    ));
+                let slot = usize::try_from(*partition).ok().and_then(|p| by_partition.get_mut(p));
+                match slot {
+                    Some(slot @ None) => *slot = Some(replicas.clone()),
+                    _ => {
+                        return Err(BrokerError::new(
+                            ErrorKind::InvalidReplicaAssignment,
+                            "Partitions should be a consecutive 0-based integer sequence",
+                        ))
+                    }
                 }
-                if replicas.iter().any(|b| *b != self.config.node_id) || replicas.is_empty() {
-                    return Err(BrokerError::new(
-                        ErrorCode::InvalidReplicaAssignment,
-                        format!(
-                            "Replica assignment {replicas:?} names brokers that do not exist; the only broker is {}",
-                            self.config.node_id
-                        ),
-                    ));
-                }
-                rf = Some(replicas.len() as i16);
             }
-            (topic.assignments.len() as i32, rf.unwrap_or(1))
+            let assignments: Vec<Vec<i32>> = by_partition.into_iter().flatten().collect();
+            self.check_partition_count(assignments.len() as i32)?;
+            placement::check_manual_assignment(&assignments, &brokers)?;
+            assignments
         };
+        topic_config::validate(&topic.configs).map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
+        warn_deprecated(&topic.name, &topic.configs);
+        Ok(assignments)
+    }
+
+    fn check_partition_count(&self, partitions: i32) -> Result<(), BrokerError> {
         if partitions < 1 {
-            return Err(BrokerError::new(ErrorCode::InvalidPartitions, "Number of partitions must be larger than 0."));
+            return Err(BrokerError::new(
+                ErrorKind::InvalidPartitionCount,
+                "Number of partitions must be larger than 0.",
+            ));
         }
         if partitions > self.config.max_partitions_per_topic {
             return Err(BrokerError::new(
-                ErrorCode::InvalidPartitions,
+                ErrorKind::InvalidPartitionCount,
                 format!(
                     "Number of partitions {partitions} exceeds the limit of {} per topic (max.partitions.per.topic).",
                     self.config.max_partitions_per_topic
                 ),
             ));
         }
-        if replication_factor < 1 {
-            return Err(BrokerError::new(
-                ErrorCode::InvalidReplicationFactor,
-                "Replication factor must be larger than 0.",
-            ));
-        }
-        if replication_factor > 1 {
-            return Err(BrokerError::new(
-                ErrorCode::InvalidReplicationFactor,
-                format!("Unable to replicate the partition {replication_factor} time(s): The target replication factor of {replication_factor} cannot be reached because only 1 broker(s) are registered."),
-            ));
-        }
-        topic_config::validate(&topic.configs).map_err(|e| BrokerError::new(ErrorCode::InvalidConfig, e.message))?;
-        Ok((partitions, replication_factor))
+        Ok(())
     }
 
     /// Creates `name` with the broker's defaults if it does not exist (Metadata auto-creation).
@@ -345,13 +379,13 @@ impl Broker {
         };
         match self.create_topics(vec![topic], false).await.pop() {
             Some(Ok(created)) => Ok(created.topic),
-            Some(Err(e)) if e.code == ErrorCode::TopicAlreadyExists => self
+            Some(Err(e)) if e.kind == ErrorKind::TopicExists => self
                 .metadata()
                 .topic(name)
                 .cloned()
-                .ok_or_else(|| BrokerError::new(ErrorCode::UnknownTopicOrPartition, "topic was deleted meanwhile")),
+                .ok_or_else(|| BrokerError::new(ErrorKind::UnknownTopicOrPartition, "topic was deleted meanwhile")),
             Some(Err(e)) => Err(e),
-            None => Err(BrokerError::new(ErrorCode::UnknownServerError, "no result")),
+            None => Err(BrokerError::new(ErrorKind::Internal, "no result")),
         }
     }
 
@@ -369,18 +403,29 @@ impl Broker {
         if let Some(topic) = self.metadata().topic(name) {
             return Ok(topic.clone());
         }
+        // Internal topics get the broker's default replication factor, as far as there are
+        // brokers for it.
+        let brokers = self.brokers();
+        let rf = (self.config.default_replication_factor.max(1) as usize).min(brokers.len());
         let record = MetadataRecord::CreateTopic {
             name: name.to_string(),
             id: Uuid::new_v4(),
             partitions,
             configs,
             internal: true,
+            assignments: placement::assign_replicas(
+                0,
+                partitions,
+                rf,
+                &brokers,
+                placement::random_start(brokers.len()),
+            ),
         };
         self.commit(&mut controller, vec![record])?;
         self.metadata()
             .topic(name)
             .cloned()
-            .ok_or_else(|| BrokerError::new(ErrorCode::UnknownServerError, "internal topic vanished"))
+            .ok_or_else(|| BrokerError::new(ErrorKind::Internal, "internal topic vanished"))
     }
 
     /// Deletes a topic by name or id.
@@ -394,7 +439,7 @@ impl Broker {
             let mut controller = lock(&this.controller);
             if !this.config.delete_topic_enable {
                 return Err(BrokerError::new(
-                    ErrorCode::TopicDeletionDisabled,
+                    ErrorKind::TopicDeletionDisabled,
                     "Topic deletion is disabled (delete.topic.enable=false).",
                 ));
             }
@@ -407,17 +452,17 @@ impl Broker {
             let Some(topic) = topic.cloned() else {
                 return Err(match id {
                     Some(id) if name.as_deref().is_none_or(str::is_empty) => {
-                        BrokerError::new(ErrorCode::UnknownTopicId, format!("Topic id {id} does not exist."))
+                        BrokerError::new(ErrorKind::UnknownTopicId, format!("Topic id {id} does not exist."))
                     }
                     _ => BrokerError::new(
-                        ErrorCode::UnknownTopicOrPartition,
+                        ErrorKind::UnknownTopicOrPartition,
                         format!("Topic '{}' does not exist.", name.unwrap_or_default()),
                     ),
                 });
             };
             if topic.internal {
                 return Err(BrokerError::new(
-                    ErrorCode::InvalidRequest,
+                    ErrorKind::InvalidRequest,
                     format!("Internal topic {} cannot be deleted.", topic.name),
                 ));
             }
@@ -426,25 +471,27 @@ impl Broker {
             Ok(topic)
         })
         .await
-        .unwrap_or_else(|e| Err(BrokerError::new(ErrorCode::UnknownServerError, e.to_string())))
+        .unwrap_or_else(|e| Err(BrokerError::new(ErrorKind::Internal, e.to_string())))
     }
 
-    /// Grows a topic to `count` partitions.
+    /// Grows a topic to `count` partitions, the new ones on the `assignments` given (one replica
+    /// list per new partition) or placed like the topic's.
     pub async fn create_partitions(
         self: &Arc<Self>,
         name: String,
         count: i32,
+        assignments: Option<Vec<Vec<i32>>>,
         validate_only: bool,
     ) -> Result<(), BrokerError> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
             let mut controller = lock(&this.controller);
             let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
-                BrokerError::new(ErrorCode::UnknownTopicOrPartition, format!("The topic '{name}' does not exist."))
+                BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("The topic '{name}' does not exist."))
             })?;
             if count < topic.partitions {
                 return Err(BrokerError::new(
-                    ErrorCode::InvalidPartitions,
+                    ErrorKind::InvalidPartitionCount,
                     format!(
                         "Topic currently has {} partitions, which is higher than the requested {count}.",
                         topic.partitions
@@ -453,30 +500,62 @@ impl Broker {
             }
             if count == topic.partitions {
                 return Err(BrokerError::new(
-                    ErrorCode::InvalidPartitions,
+                    ErrorKind::InvalidPartitionCount,
                     format!("Topic already has {count} partitions."),
                 ));
             }
             if count > this.config.max_partitions_per_topic {
                 return Err(BrokerError::new(
-                    ErrorCode::InvalidPartitions,
+                    ErrorKind::InvalidPartitionCount,
                     format!(
                         "Number of partitions {count} exceeds the limit of {} per topic.",
                         this.config.max_partitions_per_topic
                     ),
                 ));
             }
+            let brokers = this.brokers();
+            let added = count - topic.partitions;
+            let assignments = match assignments {
+                Some(assignments) => {
+                    if assignments.len() != added as usize {
+                        return Err(BrokerError::new(
+                            ErrorKind::InvalidReplicaAssignment,
+                            format!(
+                                "Increasing the number of partitions by {added} but {} assignments provided.",
+                                assignments.len()
+                            ),
+                        ));
+                    }
+                    placement::check_manual_assignment(&assignments, &brokers)?;
+                    assignments
+                }
+                None => {
+                    let rf = topic.partition(0).map_or(1, |p| p.replicas.len()).clamp(1, brokers.len());
+                    // Go on from where the topic's replicas stop.
+                    let start = topic
+                        .partition(0)
+                        .and_then(|p| p.replicas.first())
+                        .and_then(|b| brokers.iter().position(|x| x == b))
+                        .unwrap_or(0);
+                    placement::assign_replicas(topic.partitions, added, rf, &brokers, start)
+                }
+            };
             if !validate_only {
                 this.commit(
                     &mut controller,
-                    vec![MetadataRecord::CreatePartitions { name: name.clone(), id: topic.id, partitions: count }],
+                    vec![MetadataRecord::CreatePartitions {
+                        name: name.clone(),
+                        id: topic.id,
+                        partitions: count,
+                        assignments,
+                    }],
                 )?;
                 tracing::info!(topic = %name, partitions = count, "added partitions");
             }
             Ok(())
         })
         .await
-        .unwrap_or_else(|e| Err(BrokerError::new(ErrorCode::UnknownServerError, e.to_string())))
+        .unwrap_or_else(|e| Err(BrokerError::new(ErrorKind::Internal, e.to_string())))
     }
 
     /// Replaces a topic's config overrides with `configs` (after `edit` turns the current
@@ -491,10 +570,11 @@ impl Broker {
         tokio::task::spawn_blocking(move || {
             let mut controller = lock(&this.controller);
             let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
-                BrokerError::new(ErrorCode::UnknownTopicOrPartition, format!("Topic {name} does not exist."))
+                BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("Topic {name} does not exist."))
             })?;
             let configs = edit(&topic.configs)?;
-            topic_config::validate(&configs).map_err(|e| BrokerError::new(ErrorCode::InvalidConfig, e.message))?;
+            topic_config::validate(&configs).map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
+            warn_deprecated(&name, &configs);
             if !validate_only && configs != topic.configs {
                 this.commit(
                     &mut controller,
@@ -505,7 +585,7 @@ impl Broker {
             Ok(())
         })
         .await
-        .unwrap_or_else(|e| Err(BrokerError::new(ErrorCode::UnknownServerError, e.to_string())))
+        .unwrap_or_else(|e| Err(BrokerError::new(ErrorKind::Internal, e.to_string())))
     }
 
     /// Appends, applies and reconciles. Called with the controller lock held.
@@ -515,7 +595,7 @@ impl Broker {
         for (i, record) in records.iter().enumerate() {
             state.apply(first + i as i64, record);
         }
-        *self.metadata.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(state.clone());
+        *write(&self.metadata) = Arc::new(state.clone());
         if let Err(e) = controller.maybe_snapshot(&state) {
             // The records are durable in the log; a failed snapshot only means a longer replay.
             tracing::warn!(error = %e, "cannot write a metadata snapshot");
@@ -526,7 +606,7 @@ impl Broker {
     /// Makes the partition logs match `state`: opens logs of new partitions, applies changed
     /// configs, deletes logs of deleted topics (and orphans left by a crash mid-delete).
     fn reconcile(&self, state: &MetadataState) -> Result<(), BrokerError> {
-        let mut topics = self.partitions.write().unwrap_or_else(|p| p.into_inner());
+        let mut topics = write(&self.partitions);
         // Deletions first: a topic deleted and created again under the same name reuses the dir.
         // Partitions never shrink, so a topic is either kept whole or deleted whole.
         let stale: Vec<String> = topics
@@ -553,14 +633,21 @@ impl Broker {
         }
         for topic in state.topics.values() {
             let config = topic_config::log_config(&self.config.topic_defaults, &topic.configs)
-                .map_err(|e| BrokerError::new(ErrorCode::InvalidConfig, e.message))?;
+                .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
             let min_insync = topic_config::min_insync_replicas(&self.config.topic_defaults, &topic.configs);
+            let compression = topic_config::compression(&self.config.topic_defaults, &topic.configs);
             let existing: &[Arc<Partition>] = topics.get(&topic.name).map_or(&[], |list| list);
             for partition in existing {
                 if *partition.log.config() != config {
                     partition.log.set_config(config.clone());
                 }
                 partition.set_min_insync_replicas(min_insync);
+                partition.set_compression(compression);
+                if let Some(state) = topic.partition(partition.index) {
+                    if *state != *partition.state() {
+                        partition.set_state(state.clone());
+                    }
+                }
             }
             let have = existing.len() as i32;
             if have < topic.partitions {
@@ -571,8 +658,18 @@ impl Broker {
                     if *log.config() != config {
                         log.set_config(config.clone());
                     }
-                    let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal);
+                    let state = topic.partition(index).cloned().unwrap_or_else(|| PartitionState::new(Vec::new()));
+                    let partition = Partition::new(
+                        topic.name.clone(),
+                        topic.id,
+                        index,
+                        log,
+                        topic.internal,
+                        self.config.node_id,
+                        state,
+                    );
                     partition.set_min_insync_replicas(min_insync);
+                    partition.set_compression(compression);
                     list.push(Arc::new(partition));
                 }
                 topics.insert(topic.name.clone(), list.into());
@@ -589,12 +686,12 @@ impl Broker {
         &self,
         partition: Arc<Partition>,
         records: BytesMut,
-        acks: i16,
+        acks: Acks,
     ) -> Result<AppendInfo, BrokerError> {
         self.append_many(vec![(partition, records)], acks)
             .await
             .pop()
-            .unwrap_or_else(|| Err(BrokerError::new(ErrorCode::UnknownServerError, "append lost its result")))
+            .unwrap_or_else(|| Err(BrokerError::new(ErrorKind::Internal, "append lost its result")))
     }
 
     /// Appends the batches of a whole produce request, in order, and returns one result per
@@ -604,7 +701,7 @@ impl Broker {
     pub async fn append_many(
         &self,
         appends: Vec<(Arc<Partition>, BytesMut)>,
-        acks: i16,
+        acks: Acks,
     ) -> Vec<Result<AppendInfo, BrokerError>> {
         self.write_many(appends, acks).await.durable().await
     }
@@ -616,19 +713,16 @@ impl Broker {
     ///
     /// All the writes run in one blocking task: a request for 1,000 partitions costs one hop off
     /// the async workers, not 1,000.
-    pub async fn write_many(&self, appends: Vec<(Arc<Partition>, BytesMut)>, acks: i16) -> PendingAppends {
+    pub async fn write_many(&self, appends: Vec<(Arc<Partition>, BytesMut)>, acks: Acks) -> PendingAppends {
         let mut results: Vec<Option<Result<AppendInfo, BrokerError>>> = Vec::with_capacity(appends.len());
         let mut work = Vec::with_capacity(appends.len());
         for (slot, (partition, records)) in appends.into_iter().enumerate() {
-            let min_isr = partition.min_insync_replicas();
-            if acks == -1 && min_isr > 1 {
-                results.push(Some(Err(BrokerError::new(
-                    ErrorCode::NotEnoughReplicas,
-                    format!("The size of the current ISR (1) is insufficient to satisfy the min.isr requirement of {min_isr} for partition {}-{}", partition.topic, partition.index),
-                ))));
-            } else {
-                results.push(None);
-                work.push((slot, partition, records));
+            match Self::check_client_append(&partition, acks) {
+                Ok(leader_epoch) => {
+                    results.push(None);
+                    work.push((slot, partition, records, leader_epoch));
+                }
+                Err(e) => results.push(Some(Err(e))),
             }
         }
         let mut pending = PendingAppends { results, to_sync: Vec::new() };
@@ -637,14 +731,9 @@ impl Broker {
         }
         let outcome = tokio::task::spawn_blocking(move || {
             work.into_iter()
-                .map(|(slot, partition, mut records)| {
-                    let log = &partition.log;
-                    let config = log.config();
-                    let result = if config.cleanup_policy.compact {
-                        reject_keyless_records(&records).and_then(|()| log.append(&mut records, 0))
-                    } else {
-                        log.append(&mut records, 0)
-                    };
+                .map(|(slot, partition, records, leader_epoch)| {
+                    let config = partition.log.config();
+                    let result = write_client_batches(&partition, &config, records, leader_epoch);
                     (slot, partition, result, config.flush == FlushPolicy::Sync)
                 })
                 .collect::<Vec<_>>()
@@ -655,7 +744,7 @@ impl Broker {
             Err(e) => {
                 let message = format!("append task failed: {e}");
                 for result in pending.results.iter_mut().filter(|r| r.is_none()) {
-                    *result = Some(Err(BrokerError::new(ErrorCode::UnknownServerError, message.clone())));
+                    *result = Some(Err(BrokerError::new(ErrorKind::Internal, message.clone())));
                 }
                 return pending;
             }
@@ -666,25 +755,53 @@ impl Broker {
                     pending.to_sync.push((slot, partition, info));
                 }
                 Ok(info) => pending.results[slot] = Some(Ok(appended(&partition, info))),
-                Err(e) => {
+                Err(AppendError::Storage(e)) => {
                     if e.is_disk_full() {
                         log_disk_full(&partition, self.now_ms());
                     }
                     pending.results[slot] = Some(Err(e.into()));
                 }
+                Err(AppendError::Refused(e)) => pending.results[slot] = Some(Err(e)),
             }
         }
         pending
     }
 
-    /// Appends the broker's own records (internal topics) and waits for them to be durable.
-    /// Blocking.
-    pub fn append_internal_blocking(
+    /// What every client's append must pass before it is written, whatever its protocol:
+    /// internal topics are the broker's own, only the leader appends, and `acks=all` needs
+    /// `min.insync.replicas` in sync. Returns the leader epoch to stamp on the batches.
+    fn check_client_append(partition: &Partition, acks: Acks) -> Result<i32, BrokerError> {
+        if partition.internal {
+            return Err(BrokerError::new(
+                ErrorKind::InvalidTopic,
+                format!("Cannot append to internal topic {}: it is written by the broker only.", partition.topic),
+            ));
+        }
+        let state = partition.check_local_leader()?;
+        let min_isr = partition.min_insync_replicas();
+        if acks == Acks::All && (state.isr.len() as i64) < min_isr {
+            return Err(BrokerError::new(
+                ErrorKind::NotEnoughReplicas,
+                format!(
+                    "The size of the current ISR ({}) is insufficient to satisfy the min.isr requirement of {min_isr} for partition {}-{}",
+                    state.isr.len(),
+                    partition.topic,
+                    partition.index
+                ),
+            ));
+        }
+        Ok(state.leader_epoch)
+    }
+
+    /// Appends the broker's own records (internal topics, transaction markers) and waits for
+    /// them to be durable. The only way into an internal topic. Blocking.
+    pub(crate) fn append_internal_blocking(
         &self,
         partition: &Partition,
         mut records: BytesMut,
     ) -> Result<AppendInfo, BrokerError> {
-        let info = partition.log.append(&mut records, 0)?;
+        let state = partition.check_local_leader()?;
+        let info = partition.log.append(&mut records, state.leader_epoch)?;
         partition.log.sync_to(info.last_offset + 1)?;
         partition.wake_waiters();
         Ok(info)
@@ -703,52 +820,50 @@ impl Broker {
         Ok(log.read_with(offset, max_bytes, log.high_watermark(), min_one_batch)?)
     }
 
-    /// Like [`Broker::read`], but a `read_committed` reader stops at the last stable offset
-    /// (no record of a transaction still open).
-    pub fn read_isolated(
-        &self,
-        partition: &Partition,
-        offset: i64,
-        max_bytes: u64,
-        min_one_batch: bool,
-        read_committed: bool,
-    ) -> Result<ReadResult, BrokerError> {
-        let log = &partition.log;
-        let upper = if read_committed { log.last_stable_offset() } else { log.high_watermark() };
-        Ok(log.read_with(offset, max_bytes, upper, min_one_batch)?)
-    }
-
-    /// ListOffsets for one partition.
-    /// With `read_committed`, offsets stop at the last stable offset instead of the high watermark.
+    /// ListOffsets for one partition: the offset `query` names, with its record's timestamp
+    /// (timestamp queries) and the leader epoch it was written in. With `isolation` committed,
+    /// offsets stop at the last stable offset instead of the high watermark.
     pub fn list_offset(
         &self,
         partition: &Partition,
-        timestamp: i64,
-        read_committed: bool,
+        query: OffsetQuery,
+        isolation: Isolation,
     ) -> Result<OffsetAnswer, BrokerError> {
         let log = &partition.log;
-        let none = OffsetAnswer { timestamp: -1, offset: -1 };
-        let end = if read_committed { log.last_stable_offset() } else { log.high_watermark() };
-        Ok(match timestamp {
-            LATEST_TIMESTAMP => OffsetAnswer { timestamp: -1, offset: end },
-            EARLIEST_TIMESTAMP | EARLIEST_LOCAL_TIMESTAMP => {
-                OffsetAnswer { timestamp: -1, offset: log.log_start_offset() }
+        let end = match isolation {
+            Isolation::HighWatermark => log.high_watermark(),
+            Isolation::Committed => log.last_stable_offset(),
+        };
+        let found = match query {
+            OffsetQuery::Latest => Some((-1, end)),
+            OffsetQuery::Earliest => Some((-1, log.log_start_offset())),
+            OffsetQuery::MaxTimestamp => {
+                log.max_timestamp_offset()?.map(|f| (f.timestamp, f.offset)).filter(|(_, offset)| *offset < end)
             }
-            MAX_TIMESTAMP => match log.max_timestamp_offset()? {
-                Some(found) if found.offset < end => OffsetAnswer { timestamp: found.timestamp, offset: found.offset },
-                _ => none,
-            },
-            t if t >= 0 => match log.offset_for_timestamp(t)? {
-                Some(found) if found.offset < end => OffsetAnswer { timestamp: found.timestamp, offset: found.offset },
-                _ => none,
-            },
-            other => {
+            OffsetQuery::AtTimestamp(t) if t >= 0 => {
+                log.offset_for_timestamp(t)?.map(|f| (f.timestamp, f.offset)).filter(|(_, offset)| *offset < end)
+            }
+            OffsetQuery::AtTimestamp(t) => {
                 return Err(BrokerError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("Unsupported ListOffsets timestamp {other}"),
-                ))
+                    ErrorKind::InvalidRequest,
+                    format!("Unsupported ListOffsets timestamp {t}"),
+                ));
             }
+        };
+        Ok(match found {
+            Some((timestamp, offset)) => {
+                OffsetAnswer { timestamp, offset, leader_epoch: log.epoch_for_offset(offset)? }
+            }
+            None => OffsetAnswer { timestamp: -1, offset: -1, leader_epoch: None },
         })
+    }
+
+    /// OffsetForLeaderEpoch: where `epoch` ended in the partition's log, as (the largest epoch at
+    /// or below it that the log has, its end offset); `(-1, -1)` for an epoch newer than the
+    /// log's. Only the leader answers.
+    pub fn end_offset_for_epoch(&self, partition: &Partition, epoch: i32) -> Result<(i32, i64), BrokerError> {
+        partition.check_local_leader()?;
+        Ok(partition.log.end_offset_for_epoch(epoch)?)
     }
 
     /// DeleteRecords: moves the log start offset to `offset` (-1: the high watermark).
@@ -758,7 +873,7 @@ impl Broker {
         let target = if offset == -1 { log.high_watermark() } else { offset };
         if target < 0 || target > log.high_watermark() {
             return Err(BrokerError::new(
-                ErrorCode::OffsetOutOfRange,
+                ErrorKind::OffsetOutOfRange,
                 format!("Cannot delete records before {target}: the high watermark is {}", log.high_watermark()),
             ));
         }
@@ -767,7 +882,7 @@ impl Broker {
 
     /// Every partition's size (DescribeLogDirs).
     pub fn partition_sizes(&self) -> Vec<PartitionSize> {
-        let topics = self.partitions.read().unwrap_or_else(|p| p.into_inner());
+        let topics = read(&self.partitions);
         let mut out: Vec<PartitionSize> = topics
             .values()
             .flat_map(|list| list.iter())
@@ -779,7 +894,7 @@ impl Broker {
 
     /// Parks until one of `partitions` may have new data, `deadline` passes, or the broker shuts
     /// down. The caller re-reads after it returns; a spurious wake-up only costs a read.
-    pub async fn wait_for_data(&self, waiter: &Arc<Notify>, deadline: tokio::time::Instant) {
+    pub(crate) async fn wait_for_data(&self, waiter: &Arc<Notify>, deadline: tokio::time::Instant) {
         let mut shutdown = self.shutdown_signal();
         if *shutdown.borrow() {
             return;
@@ -864,9 +979,7 @@ impl PendingAppends {
         }
         results
             .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(BrokerError::new(ErrorCode::UnknownServerError, "append lost its result")))
-            })
+            .map(|r| r.unwrap_or_else(|| Err(BrokerError::new(ErrorKind::Internal, "append lost its result"))))
             .collect()
     }
 }
@@ -898,17 +1011,73 @@ fn appended(partition: &Partition, info: AppendInfo) -> AppendInfo {
     info
 }
 
-/// Compaction keeps the latest record per key, so a compacted topic refuses records without a
-/// key, as Kafka does. This decodes (and decompresses) the batches: compacted topics only.
-fn reject_keyless_records(records: &[u8]) -> Result<(), StorageError> {
-    let decoded = crate::internal_records::decode_batches(bytes::Bytes::copy_from_slice(records))
-        .map_err(|e| StorageError::Batch(weir_storage::BatchError::Corrupt(e)))?;
-    if decoded.iter().any(|r| r.key.is_none()) {
-        return Err(StorageError::Batch(weir_storage::BatchError::Invalid(
-            "Compacted topic cannot accept message without key".into(),
-        )));
+/// Kafka 3.x still accepts its deprecated topic configs, and so does Weir, but they do nothing:
+/// say so to whoever sets one.
+fn warn_deprecated(topic: &str, configs: &BTreeMap<String, String>) {
+    for name in topic_config::deprecated_in(configs) {
+        tracing::warn!(topic, config = name, "a deprecated topic config: accepted, and it has no effect");
     }
-    Ok(())
+}
+
+/// Why a client's batches were not written.
+enum AppendError {
+    Storage(StorageError),
+    /// Refused before the write, with the broker's own error (record errors, say).
+    Refused(BrokerError),
+}
+
+impl From<StorageError> for AppendError {
+    fn from(e: StorageError) -> AppendError {
+        AppendError::Storage(e)
+    }
+}
+
+/// A client's batches into the partition's log, as the topic's configs want them: recompressed
+/// when its `compression.type` names a codec, refused (with the records at fault) when a
+/// compacted topic gets records without a key. Blocking.
+fn write_client_batches(
+    partition: &Partition,
+    config: &weir_storage::LogConfig,
+    mut records: BytesMut,
+    leader_epoch: i32,
+) -> Result<AppendInfo, AppendError> {
+    if let TopicCompression::Codec(codec) = partition.compression() {
+        if let Some(recompressed) =
+            weir_storage::records::recompress(&records, codec, config.max_message_bytes as usize)
+                .map_err(StorageError::Batch)?
+        {
+            records = recompressed;
+        }
+    }
+    if config.cleanup_policy.compact {
+        reject_keyless_records(&records)?;
+    }
+    Ok(partition.log.append(&mut records, leader_epoch)?)
+}
+
+/// Compaction keeps the latest record per key, so a compacted topic refuses records without a
+/// key, as Kafka does: the whole append, naming each keyless record (KIP-467), so that a client
+/// fails exactly those. This decodes (and decompresses) the batches: compacted topics only.
+fn reject_keyless_records(records: &[u8]) -> Result<(), AppendError> {
+    let decoded = weir_storage::records::decode_records(records).map_err(StorageError::Batch)?;
+    let keyless: Vec<RecordError> = decoded
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.key.is_none())
+        .map(|(index, _)| RecordError {
+            index: index as i32,
+            message: "Compacted topic cannot accept message without key in topic partition".to_string(),
+        })
+        .collect();
+    if keyless.is_empty() {
+        return Ok(());
+    }
+    let mut error = BrokerError::new(
+        ErrorKind::InvalidRecord,
+        format!("Compacted topic cannot accept message without key ({} of {} records)", keyless.len(), decoded.len()),
+    );
+    error.record_errors = keyless;
+    Err(AppendError::Refused(error))
 }
 
 /// A cluster id in Kafka's style: a UUID in URL-safe base64 without padding (22 characters).

@@ -1,56 +1,268 @@
-//! The broker's errors. Kafka's error codes are the broker's vocabulary: every failure a client
-//! can see is one [`ErrorCode`] plus a readable message; the Kafka front-end sends both as they
-//! are, other front-ends map the code to their own.
+//! The broker core's errors, in Weir's own terms.
+//!
+//! A failure a client can see is a [`BrokerError`]: an [`ErrorKind`] (what went wrong) and a
+//! message for people. Each front-end maps the kind to its protocol once, in one function:
+//! `weir_kafka::errors` to Kafka error codes, `weir_admin::error` to HTTP statuses and names, and
+//! the RocketMQ front-end to its status codes. Nothing here knows those codes.
+//!
+//! The kinds are as fine as a client's reaction needs: two failures a client handles differently
+//! (retry, refresh its metadata, rejoin its group, give up) are two kinds. A kind is added when a
+//! front-end needs to tell it apart, and every front-end's mapping must then place it (the
+//! matches there are exhaustive on purpose).
 
 use weir_storage::{BatchError, ProducerError, StorageError};
 
-pub use kafka_protocol::ResponseError as ErrorCode;
+/// What went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    // ----- topics and partitions -------------------------------------------------------------
+    /// The topic, or the partition of the topic, does not exist.
+    UnknownTopicOrPartition,
+    /// No topic has the given topic id.
+    UnknownTopicId,
+    TopicExists,
+    /// A topic name breaks the naming rules, or the operation is not allowed on the topic (an
+    /// internal topic written by a client).
+    InvalidTopic,
+    /// A partition count that is not allowed (below 1, above the limit, shrinking).
+    InvalidPartitionCount,
+    InvalidReplicationFactor,
+    InvalidReplicaAssignment,
+    InvalidConfig,
+    TopicDeletionDisabled,
 
-#[derive(Debug, Clone)]
+    // ----- replicas --------------------------------------------------------------------------
+    /// This broker is not the partition's leader (any more): refresh metadata and retry there.
+    NotLeader,
+    /// The partition has no leader right now (its broker is fenced or moving): retry later.
+    LeaderNotAvailable,
+    /// The caller's leader epoch is older than the partition's: its metadata is stale.
+    FencedLeaderEpoch,
+    /// The caller's leader epoch is newer than the partition's: this broker is behind.
+    UnknownLeaderEpoch,
+    /// Fewer in-sync replicas than `min.insync.replicas`: nothing was written.
+    NotEnoughReplicas,
+    /// Written on the leader, but the in-sync replicas shrank below `min.insync.replicas` before
+    /// it was acknowledged.
+    NotEnoughReplicasAfterAppend,
+
+    // ----- records ---------------------------------------------------------------------------
+    /// An offset outside the log (`[log start, log end]`).
+    OffsetOutOfRange,
+    /// A batch, record or request beyond its size limit.
+    TooLarge,
+    /// Bytes that fail their checksum or do not parse.
+    Corrupt,
+    /// Well-formed records the broker refuses (a keyless record on a compacted topic, ...).
+    InvalidRecord,
+    /// A timestamp out of the accepted range.
+    InvalidTimestamp,
+    /// A record format this broker does not store (message format v0/v1).
+    UnsupportedFormat,
+    /// The disk or file system failed (also: disk full).
+    Storage,
+
+    // ----- producers and transactions ----------------------------------------------------------
+    OutOfOrderSequence,
+    InvalidProducerEpoch,
+    UnknownProducer,
+    /// A newer producer with the same transactional id took over.
+    ProducerFenced,
+    /// The producer id does not belong to the transactional id (or it has none yet).
+    InvalidProducerIdMapping,
+    InvalidTransactionTimeout,
+    /// The request does not fit the transaction's state (commit without begin, ...).
+    InvalidTransactionState,
+    /// The previous transaction of the producer is still completing: retry.
+    ConcurrentTransactions,
+    /// Not attempted because another part of the same request failed.
+    NotAttempted,
+
+    // ----- consumer groups -------------------------------------------------------------------
+    InvalidGroupId,
+    UnknownGroup,
+    /// The group has members; the operation needs it empty.
+    GroupNotEmpty,
+    /// The group's members consume the topic the operation is about.
+    GroupSubscribedToTopic,
+    /// The member id is not (or no longer) a member of the group: rejoin.
+    UnknownMember,
+    /// The member's generation is not the group's current one: rejoin.
+    WrongGeneration,
+    RebalanceInProgress,
+    /// A new member must join again with the member id it was just given (KIP-394).
+    MemberIdRequired,
+    /// Another member took over the static member's `group.instance.id` (KIP-345).
+    FencedInstance,
+    /// The member's protocol type or protocols do not match the group's.
+    InconsistentGroupProtocol,
+    InvalidSessionTimeout,
+    /// The group has `group.max.size` members already.
+    GroupFull,
+    OffsetMetadataTooLarge,
+    InvalidCommitOffsetSize,
+    /// The coordinator is starting, stopping or cannot write: retry.
+    CoordinatorNotAvailable,
+    /// This broker is not the group's coordinator (any more): find it again.
+    NotCoordinator,
+
+    // ----- everything else -------------------------------------------------------------------
+    /// The request itself is wrong (a field out of range, a missing value).
+    InvalidRequest,
+    /// The caller exceeded a quota and must slow down.
+    Throttled,
+    /// The broker is starting or shutting down: retry shortly.
+    Unavailable,
+    /// A bug or an unexpected failure inside the broker.
+    Internal,
+}
+
+impl ErrorKind {
+    /// True when the same request may succeed if retried as it is (after a metadata refresh
+    /// where the kind says so), as clients of every protocol treat such errors.
+    pub fn is_retriable(self) -> bool {
+        use ErrorKind::*;
+        matches!(
+            self,
+            UnknownTopicOrPartition
+                | NotLeader
+                | LeaderNotAvailable
+                | FencedLeaderEpoch
+                | UnknownLeaderEpoch
+                | NotEnoughReplicas
+                | NotEnoughReplicasAfterAppend
+                | Corrupt
+                | Storage
+                | ConcurrentTransactions
+                | RebalanceInProgress
+                | CoordinatorNotAvailable
+                | NotCoordinator
+                | Throttled
+                | Unavailable
+        )
+    }
+
+    /// A short description, for logs and error messages.
+    pub fn describe(self) -> &'static str {
+        use ErrorKind::*;
+        match self {
+            UnknownTopicOrPartition => "unknown topic or partition",
+            UnknownTopicId => "unknown topic id",
+            TopicExists => "topic already exists",
+            InvalidTopic => "invalid topic",
+            InvalidPartitionCount => "invalid partition count",
+            InvalidReplicationFactor => "invalid replication factor",
+            InvalidReplicaAssignment => "invalid replica assignment",
+            InvalidConfig => "invalid config",
+            TopicDeletionDisabled => "topic deletion disabled",
+            NotLeader => "not the leader",
+            LeaderNotAvailable => "leader not available",
+            FencedLeaderEpoch => "fenced leader epoch",
+            UnknownLeaderEpoch => "unknown leader epoch",
+            NotEnoughReplicas => "not enough replicas",
+            NotEnoughReplicasAfterAppend => "not enough replicas after append",
+            OffsetOutOfRange => "offset out of range",
+            TooLarge => "too large",
+            Corrupt => "corrupt",
+            InvalidRecord => "invalid record",
+            InvalidTimestamp => "invalid timestamp",
+            UnsupportedFormat => "unsupported record format",
+            Storage => "storage error",
+            OutOfOrderSequence => "out of order sequence",
+            InvalidProducerEpoch => "invalid producer epoch",
+            UnknownProducer => "unknown producer",
+            ProducerFenced => "producer fenced",
+            InvalidProducerIdMapping => "invalid producer id mapping",
+            InvalidTransactionTimeout => "invalid transaction timeout",
+            InvalidTransactionState => "invalid transaction state",
+            ConcurrentTransactions => "concurrent transactions",
+            NotAttempted => "not attempted",
+            InvalidGroupId => "invalid group id",
+            UnknownGroup => "unknown group",
+            GroupNotEmpty => "group not empty",
+            GroupSubscribedToTopic => "group subscribed to topic",
+            UnknownMember => "unknown member",
+            WrongGeneration => "wrong generation",
+            RebalanceInProgress => "rebalance in progress",
+            MemberIdRequired => "member id required",
+            FencedInstance => "fenced instance id",
+            InconsistentGroupProtocol => "inconsistent group protocol",
+            InvalidSessionTimeout => "invalid session timeout",
+            GroupFull => "group full",
+            OffsetMetadataTooLarge => "offset metadata too large",
+            InvalidCommitOffsetSize => "invalid commit offset size",
+            CoordinatorNotAvailable => "coordinator not available",
+            NotCoordinator => "not the coordinator",
+            InvalidRequest => "invalid request",
+            Throttled => "throttled",
+            Unavailable => "unavailable",
+            Internal => "internal error",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// A failure of a broker operation: what went wrong and a message that says it to a person
+/// (front-ends send it to the client where their protocol has room for it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {message}")]
 pub struct BrokerError {
-    pub code: ErrorCode,
+    pub kind: ErrorKind,
+    pub message: String,
+    /// For an append refused because of some of its records: which ones, and why (Kafka's
+    /// KIP-467 record errors). Empty otherwise.
+    pub record_errors: Vec<RecordError>,
+}
+
+/// One refused record of an append: its index among the records of the request's batches, in
+/// order, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordError {
+    pub index: i32,
     pub message: String,
 }
 
 impl BrokerError {
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> BrokerError {
-        BrokerError { code, message: message.into() }
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> BrokerError {
+        BrokerError { kind, message: message.into(), record_errors: Vec::new() }
     }
 
-    pub fn unknown_topic(topic: &str, partition: i32) -> BrokerError {
-        BrokerError::new(ErrorCode::UnknownTopicOrPartition, format!("This server does not host {topic}-{partition}."))
+    pub fn unknown_partition(topic: &str, partition: i32) -> BrokerError {
+        BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("This server does not host {topic}-{partition}."))
     }
-}
 
-impl std::fmt::Display for BrokerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}: {}", self.code, self.message)
+    pub fn internal(message: impl Into<String>) -> BrokerError {
+        BrokerError::new(ErrorKind::Internal, message)
     }
 }
-
-impl std::error::Error for BrokerError {}
 
 impl From<StorageError> for BrokerError {
     fn from(e: StorageError) -> BrokerError {
-        let code = match &e {
-            StorageError::Batch(BatchError::Corrupt(_)) => ErrorCode::CorruptMessage,
-            StorageError::Batch(BatchError::Invalid(_)) => ErrorCode::InvalidRecord,
-            StorageError::Batch(BatchError::TooLarge { .. }) => ErrorCode::MessageTooLarge,
-            StorageError::Batch(BatchError::UnsupportedMagic(_)) => ErrorCode::UnsupportedForMessageFormat,
-            StorageError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
-            StorageError::InvalidConfig { .. } => ErrorCode::InvalidConfig,
-            StorageError::InvalidArgument(_) => ErrorCode::InvalidRequest,
-            StorageError::Closed(_) => ErrorCode::NotLeaderOrFollower,
+        let kind = match &e {
+            StorageError::Batch(BatchError::Corrupt(_)) => ErrorKind::Corrupt,
+            StorageError::Batch(BatchError::Invalid(_)) => ErrorKind::InvalidRecord,
+            StorageError::Batch(BatchError::TooLarge { .. }) => ErrorKind::TooLarge,
+            StorageError::Batch(BatchError::UnsupportedMagic(_)) => ErrorKind::UnsupportedFormat,
+            StorageError::OffsetOutOfRange { .. } => ErrorKind::OffsetOutOfRange,
+            StorageError::InvalidConfig { .. } => ErrorKind::InvalidConfig,
+            StorageError::InvalidArgument(_) => ErrorKind::InvalidRequest,
+            // A closed log belongs to a partition this broker no longer serves.
+            StorageError::Closed(_) => ErrorKind::NotLeader,
             StorageError::Producer(p) => match p {
-                ProducerError::OutOfOrderSequence(_) => ErrorCode::OutOfOrderSequenceNumber,
-                ProducerError::InvalidProducerEpoch(_) => ErrorCode::InvalidProducerEpoch,
-                ProducerError::UnknownProducerId(_) => ErrorCode::UnknownProducerId,
-                ProducerError::Invalid(_) => ErrorCode::InvalidRecord,
+                ProducerError::OutOfOrderSequence(_) => ErrorKind::OutOfOrderSequence,
+                ProducerError::InvalidProducerEpoch(_) => ErrorKind::InvalidProducerEpoch,
+                ProducerError::UnknownProducerId(_) => ErrorKind::UnknownProducer,
+                ProducerError::Invalid(_) => ErrorKind::InvalidRecord,
             },
             StorageError::CorruptSegment { .. } | StorageError::DirectoryLocked(_) | StorageError::Io { .. } => {
-                ErrorCode::KafkaStorageError
+                ErrorKind::Storage
             }
         };
-        BrokerError { code, message: e.to_string() }
+        BrokerError::new(kind, e.to_string())
     }
 }

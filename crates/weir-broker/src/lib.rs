@@ -3,23 +3,26 @@
 //!
 //! Architecture invariant: nothing here parses or writes a wire protocol. Front-ends (the Kafka
 //! protocol in `weir-kafka`, later RocketMQ and the admin HTTP API) decode requests, call these
-//! plain Rust operations and encode the answers. Kafka's error codes ([`ErrorCode`]) are the
-//! shared vocabulary of failures.
+//! plain Rust operations and encode the answers. Failures are [`BrokerError`]s of an
+//! [`ErrorKind`] in Weir's terms; each front-end maps the kinds to its protocol's codes once.
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
 pub mod broker;
 pub mod config;
 pub mod error;
+pub mod fetch;
 pub mod group;
 pub mod internal_records;
 pub mod metadata;
 pub mod metrics;
 pub mod partition;
+pub mod placement;
 pub mod topic_config;
 pub mod txn;
 
-pub use broker::{Broker, CreatedTopic, NewTopic, OffsetAnswer, PartitionSize, PendingAppends};
+pub use broker::{Acks, Broker, CreatedTopic, NewTopic, OffsetAnswer, OffsetQuery, PartitionSize, PendingAppends};
 pub use config::{BrokerConfig, ConfigError};
-pub use error::{BrokerError, ErrorCode};
+pub use error::{BrokerError, ErrorKind, RecordError};
 pub use partition::Partition;
+pub use weir_storage as storage;

@@ -3,11 +3,12 @@
 //!
 //! Two kinds of numbers, and why:
 //! - **Counted as it happens**, with relaxed atomics on structures that already exist on the
-//!   request path: per-API request latency histograms in a fixed array indexed by the API key
-//!   ([`RequestMetrics`]), byte and record counters on each [`Partition`] the request already
-//!   resolved ([`PartitionMetrics`]), connection and in-flight gauges ([`ConnectionMetrics`]).
+//!   request path: per-operation request latency histograms in a fixed array per protocol,
+//!   indexed by the front-end's operation number ([`ProtocolMetrics`]), byte and record counters
+//!   on each [`Partition`] the request already resolved ([`PartitionMetrics`]), connection and
+//!   in-flight gauges ([`ConnectionMetrics`]).
 //!   A request costs two clock reads and about four relaxed atomic adds; nothing allocates,
-//!   looks up a label set or takes a lock, except a per-API mutex taken only when a response
+//!   looks up a label set or takes a lock, except a per-operation mutex taken only when a response
 //!   carries an error code. Measured (release, loaded 2-core VM): ~45 ns per request on top of
 //!   the two clock reads (~55 ns), ~120 ns more while two cores update the same API's
 //!   histogram at once (the cache line moves between them). A produce request costs tens of
@@ -30,45 +31,19 @@ pub mod text;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use crate::group::{GroupCoordinator, GroupState};
 use crate::partition::Partition;
 use crate::Broker;
 use text::{Exposition, Kind};
+use weir_storage::sync::{lock, read, write};
 
 /// The `Content-Type` of [`render_prometheus`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Slots of [`RequestMetrics`], indexed by API key. Kafka's keys are below 100 today; a key at
-/// or above this is counted as an unknown API.
-pub const API_SLOTS: usize = 128;
-
-/// Upper bounds of the request latency buckets, in nanoseconds: 100 µs to 60 s. The low end
-/// resolves a page-cache produce or an in-memory metadata answer; the high end covers long-poll
-/// fetches (`max_wait_ms`, 500 ms by default in clients) and JoinGroup, which waits up to the
-/// rebalance timeout.
-pub const LATENCY_BUCKETS_NANOS: [u64; 18] = [
-    100_000,
-    250_000,
-    500_000,
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    250_000_000,
-    500_000_000,
-    1_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    10_000_000_000,
-    30_000_000_000,
-    60_000_000_000,
-];
+pub use weir_storage::histogram::{Histogram, LATENCY_BUCKETS_NANOS};
 
 /// A monotonically increasing count.
 #[derive(Debug, Default)]
@@ -110,56 +85,23 @@ impl Gauge {
     }
 }
 
-/// A latency histogram with the fixed buckets of [`LATENCY_BUCKETS_NANOS`]. Each observation
-/// adds to one bucket (not cumulative: the exposition sums them) and to the sum, so it costs
-/// two atomic adds; the count is the sum of the buckets.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    /// `buckets[i]` counts observations in `(bound[i-1], bound[i]]`; the last one is +Inf.
-    buckets: [AtomicU64; LATENCY_BUCKETS_NANOS.len() + 1],
-    sum_nanos: AtomicU64,
-}
-
-impl Histogram {
-    pub fn observe(&self, elapsed: Duration) {
-        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        // The first bucket whose upper bound is >= nanos (Prometheus' `le` is inclusive).
-        let index = LATENCY_BUCKETS_NANOS.partition_point(|bound| *bound < nanos);
-        self.buckets[index].fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
-    }
-
-    /// Observations per bucket (not cumulative), the +Inf bucket last.
-    pub fn bucket_counts(&self) -> [u64; LATENCY_BUCKETS_NANOS.len() + 1] {
-        std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed))
-    }
-
-    pub fn count(&self) -> u64 {
-        self.bucket_counts().iter().sum()
-    }
-
-    pub fn sum_seconds(&self) -> f64 {
-        self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
-    }
-}
-
-/// One API's request metrics. Aligned to a cache line so that Produce and Fetch, neighbours in
-/// the slot array and the two busiest APIs, do not share one.
+/// One operation's request metrics (a Kafka API, a gRPC method). Aligned to a cache line so that
+/// neighbours in the slot array (Kafka's Produce and Fetch, the two busiest APIs) do not share one.
 #[derive(Debug, Default)]
 #[repr(align(64))]
-pub struct ApiMetrics {
-    /// Set once, on the first use of the slot (or when the front-end registers its APIs).
+pub struct OperationMetrics {
+    /// Set once, on the first use of the slot.
     name: OnceLock<String>,
     latency: Histogram,
     /// Requests that got no response because the connection was closed over them.
     failed: Counter,
-    /// Error codes sent in responses: (code, count). Few distinct codes per API, so a short
-    /// vector; the lock is taken only when a response carries an error.
-    errors: Mutex<Vec<(i16, u64)>>,
+    /// Error codes of the protocol sent in responses: (code, count). Few distinct codes per
+    /// operation, so a short vector; the lock is taken only when a response carries an error.
+    errors: Mutex<Vec<(i32, u64)>>,
 }
 
-impl ApiMetrics {
-    /// A request handled (answered, or closed over: then also [`ApiMetrics::count_failure`]).
+impl OperationMetrics {
+    /// A request handled (answered, or closed over: then also [`OperationMetrics::count_failure`]).
     pub fn observe(&self, elapsed: Duration) {
         self.latency.observe(elapsed);
     }
@@ -170,7 +112,7 @@ impl ApiMetrics {
 
     /// Counts the error codes a response carries (0, "no error", is skipped), as Kafka's
     /// `ErrorsPerSec` does: one per topic, partition or group entry that has the code.
-    pub fn count_errors(&self, codes: impl IntoIterator<Item = i16>) {
+    pub fn count_errors(&self, codes: impl IntoIterator<Item = i32>) {
         let mut counter = self.error_counter();
         for code in codes {
             counter.count(code);
@@ -181,7 +123,7 @@ impl ApiMetrics {
     /// iterate: it locks on the first non-zero code and unlocks when dropped. Do not hold it
     /// across an `.await`.
     pub fn error_counter(&self) -> ErrorCounter<'_> {
-        ErrorCounter { api: self, errors: None }
+        ErrorCounter { operation: self, errors: None }
     }
 
     pub fn name(&self) -> Option<&str> {
@@ -197,26 +139,27 @@ impl ApiMetrics {
     }
 
     /// (error code, count), by code.
-    pub fn errors(&self) -> Vec<(i16, u64)> {
-        let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    pub fn errors(&self) -> Vec<(i32, u64)> {
+        let mut errors = lock(&self.errors).clone();
         errors.sort_unstable();
         errors
     }
 }
 
-/// See [`ApiMetrics::error_counter`].
+/// See [`OperationMetrics::error_counter`].
 pub struct ErrorCounter<'a> {
-    api: &'a ApiMetrics,
-    errors: Option<std::sync::MutexGuard<'a, Vec<(i16, u64)>>>,
+    operation: &'a OperationMetrics,
+    errors: Option<std::sync::MutexGuard<'a, Vec<(i32, u64)>>>,
 }
 
 impl ErrorCounter<'_> {
     /// Counts `code`, unless it is 0 ("no error").
-    pub fn count(&mut self, code: i16) {
+    pub fn count(&mut self, code: impl Into<i32>) {
+        let code = code.into();
         if code == 0 {
             return;
         }
-        let errors = self.errors.get_or_insert_with(|| self.api.errors.lock().unwrap_or_else(|p| p.into_inner()));
+        let errors = self.errors.get_or_insert_with(|| lock(&self.operation.errors));
         match errors.iter_mut().find(|(c, _)| *c == code) {
             Some((_, n)) => *n += 1,
             None => errors.push((code, 1)),
@@ -224,50 +167,66 @@ impl ErrorCounter<'_> {
     }
 }
 
-/// Per-API request metrics of a protocol front-end, in a fixed array indexed by API key, so a
-/// request finds its slot without hashing or locking.
+/// The request and connection metrics of one protocol front-end. Its operations sit in a fixed
+/// array indexed by the front-end's own operation number (Kafka: the API key), so a request finds
+/// its slot without hashing or locking. Rendered with the labels `protocol` and `api`.
 #[derive(Debug)]
-pub struct RequestMetrics {
-    apis: Box<[ApiMetrics]>,
-    /// Requests whose API key is unknown (or beyond [`API_SLOTS`]); the connection was closed.
-    unknown_api: Counter,
+pub struct ProtocolMetrics {
+    /// `kafka`, `rocketmq`, `http`: the `protocol` label.
+    protocol: &'static str,
+    operations: Box<[OperationMetrics]>,
+    /// Requests for an operation the front-end does not know (or beyond its slots).
+    unknown_operation: Counter,
+    /// The protocol's name of one of its error codes (Kafka: `UNKNOWN_TOPIC_OR_PARTITION`), for
+    /// the `error` label.
+    error_name: fn(i32) -> String,
+    pub connections: ConnectionMetrics,
 }
 
-impl Default for RequestMetrics {
-    fn default() -> Self {
-        RequestMetrics {
-            apis: (0..API_SLOTS).map(|_| ApiMetrics::default()).collect(),
-            unknown_api: Counter::default(),
+impl ProtocolMetrics {
+    pub fn new(protocol: &'static str, operation_slots: usize, error_name: fn(i32) -> String) -> ProtocolMetrics {
+        ProtocolMetrics {
+            protocol,
+            operations: (0..operation_slots).map(|_| OperationMetrics::default()).collect(),
+            unknown_operation: Counter::default(),
+            error_name,
+            connections: ConnectionMetrics::default(),
         }
     }
-}
 
-impl RequestMetrics {
-    /// The slot of API `key`, named with `name()` the first time (later calls do not call it).
-    /// `None` for a key outside the slots.
-    pub fn api(&self, key: i16, name: impl FnOnce() -> String) -> Option<&ApiMetrics> {
-        let slot = self.apis.get(usize::try_from(key).ok()?)?;
+    pub fn protocol(&self) -> &'static str {
+        self.protocol
+    }
+
+    /// The slot of operation `index`, named with `name()` the first time (later calls do not
+    /// call it). `None` for an index outside the slots.
+    pub fn operation(&self, index: i32, name: impl FnOnce() -> String) -> Option<&OperationMetrics> {
+        let slot = self.operations.get(usize::try_from(index).ok()?)?;
         slot.name.get_or_init(name);
         Some(slot)
     }
 
-    /// A request with an API key this broker does not know; its connection was closed.
-    pub fn count_unknown_api(&self) {
-        self.unknown_api.inc();
+    /// A request for an operation this front-end does not know; its connection was closed.
+    pub fn count_unknown_operation(&self) {
+        self.unknown_operation.inc();
     }
 
-    /// The named slots, by API key.
-    fn named(&self) -> impl Iterator<Item = (&str, &ApiMetrics)> {
-        self.apis.iter().filter_map(|slot| slot.name().map(|name| (name, slot)))
+    pub fn error_name(&self, code: i32) -> String {
+        (self.error_name)(code)
+    }
+
+    /// The named slots, by operation number.
+    fn named(&self) -> impl Iterator<Item = (&str, &OperationMetrics)> {
+        self.operations.iter().filter_map(|slot| slot.name().map(|name| (name, slot)))
     }
 }
 
-/// Connection gauges and counters of the Kafka listener.
+/// Connection gauges and counters of one front-end's listener.
 #[derive(Debug, Default)]
 pub struct ConnectionMetrics {
     pub open: Gauge,
     pub accepted: Counter,
-    /// Closed at once because `max.connections` were open.
+    /// Closed at once because the listener's connection limit was reached.
     pub refused: Counter,
     /// Requests read and not yet answered, over all connections.
     pub requests_in_flight: Gauge,
@@ -285,12 +244,37 @@ pub struct PartitionMetrics {
     pub bytes_out: Counter,
 }
 
-/// The broker's metrics counted as they happen (see the module doc).
+/// The broker's metrics counted as they happen (see the module doc): one [`ProtocolMetrics`]
+/// per front-end, registered by the front-end when it starts.
 #[derive(Debug, Default)]
 pub struct BrokerMetrics {
-    /// Kafka API requests.
-    pub requests: RequestMetrics,
-    pub connections: ConnectionMetrics,
+    protocols: RwLock<Vec<Arc<ProtocolMetrics>>>,
+}
+
+impl BrokerMetrics {
+    /// The metrics of front-end `protocol`, created by the first call (later calls return the
+    /// same, whatever their other arguments): one registration per front-end, so each adds its
+    /// own rows instead of sharing another protocol's slots.
+    pub fn register_protocol(
+        &self,
+        protocol: &'static str,
+        operation_slots: usize,
+        error_name: fn(i32) -> String,
+    ) -> Arc<ProtocolMetrics> {
+        let mut protocols = write(&self.protocols);
+        if let Some(existing) = protocols.iter().find(|p| p.protocol == protocol) {
+            return existing.clone();
+        }
+        let metrics = Arc::new(ProtocolMetrics::new(protocol, operation_slots, error_name));
+        protocols.push(metrics.clone());
+        protocols.sort_by_key(|p| p.protocol);
+        metrics
+    }
+
+    /// Every registered front-end, by protocol name.
+    pub fn protocols(&self) -> Vec<Arc<ProtocolMetrics>> {
+        read(&self.protocols).clone()
+    }
 }
 
 /// The Prometheus text exposition of every metric.
@@ -301,8 +285,9 @@ pub fn render_prometheus(broker: &Broker, groups: &GroupCoordinator) -> String {
     out.family("weir_build_info", Kind::Gauge, "Always 1; the version label says which Weir is running.");
     out.sample("weir_build_info", &[("version", &env!("CARGO_PKG_VERSION"))], 1u64);
 
-    render_requests(&mut out, &broker.metrics.requests);
-    render_connections(&mut out, &broker.metrics.connections);
+    let protocols = broker.metrics.protocols();
+    render_requests(&mut out, &protocols);
+    render_connections(&mut out, &protocols);
     render_topics(&mut out, broker, &partitions);
     render_partitions(&mut out, &partitions);
     render_groups(&mut out, &groups.committed_offsets(), &partitions);
@@ -310,62 +295,89 @@ pub fn render_prometheus(broker: &Broker, groups: &GroupCoordinator) -> String {
     out.finish()
 }
 
-fn render_requests(out: &mut Exposition, requests: &RequestMetrics) {
-    out.family("weir_requests_total", Kind::Counter, "Kafka API requests handled, by API.");
-    for (api, slot) in requests.named() {
-        out.sample("weir_requests_total", &[("api", &api)], slot.latency.count());
+fn render_requests(out: &mut Exposition, protocols: &[Arc<ProtocolMetrics>]) {
+    out.family("weir_requests_total", Kind::Counter, "Requests handled, by protocol and API.");
+    for p in protocols {
+        for (api, slot) in p.named() {
+            out.sample("weir_requests_total", &[("protocol", &p.protocol), ("api", &api)], slot.latency.count());
+        }
     }
 
     out.family(
         "weir_request_duration_seconds",
         Kind::Histogram,
         "Time to handle a request, from its turn on its connection to its encoded response (queueing behind \
-         earlier requests and the write excluded), by API. Fetch includes its long-poll wait.",
+         earlier requests and the write excluded), by protocol and API. Kafka's Fetch includes its long-poll wait.",
     );
-    for (api, slot) in requests.named() {
-        out.histogram("weir_request_duration_seconds", &[("api", &api)], &LATENCY_BUCKETS_NANOS, &slot.latency);
+    for p in protocols {
+        for (api, slot) in p.named() {
+            let labels: [(&str, &dyn std::fmt::Display); 2] = [("protocol", &p.protocol), ("api", &api)];
+            out.histogram("weir_request_duration_seconds", &labels, &LATENCY_BUCKETS_NANOS, &slot.latency);
+        }
     }
 
     out.family(
         "weir_request_errors_total",
         Kind::Counter,
-        "Error codes sent in responses, by API and Kafka error name: one per topic, partition or group entry carrying it.",
+        "Error codes sent in responses, by protocol, API and the protocol's error name: one per topic, partition \
+         or group entry carrying it.",
     );
-    for (api, slot) in requests.named() {
-        for (code, count) in slot.errors() {
-            let error = error_name(code);
-            out.sample("weir_request_errors_total", &[("api", &api), ("error", &error)], count);
+    for p in protocols {
+        for (api, slot) in p.named() {
+            for (code, count) in slot.errors() {
+                let error = p.error_name(code);
+                let labels: [(&str, &dyn std::fmt::Display); 3] =
+                    [("protocol", &p.protocol), ("api", &api), ("error", &error)];
+                out.sample("weir_request_errors_total", &labels, count);
+            }
         }
     }
 
     out.family(
         "weir_requests_failed_total",
         Kind::Counter,
-        "Requests answered by closing the connection (unknown API or version, undecodable request), by API.",
+        "Requests answered by closing the connection (unknown API or version, undecodable request), by protocol \
+         and API.",
     );
-    for (api, slot) in requests.named() {
-        out.sample("weir_requests_failed_total", &[("api", &api)], slot.failures());
+    for p in protocols {
+        for (api, slot) in p.named() {
+            out.sample("weir_requests_failed_total", &[("protocol", &p.protocol), ("api", &api)], slot.failures());
+        }
+        out.sample(
+            "weir_requests_failed_total",
+            &[("protocol", &p.protocol), ("api", &"unknown")],
+            p.unknown_operation.get(),
+        );
     }
-    out.sample("weir_requests_failed_total", &[("api", &"unknown")], requests.unknown_api.get());
 }
 
-fn render_connections(out: &mut Exposition, connections: &ConnectionMetrics) {
-    out.family("weir_connections_open", Kind::Gauge, "Open Kafka client connections.");
-    out.sample("weir_connections_open", &[], connections.open.get());
-    out.family("weir_connections_accepted_total", Kind::Counter, "Kafka client connections accepted.");
-    out.sample("weir_connections_accepted_total", &[], connections.accepted.get());
-    out.family(
-        "weir_connections_refused_total",
-        Kind::Counter,
-        "Kafka client connections closed at once because max.connections were open.",
-    );
-    out.sample("weir_connections_refused_total", &[], connections.refused.get());
-    out.family(
-        "weir_requests_in_flight",
-        Kind::Gauge,
-        "Requests read from their connections and not yet answered (queued, being handled or being written).",
-    );
-    out.sample("weir_requests_in_flight", &[], connections.requests_in_flight.get());
+fn render_connections(out: &mut Exposition, protocols: &[Arc<ProtocolMetrics>]) {
+    type Read = fn(&ConnectionMetrics) -> i64;
+    let families: [(&'static str, Kind, &str, Read); 4] = [
+        ("weir_connections_open", Kind::Gauge, "Open client connections, by protocol.", |c| c.open.get()),
+        ("weir_connections_accepted_total", Kind::Counter, "Client connections accepted, by protocol.", |c| {
+            c.accepted.get() as i64
+        }),
+        (
+            "weir_connections_refused_total",
+            Kind::Counter,
+            "Client connections closed at once because the listener's connection limit was reached, by protocol.",
+            |c| c.refused.get() as i64,
+        ),
+        (
+            "weir_requests_in_flight",
+            Kind::Gauge,
+            "Requests read from their connections and not yet answered (queued, being handled or being written), \
+             by protocol.",
+            |c| c.requests_in_flight.get(),
+        ),
+    ];
+    for (name, kind, help, read) in families {
+        out.family(name, kind, help);
+        for p in protocols {
+            out.sample(name, &[("protocol", &p.protocol)], read(&p.connections));
+        }
+    }
 }
 
 fn render_topics(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partition>]) {
@@ -438,6 +450,19 @@ fn render_partitions(out: &mut Exposition, partitions: &[Arc<Partition>]) {
         out.sample_suffixed("weir_partition_fsync_seconds", "_sum", &labels, nanos as f64 / 1e9);
         out.sample_suffixed("weir_partition_fsync_seconds", "_count", &labels, stats.fsyncs.load(Ordering::Relaxed));
     }
+
+    // One distribution for the whole broker: per-partition buckets would be 20 series each.
+    let fsyncs = Histogram::default();
+    for p in partitions {
+        fsyncs.add(&p.log.stats.fsync_latency);
+    }
+    out.family(
+        "weir_fsync_duration_seconds",
+        Kind::Histogram,
+        "Time of each flush of a partition's segment files to disk (the fdatasyncs of one group commit), over \
+         every partition.",
+    );
+    out.histogram("weir_fsync_duration_seconds", &[], &LATENCY_BUCKETS_NANOS, &fsyncs);
 }
 
 fn render_groups(out: &mut Exposition, groups: &[crate::group::GroupOffsets], partitions: &[Arc<Partition>]) {
@@ -481,25 +506,6 @@ fn render_groups(out: &mut Exposition, groups: &[crate::group::GroupOffsets], pa
             let labels: [(&str, &dyn std::fmt::Display); 3] =
                 [("group", &group.group_id), ("topic", topic), ("partition", partition)];
             out.sample("weir_consumer_group_lag_records", &labels, lag);
-        }
-    }
-}
-
-/// Kafka's name of an error code, as its documentation spells it: `UNKNOWN_TOPIC_OR_PARTITION`.
-pub fn error_name(code: i16) -> String {
-    match crate::ErrorCode::try_from_code(code) {
-        None => "NONE".to_string(),
-        Some(crate::ErrorCode::Unknown(code)) => format!("UNKNOWN_CODE_{code}"),
-        Some(error) => {
-            let camel = error.to_string();
-            let mut snake = String::with_capacity(camel.len() + 8);
-            for (i, c) in camel.chars().enumerate() {
-                if c.is_ascii_uppercase() && i > 0 {
-                    snake.push('_');
-                }
-                snake.push(c.to_ascii_uppercase());
-            }
-            snake
         }
     }
 }

@@ -1,13 +1,18 @@
-//! A partition as the broker sees it: its log, and the long-poll fetches waiting for it to grow.
+//! A partition as the broker sees it: its log, its replicas and leader (from the metadata), and
+//! the long-poll fetches waiting for it to grow.
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use tokio::sync::Notify;
 use uuid::Uuid;
 use weir_storage::Log;
 
+use crate::error::{BrokerError, ErrorKind};
+use crate::metadata::PartitionState;
 use crate::metrics::PartitionMetrics;
+use crate::topic_config::TopicCompression;
+use weir_storage::sync::{lock, read, write};
 
 pub struct Partition {
     pub topic: String,
@@ -16,14 +21,30 @@ pub struct Partition {
     pub log: Arc<Log>,
     /// An internal topic's partition (`__consumer_offsets`, ...): clients may not produce to it.
     pub internal: bool,
+    /// This broker's id: the partition is led here when its state names it leader.
+    local_broker: i32,
+    /// Replicas, ISR, leader and leader epoch as the applied metadata says; replaced by the
+    /// broker whenever a metadata change touches the partition.
+    state: RwLock<Arc<PartitionState>>,
     /// The topic's `min.insync.replicas`, kept current by the broker when configs change, so
     /// the produce path checks it without looking up the topic and parsing its configs.
     min_insync_replicas: AtomicI64,
+    /// The topic's `compression.type`, kept current like `min_insync_replicas`.
+    compression: Mutex<TopicCompression>,
     /// Bytes and records in and out, counted by the produce and fetch paths.
     pub metrics: PartitionMetrics,
     /// Fetches parked until new data is visible. Each holds its own `Notify`; an append wakes
     /// all of them (a fetch over many partitions registers the same `Notify` in each).
     waiters: Mutex<Vec<Weak<Notify>>>,
+}
+
+/// This broker leads at `epoch` from now on: the epoch begins at the log end (batches appended
+/// from now on carry it). A failure only costs OffsetForLeaderEpoch precision: the epoch is
+/// recorded again with its first batch.
+fn record_leader_epoch(log: &Log, topic: &str, index: i32, epoch: i32) {
+    if let Err(e) = log.assign_leader_epoch(epoch) {
+        tracing::error!(topic, partition = index, error = %e, "cannot record the leader epoch");
+    }
 }
 
 /// Partition `index` of a topic's list (see `Broker::topic_partitions`); `None` when out of range.
@@ -32,17 +53,97 @@ pub fn by_index(partitions: &[Arc<Partition>], index: i32) -> Option<&Arc<Partit
 }
 
 impl Partition {
-    pub fn new(topic: String, topic_id: Uuid, index: i32, log: Arc<Log>, internal: bool) -> Partition {
+    pub fn new(
+        topic: String,
+        topic_id: Uuid,
+        index: i32,
+        log: Arc<Log>,
+        internal: bool,
+        local_broker: i32,
+        state: PartitionState,
+    ) -> Partition {
+        if state.leader == local_broker {
+            record_leader_epoch(&log, &topic, index, state.leader_epoch);
+        }
         Partition {
             topic,
             topic_id,
             index,
             log,
             internal,
+            local_broker,
+            state: RwLock::new(Arc::new(state)),
             min_insync_replicas: AtomicI64::new(1),
+            compression: Mutex::new(TopicCompression::Producer),
             metrics: PartitionMetrics::default(),
             waiters: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The replicas, ISR, leader and epochs the metadata gives the partition now.
+    pub fn state(&self) -> Arc<PartitionState> {
+        read(&self.state).clone()
+    }
+
+    pub(crate) fn set_state(&self, state: PartitionState) {
+        let mut current = write(&self.state);
+        debug_assert!(
+            state.leader_epoch >= current.leader_epoch && state.partition_epoch >= current.partition_epoch,
+            "{}-{}: epochs went back from {current:?} to {state:?}",
+            self.topic,
+            self.index
+        );
+        if state.leader == self.local_broker {
+            record_leader_epoch(&self.log, &self.topic, self.index, state.leader_epoch);
+        }
+        *current = Arc::new(state);
+    }
+
+    pub fn leader_epoch(&self) -> i32 {
+        self.state().leader_epoch
+    }
+
+    /// Ok when this broker leads the partition; the error to answer otherwise.
+    pub fn check_local_leader(&self) -> Result<Arc<PartitionState>, BrokerError> {
+        let state = self.state();
+        if state.leader == self.local_broker {
+            return Ok(state);
+        }
+        let (kind, why) = if state.leader == crate::metadata::NO_LEADER {
+            (ErrorKind::LeaderNotAvailable, "has no leader right now".to_string())
+        } else {
+            (ErrorKind::NotLeader, format!("is led by broker {}", state.leader))
+        };
+        Err(BrokerError::new(
+            kind,
+            format!("{}-{} {why}, not by this broker ({}).", self.topic, self.index, self.local_broker),
+        ))
+    }
+
+    /// Checks the leader epoch a client believes current (`None`: it does not say): an older one
+    /// means its metadata is stale, a newer one that this broker is behind.
+    pub fn check_leader_epoch(&self, current: Option<i32>) -> Result<(), BrokerError> {
+        let Some(current) = current.filter(|e| *e >= 0) else { return Ok(()) };
+        let epoch = self.leader_epoch();
+        match current.cmp(&epoch) {
+            std::cmp::Ordering::Equal => Ok(()),
+            std::cmp::Ordering::Less => Err(BrokerError::new(
+                ErrorKind::FencedLeaderEpoch,
+                format!("{}-{}: leader epoch {current} is older than the current {epoch}", self.topic, self.index),
+            )),
+            std::cmp::Ordering::Greater => Err(BrokerError::new(
+                ErrorKind::UnknownLeaderEpoch,
+                format!("{}-{}: leader epoch {current} is newer than this broker's {epoch}", self.topic, self.index),
+            )),
+        }
+    }
+
+    pub fn compression(&self) -> TopicCompression {
+        *lock(&self.compression)
+    }
+
+    pub(crate) fn set_compression(&self, compression: TopicCompression) {
+        *lock(&self.compression) = compression;
     }
 
     pub fn min_insync_replicas(&self) -> i64 {
@@ -57,7 +158,7 @@ impl Partition {
     /// watermark). Register first, then check for data: `Notify` keeps a permit, so a wake-up
     /// between the check and the wait is not lost.
     pub fn register_waiter(&self, waiter: &Arc<Notify>) {
-        let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut waiters = lock(&self.waiters);
         // Fetches that timed out leave dead entries; drop them so an idle partition's list
         // stays as long as its live waiters.
         waiters.retain(|w| w.strong_count() > 0);
@@ -66,7 +167,7 @@ impl Partition {
 
     /// Wakes every registered waiter; each re-registers if it still has to wait.
     pub fn wake_waiters(&self) {
-        let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|p| p.into_inner()));
+        let waiters = std::mem::take(&mut *lock(&self.waiters));
         for waiter in waiters {
             if let Some(waiter) = waiter.upgrade() {
                 waiter.notify_one();

@@ -7,10 +7,38 @@
 use std::collections::BTreeMap;
 
 use weir_storage::config::TOPIC_CONFIG_NAMES;
-use weir_storage::{LogConfig, StorageError};
+use weir_storage::{Compression, LogConfig, StorageError};
 
 /// Topic configs the broker itself interprets.
 pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[("min.insync.replicas", "1"), ("compression.type", "producer")];
+
+/// Topic configs Kafka 3.x deprecated but still accepts: Weir accepts and describes them too, so
+/// tools and tests that set them keep working, and they change nothing (message format v2 is
+/// the only format stored; timestamps are not checked against the broker's clock).
+pub const DEPRECATED_TOPIC_CONFIGS: &[&str] =
+    &["message.format.version", "message.downconversion.enable", "message.timestamp.difference.max.ms"];
+
+/// A topic's `compression.type`: keep what the producer sent, or store every batch with one codec
+/// (the broker recompresses batches that arrive with another, as Kafka does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicCompression {
+    Producer,
+    Codec(Compression),
+}
+
+impl TopicCompression {
+    pub fn parse(value: &str) -> Option<TopicCompression> {
+        Some(match value.trim() {
+            "producer" => TopicCompression::Producer,
+            "uncompressed" | "none" => TopicCompression::Codec(Compression::None),
+            "gzip" => TopicCompression::Codec(Compression::Gzip),
+            "snappy" => TopicCompression::Codec(Compression::Snappy),
+            "lz4" => TopicCompression::Codec(Compression::Lz4),
+            "zstd" => TopicCompression::Codec(Compression::Zstd),
+            _ => return None,
+        })
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicConfigError {
@@ -41,7 +69,14 @@ pub struct ConfigEntry {
 }
 
 pub fn is_known(name: &str) -> bool {
-    TOPIC_CONFIG_NAMES.contains(&name) || BROKER_TOPIC_CONFIGS.iter().any(|(n, _)| *n == name)
+    TOPIC_CONFIG_NAMES.contains(&name)
+        || BROKER_TOPIC_CONFIGS.iter().any(|(n, _)| *n == name)
+        || DEPRECATED_TOPIC_CONFIGS.contains(&name)
+}
+
+/// The deprecated configs among `configs` (to warn about when they are set).
+pub fn deprecated_in(configs: &BTreeMap<String, String>) -> Vec<&str> {
+    configs.keys().map(String::as_str).filter(|n| DEPRECATED_TOPIC_CONFIGS.contains(n)).collect()
 }
 
 /// Checks names and values without applying them.
@@ -67,15 +102,11 @@ pub fn log_config(
                     }
                 }
                 "compression.type" => {
-                    // Recompressing on the broker is not implemented: batches are stored as sent.
-                    if !matches!(value.trim(), "producer" | "uncompressed") {
-                        return Err(bad(
-                            name,
-                            value,
-                            "Weir stores batches as the producer compressed them; only `producer` is supported",
-                        ));
+                    if TopicCompression::parse(value).is_none() {
+                        return Err(bad(name, value, "expected uncompressed, zstd, lz4, snappy, gzip or producer"));
                     }
                 }
+                n if DEPRECATED_TOPIC_CONFIGS.contains(&n) => {}
                 n if TOPIC_CONFIG_NAMES.contains(&n) => {
                     storage_overrides.insert(name.clone(), value.clone());
                 }
@@ -104,6 +135,18 @@ fn bad(name: &str, value: &str, reason: &str) -> TopicConfigError {
     }
 }
 
+/// `compression.type` of a topic.
+pub fn compression(
+    broker_defaults: &BTreeMap<String, String>,
+    overrides: &BTreeMap<String, String>,
+) -> TopicCompression {
+    overrides
+        .get("compression.type")
+        .or_else(|| broker_defaults.get("compression.type"))
+        .and_then(|v| TopicCompression::parse(v))
+        .unwrap_or(TopicCompression::Producer)
+}
+
 /// `min.insync.replicas` of a topic.
 pub fn min_insync_replicas(broker_defaults: &BTreeMap<String, String>, overrides: &BTreeMap<String, String>) -> i64 {
     overrides
@@ -122,6 +165,13 @@ pub fn describe(broker_defaults: &BTreeMap<String, String>, overrides: &BTreeMap
         // flush.messages/flush.ms are implied by flush.policy unless set; report what is in force.
         let value = overrides.get(&name).cloned().unwrap_or(value);
         entries.push(ConfigEntry { name, value, source });
+    }
+    for name in DEPRECATED_TOPIC_CONFIGS.iter().filter(|n| overrides.contains_key(**n)) {
+        entries.push(ConfigEntry {
+            name: name.to_string(),
+            value: overrides.get(*name).cloned().unwrap_or_default(),
+            source: ConfigSource::Topic,
+        });
     }
     for (name, default) in BROKER_TOPIC_CONFIGS {
         let value =
@@ -180,5 +230,40 @@ mod tests {
         let err = validate(&map(&[("cleanup.policy", "shred")])).unwrap_err();
         assert_eq!(err.name.as_deref(), Some("cleanup.policy"));
         assert!(validate(&map(&[("compression.type", "producer"), ("cleanup.policy", "compact")])).is_ok());
+        assert_eq!(
+            validate(&map(&[("compression.type", "brotli")])).unwrap_err().name.as_deref(),
+            Some("compression.type")
+        );
+    }
+
+    #[test]
+    fn every_kafka_codec_is_a_topic_compression() {
+        for (value, expected) in [
+            ("producer", TopicCompression::Producer),
+            ("uncompressed", TopicCompression::Codec(Compression::None)),
+            ("gzip", TopicCompression::Codec(Compression::Gzip)),
+            ("snappy", TopicCompression::Codec(Compression::Snappy)),
+            ("lz4", TopicCompression::Codec(Compression::Lz4)),
+            ("zstd", TopicCompression::Codec(Compression::Zstd)),
+        ] {
+            assert!(validate(&map(&[("compression.type", value)])).is_ok(), "{value}");
+            assert_eq!(compression(&BTreeMap::new(), &map(&[("compression.type", value)])), expected);
+        }
+        assert_eq!(
+            compression(&map(&[("compression.type", "lz4")]), &BTreeMap::new()),
+            TopicCompression::Codec(Compression::Lz4)
+        );
+    }
+
+    #[test]
+    fn deprecated_configs_are_accepted_and_described_without_effect() {
+        let overrides = map(&[("message.format.version", "0.10.0.0"), ("message.timestamp.difference.max.ms", "1000")]);
+        assert!(validate(&overrides).is_ok());
+        assert_eq!(log_config(&BTreeMap::new(), &overrides).unwrap(), LogConfig::default());
+        assert_eq!(deprecated_in(&overrides), vec!["message.format.version", "message.timestamp.difference.max.ms"]);
+        let entries = describe(&BTreeMap::new(), &overrides);
+        let format = entries.iter().find(|e| e.name == "message.format.version").unwrap();
+        assert_eq!((format.value.as_str(), format.source), ("0.10.0.0", ConfigSource::Topic));
+        assert!(is_known("message.downconversion.enable"));
     }
 }

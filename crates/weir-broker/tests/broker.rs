@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use weir_broker::{Broker, BrokerConfig, ErrorCode, NewTopic};
+use weir_broker::{Acks, Broker, BrokerConfig, ErrorKind, NewTopic};
 
 fn config(dir: &Path, extra: &[(&str, &str)]) -> BrokerConfig {
     let mut settings: BTreeMap<String, String> =
@@ -66,7 +66,7 @@ async fn topics_configs_and_data_survive_a_reopen_without_shutdown() {
             )
             .await;
         assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
-        broker.create_partitions("b".into(), 4, false).await.unwrap();
+        broker.create_partitions("b".into(), 4, None, false).await.unwrap();
         broker.delete_topic(Some("c".into()), None).await.unwrap();
         broker
             .alter_topic_configs("a".into(), false, |current| {
@@ -77,7 +77,7 @@ async fn topics_configs_and_data_survive_a_reopen_without_shutdown() {
             .await
             .unwrap();
         let partition = broker.require_partition("b", 3).unwrap();
-        let info = broker.append(partition, batch(), 1).await.unwrap();
+        let info = broker.append(partition, batch(), Acks::Leader).await.unwrap();
         assert_eq!(info.first_offset, 0);
         let state = broker.metadata();
         let ids: Vec<_> = ["a", "b"].iter().map(|n| state.topic(n).unwrap().id).collect();
@@ -108,7 +108,7 @@ async fn a_topic_deleted_and_created_again_starts_empty() {
     let dir = tempfile::tempdir().unwrap();
     let broker = open(dir.path(), &[]);
     broker.create_topics(vec![topic("t", 1, &[])], false).await.pop().unwrap().unwrap();
-    broker.append(broker.require_partition("t", 0).unwrap(), batch(), 1).await.unwrap();
+    broker.append(broker.require_partition("t", 0).unwrap(), batch(), Acks::Leader).await.unwrap();
     let old = broker.delete_topic(Some("t".into()), None).await.unwrap();
     let created = broker.create_topics(vec![topic("t", 1, &[])], false).await.pop().unwrap().unwrap();
     assert_ne!(created.topic.id, old.id);
@@ -121,23 +121,23 @@ async fn invalid_requests_change_nothing() {
     let broker = open(dir.path(), &[("max.partitions.per.topic", "8")]);
     let before = broker.metadata();
     let cases = [
-        (topic("bad/name", 1, &[]), ErrorCode::InvalidTopicException),
-        (topic("x", 0, &[]), ErrorCode::InvalidPartitions),
-        (topic("x", 9, &[]), ErrorCode::InvalidPartitions),
-        (topic("x", 1, &[("retention.mss", "1")]), ErrorCode::InvalidConfig),
-        (NewTopic { replication_factor: 3, ..topic("x", 1, &[]) }, ErrorCode::InvalidReplicationFactor),
+        (topic("bad/name", 1, &[]), ErrorKind::InvalidTopic),
+        (topic("x", 0, &[]), ErrorKind::InvalidPartitionCount),
+        (topic("x", 9, &[]), ErrorKind::InvalidPartitionCount),
+        (topic("x", 1, &[("retention.mss", "1")]), ErrorKind::InvalidConfig),
+        (NewTopic { replication_factor: 3, ..topic("x", 1, &[]) }, ErrorKind::InvalidReplicationFactor),
     ];
     for (request, expected) in cases {
         let name = request.name.clone();
         let err = broker.create_topics(vec![request], false).await.pop().unwrap().unwrap_err();
-        assert_eq!(err.code, expected, "{name}: {}", err.message);
+        assert_eq!(err.kind, expected, "{name}: {}", err.message);
         assert!(!err.message.is_empty());
     }
     // validate_only checks everything and creates nothing.
     broker.create_topics(vec![topic("ok", 2, &[])], true).await.pop().unwrap().unwrap();
     assert_eq!(broker.metadata().topics, before.topics);
-    let err = broker.create_partitions("missing".into(), 2, false).await.unwrap_err();
-    assert_eq!(err.code, ErrorCode::UnknownTopicOrPartition);
+    let err = broker.create_partitions("missing".into(), 2, None, false).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::UnknownTopicOrPartition);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,8 +150,9 @@ async fn compacted_topics_refuse_records_without_a_key() {
         .pop()
         .unwrap()
         .unwrap();
-    let err = broker.append(broker.require_partition("compacted", 0).unwrap(), batch(), 1).await.unwrap_err();
-    assert_eq!(err.code, ErrorCode::InvalidRecord);
+    let err =
+        broker.append(broker.require_partition("compacted", 0).unwrap(), batch(), Acks::Leader).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidRecord);
     assert_eq!(broker.require_partition("compacted", 0).unwrap().log.log_end_offset(), 0);
 }
 
@@ -166,9 +167,54 @@ async fn acks_all_follows_min_insync_replicas_through_config_changes() {
         .unwrap()
         .unwrap();
     let partition = broker.require_partition("strict", 0).unwrap();
-    let err = broker.append(partition.clone(), batch(), -1).await.unwrap_err();
-    assert_eq!(err.code, ErrorCode::NotEnoughReplicas);
-    broker.append(partition.clone(), batch(), 1).await.unwrap();
+    let err = broker.append(partition.clone(), batch(), Acks::All).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::NotEnoughReplicas);
+    broker.append(partition.clone(), batch(), Acks::Leader).await.unwrap();
     broker.alter_topic_configs("strict".into(), false, |_| Ok(BTreeMap::new())).await.unwrap();
-    broker.append(partition, batch(), -1).await.unwrap();
+    broker.append(partition, batch(), Acks::All).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_cannot_append_to_internal_topics_whatever_their_protocol() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path(), &[]);
+    let groups = weir_broker::group::GroupCoordinator::start(broker.clone()).unwrap();
+    let offsets = broker.require_partition(weir_broker::group::OFFSETS_TOPIC, 0).unwrap();
+    for acks in [Acks::Leader, Acks::All] {
+        let err = broker.append(offsets.clone(), batch(), acks).await.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidTopic, "{err}");
+    }
+    assert_eq!(offsets.log.log_end_offset(), 0, "nothing was written");
+    groups.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_partition_has_its_replicas_leader_and_epoch_in_the_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = 7;
+    let broker = open(dir.path(), &[("node.id", "7")]);
+    broker.create_topics(vec![topic("placed", 3, &[])], false).await.pop().unwrap().unwrap();
+    broker.create_partitions("placed".into(), 5, None, false).await.unwrap();
+    let metadata = broker.metadata();
+    let placed = metadata.topic("placed").unwrap();
+    assert_eq!(placed.assignments.len(), 5);
+    for (index, state) in placed.assignments.iter().enumerate() {
+        assert_eq!((state.replicas.as_slice(), state.isr.as_slice(), state.leader), (&[node][..], &[node][..], node));
+        assert_eq!(state.leader_epoch, 0);
+        let partition = broker.require_partition("placed", index as i32).unwrap();
+        assert_eq!(*partition.state(), *state, "the partition reads the metadata's state");
+    }
+    // A manual assignment naming a broker that does not exist is refused.
+    let mut manual = topic("manual", -1, &[]);
+    manual.replication_factor = -1;
+    manual.assignments = vec![(0, vec![node]), (1, vec![8])];
+    let err = broker.create_topics(vec![manual], false).await.pop().unwrap().unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidReplicaAssignment, "{err}");
+    let err = broker.create_partitions("placed".into(), 6, Some(vec![vec![9]]), false).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidReplicaAssignment, "{err}");
+    // The only broker cannot hold two replicas.
+    let mut two = topic("two", 1, &[]);
+    two.replication_factor = 2;
+    let err = broker.create_topics(vec![two], false).await.pop().unwrap().unwrap_err();
+    assert!(err.message.contains("only 1 broker(s)"), "{err}");
 }

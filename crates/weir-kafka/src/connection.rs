@@ -146,18 +146,18 @@ struct InFlight {
 impl InFlight {
     fn add(&self) {
         self.count.fetch_add(1, Ordering::AcqRel);
-        self.ctx.broker.metrics.connections.requests_in_flight.inc();
+        self.ctx.metrics.connections.requests_in_flight.inc();
     }
 
     fn done(&self) {
         self.count.fetch_sub(1, Ordering::AcqRel);
-        self.ctx.broker.metrics.connections.requests_in_flight.dec();
+        self.ctx.metrics.connections.requests_in_flight.dec();
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         let left = self.count.load(Ordering::Acquire);
-        self.ctx.broker.metrics.connections.requests_in_flight.add(-(left as i64));
+        self.ctx.metrics.connections.requests_in_flight.add(-(left as i64));
     }
 }

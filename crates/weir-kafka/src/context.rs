@@ -1,16 +1,37 @@
-//! What every handler gets: the broker core, the group coordinator, and who is asking.
+//! What every handler gets: the broker core, the group and transaction coordinators, the Kafka
+//! front-end's metrics, and who is asking.
 
 use std::sync::Arc;
 
 use weir_broker::group::GroupCoordinator;
+use weir_broker::metrics::ProtocolMetrics;
 use weir_broker::txn::TxnCoordinator;
 use weir_broker::Broker;
+
+/// Slots of the Kafka request metrics, indexed by API key. Kafka's keys are below 100 today; a
+/// key at or above this is counted as an unknown API.
+pub const API_SLOTS: usize = 128;
 
 /// Shared by all connections.
 pub struct Ctx {
     pub broker: Arc<Broker>,
     pub groups: Arc<GroupCoordinator>,
     pub txns: Arc<TxnCoordinator>,
+    /// The `protocol="kafka"` rows of the broker's request and connection metrics.
+    pub metrics: Arc<ProtocolMetrics>,
+}
+
+impl Ctx {
+    /// The front-end's context; registers its metrics with the broker, every implemented API
+    /// with zero requests, so they show from the start.
+    pub fn new(broker: Arc<Broker>, groups: Arc<GroupCoordinator>, txns: Arc<TxnCoordinator>) -> Ctx {
+        let metrics = broker.metrics.register_protocol("kafka", API_SLOTS, crate::errors::error_name);
+        let ctx = Ctx { broker, groups, txns, metrics };
+        for (api_key, _) in crate::versions::all() {
+            crate::dispatch::api_metrics(&ctx.metrics, api_key);
+        }
+        ctx
+    }
 }
 
 /// The client behind one request.

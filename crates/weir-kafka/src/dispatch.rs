@@ -8,8 +8,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use kafka_protocol::messages::*;
-use weir_broker::metrics::{ApiMetrics, ErrorCounter};
-use weir_broker::Broker;
+use weir_broker::metrics::{ErrorCounter, OperationMetrics, ProtocolMetrics};
 
 use crate::context::{Client, Ctx};
 use crate::frame::{self, FrameError, ResponseFrame};
@@ -18,12 +17,8 @@ use crate::versions;
 
 /// The request metrics of `api_key` (named after the key, as Kafka names its APIs: `Produce`,
 /// `ApiVersions`). `None` only for a key beyond the metrics' slots.
-pub(crate) fn api_metrics(ctx: &Ctx, api_key: ApiKey) -> Option<&ApiMetrics> {
-    broker_api_metrics(&ctx.broker, api_key)
-}
-
-fn broker_api_metrics(broker: &Broker, api_key: ApiKey) -> Option<&ApiMetrics> {
-    broker.metrics.requests.api(api_key as i16, || format!("{api_key:?}"))
+pub(crate) fn api_metrics(metrics: &ProtocolMetrics, api_key: ApiKey) -> Option<&OperationMetrics> {
+    metrics.operation(i32::from(api_key as i16), || format!("{api_key:?}"))
 }
 
 /// The rest of a request's work, run after the connection has moved on to its next request.
@@ -48,17 +43,17 @@ pub enum Reply {
 pub async fn handle(ctx: &Ctx, host: &str, frame: Bytes) -> Result<Reply, FrameError> {
     let started = Instant::now();
     let known = frame::peek_prefix(&frame).ok().and_then(|p| ApiKey::try_from(p.api_key).ok());
-    let Some((key, metrics)) = known.and_then(|key| api_metrics(ctx, key).map(|m| (key, m))) else {
-        ctx.broker.metrics.requests.count_unknown_api();
+    let Some((key, metrics)) = known.and_then(|key| api_metrics(&ctx.metrics, key).map(|m| (key, m))) else {
+        ctx.metrics.count_unknown_operation();
         return route(ctx, host, frame, None).await;
     };
     let result = route(ctx, host, frame, Some(metrics)).await;
     match result {
         Ok(Reply::Later(deferred)) => {
-            let broker = ctx.broker.clone();
+            let protocol = ctx.metrics.clone();
             Ok(Reply::Later(Box::pin(async move {
                 let result = deferred.await;
-                if let Some(metrics) = broker_api_metrics(&broker, key) {
+                if let Some(metrics) = api_metrics(&protocol, key) {
                     metrics.observe(started.elapsed());
                     if result.is_err() {
                         metrics.count_failure();
@@ -77,7 +72,12 @@ pub async fn handle(ctx: &Ctx, host: &str, frame: Bytes) -> Result<Reply, FrameE
     }
 }
 
-async fn route(ctx: &Ctx, host: &str, mut frame: Bytes, metrics: Option<&ApiMetrics>) -> Result<Reply, FrameError> {
+async fn route(
+    ctx: &Ctx,
+    host: &str,
+    mut frame: Bytes,
+    metrics: Option<&OperationMetrics>,
+) -> Result<Reply, FrameError> {
     let prefix = frame::peek_prefix(&frame)?;
     let Ok(api_key) = ApiKey::try_from(prefix.api_key) else {
         return Err(FrameError::UnknownApiKey { api_key: prefix.api_key, correlation_id: prefix.correlation_id });
@@ -134,10 +134,10 @@ async fn route(ctx: &Ctx, host: &str, mut frame: Bytes, metrics: Option<&ApiMetr
             let durable = handlers::produce::handle(ctx, &client, request, whole_body).await;
             // Test-only fault: the append happens, the producer never hears of it.
             let drop_response = acks != 0 && drop_response_for_fault_injection(ctx);
-            let broker = ctx.broker.clone();
+            let protocol = ctx.metrics.clone();
             return Ok(Reply::Later(Box::pin(async move {
                 let response = durable.await;
-                if let Some(metrics) = broker_api_metrics(&broker, api_key) {
+                if let Some(metrics) = api_metrics(&protocol, api_key) {
                     response.error_codes(&mut metrics.error_counter());
                 }
                 if acks == 0 {

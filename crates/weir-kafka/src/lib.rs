@@ -11,6 +11,7 @@
 pub mod connection;
 pub mod context;
 pub mod dispatch;
+pub mod errors;
 pub mod frame;
 pub mod handlers;
 pub mod server;

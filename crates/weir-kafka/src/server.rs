@@ -11,15 +11,10 @@ use tokio::task::JoinSet;
 
 use crate::connection::serve_connection;
 use crate::context::Ctx;
-use crate::{dispatch, versions};
 
 /// Serves `listener` until `shutdown` completes, then stops accepting, lets every connection
 /// finish the requests it has read (up to `grace`), and returns.
 pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<Output = ()>, grace: Duration) {
-    // Every implemented API shows in the metrics from the start, with zero requests.
-    for (api_key, _) in versions::all() {
-        dispatch::api_metrics(&ctx, api_key);
-    }
     let limit = Arc::new(Semaphore::new(ctx.broker.config.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -37,7 +32,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<O
                     }
                 };
                 let Ok(permit) = limit.clone().try_acquire_owned() else {
-                    ctx.broker.metrics.connections.refused.inc();
+                    ctx.metrics.connections.refused.inc();
                     tracing::warn!(%peer, limit = ctx.broker.config.max_connections, "refusing connection: max.connections reached");
                     drop(stream);
                     continue;
@@ -72,14 +67,14 @@ struct OpenConnection(Arc<Ctx>);
 
 impl OpenConnection {
     fn new(ctx: Arc<Ctx>) -> OpenConnection {
-        ctx.broker.metrics.connections.accepted.inc();
-        ctx.broker.metrics.connections.open.inc();
+        ctx.metrics.connections.accepted.inc();
+        ctx.metrics.connections.open.inc();
         OpenConnection(ctx)
     }
 }
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        self.0.broker.metrics.connections.open.dec();
+        self.0.metrics.connections.open.dec();
     }
 }

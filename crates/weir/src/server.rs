@@ -109,7 +109,7 @@ pub fn run(args: &ServerArgs) -> anyhow::Result<()> {
             println!("admin http://{} (JSON API, /metrics)", admin.addr);
         }
         tracing::info!(listen = %bound, data_dir = %shown_dir.display(), cluster_id = %broker.cluster_id(), "broker started");
-        let ctx = Arc::new(Ctx { broker: broker.clone(), groups: groups.clone(), txns });
+        let ctx = Arc::new(Ctx::new(broker.clone(), groups.clone(), txns));
         weir_kafka::serve(listener, ctx, shutdown_signal(), Broker::SHUTDOWN_GRACE).await;
         if let Some(admin) = admin {
             admin.stop().await;

@@ -266,7 +266,11 @@ fn records_produced_over_http_are_read_back_over_http() {
     let user1: Vec<&Value> = records.iter().filter(|r| r["key"] == "user-1").collect();
     assert_eq!(user1.len(), 2);
     assert_eq!(user1[0]["value"], "signed up");
-    assert_eq!(user1[0]["headers"], json!({"source": "web", "trace": null}));
+    assert_eq!(
+        user1[0]["headers"],
+        json!([["source", "web"], ["trace", null]]),
+        "headers come back as [name, value] pairs"
+    );
     assert_eq!(user1[0]["timestamp_type"], "CreateTime");
     assert_eq!(user1[1]["value"], "logged out");
     assert_eq!(read["next_offset"], read["high_watermark"]);
@@ -274,7 +278,7 @@ fn records_produced_over_http_are_read_back_over_http() {
     let nulls = server.get_ok("/v1/topics/events/partitions/3/records?offset=1");
     assert_eq!(
         nulls["records"],
-        json!([{"partition": 3, "offset": 1, "timestamp": nulls["records"][0]["timestamp"], "timestamp_type": "CreateTime", "key": null, "value": null, "headers": {}}])
+        json!([{"partition": 3, "offset": 1, "timestamp": nulls["records"][0]["timestamp"], "timestamp_type": "CreateTime", "key": null, "value": null, "headers": []}])
     );
 
     // Binary data through base64, both ways.
@@ -293,7 +297,7 @@ fn records_produced_over_http_are_read_back_over_http() {
     let record = &read["records"][0];
     assert_eq!(BASE64.decode(record["value"].as_str().unwrap()).unwrap(), binary);
     assert_eq!(BASE64.decode(record["key"].as_str().unwrap()).unwrap(), b"\xff\x00key");
-    assert_eq!(record["headers"], json!({"h": BASE64.encode(b"\x01\x02")}));
+    assert_eq!(record["headers"], json!([["h", BASE64.encode(b"\x01\x02")]]));
     let lossy = server.get_ok(&format!("/v1/topics/events/partitions/0/records?offset={offset}"));
     assert!(lossy["records"][0]["key"].as_str().unwrap().ends_with("key"), "utf8 replaces invalid bytes");
 
@@ -352,7 +356,6 @@ fn bad_produce_and_consume_requests_get_clear_errors() {
     post(&body(json!({"records": []})), 400, "INVALID_REQUEST");
     post(&body(json!({"records": [{"value": "x", "partition": 2}]})), 404, "UNKNOWN_TOPIC_OR_PARTITION");
     post(&body(json!({"records": [{"value": "x", "timestamp": -5}]})), 400, "INVALID_TIMESTAMP");
-    post(&body(json!({"records": [{"value": "x", "headers": [["a", "1"], ["a", "2"]]}]})), 400, "INVALID_REQUEST");
     post(&body(json!({"encoding": "hex", "records": [{"value": "x"}]})), 400, "INVALID_REQUEST");
     post(&body(json!({"records": [{"value": 5}]})), 400, "INVALID_REQUEST");
     post("not json at all", 400, "INVALID_REQUEST");
@@ -476,10 +479,72 @@ fn records_cross_between_http_and_the_kafka_protocol() {
     assert_eq!(records.len(), 2);
     assert_eq!(
         records[0],
-        json!({"partition": 0, "offset": 2, "timestamp": 2_000, "timestamp_type": "CreateTime", "key": "a", "value": "from kafka", "headers": {}})
+        json!({"partition": 0, "offset": 2, "timestamp": 2_000, "timestamp_type": "CreateTime", "key": "a", "value": "from kafka", "headers": []})
     );
     assert_eq!(records[1]["value"], "second");
     assert_eq!(records[1]["offset"], 3);
+}
+
+#[test]
+fn a_header_name_given_twice_keeps_every_value_in_order() {
+    let server = Server::start(&[]);
+    server.create_topic("repeats", 1);
+    let headers = json!([["trace", "a"], ["other", "x"], ["trace", "b"], ["trace", null]]);
+    server.expect(
+        "POST",
+        "/v1/topics/repeats/records",
+        Some(&body(json!({"records": [{"value": "v", "headers": headers}]}))),
+        200,
+    );
+    let read = server.get_ok("/v1/topics/repeats/partitions/0/records?offset=0");
+    assert_eq!(read["records"][0]["headers"], headers);
+}
+
+#[test]
+fn internal_topics_cannot_be_written_over_http() {
+    let server = Server::start(&[]);
+    let record = body(json!({"records": [{"key": "k", "value": "forged offset commit", "partition": 0}]}));
+    for topic in ["__consumer_offsets", "__transaction_state"] {
+        let message = server.expect_error(
+            "POST",
+            &format!("/v1/topics/{topic}/records"),
+            Some(&record),
+            400,
+            "INVALID_TOPIC_EXCEPTION",
+        );
+        assert!(message.contains("internal topic"), "{message}");
+    }
+    let partitions = server.get_ok("/v1/topics/__consumer_offsets/partitions");
+    assert!(
+        partitions.as_array().unwrap().iter().all(|p| p["log_end_offset"] == 0),
+        "nothing was written: {partitions}"
+    );
+}
+
+#[test]
+fn http_consume_counts_toward_the_topics_bytes_out() {
+    let server = Server::start(&[]);
+    server.create_topic("counted", 1);
+    server.expect(
+        "POST",
+        "/v1/topics/counted/records",
+        Some(&body(json!({"records": [{"value": "twelve bytes"}]}))),
+        200,
+    );
+    let bytes_out = |server: &Server| -> f64 {
+        let (status, _, text) = server.call_raw("GET", "/metrics", None);
+        assert_eq!(status, 200);
+        text.lines()
+            .find(|l| l.starts_with("weir_topic_bytes_out_total{topic=\"counted\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no weir_topic_bytes_out_total for the topic:\n{text}"))
+    };
+    assert_eq!(bytes_out(&server), 0.0);
+    let read = server.get_ok("/v1/topics/counted/partitions/0/records?offset=0");
+    assert_eq!(read["records"][0]["value"], "twelve bytes");
+    let size = server.get_ok("/v1/topics/counted/partitions")[0]["size_bytes"].as_f64().unwrap();
+    assert_eq!(bytes_out(&server), size, "the one batch read, as stored");
 }
 
 // ----- consumer groups -----------------------------------------------------------------------

@@ -70,5 +70,5 @@ fn produce_bench_fails_when_the_broker_rejects_the_batches() {
         .expect("run weir");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "a rejected batch must fail the run:\n{stderr}");
-    assert!(stderr.contains("MessageTooLarge"), "the error names the cause:\n{stderr}");
+    assert!(stderr.contains("MESSAGE_TOO_LARGE (10)"), "the error names the cause:\n{stderr}");
 }

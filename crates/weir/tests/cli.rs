@@ -122,7 +122,7 @@ fn produce_reads_stdin_lines_and_consume_prints_them() {
     assert_eq!(records[0]["topic"], "lines");
     assert_eq!(records[0]["offset"], 1);
     assert_eq!(records[0]["key"], "k2");
-    assert_eq!(records[0]["headers"], json!({"source": "cli"}));
+    assert_eq!(records[0]["headers"], json!([["source", "cli"]]));
     assert_eq!(records[1]["value"], "no key here");
     let base64 = server.weir(
         &["consume", "lines", "--offset", "earliest", "--max-messages", "1", "--json", "--encoding", "base64"],

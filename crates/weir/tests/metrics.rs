@@ -156,9 +156,9 @@ fn metrics_follow_produce_fetch_commits_and_connections() {
     let before = server.scrape();
     assert_eq!(value(&before, "weir_requests_total", &[("api", "Produce")]), 0.0);
     assert_eq!(value(&before, "weir_requests_total", &[("api", "Fetch")]), 0.0);
-    assert_eq!(value(&before, "weir_connections_open", &[]), 0.0);
-    assert!(value(&before, "weir_process_resident_memory_bytes", &[]) > 0.0);
-    assert!(value(&before, "weir_process_open_fds", &[]) > 0.0);
+    assert_eq!(value(&before, "weir_connections_open", &[("protocol", "kafka")]), 0.0);
+    assert!(value(&before, "process_resident_memory_bytes", &[]) > 0.0);
+    assert!(value(&before, "process_open_fds", &[]) > 0.0);
 
     let mut client = server.connect();
     client.create_topic("metered", 1, &[]);
@@ -205,24 +205,26 @@ fn metrics_follow_produce_fetch_commits_and_connections() {
     // The commit was fsynced on its __consumer_offsets partition.
     let fsyncs: f64 = during.iter().filter(|s| s.name == "weir_partition_fsync_seconds_count").map(|s| s.value).sum();
     assert!(fsyncs >= 1.0, "no fsync counted after an offset commit");
-    assert_eq!(value(&during, "weir_connections_open", &[]), 1.0);
-    assert_eq!(value(&during, "weir_connections_accepted_total", &[]), 1.0);
-    assert_eq!(value(&during, "weir_requests_in_flight", &[]), 0.0);
+    assert_eq!(value(&during, "weir_connections_open", &[("protocol", "kafka")]), 1.0);
+    assert_eq!(value(&during, "weir_connections_accepted_total", &[("protocol", "kafka")]), 1.0);
+    assert_eq!(value(&during, "weir_requests_in_flight", &[("protocol", "kafka")]), 0.0);
 
     // A frame with an unknown API key closes its connection and counts as a failed request.
     let mut bad = server.connect();
     bad.write_raw(&[0, 0, 0, 8, 0x03, 0xE7, 0, 0, 0, 0, 0, 1]).expect("write");
     assert!(bad.wait_closed(Duration::from_secs(10)).is_ok(), "the broker keeps a connection that sent API key 999");
     let after_bad = server.scrape();
-    assert_eq!(value(&after_bad, "weir_requests_failed_total", &[("api", "unknown")]), 1.0);
+    assert_eq!(value(&after_bad, "weir_requests_failed_total", &[("protocol", "kafka"), ("api", "unknown")]), 1.0);
 
     // Closing every connection brings the gauge back to 0.
     drop(client);
     drop(bad);
-    let closed = wait_until(Duration::from_secs(10), || value(&server.scrape(), "weir_connections_open", &[]) == 0.0);
+    let closed = wait_until(Duration::from_secs(10), || {
+        value(&server.scrape(), "weir_connections_open", &[("protocol", "kafka")]) == 0.0
+    });
     assert!(closed, "weir_connections_open did not return to 0 after the clients disconnected");
     let last = server.scrape();
-    assert_eq!(value(&last, "weir_connections_accepted_total", &[]), 2.0);
-    assert_eq!(value(&last, "weir_requests_in_flight", &[]), 0.0);
-    assert!(value(&last, "weir_process_cpu_seconds_total", &[]) >= 0.0);
+    assert_eq!(value(&last, "weir_connections_accepted_total", &[("protocol", "kafka")]), 2.0);
+    assert_eq!(value(&last, "weir_requests_in_flight", &[("protocol", "kafka")]), 0.0);
+    assert!(value(&last, "process_cpu_seconds_total", &[]) >= 0.0);
 }

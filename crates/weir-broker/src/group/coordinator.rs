@@ -24,11 +24,12 @@ use crate::broker::Broker;
 use crate::error::BrokerError;
 use crate::internal_records::encode_batch;
 use crate::partition::Partition;
+use weir_storage::sync::lock;
 
 use super::offsets::{self, LoadedGroup};
 use super::state::{CommittedOffset, Group, Limits, SyncOutcome};
 use super::{
-    partition_for, CommitParams, ErrorCode, FetchedOffset, GroupDescription, GroupListing, GroupOffsets, GroupState,
+    partition_for, CommitParams, ErrorKind, FetchedOffset, GroupDescription, GroupListing, GroupOffsets, GroupState,
     HeartbeatParams, JoinGroupParams, JoinGroupResult, LeaveGroupResult, LeavingMember, MemberLeaveResult,
     PartitionResult, SyncGroupParams, SyncGroupResult, OFFSETS_TOPIC, OFFSET_METADATA_MAX_BYTES,
 };
@@ -60,19 +61,15 @@ pub struct GroupCoordinator {
     shut_down: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The error a client sees when an append to `__consumer_offsets` fails (Kafka's mapping:
 /// retriable coordinator errors for storage trouble, so clients retry or rediscover).
-fn append_error_code(e: &BrokerError, too_large: ErrorCode) -> ErrorCode {
-    match e.code {
-        ErrorCode::UnknownTopicOrPartition | ErrorCode::NotEnoughReplicas | ErrorCode::NotEnoughReplicasAfterAppend => {
-            ErrorCode::CoordinatorNotAvailable
+fn append_error_kind(e: &BrokerError, too_large: ErrorKind) -> ErrorKind {
+    match e.kind {
+        ErrorKind::UnknownTopicOrPartition | ErrorKind::NotEnoughReplicas | ErrorKind::NotEnoughReplicasAfterAppend => {
+            ErrorKind::CoordinatorNotAvailable
         }
-        ErrorCode::NotLeaderOrFollower | ErrorCode::KafkaStorageError => ErrorCode::NotCoordinator,
-        ErrorCode::MessageTooLarge | ErrorCode::RecordListTooLarge | ErrorCode::InvalidFetchSize => too_large,
+        ErrorKind::NotLeader | ErrorKind::Storage => ErrorKind::NotCoordinator,
+        ErrorKind::TooLarge => too_large,
         other => other,
     }
 }
@@ -84,7 +81,7 @@ impl GroupCoordinator {
     /// serving.
     pub fn start(broker: Arc<Broker>) -> Result<Arc<GroupCoordinator>, BrokerError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-            BrokerError::new(ErrorCode::UnknownServerError, "GroupCoordinator::start must run within a tokio runtime")
+            BrokerError::new(ErrorKind::Internal, "GroupCoordinator::start must run within a tokio runtime")
         })?;
         let configs: BTreeMap<String, String> = [("cleanup.policy", "compact"), ("segment.bytes", "104857600")]
             .into_iter()
@@ -150,13 +147,17 @@ impl GroupCoordinator {
         if self.shut_down.swap(true, Ordering::SeqCst) {
             return; // already stopped (the timer task also stops it on broker shutdown)
         }
-        let mut groups = lock(&self.groups);
+        let mut groups = self.groups();
         for group in groups.values_mut() {
-            group.fail_waiters(ErrorCode::CoordinatorNotAvailable);
+            group.fail_waiters(ErrorKind::CoordinatorNotAvailable);
         }
         drop(groups);
         self.timer_wake.notify_one();
         tracing::info!("group coordinator stopped");
+    }
+
+    fn groups(&self) -> Groups<'_> {
+        Groups(lock(&self.groups))
     }
 
     fn is_active(&self) -> bool {
@@ -202,7 +203,7 @@ impl GroupCoordinator {
             records.unsplit(encode_batch(&entries[chunk_start..], now));
         }
         if records.is_empty() {
-            return Err(BrokerError::new(ErrorCode::UnknownServerError, "cannot encode group records"));
+            return Err(BrokerError::new(ErrorKind::Internal, "cannot encode group records"));
         }
         self.broker.append_internal_blocking(&target.partition, records).map(|_| ())
     }
@@ -214,22 +215,22 @@ impl GroupCoordinator {
     pub async fn join_group(&self, params: JoinGroupParams) -> JoinGroupResult {
         let member_id = params.member_id.clone();
         if params.group_id.is_empty() {
-            return JoinGroupResult::error(member_id, ErrorCode::InvalidGroupId);
+            return JoinGroupResult::error(member_id, ErrorKind::InvalidGroupId);
         }
         if !self.validate_session_timeout(params.session_timeout_ms) {
-            return JoinGroupResult::error(member_id, ErrorCode::InvalidSessionTimeout);
+            return JoinGroupResult::error(member_id, ErrorKind::InvalidSessionTimeout);
         }
         let (reply, answer) = oneshot::channel();
         {
-            let mut groups = lock(&self.groups);
+            let mut groups = self.groups();
             if !self.is_active() {
-                return JoinGroupResult::error(member_id, ErrorCode::CoordinatorNotAvailable);
+                return JoinGroupResult::error(member_id, ErrorKind::CoordinatorNotAvailable);
             }
             let now = self.now_ms();
             let group_id = params.group_id.clone();
             if !groups.contains_key(&group_id) {
                 if !member_id.is_empty() {
-                    return JoinGroupResult::error(member_id, ErrorCode::UnknownMemberId);
+                    return JoinGroupResult::error(member_id, ErrorKind::UnknownMember);
                 }
                 groups.insert(group_id.clone(), Group::new(group_id.clone(), now));
             }
@@ -241,25 +242,25 @@ impl GroupCoordinator {
             }
         }
         self.timer_wake.notify_one();
-        answer.await.unwrap_or_else(|_| JoinGroupResult::error(member_id, ErrorCode::CoordinatorNotAvailable))
+        answer.await.unwrap_or_else(|_| JoinGroupResult::error(member_id, ErrorKind::CoordinatorNotAvailable))
     }
 
     /// SyncGroup: a follower's reply waits for the leader's; the leader's assignment is handed
     /// out once the group record is durable.
     pub async fn sync_group(self: &Arc<Self>, params: SyncGroupParams) -> SyncGroupResult {
         if params.group_id.is_empty() {
-            return SyncGroupResult::error(ErrorCode::InvalidGroupId);
+            return SyncGroupResult::error(ErrorKind::InvalidGroupId);
         }
         let group_id = params.group_id.clone();
         let (reply, answer) = oneshot::channel();
         let outcome = {
-            let mut groups = lock(&self.groups);
+            let mut groups = self.groups();
             if !self.is_active() {
-                return SyncGroupResult::error(ErrorCode::CoordinatorNotAvailable);
+                return SyncGroupResult::error(ErrorKind::CoordinatorNotAvailable);
             }
             let now = self.now_ms();
             match groups.get_mut(&group_id) {
-                None => return SyncGroupResult::error(ErrorCode::UnknownMemberId),
+                None => return SyncGroupResult::error(ErrorKind::UnknownMember),
                 Some(group) => group.sync(params, reply, now),
             }
         };
@@ -271,7 +272,7 @@ impl GroupCoordinator {
             tokio::task::spawn_blocking(move || this.store_group_blocking(&id, generation, assignments));
         }
         self.timer_wake.notify_one();
-        answer.await.unwrap_or_else(|_| SyncGroupResult::error(ErrorCode::CoordinatorNotAvailable))
+        answer.await.unwrap_or_else(|_| SyncGroupResult::error(ErrorKind::CoordinatorNotAvailable))
     }
 
     fn store_group_blocking(&self, group_id: &str, generation: i32, assignments: HashMap<String, Bytes>) {
@@ -279,7 +280,7 @@ impl GroupCoordinator {
         let _writer = lock(&target.writer);
         let now = self.now_ms();
         let record = {
-            let groups = lock(&self.groups);
+            let groups = self.groups();
             match groups.get(group_id) {
                 Some(g) if g.state == GroupState::CompletingRebalance && g.generation == generation => g.record(now),
                 // Moved on meanwhile; its members were told (REBALANCE_IN_PROGRESS).
@@ -289,9 +290,9 @@ impl GroupCoordinator {
         let entry = (offsets::group_key(group_id), Some(offsets::group_value(&record)));
         let stored = self.append(target, std::slice::from_ref(&entry)).map_err(|e| {
             tracing::error!(group = group_id, error = %e, "cannot store the group record");
-            append_error_code(&e, ErrorCode::UnknownServerError)
+            append_error_kind(&e, ErrorKind::Internal)
         });
-        let mut groups = lock(&self.groups);
+        let mut groups = self.groups();
         if let Some(group) = groups.get_mut(group_id) {
             group.complete_sync(generation, &assignments, stored, self.now_ms(), &self.limits);
         }
@@ -299,17 +300,17 @@ impl GroupCoordinator {
         self.timer_wake.notify_one();
     }
 
-    pub async fn heartbeat(&self, params: HeartbeatParams) -> Result<(), ErrorCode> {
+    pub async fn heartbeat(&self, params: HeartbeatParams) -> Result<(), ErrorKind> {
         if params.group_id.is_empty() {
-            return Err(ErrorCode::InvalidGroupId);
+            return Err(ErrorKind::InvalidGroupId);
         }
-        let mut groups = lock(&self.groups);
+        let mut groups = self.groups();
         if !self.is_active() {
-            return Err(ErrorCode::CoordinatorNotAvailable);
+            return Err(ErrorKind::CoordinatorNotAvailable);
         }
         let now = self.now_ms();
         match groups.get_mut(&params.group_id) {
-            None => Err(ErrorCode::UnknownMemberId),
+            None => Err(ErrorKind::UnknownMember),
             Some(group) => group.heartbeat(&params, now),
         }
     }
@@ -317,12 +318,12 @@ impl GroupCoordinator {
     /// LeaveGroup for one or more members (v3+ batches them).
     pub async fn leave_group(&self, group_id: &str, members: Vec<LeavingMember>) -> LeaveGroupResult {
         if group_id.is_empty() {
-            return LeaveGroupResult { error: Some(ErrorCode::InvalidGroupId), members: Vec::new() };
+            return LeaveGroupResult { error: Some(ErrorKind::InvalidGroupId), members: Vec::new() };
         }
         let result = {
-            let mut groups = lock(&self.groups);
+            let mut groups = self.groups();
             if !self.is_active() {
-                return LeaveGroupResult { error: Some(ErrorCode::CoordinatorNotAvailable), members: Vec::new() };
+                return LeaveGroupResult { error: Some(ErrorKind::CoordinatorNotAvailable), members: Vec::new() };
             }
             let now = self.now_ms();
             match groups.get_mut(group_id) {
@@ -333,7 +334,7 @@ impl GroupCoordinator {
                         .map(|m| MemberLeaveResult {
                             member_id: m.member_id,
                             group_instance_id: m.group_instance_id,
-                            error: Some(ErrorCode::UnknownMemberId),
+                            error: Some(ErrorKind::UnknownMember),
                         })
                         .collect(),
                 },
@@ -361,7 +362,7 @@ impl GroupCoordinator {
             .map(|o| PartitionResult {
                 topic: o.topic.clone(),
                 partition: o.partition,
-                error: Some(ErrorCode::UnknownServerError),
+                error: Some(ErrorKind::Internal),
             })
             .collect();
         let this = self.clone();
@@ -405,15 +406,15 @@ impl GroupCoordinator {
         generation_id: i32,
         member_id: &str,
         group_instance_id: Option<&str>,
-    ) -> Result<(), ErrorCode> {
+    ) -> Result<(), ErrorKind> {
         if generation_id < 0 {
             return Ok(());
         }
         let now = self.now_ms();
-        let mut groups = lock(&self.groups);
+        let mut groups = self.groups();
         match groups.get_mut(group_id) {
             Some(group) => group.validate_commit(generation_id, member_id, group_instance_id, now).map(|_| ()),
-            None => Err(ErrorCode::IllegalGeneration),
+            None => Err(ErrorKind::WrongGeneration),
         }
     }
 
@@ -427,7 +428,7 @@ impl GroupCoordinator {
         let mut known = Vec::with_capacity(results.len());
         for (i, o) in params.offsets.iter().enumerate() {
             if self.broker.partition(&o.topic, o.partition).is_none() {
-                results[i].error = Some(ErrorCode::UnknownTopicOrPartition);
+                results[i].error = Some(ErrorKind::UnknownTopicOrPartition);
             } else {
                 known.push(i);
             }
@@ -440,15 +441,15 @@ impl GroupCoordinator {
         let _writer = lock(&target.writer);
         let now = self.now_ms();
         let validation = {
-            let mut groups = lock(&self.groups);
+            let mut groups = self.groups();
             if !validate {
                 if self.is_active() {
                     Ok(())
                 } else {
-                    Err(ErrorCode::CoordinatorNotAvailable)
+                    Err(ErrorKind::CoordinatorNotAvailable)
                 }
             } else if !self.is_active() {
-                Err(ErrorCode::CoordinatorNotAvailable)
+                Err(ErrorKind::CoordinatorNotAvailable)
             } else {
                 match groups.get_mut(group_id) {
                     Some(group) => group.validate_commit(
@@ -465,7 +466,7 @@ impl GroupCoordinator {
                         params.group_instance_id.as_deref(),
                         now,
                     ),
-                    None => Err(ErrorCode::IllegalGeneration),
+                    None => Err(ErrorKind::WrongGeneration),
                 }
             }
         };
@@ -480,7 +481,7 @@ impl GroupCoordinator {
             let o = &params.offsets[i];
             let metadata = o.metadata.clone().unwrap_or_default();
             if metadata.len() > OFFSET_METADATA_MAX_BYTES {
-                results[i].error = Some(ErrorCode::OffsetMetadataTooLarge);
+                results[i].error = Some(ErrorKind::OffsetMetadataTooLarge);
                 continue;
             }
             stored.push((
@@ -500,13 +501,13 @@ impl GroupCoordinator {
             .collect();
         if let Err(e) = self.append(target, &entries) {
             tracing::error!(group = group_id, error = %e, "cannot store committed offsets");
-            let code = append_error_code(&e, ErrorCode::InvalidCommitOffsetSize);
+            let code = append_error_kind(&e, ErrorKind::InvalidCommitOffsetSize);
             for (i, _) in &stored {
                 results[*i].error = Some(code);
             }
             return results;
         }
-        let mut groups = lock(&self.groups);
+        let mut groups = self.groups();
         let group = groups.entry(group_id.to_string()).or_insert_with(|| Group::new(group_id.to_string(), now));
         for (i, committed) in stored {
             let o = &params.offsets[i];
@@ -521,10 +522,10 @@ impl GroupCoordinator {
         &self,
         group_id: &str,
         partitions: Option<Vec<(String, i32)>>,
-    ) -> Result<Vec<FetchedOffset>, ErrorCode> {
-        let groups = lock(&self.groups);
+    ) -> Result<Vec<FetchedOffset>, ErrorKind> {
+        let groups = self.groups();
         if !self.is_active() {
-            return Err(ErrorCode::CoordinatorNotAvailable);
+            return Err(ErrorKind::CoordinatorNotAvailable);
         }
         let group = groups.get(group_id);
         let fetched = |(topic, partition): (String, i32), committed: Option<&CommittedOffset>| match committed {
@@ -565,21 +566,21 @@ impl GroupCoordinator {
         self: &Arc<Self>,
         group_id: String,
         partitions: Vec<(String, i32)>,
-    ) -> Result<Vec<PartitionResult>, ErrorCode> {
+    ) -> Result<Vec<PartitionResult>, ErrorKind> {
         if group_id.is_empty() {
-            return Err(ErrorCode::InvalidGroupId);
+            return Err(ErrorKind::InvalidGroupId);
         }
         let this = self.clone();
         tokio::task::spawn_blocking(move || this.delete_offsets_blocking(&group_id, partitions))
             .await
-            .unwrap_or(Err(ErrorCode::UnknownServerError))
+            .unwrap_or(Err(ErrorKind::Internal))
     }
 
     fn delete_offsets_blocking(
         &self,
         group_id: &str,
         partitions: Vec<(String, i32)>,
-    ) -> Result<Vec<PartitionResult>, ErrorCode> {
+    ) -> Result<Vec<PartitionResult>, ErrorKind> {
         let target = self.offsets_partition(group_id);
         let _writer = lock(&target.writer);
         let metadata = self.broker.metadata();
@@ -588,23 +589,23 @@ impl GroupCoordinator {
         let mut removed: Vec<(String, i32)> = Vec::new();
         let deletes_group;
         {
-            let groups = lock(&self.groups);
+            let groups = self.groups();
             if !self.is_active() {
-                return Err(ErrorCode::CoordinatorNotAvailable);
+                return Err(ErrorKind::CoordinatorNotAvailable);
             }
             let Some(group) = groups.get(group_id).filter(|g| g.state != GroupState::Dead) else {
-                return Err(ErrorCode::GroupIdNotFound);
+                return Err(ErrorKind::UnknownGroup);
             };
             let checks_subscriptions = match group.state {
                 GroupState::Empty => false,
                 _ if group.is_consumer_group() => true,
-                _ => return Err(ErrorCode::NonEmptyGroup),
+                _ => return Err(ErrorKind::GroupNotEmpty),
             };
             for (topic, partition) in partitions {
                 let error = if metadata.topic(&topic).is_none() {
-                    Some(ErrorCode::UnknownTopicOrPartition)
+                    Some(ErrorKind::UnknownTopicOrPartition)
                 } else if checks_subscriptions && group.is_subscribed_to(&topic) {
-                    Some(ErrorCode::GroupSubscribedToTopic)
+                    Some(ErrorKind::GroupSubscribedToTopic)
                 } else {
                     let key = (topic.clone(), partition);
                     if group.offsets.contains_key(&key) && !removed.contains(&key) {
@@ -627,9 +628,9 @@ impl GroupCoordinator {
         }
         if let Err(e) = self.append(target, &entries) {
             tracing::error!(group = group_id, error = %e, "cannot delete offsets");
-            return Err(append_error_code(&e, ErrorCode::UnknownServerError));
+            return Err(append_error_kind(&e, ErrorKind::Internal));
         }
-        let mut groups = lock(&self.groups);
+        let mut groups = self.groups();
         if let Some(group) = groups.get_mut(group_id) {
             for key in &removed {
                 group.offsets.remove(key);
@@ -645,10 +646,10 @@ impl GroupCoordinator {
     // ----- administration -----------------------------------------------------------------
 
     /// ListGroups, sorted by group id; an empty `states` lists every state.
-    pub async fn list_groups(&self, states: &[GroupState]) -> Result<Vec<GroupListing>, ErrorCode> {
-        let groups = lock(&self.groups);
+    pub async fn list_groups(&self, states: &[GroupState]) -> Result<Vec<GroupListing>, ErrorKind> {
+        let groups = self.groups();
         if !self.is_active() {
-            return Err(ErrorCode::CoordinatorNotAvailable);
+            return Err(ErrorKind::CoordinatorNotAvailable);
         }
         let mut listed: Vec<GroupListing> = groups
             .values()
@@ -666,12 +667,12 @@ impl GroupCoordinator {
     /// DescribeGroups, in request order. A group that does not exist is described as Dead
     /// without error (as Kafka does before DescribeGroups v6).
     pub async fn describe_groups(&self, group_ids: &[String]) -> Vec<GroupDescription> {
-        let groups = lock(&self.groups);
+        let groups = self.groups();
         let active = self.is_active();
         group_ids
             .iter()
             .map(|id| match groups.get(id) {
-                _ if !active => GroupDescription { error: Some(ErrorCode::CoordinatorNotAvailable), ..dead_group(id) },
+                _ if !active => GroupDescription { error: Some(ErrorKind::CoordinatorNotAvailable), ..dead_group(id) },
                 Some(group) => group.describe(),
                 None => dead_group(id),
             })
@@ -681,7 +682,7 @@ impl GroupCoordinator {
     /// Every live group's state and committed offsets, sorted by group id: a copy taken under
     /// the groups mutex (in-memory work only), for metrics.
     pub fn committed_offsets(&self) -> Vec<GroupOffsets> {
-        let groups = lock(&self.groups);
+        let groups = self.groups();
         let mut out: Vec<GroupOffsets> = groups
             .values()
             .filter(|g| g.state != GroupState::Dead)
@@ -699,10 +700,10 @@ impl GroupCoordinator {
 
     /// DeleteGroups: each Empty group is deleted with its offsets (tombstones, fsynced);
     /// NON_EMPTY_GROUP while it has members, GROUP_ID_NOT_FOUND if unknown.
-    pub async fn delete_groups(self: &Arc<Self>, group_ids: Vec<String>) -> Vec<(String, Option<ErrorCode>)> {
+    pub async fn delete_groups(self: &Arc<Self>, group_ids: Vec<String>) -> Vec<(String, Option<ErrorKind>)> {
         let this = self.clone();
-        let fallback: Vec<(String, Option<ErrorCode>)> =
-            group_ids.iter().map(|id| (id.clone(), Some(ErrorCode::UnknownServerError))).collect();
+        let fallback: Vec<(String, Option<ErrorKind>)> =
+            group_ids.iter().map(|id| (id.clone(), Some(ErrorKind::Internal))).collect();
         tokio::task::spawn_blocking(move || {
             group_ids
                 .into_iter()
@@ -716,19 +717,19 @@ impl GroupCoordinator {
         .unwrap_or(fallback)
     }
 
-    fn delete_group_blocking(&self, group_id: &str) -> Result<(), ErrorCode> {
+    fn delete_group_blocking(&self, group_id: &str) -> Result<(), ErrorKind> {
         let target = self.offsets_partition(group_id);
         let _writer = lock(&target.writer);
         let mut entries: Vec<(Bytes, Option<Bytes>)> = Vec::new();
         {
-            let mut groups = lock(&self.groups);
+            let mut groups = self.groups();
             if !self.is_active() {
-                return Err(ErrorCode::CoordinatorNotAvailable);
+                return Err(ErrorKind::CoordinatorNotAvailable);
             }
             let group = match groups.get_mut(group_id) {
-                None => return Err(ErrorCode::GroupIdNotFound),
-                Some(g) if g.state == GroupState::Dead => return Err(ErrorCode::GroupIdNotFound),
-                Some(g) if g.state != GroupState::Empty => return Err(ErrorCode::NonEmptyGroup),
+                None => return Err(ErrorKind::UnknownGroup),
+                Some(g) if g.state == GroupState::Dead => return Err(ErrorKind::UnknownGroup),
+                Some(g) if g.state != GroupState::Empty => return Err(ErrorKind::GroupNotEmpty),
                 Some(g) => g,
             };
             // Dead until the tombstones are durable: joins meanwhile get
@@ -742,7 +743,7 @@ impl GroupCoordinator {
             }
         }
         let appended = if entries.is_empty() { Ok(()) } else { self.append(target, &entries) };
-        let mut groups = lock(&self.groups);
+        let mut groups = self.groups();
         match appended {
             Ok(()) => {
                 groups.remove(group_id);
@@ -754,7 +755,7 @@ impl GroupCoordinator {
                 if let Some(group) = groups.get_mut(group_id) {
                     group.state = GroupState::Empty;
                 }
-                Err(append_error_code(&e, ErrorCode::UnknownServerError))
+                Err(append_error_kind(&e, ErrorKind::Internal))
             }
         }
     }
@@ -764,7 +765,7 @@ impl GroupCoordinator {
     /// Runs every group's due timers; returns the earliest next deadline. Also forgets groups
     /// with nothing left in memory or on disk.
     fn poll_groups(&self, now_ms: i64) -> Option<i64> {
-        let mut groups = lock(&self.groups);
+        let mut groups = self.groups();
         let mut next: Option<i64> = None;
         groups.retain(|_, group| {
             group.poll(now_ms, &self.limits);
@@ -786,7 +787,7 @@ impl GroupCoordinator {
     pub(crate) fn expire_offsets_at(&self, now: i64) {
         let retention = self.offsets_retention_ms;
         let due: Vec<usize> = {
-            let groups = lock(&self.groups);
+            let groups = self.groups();
             let mut due: Vec<usize> = groups
                 .values()
                 .filter(|g| {
@@ -808,7 +809,7 @@ impl GroupCoordinator {
             let mut entries: Vec<(Bytes, Option<Bytes>)> = Vec::new();
             let mut expired: Vec<(String, Vec<(String, i32)>)> = Vec::new();
             {
-                let groups = lock(&self.groups);
+                let groups = self.groups();
                 for group in groups.values() {
                     if group.state != GroupState::Empty
                         || partition_for(&group.id, self.partitions.len() as i32) as usize != index
@@ -839,7 +840,7 @@ impl GroupCoordinator {
                     continue;
                 }
             }
-            let mut groups = lock(&self.groups);
+            let mut groups = self.groups();
             for (group_id, keys) in expired {
                 let Some(group) = groups.get_mut(&group_id) else { continue };
                 for key in &keys {
@@ -862,8 +863,35 @@ impl GroupCoordinator {
 #[cfg(test)]
 impl GroupCoordinator {
     pub(crate) fn check_invariants(&self) {
-        for group in lock(&self.groups).values() {
+        for group in self.groups().values() {
             group.check_invariants();
+        }
+    }
+}
+
+/// The groups, locked. In debug builds every group's invariants are checked when the lock is
+/// let go, so a state machine step that breaks one fails where it happened, in any test.
+struct Groups<'a>(MutexGuard<'a, HashMap<String, Group>>);
+
+impl std::ops::Deref for Groups<'_> {
+    type Target = HashMap<String, Group>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Groups<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Groups<'_> {
+    fn drop(&mut self) {
+        if cfg!(debug_assertions) && !std::thread::panicking() {
+            for group in self.0.values() {
+                group.check_invariants();
+            }
         }
     }
 }

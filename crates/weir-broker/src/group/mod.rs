@@ -13,8 +13,8 @@
 //! assignment the leader sends back. Range, round-robin, cooperative-sticky and any other
 //! assignor work without the broker knowing them.
 //!
-//! API boundary: nothing here names a wire-protocol type; results carry Kafka's error codes
-//! ([`ErrorCode`]) because they are the broker's vocabulary. `None` means success.
+//! API boundary: nothing here names a wire-protocol type; results carry the core's
+//! [`ErrorKind`], which each front-end maps to its protocol. `None` means success.
 //!
 //! Durability contract: a committed offset, a group deletion and the group record written when a
 //! rebalance completes are acknowledged only after their append to `__consumer_offsets` is
@@ -30,7 +30,7 @@ mod tests;
 
 use bytes::Bytes;
 
-pub use crate::error::ErrorCode;
+pub use crate::error::ErrorKind;
 pub use coordinator::GroupCoordinator;
 
 /// The internal topic holding committed offsets and group records.
@@ -127,7 +127,7 @@ pub struct JoinedMember {
 
 #[derive(Debug, Clone)]
 pub struct JoinGroupResult {
-    pub error: Option<ErrorCode>,
+    pub error: Option<ErrorKind>,
     /// The member's id: generated for a new member (also with MEMBER_ID_REQUIRED).
     pub member_id: String,
     /// -1 with an error.
@@ -142,7 +142,7 @@ pub struct JoinGroupResult {
 }
 
 impl JoinGroupResult {
-    pub fn error(member_id: impl Into<String>, code: ErrorCode) -> JoinGroupResult {
+    pub fn error(member_id: impl Into<String>, code: ErrorKind) -> JoinGroupResult {
         JoinGroupResult {
             error: Some(code),
             member_id: member_id.into(),
@@ -171,14 +171,14 @@ pub struct SyncGroupParams {
 
 #[derive(Debug, Clone)]
 pub struct SyncGroupResult {
-    pub error: Option<ErrorCode>,
+    pub error: Option<ErrorKind>,
     pub protocol_type: Option<String>,
     pub protocol_name: Option<String>,
     pub assignment: Bytes,
 }
 
 impl SyncGroupResult {
-    pub fn error(code: ErrorCode) -> SyncGroupResult {
+    pub fn error(code: ErrorKind) -> SyncGroupResult {
         SyncGroupResult { error: Some(code), protocol_type: None, protocol_name: None, assignment: Bytes::new() }
     }
 }
@@ -203,7 +203,7 @@ pub struct LeavingMember {
 #[derive(Debug, Clone)]
 pub struct LeaveGroupResult {
     /// Group-level error; when set, `members` is empty.
-    pub error: Option<ErrorCode>,
+    pub error: Option<ErrorKind>,
     /// One entry per leaving member, in request order.
     pub members: Vec<MemberLeaveResult>,
 }
@@ -212,7 +212,7 @@ pub struct LeaveGroupResult {
 pub struct MemberLeaveResult {
     pub member_id: String,
     pub group_instance_id: Option<String>,
-    pub error: Option<ErrorCode>,
+    pub error: Option<ErrorKind>,
 }
 
 #[derive(Debug, Clone)]
@@ -242,7 +242,7 @@ pub struct OffsetToCommit {
 pub struct PartitionResult {
     pub topic: String,
     pub partition: i32,
-    pub error: Option<ErrorCode>,
+    pub error: Option<ErrorKind>,
 }
 
 /// A committed offset as OffsetFetch returns it; offset -1 when none is committed.
@@ -253,7 +253,7 @@ pub struct FetchedOffset {
     pub offset: i64,
     pub leader_epoch: i32,
     pub metadata: String,
-    pub error: Option<ErrorCode>,
+    pub error: Option<ErrorKind>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,7 +276,7 @@ pub struct GroupOffsets {
 #[derive(Debug, Clone)]
 pub struct GroupDescription {
     pub group_id: String,
-    pub error: Option<ErrorCode>,
+    pub error: Option<ErrorKind>,
     /// `Dead` for a group that does not exist.
     pub state: GroupState,
     pub protocol_type: String,

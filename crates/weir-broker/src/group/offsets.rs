@@ -203,7 +203,7 @@ pub(crate) fn load_partition(
         let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
         let records = internal_records::decode_batches(Bytes::from(bytes)).map_err(|e| {
             BrokerError::new(
-                crate::error::ErrorCode::KafkaStorageError,
+                crate::error::ErrorKind::Storage,
                 format!("cannot decode {}-{} at offset {offset}: {e}", partition.topic, partition.index),
             )
         })?;

@@ -15,7 +15,8 @@
 //! (`join_waiter`, `sync_waiter`): a reply is sent exactly when Kafka would invoke the response
 //! callback, which may be long after the request arrived.
 //!
-//! Invariants (checked by `check_invariants` in tests after every step):
+//! Invariants (checked by `check_invariants` each time the coordinator lets go of the groups,
+//! in debug builds):
 //! - `leader` is `Some` exactly when there are members, and names one of them.
 //! - `static_members` maps each instance id to the member holding it, and only those.
 //! - A member awaiting a join reply exists only while the group is PreparingRebalance (or, for a
@@ -33,7 +34,7 @@ use uuid::Uuid;
 
 use super::offsets::{GroupRecord, LoadedGroup};
 use super::{
-    ErrorCode, GroupDescription, GroupState, HeartbeatParams, JoinGroupParams, JoinGroupResult, JoinedMember,
+    ErrorKind, GroupDescription, GroupState, HeartbeatParams, JoinGroupParams, JoinGroupResult, JoinedMember,
     LeaveGroupResult, LeavingMember, MemberDescription, MemberLeaveResult, Protocol, SyncGroupParams, SyncGroupResult,
     NEW_MEMBER_JOIN_TIMEOUT_MS,
 };
@@ -270,12 +271,12 @@ impl Group {
 
     /// Kafka's `validateCurrentMember`: the instance id, if given, must map to `member_id`,
     /// and `member_id` must be a member.
-    fn validate_current_member(&self, member_id: &str, group_instance_id: Option<&str>) -> Result<(), ErrorCode> {
+    fn validate_current_member(&self, member_id: &str, group_instance_id: Option<&str>) -> Result<(), ErrorKind> {
         if self.is_static_member_fenced(group_instance_id, member_id) {
-            return Err(ErrorCode::FencedInstanceId);
+            return Err(ErrorKind::FencedInstance);
         }
         if !self.members.contains_key(member_id) {
-            return Err(ErrorCode::UnknownMemberId);
+            return Err(ErrorKind::UnknownMember);
         }
         Ok(())
     }
@@ -401,7 +402,7 @@ impl Group {
 
     /// Removes a member (or a pending member), answering its waiting requests with `code`.
     /// Returns whether it was a member.
-    fn remove_member(&mut self, member_id: &str, code: ErrorCode) -> bool {
+    fn remove_member(&mut self, member_id: &str, code: ErrorKind) -> bool {
         self.pending_members.remove(member_id);
         self.pending_sync.remove(member_id);
         let Some(mut member) = self.members.remove(member_id) else { return false };
@@ -421,7 +422,7 @@ impl Group {
     /// Removes a member and rebalances the rest (Kafka's `removeMemberAndUpdateGroup`); in
     /// PreparingRebalance the join phase may now be complete, which `poll` notices.
     fn remove_member_and_update(&mut self, member_id: &str, now_ms: i64, limits: &Limits, why: &str) {
-        if self.remove_member(member_id, ErrorCode::UnknownMemberId) {
+        if self.remove_member(member_id, ErrorKind::UnknownMember) {
             tracing::info!(group = %self.id, member = member_id, why, "member removed");
             if matches!(self.state, GroupState::Stable | GroupState::CompletingRebalance) {
                 self.prepare_rebalance(now_ms, limits, why);
@@ -433,8 +434,8 @@ impl Group {
     /// old id still waits on are answered FENCED_INSTANCE_ID.
     fn replace_static_member(&mut self, instance: &str, old_member_id: &str, new_member_id: &str) {
         let Some(mut member) = self.members.remove(old_member_id) else { return };
-        member.reply_join(JoinGroupResult::error(old_member_id, ErrorCode::FencedInstanceId));
-        member.reply_sync(SyncGroupResult::error(ErrorCode::FencedInstanceId));
+        member.reply_join(JoinGroupResult::error(old_member_id, ErrorKind::FencedInstance));
+        member.reply_sync(SyncGroupResult::error(ErrorKind::FencedInstance));
         member.member_id = new_member_id.to_string();
         self.members.insert(new_member_id.to_string(), member);
         if self.leader.as_deref() == Some(old_member_id) {
@@ -451,14 +452,14 @@ impl Group {
     /// departed) requester rejoins if it is still there.
     fn update_member(&mut self, member_id: &str, params: &JoinGroupParams, reply: JoinTx) {
         let Some(member) = self.members.get_mut(member_id) else {
-            let _ = reply.send(JoinGroupResult::error(member_id, ErrorCode::UnknownMemberId));
+            let _ = reply.send(JoinGroupResult::error(member_id, ErrorKind::UnknownMember));
             return;
         };
         member.protocols = params.protocols.clone();
         member.rebalance_timeout_ms = params.rebalance_timeout_ms;
         member.session_timeout_ms = params.session_timeout_ms;
         if let Some(old) = member.join_waiter.replace(reply) {
-            let _ = old.send(JoinGroupResult::error(member_id, ErrorCode::RebalanceInProgress));
+            let _ = old.send(JoinGroupResult::error(member_id, ErrorKind::RebalanceInProgress));
         }
     }
 
@@ -472,7 +473,7 @@ impl Group {
 
     fn prepare_rebalance(&mut self, now_ms: i64, limits: &Limits, why: &str) {
         if self.state == GroupState::CompletingRebalance {
-            self.reset_and_propagate_assignment_error(ErrorCode::RebalanceInProgress, now_ms);
+            self.reset_and_propagate_assignment_error(ErrorKind::RebalanceInProgress, now_ms);
         }
         self.sync_deadline_ms = None;
         self.pending_sync.clear();
@@ -502,7 +503,7 @@ impl Group {
             .collect();
         for member_id in not_rejoined {
             tracing::info!(group = %self.id, member = %member_id, "removing a member that did not rejoin in time");
-            self.remove_member(&member_id, ErrorCode::UnknownMemberId);
+            self.remove_member(&member_id, ErrorKind::UnknownMember);
         }
         if self.state == GroupState::Dead {
             return;
@@ -571,7 +572,7 @@ impl Group {
         }
     }
 
-    fn reset_and_propagate_assignment_error(&mut self, code: ErrorCode, now_ms: i64) {
+    fn reset_and_propagate_assignment_error(&mut self, code: ErrorKind, now_ms: i64) {
         for member in self.members.values_mut() {
             member.assignment = Bytes::new();
             if member.reply_sync(SyncGroupResult::error(code)) {
@@ -609,7 +610,7 @@ impl Group {
         if !known_instance && !self.accept_joining_member(&params.member_id, limits.max_size) {
             let member_id = params.member_id.clone();
             self.remove_member_and_update(&member_id, now_ms, limits, "the group is full");
-            let _ = reply.send(JoinGroupResult::error("", ErrorCode::GroupMaxSizeReached));
+            let _ = reply.send(JoinGroupResult::error("", ErrorKind::GroupFull));
         } else if params.member_id.is_empty() {
             self.join_new_member(params, reply, now_ms, limits);
         } else {
@@ -620,11 +621,11 @@ impl Group {
 
     fn join_new_member(&mut self, params: JoinGroupParams, reply: JoinTx, now_ms: i64, limits: &Limits) {
         if self.state == GroupState::Dead {
-            let _ = reply.send(JoinGroupResult::error("", ErrorCode::CoordinatorNotAvailable));
+            let _ = reply.send(JoinGroupResult::error("", ErrorKind::CoordinatorNotAvailable));
             return;
         }
         if !self.supports_protocols(&params.protocol_type, &params.protocols) {
-            let _ = reply.send(JoinGroupResult::error("", ErrorCode::InconsistentGroupProtocol));
+            let _ = reply.send(JoinGroupResult::error("", ErrorKind::InconsistentGroupProtocol));
             return;
         }
         let prefix = params.group_instance_id.as_deref().unwrap_or(&params.client_id);
@@ -641,7 +642,7 @@ impl Group {
                 // client does not leave an orphan member behind.
                 let deadline = now_ms + i64::from(params.session_timeout_ms);
                 self.pending_members.insert(new_member_id.clone(), deadline);
-                let _ = reply.send(JoinGroupResult::error(new_member_id, ErrorCode::MemberIdRequired));
+                let _ = reply.send(JoinGroupResult::error(new_member_id, ErrorKind::MemberIdRequired));
             }
             None => self.add_member_and_rebalance(new_member_id, params, reply, now_ms, limits),
         }
@@ -652,23 +653,23 @@ impl Group {
         let instance = params.group_instance_id.as_deref();
         let error = |code| JoinGroupResult::error(member_id.clone(), code);
         if self.state == GroupState::Dead {
-            let _ = reply.send(error(ErrorCode::CoordinatorNotAvailable));
+            let _ = reply.send(error(ErrorKind::CoordinatorNotAvailable));
         } else if !self.supports_protocols(&params.protocol_type, &params.protocols) {
-            let _ = reply.send(error(ErrorCode::InconsistentGroupProtocol));
+            let _ = reply.send(error(ErrorKind::InconsistentGroupProtocol));
         } else if self.pending_members.contains_key(&member_id) {
             if instance.is_some() {
                 // Pending ids are only handed to dynamic members.
                 self.pending_members.remove(&member_id);
-                let _ = reply.send(error(ErrorCode::UnknownMemberId));
+                let _ = reply.send(error(ErrorKind::UnknownMember));
             } else {
                 self.add_member_and_rebalance(member_id.clone(), params, reply, now_ms, limits);
             }
         } else if self.is_static_member_fenced(instance, &member_id) {
-            let _ = reply.send(error(ErrorCode::FencedInstanceId));
+            let _ = reply.send(error(ErrorKind::FencedInstance));
         } else if !self.members.contains_key(&member_id)
             || instance.is_some_and(|i| !self.static_members.contains_key(i))
         {
-            let _ = reply.send(error(ErrorCode::UnknownMemberId));
+            let _ = reply.send(error(ErrorKind::UnknownMember));
         } else {
             let is_leader = self.leader.as_deref() == Some(member_id.as_str());
             let unchanged = self.members.get(&member_id).is_some_and(|m| m.protocols == params.protocols);
@@ -692,7 +693,7 @@ impl Group {
                     self.maybe_prepare_rebalance(now_ms, limits, why);
                 }
                 GroupState::Empty | GroupState::Dead => {
-                    let _ = reply.send(error(ErrorCode::UnknownMemberId));
+                    let _ = reply.send(error(ErrorKind::UnknownMember));
                 }
             }
         }
@@ -791,30 +792,30 @@ impl Group {
             SyncOutcome::Done
         };
         if self.state == GroupState::Dead {
-            return fail(reply, ErrorCode::CoordinatorNotAvailable);
+            return fail(reply, ErrorKind::CoordinatorNotAvailable);
         }
         if let Err(code) = self.validate_current_member(&params.member_id, params.group_instance_id.as_deref()) {
             return fail(reply, code);
         }
         if params.generation_id != self.generation {
-            return fail(reply, ErrorCode::IllegalGeneration);
+            return fail(reply, ErrorKind::WrongGeneration);
         }
         let type_differs = params.protocol_type.as_ref().is_some_and(|t| Some(t) != self.protocol_type.as_ref());
         let name_differs = params.protocol_name.as_ref().is_some_and(|n| Some(n) != self.protocol_name.as_ref());
         if type_differs || name_differs {
-            return fail(reply, ErrorCode::InconsistentGroupProtocol);
+            return fail(reply, ErrorKind::InconsistentGroupProtocol);
         }
         match self.state {
-            GroupState::Empty | GroupState::Dead => fail(reply, ErrorCode::UnknownMemberId),
-            GroupState::PreparingRebalance => fail(reply, ErrorCode::RebalanceInProgress),
+            GroupState::Empty | GroupState::Dead => fail(reply, ErrorKind::UnknownMember),
+            GroupState::PreparingRebalance => fail(reply, ErrorKind::RebalanceInProgress),
             GroupState::CompletingRebalance => {
                 self.pending_sync.remove(&params.member_id);
                 let is_leader = self.leader.as_deref() == Some(params.member_id.as_str());
                 let Some(member) = self.members.get_mut(&params.member_id) else {
-                    return fail(reply, ErrorCode::UnknownMemberId);
+                    return fail(reply, ErrorKind::UnknownMember);
                 };
                 if let Some(old) = member.sync_waiter.replace(reply) {
-                    let _ = old.send(SyncGroupResult::error(ErrorCode::RebalanceInProgress));
+                    let _ = old.send(SyncGroupResult::error(ErrorKind::RebalanceInProgress));
                 }
                 if !is_leader {
                     return SyncOutcome::Done;
@@ -828,7 +829,7 @@ impl Group {
                 let protocol_type = self.protocol_type.clone();
                 let protocol_name = self.protocol_name.clone();
                 let Some(member) = self.members.get_mut(&params.member_id) else {
-                    return fail(reply, ErrorCode::UnknownMemberId);
+                    return fail(reply, ErrorKind::UnknownMember);
                 };
                 member.touch(now_ms);
                 let _ = reply.send(SyncGroupResult {
@@ -848,7 +849,7 @@ impl Group {
         &mut self,
         generation: i32,
         assignments: &HashMap<String, Bytes>,
-        stored: Result<(), ErrorCode>,
+        stored: Result<(), ErrorKind>,
         now_ms: i64,
         limits: &Limits,
     ) {
@@ -870,16 +871,16 @@ impl Group {
         self.poll(now_ms, limits);
     }
 
-    pub fn heartbeat(&mut self, params: &HeartbeatParams, now_ms: i64) -> Result<(), ErrorCode> {
+    pub fn heartbeat(&mut self, params: &HeartbeatParams, now_ms: i64) -> Result<(), ErrorKind> {
         if self.state == GroupState::Dead {
-            return Err(ErrorCode::CoordinatorNotAvailable);
+            return Err(ErrorKind::CoordinatorNotAvailable);
         }
         self.validate_current_member(&params.member_id, params.group_instance_id.as_deref())?;
         let state = self.state;
         let generation = self.generation;
-        let Some(member) = self.members.get_mut(&params.member_id) else { return Err(ErrorCode::UnknownMemberId) };
+        let Some(member) = self.members.get_mut(&params.member_id) else { return Err(ErrorKind::UnknownMember) };
         match state {
-            GroupState::Empty | GroupState::Dead => Err(ErrorCode::UnknownMemberId),
+            GroupState::Empty | GroupState::Dead => Err(ErrorKind::UnknownMember),
             // Consumers may heartbeat as soon as their JoinGroup returns.
             GroupState::CompletingRebalance => {
                 member.touch(now_ms);
@@ -887,9 +888,9 @@ impl Group {
             }
             GroupState::PreparingRebalance => {
                 member.touch(now_ms);
-                Err(ErrorCode::RebalanceInProgress)
+                Err(ErrorKind::RebalanceInProgress)
             }
-            GroupState::Stable if params.generation_id != generation => Err(ErrorCode::IllegalGeneration),
+            GroupState::Stable if params.generation_id != generation => Err(ErrorKind::WrongGeneration),
             GroupState::Stable => {
                 member.touch(now_ms);
                 Ok(())
@@ -899,7 +900,7 @@ impl Group {
 
     pub fn leave(&mut self, leaving: Vec<LeavingMember>, now_ms: i64, limits: &Limits) -> LeaveGroupResult {
         if self.state == GroupState::Dead {
-            return LeaveGroupResult { error: Some(ErrorCode::CoordinatorNotAvailable), members: Vec::new() };
+            return LeaveGroupResult { error: Some(ErrorKind::CoordinatorNotAvailable), members: Vec::new() };
         }
         let mut results = Vec::with_capacity(leaving.len());
         for member in leaving {
@@ -910,7 +911,7 @@ impl Group {
                         self.remove_member_and_update(&current, now_ms, limits, "static member removed by instance id");
                         None
                     }
-                    None => Some(ErrorCode::UnknownMemberId),
+                    None => Some(ErrorKind::UnknownMember),
                 }
             } else if self.pending_members.remove(&member.member_id).is_some() {
                 None
@@ -942,17 +943,17 @@ impl Group {
         member_id: &str,
         group_instance_id: Option<&str>,
         now_ms: i64,
-    ) -> Result<(), ErrorCode> {
+    ) -> Result<(), ErrorKind> {
         if self.state == GroupState::Dead {
-            return Err(ErrorCode::CoordinatorNotAvailable);
+            return Err(ErrorKind::CoordinatorNotAvailable);
         }
         if generation_id >= 0 || !member_id.is_empty() || group_instance_id.is_some() {
             self.validate_current_member(member_id, group_instance_id)?;
             if generation_id != self.generation {
-                return Err(ErrorCode::IllegalGeneration);
+                return Err(ErrorKind::WrongGeneration);
             }
         } else if self.state != GroupState::Empty {
-            return Err(ErrorCode::UnknownMemberId);
+            return Err(ErrorKind::UnknownMember);
         }
         match self.state {
             GroupState::Empty => Ok(()),
@@ -964,8 +965,8 @@ impl Group {
                 Ok(())
             }
             // The member has the new generation but no assignment yet.
-            GroupState::CompletingRebalance => Err(ErrorCode::RebalanceInProgress),
-            GroupState::Dead => Err(ErrorCode::CoordinatorNotAvailable),
+            GroupState::CompletingRebalance => Err(ErrorKind::RebalanceInProgress),
+            GroupState::Dead => Err(ErrorKind::CoordinatorNotAvailable),
         }
     }
 
@@ -1022,7 +1023,7 @@ impl Group {
                 let missing: Vec<String> = self.pending_sync.drain().collect();
                 for id in &missing {
                     tracing::info!(group = %self.id, member = %id, "removing a member that did not sync in time");
-                    self.remove_member(id, ErrorCode::UnknownMemberId);
+                    self.remove_member(id, ErrorKind::UnknownMember);
                 }
                 self.prepare_rebalance(now_ms, limits, "members did not sync in time");
             }
@@ -1055,14 +1056,15 @@ impl Group {
     }
 
     /// Answers every waiting request with `code` (broker shutdown).
-    pub fn fail_waiters(&mut self, code: ErrorCode) {
+    pub fn fail_waiters(&mut self, code: ErrorKind) {
         for member in self.members.values_mut() {
             member.reply_join(JoinGroupResult::error(member.member_id.clone(), code));
             member.reply_sync(SyncGroupResult::error(code));
         }
     }
 
-    #[cfg(test)]
+    /// Asserts the invariants of the module doc. Run by the coordinator whenever it lets go of
+    /// the groups in debug builds (see `coordinator::Groups`).
     pub fn check_invariants(&self) {
         assert_eq!(self.leader.is_some(), !self.members.is_empty(), "leader iff members in {}", self.id);
         if let Some(leader) = &self.leader {

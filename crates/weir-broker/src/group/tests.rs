@@ -128,12 +128,12 @@ async fn finish<T>(handle: JoinHandle<T>) -> T {
 /// KIP-394: the first join only hands out a member id.
 async fn member_id(groups: &Arc<GroupCoordinator>, group: &str) -> String {
     let result = groups.join_group(join_params(group, "", None)).await;
-    assert_eq!(result.error, Some(ErrorCode::MemberIdRequired));
+    assert_eq!(result.error, Some(ErrorKind::MemberIdRequired));
     assert!(result.member_id.starts_with("client-"), "{}", result.member_id);
     result.member_id
 }
 
-async fn heartbeat(groups: &GroupCoordinator, group: &str, generation: i32, member: &str) -> Result<(), ErrorCode> {
+async fn heartbeat(groups: &GroupCoordinator, group: &str, generation: i32, member: &str) -> Result<(), ErrorKind> {
     let params = HeartbeatParams {
         group_id: group.into(),
         generation_id: generation,
@@ -235,7 +235,7 @@ async fn given_three_members_when_a_fourth_joins_and_one_leaves_then_each_change
         assert!(!joining.is_finished(), "the join waits for the existing members");
         assert_eq!(describe(&groups, g).await.state, GroupState::PreparingRebalance);
         for m in &members {
-            assert_eq!(heartbeat(&groups, g, generation, m).await, Err(ErrorCode::RebalanceInProgress));
+            assert_eq!(heartbeat(&groups, g, generation, m).await, Err(ErrorKind::RebalanceInProgress));
         }
         let (next, leader) = rebalance(&groups, g, &members, std::slice::from_ref(&new)).await;
         members.push(new);
@@ -268,7 +268,7 @@ async fn given_three_members_when_a_fourth_joins_and_one_leaves_then_each_change
     assert_eq!(left.error, None);
     assert_eq!(left.members[0].error, None);
     members.retain(|m| *m != a);
-    assert_eq!(heartbeat(&groups, g, generation, &a).await, Err(ErrorCode::UnknownMemberId));
+    assert_eq!(heartbeat(&groups, g, generation, &a).await, Err(ErrorKind::UnknownMember));
     let (next, leader) = rebalance(&groups, g, &members, &[]).await;
     assert_eq!(next, generation + 1);
     assert!(members.contains(&leader));
@@ -311,14 +311,14 @@ async fn given_a_silent_member_when_its_session_expires_then_it_is_removed_and_t
     loop {
         match heartbeat(&groups, g, generation, &a).await {
             Ok(()) => {}
-            Err(ErrorCode::RebalanceInProgress) => break,
+            Err(ErrorKind::RebalanceInProgress) => break,
             Err(e) => panic!("unexpected {e:?}"),
         }
         assert!(started.elapsed() < WAIT, "b never expired");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(started.elapsed() >= Duration::from_millis(800), "expired after {:?}", started.elapsed());
-    assert_eq!(heartbeat(&groups, g, generation, &b).await, Err(ErrorCode::UnknownMemberId));
+    assert_eq!(heartbeat(&groups, g, generation, &b).await, Err(ErrorKind::UnknownMember));
     let r = finish(spawn_join(&groups, short(&a))).await;
     assert_eq!(r.generation_id, generation + 1);
     assert_eq!(r.leader_id, a);
@@ -358,7 +358,7 @@ async fn given_a_rebalance_when_a_member_does_not_rejoin_in_time_then_it_is_remo
     let mut want = vec![a.clone(), c.clone()];
     want.sort();
     assert_eq!(seen, want);
-    assert_eq!(heartbeat(&groups, g, 2, &b).await, Err(ErrorCode::UnknownMemberId));
+    assert_eq!(heartbeat(&groups, g, 2, &b).await, Err(ErrorKind::UnknownMember));
     groups.check_invariants();
 }
 
@@ -411,9 +411,9 @@ async fn given_a_static_member_when_it_restarts_unchanged_then_no_rebalance_and_
         member_id: a.clone(),
         group_instance_id: Some("instance-a".into()),
     };
-    assert_eq!(groups.heartbeat(old.clone()).await, Err(ErrorCode::FencedInstanceId));
+    assert_eq!(groups.heartbeat(old.clone()).await, Err(ErrorKind::FencedInstance));
     sync.member_id = a.clone();
-    assert_eq!(groups.sync_group(sync).await.error, Some(ErrorCode::FencedInstanceId));
+    assert_eq!(groups.sync_group(sync).await.error, Some(ErrorKind::FencedInstance));
     let commit = CommitParams {
         group_id: g.into(),
         generation_id: generation,
@@ -427,9 +427,9 @@ async fn given_a_static_member_when_it_restarts_unchanged_then_no_rebalance_and_
             metadata: None,
         }],
     };
-    assert_eq!(groups.commit_offsets(commit).await[0].error, Some(ErrorCode::FencedInstanceId));
+    assert_eq!(groups.commit_offsets(commit).await[0].error, Some(ErrorKind::FencedInstance));
     let rejoin = groups.join_group(join_params(g, &a, Some("instance-a"))).await;
-    assert_eq!(rejoin.error, Some(ErrorCode::FencedInstanceId));
+    assert_eq!(rejoin.error, Some(ErrorKind::FencedInstance));
     assert_eq!(groups.heartbeat(HeartbeatParams { member_id: a2.clone(), ..old }).await, Ok(()));
 
     // Restarting with different metadata does rebalance.
@@ -438,7 +438,7 @@ async fn given_a_static_member_when_it_restarts_unchanged_then_no_rebalance_and_
     let ja3 = spawn_join(&groups, changed);
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(describe(&groups, g).await.state, GroupState::PreparingRebalance);
-    assert_eq!(heartbeat(&groups, g, generation, &b).await, Err(ErrorCode::RebalanceInProgress));
+    assert_eq!(heartbeat(&groups, g, generation, &b).await, Err(ErrorKind::RebalanceInProgress));
     let rb = finish(spawn_join(&groups, join_params(g, &b, None))).await;
     let ra3 = finish(ja3).await;
     assert_eq!(rb.generation_id, generation + 1);
@@ -452,14 +452,14 @@ async fn fencing_and_validation_errors_are_kafkas() {
     let (_broker, groups) = open(dir.path(), &[("group.max.size", "2")]).await;
     let g = "g";
 
-    assert_eq!(groups.join_group(join_params("", "", None)).await.error, Some(ErrorCode::InvalidGroupId));
+    assert_eq!(groups.join_group(join_params("", "", None)).await.error, Some(ErrorKind::InvalidGroupId));
     let bad_session = JoinGroupParams { session_timeout_ms: 5, ..join_params(g, "", None) };
-    assert_eq!(groups.join_group(bad_session).await.error, Some(ErrorCode::InvalidSessionTimeout));
+    assert_eq!(groups.join_group(bad_session).await.error, Some(ErrorKind::InvalidSessionTimeout));
     let too_long = JoinGroupParams { session_timeout_ms: 1_800_001, ..join_params(g, "", None) };
-    assert_eq!(groups.join_group(too_long).await.error, Some(ErrorCode::InvalidSessionTimeout));
-    assert_eq!(groups.join_group(join_params(g, "nobody", None)).await.error, Some(ErrorCode::UnknownMemberId));
+    assert_eq!(groups.join_group(too_long).await.error, Some(ErrorKind::InvalidSessionTimeout));
+    assert_eq!(groups.join_group(join_params(g, "nobody", None)).await.error, Some(ErrorKind::UnknownMember));
     let no_protocols = JoinGroupParams { protocols: Vec::new(), ..join_params(g, "", None) };
-    assert_eq!(groups.join_group(no_protocols).await.error, Some(ErrorCode::InconsistentGroupProtocol));
+    assert_eq!(groups.join_group(no_protocols).await.error, Some(ErrorKind::InconsistentGroupProtocol));
     assert!(groups.list_groups(&[]).await.unwrap().is_empty(), "failed joins leave no group behind");
 
     let a = member_id(&groups, g).await;
@@ -474,15 +474,15 @@ async fn fencing_and_validation_errors_are_kafkas() {
         group_instance_id: None,
         offsets: vec![OffsetToCommit { topic: TOPIC.into(), partition: 0, offset: 5, leader_epoch: 3, metadata: None }],
     };
-    assert_eq!(groups.commit_offsets(commit(generation, &a)).await[0].error, Some(ErrorCode::RebalanceInProgress));
+    assert_eq!(groups.commit_offsets(commit(generation, &a)).await[0].error, Some(ErrorKind::RebalanceInProgress));
     assert_eq!(heartbeat(&groups, g, generation, &a).await, Ok(()));
     sync_all(&groups, g, generation, &a, std::slice::from_ref(&a)).await;
 
-    assert_eq!(heartbeat(&groups, g, generation + 1, &a).await, Err(ErrorCode::IllegalGeneration));
-    assert_eq!(heartbeat(&groups, g, generation, "nobody").await, Err(ErrorCode::UnknownMemberId));
-    assert_eq!(heartbeat(&groups, "unknown-group", 1, &a).await, Err(ErrorCode::UnknownMemberId));
+    assert_eq!(heartbeat(&groups, g, generation + 1, &a).await, Err(ErrorKind::WrongGeneration));
+    assert_eq!(heartbeat(&groups, g, generation, "nobody").await, Err(ErrorKind::UnknownMember));
+    assert_eq!(heartbeat(&groups, "unknown-group", 1, &a).await, Err(ErrorKind::UnknownMember));
     let stale = finish(spawn_sync(&groups, g, generation - 1, &a, Vec::new())).await;
-    assert_eq!(stale.error, Some(ErrorCode::IllegalGeneration));
+    assert_eq!(stale.error, Some(ErrorKind::WrongGeneration));
     let wrong_type = SyncGroupParams {
         group_id: g.into(),
         generation_id: generation,
@@ -492,12 +492,12 @@ async fn fencing_and_validation_errors_are_kafkas() {
         protocol_name: None,
         assignments: Vec::new(),
     };
-    assert_eq!(groups.sync_group(wrong_type).await.error, Some(ErrorCode::InconsistentGroupProtocol));
-    assert_eq!(groups.commit_offsets(commit(generation + 1, &a)).await[0].error, Some(ErrorCode::IllegalGeneration));
-    assert_eq!(groups.commit_offsets(commit(generation, "nobody")).await[0].error, Some(ErrorCode::UnknownMemberId));
+    assert_eq!(groups.sync_group(wrong_type).await.error, Some(ErrorKind::InconsistentGroupProtocol));
+    assert_eq!(groups.commit_offsets(commit(generation + 1, &a)).await[0].error, Some(ErrorKind::WrongGeneration));
+    assert_eq!(groups.commit_offsets(commit(generation, "nobody")).await[0].error, Some(ErrorKind::UnknownMember));
     assert_eq!(
         groups.commit_offsets(commit(-1, "")).await[0].error,
-        Some(ErrorCode::UnknownMemberId),
+        Some(ErrorKind::UnknownMember),
         "simple commit to a live group"
     );
     let unknown_topic = CommitParams {
@@ -510,7 +510,7 @@ async fn fencing_and_validation_errors_are_kafkas() {
         }],
         ..commit(generation, &a)
     };
-    assert_eq!(groups.commit_offsets(unknown_topic).await[0].error, Some(ErrorCode::UnknownTopicOrPartition));
+    assert_eq!(groups.commit_offsets(unknown_topic).await[0].error, Some(ErrorKind::UnknownTopicOrPartition));
     let big = CommitParams {
         offsets: vec![OffsetToCommit {
             topic: TOPIC.into(),
@@ -521,7 +521,7 @@ async fn fencing_and_validation_errors_are_kafkas() {
         }],
         ..commit(generation, &a)
     };
-    assert_eq!(groups.commit_offsets(big).await[0].error, Some(ErrorCode::OffsetMetadataTooLarge));
+    assert_eq!(groups.commit_offsets(big).await[0].error, Some(ErrorKind::OffsetMetadataTooLarge));
     assert_eq!(groups.commit_offsets(commit(generation, &a)).await[0].error, None);
     let fetched = groups.fetch_offsets(g, Some(vec![(TOPIC.into(), 0), (TOPIC.into(), 1)])).await.unwrap();
     assert_eq!((fetched[0].offset, fetched[0].leader_epoch), (5, 3));
@@ -534,7 +534,7 @@ async fn fencing_and_validation_errors_are_kafkas() {
     let (ra, rb) = (finish(ja).await, finish(jb).await);
     assert_eq!((ra.error, rb.error), (None, None));
     let rc = groups.join_group(join_params(g, "", None)).await;
-    assert_eq!(rc.error, Some(ErrorCode::GroupMaxSizeReached));
+    assert_eq!(rc.error, Some(ErrorKind::GroupFull));
     assert_eq!(rc.member_id, "");
     assert_eq!(describe(&groups, g).await.members.len(), 2);
 
@@ -549,7 +549,7 @@ async fn fencing_and_validation_errors_are_kafkas() {
     sync_all(&groups, f, 2, &rs.leader_id, &[s1.member_id.clone(), x.clone()]).await;
     let restarted = groups.join_group(join_params(f, "", Some("s1"))).await;
     assert_eq!((restarted.error, restarted.generation_id), (None, 2));
-    assert_eq!(groups.join_group(join_params(f, "", Some("s2"))).await.error, Some(ErrorCode::GroupMaxSizeReached));
+    assert_eq!(groups.join_group(join_params(f, "", Some("s2"))).await.error, Some(ErrorKind::GroupFull));
 
     // Leaving with a wrong instance id, or an unknown member, fails per member.
     let left = groups
@@ -561,8 +561,8 @@ async fn fencing_and_validation_errors_are_kafkas() {
             ],
         )
         .await;
-    assert_eq!(left.members[0].error, Some(ErrorCode::UnknownMemberId));
-    assert_eq!(left.members[1].error, Some(ErrorCode::UnknownMemberId));
+    assert_eq!(left.members[0].error, Some(ErrorKind::UnknownMember));
+    assert_eq!(left.members[1].error, Some(ErrorKind::UnknownMember));
     groups.check_invariants();
 }
 
@@ -604,9 +604,9 @@ async fn given_waiting_joins_when_the_coordinator_shuts_down_then_they_return() 
     assert!(!waiting.is_finished());
     assert!(!follower_sync.is_finished());
     groups.shutdown();
-    assert_eq!(finish(waiting).await.error, Some(ErrorCode::CoordinatorNotAvailable));
-    assert_eq!(finish(follower_sync).await.error, Some(ErrorCode::CoordinatorNotAvailable));
-    assert_eq!(groups.join_group(join_params(g, "", None)).await.error, Some(ErrorCode::CoordinatorNotAvailable));
+    assert_eq!(finish(waiting).await.error, Some(ErrorKind::CoordinatorNotAvailable));
+    assert_eq!(finish(follower_sync).await.error, Some(ErrorKind::CoordinatorNotAvailable));
+    assert_eq!(groups.join_group(join_params(g, "", None)).await.error, Some(ErrorKind::CoordinatorNotAvailable));
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -705,7 +705,7 @@ async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_
     assert_eq!((description.state, description.protocol_type.as_str()), (GroupState::Empty, "consumer"));
 
     // The restarted group continues its generations; the old member id is unknown.
-    assert_eq!(heartbeat(&groups, g, ra.generation_id, &a).await, Err(ErrorCode::UnknownMemberId));
+    assert_eq!(heartbeat(&groups, g, ra.generation_id, &a).await, Err(ErrorKind::UnknownMember));
     let b = member_id(&groups, g).await;
     let rb = finish(spawn_join(&groups, join_params(g, &b, None))).await;
     assert_eq!(rb.generation_id, ra.generation_id + 1);
@@ -734,22 +734,19 @@ async fn delete_groups_and_offset_delete_follow_kafkas_rules() {
 
     assert_eq!(
         groups.delete_groups(vec![g.into(), "unknown".into()]).await,
-        vec![
-            (g.to_string(), Some(ErrorCode::NonEmptyGroup)),
-            ("unknown".to_string(), Some(ErrorCode::GroupIdNotFound))
-        ]
+        vec![(g.to_string(), Some(ErrorKind::GroupNotEmpty)), ("unknown".to_string(), Some(ErrorKind::UnknownGroup))]
     );
     // Stable and subscribed to TOPIC (not to "other").
     let results = groups
         .delete_offsets(g.into(), vec![(TOPIC.into(), 0), ("other".into(), 0), ("missing".into(), 0)])
         .await
         .unwrap();
-    let errors: Vec<Option<ErrorCode>> = results.iter().map(|r| r.error).collect();
-    assert_eq!(errors, vec![Some(ErrorCode::GroupSubscribedToTopic), None, Some(ErrorCode::UnknownTopicOrPartition)]);
+    let errors: Vec<Option<ErrorKind>> = results.iter().map(|r| r.error).collect();
+    assert_eq!(errors, vec![Some(ErrorKind::GroupSubscribedToTopic), None, Some(ErrorKind::UnknownTopicOrPartition)]);
     let left = groups.fetch_offsets(g, None).await.unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].topic, TOPIC);
-    assert_eq!(groups.delete_offsets("unknown".into(), vec![]).await, Err(ErrorCode::GroupIdNotFound));
+    assert_eq!(groups.delete_offsets("unknown".into(), vec![]).await, Err(ErrorKind::UnknownGroup));
 
     groups.leave_group(g, vec![LeavingMember { member_id: a.clone(), group_instance_id: None, reason: None }]).await;
     assert_eq!(groups.delete_groups(vec![g.into()]).await, vec![(g.to_string(), None)]);
@@ -839,13 +836,13 @@ async fn given_a_group_rebalancing_when_a_follower_never_syncs_then_it_is_remove
     // rebalances without it.
     let started = std::time::Instant::now();
     loop {
-        if heartbeat(&groups, g, ra.generation_id, &leader).await == Err(ErrorCode::RebalanceInProgress) {
+        if heartbeat(&groups, g, ra.generation_id, &leader).await == Err(ErrorKind::RebalanceInProgress) {
             break;
         }
         assert!(started.elapsed() < WAIT);
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    assert_eq!(heartbeat(&groups, g, ra.generation_id, &follower).await, Err(ErrorCode::UnknownMemberId));
+    assert_eq!(heartbeat(&groups, g, ra.generation_id, &follower).await, Err(ErrorKind::UnknownMember));
     let r = finish(spawn_join(&groups, quick(&leader))).await;
     assert_eq!(r.members.len(), 1);
 }

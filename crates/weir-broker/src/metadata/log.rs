@@ -45,8 +45,12 @@ impl MetadataLog {
         std::fs::create_dir_all(&log_dir).map_err(|e| StorageError::Io { path: log_dir.clone(), source: e })?;
         let snapshot_path = dir.join(SNAPSHOT_FILE);
         let mut state = match std::fs::read(&snapshot_path) {
-            Ok(bytes) => serde_json::from_slice::<MetadataState>(&bytes)
-                .map_err(|e| MetadataLogError::Corrupt { path: snapshot_path.clone(), reason: e.to_string() })?,
+            Ok(bytes) => {
+                let mut state = serde_json::from_slice::<MetadataState>(&bytes)
+                    .map_err(|e| MetadataLogError::Corrupt { path: snapshot_path.clone(), reason: e.to_string() })?;
+                state.upgrade_loaded();
+                state
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => MetadataState::new(),
             Err(e) => return Err(StorageError::Io { path: snapshot_path, source: e }.into()),
         };
@@ -152,6 +156,7 @@ mod tests {
             partitions: 3,
             configs: BTreeMap::new(),
             internal: false,
+            assignments: vec![vec![0]; 3],
         }
     }
 

@@ -6,6 +6,10 @@
 //! cluster the same records will be the entries of an openraft log whose leader is the
 //! controller, so only the transport of the log changes. Applying a record is deterministic and
 //! cannot fail: validation happens before a record is proposed.
+//!
+//! Every partition carries its replica set, in-sync replicas, leader and leader epoch
+//! ([`PartitionState`]), on one node as in a cluster: the single-node facts (one replica, in
+//! sync, leading at epoch 0) are written once, by the controller, and read everywhere.
 
 mod log;
 
@@ -30,6 +34,11 @@ pub enum MetadataRecord {
         partitions: i32,
         configs: BTreeMap<String, String>,
         internal: bool,
+        /// The replicas of each partition, the preferred leader first (`partitions` entries).
+        /// Empty in records written before replicas were assigned (see
+        /// [`MetadataRecord::AssignLegacyPartitions`]).
+        #[serde(default)]
+        assignments: Vec<Vec<i32>>,
     },
     DeleteTopic {
         name: String,
@@ -40,6 +49,31 @@ pub enum MetadataRecord {
         name: String,
         id: Uuid,
         partitions: i32,
+        /// The replicas of each new partition, in partition order (empty in old records).
+        #[serde(default)]
+        assignments: Vec<Vec<i32>>,
+    },
+    /// Changes one partition's replicas, in-sync replicas or leader (KRaft's
+    /// PartitionChangeRecord). A new leader bumps the leader epoch; every change bumps the
+    /// partition epoch.
+    PartitionChange {
+        topic: String,
+        id: Uuid,
+        partition: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replicas: Option<Vec<i32>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        isr: Option<Vec<i32>>,
+        /// [`NO_LEADER`] takes the partition offline.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        leader: Option<i32>,
+    },
+    /// Partitions created before replicas were assigned (Weir 0.1, always one node) get one
+    /// replica on `broker`, in sync and leading at leader epoch 0, the epoch their batches
+    /// were written with. Written once, at the first start of a data directory that has such
+    /// partitions.
+    AssignLegacyPartitions {
+        broker: i32,
     },
     /// Replaces the topic's config overrides with `configs`.
     SetTopicConfigs {
@@ -54,14 +88,60 @@ pub enum MetadataRecord {
     },
 }
 
+/// `leader` of a partition that has none (its replicas are all offline, or it is unassigned).
+pub const NO_LEADER: i32 = -1;
+
+/// Where a partition's replicas live and which one leads.
+///
+/// Invariants (checked by [`MetadataState::check_invariants`]): `isr` is a subset of `replicas`
+/// without duplicates; `leader` is [`NO_LEADER`] or in `isr`; epochs never decrease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionState {
+    /// Broker ids holding a replica, the preferred leader first. Empty only for a partition of a
+    /// data directory older than replica assignments, until it is assigned.
+    pub replicas: Vec<i32>,
+    /// The in-sync replicas: those with every acknowledged record.
+    pub isr: Vec<i32>,
+    pub leader: i32,
+    /// Bumped on every change of leader; stamped on every batch the leader appends.
+    pub leader_epoch: i32,
+    /// Bumped on every change of this state, so that a change computed from an old state can
+    /// be refused (KRaft's partition epoch).
+    pub partition_epoch: i32,
+}
+
+impl PartitionState {
+    /// A new partition on `replicas`: all in sync, the first leading, at epoch 0.
+    pub fn new(replicas: Vec<i32>) -> PartitionState {
+        let leader = replicas.first().copied().unwrap_or(NO_LEADER);
+        PartitionState { isr: replicas.clone(), replicas, leader, leader_epoch: 0, partition_epoch: 0 }
+    }
+
+    fn unassigned() -> PartitionState {
+        PartitionState { replicas: Vec::new(), isr: Vec::new(), leader: NO_LEADER, leader_epoch: 0, partition_epoch: 0 }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TopicMetadata {
     pub name: String,
     pub id: Uuid,
+    /// The partition count; `assignments` has one entry per partition.
     pub partitions: i32,
     /// Overrides only; defaults come from the broker config.
     pub configs: BTreeMap<String, String>,
     pub internal: bool,
+    /// Each partition's replicas and leader, by partition index. Missing in snapshots written
+    /// before replicas were assigned: then filled with unassigned entries at load.
+    #[serde(default)]
+    pub assignments: Vec<PartitionState>,
+}
+
+impl TopicMetadata {
+    /// Partition `index`'s replicas and leader.
+    pub fn partition(&self, index: i32) -> Option<&PartitionState> {
+        self.assignments.get(usize::try_from(index).ok()?)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -88,9 +168,67 @@ impl MetadataState {
         self.topics.values().find(|t| t.id == id)
     }
 
+    /// True when some partition has no replicas assigned (a data directory written before
+    /// replica assignments existed).
+    pub fn has_unassigned_partitions(&self) -> bool {
+        self.topics.values().any(|t| {
+            t.assignments.len() != t.partitions.max(0) as usize || t.assignments.iter().any(|s| s.replicas.is_empty())
+        })
+    }
+
+    /// Brings a state loaded from an old snapshot in line with this version's invariants: every
+    /// topic has one (possibly unassigned) entry per partition.
+    pub(crate) fn upgrade_loaded(&mut self) {
+        for topic in self.topics.values_mut() {
+            topic.assignments.resize(topic.partitions.max(0) as usize, PartitionState::unassigned());
+        }
+    }
+
+    /// Checks the state's invariants; panics on the first one broken. Called after every apply
+    /// in debug builds: a broken invariant is a bug in validation or in `apply`.
+    pub fn check_invariants(&self) {
+        for topic in self.topics.values() {
+            assert_eq!(
+                topic.assignments.len(),
+                topic.partitions.max(0) as usize,
+                "topic {}: one state per partition",
+                topic.name
+            );
+            for (index, state) in topic.assignments.iter().enumerate() {
+                let at = || format!("{}-{index}", topic.name);
+                let mut isr = state.isr.clone();
+                isr.sort_unstable();
+                isr.dedup();
+                assert_eq!(isr.len(), state.isr.len(), "{}: duplicate in the ISR {:?}", at(), state.isr);
+                assert!(
+                    state.isr.iter().all(|b| state.replicas.contains(b)),
+                    "{}: ISR {:?} not within replicas {:?}",
+                    at(),
+                    state.isr,
+                    state.replicas
+                );
+                assert!(
+                    state.leader == NO_LEADER || state.isr.contains(&state.leader),
+                    "{}: leader {} not in the ISR {:?}",
+                    at(),
+                    state.leader,
+                    state.isr
+                );
+                assert!(state.leader_epoch >= 0 && state.partition_epoch >= 0, "{}: negative epoch", at());
+            }
+        }
+    }
+
     /// Applies the record at `offset`. A record that does not fit the state (which validation
     /// prevents) is skipped with a warning, so every replica skips it alike.
     pub fn apply(&mut self, offset: i64, record: &MetadataRecord) {
+        self.apply_record(offset, record);
+        if cfg!(debug_assertions) {
+            self.check_invariants();
+        }
+    }
+
+    fn apply_record(&mut self, offset: i64, record: &MetadataRecord) {
         self.applied_offset = offset;
         match record {
             MetadataRecord::InitCluster { cluster_id } => {
@@ -98,7 +236,7 @@ impl MetadataState {
                     self.cluster_id = cluster_id.clone();
                 }
             }
-            MetadataRecord::CreateTopic { name, id, partitions, configs, internal } => {
+            MetadataRecord::CreateTopic { name, id, partitions, configs, internal, assignments } => {
                 if self.topics.contains_key(name) {
                     tracing::warn!(offset, topic = %name, "metadata: skipping create of an existing topic");
                     return;
@@ -111,6 +249,7 @@ impl MetadataState {
                         partitions: *partitions,
                         configs: configs.clone(),
                         internal: *internal,
+                        assignments: partition_states(*partitions, 0, assignments),
                     },
                 );
             }
@@ -121,10 +260,46 @@ impl MetadataState {
                     tracing::warn!(offset, topic = %name, "metadata: skipping delete of an unknown topic");
                 }
             }
-            MetadataRecord::CreatePartitions { name, id, partitions } => match self.topics.get_mut(name) {
-                Some(topic) if topic.id == *id && *partitions >= topic.partitions => topic.partitions = *partitions,
+            MetadataRecord::CreatePartitions { name, id, partitions, assignments } => match self.topics.get_mut(name) {
+                Some(topic) if topic.id == *id && *partitions >= topic.partitions => {
+                    let added = partition_states(*partitions, topic.partitions, assignments);
+                    topic.assignments.extend(added);
+                    topic.partitions = *partitions;
+                }
                 _ => tracing::warn!(offset, topic = %name, "metadata: skipping invalid partition increase"),
             },
+            MetadataRecord::PartitionChange { topic, id, partition, replicas, isr, leader } => {
+                let state = self
+                    .topics
+                    .get_mut(topic)
+                    .filter(|t| t.id == *id)
+                    .and_then(|t| t.assignments.get_mut(usize::try_from(*partition).ok()?));
+                let Some(state) = state else {
+                    tracing::warn!(offset, topic = %topic, partition, "metadata: skipping a change of an unknown partition");
+                    return;
+                };
+                if let Some(replicas) = replicas {
+                    state.replicas = replicas.clone();
+                }
+                if let Some(isr) = isr {
+                    state.isr = isr.clone();
+                }
+                if let Some(leader) = leader {
+                    if *leader != state.leader {
+                        state.leader = *leader;
+                        state.leader_epoch += 1;
+                    }
+                }
+                state.partition_epoch += 1;
+            }
+            MetadataRecord::AssignLegacyPartitions { broker } => {
+                for topic in self.topics.values_mut() {
+                    topic.assignments.resize(topic.partitions.max(0) as usize, PartitionState::unassigned());
+                    for state in topic.assignments.iter_mut().filter(|s| s.replicas.is_empty()) {
+                        *state = PartitionState::new(vec![*broker]);
+                    }
+                }
+            }
             MetadataRecord::SetTopicConfigs { name, id, configs } => match self.topics.get_mut(name) {
                 Some(topic) if topic.id == *id => topic.configs = configs.clone(),
                 _ => tracing::warn!(offset, topic = %name, "metadata: skipping configs of an unknown topic"),
@@ -138,6 +313,18 @@ impl MetadataState {
             }
         }
     }
+}
+
+/// The states of partitions `first..count` from their replica lists; partitions the record
+/// assigns nothing to (old records) are unassigned.
+fn partition_states(count: i32, first: i32, assignments: &[Vec<i32>]) -> Vec<PartitionState> {
+    let mut replicas = assignments.iter();
+    (first..count)
+        .map(|_| match replicas.next() {
+            Some(list) => PartitionState::new(list.clone()),
+            None => PartitionState::unassigned(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -155,9 +342,16 @@ mod tests {
                 partitions: 2,
                 configs: BTreeMap::new(),
                 internal: false,
+                assignments: vec![vec![1], vec![1]],
             },
-            MetadataRecord::CreatePartitions { name: "t".into(), id, partitions: 1 }, // shrink: skipped
-            MetadataRecord::CreatePartitions { name: "t".into(), id, partitions: 4 },
+            // shrink: skipped
+            MetadataRecord::CreatePartitions { name: "t".into(), id, partitions: 1, assignments: vec![] },
+            MetadataRecord::CreatePartitions {
+                name: "t".into(),
+                id,
+                partitions: 4,
+                assignments: vec![vec![1], vec![1]],
+            },
             MetadataRecord::SetTopicConfigs {
                 name: "t".into(),
                 id,
@@ -174,9 +368,72 @@ mod tests {
         assert_eq!(a, b);
         let topic = a.topic("t").unwrap();
         assert_eq!(topic.partitions, 4);
+        assert_eq!(topic.assignments.len(), 4);
+        assert_eq!(topic.partition(3), Some(&PartitionState::new(vec![1])));
         assert_eq!(topic.configs.get("retention.ms").map(String::as_str), Some("10"));
         assert_eq!(a.applied_offset, 5);
         a.apply(6, &MetadataRecord::DeleteTopic { name: "t".into(), id });
         assert!(a.topic("t").is_none());
+    }
+
+    #[test]
+    fn a_new_leader_bumps_the_leader_epoch_and_every_change_the_partition_epoch() {
+        let id = Uuid::new_v4();
+        let mut state = MetadataState::new();
+        let create = MetadataRecord::CreateTopic {
+            name: "t".into(),
+            id,
+            partitions: 1,
+            configs: BTreeMap::new(),
+            internal: false,
+            assignments: vec![vec![1, 2, 3]],
+        };
+        state.apply(0, &create);
+        let change = |isr: Option<Vec<i32>>, leader: Option<i32>| MetadataRecord::PartitionChange {
+            topic: "t".into(),
+            id,
+            partition: 0,
+            replicas: None,
+            isr,
+            leader,
+        };
+        let partition = |s: &MetadataState| s.topic("t").and_then(|t| t.partition(0)).cloned().unwrap();
+        assert_eq!((partition(&state).leader, partition(&state).leader_epoch), (1, 0));
+        state.apply(1, &change(Some(vec![1, 2]), None)); // the ISR shrinks: same leader
+        assert_eq!((partition(&state).leader_epoch, partition(&state).partition_epoch), (0, 1));
+        state.apply(2, &change(Some(vec![2]), Some(2))); // failover
+        let now = partition(&state);
+        assert_eq!((now.leader, now.leader_epoch, now.partition_epoch, now.isr), (2, 1, 2, vec![2]));
+        state.apply(3, &change(None, Some(2))); // the same leader again: no new epoch
+        assert_eq!(partition(&state).leader_epoch, 1);
+        state.apply(4, &change(Some(vec![]), Some(NO_LEADER))); // offline
+        assert_eq!((partition(&state).leader, partition(&state).leader_epoch), (NO_LEADER, 2));
+    }
+
+    #[test]
+    fn partitions_of_old_records_are_assigned_to_the_single_broker_at_epoch_0() {
+        // Records as Weir 0.1 wrote them: no assignments field.
+        let old_create = r#"{"type":"create_topic","name":"t","id":"6d4f1b0e-8f43-4d8e-9a3b-0c2f5b8d9e11","partitions":2,"configs":{},"internal":false}"#;
+        let old_grow =
+            r#"{"type":"create_partitions","name":"t","id":"6d4f1b0e-8f43-4d8e-9a3b-0c2f5b8d9e11","partitions":3}"#;
+        let mut state = MetadataState::new();
+        state.apply(0, &serde_json::from_str(old_create).unwrap());
+        state.apply(1, &serde_json::from_str(old_grow).unwrap());
+        assert!(state.has_unassigned_partitions());
+        assert_eq!(state.topic("t").unwrap().partition(2).unwrap().leader, NO_LEADER);
+        state.apply(2, &MetadataRecord::AssignLegacyPartitions { broker: 7 });
+        assert!(!state.has_unassigned_partitions());
+        for index in 0..3 {
+            assert_eq!(state.topic("t").unwrap().partition(index), Some(&PartitionState::new(vec![7])));
+        }
+
+        // A snapshot as Weir 0.1 wrote it: no assignments either.
+        let old_snapshot = r#"{"cluster_id":"c","topics":{"u":{"name":"u","id":"6d4f1b0e-8f43-4d8e-9a3b-0c2f5b8d9e12","partitions":2,"configs":{},"internal":false}},"applied_offset":4,"next_producer_id":0}"#;
+        let mut loaded: MetadataState = serde_json::from_str(old_snapshot).unwrap();
+        loaded.upgrade_loaded();
+        loaded.check_invariants();
+        assert!(loaded.has_unassigned_partitions());
+        loaded.apply(5, &MetadataRecord::AssignLegacyPartitions { broker: 0 });
+        assert_eq!(loaded.topic("u").unwrap().partition(1).unwrap().isr, vec![0]);
     }
 }

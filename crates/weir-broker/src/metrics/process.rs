@@ -1,15 +1,14 @@
-//! The broker process's own resources, read from `/proc/self` at scrape time (Linux). On other
-//! systems, or if a file cannot be read, the affected metrics are left out.
+//! The broker process's own resources, read from `/proc/self` at scrape time (Linux, through
+//! `weir-proc`). On other systems, or if a file cannot be read, the affected metrics are left
+//! out.
 //!
-//! The names mirror Prometheus' standard process collector (`process_cpu_seconds_total`, ...)
-//! under the `weir_` prefix.
+//! The names are Prometheus' standard process metrics (`process_cpu_seconds_total`,
+//! `process_resident_memory_bytes`, ...), without Weir's prefix, so that stock dashboards and
+//! alerts work unchanged.
+
+use weir_proc::Pid;
 
 use super::text::{Exposition, Kind};
-
-/// Clock ticks per second of `/proc/<pid>/stat` times: `USER_HZ`, which Linux fixes at 100 for
-/// user space on every architecture it still supports (the kernel's `HZ` may differ; the
-/// values are scaled). Reading it with `sysconf(_SC_CLK_TCK)` would need `unsafe` here.
-const USER_HZ: f64 = 100.0;
 
 /// What one scrape read; `None` where a source was missing or unreadable.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -27,27 +26,17 @@ impl ProcessStats {
     /// Reads `/proc/self/{stat,status,fd,limits}` and `/proc/stat`: a few small reads and one
     /// directory listing.
     pub fn read() -> ProcessStats {
-        let mut stats = ProcessStats::default();
-        if let Ok(text) = std::fs::read_to_string("/proc/self/stat") {
-            if let Some(stat) = parse_stat(&text) {
-                stats.cpu_seconds = Some((stat.utime_ticks + stat.stime_ticks) as f64 / USER_HZ);
-                stats.threads = Some(stat.threads);
-                let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|t| parse_boot_time(&t));
-                stats.start_time_seconds = boot.map(|b| b as f64 + stat.start_ticks as f64 / USER_HZ);
-            }
+        let stat = weir_proc::stat(Pid::SelfProcess);
+        let memory = weir_proc::memory(Pid::SelfProcess).unwrap_or_default();
+        ProcessStats {
+            cpu_seconds: stat.map(|s| s.cpu_seconds()),
+            resident_memory_bytes: memory.resident_bytes,
+            virtual_memory_bytes: memory.virtual_bytes,
+            threads: stat.map(|s| s.threads),
+            open_fds: weir_proc::open_fds(Pid::SelfProcess),
+            max_fds: weir_proc::max_fds(Pid::SelfProcess),
+            start_time_seconds: stat.as_ref().and_then(weir_proc::start_time_seconds),
         }
-        if let Ok(text) = std::fs::read_to_string("/proc/self/status") {
-            stats.resident_memory_bytes = status_kib(&text, "VmRSS:").map(|kib| kib * 1024);
-            stats.virtual_memory_bytes = status_kib(&text, "VmSize:").map(|kib| kib * 1024);
-        }
-        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
-            // The listing holds the descriptor of the listing itself; leave it out.
-            stats.open_fds = Some((dir.count() as u64).saturating_sub(1));
-        }
-        if let Ok(text) = std::fs::read_to_string("/proc/self/limits") {
-            stats.max_fds = parse_max_open_files(&text);
-        }
-        stats
     }
 }
 
@@ -60,85 +49,23 @@ pub(super) fn render(out: &mut Exposition, stats: &ProcessStats) {
             }
         };
     }
-    gauge!(cpu_seconds, "weir_process_cpu_seconds_total", Kind::Counter, "CPU time of the process, user and system.");
-    gauge!(resident_memory_bytes, "weir_process_resident_memory_bytes", Kind::Gauge, "Resident set size (VmRSS).");
-    gauge!(virtual_memory_bytes, "weir_process_virtual_memory_bytes", Kind::Gauge, "Virtual memory size (VmSize).");
-    gauge!(threads, "weir_process_threads", Kind::Gauge, "Threads of the process.");
-    gauge!(open_fds, "weir_process_open_fds", Kind::Gauge, "Open file descriptors (sockets, segment and index files).");
-    gauge!(max_fds, "weir_process_max_fds", Kind::Gauge, "The soft limit on open file descriptors (RLIMIT_NOFILE).");
+    gauge!(cpu_seconds, "process_cpu_seconds_total", Kind::Counter, "Total user and system CPU time spent in seconds.");
+    gauge!(resident_memory_bytes, "process_resident_memory_bytes", Kind::Gauge, "Resident memory size in bytes.");
+    gauge!(virtual_memory_bytes, "process_virtual_memory_bytes", Kind::Gauge, "Virtual memory size in bytes.");
+    gauge!(threads, "process_threads", Kind::Gauge, "Number of OS threads in the process.");
+    gauge!(open_fds, "process_open_fds", Kind::Gauge, "Number of open file descriptors.");
+    gauge!(max_fds, "process_max_fds", Kind::Gauge, "Maximum number of open file descriptors.");
     gauge!(
         start_time_seconds,
-        "weir_process_start_time_seconds",
+        "process_start_time_seconds",
         Kind::Gauge,
-        "When the process started, in Unix seconds."
+        "Start time of the process since unix epoch in seconds."
     );
-}
-
-/// The fields of `/proc/<pid>/stat` used here.
-#[derive(Debug, PartialEq, Eq)]
-struct Stat {
-    utime_ticks: u64,
-    stime_ticks: u64,
-    threads: u64,
-    start_ticks: u64,
-}
-
-/// `pid (comm) state ppid ...`: the command name may hold spaces and parentheses, so fields are
-/// counted from the last `)`. After it, field 3 (state) is index 0; utime is field 14, stime 15,
-/// num_threads 20 and starttime 22 (proc(5)).
-fn parse_stat(text: &str) -> Option<Stat> {
-    let after = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
-    Some(Stat { utime_ticks: field(14)?, stime_ticks: field(15)?, threads: field(20)?, start_ticks: field(22)? })
-}
-
-/// `VmRSS:     1964 kB` → 1964.
-fn status_kib(text: &str, key: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.starts_with(key))?;
-    let mut words = line[key.len()..].split_whitespace();
-    let value = words.next()?.parse().ok()?;
-    (words.next() == Some("kB")).then_some(value)
-}
-
-/// `btime 1795975519` of `/proc/stat`: boot time in Unix seconds.
-fn parse_boot_time(text: &str) -> Option<u64> {
-    text.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse().ok())
-}
-
-/// The soft limit of `Max open files` in `/proc/<pid>/limits`; `None` if unlimited.
-fn parse_max_open_files(text: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
-    line["Max open files".len()..].split_whitespace().next()?.parse().ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_fields_are_counted_from_the_last_parenthesis() {
-        let text = "32531 (a (weird) name) R 32488 32488 24583 0 -1 4194304 99 0 0 0 250 31 0 0 20 0 7 0 539626 3133440 360 18446744073709551615 0\n";
-        assert_eq!(parse_stat(text), Some(Stat { utime_ticks: 250, stime_ticks: 31, threads: 7, start_ticks: 539626 }));
-        assert_eq!(parse_stat("12 (x) R 1 2"), None);
-        assert_eq!(parse_stat(""), None);
-    }
-
-    #[test]
-    fn status_limits_and_boot_time_parse() {
-        let status = "Name:\tweir\nVmSize:\t    3892 kB\nVmRSS:\t    1964 kB\n";
-        assert_eq!(status_kib(status, "VmRSS:"), Some(1964));
-        assert_eq!(status_kib(status, "VmSize:"), Some(3892));
-        assert_eq!(status_kib(status, "VmSwap:"), None);
-        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
-                      Max open files            20000                40000                files     \n";
-        assert_eq!(parse_max_open_files(limits), Some(20000));
-        assert_eq!(
-            parse_max_open_files("Max open files            unlimited            unlimited            files\n"),
-            None
-        );
-        assert_eq!(parse_boot_time("cpu  1 2 3\nbtime 1795975519\nprocesses 9\n"), Some(1_795_975_519));
-    }
 
     #[cfg(target_os = "linux")]
     #[test]
@@ -148,10 +75,19 @@ mod tests {
         assert!(stats.resident_memory_bytes.is_some_and(|b| b > 0), "{stats:?}");
         assert!(stats.virtual_memory_bytes >= stats.resident_memory_bytes, "{stats:?}");
         assert!(stats.threads.is_some_and(|t| t >= 1), "{stats:?}");
-        // stdin, stdout and stderr at least.
         assert!(stats.open_fds.is_some_and(|n| n >= 3), "{stats:?}");
         assert!(stats.max_fds >= stats.open_fds, "{stats:?}");
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
-        assert!(stats.start_time_seconds.is_some_and(|t| t <= now + 1.0 && t > now - 86_400.0 * 365.0), "{stats:?}");
+        assert!(stats.start_time_seconds.is_some(), "{stats:?}");
+    }
+
+    #[test]
+    fn the_names_are_prometheus_standard_ones() {
+        let stats = ProcessStats { cpu_seconds: Some(1.5), resident_memory_bytes: Some(10), ..Default::default() };
+        let mut out = Exposition::with_capacity(1024);
+        render(&mut out, &stats);
+        let text = out.finish();
+        assert!(text.contains("\nprocess_cpu_seconds_total 1.5\n"), "{text}");
+        assert!(text.contains("\nprocess_resident_memory_bytes 10\n"), "{text}");
+        assert!(!text.contains("process_open_fds"), "a value not read is left out: {text}");
     }
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::text::{self, Exposition, Kind, Sample};
 use super::*;
 use crate::group::{CommitParams, OffsetToCommit};
-use crate::{BrokerConfig, NewTopic};
+use crate::{Acks, BrokerConfig, NewTopic};
 
 fn find<'a>(samples: &'a [Sample], name: &str, labels: &[(&str, &str)]) -> Option<&'a Sample> {
     samples.iter().find(|s| s.name == name && labels.iter().all(|(n, v)| s.label(n) == Some(v)))
@@ -40,31 +40,44 @@ fn histogram_bounds_are_inclusive_and_overflow_goes_to_inf() {
     assert!(LATENCY_BUCKETS_NANOS.windows(2).all(|w| w[0] < w[1]));
 }
 
-#[test]
-fn api_slots_are_named_once_and_errors_skip_code_zero() {
-    let requests = RequestMetrics::default();
-    let produce = requests.api(0, || "Produce".into()).expect("slot 0");
-    assert_eq!(produce.name(), Some("Produce"));
-    let again = requests.api(0, || unreachable!("named already")).expect("slot 0");
-    assert!(std::ptr::eq(produce, again));
-    assert!(requests.api(-1, || "negative".into()).is_none());
-    assert!(requests.api(API_SLOTS as i16, || "too big".into()).is_none());
-
-    produce.count_errors([0, 3, 0, 3, 10]);
-    produce.count_errors([0, 0]);
-    produce.count_errors([-1]);
-    assert_eq!(produce.errors(), vec![(-1, 1), (3, 2), (10, 1)]);
-    assert_eq!(requests.named().map(|(name, _)| name).collect::<Vec<_>>(), vec!["Produce"]);
+fn test_error_name(code: i32) -> String {
+    format!("E{code}")
 }
 
 #[test]
-fn error_names_are_kafkas() {
-    assert_eq!(error_name(3), "UNKNOWN_TOPIC_OR_PARTITION");
-    assert_eq!(error_name(-1), "UNKNOWN_SERVER_ERROR");
-    assert_eq!(error_name(17), "INVALID_TOPIC_EXCEPTION");
-    assert_eq!(error_name(56), "KAFKA_STORAGE_ERROR");
-    assert_eq!(error_name(0), "NONE");
-    assert_eq!(error_name(31_000), "UNKNOWN_CODE_31000");
+fn operation_slots_are_named_once_and_errors_skip_code_zero() {
+    let requests = ProtocolMetrics::new("test", 4, test_error_name);
+    let produce = requests.operation(0, || "Produce".into()).expect("slot 0");
+    assert_eq!(produce.name(), Some("Produce"));
+    let again = requests.operation(0, || unreachable!("named already")).expect("slot 0");
+    assert!(std::ptr::eq(produce, again));
+    assert!(requests.operation(-1, || "negative".into()).is_none());
+    assert!(requests.operation(4, || "too big".into()).is_none());
+
+    produce.count_errors([0, 3, 0, 3, 10]);
+    produce.count_errors([0, 0]);
+    produce.count_errors([-1, 40_401]);
+    assert_eq!(produce.errors(), vec![(-1, 1), (3, 2), (10, 1), (40_401, 1)]);
+    assert_eq!(requests.named().map(|(name, _)| name).collect::<Vec<_>>(), vec!["Produce"]);
+    assert_eq!(requests.error_name(3), "E3");
+}
+
+#[test]
+fn each_protocol_is_registered_once_with_its_own_slots() {
+    let metrics = BrokerMetrics::default();
+    let kafka = metrics.register_protocol("kafka", 8, test_error_name);
+    let again = metrics.register_protocol("kafka", 1, test_error_name);
+    assert!(Arc::ptr_eq(&kafka, &again));
+    let other = metrics.register_protocol("other", 8, test_error_name);
+    kafka.operation(0, || "Produce".into()).expect("slot").observe(Duration::from_millis(1));
+    other.operation(0, || "SendMessage".into()).expect("slot").observe(Duration::from_millis(1));
+    assert_eq!(kafka.operation(0, || unreachable!()).map(|o| o.latency().count()), Some(1));
+    assert_eq!(
+        other.operation(0, || unreachable!()).and_then(|o| o.name().map(str::to_string)).as_deref(),
+        Some("SendMessage")
+    );
+    let names: Vec<&str> = metrics.protocols().iter().map(|p| p.protocol()).collect();
+    assert_eq!(names, vec!["kafka", "other"]);
 }
 
 // ----- the exposition format -----------------------------------------------------------------
@@ -199,7 +212,7 @@ async fn a_broker_renders_every_metric_in_valid_exposition_format() {
     for (partition, records) in [(&p0, 3), (&p0, 2), (&p1, 4)] {
         let records = batch(records);
         bytes_in += records.len() as u64;
-        broker.append(partition.clone(), records, 1).await.expect("append");
+        broker.append(partition.clone(), records, Acks::Leader).await.expect("append");
     }
     // What the fetch path counts.
     p0.metrics.bytes_out.add(1234);
@@ -221,19 +234,22 @@ async fn a_broker_renders_every_metric_in_valid_exposition_format() {
     assert!(results.iter().all(|r| r.error.is_none()), "{results:?}");
     broker.delete_topic(Some("gone".into()), None).await.expect("delete");
 
-    // What the Kafka front-end counts.
-    let requests = &broker.metrics.requests;
-    let produce = requests.api(0, || "Produce".into()).expect("slot");
+    // What a front-end counts.
+    let requests = broker.metrics.register_protocol("kafka", 4, test_error_name);
+    let produce = requests.operation(0, || "Produce".into()).expect("slot");
     produce.observe(Duration::from_micros(300));
     produce.observe(Duration::from_millis(3));
     produce.count_errors([3]);
-    let fetch = requests.api(1, || "Fetch".into()).expect("slot");
+    let fetch = requests.operation(1, || "Fetch".into()).expect("slot");
     fetch.observe(Duration::from_millis(500));
     fetch.count_failure();
-    requests.count_unknown_api();
-    broker.metrics.connections.open.inc();
-    broker.metrics.connections.accepted.add(2);
-    broker.metrics.connections.requests_in_flight.inc();
+    requests.count_unknown_operation();
+    requests.connections.open.inc();
+    requests.connections.accepted.add(2);
+    requests.connections.requests_in_flight.inc();
+    // A second front-end adds rows of its own.
+    let other = broker.metrics.register_protocol("other", 4, test_error_name);
+    other.operation(0, || "SendMessage".into()).expect("slot").observe(Duration::from_millis(1));
 
     let text = render_prometheus(&broker, &groups);
     let samples = text::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -241,9 +257,9 @@ async fn a_broker_renders_every_metric_in_valid_exposition_format() {
     // Every metric docs/metrics.md lists is there.
     let families: std::collections::HashSet<&str> = samples.iter().map(|s| s.family.as_str()).collect();
     let docs = include_str!("../../../../docs/metrics.md");
-    for line in docs.lines().filter(|l| l.starts_with("| `weir_")) {
+    for line in docs.lines().filter(|l| l.starts_with("| `weir_") || l.starts_with("| `process_")) {
         let name = line.trim_start_matches("| `").split('`').next().unwrap_or_default();
-        let expected = !name.starts_with("weir_process_") || cfg!(target_os = "linux");
+        let expected = !name.starts_with("process_") || cfg!(target_os = "linux");
         if expected {
             assert!(text.contains(&format!("# TYPE {name} ")), "docs/metrics.md lists {name}, not rendered\n{text}");
         }
@@ -253,18 +269,29 @@ async fn a_broker_renders_every_metric_in_valid_exposition_format() {
     }
 
     assert_eq!(value(&samples, "weir_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
-    assert_eq!(value(&samples, "weir_requests_total", &[("api", "Produce")]), 2.0);
-    assert_eq!(value(&samples, "weir_request_duration_seconds_bucket", &[("api", "Produce"), ("le", "0.0005")]), 1.0);
-    assert_eq!(value(&samples, "weir_request_duration_seconds_count", &[("api", "Fetch")]), 1.0);
+    let kafka = |api: &'static str| [("protocol", "kafka"), ("api", api)];
+    assert_eq!(value(&samples, "weir_requests_total", &kafka("Produce")), 2.0);
+    assert_eq!(value(&samples, "weir_requests_total", &[("protocol", "other"), ("api", "SendMessage")]), 1.0);
+    assert!(find(&samples, "weir_requests_total", &[("protocol", "other"), ("api", "Produce")]).is_none());
     assert_eq!(
-        value(&samples, "weir_request_errors_total", &[("api", "Produce"), ("error", "UNKNOWN_TOPIC_OR_PARTITION")]),
+        value(
+            &samples,
+            "weir_request_duration_seconds_bucket",
+            &[("protocol", "kafka"), ("api", "Produce"), ("le", "0.0005")]
+        ),
         1.0
     );
-    assert_eq!(value(&samples, "weir_requests_failed_total", &[("api", "Fetch")]), 1.0);
-    assert_eq!(value(&samples, "weir_requests_failed_total", &[("api", "unknown")]), 1.0);
-    assert_eq!(value(&samples, "weir_connections_open", &[]), 1.0);
-    assert_eq!(value(&samples, "weir_connections_accepted_total", &[]), 2.0);
-    assert_eq!(value(&samples, "weir_requests_in_flight", &[]), 1.0);
+    assert_eq!(value(&samples, "weir_request_duration_seconds_count", &kafka("Fetch")), 1.0);
+    assert_eq!(
+        value(&samples, "weir_request_errors_total", &[("protocol", "kafka"), ("api", "Produce"), ("error", "E3")]),
+        1.0
+    );
+    assert_eq!(value(&samples, "weir_requests_failed_total", &kafka("Fetch")), 1.0);
+    assert_eq!(value(&samples, "weir_requests_failed_total", &kafka("unknown")), 1.0);
+    assert_eq!(value(&samples, "weir_connections_open", &[("protocol", "kafka")]), 1.0);
+    assert_eq!(value(&samples, "weir_connections_accepted_total", &[("protocol", "kafka")]), 2.0);
+    assert_eq!(value(&samples, "weir_requests_in_flight", &[("protocol", "kafka")]), 1.0);
+    assert_eq!(value(&samples, "weir_connections_open", &[("protocol", "other")]), 0.0);
 
     assert_eq!(value(&samples, "weir_topic_bytes_in_total", &[("topic", "orders")]), bytes_in as f64);
     assert_eq!(value(&samples, "weir_topic_messages_in_total", &[("topic", "orders")]), 9.0);
@@ -284,6 +311,9 @@ async fn a_broker_renders_every_metric_in_valid_exposition_format() {
     // flush.policy=sync: each append was fsynced.
     assert!(value(&samples, "weir_partition_fsync_seconds_count", &p("0")) >= 2.0, "{text}");
     assert!(value(&samples, "weir_partition_fsync_seconds_sum", &p("0")) > 0.0, "{text}");
+    let flushes = value(&samples, "weir_fsync_duration_seconds_count", &[]);
+    assert!(flushes >= 2.0, "every flush is in the broker-wide histogram: {text}");
+    assert_eq!(value(&samples, "weir_fsync_duration_seconds_bucket", &[("le", "+Inf")]), flushes);
 
     assert_eq!(value(&samples, "weir_consumer_groups", &[("state", "Empty")]), 1.0);
     assert_eq!(value(&samples, "weir_consumer_groups", &[("state", "Stable")]), 0.0);
@@ -294,9 +324,9 @@ async fn a_broker_renders_every_metric_in_valid_exposition_format() {
     assert!(find(&samples, "weir_consumer_group_lag_records", &g("gone")).is_none());
 
     if cfg!(target_os = "linux") {
-        assert!(value(&samples, "weir_process_resident_memory_bytes", &[]) > 0.0);
-        assert!(value(&samples, "weir_process_open_fds", &[]) > 0.0);
-        assert!(value(&samples, "weir_process_cpu_seconds_total", &[]) >= 0.0);
+        assert!(value(&samples, "process_resident_memory_bytes", &[]) > 0.0);
+        assert!(value(&samples, "process_open_fds", &[]) > 0.0);
+        assert!(value(&samples, "process_cpu_seconds_total", &[]) >= 0.0);
     }
 
     groups.shutdown();

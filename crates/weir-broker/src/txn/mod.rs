@@ -15,14 +15,15 @@
 //! producer that let them time out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::group::{GroupCoordinator, OffsetToCommit};
-use crate::{internal_records, Broker, BrokerError, ErrorCode};
+use crate::{internal_records, Broker, BrokerError, ErrorKind};
+use weir_storage::sync::lock;
 
 pub const TRANSACTION_STATE_TOPIC: &str = "__transaction_state";
 
@@ -89,12 +90,8 @@ pub struct TxnCoordinator {
     state: Mutex<HashMap<String, TxnMetadata>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn err(code: ErrorCode, message: impl Into<String>) -> BrokerError {
-    BrokerError::new(code, message)
+fn err(kind: ErrorKind, message: impl Into<String>) -> BrokerError {
+    BrokerError::new(kind, message)
 }
 
 impl TxnCoordinator {
@@ -111,7 +108,7 @@ impl TxnCoordinator {
             let Some(slice) = read.slice else { break };
             let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
             let records = internal_records::decode_batches(Bytes::from(bytes))
-                .map_err(|e| err(ErrorCode::CorruptMessage, format!("{TRANSACTION_STATE_TOPIC}: {e}")))?;
+                .map_err(|e| err(ErrorKind::Corrupt, format!("{TRANSACTION_STATE_TOPIC}: {e}")))?;
             for record in records {
                 let Some(key) = record.key.as_ref().and_then(|k| std::str::from_utf8(k).ok()) else { continue };
                 match record.value {
@@ -164,7 +161,7 @@ impl TxnCoordinator {
     fn persist(&self, state: &mut HashMap<String, TxnMetadata>, mut meta: TxnMetadata) -> Result<(), BrokerError> {
         meta.updated_ms = self.broker.now_ms();
         let partition = self.broker.require_partition(TRANSACTION_STATE_TOPIC, 0)?;
-        let value = serde_json::to_vec(&meta).map_err(|e| err(ErrorCode::UnknownServerError, e.to_string()))?;
+        let value = serde_json::to_vec(&meta).map_err(|e| err(ErrorKind::Internal, e.to_string()))?;
         let batch = internal_records::encode_batch(
             &[(Bytes::from(meta.transactional_id.clone()), Some(Bytes::from(value)))],
             meta.updated_ms,
@@ -178,27 +175,27 @@ impl TxnCoordinator {
     fn check_producer(meta: Option<&TxnMetadata>, who: ProducerIdentity) -> Result<&TxnMetadata, BrokerError> {
         let meta = meta.ok_or_else(|| {
             err(
-                ErrorCode::InvalidProducerIdMapping,
+                ErrorKind::InvalidProducerIdMapping,
                 "the transactional id has no producer id: call InitProducerId first",
             )
         })?;
         if meta.producer_id != who.producer_id {
             return Err(err(
-                ErrorCode::InvalidProducerIdMapping,
+                ErrorKind::InvalidProducerIdMapping,
                 format!("producer id {} does not belong to this transactional id", who.producer_id),
             ));
         }
         if who.producer_epoch < meta.producer_epoch {
             return Err(err(
-                ErrorCode::ProducerFenced,
+                ErrorKind::ProducerFenced,
                 format!("epoch {} is fenced by epoch {}", who.producer_epoch, meta.producer_epoch),
             ));
         }
         if who.producer_epoch > meta.producer_epoch {
-            return Err(err(ErrorCode::InvalidProducerEpoch, format!("unknown epoch {}", who.producer_epoch)));
+            return Err(err(ErrorKind::InvalidProducerEpoch, format!("unknown epoch {}", who.producer_epoch)));
         }
         if matches!(meta.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
-            return Err(err(ErrorCode::ConcurrentTransactions, "the previous transaction is still completing"));
+            return Err(err(ErrorKind::ConcurrentTransactions, "the previous transaction is still completing"));
         }
         Ok(meta)
     }
@@ -208,12 +205,12 @@ impl TxnCoordinator {
     /// fences it. Blocking.
     pub fn init_producer_id(&self, transactional_id: &str, timeout_ms: i32) -> Result<ProducerIdentity, BrokerError> {
         if transactional_id.is_empty() {
-            return Err(err(ErrorCode::InvalidRequest, "empty transactional id"));
+            return Err(err(ErrorKind::InvalidRequest, "empty transactional id"));
         }
         let max = self.broker.config.transaction_max_timeout_ms;
         if timeout_ms <= 0 || timeout_ms > max {
             return Err(err(
-                ErrorCode::InvalidTransactionTimeout,
+                ErrorKind::InvalidTransactionTimeout,
                 format!("transaction.timeout.ms {timeout_ms} must be in (0, {max}] (transaction.max.timeout.ms)"),
             ));
         }
@@ -280,9 +277,9 @@ impl TxnCoordinator {
                 .iter()
                 .map(|u| {
                     Some(if *u {
-                        err(ErrorCode::UnknownTopicOrPartition, "unknown partition")
+                        err(ErrorKind::UnknownTopicOrPartition, "unknown partition")
                     } else {
-                        err(ErrorCode::OperationNotAttempted, "another partition of the request is unknown")
+                        err(ErrorKind::NotAttempted, "another partition of the request is unknown")
                     })
                 })
                 .collect();
@@ -312,7 +309,7 @@ impl TxnCoordinator {
         group_id: &str,
     ) -> Result<(), BrokerError> {
         if group_id.is_empty() {
-            return Err(err(ErrorCode::InvalidGroupId, "empty group id"));
+            return Err(err(ErrorKind::InvalidGroupId, "empty group id"));
         }
         let mut state = lock(&self.state);
         let mut meta = Self::check_producer(state.get(transactional_id), who)?.clone();
@@ -333,7 +330,7 @@ impl TxnCoordinator {
         let mut meta = Self::check_producer(state.get(transactional_id), who)?.clone();
         if meta.state != TxnState::Ongoing || !meta.pending_offsets.contains_key(group_id) {
             return Err(err(
-                ErrorCode::InvalidTxnState,
+                ErrorKind::InvalidTransactionState,
                 format!("group {group_id} was not added to the transaction (AddOffsetsToTxn)"),
             ));
         }
@@ -367,7 +364,7 @@ impl TxnCoordinator {
                 }
                 other => {
                     return Err(err(
-                        ErrorCode::InvalidTxnState,
+                        ErrorKind::InvalidTransactionState,
                         format!(
                             "cannot {} a transaction in state {}",
                             if commit { "commit" } else { "abort" },
@@ -399,11 +396,16 @@ impl TxnCoordinator {
         for (topic, index) in marker_partitions {
             // A partition deleted meanwhile has nothing left to mark.
             let Some(partition) = self.broker.partition(&topic, index) else { continue };
-            let marker = control_batch(meta.producer_id, meta.producer_epoch, commit, self.broker.now_ms());
+            let marker = weir_storage::records::control_batch(
+                meta.producer_id,
+                meta.producer_epoch,
+                commit,
+                self.broker.now_ms(),
+            );
             match self.broker.append_internal_blocking(&partition, marker) {
                 Ok(_) => {}
                 // The producer was fenced by a newer epoch in that partition: nothing to end.
-                Err(e) if e.code == ErrorCode::InvalidProducerEpoch => {
+                Err(e) if e.kind == ErrorKind::InvalidProducerEpoch => {
                     tracing::warn!(topic, partition = index, error = %e, "transaction marker refused");
                 }
                 Err(e) => return Err(e),
@@ -502,24 +504,4 @@ impl TxnCoordinator {
         out.sort_by(|a, b| a.transactional_id.cmp(&b.transactional_id));
         out
     }
-}
-
-/// A transaction marker: a control batch of one record whose key is (version 0, type) and whose
-/// value is (version 0, coordinator epoch 0).
-pub fn control_batch(producer_id: i64, producer_epoch: i16, commit: bool, now_ms: i64) -> BytesMut {
-    let kind: i16 = if commit { 1 } else { 0 };
-    let mut key = Vec::with_capacity(4);
-    key.extend_from_slice(&0i16.to_be_bytes());
-    key.extend_from_slice(&kind.to_be_bytes());
-    let mut record =
-        internal_records::plain_record(0, now_ms, Some(Bytes::from(key)), Some(Bytes::from_static(&[0; 6])));
-    record.transactional = true;
-    record.control = true;
-    record.producer_id = producer_id;
-    record.producer_epoch = producer_epoch;
-    record.sequence = -1;
-    internal_records::encode_records(&[record]).unwrap_or_else(|e| {
-        tracing::error!(error = %e, "cannot encode a transaction marker");
-        BytesMut::new()
-    })
 }

@@ -17,9 +17,10 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use weir_broker::topic_config::{self, ConfigSource};
-use weir_broker::{BrokerError, NewTopic};
+use weir_broker::{BrokerError, ErrorKind, NewTopic};
 
 use crate::context::{Client, Ctx};
+use crate::errors;
 use crate::handlers::{authorized_operations, message};
 
 /// DescribeConfigs/AlterConfigs resource types.
@@ -124,7 +125,7 @@ pub async fn create_topics(ctx: &Ctx, client: &Client, request: CreateTopicsRequ
                     result
                 }
             }
-            Err(e) => result.with_error_code(e.code.code()).with_error_message(message(e.message)),
+            Err(e) => result.with_error_code(errors::code(&e)).with_error_message(message(e.message)),
         });
     }
     CreateTopicsResponse::default().with_topics(results)
@@ -150,7 +151,7 @@ pub async fn delete_topics(ctx: &Ctx, client: &Client, request: DeleteTopicsRequ
                 let failed = DeletableTopicResult::default()
                     .with_name(name.as_deref().map(topic_name))
                     .with_topic_id(id.unwrap_or_default())
-                    .with_error_code(e.code.code());
+                    .with_error_code(errors::code(&e));
                 if client.version >= 5 {
                     failed.with_error_message(message(e.message))
                 } else {
@@ -171,23 +172,17 @@ pub async fn create_partitions(
     let mut results = Vec::with_capacity(request.topics.len());
     for topic in request.topics {
         let name = topic.name.to_string();
-        let outcome = if let Some(assignments) = &topic.assignments {
-            let node = ctx.broker.config.node_id;
-            if assignments.iter().any(|a| a.broker_ids.iter().any(|b| b.0 != node)) {
-                Err(BrokerError::new(
-                    ResponseError::InvalidReplicaAssignment,
-                    "The assignment names brokers that do not exist.",
-                ))
-            } else {
-                ctx.broker.create_partitions(name, topic.count, request.validate_only).await
-            }
-        } else {
-            ctx.broker.create_partitions(name, topic.count, request.validate_only).await
-        };
+        // An empty list (what several clients send for "none") places the partitions like null.
+        let assignments = topic
+            .assignments
+            .as_ref()
+            .filter(|list| !list.is_empty())
+            .map(|list| list.iter().map(|a| a.broker_ids.iter().map(|b| b.0).collect()).collect());
+        let outcome = ctx.broker.create_partitions(name, topic.count, assignments, request.validate_only).await;
         let result = CreatePartitionsTopicResult::default().with_name(topic.name);
         results.push(match outcome {
             Ok(()) => result,
-            Err(e) => result.with_error_code(e.code.code()).with_error_message(message(e.message)),
+            Err(e) => result.with_error_code(errors::code(&e)).with_error_message(message(e.message)),
         });
     }
     CreatePartitionsResponse::default().with_results(results)
@@ -272,7 +267,7 @@ pub async fn describe_configs(ctx: &Ctx, client: &Client, request: DescribeConfi
 fn broker_configs_are_static(resource_type: i8) -> Option<BrokerError> {
     (resource_type != RESOURCE_TOPIC).then(|| {
         BrokerError::new(
-            ResponseError::InvalidRequest,
+            ErrorKind::InvalidRequest,
             if resource_type == RESOURCE_BROKER {
                 "Broker configs are static in Weir: set them in weir.toml or with --set and restart.".to_string()
             } else {
@@ -307,7 +302,7 @@ pub async fn alter_configs(ctx: &Ctx, _client: &Client, request: AlterConfigsReq
             .with_resource_name(resource.resource_name);
         responses.push(match outcome {
             Ok(()) => response,
-            Err(e) => response.with_error_code(e.code.code()).with_error_message(message(e.message)),
+            Err(e) => response.with_error_code(errors::code(&e)).with_error_message(message(e.message)),
         });
     }
     AlterConfigsResponse::default().with_responses(responses)
@@ -340,7 +335,7 @@ pub async fn incremental_alter_configs(
                         for (name, op, value) in ops {
                             if !topic_config::is_known(&name) {
                                 return Err(BrokerError::new(
-                                    ResponseError::InvalidConfig,
+                                    ErrorKind::InvalidConfig,
                                     format!("Unknown topic config name: {name}"),
                                 ));
                             }
@@ -382,7 +377,7 @@ pub async fn incremental_alter_configs(
                                 }
                                 (op, _) => {
                                     return Err(BrokerError::new(
-                                        ResponseError::InvalidRequest,
+                                        ErrorKind::InvalidRequest,
                                         format!("Invalid config operation {op} or missing value for {name}"),
                                     ))
                                 }
@@ -398,7 +393,7 @@ pub async fn incremental_alter_configs(
             .with_resource_name(resource.resource_name);
         responses.push(match outcome {
             Ok(()) => response,
-            Err(e) => response.with_error_code(e.code.code()).with_error_message(message(e.message)),
+            Err(e) => response.with_error_code(errors::code(&e)).with_error_message(message(e.message)),
         });
     }
     IncrementalAlterConfigsResponse::default().with_responses(responses)
@@ -424,7 +419,7 @@ pub async fn delete_records(ctx: &Ctx, _client: &Client, request: DeleteRecordsR
                             .and_then(|part| broker.delete_records(&part, p.offset))
                         {
                             Ok(low) => result.with_low_watermark(low),
-                            Err(e) => result.with_error_code(e.code.code()),
+                            Err(e) => result.with_error_code(errors::code(&e)),
                         }
                     })
                     .collect();

@@ -29,11 +29,14 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use weir_broker::group::{
-    CommitParams, ErrorCode, FetchedOffset, GroupState, HeartbeatParams, JoinGroupParams, LeavingMember,
+    CommitParams, ErrorKind, FetchedOffset, GroupState, HeartbeatParams, JoinGroupParams, LeavingMember,
     OffsetToCommit, Protocol, SyncGroupParams,
 };
 
+use kafka_protocol::ResponseError;
+
 use crate::context::{Client, Ctx};
+use crate::errors::{code_of, kafka_error};
 
 /// FindCoordinator key types.
 const KEY_TYPE_GROUP: i8 = 0;
@@ -49,8 +52,8 @@ fn s(text: impl Into<String>) -> StrBytes {
     StrBytes::from_string(text.into())
 }
 
-fn code(error: Option<ErrorCode>) -> i16 {
-    error.map_or(0, |e| e.code())
+fn code(error: Option<ErrorKind>) -> i16 {
+    code_of(error)
 }
 
 /// Kafka reports client hosts as `InetAddress.toString()`: "/127.0.0.1".
@@ -82,14 +85,14 @@ fn by_topic<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec
 
 pub async fn find_coordinator(ctx: &Ctx, client: &Client, req: FindCoordinatorRequest) -> FindCoordinatorResponse {
     let config = &ctx.broker.config;
-    let answer = |key_type: i8| -> Result<(), (ErrorCode, &'static str)> {
+    let answer = |key_type: i8| -> Result<(), (ResponseError, &'static str)> {
         match key_type {
             KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION if ctx.broker.is_shutting_down() => {
-                Err((ErrorCode::CoordinatorNotAvailable, "The broker is shutting down."))
+                Err((ResponseError::CoordinatorNotAvailable, "The broker is shutting down."))
             }
             // This broker coordinates every group and every transactional id.
             KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION => Ok(()),
-            _ => Err((ErrorCode::InvalidRequest, "Unknown coordinator key type.")),
+            _ => Err((ResponseError::InvalidRequest, "Unknown coordinator key type.")),
         }
     };
     let node = BrokerId(config.node_id);
@@ -307,7 +310,7 @@ pub async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -
                         })
                         .collect(),
                 ),
-                Err(error) => response.with_error_code(error.code()),
+                Err(error) => response.with_error_code(kafka_error(error).code()),
             });
         }
         return OffsetFetchResponse::default().with_groups(groups);
@@ -323,7 +326,7 @@ pub async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -
     });
     let fetched = match ctx.groups.fetch_offsets(&req.group_id, requested.clone()).await {
         Ok(fetched) => fetched,
-        Err(error) if version >= 2 => return OffsetFetchResponse::default().with_error_code(error.code()),
+        Err(error) if version >= 2 => return OffsetFetchResponse::default().with_error_code(kafka_error(error).code()),
         // v1 has no top-level error: each requested partition carries it.
         Err(error) => requested
             .unwrap_or_default()
@@ -393,7 +396,7 @@ pub async fn offset_delete(ctx: &Ctx, _client: &Client, req: OffsetDeleteRequest
                 .collect();
             OffsetDeleteResponse::default().with_topics(topics)
         }
-        Err(error) => OffsetDeleteResponse::default().with_error_code(error.code()),
+        Err(error) => OffsetDeleteResponse::default().with_error_code(kafka_error(error).code()),
     }
 }
 
@@ -422,7 +425,7 @@ pub async fn list_groups(ctx: &Ctx, client: &Client, req: ListGroupsRequest) -> 
                 .collect();
             ListGroupsResponse::default().with_groups(groups)
         }
-        Err(error) => ListGroupsResponse::default().with_error_code(error.code()),
+        Err(error) => ListGroupsResponse::default().with_error_code(kafka_error(error).code()),
     }
 }
 
@@ -528,7 +531,7 @@ mod tests {
         })
         .await
         .unwrap();
-        (Ctx { broker: broker.0, groups: broker.1, txns: broker.2 }, dir)
+        (Ctx::new(broker.0, broker.1, broker.2), dir)
     }
 
     fn client(version: i16) -> Client {
@@ -554,7 +557,7 @@ mod tests {
         if join_version >= 4 {
             let first = join_group(ctx, &client(join_version), join_request(group, "")).await;
             let first = round_trip(&first, join_version);
-            assert_eq!(first.error_code, ErrorCode::MemberIdRequired.code());
+            assert_eq!(first.error_code, ResponseError::MemberIdRequired.code());
             member_id = first.member_id.to_string();
         }
         let joined = join_group(ctx, &client(join_version), join_request(group, &member_id)).await;
@@ -637,7 +640,7 @@ mod tests {
                 )]);
             let response = round_trip(&offset_commit(&ctx, &client(commit_version), commit).await, commit_version);
             let errors: Vec<i16> = response.topics[0].partitions.iter().map(|p| p.error_code).collect();
-            assert_eq!(errors, vec![0, ErrorCode::UnknownTopicOrPartition.code()], "commit v{commit_version}");
+            assert_eq!(errors, vec![0, ResponseError::UnknownTopicOrPartition.code()], "commit v{commit_version}");
 
             for version in 1..=8i16 {
                 let response = if version >= 8 {
@@ -706,7 +709,7 @@ mod tests {
             assert_eq!(response.error_code, 0);
             assert_eq!(
                 response.topics[0].partitions[0].error_code,
-                ErrorCode::GroupSubscribedToTopic.code(),
+                ResponseError::GroupSubscribedToTopic.code(),
                 "the member subscribes to t"
             );
 
@@ -729,7 +732,7 @@ mod tests {
                 DeleteGroupsRequest::default().with_groups_names(vec![GroupId(s(group)), GroupId(s("unknown"))]);
             let response = round_trip(&delete_groups(&ctx, &client(delete_version), request).await, delete_version);
             let errors: Vec<i16> = response.results.iter().map(|r| r.error_code).collect();
-            assert_eq!(errors, vec![0, ErrorCode::GroupIdNotFound.code()]);
+            assert_eq!(errors, vec![0, ResponseError::GroupIdNotFound.code()]);
         }
 
         ctx.groups.shutdown();

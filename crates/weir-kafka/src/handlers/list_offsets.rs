@@ -1,34 +1,43 @@
-//! ListOffsets (earliest, latest, by timestamp, max timestamp) and OffsetForLeaderEpoch.
-//!
-//! One node never changes leader, so every partition has leader epoch 0 from offset 0.
+//! ListOffsets (earliest, latest, by timestamp, max timestamp) and OffsetForLeaderEpoch, both
+//! answered from the partition's log and its leader-epoch cache.
 
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
 use kafka_protocol::messages::{
     ListOffsetsRequest, ListOffsetsResponse, OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse,
 };
-use kafka_protocol::ResponseError;
+use weir_broker::fetch::Isolation;
+use weir_broker::OffsetQuery;
 
 use crate::context::{Client, Ctx};
+use crate::errors;
 
-/// The leader epoch of every partition on a single node.
-pub const LEADER_EPOCH: i32 = 0;
+/// ListOffsets' special timestamps.
+const LATEST_TIMESTAMP: i64 = -1;
+const EARLIEST_TIMESTAMP: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+/// KIP-405: the earliest offset on local storage; without tiered storage, the log start.
+const EARLIEST_LOCAL_TIMESTAMP: i64 = -4;
 
-/// Checks a client's idea of the leader epoch (-1: unknown, accepted).
-pub fn check_leader_epoch(current: i32) -> Result<(), ResponseError> {
-    match current {
-        -1 | LEADER_EPOCH => Ok(()),
-        e if e > LEADER_EPOCH => Err(ResponseError::UnknownLeaderEpoch),
-        _ => Err(ResponseError::FencedLeaderEpoch),
+fn query(timestamp: i64) -> OffsetQuery {
+    match timestamp {
+        LATEST_TIMESTAMP => OffsetQuery::Latest,
+        EARLIEST_TIMESTAMP | EARLIEST_LOCAL_TIMESTAMP => OffsetQuery::Earliest,
+        MAX_TIMESTAMP => OffsetQuery::MaxTimestamp,
+        t => OffsetQuery::AtTimestamp(t),
     }
+}
+
+fn leader_epoch(epoch: i32) -> Option<i32> {
+    (epoch >= 0).then_some(epoch)
 }
 
 pub async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsRequest) -> ListOffsetsResponse {
     let broker = ctx.broker.clone();
     // Leader epochs exist from v4 (the encoder refuses fields a version does not have).
-    let epoch = if client.version >= 4 { LEADER_EPOCH } else { -1 };
+    let with_epochs = client.version >= 4;
     // v2+: a read_committed consumer's "latest" is the last stable offset.
-    let read_committed = request.isolation_level == 1;
+    let isolation = if request.isolation_level == 1 { Isolation::Committed } else { Isolation::HighWatermark };
     // Timestamp lookups read index files: off the async threads.
     let topics = tokio::task::spawn_blocking(move || {
         request
@@ -45,15 +54,16 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsRequest) -> 
                             .with_timestamp(-1)
                             .with_offset(-1)
                             .with_leader_epoch(-1);
-                        if let Err(code) = check_leader_epoch(p.current_leader_epoch) {
-                            return base.with_error_code(code.code());
-                        }
-                        let answer = broker
-                            .require_partition(&name, p.partition_index)
-                            .and_then(|partition| broker.list_offset(&partition, p.timestamp, read_committed));
+                        let answer = broker.require_partition(&name, p.partition_index).and_then(|partition| {
+                            partition.check_leader_epoch(leader_epoch(p.current_leader_epoch))?;
+                            broker.list_offset(&partition, query(p.timestamp), isolation)
+                        });
                         match answer {
-                            Ok(a) => base.with_timestamp(a.timestamp).with_offset(a.offset).with_leader_epoch(epoch),
-                            Err(e) => base.with_error_code(e.code.code()),
+                            Ok(a) => base
+                                .with_timestamp(a.timestamp)
+                                .with_offset(a.offset)
+                                .with_leader_epoch(if with_epochs { a.leader_epoch.unwrap_or(-1) } else { -1 }),
+                            Err(e) => base.with_error_code(errors::code(&e)),
                         }
                     })
                     .collect();
@@ -71,33 +81,38 @@ pub async fn offset_for_leader_epoch(
     _client: &Client,
     request: OffsetForLeaderEpochRequest,
 ) -> OffsetForLeaderEpochResponse {
-    let broker = &ctx.broker;
-    let topics = request
-        .topics
-        .into_iter()
-        .map(|topic| {
-            let name = topic.topic.to_string();
-            let partitions = topic
-                .partitions
-                .into_iter()
-                .map(|p| {
-                    let base =
-                        EpochEndOffset::default().with_partition(p.partition).with_leader_epoch(-1).with_end_offset(-1);
-                    if let Err(code) = check_leader_epoch(p.current_leader_epoch) {
-                        return base.with_error_code(code.code());
-                    }
-                    match broker.require_partition(&name, p.partition) {
-                        // Epoch 0 covers the whole log; a later epoch was never used.
-                        Ok(partition) if p.leader_epoch <= LEADER_EPOCH && p.leader_epoch >= 0 => {
-                            base.with_leader_epoch(LEADER_EPOCH).with_end_offset(partition.log.log_end_offset())
+    let broker = ctx.broker.clone();
+    // The first question after a restart reads a batch header per partition: off the async
+    // threads.
+    let topics = tokio::task::spawn_blocking(move || {
+        request
+            .topics
+            .into_iter()
+            .map(|topic| {
+                let name = topic.topic.to_string();
+                let partitions = topic
+                    .partitions
+                    .into_iter()
+                    .map(|p| {
+                        let base = EpochEndOffset::default()
+                            .with_partition(p.partition)
+                            .with_leader_epoch(-1)
+                            .with_end_offset(-1);
+                        let answer = broker.require_partition(&name, p.partition).and_then(|partition| {
+                            partition.check_leader_epoch(leader_epoch(p.current_leader_epoch))?;
+                            broker.end_offset_for_epoch(&partition, p.leader_epoch)
+                        });
+                        match answer {
+                            Ok((epoch, end_offset)) => base.with_leader_epoch(epoch).with_end_offset(end_offset),
+                            Err(e) => base.with_error_code(errors::code(&e)),
                         }
-                        Ok(_) => base,
-                        Err(e) => base.with_error_code(e.code.code()),
-                    }
-                })
-                .collect();
-            OffsetForLeaderTopicResult::default().with_topic(topic.topic).with_partitions(partitions)
-        })
-        .collect();
+                    })
+                    .collect();
+                OffsetForLeaderTopicResult::default().with_topic(topic.topic).with_partitions(partitions)
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_default();
     OffsetForLeaderEpochResponse::default().with_topics(topics)
 }

@@ -1,4 +1,5 @@
-//! Metadata: the one broker, and topics with their partitions (this broker leads them all).
+//! Metadata: the brokers, and topics with their partitions' replicas, ISR, leaders and leader
+//! epochs, as the applied metadata has them.
 //! Unknown topics are auto-created when both the client and `auto.create.topics.enable` allow.
 
 use kafka_protocol::messages::metadata_response::{
@@ -8,10 +9,11 @@ use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, Topi
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use uuid::Uuid;
-use weir_broker::metadata::TopicMetadata;
+use weir_broker::metadata::{TopicMetadata, NO_LEADER};
 use weir_broker::Broker;
 
 use crate::context::{Client, Ctx};
+use crate::errors::kafka_error;
 use crate::handlers::authorized_operations;
 
 pub async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest) -> MetadataResponse {
@@ -23,13 +25,13 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest) -> Met
     match request.topics.clone() {
         None => {
             for topic in broker.metadata().topics.values() {
-                topics.push(topic_response(ctx, client.version, topic));
+                topics.push(topic_response(client.version, topic));
             }
         }
         // v0: an empty list means all topics.
         Some(list) if list.is_empty() && client.version == 0 => {
             for topic in broker.metadata().topics.values() {
-                topics.push(topic_response(ctx, client.version, topic));
+                topics.push(topic_response(client.version, topic));
             }
         }
         Some(list) => {
@@ -39,14 +41,14 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest) -> Met
                     Some(name) => {
                         let existing = broker.metadata().topic(&name).cloned();
                         match existing {
-                            Some(topic) => topic_response(ctx, client.version, &topic),
+                            Some(topic) => topic_response(client.version, &topic),
                             None => {
                                 if let Err(e) = Broker::validate_topic_name(&name) {
-                                    error_topic(Some(&name), Uuid::nil(), e.code)
+                                    error_topic(Some(&name), Uuid::nil(), kafka_error(e.kind))
                                 } else if client_allows && config.auto_create_topics {
                                     match broker.auto_create_topic(&name).await {
-                                        Ok(topic) => topic_response(ctx, client.version, &topic),
-                                        Err(e) => error_topic(Some(&name), Uuid::nil(), e.code),
+                                        Ok(topic) => topic_response(client.version, &topic),
+                                        Err(e) => error_topic(Some(&name), Uuid::nil(), kafka_error(e.kind)),
                                     }
                                 } else {
                                     error_topic(Some(&name), Uuid::nil(), ResponseError::UnknownTopicOrPartition)
@@ -55,7 +57,7 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest) -> Met
                         }
                     }
                     None => match broker.metadata().topic_by_id(requested.topic_id).cloned() {
-                        Some(topic) => topic_response(ctx, client.version, &topic),
+                        Some(topic) => topic_response(client.version, &topic),
                         None => error_topic(None, requested.topic_id, ResponseError::UnknownTopicId),
                     },
                 };
@@ -88,16 +90,21 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest) -> Met
     response
 }
 
-fn topic_response(ctx: &Ctx, version: i16, topic: &TopicMetadata) -> MetadataResponseTopic {
-    let node = BrokerId(ctx.broker.config.node_id);
-    let partitions = (0..topic.partitions)
-        .map(|index| {
+fn topic_response(version: i16, topic: &TopicMetadata) -> MetadataResponseTopic {
+    let partitions = topic
+        .assignments
+        .iter()
+        .enumerate()
+        .map(|(index, state)| {
+            let brokers = |ids: &[i32]| ids.iter().map(|b| BrokerId(*b)).collect::<Vec<_>>();
+            let leaderless = state.leader == NO_LEADER;
             MetadataResponsePartition::default()
-                .with_partition_index(index)
-                .with_leader_id(node)
-                .with_leader_epoch(if version >= 7 { 0 } else { -1 })
-                .with_replica_nodes(vec![node])
-                .with_isr_nodes(vec![node])
+                .with_error_code(if leaderless { ResponseError::LeaderNotAvailable.code() } else { 0 })
+                .with_partition_index(index as i32)
+                .with_leader_id(BrokerId(state.leader))
+                .with_leader_epoch(if version >= 7 { state.leader_epoch } else { -1 })
+                .with_replica_nodes(brokers(&state.replicas))
+                .with_isr_nodes(brokers(&state.isr))
         })
         .collect();
     MetadataResponseTopic::default()

@@ -9,14 +9,17 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::produce_response::{
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
+};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use weir_broker::partition::{self, Partition};
-use weir_broker::BrokerError;
+use weir_broker::{Acks, BrokerError};
 
 use crate::context::{Client, Ctx};
+use crate::errors::kafka_error;
 use crate::handlers::message;
 
 /// Writes the request's batches; the returned future waits until they are durable as promised
@@ -52,15 +55,10 @@ pub async fn handle(
             }
             let partition = partitions.as_deref().and_then(|list| partition::by_index(list, index));
             let Some(partition) = partition else {
-                let e = BrokerError::unknown_topic(&topic.name, index);
-                topic_slots.push(Slot::Done(fail(index, e.code, e.message)));
+                let e = BrokerError::unknown_partition(&topic.name, index);
+                topic_slots.push(Slot::Done(fail(index, kafka_error(e.kind), e.message)));
                 continue;
             };
-            if partition.internal {
-                let text = format!("Cannot append to internal topic {}", &*topic.name);
-                topic_slots.push(Slot::Done(fail(index, ResponseError::InvalidTopicException, text)));
-                continue;
-            }
             match records {
                 Some(records) if !records.is_empty() => {
                     topic_slots.push(Slot::Appending(partition.clone()));
@@ -76,6 +74,8 @@ pub async fn handle(
         names.push(topic.name);
     }
 
+    // acks=0 waits like acks=1; the connection then sends no response.
+    let acks = if acks == -1 { Acks::All } else { Acks::Leader };
     let pending = broker.write_many(appends, acks).await;
     async move {
         let results = pending.durable().await;
@@ -189,7 +189,22 @@ fn respond(
                             .with_log_start_offset(if version >= 5 { partition.log.log_start_offset() } else { -1 }),
                         Some(Err(e)) => {
                             tracing::debug!(topic = %partition.topic, partition = partition.index, error = %e, "produce refused");
-                            failed_partition(version, partition.index, e.code, e.message)
+                            let failed = failed_partition(version, partition.index, kafka_error(e.kind), e.message);
+                            // Record errors exist from v8 (KIP-467): the client fails exactly those.
+                            if version >= 8 && !e.record_errors.is_empty() {
+                                failed.with_record_errors(
+                                    e.record_errors
+                                        .into_iter()
+                                        .map(|r| {
+                                            BatchIndexAndErrorMessage::default()
+                                                .with_batch_index(r.index)
+                                                .with_batch_index_error_message(message(r.message))
+                                        })
+                                        .collect(),
+                                )
+                            } else {
+                                failed
+                            }
                         }
                         None => failed_partition(
                             version,

@@ -8,6 +8,7 @@ use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, Pr
 use kafka_protocol::ResponseError;
 
 use crate::context::{Client, Ctx};
+use crate::errors::kafka_error;
 
 pub async fn init_producer_id(ctx: &Ctx, _client: &Client, request: InitProducerIdRequest) -> InitProducerIdResponse {
     let failed = |code: ResponseError| {
@@ -24,7 +25,7 @@ pub async fn init_producer_id(ctx: &Ctx, _client: &Client, request: InitProducer
                 .with_producer_epoch(who.producer_epoch),
             Ok(Err(e)) => {
                 tracing::info!(error = %e, "InitProducerId refused");
-                failed(e.code)
+                failed(kafka_error(e.kind))
             }
             Err(_) => failed(ResponseError::UnknownServerError),
         };
@@ -34,7 +35,7 @@ pub async fn init_producer_id(ctx: &Ctx, _client: &Client, request: InitProducer
         Ok(Ok(id)) => InitProducerIdResponse::default().with_producer_id(ProducerId(id)).with_producer_epoch(0),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "cannot allocate a producer id");
-            failed(e.code)
+            failed(kafka_error(e.kind))
         }
         Err(_) => failed(ResponseError::UnknownServerError),
     }

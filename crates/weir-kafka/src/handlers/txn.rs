@@ -18,13 +18,14 @@ use weir_broker::txn::{PendingOffset, ProducerIdentity};
 use weir_broker::BrokerError;
 
 use crate::context::{Client, Ctx};
+use crate::errors;
 
 fn code(result: &Result<(), BrokerError>) -> i16 {
     match result {
         Ok(()) => 0,
         Err(e) => {
             tracing::debug!(error = %e, "transaction request refused");
-            e.code.code()
+            errors::code(e)
         }
     }
 }
@@ -33,9 +34,7 @@ fn code(result: &Result<(), BrokerError>) -> i16 {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, BrokerError> + Send + 'static,
 ) -> Result<T, BrokerError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(BrokerError::new(ResponseError::UnknownServerError, e.to_string())))
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(BrokerError::internal(e.to_string())))
 }
 
 pub async fn add_partitions(
@@ -56,15 +55,14 @@ pub async fn add_partitions(
         .collect();
     let txns = ctx.txns.clone();
     let asked = partitions.clone();
-    let outcomes =
-        tokio::task::spawn_blocking(move || txns.add_partitions(&txn_id, who, &asked)).await.unwrap_or_else(|_| {
-            vec![Some(BrokerError::new(ResponseError::UnknownServerError, "task failed")); partitions.len()]
-        });
+    let outcomes = tokio::task::spawn_blocking(move || txns.add_partitions(&txn_id, who, &asked))
+        .await
+        .unwrap_or_else(|_| vec![Some(BrokerError::internal("task failed")); partitions.len()]);
     let mut topics: Vec<AddPartitionsToTxnTopicResult> = Vec::new();
     for ((topic, partition), outcome) in partitions.into_iter().zip(outcomes) {
         let result = AddPartitionsToTxnPartitionResult::default()
             .with_partition_index(partition)
-            .with_partition_error_code(outcome.map_or(0, |e| e.code.code()));
+            .with_partition_error_code(outcome.map_or(0, |e| errors::code(&e)));
         match topics.iter_mut().find(|t| t.name.as_str() == topic) {
             Some(t) => t.results_by_partition.push(result),
             None => topics.push(
@@ -108,7 +106,7 @@ pub async fn txn_offset_commit(ctx: &Ctx, client: &Client, request: TxnOffsetCom
                 request.member_id.as_str(),
                 request.group_instance_id.as_ref().map(|i| i.as_str()),
             )
-            .map_err(|code| BrokerError::new(code, "the consumer's group membership is stale"))
+            .map_err(|kind| BrokerError::new(kind, "the consumer's group membership is stale"))
     } else {
         Ok(())
     };

@@ -14,6 +14,7 @@ use hdrhistogram::Histogram;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::ProduceRequest;
 use serde::Serialize;
+use weir_proc::Pid;
 
 use crate::bench::raw_client::{self, Client, Server};
 use crate::cli::ProduceBenchArgs;
@@ -51,15 +52,15 @@ impl Target {
     }
 
     fn cpu_seconds(&self) -> Option<f64> {
-        self.pid.and_then(|pid| raw_client::cpu_seconds(&pid.to_string()).ok())
+        self.pid.and_then(|pid| weir_proc::cpu_seconds(Pid::Of(pid)))
     }
 
     fn rss_bytes(&self) -> Option<u64> {
-        self.pid.and_then(|pid| raw_client::status_bytes(&pid.to_string(), "VmRSS"))
+        self.pid.and_then(|pid| weir_proc::memory(Pid::Of(pid))?.resident_bytes)
     }
 
     fn hwm_bytes(&self) -> Option<u64> {
-        self.pid.and_then(|pid| raw_client::status_bytes(&pid.to_string(), "VmHWM"))
+        self.pid.and_then(|pid| weir_proc::memory(Pid::Of(pid))?.resident_peak_bytes)
     }
 }
 
@@ -442,7 +443,7 @@ fn measure(
     let in_flight = args.in_flight as usize;
     let progress = std::io::stderr().is_terminal();
     let broker_cpu_before = target.cpu_seconds();
-    let client_cpu_before = raw_client::cpu_seconds("self")?;
+    let client_cpu_before = raw_client::cpu_seconds(Pid::SelfProcess)?;
     let mut peak_rss = target.rss_bytes();
     let started = Instant::now();
     let results: Vec<anyhow::Result<ConnectionStats>> = std::thread::scope(|scope| {
@@ -489,7 +490,7 @@ fn measure(
         (Vec::new(), (finished - started).as_secs_f64())
     };
     let broker_cpu = target.cpu_seconds().zip(broker_cpu_before).map(|(a, b)| a - b);
-    let client_cpu = raw_client::cpu_seconds("self")? - client_cpu_before;
+    let client_cpu = raw_client::cpu_seconds(Pid::SelfProcess)? - client_cpu_before;
     peak_rss = peak_rss.max(target.rss_bytes());
     let after = if after.is_empty() {
         // Acknowledged is appended; with flush.policy=sync the high watermark can trail the
@@ -571,12 +572,12 @@ fn measure(
         let fetch_bytes = i32::try_from(args.batch_bytes.max(1 << 20)).unwrap_or(i32::MAX);
         let mut client = Client::connect(target.addr)?;
         let broker_cpu_before = target.cpu_seconds();
-        let client_cpu_before = raw_client::cpu_seconds("self")?;
+        let client_cpu_before = raw_client::cpu_seconds(Pid::SelfProcess)?;
         let started = Instant::now();
         let fetched = raw_client::fetch_all(&mut client, topic, &ranges, fetch_bytes)?;
         let seconds = started.elapsed().as_secs_f64();
         let broker_cpu = target.cpu_seconds().zip(broker_cpu_before).map(|(a, b)| a - b);
-        let client_cpu = raw_client::cpu_seconds("self")? - client_cpu_before;
+        let client_cpu = raw_client::cpu_seconds(Pid::SelfProcess)? - client_cpu_before;
         let value_bytes = fetched.records * args.size;
         let consume = ConsumeReport {
             records: fetched.records,

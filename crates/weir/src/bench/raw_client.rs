@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use kafka_protocol::error::ParseResponseErrorCode;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
+pub use weir_proc::Pid;
 
 /// `weir server` (this binary) as a child process in its own scratch data directory, on
 /// 127.0.0.1 port 0; killed on drop.
@@ -74,7 +74,7 @@ impl Server {
 
     /// User + system CPU seconds of the broker so far.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        cpu_seconds(&self.pid().to_string())
+        cpu_seconds(Pid::Of(self.pid()))
     }
 }
 
@@ -85,33 +85,14 @@ impl Drop for Server {
     }
 }
 
-/// User + system CPU seconds of process `pid` (a number, or `self`) from /proc/PID/stat, all
-/// threads together.
-pub fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
-    let stat =
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("reading /proc/{pid}/stat"))?;
-    // Fields after the command name (which is in parentheses): utime is the 12th, stime 13th.
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    // Linux reports in USER_HZ, 100 on every supported platform.
-    Ok((ticks(11) + ticks(12)) / 100.0)
+/// User + system CPU seconds of `pid` so far, all threads together.
+pub fn cpu_seconds(pid: Pid) -> anyhow::Result<f64> {
+    weir_proc::cpu_seconds(pid).with_context(|| format!("cannot read the CPU time of {pid:?} from /proc"))
 }
 
-/// A `Vm*` line of /proc/PID/status in bytes (`VmRSS`: resident now, `VmHWM`: the peak).
-pub fn status_bytes(pid: &str, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.split(':').next() == Some(field))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// The name of a Kafka error code, for messages: `NotLeaderOrFollower (6)`.
+/// The name of a Kafka error code, for messages: `NOT_LEADER_OR_FOLLOWER (6)`.
 pub fn error_name(code: i16) -> String {
-    match code.err() {
-        Some(e) => format!("{e:?} ({code})"),
-        None => "none (0)".to_string(),
-    }
+    format!("{} ({code})", weir_kafka::errors::error_name(i32::from(code)))
 }
 
 /// A whole request frame (size prefix, header, body), ready to write to the socket. The
@@ -383,7 +364,7 @@ mod tests {
 
     #[test]
     fn error_names_are_readable() {
-        assert_eq!(error_name(0), "none (0)");
-        assert!(error_name(6).starts_with("NotLeaderOrFollower"), "{}", error_name(6));
+        assert_eq!(error_name(0), "NONE (0)");
+        assert_eq!(error_name(6), "NOT_LEADER_OR_FOLLOWER (6)");
     }
 }

@@ -1,0 +1,110 @@
+//! Where new partitions' replicas go: round-robin over the brokers from a random start, as
+//! Kafka places them without racks. Replica `i` of partition `p` goes to broker
+//! `brokers[(start + p + i) % n]`, so leaders (replica 0) spread one per broker in turn and no
+//! partition has two replicas on one broker.
+//!
+//! Validation of manual assignments (CreateTopics, CreatePartitions) lives here too, so that
+//! both placements obey the same rules.
+
+use std::collections::BTreeSet;
+
+use crate::error::{BrokerError, ErrorKind};
+
+/// Replica lists for partitions `first..first + count`, `replication_factor` replicas each, on
+/// `brokers` (sorted ids, at least `replication_factor` of them; the caller checks).
+pub fn assign_replicas(
+    first: i32,
+    count: i32,
+    replication_factor: usize,
+    brokers: &[i32],
+    start: usize,
+) -> Vec<Vec<i32>> {
+    debug_assert!(!brokers.is_empty() && replication_factor <= brokers.len());
+    let n = brokers.len();
+    (first..first + count)
+        .map(|p| (0..replication_factor).map(|i| brokers[(start + p as usize + i) % n]).collect())
+        .collect()
+}
+
+/// A random start for [`assign_replicas`], so that topics created one after another do not all
+/// lead on the same broker.
+pub fn random_start(brokers: usize) -> usize {
+    (uuid::Uuid::new_v4().as_u128() % brokers.max(1) as u128) as usize
+}
+
+/// Checks that `replication_factor` replicas can be placed on `brokers`.
+pub fn check_replication_factor(replication_factor: i16, brokers: &[i32]) -> Result<usize, BrokerError> {
+    if replication_factor < 1 {
+        return Err(BrokerError::new(ErrorKind::InvalidReplicationFactor, "Replication factor must be larger than 0."));
+    }
+    let rf = replication_factor as usize;
+    if rf > brokers.len() {
+        return Err(BrokerError::new(
+            ErrorKind::InvalidReplicationFactor,
+            format!(
+                "Unable to replicate the partition {rf} time(s): The target replication factor of {rf} cannot be \
+                 reached because only {} broker(s) are registered.",
+                brokers.len()
+            ),
+        ));
+    }
+    Ok(rf)
+}
+
+/// Checks a manual assignment: every partition names the same number of distinct, existing
+/// brokers. Returns the replication factor.
+pub fn check_manual_assignment(assignments: &[Vec<i32>], brokers: &[i32]) -> Result<i16, BrokerError> {
+    let invalid = |why: String| Err(BrokerError::new(ErrorKind::InvalidReplicaAssignment, why));
+    let Some(first) = assignments.first() else { return invalid("The replica assignment is empty.".into()) };
+    for (index, replicas) in assignments.iter().enumerate() {
+        if replicas.is_empty() {
+            return invalid(format!("Partition {index} has no replicas."));
+        }
+        if replicas.len() != first.len() {
+            return invalid(format!(
+                "All partitions should have the same number of replicas; partition {index} has {}, partition 0 has {}.",
+                replicas.len(),
+                first.len()
+            ));
+        }
+        if replicas.iter().collect::<BTreeSet<_>>().len() != replicas.len() {
+            return invalid(format!("Duplicate brokers in the replicas {replicas:?} of partition {index}."));
+        }
+        if let Some(unknown) = replicas.iter().find(|b| !brokers.contains(b)) {
+            return invalid(format!(
+                "Partition {index}'s replicas {replicas:?} name broker {unknown}, which is not registered; the brokers are {brokers:?}."
+            ));
+        }
+    }
+    i16::try_from(first.len()).or_else(|_| invalid("Too many replicas.".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replicas_go_round_robin_from_the_start_without_sharing_a_broker() {
+        let placed = assign_replicas(0, 4, 2, &[1, 2, 3], 1);
+        assert_eq!(placed, vec![vec![2, 3], vec![3, 1], vec![1, 2], vec![2, 3]]);
+        let grown = assign_replicas(4, 2, 2, &[1, 2, 3], 1);
+        assert_eq!(grown, vec![vec![3, 1], vec![1, 2]], "new partitions go on where the old ones stopped");
+        assert_eq!(assign_replicas(0, 3, 1, &[7], 5), vec![vec![7]; 3]);
+        for start in 0..10 {
+            assert!(random_start(3) < 3, "start {start}");
+        }
+    }
+
+    #[test]
+    fn manual_assignments_must_be_uniform_distinct_and_known() {
+        let brokers = [1, 2, 3];
+        assert_eq!(check_manual_assignment(&[vec![1, 2], vec![3, 1]], &brokers).unwrap(), 2);
+        for bad in [vec![vec![1, 2], vec![3]], vec![vec![1, 1]], vec![vec![4]], vec![vec![]], vec![]] {
+            let e = check_manual_assignment(&bad, &brokers).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidReplicaAssignment, "{bad:?}");
+        }
+        assert_eq!(check_replication_factor(3, &brokers).unwrap(), 3);
+        assert!(check_replication_factor(4, &brokers).unwrap_err().message.contains("only 3 broker(s)"));
+        assert_eq!(check_replication_factor(0, &brokers).unwrap_err().kind, ErrorKind::InvalidReplicationFactor);
+    }
+}
