@@ -34,6 +34,7 @@
 //!   batch (KIP-534); a pass with nothing dirty still drops expired tombstones when asked.
 
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroU64;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,13 +73,13 @@ pub struct CleanerConfig {
     /// more keys is cleaned over several passes.
     pub offset_map_bytes: usize,
     /// `log.cleaner.io.max.bytes.per.second`: read plus write rate, so compaction leaves disk
-    /// bandwidth to producers and consumers. `u64::MAX` is unlimited.
-    pub io_bytes_per_second: u64,
+    /// bandwidth to producers and consumers. `None` is unlimited (the setting's 0).
+    pub io_bytes_per_second: Option<NonZeroU64>,
 }
 
 impl Default for CleanerConfig {
     fn default() -> Self {
-        CleanerConfig { offset_map_bytes: 128 << 20, io_bytes_per_second: u64::MAX }
+        CleanerConfig { offset_map_bytes: 128 << 20, io_bytes_per_second: None }
     }
 }
 
@@ -87,7 +88,8 @@ impl Default for CleanerConfig {
 /// the limit applies to their sum.
 #[derive(Debug)]
 pub struct Throttle {
-    bytes_per_second: u64,
+    /// `None`: never sleeps.
+    bytes_per_second: Option<NonZeroU64>,
     bucket: Mutex<Bucket>,
 }
 
@@ -99,27 +101,25 @@ struct Bucket {
 }
 
 impl Throttle {
-    /// A throttle allowing `bytes_per_second` on average and bursts of one second's worth.
-    /// `u64::MAX` never sleeps.
-    pub fn new(bytes_per_second: u64) -> Throttle {
-        let rate = bytes_per_second.max(1);
-        Throttle {
-            bytes_per_second: rate,
-            bucket: Mutex::new(Bucket { tokens: rate as f64, refilled_at: Instant::now() }),
-        }
+    /// A throttle allowing `bytes_per_second` on average and bursts of one second's worth;
+    /// `None` never sleeps.
+    pub fn new(bytes_per_second: Option<NonZeroU64>) -> Throttle {
+        let burst = bytes_per_second.map_or(0.0, |rate| rate.get() as f64);
+        Throttle { bytes_per_second, bucket: Mutex::new(Bucket { tokens: burst, refilled_at: Instant::now() }) }
     }
 
     /// For tests and for brokers that do not limit compaction I/O.
     pub fn unlimited() -> Throttle {
-        Throttle::new(u64::MAX)
+        Throttle::new(None)
     }
 
     /// Accounts for `bytes` of I/O, sleeping if the rate is exceeded.
     pub fn acquire(&self, bytes: u64) {
-        if self.bytes_per_second == u64::MAX || bytes == 0 {
+        let Some(rate) = self.bytes_per_second else { return };
+        if bytes == 0 {
             return;
         }
-        let rate = self.bytes_per_second as f64;
+        let rate = rate.get() as f64;
         let wait = {
             let mut bucket = lock(&self.bucket);
             let now = Instant::now();
@@ -711,7 +711,7 @@ mod tests {
 
     #[test]
     fn given_rate_when_burst_exceeded_should_sleep_for_the_debt() {
-        let throttle = Throttle::new(100_000);
+        let throttle = Throttle::new(NonZeroU64::new(100_000));
         let started = Instant::now();
         throttle.acquire(100_000); // the one-second burst
         assert!(started.elapsed() < Duration::from_millis(500));

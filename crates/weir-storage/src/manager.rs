@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions as FsOpenOptions};
+use std::num::NonZeroU64;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -87,7 +88,8 @@ pub struct ManagerOptions {
     pub cleaner_enabled: bool,
     /// `log.cleaner.backoff.ms`: pause between cleaner passes that found nothing to do.
     pub cleaner_backoff_ms: u64,
-    /// `log.cleaner.io.max.bytes.per.second`.
+    /// `log.cleaner.io.max.bytes.per.second`: compaction's read plus write rate; 0 (the
+    /// default, as in the broker's setting) is no limit.
     pub cleaner_io_max_bytes_per_second: u64,
     /// `num.recovery.threads.per.data.dir`: threads that open (and recover) logs at start-up.
     pub recovery_threads: usize,
@@ -106,7 +108,7 @@ impl ManagerOptions {
             checkpoint_interval_ms: 60_000,
             cleaner_enabled: true,
             cleaner_backoff_ms: 15_000,
-            cleaner_io_max_bytes_per_second: u64::MAX,
+            cleaner_io_max_bytes_per_second: 0,
             recovery_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             producer_id_expiration_ms: 86_400_000,
         }
@@ -366,7 +368,7 @@ impl LogManager {
 
     fn cleaner_loop(&self) {
         let cleaner = Arc::new(Cleaner::new(CleanerConfig {
-            io_bytes_per_second: self.options.cleaner_io_max_bytes_per_second,
+            io_bytes_per_second: NonZeroU64::new(self.options.cleaner_io_max_bytes_per_second),
             ..CleanerConfig::default()
         }));
         *self.cleaner.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&cleaner));
