@@ -37,8 +37,8 @@ use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU64;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -86,11 +86,19 @@ impl Default for CleanerConfig {
 /// A token bucket in bytes per second that makes the cleaning thread sleep, so compaction never
 /// takes the disk from producers and consumers. Shared by reference between cleaning threads,
 /// the limit applies to their sum.
+///
+/// The sleep is a wait on a condition variable that [`Throttle::interrupt`] signals: at a low
+/// limit one batch is a debt of minutes (160 bytes at 1 byte per second kept a broker's shutdown
+/// waiting 157 s), and a shutdown must not wait it out.
 #[derive(Debug)]
 pub struct Throttle {
     /// `None`: never sleeps.
     bytes_per_second: Option<NonZeroU64>,
     bucket: Mutex<Bucket>,
+    /// Signalled by `interrupt`; sleepers wait on it holding `bucket`'s mutex.
+    wake: Condvar,
+    /// Sleeps begun by `acquire` (for metrics: how often the limit held compaction back).
+    sleeps: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -98,6 +106,8 @@ struct Bucket {
     /// Bytes that may pass without waiting; negative is debt to sleep off.
     tokens: f64,
     refilled_at: Instant,
+    /// Set once by `interrupt`: no caller sleeps from then on.
+    interrupted: bool,
 }
 
 impl Throttle {
@@ -105,7 +115,12 @@ impl Throttle {
     /// `None` never sleeps.
     pub fn new(bytes_per_second: Option<NonZeroU64>) -> Throttle {
         let burst = bytes_per_second.map_or(0.0, |rate| rate.get() as f64);
-        Throttle { bytes_per_second, bucket: Mutex::new(Bucket { tokens: burst, refilled_at: Instant::now() }) }
+        Throttle {
+            bytes_per_second,
+            bucket: Mutex::new(Bucket { tokens: burst, refilled_at: Instant::now(), interrupted: false }),
+            wake: Condvar::new(),
+            sleeps: AtomicU64::new(0),
+        }
     }
 
     /// For tests and for brokers that do not limit compaction I/O.
@@ -113,28 +128,44 @@ impl Throttle {
         Throttle::new(None)
     }
 
-    /// Accounts for `bytes` of I/O, sleeping if the rate is exceeded.
+    /// Accounts for `bytes` of I/O, sleeping if the rate is exceeded, until the debt is paid or
+    /// [`Throttle::interrupt`] is called.
     pub fn acquire(&self, bytes: u64) {
         let Some(rate) = self.bytes_per_second else { return };
         if bytes == 0 {
             return;
         }
         let rate = rate.get() as f64;
-        let wait = {
-            let mut bucket = lock(&self.bucket);
-            let now = Instant::now();
-            let elapsed = now.duration_since(bucket.refilled_at).as_secs_f64();
-            bucket.refilled_at = now;
-            bucket.tokens = (bucket.tokens + elapsed * rate).min(rate) - bytes as f64;
-            if bucket.tokens < 0.0 {
-                Duration::from_secs_f64(-bucket.tokens / rate)
-            } else {
-                Duration::ZERO
-            }
-        };
-        if wait >= MIN_THROTTLE_SLEEP {
-            std::thread::sleep(wait);
+        let mut bucket = lock(&self.bucket);
+        if bucket.interrupted {
+            return;
         }
+        let now = Instant::now();
+        let elapsed = now.duration_since(bucket.refilled_at).as_secs_f64();
+        bucket.refilled_at = now;
+        bucket.tokens = (bucket.tokens + elapsed * rate).min(rate) - bytes as f64;
+        if bucket.tokens >= 0.0 {
+            return;
+        }
+        let wait = Duration::from_secs_f64(-bucket.tokens / rate);
+        if wait < MIN_THROTTLE_SLEEP {
+            return;
+        }
+        self.sleeps.fetch_add(1, Ordering::Relaxed);
+        // Waiting releases the mutex, so other threads account their I/O meanwhile.
+        let _ = self.wake.wait_timeout_while(bucket, wait, |b| !b.interrupted).unwrap_or_else(|p| p.into_inner());
+    }
+
+    /// Wakes every thread sleeping in [`Throttle::acquire`] and makes later calls return at
+    /// once (for shutdown).
+    pub fn interrupt(&self) {
+        lock(&self.bucket).interrupted = true;
+        self.wake.notify_all();
+    }
+
+    /// How many times [`Throttle::acquire`] made its caller sleep.
+    pub fn sleeps(&self) -> u64 {
+        self.sleeps.load(Ordering::Relaxed)
     }
 }
 
@@ -255,10 +286,17 @@ impl Cleaner {
         }
     }
 
-    /// Makes a running pass give up at its next batch (its partial output is discarded) and
-    /// later [`Cleaner::run_once`] calls return at once, so shutdown need not wait for a pass.
+    /// Makes a running pass give up at its next batch (its partial output is discarded), waking
+    /// it if it sleeps in the throttle, and later [`Cleaner::run_once`] calls return at once, so
+    /// shutdown need not wait for a pass.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
+        self.throttle.interrupt();
+    }
+
+    /// The throttle shared by this cleaner's passes (`log.cleaner.io.max.bytes.per.second`).
+    pub fn throttle(&self) -> &Throttle {
+        &self.throttle
     }
 
     /// Directories of the logs skipped after a failed pass (for metrics and operators).
@@ -727,5 +765,24 @@ mod tests {
             throttle.acquire(u64::MAX / 2);
         }
         assert!(started.elapsed() < Duration::from_millis(500));
+    }
+
+    #[test]
+    fn given_a_thread_sleeping_off_debt_when_interrupted_should_wake_it_at_once() {
+        let throttle = Arc::new(Throttle::new(NonZeroU64::new(1)));
+        let sleeper = {
+            let throttle = Arc::clone(&throttle);
+            std::thread::spawn(move || throttle.acquire(160))
+        };
+        while throttle.sleeps() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let started = Instant::now();
+        throttle.interrupt();
+        sleeper.join().expect("sleeper");
+        assert!(started.elapsed() < Duration::from_secs(1), "woke after {:?}", started.elapsed());
+        // Interrupted for good: more debt does not put anyone to sleep.
+        throttle.acquire(1_000);
+        assert_eq!(throttle.sleeps(), 1);
     }
 }

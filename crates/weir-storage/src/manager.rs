@@ -121,6 +121,10 @@ struct Shutdown {
 }
 
 impl Shutdown {
+    fn requested(&self) -> bool {
+        *self.stopping.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Sleeps up to `ms`; returns true if shutdown was requested.
     fn sleep(&self, ms: u64) -> bool {
         let guard = self.stopping.lock().unwrap_or_else(|p| p.into_inner());
@@ -330,9 +334,21 @@ impl LogManager {
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         threads.push(self.spawn("weir-log-scheduler", LogManager::scheduler_loop)?);
         if self.options.cleaner_enabled {
+            // Made before its thread starts (and under the `threads` lock that shutdown takes
+            // first), so a shutdown racing the start still finds the cleaner to stop.
+            let cleaner = Cleaner::new(CleanerConfig {
+                io_bytes_per_second: NonZeroU64::new(self.options.cleaner_io_max_bytes_per_second),
+                ..CleanerConfig::default()
+            });
+            *self.cleaner.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(cleaner));
             threads.push(self.spawn("weir-log-cleaner", LogManager::cleaner_loop)?);
         }
         Ok(())
+    }
+
+    /// The background cleaner once started, for metrics (its uncleanable logs, its throttle).
+    pub fn cleaner(&self) -> Option<Arc<Cleaner>> {
+        self.cleaner.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn spawn(self: &Arc<Self>, name: &str, body: fn(&LogManager)) -> Result<JoinHandle<()>> {
@@ -367,15 +383,13 @@ impl LogManager {
     }
 
     fn cleaner_loop(&self) {
-        let cleaner = Arc::new(Cleaner::new(CleanerConfig {
-            io_bytes_per_second: NonZeroU64::new(self.options.cleaner_io_max_bytes_per_second),
-            ..CleanerConfig::default()
-        }));
-        *self.cleaner.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&cleaner));
+        let Some(cleaner) = self.cleaner() else { return };
         loop {
             let logs: Vec<Arc<Log>> = self.logs().into_iter().map(|(_, l)| l).collect();
             let did_work = match cleaner.run_once(&logs) {
                 Ok(outcome) => outcome.is_some(),
+                // A pass that shutdown interrupted did not fail.
+                Err(_) if self.shutdown.requested() => return,
                 Err(e) => {
                     tracing::error!(error = %e, "log cleaner pass failed");
                     false
@@ -397,10 +411,14 @@ impl LogManager {
         }
         *self.shutdown.stopping.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.shutdown.wake.notify_all();
-        if let Some(cleaner) = self.cleaner.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        // Taking the threads first waits out a `start_background` under way, whose cleaner must be
+        // stopped too. Stopping it wakes a pass sleeping in its throttle: joining must not wait
+        // for the I/O limit.
+        let threads: Vec<JoinHandle<()>> = self.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        if let Some(cleaner) = self.cleaner() {
             cleaner.stop();
         }
-        for thread in self.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for thread in threads {
             let _ = thread.join();
         }
         for (tp, log) in self.logs() {

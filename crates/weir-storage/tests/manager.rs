@@ -357,3 +357,20 @@ fn given_the_default_cleaner_io_limit_of_zero_when_compacting_should_not_throttl
     t.manager.shutdown().expect("shutdown");
     assert_eq!(read_all(&t.log, t.log.log_start_offset()).last().expect("data").0, 20, "the latest round is kept");
 }
+
+#[test]
+fn given_a_cleaner_sleeping_off_its_io_limit_when_shutting_down_should_return_promptly() {
+    // 100 bytes per second: the first batch of about 4 KiB alone puts the cleaner 40 s in debt.
+    let t = start_cleaner_on_a_dirty_compacted_log(100);
+    let cleaner = t.manager.cleaner().expect("the cleaner is enabled");
+    let waiting = Instant::now();
+    while cleaner.throttle().sleeps() == 0 {
+        assert!(waiting.elapsed() < Duration::from_secs(10), "the cleaner never reached its throttle");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let started = Instant::now();
+    t.manager.shutdown().expect("shutdown");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "shutdown waited {took:?} for a throttled cleaner");
+    assert_eq!(t.log.size_bytes(), t.bytes_before, "the interrupted pass changed nothing");
+}
