@@ -692,6 +692,7 @@ impl<'a> CleanedWriter<'a> {
             old.base_offset(),
             pass.config.segment_index_bytes,
             old.created_ms,
+            &pass.log.stats.index_rebuilds,
         )?;
         Ok(CleanedWriter {
             segment: Some(segment),

@@ -47,6 +47,8 @@ pub(crate) struct Segment {
     pub(crate) created_ms: i64,
     /// The segment started empty in this process, so `created_ms` is its true age.
     pub(crate) created_empty: bool,
+    /// The log's count of index rebuilds (`LogStats::index_rebuilds`).
+    index_rebuilds: Arc<AtomicU64>,
 }
 
 struct SegmentState {
@@ -102,10 +104,12 @@ impl Segment {
         index_bytes: u64,
         roll_jitter_ms: u64,
         now_ms: i64,
+        index_rebuilds: &Arc<AtomicU64>,
     ) -> Result<Segment> {
         let path = dir.join(file_name(base_offset, ".log"));
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).at(&path)?;
-        let segment = Segment::new(dir, base_offset, file, 0, true, index_bytes, roll_jitter_ms, now_ms);
+        let segment =
+            Segment::new(dir, base_offset, file, 0, true, index_bytes, roll_jitter_ms, now_ms, index_rebuilds);
         {
             let mut state = segment.lock();
             // Stale index files from an earlier life of this base offset must not survive.
@@ -127,11 +131,12 @@ impl Segment {
         index_bytes: u64,
         roll_jitter_ms: u64,
         now_ms: i64,
+        index_rebuilds: &Arc<AtomicU64>,
     ) -> Result<Segment> {
         let path = dir.join(file_name(base_offset, ".log"));
         let file = OpenOptions::new().read(true).write(true).open(&path).at(&path)?;
         let size = file.metadata().at(&path)?.len();
-        Ok(Segment::new(dir, base_offset, file, size, active, index_bytes, roll_jitter_ms, now_ms))
+        Ok(Segment::new(dir, base_offset, file, size, active, index_bytes, roll_jitter_ms, now_ms, index_rebuilds))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -144,6 +149,7 @@ impl Segment {
         index_bytes: u64,
         roll_jitter_ms: u64,
         now_ms: i64,
+        index_rebuilds: &Arc<AtomicU64>,
     ) -> Segment {
         Segment {
             base_offset,
@@ -166,6 +172,7 @@ impl Segment {
             roll_jitter_ms,
             created_ms: now_ms,
             created_empty: size == 0,
+            index_rebuilds: Arc::clone(index_rebuilds),
         }
     }
 
@@ -225,6 +232,7 @@ impl Segment {
         state.time_index = Some(time_index);
         if let Some(problem) = problem {
             tracing::warn!(segment = %self.log_path().display(), %problem, "rebuilding indexes");
+            self.index_rebuilds.fetch_add(1, Ordering::Relaxed);
             self.rebuild_indexes(state)?;
         } else {
             let ti = state.time_index.as_ref().and_then(TimeIndex::last_entry);
@@ -1001,10 +1009,16 @@ impl Segment {
     /// stays untouched until [`Segment::cleaned_to_swap`]. The cleaner fills it with
     /// [`Segment::append`]; `created_ms` is the replaced segment's, so retention's fallback age
     /// does not restart.
-    pub(crate) fn create_cleaned(dir: &Path, base_offset: i64, index_bytes: u64, created_ms: i64) -> Result<Segment> {
+    pub(crate) fn create_cleaned(
+        dir: &Path,
+        base_offset: i64,
+        index_bytes: u64,
+        created_ms: i64,
+        index_rebuilds: &Arc<AtomicU64>,
+    ) -> Result<Segment> {
         let path = with_suffix(&dir.join(file_name(base_offset, ".log")), CLEANED_SUFFIX);
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).at(&path)?;
-        let segment = Segment::new(dir, base_offset, file, 0, true, index_bytes, 0, created_ms);
+        let segment = Segment::new(dir, base_offset, file, 0, true, index_bytes, 0, created_ms, index_rebuilds);
         {
             let mut state = segment.lock();
             let index_path = with_suffix(&segment.index_path(), CLEANED_SUFFIX);
