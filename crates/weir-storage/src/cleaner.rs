@@ -34,10 +34,11 @@
 //!   batch (KIP-534); a pass with nothing dirty still drops expired tombstones when asked.
 
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroU64;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::batch::{self, BatchHeader};
@@ -65,23 +66,32 @@ pub struct CleanerConfig {
     /// more keys is cleaned over several passes.
     pub offset_map_bytes: usize,
     /// `log.cleaner.io.max.bytes.per.second`: read plus write rate, so compaction leaves disk
-    /// bandwidth to producers and consumers. `u64::MAX` is unlimited.
-    pub io_bytes_per_second: u64,
+    /// bandwidth to producers and consumers. `None` is unlimited (the setting's 0).
+    pub io_bytes_per_second: Option<NonZeroU64>,
 }
 
 impl Default for CleanerConfig {
     fn default() -> Self {
-        CleanerConfig { offset_map_bytes: 128 << 20, io_bytes_per_second: u64::MAX }
+        CleanerConfig { offset_map_bytes: 128 << 20, io_bytes_per_second: None }
     }
 }
 
 /// A token bucket in bytes per second that makes the cleaning thread sleep, so compaction never
 /// takes the disk from producers and consumers. Shared by reference between cleaning threads,
 /// the limit applies to their sum.
+///
+/// The sleep is a wait on a condition variable that [`Throttle::interrupt`] signals: at a low
+/// limit one batch is a debt of minutes (160 bytes at 1 byte per second kept a broker's shutdown
+/// waiting 157 s), and a shutdown must not wait it out.
 #[derive(Debug)]
 pub struct Throttle {
-    bytes_per_second: u64,
+    /// `None`: never sleeps.
+    bytes_per_second: Option<NonZeroU64>,
     bucket: Mutex<Bucket>,
+    /// Signalled by `interrupt`; sleepers wait on it holding `bucket`'s mutex.
+    wake: Condvar,
+    /// Sleeps begun by `acquire` (for metrics: how often the limit held compaction back).
+    sleeps: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -89,45 +99,66 @@ struct Bucket {
     /// Bytes that may pass without waiting; negative is debt to sleep off.
     tokens: f64,
     refilled_at: Instant,
+    /// Set once by `interrupt`: no caller sleeps from then on.
+    interrupted: bool,
 }
 
 impl Throttle {
-    /// A throttle allowing `bytes_per_second` on average and bursts of one second's worth.
-    /// `u64::MAX` never sleeps.
-    pub fn new(bytes_per_second: u64) -> Throttle {
-        let rate = bytes_per_second.max(1);
+    /// A throttle allowing `bytes_per_second` on average and bursts of one second's worth;
+    /// `None` never sleeps.
+    pub fn new(bytes_per_second: Option<NonZeroU64>) -> Throttle {
+        let burst = bytes_per_second.map_or(0.0, |rate| rate.get() as f64);
         Throttle {
-            bytes_per_second: rate,
-            bucket: Mutex::new(Bucket { tokens: rate as f64, refilled_at: Instant::now() }),
+            bytes_per_second,
+            bucket: Mutex::new(Bucket { tokens: burst, refilled_at: Instant::now(), interrupted: false }),
+            wake: Condvar::new(),
+            sleeps: AtomicU64::new(0),
         }
     }
 
     /// For tests and for brokers that do not limit compaction I/O.
     pub fn unlimited() -> Throttle {
-        Throttle::new(u64::MAX)
+        Throttle::new(None)
     }
 
-    /// Accounts for `bytes` of I/O, sleeping if the rate is exceeded.
+    /// Accounts for `bytes` of I/O, sleeping if the rate is exceeded, until the debt is paid or
+    /// [`Throttle::interrupt`] is called.
     pub fn acquire(&self, bytes: u64) {
-        if self.bytes_per_second == u64::MAX || bytes == 0 {
+        let Some(rate) = self.bytes_per_second else { return };
+        if bytes == 0 {
             return;
         }
-        let rate = self.bytes_per_second as f64;
-        let wait = {
-            let mut bucket = lock(&self.bucket);
-            let now = Instant::now();
-            let elapsed = now.duration_since(bucket.refilled_at).as_secs_f64();
-            bucket.refilled_at = now;
-            bucket.tokens = (bucket.tokens + elapsed * rate).min(rate) - bytes as f64;
-            if bucket.tokens < 0.0 {
-                Duration::from_secs_f64(-bucket.tokens / rate)
-            } else {
-                Duration::ZERO
-            }
-        };
-        if wait >= MIN_THROTTLE_SLEEP {
-            std::thread::sleep(wait);
+        let rate = rate.get() as f64;
+        let mut bucket = lock(&self.bucket);
+        if bucket.interrupted {
+            return;
         }
+        let now = Instant::now();
+        let elapsed = now.duration_since(bucket.refilled_at).as_secs_f64();
+        bucket.refilled_at = now;
+        bucket.tokens = (bucket.tokens + elapsed * rate).min(rate) - bytes as f64;
+        if bucket.tokens >= 0.0 {
+            return;
+        }
+        let wait = Duration::from_secs_f64(-bucket.tokens / rate);
+        if wait < MIN_THROTTLE_SLEEP {
+            return;
+        }
+        self.sleeps.fetch_add(1, Ordering::Relaxed);
+        // Waiting releases the mutex, so other threads account their I/O meanwhile.
+        let _ = self.wake.wait_timeout_while(bucket, wait, |b| !b.interrupted).unwrap_or_else(|p| p.into_inner());
+    }
+
+    /// Wakes every thread sleeping in [`Throttle::acquire`] and makes later calls return at
+    /// once (for shutdown).
+    pub fn interrupt(&self) {
+        lock(&self.bucket).interrupted = true;
+        self.wake.notify_all();
+    }
+
+    /// How many times [`Throttle::acquire`] made its caller sleep.
+    pub fn sleeps(&self) -> u64 {
+        self.sleeps.load(Ordering::Relaxed)
     }
 }
 
@@ -248,10 +279,17 @@ impl Cleaner {
         }
     }
 
-    /// Makes a running pass give up at its next batch (its partial output is discarded) and
-    /// later [`Cleaner::run_once`] calls return at once, so shutdown need not wait for a pass.
+    /// Makes a running pass give up at its next batch (its partial output is discarded), waking
+    /// it if it sleeps in the throttle, and later [`Cleaner::run_once`] calls return at once, so
+    /// shutdown need not wait for a pass.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
+        self.throttle.interrupt();
+    }
+
+    /// The throttle shared by this cleaner's passes (`log.cleaner.io.max.bytes.per.second`).
+    pub fn throttle(&self) -> &Throttle {
+        &self.throttle
     }
 
     /// Directories of the logs skipped after a failed pass (for metrics and operators).
@@ -620,6 +658,7 @@ impl<'a> CleanedWriter<'a> {
             old.base_offset(),
             pass.config.segment_index_bytes,
             old.created_ms,
+            &pass.log.stats.index_rebuilds,
         )?;
         Ok(CleanedWriter {
             segment: Some(segment),
@@ -677,7 +716,7 @@ mod tests {
 
     #[test]
     fn given_rate_when_burst_exceeded_should_sleep_for_the_debt() {
-        let throttle = Throttle::new(100_000);
+        let throttle = Throttle::new(NonZeroU64::new(100_000));
         let started = Instant::now();
         throttle.acquire(100_000); // the one-second burst
         assert!(started.elapsed() < Duration::from_millis(500));
@@ -693,5 +732,24 @@ mod tests {
             throttle.acquire(u64::MAX / 2);
         }
         assert!(started.elapsed() < Duration::from_millis(500));
+    }
+
+    #[test]
+    fn given_a_thread_sleeping_off_debt_when_interrupted_should_wake_it_at_once() {
+        let throttle = Arc::new(Throttle::new(NonZeroU64::new(1)));
+        let sleeper = {
+            let throttle = Arc::clone(&throttle);
+            std::thread::spawn(move || throttle.acquire(160))
+        };
+        while throttle.sleeps() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let started = Instant::now();
+        throttle.interrupt();
+        sleeper.join().expect("sleeper");
+        assert!(started.elapsed() < Duration::from_secs(1), "woke after {:?}", started.elapsed());
+        // Interrupted for good: more debt does not put anyone to sleep.
+        throttle.acquire(1_000);
+        assert_eq!(throttle.sleeps(), 1);
     }
 }

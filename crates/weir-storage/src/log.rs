@@ -123,6 +123,11 @@ pub struct LogStats {
     pub recovered_truncated_bytes: AtomicU64,
     /// Segments scanned by recovery when the log was opened.
     pub segments_recovered: AtomicU64,
+    /// Segments whose index files were missing or failed their checks when loaded (at open or
+    /// lazily, on first use) and were rebuilt from the log's batch headers. A sound index is
+    /// never rebuilt; recovery's rescan after a machine crash is counted in
+    /// `segments_recovered`, not here. Shared with the segments, which load their indexes.
+    pub index_rebuilds: Arc<AtomicU64>,
 }
 
 /// What a retention pass removed.
@@ -358,6 +363,7 @@ impl Log {
                 config.segment_index_bytes,
                 self.roll_jitter(&config, *base),
                 now,
+                &self.stats.index_rebuilds,
             )?;
             map.insert(*base, Arc::new(segment));
         }
@@ -402,8 +408,7 @@ impl Log {
         }
         if map.is_empty() {
             let base = options.log_start_offset.unwrap_or(0).max(0);
-            let segment =
-                Segment::create(&self.dir, base, config.segment_index_bytes, self.roll_jitter(&config, base), now)?;
+            let segment = self.create_segment(&config, base, now)?;
             fsync_dir(&self.dir)?;
             map.insert(base, Arc::new(segment));
         }
@@ -423,6 +428,12 @@ impl Log {
         lock(&self.sync).durable_end = durable;
         self.cleaner_checkpoint.store(log_start, Ordering::Release);
         Ok(())
+    }
+
+    /// A new, empty, active segment at `base`; the caller fsyncs the directory.
+    fn create_segment(&self, config: &LogConfig, base: i64, now: i64) -> Result<Segment> {
+        let jitter = self.roll_jitter(config, base);
+        Segment::create(&self.dir, base, config.segment_index_bytes, jitter, now, &self.stats.index_rebuilds)
     }
 
     fn roll_jitter(&self, config: &LogConfig, base: i64) -> u64 {
@@ -721,13 +732,7 @@ impl Log {
         } else {
             active.on_roll()?;
         }
-        let segment = Arc::new(Segment::create(
-            &self.dir,
-            base,
-            config.segment_index_bytes,
-            self.roll_jitter(config, base),
-            now,
-        )?);
+        let segment = Arc::new(self.create_segment(config, base, now)?);
         // The new file's directory entry must be durable before any data in it is acknowledged.
         fsync_dir(&self.dir)?;
         write(&self.segments).insert(base, Arc::clone(&segment));
@@ -1130,8 +1135,7 @@ impl Log {
             self.deletion_queue.schedule(paths, now);
         }
         let config = self.config();
-        let segment =
-            Segment::create(&self.dir, offset, config.segment_index_bytes, self.roll_jitter(&config, offset), now)?;
+        let segment = self.create_segment(&config, offset, now)?;
         fsync_dir(&self.dir)?;
         write(&self.segments).insert(offset, Arc::new(segment));
         for value in [

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions as FsOpenOptions};
+use std::num::NonZeroU64;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -88,7 +89,8 @@ pub struct ManagerOptions {
     pub cleaner_enabled: bool,
     /// `log.cleaner.backoff.ms`: pause between cleaner passes that found nothing to do.
     pub cleaner_backoff_ms: u64,
-    /// `log.cleaner.io.max.bytes.per.second`.
+    /// `log.cleaner.io.max.bytes.per.second`: compaction's read plus write rate; 0 (the
+    /// default, as in the broker's setting) is no limit.
     pub cleaner_io_max_bytes_per_second: u64,
     /// `num.recovery.threads.per.data.dir`: threads that open (and recover) logs at start-up.
     pub recovery_threads: usize,
@@ -107,7 +109,7 @@ impl ManagerOptions {
             checkpoint_interval_ms: 60_000,
             cleaner_enabled: true,
             cleaner_backoff_ms: 15_000,
-            cleaner_io_max_bytes_per_second: u64::MAX,
+            cleaner_io_max_bytes_per_second: 0,
             recovery_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             producer_id_expiration_ms: 86_400_000,
         }
@@ -120,6 +122,10 @@ struct Shutdown {
 }
 
 impl Shutdown {
+    fn requested(&self) -> bool {
+        *lock(&self.stopping)
+    }
+
     /// Sleeps up to `ms`; returns true if shutdown was requested.
     fn sleep(&self, ms: u64) -> bool {
         let guard = lock(&self.stopping);
@@ -329,9 +335,21 @@ impl LogManager {
         let mut threads = lock(&self.threads);
         threads.push(self.spawn("weir-log-scheduler", LogManager::scheduler_loop)?);
         if self.options.cleaner_enabled {
+            // Made before its thread starts (and under the `threads` lock that shutdown takes
+            // first), so a shutdown racing the start still finds the cleaner to stop.
+            let cleaner = Cleaner::new(CleanerConfig {
+                io_bytes_per_second: NonZeroU64::new(self.options.cleaner_io_max_bytes_per_second),
+                ..CleanerConfig::default()
+            });
+            *lock(&self.cleaner) = Some(Arc::new(cleaner));
             threads.push(self.spawn("weir-log-cleaner", LogManager::cleaner_loop)?);
         }
         Ok(())
+    }
+
+    /// The background cleaner once started, for metrics (its uncleanable logs, its throttle).
+    pub fn cleaner(&self) -> Option<Arc<Cleaner>> {
+        lock(&self.cleaner).clone()
     }
 
     fn spawn(self: &Arc<Self>, name: &str, body: fn(&LogManager)) -> Result<JoinHandle<()>> {
@@ -366,15 +384,13 @@ impl LogManager {
     }
 
     fn cleaner_loop(&self) {
-        let cleaner = Arc::new(Cleaner::new(CleanerConfig {
-            io_bytes_per_second: self.options.cleaner_io_max_bytes_per_second,
-            ..CleanerConfig::default()
-        }));
-        *lock(&self.cleaner) = Some(Arc::clone(&cleaner));
+        let Some(cleaner) = self.cleaner() else { return };
         loop {
             let logs: Vec<Arc<Log>> = self.logs().into_iter().map(|(_, l)| l).collect();
             let did_work = match cleaner.run_once(&logs) {
                 Ok(outcome) => outcome.is_some(),
+                // A pass that shutdown interrupted did not fail.
+                Err(_) if self.shutdown.requested() => return,
                 Err(e) => {
                     tracing::error!(error = %e, "log cleaner pass failed");
                     false
@@ -396,10 +412,14 @@ impl LogManager {
         }
         *lock(&self.shutdown.stopping) = true;
         self.shutdown.wake.notify_all();
-        if let Some(cleaner) = lock(&self.cleaner).as_ref() {
+        // Taking the threads first waits out a `start_background` under way, whose cleaner must be
+        // stopped too. Stopping it wakes a pass sleeping in its throttle: joining must not wait
+        // for the I/O limit.
+        let threads: Vec<JoinHandle<()>> = lock(&self.threads).drain(..).collect();
+        if let Some(cleaner) = self.cleaner() {
             cleaner.stop();
         }
-        for thread in lock(&self.threads).drain(..) {
+        for thread in threads {
             let _ = thread.join();
         }
         for (tp, log) in self.logs() {

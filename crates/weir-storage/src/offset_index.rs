@@ -82,7 +82,7 @@ impl OffsetIndex {
     }
 
     /// Removes the entries with offset `>= target`.
-    pub(crate) fn truncate_to(&mut self, target: i64) {
+    pub(crate) fn truncate_to(&mut self, target: i64) -> Result<()> {
         let keep = if target <= self.base_offset {
             0
         } else {
@@ -91,7 +91,7 @@ impl OffsetIndex {
                 Ok(relative) => self.file.largest_lower_bound(relative - 1, relative_offset).map_or(0, |i| i + 1),
             }
         };
-        self.file.truncate_entries(keep);
+        self.file.truncate_entries(keep)
     }
 
     /// Checks the invariants against the segment: entries strictly increasing, positions inside

@@ -48,6 +48,8 @@ pub(crate) struct Segment {
     pub(crate) created_ms: i64,
     /// The segment started empty in this process, so `created_ms` is its true age.
     pub(crate) created_empty: bool,
+    /// The log's count of index rebuilds (`LogStats::index_rebuilds`).
+    index_rebuilds: Arc<AtomicU64>,
 }
 
 struct SegmentState {
@@ -67,6 +69,19 @@ struct SegmentState {
     first_batch_timestamp: Option<i64>,
     /// The offset after the last batch, once known.
     next_offset: Option<i64>,
+}
+
+/// What the index files of a segment being loaded may hold, which decides how their entries are
+/// counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IndexFiles {
+    /// As roll, close or a rebuild left them: trimmed to their entries (the active segment's are
+    /// preallocated again after loading). An all-zero entry after the first is damage.
+    Trimmed,
+    /// As a crash of the process left them: the segment that was active (or whose roll the
+    /// crash cut short) still has its preallocated, zero-filled tail, which must not be taken
+    /// for entries. Only after `page_cache_survived`: after a machine crash, recovery rebuilds.
+    LeftByProcessCrash,
 }
 
 /// What a recovery scan found.
@@ -103,10 +118,12 @@ impl Segment {
         index_bytes: u64,
         roll_jitter_ms: u64,
         now_ms: i64,
+        index_rebuilds: &Arc<AtomicU64>,
     ) -> Result<Segment> {
         let path = dir.join(file_name(base_offset, ".log"));
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).at(&path)?;
-        let segment = Segment::new(dir, base_offset, file, 0, true, index_bytes, roll_jitter_ms, now_ms);
+        let segment =
+            Segment::new(dir, base_offset, file, 0, true, index_bytes, roll_jitter_ms, now_ms, index_rebuilds);
         {
             let mut state = segment.lock();
             // Stale index files from an earlier life of this base offset must not survive.
@@ -128,11 +145,12 @@ impl Segment {
         index_bytes: u64,
         roll_jitter_ms: u64,
         now_ms: i64,
+        index_rebuilds: &Arc<AtomicU64>,
     ) -> Result<Segment> {
         let path = dir.join(file_name(base_offset, ".log"));
         let file = OpenOptions::new().read(true).write(true).open(&path).at(&path)?;
         let size = file.metadata().at(&path)?.len();
-        Ok(Segment::new(dir, base_offset, file, size, active, index_bytes, roll_jitter_ms, now_ms))
+        Ok(Segment::new(dir, base_offset, file, size, active, index_bytes, roll_jitter_ms, now_ms, index_rebuilds))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -145,6 +163,7 @@ impl Segment {
         index_bytes: u64,
         roll_jitter_ms: u64,
         now_ms: i64,
+        index_rebuilds: &Arc<AtomicU64>,
     ) -> Segment {
         Segment {
             base_offset,
@@ -167,6 +186,7 @@ impl Segment {
             roll_jitter_ms,
             created_ms: now_ms,
             created_empty: size == 0,
+            index_rebuilds: Arc::clone(index_rebuilds),
         }
     }
 
@@ -191,6 +211,10 @@ impl Segment {
     /// Opens the indexes if they are not open yet, rebuilding them from the log when they are
     /// missing or fail their sanity check.
     fn load_indexes(&self, state: &mut SegmentState) -> Result<()> {
+        self.load_indexes_left_as(state, IndexFiles::Trimmed)
+    }
+
+    fn load_indexes_left_as(&self, state: &mut SegmentState, files: IndexFiles) -> Result<()> {
         if state.offset_index.is_some() && state.time_index.is_some() {
             return Ok(());
         }
@@ -204,16 +228,25 @@ impl Segment {
         let torn = [(&index_path, offset_index::ENTRY_BYTES), (&time_index_path, time_index::ENTRY_BYTES)]
             .into_iter()
             .any(|(path, entry)| std::fs::metadata(path).is_ok_and(|m| m.len() % entry as u64 != 0));
-        let offset_index = OffsetIndex::open(&index_path, self.base_offset, prealloc)?;
-        let time_index = TimeIndex::open(&time_index_path, self.base_offset, prealloc)?;
-        // A preallocated index found on disk (crash while active) has zero entries at its tail:
-        // count entries as the prefix that passes the sanity check instead of trusting the length.
+        let mut offset_index = OffsetIndex::open(&index_path, self.base_offset, prealloc)?;
+        let mut time_index = TimeIndex::open(&time_index_path, self.base_offset, prealloc)?;
+        if files == IndexFiles::LeftByProcessCrash {
+            // The length of a file the crash left preallocated counts its zero tail as entries,
+            // which the sanity check below then found out of order: every partition's active
+            // segment was rebuilt at every restart after kill -9.
+            offset_index.file().drop_zero_tail();
+            time_index.file().drop_zero_tail();
+        }
         let size = self.size();
+        // After a process crash the caller reads every batch header after the last offset-index
+        // entry, which restores the segment's largest timestamp; with no offset-index entry that
+        // is the whole segment, whose time index is empty too until its first entry.
+        let tail_scan_finds_largest_timestamp = files == IndexFiles::LeftByProcessCrash && offset_index.entries() == 0;
         let problem = if missing && size > 0 {
             Some("index files missing".to_string())
         } else if torn {
             Some("index file cut inside an entry".to_string())
-        } else if size > 0 && time_index.entries() == 0 {
+        } else if size > 0 && time_index.entries() == 0 && !tail_scan_finds_largest_timestamp {
             // Roll, close and recovery always leave the largest timestamp as the last time-index
             // entry, so a segment with batches and an empty time index lost it (an emptied or
             // lost file). Without it the segment's largest timestamp would read as "none", and
@@ -226,6 +259,7 @@ impl Segment {
         state.time_index = Some(time_index);
         if let Some(problem) = problem {
             tracing::warn!(segment = %self.log_path().display(), %problem, "rebuilding indexes");
+            self.index_rebuilds.fetch_add(1, Ordering::Relaxed);
             self.rebuild_indexes(state)?;
         } else {
             let ti = state.time_index.as_ref().and_then(TimeIndex::last_entry);
@@ -274,8 +308,8 @@ impl Segment {
 
     fn reset_indexes(&self, state: &mut SegmentState) -> Result<()> {
         let (oi, ti) = self.indexes_raw(state)?;
-        oi.truncate_to(i64::MIN);
-        ti.truncate_to(i64::MIN);
+        oi.truncate_to(i64::MIN)?;
+        ti.truncate_to(i64::MIN)?;
         state.bytes_since_last_index_entry = 0;
         state.max_timestamp = i64::MIN;
         state.offset_of_max_timestamp = self.base_offset;
@@ -447,12 +481,13 @@ impl Segment {
     /// Recovery after a crash of the process alone, while the machine kept running (the caller
     /// checked the kernel's boot id): the page cache kept every byte written before the crash,
     /// in order, so only the end of the segment can be wrong, cut inside a write by the kill.
-    /// The indexes load as after a clean shutdown (each entry was written after the data it
-    /// points at), and only the batch headers after the last offset-index entry are read; a
-    /// batch cut short there is truncated. CRCs are not read here: like every segment this
-    /// process did not write or recover, its batches are validated before they are first served
-    /// (`verified_bytes`). Returns `None` when the indexes cannot be trusted or the indexed
-    /// batch is unreadable; the caller then runs the full [`Segment::recover`].
+    /// The indexes are kept (each entry was written after the data it points at; the entries
+    /// of an index the crash left preallocated end where its zero-filled tail begins), and only
+    /// the batch headers after the last offset-index entry are read; a batch cut short there is
+    /// truncated. CRCs are not read here: like every segment this process did not write or
+    /// recover, its batches are validated before they are first served (`verified_bytes`).
+    /// Returns `None` when the indexes cannot be trusted or the indexed batch is unreadable; the
+    /// caller then runs the full [`Segment::recover`].
     pub(crate) fn recover_tail(
         &self,
         index_interval_bytes: u64,
@@ -460,7 +495,7 @@ impl Segment {
     ) -> Result<Option<RecoveryOutcome>> {
         let mut state = self.lock();
         state.index_interval_bytes = index_interval_bytes;
-        if self.load_indexes(&mut state).is_err() {
+        if self.load_indexes_left_as(&mut state, IndexFiles::LeftByProcessCrash).is_err() {
             return Ok(None);
         }
         let path = self.log_path();
@@ -502,6 +537,9 @@ impl Segment {
         }
         let truncated_bytes = self.cut_after(&mut state, file_len, position, reason.as_deref())?;
         if !state.active {
+            // As roll and the full recovery leave it, so that later opens know the largest
+            // timestamp: a crash in the middle of a roll may have cut it short before that entry.
+            append_largest_timestamp_entry(&mut state);
             let (oi, ti) = self.indexes_raw(&mut state)?;
             oi.file().trim()?;
             ti.file().trim()?;
@@ -767,8 +805,8 @@ impl Segment {
         self.log.set_len(position).at(&path)?;
         self.verified_bytes.fetch_min(position, Ordering::AcqRel);
         let (oi, ti) = self.indexes(&mut state)?;
-        oi.truncate_to(header.base_offset);
-        ti.truncate_to(header.base_offset);
+        oi.truncate_to(header.base_offset)?;
+        ti.truncate_to(header.base_offset)?;
         // Recompute the statistics from what remains: the last time-index entry, then the batches
         // after the last offset-index entry.
         let last_indexed = oi.last_entry().map_or(0, |e| u64::from(e.position));
@@ -1002,10 +1040,16 @@ impl Segment {
     /// stays untouched until [`Segment::cleaned_to_swap`]. The cleaner fills it with
     /// [`Segment::append`]; `created_ms` is the replaced segment's, so retention's fallback age
     /// does not restart.
-    pub(crate) fn create_cleaned(dir: &Path, base_offset: i64, index_bytes: u64, created_ms: i64) -> Result<Segment> {
+    pub(crate) fn create_cleaned(
+        dir: &Path,
+        base_offset: i64,
+        index_bytes: u64,
+        created_ms: i64,
+        index_rebuilds: &Arc<AtomicU64>,
+    ) -> Result<Segment> {
         let path = with_suffix(&dir.join(file_name(base_offset, ".log")), CLEANED_SUFFIX);
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).at(&path)?;
-        let segment = Segment::new(dir, base_offset, file, 0, true, index_bytes, 0, created_ms);
+        let segment = Segment::new(dir, base_offset, file, 0, true, index_bytes, 0, created_ms, index_rebuilds);
         {
             let mut state = segment.lock();
             let index_path = with_suffix(&segment.index_path(), CLEANED_SUFFIX);

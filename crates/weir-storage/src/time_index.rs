@@ -91,19 +91,19 @@ impl TimeIndex {
     }
 
     /// Removes the entries with offset `>= target`.
-    pub(crate) fn truncate_to(&mut self, target: i64) {
-        // Everything goes (a rebuild): do not walk the entries. After a crash the file is still
-        // preallocated, and walking its zero-filled tail touched every page of it: 10 MiB per
-        // partition, 17 s and 16 GB of page cache for 10,000 partitions.
+    pub(crate) fn truncate_to(&mut self, target: i64) -> Result<()> {
+        // Everything goes (a rebuild): do not walk the entries. Before a rebuild the entry count
+        // may be the length of a file a crash left preallocated, and walking its zero-filled tail
+        // touched every page of it: 10 MiB per partition, 17 s and 16 GB of page cache for
+        // 10,000 partitions.
         if target <= self.base_offset {
-            self.file.truncate_entries(0);
-            return;
+            return self.file.truncate_entries(0);
         }
         let mut keep = self.entries();
         while keep > 0 && self.entry(keep - 1).offset >= target {
             keep -= 1;
         }
-        self.file.truncate_entries(keep);
+        self.file.truncate_entries(keep)
     }
 
     pub(crate) fn sanity_check(&self, next_offset: i64) -> std::result::Result<(), String> {

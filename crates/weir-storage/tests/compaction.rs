@@ -322,6 +322,38 @@ fn given_compressed_batches_when_cleaned_should_reencode_survivors_with_the_same
 }
 
 #[test]
+fn given_repeated_header_names_when_reencoded_should_keep_every_value() {
+    use weir_storage::records::{self, BatchOptions, Header, Record as WeirRecord};
+    let mut h = Harness::new(compact_config(&[("segment.bytes", "100000")]));
+    let headers = vec![
+        Header::new("trace", Some(Bytes::from_static(b"a"))),
+        Header::new("trace", Some(Bytes::from_static(b"b"))),
+        Header::new("trace", None),
+    ];
+    let batch: Vec<WeirRecord> = ["k1", "k2", "k1"]
+        .iter()
+        .map(|key| {
+            let mut record =
+                WeirRecord::new(T0, Some(Bytes::from_static(key.as_bytes())), Some(Bytes::from_static(b"v")));
+            record.headers = headers.clone();
+            record
+        })
+        .collect();
+    let mut bytes = records::encode_batch(&batch, &BatchOptions::default()).expect("encode").to_vec();
+    h.log.append(&mut bytes, 0).expect("append");
+    h.log.roll_now().expect("roll");
+    h.append(&[put("k9", "active")], Compression::None);
+    let outcome = h.clean(&unlimited());
+    assert_eq!(outcome.records_removed, 1, "{outcome:?}");
+    let survivors: Vec<WeirRecord> =
+        read_all(&h.log, 0).iter().flat_map(|(_, b)| records::decode_records(b).expect("decode")).collect();
+    assert_eq!(survivors.len(), 3);
+    for record in &survivors[..2] {
+        assert_eq!(record.headers, headers, "offset {}", record.offset);
+    }
+}
+
+#[test]
 fn given_log_append_time_when_reencoded_should_keep_the_brokers_timestamp() {
     let mut h = Harness::new(compact_config(&[("message.timestamp.type", "LogAppendTime")]));
     h.append(&[put("a", "1"), put("b", "1"), put("c", "1")], Compression::Lz4);

@@ -51,7 +51,13 @@ fn timestamp_of_batch(i: usize) -> i64 {
 
 /// Appends `n` batches of 1–3 records; returns them as stored (base offset, bytes).
 fn append_batches(log: &Log, n: usize) -> Vec<(i64, Vec<u8>)> {
-    (0..n)
+    append_batch_range(log, 0..n)
+}
+
+/// Appends the batches `range` of the sequence `append_batches` starts (so timestamps go on
+/// growing across calls).
+fn append_batch_range(log: &Log, range: std::ops::Range<usize>) -> Vec<(i64, Vec<u8>)> {
+    range
         .map(|i| {
             let mut bytes = records(1 + i % 3, 90 + i % 50, timestamp_of_batch(i), i as u8);
             let info = log.append(&mut bytes, 1).expect("append");
@@ -572,7 +578,186 @@ fn given_recovered_closed_segments_when_reopened_later_should_still_know_their_l
     assert_serves_exactly(&log, &batches, "reopened after a clean shutdown");
 }
 
-// ---- (e) garbage handed to append ----
+// ---- (e) sound indexes are kept ----
+
+fn index_rebuilds(log: &Log) -> u64 {
+    log.stats.index_rebuilds.load(Ordering::Relaxed)
+}
+
+/// How one run of the process ends, and so how the next one opens its logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunEnd {
+    CleanShutdown,
+    /// The process dies (kill -9), the machine keeps its page cache: logs are dropped unclosed,
+    /// their active indexes still preallocated, and reopened with `page_cache_survived`.
+    ProcessCrash {
+        from_recovery_point: bool,
+    },
+    /// As a process crash, reopened without `page_cache_survived`: recovery rescans (and
+    /// rebuilds, as part of recovery) what follows the recovery point.
+    MachineCrash {
+        from_recovery_point: bool,
+    },
+}
+
+impl RunEnd {
+    fn reopen_options(self, recovery_point: i64) -> OpenOptions {
+        let (page_cache_survived, from_recovery_point) = match self {
+            RunEnd::CleanShutdown => return clean(),
+            RunEnd::ProcessCrash { from_recovery_point } => (true, from_recovery_point),
+            RunEnd::MachineCrash { from_recovery_point } => (false, from_recovery_point),
+        };
+        OpenOptions { page_cache_survived, recovery_point: from_recovery_point.then_some(recovery_point), ..unclean() }
+    }
+}
+
+/// One partition's log across runs of the process.
+struct Partition {
+    dir: PathBuf,
+    batches_per_run: usize,
+    /// Everything appended so far.
+    batches: Vec<(i64, Vec<u8>)>,
+    /// How the next run opens it, as the last one ended.
+    reopen: OpenOptions,
+}
+
+impl Partition {
+    /// Opens the log as the next run does and checks that it serves everything appended and
+    /// loaded every index of every segment (the checks read them all) without a rebuild.
+    fn open_and_check(&self, context: &str) -> Log {
+        let context = format!("{}, {context}, opened {:?}", self.dir.display(), self.reopen);
+        let log = open(&self.dir, small_segments(), clock(), self.reopen);
+        assert_serves_exactly(&log, &self.batches, &context);
+        assert_eq!(index_rebuilds(&log), 0, "{context}: a sound index was rebuilt");
+        log
+    }
+}
+
+#[test]
+fn given_sound_indexes_when_reopened_after_a_clean_shutdown_or_a_crash_should_keep_them() {
+    // Partitions shaped as a broker has them: several segments with index entries in each; a few
+    // batches and no index entry yet (most `__consumer_offsets` partitions); no batch at all.
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut partitions: Vec<Partition> = [40, 2, 0]
+        .into_iter()
+        .enumerate()
+        .map(|(p, n)| Partition {
+            dir: root.path().join(format!("topic-{p}")),
+            batches_per_run: n,
+            batches: Vec::new(),
+            reopen: unclean(),
+        })
+        .collect();
+    let ends = [
+        RunEnd::CleanShutdown,
+        RunEnd::ProcessCrash { from_recovery_point: true },
+        RunEnd::ProcessCrash { from_recovery_point: false },
+        RunEnd::CleanShutdown,
+        RunEnd::MachineCrash { from_recovery_point: true },
+        RunEnd::ProcessCrash { from_recovery_point: true },
+        RunEnd::MachineCrash { from_recovery_point: false },
+        RunEnd::ProcessCrash { from_recovery_point: false },
+    ];
+    for (run, end) in ends.into_iter().enumerate() {
+        for partition in &mut partitions {
+            let log = partition.open_and_check(&format!("run {run}"));
+            // New batches each run, so the active segment gets index entries of this process.
+            let from = partition.batches.len();
+            partition.batches.extend(append_batch_range(&log, from..from + partition.batches_per_run));
+            if end == RunEnd::CleanShutdown {
+                log.close().expect("close");
+            }
+            // Otherwise dropped unclosed: a crash.
+            partition.reopen = end.reopen_options(log.recovery_point());
+        }
+    }
+    for partition in &partitions {
+        partition.open_and_check("after the last run");
+    }
+}
+
+#[test]
+fn given_an_active_segment_indexed_again_when_the_process_crashes_should_not_count_stale_entries() {
+    // One active segment, an offset-index entry every other batch. Each rewrite below leaves
+    // fewer entries than there were: the old entries after them must not pass for entries when
+    // a crash leaves the file preallocated.
+    let interval = |bytes: &str| {
+        config(&[("segment.bytes", "1048576"), ("index.interval.bytes", bytes), ("segment.index.bytes", "4096")])
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = open(dir.path(), interval("1000"), clock(), unclean());
+    let append = |log: &Log, from: usize, n: usize, value_bytes: usize| -> Vec<(i64, Vec<u8>)> {
+        (from..from + n)
+            .map(|i| {
+                let mut bytes = records(1, value_bytes, timestamp_of_batch(i), i as u8);
+                (log.append(&mut bytes, 1).expect("append").first_offset, bytes)
+            })
+            .collect()
+    };
+    let mut batches = append(&log, 0, 40, 450);
+    // A follower truncating to its leader, then larger batches: fewer entries over the same bytes.
+    log.truncate_to(10).expect("truncate");
+    batches.truncate(10);
+    batches.extend(append(&log, 10, 24, 520));
+    drop(log);
+    let process_crash = OpenOptions { page_cache_survived: true, ..unclean() };
+    let log = open(dir.path(), interval("1000"), clock(), process_crash);
+    assert_serves_exactly(&log, &batches, "truncated, then crashed");
+    assert_eq!(index_rebuilds(&log), 0, "truncated, then crashed: a sound index was rebuilt");
+    drop(log);
+    // A machine crash: recovery indexes the segment again, here at a wider interval.
+    let log = open(dir.path(), interval("3000"), clock(), unclean());
+    assert_serves_exactly(&log, &batches, "recovered at a wider interval");
+    drop(log);
+    let log = open(dir.path(), interval("3000"), clock(), process_crash);
+    assert_serves_exactly(&log, &batches, "recovered at a wider interval, then crashed");
+    assert_eq!(index_rebuilds(&log), 0, "recovered at a wider interval, then crashed: a sound index was rebuilt");
+}
+
+/// Makes the second entry of an index file go backwards (its first field, the key, smaller than
+/// the first entry's): plausible-looking bytes that break the invariant.
+fn swap_first_two_entries(path: &Path, entry_bytes: usize) {
+    let mut bytes = std::fs::read(path).expect("read index");
+    let entry_is_set =
+        |i: usize| bytes.get(i * entry_bytes..(i + 1) * entry_bytes).is_some_and(|e| e.iter().any(|b| *b != 0));
+    assert!(entry_is_set(0) && entry_is_set(1), "{} has two entries", path.display());
+    let (first, rest) = bytes.split_at_mut(entry_bytes);
+    first.swap_with_slice(&mut rest[..entry_bytes]);
+    std::fs::write(path, bytes).expect("write index");
+}
+
+#[test]
+fn given_a_broken_offset_or_time_index_when_reopened_should_rebuild_that_one_segment() {
+    for (ext, entry_bytes) in [("index", 8), ("timeindex", 12)] {
+        for end in [RunEnd::CleanShutdown, RunEnd::ProcessCrash { from_recovery_point: true }] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let batches = write_log_with(dir.path(), larger_segments(), 130, end == RunEnd::CleanShutdown);
+            let mut bases: Vec<i64> = std::fs::read_dir(dir.path())
+                .expect("ls")
+                .filter_map(|e| e.expect("entry").file_name().to_str()?.strip_suffix(".log")?.parse().ok())
+                .collect();
+            bases.sort_unstable();
+            assert!(bases.len() >= 3, "several segments: {bases:?}");
+            // A closed segment's index, and after the crash also the active one's, which is
+            // still preallocated with a zero-filled tail.
+            let mut damaged = vec![bases[1]];
+            if end != RunEnd::CleanShutdown {
+                damaged.push(*bases.last().expect("active"));
+            }
+            for base in &damaged {
+                swap_first_two_entries(&segment_path(dir.path(), *base, ext), entry_bytes);
+            }
+            let context = format!("{ext} of segments {damaged:?} broken, reopened after {end:?}");
+            // The recovery point a checkpoint could hold: the closed segments were flushed.
+            let recovery_point = *bases.last().expect("active");
+            let log = open(dir.path(), larger_segments(), clock(), end.reopen_options(recovery_point));
+            assert_serves_exactly(&log, &batches, &context);
+            assert_eq!(index_rebuilds(&log), damaged.len() as u64, "{context}");
+        }
+    }
+}
+
+// ---- (f) garbage handed to append ----
 
 fn assert_refused(log: &Log, mut bytes: Vec<u8>, what: &str) -> BatchError {
     let (end, size) = (log.log_end_offset(), log.size_bytes());

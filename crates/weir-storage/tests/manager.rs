@@ -4,10 +4,11 @@ mod common;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::*;
-use weir_storage::{Clock, LogManager, ManagerOptions, ManualClock, StorageError, TopicPartition};
+use weir_storage::testing::{batch, BatchSpec};
+use weir_storage::{Clock, Log, LogManager, ManagerOptions, ManualClock, StorageError, TopicPartition};
 
 fn options(dir: &std::path::Path, clock: &Arc<ManualClock>) -> ManagerOptions {
     let mut options = ManagerOptions::new(dir);
@@ -279,6 +280,16 @@ fn given_ten_thousand_partitions_when_reopened_cleanly_should_not_read_their_dat
     manager.shutdown().expect("shutdown");
 }
 
+/// Appends `rounds` batches of four records, one for each of the keys `k0`..`k3`, so every round
+/// supersedes the one before it.
+fn append_rounds_of_four_keys(log: &Log, rounds: u8, value_bytes: usize) {
+    for round in 0..rounds {
+        let keys = (0..4u8).map(|k| vec![b'k', k]).collect();
+        let mut b = batch(&BatchSpec { records: 4, value_bytes, keys: Some(keys), fill: round, ..Default::default() });
+        log.append(&mut b, 0).expect("append");
+    }
+}
+
 #[test]
 fn given_compacted_topic_when_background_cleaner_runs_should_keep_latest_per_key() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -293,22 +304,12 @@ fn given_compacted_topic_when_background_cleaner_runs_should_keep_latest_per_key
             config(&[("cleanup.policy", "compact"), ("segment.bytes", "2048")]),
         )
         .expect("create");
-    for round in 0..20u8 {
-        let keys = (0..4u8).map(|k| vec![b'k', k]).collect();
-        let mut b = weir_storage::testing::batch(&weir_storage::testing::BatchSpec {
-            records: 4,
-            value_bytes: 100,
-            keys: Some(keys),
-            fill: round,
-            ..Default::default()
-        });
-        log.append(&mut b, 0).expect("append");
-    }
+    append_rounds_of_four_keys(&log, 20, 100);
     let before = log.size_bytes();
     manager.start_background().expect("start");
-    let deadline = Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(20);
     while log.size_bytes() * 2 > before && Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
     }
     manager.shutdown().expect("shutdown");
     assert!(log.size_bytes() * 2 <= before, "compaction shrank {before} bytes to {}", log.size_bytes());
@@ -316,4 +317,60 @@ fn given_compacted_topic_when_background_cleaner_runs_should_keep_latest_per_key
     let all = read_all(&log, log.log_start_offset());
     let last = all.last().expect("data");
     assert_eq!(last.0, 76);
+}
+
+/// A compacted partition shaped like a `__consumer_offsets` one, whose closed segments the
+/// cleaner can shrink at once, in a manager whose background threads run with
+/// `log.cleaner.io.max.bytes.per.second` set to `io_limit` (passed on as the broker passes the
+/// setting), with the log's size before the cleaner started.
+struct CleanerUnderTest {
+    _dir: tempfile::TempDir,
+    manager: Arc<LogManager>,
+    log: Arc<Log>,
+    bytes_before: u64,
+}
+
+fn start_cleaner_on_a_dirty_compacted_log(io_limit: u64) -> CleanerUnderTest {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = options(dir.path(), &Arc::new(ManualClock::new(T0)));
+    opts.cleaner_io_max_bytes_per_second = io_limit;
+    let manager = LogManager::open(opts).expect("open");
+    let cfg = config(&[("cleanup.policy", "compact"), ("segment.bytes", "8192")]);
+    let log = manager.get_or_create(&TopicPartition::new("__consumer_offsets", 0), cfg).expect("create");
+    // Six segments of one round each: few files for shutdown to flush.
+    append_rounds_of_four_keys(&log, 6, 1000);
+    log.roll_now().expect("roll");
+    let bytes_before = log.size_bytes();
+    manager.start_background().expect("start");
+    CleanerUnderTest { _dir: dir, manager, log, bytes_before }
+}
+
+#[test]
+fn given_the_default_cleaner_io_limit_of_zero_when_compacting_should_not_throttle() {
+    // 0 is the broker's default and documented as "no limit".
+    let t = start_cleaner_on_a_dirty_compacted_log(0);
+    let started = Instant::now();
+    while t.log.size_bytes() >= t.bytes_before {
+        assert!(started.elapsed() < Duration::from_secs(5), "no compaction within {:?}", started.elapsed());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    t.manager.shutdown().expect("shutdown");
+    assert_eq!(read_all(&t.log, t.log.log_start_offset()).last().expect("data").0, 20, "the latest round is kept");
+}
+
+#[test]
+fn given_a_cleaner_sleeping_off_its_io_limit_when_shutting_down_should_return_promptly() {
+    // 100 bytes per second: the first batch of about 4 KiB alone puts the cleaner 40 s in debt.
+    let t = start_cleaner_on_a_dirty_compacted_log(100);
+    let cleaner = t.manager.cleaner().expect("the cleaner is enabled");
+    let waiting = Instant::now();
+    while cleaner.throttle().sleeps() == 0 {
+        assert!(waiting.elapsed() < Duration::from_secs(10), "the cleaner never reached its throttle");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let started = Instant::now();
+    t.manager.shutdown().expect("shutdown");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "shutdown waited {took:?} for a throttled cleaner");
+    assert_eq!(t.log.size_bytes(), t.bytes_before, "the interrupted pass changed nothing");
 }
