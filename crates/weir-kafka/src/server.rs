@@ -13,13 +13,18 @@ use crate::connection::serve_connection;
 use crate::context::Ctx;
 use crate::{dispatch, versions};
 
+/// Makes every implemented API show in the metrics, with zero requests. [`serve`] does it
+/// first thing; a caller that announces the broker before `serve` runs calls it before that.
+pub fn register_api_metrics(ctx: &Ctx) {
+    for (api_key, _) in versions::all() {
+        dispatch::api_metrics(ctx, api_key);
+    }
+}
+
 /// Serves `listener` until `shutdown` completes, then stops accepting, lets every connection
 /// finish the requests it has read (up to `grace`), and returns.
 pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<Output = ()>, grace: Duration) {
-    // Every implemented API shows in the metrics from the start, with zero requests.
-    for (api_key, _) in versions::all() {
-        dispatch::api_metrics(&ctx, api_key);
-    }
+    register_api_metrics(&ctx);
     let limit = Arc::new(Semaphore::new(ctx.broker.config.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();

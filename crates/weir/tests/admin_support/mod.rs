@@ -175,14 +175,14 @@ impl Drop for Server {
 }
 
 /// `weir 0.1.0 listening on 127.0.0.1:PORT (Kafka protocol), data in DIR` → the address.
-fn parse_kafka_line(line: &str) -> Option<SocketAddr> {
+pub fn parse_kafka_line(line: &str) -> Option<SocketAddr> {
     let rest = line.strip_prefix("weir ")?;
     let (_, rest) = rest.split_once(" listening on ")?;
     rest.split_once(' ')?.0.parse().ok()
 }
 
 /// `admin http://127.0.0.1:PORT (JSON API, /metrics)` → the address.
-fn parse_admin_line(line: &str) -> Option<SocketAddr> {
+pub fn parse_admin_line(line: &str) -> Option<SocketAddr> {
     let rest = line.strip_prefix("admin http://")?;
     let (addr, tail) = rest.split_once(' ')?;
     (tail == "(JSON API, /metrics)").then_some(())?;
