@@ -60,7 +60,8 @@ Settings come from, in increasing priority: built-in defaults, the --config TOML
 environment variables named after a setting (WEIR_LOG_RETENTION_MS for log.retention.ms), and
 the command line (--listen, --data-dir, --set NAME=VALUE). Names are Kafka's wherever Kafka has
 the setting; weir.example.toml lists every one with its default. An unknown name or invalid
-value stops the broker before it starts, with a message naming the setting.
+value stops the broker before it starts, with a message naming the setting and where it was
+set. A WEIR_* variable that names no setting is ignored with a warning naming it.
 
 SIGTERM or Ctrl-C: stop accepting connections, finish the requests in progress, flush every
 log, write the clean-shutdown marker and exit 0.";

@@ -7,8 +7,9 @@ mod alloc;
 mod bench;
 mod cli;
 mod server;
+mod settings;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{BenchCommand, Cli, Command};
@@ -18,13 +19,15 @@ static ALLOCATOR: alloc::WeirAllocator = alloc::WeirAllocator;
 
 fn main() -> anyhow::Result<()> {
     let malloc_tuned = alloc::keep_freed_memory();
-    let cli = Cli::parse();
+    // As Cli::parse, keeping the matches: they tell a flag from its environment variable.
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
     init_tracing(cli.command.default_log_filter());
     if !malloc_tuned {
         tracing::warn!("glibc refused the malloc thresholds: request buffers are not reused");
     }
     match cli.command {
-        Command::Server(args) => server::run(&args),
+        Command::Server(args) => server::run(&args, matches.subcommand_matches("server")),
         Command::Bench(BenchCommand::Storage(args)) => bench::storage::run(&args),
         Command::Bench(BenchCommand::Fetch(args)) => bench::fetch::run(&args),
         Command::Bench(BenchCommand::Produce(args)) => bench::produce::run(&args),

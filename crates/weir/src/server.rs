@@ -11,59 +11,22 @@
 //! and long polls return), then the admin listener stops gracefully, then the group
 //! coordinator and the logs close.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::oneshot;
-use weir_broker::config::{SETTINGS, TOPIC_DEFAULT_SETTINGS};
 use weir_broker::group::GroupCoordinator;
-use weir_broker::{Broker, BrokerConfig};
+use weir_broker::Broker;
 use weir_kafka::Ctx;
 
 use crate::cli::ServerArgs;
 
-/// Environment variables that are flags of their own, not settings.
-const RESERVED_ENV: &[&str] = &["WEIR_CONFIG", "WEIR_LISTEN", "WEIR_DATA_DIR"];
-
-/// Settings in priority order: file, environment, command line.
-pub fn load_config(args: &ServerArgs) -> anyhow::Result<BrokerConfig> {
-    let mut settings = BTreeMap::new();
-    if let Some(path) = &args.config {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
-        settings.extend(BrokerConfig::settings_from_toml(&text, &path.display().to_string())?);
-    }
-    let known: Vec<&str> =
-        SETTINGS.iter().map(|s| s.name).chain(TOPIC_DEFAULT_SETTINGS.iter().map(|(n, _, _)| *n)).collect();
-    for (key, value) in std::env::vars() {
-        let Some(rest) = key.strip_prefix("WEIR_") else { continue };
-        if RESERVED_ENV.contains(&key.as_str()) {
-            continue;
-        }
-        // WEIR_LOG_RETENTION_MS → log.retention.ms; other WEIR_* variables are not settings.
-        let name = rest.to_ascii_lowercase().replace('_', ".");
-        if let Some(setting) = known.iter().find(|k| **k == name) {
-            settings.insert(setting.to_string(), value);
-        }
-    }
-    if let Some(listen) = &args.listen {
-        settings.insert("listeners".into(), listen.clone());
-    }
-    if let Some(dir) = &args.data_dir {
-        settings.insert("log.dirs".into(), dir.display().to_string());
-    }
-    for (name, value) in &args.settings {
-        settings.insert(name.clone(), value.clone());
-    }
-    Ok(BrokerConfig::from_settings(&settings)?)
-}
-
-pub fn run(args: &ServerArgs) -> anyhow::Result<()> {
+/// `matches`: the server subcommand's, which tell where each flag's value came from.
+pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut config = load_config(args)?;
+    let mut config = crate::settings::load_config(args, matches)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("weir").build()?;
     runtime.block_on(async move {
         // Bind first: a busy port fails fast, before any recovery work. The socket listens
