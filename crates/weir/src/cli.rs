@@ -12,7 +12,8 @@ use clap::{Args, Parser, Subcommand};
     name = "weir",
     version,
     about = "Weir: a distributed message queue and streaming log that speaks Kafka.",
-    after_help = "Logging goes to stderr; set RUST_LOG (e.g. RUST_LOG=weir_storage=debug) to change it.\n\
+    after_help = "Logging goes to stderr; set RUST_LOG (e.g. RUST_LOG=weir_storage=debug) to change it. It is\n\
+                  coloured only on a terminal, and not when NO_COLOR is set to a non-empty value.\n\
                   Run `weir help <command>` or `weir <command> --help` for a command's flags."
 )]
 pub struct Cli {

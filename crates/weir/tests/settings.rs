@@ -5,25 +5,7 @@
 
 mod admin_support;
 
-use admin_support::{run_weir, CliOutput};
-
-/// `weir server` on a port another socket holds, with `env`: it reads its settings, warns, and
-/// exits 1 without touching `data`.
-fn start_on_a_busy_port(env: &[(&str, &str)]) -> CliOutput {
-    let scratch = tempfile::Builder::new().prefix("weir-settings-").tempdir().expect("scratch dir");
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
-    let addr = taken.local_addr().expect("local address").to_string();
-    let data_dir = scratch.path().join("data");
-    let args = ["server", "--listen", &addr, "--set", "admin.listeners=", "--data-dir", path(&data_dir)];
-    let output = run_weir(&args, "", env);
-    assert_eq!(output.code, Some(1), "{output:?}");
-    assert!(output.stderr.contains(&format!("cannot listen on {addr}")), "{output:?}");
-    output
-}
-
-fn path(path: &std::path::Path) -> &str {
-    path.to_str().expect("a UTF-8 scratch path")
-}
+use admin_support::{run_weir, scratch_path as path, start_on_a_busy_port};
 
 /// `weir server ARGS` with `env`, which must stop at start-up; returns its stderr.
 fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
