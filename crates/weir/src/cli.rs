@@ -112,11 +112,16 @@ pub enum BenchCommand {
     #[command(long_about = PRODUCE_LONG_ABOUT)]
     Produce(ProduceBenchArgs),
     /// OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka:
-    /// runs the weir-bench binary next to this one with the same arguments (build it with
-    /// `cargo build --release -p weir-bench`; `weir bench kafka --help` lists its flags).
-    #[command(disable_help_flag = true)]
+    /// runs the weir-bench binary next to this one with the same arguments.
+    #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
     Kafka(crate::bench::kafka::KafkaBenchArgs),
 }
+
+const KAFKA_LONG_ABOUT: &str = "\
+OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka: runs the
+weir-bench binary next to this weir with the same arguments, so `weir bench kafka --help` lists
+weir-bench's flags. weir-bench is built on its own (`cargo build --release -p weir-bench` next to
+a release weir); without it, this help says the exact command for this weir.";
 
 const STORAGE_LONG_ABOUT: &str = "\
 Throughput of the partition log (weir-storage's Log) against plain file writes in the same directory.
