@@ -21,6 +21,26 @@ pub enum ConfigError {
     File { path: String, reason: String },
 }
 
+impl ConfigError {
+    /// The setting the error is about, if it is about one.
+    pub fn setting(&self) -> Option<&str> {
+        match self {
+            ConfigError::Unknown(name) | ConfigError::Invalid { name, .. } => Some(name),
+            ConfigError::File { .. } => None,
+        }
+    }
+}
+
+/// Every name [`BrokerConfig::from_settings`] accepts: the settings, the broker defaults of
+/// topic configs and the aliases.
+pub fn setting_names() -> impl Iterator<Item = &'static str> {
+    SETTINGS
+        .iter()
+        .map(|s| s.name)
+        .chain(TOPIC_DEFAULT_SETTINGS.iter().map(|(name, _, _)| *name))
+        .chain(ALIASES.iter().map(|(alias, _, _)| *alias))
+}
+
 pub struct Setting {
     pub name: &'static str,
     pub default: &'static str,
@@ -107,7 +127,7 @@ pub const TOPIC_DEFAULT_SETTINGS: &[(&str, &str, &str)] = &[
 ];
 
 /// Kafka's coarser aliases: (alias, canonical name, multiplier to the canonical unit).
-const ALIASES: &[(&str, &str, i64)] = &[
+pub const ALIASES: &[(&str, &str, i64)] = &[
     ("log.retention.minutes", "log.retention.ms", 60_000),
     ("log.retention.hours", "log.retention.ms", 3_600_000),
     ("log.roll.hours", "log.roll.ms", 3_600_000),

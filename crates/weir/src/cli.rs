@@ -12,7 +12,8 @@ use clap::{Args, Parser, Subcommand};
     name = "weir",
     version,
     about = "Weir: a distributed message queue and streaming log that speaks Kafka.",
-    after_help = "Logging goes to stderr; set RUST_LOG (e.g. RUST_LOG=weir_storage=debug) to change it.\n\
+    after_help = "Logging goes to stderr; set RUST_LOG (e.g. RUST_LOG=weir_storage=debug) to change it. It is\n\
+                  coloured only on a terminal, and not when NO_COLOR is set to a non-empty value.\n\
                   Run `weir help <command>` or `weir <command> --help` for a command's flags."
 )]
 pub struct Cli {
@@ -60,7 +61,8 @@ Settings come from, in increasing priority: built-in defaults, the --config TOML
 environment variables named after a setting (WEIR_LOG_RETENTION_MS for log.retention.ms), and
 the command line (--listen, --data-dir, --set NAME=VALUE). Names are Kafka's wherever Kafka has
 the setting; weir.example.toml lists every one with its default. An unknown name or invalid
-value stops the broker before it starts, with a message naming the setting.
+value stops the broker before it starts, with a message naming the setting and where it was
+set. A WEIR_* variable that names no setting is ignored with a warning naming it.
 
 SIGTERM or Ctrl-C: stop accepting connections, finish the requests in progress, flush every
 log, write the clean-shutdown marker and exit 0.";
@@ -110,11 +112,16 @@ pub enum BenchCommand {
     #[command(long_about = PRODUCE_LONG_ABOUT)]
     Produce(ProduceBenchArgs),
     /// OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka:
-    /// runs the weir-bench binary next to this one with the same arguments (build it with
-    /// `cargo build --release -p weir-bench`; `weir bench kafka --help` lists its flags).
-    #[command(disable_help_flag = true)]
+    /// runs the weir-bench binary next to this one with the same arguments.
+    #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
     Kafka(crate::bench::kafka::KafkaBenchArgs),
 }
+
+const KAFKA_LONG_ABOUT: &str = "\
+OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka: runs the
+weir-bench binary next to this weir with the same arguments, so `weir bench kafka --help` lists
+weir-bench's flags. weir-bench is built on its own (`cargo build --release -p weir-bench` next to
+a release weir); without it, this help says the exact command for this weir.";
 
 const STORAGE_LONG_ABOUT: &str = "\
 Throughput of the partition log (weir-storage's Log) against plain file writes in the same directory.

@@ -1,73 +1,38 @@
 //! `weir server`: load the settings, open the data directory, serve the Kafka protocol and the
 //! admin HTTP API until SIGTERM/SIGINT, then shut down cleanly.
 //!
-//! Order of events: bind both listeners (a busy port fails before any recovery work); serve
+//! Order of events: bind both addresses (a busy port fails before any recovery work); serve
 //! the admin API at once (`/health` is 200, `/ready` and the API 503 while the logs recover);
-//! open the broker; hand it to the admin API; print the addresses; serve Kafka. On a signal:
+//! open the broker and load the group and transaction coordinators; register the Kafka API
+//! metrics; start listening and accepting on the Kafka port (until then a client is refused,
+//! not left waiting); hand the broker to the admin API (`/ready` 200); and only then print the
+//! addresses, so a printed line means everything serves. On a signal:
 //! the Kafka listener closes and drains (the broker is now shutting down, so `/ready` is 503
 //! and long polls return), then the admin listener stops gracefully, then the group
 //! coordinator and the logs close.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::oneshot;
-use weir_broker::config::{SETTINGS, TOPIC_DEFAULT_SETTINGS};
 use weir_broker::group::GroupCoordinator;
-use weir_broker::{Broker, BrokerConfig};
+use weir_broker::Broker;
 use weir_kafka::Ctx;
 
 use crate::cli::ServerArgs;
 
-/// Environment variables that are flags of their own, not settings.
-const RESERVED_ENV: &[&str] = &["WEIR_CONFIG", "WEIR_LISTEN", "WEIR_DATA_DIR"];
-
-/// Settings in priority order: file, environment, command line.
-pub fn load_config(args: &ServerArgs) -> anyhow::Result<BrokerConfig> {
-    let mut settings = BTreeMap::new();
-    if let Some(path) = &args.config {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
-        settings.extend(BrokerConfig::settings_from_toml(&text, &path.display().to_string())?);
-    }
-    let known: Vec<&str> =
-        SETTINGS.iter().map(|s| s.name).chain(TOPIC_DEFAULT_SETTINGS.iter().map(|(n, _, _)| *n)).collect();
-    for (key, value) in std::env::vars() {
-        let Some(rest) = key.strip_prefix("WEIR_") else { continue };
-        if RESERVED_ENV.contains(&key.as_str()) {
-            continue;
-        }
-        // WEIR_LOG_RETENTION_MS → log.retention.ms; other WEIR_* variables are not settings.
-        let name = rest.to_ascii_lowercase().replace('_', ".");
-        if let Some(setting) = known.iter().find(|k| **k == name) {
-            settings.insert(setting.to_string(), value);
-        }
-    }
-    if let Some(listen) = &args.listen {
-        settings.insert("listeners".into(), listen.clone());
-    }
-    if let Some(dir) = &args.data_dir {
-        settings.insert("log.dirs".into(), dir.display().to_string());
-    }
-    for (name, value) in &args.settings {
-        settings.insert(name.clone(), value.clone());
-    }
-    Ok(BrokerConfig::from_settings(&settings)?)
-}
-
-pub fn run(args: &ServerArgs) -> anyhow::Result<()> {
+/// `matches`: the server subcommand's, which tell where each flag's value came from.
+pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut config = load_config(args)?;
+    let mut config = crate::settings::load_config(args, matches)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("weir").build()?;
     runtime.block_on(async move {
-        // Bind first: a busy port fails fast, before any recovery work.
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("cannot listen on {} (the `listeners` setting)", config.listen))?;
-        let bound = listener.local_addr()?;
+        // Bind first: a busy port fails fast, before any recovery work. The socket listens
+        // (takes connections) only once the broker can answer them.
+        let kafka_socket = bind_kafka(config.listen)?;
+        let bound = kafka_socket.local_addr()?;
         if config.advertised_port == 0 {
             config.advertised_port = bound.port();
         }
@@ -102,15 +67,25 @@ pub fn run(args: &ServerArgs) -> anyhow::Result<()> {
                 .await?
                 .map_err(|e| anyhow::anyhow!("cannot load transactions: {}", e.message))?
         };
+        // Registers the Kafka API metrics too, before anything is announced.
+        let ctx = Arc::new(Ctx::new(broker.clone(), groups.clone(), txns));
+        let listener = kafka_socket
+            .listen(KAFKA_BACKLOG)
+            .with_context(|| format!("cannot listen on {bound} (the `listeners` setting)"))?;
+        // The accept loop runs on the runtime's workers from here on, whatever this thread does
+        // next (a blocked stdout or stderr included).
+        let kafka = tokio::spawn(weir_kafka::serve(listener, ctx, shutdown_signal(), Broker::SHUTDOWN_GRACE));
+        if let Some(admin) = &admin {
+            admin.state.set_ready(weir_admin::Core { broker: broker.clone(), groups: groups.clone() });
+        }
+        // Everything serves now: only then the lines that tests and scripts wait for.
         let shown_dir = std::fs::canonicalize(&data_dir).unwrap_or(data_dir);
         println!("weir {} listening on {bound} (Kafka protocol), data in {}", env!("CARGO_PKG_VERSION"), shown_dir.display());
         if let Some(admin) = &admin {
-            admin.state.set_ready(weir_admin::Core { broker: broker.clone(), groups: groups.clone() });
             println!("admin http://{} (JSON API, /metrics)", admin.addr);
         }
         tracing::info!(listen = %bound, data_dir = %shown_dir.display(), cluster_id = %broker.cluster_id(), "broker started");
-        let ctx = Arc::new(Ctx::new(broker.clone(), groups.clone(), txns));
-        weir_kafka::serve(listener, ctx, shutdown_signal(), Broker::SHUTDOWN_GRACE).await;
+        kafka.await.context("the Kafka listener task failed")?;
         if let Some(admin) = admin {
             admin.stop().await;
         }
@@ -121,6 +96,20 @@ pub fn run(args: &ServerArgs) -> anyhow::Result<()> {
         Ok::<(), anyhow::Error>(())
     })?;
     Ok(())
+}
+
+/// Connections the kernel queues for the Kafka listener before they are accepted (tokio's
+/// `TcpListener::bind` uses the same).
+const KAFKA_BACKLOG: u32 = 1024;
+
+/// Binds the Kafka address without listening yet: the port is ours (a busy one fails here),
+/// but a client that connects during recovery is refused instead of waiting unanswered.
+fn bind_kafka(addr: std::net::SocketAddr) -> anyhow::Result<TcpSocket> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }?;
+    // As TcpListener::bind does: a restart may bind while old connections are in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr).with_context(|| format!("cannot listen on {addr} (the `listeners` setting)"))?;
+    Ok(socket)
 }
 
 /// The running admin HTTP listener.

@@ -169,6 +169,69 @@ fn produce_reads_stdin_lines_and_consume_prints_them() {
     );
 }
 
+/// The sum of a topic's high watermarks: how many records it holds.
+fn records_in(server: &Server, topic: &str) -> i64 {
+    let described = server.get_ok(&format!("/v1/topics/{topic}"));
+    described["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .map(|p| p["high_watermark"].as_i64().unwrap_or(0))
+        .sum()
+}
+
+#[test]
+fn produce_splits_lines_into_requests_that_fit_the_topics_max_message_bytes() {
+    let server = Server::start(&[]);
+    // 1,000 lines of 1.5 KB: 1.5 MB, more than the default max.message.bytes (1 MiB) in one batch.
+    server.create_topic("wide", 1);
+    let line = "x".repeat(1500);
+    let input: String = (0..1000).map(|i| format!("{i:04}{line}\n")).collect();
+    assert_eq!(server.weir(&["produce", "wide"], &input).ok(), "produced 1000 record(s) to 'wide'\n");
+    assert_eq!(records_in(&server, "wide"), 1000);
+    let last =
+        server.weir(&["consume", "wide", "--partition", "0", "--offset", "999", "--max-messages", "1", "--json"], "");
+    assert_eq!(last.json_lines()[0]["value"], format!("0999{line}"));
+
+    // The topic's own max.message.bytes counts, with keys and headers, over several partitions.
+    let created =
+        server.weir(&["topic", "create", "narrow", "--partitions", "2", "--config", "max.message.bytes=8000"], "");
+    created.ok();
+    let input: String = (0..100).map(|i| format!("key-{i}:{line}\n")).collect();
+    let produced = server.weir(&["produce", "narrow", "--key-separator", ":", "--header", "source=cli"], &input);
+    assert_eq!(produced.ok(), "produced 100 record(s) to 'narrow'\n");
+    assert_eq!(records_in(&server, "narrow"), 100);
+}
+
+#[test]
+fn produce_says_how_many_records_were_produced_when_a_later_line_is_refused() {
+    let server = Server::start(&[]);
+    let created = server.weir(&["topic", "create", "small", "--config", "max.message.bytes=4096"], "");
+    created.ok();
+    let input = format!("{}{}\n{}", "fits\n".repeat(10), "y".repeat(5000), "after\n".repeat(10));
+    let line = server.weir(&["produce", "small"], &input).failed().to_string();
+    assert!(line.contains("exceeds max.message.bytes=4096"), "{line}");
+    assert!(line.contains("(MESSAGE_TOO_LARGE); 10 record(s) were produced"), "{line}");
+    assert_eq!(records_in(&server, "small"), 10, "the lines before the refused one are there, none after it");
+}
+
+#[test]
+fn produce_refuses_a_line_too_long_for_one_admin_request_with_a_clear_message() {
+    let server = Server::start(&["message.max.bytes=100000000"]);
+    server.create_topic("huge", 1);
+    let input = format!("first\n{}\nnever\n", "z".repeat(13 << 20));
+    let line = server.weir(&["produce", "huge"], &input).failed().to_string();
+    assert!(line.starts_with("error: line 2 does not fit in one request to the admin API"), "{line}");
+    assert!(line.contains("16 MiB"), "{line}");
+    assert!(line.contains("1 record(s) were produced"), "{line}");
+    assert_eq!(records_in(&server, "huge"), 1);
+    // Longer than any request: refused without reading the rest of it.
+    let input = format!("{}\n", "z".repeat(17 << 20));
+    let line = server.weir(&["produce", "huge"], &input).failed().to_string();
+    assert!(line.starts_with("error: line 1 does not fit in one request"), "{line}");
+    assert!(line.ends_with("it is longer than 16 MiB"), "{line}");
+}
+
 #[test]
 fn group_commands_follow_a_consumer_group() {
     let server = Server::start(&["offsets.topic.num.partitions=3"]);

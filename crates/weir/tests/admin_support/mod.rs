@@ -175,18 +175,37 @@ impl Drop for Server {
 }
 
 /// `weir 0.1.0 listening on 127.0.0.1:PORT (Kafka protocol), data in DIR` → the address.
-fn parse_kafka_line(line: &str) -> Option<SocketAddr> {
+pub fn parse_kafka_line(line: &str) -> Option<SocketAddr> {
     let rest = line.strip_prefix("weir ")?;
     let (_, rest) = rest.split_once(" listening on ")?;
     rest.split_once(' ')?.0.parse().ok()
 }
 
 /// `admin http://127.0.0.1:PORT (JSON API, /metrics)` → the address.
-fn parse_admin_line(line: &str) -> Option<SocketAddr> {
+pub fn parse_admin_line(line: &str) -> Option<SocketAddr> {
     let rest = line.strip_prefix("admin http://")?;
     let (addr, tail) = rest.split_once(' ')?;
     (tail == "(JSON API, /metrics)").then_some(())?;
     addr.parse().ok()
+}
+
+/// `weir server` on a port another socket holds, with `env`: it reads its settings, warns (on
+/// stderr, a pipe), and exits 1 without opening a data directory.
+pub fn start_on_a_busy_port(env: &[(&str, &str)]) -> CliOutput {
+    let scratch = tempfile::Builder::new().prefix("weir-busy-port-").tempdir().expect("scratch dir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let addr = taken.local_addr().expect("local address").to_string();
+    let data_dir = scratch.path().join("data");
+    let args = ["server", "--listen", &addr, "--set", "admin.listeners=", "--data-dir", scratch_path(&data_dir)];
+    let output = run_weir(&args, "", env);
+    assert_eq!(output.code, Some(1), "{output:?}");
+    assert!(output.stderr.contains(&format!("cannot listen on {addr}")), "{output:?}");
+    output
+}
+
+/// A scratch path as the text of an argument.
+pub fn scratch_path(path: &std::path::Path) -> &str {
+    path.to_str().expect("a UTF-8 scratch path")
 }
 
 /// What a `weir` client command did.
