@@ -1,0 +1,83 @@
+"""A data directory written by the previous version starts under this one with everything intact.
+
+The fixture (`fixtures/weir-0.1-data`, see its README) predates replica assignments: its topics'
+metadata records have none. At its first start the broker assigns those partitions to itself,
+in sync and leading at leader epoch 0 (the epoch their batches carry), once; topics, records,
+committed offsets and transactions read as before, through real clients.
+"""
+
+import shutil
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import ConfigResource
+
+from conftest import _ALL_BROKERS, Broker
+from helpers import TIMEOUT_S, c_admin, c_consumer, c_produce, c_producer, c_read_partition
+
+FIXTURE = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "weir-0.1-data"
+ASSIGNING = "assigning the partitions of an older data directory"
+
+
+@pytest.fixture
+def upgraded(tmp_path):
+    broker = Broker(tmp_path / "upgraded", settings={"offsets.topic.num.partitions": "1"}, name="upgraded")
+    shutil.rmtree(broker.data_dir)
+    shutil.copytree(FIXTURE, broker.data_dir)
+    _ALL_BROKERS.append(broker)
+    broker.start()
+    yield broker
+    broker.cleanup()
+    _ALL_BROKERS.remove(broker)
+
+
+def test_an_older_data_directory_keeps_its_topics_records_offsets_and_transactions(upgraded, closer):
+    admin = c_admin(upgraded.bootstrap)
+    metadata = admin.list_topics(timeout=TIMEOUT_S)
+    assert {"legacy-orders", "legacy-compacted", "legacy-txn"} <= set(metadata.topics)
+    orders = metadata.topics["legacy-orders"]
+    assert sorted(orders.partitions) == [0, 1, 2]
+    for partition in orders.partitions.values():
+        assert (partition.leader, partition.replicas, partition.isrs) == (0, [0], [0])
+
+    for p in range(3):
+        records = c_read_partition(upgraded.bootstrap, "legacy-orders", p, 10)
+        assert [r.key for r in records] == [f"k{i}".encode() for i in range(p, 30, 3)]
+        assert all(r.headers == [("h", b"1"), ("h", b"2")] for r in records)
+
+    committed = c_read_partition(upgraded.bootstrap, "legacy-txn", 0, 5, conf={"isolation.level": "read_committed"})
+    assert [r.value for r in committed] == [f"committed {i}".encode() for i in range(5)]
+
+    group = closer.add(c_consumer(upgraded.bootstrap, group="legacy-group"))
+    offsets = group.committed([TopicPartition("legacy-orders", p) for p in range(3)], timeout=TIMEOUT_S)
+    assert [tp.offset for tp in offsets][:2] == [5, 3]
+
+    # The transactional id keeps its producer: a new instance fences the old epoch and commits.
+    producer = closer.add(Producer({"bootstrap.servers": upgraded.bootstrap, "transactional.id": "legacy-tx"}))
+    producer.init_transactions(TIMEOUT_S)
+    producer.begin_transaction()
+    producer.produce("legacy-txn", value=b"after the upgrade", partition=0)
+    producer.commit_transaction(TIMEOUT_S)
+    after = c_read_partition(upgraded.bootstrap, "legacy-txn", 0, 6, conf={"isolation.level": "read_committed"})
+    assert after[-1].value == b"after the upgrade"
+
+    # New writes go on from the old log ends, on the old topics and on new ones.
+    fresh = closer.add(c_producer(upgraded.bootstrap))
+    assert c_produce(fresh, "legacy-orders", [{"key": b"new", "value": b"v"}], partition=0) == [(0, 10)]
+    described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "legacy-compacted")])
+    assert list(described.values())[0].result(timeout=TIMEOUT_S)["cleanup.policy"].value == "compact"
+
+
+def test_an_older_data_directory_is_assigned_once_and_restarts_like_any_other(upgraded):
+    assert upgraded.log_since(0).count(ASSIGNING) == 1
+    code = upgraded.stop()
+    assert code == 0
+    mark = upgraded.log_size()
+    upgraded.start()
+    assert ASSIGNING not in upgraded.log_since(mark), "the assignment is in the metadata log already"
+    upgraded.kill9()
+    mark = upgraded.log_size()
+    upgraded.start()
+    assert ASSIGNING not in upgraded.log_since(mark)
+    metadata = c_admin(upgraded.bootstrap).list_topics(timeout=TIMEOUT_S)
+    assert metadata.topics["legacy-orders"].partitions[2].leader == 0
