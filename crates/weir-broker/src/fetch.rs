@@ -136,7 +136,9 @@ impl Broker {
             }
         };
         for (wanted, fetched) in request.partitions.iter().zip(&found) {
-            wanted.partition.metrics.bytes_out.add(fetched.bytes());
+            if fetched.slice.is_some() {
+                wanted.partition.metrics.bytes_out.add(fetched.bytes());
+            }
         }
         Ok(found)
     }

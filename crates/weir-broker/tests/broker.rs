@@ -218,3 +218,47 @@ async fn every_partition_has_its_replicas_leader_and_epoch_in_the_metadata() {
     let err = broker.create_topics(vec![two], false).await.pop().unwrap().unwrap_err();
     assert!(err.message.contains("only 1 broker(s)"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_parks_until_an_append_and_returns_empty_at_its_deadline() {
+    use std::time::Duration;
+    use weir_broker::fetch::{FetchPartition, FetchRequest, Isolation};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path(), &[]);
+    broker.create_topics(vec![topic("polled", 1, &[])], false).await.pop().unwrap().unwrap();
+    let partition = broker.require_partition("polled", 0).unwrap();
+    let request = |max_wait: Duration, current_leader_epoch: Option<i32>| FetchRequest {
+        partitions: vec![FetchPartition {
+            partition: partition.clone(),
+            offset: 0,
+            max_bytes: 1 << 20,
+            current_leader_epoch,
+        }],
+        max_bytes: 1 << 20,
+        min_bytes: 1,
+        max_wait,
+        isolation: Isolation::HighWatermark,
+    };
+
+    let started = std::time::Instant::now();
+    let empty = broker.fetch(request(Duration::from_millis(200), None)).await.unwrap();
+    assert!(empty[0].slice.is_none() && empty[0].error.is_none());
+    assert!(started.elapsed() >= Duration::from_millis(200), "it waited out max_wait");
+
+    // Parked with a long deadline; the append wakes it.
+    let parked = {
+        let (broker, request) = (broker.clone(), request(Duration::from_secs(60), Some(0)));
+        tokio::spawn(async move { broker.fetch(request).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    broker.append(partition.clone(), batch(), Acks::Leader).await.unwrap();
+    let woken =
+        tokio::time::timeout(Duration::from_secs(30), parked).await.expect("woken, not timed out").unwrap().unwrap();
+    let slice = woken[0].slice.as_ref().expect("the appended batch");
+    assert_eq!((slice.first_offset, slice.next_offset, woken[0].high_watermark), (0, 1, 1));
+    assert_eq!(partition.metrics.bytes_out.get(), slice.len, "what a fetch returns counts as bytes out");
+
+    // A leader epoch newer than the partition's is an error of that partition, answered at once.
+    let fenced = broker.fetch(request(Duration::from_secs(60), Some(7))).await.unwrap();
+    assert_eq!(fenced[0].error.as_ref().map(|e| e.kind), Some(ErrorKind::UnknownLeaderEpoch));
+}
