@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
 use kafka_protocol::messages::OffsetCommitRequest;
-use support::{batch, code, group_id, topic_name, wait_until, Client, Message, STARTUP_TIMEOUT};
+use support::{batch, code, group_id, topic_name, wait_until, Client, ClientExt, Message, STARTUP_TIMEOUT};
 use weir_broker::metrics::text::{self, Sample};
 
 /// `weir server` with an admin listener on a free port; killed when dropped.
@@ -72,7 +72,7 @@ impl Server {
     }
 
     fn connect(&self) -> Client {
-        Client::connect(self.kafka)
+        support::connect(self.kafka)
     }
 
     /// `GET /metrics`: checks status and content type, parses and validates the exposition.
@@ -144,7 +144,7 @@ fn commit(client: &mut Client, group: &str, topic: &str, offset: i64) {
         .with_topics(vec![OffsetCommitRequestTopic::default().with_name(topic_name(topic)).with_partitions(vec![
             OffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(offset),
         ])]);
-    let response = client.send(8, &request);
+    let response = client.send(8, &request).expect("OffsetCommit v8");
     assert_eq!(response.topics[0].partitions[0].error_code, code::NONE, "commit");
 }
 

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
 use kafka_protocol::messages::MetadataRequest;
-use support::{Client, STARTUP_TIMEOUT};
+use support::{ClientExt, STARTUP_TIMEOUT};
 use weir_broker::metrics::text;
 
 /// `weir server --data-dir DIR`, with none of the test run's WEIR_* variables.
@@ -119,10 +119,10 @@ fn when_the_address_lines_are_printed_kafka_ready_and_metrics_already_answer() {
     }
     assert_eq!(get("/ready"), (200, r#"{"status":"ready"}"#.to_string()));
 
-    let mut client = Client::connect(kafka);
+    let mut client = support::connect(kafka);
     let versions = client.api_versions();
     assert!(versions.api_keys.iter().any(|k| k.api_key == 3), "ApiVersions lists Metadata");
-    let metadata = client.send(12, &MetadataRequest::default().with_topics(None));
+    let metadata = client.send(12, &MetadataRequest::default().with_topics(None)).expect("Metadata v12");
     assert_eq!(metadata.brokers.iter().map(|b| b.port).collect::<Vec<_>>(), [i32::from(kafka.port())]);
 
     // The broker was indeed stopped at the `broker started` line: it comes out once drained.
