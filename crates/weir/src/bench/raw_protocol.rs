@@ -2,7 +2,6 @@
 //! [`weir::kafka_client`]: a broker child process, the few admin calls they make, a Fetch loop
 //! that drains partitions, and CPU accounting from /proc.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -14,6 +13,7 @@ use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::fetch_request::FetchTopic;
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::*;
+use weir::address_lines::{self, WaitFor};
 use weir::kafka_client::{self, create_topics_request, fetch_partition, fetch_request, topic_name, Client};
 pub use weir_proc::Pid;
 
@@ -22,6 +22,8 @@ pub const CLIENT_ID: &str = "weir-bench";
 /// Reads and writes of the benchmarks' connections give up after this: a hung broker fails the
 /// run instead of hanging it.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the benchmark's own broker may take to print its listening line.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A benchmark's connection to the broker.
 pub fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
@@ -56,22 +58,10 @@ impl Server {
         for (name, value) in settings {
             command.arg("--set").arg(format!("{name}={value}"));
         }
-        let mut child = command
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("cannot start `weir server`")?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let addr = line.split_whitespace().find_map(|w| w.parse::<SocketAddr>().ok());
-        let Some(addr) = addr else {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("unexpected first line from `weir server`: {line:?} (see its errors above)");
-        };
-        Ok(Server { child, addr, _dir: dir })
+        command.env("RUST_LOG", "warn").stderr(Stdio::inherit());
+        let (child, addresses) = address_lines::spawn_and_wait(&mut command, WaitFor::Kafka, STARTUP_TIMEOUT)
+            .map_err(|e| anyhow::anyhow!("{e}; see its errors above"))?;
+        Ok(Server { child, addr: addresses.kafka, _dir: dir })
     }
 
     pub fn pid(&self) -> u32 {

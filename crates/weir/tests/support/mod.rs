@@ -9,11 +9,9 @@
 #![allow(dead_code)]
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -23,6 +21,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
+use weir::address_lines::{self, WaitFor};
 // The client and the requests it shares with the benchmarks, for every test file (each uses a
 // different subset).
 #[allow(unused_imports)]
@@ -88,13 +87,27 @@ pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
 
 // ----- the broker process -------------------------------------------------------------------
 
+/// The `weir` binary under test, without the test run's WEIR_* variables: its settings come from
+/// the command line only, whatever the environment.
+pub fn weir_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("WEIR_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
 /// A `weir server` child process on 127.0.0.1 with its own scratch directory (data directory
-/// plus one log file per start). Killed when dropped.
+/// plus one log file per start), the Kafka and the admin listener each on a free port. Killed
+/// when dropped.
 pub struct Broker {
     child: Option<Child>,
     scratch: tempfile::TempDir,
     settings: Vec<String>,
     addr: SocketAddr,
+    admin: SocketAddr,
     starts: u32,
 }
 
@@ -107,14 +120,21 @@ impl Broker {
             scratch,
             settings: settings.iter().map(|s| s.to_string()).collect(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             starts: 0,
         };
         broker.spawn();
         broker
     }
 
+    /// The Kafka listener's address (a new one after each restart).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The admin HTTP listener's address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -143,7 +163,7 @@ impl Broker {
         assert!(self.child.is_none(), "the broker is already running");
         self.starts += 1;
         let log = File::create(self.log_path(self.starts)).expect("broker log file");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
+        let mut command = weir_command();
         command
             .arg("server")
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
@@ -154,39 +174,14 @@ impl Broker {
         for setting in &self.settings {
             command.args(["--set", setting]);
         }
-        // Settings come from the command line only, whatever the environment of the test run.
-        for (key, _) in std::env::vars() {
-            if key.starts_with("WEIR_") {
-                command.env_remove(key);
+        command.env("RUST_LOG", "info").stdin(Stdio::null()).stderr(Stdio::from(log));
+        match address_lines::spawn_and_wait(&mut command, WaitFor::KafkaAndAdmin, STARTUP_TIMEOUT) {
+            Ok((child, addresses)) => {
+                self.child = Some(child);
+                self.addr = addresses.kafka;
+                self.admin = addresses.admin.expect("waited for the admin line");
             }
-        }
-        command.env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(log));
-        let mut child = command.spawn().expect("spawn weir server");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        // Reads the listening line, then drains stdout so the broker never blocks on it.
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(addr) = parse_listening_line(&line) {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(addr);
-                    }
-                }
-            }
-        });
-        self.child = Some(child);
-        match rx.recv_timeout(STARTUP_TIMEOUT) {
-            Ok(addr) => self.addr = addr,
-            Err(_) => {
-                let status = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
-                self.kill();
-                panic!(
-                    "weir server did not print its listening line within {STARTUP_TIMEOUT:?} (exit status {status:?})\n{}",
-                    self.logs()
-                );
-            }
+            Err(e) => panic!("{e}\n{}", self.logs()),
         }
     }
 
@@ -252,14 +247,6 @@ impl Drop for Broker {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// `weir 0.1.0 listening on 127.0.0.1:PORT (Kafka protocol), data in DIR` → the address.
-fn parse_listening_line(line: &str) -> Option<SocketAddr> {
-    let rest = line.strip_prefix("weir ")?;
-    let (_, rest) = rest.split_once(" listening on ")?;
-    let (addr, _) = rest.split_once(' ')?;
-    addr.parse().ok()
 }
 
 // ----- the wire -----------------------------------------------------------------------------
