@@ -80,9 +80,9 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
         }
         // Everything serves now: only then the lines that tests and scripts wait for.
         let shown_dir = std::fs::canonicalize(&data_dir).unwrap_or(data_dir);
-        println!("weir {} listening on {bound} (Kafka protocol), data in {}", env!("CARGO_PKG_VERSION"), shown_dir.display());
+        println!("{}", weir::address_lines::kafka_line(bound, &shown_dir));
         if let Some(admin) = &admin {
-            println!("admin http://{} (JSON API, /metrics)", admin.addr);
+            println!("{}", weir::address_lines::admin_line(admin.addr));
         }
         tracing::info!(listen = %bound, data_dir = %shown_dir.display(), cluster_id = %broker.cluster_id(), "broker started");
         kafka.await.context("the Kafka listener task failed")?;

@@ -15,7 +15,7 @@ use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition as As
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::Encodable;
 use serde_json::{json, Value};
-use support::{batch, group_id, s, topic_name, Client, Message};
+use support::{batch, group_id, s, topic_name, Client, ClientExt, Message};
 
 fn body(value: Value) -> String {
     value.to_string()
@@ -445,7 +445,7 @@ fn shutdown_answers_a_parked_consume_and_stops_the_admin_listener() {
 fn records_cross_between_http_and_the_kafka_protocol() {
     let server = Server::start(&[]);
     server.create_topic("bridge", 1);
-    let mut kafka = Client::connect(server.kafka);
+    let mut kafka = support::connect(server.kafka);
 
     // HTTP → Kafka fetch: same key, value, headers and timestamp.
     server.expect(
@@ -573,9 +573,9 @@ fn join_and_sync(kafka: &mut Client, group: &str, assigned: Bytes) -> String {
                 .with_name(s("range"))
                 .with_metadata(Bytes::from_static(b"\0\0\0\0\0\0\0\0"))])
     };
-    let mut response = kafka.send(5, &join(""));
+    let mut response = kafka.send(5, &join("")).expect("JoinGroup v5");
     if response.error_code == 79 {
-        response = kafka.send(5, &join(response.member_id.as_str()));
+        response = kafka.send(5, &join(response.member_id.as_str())).expect("JoinGroup v5");
     }
     assert_eq!(response.error_code, 0, "JoinGroup");
     let member = response.member_id.to_string();
@@ -586,7 +586,7 @@ fn join_and_sync(kafka: &mut Client, group: &str, assigned: Bytes) -> String {
         .with_assignments(vec![sync_group_request::SyncGroupRequestAssignment::default()
             .with_member_id(s(&member))
             .with_assignment(assigned)]);
-    let synced = kafka.send(3, &sync);
+    let synced = kafka.send(3, &sync).expect("SyncGroup v3");
     assert_eq!(synced.error_code, 0, "SyncGroup");
     member
 }
@@ -712,14 +712,14 @@ fn groups_are_listed_described_with_lag_reset_and_deleted() {
     // A member joins over the Kafka protocol: the group is Stable, its assignment and the
     // partitions' owner show, and offsets can be neither reset nor committed, nor the group
     // deleted.
-    let mut kafka = Client::connect(server.kafka);
+    let mut kafka = support::connect(server.kafka);
     let member = join_and_sync(&mut kafka, "workers", assignment("jobs", &[0, 1]));
     let described = server.get_ok("/v1/groups/workers");
     assert_eq!(described["state"], "Stable");
     assert_eq!(described["protocol_type"], "consumer");
     assert_eq!(described["protocol"], "range");
     assert_eq!(described["members"][0]["member_id"], member.as_str());
-    assert_eq!(described["members"][0]["client_id"], "weir-tests");
+    assert_eq!(described["members"][0]["client_id"], support::CLIENT_ID);
     assert_eq!(described["members"][0]["assignment"], json!([{"topic": "jobs", "partitions": [0, 1]}]));
     assert_eq!(described["offsets"][0]["member_id"], member.as_str());
     assert_eq!(server.get_ok("/v1/groups?state=Stable")["groups"][0]["group_id"], "workers");
@@ -738,7 +738,7 @@ fn groups_are_listed_described_with_lag_reset_and_deleted() {
     let leave = LeaveGroupRequest::default()
         .with_group_id(group_id("workers"))
         .with_members(vec![leave_group_request::MemberIdentity::default().with_member_id(s(&member))]);
-    assert_eq!(kafka.send(3, &leave).error_code, 0, "LeaveGroup");
+    assert_eq!(kafka.send(3, &leave).expect("LeaveGroup v3").error_code, 0, "LeaveGroup");
     assert_eq!(server.get_ok("/v1/groups/workers")["state"], "Empty");
     assert_eq!(server.expect("DELETE", "/v1/groups/workers", None, 200), json!({"group_id": "workers"}));
     server.expect_error("GET", "/v1/groups/workers", None, 404, "GROUP_ID_NOT_FOUND");

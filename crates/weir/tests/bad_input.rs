@@ -147,7 +147,7 @@ fn produce_frame_of_size(topic: &str, size: usize) -> BytesMut {
     let mut value_len = size - 200;
     for _ in 0..5 {
         let records = batch(&[Message::with_value_len("k", value_len, 1)]);
-        let frame = encode_request(9, 77, &produce_request(topic, 0, records, 1));
+        let frame = encode_request(9, 77, CLIENT_ID, &produce_request(topic, 0, records, 1)).expect("encodes");
         let got = frame.len() - 4;
         if got == size {
             return frame;
@@ -183,7 +183,7 @@ fn a_truncated_frame_then_end_of_stream_is_dropped() {
     let mut bytes = 100i32.to_be_bytes().to_vec();
     bytes.extend_from_slice(&frame_with_header(ApiKey::Metadata as i16, 12, 5, &[])[4..10]);
     client.write_raw(&bytes).expect("write");
-    client.shutdown_write();
+    client.shutdown_write().expect("half-close");
     assert_eq!(client.wait_closed(CLOSE_WITHIN), Ok(()), "the broker closes its side, sending nothing");
     setup.assert_unharmed("a truncated frame");
 }
@@ -210,10 +210,11 @@ fn an_unknown_api_key_is_refused() {
 fn an_unsupported_produce_version_is_refused() {
     let mut setup = setup();
     // A valid Produce v9 body under a v99 header.
-    let body = encode_request(9, 43, &produce_request("precious", 0, batch(&[Message::new("k", "v99", 1)]), 1));
+    let records = batch(&[Message::new("k", "v99", 1)]);
+    let body = encode_request(9, 43, CLIENT_ID, &produce_request("precious", 0, records, 1)).expect("encodes");
     let header_len = {
         let mut probe = BytesMut::new();
-        RequestHeader::default().with_client_id(Some(s("weir-tests"))).encode(&mut probe, 2).expect("header");
+        RequestHeader::default().with_client_id(Some(s(CLIENT_ID))).encode(&mut probe, 2).expect("header");
         probe.len()
     };
     let frame = frame_with_header(ApiKey::Produce as i16, 99, 43, &body[4 + header_len..]);
@@ -278,7 +279,7 @@ fn connections_over_max_connections_are_closed_and_the_others_keep_working() {
     }
     let mut sixth = broker.connect();
     let started = Instant::now();
-    let _ = sixth.write_raw(&encode_request(3, 1, &api_versions_request()));
+    let _ = sixth.write_raw(&encode_request(3, 1, CLIENT_ID, &api_versions_request()).expect("encodes"));
     assert_eq!(sixth.wait_closed(CLOSE_WITHIN), Ok(()), "the 6th connection is closed without an answer");
     assert!(started.elapsed() < CLOSE_WITHIN);
     for (i, client) in clients.iter_mut().enumerate() {
@@ -288,8 +289,8 @@ fn connections_over_max_connections_are_closed_and_the_others_keep_working() {
     drop(clients.pop());
     let reconnected = wait_until(Duration::from_secs(5), || {
         let mut client = broker.connect();
-        client.set_read_timeout(Duration::from_secs(2));
-        client.try_send(3, &api_versions_request()).is_ok()
+        client.set_read_timeout(Duration::from_secs(2)).expect("read timeout");
+        client.send(3, &api_versions_request()).is_ok()
     });
     assert!(reconnected, "no connection accepted after one of the 5 closed");
     broker.assert_running("after the connection limit");
@@ -323,7 +324,7 @@ fn idle_connections_are_closed_and_busy_ones_are_not() {
     // A long poll longer than the idle timeout is a request in progress, not idleness.
     let mut polling = broker.connect();
     let request = fetch_request(1_500, 1, 1 << 20).with_topics(vec![fetch_topic_by_name("idle", 0, 0, 1 << 20)]);
-    let response = polling.try_send(12, &request).unwrap_or_else(|e| panic!("long poll over the idle timeout: {e}"));
+    let response = polling.send(12, &request).unwrap_or_else(|e| panic!("long poll over the idle timeout: {e}"));
     assert_eq!(response.responses[0].partitions[0].error_code, code::NONE);
 }
 
@@ -336,7 +337,7 @@ fn a_frame_arriving_in_pieces_across_the_idle_timeout_is_read_whole() {
     client.create_topic("pieces", 1, &[]);
     let fetch = fetch_request(2_000, 1, 1 << 20).with_topics(vec![fetch_topic_by_name("pieces", 0, 0, 1 << 20)]);
     let fetch_id = client.write(12, &fetch).expect("write fetch");
-    let next = encode_request(3, 1_000, &api_versions_request());
+    let next = encode_request(3, 1_000, CLIENT_ID, &api_versions_request()).expect("encodes");
     // Timing is the point here: half the next frame before the idle timer fires, the rest after.
     thread::sleep(Duration::from_millis(250));
     client.write_raw(&next[..2]).expect("write the first piece");
@@ -376,7 +377,7 @@ fn sigterm_exits_0_after_a_clean_shutdown_and_a_restart_keeps_the_data() {
     assert!(status.success(), "weir exited with {status} after SIGTERM\n{}", broker.logs());
     assert!(took < Duration::from_secs(10), "shutdown took {took:?} with a parked long poll");
     // The parked fetch got its (empty) answer or a close, not a 20 s wait.
-    polling.set_read_timeout(Duration::from_secs(2));
+    polling.set_read_timeout(Duration::from_secs(2)).expect("read timeout");
     match polling.read::<FetchRequest>(12, fetch_id) {
         Ok(response) => assert_eq!(response.responses[0].partitions[0].error_code, code::NONE),
         Err(ClientError::Closed) => {}
@@ -410,7 +411,7 @@ fn kill_9_during_acks_all_produces_loses_no_acknowledged_record() {
             let acked = acked.clone();
             let stop = stop.clone();
             thread::spawn(move || {
-                let mut client = Client::connect(addr);
+                let mut client = connect(addr);
                 let mut sent = 0usize;
                 while !stop.load(Ordering::Relaxed) {
                     let messages: Vec<Message> = (0..1 + sent % 3)
@@ -418,7 +419,7 @@ fn kill_9_during_acks_all_produces_loses_no_acknowledged_record() {
                         .collect();
                     sent += 1;
                     // Any failure is the kill: stop producing.
-                    let Ok(response) = client.try_send(9, &produce_request("durable", 0, batch(&messages), -1)) else {
+                    let Ok(response) = client.send(9, &produce_request("durable", 0, batch(&messages), -1)) else {
                         break;
                     };
                     let partition = &response.responses[0].partition_responses[0];

@@ -3,6 +3,7 @@
 //! `error: ...` line on stderr).
 
 mod admin_support;
+mod support;
 
 use admin_support::{run_weir, Server};
 use serde_json::{json, Value};

@@ -190,7 +190,7 @@ fn call<R: kafka_protocol::protocol::Request>(
     version: i16,
     request: &R,
 ) -> Result<R::Response, String> {
-    client.try_send(version, request).map_err(|e| e.to_string())
+    client.send(version, request).map_err(|e| e.to_string())
 }
 
 fn expect_code(what: &str, actual: i16, expected: i16) -> CaseResult {
@@ -445,8 +445,7 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
         }
         ApiKey::CreateTopics => {
             let name = unique(&format!("conformance-create-v{version}"));
-            let response =
-                call(client, version, &create_topics_request(&name, 2, 1, &[("retention.ms", "3600000")], false))?;
+            let response = call(client, version, &create_topics_request(&name, 2, 1, &[("retention.ms", "3600000")]))?;
             let topic = response.topics.first().ok_or("no topic in the response")?;
             expect_code("topic", topic.error_code, code::NONE)?;
             ensure!(topic.name.0.as_str() == name, "topic name {:?}", topic.name.0.as_str());
@@ -803,7 +802,7 @@ fn produce_assigns_consecutive_offsets_and_fetch_returns_the_batches_verbatim() 
 
     for version in [4, 12] {
         let request = fetch_request(0, 0, 1 << 20).with_topics(vec![fetch_topic_by_name("verbatim", 0, 0, 1 << 20)]);
-        let response = client.send(version, &request);
+        let response = client.send(version, &request).expect("Fetch");
         let partition = &response.responses[0].partitions[0];
         assert_eq!(partition.error_code, code::NONE);
         assert_eq!(partition.high_watermark, 8);
@@ -875,7 +874,7 @@ fn each_partition_of_a_produce_gets_its_own_batches_when_some_are_refused() {
             topic("absent", vec![partition(0, "to nowhere")]),
             topic("mixed", vec![partition(99, "to no partition"), partition(0, "zero"), partition(1, "one")]),
         ]);
-        let response = client.send(version, &request);
+        let response = client.send(version, &request).expect("Produce");
         let codes: Vec<(String, i32, i16)> = response
             .responses
             .iter()
@@ -908,7 +907,7 @@ fn produce_batches(client: &mut Client, topic: &str, partition: i32, count: usiz
 }
 
 fn fetch_spans(client: &mut Client, request: FetchRequest) -> Vec<Vec<usize>> {
-    let response = client.send(12, &request);
+    let response = client.send(12, &request).expect("Fetch v12");
     assert_eq!(response.error_code, code::NONE);
     response
         .responses
@@ -1000,7 +999,7 @@ fn fetch_by_topic_id_from_v13_and_unknown_ids_are_unknown_topic_id() {
     for version in 13..=max {
         let request = fetch_request(0, 0, 1 << 20)
             .with_topics(vec![fetch_topic_by_id(id, 0, 0, 1 << 20), fetch_topic_by_id(unknown, 0, 0, 1 << 20)]);
-        let response = client.send(version, &request);
+        let response = client.send(version, &request).expect("Fetch by topic id");
         assert_eq!(response.error_code, code::NONE);
         assert_eq!(response.responses.len(), 2, "Fetch v{version}: one answer per topic");
         let known = &response.responses[0];
@@ -1027,7 +1026,7 @@ fn long_poll_fetch_returns_as_soon_as_data_arrives() {
         // Give the fetch time to park (the one fixed sleep: it is what is being measured).
         thread::sleep(Duration::from_millis(300));
         let sent = started.elapsed();
-        let mut other = Client::connect(addr);
+        let mut other = connect(addr);
         other.produce_ok("long-poll", 0, batch(&[Message::new("k", "wake up", 7)]));
         (sent, started.elapsed())
     });
@@ -1066,7 +1065,7 @@ fn long_poll_fetch_without_data_returns_after_max_wait() {
         1 << 20,
     )]);
     let started = Instant::now();
-    let response = client.send(12, &request);
+    let response = client.send(12, &request).expect("Fetch v12");
     let waited = started.elapsed();
     let partition = &response.responses[0].partitions[0];
     assert_eq!(partition.error_code, code::NONE);
@@ -1164,7 +1163,7 @@ fn list_offsets_finds_earliest_latest_by_timestamp_and_max_timestamp() {
                         .with_timestamp(timestamp),
                 ]),
             ]);
-            let response = client.send(version, &request);
+            let response = client.send(version, &request).expect("ListOffsets");
             let p = &response.topics[0].partitions[0];
             let what = format!("ListOffsets v{version} timestamp {timestamp}");
             assert_eq!(p.error_code, code::NONE, "{what}");
@@ -1179,7 +1178,10 @@ fn list_offsets_finds_earliest_latest_by_timestamp_and_max_timestamp() {
             list_offsets_request::ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1),
         ]),
     ]);
-    assert_eq!(client.send(7, &request).topics[0].partitions[0].error_code, code::UNKNOWN_TOPIC_OR_PARTITION);
+    assert_eq!(
+        client.send(7, &request).expect("ListOffsets v7").topics[0].partitions[0].error_code,
+        code::UNKNOWN_TOPIC_OR_PARTITION
+    );
 }
 
 // ----- errors -------------------------------------------------------------------------------
@@ -1208,7 +1210,7 @@ fn produce_errors_are_reported_and_leave_the_log_unchanged() {
         ("acks=2", produce_request("errors", 0, plain.clone(), 2), code::INVALID_REQUIRED_ACKS),
     ];
     for (what, request, expected) in cases {
-        let response = client.try_send(9, &request).unwrap_or_else(|e| panic!("produce with {what}: {e}"));
+        let response = client.send(9, &request).unwrap_or_else(|e| panic!("produce with {what}: {e}"));
         let p = &response.responses[0].partition_responses[0];
         assert_eq!(p.error_code, expected, "produce with {what}");
         assert_eq!(p.base_offset, -1, "produce with {what}: base offset");
@@ -1220,14 +1222,16 @@ fn produce_errors_are_reported_and_leave_the_log_unchanged() {
     assert_records(&client.fetch_all("errors", 0), &good, 0);
     assert_records(&client.fetch_all("small", 0), &small_ok, 0);
     // Produce does not create topics.
-    let metadata = client.send(
-        12,
-        &MetadataRequest::default()
-            .with_topics(Some(vec![
-                metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name("no-such-topic")))
-            ]))
-            .with_allow_auto_topic_creation(false),
-    );
+    let metadata = client
+        .send(
+            12,
+            &MetadataRequest::default()
+                .with_topics(Some(vec![
+                    metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name("no-such-topic")))
+                ]))
+                .with_allow_auto_topic_creation(false),
+        )
+        .expect("Metadata v12");
     assert_eq!(metadata.topics[0].error_code, code::UNKNOWN_TOPIC_OR_PARTITION);
 }
 
@@ -1248,8 +1252,9 @@ fn create_topics_errors_have_codes_and_messages_and_validate_only_creates_nothin
     ];
     for validate_only in [false, true] {
         for &(what, name, partitions, replication_factor, configs, expected) in cases {
-            let request = create_topics_request(name, partitions, replication_factor, configs, validate_only);
-            let response = client.send(7, &request);
+            let request =
+                create_topics_request(name, partitions, replication_factor, configs).with_validate_only(validate_only);
+            let response = client.send(7, &request).expect("CreateTopics v7");
             let result = &response.topics[0];
             let what = format!("{what} (validate_only={validate_only})");
             assert_eq!(result.error_code, expected, "{what}");
@@ -1257,20 +1262,23 @@ fn create_topics_errors_have_codes_and_messages_and_validate_only_creates_nothin
         }
     }
 
-    let response = client.send(7, &create_topics_request("validated", 3, 1, &[("retention.ms", "1000")], true));
+    let request = create_topics_request("validated", 3, 1, &[("retention.ms", "1000")]).with_validate_only(true);
+    let response = client.send(7, &request).expect("CreateTopics v7");
     assert_eq!(response.topics[0].error_code, code::NONE, "validate_only of a valid topic");
     assert_eq!(response.topics[0].num_partitions, 3);
-    let metadata = client.send(
-        12,
-        &MetadataRequest::default()
-            .with_topics(Some(
-                ["validated", "rf3", "zero", "unknown-config", "bad-value"]
-                    .iter()
-                    .map(|n| metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name(n))))
-                    .collect(),
-            ))
-            .with_allow_auto_topic_creation(false),
-    );
+    let metadata = client
+        .send(
+            12,
+            &MetadataRequest::default()
+                .with_topics(Some(
+                    ["validated", "rf3", "zero", "unknown-config", "bad-value"]
+                        .iter()
+                        .map(|n| metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name(n))))
+                        .collect(),
+                ))
+                .with_allow_auto_topic_creation(false),
+        )
+        .expect("Metadata v12");
     for topic in &metadata.topics {
         assert_eq!(topic.error_code, code::UNKNOWN_TOPIC_OR_PARTITION, "{:?} exists", topic.name);
     }

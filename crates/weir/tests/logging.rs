@@ -4,6 +4,7 @@
 //! (its port is busy), so nothing waits for anything.
 
 mod admin_support;
+mod support;
 
 use std::process::{Command, Stdio};
 

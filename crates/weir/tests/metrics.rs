@@ -4,96 +4,27 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
 use kafka_protocol::messages::OffsetCommitRequest;
-use support::{batch, code, group_id, topic_name, wait_until, Client, Message, STARTUP_TIMEOUT};
+use support::{batch, code, group_id, topic_name, wait_until, Broker, Client, ClientExt, Message};
 use weir_broker::metrics::text::{self, Sample};
 
-/// `weir server` with an admin listener on a free port; killed when dropped.
-struct Server {
-    child: Child,
-    kafka: SocketAddr,
-    admin: SocketAddr,
-    _scratch: tempfile::TempDir,
-}
-
-impl Server {
-    fn start() -> Server {
-        let scratch = tempfile::Builder::new().prefix("weir-metrics-").tempdir().expect("scratch dir");
-        let log = std::fs::File::create(scratch.path().join("broker.log")).expect("log file");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
-        command
-            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(scratch.path().join("data"))
-            .args(["--set", "admin.listeners=127.0.0.1:0", "--set", "group.initial.rebalance.delay.ms=0"])
-            .args(["--set", "offsets.topic.num.partitions=3"]);
-        for (key, _) in std::env::vars() {
-            if key.starts_with("WEIR_") {
-                command.env_remove(key);
-            }
-        }
-        command.env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(log));
-        let mut child = command.spawn().expect("spawn weir server");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        // Reads the two address lines, then drains stdout so the broker never blocks on it.
-        std::thread::spawn(move || {
-            let (mut kafka, mut admin) = (None, None);
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some((_, rest)) = line.split_once(" listening on ") {
-                    kafka = rest.split(' ').next().and_then(|a| a.parse::<SocketAddr>().ok());
-                }
-                if let Some((_, rest)) = line.split_once("admin http://") {
-                    admin = rest.split([' ', '/']).next().and_then(|a| a.parse::<SocketAddr>().ok());
-                }
-                if let (Some(k), Some(a)) = (kafka, admin) {
-                    let _ = tx.send((k, a));
-                    kafka = None;
-                }
-            }
-        });
-        match rx.recv_timeout(STARTUP_TIMEOUT) {
-            Ok((kafka, admin)) => Server { child, kafka, admin, _scratch: scratch },
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let logs = std::fs::read_to_string(scratch.path().join("broker.log")).unwrap_or_default();
-                panic!("weir server printed no `listening on` and `admin http://` lines\n{logs}");
-            }
-        }
-    }
-
-    fn connect(&self) -> Client {
-        Client::connect(self.kafka)
-    }
-
-    /// `GET /metrics`: checks status and content type, parses and validates the exposition.
-    fn scrape(&self) -> Vec<Sample> {
-        let (status, headers, body) = http_get(self.admin, "/metrics");
-        assert_eq!(status, 200, "GET /metrics: {body}");
-        let content_type = headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
-            .map(|(_, v)| v.as_str())
-            .unwrap_or_default();
-        assert!(content_type.starts_with("text/plain; version=0.0.4"), "content type {content_type:?}");
-        text::parse(&body).unwrap_or_else(|e| panic!("invalid exposition: {e}\n{body}"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `GET /metrics`: checks status and content type, parses and validates the exposition.
+fn scrape(broker: &Broker) -> Vec<Sample> {
+    let (status, headers, body) = http_get(broker.admin_addr(), "/metrics");
+    assert_eq!(status, 200, "GET /metrics: {body}");
+    let content_type = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_default();
+    assert!(content_type.starts_with("text/plain; version=0.0.4"), "content type {content_type:?}");
+    text::parse(&body).unwrap_or_else(|e| panic!("invalid exposition: {e}\n{body}"))
 }
 
 /// A plain HTTP/1.1 GET over a std socket: (status, headers, body). Handles a Content-Length or
@@ -144,23 +75,24 @@ fn commit(client: &mut Client, group: &str, topic: &str, offset: i64) {
         .with_topics(vec![OffsetCommitRequestTopic::default().with_name(topic_name(topic)).with_partitions(vec![
             OffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(offset),
         ])]);
-    let response = client.send(8, &request);
+    let response = client.send(8, &request).expect("OffsetCommit v8");
     assert_eq!(response.topics[0].partitions[0].error_code, code::NONE, "commit");
 }
 
 #[test]
 fn metrics_follow_produce_fetch_commits_and_connections() {
-    let server = Server::start();
+    // Few `__consumer_offsets` partitions to count.
+    let broker = Broker::start(&["offsets.topic.num.partitions=3"]);
 
     // Before any traffic: valid, every implemented API listed with zero requests.
-    let before = server.scrape();
+    let before = scrape(&broker);
     assert_eq!(value(&before, "weir_requests_total", &[("api", "Produce")]), 0.0);
     assert_eq!(value(&before, "weir_requests_total", &[("api", "Fetch")]), 0.0);
     assert_eq!(value(&before, "weir_connections_open", &[("protocol", "kafka")]), 0.0);
     assert!(value(&before, "process_resident_memory_bytes", &[]) > 0.0);
     assert!(value(&before, "process_open_fds", &[]) > 0.0);
 
-    let mut client = server.connect();
+    let mut client = broker.connect();
     client.create_topic("metered", 1, &[]);
     // 3 produce requests, 1 + 2 + 3 records.
     let mut produced_bytes = 0usize;
@@ -181,7 +113,7 @@ fn metrics_follow_produce_fetch_commits_and_connections() {
     let group = "metrics \"lag\" group";
     commit(&mut client, group, "metered", 2);
 
-    let during = server.scrape();
+    let during = scrape(&broker);
     assert_eq!(value(&during, "weir_requests_total", &[("api", "Produce")]), 4.0);
     assert_eq!(value(&during, "weir_request_duration_seconds_count", &[("api", "Produce")]), 4.0);
     assert_eq!(value(&during, "weir_requests_total", &[("api", "Fetch")]), 1.0);
@@ -210,20 +142,20 @@ fn metrics_follow_produce_fetch_commits_and_connections() {
     assert_eq!(value(&during, "weir_requests_in_flight", &[("protocol", "kafka")]), 0.0);
 
     // A frame with an unknown API key closes its connection and counts as a failed request.
-    let mut bad = server.connect();
+    let mut bad = broker.connect();
     bad.write_raw(&[0, 0, 0, 8, 0x03, 0xE7, 0, 0, 0, 0, 0, 1]).expect("write");
     assert!(bad.wait_closed(Duration::from_secs(10)).is_ok(), "the broker keeps a connection that sent API key 999");
-    let after_bad = server.scrape();
+    let after_bad = scrape(&broker);
     assert_eq!(value(&after_bad, "weir_requests_failed_total", &[("protocol", "kafka"), ("api", "unknown")]), 1.0);
 
     // Closing every connection brings the gauge back to 0.
     drop(client);
     drop(bad);
     let closed = wait_until(Duration::from_secs(10), || {
-        value(&server.scrape(), "weir_connections_open", &[("protocol", "kafka")]) == 0.0
+        value(&scrape(&broker), "weir_connections_open", &[("protocol", "kafka")]) == 0.0
     });
     assert!(closed, "weir_connections_open did not return to 0 after the clients disconnected");
-    let last = server.scrape();
+    let last = scrape(&broker);
     assert_eq!(value(&last, "weir_connections_accepted_total", &[("protocol", "kafka")]), 2.0);
     assert_eq!(value(&last, "weir_requests_in_flight", &[("protocol", "kafka")]), 0.0);
     assert!(value(&last, "process_cpu_seconds_total", &[]) >= 0.0);

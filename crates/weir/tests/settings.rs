@@ -4,6 +4,7 @@
 //! port right after the settings are read), so nothing waits for anything.
 
 mod admin_support;
+mod support;
 
 use admin_support::{run_weir, scratch_path as path, start_on_a_busy_port};
 

@@ -8,29 +8,23 @@
 //! So the process blocks in that write and nothing after the prints runs until the test drains
 //! the pipe; whatever answers meanwhile was serving when the lines came out.
 
-mod admin_support;
 mod support;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, ErrorKind, Write};
-use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
 use kafka_protocol::messages::MetadataRequest;
-use support::{Client, STARTUP_TIMEOUT};
+use support::{ClientExt, STARTUP_TIMEOUT};
+use weir::address_lines::{self, WaitFor};
 use weir_broker::metrics::text;
 
 /// `weir server --data-dir DIR`, with none of the test run's WEIR_* variables.
 fn weir_server(data_dir: &std::path::Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
+    let mut command = support::weir_command();
     command.args(["server", "--data-dir"]).arg(data_dir);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("WEIR_") {
-            command.env_remove(key);
-        }
-    }
     command
 }
 
@@ -80,25 +74,11 @@ fn when_the_address_lines_are_printed_kafka_ready_and_metrics_already_answer() {
         .args(["--set", "admin.listeners=127.0.0.1:0", "--set", "offsets.topic.num.partitions=3"])
         .env("RUST_LOG", "weir::server=info")
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
         .stderr(Stdio::from(stderr_write));
-    let mut child = command.spawn().expect("spawn weir server");
-    let stdout = child.stdout.take().expect("piped stdout");
+    let (child, addresses) = address_lines::spawn_and_wait(&mut command, WaitFor::KafkaAndAdmin, STARTUP_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}"));
     let _child = KillOnDrop(child);
-
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut kafka: Option<SocketAddr> = None;
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some(addr) = admin_support::parse_kafka_line(&line) {
-                kafka = Some(addr);
-            } else if let (Some(admin), Some(kafka)) = (admin_support::parse_admin_line(&line), kafka) {
-                let _ = tx.send((kafka, admin));
-            }
-        }
-    });
-    let (kafka, admin) = rx.recv_timeout(STARTUP_TIMEOUT).expect("weir server printed both address lines");
+    let (kafka, admin) = (addresses.kafka, addresses.admin.expect("waited for the admin line"));
 
     // One attempt each, no retry: the broker is frozen after its prints.
     let agent = ureq::Agent::new_with_config(
@@ -119,10 +99,10 @@ fn when_the_address_lines_are_printed_kafka_ready_and_metrics_already_answer() {
     }
     assert_eq!(get("/ready"), (200, r#"{"status":"ready"}"#.to_string()));
 
-    let mut client = Client::connect(kafka);
+    let mut client = support::connect(kafka);
     let versions = client.api_versions();
     assert!(versions.api_keys.iter().any(|k| k.api_key == 3), "ApiVersions lists Metadata");
-    let metadata = client.send(12, &MetadataRequest::default().with_topics(None));
+    let metadata = client.send(12, &MetadataRequest::default().with_topics(None)).expect("Metadata v12");
     assert_eq!(metadata.brokers.iter().map(|b| b.port).collect::<Vec<_>>(), [i32::from(kafka.port())]);
 
     // The broker was indeed stopped at the `broker started` line: it comes out once drained.

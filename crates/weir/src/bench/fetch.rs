@@ -5,11 +5,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::*;
 use serde::Serialize;
+use weir::kafka_client::produce_request;
 
-use crate::bench::raw_client::{self, Client, Server};
+use crate::bench::raw_protocol::{self, Server};
 use crate::cli::FetchBenchArgs;
 
 const TOPIC: &str = "bench-fetch";
@@ -23,8 +22,8 @@ fn start_server(sendfile: bool) -> anyhow::Result<Server> {
 }
 
 fn prepare(server: &Server, bytes: u64) -> anyhow::Result<i64> {
-    let mut client = Client::connect(server.addr)?;
-    raw_client::create_topic(&mut client, TOPIC, 1, &[])?;
+    let mut client = raw_protocol::connect(server.addr)?;
+    raw_protocol::create_topic(&mut client, TOPIC, 1, &[])?;
     let records: Vec<_> = (0..RECORDS_PER_BATCH)
         .map(|i| {
             let value = Bytes::from(vec![b'x'; RECORD_BYTES]);
@@ -35,16 +34,11 @@ fn prepare(server: &Server, bytes: u64) -> anyhow::Result<i64> {
     let batches = bytes.div_ceil(batch.len() as u64).max(1);
     let mut end = 0;
     for _ in 0..batches {
-        let produce = ProduceRequest::default().with_acks(1).with_timeout_ms(30_000).with_topic_data(vec![
-            TopicProduceData::default().with_name(raw_client::topic_name(TOPIC)).with_partition_data(vec![
-                PartitionProduceData::default().with_index(0).with_records(Some(batch.clone())),
-            ]),
-        ]);
-        let response = client.send(9, &produce)?;
+        let response = client.send(9, &produce_request(TOPIC, 0, batch.clone(), 1))?;
         let partition =
             response.responses.first().and_then(|t| t.partition_responses.first()).context("empty produce response")?;
         if partition.error_code != 0 {
-            bail!("Produce failed with error {}", raw_client::error_name(partition.error_code));
+            bail!("Produce failed with error {}", raw_protocol::error_name(partition.error_code));
         }
         end = partition.base_offset + RECORDS_PER_BATCH as i64;
     }
@@ -53,8 +47,8 @@ fn prepare(server: &Server, bytes: u64) -> anyhow::Result<i64> {
 
 /// Reads offsets `0..end`; returns the record bytes received.
 fn fetch_all(server: &Server, end: i64, fetch_bytes: i32) -> anyhow::Result<u64> {
-    let mut client = Client::connect(server.addr)?;
-    Ok(raw_client::fetch_all(&mut client, TOPIC, &[(0, 0, end)], fetch_bytes)?.bytes)
+    let mut client = raw_protocol::connect(server.addr)?;
+    Ok(raw_protocol::fetch_all(&mut client, TOPIC, &[(0, 0, end)], fetch_bytes)?.bytes)
 }
 
 #[derive(Debug, Serialize)]

@@ -3,5 +3,5 @@
 pub mod fetch;
 pub mod kafka;
 pub mod produce;
-pub mod raw_client;
+pub mod raw_protocol;
 pub mod storage;

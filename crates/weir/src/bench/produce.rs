@@ -14,9 +14,10 @@ use hdrhistogram::Histogram;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::ProduceRequest;
 use serde::Serialize;
+use weir::kafka_client::{self, topic_name, Client, REQUEST_TIMEOUT_MS};
 use weir_proc::Pid;
 
-use crate::bench::raw_client::{self, Client, Server};
+use crate::bench::raw_protocol::{self, Server};
 use crate::cli::ProduceBenchArgs;
 
 /// Produce v9: flexible, the version librdkafka 2.x sends.
@@ -155,14 +156,14 @@ fn run_connection(
     budget: &Budget,
     acked: &AtomicU64,
 ) -> anyhow::Result<ConnectionStats> {
-    let mut stream = raw_client::connect(addr)?;
+    let mut stream = kafka_client::connect(addr, raw_protocol::IO_TIMEOUT)?;
     if acks == 0 {
         // No responses: write as fast as the broker reads.
         let mut stats = ConnectionStats::new();
         let mut correlation = 0i32;
         while budget.claim(load.value_bytes) {
             correlation = correlation.wrapping_add(1);
-            load.frame[raw_client::CORRELATION_ID_AT].copy_from_slice(&correlation.to_be_bytes());
+            load.frame[kafka_client::CORRELATION_ID_AT].copy_from_slice(&correlation.to_be_bytes());
             stream.write_all(&load.frame).context("sending a Produce request")?;
             stats.requests += 1;
             stats.records += load.records;
@@ -223,7 +224,7 @@ fn write_requests(
             return Ok(());
         }
         correlation = correlation.wrapping_add(1);
-        load.frame[raw_client::CORRELATION_ID_AT].copy_from_slice(&correlation.to_be_bytes());
+        load.frame[kafka_client::CORRELATION_ID_AT].copy_from_slice(&correlation.to_be_bytes());
         // Announced before the write: the response may arrive before write_all returns.
         if sent_tx.send((correlation, Instant::now())).is_err() {
             return Ok(());
@@ -244,17 +245,12 @@ fn read_responses(
 ) -> anyhow::Result<ConnectionStats> {
     let mut latency = Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_US, 3)?;
     let mut stats = ConnectionStats::new();
-    let mut buf = Vec::new();
     // Ends when the writer is done and every response it announced has been read.
     for (correlation, sent) in sent_rx {
-        raw_client::read_frame(&mut stream, &mut buf)
+        let frame = kafka_client::read_frame(&mut stream)
             .with_context(|| format!("waiting for the response to Produce request {correlation}"))?;
         latency.saturating_record(sent.elapsed().as_micros() as u64);
-        let (got, response) =
-            raw_client::decode_response::<ProduceRequest>(Bytes::copy_from_slice(&buf), PRODUCE_VERSION)?;
-        if got != correlation {
-            bail!("Produce response with correlation id {got}, expected {correlation}");
-        }
+        let response = kafka_client::decode_response::<ProduceRequest>(frame, PRODUCE_VERSION, correlation)?;
         let answered: Vec<_> = response.responses.iter().flat_map(|t| &t.partition_responses).collect();
         for &p in partitions {
             let r = answered
@@ -264,7 +260,7 @@ fn read_responses(
             if r.error_code != 0 {
                 bail!(
                     "Produce to {topic}-{p} failed: {} {}",
-                    raw_client::error_name(r.error_code),
+                    raw_protocol::error_name(r.error_code),
                     r.error_message.as_deref().unwrap_or("")
                 );
             }
@@ -340,11 +336,11 @@ pub fn run(args: &ProduceBenchArgs) -> anyhow::Result<()> {
     }
     let target = Target::open(args)?;
     let topic = format!("weir-bench-produce-{}", SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis());
-    let mut admin = Client::connect(target.addr)?;
-    raw_client::create_topic(&mut admin, &topic, args.partitions, &args.topic_config)?;
+    let mut admin = raw_protocol::connect(target.addr)?;
+    raw_protocol::create_topic(&mut admin, &topic, args.partitions, &args.topic_config)?;
     let result = measure(args, &target, &topic, size, &mut admin);
     if target.server.is_none() && !args.keep_topic {
-        if let Err(e) = raw_client::delete_topic(&mut admin, &topic) {
+        if let Err(e) = raw_protocol::delete_topic(&mut admin, &topic) {
             eprintln!("warning: could not delete topic {topic}: {e:#}");
         }
     }
@@ -376,20 +372,21 @@ fn measure(
     admin: &mut Client,
 ) -> anyhow::Result<Report> {
     let partition_ids: Vec<i32> = (0..args.partitions).collect();
-    let before = raw_client::latest_offsets(admin, topic, &partition_ids)?;
+    let before = raw_protocol::latest_offsets(admin, topic, &partition_ids)?;
     let (batch, records_per_batch) = encode_batch(size, args.batch_bytes)?;
     let loads = assignment(args.partitions, args.connections)
         .into_iter()
         .map(|partitions| {
-            let request = ProduceRequest::default().with_acks(args.acks).with_timeout_ms(30_000).with_topic_data(vec![
-                TopicProduceData::default().with_name(raw_client::topic_name(topic)).with_partition_data(
+            let request = ProduceRequest::default()
+                .with_acks(args.acks)
+                .with_timeout_ms(REQUEST_TIMEOUT_MS)
+                .with_topic_data(vec![TopicProduceData::default().with_name(topic_name(topic)).with_partition_data(
                     partitions
                         .iter()
                         .map(|&p| PartitionProduceData::default().with_index(p).with_records(Some(batch.clone())))
                         .collect(),
-                ),
-            ]);
-            let frame = raw_client::encode_request(0, PRODUCE_VERSION, &request)?.to_vec();
+                )]);
+            let frame = kafka_client::encode_request(PRODUCE_VERSION, 0, raw_protocol::CLIENT_ID, &request)?.to_vec();
             let records = (records_per_batch * partitions.len()) as u64;
             Ok(Load { frame, partitions, records, value_bytes: records * args.size })
         })
@@ -443,7 +440,7 @@ fn measure(
     let in_flight = args.in_flight as usize;
     let progress = std::io::stderr().is_terminal();
     let broker_cpu_before = target.cpu_seconds();
-    let client_cpu_before = raw_client::cpu_seconds(Pid::SelfProcess)?;
+    let client_cpu_before = raw_protocol::cpu_seconds(Pid::SelfProcess)?;
     let mut peak_rss = target.rss_bytes();
     let started = Instant::now();
     let results: Vec<anyhow::Result<ConnectionStats>> = std::thread::scope(|scope| {
@@ -483,19 +480,19 @@ fn measure(
     let expected = before.iter().sum::<i64>() + records as i64;
     // With acks=0 nothing says when the broker has appended; the run ends when the offsets show it.
     let (after, seconds) = if args.acks == 0 {
-        let after = raw_client::wait_for_offsets(admin, topic, &partition_ids, expected, Duration::from_secs(60))?;
+        let after = raw_protocol::wait_for_offsets(admin, topic, &partition_ids, expected, Duration::from_secs(60))?;
         (after, started.elapsed().as_secs_f64())
     } else {
         let finished = stats.iter().map(|s| s.finished).max().unwrap_or(started);
         (Vec::new(), (finished - started).as_secs_f64())
     };
     let broker_cpu = target.cpu_seconds().zip(broker_cpu_before).map(|(a, b)| a - b);
-    let client_cpu = raw_client::cpu_seconds(Pid::SelfProcess)? - client_cpu_before;
+    let client_cpu = raw_protocol::cpu_seconds(Pid::SelfProcess)? - client_cpu_before;
     peak_rss = peak_rss.max(target.rss_bytes());
     let after = if after.is_empty() {
         // Acknowledged is appended; with flush.policy=sync the high watermark can trail the
         // acknowledgement of acks=1 by an fsync, so give it a moment.
-        raw_client::wait_for_offsets(admin, topic, &partition_ids, expected, Duration::from_secs(30))?
+        raw_protocol::wait_for_offsets(admin, topic, &partition_ids, expected, Duration::from_secs(30))?
     } else {
         after
     };
@@ -570,14 +567,14 @@ fn measure(
         let ranges: Vec<(i32, i64, i64)> =
             partition_ids.iter().zip(before.iter().zip(&after)).map(|(&p, (&b, &a))| (p, b, a)).collect();
         let fetch_bytes = i32::try_from(args.batch_bytes.max(1 << 20)).unwrap_or(i32::MAX);
-        let mut client = Client::connect(target.addr)?;
+        let mut client = raw_protocol::connect(target.addr)?;
         let broker_cpu_before = target.cpu_seconds();
-        let client_cpu_before = raw_client::cpu_seconds(Pid::SelfProcess)?;
+        let client_cpu_before = raw_protocol::cpu_seconds(Pid::SelfProcess)?;
         let started = Instant::now();
-        let fetched = raw_client::fetch_all(&mut client, topic, &ranges, fetch_bytes)?;
+        let fetched = raw_protocol::fetch_all(&mut client, topic, &ranges, fetch_bytes)?;
         let seconds = started.elapsed().as_secs_f64();
         let broker_cpu = target.cpu_seconds().zip(broker_cpu_before).map(|(a, b)| a - b);
-        let client_cpu = raw_client::cpu_seconds(Pid::SelfProcess)? - client_cpu_before;
+        let client_cpu = raw_protocol::cpu_seconds(Pid::SelfProcess)? - client_cpu_before;
         let value_bytes = fetched.records * args.size;
         let consume = ConsumeReport {
             records: fetched.records,

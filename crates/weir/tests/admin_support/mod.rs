@@ -1,24 +1,23 @@
 //! Shared helpers of the admin API and CLI tests: start the real `weir server` with its admin
 //! listener on a free port, call the HTTP API, run the `weir` client commands against it.
+//!
+//! Builds on `support` (its [`Broker`]): a test crate that declares `mod admin_support;`
+//! declares `mod support;` too.
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
-use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
-/// How long the broker may take to print its address lines (debug build, loaded machine).
-pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+use crate::support::{self, Broker};
 
-/// A `weir server` child process with the admin listener on; killed when dropped.
+/// A `weir server` child process, its admin API at hand; killed when dropped.
 pub struct Server {
-    child: Child,
-    scratch: tempfile::TempDir,
+    broker: Broker,
     pub kafka: SocketAddr,
     /// `http://127.0.0.1:PORT`.
     pub admin: String,
@@ -26,83 +25,31 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `weir server` on 127.0.0.1 port 0 for both listeners, with
+    /// Starts `weir server` as [`Broker::start`] does: both listeners on 127.0.0.1 port 0,
     /// `group.initial.rebalance.delay.ms=0` and `settings` (`name=value`).
     pub fn start(settings: &[&str]) -> Server {
-        let scratch = tempfile::Builder::new().prefix("weir-admin-test-").tempdir().expect("scratch dir");
-        let log = File::create(scratch.path().join("broker.log")).expect("log file");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
-        command.args(["server", "--listen", "127.0.0.1:0", "--data-dir"]).arg(scratch.path().join("data")).args([
-            "--set",
-            "admin.listeners=127.0.0.1:0",
-            "--set",
-            "group.initial.rebalance.delay.ms=0",
-        ]);
-        for setting in settings {
-            command.args(["--set", setting]);
-        }
-        for (key, _) in std::env::vars() {
-            if key.starts_with("WEIR_") {
-                command.env_remove(key);
-            }
-        }
-        command.env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(log));
-        let mut child = command.spawn().expect("spawn weir server");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        // Reads the two address lines, then drains stdout so the broker never blocks on it.
-        std::thread::spawn(move || {
-            let mut kafka: Option<SocketAddr> = None;
-            let mut tx = Some(tx);
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(addr) = parse_kafka_line(&line) {
-                    kafka = Some(addr);
-                } else if let (Some(admin), Some(kafka)) = (parse_admin_line(&line), kafka) {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send((kafka, admin));
-                    }
-                }
-            }
-        });
+        let broker = Broker::start(settings);
         let agent = ureq::Agent::new_with_config(
             ureq::Agent::config_builder()
                 .http_status_as_error(false)
                 .timeout_global(Some(Duration::from_secs(60)))
                 .build(),
         );
-        match rx.recv_timeout(STARTUP_TIMEOUT) {
-            Ok((kafka, admin)) => Server { child, scratch, kafka, admin: format!("http://{admin}"), agent },
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let log = std::fs::read_to_string(scratch.path().join("broker.log")).unwrap_or_default();
-                panic!("weir server did not print both address lines within {STARTUP_TIMEOUT:?}\n{log}");
-            }
-        }
+        let (kafka, admin) = (broker.addr(), format!("http://{}", broker.admin_addr()));
+        Server { broker, kafka, admin, agent }
     }
 
     /// SIGTERM, then waits (up to 30 s) for the process to exit; returns its status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
-        assert!(sent.success(), "kill -TERM failed");
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(std::time::Instant::now() < deadline, "weir did not exit within 30 s of SIGTERM\n{}", self.logs());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.broker.terminate()
     }
 
     pub fn data_dir(&self) -> std::path::PathBuf {
-        self.scratch.path().join("data")
+        self.broker.data_dir()
     }
 
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(self.scratch.path().join("broker.log")).unwrap_or_default()
+        self.broker.logs()
     }
 
     /// One HTTP request; `body` is sent as is (it need not be valid JSON). Returns the status
@@ -167,28 +114,6 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `weir 0.1.0 listening on 127.0.0.1:PORT (Kafka protocol), data in DIR` → the address.
-pub fn parse_kafka_line(line: &str) -> Option<SocketAddr> {
-    let rest = line.strip_prefix("weir ")?;
-    let (_, rest) = rest.split_once(" listening on ")?;
-    rest.split_once(' ')?.0.parse().ok()
-}
-
-/// `admin http://127.0.0.1:PORT (JSON API, /metrics)` → the address.
-pub fn parse_admin_line(line: &str) -> Option<SocketAddr> {
-    let rest = line.strip_prefix("admin http://")?;
-    let (addr, tail) = rest.split_once(' ')?;
-    (tail == "(JSON API, /metrics)").then_some(())?;
-    addr.parse().ok()
-}
-
 /// `weir server` on a port another socket holds, with `env`: it reads its settings, warns (on
 /// stderr, a pipe), and exits 1 without opening a data directory.
 pub fn start_on_a_busy_port(env: &[(&str, &str)]) -> CliOutput {
@@ -239,16 +164,11 @@ impl CliOutput {
     }
 }
 
-/// Runs `weir ARGS` with `stdin` and extra environment variables (any WEIR_* of the test run
-/// removed first).
+/// Runs `weir ARGS` with `stdin` and extra environment variables (any WEIR_* and RUST_LOG of
+/// the test run removed first).
 pub fn run_weir(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> CliOutput {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
-    command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for (key, _) in std::env::vars() {
-        if key.starts_with("WEIR_") || key == "RUST_LOG" {
-            command.env_remove(key);
-        }
-    }
+    let mut command = support::weir_command();
+    command.args(args).env_remove("RUST_LOG").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (key, value) in env {
         command.env(key, value);
     }

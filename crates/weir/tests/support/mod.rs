@@ -1,6 +1,6 @@
-//! Shared helpers of the black-box protocol tests: start the real `weir` binary on a free port,
-//! talk the Kafka wire protocol to it over plain TCP (encoding and decoding with the
-//! `kafka-protocol` crate), and build and read record batches.
+//! Shared helpers of the black-box tests: start the real `weir` binary on free ports, talk the
+//! Kafka wire protocol to it with the package's own raw client ([`weir::kafka_client`],
+//! re-exported here), and build and read record batches.
 //!
 //! Everything is blocking (std threads and sockets): the tests are about the broker's behaviour
 //! on the wire, and a blocking client makes "no response arrived" and "the socket was closed"
@@ -9,21 +9,25 @@
 #![allow(dead_code)]
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::fetch_request::FetchTopic;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use weir::address_lines::{self, WaitFor};
+// The client and the requests it shares with the benchmarks, for every test file (each uses a
+// different subset).
+#[allow(unused_imports)]
+pub use weir::kafka_client::{
+    create_topics_request, decode_response, encode_request, fetch_partition, fetch_request, produce_request,
+    topic_name, Client, ClientError,
 };
 
 /// How long the broker may take to print its listening line (recovery of a killed broker
@@ -31,6 +35,8 @@ use kafka_protocol::records::{
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default read timeout of a [`Client`]: longer than any long poll the tests ask for.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(15);
+/// What the tests' clients call themselves in request headers.
+pub const CLIENT_ID: &str = "weir-tests";
 
 /// Kafka error codes the tests expect, by Kafka's names.
 pub mod code {
@@ -54,10 +60,6 @@ pub mod code {
 
 pub fn s(text: &str) -> StrBytes {
     StrBytes::from_string(text.to_string())
-}
-
-pub fn topic_name(name: &str) -> TopicName {
-    TopicName(s(name))
 }
 
 pub fn group_id(name: &str) -> GroupId {
@@ -85,13 +87,27 @@ pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
 
 // ----- the broker process -------------------------------------------------------------------
 
+/// The `weir` binary under test, without the test run's WEIR_* variables: its settings come from
+/// the command line only, whatever the environment.
+pub fn weir_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("WEIR_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
 /// A `weir server` child process on 127.0.0.1 with its own scratch directory (data directory
-/// plus one log file per start). Killed when dropped.
+/// plus one log file per start), the Kafka and the admin listener each on a free port. Killed
+/// when dropped.
 pub struct Broker {
     child: Option<Child>,
     scratch: tempfile::TempDir,
     settings: Vec<String>,
     addr: SocketAddr,
+    admin: SocketAddr,
     starts: u32,
 }
 
@@ -104,14 +120,21 @@ impl Broker {
             scratch,
             settings: settings.iter().map(|s| s.to_string()).collect(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             starts: 0,
         };
         broker.spawn();
         broker
     }
 
+    /// The Kafka listener's address (a new one after each restart).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The admin HTTP listener's address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -140,7 +163,7 @@ impl Broker {
         assert!(self.child.is_none(), "the broker is already running");
         self.starts += 1;
         let log = File::create(self.log_path(self.starts)).expect("broker log file");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
+        let mut command = weir_command();
         command
             .arg("server")
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
@@ -151,39 +174,14 @@ impl Broker {
         for setting in &self.settings {
             command.args(["--set", setting]);
         }
-        // Settings come from the command line only, whatever the environment of the test run.
-        for (key, _) in std::env::vars() {
-            if key.starts_with("WEIR_") {
-                command.env_remove(key);
+        command.env("RUST_LOG", "info").stdin(Stdio::null()).stderr(Stdio::from(log));
+        match address_lines::spawn_and_wait(&mut command, WaitFor::KafkaAndAdmin, STARTUP_TIMEOUT) {
+            Ok((child, addresses)) => {
+                self.child = Some(child);
+                self.addr = addresses.kafka;
+                self.admin = addresses.admin.expect("waited for the admin line");
             }
-        }
-        command.env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(log));
-        let mut child = command.spawn().expect("spawn weir server");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        // Reads the listening line, then drains stdout so the broker never blocks on it.
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(addr) = parse_listening_line(&line) {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(addr);
-                    }
-                }
-            }
-        });
-        self.child = Some(child);
-        match rx.recv_timeout(STARTUP_TIMEOUT) {
-            Ok(addr) => self.addr = addr,
-            Err(_) => {
-                let status = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
-                self.kill();
-                panic!(
-                    "weir server did not print its listening line within {STARTUP_TIMEOUT:?} (exit status {status:?})\n{}",
-                    self.logs()
-                );
-            }
+            Err(e) => panic!("{e}\n{}", self.logs()),
         }
     }
 
@@ -241,7 +239,7 @@ impl Broker {
     }
 
     pub fn connect(&self) -> Client {
-        Client::connect(self.addr)
+        connect(self.addr)
     }
 }
 
@@ -251,236 +249,86 @@ impl Drop for Broker {
     }
 }
 
-/// `weir 0.1.0 listening on 127.0.0.1:PORT (Kafka protocol), data in DIR` → the address.
-fn parse_listening_line(line: &str) -> Option<SocketAddr> {
-    let rest = line.strip_prefix("weir ")?;
-    let (_, rest) = rest.split_once(" listening on ")?;
-    let (addr, _) = rest.split_once(' ')?;
-    addr.parse().ok()
-}
-
 // ----- the wire -----------------------------------------------------------------------------
 
-/// Why a request got no decodable response.
-#[derive(Debug)]
-pub enum ClientError {
-    /// The broker closed the connection (EOF or reset) instead of answering.
-    Closed,
-    /// Nothing arrived within the read timeout.
-    Timeout,
-    Io(std::io::Error),
-    /// A frame arrived but does not decode as the expected response.
-    Decode(String),
+/// A connection to the broker at `addr` with the tests' client id and [`IO_TIMEOUT`].
+pub fn connect(addr: SocketAddr) -> Client {
+    Client::connect(addr, CLIENT_ID, IO_TIMEOUT).unwrap_or_else(|e| panic!("{e}"))
 }
 
-impl std::fmt::Display for ClientError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ClientError::Closed => write!(f, "the broker closed the connection instead of answering"),
-            ClientError::Timeout => write!(f, "no response within the read timeout"),
-            ClientError::Io(e) => write!(f, "i/o error: {e}"),
-            ClientError::Decode(why) => write!(f, "undecodable response: {why}"),
-        }
-    }
+/// What the tests check on a connection, and the requests they make all the time, each
+/// asserting that it succeeds.
+pub trait ClientExt {
+    /// Waits up to `timeout` for the broker to close the connection. `Ok(())`: closed (end of
+    /// stream or reset) with nothing sent first; `Err(bytes)`: it sent something (or, with an
+    /// empty vector, did nothing within the timeout).
+    fn wait_closed(&mut self, timeout: Duration) -> Result<(), Vec<u8>>;
+    /// ApiVersions v3; panics unless it answers without error.
+    fn api_versions(&mut self) -> ApiVersionsResponse;
+    /// Creates a topic (1 replica) with `configs`; panics unless it succeeds. Returns its id.
+    fn create_topic(&mut self, name: &str, partitions: i32, configs: &[(&str, &str)]) -> uuid::Uuid;
+    /// Produces one record set (acks=1, Produce v9); returns (error code, base offset).
+    fn produce(&mut self, topic: &str, partition: i32, records: Bytes) -> (i16, i64);
+    /// Produces and panics unless it succeeded; returns the base offset.
+    fn produce_ok(&mut self, topic: &str, partition: i32, records: Bytes) -> i64;
+    /// Fetch v12 (by name, no waiting) of one partition from `offset`: (error, high watermark,
+    /// record bytes).
+    fn fetch(&mut self, topic: &str, partition: i32, offset: i64, max_bytes: i32) -> (i16, i64, Bytes);
+    /// Every record of `topic`-`partition` from offset 0 to the high watermark.
+    fn fetch_all(&mut self, topic: &str, partition: i32) -> Vec<Record>;
 }
 
-fn classify(e: std::io::Error) -> ClientError {
-    match e.kind() {
-        ErrorKind::UnexpectedEof
-        | ErrorKind::ConnectionReset
-        | ErrorKind::ConnectionAborted
-        | ErrorKind::BrokenPipe => ClientError::Closed,
-        ErrorKind::WouldBlock | ErrorKind::TimedOut => ClientError::Timeout,
-        _ => ClientError::Io(e),
-    }
-}
-
-pub fn api_key_of<R: Request>() -> ApiKey {
-    ApiKey::try_from(R::KEY).expect("known API key")
-}
-
-/// `[i32 size][request header][body]` for `request` at `version`.
-pub fn encode_request<R: Request>(version: i16, correlation_id: i32, request: &R) -> BytesMut {
-    let key = api_key_of::<R>();
-    let header_version = key.request_header_version(version);
-    let mut header = RequestHeader::default()
-        .with_request_api_key(R::KEY)
-        .with_request_api_version(version)
-        .with_correlation_id(correlation_id);
-    // Header v0 (ControlledShutdown v0 only) has no client id.
-    if header_version >= 1 {
-        header = header.with_client_id(Some(s("weir-tests")));
-    }
-    let mut buf = BytesMut::new();
-    buf.put_i32(0);
-    header.encode(&mut buf, header_version).unwrap_or_else(|e| panic!("encode {key:?} v{version} header: {e}"));
-    request.encode(&mut buf, version).unwrap_or_else(|e| panic!("encode {key:?} v{version} request: {e}"));
-    let size = (buf.len() - 4) as i32;
-    buf[..4].copy_from_slice(&size.to_be_bytes());
-    buf
-}
-
-/// Decodes a response frame (without its size prefix): the header's correlation id must be
-/// `correlation_id` and the body must decode at `version` with no bytes left over.
-pub fn decode_response<R: Request>(
-    mut frame: Bytes,
-    version: i16,
-    correlation_id: i32,
-) -> Result<R::Response, ClientError> {
-    let key = api_key_of::<R>();
-    let header = ResponseHeader::decode(&mut frame, key.response_header_version(version))
-        .map_err(|e| ClientError::Decode(format!("{key:?} v{version} response header: {e}")))?;
-    if header.correlation_id != correlation_id {
-        return Err(ClientError::Decode(format!(
-            "{key:?} v{version}: correlation id {} where {correlation_id} was expected",
-            header.correlation_id
-        )));
-    }
-    let response = R::Response::decode(&mut frame, version)
-        .map_err(|e| ClientError::Decode(format!("{key:?} v{version} response body: {e}")))?;
-    if frame.has_remaining() {
-        return Err(ClientError::Decode(format!(
-            "{key:?} v{version}: {} bytes after the response body",
-            frame.remaining()
-        )));
-    }
-    Ok(response)
-}
-
-/// One TCP connection speaking the Kafka protocol, one request at a time unless the caller
-/// pipelines with [`Client::write`] and [`Client::read`].
-pub struct Client {
-    pub stream: TcpStream,
-    next_correlation_id: i32,
-}
-
-impl Client {
-    pub fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect to the broker");
-        stream.set_nodelay(true).expect("nodelay");
-        stream.set_read_timeout(Some(IO_TIMEOUT)).expect("read timeout");
-        stream.set_write_timeout(Some(IO_TIMEOUT)).expect("write timeout");
-        Client { stream, next_correlation_id: 1 }
-    }
-
-    pub fn set_read_timeout(&mut self, timeout: Duration) {
-        self.stream.set_read_timeout(Some(timeout)).expect("read timeout");
-    }
-
-    /// Sends `request` and waits for its response; panics on any failure.
-    pub fn send<R: Request>(&mut self, version: i16, request: &R) -> R::Response {
-        self.try_send(version, request).unwrap_or_else(|e| panic!("{:?} v{version}: {e}", api_key_of::<R>()))
-    }
-
-    pub fn try_send<R: Request>(&mut self, version: i16, request: &R) -> Result<R::Response, ClientError> {
-        let correlation_id = self.write(version, request).map_err(classify)?;
-        self.read::<R>(version, correlation_id)
-    }
-
-    /// Writes one request without waiting; returns its correlation id.
-    pub fn write<R: Request>(&mut self, version: i16, request: &R) -> std::io::Result<i32> {
-        let correlation_id = self.next_correlation_id;
-        self.next_correlation_id += 1;
-        let frame = encode_request(version, correlation_id, request);
-        self.stream.write_all(&frame)?;
-        Ok(correlation_id)
-    }
-
-    /// Reads the next response, which must be the one to `correlation_id`.
-    pub fn read<R: Request>(&mut self, version: i16, correlation_id: i32) -> Result<R::Response, ClientError> {
-        let frame = self.read_frame()?;
-        decode_response::<R>(frame, version, correlation_id)
-    }
-
-    /// Reads one response frame, without its size prefix.
-    pub fn read_frame(&mut self) -> Result<Bytes, ClientError> {
-        let mut size = [0u8; 4];
-        self.stream.read_exact(&mut size).map_err(classify)?;
-        let size = i32::from_be_bytes(size);
-        if size < 4 {
-            return Err(ClientError::Decode(format!("response frame size {size}")));
-        }
-        let mut frame = vec![0u8; size as usize];
-        self.stream.read_exact(&mut frame).map_err(classify)?;
-        Ok(Bytes::from(frame))
-    }
-
-    pub fn write_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.stream.write_all(bytes)?;
-        self.stream.flush()
-    }
-
-    /// Half-closes the connection: the broker sees end of stream.
-    pub fn shutdown_write(&mut self) {
-        let _ = self.stream.shutdown(Shutdown::Write);
-    }
-
-    /// Waits up to `timeout` for the broker to close the connection. `Ok(())`: closed (EOF or
-    /// reset) with nothing sent first; `Err(bytes)`: it sent something (or, with an empty
-    /// vector, did nothing within the timeout).
-    pub fn wait_closed(&mut self, timeout: Duration) -> Result<(), Vec<u8>> {
-        self.set_read_timeout(timeout);
+impl ClientExt for Client {
+    fn wait_closed(&mut self, timeout: Duration) -> Result<(), Vec<u8>> {
+        self.set_read_timeout(timeout).expect("read timeout");
         let mut received = Vec::new();
         let mut buf = [0u8; 4096];
         loop {
-            match self.stream.read(&mut buf) {
-                Ok(0) if received.is_empty() => return Ok(()),
-                Ok(0) => return Err(received),
+            match self.read_raw(&mut buf) {
+                Ok(0) | Err(ClientError::Closed) if received.is_empty() => return Ok(()),
+                Ok(0) | Err(_) => return Err(received),
                 Ok(n) => received.extend_from_slice(&buf[..n]),
-                Err(e) if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted) => {
-                    return if received.is_empty() { Ok(()) } else { Err(received) };
-                }
-                Err(_) => return Err(received),
             }
         }
     }
 
-    // ----- requests the tests use all the time ----------------------------------------------
-
-    /// ApiVersions v3; panics unless it answers without error.
-    pub fn api_versions(&mut self) -> ApiVersionsResponse {
-        let response = self.send(3, &api_versions_request());
+    fn api_versions(&mut self) -> ApiVersionsResponse {
+        let response = self.send(3, &api_versions_request()).expect("ApiVersions v3");
         assert_eq!(response.error_code, code::NONE, "ApiVersions error");
         assert!(!response.api_keys.is_empty(), "ApiVersions lists no API");
         response
     }
 
-    /// Creates a topic (1 replica) with `configs`; panics unless it succeeds. Returns its id.
-    pub fn create_topic(&mut self, name: &str, partitions: i32, configs: &[(&str, &str)]) -> uuid::Uuid {
-        let response = self.send(7, &create_topics_request(name, partitions, 1, configs, false));
+    fn create_topic(&mut self, name: &str, partitions: i32, configs: &[(&str, &str)]) -> uuid::Uuid {
+        let response = self.send(7, &create_topics_request(name, partitions, 1, configs)).expect("CreateTopics v7");
         let result = &response.topics[0];
         assert_eq!(result.error_code, code::NONE, "create topic {name}: {:?}", result.error_message);
         assert!(!result.topic_id.is_nil(), "CreateTopics v7 returns the topic id");
         result.topic_id
     }
 
-    /// Produces one record set (acks=1, Produce v9); returns (error code, base offset).
-    pub fn produce(&mut self, topic: &str, partition: i32, records: Bytes) -> (i16, i64) {
-        let response = self.send(9, &produce_request(topic, partition, records, 1));
+    fn produce(&mut self, topic: &str, partition: i32, records: Bytes) -> (i16, i64) {
+        let response = self.send(9, &produce_request(topic, partition, records, 1)).expect("Produce v9");
         let p = &response.responses[0].partition_responses[0];
         (p.error_code, p.base_offset)
     }
 
-    /// Produces and panics unless it succeeded; returns the base offset.
-    pub fn produce_ok(&mut self, topic: &str, partition: i32, records: Bytes) -> i64 {
+    fn produce_ok(&mut self, topic: &str, partition: i32, records: Bytes) -> i64 {
         let (error, base) = self.produce(topic, partition, records);
         assert_eq!(error, code::NONE, "produce to {topic}-{partition}");
         base
     }
 
-    /// Fetch v12 (by name, no waiting) of one partition from `offset`: (error, high watermark,
-    /// record bytes).
-    pub fn fetch(&mut self, topic: &str, partition: i32, offset: i64, max_bytes: i32) -> (i16, i64, Bytes) {
+    fn fetch(&mut self, topic: &str, partition: i32, offset: i64, max_bytes: i32) -> (i16, i64, Bytes) {
         let request =
             fetch_request(0, 0, max_bytes).with_topics(vec![fetch_topic_by_name(topic, partition, offset, max_bytes)]);
-        let response = self.send(12, &request);
+        let response = self.send(12, &request).expect("Fetch v12");
         assert_eq!(response.error_code, code::NONE, "fetch top-level error");
         let p = &response.responses[0].partitions[0];
         (p.error_code, p.high_watermark, p.records.clone().unwrap_or_default())
     }
 
-    /// Every record of `topic`-`partition` from offset 0 to the high watermark.
-    pub fn fetch_all(&mut self, topic: &str, partition: i32) -> Vec<Record> {
+    fn fetch_all(&mut self, topic: &str, partition: i32) -> Vec<Record> {
         let mut out = Vec::new();
         let mut offset = 0;
         loop {
@@ -505,45 +353,6 @@ pub fn api_versions_request() -> ApiVersionsRequest {
     ApiVersionsRequest::default()
         .with_client_software_name(s("weir-tests"))
         .with_client_software_version(s(env!("CARGO_PKG_VERSION")))
-}
-
-pub fn create_topics_request(
-    name: &str,
-    partitions: i32,
-    replication_factor: i16,
-    configs: &[(&str, &str)],
-    validate_only: bool,
-) -> CreateTopicsRequest {
-    let configs = configs
-        .iter()
-        .map(|(name, value)| CreatableTopicConfig::default().with_name(s(name)).with_value(Some(s(value))))
-        .collect();
-    CreateTopicsRequest::default()
-        .with_topics(vec![CreatableTopic::default()
-            .with_name(topic_name(name))
-            .with_num_partitions(partitions)
-            .with_replication_factor(replication_factor)
-            .with_configs(configs)])
-        .with_timeout_ms(10_000)
-        .with_validate_only(validate_only)
-}
-
-pub fn produce_request(topic: &str, partition: i32, records: Bytes, acks: i16) -> ProduceRequest {
-    ProduceRequest::default().with_acks(acks).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
-        .with_name(topic_name(topic))
-        .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(records))])])
-}
-
-/// A Fetch request without topics: add them with `with_topics`.
-pub fn fetch_request(max_wait_ms: i32, min_bytes: i32, max_bytes: i32) -> FetchRequest {
-    FetchRequest::default().with_max_wait_ms(max_wait_ms).with_min_bytes(min_bytes).with_max_bytes(max_bytes)
-}
-
-pub fn fetch_partition(partition: i32, offset: i64, partition_max_bytes: i32) -> FetchPartition {
-    FetchPartition::default()
-        .with_partition(partition)
-        .with_fetch_offset(offset)
-        .with_partition_max_bytes(partition_max_bytes)
 }
 
 /// For Fetch v4–v12.

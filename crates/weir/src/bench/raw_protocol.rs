@@ -1,26 +1,34 @@
-//! The pieces the raw-protocol benchmarks (`weir bench fetch`, `weir bench produce`) share: a
-//! broker child process, a minimal blocking Kafka client on a plain `TcpStream`, the few admin
-//! calls they need, a Fetch loop that drains partitions, and CPU / RSS accounting from /proc.
-//!
-//! The client encodes and decodes with the kafka-protocol crate the broker itself uses, so it
-//! costs next to nothing next to the broker: no buffering layer, no batching logic, no threads of
-//! its own.
+//! What the raw-protocol benchmarks (`weir bench fetch`, `weir bench produce`) share on top of
+//! [`weir::kafka_client`]: a broker child process, the few admin calls they make, a Fetch loop
+//! that drains partitions, and CPU accounting from /proc.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use bytes::Buf;
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::fetch_request::FetchTopic;
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
+use weir::address_lines::{self, WaitFor};
+use weir::kafka_client::{self, create_topics_request, fetch_partition, fetch_request, topic_name, Client};
 pub use weir_proc::Pid;
+
+/// What the benchmarks call themselves in request headers.
+pub const CLIENT_ID: &str = "weir-bench";
+/// Reads and writes of the benchmarks' connections give up after this: a hung broker fails the
+/// run instead of hanging it.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the benchmark's own broker may take to print its listening line.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A benchmark's connection to the broker.
+pub fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
+    Ok(Client::connect(addr, CLIENT_ID, IO_TIMEOUT)?)
+}
 
 /// `weir server` (this binary) as a child process in its own scratch data directory, on
 /// 127.0.0.1 port 0; killed on drop.
@@ -50,22 +58,10 @@ impl Server {
         for (name, value) in settings {
             command.arg("--set").arg(format!("{name}={value}"));
         }
-        let mut child = command
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("cannot start `weir server`")?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let addr = line.split_whitespace().find_map(|w| w.parse::<SocketAddr>().ok());
-        let Some(addr) = addr else {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("unexpected first line from `weir server`: {line:?} (see its errors above)");
-        };
-        Ok(Server { child, addr, _dir: dir })
+        command.env("RUST_LOG", "warn").stderr(Stdio::inherit());
+        let (child, addresses) = address_lines::spawn_and_wait(&mut command, WaitFor::Kafka, STARTUP_TIMEOUT)
+            .map_err(|e| anyhow::anyhow!("{e}; see its errors above"))?;
+        Ok(Server { child, addr: addresses.kafka, _dir: dir })
     }
 
     pub fn pid(&self) -> u32 {
@@ -95,91 +91,6 @@ pub fn error_name(code: i16) -> String {
     format!("{} ({code})", weir_kafka::errors::error_name(i32::from(code)))
 }
 
-/// A whole request frame (size prefix, header, body), ready to write to the socket. The
-/// correlation id is at bytes [`CORRELATION_ID_AT`] of the frame.
-pub fn encode_request<R: Request>(correlation: i32, version: i16, request: &R) -> anyhow::Result<BytesMut> {
-    let api_key = ApiKey::try_from(R::KEY).map_err(|_| anyhow::anyhow!("unknown api key {}", R::KEY))?;
-    let header = RequestHeader::default()
-        .with_request_api_key(R::KEY)
-        .with_request_api_version(version)
-        .with_correlation_id(correlation)
-        .with_client_id(Some(StrBytes::from_static_str("weir-bench")));
-    let mut frame = BytesMut::new();
-    frame.put_i32(0);
-    header.encode(&mut frame, api_key.request_header_version(version))?;
-    request.encode(&mut frame, version)?;
-    let size = i32::try_from(frame.len() - 4).context("request larger than 2 GiB")?;
-    frame[..4].copy_from_slice(&size.to_be_bytes());
-    Ok(frame)
-}
-
-/// Where the correlation id sits in a frame from [`encode_request`]: after the size (4), the api
-/// key (2) and the api version (2), in every request header version.
-pub const CORRELATION_ID_AT: std::ops::Range<usize> = 8..12;
-
-/// Reads one response frame into `buf` (resized to the frame).
-pub fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> anyhow::Result<()> {
-    let mut size = [0u8; 4];
-    stream.read_exact(&mut size).context("reading a response frame size")?;
-    let size = i32::from_be_bytes(size);
-    if size < 0 {
-        bail!("negative response frame size {size}");
-    }
-    buf.resize(size as usize, 0);
-    stream.read_exact(buf).context("reading a response frame")?;
-    Ok(())
-}
-
-/// Decodes a response frame body: returns the correlation id and the response.
-pub fn decode_response<R: Request>(mut body: Bytes, version: i16) -> anyhow::Result<(i32, R::Response)> {
-    let api_key = ApiKey::try_from(R::KEY).map_err(|_| anyhow::anyhow!("unknown api key {}", R::KEY))?;
-    let header = ResponseHeader::decode(&mut body, api_key.response_header_version(version))
-        .with_context(|| format!("decoding a {api_key:?} response header"))?;
-    let response = R::Response::decode(&mut body, version)
-        .with_context(|| format!("decoding a {api_key:?} v{version} response"))?;
-    Ok((header.correlation_id, response))
-}
-
-/// A minimal blocking Kafka client: one request at a time.
-pub struct Client {
-    stream: TcpStream,
-    correlation: i32,
-    buf: Vec<u8>,
-}
-
-impl Client {
-    pub fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
-        let stream = connect(addr)?;
-        Ok(Client { stream, correlation: 0, buf: Vec::new() })
-    }
-
-    pub fn send<R: Request>(&mut self, version: i16, request: &R) -> anyhow::Result<R::Response> {
-        self.correlation = self.correlation.wrapping_add(1);
-        let frame = encode_request(self.correlation, version, request)?;
-        self.stream.write_all(&frame).context("sending a request")?;
-        read_frame(&mut self.stream, &mut self.buf)?;
-        let (correlation, response) = decode_response::<R>(Bytes::copy_from_slice(&self.buf), version)?;
-        if correlation != self.correlation {
-            bail!("response with correlation id {correlation}, expected {}", self.correlation);
-        }
-        Ok(response)
-    }
-}
-
-/// A TCP connection to a broker as the benchmarks use it: no Nagle, generous read and write
-/// timeouts (so a hung broker fails the run instead of hanging it).
-pub fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
-    let stream = TcpStream::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(60)))?;
-    Ok(stream)
-}
-
-pub fn topic_name(name: &str) -> TopicName {
-    TopicName(StrBytes::from_string(name.to_string()))
-}
-
 /// CreateTopics of one topic with replication factor 1; fails unless the broker created it.
 pub fn create_topic(
     client: &mut Client,
@@ -187,21 +98,7 @@ pub fn create_topic(
     partitions: i32,
     configs: &[(String, String)],
 ) -> anyhow::Result<()> {
-    let configs = configs
-        .iter()
-        .map(|(k, v)| {
-            CreatableTopicConfig::default()
-                .with_name(StrBytes::from_string(k.clone()))
-                .with_value(Some(StrBytes::from_string(v.clone())))
-        })
-        .collect();
-    let create = CreateTopicsRequest::default()
-        .with_topics(vec![CreatableTopic::default()
-            .with_name(topic_name(name))
-            .with_num_partitions(partitions)
-            .with_replication_factor(1)
-            .with_configs(configs)])
-        .with_timeout_ms(30_000);
+    let create = create_topics_request(name, partitions, 1, configs);
     let created = client.send(5, &create).context("CreateTopics")?;
     let result = created.topics.first().context("empty CreateTopics response")?;
     if result.error_code != 0 {
@@ -218,7 +115,7 @@ pub fn create_topic(
 pub fn delete_topic(client: &mut Client, name: &str) -> anyhow::Result<()> {
     let request = DeleteTopicsRequest::default()
         .with_topics(vec![DeleteTopicState::default().with_name(Some(topic_name(name)))])
-        .with_timeout_ms(30_000);
+        .with_timeout_ms(kafka_client::REQUEST_TIMEOUT_MS);
     let response = client.send(6, &request).context("DeleteTopics")?;
     if let Some(r) = response.responses.iter().find(|r| r.error_code != 0) {
         bail!("deleting topic {name} failed: {}", error_name(r.error_code));
@@ -273,20 +170,9 @@ pub fn fetch_all(
     let mut positions: Vec<(i32, i64, i64)> = ranges.iter().copied().filter(|(_, start, end)| start < end).collect();
     let mut fetched = Fetched::default();
     while !positions.is_empty() {
-        let partitions = positions
-            .iter()
-            .map(|&(p, offset, _)| {
-                FetchPartition::default()
-                    .with_partition(p)
-                    .with_fetch_offset(offset)
-                    .with_partition_max_bytes(partition_max_bytes)
-            })
-            .collect();
-        let request = FetchRequest::default()
-            .with_max_wait_ms(500)
-            .with_min_bytes(1)
-            .with_max_bytes(partition_max_bytes.saturating_mul(positions.len() as i32))
-            .with_session_epoch(-1)
+        let partitions =
+            positions.iter().map(|&(p, offset, _)| fetch_partition(p, offset, partition_max_bytes)).collect();
+        let request = fetch_request(500, 1, partition_max_bytes.saturating_mul(positions.len() as i32))
             .with_topics(vec![FetchTopic::default().with_topic(topic_name(topic)).with_partitions(partitions)]);
         let response = client.send(12, &request).context("Fetch")?;
         let answered: Vec<_> = response.responses.iter().flat_map(|t| &t.partitions).collect();
@@ -350,17 +236,6 @@ pub fn wait_for_offsets(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn correlation_id_is_where_the_writers_patch_it() {
-        let request = ProduceRequest::default().with_acks(1);
-        for version in [3, 9, 11] {
-            let frame = encode_request(0x0102_0304, version, &request).expect("encodes");
-            assert_eq!(&frame[CORRELATION_ID_AT], &[1, 2, 3, 4], "v{version}");
-            let size = i32::from_be_bytes(frame[..4].try_into().expect("4 bytes"));
-            assert_eq!(size as usize, frame.len() - 4);
-        }
-    }
 
     #[test]
     fn error_names_are_readable() {
