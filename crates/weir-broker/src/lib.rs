@@ -25,4 +25,5 @@ pub use broker::{Acks, Broker, CreatedTopic, NewTopic, OffsetAnswer, OffsetQuery
 pub use config::{BrokerConfig, ConfigError};
 pub use error::{BrokerError, ErrorKind, RecordError};
 pub use partition::Partition;
+/// The storage engine, for the types front-ends meet in the core's API (records, file slices).
 pub use weir_storage as storage;

@@ -447,7 +447,7 @@ async fn given_a_static_member_when_it_restarts_unchanged_then_no_rebalance_and_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fencing_and_validation_errors_are_kafkas() {
+async fn fencing_and_validation_errors_follow_kafkas_rules() {
     let dir = tempfile::tempdir().unwrap();
     let (_broker, groups) = open(dir.path(), &[("group.max.size", "2")]).await;
     let g = "g";
