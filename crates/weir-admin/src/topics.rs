@@ -17,9 +17,6 @@ use crate::error::ApiError;
 use crate::extract::{JsonBody, PathParams};
 use crate::SharedState;
 
-/// A single node keeps one replica of every partition.
-const REPLICATION_FACTOR: i16 = 1;
-
 pub(crate) fn source_name(source: ConfigSource) -> &'static str {
     match source {
         ConfigSource::Topic => "topic",
@@ -102,7 +99,7 @@ fn describe_topic(broker: &Broker, topic: &TopicMetadata) -> TopicDescription {
         name: topic.name.clone(),
         id: topic.id.to_string(),
         internal: topic.internal,
-        replication_factor: REPLICATION_FACTOR,
+        replication_factor: topic.replication_factor(),
         size_bytes: partitions.iter().map(|p| p.size_bytes).sum(),
         partitions,
         configs: config_entries(broker, &topic.configs),

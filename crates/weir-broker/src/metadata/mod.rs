@@ -142,6 +142,11 @@ impl TopicMetadata {
     pub fn partition(&self, index: i32) -> Option<&PartitionState> {
         self.assignments.get(usize::try_from(index).ok()?)
     }
+
+    /// Replicas per partition (every partition of a topic has as many, as Kafka requires).
+    pub fn replication_factor(&self) -> i16 {
+        self.assignments.first().map_or(0, |p| i16::try_from(p.replicas.len()).unwrap_or(i16::MAX))
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
