@@ -123,6 +123,7 @@ pub fn error_name(kind: ErrorKind) -> &'static str {
         K::InvalidRequest => "INVALID_REQUEST",
         K::Throttled => "THROTTLING_QUOTA_EXCEEDED",
         K::Unavailable => "BROKER_NOT_AVAILABLE",
+        K::NotController => "NOT_CONTROLLER",
         K::Internal => "UNKNOWN_SERVER_ERROR",
     }
 }
@@ -174,6 +175,7 @@ pub fn status_for(kind: ErrorKind) -> StatusCode {
         K::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         K::Throttled => StatusCode::TOO_MANY_REQUESTS,
         K::Unavailable
+        | K::NotController
         | K::CoordinatorNotAvailable
         | K::NotCoordinator
         | K::LeaderNotAvailable

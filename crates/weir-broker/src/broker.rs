@@ -8,7 +8,7 @@
 //! lock on the partition map.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -21,9 +21,12 @@ use weir_storage::{
 use crate::config::BrokerConfig;
 use crate::error::{BrokerError, ErrorKind, RecordError};
 use crate::fetch::Isolation;
-use crate::metadata::{MetadataLog, MetadataRecord, MetadataState, PartitionState, TopicMetadata};
+use crate::metadata::raft::network::NoPeers;
+use crate::metadata::raft::{Quorum, QuorumConfig};
+use crate::metadata::{legacy, MetadataRecord, MetadataState, PartitionState, TopicMetadata};
 use crate::metrics::BrokerMetrics;
 use crate::partition::Partition;
+use crate::runtime::block_on;
 use crate::topic_config::TopicCompression;
 use crate::{placement, topic_config};
 use weir_storage::sync::{lock, read, write};
@@ -97,10 +100,16 @@ pub struct Broker {
     pub config: BrokerConfig,
     clock: Arc<dyn Clock>,
     logs: Arc<LogManager>,
-    /// The applied metadata; replaced as a whole on every change, so readers never block.
+    /// The metadata this broker's partitions match (the quorum's applied state, once
+    /// reconciled); replaced as a whole on every change, so readers never block.
     metadata: RwLock<Arc<MetadataState>>,
-    /// The controller: one metadata change at a time.
-    controller: Mutex<MetadataLog>,
+    /// This node's part in the metadata quorum.
+    quorum: Quorum,
+    /// The controller: one metadata decision at a time (validate, propose, apply).
+    controller: Mutex<()>,
+    /// The applied offset of the state the partitions were last reconciled with; held while
+    /// reconciling, so reconciliations happen one at a time and in order.
+    reconciled: Mutex<i64>,
     /// Every open partition, by topic name, indexed by partition number (Kafka partitions run
     /// from 0 without gaps and never shrink). A topic's list is replaced as a whole when it
     /// grows, so the request paths resolve a topic once and index into it without the lock.
@@ -116,8 +125,9 @@ fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
 }
 
 impl Broker {
-    /// Opens the data directory: recovers the partition logs, loads the metadata and brings the
-    /// logs in line with it. Blocking; call it before serving or from a blocking thread.
+    /// Opens the data directory: recovers the partition logs, starts this node's part of the
+    /// metadata quorum, and brings the logs in line with the applied metadata. Blocking; call it
+    /// within a multi-threaded tokio runtime (from a blocking thread, or a worker thread).
     pub fn open(config: BrokerConfig) -> Result<Arc<Broker>, BrokerError> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let mut options = ManagerOptions::new(config.data_dir.clone());
@@ -132,43 +142,107 @@ impl Broker {
         options.recovery_threads = config.recovery_threads;
         options.producer_id_expiration_ms = config.producer_id_expiration_ms;
         let logs = LogManager::open(options)?;
-        let (mut metadata_log, mut state) =
-            MetadataLog::open(&config.data_dir, clock.clone(), config.metadata_snapshot_interval)
-                .map_err(|e| io_error("cannot open the metadata log", e))?;
-        let mut upgrade = Vec::new();
-        if state.cluster_id.is_empty() {
-            upgrade.push(MetadataRecord::InitCluster { cluster_id: new_cluster_id() });
-        }
-        if state.has_unassigned_partitions() {
-            // A data directory of a version before replica assignments: its partitions have
-            // always been this node's.
-            tracing::info!(
-                broker = config.node_id,
-                "assigning the partitions of an older data directory to this broker"
-            );
-            upgrade.push(MetadataRecord::AssignLegacyPartitions { broker: config.node_id });
-        }
-        if !upgrade.is_empty() {
-            let first = metadata_log.append(&upgrade, clock.now_ms()).map_err(|e| io_error("metadata log", e))?;
-            for (i, record) in upgrade.iter().enumerate() {
-                state.apply(first + i as i64, record);
+        let quorum_dir = config.data_dir.join(legacy::METADATA_DIR).join("raft");
+        let node_id = u64::try_from(config.node_id).unwrap_or_default();
+        let quorum_config = QuorumConfig {
+            node_id,
+            voters: [(node_id, String::new())].into_iter().collect(),
+            election_timeout_ms: 1000,
+            snapshot_interval: config.metadata_snapshot_interval,
+        };
+        let quorum = block_on(Quorum::start(&quorum_dir, quorum_config, Arc::new(NoPeers), clock.clone()))??;
+        // A quorum of one elects itself at once instead of waiting out an election timeout.
+        block_on(async {
+            if quorum.leader().is_none() {
+                if let Err(e) = quorum.raft().trigger().elect().await {
+                    tracing::debug!(error = %e, "metadata quorum: election not triggered");
+                }
             }
-        }
+            quorum.wait_for_leader(Duration::from_secs(30)).await
+        })??;
+        let state = quorum.applied();
         let (shutdown_tx, _) = watch::channel(false);
         let broker = Arc::new(Broker {
             config,
             clock,
             logs,
-            metadata: RwLock::new(Arc::new(state.clone())),
-            controller: Mutex::new(metadata_log),
+            metadata: RwLock::new(state),
+            quorum,
+            controller: Mutex::new(()),
+            reconciled: Mutex::new(-1),
             partitions: RwLock::new(HashMap::new()),
             shutdown_tx,
             producer_ids: Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             metrics: BrokerMetrics::default(),
         });
-        broker.reconcile(&state)?;
+        broker.upgrade_metadata()?;
+        broker.reconcile_to(broker.quorum.applied())?;
+        broker.follow_metadata();
         broker.logs.start_background()?;
         Ok(broker)
+    }
+
+    /// What the controller writes once into a metadata log that lacks it: the state of a Weir
+    /// 0.1 data directory, the cluster id, and replica assignments of partitions created before
+    /// replicas were assigned. Blocking.
+    fn upgrade_metadata(&self) -> Result<(), BrokerError> {
+        let held = lock(&self.controller);
+        let data_dir = &self.config.data_dir;
+        let state = self.quorum.applied();
+        let legacy =
+            legacy::load(data_dir, self.clock.clone()).map_err(|e| io_error("cannot read the old metadata log", e))?;
+        if let Some(legacy) = legacy {
+            if state.cluster_id.is_empty() && state.topics.is_empty() {
+                tracing::info!(
+                    topics = legacy.topics.len(),
+                    "moving the metadata of a Weir 0.1 data directory to the quorum"
+                );
+                self.commit(&held, vec![MetadataRecord::RestoreLegacy { state: Box::new(legacy) }])?;
+            }
+            // Committed (now or by an earlier start that stopped before this): read no more.
+            legacy::retire(data_dir).map_err(|e| io_error("cannot retire the old metadata log", e))?;
+        }
+        let mut upgrade = Vec::new();
+        let state = self.quorum.applied();
+        if state.cluster_id.is_empty() {
+            upgrade.push(MetadataRecord::InitCluster { cluster_id: new_cluster_id() });
+        }
+        if state.has_unassigned_partitions() {
+            // Partitions of a version before replica assignments have always been this node's.
+            tracing::info!(
+                broker = self.config.node_id,
+                "assigning the partitions of an older data directory to this broker"
+            );
+            upgrade.push(MetadataRecord::AssignLegacyPartitions { broker: self.config.node_id });
+        }
+        if !upgrade.is_empty() {
+            self.commit(&held, upgrade)?;
+        }
+        Ok(())
+    }
+
+    /// Reconciles the partitions with every state the quorum applies from now on (decisions of
+    /// this node's controller are reconciled by `commit` already; this catches the others).
+    fn follow_metadata(self: &Arc<Self>) {
+        let mut states = self.quorum.subscribe();
+        let broker = Arc::downgrade(self);
+        let mut shutdown = self.shutdown_signal();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    changed = states.changed() => if changed.is_err() { return },
+                    _ = shutdown.changed() => return,
+                }
+                let Some(broker) = broker.upgrade() else { return };
+                let latest = states.borrow_and_update().clone();
+                let reconciled = tokio::task::spawn_blocking(move || broker.reconcile_to(latest)).await;
+                match reconciled {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!(error = %e, "cannot bring the partitions in line with the metadata"),
+                    Err(e) => tracing::error!(error = %e, "the metadata reconciliation task failed"),
+                }
+            }
+        });
     }
 
     pub fn now_ms(&self) -> i64 {
@@ -258,7 +332,7 @@ impl Broker {
         topics: Vec<NewTopic>,
         validate_only: bool,
     ) -> Vec<Result<CreatedTopic, BrokerError>> {
-        let mut controller = lock(&self.controller);
+        let controller = lock(&self.controller);
         let mut results = Vec::with_capacity(topics.len());
         for topic in topics {
             let result = self.validate_new_topic(&topic).and_then(|assignments| {
@@ -274,7 +348,7 @@ impl Broker {
                     assignments: assignments.clone(),
                 };
                 if !validate_only {
-                    self.commit(&mut controller, vec![record])?;
+                    self.commit(&controller, vec![record])?;
                 }
                 let created = self.metadata().topic(&topic.name).cloned().unwrap_or(TopicMetadata {
                     name: topic.name.clone(),
@@ -399,7 +473,7 @@ impl Broker {
         if let Some(topic) = self.metadata().topic(name) {
             return Ok(topic.clone());
         }
-        let mut controller = lock(&self.controller);
+        let controller = lock(&self.controller);
         if let Some(topic) = self.metadata().topic(name) {
             return Ok(topic.clone());
         }
@@ -421,7 +495,7 @@ impl Broker {
                 placement::random_start(brokers.len()),
             ),
         };
-        self.commit(&mut controller, vec![record])?;
+        self.commit(&controller, vec![record])?;
         self.metadata()
             .topic(name)
             .cloned()
@@ -436,7 +510,7 @@ impl Broker {
     ) -> Result<TopicMetadata, BrokerError> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
-            let mut controller = lock(&this.controller);
+            let controller = lock(&this.controller);
             if !this.config.delete_topic_enable {
                 return Err(BrokerError::new(
                     ErrorKind::TopicDeletionDisabled,
@@ -466,7 +540,7 @@ impl Broker {
                     format!("Internal topic {} cannot be deleted.", topic.name),
                 ));
             }
-            this.commit(&mut controller, vec![MetadataRecord::DeleteTopic { name: topic.name.clone(), id: topic.id }])?;
+            this.commit(&controller, vec![MetadataRecord::DeleteTopic { name: topic.name.clone(), id: topic.id }])?;
             tracing::info!(topic = %topic.name, "deleted topic");
             Ok(topic)
         })
@@ -485,7 +559,7 @@ impl Broker {
     ) -> Result<(), BrokerError> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
-            let mut controller = lock(&this.controller);
+            let controller = lock(&this.controller);
             let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
                 BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("The topic '{name}' does not exist."))
             })?;
@@ -542,7 +616,7 @@ impl Broker {
             };
             if !validate_only {
                 this.commit(
-                    &mut controller,
+                    &controller,
                     vec![MetadataRecord::CreatePartitions {
                         name: name.clone(),
                         id: topic.id,
@@ -568,7 +642,7 @@ impl Broker {
     ) -> Result<(), BrokerError> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
-            let mut controller = lock(&this.controller);
+            let controller = lock(&this.controller);
             let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
                 BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("Topic {name} does not exist."))
             })?;
@@ -577,7 +651,7 @@ impl Broker {
             warn_deprecated(&name, &configs);
             if !validate_only && configs != topic.configs {
                 this.commit(
-                    &mut controller,
+                    &controller,
                     vec![MetadataRecord::SetTopicConfigs { name: name.clone(), id: topic.id, configs }],
                 )?;
                 tracing::info!(topic = %name, "altered topic configs");
@@ -588,19 +662,28 @@ impl Broker {
         .unwrap_or_else(|e| Err(BrokerError::new(ErrorKind::Internal, e.to_string())))
     }
 
-    /// Appends, applies and reconciles. Called with the controller lock held.
-    fn commit(&self, controller: &mut MetadataLog, records: Vec<MetadataRecord>) -> Result<(), BrokerError> {
-        let first = controller.append(&records, self.now_ms()).map_err(|e| io_error("metadata log", e))?;
-        let mut state = (*self.metadata()).clone();
-        for (i, record) in records.iter().enumerate() {
-            state.apply(first + i as i64, record);
+    /// Commits `records` to the metadata quorum as one decision, then brings the partitions in
+    /// line with the applied state. Called with the controller lock held. Blocking.
+    fn commit(&self, _held: &MutexGuard<'_, ()>, records: Vec<MetadataRecord>) -> Result<(), BrokerError> {
+        let index = block_on(self.quorum.propose(records))??;
+        // openraft answers a write once the entry is applied here, and the state machine
+        // publishes before it answers.
+        let applied = self.quorum.applied();
+        debug_assert!(applied.applied_offset >= index as i64, "applied {} < committed {index}", applied.applied_offset);
+        self.reconcile_to(applied)
+    }
+
+    /// Brings the partitions in line with `state` unless a state at or past it was reconciled
+    /// already, then makes it the metadata readers see. Blocking.
+    fn reconcile_to(&self, state: Arc<MetadataState>) -> Result<(), BrokerError> {
+        let mut reconciled = lock(&self.reconciled);
+        if state.applied_offset < *reconciled {
+            return Ok(());
         }
-        *write(&self.metadata) = Arc::new(state.clone());
-        if let Err(e) = controller.maybe_snapshot(&state) {
-            // The records are durable in the log; a failed snapshot only means a longer replay.
-            tracing::warn!(error = %e, "cannot write a metadata snapshot");
-        }
-        self.reconcile(&state)
+        self.reconcile(&state)?;
+        *reconciled = state.applied_offset;
+        *write(&self.metadata) = state;
+        Ok(())
     }
 
     /// Makes the partition logs match `state`: opens logs of new partitions, applies changed
@@ -914,9 +997,9 @@ impl Broker {
     /// Flushes and closes every log and writes the clean-shutdown marker. Blocking.
     pub fn shutdown(&self) -> Result<(), BrokerError> {
         self.begin_shutdown();
-        let controller = lock(&self.controller);
-        if let Err(e) = controller.close() {
-            tracing::warn!(error = %e, "closing the metadata log");
+        let _controller = lock(&self.controller);
+        if let Err(e) = block_on(self.quorum.shutdown()) {
+            tracing::warn!(error = %e, "stopping the metadata quorum");
         }
         self.logs.shutdown()?;
         tracing::info!("storage closed cleanly");
@@ -1103,12 +1186,9 @@ impl Broker {
     pub fn allocate_producer_id(&self) -> Result<i64, BrokerError> {
         let mut block = lock(&self.producer_ids);
         if block.next >= block.end {
-            let mut controller = lock(&self.controller);
+            let controller = lock(&self.controller);
             let first = self.metadata().next_producer_id.max(block.end);
-            self.commit(
-                &mut controller,
-                vec![MetadataRecord::AllocateProducerIds { first, count: PRODUCER_ID_BLOCK }],
-            )?;
+            self.commit(&controller, vec![MetadataRecord::AllocateProducerIds { first, count: PRODUCER_ID_BLOCK }])?;
             *block = ProducerIdBlock { next: first, end: first + PRODUCER_ID_BLOCK };
         }
         let id = block.next;

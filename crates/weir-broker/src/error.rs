@@ -113,6 +113,9 @@ pub enum ErrorKind {
     Throttled,
     /// The broker is starting or shutting down: retry shortly.
     Unavailable,
+    /// This node is not the active controller (the metadata quorum's leader), or the quorum has
+    /// none right now: send the change to the controller, or retry.
+    NotController,
     /// A bug or an unexpected failure inside the broker.
     Internal,
 }
@@ -139,6 +142,7 @@ impl ErrorKind {
                 | NotCoordinator
                 | Throttled
                 | Unavailable
+                | NotController
         )
     }
 
@@ -196,6 +200,7 @@ impl ErrorKind {
             InvalidRequest => "invalid request",
             Throttled => "throttled",
             Unavailable => "unavailable",
+            NotController => "not the controller",
             Internal => "internal error",
         }
     }

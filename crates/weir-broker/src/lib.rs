@@ -18,6 +18,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod partition;
 pub mod placement;
+mod runtime;
 pub mod topic_config;
 pub mod txn;
 

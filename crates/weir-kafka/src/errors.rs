@@ -60,6 +60,7 @@ pub fn kafka_error(kind: ErrorKind) -> ResponseError {
         K::InvalidRequest => E::InvalidRequest,
         K::Throttled => E::ThrottlingQuotaExceeded,
         K::Unavailable => E::BrokerNotAvailable,
+        K::NotController => E::NotController,
         K::Internal => E::UnknownServerError,
     }
 }

@@ -1126,6 +1126,20 @@ impl Log {
         Ok(())
     }
 
+    /// Empties the log and starts it again at `offset` (Kafka's truncateFullyAndStartAt): a
+    /// replica whose log is replaced by a snapshot, or one that fell behind the leader's log
+    /// start. Everything is scheduled for deletion; the high watermark and the log start are
+    /// `offset` after it.
+    pub fn truncate_fully_and_start_at(&self, offset: i64) -> Result<()> {
+        let _maintenance = lock(&self.maintenance);
+        let writer = lock(&self.writer);
+        self.check_open()?;
+        self.reset_to(offset)?;
+        self.rebuild_producer_state()?;
+        self.check_invariants_locked(&writer);
+        Ok(())
+    }
+
     /// Empties the log and restarts it at `offset` (Kafka's truncateFullyAndStartAt).
     fn reset_to(&self, offset: i64) -> Result<()> {
         let now = self.clock.now_ms();

@@ -44,7 +44,8 @@ impl Command {
     /// The tracing filter used when RUST_LOG is not set.
     pub fn default_log_filter(&self) -> &'static str {
         match self {
-            Command::Server(_) => "info",
+            // openraft logs every election and snapshot step at info: warnings are what matter.
+            Command::Server(_) => "info,openraft=warn",
             // Benchmarks print their own results; only problems should interleave with them.
             Command::Bench(_) => "warn",
             // Client commands print their own results and errors.

@@ -1,24 +1,23 @@
 //! Cluster metadata as a replicated state machine.
 //!
-//! Every change of topics, partitions or configs is a [`MetadataRecord`]. Records are appended to
-//! the metadata log ([`MetadataLog`]) and then applied, in log order, to [`MetadataState`];
-//! nothing else mutates the state. On one node the log is a local, fsynced partition log; in a
-//! cluster the same records will be the entries of an openraft log whose leader is the
-//! controller, so only the transport of the log changes. Applying a record is deterministic and
-//! cannot fail: validation happens before a record is proposed.
+//! Every change of topics, partitions or configs is a [`MetadataRecord`]. The controller proposes
+//! the records of one decision to the metadata quorum ([`raft::Quorum`], openraft), and once
+//! committed they are applied, in log order, to [`MetadataState`] on every node; nothing else
+//! mutates the state. One node is a quorum of one voter: the same code path. Applying a record
+//! is deterministic and cannot fail: validation happens before a record is proposed.
+//! [`legacy`] reads the metadata log of Weir 0.1 once, to move it to the quorum.
 //!
 //! Every partition carries its replica set, in-sync replicas, leader and leader epoch
 //! ([`PartitionState`]), on one node as in a cluster: the single-node facts (one replica, in
 //! sync, leading at epoch 0) are written once, by the controller, and read everywhere.
 
-mod log;
+pub mod legacy;
+pub mod raft;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
-
-pub use self::log::{MetadataLog, MetadataLogError};
 
 /// One change to the cluster's metadata.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,6 +73,11 @@ pub enum MetadataRecord {
     /// partitions.
     AssignLegacyPartitions {
         broker: i32,
+    },
+    /// The whole state of a Weir 0.1 data directory (its own metadata log, read once), as the
+    /// first record of the quorum it moves to. Applied only to a state that has nothing yet.
+    RestoreLegacy {
+        state: Box<MetadataState>,
     },
     /// Replaces the topic's config overrides with `configs`.
     SetTopicConfigs {
@@ -296,6 +300,17 @@ impl MetadataState {
                     }
                 }
                 state.partition_epoch += 1;
+            }
+            MetadataRecord::RestoreLegacy { state } => {
+                if !self.cluster_id.is_empty() || !self.topics.is_empty() {
+                    tracing::warn!(offset, "metadata: skipping a legacy state restored over an existing one");
+                    return;
+                }
+                let mut restored = (**state).clone();
+                restored.upgrade_loaded();
+                self.cluster_id = restored.cluster_id;
+                self.topics = restored.topics;
+                self.next_producer_id = self.next_producer_id.max(restored.next_producer_id);
             }
             MetadataRecord::AssignLegacyPartitions { broker } => {
                 for topic in self.topics.values_mut() {

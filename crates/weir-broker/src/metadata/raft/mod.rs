@@ -1,0 +1,232 @@
+//! The metadata quorum: the metadata log is the replicated log of a Raft group of controller
+//! voters (openraft), and the Raft leader is the active controller (the KRaft idea).
+//!
+//! One Raft entry carries one [`MetadataCommand`]: the records of one controller decision,
+//! applied together. A single node is a quorum of one voter, with the same code path.
+//!
+//! Code map: [`log_store`] keeps the Raft log on the storage engine, [`state_machine`] applies
+//! committed commands to the `MetadataState` and publishes it, [`network`] carries Raft
+//! messages over the process's transport.
+//!
+//! Why openraft: a well-kept Rust implementation on tokio with the storage and network behind
+//! traits this crate implements on its own log and transport, joint-consensus membership, leader
+//! leases and snapshots; TiKV's `raft` would leave the event loop, timers and message plumbing
+//! to write by hand.
+
+// openraft's `StorageError` and `RaftError` are large, and its traits return them by value.
+#![allow(clippy::result_large_err)]
+
+pub mod log_store;
+pub mod network;
+pub mod state_machine;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::{BasicNode, Config, Raft, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use weir_storage::Clock;
+
+use self::log_store::RaftLogStore;
+use self::network::{Network, RaftTransport};
+use self::state_machine::MetadataStateMachine;
+use super::{MetadataRecord, MetadataState};
+use crate::error::{BrokerError, ErrorKind};
+
+/// A voter's id: the node's `node.id`.
+pub type NodeId = u64;
+
+/// The records of one controller decision, committed and applied as one Raft entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetadataCommand {
+    pub records: Vec<MetadataRecord>,
+}
+
+impl std::fmt::Display for MetadataCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} metadata record(s)", self.records.len())
+    }
+}
+
+/// What applying a command answers: the index it was applied at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandResult {
+    pub index: u64,
+}
+
+openraft::declare_raft_types!(
+    /// The Raft types of the metadata quorum.
+    pub MetadataRaft:
+        D = MetadataCommand,
+        R = CommandResult,
+);
+
+/// How the quorum runs.
+#[derive(Debug, Clone)]
+pub struct QuorumConfig {
+    pub node_id: NodeId,
+    /// Every voter's id and the address of its controller listener (empty for a quorum of one).
+    pub voters: BTreeMap<NodeId, String>,
+    /// Leaderless this long (at least; up to twice as long, at random), a voter stands for
+    /// election (`controller.quorum.election.timeout.ms`).
+    pub election_timeout_ms: u64,
+    /// A snapshot is written after this many entries (`metadata.snapshot.interval.records`).
+    pub snapshot_interval: u64,
+}
+
+/// This node's part in the metadata quorum: its Raft instance and the applied state.
+pub struct Quorum {
+    raft: Raft<MetadataRaft>,
+    node_id: NodeId,
+    log: RaftLogStore,
+    state: watch::Receiver<Arc<MetadataState>>,
+}
+
+impl Quorum {
+    /// Opens the quorum's log and state machine in `dir`, starts Raft, and at the first start of
+    /// a voter forms the quorum from `config.voters` (every voter does it with the same voters,
+    /// which openraft allows; the first vote decides). Call within a tokio runtime.
+    pub async fn start(
+        dir: &Path,
+        config: QuorumConfig,
+        transport: Arc<dyn RaftTransport>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Quorum, BrokerError> {
+        let storage_error = |e: &dyn std::fmt::Display| {
+            BrokerError::new(ErrorKind::Storage, format!("cannot open the metadata quorum's log: {e}"))
+        };
+        let (log, (machine, state)) = {
+            let dir = dir.to_path_buf();
+            tokio::task::spawn_blocking(move || {
+                let log = RaftLogStore::open(&dir, clock).map_err(|e| storage_error(&e))?;
+                let machine = MetadataStateMachine::open(&dir).map_err(|e| storage_error(&e))?;
+                Ok::<_, BrokerError>((log, machine))
+            })
+            .await
+            .map_err(|e| BrokerError::internal(format!("opening the metadata quorum: {e}")))??
+        };
+        let election = config.election_timeout_ms.max(10);
+        let raft_config = Config {
+            cluster_name: "weir-metadata".to_string(),
+            heartbeat_interval: (election / 5).max(5),
+            election_timeout_min: election,
+            election_timeout_max: election * 2,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_interval),
+            // Keep a snapshot's worth of entries for voters a little behind.
+            max_in_snapshot_log_to_keep: config.snapshot_interval,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, format!("metadata quorum: {e}")))?;
+        let network = Network::new(transport, Duration::from_millis(election.max(1000)));
+        let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log.clone(), machine)
+            .await
+            .map_err(|e| BrokerError::internal(format!("cannot start the metadata quorum: {e}")))?;
+        let quorum = Quorum { raft, node_id: config.node_id, log, state };
+        quorum.form(&config).await?;
+        Ok(quorum)
+    }
+
+    /// Forms the quorum from the configured voters if this node never was part of one.
+    async fn form(&self, config: &QuorumConfig) -> Result<(), BrokerError> {
+        if !config.voters.contains_key(&config.node_id) {
+            return Ok(());
+        }
+        let initialized =
+            self.raft.is_initialized().await.map_err(|e| BrokerError::internal(format!("metadata quorum: {e}")))?;
+        if initialized {
+            return Ok(());
+        }
+        let members: BTreeMap<NodeId, BasicNode> =
+            config.voters.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+        match self.raft.initialize(members).await {
+            Ok(()) => {
+                tracing::info!(voters = ?config.voters.keys().collect::<Vec<_>>(), "formed the metadata quorum");
+                Ok(())
+            }
+            // Another voter formed it first: the goal is reached.
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(BrokerError::internal(format!("cannot form the metadata quorum: {e}"))),
+        }
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    pub fn raft(&self) -> &Raft<MetadataRaft> {
+        &self.raft
+    }
+
+    /// Commits `records` as one entry; returns its index once it is committed and applied here.
+    /// Only the leader (the active controller) can; others get `NotController`, naming it.
+    pub async fn propose(&self, records: Vec<MetadataRecord>) -> Result<u64, BrokerError> {
+        match self.raft.client_write(MetadataCommand { records }).await {
+            Ok(response) => Ok(response.log_id.index),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => Err(BrokerError::new(
+                ErrorKind::NotController,
+                match forward.leader_id {
+                    Some(leader) => format!("this node is not the active controller; node {leader} is"),
+                    None => "the metadata quorum has no leader right now (an election is under way)".to_string(),
+                },
+            )),
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                Err(BrokerError::internal(format!("metadata quorum: {e}")))
+            }
+            Err(RaftError::Fatal(e)) => {
+                Err(BrokerError::new(ErrorKind::Unavailable, format!("the metadata quorum stopped: {e}")))
+            }
+        }
+    }
+
+    /// The active controller, if the quorum has one now.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// Waits up to `timeout` for the quorum to have a leader.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<NodeId, BrokerError> {
+        self.raft
+            .wait(Some(timeout))
+            .metrics(|m| m.current_leader.is_some(), "a leader")
+            .await
+            .ok()
+            .and_then(|m| m.current_leader)
+            .ok_or_else(|| {
+                BrokerError::new(
+                    ErrorKind::Unavailable,
+                    format!("the metadata quorum elected no leader within {} ms", timeout.as_millis()),
+                )
+            })
+    }
+
+    /// The voters of the current membership.
+    pub fn voters(&self) -> BTreeSet<NodeId> {
+        self.raft.metrics().borrow().membership_config.membership().voter_ids().collect()
+    }
+
+    /// The latest applied state.
+    pub fn applied(&self) -> Arc<MetadataState> {
+        self.state.borrow().clone()
+    }
+
+    /// Every applied state from now on.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<MetadataState>> {
+        self.state.clone()
+    }
+
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "stopping the metadata quorum");
+        }
+        self.log.close();
+    }
+}
+
+#[cfg(test)]
+mod tests;
