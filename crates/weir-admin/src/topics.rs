@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use weir_broker::metadata::TopicMetadata;
-use weir_broker::topic_config::{self, ConfigSource};
+use weir_broker::topic_config::{self, ConfigEdit, ConfigOp, ConfigSource};
 use weir_broker::{Broker, BrokerError, ErrorKind, NewTopic};
 
 use crate::api::{
@@ -181,15 +181,13 @@ pub async fn alter_configs(
     if let Some(both) = request.delete.iter().find(|c| request.set.contains_key(*c)) {
         return Err(ApiError::invalid(format!("config '{both}' is both set and deleted")));
     }
-    let (set, delete) = (request.set.clone(), request.delete.clone());
-    let edit = move |current: &BTreeMap<String, String>| {
-        let mut configs = current.clone();
-        for name in &delete {
-            configs.remove(name);
-        }
-        configs.extend(set);
-        Ok(configs)
-    };
+    let ops = request
+        .delete
+        .iter()
+        .map(|name| ConfigOp::Delete { name: name.clone() })
+        .chain(request.set.iter().map(|(name, value)| ConfigOp::Set { name: name.clone(), value: value.clone() }))
+        .collect();
+    let edit = ConfigEdit::Apply(ops);
     broker.alter_topic_configs(name.clone(), request.validate_only, edit).await.map_err(|e| topic_error(&name, e))?;
     let topic = require_topic(broker, &name)?;
     let mut overrides = topic.configs.clone();

@@ -632,13 +632,13 @@ impl Broker {
         .unwrap_or_else(|e| Err(BrokerError::new(ErrorKind::Internal, e.to_string())))
     }
 
-    /// Replaces a topic's config overrides with `configs` (after `edit` turns the current
-    /// overrides into the new ones, under the controller lock so edits do not race).
+    /// Changes a topic's config overrides by `edit`, applied to the overrides current when the
+    /// controller decides (so concurrent edits do not race).
     pub async fn alter_topic_configs(
         self: &Arc<Self>,
         name: String,
         validate_only: bool,
-        edit: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, BrokerError> + Send + 'static,
+        edit: topic_config::ConfigEdit,
     ) -> Result<(), BrokerError> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
@@ -646,7 +646,9 @@ impl Broker {
             let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
                 BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("Topic {name} does not exist."))
             })?;
-            let configs = edit(&topic.configs)?;
+            let configs = edit
+                .apply(&this.config.topic_defaults, &topic.configs)
+                .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
             topic_config::validate(&configs).map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
             warn_deprecated(&name, &configs);
             if !validate_only && configs != topic.configs {

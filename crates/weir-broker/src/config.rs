@@ -54,9 +54,36 @@ const fn s(name: &'static str, default: &'static str, doc: &'static str) -> Sett
 /// Broker-level settings. `log.*` and `message.max.bytes` are the defaults of the topic configs
 /// they map to (see [`TOPIC_DEFAULT_SETTINGS`]).
 pub const SETTINGS: &[Setting] = &[
-    s("node.id", "0", "This broker's id in Metadata responses."),
-    s("listeners", "127.0.0.1:9092", "Address the Kafka listener binds: host:port or PLAINTEXT://host:port."),
-    s("advertised.listeners", "", "Address clients are told to connect to; empty means the bound address."),
+    s("node.id", "0", "This node's id: in Metadata responses, and as a voter of the metadata quorum."),
+    s(
+        "process.roles",
+        "broker,controller",
+        "What this node does: broker (serves clients), controller (votes in the metadata quorum), or both.",
+    ),
+    s(
+        "controller.quorum.voters",
+        "",
+        "The metadata quorum's voters, id@host:port,... (their CONTROLLER listeners); empty: this node alone.",
+    ),
+    s(
+        "listeners",
+        "127.0.0.1:9092",
+        "Addresses to bind: PLAINTEXT://host:port (Kafka clients; a bare host:port means it) and CONTROLLER://host:port (the metadata quorum and the cluster's internal requests).",
+    ),
+    s(
+        "advertised.listeners",
+        "",
+        "Address Kafka clients are told to connect to (PLAINTEXT://host:port); empty means the bound address.",
+    ),
+    s("broker.rack", "", "The rack (or zone) of this broker, for rack-aware replica placement; empty: none."),
+    s("broker.heartbeat.interval.ms", "2000", "How often a broker tells the controller it is alive."),
+    s("broker.session.timeout.ms", "9000", "A broker without a heartbeat this long is fenced: its partitions get no leader."),
+    s(
+        "controller.quorum.election.timeout.ms",
+        "1000",
+        "A quorum voter that hears from no leader this long (up to twice as long, at random) stands for election.",
+    ),
+    s("controller.quorum.request.timeout.ms", "2000", "How long an internal request between nodes may take."),
     s("log.dirs", "./data", "The data directory: partition logs, metadata log, checkpoints."),
     s(
         "admin.listeners",
@@ -133,9 +160,30 @@ pub const ALIASES: &[(&str, &str, i64)] = &[
     ("log.roll.hours", "log.roll.ms", 3_600_000),
 ];
 
+/// What a node does (`process.roles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Roles {
+    /// Serves Kafka (and the other protocols') clients and hosts partitions.
+    pub broker: bool,
+    /// Votes in the metadata quorum and can be the active controller.
+    pub controller: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
     pub node_id: i32,
+    pub roles: Roles,
+    /// The metadata quorum's voters and their controller addresses (`controller.quorum.voters`);
+    /// empty: this node alone, a quorum of one.
+    pub voters: BTreeMap<i32, (String, u16)>,
+    /// The CONTROLLER listener: the quorum's messages and the cluster's internal requests.
+    pub controller_listen: Option<SocketAddr>,
+    pub rack: Option<String>,
+    pub broker_heartbeat_interval_ms: u64,
+    pub broker_session_timeout_ms: u64,
+    pub quorum_election_timeout_ms: u64,
+    pub quorum_request_timeout_ms: u64,
+    /// The Kafka (PLAINTEXT) listener.
     pub listen: SocketAddr,
     /// Host and port put in Metadata responses.
     pub advertised_host: String,
@@ -212,21 +260,86 @@ fn parse_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
     }
 }
 
-/// `host:port` or `PLAINTEXT://host:port` (the first listener if several are listed).
-fn parse_listener(name: &str, value: &str) -> Result<(String, u16), ConfigError> {
-    let first = value.split(',').next().unwrap_or("").trim();
-    let addr = match first.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("PLAINTEXT") => rest,
-        Some((scheme, _)) => {
-            return Err(invalid(name, value, format!("listener scheme {scheme} is not supported yet; use PLAINTEXT")))
+/// The listeners of a `listeners`-style value: `NAME://host:port,...`, a bare `host:port` being
+/// PLAINTEXT. Known names: PLAINTEXT and CONTROLLER, each at most once.
+fn parse_listeners(name: &str, value: &str) -> Result<BTreeMap<String, (String, u16)>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (scheme, addr) = match item.split_once("://") {
+            Some((scheme, rest)) => (scheme.to_ascii_uppercase(), rest),
+            None => ("PLAINTEXT".to_string(), item),
+        };
+        if !matches!(scheme.as_str(), "PLAINTEXT" | "CONTROLLER") {
+            return Err(invalid(
+                name,
+                value,
+                format!("listener {scheme} is not supported; use PLAINTEXT://host:port and CONTROLLER://host:port"),
+            ));
         }
-        None => first,
-    };
+        let (host, port) = parse_host_port(name, value, addr)?;
+        if out.insert(scheme.clone(), (host, port)).is_some() {
+            return Err(invalid(name, value, format!("{scheme} is listed twice")));
+        }
+    }
+    Ok(out)
+}
+
+fn parse_host_port(name: &str, value: &str, addr: &str) -> Result<(String, u16), ConfigError> {
     let (host, port) =
         addr.rsplit_once(':').ok_or_else(|| invalid(name, value, "expected host:port, e.g. 127.0.0.1:9092"))?;
     let port: u16 = port.parse().map_err(|_| invalid(name, value, "the port must be a number from 0 to 65535"))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     Ok((if host.is_empty() { "0.0.0.0".to_string() } else { host.to_string() }, port))
+}
+
+/// `host:port` or `PLAINTEXT://host:port` (the PLAINTEXT listener if several are listed).
+fn parse_listener(name: &str, value: &str) -> Result<(String, u16), ConfigError> {
+    parse_listeners(name, value)?
+        .remove("PLAINTEXT")
+        .ok_or_else(|| invalid(name, value, "expected a PLAINTEXT listener, e.g. 127.0.0.1:9092"))
+}
+
+fn socket_addr(name: &str, value: &str, host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
+    let text = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+    text.parse().map_err(|_| invalid(name, value, "the host must be an IP address (e.g. 127.0.0.1 or 0.0.0.0)"))
+}
+
+/// `controller.quorum.voters`: `id@host:port,...`.
+fn parse_voters(name: &str, value: &str) -> Result<BTreeMap<i32, (String, u16)>, ConfigError> {
+    let mut voters = BTreeMap::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (id, addr) = item
+            .split_once('@')
+            .ok_or_else(|| invalid(name, value, format!("{item:?}: expected id@host:port, e.g. 1@127.0.0.1:9093")))?;
+        let id: i32 = id.trim().parse().ok().filter(|id| *id >= 0).ok_or_else(|| {
+            invalid(name, value, format!("{item:?}: the id must be a node.id (a number of at least 0)"))
+        })?;
+        let (host, port) = parse_host_port(name, value, addr.trim())?;
+        if port == 0 {
+            return Err(invalid(name, value, format!("{item:?}: a voter needs a fixed port")));
+        }
+        if voters.insert(id, (host, port)).is_some() {
+            return Err(invalid(name, value, format!("voter {id} is listed twice")));
+        }
+    }
+    Ok(voters)
+}
+
+fn parse_roles(name: &str, value: &str) -> Result<Roles, ConfigError> {
+    let mut roles = Roles { broker: false, controller: false };
+    for role in value.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+        match role {
+            "broker" => roles.broker = true,
+            "controller" => roles.controller = true,
+            other => {
+                return Err(invalid(name, value, format!("unknown role {other:?}; expected broker and/or controller")))
+            }
+        }
+    }
+    if !roles.broker && !roles.controller {
+        return Err(invalid(name, value, "expected broker, controller, or broker,controller"));
+    }
+    Ok(roles)
 }
 
 impl BrokerConfig {
@@ -276,16 +389,15 @@ impl BrokerConfig {
         })?;
 
         let get = |name: &str| values.get(name).map(String::as_str).unwrap_or("");
-        let (listen_host, listen_port) = parse_listener("listeners", get("listeners"))?;
-        let listen: SocketAddr = format!(
-            "{}:{}",
-            if listen_host.contains(':') { format!("[{listen_host}]") } else { listen_host.clone() },
-            listen_port
-        )
-        .parse()
-        .map_err(|_| {
-            invalid("listeners", get("listeners"), "the host must be an IP address (e.g. 127.0.0.1 or 0.0.0.0)")
+        let mut listeners = parse_listeners("listeners", get("listeners"))?;
+        let (listen_host, listen_port) = listeners.remove("PLAINTEXT").ok_or_else(|| {
+            invalid("listeners", get("listeners"), "expected a PLAINTEXT listener, e.g. 127.0.0.1:9092")
         })?;
+        let listen = socket_addr("listeners", get("listeners"), &listen_host, listen_port)?;
+        let controller_listen = match listeners.remove("CONTROLLER") {
+            Some((host, port)) => Some(socket_addr("listeners", get("listeners"), &host, port)?),
+            None => None,
+        };
         let (advertised_host, advertised_port) = if get("advertised.listeners").trim().is_empty() {
             (listen_host, listen_port)
         } else {
@@ -304,8 +416,29 @@ impl BrokerConfig {
         if data_dir.as_os_str().is_empty() {
             return Err(invalid("log.dirs", get("log.dirs"), "must name a directory"));
         }
+        let rack = get("broker.rack").trim();
         let config = BrokerConfig {
             node_id: parse_num("node.id", get("node.id"), 0)?,
+            roles: parse_roles("process.roles", get("process.roles"))?,
+            voters: parse_voters("controller.quorum.voters", get("controller.quorum.voters"))?,
+            controller_listen,
+            rack: (!rack.is_empty()).then(|| rack.to_string()),
+            broker_heartbeat_interval_ms: parse_num(
+                "broker.heartbeat.interval.ms",
+                get("broker.heartbeat.interval.ms"),
+                1,
+            )?,
+            broker_session_timeout_ms: parse_num("broker.session.timeout.ms", get("broker.session.timeout.ms"), 1)?,
+            quorum_election_timeout_ms: parse_num(
+                "controller.quorum.election.timeout.ms",
+                get("controller.quorum.election.timeout.ms"),
+                10,
+            )?,
+            quorum_request_timeout_ms: parse_num(
+                "controller.quorum.request.timeout.ms",
+                get("controller.quorum.request.timeout.ms"),
+                1,
+            )?,
             listen,
             advertised_host,
             advertised_port,
@@ -407,6 +540,7 @@ impl BrokerConfig {
                 "must not exceed group.max.session.timeout.ms",
             ));
         }
+        config.check_cluster()?;
         if config.default_replication_factor > 1 {
             return Err(invalid(
                 "default.replication.factor",
@@ -415,6 +549,80 @@ impl BrokerConfig {
             ));
         }
         Ok(config)
+    }
+
+    /// True when this node is one of several in a cluster (more than one voter, or a broker that
+    /// is not a voter).
+    pub fn is_cluster(&self) -> bool {
+        self.voters.len() > 1 || (!self.voters.is_empty() && !self.voters.contains_key(&self.node_id))
+    }
+
+    /// The quorum's voters: the configured ones, or this node alone.
+    pub fn quorum_voters(&self) -> BTreeMap<i32, (String, u16)> {
+        if self.voters.is_empty() {
+            let local = self.controller_listen.map(|a| (a.ip().to_string(), a.port())).unwrap_or_default();
+            [(self.node_id, local)].into_iter().collect()
+        } else {
+            self.voters.clone()
+        }
+    }
+
+    /// The cluster settings must fit together; each error names the setting to change.
+    fn check_cluster(&self) -> Result<(), ConfigError> {
+        let roles = if self.roles.broker && self.roles.controller {
+            "broker,controller"
+        } else if self.roles.controller {
+            "controller"
+        } else {
+            "broker"
+        };
+        let voters = self.voters.keys().map(|id| id.to_string()).collect::<Vec<_>>().join(",");
+        let is_voter = self.voters.is_empty() || self.voters.contains_key(&self.node_id);
+        if self.roles.controller && !is_voter {
+            return Err(invalid(
+                "controller.quorum.voters",
+                &voters,
+                format!("node.id {} has process.roles={roles} but is not one of the voters", self.node_id),
+            ));
+        }
+        if !self.roles.controller && self.voters.is_empty() {
+            return Err(invalid(
+                "controller.quorum.voters",
+                "",
+                "a broker that is not a controller needs the voters, to find the metadata quorum",
+            ));
+        }
+        if !self.roles.controller && self.voters.contains_key(&self.node_id) {
+            return Err(invalid(
+                "process.roles",
+                roles,
+                format!("node.id {} is a voter of controller.quorum.voters: add the controller role", self.node_id),
+            ));
+        }
+        if self.is_cluster() && self.controller_listen.is_none() {
+            return Err(invalid(
+                "listeners",
+                "",
+                "a node of a cluster needs a CONTROLLER://host:port listener for the cluster's internal requests",
+            ));
+        }
+        if let (Some(listen), Some((_, port))) = (self.controller_listen, self.voters.get(&self.node_id)) {
+            if listen.port() != *port {
+                return Err(invalid(
+                    "listeners",
+                    &listen.to_string(),
+                    format!("the CONTROLLER listener's port differs from voter {}'s port {port}", self.node_id),
+                ));
+            }
+        }
+        if !self.roles.broker {
+            return Err(invalid(
+                "process.roles",
+                roles,
+                "controller-only nodes are not supported yet: use broker,controller",
+            ));
+        }
+        Ok(())
     }
 
     /// Parses a TOML config file into dotted setting names: nested tables are flattened, so
@@ -548,6 +756,46 @@ mod tests {
         let config = BrokerConfig::from_settings(&map).unwrap();
         assert_eq!(config.listen.port(), 19092);
         assert_eq!(config.group_initial_rebalance_delay_ms, 0);
+    }
+
+    #[test]
+    fn cluster_settings_parse_and_must_fit_together() {
+        let settings = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let one = BrokerConfig::from_settings(&BTreeMap::new()).unwrap();
+        assert!(!one.is_cluster());
+        assert_eq!(one.quorum_voters().keys().copied().collect::<Vec<_>>(), vec![0], "a quorum of one");
+        let three = BrokerConfig::from_settings(&settings(&[
+            ("node.id", "2"),
+            ("controller.quorum.voters", "1@127.0.0.1:9093, 2@127.0.0.1:9193,3@127.0.0.1:9293"),
+            ("listeners", "PLAINTEXT://127.0.0.1:9192,CONTROLLER://127.0.0.1:9193"),
+            ("broker.rack", "eu-1a"),
+        ]))
+        .unwrap();
+        assert!(three.is_cluster());
+        assert_eq!(three.voters.get(&3), Some(&("127.0.0.1".to_string(), 9293)));
+        assert_eq!(three.controller_listen.map(|a| a.port()), Some(9193));
+        assert_eq!(three.listen.port(), 9192);
+        assert_eq!(three.rack.as_deref(), Some("eu-1a"));
+        for (bad, setting) in [
+            (vec![("node.id", "1"), ("controller.quorum.voters", "1@127.0.0.1:9093,2@127.0.0.1:9193")], "listeners"),
+            (vec![("controller.quorum.voters", "1@x")], "controller.quorum.voters"),
+            (vec![("controller.quorum.voters", "1@127.0.0.1:9093"), ("node.id", "5")], "controller.quorum.voters"),
+            (vec![("process.roles", "broker")], "controller.quorum.voters"),
+            (vec![("process.roles", "cook")], "process.roles"),
+            (vec![("listeners", "SSL://127.0.0.1:9092")], "listeners"),
+            (
+                vec![
+                    ("controller.quorum.voters", "0@127.0.0.1:9093,1@127.0.0.1:9193"),
+                    ("listeners", "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9999"),
+                ],
+                "listeners",
+            ),
+        ] {
+            let err = BrokerConfig::from_settings(&settings(&bad)).unwrap_err();
+            assert_eq!(err.setting(), Some(setting), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -135,6 +135,102 @@ fn bad(name: &str, value: &str, reason: &str) -> TopicConfigError {
     }
 }
 
+/// One change to a topic's config overrides (Kafka's IncrementalAlterConfigs operations).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ConfigOp {
+    Set {
+        name: String,
+        value: String,
+    },
+    /// Back to the broker default.
+    Delete {
+        name: String,
+    },
+    /// Adds comma-separated items to a list config (`cleanup.policy`), each once.
+    Append {
+        name: String,
+        value: String,
+    },
+    /// Removes comma-separated items from a list config.
+    Subtract {
+        name: String,
+        value: String,
+    },
+}
+
+/// A change to a topic's config overrides, as a value: the controller applies it to the
+/// overrides current when it decides, so concurrent edits do not race, and a request forwarded
+/// to the controller carries it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ConfigEdit {
+    /// Every override is replaced by these (Kafka's AlterConfigs).
+    Replace(BTreeMap<String, String>),
+    /// These operations, in order, on the current overrides.
+    Apply(Vec<ConfigOp>),
+}
+
+impl ConfigEdit {
+    /// The overrides after the edit. Unknown names are refused; values are checked by
+    /// [`validate`] afterwards.
+    pub fn apply(
+        &self,
+        broker_defaults: &BTreeMap<String, String>,
+        current: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, String>, TopicConfigError> {
+        let ops = match self {
+            ConfigEdit::Replace(configs) => return Ok(configs.clone()),
+            ConfigEdit::Apply(ops) => ops,
+        };
+        let mut configs = current.clone();
+        for op in ops {
+            let name = match op {
+                ConfigOp::Set { name, .. }
+                | ConfigOp::Delete { name }
+                | ConfigOp::Append { name, .. }
+                | ConfigOp::Subtract { name, .. } => name,
+            };
+            if !is_known(name) {
+                return Err(TopicConfigError {
+                    name: Some(name.clone()),
+                    message: format!("Unknown topic config name: {name}"),
+                });
+            }
+            // The list in force: the override, else the broker's default, else Kafka's.
+            let items = |configs: &BTreeMap<String, String>| -> Vec<String> {
+                describe(broker_defaults, configs)
+                    .into_iter()
+                    .find(|e| e.name == *name)
+                    .map(|e| e.value.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+                    .unwrap_or_default()
+            };
+            match op {
+                ConfigOp::Set { value, .. } => {
+                    configs.insert(name.clone(), value.clone());
+                }
+                ConfigOp::Delete { .. } => {
+                    configs.remove(name);
+                }
+                ConfigOp::Append { value, .. } => {
+                    let mut list = items(&configs);
+                    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                        if !list.iter().any(|i| i == item) {
+                            list.push(item.to_string());
+                        }
+                    }
+                    configs.insert(name.clone(), list.join(","));
+                }
+                ConfigOp::Subtract { value, .. } => {
+                    let remove: Vec<&str> = value.split(',').map(str::trim).collect();
+                    let list: Vec<String> =
+                        items(&configs).into_iter().filter(|i| !remove.contains(&i.as_str())).collect();
+                    configs.insert(name.clone(), list.join(","));
+                }
+            }
+        }
+        Ok(configs)
+    }
+}
+
 /// `compression.type` of a topic.
 pub fn compression(
     broker_defaults: &BTreeMap<String, String>,
@@ -234,6 +330,27 @@ mod tests {
             validate(&map(&[("compression.type", "brotli")])).unwrap_err().name.as_deref(),
             Some("compression.type")
         );
+    }
+
+    #[test]
+    fn config_edits_apply_in_order_over_the_effective_lists() {
+        let current = map(&[("retention.ms", "10")]);
+        let edit = ConfigEdit::Apply(vec![
+            ConfigOp::Append { name: "cleanup.policy".into(), value: "compact".into() },
+            ConfigOp::Set { name: "segment.bytes".into(), value: "100000".into() },
+            ConfigOp::Delete { name: "retention.ms".into() },
+        ]);
+        let after = edit.apply(&BTreeMap::new(), &current).unwrap();
+        assert_eq!(after, map(&[("cleanup.policy", "delete,compact"), ("segment.bytes", "100000")]));
+        let back =
+            ConfigEdit::Apply(vec![ConfigOp::Subtract { name: "cleanup.policy".into(), value: "delete".into() }]);
+        assert_eq!(
+            back.apply(&BTreeMap::new(), &after).unwrap().get("cleanup.policy").map(String::as_str),
+            Some("compact")
+        );
+        let unknown = ConfigEdit::Apply(vec![ConfigOp::Delete { name: "nope".into() }]);
+        assert_eq!(unknown.apply(&BTreeMap::new(), &current).unwrap_err().name.as_deref(), Some("nope"));
+        assert_eq!(ConfigEdit::Replace(map(&[])).apply(&BTreeMap::new(), &current).unwrap(), map(&[]));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use weir_broker::topic_config::{ConfigEdit, ConfigOp};
 use weir_broker::{Acks, Broker, BrokerConfig, ErrorKind, NewTopic};
 
 fn config(dir: &Path, extra: &[(&str, &str)]) -> BrokerConfig {
@@ -69,11 +70,11 @@ async fn topics_configs_and_data_survive_a_reopen_without_shutdown() {
         broker.create_partitions("b".into(), 4, None, false).await.unwrap();
         broker.delete_topic(Some("c".into()), None).await.unwrap();
         broker
-            .alter_topic_configs("a".into(), false, |current| {
-                let mut next = current.clone();
-                next.insert("cleanup.policy".into(), "compact".into());
-                Ok(next)
-            })
+            .alter_topic_configs(
+                "a".into(),
+                false,
+                ConfigEdit::Apply(vec![ConfigOp::Set { name: "cleanup.policy".into(), value: "compact".into() }]),
+            )
             .await
             .unwrap();
         let partition = broker.require_partition("b", 3).unwrap();
@@ -170,7 +171,7 @@ async fn acks_all_follows_min_insync_replicas_through_config_changes() {
     let err = broker.append(partition.clone(), batch(), Acks::All).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::NotEnoughReplicas);
     broker.append(partition.clone(), batch(), Acks::Leader).await.unwrap();
-    broker.alter_topic_configs("strict".into(), false, |_| Ok(BTreeMap::new())).await.unwrap();
+    broker.alter_topic_configs("strict".into(), false, ConfigEdit::Replace(BTreeMap::new())).await.unwrap();
     broker.append(partition, batch(), Acks::All).await.unwrap();
 }
 

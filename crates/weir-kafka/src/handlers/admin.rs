@@ -16,7 +16,7 @@ use kafka_protocol::messages::describe_log_dirs_response::{
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
-use weir_broker::topic_config::{self, ConfigSource};
+use weir_broker::topic_config::{self, ConfigEdit, ConfigOp, ConfigSource};
 use weir_broker::{BrokerError, ErrorKind, NewTopic};
 
 use crate::context::{Client, Ctx};
@@ -291,9 +291,11 @@ pub async fn alter_configs(ctx: &Ctx, _client: &Client, request: AlterConfigsReq
                     .filter_map(|c| c.value.as_ref().map(|v| (c.name.to_string(), v.to_string())))
                     .collect();
                 ctx.broker
-                    .alter_topic_configs(resource.resource_name.to_string(), request.validate_only, move |_| {
-                        Ok(configs)
-                    })
+                    .alter_topic_configs(
+                        resource.resource_name.to_string(),
+                        request.validate_only,
+                        ConfigEdit::Replace(configs),
+                    )
                     .await
             }
         };
@@ -323,69 +325,36 @@ pub async fn incremental_alter_configs(
         let outcome = match broker_configs_are_static(resource.resource_type) {
             Some(e) => Err(e),
             None => {
-                let ops: Vec<(String, i8, Option<String>)> = resource
+                let ops: Result<Vec<ConfigOp>, BrokerError> = resource
                     .configs
                     .iter()
-                    .map(|c| (c.name.to_string(), c.config_operation, c.value.as_ref().map(|v| v.to_string())))
-                    .collect();
-                let defaults = ctx.broker.config.topic_defaults.clone();
-                ctx.broker
-                    .alter_topic_configs(resource.resource_name.to_string(), request.validate_only, move |current| {
-                        let mut configs = current.clone();
-                        for (name, op, value) in ops {
-                            if !topic_config::is_known(&name) {
-                                return Err(BrokerError::new(
-                                    ErrorKind::InvalidConfig,
-                                    format!("Unknown topic config name: {name}"),
-                                ));
-                            }
-                            let list = |configs: &BTreeMap<String, String>| -> Vec<String> {
-                                let effective = topic_config::describe(&defaults, configs);
-                                effective
-                                    .iter()
-                                    .find(|e| e.name == name)
-                                    .map(|e| {
-                                        e.value
-                                            .split(',')
-                                            .map(|s| s.trim().to_string())
-                                            .filter(|s| !s.is_empty())
-                                            .collect()
-                                    })
-                                    .unwrap_or_default()
-                            };
-                            match (op, value) {
-                                (SET, Some(v)) => {
-                                    configs.insert(name, v);
-                                }
-                                (DELETE, _) => {
-                                    configs.remove(&name);
-                                }
-                                (APPEND, Some(v)) => {
-                                    let mut items = list(&configs);
-                                    for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                                        if !items.iter().any(|i| i == item) {
-                                            items.push(item.to_string());
-                                        }
-                                    }
-                                    configs.insert(name, items.join(","));
-                                }
-                                (SUBTRACT, Some(v)) => {
-                                    let remove: Vec<&str> = v.split(',').map(str::trim).collect();
-                                    let items: Vec<String> =
-                                        list(&configs).into_iter().filter(|i| !remove.contains(&i.as_str())).collect();
-                                    configs.insert(name, items.join(","));
-                                }
-                                (op, _) => {
-                                    return Err(BrokerError::new(
-                                        ErrorKind::InvalidRequest,
-                                        format!("Invalid config operation {op} or missing value for {name}"),
-                                    ))
-                                }
-                            }
+                    .map(|c| {
+                        let name = c.name.to_string();
+                        let value = c.value.as_ref().map(|v| v.to_string());
+                        match (c.config_operation, value) {
+                            (SET, Some(value)) => Ok(ConfigOp::Set { name, value }),
+                            (DELETE, _) => Ok(ConfigOp::Delete { name }),
+                            (APPEND, Some(value)) => Ok(ConfigOp::Append { name, value }),
+                            (SUBTRACT, Some(value)) => Ok(ConfigOp::Subtract { name, value }),
+                            (op, _) => Err(BrokerError::new(
+                                ErrorKind::InvalidRequest,
+                                format!("Invalid config operation {op} or missing value for {name}"),
+                            )),
                         }
-                        Ok(configs)
                     })
-                    .await
+                    .collect();
+                match ops {
+                    Ok(ops) => {
+                        ctx.broker
+                            .alter_topic_configs(
+                                resource.resource_name.to_string(),
+                                request.validate_only,
+                                ConfigEdit::Apply(ops),
+                            )
+                            .await
+                    }
+                    Err(e) => Err(e),
+                }
             }
         };
         let response = AlterConfigsResourceResponse::default()
