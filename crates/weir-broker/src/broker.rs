@@ -25,7 +25,7 @@ use crate::metadata::raft::network::NoPeers;
 use crate::metadata::raft::{Quorum, QuorumConfig};
 use crate::metadata::{legacy, MetadataRecord, MetadataState, PartitionState, TopicMetadata};
 use crate::metrics::BrokerMetrics;
-use crate::partition::Partition;
+use crate::partition::{Partition, TopicPartitions};
 use crate::runtime::block_on;
 use crate::topic_config::TopicCompression;
 use crate::{placement, topic_config};
@@ -113,7 +113,8 @@ pub struct Broker {
     /// Every open partition, by topic name, indexed by partition number (Kafka partitions run
     /// from 0 without gaps and never shrink). A topic's list is replaced as a whole when it
     /// grows, so the request paths resolve a topic once and index into it without the lock.
-    partitions: RwLock<HashMap<String, Arc<[Arc<Partition>]>>>,
+    /// Partitions this broker does not host (their replicas are elsewhere) are `None`.
+    partitions: RwLock<HashMap<String, TopicPartitions>>,
     shutdown_tx: watch::Sender<bool>,
     producer_ids: Mutex<ProducerIdBlock>,
     /// Counters and gauges of the request paths (see `metrics`); the rest is read at scrape time.
@@ -262,21 +263,38 @@ impl Broker {
     }
 
     /// A topic's partitions, by index: one lookup for all the partitions of a request.
-    pub fn topic_partitions(&self, topic: &str) -> Option<Arc<[Arc<Partition>]>> {
+    pub fn topic_partitions(&self, topic: &str) -> Option<TopicPartitions> {
         read(&self.partitions).get(topic).cloned()
     }
 
     /// Every partition, sorted by topic and index.
     pub fn partitions(&self) -> Vec<Arc<Partition>> {
         let topics = read(&self.partitions);
-        let mut out: Vec<Arc<Partition>> = topics.values().flat_map(|list| list.iter().cloned()).collect();
+        let mut out: Vec<Arc<Partition>> = topics.values().flat_map(|list| list.iter().flatten().cloned()).collect();
         out.sort_unstable_by(|a, b| (&a.topic, a.index).cmp(&(&b.topic, b.index)));
         out
     }
 
     /// Resolves the partition or says why not, as Kafka does.
     pub fn require_partition(&self, topic: &str, index: i32) -> Result<Arc<Partition>, BrokerError> {
-        self.partition(topic, index).ok_or_else(|| BrokerError::unknown_partition(topic, index))
+        self.partition(topic, index).ok_or_else(|| self.absent_partition_error(topic, index))
+    }
+
+    /// Why this broker cannot serve a partition it does not host: the partition exists on other
+    /// brokers (the client's metadata is stale: NOT_LEADER_OR_FOLLOWER makes it refresh) or not
+    /// at all.
+    pub fn absent_partition_error(&self, topic: &str, index: i32) -> BrokerError {
+        let metadata = self.metadata();
+        match metadata.topic(topic).and_then(|t| t.partition(index)) {
+            Some(p) => BrokerError::new(
+                ErrorKind::NotLeader,
+                format!(
+                    "Broker {} does not host {topic}-{index}; its leader is broker {}.",
+                    self.config.node_id, p.leader
+                ),
+            ),
+            None => BrokerError::unknown_partition(topic, index),
+        }
     }
 
     /// Fires when the broker starts shutting down (long polls return early).
@@ -697,13 +715,15 @@ impl Broker {
         let stale: Vec<String> = topics
             .iter()
             .filter(|(name, list)| {
-                !state.topic(name).is_some_and(|t| list.iter().all(|p| p.topic_id == t.id && p.index < t.partitions))
+                !state.topic(name).is_some_and(|t| {
+                    list.len() <= t.partitions.max(0) as usize && list.iter().flatten().all(|p| p.topic_id == t.id)
+                })
             })
             .map(|(name, _)| name.clone())
             .collect();
         for name in stale {
             if let Some(list) = topics.remove(&name) {
-                for partition in list.iter() {
+                for partition in list.iter().flatten() {
                     partition.wake_waiters();
                     self.logs.delete(&TopicPartition::new(name.clone(), partition.index))?;
                 }
@@ -716,13 +736,14 @@ impl Broker {
                 self.logs.delete(&tp)?;
             }
         }
+        let node = self.config.node_id;
         for topic in state.topics.values() {
             let config = topic_config::log_config(&self.config.topic_defaults, &topic.configs)
                 .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
             let min_insync = topic_config::min_insync_replicas(&self.config.topic_defaults, &topic.configs);
             let compression = topic_config::compression(&self.config.topic_defaults, &topic.configs);
-            let existing: &[Arc<Partition>] = topics.get(&topic.name).map_or(&[], |list| list);
-            for partition in existing {
+            let existing: &[Option<Arc<Partition>>] = topics.get(&topic.name).map_or(&[], |list| list);
+            for partition in existing.iter().flatten() {
                 if *partition.log.config() != config {
                     partition.log.set_config(config.clone());
                 }
@@ -734,31 +755,31 @@ impl Broker {
                     }
                 }
             }
-            let have = existing.len() as i32;
-            if have < topic.partitions {
-                let mut list = existing.to_vec();
-                for index in have..topic.partitions {
-                    let log =
-                        self.logs.get_or_create(&TopicPartition::new(topic.name.clone(), index), config.clone())?;
-                    if *log.config() != config {
-                        log.set_config(config.clone());
-                    }
-                    let state = topic.partition(index).cloned().unwrap_or_else(|| PartitionState::new(Vec::new()));
-                    let partition = Partition::new(
-                        topic.name.clone(),
-                        topic.id,
-                        index,
-                        log,
-                        topic.internal,
-                        self.config.node_id,
-                        state,
-                    );
-                    partition.set_min_insync_replicas(min_insync);
-                    partition.set_compression(compression);
-                    list.push(Arc::new(partition));
-                }
-                topics.insert(topic.name.clone(), list.into());
+            // This broker hosts the partitions it holds a replica of.
+            let hosted = |index: i32| topic.partition(index).is_some_and(|p| p.replicas.contains(&node));
+            let missing =
+                (0..topic.partitions).any(|i| hosted(i) && existing.get(i as usize).is_none_or(|p| p.is_none()));
+            if existing.len() == topic.partitions.max(0) as usize && !missing {
+                continue;
             }
+            let mut list: Vec<Option<Arc<Partition>>> = existing.to_vec();
+            list.resize(topic.partitions.max(0) as usize, None);
+            for index in 0..topic.partitions {
+                let slot = &mut list[index as usize];
+                if slot.is_some() || !hosted(index) {
+                    continue;
+                }
+                let log = self.logs.get_or_create(&TopicPartition::new(topic.name.clone(), index), config.clone())?;
+                if *log.config() != config {
+                    log.set_config(config.clone());
+                }
+                let state = topic.partition(index).cloned().unwrap_or_else(|| PartitionState::new(Vec::new()));
+                let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal, node, state);
+                partition.set_min_insync_replicas(min_insync);
+                partition.set_compression(compression);
+                *slot = Some(Arc::new(partition));
+            }
+            topics.insert(topic.name.clone(), list.into());
         }
         Ok(())
     }
@@ -970,7 +991,7 @@ impl Broker {
         let topics = read(&self.partitions);
         let mut out: Vec<PartitionSize> = topics
             .values()
-            .flat_map(|list| list.iter())
+            .flat_map(|list| list.iter().flatten())
             .map(|p| PartitionSize { topic: p.topic.clone(), partition: p.index, size_bytes: p.log.size_bytes() })
             .collect();
         out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));

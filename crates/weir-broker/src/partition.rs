@@ -47,9 +47,14 @@ fn record_leader_epoch(log: &Log, topic: &str, index: i32, epoch: i32) {
     }
 }
 
-/// Partition `index` of a topic's list (see `Broker::topic_partitions`); `None` when out of range.
-pub fn by_index(partitions: &[Arc<Partition>], index: i32) -> Option<&Arc<Partition>> {
-    partitions.get(usize::try_from(index).ok()?)
+/// A topic's partitions by index, as this broker holds them: `None` where the partition's
+/// replicas are all on other brokers. The list is as long as the topic has partitions.
+pub type TopicPartitions = Arc<[Option<Arc<Partition>>]>;
+
+/// Partition `index` of a topic's list (see `Broker::topic_partitions`); `None` when out of range
+/// or hosted elsewhere.
+pub fn by_index(partitions: &[Option<Arc<Partition>>], index: i32) -> Option<&Arc<Partition>> {
+    partitions.get(usize::try_from(index).ok()?)?.as_ref()
 }
 
 impl Partition {

@@ -90,6 +90,18 @@ pub enum MetadataRecord {
         first: i64,
         count: i64,
     },
+    /// A broker (re)starts: its endpoints; it stays fenced until it has caught up.
+    RegisterBroker {
+        registration: BrokerRegistration,
+    },
+    /// The broker stops leading: it missed its session timeout, or shut down.
+    FenceBroker {
+        id: i32,
+    },
+    /// The broker caught up and heartbeats: it may lead again.
+    UnfenceBroker {
+        id: i32,
+    },
 }
 
 /// `leader` of a partition that has none (its replicas are all offline, or it is unassigned).
@@ -162,6 +174,26 @@ pub struct MetadataState {
     /// The first producer id not yet reserved.
     #[serde(default)]
     pub next_producer_id: i64,
+    /// Every broker that registered with the controller, by id.
+    #[serde(default)]
+    pub brokers: BTreeMap<i32, BrokerRegistration>,
+}
+
+/// A broker as the controller knows it: where clients reach it, and whether it may lead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerRegistration {
+    pub id: i32,
+    /// A new one at every start of the process: a registration from an old process is stale.
+    pub incarnation: Uuid,
+    /// The advertised Kafka listener.
+    pub host: String,
+    pub port: u16,
+    /// The CONTROLLER listener, for the cluster's internal requests to this broker.
+    pub internal: String,
+    pub rack: Option<String>,
+    /// A fenced broker leads nothing: it stopped heartbeating, or has not caught up with the
+    /// metadata since it registered.
+    pub fenced: bool,
 }
 
 impl MetadataState {
@@ -175,6 +207,11 @@ impl MetadataState {
 
     pub fn topic_by_id(&self, id: Uuid) -> Option<&TopicMetadata> {
         self.topics.values().find(|t| t.id == id)
+    }
+
+    /// The brokers partitions may be placed on and led by: registered and not fenced, by id.
+    pub fn unfenced_brokers(&self) -> Vec<i32> {
+        self.brokers.values().filter(|b| !b.fenced).map(|b| b.id).collect()
     }
 
     /// True when some partition has no replicas assigned (a data directory written before
@@ -329,6 +366,18 @@ impl MetadataState {
                     self.next_producer_id = first.saturating_add(*count);
                 } else {
                     tracing::warn!(offset, first, "metadata: skipping an overlapping producer id block");
+                }
+            }
+            MetadataRecord::RegisterBroker { registration } => {
+                let mut registration = registration.clone();
+                registration.fenced = true;
+                self.brokers.insert(registration.id, registration);
+            }
+            MetadataRecord::FenceBroker { id } | MetadataRecord::UnfenceBroker { id } => {
+                let fenced = matches!(record, MetadataRecord::FenceBroker { .. });
+                match self.brokers.get_mut(id) {
+                    Some(broker) => broker.fenced = fenced,
+                    None => tracing::warn!(offset, broker = id, "metadata: skipping the fencing of an unknown broker"),
                 }
             }
         }

@@ -74,7 +74,7 @@ pub async fn handle(
             let found = partitions.as_deref().and_then(|list| partition::by_index(list, p.partition));
             let target = match (&name, found) {
                 (None, _) => Err(ResponseError::UnknownTopicId),
-                (Some(_), None) => Err(ResponseError::UnknownTopicOrPartition),
+                (Some(name), None) => Err(kafka_error(broker.absent_partition_error(name, p.partition).kind)),
                 (Some(_), Some(partition)) => {
                     reads.push(FetchPartition {
                         partition: partition.clone(),

@@ -55,7 +55,7 @@ pub async fn handle(
             }
             let partition = partitions.as_deref().and_then(|list| partition::by_index(list, index));
             let Some(partition) = partition else {
-                let e = BrokerError::unknown_partition(&topic.name, index);
+                let e = broker.absent_partition_error(&topic.name, index);
                 topic_slots.push(Slot::Done(fail(index, kafka_error(e.kind), e.message)));
                 continue;
             };
