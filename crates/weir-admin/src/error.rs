@@ -124,13 +124,15 @@ pub fn error_name(kind: ErrorKind) -> &'static str {
         K::Throttled => "THROTTLING_QUOTA_EXCEEDED",
         K::Unavailable => "BROKER_NOT_AVAILABLE",
         K::NotController => "NOT_CONTROLLER",
+        K::TimedOut => "REQUEST_TIMED_OUT",
         K::Internal => "UNKNOWN_SERVER_ERROR",
     }
 }
 
 /// The HTTP status of an error kind: 404 for what does not exist, 400 for what the request got
 /// wrong, 409 for a conflict with the current state, 413 for size limits, 429 for quotas, 503
-/// for what is retriable once the broker (or the partition's leader) is ready, 500 for the rest.
+/// for what is retriable once the broker (or the partition's leader) is ready, 504 for what the
+/// metadata quorum did not commit in time, 500 for the rest.
 pub fn status_for(kind: ErrorKind) -> StatusCode {
     use ErrorKind as K;
     match kind {
@@ -182,6 +184,7 @@ pub fn status_for(kind: ErrorKind) -> StatusCode {
         | K::NotLeader
         | K::NotEnoughReplicas
         | K::NotEnoughReplicasAfterAppend => StatusCode::SERVICE_UNAVAILABLE,
+        K::TimedOut => StatusCode::GATEWAY_TIMEOUT,
         K::Storage | K::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -18,12 +18,13 @@ use weir_storage::{
     AppendInfo, Clock, FlushPolicy, LogManager, ManagerOptions, ReadResult, StorageError, SystemClock, TopicPartition,
 };
 
+use crate::cluster::{Cluster, ControlAnswer, ControlRequest};
 use crate::config::BrokerConfig;
 use crate::error::{BrokerError, ErrorKind, RecordError};
 use crate::fetch::Isolation;
-use crate::metadata::raft::network::NoPeers;
-use crate::metadata::raft::{Quorum, QuorumConfig};
-use crate::metadata::{legacy, MetadataRecord, MetadataState, PartitionState, TopicMetadata};
+use crate::metadata::raft::network::{NoPeers, RaftTransport};
+use crate::metadata::raft::{Quorum, QuorumConfig, QuorumStatus};
+use crate::metadata::{legacy, BrokerRegistration, MetadataRecord, MetadataState, PartitionState, TopicMetadata};
 use crate::metrics::BrokerMetrics;
 use crate::partition::{Partition, TopicPartitions};
 use crate::runtime::block_on;
@@ -35,7 +36,7 @@ use weir_storage::sync::{lock, read, write};
 pub const MAX_TOPIC_NAME_LEN: usize = 249;
 
 /// A topic to create.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct NewTopic {
     pub name: String,
     /// -1: the broker's `num.partitions`.
@@ -48,10 +49,26 @@ pub struct NewTopic {
 }
 
 /// A created (or, with validate-only, validated) topic.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CreatedTopic {
     pub topic: TopicMetadata,
     pub replication_factor: i16,
+}
+
+/// What a node says of itself (`weir cluster info`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeStatus {
+    pub node_id: i32,
+    pub broker: bool,
+    pub controller: bool,
+    pub quorum: QuorumStatus,
+    /// The metadata offset this node has applied and reconciled its partitions with.
+    pub applied_offset: i64,
+    /// The broker may lead: the controller unfenced it and acknowledged it recently.
+    pub may_lead: bool,
+    /// How long ago the controller last acknowledged this broker's heartbeat.
+    pub heartbeat_acknowledged_ms_ago: Option<u64>,
+    pub internal_address: Option<String>,
 }
 
 /// A partition's size on disk (DescribeLogDirs).
@@ -103,8 +120,10 @@ pub struct Broker {
     /// The metadata this broker's partitions match (the quorum's applied state, once
     /// reconciled); replaced as a whole on every change, so readers never block.
     metadata: RwLock<Arc<MetadataState>>,
+    /// Publishes every state once the partitions match it (see [`Broker::subscribe_metadata`]).
+    reconciled_tx: watch::Sender<Arc<MetadataState>>,
     /// This node's part in the metadata quorum.
-    quorum: Quorum,
+    pub(crate) quorum: Quorum,
     /// The controller: one metadata decision at a time (validate, propose, apply).
     controller: Mutex<()>,
     /// The applied offset of the state the partitions were last reconciled with; held while
@@ -117,6 +136,11 @@ pub struct Broker {
     partitions: RwLock<HashMap<String, TopicPartitions>>,
     shutdown_tx: watch::Sender<bool>,
     producer_ids: Mutex<ProducerIdBlock>,
+    /// The cluster side: internal RPC, lifecycle, the controller's sessions.
+    pub cluster: Cluster,
+    /// Where other nodes reach this one's internal RPC server (`host:port`); `None` without a
+    /// CONTROLLER listener (a single node).
+    pub(crate) internal_address: Option<String>,
     /// Counters and gauges of the request paths (see `metrics`); the rest is read at scrape time.
     pub metrics: BrokerMetrics,
 }
@@ -130,6 +154,27 @@ impl Broker {
     /// metadata quorum, and brings the logs in line with the applied metadata. Blocking; call it
     /// within a multi-threaded tokio runtime (from a blocking thread, or a worker thread).
     pub fn open(config: BrokerConfig) -> Result<Arc<Broker>, BrokerError> {
+        // The internal listener first: a busy port fails before any recovery work.
+        let internal_listener = match config.controller_listen {
+            Some(addr) => Some(std::net::TcpListener::bind(addr).map_err(|e| {
+                BrokerError::new(
+                    ErrorKind::InvalidConfig,
+                    format!("cannot listen on {addr} (the CONTROLLER listener of `listeners`): {e}"),
+                )
+            })?),
+            None => None,
+        };
+        let internal_address = match &internal_listener {
+            None => None,
+            Some(listener) => {
+                let bound = listener.local_addr().map_err(|e| io_error("the CONTROLLER listener", e))?;
+                Some(match config.voters.get(&config.node_id) {
+                    Some((host, port)) => format!("{host}:{port}"),
+                    None if bound.ip().is_unspecified() => format!("{}:{}", config.advertised_host, bound.port()),
+                    None => bound.to_string(),
+                })
+            }
+        };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let mut options = ManagerOptions::new(config.data_dir.clone());
         options.default_config = config.default_log_config();
@@ -143,44 +188,125 @@ impl Broker {
         options.recovery_threads = config.recovery_threads;
         options.producer_id_expiration_ms = config.producer_id_expiration_ms;
         let logs = LogManager::open(options)?;
+        let cluster = Cluster::new(config.broker_session_timeout_ms);
         let quorum_dir = config.data_dir.join(legacy::METADATA_DIR).join("raft");
         let node_id = u64::try_from(config.node_id).unwrap_or_default();
+        let voters: BTreeMap<u64, String> = config
+            .quorum_voters()
+            .into_iter()
+            .map(|(id, (host, port))| {
+                let addr = if host.is_empty() { String::new() } else { format!("{host}:{port}") };
+                (u64::try_from(id).unwrap_or_default(), addr)
+            })
+            .collect();
+        let alone = voters.len() == 1 && voters.contains_key(&node_id);
+        let transport: Arc<dyn RaftTransport> = if alone {
+            Arc::new(NoPeers)
+        } else {
+            Arc::new(crate::cluster::rpc::RpcRaftTransport { rpc: cluster.rpc.clone() })
+        };
         let quorum_config = QuorumConfig {
             node_id,
-            voters: [(node_id, String::new())].into_iter().collect(),
-            election_timeout_ms: 1000,
+            voters,
+            election_timeout_ms: config.quorum_election_timeout_ms,
             snapshot_interval: config.metadata_snapshot_interval,
+            commit_timeout_ms: config.quorum_request_timeout_ms,
         };
-        let quorum = block_on(Quorum::start(&quorum_dir, quorum_config, Arc::new(NoPeers), clock.clone()))??;
-        // A quorum of one elects itself at once instead of waiting out an election timeout.
-        block_on(async {
-            if quorum.leader().is_none() {
-                if let Err(e) = quorum.raft().trigger().elect().await {
-                    tracing::debug!(error = %e, "metadata quorum: election not triggered");
+        let quorum = block_on(Quorum::start(&quorum_dir, quorum_config, transport, clock.clone()))??;
+        if let Some(listener) = internal_listener {
+            let server = crate::cluster::rpc::serve(listener, quorum.raft().clone(), cluster.broker.clone())
+                .map_err(|e| io_error("cannot serve the CONTROLLER listener", e))?;
+            *lock(&cluster.server) = Some(server);
+        }
+        if alone {
+            // A quorum of one elects itself at once instead of waiting out an election timeout.
+            block_on(async {
+                if quorum.leader().is_none() {
+                    if let Err(e) = quorum.raft().trigger().elect().await {
+                        tracing::debug!(error = %e, "metadata quorum: election not triggered");
+                    }
                 }
-            }
-            quorum.wait_for_leader(Duration::from_secs(30)).await
-        })??;
+                quorum.wait_for_leader(Duration::from_secs(30)).await
+            })??;
+        }
         let state = quorum.applied();
         let (shutdown_tx, _) = watch::channel(false);
+        let (reconciled_tx, _) = watch::channel(state.clone());
         let broker = Arc::new(Broker {
             config,
             clock,
             logs,
             metadata: RwLock::new(state),
+            reconciled_tx,
             quorum,
             controller: Mutex::new(()),
             reconciled: Mutex::new(-1),
             partitions: RwLock::new(HashMap::new()),
             shutdown_tx,
             producer_ids: Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
+            cluster,
+            internal_address,
             metrics: BrokerMetrics::default(),
         });
-        broker.upgrade_metadata()?;
+        let _ = broker.cluster.broker.set(Arc::downgrade(&broker));
+        if alone {
+            broker.upgrade_metadata()?;
+        } else if legacy::exists(&broker.config.data_dir) {
+            tracing::warn!(
+                "this data directory holds the metadata of a Weir 0.1 single node; start it once as a single node \
+                 (without controller.quorum.voters) to move it to the new format before it joins a cluster"
+            );
+        }
         broker.reconcile_to(broker.quorum.applied())?;
         broker.follow_metadata();
+        if broker.config.roles.controller {
+            broker.run_controller();
+        }
+        if broker.config.roles.broker {
+            broker.run_lifecycle();
+            // As a KRaft broker does: serve clients only once the controller has unfenced it.
+            block_on(broker.wait_until_unfenced())?;
+        }
         broker.logs.start_background()?;
         Ok(broker)
+    }
+
+    /// Tells the controller this broker is going away, so that its partitions lose their leader
+    /// now rather than at its session timeout (Kafka's controlled shutdown). Bounded by the
+    /// quorum request timeout; skipped on a node that is the whole quorum.
+    pub async fn leave_cluster(self: &Arc<Self>) {
+        if !self.config.is_cluster() || !self.config.roles.broker {
+            return;
+        }
+        self.lifecycle_round(true, true).await;
+    }
+
+    pub(crate) fn lock_controller(&self) -> MutexGuard<'_, ()> {
+        lock(&self.controller)
+    }
+
+    /// The metadata offset the partitions were last brought in line with.
+    pub fn reconciled_offset(&self) -> i64 {
+        *lock(&self.reconciled)
+    }
+
+    /// The Kafka port clients are told (the bound one when the listener asked for port 0).
+    pub fn advertised_port(&self) -> u16 {
+        self.config.advertised_port
+    }
+
+    /// This node's view of itself, for `weir cluster info` and `GET /v1/cluster`.
+    pub fn node_status(&self) -> NodeStatus {
+        NodeStatus {
+            node_id: self.config.node_id,
+            broker: self.config.roles.broker,
+            controller: self.config.roles.controller,
+            quorum: self.quorum.status(),
+            applied_offset: self.reconciled_offset(),
+            may_lead: self.cluster.lifecycle.may_lead(),
+            heartbeat_acknowledged_ms_ago: self.cluster.lifecycle.since_last_ack().map(|d| d.as_millis() as u64),
+            internal_address: self.internal_address.clone(),
+        }
     }
 
     /// What the controller writes once into a metadata log that lacks it: the state of a Weir
@@ -252,6 +378,76 @@ impl Broker {
 
     pub fn metadata(&self) -> Arc<MetadataState> {
         read(&self.metadata).clone()
+    }
+
+    /// Every metadata state from now on, each published once the partitions match it (a
+    /// partition it gives this broker is open by then): how coordinators learn of the
+    /// internal-topic partitions they come to lead.
+    pub fn subscribe_metadata(&self) -> watch::Receiver<Arc<MetadataState>> {
+        self.reconciled_tx.subscribe()
+    }
+
+    /// The registered brokers clients may use (unfenced), by id: Metadata's broker list.
+    pub fn live_brokers(&self) -> Vec<BrokerRegistration> {
+        self.metadata().brokers.values().filter(|b| !b.fenced).cloned().collect()
+    }
+
+    /// The broker Kafka clients are told is the controller: the active controller when it is a
+    /// live broker, else any live broker (each forwards metadata changes to the controller,
+    /// as KRaft brokers do). -1 when no broker is live.
+    pub fn controller_for_clients(&self) -> i32 {
+        let live = self.live_brokers();
+        let leader = self.quorum.leader().and_then(|l| i32::try_from(l).ok());
+        match leader {
+            Some(id) if live.iter().any(|b| b.id == id) => id,
+            _ => live.first().map_or(-1, |b| b.id),
+        }
+    }
+
+    /// The active controller's node id, if the quorum has one.
+    pub fn active_controller(&self) -> Option<i32> {
+        self.quorum.leader().and_then(|l| i32::try_from(l).ok())
+    }
+
+    /// The broker leading partition `index` of `topic` (a coordinator's partition), with its
+    /// endpoints; `CoordinatorNotAvailable` when nobody leads it or its broker is not live.
+    pub fn leader_endpoint(&self, topic: &str, index: i32) -> Result<BrokerRegistration, BrokerError> {
+        let state = self.metadata();
+        let partition = state.topic(topic).and_then(|t| t.partition(index)).ok_or_else(|| {
+            BrokerError::new(ErrorKind::CoordinatorNotAvailable, format!("{topic}-{index} does not exist yet"))
+        })?;
+        state.brokers.get(&partition.leader).filter(|b| !b.fenced).cloned().ok_or_else(|| {
+            BrokerError::new(
+                ErrorKind::CoordinatorNotAvailable,
+                format!("{topic}-{index} has no live leader right now"),
+            )
+        })
+    }
+
+    /// Calls `method` of the internal RPC service on broker `id` (this broker included: then
+    /// in-process, through the same handler).
+    pub async fn call_broker(
+        &self,
+        id: i32,
+        method: &str,
+        body: bytes::Bytes,
+        timeout: Duration,
+    ) -> Result<bytes::Bytes, BrokerError> {
+        if id == self.config.node_id {
+            let service = self
+                .cluster
+                .service(method)
+                .ok_or_else(|| BrokerError::internal(format!("no service serves {method} on this broker")))?;
+            return service.handle(method, body).await.map_err(|e| BrokerError::internal(e.message().to_string()));
+        }
+        let state = self.metadata();
+        let addr = state
+            .brokers
+            .get(&id)
+            .map(|b| b.internal.clone())
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| BrokerError::new(ErrorKind::Unavailable, format!("broker {id} is not registered")))?;
+        crate::cluster::rpc::call(&self.cluster.rpc, &addr, method, body, timeout).await
     }
 
     pub fn cluster_id(&self) -> String {
@@ -338,19 +534,32 @@ impl Broker {
         validate_only: bool,
     ) -> Vec<Result<CreatedTopic, BrokerError>> {
         let count = topics.len();
-        let this = self.clone();
-        match tokio::task::spawn_blocking(move || this.create_topics_blocking(topics, validate_only)).await {
-            Ok(results) => results,
-            Err(e) => vec![Err(BrokerError::new(ErrorKind::Internal, e.to_string())); count],
+        match self.control(ControlRequest::CreateTopics { topics, validate_only }).await {
+            Ok(ControlAnswer::CreatedTopics(results)) if results.len() == count => results,
+            Ok(other) => vec![Err(unexpected_answer(&other)); count],
+            Err(e) => vec![Err(e); count],
         }
     }
 
+    /// [`Broker::create_topics`] from blocking code.
     pub fn create_topics_blocking(
-        &self,
+        self: &Arc<Self>,
         topics: Vec<NewTopic>,
         validate_only: bool,
     ) -> Vec<Result<CreatedTopic, BrokerError>> {
-        let controller = lock(&self.controller);
+        let count = topics.len();
+        match crate::runtime::block_on(self.create_topics(topics, validate_only)) {
+            Ok(results) => results,
+            Err(e) => vec![Err(e); count],
+        }
+    }
+
+    pub(crate) fn decide_create_topics(
+        &self,
+        controller: &MutexGuard<'_, ()>,
+        topics: Vec<NewTopic>,
+        validate_only: bool,
+    ) -> Vec<Result<CreatedTopic, BrokerError>> {
         let mut results = Vec::with_capacity(topics.len());
         for topic in topics {
             let result = self.validate_new_topic(&topic).and_then(|assignments| {
@@ -366,7 +575,7 @@ impl Broker {
                     assignments: assignments.clone(),
                 };
                 if !validate_only {
-                    self.commit(&controller, vec![record])?;
+                    self.commit(controller, vec![record])?;
                 }
                 let created = self.metadata().topic(&topic.name).cloned().unwrap_or(TopicMetadata {
                     name: topic.name.clone(),
@@ -388,10 +597,9 @@ impl Broker {
         results
     }
 
-    /// The brokers partitions can be placed on, sorted. One node: this one. (Cluster mode
-    /// replaces this with the registered, unfenced brokers.)
+    /// The brokers partitions can be placed on: the registered, unfenced ones, by id.
     pub fn brokers(&self) -> Vec<i32> {
-        vec![self.config.node_id]
+        self.metadata().unfenced_brokers()
     }
 
     /// Checks a topic to create; returns the replicas of each of its partitions.
@@ -410,6 +618,7 @@ impl Broker {
             };
             self.check_partition_count(partitions)?;
             let rf = placement::check_replication_factor(rf, &brokers)?;
+            check_replicated(rf)?;
             placement::assign_replicas(0, partitions, rf, &brokers, placement::random_start(brokers.len()))
         } else {
             if topic.partitions != -1 || topic.replication_factor != -1 {
@@ -433,7 +642,8 @@ impl Broker {
             }
             let assignments: Vec<Vec<i32>> = by_partition.into_iter().flatten().collect();
             self.check_partition_count(assignments.len() as i32)?;
-            placement::check_manual_assignment(&assignments, &brokers)?;
+            let rf = placement::check_manual_assignment(&assignments, &brokers)?;
+            check_replicated(rf as usize)?;
             assignments
         };
         topic_config::validate(&topic.configs).map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
@@ -482,8 +692,8 @@ impl Broker {
     }
 
     /// Creates an internal topic (name starting with `__`) unless it exists; returns its metadata.
-    pub fn ensure_internal_topic(
-        &self,
+    pub async fn ensure_internal_topic(
+        self: &Arc<Self>,
         name: &str,
         partitions: i32,
         configs: BTreeMap<String, String>,
@@ -491,14 +701,46 @@ impl Broker {
         if let Some(topic) = self.metadata().topic(name) {
             return Ok(topic.clone());
         }
-        let controller = lock(&self.controller);
+        let request = ControlRequest::EnsureInternalTopic { name: name.to_string(), partitions, configs };
+        match self.control(request).await? {
+            ControlAnswer::Topic(topic) => Ok(topic),
+            other => Err(unexpected_answer(&other)),
+        }
+    }
+
+    /// [`Broker::ensure_internal_topic`] from blocking code.
+    pub fn ensure_internal_topic_blocking(
+        self: &Arc<Self>,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+    ) -> Result<TopicMetadata, BrokerError> {
+        crate::runtime::block_on(self.ensure_internal_topic(name, partitions, configs))?
+    }
+
+    pub(crate) fn decide_ensure_internal_topic(
+        &self,
+        controller: &MutexGuard<'_, ()>,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+    ) -> Result<TopicMetadata, BrokerError> {
         if let Some(topic) = self.metadata().topic(name) {
             return Ok(topic.clone());
         }
+        if !name.starts_with("__") {
+            return Err(BrokerError::new(ErrorKind::InvalidTopic, format!("{name} is not an internal topic name")));
+        }
+        Broker::validate_topic_name(name)?;
+        self.check_partition_count(partitions)?;
         // Internal topics get the broker's default replication factor, as far as there are
         // brokers for it.
         let brokers = self.brokers();
-        let rf = (self.config.default_replication_factor.max(1) as usize).min(brokers.len());
+        if brokers.is_empty() {
+            return Err(BrokerError::new(ErrorKind::Unavailable, "no broker is registered and unfenced yet"));
+        }
+        let rf =
+            (self.config.default_replication_factor.max(1) as usize).min(brokers.len()).min(MAX_REPLICATION_FACTOR);
         let record = MetadataRecord::CreateTopic {
             name: name.to_string(),
             id: Uuid::new_v4(),
@@ -513,7 +755,8 @@ impl Broker {
                 placement::random_start(brokers.len()),
             ),
         };
-        self.commit(&controller, vec![record])?;
+        self.commit(controller, vec![record])?;
+        tracing::info!(topic = name, partitions, "created internal topic");
         self.metadata()
             .topic(name)
             .cloned()
@@ -526,9 +769,20 @@ impl Broker {
         name: Option<String>,
         id: Option<Uuid>,
     ) -> Result<TopicMetadata, BrokerError> {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let controller = lock(&this.controller);
+        match self.control(ControlRequest::DeleteTopic { name, id }).await? {
+            ControlAnswer::Topic(topic) => Ok(topic),
+            other => Err(unexpected_answer(&other)),
+        }
+    }
+
+    pub(crate) fn decide_delete_topic(
+        &self,
+        controller: &MutexGuard<'_, ()>,
+        name: Option<String>,
+        id: Option<Uuid>,
+    ) -> Result<TopicMetadata, BrokerError> {
+        let this = self;
+        {
             if !this.config.delete_topic_enable {
                 return Err(BrokerError::new(
                     ErrorKind::TopicDeletionDisabled,
@@ -558,12 +812,10 @@ impl Broker {
                     format!("Internal topic {} cannot be deleted.", topic.name),
                 ));
             }
-            this.commit(&controller, vec![MetadataRecord::DeleteTopic { name: topic.name.clone(), id: topic.id }])?;
+            this.commit(controller, vec![MetadataRecord::DeleteTopic { name: topic.name.clone(), id: topic.id }])?;
             tracing::info!(topic = %topic.name, "deleted topic");
             Ok(topic)
-        })
-        .await
-        .unwrap_or_else(|e| Err(BrokerError::new(ErrorKind::Internal, e.to_string())))
+        }
     }
 
     /// Grows a topic to `count` partitions, the new ones on the `assignments` given (one replica
@@ -575,9 +827,22 @@ impl Broker {
         assignments: Option<Vec<Vec<i32>>>,
         validate_only: bool,
     ) -> Result<(), BrokerError> {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let controller = lock(&this.controller);
+        match self.control(ControlRequest::CreatePartitions { name, count, assignments, validate_only }).await? {
+            ControlAnswer::Done => Ok(()),
+            other => Err(unexpected_answer(&other)),
+        }
+    }
+
+    pub(crate) fn decide_create_partitions(
+        &self,
+        controller: &MutexGuard<'_, ()>,
+        name: String,
+        count: i32,
+        assignments: Option<Vec<Vec<i32>>>,
+        validate_only: bool,
+    ) -> Result<(), BrokerError> {
+        let this = self;
+        {
             let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
                 BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("The topic '{name}' does not exist."))
             })?;
@@ -618,7 +883,8 @@ impl Broker {
                             ),
                         ));
                     }
-                    placement::check_manual_assignment(&assignments, &brokers)?;
+                    let rf = placement::check_manual_assignment(&assignments, &brokers)?;
+                    check_replicated(rf as usize)?;
                     assignments
                 }
                 None => {
@@ -634,7 +900,7 @@ impl Broker {
             };
             if !validate_only {
                 this.commit(
-                    &controller,
+                    controller,
                     vec![MetadataRecord::CreatePartitions {
                         name: name.clone(),
                         id: topic.id,
@@ -645,9 +911,7 @@ impl Broker {
                 tracing::info!(topic = %name, partitions = count, "added partitions");
             }
             Ok(())
-        })
-        .await
-        .unwrap_or_else(|e| Err(BrokerError::new(ErrorKind::Internal, e.to_string())))
+        }
     }
 
     /// Changes a topic's config overrides by `edit`, applied to the overrides current when the
@@ -658,9 +922,21 @@ impl Broker {
         validate_only: bool,
         edit: topic_config::ConfigEdit,
     ) -> Result<(), BrokerError> {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let controller = lock(&this.controller);
+        match self.control(ControlRequest::AlterTopicConfigs { name, validate_only, edit }).await? {
+            ControlAnswer::Done => Ok(()),
+            other => Err(unexpected_answer(&other)),
+        }
+    }
+
+    pub(crate) fn decide_alter_topic_configs(
+        &self,
+        controller: &MutexGuard<'_, ()>,
+        name: String,
+        validate_only: bool,
+        edit: topic_config::ConfigEdit,
+    ) -> Result<(), BrokerError> {
+        let this = self;
+        {
             let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
                 BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("Topic {name} does not exist."))
             })?;
@@ -671,20 +947,18 @@ impl Broker {
             warn_deprecated(&name, &configs);
             if !validate_only && configs != topic.configs {
                 this.commit(
-                    &controller,
+                    controller,
                     vec![MetadataRecord::SetTopicConfigs { name: name.clone(), id: topic.id, configs }],
                 )?;
                 tracing::info!(topic = %name, "altered topic configs");
             }
             Ok(())
-        })
-        .await
-        .unwrap_or_else(|e| Err(BrokerError::new(ErrorKind::Internal, e.to_string())))
+        }
     }
 
     /// Commits `records` to the metadata quorum as one decision, then brings the partitions in
     /// line with the applied state. Called with the controller lock held. Blocking.
-    fn commit(&self, _held: &MutexGuard<'_, ()>, records: Vec<MetadataRecord>) -> Result<(), BrokerError> {
+    pub(crate) fn commit(&self, _held: &MutexGuard<'_, ()>, records: Vec<MetadataRecord>) -> Result<(), BrokerError> {
         let index = block_on(self.quorum.propose(records))??;
         // openraft answers a write once the entry is applied here, and the state machine
         // publishes before it answers.
@@ -695,14 +969,15 @@ impl Broker {
 
     /// Brings the partitions in line with `state` unless a state at or past it was reconciled
     /// already, then makes it the metadata readers see. Blocking.
-    fn reconcile_to(&self, state: Arc<MetadataState>) -> Result<(), BrokerError> {
+    pub(crate) fn reconcile_to(&self, state: Arc<MetadataState>) -> Result<(), BrokerError> {
         let mut reconciled = lock(&self.reconciled);
         if state.applied_offset < *reconciled {
             return Ok(());
         }
         self.reconcile(&state)?;
         *reconciled = state.applied_offset;
-        *write(&self.metadata) = state;
+        *write(&self.metadata) = state.clone();
+        self.reconciled_tx.send_replace(state);
         Ok(())
     }
 
@@ -822,8 +1097,10 @@ impl Broker {
     pub async fn write_many(&self, appends: Vec<(Arc<Partition>, BytesMut)>, acks: Acks) -> PendingAppends {
         let mut results: Vec<Option<Result<AppendInfo, BrokerError>>> = Vec::with_capacity(appends.len());
         let mut work = Vec::with_capacity(appends.len());
+        // A broker that may not lead (fenced, or cut off from the controller) writes nothing.
+        let may_lead = self.cluster.lifecycle.check_may_lead(self.config.node_id);
         for (slot, (partition, records)) in appends.into_iter().enumerate() {
-            match Self::check_client_append(&partition, acks) {
+            match may_lead.clone().and_then(|()| Self::check_client_append(&partition, acks)) {
                 Ok(leader_epoch) => {
                     results.push(None);
                     work.push((slot, partition, records, leader_epoch));
@@ -1021,6 +1298,9 @@ impl Broker {
     pub fn shutdown(&self) -> Result<(), BrokerError> {
         self.begin_shutdown();
         let _controller = lock(&self.controller);
+        if let Err(e) = block_on(self.cluster.stop_server()) {
+            tracing::warn!(error = %e, "stopping the internal RPC server");
+        }
         if let Err(e) = block_on(self.quorum.shutdown()) {
             tracing::warn!(error = %e, "stopping the metadata quorum");
         }
@@ -1187,7 +1467,29 @@ fn reject_keyless_records(records: &[u8]) -> Result<(), AppendError> {
 }
 
 /// A cluster id in Kafka's style: a UUID in URL-safe base64 without padding (22 characters).
-fn new_cluster_id() -> String {
+/// Replicas per partition this version can keep: partition data is not replicated between
+/// brokers yet, so more replicas would only pretend to be durable.
+pub const MAX_REPLICATION_FACTOR: usize = 1;
+
+fn check_replicated(replication_factor: usize) -> Result<(), BrokerError> {
+    if replication_factor > MAX_REPLICATION_FACTOR {
+        return Err(BrokerError::new(
+            ErrorKind::InvalidReplicationFactor,
+            format!(
+                "Replication factor {replication_factor} is not supported yet: this version of Weir keeps one replica \
+                 per partition (partition data is not replicated between brokers yet). Use a replication factor of 1."
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An answer of the wrong shape from the controller: a bug (or mismatched versions).
+fn unexpected_answer(answer: &ControlAnswer) -> BrokerError {
+    BrokerError::internal(format!("the controller answered with {answer:?}"))
+}
+
+pub(crate) fn new_cluster_id() -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let bits = Uuid::new_v4().as_u128();
     (0..22).map(|i| ALPHABET[((bits >> (i * 6)) & 63) as usize] as char).collect()
@@ -1204,15 +1506,27 @@ pub(crate) struct ProducerIdBlock {
 const PRODUCER_ID_BLOCK: i64 = 1000;
 
 impl Broker {
+    /// Reserves the next block of producer ids (for whichever broker asked).
+    pub(crate) fn decide_allocate_producer_ids(
+        &self,
+        controller: &MutexGuard<'_, ()>,
+    ) -> Result<(i64, i64), BrokerError> {
+        let first = self.metadata().next_producer_id;
+        self.commit(controller, vec![MetadataRecord::AllocateProducerIds { first, count: PRODUCER_ID_BLOCK }])?;
+        Ok((first, PRODUCER_ID_BLOCK))
+    }
+
     /// A new producer id for InitProducerId (idempotent producers). Blocking when a new block
     /// must be reserved (one fsynced metadata record per thousand ids).
-    pub fn allocate_producer_id(&self) -> Result<i64, BrokerError> {
+    pub fn allocate_producer_id(self: &Arc<Self>) -> Result<i64, BrokerError> {
         let mut block = lock(&self.producer_ids);
         if block.next >= block.end {
-            let controller = lock(&self.controller);
-            let first = self.metadata().next_producer_id.max(block.end);
-            self.commit(&controller, vec![MetadataRecord::AllocateProducerIds { first, count: PRODUCER_ID_BLOCK }])?;
-            *block = ProducerIdBlock { next: first, end: first + PRODUCER_ID_BLOCK };
+            match self.control_blocking(ControlRequest::AllocateProducerIds)? {
+                ControlAnswer::ProducerIds { first, count } => {
+                    *block = ProducerIdBlock { next: first, end: first + count };
+                }
+                other => return Err(unexpected_answer(&other)),
+            }
         }
         let id = block.next;
         block.next += 1;

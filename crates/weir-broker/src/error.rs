@@ -12,8 +12,9 @@
 
 use weir_storage::{BatchError, ProducerError, StorageError};
 
-/// What went wrong.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What went wrong. Serializable: an error crosses the cluster's internal RPCs as it is (a
+/// request forwarded to the controller answers with the controller's error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ErrorKind {
     // ----- topics and partitions -------------------------------------------------------------
     /// The topic, or the partition of the topic, does not exist.
@@ -116,6 +117,9 @@ pub enum ErrorKind {
     /// This node is not the active controller (the metadata quorum's leader), or the quorum has
     /// none right now: send the change to the controller, or retry.
     NotController,
+    /// The operation did not finish in time (the metadata quorum could not commit it: a
+    /// majority of the controllers may be down). It may still take effect.
+    TimedOut,
     /// A bug or an unexpected failure inside the broker.
     Internal,
 }
@@ -143,6 +147,7 @@ impl ErrorKind {
                 | Throttled
                 | Unavailable
                 | NotController
+                | TimedOut
         )
     }
 
@@ -201,6 +206,7 @@ impl ErrorKind {
             Throttled => "throttled",
             Unavailable => "unavailable",
             NotController => "not the controller",
+            TimedOut => "timed out",
             Internal => "internal error",
         }
     }
@@ -214,19 +220,20 @@ impl std::fmt::Display for ErrorKind {
 
 /// A failure of a broker operation: what went wrong and a message that says it to a person
 /// (front-ends send it to the client where their protocol has room for it).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[error("{kind}: {message}")]
 pub struct BrokerError {
     pub kind: ErrorKind,
     pub message: String,
     /// For an append refused because of some of its records: which ones, and why (Kafka's
     /// KIP-467 record errors). Empty otherwise.
+    #[serde(default)]
     pub record_errors: Vec<RecordError>,
 }
 
 /// One refused record of an append: its index among the records of the request's batches, in
 /// order, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RecordError {
     pub index: i32,
     pub message: String,

@@ -9,6 +9,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod broker;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod fetch;
@@ -22,7 +23,9 @@ mod runtime;
 pub mod topic_config;
 pub mod txn;
 
-pub use broker::{Acks, Broker, CreatedTopic, NewTopic, OffsetAnswer, OffsetQuery, PartitionSize, PendingAppends};
+pub use broker::{
+    Acks, Broker, CreatedTopic, NewTopic, NodeStatus, OffsetAnswer, OffsetQuery, PartitionSize, PendingAppends,
+};
 pub use config::{BrokerConfig, ConfigError};
 pub use error::{BrokerError, ErrorKind, RecordError};
 pub use partition::Partition;

@@ -61,6 +61,7 @@ pub fn kafka_error(kind: ErrorKind) -> ResponseError {
         K::Throttled => E::ThrottlingQuotaExceeded,
         K::Unavailable => E::BrokerNotAvailable,
         K::NotController => E::NotController,
+        K::TimedOut => E::RequestTimedOut,
         K::Internal => E::UnknownServerError,
     }
 }

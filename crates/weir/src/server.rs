@@ -89,6 +89,7 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
         if let Some(admin) = admin {
             admin.stop().await;
         }
+        broker.leave_cluster().await;
         groups.shutdown();
         let closing = broker.clone();
         tokio::task::spawn_blocking(move || closing.shutdown()).await?.map_err(|e| anyhow::anyhow!("{}", e.message))?;

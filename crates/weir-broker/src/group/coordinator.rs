@@ -87,7 +87,8 @@ impl GroupCoordinator {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let topic = broker.ensure_internal_topic(OFFSETS_TOPIC, broker.config.offsets_topic_partitions, configs)?;
+        let topic =
+            broker.ensure_internal_topic_blocking(OFFSETS_TOPIC, broker.config.offsets_topic_partitions, configs)?;
         if topic.partitions != broker.config.offsets_topic_partitions {
             tracing::warn!(
                 existing = topic.partitions,

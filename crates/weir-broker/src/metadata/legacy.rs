@@ -91,6 +91,11 @@ pub fn load(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Option<MetadataSta
     Ok(Some(state))
 }
 
+/// True when `data_dir` holds a Weir 0.1 metadata log not yet moved to the quorum.
+pub fn exists(data_dir: &Path) -> bool {
+    data_dir.join(METADATA_DIR).join(LOG_DIR).is_dir()
+}
+
 /// Moves the old log and snapshot aside once their state is committed to the quorum.
 pub fn retire(data_dir: &Path) -> std::io::Result<()> {
     let dir = data_dir.join(METADATA_DIR);

@@ -95,11 +95,16 @@ fn err(kind: ErrorKind, message: impl Into<String>) -> BrokerError {
 }
 
 impl TxnCoordinator {
+    /// The `__transaction_state` partition holding `transactional_id`'s state.
+    pub fn partition_for(&self, _transactional_id: &str) -> i32 {
+        0
+    }
+
     /// Loads the transaction log and completes transactions a crash left half done. Blocking;
     /// call from a tokio runtime context (it starts the timeout task).
     pub fn start(broker: Arc<Broker>, groups: Arc<GroupCoordinator>) -> Result<Arc<TxnCoordinator>, BrokerError> {
         let configs = [("cleanup.policy".to_string(), "compact".to_string())].into_iter().collect();
-        broker.ensure_internal_topic(TRANSACTION_STATE_TOPIC, 1, configs)?;
+        broker.ensure_internal_topic_blocking(TRANSACTION_STATE_TOPIC, 1, configs)?;
         let partition = broker.require_partition(TRANSACTION_STATE_TOPIC, 0)?;
         let mut state: HashMap<String, TxnMetadata> = HashMap::new();
         let mut next = partition.log.log_start_offset();

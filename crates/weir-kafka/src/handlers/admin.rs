@@ -402,8 +402,8 @@ pub async fn delete_records(ctx: &Ctx, _client: &Client, request: DeleteRecordsR
 }
 
 pub async fn describe_cluster(ctx: &Ctx, _client: &Client, request: DescribeClusterRequest) -> DescribeClusterResponse {
-    let config = &ctx.broker.config;
-    // endpoint_type 1 = brokers, 2 = controllers; this node is both.
+    // endpoint_type 1 = brokers, 2 = controllers (KIP-919, for clients of controllers; brokers
+    // answer with the brokers).
     let operations = if request.include_cluster_authorized_operations {
         authorized_operations::CLUSTER
     } else {
@@ -413,11 +413,20 @@ pub async fn describe_cluster(ctx: &Ctx, _client: &Client, request: DescribeClus
         .with_cluster_authorized_operations(operations)
         .with_endpoint_type(request.endpoint_type)
         .with_cluster_id(str(ctx.broker.cluster_id()))
-        .with_controller_id(BrokerId(config.node_id))
-        .with_brokers(vec![DescribeClusterBroker::default()
-            .with_broker_id(BrokerId(config.node_id))
-            .with_host(str(config.advertised_host.clone()))
-            .with_port(config.advertised_port as i32)])
+        .with_controller_id(BrokerId(ctx.broker.controller_for_clients()))
+        .with_brokers(
+            ctx.broker
+                .live_brokers()
+                .into_iter()
+                .map(|b| {
+                    DescribeClusterBroker::default()
+                        .with_broker_id(BrokerId(b.id))
+                        .with_host(str(b.host))
+                        .with_port(i32::from(b.port))
+                        .with_rack(b.rack.map(str))
+                })
+                .collect(),
+        )
 }
 
 pub async fn describe_log_dirs(

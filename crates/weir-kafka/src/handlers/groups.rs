@@ -34,6 +34,8 @@ use weir_broker::group::{
 };
 
 use kafka_protocol::ResponseError;
+use weir_broker::group::OFFSETS_TOPIC;
+use weir_broker::txn::TRANSACTION_STATE_TOPIC;
 
 use crate::context::{Client, Ctx};
 use crate::errors::{code_of, kafka_error};
@@ -84,45 +86,48 @@ fn by_topic<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec
 // ----- FindCoordinator ---------------------------------------------------------------------
 
 pub async fn find_coordinator(ctx: &Ctx, client: &Client, req: FindCoordinatorRequest) -> FindCoordinatorResponse {
-    let config = &ctx.broker.config;
-    let answer = |key_type: i8| -> Result<(), (ResponseError, &'static str)> {
-        match key_type {
+    // The coordinator of a group (a transactional id) is the broker leading its partition of
+    // `__consumer_offsets` (`__transaction_state`).
+    let answer = |key_type: i8, key: &str| -> Result<(BrokerId, StrBytes, i32), (ResponseError, String)> {
+        let (topic, partition) = match key_type {
             KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION if ctx.broker.is_shutting_down() => {
-                Err((ResponseError::CoordinatorNotAvailable, "The broker is shutting down."))
+                return Err((ResponseError::CoordinatorNotAvailable, "The broker is shutting down.".to_string()));
             }
-            // This broker coordinates every group and every transactional id.
-            KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION => Ok(()),
-            _ => Err((ResponseError::InvalidRequest, "Unknown coordinator key type.")),
+            KEY_TYPE_GROUP => (OFFSETS_TOPIC, ctx.groups.partition_for(key)),
+            KEY_TYPE_TRANSACTION => (TRANSACTION_STATE_TOPIC, ctx.txns.partition_for(key)),
+            _ => return Err((ResponseError::InvalidRequest, "Unknown coordinator key type.".to_string())),
+        };
+        match ctx.broker.leader_endpoint(topic, partition) {
+            Ok(leader) => Ok((BrokerId(leader.id), s(leader.host), i32::from(leader.port))),
+            Err(e) => Err((kafka_error(e.kind), e.message)),
         }
     };
-    let node = BrokerId(config.node_id);
-    let host = s(config.advertised_host.clone());
-    let port = i32::from(config.advertised_port);
     if client.version >= 4 {
         let coordinators = req
             .coordinator_keys
             .into_iter()
             .map(|key| {
+                let found = answer(req.key_type, key.as_str());
                 let base = Coordinator::default().with_key(key);
-                match answer(req.key_type) {
-                    Ok(()) => base.with_node_id(node).with_host(host.clone()).with_port(port),
+                match found {
+                    Ok((node, host, port)) => base.with_node_id(node).with_host(host).with_port(port),
                     Err((error, text)) => base
                         .with_node_id(BrokerId(-1))
                         .with_port(-1)
                         .with_error_code(error.code())
-                        .with_error_message(super::message(text)),
+                        .with_error_message(super::message(&text)),
                 }
             })
             .collect();
         return FindCoordinatorResponse::default().with_coordinators(coordinators);
     }
     let response = FindCoordinatorResponse::default();
-    match answer(req.key_type) {
-        Ok(()) => response.with_node_id(node).with_host(host).with_port(port),
+    match answer(req.key_type, req.key.as_str()) {
+        Ok((node, host, port)) => response.with_node_id(node).with_host(host).with_port(port),
         Err((error, text)) => {
             let response = response.with_error_code(error.code()).with_node_id(BrokerId(-1)).with_port(-1);
             if client.version >= 1 {
-                response.with_error_message(super::message(text))
+                response.with_error_message(super::message(&text))
             } else {
                 response
             }

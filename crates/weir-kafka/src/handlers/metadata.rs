@@ -65,14 +65,22 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest) -> Met
             }
         }
     }
-    let mut response = MetadataResponse::default()
-        .with_brokers(vec![MetadataResponseBroker::default()
-            .with_node_id(BrokerId(config.node_id))
-            .with_host(StrBytes::from_string(config.advertised_host.clone()))
-            .with_port(config.advertised_port as i32)])
-        .with_topics(topics);
+    // Every live broker of the cluster, each with its advertised listener (KRaft lists the
+    // unfenced ones).
+    let brokers = broker
+        .live_brokers()
+        .into_iter()
+        .map(|b| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(b.id))
+                .with_host(StrBytes::from_string(b.host))
+                .with_port(i32::from(b.port))
+                .with_rack(b.rack.map(StrBytes::from_string))
+        })
+        .collect();
+    let mut response = MetadataResponse::default().with_brokers(brokers).with_topics(topics);
     if client.version >= 1 {
-        response = response.with_controller_id(BrokerId(config.node_id));
+        response = response.with_controller_id(BrokerId(broker.controller_for_clients()));
     }
     if client.version >= 2 {
         response = response.with_cluster_id(Some(StrBytes::from_string(broker.cluster_id())));

@@ -77,12 +77,32 @@ pub struct QuorumConfig {
     pub election_timeout_ms: u64,
     /// A snapshot is written after this many entries (`metadata.snapshot.interval.records`).
     pub snapshot_interval: u64,
+    /// The longest a proposal waits to be committed (`controller.quorum.request.timeout.ms`):
+    /// past it the quorum is taken to have lost its majority.
+    pub commit_timeout_ms: u64,
+}
+
+/// This node's view of the quorum (`weir cluster info`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuorumStatus {
+    /// Leader, Follower, Candidate or Learner.
+    pub role: String,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub applied_index: Option<u64>,
+    pub last_log_index: Option<u64>,
+    pub voters: BTreeSet<NodeId>,
+    pub learners: BTreeSet<NodeId>,
+    /// On the leader: how long since a majority last acknowledged it.
+    pub millis_since_quorum_ack: Option<u64>,
 }
 
 /// This node's part in the metadata quorum: its Raft instance and the applied state.
 pub struct Quorum {
     raft: Raft<MetadataRaft>,
     node_id: NodeId,
+    commit_timeout: Duration,
+    election_timeout: Duration,
     log: RaftLogStore,
     state: watch::Receiver<Arc<MetadataState>>,
 }
@@ -127,7 +147,14 @@ impl Quorum {
         let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log.clone(), machine)
             .await
             .map_err(|e| BrokerError::internal(format!("cannot start the metadata quorum: {e}")))?;
-        let quorum = Quorum { raft, node_id: config.node_id, log, state };
+        let quorum = Quorum {
+            raft,
+            node_id: config.node_id,
+            commit_timeout: Duration::from_millis(config.commit_timeout_ms.max(1)),
+            election_timeout: Duration::from_millis(election),
+            log,
+            state,
+        };
         quorum.form(&config).await?;
         Ok(quorum)
     }
@@ -165,8 +192,21 @@ impl Quorum {
 
     /// Commits `records` as one entry; returns its index once it is committed and applied here.
     /// Only the leader (the active controller) can; others get `NotController`, naming it.
+    /// A proposal not committed within the commit timeout fails with `TimedOut` (it may still
+    /// be committed later, when the majority is back).
     pub async fn propose(&self, records: Vec<MetadataRecord>) -> Result<u64, BrokerError> {
-        match self.raft.client_write(MetadataCommand { records }).await {
+        let write = self.raft.client_write(MetadataCommand { records });
+        let Ok(written) = tokio::time::timeout(self.commit_timeout, write).await else {
+            return Err(BrokerError::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "the metadata quorum did not commit the change within {} ms: a majority of the controllers is \
+                     unreachable (it is applied if they come back in time)",
+                    self.commit_timeout.as_millis()
+                ),
+            ));
+        };
+        match written {
             Ok(response) => Ok(response.log_id.index),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => Err(BrokerError::new(
                 ErrorKind::NotController,
@@ -187,6 +227,84 @@ impl Quorum {
     /// The active controller, if the quorum has one now.
     pub fn leader(&self) -> Option<NodeId> {
         self.raft.metrics().borrow().current_leader
+    }
+
+    /// Ok when this node may decide as the active controller: it leads, it has applied an entry
+    /// of its own term (so every earlier leader's decisions are in its state), and a majority
+    /// acknowledged it recently (else a change could not commit anyway: fail fast).
+    pub fn check_active_controller(&self) -> Result<(), BrokerError> {
+        let metrics = self.raft.metrics().borrow().clone();
+        if metrics.current_leader != Some(self.node_id) {
+            return Err(BrokerError::new(
+                ErrorKind::NotController,
+                match metrics.current_leader {
+                    Some(leader) => format!("this node is not the active controller; node {leader} is"),
+                    None => "the metadata quorum has no leader right now (an election is under way)".to_string(),
+                },
+            ));
+        }
+        let applied_term = metrics.last_applied.map(|id| id.leader_id.get_term());
+        if applied_term != Some(metrics.current_term) {
+            return Err(BrokerError::new(
+                ErrorKind::NotController,
+                "the new active controller is still applying the metadata log",
+            ));
+        }
+        let lease = 2 * self.election_timeout.max(Duration::from_millis(500));
+        if metrics.millis_since_quorum_ack.is_none_or(|ms| ms > lease.as_millis() as u64) && !self.is_alone() {
+            return Err(BrokerError::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "the active controller has not heard from a majority of the controllers for {} ms: a majority \
+                     is down or cut off, so no metadata change can be committed",
+                    metrics.millis_since_quorum_ack.unwrap_or(0)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// True when this node is the only voter.
+    fn is_alone(&self) -> bool {
+        let voters = self.voters();
+        voters.len() == 1 && voters.contains(&self.node_id)
+    }
+
+    /// The address of a voter's (or learner's) controller listener, from the membership.
+    pub fn voter_address(&self, id: NodeId) -> Option<String> {
+        let metrics = self.raft.metrics().borrow().clone();
+        metrics.membership_config.membership().get_node(&id).map(|node| node.addr.clone())
+    }
+
+    /// Adds a broker that is not a voter as a learner: the leader replicates the metadata log
+    /// to it from now on. Returns once the change is committed (not when the learner caught up).
+    pub async fn add_learner(&self, id: NodeId, addr: String) -> Result<(), BrokerError> {
+        let known = self.raft.metrics().borrow().membership_config.membership().get_node(&id).map(|n| n.addr.clone());
+        if known.as_deref() == Some(addr.as_str()) {
+            return Ok(());
+        }
+        let add = self.raft.add_learner(id, BasicNode { addr }, false);
+        match tokio::time::timeout(self.commit_timeout, add).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(BrokerError::new(ErrorKind::NotController, format!("cannot add learner {id}: {e}"))),
+            Err(_) => Err(BrokerError::new(ErrorKind::TimedOut, format!("adding learner {id} did not commit in time"))),
+        }
+    }
+
+    /// What this node's Raft reports: its role, term, applied and last log index.
+    pub fn status(&self) -> QuorumStatus {
+        let metrics = self.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        QuorumStatus {
+            role: format!("{:?}", metrics.state),
+            term: metrics.current_term,
+            leader: metrics.current_leader,
+            applied_index: metrics.last_applied.map(|id| id.index),
+            last_log_index: metrics.last_log_index,
+            voters: membership.voter_ids().collect(),
+            learners: membership.learner_ids().collect(),
+            millis_since_quorum_ack: metrics.millis_since_quorum_ack,
+        }
     }
 
     /// Waits up to `timeout` for the quorum to have a leader.

@@ -20,6 +20,7 @@ fn config(snapshot_interval: u64) -> QuorumConfig {
         voters: [(1, String::new())].into_iter().collect(),
         election_timeout_ms: 200,
         snapshot_interval,
+        commit_timeout_ms: 5000,
     }
 }
 

@@ -1,0 +1,179 @@
+//! A broker's life in the cluster: register with the active controller, heartbeat every
+//! `broker.heartbeat.interval.ms`, and know whether it may lead.
+//!
+//! A broker writes only to the partitions its applied metadata says it leads, and nothing while
+//! the controller's last answer said it is fenced (starting, catching up, shutting down). A
+//! broker that loses the controller keeps serving what it leads, as a KRaft broker does: when a
+//! majority of the controllers is down nobody can fence it or move its partitions, so refusing
+//! would only stop traffic; when it is cut off alone, the controller fences it and it learns
+//! so from the metadata log as soon as it is reachable again. (With one replica per partition
+//! no other broker can take a partition over meanwhile; ISR replication adds the checks that
+//! a stale leader needs.)
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use weir_storage::sync::lock;
+
+use super::control::{ControlAnswer, ControlRequest};
+use crate::broker::Broker;
+use crate::error::{BrokerError, ErrorKind};
+use crate::metadata::BrokerRegistration;
+
+/// The broker's own view of its standing with the controller.
+pub struct Lifecycle {
+    session_timeout: Duration,
+    state: Mutex<Standing>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Standing {
+    /// As the controller last answered.
+    fenced: bool,
+    /// When the controller last acknowledged a heartbeat; `None` before the first.
+    last_ack: Option<Instant>,
+}
+
+impl Lifecycle {
+    pub(crate) fn new(session_timeout_ms: u64) -> Lifecycle {
+        Lifecycle {
+            session_timeout: Duration::from_millis(session_timeout_ms),
+            state: Mutex::new(Standing { fenced: true, last_ack: None }),
+        }
+    }
+
+    fn acknowledged(&self, fenced: bool) {
+        let mut standing = lock(&self.state);
+        standing.fenced = fenced;
+        standing.last_ack = Some(Instant::now());
+    }
+
+    /// True while the broker may lead: the controller's last answer unfenced it.
+    pub fn may_lead(&self) -> bool {
+        let standing = *lock(&self.state);
+        !standing.fenced && standing.last_ack.is_some()
+    }
+
+    /// How long ago the controller last acknowledged a heartbeat; `None` before the first.
+    pub fn since_last_ack(&self) -> Option<Duration> {
+        lock(&self.state).last_ack.map(|at| at.elapsed())
+    }
+
+    /// True when no heartbeat was acknowledged for a session timeout (the controller has
+    /// probably fenced this broker, or lost its majority).
+    pub fn out_of_touch(&self) -> bool {
+        self.since_last_ack().is_none_or(|since| since > self.session_timeout)
+    }
+
+    /// Ok while the broker may lead; the error a write gets otherwise.
+    pub fn check_may_lead(&self, node_id: i32) -> Result<(), BrokerError> {
+        if self.may_lead() {
+            return Ok(());
+        }
+        Err(BrokerError::new(
+            ErrorKind::NotLeader,
+            format!("broker {node_id} is fenced (starting, catching up with the metadata, or shutting down)"),
+        ))
+    }
+}
+
+impl Broker {
+    /// This broker's registration: who it is and where clients and peers reach it.
+    pub(crate) fn registration(&self) -> BrokerRegistration {
+        BrokerRegistration {
+            id: self.config.node_id,
+            incarnation: self.cluster.incarnation,
+            host: self.config.advertised_host.clone(),
+            port: self.advertised_port(),
+            internal: self.internal_address.clone().unwrap_or_default(),
+            rack: self.config.rack.clone(),
+            fenced: true,
+        }
+    }
+
+    /// One round of the lifecycle: register if needed, else heartbeat. Returns whether the
+    /// broker is registered afterwards.
+    pub(crate) async fn lifecycle_round(self: &Arc<Self>, registered: bool, shutting_down: bool) -> bool {
+        if !registered {
+            let request = ControlRequest::RegisterBroker { registration: self.registration() };
+            return match self.control(request).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::info!(error = %e, "cannot register with the controller yet");
+                    false
+                }
+            };
+        }
+        let request = ControlRequest::Heartbeat {
+            id: self.config.node_id,
+            incarnation: self.cluster.incarnation,
+            applied_offset: self.reconciled_offset(),
+            shutting_down,
+        };
+        match self.control(request).await {
+            Ok(ControlAnswer::Heartbeat(answer)) if answer.must_register => false,
+            Ok(ControlAnswer::Heartbeat(answer)) => {
+                let was = self.cluster.lifecycle.may_lead();
+                self.cluster.lifecycle.acknowledged(answer.fenced);
+                if was != self.cluster.lifecycle.may_lead() {
+                    tracing::info!(fenced = answer.fenced, "the controller acknowledged this broker");
+                }
+                true
+            }
+            Ok(other) => {
+                tracing::error!(answer = ?other, "the controller answered a heartbeat with something else");
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "heartbeat not acknowledged");
+                if !self.cluster.lifecycle.may_lead() {
+                    tracing::debug!("this broker may not lead until a heartbeat is acknowledged");
+                }
+                true
+            }
+        }
+    }
+
+    /// Registers and heartbeats until shutdown (then tells the controller, once).
+    pub(crate) fn run_lifecycle(self: &Arc<Self>) {
+        let broker = Arc::downgrade(self);
+        let mut shutdown = self.shutdown_signal();
+        let interval = Duration::from_millis(self.config.broker_heartbeat_interval_ms.max(10));
+        tokio::spawn(async move {
+            let mut registered = false;
+            loop {
+                let Some(this) = broker.upgrade() else { return };
+                registered = this.lifecycle_round(registered, false).await;
+                // While fenced, check back soon: unfencing waits for the next heartbeat.
+                let wait =
+                    if this.cluster.lifecycle.may_lead() { interval } else { interval.min(Duration::from_millis(100)) };
+                drop(this);
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        });
+    }
+
+    /// Waits until the controller has unfenced this broker, logging now and then.
+    pub(crate) async fn wait_until_unfenced(&self) {
+        let started = Instant::now();
+        let mut next_log = Duration::from_secs(5);
+        while !self.cluster.lifecycle.may_lead() {
+            if self.is_shutting_down() {
+                return;
+            }
+            if started.elapsed() >= next_log {
+                let leader = self.quorum.leader();
+                tracing::info!(
+                    waited_s = started.elapsed().as_secs(),
+                    controller = ?leader,
+                    "waiting to join the cluster (a majority of the controllers must be up)"
+                );
+                next_log += Duration::from_secs(10);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
