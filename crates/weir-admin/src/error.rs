@@ -119,6 +119,7 @@ pub fn error_name(kind: ErrorKind) -> &'static str {
         K::OffsetMetadataTooLarge => "OFFSET_METADATA_TOO_LARGE",
         K::InvalidCommitOffsetSize => "INVALID_COMMIT_OFFSET_SIZE",
         K::CoordinatorNotAvailable => "COORDINATOR_NOT_AVAILABLE",
+        K::CoordinatorLoadInProgress => "COORDINATOR_LOAD_IN_PROGRESS",
         K::NotCoordinator => "NOT_COORDINATOR",
         K::InvalidRequest => "INVALID_REQUEST",
         K::Throttled => "THROTTLING_QUOTA_EXCEEDED",
@@ -179,6 +180,7 @@ pub fn status_for(kind: ErrorKind) -> StatusCode {
         K::Unavailable
         | K::NotController
         | K::CoordinatorNotAvailable
+        | K::CoordinatorLoadInProgress
         | K::NotCoordinator
         | K::LeaderNotAvailable
         | K::NotLeader

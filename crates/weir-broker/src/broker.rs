@@ -472,6 +472,11 @@ impl Broker {
     }
 
     /// Resolves the partition or says why not, as Kafka does.
+    /// Whether `topic`-`index` exists in the cluster, hosted here or not.
+    pub fn partition_exists(&self, topic: &str, index: i32) -> bool {
+        self.metadata().topic(topic).and_then(|t| t.partition(index)).is_some()
+    }
+
     pub fn require_partition(&self, topic: &str, index: i32) -> Result<Arc<Partition>, BrokerError> {
         self.partition(topic, index).ok_or_else(|| self.absent_partition_error(topic, index))
     }

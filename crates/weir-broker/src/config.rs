@@ -117,6 +117,11 @@ pub const SETTINGS: &[Setting] = &[
     s("group.initial.rebalance.delay.ms", "3000", "Wait this long for more members when a group forms."),
     s("group.max.size", "1000", "Most members in one consumer group."),
     s("offsets.topic.num.partitions", "50", "Partitions of the internal __consumer_offsets topic."),
+    s(
+        "transaction.state.log.num.partitions",
+        "50",
+        "Partitions of the internal __transaction_state topic (one that exists keeps its count).",
+    ),
     s("offsets.retention.minutes", "10080", "Drop an empty group's committed offsets after this long."),
     s("offsets.retention.check.interval.ms", "600000", "How often expired offsets are looked for."),
     s("metadata.snapshot.interval.records", "1000", "Write a metadata snapshot after this many records."),
@@ -211,6 +216,7 @@ pub struct BrokerConfig {
     pub group_initial_rebalance_delay_ms: u64,
     pub group_max_size: usize,
     pub offsets_topic_partitions: i32,
+    pub transaction_state_partitions: i32,
     pub offsets_retention_ms: i64,
     pub offsets_retention_check_interval_ms: u64,
     pub metadata_snapshot_interval: u64,
@@ -489,6 +495,11 @@ impl BrokerConfig {
             offsets_topic_partitions: parse_num(
                 "offsets.topic.num.partitions",
                 get("offsets.topic.num.partitions"),
+                1,
+            )?,
+            transaction_state_partitions: parse_num(
+                "transaction.state.log.num.partitions",
+                get("transaction.state.log.num.partitions"),
                 1,
             )?,
             offsets_retention_ms: parse_num::<i64>("offsets.retention.minutes", get("offsets.retention.minutes"), 1)?

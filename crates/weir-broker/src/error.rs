@@ -104,6 +104,8 @@ pub enum ErrorKind {
     InvalidCommitOffsetSize,
     /// The coordinator is starting, stopping or cannot write: retry.
     CoordinatorNotAvailable,
+    /// This broker became the coordinator and is still reading the state from its log: retry.
+    CoordinatorLoadInProgress,
     /// This broker is not the group's coordinator (any more): find it again.
     NotCoordinator,
 
@@ -143,6 +145,7 @@ impl ErrorKind {
                 | ConcurrentTransactions
                 | RebalanceInProgress
                 | CoordinatorNotAvailable
+                | CoordinatorLoadInProgress
                 | NotCoordinator
                 | Throttled
                 | Unavailable
@@ -201,6 +204,7 @@ impl ErrorKind {
             OffsetMetadataTooLarge => "offset metadata too large",
             InvalidCommitOffsetSize => "invalid commit offset size",
             CoordinatorNotAvailable => "coordinator not available",
+            CoordinatorLoadInProgress => "coordinator loading",
             NotCoordinator => "not the coordinator",
             InvalidRequest => "invalid request",
             Throttled => "throttled",

@@ -11,6 +11,7 @@
 pub mod broker;
 pub mod cluster;
 pub mod config;
+mod coordinator_shards;
 pub mod error;
 pub mod fetch;
 pub mod group;

@@ -83,7 +83,13 @@ impl Broker {
         let index = if same {
             state.applied_offset
         } else {
-            let mut records = vec![MetadataRecord::RegisterBroker { registration: registration.clone() }];
+            let mut records = Vec::new();
+            if state.cluster_id.is_empty() {
+                // The cluster's id comes first, so no broker is ever unfenced without one (the
+                // tick would write it too, but a registration may come before the first tick).
+                records.push(MetadataRecord::InitCluster { cluster_id: crate::broker::new_cluster_id() });
+            }
+            records.push(MetadataRecord::RegisterBroker { registration: registration.clone() });
             records.extend(leaderless_changes(&state, registration.id));
             self.commit(held, records)?;
             tracing::info!(

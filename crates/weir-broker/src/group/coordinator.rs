@@ -9,6 +9,11 @@
 //!   from validating against the group state, through the fsynced append, to applying the
 //!   result to the cache. So the cache changes in log order, and a validation cannot be
 //!   overtaken by another append to the same group. Lock order: writer, then `groups`.
+//! - The coordinator holds the groups of the `__consumer_offsets` partitions this broker leads
+//!   (its shards, see `coordinator_shards`); a request for a group of another partition is
+//!   answered NOT_COORDINATOR, one of a partition still loading COORDINATOR_LOAD_IN_PROGRESS.
+//!   Ownership is checked with `groups` held, and a lost shard's groups are removed under it,
+//!   so no group outlives its shard. Lock order when both are held: `groups`, then the shards.
 //! - JoinGroup and SyncGroup replies travel through one-shot channels held by the members
 //!   (see `state`); shutdown answers every one of them, so no request waits forever.
 
@@ -21,6 +26,7 @@ use bytes::Bytes;
 use tokio::sync::{oneshot, watch, Notify};
 
 use crate::broker::Broker;
+use crate::coordinator_shards::{self, ShardOwner, Shards};
 use crate::error::BrokerError;
 use crate::internal_records::encode_batch;
 use crate::partition::Partition;
@@ -41,7 +47,7 @@ const TIMER_TICK_MAX_MS: i64 = 1000;
 /// `max.message.bytes` (1 MiB by default); a larger commit becomes several batches of one append.
 const BATCH_BYTES_MAX: usize = 256 * 1024;
 
-struct OffsetsPartition {
+pub(crate) struct OffsetsPartition {
     partition: Arc<Partition>,
     /// Held across validate → append → apply (see the module doc).
     writer: Mutex<()>,
@@ -55,7 +61,8 @@ pub struct GroupCoordinator {
     offsets_retention_ms: i64,
     offsets_retention_check_interval_ms: i64,
     groups: Mutex<HashMap<String, Group>>,
-    partitions: Vec<OffsetsPartition>,
+    /// The `__consumer_offsets` partitions this broker coordinates.
+    shards: Shards<OffsetsPartition>,
     /// Wakes the timer task when a deadline may have moved earlier.
     timer_wake: Arc<Notify>,
     shut_down: AtomicBool,
@@ -74,47 +81,88 @@ fn append_error_kind(e: &BrokerError, too_large: ErrorKind) -> ErrorKind {
     }
 }
 
+/// The configs `__consumer_offsets` is created with.
+fn offsets_topic_configs() -> BTreeMap<String, String> {
+    [("cleanup.policy", "compact"), ("segment.bytes", "104857600")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Creates `__consumer_offsets` unless it exists (through the controller, like any topic).
+async fn ensure_offsets_topic(broker: &Arc<Broker>) -> Result<(), BrokerError> {
+    let wanted = broker.config.offsets_topic_partitions;
+    let topic = broker.ensure_internal_topic(OFFSETS_TOPIC, wanted, offsets_topic_configs()).await?;
+    if topic.partitions != wanted {
+        tracing::warn!(
+            existing = topic.partitions,
+            configured = wanted,
+            "{OFFSETS_TOPIC} exists with a different partition count than offsets.topic.num.partitions; keeping the existing one"
+        );
+    }
+    Ok(())
+}
+
+fn ensure_offsets_topic_blocking(broker: &Arc<Broker>) -> Result<(), BrokerError> {
+    crate::runtime::block_on(ensure_offsets_topic(broker))?
+}
+
+impl ShardOwner for GroupCoordinator {
+    type Shard = OffsetsPartition;
+
+    fn shards(&self) -> &Shards<OffsetsPartition> {
+        &self.shards
+    }
+
+    fn load_shard(&self, index: i32, partition: Arc<Partition>) -> Result<OffsetsPartition, BrokerError> {
+        let started = std::time::Instant::now();
+        let mut loaded: HashMap<String, LoadedGroup> = HashMap::new();
+        let records = offsets::load_partition(&self.broker, &partition, &mut loaded)?;
+        let count = loaded.len();
+        let mut groups = self.groups();
+        for (id, group) in loaded {
+            groups.insert(id.clone(), Group::from_loaded(id, group));
+        }
+        drop(groups);
+        tracing::debug!(
+            partition = index,
+            groups = count,
+            records,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "loaded a partition of {OFFSETS_TOPIC}"
+        );
+        self.timer_wake.notify_one();
+        Ok(OffsetsPartition { partition, writer: Mutex::new(()) })
+    }
+
+    fn unload_shard(&self, index: i32) {
+        let count = self.partition_count();
+        let mut groups = self.groups();
+        groups.retain(|id, group| {
+            let keep = count == 0 || partition_for(id, count) != index;
+            if !keep {
+                group.fail_waiters(ErrorKind::NotCoordinator);
+            }
+            keep
+        });
+    }
+}
+
 impl GroupCoordinator {
-    /// Creates `__consumer_offsets` if needed, loads every group and committed offset from it,
-    /// and starts the timer task. Blocking (it reads the whole topic); call it from within a
-    /// tokio runtime (the timer task is spawned on it), e.g. in `spawn_blocking` or before
+    /// Starts the coordinator: loads the groups of every `__consumer_offsets` partition this
+    /// broker leads, and starts the timer task and the task that follows leadership changes.
+    /// On a single node it first creates the topic, as it always did; in a cluster the first
+    /// FindCoordinator does (see [`GroupCoordinator::coordinator_partition`]), so its
+    /// partitions spread over the brokers that are up by then. Blocking (it reads the
+    /// partitions); call it from within a tokio runtime, e.g. in `spawn_blocking` or before
     /// serving.
     pub fn start(broker: Arc<Broker>) -> Result<Arc<GroupCoordinator>, BrokerError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             BrokerError::new(ErrorKind::Internal, "GroupCoordinator::start must run within a tokio runtime")
         })?;
-        let configs: BTreeMap<String, String> = [("cleanup.policy", "compact"), ("segment.bytes", "104857600")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let topic =
-            broker.ensure_internal_topic_blocking(OFFSETS_TOPIC, broker.config.offsets_topic_partitions, configs)?;
-        if topic.partitions != broker.config.offsets_topic_partitions {
-            tracing::warn!(
-                existing = topic.partitions,
-                configured = broker.config.offsets_topic_partitions,
-                "{OFFSETS_TOPIC} exists with a different partition count than offsets.topic.num.partitions; keeping the existing one"
-            );
+        if !broker.config.is_cluster() {
+            ensure_offsets_topic_blocking(&broker)?;
         }
-        let started = std::time::Instant::now();
-        let mut loaded: HashMap<String, LoadedGroup> = HashMap::new();
-        let mut partitions = Vec::with_capacity(topic.partitions.max(0) as usize);
-        let mut records = 0u64;
-        for index in 0..topic.partitions {
-            let partition = broker.require_partition(OFFSETS_TOPIC, index)?;
-            records += offsets::load_partition(&broker, &partition, &mut loaded)?;
-            partitions.push(OffsetsPartition { partition, writer: Mutex::new(()) });
-        }
-        let offsets: usize = loaded.values().map(|g| g.offsets.len()).sum();
-        let groups: HashMap<String, Group> =
-            loaded.into_iter().map(|(id, group)| (id.clone(), Group::from_loaded(id, group))).collect();
-        tracing::info!(
-            groups = groups.len(),
-            offsets,
-            records,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "loaded consumer groups from {OFFSETS_TOPIC}"
-        );
         let config = &broker.config;
         let coordinator = Arc::new(GroupCoordinator {
             limits: Limits {
@@ -126,12 +174,32 @@ impl GroupCoordinator {
             offsets_retention_ms: config.offsets_retention_ms,
             offsets_retention_check_interval_ms: i64::try_from(config.offsets_retention_check_interval_ms)
                 .unwrap_or(i64::MAX),
-            groups: Mutex::new(groups),
-            partitions,
+            groups: Mutex::new(HashMap::new()),
+            shards: Shards::new(OFFSETS_TOPIC),
             timer_wake: Arc::new(Notify::new()),
             shut_down: AtomicBool::new(false),
             broker,
         });
+        let started = std::time::Instant::now();
+        if !coordinator_shards::reconcile_blocking(&coordinator.broker, &*coordinator) {
+            return Err(BrokerError::new(
+                ErrorKind::Storage,
+                format!("cannot load the consumer groups of {OFFSETS_TOPIC} (see the log)"),
+            ));
+        }
+        let (groups, offsets) = {
+            let groups = coordinator.groups();
+            (groups.len(), groups.values().map(|g| g.offsets.len()).sum::<usize>())
+        };
+        tracing::info!(
+            groups,
+            offsets,
+            partitions = coordinator.shards.loaded().len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "loaded consumer groups from {OFFSETS_TOPIC}"
+        );
+        let _guard = runtime.enter();
+        coordinator_shards::spawn_watcher(&coordinator.broker, Arc::downgrade(&coordinator));
         runtime.spawn(run_timers(
             Arc::downgrade(&coordinator),
             coordinator.timer_wake.clone(),
@@ -169,15 +237,41 @@ impl GroupCoordinator {
         self.broker.now_ms()
     }
 
-    fn offsets_partition(&self, group_id: &str) -> &OffsetsPartition {
-        let index = partition_for(group_id, self.partitions.len() as i32) as usize;
-        &self.partitions[index]
+    /// Partitions of `__consumer_offsets`: 0 before it exists.
+    fn partition_count(&self) -> i32 {
+        self.broker.metadata().topic(OFFSETS_TOPIC).map_or(0, |t| t.partitions)
     }
 
-    /// The `__consumer_offsets` partition holding `group_id` (FindCoordinator's answer is this
-    /// broker either way on one node).
+    /// The shard holding `group_id`, if this broker coordinates the group; else the error its
+    /// client gets (it then looks for the coordinator again, or retries).
+    fn shard_of(&self, group_id: &str) -> Result<Arc<OffsetsPartition>, ErrorKind> {
+        let count = self.partition_count();
+        if count == 0 {
+            return Err(ErrorKind::CoordinatorNotAvailable);
+        }
+        self.shards.get(partition_for(group_id, count)).map_err(|e| e.kind)
+    }
+
+    /// Checks that this broker coordinates `group_id` (with `groups` held, see the module doc).
+    fn check_coordinator(&self, group_id: &str) -> Result<(), ErrorKind> {
+        self.shard_of(group_id).map(|_| ())
+    }
+
+    /// The `__consumer_offsets` partition holding `group_id`: of the topic as it is, or as it
+    /// will be created (`offsets.topic.num.partitions`).
     pub fn partition_for(&self, group_id: &str) -> i32 {
-        partition_for(group_id, self.partitions.len() as i32)
+        let count = self.partition_count();
+        partition_for(group_id, if count > 0 { count } else { self.broker.config.offsets_topic_partitions.max(1) })
+    }
+
+    /// FindCoordinator's part: creates `__consumer_offsets` when it does not exist yet (Kafka
+    /// does so on the first FindCoordinator too), then names the partition whose leader is the
+    /// group's coordinator.
+    pub async fn coordinator_partition(&self, group_id: &str) -> Result<i32, BrokerError> {
+        if self.partition_count() == 0 {
+            ensure_offsets_topic(&self.broker).await?;
+        }
+        Ok(self.partition_for(group_id))
     }
 
     fn validate_session_timeout(&self, session_timeout_ms: i32) -> bool {
@@ -227,6 +321,9 @@ impl GroupCoordinator {
             if !self.is_active() {
                 return JoinGroupResult::error(member_id, ErrorKind::CoordinatorNotAvailable);
             }
+            if let Err(kind) = self.check_coordinator(&params.group_id) {
+                return JoinGroupResult::error(member_id, kind);
+            }
             let now = self.now_ms();
             let group_id = params.group_id.clone();
             if !groups.contains_key(&group_id) {
@@ -259,6 +356,9 @@ impl GroupCoordinator {
             if !self.is_active() {
                 return SyncGroupResult::error(ErrorKind::CoordinatorNotAvailable);
             }
+            if let Err(kind) = self.check_coordinator(&group_id) {
+                return SyncGroupResult::error(kind);
+            }
             let now = self.now_ms();
             match groups.get_mut(&group_id) {
                 None => return SyncGroupResult::error(ErrorKind::UnknownMember),
@@ -277,7 +377,17 @@ impl GroupCoordinator {
     }
 
     fn store_group_blocking(&self, group_id: &str, generation: i32, assignments: HashMap<String, Bytes>) {
-        let target = self.offsets_partition(group_id);
+        let target = match self.shard_of(group_id) {
+            Ok(target) => target,
+            Err(kind) => {
+                // The shard was lost meanwhile; its unload answered the members already, unless
+                // the group is still here.
+                if let Some(group) = self.groups().get_mut(group_id) {
+                    group.complete_sync(generation, &assignments, Err(kind), self.now_ms(), &self.limits);
+                }
+                return;
+            }
+        };
         let _writer = lock(&target.writer);
         let now = self.now_ms();
         let record = {
@@ -289,7 +399,7 @@ impl GroupCoordinator {
             }
         };
         let entry = (offsets::group_key(group_id), Some(offsets::group_value(&record)));
-        let stored = self.append(target, std::slice::from_ref(&entry)).map_err(|e| {
+        let stored = self.append(&target, std::slice::from_ref(&entry)).map_err(|e| {
             tracing::error!(group = group_id, error = %e, "cannot store the group record");
             append_error_kind(&e, ErrorKind::Internal)
         });
@@ -309,6 +419,7 @@ impl GroupCoordinator {
         if !self.is_active() {
             return Err(ErrorKind::CoordinatorNotAvailable);
         }
+        self.check_coordinator(&params.group_id)?;
         let now = self.now_ms();
         match groups.get_mut(&params.group_id) {
             None => Err(ErrorKind::UnknownMember),
@@ -325,6 +436,9 @@ impl GroupCoordinator {
             let mut groups = self.groups();
             if !self.is_active() {
                 return LeaveGroupResult { error: Some(ErrorKind::CoordinatorNotAvailable), members: Vec::new() };
+            }
+            if let Err(kind) = self.check_coordinator(group_id) {
+                return LeaveGroupResult { error: Some(kind), members: Vec::new() };
             }
             let now = self.now_ms();
             match groups.get_mut(group_id) {
@@ -413,6 +527,7 @@ impl GroupCoordinator {
         }
         let now = self.now_ms();
         let mut groups = self.groups();
+        self.check_coordinator(group_id)?;
         match groups.get_mut(group_id) {
             Some(group) => group.validate_commit(generation_id, member_id, group_instance_id, now).map(|_| ()),
             None => Err(ErrorKind::WrongGeneration),
@@ -428,7 +543,7 @@ impl GroupCoordinator {
         // Offsets of partitions that do not exist are refused before the group is consulted.
         let mut known = Vec::with_capacity(results.len());
         for (i, o) in params.offsets.iter().enumerate() {
-            if self.broker.partition(&o.topic, o.partition).is_none() {
+            if !self.broker.partition_exists(&o.topic, o.partition) {
                 results[i].error = Some(ErrorKind::UnknownTopicOrPartition);
             } else {
                 known.push(i);
@@ -438,7 +553,15 @@ impl GroupCoordinator {
             return results;
         }
         let group_id = params.group_id.as_str();
-        let target = self.offsets_partition(group_id);
+        let target = match self.shard_of(group_id) {
+            Ok(target) => target,
+            Err(kind) => {
+                for &i in &known {
+                    results[i].error = Some(kind);
+                }
+                return results;
+            }
+        };
         let _writer = lock(&target.writer);
         let now = self.now_ms();
         let validation = {
@@ -500,7 +623,7 @@ impl GroupCoordinator {
                 (offsets::offset_key(group_id, &o.topic, o.partition), Some(offsets::offset_value(committed)))
             })
             .collect();
-        if let Err(e) = self.append(target, &entries) {
+        if let Err(e) = self.append(&target, &entries) {
             tracing::error!(group = group_id, error = %e, "cannot store committed offsets");
             let code = append_error_kind(&e, ErrorKind::InvalidCommitOffsetSize);
             for (i, _) in &stored {
@@ -509,6 +632,10 @@ impl GroupCoordinator {
             return results;
         }
         let mut groups = self.groups();
+        if self.check_coordinator(group_id).is_err() {
+            // Durable, but the shard was lost meanwhile: whoever loads it next reads the commit.
+            return results;
+        }
         let group = groups.entry(group_id.to_string()).or_insert_with(|| Group::new(group_id.to_string(), now));
         for (i, committed) in stored {
             let o = &params.offsets[i];
@@ -528,6 +655,7 @@ impl GroupCoordinator {
         if !self.is_active() {
             return Err(ErrorKind::CoordinatorNotAvailable);
         }
+        self.check_coordinator(group_id)?;
         let group = groups.get(group_id);
         let fetched = |(topic, partition): (String, i32), committed: Option<&CommittedOffset>| match committed {
             Some(c) => FetchedOffset {
@@ -582,7 +710,7 @@ impl GroupCoordinator {
         group_id: &str,
         partitions: Vec<(String, i32)>,
     ) -> Result<Vec<PartitionResult>, ErrorKind> {
-        let target = self.offsets_partition(group_id);
+        let target = self.shard_of(group_id)?;
         let _writer = lock(&target.writer);
         let metadata = self.broker.metadata();
         let mut results = Vec::with_capacity(partitions.len());
@@ -627,7 +755,7 @@ impl GroupCoordinator {
         if entries.is_empty() {
             return Ok(results);
         }
-        if let Err(e) = self.append(target, &entries) {
+        if let Err(e) = self.append(&target, &entries) {
             tracing::error!(group = group_id, error = %e, "cannot delete offsets");
             return Err(append_error_kind(&e, ErrorKind::Internal));
         }
@@ -672,10 +800,11 @@ impl GroupCoordinator {
         let active = self.is_active();
         group_ids
             .iter()
-            .map(|id| match groups.get(id) {
+            .map(|id| match (groups.get(id), self.check_coordinator(id)) {
                 _ if !active => GroupDescription { error: Some(ErrorKind::CoordinatorNotAvailable), ..dead_group(id) },
-                Some(group) => group.describe(),
-                None => dead_group(id),
+                (_, Err(kind)) => GroupDescription { error: Some(kind), ..dead_group(id) },
+                (Some(group), Ok(())) => group.describe(),
+                (None, Ok(())) => dead_group(id),
             })
             .collect()
     }
@@ -719,7 +848,7 @@ impl GroupCoordinator {
     }
 
     fn delete_group_blocking(&self, group_id: &str) -> Result<(), ErrorKind> {
-        let target = self.offsets_partition(group_id);
+        let target = self.shard_of(group_id)?;
         let _writer = lock(&target.writer);
         let mut entries: Vec<(Bytes, Option<Bytes>)> = Vec::new();
         {
@@ -743,7 +872,7 @@ impl GroupCoordinator {
                 entries.push((offsets::group_key(group_id), None));
             }
         }
-        let appended = if entries.is_empty() { Ok(()) } else { self.append(target, &entries) };
+        let appended = if entries.is_empty() { Ok(()) } else { self.append(&target, &entries) };
         let mut groups = self.groups();
         match appended {
             Ok(()) => {
@@ -787,9 +916,13 @@ impl GroupCoordinator {
 
     pub(crate) fn expire_offsets_at(&self, now: i64) {
         let retention = self.offsets_retention_ms;
-        let due: Vec<usize> = {
+        let count = self.partition_count();
+        if count == 0 {
+            return;
+        }
+        let due: Vec<i32> = {
             let groups = self.groups();
-            let mut due: Vec<usize> = groups
+            let mut due: Vec<i32> = groups
                 .values()
                 .filter(|g| {
                     g.state == GroupState::Empty
@@ -798,23 +931,21 @@ impl GroupCoordinator {
                                 .values()
                                 .any(|c| c.commit_timestamp_ms.max(g.empty_since_ms) + retention <= now))
                 })
-                .map(|g| partition_for(&g.id, self.partitions.len() as i32) as usize)
+                .map(|g| partition_for(&g.id, count))
                 .collect();
             due.sort_unstable();
             due.dedup();
             due
         };
         for index in due {
-            let target = &self.partitions[index];
+            let Ok(target) = self.shards.get(index) else { continue };
             let _writer = lock(&target.writer);
             let mut entries: Vec<(Bytes, Option<Bytes>)> = Vec::new();
             let mut expired: Vec<(String, Vec<(String, i32)>)> = Vec::new();
             {
                 let groups = self.groups();
                 for group in groups.values() {
-                    if group.state != GroupState::Empty
-                        || partition_for(&group.id, self.partitions.len() as i32) as usize != index
-                    {
+                    if group.state != GroupState::Empty || partition_for(&group.id, count) != index {
                         continue;
                     }
                     let keys: Vec<(String, i32)> = group
@@ -836,7 +967,7 @@ impl GroupCoordinator {
                 }
             }
             if !entries.is_empty() {
-                if let Err(e) = self.append(target, &entries) {
+                if let Err(e) = self.append(&target, &entries) {
                     tracing::error!(partition = index, error = %e, "cannot expire offsets");
                     continue;
                 }

@@ -1,27 +1,37 @@
 //! The transaction coordinator (KIP-98): transactional ids, their producer ids and epochs, the
 //! partitions and consumer groups a transaction touches, and its completion with markers.
 //!
-//! State of each `transactional.id` lives in the compacted internal topic `__transaction_state`
-//! (one partition here: one coordinator), a JSON record per change, appended and fsynced before a
-//! request is answered. Completing a transaction is two-phase and crash-safe:
+//! State of each `transactional.id` lives in the compacted internal topic `__transaction_state`,
+//! a JSON record per change, appended and fsynced before a request is answered. A transactional
+//! id belongs to one partition (Kafka's hash), and the broker leading that partition is its
+//! coordinator: this one holds the ids of the partitions it leads (see `coordinator_shards`).
+//! Completing a transaction is two-phase and crash-safe:
 //! 1. `PrepareCommit`/`PrepareAbort` is made durable (with the partitions and pending offsets);
 //! 2. a marker (control batch) is appended to every partition of the transaction, and on commit
 //!    the pending group offsets are stored;
 //! 3. `CompleteCommit`/`CompleteAbort` is made durable.
 //!
-//! After a crash between 1 and 3, start-up finishes step 2 and 3 again; a second marker for a
-//! transaction already ended is harmless (the partition sees no open transaction to end).
+//! Markers go to each partition's leader, over the cluster's RPC when it is another broker
+//! (`txn.write_markers`), and the offsets to the group's coordinator (`group.txn_commit`).
+//! Once step 1 is durable the outcome is decided: if step 2 fails (a leader is down), the
+//! timer task retries it until it succeeds, and after a crash or a move of the coordinator the
+//! new coordinator does. A second marker for a transaction already ended is harmless (the
+//! partition sees no open transaction to end).
 //! Transactions open longer than their timeout are aborted with a bumped epoch, which fences the
 //! producer that let them time out.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+mod service;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::coordinator_shards::{self, ShardOwner, Shards};
 use crate::group::{GroupCoordinator, OffsetToCommit};
+use crate::partition::Partition;
 use crate::{internal_records, Broker, BrokerError, ErrorKind};
 use weir_storage::sync::lock;
 
@@ -77,7 +87,7 @@ pub struct TxnMetadata {
 }
 
 /// A transaction's identity as a request states it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct ProducerIdentity {
     pub producer_id: i64,
     pub producer_epoch: i16,
@@ -86,8 +96,31 @@ pub struct ProducerIdentity {
 pub struct TxnCoordinator {
     broker: Arc<Broker>,
     groups: Arc<GroupCoordinator>,
-    /// One lock for all transactional ids: every change is a durable append anyway.
+    /// The transactional ids of the loaded shards. One lock for all of them: every change is a
+    /// durable append anyway. Lock order: `state`, then the shards.
     state: Mutex<HashMap<String, TxnMetadata>>,
+    /// The `__transaction_state` partitions this broker coordinates.
+    shards: Shards<TxnShard>,
+    /// Transactional ids whose completion (markers, offsets) runs right now, so that the timer's
+    /// retry and a request do not complete the same transaction at once.
+    completing: Mutex<HashSet<String>>,
+}
+
+/// A loaded partition of `__transaction_state`.
+pub(crate) struct TxnShard {
+    partition: Arc<Partition>,
+}
+
+/// Marks a transactional id as completing while it lives.
+struct Completing<'a> {
+    set: &'a Mutex<HashSet<String>>,
+    id: String,
+}
+
+impl Drop for Completing<'_> {
+    fn drop(&mut self) {
+        lock(self.set).remove(&self.id);
+    }
 }
 
 fn err(kind: ErrorKind, message: impl Into<String>) -> BrokerError {
@@ -95,54 +128,70 @@ fn err(kind: ErrorKind, message: impl Into<String>) -> BrokerError {
 }
 
 impl TxnCoordinator {
-    /// The `__transaction_state` partition holding `transactional_id`'s state.
-    pub fn partition_for(&self, _transactional_id: &str) -> i32 {
-        0
+    /// Partitions of `__transaction_state`: 0 before it exists.
+    fn partition_count(&self) -> i32 {
+        self.broker.metadata().topic(TRANSACTION_STATE_TOPIC).map_or(0, |t| t.partitions)
     }
 
-    /// Loads the transaction log and completes transactions a crash left half done. Blocking;
-    /// call from a tokio runtime context (it starts the timeout task).
+    /// The `__transaction_state` partition holding `transactional_id`'s state (Kafka's hash):
+    /// of the topic as it is, or as it will be created.
+    pub fn partition_for(&self, transactional_id: &str) -> i32 {
+        let count = self.partition_count();
+        let count = if count > 0 { count } else { self.broker.config.transaction_state_partitions.max(1) };
+        crate::group::partition_for(transactional_id, count)
+    }
+
+    /// FindCoordinator's part: creates `__transaction_state` when it does not exist yet, then
+    /// names the partition whose leader coordinates `transactional_id`.
+    pub async fn coordinator_partition(&self, transactional_id: &str) -> Result<i32, BrokerError> {
+        if self.partition_count() == 0 {
+            ensure_state_topic(&self.broker).await?;
+        }
+        Ok(self.partition_for(transactional_id))
+    }
+
+    /// The shard holding `transactional_id`, if this broker coordinates it.
+    fn shard_of(&self, transactional_id: &str) -> Result<Arc<TxnShard>, BrokerError> {
+        if self.partition_count() == 0 {
+            return Err(err(
+                ErrorKind::CoordinatorNotAvailable,
+                format!("{TRANSACTION_STATE_TOPIC} does not exist yet"),
+            ));
+        }
+        self.shards.get(self.partition_for(transactional_id))
+    }
+
+    /// Checks that this broker coordinates `transactional_id` (NOT_COORDINATOR otherwise: the
+    /// client looks for its coordinator again).
+    pub fn check_coordinator(&self, transactional_id: &str) -> Result<(), BrokerError> {
+        self.shard_of(transactional_id).map(|_| ())
+    }
+
+    /// Loads the transactions of the `__transaction_state` partitions this broker leads and
+    /// completes those a crash left half done. On a single node it first creates the topic;
+    /// in a cluster the first FindCoordinator does. Blocking; call from a tokio runtime
+    /// context (it starts the timeout task).
     pub fn start(broker: Arc<Broker>, groups: Arc<GroupCoordinator>) -> Result<Arc<TxnCoordinator>, BrokerError> {
-        let configs = [("cleanup.policy".to_string(), "compact".to_string())].into_iter().collect();
-        broker.ensure_internal_topic_blocking(TRANSACTION_STATE_TOPIC, 1, configs)?;
-        let partition = broker.require_partition(TRANSACTION_STATE_TOPIC, 0)?;
-        let mut state: HashMap<String, TxnMetadata> = HashMap::new();
-        let mut next = partition.log.log_start_offset();
-        while next < partition.log.high_watermark() {
-            let read = broker.read(&partition, next, 4 << 20, true)?;
-            let Some(slice) = read.slice else { break };
-            let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
-            let records = internal_records::decode_batches(Bytes::from(bytes))
-                .map_err(|e| err(ErrorKind::Corrupt, format!("{TRANSACTION_STATE_TOPIC}: {e}")))?;
-            for record in records {
-                let Some(key) = record.key.as_ref().and_then(|k| std::str::from_utf8(k).ok()) else { continue };
-                match record.value {
-                    Some(value) => match serde_json::from_slice::<TxnMetadata>(&value) {
-                        Ok(meta) => {
-                            state.insert(key.to_string(), meta);
-                        }
-                        Err(e) => {
-                            tracing::warn!(transactional_id = key, error = %e, "skipping an unreadable transaction record")
-                        }
-                    },
-                    None => {
-                        state.remove(key);
-                    }
-                }
-            }
-            next = slice.next_offset;
+        if !broker.config.is_cluster() {
+            crate::runtime::block_on(ensure_state_topic(&broker))??;
         }
-        let coordinator = Arc::new(TxnCoordinator { broker, groups, state: Mutex::new(state) });
-        let unfinished: Vec<TxnMetadata> = lock(&coordinator.state)
-            .values()
-            .filter(|m| matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort))
-            .cloned()
-            .collect();
-        for meta in unfinished {
-            tracing::info!(transactional_id = %meta.transactional_id, state = meta.state.name(), "completing a transaction left unfinished");
-            coordinator.complete(meta)?;
+        let coordinator = Arc::new(TxnCoordinator {
+            broker,
+            groups,
+            state: Mutex::new(HashMap::new()),
+            shards: Shards::new(TRANSACTION_STATE_TOPIC),
+            completing: Mutex::new(HashSet::new()),
+        });
+        if !coordinator_shards::reconcile_blocking(&coordinator.broker, &*coordinator) {
+            return Err(err(
+                ErrorKind::Storage,
+                format!("cannot load the transactions of {TRANSACTION_STATE_TOPIC} (see the log)"),
+            ));
         }
+        coordinator.complete_unfinished();
         tracing::info!(transactional_ids = lock(&coordinator.state).len(), "loaded transactions");
+        service::register(&coordinator);
+        coordinator_shards::spawn_watcher(&coordinator.broker, Arc::downgrade(&coordinator));
         let timer = Arc::downgrade(&coordinator);
         let mut shutdown = coordinator.broker.shutdown_signal();
         tokio::spawn(async move {
@@ -153,7 +202,11 @@ impl TxnCoordinator {
                     _ = shutdown.changed() => return,
                 }
                 let Some(coordinator) = timer.upgrade() else { return };
-                let expired = tokio::task::spawn_blocking(move || coordinator.abort_timed_out()).await;
+                let expired = tokio::task::spawn_blocking(move || {
+                    coordinator.complete_unfinished();
+                    coordinator.abort_timed_out()
+                })
+                .await;
                 if let Ok(Err(e)) = expired {
                     tracing::warn!(error = %e, "aborting timed-out transactions failed");
                 }
@@ -162,10 +215,27 @@ impl TxnCoordinator {
         Ok(coordinator)
     }
 
+    /// Completes every prepared transaction (after a crash, a move of the coordinator, or a
+    /// failed completion); what still fails is tried again at the next call. Blocking.
+    fn complete_unfinished(&self) {
+        let unfinished: Vec<TxnMetadata> = lock(&self.state)
+            .values()
+            .filter(|m| matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort))
+            .cloned()
+            .collect();
+        for meta in unfinished {
+            let id = meta.transactional_id.clone();
+            tracing::info!(transactional_id = %id, state = meta.state.name(), "completing a prepared transaction");
+            if let Err(e) = self.complete(meta) {
+                tracing::warn!(transactional_id = %id, error = %e, "cannot complete the transaction yet; will retry");
+            }
+        }
+    }
+
     /// Appends `meta` to the transaction log (durably) and makes it the current state.
     fn persist(&self, state: &mut HashMap<String, TxnMetadata>, mut meta: TxnMetadata) -> Result<(), BrokerError> {
         meta.updated_ms = self.broker.now_ms();
-        let partition = self.broker.require_partition(TRANSACTION_STATE_TOPIC, 0)?;
+        let partition = self.shard_of(&meta.transactional_id)?.partition.clone();
         let value = serde_json::to_vec(&meta).map_err(|e| err(ErrorKind::Internal, e.to_string()))?;
         let batch = internal_records::encode_batch(
             &[(Bytes::from(meta.transactional_id.clone()), Some(Bytes::from(value)))],
@@ -219,6 +289,7 @@ impl TxnCoordinator {
                 format!("transaction.timeout.ms {timeout_ms} must be in (0, {max}] (transaction.max.timeout.ms)"),
             ));
         }
+        self.check_coordinator(transactional_id)?;
         let existing = lock(&self.state).get(transactional_id).cloned();
         if let Some(meta) = existing.clone() {
             match meta.state {
@@ -228,6 +299,12 @@ impl TxnCoordinator {
             }
         }
         let mut state = lock(&self.state);
+        if let Some(m) = state.get(transactional_id) {
+            if matches!(m.state, TxnState::PrepareCommit | TxnState::PrepareAbort | TxnState::Ongoing) {
+                // Another thread is completing it (the timer's retry): the client retries.
+                return Err(err(ErrorKind::ConcurrentTransactions, "the previous transaction is still completing"));
+            }
+        }
         let now = self.broker.now_ms();
         let meta = match state.get(transactional_id).cloned() {
             Some(mut meta) => {
@@ -268,9 +345,12 @@ impl TxnCoordinator {
         who: ProducerIdentity,
         partitions: &[(String, i32)],
     ) -> Vec<Option<BrokerError>> {
-        let unknown: Vec<bool> = partitions.iter().map(|(t, p)| self.broker.partition(t, *p).is_none()).collect();
-        let mut state = lock(&self.state);
+        let unknown: Vec<bool> = partitions.iter().map(|(t, p)| !self.broker.partition_exists(t, *p)).collect();
         let fail_all = |e: BrokerError| partitions.iter().map(|_| Some(e.clone())).collect();
+        if let Err(e) = self.check_coordinator(transactional_id) {
+            return fail_all(e);
+        }
+        let mut state = lock(&self.state);
         let mut meta = match Self::check_producer(state.get(transactional_id), who) {
             Ok(meta) => meta.clone(),
             Err(e) => return fail_all(e),
@@ -316,6 +396,7 @@ impl TxnCoordinator {
         if group_id.is_empty() {
             return Err(err(ErrorKind::InvalidGroupId, "empty group id"));
         }
+        self.check_coordinator(transactional_id)?;
         let mut state = lock(&self.state);
         let mut meta = Self::check_producer(state.get(transactional_id), who)?.clone();
         self.begin_if_needed(&mut meta);
@@ -323,14 +404,16 @@ impl TxnCoordinator {
         self.persist(&mut state, meta)
     }
 
-    /// TxnOffsetCommit: offsets the transaction will commit for `group_id`. Blocking.
-    pub fn txn_offset_commit(
+    /// TxnOffsetCommit at the transaction's coordinator: records the offsets the transaction
+    /// will commit for `group_id`. Blocking.
+    fn record_txn_offsets(
         &self,
         transactional_id: &str,
         who: ProducerIdentity,
         group_id: &str,
         offsets: Vec<PendingOffset>,
     ) -> Result<(), BrokerError> {
+        self.check_coordinator(transactional_id)?;
         let mut state = lock(&self.state);
         let mut meta = Self::check_producer(state.get(transactional_id), who)?.clone();
         if meta.state != TxnState::Ongoing || !meta.pending_offsets.contains_key(group_id) {
@@ -349,6 +432,7 @@ impl TxnCoordinator {
 
     /// EndTxn: commit or abort. Blocking; returns once every marker is written.
     pub fn end_txn(&self, transactional_id: &str, who: ProducerIdentity, commit: bool) -> Result<(), BrokerError> {
+        self.check_coordinator(transactional_id)?;
         let prepared = {
             let mut state = lock(&self.state);
             let meta = state.get(transactional_id);
@@ -382,11 +466,21 @@ impl TxnCoordinator {
             self.persist(&mut state, meta.clone())?;
             meta
         };
-        self.complete(prepared)
+        // The outcome is durable now: a completion that fails here is retried by the timer,
+        // and the producer meanwhile gets CONCURRENT_TRANSACTIONS for its next transaction.
+        if let Err(e) = self.complete(prepared) {
+            tracing::warn!(transactional_id, error = %e, "the transaction is decided but not completed yet; will retry");
+        }
+        Ok(())
     }
 
-    /// Steps 2 and 3 of completion for a prepared transaction.
+    /// Steps 2 and 3 of completion for a prepared transaction. Blocking.
     fn complete(&self, meta: TxnMetadata) -> Result<(), BrokerError> {
+        let id = meta.transactional_id.clone();
+        if !lock(&self.completing).insert(id.clone()) {
+            return Err(err(ErrorKind::ConcurrentTransactions, "the transaction is being completed"));
+        }
+        let _completing = Completing { set: &self.completing, id };
         let commit = meta.state == TxnState::PrepareCommit;
         let marker_partitions: Vec<(String, i32)> = meta
             .partitions
@@ -398,24 +492,13 @@ impl TxnCoordinator {
                     .map(|g| (crate::group::OFFSETS_TOPIC.to_string(), self.groups.partition_for(g))),
             )
             .collect();
-        for (topic, index) in marker_partitions {
-            // A partition deleted meanwhile has nothing left to mark.
-            let Some(partition) = self.broker.partition(&topic, index) else { continue };
-            let marker = weir_storage::records::control_batch(
-                meta.producer_id,
-                meta.producer_epoch,
-                commit,
-                self.broker.now_ms(),
-            );
-            match self.broker.append_internal_blocking(&partition, marker) {
-                Ok(_) => {}
-                // The producer was fenced by a newer epoch in that partition: nothing to end.
-                Err(e) if e.kind == ErrorKind::InvalidProducerEpoch => {
-                    tracing::warn!(topic, partition = index, error = %e, "transaction marker refused");
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let markers = service::Markers {
+            producer_id: meta.producer_id,
+            producer_epoch: meta.producer_epoch,
+            commit,
+            partitions: marker_partitions,
+        };
+        service::write_markers_everywhere(&self.broker, markers)?;
         if commit {
             for (group, offsets) in &meta.pending_offsets {
                 let offsets: Vec<OffsetToCommit> = offsets
@@ -428,11 +511,7 @@ impl TxnCoordinator {
                         metadata: p.metadata.clone(),
                     })
                     .collect();
-                for result in self.groups.commit_transaction_offsets_blocking(group, offsets) {
-                    if let Some(code) = result.error {
-                        tracing::warn!(group, topic = %result.topic, partition = result.partition, ?code, "a transactional offset was not stored");
-                    }
-                }
+                service::commit_group_offsets(&self.broker, &self.groups, group, offsets)?;
             }
         }
         let mut done = meta;
@@ -483,13 +562,20 @@ impl TxnCoordinator {
         if idle.is_empty() {
             return Ok(());
         }
-        let partition = self.broker.require_partition(TRANSACTION_STATE_TOPIC, 0)?;
-        let tombstones: Vec<(Bytes, Option<Bytes>)> = idle.iter().map(|id| (Bytes::from(id.clone()), None)).collect();
-        self.broker.append_internal_blocking(&partition, internal_records::encode_batch(&tombstones, now))?;
-        for id in &idle {
-            state.remove(id);
+        let mut by_partition: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+        for id in idle {
+            by_partition.entry(self.partition_for(&id)).or_default().push(id);
         }
-        tracing::info!(expired = idle.len(), "expired idle transactional ids");
+        for (index, ids) in by_partition {
+            let Ok(shard) = self.shards.get(index) else { continue };
+            let tombstones: Vec<(Bytes, Option<Bytes>)> =
+                ids.iter().map(|id| (Bytes::from(id.clone()), None)).collect();
+            self.broker.append_internal_blocking(&shard.partition, internal_records::encode_batch(&tombstones, now))?;
+            for id in &ids {
+                state.remove(id);
+            }
+            tracing::info!(expired = ids.len(), partition = index, "expired idle transactional ids");
+        }
         Ok(())
     }
 
@@ -508,5 +594,67 @@ impl TxnCoordinator {
             .collect();
         out.sort_by(|a, b| a.transactional_id.cmp(&b.transactional_id));
         out
+    }
+}
+
+/// The configs `__transaction_state` is created with.
+async fn ensure_state_topic(broker: &Arc<Broker>) -> Result<(), BrokerError> {
+    let configs = [("cleanup.policy".to_string(), "compact".to_string())].into_iter().collect();
+    let wanted = broker.config.transaction_state_partitions;
+    broker.ensure_internal_topic(TRANSACTION_STATE_TOPIC, wanted, configs).await.map(|_| ())
+}
+
+/// Reads the transactions of one `__transaction_state` partition.
+fn load_partition(broker: &Broker, partition: &Partition) -> Result<HashMap<String, TxnMetadata>, BrokerError> {
+    let mut state: HashMap<String, TxnMetadata> = HashMap::new();
+    let mut next = partition.log.log_start_offset();
+    while next < partition.log.high_watermark() {
+        let read = broker.read(partition, next, 4 << 20, true)?;
+        let Some(slice) = read.slice else { break };
+        let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
+        let records = internal_records::decode_batches(Bytes::from(bytes))
+            .map_err(|e| err(ErrorKind::Corrupt, format!("{TRANSACTION_STATE_TOPIC}: {e}")))?;
+        for record in records {
+            let Some(key) = record.key.as_ref().and_then(|k| std::str::from_utf8(k).ok()) else { continue };
+            match record.value {
+                Some(value) => match serde_json::from_slice::<TxnMetadata>(&value) {
+                    Ok(meta) => {
+                        state.insert(key.to_string(), meta);
+                    }
+                    Err(e) => {
+                        tracing::warn!(transactional_id = key, error = %e, "skipping an unreadable transaction record")
+                    }
+                },
+                None => {
+                    state.remove(key);
+                }
+            }
+        }
+        next = slice.next_offset;
+    }
+    Ok(state)
+}
+
+impl ShardOwner for TxnCoordinator {
+    type Shard = TxnShard;
+
+    fn shards(&self) -> &Shards<TxnShard> {
+        &self.shards
+    }
+
+    fn load_shard(&self, index: i32, partition: Arc<Partition>) -> Result<TxnShard, BrokerError> {
+        let loaded = load_partition(&self.broker, &partition)?;
+        tracing::debug!(
+            partition = index,
+            transactional_ids = loaded.len(),
+            "loaded a partition of {TRANSACTION_STATE_TOPIC}"
+        );
+        lock(&self.state).extend(loaded);
+        Ok(TxnShard { partition })
+    }
+
+    fn unload_shard(&self, index: i32) {
+        let count = self.partition_count();
+        lock(&self.state).retain(|id, _| count > 0 && crate::group::partition_for(id, count) != index);
     }
 }

@@ -86,43 +86,24 @@ fn by_topic<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec
 // ----- FindCoordinator ---------------------------------------------------------------------
 
 pub async fn find_coordinator(ctx: &Ctx, client: &Client, req: FindCoordinatorRequest) -> FindCoordinatorResponse {
-    // The coordinator of a group (a transactional id) is the broker leading its partition of
-    // `__consumer_offsets` (`__transaction_state`).
-    let answer = |key_type: i8, key: &str| -> Result<(BrokerId, StrBytes, i32), (ResponseError, String)> {
-        let (topic, partition) = match key_type {
-            KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION if ctx.broker.is_shutting_down() => {
-                return Err((ResponseError::CoordinatorNotAvailable, "The broker is shutting down.".to_string()));
-            }
-            KEY_TYPE_GROUP => (OFFSETS_TOPIC, ctx.groups.partition_for(key)),
-            KEY_TYPE_TRANSACTION => (TRANSACTION_STATE_TOPIC, ctx.txns.partition_for(key)),
-            _ => return Err((ResponseError::InvalidRequest, "Unknown coordinator key type.".to_string())),
-        };
-        match ctx.broker.leader_endpoint(topic, partition) {
-            Ok(leader) => Ok((BrokerId(leader.id), s(leader.host), i32::from(leader.port))),
-            Err(e) => Err((kafka_error(e.kind), e.message)),
-        }
-    };
     if client.version >= 4 {
-        let coordinators = req
-            .coordinator_keys
-            .into_iter()
-            .map(|key| {
-                let found = answer(req.key_type, key.as_str());
-                let base = Coordinator::default().with_key(key);
-                match found {
-                    Ok((node, host, port)) => base.with_node_id(node).with_host(host).with_port(port),
-                    Err((error, text)) => base
-                        .with_node_id(BrokerId(-1))
-                        .with_port(-1)
-                        .with_error_code(error.code())
-                        .with_error_message(super::message(&text)),
-                }
-            })
-            .collect();
+        let mut coordinators = Vec::with_capacity(req.coordinator_keys.len());
+        for key in req.coordinator_keys {
+            let found = coordinator_of(ctx, req.key_type, key.as_str()).await;
+            let base = Coordinator::default().with_key(key);
+            coordinators.push(match found {
+                Ok((node, host, port)) => base.with_node_id(node).with_host(host).with_port(port),
+                Err((error, text)) => base
+                    .with_node_id(BrokerId(-1))
+                    .with_port(-1)
+                    .with_error_code(error.code())
+                    .with_error_message(super::message(&text)),
+            });
+        }
         return FindCoordinatorResponse::default().with_coordinators(coordinators);
     }
     let response = FindCoordinatorResponse::default();
-    match answer(req.key_type, req.key.as_str()) {
+    match coordinator_of(ctx, req.key_type, req.key.as_str()).await {
         Ok((node, host, port)) => response.with_node_id(node).with_host(host).with_port(port),
         Err((error, text)) => {
             let response = response.with_error_code(error.code()).with_node_id(BrokerId(-1)).with_port(-1);
@@ -132,6 +113,29 @@ pub async fn find_coordinator(ctx: &Ctx, client: &Client, req: FindCoordinatorRe
                 response
             }
         }
+    }
+}
+
+/// The coordinator of a group (a transactional id): the broker leading its partition of
+/// `__consumer_offsets` (`__transaction_state`), which the first FindCoordinator creates.
+async fn coordinator_of(
+    ctx: &Ctx,
+    key_type: i8,
+    key: &str,
+) -> Result<(BrokerId, StrBytes, i32), (ResponseError, String)> {
+    if matches!(key_type, KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION) && ctx.broker.is_shutting_down() {
+        return Err((ResponseError::CoordinatorNotAvailable, "The broker is shutting down.".to_string()));
+    }
+    let located = match key_type {
+        KEY_TYPE_GROUP => ctx.groups.coordinator_partition(key).await.map(|p| (OFFSETS_TOPIC, p)),
+        KEY_TYPE_TRANSACTION => ctx.txns.coordinator_partition(key).await.map(|p| (TRANSACTION_STATE_TOPIC, p)),
+        _ => return Err((ResponseError::InvalidRequest, "Unknown coordinator key type.".to_string())),
+    };
+    // A topic that could not be created yet (no controller right now): retriable for clients.
+    let (topic, partition) = located.map_err(|e| (ResponseError::CoordinatorNotAvailable, e.message))?;
+    match ctx.broker.leader_endpoint(topic, partition) {
+        Ok(leader) => Ok((BrokerId(leader.id), s(leader.host), i32::from(leader.port))),
+        Err(e) => Err((kafka_error(e.kind), e.message)),
     }
 }
 

@@ -110,7 +110,7 @@ pub async fn txn_offset_commit(ctx: &Ctx, client: &Client, request: TxnOffsetCom
     } else {
         Ok(())
     };
-    let unknown: Vec<bool> = offsets.iter().map(|o| ctx.broker.partition(&o.topic, o.partition).is_none()).collect();
+    let unknown: Vec<bool> = offsets.iter().map(|o| !ctx.broker.partition_exists(&o.topic, o.partition)).collect();
     let result = match member_check {
         Err(e) => Err(e),
         Ok(()) => {
@@ -132,7 +132,7 @@ pub async fn txn_offset_commit(ctx: &Ctx, client: &Client, request: TxnOffsetCom
                 .partitions
                 .iter()
                 .map(|p| {
-                    let missing = ctx.broker.partition(topic.name.as_str(), p.partition_index).is_none();
+                    let missing = !ctx.broker.partition_exists(topic.name.as_str(), p.partition_index);
                     let error = if missing { ResponseError::UnknownTopicOrPartition.code() } else { common };
                     TxnOffsetCommitResponsePartition::default()
                         .with_partition_index(p.partition_index)
@@ -162,6 +162,9 @@ pub async fn describe_transactions(
         .iter()
         .map(|id| {
             let base = TransactionState::default().with_transactional_id(id.clone());
+            if let Err(e) = ctx.txns.check_coordinator(id.as_str()) {
+                return base.with_error_code(errors::code(&e));
+            }
             match ctx.txns.describe(id.as_str()) {
                 None => base.with_error_code(ResponseError::TransactionalIdNotFound.code()),
                 Some(meta) => {

@@ -1,0 +1,161 @@
+//! Which partitions of an internal topic this broker coordinates.
+//!
+//! The group coordinator and the transaction coordinator keep their state in the partitions of
+//! an internal topic (`__consumer_offsets`, `__transaction_state`); a key (a group, a
+//! transactional id) belongs to one partition, and the broker leading that partition is the
+//! key's coordinator. In a cluster the partitions are spread over the brokers, and leadership
+//! moves when a broker is fenced or comes back, so each coordinator holds the state of the
+//! partitions it leads right now: a *shard* per partition.
+//!
+//! [`Shards`] records, per partition, whether this broker has it loaded, is loading it, or does
+//! not lead it, and answers a request with the error a client expects for the last two
+//! (COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR). [`reconcile_blocking`] moves it towards what
+//! the metadata says; [`spawn_watcher`] runs that after every metadata change.
+//!
+//! Invariant: a shard is `Loaded` only after the owner's `load_shard` returned, and it stops being
+//! `Loaded` before the owner's `unload_shard` is called, so a request that found its shard
+//! loaded finds the owner's state for it in memory (or is answered by the unload).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
+
+use crate::broker::Broker;
+use crate::error::{BrokerError, ErrorKind};
+use crate::partition::Partition;
+use weir_storage::sync::{read, write};
+
+/// How long to wait before loading a shard again after a failed load.
+const RETRY_LOAD_AFTER: Duration = Duration::from_secs(1);
+
+enum ShardState<T> {
+    Loading,
+    Loaded(Arc<T>),
+}
+
+/// The shards of one coordinator: `T` is what it keeps per loaded partition.
+pub(crate) struct Shards<T> {
+    topic: &'static str,
+    states: RwLock<HashMap<i32, ShardState<T>>>,
+}
+
+impl<T> Shards<T> {
+    pub fn new(topic: &'static str) -> Shards<T> {
+        Shards { topic, states: RwLock::new(HashMap::new()) }
+    }
+
+    /// The loaded shard `index`, or why this broker cannot serve it.
+    pub fn get(&self, index: i32) -> Result<Arc<T>, BrokerError> {
+        match read(&self.states).get(&index) {
+            Some(ShardState::Loaded(shard)) => Ok(shard.clone()),
+            Some(ShardState::Loading) => Err(BrokerError::new(
+                ErrorKind::CoordinatorLoadInProgress,
+                format!("this broker is loading {}-{index}", self.topic),
+            )),
+            None => Err(BrokerError::new(
+                ErrorKind::NotCoordinator,
+                format!("this broker does not lead {}-{index}", self.topic),
+            )),
+        }
+    }
+
+    /// Every loaded shard, by partition.
+    pub fn loaded(&self) -> BTreeMap<i32, Arc<T>> {
+        read(&self.states)
+            .iter()
+            .filter_map(|(index, state)| match state {
+                ShardState::Loaded(shard) => Some((*index, shard.clone())),
+                ShardState::Loading => None,
+            })
+            .collect()
+    }
+}
+
+/// A coordinator whose state is sharded over the partitions of an internal topic.
+pub(crate) trait ShardOwner: Send + Sync + 'static {
+    type Shard: Send + Sync + 'static;
+
+    fn shards(&self) -> &Shards<Self::Shard>;
+
+    /// Reads the state of partition `index` from its log into memory. Blocking. Called when
+    /// this broker has come to lead the partition; requests for it are refused meanwhile.
+    fn load_shard(&self, index: i32, partition: Arc<Partition>) -> Result<Self::Shard, BrokerError>;
+
+    /// Forgets the state of partition `index` and answers whoever waits on it: this broker no
+    /// longer leads it.
+    fn unload_shard(&self, index: i32);
+}
+
+/// The `topic` partitions this broker leads and hosts, by index.
+fn led_here(broker: &Broker, topic: &str) -> BTreeMap<i32, Arc<Partition>> {
+    let state = broker.metadata();
+    let Some(meta) = state.topic(topic) else { return BTreeMap::new() };
+    (0..meta.partitions)
+        .filter(|index| meta.partition(*index).is_some_and(|p| p.leader == broker.config.node_id))
+        .filter_map(|index| Some((index, broker.partition(topic, index)?)))
+        .collect()
+}
+
+/// Loads the shards this broker now leads and unloads those it no longer leads. Blocking.
+/// Returns false when a load failed (to be tried again).
+pub(crate) fn reconcile_blocking<O: ShardOwner>(broker: &Broker, owner: &O) -> bool {
+    let shards = owner.shards();
+    let wanted = led_here(broker, shards.topic);
+    let lost: Vec<i32> = read(&shards.states).keys().filter(|index| !wanted.contains_key(index)).copied().collect();
+    for index in lost {
+        write(&shards.states).remove(&index);
+        owner.unload_shard(index);
+        tracing::info!(topic = shards.topic, partition = index, "no longer the coordinator of this partition");
+    }
+    let gained: Vec<(i32, Arc<Partition>)> = {
+        let mut states = write(&shards.states);
+        let gained: Vec<_> = wanted.into_iter().filter(|(index, _)| !states.contains_key(index)).collect();
+        for (index, _) in &gained {
+            states.insert(*index, ShardState::Loading);
+        }
+        gained
+    };
+    let mut all_loaded = true;
+    for (index, partition) in gained {
+        match owner.load_shard(index, partition) {
+            Ok(shard) => {
+                write(&shards.states).insert(index, ShardState::Loaded(Arc::new(shard)));
+            }
+            Err(e) => {
+                tracing::warn!(topic = shards.topic, partition = index, error = %e, "cannot load this partition yet");
+                write(&shards.states).remove(&index);
+                all_loaded = false;
+            }
+        }
+    }
+    all_loaded
+}
+
+/// Runs [`reconcile_blocking`] after every metadata change this broker applies, until the broker
+/// shuts down or the owner is dropped.
+pub(crate) fn spawn_watcher<O: ShardOwner>(broker: &Arc<Broker>, owner: Weak<O>) {
+    let mut changes = broker.subscribe_metadata();
+    let mut shutdown = broker.shutdown_signal();
+    let broker = Arc::downgrade(broker);
+    tokio::spawn(async move {
+        let mut retry = false;
+        loop {
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(RETRY_LOAD_AFTER), if retry => {}
+                _ = shutdown.changed() => return,
+            }
+            let (Some(broker), Some(owner)) = (broker.upgrade(), owner.upgrade()) else { return };
+            if broker.is_shutting_down() {
+                return;
+            }
+            retry = match tokio::task::spawn_blocking(move || !reconcile_blocking(&broker, &*owner)).await {
+                Ok(retry) => retry,
+                Err(e) => {
+                    tracing::error!(error = %e, "reconciling coordinator shards failed");
+                    true
+                }
+            };
+        }
+    });
+}
