@@ -79,6 +79,14 @@ pub struct Configs {
     pub configs: Vec<ConfigEntry>,
 }
 
+// ----- cluster -------------------------------------------------------------------------------
+
+/// `GET /v1/cluster`: the core's own types, serialized as they are (one definition of the
+/// shape, in `weir_broker::cluster::status`).
+pub use weir_broker::cluster::{ClusterStatus, NodeInfo, QuorumMembership};
+pub use weir_broker::metadata::raft::QuorumStatus;
+pub use weir_broker::NodeStatus;
+
 // ----- topics --------------------------------------------------------------------------------
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,14 +1,15 @@
 //! Weir's admin HTTP front-end: liveness and readiness probes, Prometheus metrics, and a JSON
-//! API over topics, consumer groups, records and the broker. The `weir` command line (`weir
-//! topic`, `weir group`, `weir produce`, `weir consume`) is a client of this API.
+//! API over topics, consumer groups, records, the broker and the cluster. The `weir` command line
+//! (`weir topic`, `weir group`, `weir produce`, `weir consume`, `weir cluster`) is a client of
+//! this API.
 //!
 //! Like the Kafka front-end it is a thin adapter: parse the request, call the broker core
 //! (`weir-broker`), write the answer. Every failure is Kafka's error code under its Kafka name
 //! with a fitting HTTP status ([`error`]).
 //!
 //! Layout: [`api`] the JSON bodies (shared with the CLI), [`error`] the error mapping,
-//! `probes` (`/health`, `/ready`, `/metrics`), `broker_info`, `topics`, `groups`, `records`
-//! (produce and consume over HTTP), [`partitioner`] (Kafka's murmur2 key partitioner).
+//! `probes` (`/health`, `/ready`, `/metrics`), `broker_info`, `cluster`, `topics`, `groups`,
+//! `records` (produce and consume over HTTP), [`partitioner`] (Kafka's murmur2 key partitioner).
 //!
 //! Architecture invariant: every change goes through `Broker` and `GroupCoordinator` (appends,
 //! commits, metadata changes), exactly as the Kafka front-end makes it, so the Kafka protocol
@@ -23,6 +24,7 @@
 
 pub mod api;
 mod broker_info;
+mod cluster;
 pub mod error;
 mod extract;
 mod groups;
@@ -104,6 +106,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/metrics", get(probes::metrics))
         .route("/v1/broker", get(broker_info::info))
         .route("/v1/broker/configs", get(broker_info::configs))
+        .route("/v1/cluster", get(cluster::info))
         .route("/v1/topics", get(topics::list).post(topics::create))
         .route("/v1/topics/{topic}", get(topics::describe).delete(topics::delete))
         .route("/v1/topics/{topic}/configs", get(topics::configs).patch(topics::alter_configs))

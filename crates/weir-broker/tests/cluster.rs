@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use weir_broker::cluster::QuorumMembership;
 use weir_broker::{Acks, Broker, BrokerConfig, ErrorKind, NewTopic};
 
 const SESSION_TIMEOUT_MS: u64 = 1500;
@@ -256,5 +257,71 @@ async fn without_a_majority_changes_fail_clearly_and_data_still_flows() {
     let led = (0..3).find(|p| leader_of(cluster.broker(keep), "t", *p) == keep).unwrap();
     let partition = cluster.broker(keep).partition("t", led).unwrap();
     cluster.broker(keep).append(partition, batch(), Acks::All).await.unwrap();
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_status_lists_every_node_and_bounds_the_wait_for_a_stopped_one() {
+    let mut cluster = Cluster::start(3).await;
+    cluster.broker(2).create_topics(vec![topic("t", 3)], false).await.pop().unwrap().unwrap();
+    let controller = cluster.broker(1).active_controller().unwrap();
+
+    // The others apply the topic a moment after the node that asked: wait until all agree.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        let status = cluster.broker(controller).cluster_status().await;
+        let applied: Vec<Option<i64>> =
+            status.nodes.iter().map(|n| n.status.as_ref().map(|s| s.applied_offset)).collect();
+        if applied.iter().all(|a| *a == Some(status.metadata_offset)) {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "applied offsets never agreed: {applied:?} vs {}", status.metadata_offset);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.cluster_id, cluster.broker(1).cluster_id());
+    assert_eq!((status.node_id, status.controller), (controller, Some(controller)));
+    assert!(status.metadata_offset > 0, "{status:?}");
+    assert_eq!(status.nodes.iter().map(|n| n.id).collect::<Vec<_>>(), [1, 2, 3]);
+    for node in &status.nodes {
+        assert!(node.broker && node.controller, "{node:?}");
+        assert_eq!(node.quorum, Some(QuorumMembership::Voter), "{node:?}");
+        assert!(node.registered && node.reachable && node.error.is_none(), "{node:?}");
+        assert_eq!(node.fenced, Some(false), "{node:?}");
+        let own = node.status.as_ref().unwrap();
+        assert_eq!(own.node_id, node.id);
+        assert!(own.may_lead, "{node:?}");
+        assert_eq!(own.quorum.role == "Leader", node.id == controller, "{node:?}");
+        assert_eq!(node.advertised, Some(format!("127.0.0.1:{}", cluster.nodes[(node.id - 1) as usize].kafka_port)));
+        let internal = format!("127.0.0.1:{}", cluster.nodes[(node.id - 1) as usize].controller_port);
+        assert_eq!(node.internal_address.as_deref(), Some(internal.as_str()));
+    }
+    let terms: Vec<u64> = status.nodes.iter().map(|n| n.status.as_ref().unwrap().quorum.term).collect();
+    assert!(terms.windows(2).all(|w| w[0] == w[1]), "one term: {terms:?}");
+    // Any node answers the same, not only the controller.
+    let elsewhere = cluster.broker(if controller == 1 { 2 } else { 1 }).cluster_status().await;
+    assert_eq!(elsewhere.controller, Some(controller));
+    assert_eq!(elsewhere.nodes.len(), 3);
+
+    // A stopped node is unreachable at once, and fenced once its session ends; the answer never
+    // waits for it longer than the status timeout.
+    let stopped = (1..=3).find(|id| *id != controller).unwrap();
+    cluster.stop(stopped).await;
+    let bound = weir_broker::cluster::status::NODE_STATUS_TIMEOUT + Duration::from_secs(1);
+    let deadline = Instant::now() + Duration::from_millis(SESSION_TIMEOUT_MS * 4);
+    loop {
+        let started = Instant::now();
+        let status = cluster.broker(controller).cluster_status().await;
+        assert!(started.elapsed() < bound, "cluster_status took {:?}", started.elapsed());
+        let node = status.nodes.iter().find(|n| n.id == stopped).unwrap();
+        assert!(!node.reachable && node.status.is_none(), "{node:?}");
+        assert!(node.error.as_deref().is_some_and(|e| !e.is_empty()), "{node:?}");
+        assert!(node.registered && node.controller, "still known from the metadata and the voters: {node:?}");
+        if node.fenced == Some(true) {
+            assert_eq!(status.nodes.iter().filter(|n| n.reachable).count(), 2);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stopped node was never fenced: {node:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     cluster.shutdown().await;
 }

@@ -38,6 +38,9 @@ pub enum Command {
     Produce(crate::admin_cli::produce::ProduceArgs),
     /// Print a topic's records, optionally as a consumer group (admin HTTP API).
     Consume(crate::admin_cli::consume::ConsumeArgs),
+    /// The cluster's nodes, roles, controller, fenced brokers and metadata offsets (admin HTTP
+    /// API).
+    Cluster(crate::admin_cli::cluster::ClusterArgs),
 }
 
 impl Command {
@@ -49,7 +52,9 @@ impl Command {
             // Benchmarks print their own results; only problems should interleave with them.
             Command::Bench(_) => "warn",
             // Client commands print their own results and errors.
-            Command::Topic(_) | Command::Group(_) | Command::Produce(_) | Command::Consume(_) => "warn",
+            Command::Topic(_) | Command::Group(_) | Command::Produce(_) | Command::Consume(_) | Command::Cluster(_) => {
+                "warn"
+            }
         }
     }
 }

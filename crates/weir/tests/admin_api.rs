@@ -57,6 +57,34 @@ fn probes_metrics_and_broker_info_answer() {
     server.expect_error("PUT", "/v1/topics", Some("{}"), 405, "METHOD_NOT_ALLOWED");
 }
 
+#[test]
+fn a_single_node_describes_itself_as_a_cluster_of_one() {
+    let server = Server::start(&["broker.rack=eu-1a"]);
+    server.create_topic("orders", 1);
+    let cluster = server.get_ok("/v1/cluster");
+    let info = server.get_ok("/v1/broker");
+    assert_eq!(cluster["cluster_id"], info["cluster_id"]);
+    assert_eq!((cluster["node_id"].as_i64(), cluster["controller"].as_i64()), (Some(0), Some(0)), "{cluster}");
+    let offset = cluster["metadata_offset"].as_i64().unwrap();
+    assert!(offset > 0, "the topic is in the metadata: {cluster}");
+    let nodes = cluster["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 1, "{cluster}");
+    let node = &nodes[0];
+    assert_eq!(node["id"], 0);
+    assert_eq!((node["broker"].as_bool(), node["controller"].as_bool()), (Some(true), Some(true)), "{node}");
+    assert_eq!(node["quorum"], "voter");
+    assert_eq!((node["registered"].as_bool(), node["fenced"].as_bool()), (Some(true), Some(false)), "{node}");
+    assert_eq!(node["rack"], "eu-1a");
+    assert_eq!(node["advertised"], info["listeners"]["kafka_advertised"]);
+    assert_eq!((node["reachable"].as_bool(), node["error"].is_null()), (Some(true), true), "{node}");
+    let status = &node["status"];
+    assert_eq!(status["applied_offset"].as_i64(), Some(offset), "{node}");
+    assert_eq!(status["quorum"]["role"], "Leader");
+    assert_eq!(status["may_lead"], true);
+    assert!(status["heartbeat_acknowledged_ms_ago"].as_u64().is_some(), "{node}");
+    server.expect_error("POST", "/v1/cluster", Some("{}"), 405, "METHOD_NOT_ALLOWED");
+}
+
 // ----- topics --------------------------------------------------------------------------------
 
 #[test]

@@ -1,4 +1,4 @@
-//! The `weir` client commands (`topic`, `group`, `produce`, `consume`) against the real
+//! The `weir` client commands (`topic`, `group`, `produce`, `consume`, `cluster`) against the real
 //! `weir server` binary: their tables, their `--json`, and their errors (exit status 1 with one
 //! `error: ...` line on stderr).
 
@@ -321,4 +321,35 @@ fn the_admin_address_comes_from_the_flag_or_the_environment() {
     let line = unreachable.failed();
     assert!(line.starts_with("error: cannot reach the admin API at http://127.0.0.1:1"), "{line}");
     assert!(run_weir(&["topic", "list", "--admin", "ftp://x"], "", &[]).failed().contains("expected an http:// URL"));
+}
+
+#[test]
+fn cluster_info_prints_the_nodes_and_the_controller() {
+    let server = Server::start(&[]);
+    let text = server.weir(&["cluster", "info"], "").ok().to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let cluster_id = server.get_ok("/v1/broker")["cluster_id"].as_str().unwrap().to_string();
+    assert_eq!(lines[0], format!("Cluster: {cluster_id}"), "{text}");
+    assert!(lines[1].starts_with("Controller: 0   Metadata offset: "), "{text}");
+    assert!(lines[1].ends_with(" (applied by node 0)"), "{text}");
+    let offset = lines[1].split_whitespace().nth(4).unwrap();
+    assert_eq!(
+        lines[3].split_whitespace().collect::<Vec<_>>(),
+        ["ID", "ROLES", "QUORUM", "RAFT", "BROKER", "APPLIED", "LAG", "RACK", "ADDRESS"]
+    );
+    let kafka = server.kafka.to_string();
+    assert_eq!(
+        lines[4].split_whitespace().collect::<Vec<_>>(),
+        ["0", "broker,controller", "voter", "leader", "active", offset, "0", "-", kafka.as_str()],
+        "{text}"
+    );
+    assert_eq!(lines.len(), 5, "one node, nothing unreachable: {text}");
+
+    let json = server.weir(&["cluster", "info", "--json"], "").json_lines();
+    assert_eq!(json.len(), 1);
+    assert_eq!(json[0]["controller"], 0);
+    assert_eq!(json[0]["nodes"][0]["fenced"], false);
+
+    let line = run_weir(&["cluster", "info", "--admin", "http://127.0.0.1:1"], "", &[]).failed().to_string();
+    assert!(line.starts_with("error: cannot reach the admin API at http://127.0.0.1:1"), "{line}");
 }

@@ -13,6 +13,8 @@
 //!   again and has applied the metadata up to its registration ([`controller`]). A fenced
 //!   broker leads nothing: its partitions have no leader (or another in-sync replica leads),
 //!   and it refuses writes until it is unfenced.
+//! - Any node can describe the whole cluster ([`status`]): it asks every node for its own
+//!   status, all at once and with a short timeout, and adds what its metadata says of each.
 //!
 //! A single node is a cluster of one: a one-voter quorum, an in-process controller, a broker
 //! that registers and heartbeats with it through the same code. Only the RPC server is
@@ -22,6 +24,7 @@ pub mod control;
 pub mod controller;
 pub mod lifecycle;
 pub mod rpc;
+pub mod status;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
@@ -36,6 +39,7 @@ use crate::broker::Broker;
 pub use control::{ControlAnswer, ControlRequest, HeartbeatAnswer};
 pub use controller::Sessions;
 pub use lifecycle::Lifecycle;
+pub use status::{ClusterStatus, NodeInfo, QuorumMembership};
 
 /// RPC method names of the cluster's own requests (Raft's are in `metadata::raft::network`).
 pub mod methods {

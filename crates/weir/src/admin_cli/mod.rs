@@ -1,12 +1,13 @@
-//! The client commands: `weir topic`, `weir group`, `weir produce`, `weir consume`. They talk to
-//! a running broker through its admin HTTP API (`--admin`, `WEIR_ADMIN`, default
-//! http://127.0.0.1:9644) with the JSON types of `weir_admin::api`, print aligned tables for
-//! people or `--json` for scripts, and on failure print one line `error: ...` on stderr and exit
-//! 1.
+//! The client commands: `weir topic`, `weir group`, `weir produce`, `weir consume`, `weir
+//! cluster`. They talk to a running broker through its admin HTTP API (`--admin`, `WEIR_ADMIN`,
+//! default http://127.0.0.1:9644) with the JSON types of `weir_admin::api`, print aligned tables
+//! for people or `--json` for scripts, and on failure print one line `error: ...` on stderr and
+//! exit 1.
 //!
 //! Their arguments are declared next to the code that runs them (one module per command),
 //! unlike `server` and `bench`, whose arguments are in `cli.rs`.
 
+pub mod cluster;
 pub mod consume;
 pub mod group;
 pub mod produce;
