@@ -117,11 +117,29 @@ pub enum BenchCommand {
     /// raw Kafka-protocol client that costs next to nothing: MB/s, broker CPU and RSS, latency.
     #[command(long_about = PRODUCE_LONG_ABOUT)]
     Produce(ProduceBenchArgs),
+    /// Metadata changes on one node and on a cluster side by side: CreateTopics per second,
+    /// how soon every node sees a new topic, and controller failover time.
+    #[command(long_about = METADATA_LONG_ABOUT)]
+    Metadata(MetadataBenchArgs),
     /// OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka:
     /// runs the weir-bench binary next to this one with the same arguments.
     #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
     Kafka(crate::bench::kafka::KafkaBenchArgs),
 }
+
+const METADATA_LONG_ABOUT: &str = "\
+How fast metadata changes are decided, committed and seen: one `weir server` node and a cluster
+of --nodes combined nodes (this binary, on 127.0.0.1, each in its own temporary data directory)
+measured one after the other in one run, so the ratio means something on a noisy machine.
+
+On each setup it creates --topics topics of --partitions partitions with CreateTopics, one topic
+per request, one request after the other, through a node that is not the active controller (the
+request is forwarded to it): creates per second and the latency of each. Then it creates up to
+200 more and, after each answer, polls Metadata on every other node until the topic is there
+with every partition led: how soon a change is visible everywhere. Finally, on a cluster of 3 or
+more, it kills the active controller with SIGKILL and retries CreateTopics through a survivor
+until one succeeds: the time the cluster needs to elect a new controller and decide again (the
+election timeout is the default `controller.quorum.election.timeout.ms`).";
 
 const KAFKA_LONG_ABOUT: &str = "\
 OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka: runs the
@@ -171,6 +189,29 @@ cache, so this measures the broker's read path, not the disk. It reports the bes
 mode, the broker CPU seconds (user + system, from /proc) spent per GB fetched, and the ratios.
 The client only reads frames and the last batch header of each response, so it costs the same in
 both modes.";
+
+#[derive(Debug, Args)]
+pub struct MetadataBenchArgs {
+    /// Topics to create on each setup.
+    #[arg(long, default_value_t = 500)]
+    pub topics: usize,
+
+    /// Partitions of each topic.
+    #[arg(long, default_value_t = 3)]
+    pub partitions: i32,
+
+    /// Nodes of the cluster (every one a voter and a broker).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+
+    /// Skip killing the controller.
+    #[arg(long)]
+    pub no_failover: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
 
 #[derive(Debug, Args)]
 pub struct FetchBenchArgs {

@@ -2,6 +2,7 @@
 
 pub mod fetch;
 pub mod kafka;
+pub mod metadata;
 pub mod produce;
 pub mod raw_protocol;
 pub mod storage;

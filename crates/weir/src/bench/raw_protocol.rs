@@ -42,6 +42,16 @@ impl Server {
     /// Starts the broker with `settings` (`--set NAME=VALUE` each) in a fresh directory named
     /// `prefix*` under `parent` (the system temp dir if `None`), and waits for its listening line.
     pub fn start(prefix: &str, settings: &[(String, String)], parent: Option<&Path>) -> anyhow::Result<Server> {
+        Server::start_listening(prefix, "127.0.0.1:0", settings, parent)
+    }
+
+    /// [`Server::start`] with `listeners` of its own (a cluster node's CONTROLLER listener).
+    pub fn start_listening(
+        prefix: &str,
+        listeners: &str,
+        settings: &[(String, String)],
+        parent: Option<&Path>,
+    ) -> anyhow::Result<Server> {
         let builder = {
             let mut b = tempfile::Builder::new();
             b.prefix(prefix);
@@ -54,14 +64,22 @@ impl Server {
         .context("cannot create the broker's data directory")?;
         let exe = std::env::current_exe()?;
         let mut command = Command::new(exe);
-        command.args(["server", "--listen", "127.0.0.1:0", "--data-dir"]).arg(dir.path());
+        command.args(["server", "--listen", listeners, "--data-dir"]).arg(dir.path());
         for (name, value) in settings {
             command.arg("--set").arg(format!("{name}={value}"));
         }
-        command.env("RUST_LOG", "warn").stderr(Stdio::inherit());
+        // openraft reports every failed call to a killed voter, which `bench metadata` makes on purpose.
+        command.env("RUST_LOG", "warn,openraft=off").stderr(Stdio::inherit());
         let (child, addresses) = address_lines::spawn_and_wait(&mut command, WaitFor::Kafka, STARTUP_TIMEOUT)
             .map_err(|e| anyhow::anyhow!("{e}; see its errors above"))?;
         Ok(Server { child, addr: addresses.kafka, _dir: dir })
+    }
+
+    /// SIGKILL, as a crash would, and reap it.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.kill().context("cannot kill the broker")?;
+        self.child.wait().context("cannot reap the broker")?;
+        Ok(())
     }
 
     pub fn pid(&self) -> u32 {
