@@ -20,7 +20,13 @@ import socket
 import time
 from typing import Dict, NamedTuple, Optional, Tuple
 
-from kafka.protocol.admin import CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest
+from kafka.protocol.admin import (
+    AlterConfigsRequest,
+    CreatePartitionsRequest,
+    CreateTopicsRequest,
+    DeleteTopicsRequest,
+    DescribeConfigsRequest,
+)
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.parser import KafkaProtocol
 
@@ -50,6 +56,8 @@ REQUEST_TIMED_OUT = 7
 NOT_CONTROLLER = 41
 
 NO_LEADER = -1
+# DescribeConfigs/AlterConfigs resource type of a topic.
+TOPIC_RESOURCE = 2
 
 
 class Node(Broker):
@@ -163,6 +171,20 @@ class RawClient:
         [(topic, code)] = response.topic_error_codes
         assert topic == name
         return code
+
+    def alter_topic_configs(self, name, configs, timeout=40.0):
+        """AlterConfigs v1 of a topic (Kafka's non-incremental kind: these become its configs)."""
+        request = AlterConfigsRequest[1](resources=[(TOPIC_RESOURCE, name, list(configs.items()))], validate_only=False)
+        [(code, message, _type, resource)] = self.request(request, timeout=timeout).resources
+        assert resource == name
+        return code, message
+
+    def topic_configs(self, name, timeout=10.0):
+        """DescribeConfigs v1 of a topic, as this node answers it: {name: value}."""
+        request = DescribeConfigsRequest[1](resources=[(TOPIC_RESOURCE, name, None)], include_synonyms=False)
+        [(code, message, _type, _name, entries)] = self.request(request, timeout=timeout).resources
+        assert code == NONE, f"DescribeConfigs {name} on {self.node}: {code} {message}"
+        return {e[0]: e[1] for e in entries}
 
     def close(self):
         try:

@@ -222,8 +222,9 @@ def test_topic_created_through_a_follower_spreads_leaders_and_round_trips_with_e
     """CreateTopics sent to a node that is not the controller is forwarded: the topic's six
     partitions appear on every node, led two by each broker. Records produced with acks=all to
     every partition (confluent-kafka, bootstrapped from one node) read back byte for byte with
-    kafka-python and kcat. CreatePartitions and DeleteTopics through the other non-controller
-    work, and so does confluent-kafka's own create_partitions()."""
+    kafka-python and kcat. CreatePartitions, AlterConfigs and DeleteTopics through
+    non-controllers work and reach every node, and so does confluent-kafka's own
+    create_partitions()."""
     controller = controller_of(cluster)
     followers = [i for i in cluster.ids() if i != controller]
     name = unique("spread")
@@ -254,6 +255,26 @@ def test_topic_created_through_a_follower_spreads_leaders_and_round_trips_with_e
     more = records_for(range(6, 12), 5, "b")
     produce_acks_all(cluster.bootstrap(), name, more)
     assert kcat_read_all(cluster.node(followers[0]).bootstrap, name) == {**expected, **by_partition(more)}
+
+    # AlterConfigs through a non-controller: every node describes the new value.
+    client = cluster.raw(followers[0])
+    try:
+        code, message = client.alter_topic_configs(name, {"retention.ms": "123456789"})
+    finally:
+        client.close()
+    assert code == NONE, f"AlterConfigs through node {followers[0]}: {code} {message}"
+
+    def altered_everywhere():
+        for i in cluster.ids():
+            c = cluster.raw(i)
+            try:
+                if c.topic_configs(name).get("retention.ms") != "123456789":
+                    return False
+            finally:
+                c.close()
+        return True
+
+    cluster.wait(altered_everywhere, 10, f"retention.ms of {name} altered on every node")
 
     # DeleteTopics through a non-controller: gone from every node.
     client = cluster.raw(followers[1])
