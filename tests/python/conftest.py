@@ -6,7 +6,8 @@ otherwise. Most tests share one broker for the whole session and use topic and g
 their own (see `unique`); tests that kill or restart the broker get a fresh one.
 
 When a test fails, the lines the broker(s) wrote to stderr during that test are attached to the
-failure report.
+failure report. Cluster tests run several brokers as one cluster (cluster.py, the
+`cluster_factory` and `cluster` fixtures); their nodes' logs are attached the same way.
 """
 
 import atexit
@@ -74,6 +75,7 @@ class Broker:
         self.port = free_port()
         self.proc = None
         self.starts = 0
+        self.paused = False
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.touch()
 
@@ -92,12 +94,21 @@ class Broker:
 
     # -- lifecycle -------------------------------------------------------------------------
     def command(self):
-        cmd = [str(weir_bin()), "server", "--listen", self.bootstrap, "--data-dir", str(self.data_dir)]
+        cmd = [str(weir_bin()), "server", "--data-dir", str(self.data_dir)]
+        # A cluster node names its listeners itself (PLAINTEXT and CONTROLLER, see cluster.py);
+        # its PLAINTEXT port is still self.port.
+        if "listeners" not in self.settings:
+            cmd += ["--listen", self.bootstrap]
         for key, value in self.settings.items():
             cmd += ["--set", f"{key}={value}"]
         return cmd
 
-    def start(self):
+    def start(self, wait=True):
+        """Starts the process; with wait, returns once it accepts connections (see wait_ready).
+
+        A cluster node accepts connections only once the controller has unfenced it, which
+        needs a majority of the voters: start them all with wait=False, then wait for each.
+        """
         assert not self.alive(), "broker already running"
         binary = weir_bin()
         if not (binary.is_file() and os.access(binary, os.X_OK)):
@@ -116,7 +127,8 @@ class Broker:
                 env=broker_env(),
             )
         _LIVE_PROCESSES.add(self.proc)
-        self.wait_ready()
+        if wait:
+            self.wait_ready()
         return self
 
     def wait_ready(self, timeout=READY_TIMEOUT_S):
@@ -167,6 +179,22 @@ class Broker:
         _LIVE_PROCESSES.discard(self.proc)
         with open(self.log_path, "ab") as log:
             log.write(b"=== test harness: sent SIGKILL\n")
+
+    def pause(self):
+        """SIGSTOP: the process is frozen (no heartbeat, no answer) but keeps its sockets open."""
+        assert self.alive(), f"{self.name} is not running\n{self.tail()}"
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+        with open(self.log_path, "ab") as log:
+            log.write(b"=== test harness: sent SIGSTOP\n")
+
+    def resume(self):
+        """SIGCONT after pause (nothing if not paused)."""
+        if self.paused and self.alive():
+            with open(self.log_path, "ab") as log:
+                log.write(b"=== test harness: sent SIGCONT\n")
+            self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
 
     def restart(self):
         if self.alive():
@@ -287,6 +315,63 @@ def broker_factory(tmp_path):
     if os.environ.get("WEIR_KEEP_DATA") is None:
         for b in made:
             shutil.rmtree(b.data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    """Makes clusters of `weir` processes (cluster.py), started and formed unless start=False;
+    every node is killed at the end of the test and its log attached to a failure report."""
+    from cluster import Cluster  # cluster.py imports this module: not at the top
+
+    made = []
+
+    def make(voters=3, brokers=0, settings=None, start=True):
+        c = Cluster(tmp_path / f"cluster{len(made)}", voters=voters, brokers=brokers, settings=settings)
+        made.append(c)
+        _ALL_BROKERS.extend(c.nodes.values())
+        if start:
+            c.start()
+            c.wait_formed()
+        return c
+
+    yield make
+    for c in made:
+        c.cleanup()
+        for node in c.nodes.values():
+            _ALL_BROKERS.remove(node)
+        if os.environ.get("WEIR_KEEP_DATA") is None:
+            shutil.rmtree(c.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory):
+    """Three combined nodes shared by a module's tests that leave the cluster as they found it."""
+    from cluster import Cluster
+
+    c = Cluster(tmp_path_factory.mktemp("weir-cluster"))
+    _ALL_BROKERS.extend(c.nodes.values())
+    try:
+        c.start()
+        c.wait_formed()
+        yield c
+        codes = c.stop()
+        assert all(code == 0 for code in codes.values()), f"exit codes after SIGTERM: {codes}"
+    finally:
+        c.cleanup()
+        for node in c.nodes.values():
+            _ALL_BROKERS.remove(node)
+
+
+@pytest.fixture
+def cluster(shared_cluster):
+    """The module's shared cluster; fails the test if a node died during it."""
+    dead = [n for n in shared_cluster.nodes.values() if not n.alive()]
+    if dead:
+        pytest.fail(f"shared cluster nodes died before this test: {dead}")
+    yield shared_cluster
+    dead = [n for n in shared_cluster.nodes.values() if not n.alive()]
+    if dead:
+        pytest.fail(f"nodes exited during this test: {dead}\n" + "\n".join(n.tail() for n in dead))
 
 
 @pytest.fixture
