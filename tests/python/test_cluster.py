@@ -54,16 +54,6 @@ FENCE_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 6.0
 UNFENCE_BOUND_S = 10.0
 
 
-COORDINATORS_NOT_CLUSTER_AWARE = pytest.mark.xfail(
-    strict=True,
-    reason="the group and transaction coordinators are not cluster-aware yet (being done in main): "
-    "GroupCoordinator::start and TxnCoordinator::start require every partition of __consumer_offsets "
-    "and __transaction_state on the local broker, so `weir server` exits at start on a node that does "
-    "not host them ('cannot load consumer groups: Broker 2 does not host __consumer_offsets-0; its "
-    "leader is broker 3')",
-)
-
-
 def figure(text):
     """A measured figure: printed (pytest -s shows it) in a form that is easy to grep."""
     print(f"\n[cluster figure] {text}", flush=True)
@@ -334,7 +324,6 @@ def test_a_topic_created_through_any_node_is_visible_on_every_node_within_a_seco
     assert max(lags) < 1.0, f"propagation lags (s): {sorted(lags)}"
 
 
-@COORDINATORS_NOT_CLUSTER_AWARE
 def test_a_consumer_group_spanning_brokers_commits_and_a_new_member_resumes(cluster, closer):
     """A confluent-kafka consumer group reads a six-partition topic whose partitions are led by
     all three brokers (its coordinator on whichever broker leads the group's offsets
@@ -404,7 +393,6 @@ def read_isolated(bootstrap, topic, partitions, isolation):
         consumer.close()
 
 
-@COORDINATORS_NOT_CLUSTER_AWARE
 def test_transactions_spanning_brokers_show_exactly_the_committed_records(cluster, closer):
     """A transactional confluent-kafka producer writes to six partitions led by three brokers:
     a committed transaction, an aborted one, another committed one. A read_committed consumer
@@ -678,7 +666,6 @@ def test_a_whole_cluster_restart_keeps_topics_and_data(cluster_factory):
     assert kcat_read_all(cluster.node(2).bootstrap, name) == expected
 
 
-@COORDINATORS_NOT_CLUSTER_AWARE
 def test_a_whole_cluster_restart_keeps_committed_offsets(cluster_factory, closer):
     """A group commits offsets on a six-partition topic spread over three brokers; after every
     node is stopped (SIGTERM) and started again, a new member of the group resumes exactly
