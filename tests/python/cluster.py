@@ -16,6 +16,7 @@ Metadata say? is a CreateTopics through a non-controller forwarded?), it uses th
 """
 
 import pathlib
+import re
 import socket
 import time
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -36,7 +37,7 @@ from conftest import READY_TIMEOUT_S, Broker, free_port
 # debug-build nodes and the clients) does not miss heartbeats or elections by accident.
 HEARTBEAT_MS = 200
 SESSION_TIMEOUT_MS = 2000
-ELECTION_TIMEOUT_MS = 400
+ELECTION_TIMEOUT_MS = 600
 REQUEST_TIMEOUT_MS = 2000
 
 CLUSTER_SETTINGS = {
@@ -61,7 +62,9 @@ TOPIC_RESOURCE = 2
 
 
 class Node(Broker):
-    """One node of a cluster: a Broker with a node id and a CONTROLLER listener."""
+    """One node of a cluster: a Broker with a node id and a CONTROLLER listener. A
+    controller-only node has no Kafka listener: its `port` is then the CONTROLLER port (what
+    start() waits for), and it is no bootstrap address."""
 
     def __init__(self, workdir, node_id, controller_port, voters, roles, settings=None):
         merged = dict(CLUSTER_SETTINGS)
@@ -78,10 +81,25 @@ class Node(Broker):
                 "listeners": f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{controller_port}",
             }
         )
+        if not self.broker:
+            self.port = controller_port
+            self.settings["listeners"] = f"CONTROLLER://{self.host}:{controller_port}"
 
     @property
     def voter(self):
         return "controller" in self.roles
+
+    @property
+    def broker(self):
+        return "broker" in self.roles
+
+    def admin_url(self):
+        """The node's admin HTTP API (admin.listeners=127.0.0.1:0), from the line it printed at
+        its last start."""
+        text = self.log_path.read_text(errors="replace")
+        urls = re.findall(r"^admin (http://\S+) \(JSON API", text, re.M)
+        assert urls, f"{self} printed no admin line"
+        return urls[-1]
 
     def __repr__(self):
         return f"Node({self.node_id}, {self.bootstrap}, roles={self.roles}, pid={self.pid})"
@@ -194,9 +212,11 @@ class RawClient:
 
 
 class Cluster:
-    """`voters` combined nodes (ids 1..voters) and `brokers` broker-only nodes after them."""
+    """`voters` combined nodes (ids 1..voters; controller-only ones with controller_only) and
+    `brokers` broker-only nodes after them. What asks brokers (ids(), bootstrap(), Metadata
+    views) leaves controller-only nodes out."""
 
-    def __init__(self, root, voters=3, brokers=0, settings=None):
+    def __init__(self, root, voters=3, brokers=0, settings=None, controller_only=False):
         self.root = pathlib.Path(root)
         ids = list(range(1, voters + brokers + 1))
         ports = set()
@@ -210,12 +230,13 @@ class Cluster:
         self.voters = ",".join(f"{i}@127.0.0.1:{controller_ports[i]}" for i in ids[:voters])
         self.nodes = {}
         for node_id in ids:
-            roles = "broker,controller" if node_id <= voters else "broker"
+            voter_roles = "controller" if controller_only else "broker,controller"
+            roles = voter_roles if node_id <= voters else "broker"
             node = Node(
                 self.root / f"node{node_id}", node_id, controller_ports[node_id], self.voters, roles, settings
             )
             # Kafka ports must not collide with the CONTROLLER ports either.
-            while node.port in ports:
+            while node.broker and node.port in ports:
                 node.port = free_port()
                 node.settings["listeners"] = (
                     f"PLAINTEXT://{node.host}:{node.port},CONTROLLER://{node.host}:{node.controller_port}"
@@ -230,8 +251,12 @@ class Cluster:
     def live(self):
         return [n for n in self.nodes.values() if n.alive()]
 
+    def live_brokers(self):
+        return [n for n in self.live() if n.broker]
+
     def ids(self, nodes=None):
-        return sorted(n.node_id for n in (self.live() if nodes is None else nodes))
+        """The ids of the given nodes, by default of the live brokers."""
+        return sorted(n.node_id for n in (self.live_brokers() if nodes is None else nodes))
 
     def start(self, ids=None, timeout=READY_TIMEOUT_S):
         """Starts the given nodes (all by default) together, then waits until each serves."""
@@ -256,12 +281,12 @@ class Cluster:
             node.cleanup()
 
     def bootstrap(self, ids=None):
-        nodes = [self.nodes[i] for i in ids] if ids else self.live()
+        nodes = [self.nodes[i] for i in ids] if ids else self.live_brokers()
         return ",".join(n.bootstrap for n in nodes)
 
     def expected_brokers(self, ids=None):
         """What Metadata should list for the given (default: live) nodes: id -> (host, port)."""
-        nodes = [self.nodes[i] for i in ids] if ids else self.live()
+        nodes = [self.nodes[i] for i in ids] if ids else self.live_brokers()
         return {n.node_id: (n.host, n.port) for n in nodes}
 
     # -- per-node requests ------------------------------------------------------------------
@@ -315,7 +340,9 @@ class Cluster:
                 return None
             [controller] = controllers
             [cluster_id] = clusters
-            if controller not in voter_ids or not cluster_id:
+            # Clients are told of a broker as the controller: the active one when it is a
+            # broker too, else any broker (which forwards to it).
+            if controller not in (voter_ids or set(ids)) or not cluster_id:
                 return None
             return controller, cluster_id
 

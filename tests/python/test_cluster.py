@@ -12,15 +12,19 @@ Each node has one replica of each partition (replication is the next issue), so 
 unavailable while its broker is down: the tests check that it says so (LEADER_NOT_AVAILABLE)
 and that it comes back, not that it fails over.
 
-Timings are short (cluster.py: heartbeat 200 ms, session 2 s, election 400 ms) and every wait
+Timings are short (cluster.py: heartbeat 200 ms, session 2 s, election 600 ms) and every wait
 is bounded. Figures (propagation, failover, fence and unfence times) are printed: run with -s
 to see them.
 """
 
 import json
+import os
 import shutil
 import subprocess
+import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -37,6 +41,7 @@ from cluster import (
     SESSION_TIMEOUT_MS,
     UNKNOWN_TOPIC_OR_PARTITION,
 )
+from conftest import weir_bin
 from helpers import c_consume, c_consumer, c_produce, c_producer, kp_admin, kp_consume, kp_consumer, unique
 
 KCAT = shutil.which("kcat")
@@ -46,7 +51,7 @@ KCAT = shutil.which("kcat")
 COORDINATOR_TIMEOUT_S = 20.0
 
 # How long a new controller may take to accept a topic creation after the old one is killed:
-# a session timeout (2 s) plus a few elections (400-800 ms each), with room for a busy machine.
+# a session timeout (2 s) plus a few elections (600-1200 ms each), with room for a busy machine.
 FAILOVER_BOUND_S = 10.0
 # A frozen broker must be fenced once its session (2 s) expires, and unfenced once it
 # heartbeats again; both with room for a busy machine.
@@ -279,6 +284,128 @@ def test_topic_created_through_a_follower_spreads_leaders_and_round_trips_with_e
         )
 
     cluster.wait(gone_everywhere, 10, f"topic {name} deleted on every node")
+
+
+def http(method, url, body=None, timeout=30):
+    """One admin API call; returns (status, decoded JSON body)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def test_the_http_api_and_the_cli_produce_and_consume_through_any_node(cluster):
+    """The admin HTTP API of any node reaches partitions led by the others: keyless records
+    POSTed to node 1 land on all six partitions (led by three brokers); GET through node 2
+    returns every one of them, a partition led by node 3 reads through node 1, a max_records
+    cap across brokers resumes without losing or repeating a record, and a long poll through
+    node 2 wakes for a record appended at another leader. `weir produce` and `weir consume`
+    against one node do the same."""
+    name = unique("http")
+    leaders = cluster.create_topic(1, name, 6)
+    assert set(leaders.values()) == {1, 2, 3}, leaders
+    base = {i: cluster.node(i).admin_url() for i in (1, 2, 3)}
+    values = [f"v{i}" for i in range(60)]
+    status, produced = http("POST", f"{base[1]}/v1/topics/{name}/records", {"records": [{"value": v} for v in values]})
+    assert status == 200, produced
+    assert all(o.get("error") is None and o["offset"] is not None for o in produced["offsets"]), produced
+    assert {o["partition"] for o in produced["offsets"]} == set(range(6))
+
+    status, read = http("GET", f"{base[2]}/v1/topics/{name}/records?max_records=1000&timeout_ms=5000")
+    assert status == 200, read
+    assert sorted(r["value"] for r in read["records"]) == sorted(values)
+    assert {p["partition"]: (p["next_offset"], p["high_watermark"]) for p in read["partitions"]} == {
+        p: (10, 10) for p in range(6)
+    }
+    remote = led_by(leaders, 3)[0]
+    status, one = http("GET", f"{base[1]}/v1/topics/{name}/partitions/{remote}/records?offset=earliest")
+    assert status == 200, one
+    assert len(one["records"]) == 10 and one["high_watermark"] == 10 and one["next_offset"] == 10
+
+    # A cap across brokers: page through with the positions each answer gives.
+    seen, offsets = [], ",".join(f"{p}:earliest" for p in range(6))
+    for _ in range(30):
+        status, page = http("GET", f"{base[2]}/v1/topics/{name}/records?max_records=7&offsets={offsets}")
+        assert status == 200 and len(page["records"]) <= 7, page
+        if not page["records"]:
+            break
+        seen.extend((r["partition"], r["offset"]) for r in page["records"])
+        offsets = ",".join(f"{p['partition']}:{p['next_offset']}" for p in page["partitions"])
+    assert sorted(seen) == sorted((p, o) for p in range(6) for o in range(10)), "every record exactly once"
+
+    # A long poll through node 2 over every partition wakes for a record at a remote leader.
+    ends = ",".join(f"{p}:10" for p in range(6))
+    producer = c_producer(cluster.bootstrap(), {"acks": "all"})
+    started = time.monotonic()
+    poll = {}
+
+    def long_poll():
+        poll["answer"] = http("GET", f"{base[2]}/v1/topics/{name}/records?offsets={ends}&timeout_ms=20000")
+
+    reader = threading.Thread(target=long_poll)
+    reader.start()
+    time.sleep(0.5)
+    producer.produce(name, value=b"late", partition=remote)
+    producer.flush(10)
+    reader.join(30)
+    status, late = poll["answer"]
+    assert status == 200 and [r["value"] for r in late["records"]] == ["late"], late
+    assert time.monotonic() - started < 15, "the long poll did not wake for the record"
+
+    # The CLI, against node 3 only.
+    env = {**os.environ, "WEIR_ADMIN": base[3]}
+    cli = str(weir_bin())
+    lines = "".join(f"cli{i}\n" for i in range(12))
+    subprocess.run([cli, "produce", name], input=lines, text=True, env=env, check=True, timeout=60)
+    out = subprocess.run(
+        [cli, "consume", name, "--from-beginning", "--max-messages", "73", "--timeout", "10", "--json"],
+        capture_output=True, text=True, env=env, check=True, timeout=60,
+    ).stdout
+    consumed = [json.loads(line)["value"] for line in out.splitlines() if line.strip()]
+    assert sorted(consumed) == sorted(values + ["late"] + [f"cli{i}" for i in range(12)])
+
+
+def test_the_http_api_answers_for_a_group_through_any_node(cluster, closer):
+    """A consumer group, coordinated by whichever broker leads its __consumer_offsets partition,
+    is described (with the lag of partitions led by every broker), listed, reset (to earliest
+    and by timestamp) and deleted through each node's admin API alike: a node that is not the
+    coordinator forwards the request to it."""
+    name = unique("hg")
+    cluster.create_topic(2, name, 6)
+    produce_acks_all(cluster.bootstrap(), name, records_for(range(6), 10, "g"))
+    group = unique("g")
+    consumer = closer.add(c_consumer(cluster.bootstrap(), group, {"session.timeout.ms": 6000}))
+    consumer.subscribe([name])
+    assert len(c_consume(consumer, 60, timeout=COORDINATOR_TIMEOUT_S)) == 60
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    base = {i: cluster.node(i).admin_url() for i in (1, 2, 3)}
+
+    def described(via):
+        status, body = http("GET", f"{base[via]}/v1/groups/{group}")
+        assert status == 200, (via, body)
+        return {(o["topic"], o["partition"]): (o["committed_offset"], o["lag"]) for o in body["offsets"]}, body
+
+    for via in (1, 2, 3):
+        offsets, body = described(via)
+        assert offsets == {(name, p): (10, 0) for p in range(6)}, (via, body)
+        status, listed = http("GET", f"{base[via]}/v1/groups")
+        assert status == 200 and group in [g["group_id"] for g in listed["groups"]], (via, listed)
+
+    status, reset = http("POST", f"{base[1]}/v1/groups/{group}/reset-offsets", {"to": "earliest"})
+    assert status == 200 and {o["new_offset"] for o in reset["offsets"]} == {0}, reset
+    assert described(2)[0] == {(name, p): (0, 10) for p in range(6)}
+    status, reset = http("POST", f"{base[3]}/v1/groups/{group}/reset-offsets", {"to": {"timestamp": 0}, "dry_run": True})
+    assert status == 200 and {o["new_offset"] for o in reset["offsets"]} == {0}, reset
+
+    status, deleted = http("DELETE", f"{base[2]}/v1/groups/{group}")
+    assert status == 200, deleted
+    for via in (1, 2, 3):
+        status, body = http("GET", f"{base[via]}/v1/groups/{group}")
+        assert status == 404, (via, body)
 
 
 def test_a_topic_created_through_any_node_is_visible_on_every_node_within_a_second(cluster):
@@ -640,6 +767,36 @@ def test_a_broker_only_node_follows_the_quorum_and_serves_its_partitions(cluster
     _, took, errors = create_until_it_works(cluster, 4, FAILOVER_BOUND_S)
     figure(f"broker-only node 4 forwarded a CreateTopics to the new controller {took:.2f} s after the old "
            f"one was killed")
+
+
+def test_controller_only_nodes_decide_while_broker_only_nodes_serve(cluster_factory, closer):
+    """Three controller-only nodes (process.roles=controller: no Kafka listener) and two
+    broker-only nodes: the brokers list only themselves, a topic spreads over both and
+    round-trips, a consumer group works, and after a controller is killed (the active one or
+    not) topic creation through a broker still works."""
+    cluster = cluster_factory(voters=3, brokers=2, controller_only=True)
+    controller, _ = cluster.wait_formed()
+    assert controller in (4, 5)
+    for node_id in (1, 2, 3):
+        assert "controller on 127.0.0.1:" in cluster.node(node_id).log_since(0)
+    name = unique("co")
+    leaders = cluster.create_topic(4, name, 4)
+    assert sorted(leaders.values()) == [4, 4, 5, 5], leaders
+    records = records_for(range(4), 10, "co")
+    produce_acks_all(cluster.bootstrap(), name, records)
+    assert kcat_read_all(cluster.node(5).bootstrap, name) == by_partition(records)
+    consumer = closer.add(c_consumer(cluster.bootstrap(), unique("g"), {"session.timeout.ms": 6000}))
+    consumer.subscribe([name])
+    got = c_consume(consumer, len(records), timeout=COORDINATOR_TIMEOUT_S)
+    assert sorted(r.value for r in got) == sorted(r["value"] for r in records)
+    consumer.commit(asynchronous=False)
+    consumer.close()
+
+    for victim in (1, 2):
+        cluster.node(victim).kill9()
+        _, took, errors = create_until_it_works(cluster, 4 if victim == 1 else 5, FAILOVER_BOUND_S)
+        figure(f"controller-only node {victim} killed: a CreateTopics through a broker worked after {took:.2f} s")
+        cluster.node(victim).start()
 
 
 def test_a_whole_cluster_restart_keeps_topics_and_data(cluster_factory):

@@ -7,13 +7,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::Json;
 use bytes::{Buf, Bytes};
 use kafka_protocol::messages::ConsumerProtocolAssignment;
 use kafka_protocol::protocol::Decodable;
-use weir_broker::fetch::Isolation;
 use weir_broker::group::{CommitParams, GroupDescription as Described, GroupState, OffsetToCommit};
-use weir_broker::{ErrorKind, OffsetQuery};
+use weir_broker::ErrorKind;
 
 use crate::api::{
     CommitOffsets, CommittedOffsets, DeletedGroup, GroupDescription, GroupList, GroupMember, GroupOffset, GroupSummary,
@@ -73,7 +73,13 @@ fn decode_assignment(protocol_type: &str, bytes: &Bytes) -> Vec<TopicPartitions>
     }
 }
 
-pub async fn list(State(state): State<SharedState>, query: QueryParams) -> Result<Json<GroupList>, ApiError> {
+/// `GET /v1/groups`: the groups of every broker's coordinator (each lists its own, as Kafka's
+/// ListGroups does; this node asks the others and merges).
+pub async fn list(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    query: QueryParams,
+) -> Result<Json<GroupList>, ApiError> {
     let core = state.core()?;
     let mut states = Vec::new();
     for name in query.get("state").unwrap_or("").split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -84,7 +90,7 @@ pub async fn list(State(state): State<SharedState>, query: QueryParams) -> Resul
         })?);
     }
     let listed = core.groups.list_groups(&states).await.map_err(|code| coordinator_error(code, "*"))?;
-    let groups = listed
+    let mut groups: Vec<GroupSummary> = listed
         .into_iter()
         .map(|g| GroupSummary {
             group_id: g.group_id,
@@ -92,6 +98,14 @@ pub async fn list(State(state): State<SharedState>, query: QueryParams) -> Resul
             protocol_type: g.protocol_type,
         })
         .collect();
+    if !crate::forward::is_forwarded(&headers) {
+        let filter = query.get("state").map(|s| format!("?state={s}")).unwrap_or_default();
+        for other in crate::forward::ask_every_broker::<GroupList>(&core.broker, &format!("/v1/groups{filter}")).await {
+            groups.extend(other.groups);
+        }
+        groups.sort_by(|a, b| a.group_id.cmp(&b.group_id));
+        groups.dedup_by(|a, b| a.group_id == b.group_id);
+    }
     Ok(Json(GroupList { groups }))
 }
 
@@ -137,9 +151,18 @@ pub async fn describe(
             assignment,
         });
     }
+    // High watermarks from each partition's leader (this broker or another).
+    let mut high_watermarks: HashMap<(String, i32), i64> = HashMap::new();
+    for topic in offsets.keys().map(|(t, _)| t.clone()).collect::<BTreeSet<_>>() {
+        for info in crate::forward::partition_infos(&core.broker, &topic).await {
+            if info.high_watermark >= 0 {
+                high_watermarks.insert((topic.clone(), info.partition), info.high_watermark);
+            }
+        }
+    }
     let mut total_lag = 0;
     for e in offsets.values_mut() {
-        e.high_watermark = core.broker.partition(&e.topic, e.partition).map(|p| p.log.high_watermark());
+        e.high_watermark = high_watermarks.get(&(e.topic.clone(), e.partition)).copied();
         if let (Some(hw), Some(committed)) = (e.high_watermark, e.committed_offset) {
             let lag = (hw - committed).max(0);
             e.lag = Some(lag);
@@ -277,44 +300,47 @@ pub async fn reset_offsets(
             return Err(ApiError::new(ErrorKind::InvalidTimestamp, format!("timestamp {t} is negative")));
         }
     }
-    // Offsets by timestamp read the time indexes: off the async workers.
-    let resolver = broker.clone();
-    let changes = tokio::task::spawn_blocking(move || -> Result<Vec<OffsetChange>, ApiError> {
-        let mut changes = Vec::with_capacity(targets.len());
-        for (topic, index) in targets {
-            let partition =
-                resolver.partition(&topic, index).ok_or_else(|| ApiError::unknown_partition(&topic, index))?;
-            let (start, hw) = (partition.log.log_start_offset(), partition.log.high_watermark());
-            let previous = committed.get(&(topic.clone(), index)).copied();
-            let new_offset = match to {
-                ResetTo::Earliest => start,
-                ResetTo::Latest => hw,
-                ResetTo::Timestamp(t) => match resolver.list_offset(&partition, OffsetQuery::AtTimestamp(t), Isolation::HighWatermark)?.offset {
-                    -1 => hw,
-                    found => found,
-                },
-                ResetTo::Offset(n) if n < start || n > hw => {
-                    return Err(ApiError::new(
-                        ErrorKind::OffsetOutOfRange,
-                        format!("offset {n} is out of range for {topic}-{index}: valid offsets are {start} to {hw} (the high watermark)"),
-                    ))
-                }
-                ResetTo::Offset(n) => n,
-                ResetTo::ShiftBy(n) => match previous {
-                    Some(current) => current.saturating_add(n).clamp(start, hw),
-                    None => {
-                        return Err(ApiError::invalid(format!(
-                            "group has no committed offset for {topic}-{index} to shift from; reset it to earliest, latest, a timestamp or an offset"
-                        )))
-                    }
-                },
-            };
-            changes.push(OffsetChange { topic, partition: index, previous_offset: previous, new_offset });
+    // Each partition's bounds from its leader (this broker or another).
+    let mut bounds: HashMap<(String, i32), (i64, i64)> = HashMap::new();
+    for topic in targets.iter().map(|(t, _)| t.clone()).collect::<BTreeSet<_>>() {
+        for info in crate::forward::partition_infos(&broker, &topic).await {
+            bounds.insert((topic.clone(), info.partition), (info.log_start_offset, info.high_watermark));
         }
-        Ok(changes)
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("offset lookup failed: {e}")))??;
+    }
+    let mut changes = Vec::with_capacity(targets.len());
+    for (topic, index) in targets {
+        let (start, hw) = match bounds.get(&(topic.clone(), index)) {
+            Some(&(start, hw)) if hw >= 0 => (start, hw),
+            _ => {
+                return Err(ApiError::new(
+                    ErrorKind::LeaderNotAvailable,
+                    format!("{topic}-{index} has no leader that answers right now; retry shortly"),
+                ))
+            }
+        };
+        let previous = committed.get(&(topic.clone(), index)).copied();
+        let new_offset = match to {
+            ResetTo::Earliest => start,
+            ResetTo::Latest => hw,
+            ResetTo::Timestamp(t) => crate::forward::offset_at(&broker, &topic, index, t).await?,
+            ResetTo::Offset(n) if n < start || n > hw => {
+                return Err(ApiError::new(
+                    ErrorKind::OffsetOutOfRange,
+                    format!("offset {n} is out of range for {topic}-{index}: valid offsets are {start} to {hw} (the high watermark)"),
+                ))
+            }
+            ResetTo::Offset(n) => n,
+            ResetTo::ShiftBy(n) => match previous {
+                Some(current) => current.saturating_add(n).clamp(start, hw),
+                None => {
+                    return Err(ApiError::invalid(format!(
+                        "group has no committed offset for {topic}-{index} to shift from; reset it to earliest, latest, a timestamp or an offset"
+                    )))
+                }
+            },
+        };
+        changes.push(OffsetChange { topic, partition: index, previous_offset: previous, new_offset });
+    }
     if !request.dry_run {
         let offsets = changes.iter().map(|c| to_commit(c.topic.clone(), c.partition, c.new_offset, None)).collect();
         simple_commit(core, &group, offsets).await?;

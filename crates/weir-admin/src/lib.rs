@@ -27,6 +27,7 @@ mod broker_info;
 mod cluster;
 pub mod error;
 mod extract;
+pub mod forward;
 mod groups;
 pub mod partitioner;
 mod probes;
@@ -62,8 +63,10 @@ pub struct Core {
 /// Shared by every request.
 pub struct AdminState {
     started: Instant,
-    kafka_listener: SocketAddr,
-    admin_listener: SocketAddr,
+    /// `None` on a controller-only node.
+    kafka_listener: Option<SocketAddr>,
+    /// `None` when the admin listener is off (the state still serves forwarded requests).
+    admin_listener: Option<SocketAddr>,
     core: OnceLock<Core>,
     /// Next partition for a record without key (round-robin over requests and topics).
     round_robin: AtomicU32,
@@ -71,7 +74,11 @@ pub struct AdminState {
 
 impl AdminState {
     /// `started`: when the process started (uptime is measured from it).
-    pub fn new(started: Instant, kafka_listener: SocketAddr, admin_listener: SocketAddr) -> Arc<AdminState> {
+    pub fn new(
+        started: Instant,
+        kafka_listener: Option<SocketAddr>,
+        admin_listener: Option<SocketAddr>,
+    ) -> Arc<AdminState> {
         Arc::new(AdminState {
             started,
             kafka_listener,
@@ -114,9 +121,14 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/topics/{topic}/records", get(records::consume_topic).post(records::produce))
         .route("/v1/topics/{topic}/partitions/{partition}/records", get(records::consume_partition))
         .route("/v1/groups", get(groups::list))
-        .route("/v1/groups/{group}", get(groups::describe).delete(groups::delete))
-        .route("/v1/groups/{group}/offsets", post(groups::commit))
-        .route("/v1/groups/{group}/reset-offsets", post(groups::reset_offsets))
+        .merge(
+            // Answered by the group's coordinator, wherever it is.
+            Router::new()
+                .route("/v1/groups/{group}", get(groups::describe).delete(groups::delete))
+                .route("/v1/groups/{group}/offsets", post(groups::commit))
+                .route("/v1/groups/{group}/reset-offsets", post(groups::reset_offsets))
+                .route_layer(axum::middleware::from_fn_with_state(state.clone(), forward::at_coordinator)),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))

@@ -6,8 +6,11 @@
 //! poll Kafka's Fetch uses): it reads whole batches up to the high watermark, decodes (and
 //! decompresses) them and returns the records at or after the requested offset; with nothing to
 //! return it parks until an append wakes it or `timeout_ms` passes.
+//!
+//! In a cluster, partitions this node does not host are produced to and read from their
+//! leaders through `forward`; a read of partitions on several brokers asks them all at once.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +23,7 @@ use bytes::{Bytes, BytesMut};
 use weir_broker::fetch::{FetchPartition, FetchRequest, Isolation};
 use weir_broker::storage::records::{self, BatchOptions, Header, Record};
 use weir_broker::storage::TimestampType;
-use weir_broker::{Acks, Broker, ErrorKind, Partition};
+use weir_broker::{Broker, ErrorKind, Partition};
 
 use crate::api::{
     ConsumedRecord, Encoding, Headers, PartitionPosition, PartitionRecords, ProduceRequest, ProduceResponse,
@@ -28,6 +31,7 @@ use crate::api::{
 };
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathParams, QueryParams};
+use crate::forward::{self, ConsumeCall, Consumed, Location};
 use crate::partitioner::partition_for_key;
 use crate::topics::require_topic;
 use crate::SharedState;
@@ -114,10 +118,9 @@ pub async fn produce(
     let mut appended_any = false;
     for (index, records) in by_partition {
         let batch: Vec<Record> = records.iter().map(|(_, r)| r.clone()).collect();
-        let outcome = match (broker.partition(&topic, index), encode_batch(&batch)) {
-            (None, _) => Err(ApiError::unknown_partition(&topic, index)),
-            (_, Err(e)) => Err(e),
-            (Some(partition), Ok(buf)) => broker.append(partition, buf, Acks::All).await.map_err(ApiError::from),
+        let outcome = match encode_batch(&batch) {
+            Err(e) => Err(e),
+            Ok(buf) => forward::append(broker, &topic, index, buf).await,
         };
         match outcome {
             Ok(info) => {
@@ -165,6 +168,20 @@ struct ReadLimits {
     max_bytes: u64,
     timeout: Duration,
     encoding: Encoding,
+}
+
+impl ReadLimits {
+    /// A consume of `positions` of `topic` within these limits.
+    fn call(&self, topic: &str, positions: Vec<(i32, String)>) -> ConsumeCall {
+        ConsumeCall {
+            topic: topic.to_string(),
+            positions,
+            max_records: self.max_records,
+            max_bytes: self.max_bytes,
+            timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+            encoding: self.encoding,
+        }
+    }
 }
 
 fn read_limits(query: &QueryParams) -> Result<ReadLimits, ApiError> {
@@ -330,20 +347,19 @@ pub async fn consume_partition(
     if !(0..metadata.partitions).contains(&index) {
         return Err(ApiError::unknown_partition(&topic, index));
     }
-    let partition = broker.partition(&topic, index).ok_or_else(|| ApiError::unknown_partition(&topic, index))?;
     let limits = read_limits(&query)?;
     let encoding = limits.encoding;
-    let offset = resolve_offset(&partition, query.get("offset").unwrap_or("earliest"))?;
-    let (records, positions) = long_poll(broker, vec![Position { partition, offset }], limits).await?;
-    let position = positions.first().map(position_of).ok_or_else(|| ApiError::internal("position lost"))?;
+    let offset = query.get("offset").unwrap_or("earliest").to_string();
+    let consumed = consume_anywhere(broker, limits.call(&topic, vec![(index, offset)])).await?;
+    let position = consumed.positions.first().ok_or_else(|| ApiError::internal("position lost"))?;
     Ok(Json(PartitionRecords {
         topic,
         partition: index,
         encoding,
-        records,
         next_offset: position.next_offset,
         high_watermark: position.high_watermark,
         log_start_offset: position.log_start_offset,
+        records: consumed.records,
     }))
 }
 
@@ -381,20 +397,133 @@ pub async fn consume_topic(
         return Err(ApiError::invalid("`offsets` names no partition"));
     }
     let mut seen = HashSet::new();
-    let mut positions = Vec::with_capacity(wanted.len());
-    for (index, offset) in wanted {
-        if !seen.insert(index) {
+    for (index, _) in &wanted {
+        if !seen.insert(*index) {
             return Err(ApiError::invalid(format!("partition {index} appears twice in `offsets`")));
         }
-        let partition = broker
-            .partition(&topic, index)
-            .filter(|_| index < metadata.partitions)
-            .ok_or_else(|| ApiError::unknown_partition(&topic, index))?;
-        let offset = resolve_offset(&partition, &offset)?;
+        if !(0..metadata.partitions).contains(index) {
+            return Err(ApiError::unknown_partition(&topic, *index));
+        }
+    }
+    let consumed = consume_anywhere(broker, limits.call(&topic, wanted)).await?;
+    Ok(Json(TopicRecords { topic, encoding, records: consumed.records, partitions: consumed.positions }))
+}
+
+/// Reads partitions this broker hosts (a consume of this node's HTTP API, or one forwarded by
+/// another node's).
+pub(crate) async fn consume_here(broker: &Arc<Broker>, call: ConsumeCall) -> Result<Consumed, ApiError> {
+    let mut positions = Vec::with_capacity(call.positions.len());
+    for (index, offset) in &call.positions {
+        let partition = broker.partition(&call.topic, *index).ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::NotLeader,
+                format!("broker {} does not host {}-{index}", broker.config.node_id, call.topic),
+            )
+        })?;
+        let offset = resolve_offset(&partition, offset)?;
         positions.push(Position { partition, offset });
     }
+    let limits = ReadLimits {
+        max_records: call.max_records,
+        max_bytes: call.max_bytes,
+        timeout: Duration::from_millis(call.timeout_ms),
+        encoding: call.encoding,
+    };
     let (records, positions) = long_poll(broker, positions, limits).await?;
-    Ok(Json(TopicRecords { topic, encoding, records, partitions: positions.iter().map(position_of).collect() }))
+    Ok(Consumed { records, positions: positions.iter().map(position_of).collect() })
+}
+
+/// Runs one broker's part of a consume: this one's, or `leader`'s over the internal RPC.
+async fn consume_part(broker: Arc<Broker>, leader: Option<i32>, call: ConsumeCall) -> Result<Consumed, ApiError> {
+    match leader {
+        None => consume_here(&broker, call).await,
+        Some(leader) => forward::consume_at(&broker, leader, &call).await,
+    }
+}
+
+/// Reads the partitions of `call` wherever they are led. Partitions on one broker are one
+/// long poll there. Partitions on several: first every broker is asked at once without waiting
+/// (which also resolves `earliest`/`latest`); if that finds nothing, every broker long-polls
+/// from there at once, and the first to return records ends the wait for all.
+async fn consume_anywhere(broker: &Arc<Broker>, call: ConsumeCall) -> Result<Consumed, ApiError> {
+    let mut parts: BTreeMap<Option<i32>, Vec<(i32, String)>> = BTreeMap::new();
+    for (index, offset) in &call.positions {
+        let at = match forward::locate(broker, &call.topic, *index)? {
+            Location::Here(_) => None,
+            Location::Leader(leader) => Some(leader),
+        };
+        parts.entry(at).or_default().push((*index, offset.clone()));
+    }
+    if parts.len() == 1 {
+        let leader = parts.into_keys().next().flatten();
+        return consume_part(broker.clone(), leader, call).await;
+    }
+    let part_call =
+        |positions: Vec<(i32, String)>, timeout_ms: u64| ConsumeCall { positions, timeout_ms, ..call.clone() };
+    let quick = run_parts(broker, parts.iter().map(|(at, p)| (*at, part_call(p.clone(), 0))).collect(), false).await?;
+    if call.timeout_ms == 0 || quick.values().any(|c| !c.records.is_empty()) {
+        return Ok(merge(&call, quick));
+    }
+    let resumed: Vec<(Option<i32>, ConsumeCall)> = quick
+        .iter()
+        .map(|(at, consumed)| {
+            let from = consumed.positions.iter().map(|p| (p.partition, p.next_offset.to_string())).collect();
+            (*at, part_call(from, call.timeout_ms))
+        })
+        .collect();
+    let mut waited = run_parts(broker, resumed, true).await?;
+    // A broker cut short keeps the positions its quick answer gave.
+    for (at, consumed) in quick {
+        waited.entry(at).or_insert(Consumed { records: Vec::new(), ..consumed });
+    }
+    Ok(merge(&call, waited))
+}
+
+/// Runs the parts at once; with `first_records`, stops at the first part that returns records
+/// (the others are dropped: a read changes nothing, so nothing is lost).
+async fn run_parts(
+    broker: &Arc<Broker>,
+    parts: Vec<(Option<i32>, ConsumeCall)>,
+    first_records: bool,
+) -> Result<BTreeMap<Option<i32>, Consumed>, ApiError> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (at, call) in parts {
+        let broker = broker.clone();
+        tasks.spawn(async move { (at, consume_part(broker, at, call).await) });
+    }
+    let mut done = BTreeMap::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (at, consumed) = joined.map_err(|e| ApiError::internal(format!("consume task failed: {e}")))?;
+        let consumed = consumed?;
+        let found = !consumed.records.is_empty();
+        done.insert(at, consumed);
+        if first_records && found {
+            tasks.abort_all();
+            break;
+        }
+    }
+    Ok(done)
+}
+
+/// The parts' answers as one: at most `max_records` records (a partition cut short resumes at
+/// its first record left out), positions in request order.
+fn merge(call: &ConsumeCall, parts: BTreeMap<Option<i32>, Consumed>) -> Consumed {
+    let mut records = Vec::new();
+    let mut positions: HashMap<i32, PartitionPosition> = HashMap::new();
+    for consumed in parts.into_values() {
+        records.extend(consumed.records);
+        positions.extend(consumed.positions.into_iter().map(|p| (p.partition, p)));
+    }
+    if records.len() > call.max_records {
+        for left_out in records.split_off(call.max_records).into_iter().rev() {
+            // Reversed, so the earliest left-out record of each partition is written last.
+            if let Some(position) = positions.get_mut(&left_out.partition) {
+                position.next_offset = left_out.offset;
+            }
+        }
+    }
+    let positions = call.positions.iter().filter_map(|(index, _)| positions.remove(index)).collect();
+    Consumed { records, positions }
 }
 
 #[cfg(test)]

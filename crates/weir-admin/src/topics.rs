@@ -46,27 +46,6 @@ fn topic_error(topic: &str, e: BrokerError) -> ApiError {
     }
 }
 
-fn partition_infos(broker: &Broker, topic: &TopicMetadata) -> Vec<PartitionInfo> {
-    (0..topic.partitions)
-        .filter_map(|index| broker.partition(&topic.name, index))
-        .map(|p| {
-            let log = &p.log;
-            let state = p.state();
-            PartitionInfo {
-                partition: p.index,
-                leader: state.leader,
-                leader_epoch: state.leader_epoch,
-                replicas: state.replicas.clone(),
-                isr: state.isr.clone(),
-                log_start_offset: log.log_start_offset(),
-                high_watermark: log.high_watermark(),
-                log_end_offset: log.log_end_offset(),
-                size_bytes: log.size_bytes(),
-            }
-        })
-        .collect()
-}
-
 pub async fn list(State(state): State<SharedState>) -> Result<Json<TopicList>, ApiError> {
     let core = state.core()?;
     let topics = core
@@ -90,11 +69,12 @@ pub async fn describe(
 ) -> Result<Json<TopicDescription>, ApiError> {
     let core = state.core()?;
     let topic = require_topic(&core.broker, &name)?;
-    Ok(Json(describe_topic(&core.broker, &topic)))
+    Ok(Json(describe_topic(&core.broker, &topic).await))
 }
 
-fn describe_topic(broker: &Broker, topic: &TopicMetadata) -> TopicDescription {
-    let partitions = partition_infos(broker, topic);
+/// A topic and every partition, asking the brokers that lead them (see `forward`).
+async fn describe_topic(broker: &Broker, topic: &TopicMetadata) -> TopicDescription {
+    let partitions = crate::forward::partition_infos(broker, &topic.name).await;
     TopicDescription {
         name: topic.name.clone(),
         id: topic.id.to_string(),
@@ -206,7 +186,7 @@ pub async fn partitions(
 ) -> Result<Json<Vec<PartitionInfo>>, ApiError> {
     let core = state.core()?;
     let topic = require_topic(&core.broker, &name)?;
-    Ok(Json(partition_infos(&core.broker, &topic)))
+    Ok(Json(crate::forward::partition_infos(&core.broker, &topic.name).await))
 }
 
 pub async fn create_partitions(

@@ -199,8 +199,10 @@ impl Broker {
                 (u64::try_from(id).unwrap_or_default(), addr)
             })
             .collect();
+        // The quorum is this node alone; other brokers may still join it as learners, over the
+        // CONTROLLER listener when it has one.
         let alone = voters.len() == 1 && voters.contains_key(&node_id);
-        let transport: Arc<dyn RaftTransport> = if alone {
+        let transport: Arc<dyn RaftTransport> = if alone && internal_listener.is_none() {
             Arc::new(NoPeers)
         } else {
             Arc::new(crate::cluster::rpc::RpcRaftTransport { rpc: cluster.rpc.clone() })
@@ -293,6 +295,11 @@ impl Broker {
     /// The Kafka port clients are told (the bound one when the listener asked for port 0).
     pub fn advertised_port(&self) -> u16 {
         self.config.advertised_port
+    }
+
+    /// The address other nodes reach this one at (its CONTROLLER listener), if it has one.
+    pub fn internal_address(&self) -> Option<&str> {
+        self.internal_address.as_deref()
     }
 
     /// This node's view of itself, for `weir cluster info` and `GET /v1/cluster`.

@@ -188,8 +188,9 @@ pub struct BrokerConfig {
     pub broker_session_timeout_ms: u64,
     pub quorum_election_timeout_ms: u64,
     pub quorum_request_timeout_ms: u64,
-    /// The Kafka (PLAINTEXT) listener.
-    pub listen: SocketAddr,
+    /// The Kafka (PLAINTEXT) listener; `None` on a controller-only node, which serves no
+    /// Kafka clients.
+    pub listen: Option<SocketAddr>,
     /// Host and port put in Metadata responses.
     pub advertised_host: String,
     pub advertised_port: u16,
@@ -395,11 +396,20 @@ impl BrokerConfig {
         })?;
 
         let get = |name: &str| values.get(name).map(String::as_str).unwrap_or("");
+        let roles = parse_roles("process.roles", get("process.roles"))?;
         let mut listeners = parse_listeners("listeners", get("listeners"))?;
-        let (listen_host, listen_port) = listeners.remove("PLAINTEXT").ok_or_else(|| {
-            invalid("listeners", get("listeners"), "expected a PLAINTEXT listener, e.g. 127.0.0.1:9092")
-        })?;
-        let listen = socket_addr("listeners", get("listeners"), &listen_host, listen_port)?;
+        let (listen, listen_host, listen_port) = match listeners.remove("PLAINTEXT") {
+            // A controller-only node serves no Kafka clients: a PLAINTEXT listener is not bound.
+            _ if !roles.broker => (None, String::new(), 0),
+            Some((host, port)) => (Some(socket_addr("listeners", get("listeners"), &host, port)?), host, port),
+            None => {
+                return Err(invalid(
+                    "listeners",
+                    get("listeners"),
+                    "expected a PLAINTEXT listener, e.g. 127.0.0.1:9092",
+                ))
+            }
+        };
         let controller_listen = match listeners.remove("CONTROLLER") {
             Some((host, port)) => Some(socket_addr("listeners", get("listeners"), &host, port)?),
             None => None,
@@ -425,7 +435,7 @@ impl BrokerConfig {
         let rack = get("broker.rack").trim();
         let config = BrokerConfig {
             node_id: parse_num("node.id", get("node.id"), 0)?,
-            roles: parse_roles("process.roles", get("process.roles"))?,
+            roles,
             voters: parse_voters("controller.quorum.voters", get("controller.quorum.voters"))?,
             controller_listen,
             rack: (!rack.is_empty()).then(|| rack.to_string()),
@@ -562,10 +572,10 @@ impl BrokerConfig {
         Ok(config)
     }
 
-    /// True when this node is one of several in a cluster (more than one voter, or a broker that
-    /// is not a voter).
+    /// True when this node is part of a configured cluster (`controller.quorum.voters` is set,
+    /// even to one voter that other brokers join); false for `weir server` on its own.
     pub fn is_cluster(&self) -> bool {
-        self.voters.len() > 1 || (!self.voters.is_empty() && !self.voters.contains_key(&self.node_id))
+        !self.voters.is_empty()
     }
 
     /// The quorum's voters: the configured ones, or this node alone.
@@ -626,11 +636,11 @@ impl BrokerConfig {
                 ));
             }
         }
-        if !self.roles.broker {
+        if !self.roles.broker && self.voters.is_empty() {
             return Err(invalid(
                 "process.roles",
                 roles,
-                "controller-only nodes are not supported yet: use broker,controller",
+                "a node alone must be a broker (broker,controller): a controller-only node needs brokers beside it",
             ));
         }
         Ok(())
@@ -729,7 +739,7 @@ mod tests {
     #[test]
     fn defaults_parse() {
         let config = BrokerConfig::default();
-        assert_eq!(config.listen.to_string(), "127.0.0.1:9092");
+        assert_eq!(config.listen.map(|a| a.to_string()).as_deref(), Some("127.0.0.1:9092"));
         assert_eq!(config.data_dir, PathBuf::from("./data"));
         assert!(config.auto_create_topics);
         assert_eq!(config.default_log_config().retention_ms, 604_800_000);
@@ -765,7 +775,7 @@ mod tests {
         assert_eq!(map.get("log.retention.ms").map(String::as_str), Some("5000"));
         assert_eq!(map.get("group.initial.rebalance.delay.ms").map(String::as_str), Some("0"));
         let config = BrokerConfig::from_settings(&map).unwrap();
-        assert_eq!(config.listen.port(), 19092);
+        assert_eq!(config.listen.map(|a| a.port()), Some(19092));
         assert_eq!(config.group_initial_rebalance_delay_ms, 0);
     }
 
@@ -787,9 +797,20 @@ mod tests {
         assert!(three.is_cluster());
         assert_eq!(three.voters.get(&3), Some(&("127.0.0.1".to_string(), 9293)));
         assert_eq!(three.controller_listen.map(|a| a.port()), Some(9193));
-        assert_eq!(three.listen.port(), 9192);
+        assert_eq!(three.listen.map(|a| a.port()), Some(9192));
         assert_eq!(three.rack.as_deref(), Some("eu-1a"));
+        // A controller-only node needs no Kafka listener (and binds none).
+        let controller = BrokerConfig::from_settings(&settings(&[
+            ("node.id", "1"),
+            ("process.roles", "controller"),
+            ("controller.quorum.voters", "1@127.0.0.1:9093"),
+            ("listeners", "CONTROLLER://127.0.0.1:9093"),
+        ]))
+        .unwrap();
+        assert_eq!(controller.listen, None);
+        assert!(controller.is_cluster() && !controller.roles.broker);
         for (bad, setting) in [
+            (vec![("process.roles", "controller")], "process.roles"),
             (vec![("node.id", "1"), ("controller.quorum.voters", "1@127.0.0.1:9093,2@127.0.0.1:9193")], "listeners"),
             (vec![("controller.quorum.voters", "1@x")], "controller.quorum.voters"),
             (vec![("controller.quorum.voters", "1@127.0.0.1:9093"), ("node.id", "5")], "controller.quorum.voters"),

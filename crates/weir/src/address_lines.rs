@@ -22,6 +22,12 @@ pub fn kafka_line(addr: SocketAddr, data_dir: &Path) -> String {
     format!("weir {} listening on {addr} (Kafka protocol), data in {}", env!("CARGO_PKG_VERSION"), data_dir.display())
 }
 
+/// `weir VERSION controller on ADDR (metadata quorum), data in DIR`: what a controller-only
+/// node, which has no Kafka listener, prints instead of the Kafka line.
+pub fn controller_line(addr: &str, data_dir: &Path) -> String {
+    format!("weir {} controller on {addr} (metadata quorum), data in {}", env!("CARGO_PKG_VERSION"), data_dir.display())
+}
+
 /// `admin http://ADDR (JSON API, /metrics)`.
 pub fn admin_line(addr: SocketAddr) -> String {
     format!("admin http://{addr} (JSON API, /metrics)")

@@ -10,6 +10,10 @@
 //! the Kafka listener closes and drains (the broker is now shutting down, so `/ready` is 503
 //! and long polls return), then the admin listener stops gracefully, then the group
 //! coordinator and the logs close.
+//!
+//! A controller-only node (`process.roles=controller`) serves no Kafka clients: it binds no
+//! Kafka listener, votes in the metadata quorum and, as the active controller, decides; it
+//! prints its CONTROLLER address instead and runs until a signal.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,25 +35,41 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
     runtime.block_on(async move {
         // Bind first: a busy port fails fast, before any recovery work. The socket listens
         // (takes connections) only once the broker can answer them.
-        let kafka_socket = bind_kafka(config.listen)?;
-        let bound = kafka_socket.local_addr()?;
-        if config.advertised_port == 0 {
+        let kafka_socket = match config.listen {
+            Some(addr) if config.roles.broker => Some(bind_kafka(addr)?),
+            _ => None,
+        };
+        let bound = match &kafka_socket {
+            Some(socket) => Some(socket.local_addr()?),
+            None => None,
+        };
+        if let (Some(bound), 0) = (bound, config.advertised_port) {
             config.advertised_port = bound.port();
         }
-        let admin = match config.admin_listen {
+        let admin_listener = match config.admin_listen {
             None => None,
-            Some(addr) => {
-                let listener = TcpListener::bind(addr)
+            Some(addr) => Some(
+                TcpListener::bind(addr)
                     .await
-                    .with_context(|| format!("cannot listen on {addr} (the `admin.listeners` setting)"))?;
-                let admin_bound = listener.local_addr()?;
-                let state = weir_admin::AdminState::new(started, bound, admin_bound);
+                    .with_context(|| format!("cannot listen on {addr} (the `admin.listeners` setting)"))?,
+            ),
+        };
+        let admin_bound = match &admin_listener {
+            Some(listener) => Some(listener.local_addr()?),
+            None => None,
+        };
+        // The admin API's state exists without its listener too: other nodes' admin APIs
+        // forward requests to it over the cluster's internal RPC.
+        let admin_state = weir_admin::AdminState::new(started, bound, admin_bound);
+        let admin = match (admin_listener, admin_bound) {
+            (Some(listener), Some(addr)) => {
                 let (stop, stopped) = oneshot::channel::<()>();
-                let task = tokio::spawn(weir_admin::serve(listener, state.clone(), async {
+                let task = tokio::spawn(weir_admin::serve(listener, admin_state.clone(), async {
                     let _ = stopped.await;
                 }));
-                Some(AdminServer { addr: admin_bound, state, stop, task })
+                Some(AdminServer { addr, stop, task })
             }
+            _ => None,
         };
         let data_dir = config.data_dir.clone();
         let broker = tokio::task::spawn_blocking(move || Broker::open(config))
@@ -67,25 +87,45 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
                 .await?
                 .map_err(|e| anyhow::anyhow!("cannot load transactions: {}", e.message))?
         };
+        // Other nodes' HTTP APIs read and write this broker's partitions through it.
+        weir_admin::forward::register(&admin_state, &broker);
         // Registers the Kafka API metrics too, before anything is announced.
         let ctx = Arc::new(Ctx::new(broker.clone(), groups.clone(), txns));
-        let listener = kafka_socket
-            .listen(KAFKA_BACKLOG)
-            .with_context(|| format!("cannot listen on {bound} (the `listeners` setting)"))?;
-        // The accept loop runs on the runtime's workers from here on, whatever this thread does
-        // next (a blocked stdout or stderr included).
-        let kafka = tokio::spawn(weir_kafka::serve(listener, ctx, shutdown_signal(), Broker::SHUTDOWN_GRACE));
-        if let Some(admin) = &admin {
-            admin.state.set_ready(weir_admin::Core { broker: broker.clone(), groups: groups.clone() });
-        }
+        let kafka = match (kafka_socket, bound) {
+            (Some(socket), Some(bound)) => {
+                let listener = socket
+                    .listen(KAFKA_BACKLOG)
+                    .with_context(|| format!("cannot listen on {bound} (the `listeners` setting)"))?;
+                // The accept loop runs on the runtime's workers from here on, whatever this
+                // thread does next (a blocked stdout or stderr included).
+                Some(tokio::spawn(weir_kafka::serve(listener, ctx, shutdown_signal(), Broker::SHUTDOWN_GRACE)))
+            }
+            _ => None,
+        };
+        admin_state.set_ready(weir_admin::Core { broker: broker.clone(), groups: groups.clone() });
         // Everything serves now: only then the lines that tests and scripts wait for.
         let shown_dir = std::fs::canonicalize(&data_dir).unwrap_or(data_dir);
-        println!("{}", weir::address_lines::kafka_line(bound, &shown_dir));
+        match bound {
+            Some(bound) => println!("{}", weir::address_lines::kafka_line(bound, &shown_dir)),
+            None => println!(
+                "{}",
+                weir::address_lines::controller_line(broker.internal_address().unwrap_or_default(), &shown_dir)
+            ),
+        }
         if let Some(admin) = &admin {
             println!("{}", weir::address_lines::admin_line(admin.addr));
         }
-        tracing::info!(listen = %bound, data_dir = %shown_dir.display(), cluster_id = %broker.cluster_id(), "broker started");
-        kafka.await.context("the Kafka listener task failed")?;
+        match bound {
+            Some(bound) => tracing::info!(listen = %bound, data_dir = %shown_dir.display(), cluster_id = %broker.cluster_id(), "broker started"),
+            None => tracing::info!(data_dir = %shown_dir.display(), cluster_id = %broker.cluster_id(), "controller started"),
+        }
+        match kafka {
+            Some(kafka) => kafka.await.context("the Kafka listener task failed")?,
+            None => {
+                shutdown_signal().await;
+                broker.begin_shutdown();
+            }
+        }
         if let Some(admin) = admin {
             admin.stop().await;
         }
@@ -116,7 +156,6 @@ fn bind_kafka(addr: std::net::SocketAddr) -> anyhow::Result<TcpSocket> {
 /// The running admin HTTP listener.
 struct AdminServer {
     addr: std::net::SocketAddr,
-    state: Arc<weir_admin::AdminState>,
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }

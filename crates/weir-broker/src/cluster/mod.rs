@@ -40,6 +40,8 @@ pub use control::{ControlAnswer, ControlRequest, HeartbeatAnswer};
 pub use controller::Sessions;
 pub use lifecycle::Lifecycle;
 pub use status::{ClusterStatus, NodeInfo, QuorumMembership};
+/// What a front-end needs to serve methods of its own on the internal RPC.
+pub use weir_rpc::{decode_json, encode_json, BoxFuture as RpcFuture, Handler as RpcHandler, RemoteError};
 
 /// RPC method names of the cluster's own requests (Raft's are in `metadata::raft::network`).
 pub mod methods {

@@ -133,7 +133,10 @@ impl Quorum {
         let election = config.election_timeout_ms.max(10);
         let raft_config = Config {
             cluster_name: "weir-metadata".to_string(),
-            heartbeat_interval: (election / 5).max(5),
+            // openraft also bounds each AppendEntries call by this interval, so it must leave a
+            // busy machine room to answer; a third of the election timeout still sends three
+            // heartbeats before a follower gives up on its leader.
+            heartbeat_interval: (election / 3).max(5),
             election_timeout_min: election,
             election_timeout_max: election * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_interval),
