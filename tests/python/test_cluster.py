@@ -799,6 +799,20 @@ def test_controller_only_nodes_decide_while_broker_only_nodes_serve(cluster_fact
         cluster.node(victim).start()
 
 
+def test_a_quorum_of_one_voter_takes_broker_only_nodes(cluster_factory):
+    """One voter (combined) and two broker-only nodes: the brokers follow the one-voter quorum
+    as learners, all three are listed and lead partitions, and data round-trips through them."""
+    cluster = cluster_factory(voters=1, brokers=2)
+    controller, _ = cluster.wait_formed()
+    assert controller == 1
+    name = unique("one")
+    leaders = cluster.create_topic(3, name, 6)
+    assert sorted(leaders.values()) == [1, 1, 2, 2, 3, 3], leaders
+    records = records_for(range(6), 5, "one")
+    produce_acks_all(cluster.bootstrap(), name, records)
+    assert kcat_read_all(cluster.node(2).bootstrap, name) == by_partition(records)
+
+
 def test_a_whole_cluster_restart_keeps_topics_and_data(cluster_factory):
     """SIGTERM to every node at once: each exits 0. Started again from their data directories,
     they form the cluster again with the same cluster id; the topic has the same partitions and
