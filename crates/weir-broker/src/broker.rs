@@ -609,7 +609,8 @@ impl Broker {
         results
     }
 
-    /// The brokers partitions can be placed on: the registered, unfenced ones, by id.
+    /// The brokers partitions can be placed on: the registered, unfenced ones, in placement
+    /// order (by id; rack-alternating when brokers have racks).
     pub fn brokers(&self) -> Vec<i32> {
         self.metadata().unfenced_brokers()
     }

@@ -1,7 +1,10 @@
 //! Where new partitions' replicas go: round-robin over the brokers from a random start, as
-//! Kafka places them without racks. Replica `i` of partition `p` goes to broker
+//! Kafka places them. Replica `i` of partition `p` goes to broker
 //! `brokers[(start + p + i) % n]`, so leaders (replica 0) spread one per broker in turn and no
-//! partition has two replicas on one broker.
+//! partition has two replicas on one broker. When brokers have racks, the list is in Kafka's
+//! rack-alternating order ([`placement_order`]), so consecutive brokers (the leaders of
+//! successive partitions, and a partition's replicas when the racks are balanced) are in
+//! different racks.
 //!
 //! Validation of manual assignments (CreateTopics, CreatePartitions) lives here too, so that
 //! both placements obey the same rules.
@@ -9,6 +12,29 @@
 use std::collections::BTreeSet;
 
 use crate::error::{BrokerError, ErrorKind};
+
+/// The brokers, `(id, rack)`, in the order placement walks them: by id when no broker has a
+/// rack; else the first broker (by id) of each rack (by name), then the second of each, and so
+/// on, as Kafka's rack-aware assignment orders them. A broker without a rack counts as one of
+/// the rack "".
+pub fn placement_order(brokers: &[(i32, Option<String>)]) -> Vec<i32> {
+    let mut ids: Vec<i32> = brokers.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    if brokers.iter().all(|(_, rack)| rack.is_none()) {
+        return ids;
+    }
+    let mut racks: std::collections::BTreeMap<&str, Vec<i32>> = std::collections::BTreeMap::new();
+    for (id, rack) in brokers {
+        racks.entry(rack.as_deref().unwrap_or("")).or_default().push(*id);
+    }
+    for members in racks.values_mut() {
+        members.sort_unstable();
+    }
+    let deepest = racks.values().map(Vec::len).max().unwrap_or(0);
+    (0..deepest)
+        .flat_map(|i| racks.values().filter_map(move |members| members.get(i).copied()).collect::<Vec<_>>())
+        .collect()
+}
 
 /// Replica lists for partitions `first..first + count`, `replication_factor` replicas each, on
 /// `brokers` (sorted ids, at least `replication_factor` of them; the caller checks).
@@ -82,6 +108,25 @@ pub fn check_manual_assignment(assignments: &[Vec<i32>], brokers: &[i32]) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn racks_alternate_in_the_placement_order() {
+        let rack = |r: &str| Some(r.to_string());
+        assert_eq!(placement_order(&[(3, None), (1, None), (2, None)]), vec![1, 2, 3], "by id without racks");
+        // Kafka's example: racks a (1, 2, 3), b (4, 5), c (6): 1, 4, 6, 2, 5, 3.
+        let brokers = [(5, rack("b")), (1, rack("a")), (6, rack("c")), (2, rack("a")), (4, rack("b")), (3, rack("a"))];
+        let order = placement_order(&brokers);
+        assert_eq!(order, vec![1, 4, 6, 2, 5, 3]);
+        // Leaders of successive partitions, and the replicas of one (3 racks, 3 replicas), are
+        // in different racks while every rack still has brokers left.
+        let rack_of = |id: i32| brokers.iter().find(|(b, _)| *b == id).and_then(|(_, r)| r.clone());
+        for replicas in assign_replicas(0, 2, 3, &order, 0) {
+            let racks: BTreeSet<_> = replicas.iter().map(|id| rack_of(*id)).collect();
+            assert_eq!(racks.len(), 3, "{replicas:?}");
+        }
+        // A broker without a rack is in the rack "" (first by name).
+        assert_eq!(placement_order(&[(1, rack("a")), (2, None), (3, rack("a"))]), vec![2, 1, 3]);
+    }
 
     #[test]
     fn replicas_go_round_robin_from_the_start_without_sharing_a_broker() {

@@ -210,8 +210,11 @@ impl MetadataState {
     }
 
     /// The brokers partitions may be placed on and led by: registered and not fenced, by id.
+    /// The unfenced brokers in placement order (see `placement::placement_order`).
     pub fn unfenced_brokers(&self) -> Vec<i32> {
-        self.brokers.values().filter(|b| !b.fenced).map(|b| b.id).collect()
+        let brokers: Vec<(i32, Option<String>)> =
+            self.brokers.values().filter(|b| !b.fenced).map(|b| (b.id, b.rack.clone())).collect();
+        crate::placement::placement_order(&brokers)
     }
 
     /// True when some partition has no replicas assigned (a data directory written before
