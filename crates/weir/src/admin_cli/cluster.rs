@@ -85,8 +85,10 @@ fn roles(node: &NodeInfo) -> String {
 
 /// One word for the broker's standing: a fenced broker leads nothing, reachable or not; an
 /// unfenced one that does not answer is `unreachable` (the controller has not fenced it yet).
+/// A node without the broker role has none (`-`).
 fn broker_state(node: &NodeInfo) -> &'static str {
     match (node.fenced, node.reachable) {
+        (None, _) if !node.broker => "-",
         (None, _) => "unregistered",
         (Some(true), _) => "fenced",
         (Some(false), true) => "active",
@@ -122,15 +124,21 @@ mod tests {
             node_id: 1,
             controller: None,
             metadata_offset: 7,
-            nodes: vec![node(1, Some(false), true), node(2, Some(false), false), node(3, None, false)],
+            nodes: vec![
+                node(1, Some(false), true),
+                node(2, Some(false), false),
+                node(3, None, false),
+                NodeInfo { broker: false, ..node(4, None, true) },
+            ],
         };
         let mut out = Vec::new();
         write_info(&mut out, &cluster).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("Cluster: c\nController: none (no quorum leader)   Metadata offset: 7"), "{text}");
-        let rows: Vec<Vec<&str>> = text.lines().skip(4).take(3).map(|l| l.split_whitespace().collect()).collect();
+        let rows: Vec<Vec<&str>> = text.lines().skip(4).take(4).map(|l| l.split_whitespace().collect()).collect();
         assert_eq!(rows[1][4], "unreachable", "{text}");
         assert_eq!(rows[2][4], "unregistered", "{text}");
+        assert_eq!((rows[3][1], rows[3][4]), ("controller", "-"), "a controller-only node has no broker state: {text}");
         assert!(text.contains("node 2 is unreachable: connection refused\n"), "{text}");
     }
 }
