@@ -251,6 +251,14 @@ def test_topic_created_through_a_follower_spreads_leaders_and_round_trips_with_e
     produce_acks_all(cluster.bootstrap(), name, more)
     assert kcat_read_all(cluster.node(followers[0]).bootstrap, name) == {**expected, **by_partition(more)}
 
+    # DeleteRecords: the admin client sends each partition's part to its leader, wherever it is.
+    doomed = [TopicPartition(name, p, 2) for p in range(6)]
+    deleted = admin.delete_records(doomed, request_timeout=15)
+    for tp, future in deleted.items():
+        assert future.result(timeout=20).low_watermark == 2, tp
+    remaining = kcat_read_all(cluster.node(followers[0]).bootstrap, name)
+    assert {p: remaining[p] for p in range(6)} == {p: expected[p][2:] for p in range(6)}
+
     # AlterConfigs through a non-controller: every node describes the new value.
     client = cluster.raw(followers[0])
     try:
