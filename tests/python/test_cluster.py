@@ -218,8 +218,8 @@ def test_topic_created_through_a_follower_spreads_leaders_and_round_trips_with_e
     partitions appear on every node, led two by each broker. Records produced with acks=all to
     every partition (confluent-kafka, bootstrapped from one node) read back byte for byte with
     kafka-python and kcat. CreatePartitions, AlterConfigs and DeleteTopics through
-    non-controllers work and reach every node, and so does confluent-kafka's own
-    create_partitions()."""
+    non-controllers work and reach every node, and so do confluent-kafka's own
+    create_partitions() and delete_records() (sent to each partition's leader)."""
     controller = controller_of(cluster)
     followers = [i for i in cluster.ids() if i != controller]
     name = unique("spread")

@@ -205,7 +205,7 @@ impl Broker {
         let transport: Arc<dyn RaftTransport> = if alone && internal_listener.is_none() {
             Arc::new(NoPeers)
         } else {
-            Arc::new(crate::cluster::rpc::RpcRaftTransport { rpc: cluster.rpc.clone() })
+            Arc::new(crate::cluster::rpc::RpcRaftTransport::new(cluster.rpc.clone()))
         };
         let quorum_config = QuorumConfig {
             node_id,

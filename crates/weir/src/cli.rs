@@ -48,7 +48,11 @@ impl Command {
     pub fn default_log_filter(&self) -> &'static str {
         match self {
             // openraft logs every election and snapshot step at info: warnings are what matter.
-            Command::Server(_) => "info,openraft=warn",
+            // Its replication logs each failed call to a peer that is down, twice a second; the
+            // Raft transport says once when a node stops answering and when it is back.
+            Command::Server(_) => {
+                "info,openraft=warn,openraft::replication=off,openraft::engine::handler::replication_handler=off"
+            }
             // Benchmarks print their own results; only problems should interleave with them.
             Command::Bench(_) => "warn",
             // Client commands print their own results and errors.

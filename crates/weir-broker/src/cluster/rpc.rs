@@ -123,8 +123,20 @@ pub(crate) async fn call(
 }
 
 /// Raft messages over the internal RPC client.
+///
+/// openraft retries a peer that does not answer twice a second and logs each failure; the
+/// server's default filter silences those (`default_log_filter`), and this transport says it
+/// once instead: when a peer stops answering, and when it answers again.
 pub(crate) struct RpcRaftTransport {
     pub rpc: RpcClient,
+    /// The peers whose last call failed.
+    pub silent: Arc<std::sync::Mutex<std::collections::HashSet<NodeId>>>,
+}
+
+impl RpcRaftTransport {
+    pub fn new(rpc: RpcClient) -> RpcRaftTransport {
+        RpcRaftTransport { rpc, silent: Arc::default() }
+    }
 }
 
 impl RaftTransport for RpcRaftTransport {
@@ -137,17 +149,32 @@ impl RaftTransport for RpcRaftTransport {
         timeout: Duration,
     ) -> BoxFuture<Result<Vec<u8>, TransportError>> {
         let rpc = self.rpc.clone();
+        let silent = self.silent.clone();
         Box::pin(async move {
-            let peer = resolve(&addr).await.map_err(TransportError::Unreachable)?;
-            match rpc.call(peer, method, Bytes::from(body), timeout).await {
-                Ok(answer) => Ok(answer.to_vec()),
-                Err(e) => match e.kind() {
-                    RpcErrorKind::Unreachable(_) => {
-                        Err(TransportError::Unreachable(format!("voter {target} at {addr}: {e}")))
-                    }
-                    _ => Err(TransportError::Failed(format!("voter {target} at {addr}: {e}"))),
+            let answer = match resolve(&addr).await {
+                Err(e) => Err(TransportError::Unreachable(e)),
+                Ok(peer) => match rpc.call(peer, method, Bytes::from(body), timeout).await {
+                    Ok(answer) => Ok(answer.to_vec()),
+                    Err(e) => match e.kind() {
+                        RpcErrorKind::Unreachable(_) => {
+                            Err(TransportError::Unreachable(format!("voter {target} at {addr}: {e}")))
+                        }
+                        _ => Err(TransportError::Failed(format!("voter {target} at {addr}: {e}"))),
+                    },
                 },
+            };
+            let was_silent = match &answer {
+                Ok(_) => weir_storage::sync::lock(&silent).remove(&target),
+                Err(_) => !weir_storage::sync::lock(&silent).insert(target),
+            };
+            match (&answer, was_silent) {
+                (Ok(_), true) => tracing::info!(node = target, %addr, "metadata quorum: the node answers again"),
+                (Err(e), false) => {
+                    tracing::warn!(node = target, %addr, error = %e, "metadata quorum: a node does not answer; retrying")
+                }
+                _ => {}
             }
+            answer
         })
     }
 }
