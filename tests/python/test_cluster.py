@@ -416,6 +416,30 @@ def test_the_http_api_answers_for_a_group_through_any_node(cluster, closer):
         assert status == 404, (via, body)
 
 
+def test_an_http_read_of_a_topic_skips_the_partitions_of_a_broker_that_is_down(cluster_factory):
+    """With one broker killed, a read of the whole topic through another node's admin API still
+    returns every record of the partitions that have a live leader; the dead broker's
+    partitions carry an error in their positions instead of failing the request."""
+    cluster = cluster_factory()
+    name = unique("down")
+    leaders = cluster.create_topic(1, name, 6)
+    records = records_for(range(6), 5, "d")
+    produce_acks_all(cluster.bootstrap(), name, records)
+    base = cluster.node(1).admin_url()
+    victim = 3
+    cluster.node(victim).kill9()
+    lost = set(led_by(leaders, victim))
+    for _ in range(2):  # before and after the controller fences it
+        status, body = http("GET", f"{base}/v1/topics/{name}/records?max_records=1000&timeout_ms=1000")
+        assert status == 200, body
+        assert sorted(r["value"] for r in body["records"]) == sorted(
+            r["value"].decode() for r in records if r["partition"] not in lost
+        )
+        failed = {p["partition"] for p in body["partitions"] if p.get("error")}
+        assert failed == lost, body["partitions"]
+        time.sleep(SESSION_TIMEOUT_MS / 1000 + 1)
+
+
 def test_a_topic_created_through_any_node_is_visible_on_every_node_within_a_second(cluster):
     """Propagation of metadata: 21 topics created through each node in turn; after each
     CreateTopics answer, every node's Metadata is polled until it shows the topic with all its

@@ -378,6 +378,10 @@ pub struct PartitionPosition {
     pub next_offset: i64,
     pub high_watermark: i64,
     pub log_start_offset: i64,
+    /// Why this partition could not be read this time (in a cluster: its leader is down); the
+    /// offsets are then -1 (or `next_offset` the one asked for) and the other partitions were read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
 }
 
 // ----- consumer groups -----------------------------------------------------------------------

@@ -329,6 +329,18 @@ fn position_of(position: &Position) -> PartitionPosition {
         next_offset: position.offset,
         high_watermark: log.high_watermark(),
         log_start_offset: log.log_start_offset(),
+        error: None,
+    }
+}
+
+/// The position of a partition that could not be read: where to try again, and why.
+fn unread(index: i32, offset: &str, error: &ApiError) -> PartitionPosition {
+    PartitionPosition {
+        partition: index,
+        next_offset: offset.trim().parse().unwrap_or(-1),
+        high_watermark: -1,
+        log_start_offset: -1,
+        error: Some(error.detail()),
     }
 }
 
@@ -445,23 +457,39 @@ async fn consume_part(broker: Arc<Broker>, leader: Option<i32>, call: ConsumeCal
 /// long poll there. Partitions on several: first every broker is asked at once without waiting
 /// (which also resolves `earliest`/`latest`); if that finds nothing, every broker long-polls
 /// from there at once, and the first to return records ends the wait for all.
+///
+/// A partition whose leader is down, or does not answer, is left out with its `error` in its
+/// position, so one broker down does not stop a read of the others; when nothing can be read,
+/// the first such error is the answer.
 async fn consume_anywhere(broker: &Arc<Broker>, call: ConsumeCall) -> Result<Consumed, ApiError> {
     let mut parts: BTreeMap<Option<i32>, Vec<(i32, String)>> = BTreeMap::new();
+    let mut unread_positions = Vec::new();
     for (index, offset) in &call.positions {
-        let at = match forward::locate(broker, &call.topic, *index)? {
-            Location::Here(_) => None,
-            Location::Leader(leader) => Some(leader),
+        let at = match forward::locate(broker, &call.topic, *index) {
+            Ok(Location::Here(_)) => None,
+            Ok(Location::Leader(leader)) => Some(leader),
+            Err(e) if e.status == axum::http::StatusCode::SERVICE_UNAVAILABLE && call.positions.len() > 1 => {
+                unread_positions.push(unread(*index, offset, &e));
+                continue;
+            }
+            Err(e) => return Err(e),
         };
         parts.entry(at).or_default().push((*index, offset.clone()));
     }
-    if parts.len() == 1 {
+    if parts.is_empty() {
+        return Err(ApiError::new(ErrorKind::LeaderNotAvailable, "no partition asked for has a leader right now"));
+    }
+    if parts.len() == 1 && unread_positions.is_empty() {
         let leader = parts.into_keys().next().flatten();
         return consume_part(broker.clone(), leader, call).await;
     }
     let part_call =
         |positions: Vec<(i32, String)>, timeout_ms: u64| ConsumeCall { positions, timeout_ms, ..call.clone() };
-    let quick = run_parts(broker, parts.iter().map(|(at, p)| (*at, part_call(p.clone(), 0))).collect(), false).await?;
+    let quick = run_parts(broker, parts.iter().map(|(at, p)| (*at, part_call(p.clone(), 0))).collect(), false).await;
+    let mut quick = settle(&parts, quick, &mut unread_positions)?;
     if call.timeout_ms == 0 || quick.values().any(|c| !c.records.is_empty()) {
+        // Under a key no broker has, so that merge() puts them in with the others.
+        quick.insert(Some(-1), Consumed { records: Vec::new(), positions: unread_positions });
         return Ok(merge(&call, quick));
     }
     let resumed: Vec<(Option<i32>, ConsumeCall)> = quick
@@ -471,12 +499,43 @@ async fn consume_anywhere(broker: &Arc<Broker>, call: ConsumeCall) -> Result<Con
             (*at, part_call(from, call.timeout_ms))
         })
         .collect();
-    let mut waited = run_parts(broker, resumed, true).await?;
-    // A broker cut short keeps the positions its quick answer gave.
+    let waited = run_parts(broker, resumed, true).await;
+    // A part that fails now keeps the positions its quick answer gave, as does one cut short.
+    let mut waited: BTreeMap<Option<i32>, Consumed> =
+        waited.into_iter().filter_map(|(at, consumed)| Some((at, consumed.ok()?))).collect();
     for (at, consumed) in quick {
         waited.entry(at).or_insert(Consumed { records: Vec::new(), ..consumed });
     }
+    waited.insert(Some(-1), Consumed { records: Vec::new(), positions: unread_positions });
     Ok(merge(&call, waited))
+}
+
+/// The parts that answered; those that failed become unread positions (their leader died or
+/// moved meanwhile). Fails only when no part answered.
+fn settle(
+    parts: &BTreeMap<Option<i32>, Vec<(i32, String)>>,
+    answers: BTreeMap<Option<i32>, Result<Consumed, ApiError>>,
+    unread_positions: &mut Vec<PartitionPosition>,
+) -> Result<BTreeMap<Option<i32>, Consumed>, ApiError> {
+    let mut answered = BTreeMap::new();
+    let mut first_error = None;
+    for (at, answer) in answers {
+        match answer {
+            Ok(consumed) => {
+                answered.insert(at, consumed);
+            }
+            Err(e) => {
+                for (index, offset) in parts.get(&at).into_iter().flatten() {
+                    unread_positions.push(unread(*index, offset, &e));
+                }
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if answered.is_empty() => Err(e),
+        _ => Ok(answered),
+    }
 }
 
 /// Runs the parts at once; with `first_records`, stops at the first part that returns records
@@ -485,7 +544,7 @@ async fn run_parts(
     broker: &Arc<Broker>,
     parts: Vec<(Option<i32>, ConsumeCall)>,
     first_records: bool,
-) -> Result<BTreeMap<Option<i32>, Consumed>, ApiError> {
+) -> BTreeMap<Option<i32>, Result<Consumed, ApiError>> {
     let mut tasks = tokio::task::JoinSet::new();
     for (at, call) in parts {
         let broker = broker.clone();
@@ -493,16 +552,15 @@ async fn run_parts(
     }
     let mut done = BTreeMap::new();
     while let Some(joined) = tasks.join_next().await {
-        let (at, consumed) = joined.map_err(|e| ApiError::internal(format!("consume task failed: {e}")))?;
-        let consumed = consumed?;
-        let found = !consumed.records.is_empty();
+        let Ok((at, consumed)) = joined else { continue };
+        let found = consumed.as_ref().is_ok_and(|c| !c.records.is_empty());
         done.insert(at, consumed);
         if first_records && found {
             tasks.abort_all();
             break;
         }
     }
-    Ok(done)
+    done
 }
 
 /// The parts' answers as one: at most `max_records` records (a partition cut short resumes at

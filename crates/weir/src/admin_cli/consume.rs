@@ -6,7 +6,7 @@
 //! printing each response, commits the offset after the last record printed, as a standalone
 //! consumer does (so the group must have no members).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -170,6 +170,7 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     let mut printed: u64 = 0;
     let mut last_record_at = Instant::now();
+    let mut unreadable: HashSet<i32> = HashSet::new();
     loop {
         let wanted = match args.max_messages {
             Some(max) if printed >= max => break,
@@ -196,7 +197,20 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
         )?;
         // Where each partition may continue (and be committed): after the last record printed,
         // or where the broker says when every record it returned was printed.
-        let mut next: HashMap<i32, i64> = response.partitions.iter().map(|p| (p.partition, p.next_offset)).collect();
+        // A partition that could not be read this time (its leader is down) keeps its cursor.
+        for position in &response.partitions {
+            match &position.error {
+                Some(e) if unreadable.insert(position.partition) => {
+                    eprintln!("partition {}: {} {} (retrying)", position.partition, e.code, e.message)
+                }
+                None if unreadable.remove(&position.partition) => {
+                    eprintln!("partition {}: readable again", position.partition)
+                }
+                _ => {}
+            }
+        }
+        let mut next: HashMap<i32, i64> =
+            response.partitions.iter().filter(|p| p.error.is_none()).map(|p| (p.partition, p.next_offset)).collect();
         let mut stopped_early = false;
         for (i, record) in response.records.iter().enumerate() {
             if args.max_messages.is_some_and(|max| printed >= max) {
