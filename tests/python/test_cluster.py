@@ -845,6 +845,32 @@ def test_a_quorum_of_one_voter_takes_broker_only_nodes(cluster_factory):
     assert kcat_read_all(cluster.node(2).bootstrap, name) == by_partition(records)
 
 
+def test_a_node_far_behind_catches_up_from_a_snapshot(cluster_factory):
+    """With a metadata snapshot every 10 records, a node killed while 40 topics are created
+    comes back behind the leader's purged log: it installs the leader's snapshot, then lists
+    every topic and leads its partitions again."""
+    cluster = cluster_factory(settings={"metadata.snapshot.interval.records": "10"})
+    controller = controller_of(cluster)
+    behind = next(i for i in cluster.ids() if i != controller)
+    via = next(i for i in cluster.ids() if i not in (controller, behind))
+    cluster.node(behind).kill9()
+    names = [unique("snap") for _ in range(40)]
+    for name in names:
+        client = cluster.raw(via)
+        try:
+            assert client.create_topic(name, 3)[0] == NONE
+        finally:
+            client.close()
+    cluster.node(behind).start()
+    cluster.wait_formed()
+    for name in names[-3:]:
+        cluster.wait_topic(name, 3)
+    view = cluster.metadata(behind)
+    assert set(names) <= set(view.topics), "the restarted node lists every topic"
+    assert behind in {p.leader for n in names for p in view.topics[n].partitions.values()}
+    assert "installed a metadata snapshot from the leader" in cluster.node(behind).log_path.read_text(errors="replace")
+
+
 def test_a_whole_cluster_restart_keeps_topics_and_data(cluster_factory):
     """SIGTERM to every node at once: each exits 0. Started again from their data directories,
     they form the cluster again with the same cluster id; the topic has the same partitions and
