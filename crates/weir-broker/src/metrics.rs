@@ -497,7 +497,7 @@ fn render_groups(out: &mut Exposition, groups: &[crate::group::GroupOffsets], pa
         "weir_consumer_group_lag_records",
         Kind::Gauge,
         "High watermark minus the committed offset (0 if the commit is ahead), by group, topic and partition; \
-         absent for partitions that no longer exist.",
+         absent for partitions that no longer exist or that this broker does not host.",
     );
     for group in groups {
         for (topic, partition, offset) in &group.offsets {
