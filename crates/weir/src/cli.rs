@@ -23,8 +23,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a single-node broker that Kafka clients use unchanged (listens on 127.0.0.1:9092,
-    /// data in ./data).
+    /// Run a broker that Kafka clients use unchanged (listens on 127.0.0.1:9092, data in
+    /// ./data); alone, or as a node of a cluster.
     #[command(long_about = SERVER_LONG_ABOUT)]
     Server(ServerArgs),
     /// Measure Weir's components on this machine.
@@ -64,8 +64,10 @@ impl Command {
 }
 
 const SERVER_LONG_ABOUT: &str = "\
-Run a single-node broker that speaks the Kafka protocol: point librdkafka, kafka-python, kcat or
-the Java clients at the listener and they work unchanged.
+Run a broker that speaks the Kafka protocol: point librdkafka, kafka-python, kcat or the Java
+clients at the listener and they work unchanged. Without cluster settings it is a cluster of one
+node. With node.id, process.roles, controller.quorum.voters and a CONTROLLER listener in
+`listeners`, it is a node of a cluster (a broker, a controller, or both): see docs/cluster.md.
 
 Settings come from, in increasing priority: built-in defaults, the --config TOML file, WEIR_*
 environment variables named after a setting (WEIR_LOG_RETENTION_MS for log.retention.ms), and
