@@ -81,7 +81,7 @@ pub const SETTINGS: &[Setting] = &[
     s(
         "controller.quorum.election.timeout.ms",
         "1000",
-        "A quorum voter that hears from no leader this long (up to twice as long, at random) stands for election.",
+        "A quorum voter that hears from no leader this long (up to half as long again, at random) stands for election.",
     ),
     s("controller.quorum.request.timeout.ms", "2000", "How long an internal request between nodes may take."),
     s("log.dirs", "./data", "The data directory: partition logs, metadata log, checkpoints."),

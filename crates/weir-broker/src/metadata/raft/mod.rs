@@ -72,7 +72,7 @@ pub struct QuorumConfig {
     pub node_id: NodeId,
     /// Every voter's id and the address of its controller listener (empty for a quorum of one).
     pub voters: BTreeMap<NodeId, String>,
-    /// Leaderless this long (at least; up to twice as long, at random), a voter stands for
+    /// Leaderless this long (at least; up to half as long again, at random), a voter stands for
     /// election (`controller.quorum.election.timeout.ms`).
     pub election_timeout_ms: u64,
     /// A snapshot is written after this many entries (`metadata.snapshot.interval.records`).
@@ -138,7 +138,10 @@ impl Quorum {
             // heartbeats before a follower gives up on its leader.
             heartbeat_interval: (election / 3).max(5),
             election_timeout_min: election,
-            election_timeout_max: election * 2,
+            // openraft's leader lease is this maximum: voters refuse a candidate until it has
+            // passed since they last heard the leader. Twice the minimum made a failover take
+            // about 3.5 election timeouts; half as much again, about 2.9 (docs/performance.md).
+            election_timeout_max: election * 3 / 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_interval),
             // Keep a snapshot's worth of entries for voters a little behind.
             max_in_snapshot_log_to_keep: config.snapshot_interval,
