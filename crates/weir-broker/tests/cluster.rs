@@ -193,6 +193,21 @@ async fn three_nodes_form_a_cluster_spread_partitions_and_forward_changes() {
     replicated.replication_factor = 3;
     let refused = cluster.broker(2).create_topics(vec![replicated], false).await.pop().unwrap().unwrap_err();
     assert_eq!(refused.kind, ErrorKind::InvalidReplicationFactor, "{refused}");
+
+    // DescribeQuorum from any node is the leader's view: three voters, each with the log up to
+    // at least the committed offset once replication has caught up.
+    for broker in cluster.live() {
+        eventually("every voter caught up in the leader's view", Duration::from_secs(5), || {
+            let quorum =
+                tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(broker.describe_quorum()))
+                    .unwrap();
+            quorum.leader_id == controller
+                && quorum.observers.is_empty()
+                && quorum.voters.iter().map(|(id, _)| *id).collect::<Vec<_>>() == vec![1, 2, 3]
+                && quorum.voters.iter().all(|(_, end)| *end >= quorum.high_watermark)
+        })
+        .await;
+    }
     cluster.shutdown().await;
 }
 

@@ -187,6 +187,7 @@ async fn route(
         ApiKey::IncrementalAlterConfigs => call!(IncrementalAlterConfigsRequest, admin::incremental_alter_configs),
         ApiKey::DeleteRecords => call!(DeleteRecordsRequest, admin::delete_records),
         ApiKey::DescribeCluster => call!(DescribeClusterRequest, admin::describe_cluster),
+        ApiKey::DescribeQuorum => call!(DescribeQuorumRequest, admin::describe_quorum),
         ApiKey::DescribeLogDirs => call!(DescribeLogDirsRequest, admin::describe_log_dirs),
         ApiKey::FindCoordinator => call!(FindCoordinatorRequest, groups::find_coordinator),
         ApiKey::JoinGroup => call!(JoinGroupRequest, groups::join_group),
@@ -272,6 +273,10 @@ error_codes! {
     IncrementalAlterConfigsResponse => |r, c| r.responses.iter().for_each(|t| c.count(t.error_code));
     DeleteRecordsResponse => |r, c| r.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
     DescribeClusterResponse => |r, c| c.count(r.error_code);
+    DescribeQuorumResponse => |r, c| {
+        c.count(r.error_code);
+        r.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+    };
     DescribeLogDirsResponse => |r, c| {
         c.count(r.error_code);
         r.results.iter().for_each(|d| c.count(d.error_code));

@@ -563,6 +563,28 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
                 response.brokers
             );
         }
+        ApiKey::DescribeQuorum => {
+            use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
+            let request = DescribeQuorumRequest::default().with_topics(vec![TopicData::default()
+                .with_topic_name(TopicName(s("__cluster_metadata")))
+                .with_partitions(vec![PartitionData::default().with_partition_index(0)])]);
+            let response = call(client, version, &request)?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            let p = response.topics.first().and_then(|t| t.partitions.first()).ok_or("no partition")?;
+            expect_code("partition", p.error_code, code::NONE)?;
+            ensure!(p.leader_id.0 == 0 && p.leader_epoch >= 1 && p.high_watermark > 0, "{p:?}");
+            ensure!(
+                p.current_voters.len() == 1
+                    && p.current_voters[0].replica_id.0 == 0
+                    && p.current_voters[0].log_end_offset >= p.high_watermark
+                    && p.observers.is_empty(),
+                "voters {:?}, observers {:?}",
+                p.current_voters,
+                p.observers
+            );
+            let elsewhere = call(client, version, &DescribeQuorumRequest::default())?;
+            expect_code("no topic", elsewhere.error_code, code::UNKNOWN_TOPIC_OR_PARTITION)?;
+        }
         // ----- groups -----
         ApiKey::FindCoordinator => {
             let group = unique("conformance-find");

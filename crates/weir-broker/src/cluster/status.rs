@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 
 use super::{methods, rpc};
 use crate::broker::{Broker, NodeStatus};
+use crate::error::{BrokerError, ErrorKind};
 use crate::metadata::BrokerRegistration;
 
 /// How long the answer waits for each node. A live node answers from memory in well under a
@@ -155,6 +156,66 @@ impl Broker {
             metadata_offset: own.applied_offset,
             nodes,
         }
+    }
+}
+
+/// The metadata quorum as its leader describes it (Kafka's DescribeQuorum): Raft indexes are the
+/// metadata log's offsets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuorumDescription {
+    pub leader_id: i32,
+    /// The Raft term (Kafka's leader epoch of `__cluster_metadata`).
+    pub term: u64,
+    /// The leader's last applied entry, so committed (Kafka's high watermark, exclusive).
+    pub high_watermark: i64,
+    /// (node id, log end offset as the leader knows it; -1 unknown), voters and observers.
+    pub voters: Vec<(i32, i64)>,
+    pub observers: Vec<(i32, i64)>,
+}
+
+impl Broker {
+    /// The quorum as its leader sees it: this node's view when it leads, else the leader's,
+    /// asked over the internal RPC (bounded by [`NODE_STATUS_TIMEOUT`]).
+    pub async fn describe_quorum(&self) -> Result<QuorumDescription, BrokerError> {
+        let local = self.node_status();
+        let leader_status = match local.quorum.leader {
+            None => return Err(BrokerError::new(ErrorKind::NotLeader, "the metadata quorum has no leader right now")),
+            Some(leader) if leader == self.quorum.node_id() => local.quorum,
+            Some(leader) => {
+                let addr = self.quorum.voter_address(leader).filter(|a| !a.is_empty()).ok_or_else(|| {
+                    BrokerError::new(ErrorKind::NotLeader, format!("the quorum leader {leader} has no known address"))
+                })?;
+                let status =
+                    ask(&self.cluster.rpc, &addr).await.map_err(|e| BrokerError::new(ErrorKind::NotLeader, e))?;
+                if status.quorum.leader != Some(leader) || status.quorum.role != "Leader" {
+                    return Err(BrokerError::new(
+                        ErrorKind::NotLeader,
+                        format!("node {leader} no longer leads the quorum"),
+                    ));
+                }
+                status.quorum
+            }
+        };
+        let leader = leader_status.leader.unwrap_or_default();
+        let end = |node: u64| -> i64 {
+            let index = if node == leader {
+                leader_status.last_log_index
+            } else {
+                leader_status.replication.get(&node).copied().flatten()
+            };
+            index.map_or(-1, |i| i64::try_from(i).unwrap_or(i64::MAX).saturating_add(1))
+        };
+        let list =
+            |nodes: &BTreeSet<u64>| nodes.iter().filter_map(|n| Some((i32::try_from(*n).ok()?, end(*n)))).collect();
+        Ok(QuorumDescription {
+            leader_id: i32::try_from(leader).unwrap_or(-1),
+            term: leader_status.term,
+            high_watermark: leader_status
+                .applied_index
+                .map_or(0, |i| i64::try_from(i).unwrap_or(i64::MAX).saturating_add(1)),
+            voters: list(&leader_status.voters),
+            observers: list(&leader_status.learners),
+        })
     }
 }
 

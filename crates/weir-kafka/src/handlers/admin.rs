@@ -429,6 +429,53 @@ pub async fn describe_cluster(ctx: &Ctx, _client: &Client, request: DescribeClus
         )
 }
 
+/// DescribeQuorum (KIP-595, `kafka-metadata-quorum.sh describe`): the metadata quorum's leader,
+/// term, committed offset and how far each voter and observer has the log, as the leader knows
+/// it. Any node answers (asking the leader when it is not the leader itself), as KRaft brokers
+/// forward it to the controller. The fetch timestamps are not tracked: -1.
+pub async fn describe_quorum(ctx: &Ctx, _client: &Client, request: DescribeQuorumRequest) -> DescribeQuorumResponse {
+    use kafka_protocol::messages::describe_quorum_response::{PartitionData, ReplicaState, TopicData};
+    const METADATA_TOPIC: &str = "__cluster_metadata";
+    let asks_for_the_log = request.topics.len() == 1
+        && request.topics[0].topic_name.as_str() == METADATA_TOPIC
+        && request.topics[0].partitions.len() == 1
+        && request.topics[0].partitions[0].partition_index == 0;
+    if !asks_for_the_log {
+        return DescribeQuorumResponse::default()
+            .with_error_code(ResponseError::UnknownTopicOrPartition.code())
+            .with_error_message(Some(str(format!("the metadata quorum is {METADATA_TOPIC} partition 0"))));
+    }
+    let partition = PartitionData::default().with_partition_index(0);
+    let partition = match ctx.broker.describe_quorum().await {
+        Err(e) => partition
+            .with_error_code(crate::errors::kafka_error(e.kind).code())
+            .with_error_message(Some(str(e.message)))
+            .with_leader_id(BrokerId(-1)),
+        Ok(q) => {
+            let replicas = |list: Vec<(i32, i64)>| -> Vec<ReplicaState> {
+                list.into_iter()
+                    .map(|(id, end)| {
+                        ReplicaState::default()
+                            .with_replica_id(BrokerId(id))
+                            .with_log_end_offset(end)
+                            .with_last_fetch_timestamp(-1)
+                            .with_last_caught_up_timestamp(-1)
+                    })
+                    .collect()
+            };
+            partition
+                .with_leader_id(BrokerId(q.leader_id))
+                .with_leader_epoch(i32::try_from(q.term).unwrap_or(i32::MAX))
+                .with_high_watermark(q.high_watermark)
+                .with_current_voters(replicas(q.voters))
+                .with_observers(replicas(q.observers))
+        }
+    };
+    DescribeQuorumResponse::default().with_topics(vec![TopicData::default()
+        .with_topic_name(TopicName(str(METADATA_TOPIC.to_string())))
+        .with_partitions(vec![partition])])
+}
+
 pub async fn describe_log_dirs(
     ctx: &Ctx,
     _client: &Client,

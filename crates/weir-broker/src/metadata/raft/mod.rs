@@ -95,6 +95,9 @@ pub struct QuorumStatus {
     pub learners: BTreeSet<NodeId>,
     /// On the leader: how long since a majority last acknowledged it.
     pub millis_since_quorum_ack: Option<u64>,
+    /// On the leader: the last log index each other voter and learner is known to hold.
+    #[serde(default)]
+    pub replication: BTreeMap<NodeId, Option<u64>>,
 }
 
 /// This node's part in the metadata quorum: its Raft instance and the applied state.
@@ -310,6 +313,12 @@ impl Quorum {
             voters: membership.voter_ids().collect(),
             learners: membership.learner_ids().collect(),
             millis_since_quorum_ack: metrics.millis_since_quorum_ack,
+            replication: metrics
+                .replication
+                .iter()
+                .flatten()
+                .map(|(node, matched)| (*node, matched.as_ref().map(|id| id.index)))
+                .collect(),
         }
     }
 
