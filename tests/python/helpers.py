@@ -330,3 +330,33 @@ def close_quietly(client):
             client.close()
     except Exception:  # noqa: BLE001 - teardown must not hide the test's own failure
         pass
+
+
+def read_isolated(bootstrap, topic, partitions, isolation, timeout=TIMEOUT_S):
+    """Every record of partitions 0..partitions-1 up to their end, as (partition, value) in
+    offset order per partition, read with `isolation` (read_committed / read_uncommitted)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("iso"),
+            "auto.offset.reset": "earliest",
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        out, eof = [], set()
+        deadline = time.monotonic() + timeout
+        while len(eof) < partitions and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                eof.add(m.partition())
+                continue
+            out.append((m.partition(), m.value().decode()))
+        assert len(eof) == partitions, f"reached the end of partitions {sorted(eof)} of {partitions} only"
+        return out
+    finally:
+        consumer.close()

@@ -27,7 +27,6 @@ import urllib.error
 import urllib.request
 import uuid
 
-import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kafka import TopicPartition as KpTopicPartition
@@ -42,7 +41,17 @@ from cluster import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from conftest import weir_bin
-from helpers import c_consume, c_consumer, c_produce, c_producer, kp_admin, kp_consume, kp_consumer, unique
+from helpers import (
+    c_consume,
+    c_consumer,
+    c_produce,
+    c_producer,
+    kp_admin,
+    kp_consume,
+    kp_consumer,
+    read_isolated,
+    unique,
+)
 
 KCAT = shutil.which("kcat")
 
@@ -523,35 +532,6 @@ def test_a_consumer_group_spanning_brokers_commits_and_a_new_member_resumes(clus
     assert extra is None or extra.error() is not None, f"read past the new records: {extra.value()}"
 
 
-def read_isolated(bootstrap, topic, partitions, isolation):
-    """Every record of the topic up to the end, as values, with the given isolation level."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": unique("iso"),
-            "auto.offset.reset": "earliest",
-            "isolation.level": isolation,
-            "enable.partition.eof": True,
-        }
-    )
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        out, eof = [], set()
-        deadline = time.monotonic() + COORDINATOR_TIMEOUT_S
-        while len(eof) < partitions and time.monotonic() < deadline:
-            m = consumer.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                eof.add(m.partition())
-                continue
-            out.append((m.partition(), m.value().decode()))
-        assert len(eof) == partitions, f"reached the end of partitions {sorted(eof)} of {partitions} only"
-        return out
-    finally:
-        consumer.close()
-
-
 def test_transactions_spanning_brokers_show_exactly_the_committed_records(cluster, closer):
     """A transactional confluent-kafka producer writes to six partitions led by three brokers:
     a committed transaction, an aborted one, another committed one. A read_committed consumer
@@ -578,10 +558,10 @@ def test_transactions_spanning_brokers_show_exactly_the_committed_records(cluste
         producer.produce(name, value=f"z{i}".encode(), partition=i)
     producer.commit_transaction(COORDINATOR_TIMEOUT_S)
 
-    committed = read_isolated(cluster.node(1).bootstrap, name, 6, "read_committed")
+    committed = read_isolated(cluster.node(1).bootstrap, name, 6, "read_committed", COORDINATOR_TIMEOUT_S)
     expected = [(i % 6, f"c{i}") for i in range(12)] + [(i, f"z{i}") for i in range(6)]
     assert sorted(committed) == sorted(expected)
-    everything = read_isolated(cluster.node(2).bootstrap, name, 6, "read_uncommitted")
+    everything = read_isolated(cluster.node(2).bootstrap, name, 6, "read_uncommitted", COORDINATOR_TIMEOUT_S)
     assert sorted(everything) == sorted(expected + [(i % 6, f"a{i}") for i in range(12)])
 
 

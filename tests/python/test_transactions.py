@@ -4,7 +4,6 @@ offsets in the transaction, and atomicity across producer and broker crashes."""
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -16,40 +15,12 @@ from helpers import (
     c_create_topic,
     c_producer,
     kp_producer,
+    read_isolated,
     unique,
     wait_until,
 )
 
 TRANSFORMER = Path(__file__).parent / "tools" / "transformer.py"
-
-
-def read_all(bootstrap, topic, partitions, isolation):
-    """Every record of the topic up to the end, as (partition, value) in offset order."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": uuid.uuid4().hex,
-            "auto.offset.reset": "earliest",
-            "isolation.level": isolation,
-            "enable.partition.eof": True,
-        }
-    )
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        out, eof = [], set()
-        deadline = time.monotonic() + TIMEOUT_S
-        while len(eof) < partitions and time.monotonic() < deadline:
-            m = consumer.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                eof.add(m.partition())
-                continue
-            out.append((m.partition(), m.value().decode()))
-        assert len(eof) == partitions, "did not reach the end of every partition"
-        return out
-    finally:
-        consumer.close()
 
 
 def txn_producer(bootstrap, txn_id, **conf):
@@ -75,9 +46,9 @@ def test_committed_records_are_visible_aborted_ones_never(broker, closer):
         p.produce(topic, value=f"z{i}".encode(), partition=i % 2)
     p.commit_transaction(TIMEOUT_S)
 
-    committed = [v for _, v in read_all(broker.bootstrap, topic, 2, "read_committed")]
+    committed = [v for _, v in read_isolated(broker.bootstrap, topic, 2, "read_committed")]
     assert sorted(committed) == sorted([f"c{i}" for i in range(10)] + [f"z{i}" for i in range(4)])
-    everything = [v for _, v in read_all(broker.bootstrap, topic, 2, "read_uncommitted")]
+    everything = [v for _, v in read_isolated(broker.bootstrap, topic, 2, "read_uncommitted")]
     assert sorted(everything) == sorted(committed + [f"a{i}" for i in range(10)]), "markers are not records"
     # Offsets: 10 + 10 + 4 records and one marker per partition per transaction (3 x 2).
     lo, hi = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "x"}).get_watermark_offsets(
@@ -96,10 +67,10 @@ def test_open_transaction_holds_read_committed_consumers_back(broker, closer):
     plain.produce(topic, value=b"after", partition=0)
     plain.flush()
     # The plain record comes after the open transaction's first offset: not yet stable.
-    assert [v for _, v in read_all(broker.bootstrap, topic, 1, "read_committed")] == []
-    assert [v for _, v in read_all(broker.bootstrap, topic, 1, "read_uncommitted")] == ["in-txn", "after"]
+    assert [v for _, v in read_isolated(broker.bootstrap, topic, 1, "read_committed")] == []
+    assert [v for _, v in read_isolated(broker.bootstrap, topic, 1, "read_uncommitted")] == ["in-txn", "after"]
     p.commit_transaction(TIMEOUT_S)
-    assert [v for _, v in read_all(broker.bootstrap, topic, 1, "read_committed")] == ["in-txn", "after"]
+    assert [v for _, v in read_isolated(broker.bootstrap, topic, 1, "read_committed")] == ["in-txn", "after"]
 
 
 def test_a_second_producer_with_the_same_transactional_id_fences_the_first(broker, closer):
@@ -116,7 +87,7 @@ def test_a_second_producer_with_the_same_transactional_id_fences_the_first(broke
     second.begin_transaction()
     second.produce(topic, value=b"live", partition=0)
     second.commit_transaction(TIMEOUT_S)
-    assert [v for _, v in read_all(broker.bootstrap, topic, 1, "read_committed")] == ["live"]
+    assert [v for _, v in read_isolated(broker.bootstrap, topic, 1, "read_committed")] == ["live"]
 
 
 def test_kafka_python_transactional_producer(broker, closer):
@@ -130,8 +101,8 @@ def test_kafka_python_transactional_producer(broker, closer):
     p.send(topic, value=b"dropped", partition=0)
     p.flush()  # on the broker before the abort, so that the abort has something to abort
     p.abort_transaction()
-    assert [v for _, v in read_all(broker.bootstrap, topic, 1, "read_committed")] == ["kept"]
-    assert [v for _, v in read_all(broker.bootstrap, topic, 1, "read_uncommitted")] == ["kept", "dropped"]
+    assert [v for _, v in read_isolated(broker.bootstrap, topic, 1, "read_committed")] == ["kept"]
+    assert [v for _, v in read_isolated(broker.bootstrap, topic, 1, "read_uncommitted")] == ["kept", "dropped"]
 
 
 def test_transactions_that_outlive_their_timeout_are_aborted(broker, closer):
@@ -150,7 +121,7 @@ def test_transactions_that_outlive_their_timeout_are_aborted(broker, closer):
         timeout=15,
         what="the timed-out transaction's abort marker",
     )
-    assert read_all(broker.bootstrap, topic, 1, "read_committed") == []
+    assert read_isolated(broker.bootstrap, topic, 1, "read_committed") == []
     with pytest.raises(KafkaException):
         p.commit_transaction(TIMEOUT_S)
 
@@ -196,7 +167,7 @@ def test_consume_transform_produce_is_exactly_once_across_crashes(fresh_broker, 
     out, _ = worker.communicate(timeout=120)
     assert worker.returncode == 0, out
 
-    results = read_all(b.bootstrap, sink, 2, "read_committed")
+    results = read_isolated(b.bootstrap, sink, 2, "read_committed")
     values = [v for _, v in results]
     assert sorted(values) == sorted(f"out-{v}" for v in inputs), (
         f"{len(values)} outputs for {len(inputs)} inputs, {len(values) - len(set(values))} duplicates"
@@ -238,7 +209,7 @@ def test_a_broker_crash_during_commits_leaves_every_transaction_whole(fresh_brok
     b.restart()
     # A new producer instance with the same id completes or aborts whatever was left.
     closer.add(txn_producer(b.bootstrap, txn_id))
-    values = [v for _, v in read_all(b.bootstrap, topic, partitions, "read_committed")]
+    values = [v for _, v in read_isolated(b.bootstrap, topic, partitions, "read_committed")]
     by_txn = {}
     for v in values:
         t, _ = v.split("-")
