@@ -274,7 +274,7 @@ fn partition_info(p: &Partition) -> PartitionInfo {
 
 /// Every partition of `topic`, by index: as its host says (this broker, or each leader over the
 /// RPC), or, when its leader is down or does not answer, as the metadata says with offsets -1.
-pub(crate) async fn partition_infos(broker: &Broker, topic: &str) -> Vec<PartitionInfo> {
+pub(crate) async fn partition_infos(broker: &Arc<Broker>, topic: &str) -> Vec<PartitionInfo> {
     let metadata = broker.metadata();
     let Some(meta) = metadata.topic(topic) else { return Vec::new() };
     let mut infos: BTreeMap<i32, PartitionInfo> =
@@ -287,13 +287,15 @@ pub(crate) async fn partition_infos(broker: &Broker, topic: &str) -> Vec<Partiti
     leaders.sort_unstable();
     leaders.dedup();
     let timeout = rpc_timeout(broker, Duration::ZERO);
-    let mut tasks = Vec::with_capacity(leaders.len());
+    let mut tasks = tokio::task::JoinSet::new();
     for leader in leaders {
-        tasks.push(async move {
-            (leader, call::<_, Vec<PartitionInfo>>(broker, leader, PARTITIONS, &topic, timeout).await)
+        let (broker, topic) = (broker.clone(), topic.to_string());
+        tasks.spawn(async move {
+            (leader, call::<_, Vec<PartitionInfo>>(&broker, leader, PARTITIONS, &topic, timeout).await)
         });
     }
-    for (leader, answer) in join_all(tasks).await {
+    while let Some(joined) = tasks.join_next().await {
+        let Ok((leader, answer)) = joined else { continue };
         match answer {
             Ok(remote) => infos.extend(remote.into_iter().map(|p| (p.partition, p))),
             Err(e) => tracing::info!(topic, broker = leader, error = %e.message, "cannot read partition offsets"),
@@ -316,30 +318,6 @@ pub(crate) async fn partition_infos(broker: &Broker, topic: &str) -> Vec<Partiti
             })
         })
         .collect()
-}
-
-/// Runs the futures at once (a handful: one per broker), answers in order.
-async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (slot, future) in out.iter_mut().zip(pinned.iter_mut()) {
-            if slot.is_none() {
-                match future.as_mut().poll(cx) {
-                    std::task::Poll::Ready(value) => *slot = Some(value),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 /// The first offset at or after `timestamp` in `topic`-`index` (the high watermark when none is),
@@ -455,19 +433,19 @@ pub(crate) async fn at_coordinator(
 
 /// `GET` of `path_and_query` at every other live broker's admin API (as a forwarded request,
 /// so each answers for itself only), decoded; brokers that fail are logged and left out.
-pub(crate) async fn ask_every_broker<T: DeserializeOwned>(broker: &Broker, path_and_query: &str) -> Vec<T> {
+pub(crate) async fn ask_every_broker<T: DeserializeOwned>(broker: &Arc<Broker>, path_and_query: &str) -> Vec<T> {
     let others: Vec<i32> =
         broker.live_brokers().into_iter().map(|b| b.id).filter(|id| *id != broker.config.node_id).collect();
     let timeout = rpc_timeout(broker, Duration::ZERO);
-    let tasks: Vec<_> = others
-        .into_iter()
-        .map(|id| async move {
-            let request = HttpCall { method: "GET".into(), uri: path_and_query.to_string(), body: String::new() };
-            (id, call::<_, HttpAnswer>(broker, id, HTTP, &request, timeout).await)
-        })
-        .collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in others {
+        let broker = broker.clone();
+        let request = HttpCall { method: "GET".into(), uri: path_and_query.to_string(), body: String::new() };
+        tasks.spawn(async move { (id, call::<_, HttpAnswer>(&broker, id, HTTP, &request, timeout).await) });
+    }
     let mut out = Vec::new();
-    for (id, answer) in join_all(tasks).await {
+    while let Some(joined) = tasks.join_next().await {
+        let Ok((id, answer)) = joined else { continue };
         let decoded = answer.and_then(|a| {
             if a.status != 200 {
                 return Err(ApiError::internal(format!("status {}", a.status)));

@@ -73,7 +73,7 @@ pub async fn describe(
 }
 
 /// A topic and every partition, asking the brokers that lead them (see `forward`).
-async fn describe_topic(broker: &Broker, topic: &TopicMetadata) -> TopicDescription {
+async fn describe_topic(broker: &std::sync::Arc<Broker>, topic: &TopicMetadata) -> TopicDescription {
     let partitions = crate::forward::partition_infos(broker, &topic.name).await;
     TopicDescription {
         name: topic.name.clone(),
