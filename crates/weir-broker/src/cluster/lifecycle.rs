@@ -10,6 +10,7 @@
 //! no other broker can take a partition over meanwhile; ISR replication adds the checks that
 //! a stale leader needs.)
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,9 @@ use crate::metadata::BrokerRegistration;
 pub struct Lifecycle {
     session_timeout: Duration,
     state: Mutex<Standing>,
+    /// `!fenced` of the last answer, once there is one: read by every client append, so an
+    /// atomic rather than the mutex. Written only together with `state`.
+    may_lead: AtomicBool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +43,7 @@ impl Lifecycle {
         Lifecycle {
             session_timeout: Duration::from_millis(session_timeout_ms),
             state: Mutex::new(Standing { fenced: true, last_ack: None }),
+            may_lead: AtomicBool::new(false),
         }
     }
 
@@ -46,12 +51,12 @@ impl Lifecycle {
         let mut standing = lock(&self.state);
         standing.fenced = fenced;
         standing.last_ack = Some(Instant::now());
+        self.may_lead.store(!fenced, Ordering::Release);
     }
 
     /// True while the broker may lead: the controller's last answer unfenced it.
     pub fn may_lead(&self) -> bool {
-        let standing = *lock(&self.state);
-        !standing.fenced && standing.last_ack.is_some()
+        self.may_lead.load(Ordering::Acquire)
     }
 
     /// How long ago the controller last acknowledged a heartbeat; `None` before the first.
