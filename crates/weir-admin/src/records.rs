@@ -265,12 +265,14 @@ async fn long_poll(
                     offset: p.offset,
                     max_bytes: limits.max_bytes,
                     current_leader_epoch: None,
+                    last_fetched_epoch: None,
                 })
                 .collect(),
             max_bytes: limits.max_bytes,
             min_bytes: 1,
             max_wait: deadline.saturating_duration_since(tokio::time::Instant::now()),
             isolation: Isolation::HighWatermark,
+            replica_id: None,
         };
         let fetched = broker.fetch(request).await?;
         let mut out = Vec::new();

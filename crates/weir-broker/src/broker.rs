@@ -265,6 +265,7 @@ impl Broker {
             broker.run_controller();
         }
         if broker.config.roles.broker {
+            broker.run_isr_checks();
             broker.run_lifecycle();
             // As a KRaft broker does: serve clients only once the controller has unfenced it.
             block_on(broker.wait_until_unfenced())?;
@@ -631,7 +632,6 @@ impl Broker {
             };
             self.check_partition_count(partitions)?;
             let rf = placement::check_replication_factor(rf, &brokers)?;
-            check_replicated(rf)?;
             placement::assign_replicas(0, partitions, rf, &brokers, placement::random_start(brokers.len()))
         } else {
             if topic.partitions != -1 || topic.replication_factor != -1 {
@@ -655,8 +655,7 @@ impl Broker {
             }
             let assignments: Vec<Vec<i32>> = by_partition.into_iter().flatten().collect();
             self.check_partition_count(assignments.len() as i32)?;
-            let rf = placement::check_manual_assignment(&assignments, &brokers)?;
-            check_replicated(rf as usize)?;
+            placement::check_manual_assignment(&assignments, &brokers)?;
             assignments
         };
         topic_config::validate(&topic.configs).map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
@@ -746,14 +745,18 @@ impl Broker {
         }
         Broker::validate_topic_name(name)?;
         self.check_partition_count(partitions)?;
-        // Internal topics get the broker's default replication factor, as far as there are
-        // brokers for it.
+        // Internal topics get their configured replication factor (3 by default), as far as
+        // there are brokers for it: one broker alone still has its offsets topic.
         let brokers = self.brokers();
         if brokers.is_empty() {
             return Err(BrokerError::new(ErrorKind::Unavailable, "no broker is registered and unfenced yet"));
         }
-        let rf =
-            (self.config.default_replication_factor.max(1) as usize).min(brokers.len()).min(MAX_REPLICATION_FACTOR);
+        let wanted = match name {
+            crate::txn::TRANSACTION_STATE_TOPIC => self.config.transaction_state_replication_factor,
+            crate::group::OFFSETS_TOPIC => self.config.offsets_topic_replication_factor,
+            _ => self.config.default_replication_factor,
+        };
+        let rf = (wanted.max(1) as usize).min(brokers.len());
         let record = MetadataRecord::CreateTopic {
             name: name.to_string(),
             id: Uuid::new_v4(),
@@ -896,8 +899,7 @@ impl Broker {
                             ),
                         ));
                     }
-                    let rf = placement::check_manual_assignment(&assignments, &brokers)?;
-                    check_replicated(rf as usize)?;
+                    placement::check_manual_assignment(&assignments, &brokers)?;
                     assignments
                 }
                 None => {
@@ -1121,7 +1123,13 @@ impl Broker {
                 Err(e) => results.push(Some(Err(e))),
             }
         }
-        let mut pending = PendingAppends { results, to_sync: Vec::new() };
+        let mut pending = PendingAppends {
+            results,
+            to_sync: Vec::new(),
+            to_replicate: Vec::new(),
+            acks,
+            timeout: DEFAULT_PRODUCE_TIMEOUT,
+        };
         if work.is_empty() {
             return pending;
         }
@@ -1130,7 +1138,7 @@ impl Broker {
                 .map(|(slot, partition, records, leader_epoch)| {
                     let config = partition.log.config();
                     let result = write_client_batches(&partition, &config, records, leader_epoch);
-                    (slot, partition, result, config.flush == FlushPolicy::Sync)
+                    (slot, partition, result, config.flush == FlushPolicy::Sync, leader_epoch)
                 })
                 .collect::<Vec<_>>()
         })
@@ -1145,7 +1153,10 @@ impl Broker {
                 return pending;
             }
         };
-        for (slot, partition, result, needs_sync) in written {
+        for (slot, partition, result, needs_sync, leader_epoch) in written {
+            if acks == Acks::All && result.is_ok() && partition.is_replicated() {
+                pending.to_replicate.push((slot, partition.clone(), leader_epoch));
+            }
             match result {
                 Ok(info) if needs_sync => {
                     pending.to_sync.push((slot, partition, info));
@@ -1199,7 +1210,13 @@ impl Broker {
         let state = partition.check_local_leader()?;
         let info = partition.log.append(&mut records, state.leader_epoch)?;
         partition.log.sync_to(info.last_offset + 1)?;
+        partition.maybe_advance_high_watermark();
         partition.wake_waiters();
+        if partition.is_replicated() {
+            // The broker's own records count once the ISR has them, as an acks=all write.
+            let deadline = tokio::time::Instant::now() + crate::replication::INTERNAL_REPLICATION_TIMEOUT;
+            crate::runtime::block_on(partition.wait_replicated(info.last_offset + 1, state.leader_epoch, deadline))??;
+        }
         Ok(info)
     }
 
@@ -1305,6 +1322,9 @@ impl Broker {
     /// Starts shutting down: parked fetches return at once.
     pub fn begin_shutdown(&self) {
         self.shutdown_tx.send_replace(true);
+        for partition in self.partitions() {
+            partition.stop_waits();
+        }
     }
 
     /// Flushes and closes every log and writes the clean-shutdown marker. Blocking.
@@ -1334,16 +1354,35 @@ pub struct PendingAppends {
     results: Vec<Option<Result<AppendInfo, BrokerError>>>,
     /// Written to `flush.policy=sync` partitions: (slot, partition, what was written).
     to_sync: Vec<(usize, Arc<Partition>, AppendInfo)>,
+    /// `acks=all` writes to replicated partitions, waiting for the ISR: (slot, partition, the
+    /// leader epoch they were written at).
+    to_replicate: Vec<(usize, Arc<Partition>, i32)>,
+    acks: Acks,
+    /// How long `acks=all` waits for the ISR (the produce request's timeout).
+    timeout: Duration,
 }
 
+/// How long `acks=all` waits for the ISR unless the front-end says (Kafka's default
+/// `request.timeout.ms`).
+pub const DEFAULT_PRODUCE_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl PendingAppends {
-    /// Waits until every append is as durable as its topic promises and returns the results in
-    /// request order. The fsyncs of different partitions run in parallel; each partition's
-    /// `sync_to` is shared with concurrent appenders (group commit).
+    /// How long `acks=all` waits for the in-sync replicas (default [`DEFAULT_PRODUCE_TIMEOUT`]).
+    pub fn with_timeout(mut self, timeout: Duration) -> PendingAppends {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Waits until every append is as durable as its topic promises and, with `acks=all`, until
+    /// the in-sync replicas have it, and returns the results in request order. The fsyncs of
+    /// different partitions run in parallel; each partition's `sync_to` is shared with
+    /// concurrent appenders (group commit).
     pub async fn durable(self) -> Vec<Result<AppendInfo, BrokerError>> {
         /// Blocking threads one request's fsyncs may occupy at once.
         const PARALLEL_SYNCS: usize = 8;
-        let PendingAppends { mut results, to_sync } = self;
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let PendingAppends { mut results, to_sync, to_replicate, acks, timeout: _ } = self;
+        debug_assert!(to_replicate.is_empty() || acks == Acks::All);
         let lanes = to_sync.len().min(PARALLEL_SYNCS);
         let mut groups: Vec<Vec<_>> = (0..lanes).map(|_| Vec::new()).collect();
         for (i, entry) in to_sync.into_iter().enumerate() {
@@ -1376,6 +1415,14 @@ impl PendingAppends {
                 Err(e) => tracing::error!(error = %e, "fsync task failed"),
             }
         }
+        // One deadline for the whole request: each wait ends as soon as its ISR has the write.
+        for (slot, partition, leader_epoch) in to_replicate {
+            // A duplicate (a producer's retry) waits too: its first write may not be replicated.
+            let Some(Ok(info)) = &results[slot] else { continue };
+            if let Err(e) = partition.wait_replicated(info.last_offset + 1, leader_epoch, deadline).await {
+                results[slot] = Some(Err(e));
+            }
+        }
         results
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(BrokerError::new(ErrorKind::Internal, "append lost its result"))))
@@ -1404,6 +1451,8 @@ fn log_disk_full(partition: &Partition, now_ms: i64) {
 
 /// Bookkeeping once an append is acknowledged: wake the fetches parked on the partition, count.
 fn appended(partition: &Partition, info: AppendInfo) -> AppendInfo {
+    // A leader alone in its ISR moves the high watermark by itself.
+    partition.maybe_advance_high_watermark();
     partition.wake_waiters();
     partition.metrics.bytes_in.add(info.bytes);
     partition.metrics.messages_in.add(info.record_count);
@@ -1479,29 +1528,12 @@ fn reject_keyless_records(records: &[u8]) -> Result<(), AppendError> {
     Err(AppendError::Refused(error))
 }
 
-/// A cluster id in Kafka's style: a UUID in URL-safe base64 without padding (22 characters).
-/// Replicas per partition this version can keep: partition data is not replicated between
-/// brokers yet, so more replicas would only pretend to be durable.
-pub const MAX_REPLICATION_FACTOR: usize = 1;
-
-fn check_replicated(replication_factor: usize) -> Result<(), BrokerError> {
-    if replication_factor > MAX_REPLICATION_FACTOR {
-        return Err(BrokerError::new(
-            ErrorKind::InvalidReplicationFactor,
-            format!(
-                "Replication factor {replication_factor} is not supported yet: this version of Weir keeps one replica \
-                 per partition (partition data is not replicated between brokers yet). Use a replication factor of 1."
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// An answer of the wrong shape from the controller: a bug (or mismatched versions).
 fn unexpected_answer(answer: &ControlAnswer) -> BrokerError {
     BrokerError::internal(format!("the controller answered with {answer:?}"))
 }
 
+/// A cluster id in Kafka's style: a UUID in URL-safe base64 without padding (22 characters).
 pub(crate) fn new_cluster_id() -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let bits = Uuid::new_v4().as_u128();

@@ -118,6 +118,23 @@ pub const SETTINGS: &[Setting] = &[
     s("group.max.size", "1000", "Most members in one consumer group."),
     s("offsets.topic.num.partitions", "50", "Partitions of the internal __consumer_offsets topic."),
     s(
+        "offsets.topic.replication.factor",
+        "3",
+        "Replicas of each __consumer_offsets partition (fewer while fewer brokers are registered).",
+    ),
+    s(
+        "transaction.state.log.replication.factor",
+        "3",
+        "Replicas of each __transaction_state partition (fewer while fewer brokers are registered).",
+    ),
+    s(
+        "replica.lag.time.max.ms",
+        "30000",
+        "A follower that has not caught up with the leader's log end for this long leaves the ISR.",
+    ),
+    s("replica.fetch.max.bytes", "1048576", "Bytes a follower asks for per partition in one fetch from its leader."),
+    s("replica.fetch.wait.max.ms", "500", "How long a follower's fetch waits at the leader for new data."),
+    s(
         "transaction.state.log.num.partitions",
         "50",
         "Partitions of the internal __transaction_state topic (one that exists keeps its count).",
@@ -156,6 +173,7 @@ pub const TOPIC_DEFAULT_SETTINGS: &[(&str, &str, &str)] = &[
     ("log.segment.delete.delay.ms", "file.delete.delay.ms", "60000"),
     ("min.insync.replicas", "min.insync.replicas", "1"),
     ("compression.type", "compression.type", "producer"),
+    ("unclean.leader.election.enable", "unclean.leader.election.enable", "false"),
 ];
 
 /// Kafka's coarser aliases: (alias, canonical name, multiplier to the canonical unit).
@@ -218,6 +236,11 @@ pub struct BrokerConfig {
     pub group_max_size: usize,
     pub offsets_topic_partitions: i32,
     pub transaction_state_partitions: i32,
+    pub offsets_topic_replication_factor: i16,
+    pub transaction_state_replication_factor: i16,
+    pub replica_lag_time_max_ms: u64,
+    pub replica_fetch_max_bytes: i32,
+    pub replica_fetch_wait_max_ms: u64,
     pub offsets_retention_ms: i64,
     pub offsets_retention_check_interval_ms: u64,
     pub metadata_snapshot_interval: u64,
@@ -512,6 +535,19 @@ impl BrokerConfig {
                 get("transaction.state.log.num.partitions"),
                 1,
             )?,
+            offsets_topic_replication_factor: parse_num(
+                "offsets.topic.replication.factor",
+                get("offsets.topic.replication.factor"),
+                1,
+            )?,
+            transaction_state_replication_factor: parse_num(
+                "transaction.state.log.replication.factor",
+                get("transaction.state.log.replication.factor"),
+                1,
+            )?,
+            replica_lag_time_max_ms: parse_num("replica.lag.time.max.ms", get("replica.lag.time.max.ms"), 10)?,
+            replica_fetch_max_bytes: parse_num("replica.fetch.max.bytes", get("replica.fetch.max.bytes"), 1024)?,
+            replica_fetch_wait_max_ms: parse_num("replica.fetch.wait.max.ms", get("replica.fetch.wait.max.ms"), 0)?,
             offsets_retention_ms: parse_num::<i64>("offsets.retention.minutes", get("offsets.retention.minutes"), 1)?
                 .saturating_mul(60_000),
             offsets_retention_check_interval_ms: parse_num(
@@ -562,7 +598,7 @@ impl BrokerConfig {
             ));
         }
         config.check_cluster()?;
-        if config.default_replication_factor > 1 {
+        if config.default_replication_factor > 1 && !config.is_cluster() {
             return Err(invalid(
                 "default.replication.factor",
                 &config.default_replication_factor.to_string(),

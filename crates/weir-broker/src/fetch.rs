@@ -22,6 +22,7 @@ use weir_storage::{AbortedTxn, FileSlice};
 
 use crate::error::{BrokerError, ErrorKind};
 use crate::partition::Partition;
+use crate::replication::IsrProposal;
 use crate::Broker;
 
 /// Where a fetch stops reading.
@@ -45,6 +46,9 @@ pub struct FetchPartition {
     /// The leader epoch the caller believes current, checked against the partition's; `None`
     /// when it does not say (old clients, HTTP).
     pub current_leader_epoch: Option<i32>,
+    /// A follower's fetch: the epoch of the last batch it has, so the leader can tell where
+    /// their logs diverge (Fetch v12+). `None` otherwise.
+    pub last_fetched_epoch: Option<i32>,
 }
 
 /// A fetch over several partitions.
@@ -58,6 +62,10 @@ pub struct FetchRequest {
     /// The longest the fetch parks waiting for `min_bytes`.
     pub max_wait: Duration,
     pub isolation: Isolation,
+    /// The broker id of a follower replicating the partitions (Kafka's replica id); `None` for
+    /// a consumer. A follower reads up to the log end, not the high watermark, and its fetch
+    /// offset is its position in the ISR.
+    pub replica_id: Option<i32>,
 }
 
 /// What a fetch found in one partition, in request order.
@@ -75,6 +83,9 @@ pub struct FetchedPartition {
     /// With [`Isolation::Committed`]: the aborted transactions overlapping the slice (empty
     /// without a slice). `None` otherwise.
     pub aborted: Option<Vec<AbortedTxn>>,
+    /// For a follower whose log diverged from the leader's: the epoch and end offset on the
+    /// leader of the last epoch they share (Kafka's DivergingEpoch); nothing is read then.
+    pub diverging_epoch: Option<(i32, i64)>,
 }
 
 impl FetchedPartition {
@@ -90,6 +101,20 @@ impl FetchedPartition {
             log_start_offset,
             slice: None,
             aborted: None,
+            diverging_epoch: None,
+        }
+    }
+
+    /// Nothing read: the follower must truncate first.
+    fn diverged(partition: &Partition, diverging: (i32, i64)) -> FetchedPartition {
+        FetchedPartition {
+            error: None,
+            high_watermark: partition.log.high_watermark(),
+            last_stable_offset: partition.log.last_stable_offset(),
+            log_start_offset: partition.log.log_start_offset(),
+            slice: None,
+            aborted: None,
+            diverging_epoch: Some(diverging),
         }
     }
 
@@ -107,11 +132,15 @@ impl Broker {
         let request = Arc::new(request);
         let found = loop {
             let (broker, wanted) = (self.clone(), request.clone());
-            let (found, seen_high_watermarks) = tokio::task::spawn_blocking(move || broker.read_once(&wanted))
+            let (found, seen_bounds, proposals) = tokio::task::spawn_blocking(move || broker.read_once(&wanted))
                 .await
                 .map_err(|e| BrokerError::internal(format!("fetch task failed: {e}")))?;
+            for (partition, proposal) in proposals {
+                self.send_isr_proposal(partition, proposal);
+            }
             let bytes: u64 = found.iter().map(FetchedPartition::bytes).sum();
-            let failed = found.iter().any(|f| f.error.is_some());
+            // A failed partition, or a follower that must truncate first, answers at once.
+            let failed = found.iter().any(|f| f.error.is_some() || f.diverging_epoch.is_some());
             if bytes >= request.min_bytes
                 || bytes > 0 && request.min_bytes == 0
                 || failed
@@ -120,8 +149,8 @@ impl Broker {
             {
                 break found;
             }
-            // Not enough yet: register, then check that no high watermark moved since the read
-            // (see the module doc), then park.
+            // Not enough yet: register, then check that no bound (high watermark, or a
+            // follower's log end) moved since the read (see the module doc), then park.
             let waiter = Arc::new(Notify::new());
             for wanted in &request.partitions {
                 wanted.partition.register_waiter(&waiter);
@@ -129,8 +158,8 @@ impl Broker {
             let moved = request
                 .partitions
                 .iter()
-                .zip(&seen_high_watermarks)
-                .any(|(wanted, seen)| wanted.partition.log.high_watermark() != *seen);
+                .zip(&seen_bounds)
+                .any(|(wanted, seen)| request.bound(&wanted.partition) != *seen);
             if !moved {
                 self.wait_for_data(&waiter, deadline).await;
             }
@@ -143,25 +172,53 @@ impl Broker {
         Ok(found)
     }
 
-    /// One pass over the wanted partitions; also returns the high watermark each had before
-    /// its read. Blocking (reads index and segment headers).
-    fn read_once(&self, request: &FetchRequest) -> (Vec<FetchedPartition>, Vec<i64>) {
+    /// One pass over the wanted partitions; also returns the bound each had before its read,
+    /// and the ISR changes followers' fetches call for. Blocking (reads index and segment
+    /// headers).
+    #[allow(clippy::type_complexity)]
+    fn read_once(
+        &self,
+        request: &FetchRequest,
+    ) -> (Vec<FetchedPartition>, Vec<i64>, Vec<(Arc<Partition>, IsrProposal)>) {
         let mut total: u64 = 0;
         let mut out = Vec::with_capacity(request.partitions.len());
         let mut seen = Vec::with_capacity(request.partitions.len());
+        let mut proposals = Vec::new();
         for wanted in &request.partitions {
             let partition = &wanted.partition;
             let log = &partition.log;
-            seen.push(log.high_watermark());
-            if let Err(e) = partition.check_leader_epoch(wanted.current_leader_epoch) {
+            seen.push(request.bound(partition));
+            // Only the leader serves reads (follower fetching, KIP-392, aside).
+            let checked =
+                partition.check_local_leader().and_then(|_| partition.check_leader_epoch(wanted.current_leader_epoch));
+            if let Err(e) = checked {
                 out.push(FetchedPartition::failed(e, Some(partition)));
                 continue;
             }
+            if let Some(replica) = request.replica_id {
+                match diverging_epoch(partition, wanted) {
+                    Ok(Some(diverging)) => {
+                        out.push(FetchedPartition::diverged(partition, diverging));
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        out.push(FetchedPartition::failed(e, Some(partition)));
+                        continue;
+                    }
+                }
+                if wanted.offset <= log.log_end_offset() && wanted.offset >= log.log_start_offset() {
+                    if let Some(proposal) = partition.record_follower_fetch(replica, wanted.offset) {
+                        proposals.push((partition.clone(), proposal));
+                    }
+                }
+            }
             let limit = request.max_bytes.saturating_sub(total).min(wanted.max_bytes);
             let min_one_batch = total == 0;
-            let upper = match request.isolation {
-                Isolation::HighWatermark => log.high_watermark(),
-                Isolation::Committed => log.last_stable_offset(),
+            let upper = match (request.replica_id, request.isolation) {
+                (Some(_), _) => log.log_end_offset(),
+                (None, Isolation::HighWatermark) => log.high_watermark(),
+                (None, Isolation::Committed) => log.last_stable_offset(),
             };
             let read = if limit == 0 && !min_one_batch {
                 Ok(None)
@@ -184,6 +241,7 @@ impl Broker {
                         log_start_offset: log.log_start_offset(),
                         slice,
                         aborted,
+                        diverging_epoch: None,
                     });
                 }
                 Err(e) => {
@@ -194,6 +252,30 @@ impl Broker {
                 }
             }
         }
-        (out, seen)
+        (out, seen, proposals)
     }
+}
+
+impl FetchRequest {
+    /// Where this fetch stops reading in `partition`: the log end for a follower, the high
+    /// watermark for a consumer (whose `read_committed` bound moves only with it).
+    fn bound(&self, partition: &Partition) -> i64 {
+        match self.replica_id {
+            Some(_) => partition.log.log_end_offset(),
+            None => partition.log.high_watermark(),
+        }
+    }
+}
+
+/// Where a follower's log diverges from this leader's, if it does: the follower's last batch
+/// has epoch `last_fetched_epoch`, and its log ends at the fetch offset. If this log's end for
+/// that epoch is before the fetch offset, or the epoch is unknown here, the follower must
+/// truncate to the answer (the last epoch both have, and its end here) before it goes on.
+fn diverging_epoch(partition: &Partition, wanted: &FetchPartition) -> Result<Option<(i32, i64)>, BrokerError> {
+    let Some(last_epoch) = wanted.last_fetched_epoch.filter(|e| *e >= 0) else { return Ok(None) };
+    let (epoch, end_offset) = partition.log.end_offset_for_epoch(last_epoch)?;
+    if epoch == last_epoch && end_offset >= wanted.offset {
+        return Ok(None);
+    }
+    Ok(Some((epoch, end_offset)))
 }

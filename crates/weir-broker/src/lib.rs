@@ -20,6 +20,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod partition;
 pub mod placement;
+pub mod replication;
 mod runtime;
 pub mod topic_config;
 pub mod txn;

@@ -11,6 +11,7 @@ use weir_storage::Log;
 use crate::error::{BrokerError, ErrorKind};
 use crate::metadata::PartitionState;
 use crate::metrics::PartitionMetrics;
+use crate::replication::ReplicaState;
 use crate::topic_config::TopicCompression;
 use weir_storage::sync::{lock, read, write};
 
@@ -22,7 +23,7 @@ pub struct Partition {
     /// An internal topic's partition (`__consumer_offsets`, ...): clients may not produce to it.
     pub internal: bool,
     /// This broker's id: the partition is led here when its state names it leader.
-    local_broker: i32,
+    pub(crate) local_broker: i32,
     /// Replicas, ISR, leader and leader epoch as the applied metadata says; replaced by the
     /// broker whenever a metadata change touches the partition.
     state: RwLock<Arc<PartitionState>>,
@@ -36,6 +37,11 @@ pub struct Partition {
     /// Fetches parked until new data is visible. Each holds its own `Notify`; an append wakes
     /// all of them (a fetch over many partitions registers the same `Notify` in each).
     waiters: Mutex<Vec<Weak<Notify>>>,
+    /// Followers' positions and the pending ISR change when this broker leads; the learned
+    /// high watermark when it follows (see `replication`).
+    pub(crate) replication: Mutex<ReplicaState>,
+    /// The broker is shutting down: writes waiting for the ISR give up.
+    pub(crate) closing: std::sync::atomic::AtomicBool,
 }
 
 /// This broker leads at `epoch` from now on: the epoch begins at the log end (batches appended
@@ -70,19 +76,23 @@ impl Partition {
         if state.leader == local_broker {
             record_leader_epoch(&log, &topic, index, state.leader_epoch);
         }
-        Partition {
+        let partition = Partition {
             topic,
             topic_id,
             index,
             log,
             internal,
             local_broker,
-            state: RwLock::new(Arc::new(state)),
+            state: RwLock::new(Arc::new(state.clone())),
             min_insync_replicas: AtomicI64::new(1),
             compression: Mutex::new(TopicCompression::Producer),
             metrics: PartitionMetrics::default(),
             waiters: Mutex::new(Vec::new()),
-        }
+            replication: Mutex::new(ReplicaState::new()),
+            closing: std::sync::atomic::AtomicBool::new(false),
+        };
+        partition.on_state_change(&state);
+        partition
     }
 
     /// The replicas, ISR, leader and epochs the metadata gives the partition now.
@@ -101,7 +111,9 @@ impl Partition {
         if state.leader == self.local_broker {
             record_leader_epoch(&self.log, &self.topic, self.index, state.leader_epoch);
         }
-        *current = Arc::new(state);
+        *current = Arc::new(state.clone());
+        drop(current);
+        self.on_state_change(&state);
     }
 
     pub fn leader_epoch(&self) -> i32 {

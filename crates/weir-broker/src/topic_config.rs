@@ -10,7 +10,8 @@ use weir_storage::config::TOPIC_CONFIG_NAMES;
 use weir_storage::{Compression, LogConfig, StorageError};
 
 /// Topic configs the broker itself interprets.
-pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[("min.insync.replicas", "1"), ("compression.type", "producer")];
+pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] =
+    &[("min.insync.replicas", "1"), ("compression.type", "producer"), ("unclean.leader.election.enable", "false")];
 
 /// Topic configs Kafka 3.x deprecated but still accepts: Weir accepts and describes them too, so
 /// tools and tests that set them keep working, and they change nothing (message format v2 is
@@ -99,6 +100,11 @@ pub fn log_config(
                         value.trim().parse().map_err(|_| bad(name, value, "expected an integer of at least 1"))?;
                     if n < 1 {
                         return Err(bad(name, value, "expected an integer of at least 1"));
+                    }
+                }
+                "unclean.leader.election.enable" => {
+                    if parse_bool(value).is_none() {
+                        return Err(bad(name, value, "expected true or false"));
                     }
                 }
                 "compression.type" => {
@@ -241,6 +247,27 @@ pub fn compression(
         .or_else(|| broker_defaults.get("compression.type"))
         .and_then(|v| TopicCompression::parse(v))
         .unwrap_or(TopicCompression::Producer)
+}
+
+fn parse_bool(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
+}
+
+/// `unclean.leader.election.enable` of a topic: may a replica outside the ISR lead when no
+/// in-sync replica is alive (losing what only the ISR had)?
+pub fn unclean_leader_election(
+    broker_defaults: &BTreeMap<String, String>,
+    overrides: &BTreeMap<String, String>,
+) -> bool {
+    overrides
+        .get("unclean.leader.election.enable")
+        .or_else(|| broker_defaults.get("unclean.leader.election.enable"))
+        .and_then(|v| parse_bool(v))
+        .unwrap_or(false)
 }
 
 /// `min.insync.replicas` of a topic.

@@ -234,11 +234,13 @@ async fn a_fetch_parks_until_an_append_and_returns_empty_at_its_deadline() {
             offset: 0,
             max_bytes: 1 << 20,
             current_leader_epoch,
+            last_fetched_epoch: None,
         }],
         max_bytes: 1 << 20,
         min_bytes: 1,
         max_wait,
         isolation: Isolation::HighWatermark,
+        replica_id: None,
     };
 
     let started = std::time::Instant::now();

@@ -188,9 +188,15 @@ async fn three_nodes_form_a_cluster_spread_partitions_and_forward_changes() {
     assert_eq!(deleted.partitions, 9);
     let again = cluster.broker(1).create_topics(vec![topic("spread", 1)], false).await.pop().unwrap();
     assert!(again.is_ok(), "{again:?}");
-    // More replicas than this version keeps: refused with a clear reason.
+    // Three replicas on three brokers; four cannot be placed, and say why.
     let mut replicated = topic("replicated", 1);
     replicated.replication_factor = 3;
+    let created = cluster.broker(2).create_topics(vec![replicated.clone()], false).await.pop().unwrap().unwrap();
+    let mut replicas = created.topic.assignments[0].replicas.clone();
+    replicas.sort_unstable();
+    assert_eq!(replicas, vec![1, 2, 3]);
+    replicated.name = "too-replicated".into();
+    replicated.replication_factor = 4;
     let refused = cluster.broker(2).create_topics(vec![replicated], false).await.pop().unwrap().unwrap_err();
     assert_eq!(refused.kind, ErrorKind::InvalidReplicationFactor, "{refused}");
 

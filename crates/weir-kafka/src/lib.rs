@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod errors;
 pub mod frame;
 pub mod handlers;
+pub mod replica_fetcher;
 pub mod server;
 pub mod versions;
 pub mod zero_copy;

@@ -339,6 +339,20 @@ pub fn control_type(batch: &[u8]) -> Option<ControlType> {
     })
 }
 
+/// The length of the longest prefix of `bytes` made of whole batches: a fetch response may end
+/// with a partial batch (Kafka leaders cut at the byte limit), which a follower leaves for its
+/// next fetch.
+pub fn whole_batches_len(bytes: &[u8]) -> usize {
+    let mut position = 0usize;
+    while let Some(size) = bytes.get(position..).and_then(BatchHeader::parse).and_then(|h| h.size_bytes()) {
+        if size == 0 || position + size > bytes.len() {
+            break;
+        }
+        position += size;
+    }
+    position
+}
+
 /// Iterates over the headers of a buffer of whole batches (already validated), with each
 /// batch's position in the buffer.
 pub fn headers(bytes: &[u8]) -> impl Iterator<Item = (usize, BatchHeader)> + '_ {

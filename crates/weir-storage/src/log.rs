@@ -505,6 +505,12 @@ impl Log {
         self.high_watermark.fetch_max(offset, Ordering::AcqRel);
     }
 
+    /// Every offset below this is on disk as far as [`Log::sync_to`] knows (what a replica with
+    /// `flush=sync` may count as its own).
+    pub fn durable_end_offset(&self) -> i64 {
+        lock(&self.sync).durable_end
+    }
+
     /// Every offset below this is fsynced.
     pub fn recovery_point(&self) -> i64 {
         self.recovery_point.load(Ordering::Acquire)

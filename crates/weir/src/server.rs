@@ -98,10 +98,19 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
                     .with_context(|| format!("cannot listen on {bound} (the `listeners` setting)"))?;
                 // The accept loop runs on the runtime's workers from here on, whatever this
                 // thread does next (a blocked stdout or stderr included).
-                Some(tokio::spawn(weir_kafka::serve(listener, ctx, shutdown_signal(), Broker::SHUTDOWN_GRACE)))
+                // Controlled shutdown first, as Kafka's: leadership moves to other brokers while
+                // this one still answers, so writes waiting here for the ISR fail over at once.
+                let leaving = broker.clone();
+                let stopping = async move {
+                    shutdown_signal().await;
+                    leaving.leave_cluster().await;
+                };
+                Some(tokio::spawn(weir_kafka::serve(listener, ctx, stopping, Broker::SHUTDOWN_GRACE)))
             }
             _ => None,
         };
+        // Followers replicate from their leaders with Kafka's Fetch.
+        let replication = kafka.is_some().then(|| weir_kafka::replica_fetcher::spawn(broker.clone()));
         admin_state.set_ready(weir_admin::Core { broker: broker.clone(), groups: groups.clone() });
         // Everything serves now: only then the lines that tests and scripts wait for.
         let shown_dir = std::fs::canonicalize(&data_dir).unwrap_or(data_dir);
@@ -119,6 +128,7 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
             Some(bound) => tracing::info!(listen = %bound, data_dir = %shown_dir.display(), cluster_id = %broker.cluster_id(), "broker started"),
             None => tracing::info!(data_dir = %shown_dir.display(), cluster_id = %broker.cluster_id(), "controller started"),
         }
+        let left = kafka.is_some();
         match kafka {
             Some(kafka) => kafka.await.context("the Kafka listener task failed")?,
             None => {
@@ -126,10 +136,15 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
                 broker.begin_shutdown();
             }
         }
+        if let Some(replication) = replication {
+            replication.abort();
+        }
         if let Some(admin) = admin {
             admin.stop().await;
         }
-        broker.leave_cluster().await;
+        if !left {
+            broker.leave_cluster().await;
+        }
         groups.shutdown();
         let closing = broker.clone();
         tokio::task::spawn_blocking(move || closing.shutdown()).await?.map_err(|e| anyhow::anyhow!("{}", e.message))?;

@@ -44,6 +44,9 @@ pub const NOT_SETTINGS: &[&str] = &[
     "WEIR_CRASH_SEED",
     "WEIR_CRASH_ITERATION",
     "WEIR_CRASH_RECOVERY_POINT",
+    // tests/python/test_replication.py's fault test: its round count (the long run) and seed.
+    "WEIR_FAULT_ROUNDS",
+    "WEIR_FAULT_SEED",
     // The broker's process id in docs/performance.md's commands.
     "WEIR_PID",
 ];

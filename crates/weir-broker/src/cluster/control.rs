@@ -68,6 +68,10 @@ pub enum ControlRequest {
         /// The broker is shutting down: fence it now rather than at its session timeout.
         shutting_down: bool,
     },
+    /// A partition leader's proposed ISR (Kafka's AlterPartition).
+    AlterPartition {
+        proposal: crate::replication::IsrProposal,
+    },
 }
 
 impl ControlRequest {
@@ -81,6 +85,7 @@ impl ControlRequest {
             ControlRequest::AllocateProducerIds => "allocate producer ids",
             ControlRequest::RegisterBroker { .. } => "register broker",
             ControlRequest::Heartbeat { .. } => "heartbeat",
+            ControlRequest::AlterPartition { .. } => "change an ISR",
         }
     }
 }
@@ -310,6 +315,9 @@ impl Broker {
                 ControlRequest::Heartbeat { id, incarnation, applied_offset, shutting_down } => self
                     .decide_heartbeat(&held, id, incarnation, applied_offset, shutting_down)
                     .map(ControlAnswer::Heartbeat),
+                ControlRequest::AlterPartition { proposal } => {
+                    self.decide_alter_partition(&held, proposal).map(|()| ControlAnswer::Done)
+                }
             },
         };
         ControlResponse { applied_offset: self.quorum.applied().applied_offset, answer }

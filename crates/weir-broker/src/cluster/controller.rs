@@ -17,7 +17,8 @@ use weir_storage::sync::lock;
 use super::control::HeartbeatAnswer;
 use crate::broker::Broker;
 use crate::error::{BrokerError, ErrorKind};
-use crate::metadata::{BrokerRegistration, MetadataRecord, MetadataState, NO_LEADER};
+use crate::metadata::{BrokerRegistration, MetadataRecord, MetadataState, TopicMetadata, NO_LEADER};
+use crate::replication::IsrProposal;
 use crate::runtime::block_on;
 
 /// What the active controller knows of each broker's liveness.
@@ -90,7 +91,7 @@ impl Broker {
                 records.push(MetadataRecord::InitCluster { cluster_id: crate::broker::new_cluster_id() });
             }
             records.push(MetadataRecord::RegisterBroker { registration: registration.clone() });
-            records.extend(leaderless_changes(&state, registration.id));
+            records.extend(leaderless_changes(&state, registration.id, &|t| self.unclean_allowed(t)));
             self.commit(held, records)?;
             tracing::info!(
                 broker = registration.id,
@@ -146,7 +147,7 @@ impl Broker {
         }
         if registration.fenced && applied_offset >= session.catch_up_to {
             let mut records = vec![MetadataRecord::UnfenceBroker { id }];
-            records.extend(leader_changes_on_unfence(&state, id));
+            records.extend(leader_changes_on_unfence(&state, id, &|t| self.unclean_allowed(t)));
             self.commit(held, records)?;
             tracing::info!(broker = id, applied_offset, "broker unfenced: it caught up with the metadata");
             return Ok(HeartbeatAnswer { must_register: false, fenced: false });
@@ -157,7 +158,7 @@ impl Broker {
     /// Commits the fencing of broker `id` with the leader changes it implies.
     fn fence(&self, held: &MutexGuard<'_, ()>, state: &MetadataState, id: i32, why: &str) -> Result<(), BrokerError> {
         let mut records = vec![MetadataRecord::FenceBroker { id }];
-        let changes = leaderless_changes(state, id);
+        let changes = leaderless_changes(state, id, &|t| self.unclean_allowed(t));
         let partitions = changes.len();
         records.extend(changes);
         self.commit(held, records)?;
@@ -210,9 +211,23 @@ impl Broker {
 
     /// Runs [`Broker::controller_tick`] until shutdown.
     pub(crate) fn run_controller(self: &Arc<Self>) {
+        self.every(tick_interval(self.config.broker_session_timeout_ms), |broker| async move {
+            match tokio::task::spawn_blocking(move || broker.controller_tick()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "controller: periodic duties failed"),
+                Err(e) => tracing::error!(error = %e, "controller: the periodic task failed"),
+            }
+        });
+    }
+
+    /// Runs `tick` every `interval` until the broker shuts down (or is dropped).
+    pub(crate) fn every<F, Fut>(self: &Arc<Self>, interval: Duration, tick: F)
+    where
+        F: Fn(Arc<Broker>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
         let broker = Arc::downgrade(self);
         let mut shutdown = self.shutdown_signal();
-        let interval = tick_interval(self.config.broker_session_timeout_ms);
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -220,38 +235,79 @@ impl Broker {
                     _ = shutdown.changed() => return,
                 }
                 let Some(broker) = broker.upgrade() else { return };
-                match tokio::task::spawn_blocking(move || broker.controller_tick()).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "controller: periodic duties failed"),
-                    Err(e) => tracing::error!(error = %e, "controller: the periodic task failed"),
-                }
+                tick(broker).await;
             }
         });
     }
 }
 
-/// The partition changes that take leadership away from `broker`: another in-sync replica on an
-/// unfenced broker leads if there is one (the broker then leaves the ISR), else nobody (the ISR
-/// keeps its last member, as Kafka does, so it can lead again).
-fn leaderless_changes(state: &MetadataState, broker: i32) -> Vec<MetadataRecord> {
+/// May a replica outside the ISR lead this topic's partitions (`unclean.leader.election.enable`)?
+pub(crate) type UncleanPolicy<'a> = &'a dyn Fn(&TopicMetadata) -> bool;
+
+/// The partition changes when `broker` stops (fenced, re-registered, shut down): where it leads,
+/// another in-sync replica on an unfenced broker takes over (the broker leaves the ISR), or,
+/// with none, a live replica outside the ISR if the topic allows unclean elections, else
+/// nobody (the ISR keeps its last member, as Kafka does, so it can lead again). Where it
+/// follows, it leaves the ISR, so that `acks=all` writes stop waiting for it; the last member
+/// of an ISR stays.
+fn leaderless_changes(state: &MetadataState, broker: i32, unclean: UncleanPolicy<'_>) -> Vec<MetadataRecord> {
     let live = |b: &i32| *b != broker && state.brokers.get(b).is_some_and(|r| !r.fenced);
     let mut out = Vec::new();
     for topic in state.topics.values() {
         for (index, partition) in topic.assignments.iter().enumerate() {
+            let change = |isr: Vec<i32>, leader: Option<i32>| MetadataRecord::PartitionChange {
+                topic: topic.name.clone(),
+                id: topic.id,
+                partition: index as i32,
+                replicas: None,
+                isr: Some(isr),
+                leader,
+            };
+            let others: Vec<i32> = partition.isr.iter().copied().filter(|b| *b != broker).collect();
             if partition.leader != broker {
+                if partition.isr.contains(&broker) && !others.is_empty() {
+                    out.push(change(others, None));
+                }
                 continue;
             }
-            let successor = partition.isr.iter().copied().find(live);
-            let (leader, isr) = match successor {
-                Some(next) => (next, partition.isr.iter().copied().filter(|b| *b != broker).collect()),
-                None => (NO_LEADER, partition.isr.clone()),
+            if let Some(next) = partition.isr.iter().copied().find(live) {
+                out.push(change(others, Some(next)));
+            } else if let Some(next) = partition.replicas.iter().copied().find(live).filter(|_| unclean(topic)) {
+                tracing::warn!(topic = %topic.name, partition = index, leader = next, "unclean leader election: a replica outside the ISR leads; what only the ISR had is lost");
+                out.push(change(vec![next], Some(next)));
+            } else {
+                out.push(change(partition.isr.clone(), Some(NO_LEADER)));
+            }
+        }
+    }
+    out
+}
+
+/// The partition changes when `broker` is unfenced: it leads where nobody does and it is in
+/// sync, or, where the topic allows unclean elections and no in-sync replica is alive, as the
+/// ISR's only member.
+fn leader_changes_on_unfence(state: &MetadataState, broker: i32, unclean: UncleanPolicy<'_>) -> Vec<MetadataRecord> {
+    let live = |b: &i32| state.brokers.get(b).is_some_and(|r| !r.fenced);
+    let mut out = Vec::new();
+    for topic in state.topics.values() {
+        for (index, partition) in topic.assignments.iter().enumerate() {
+            if partition.leader != NO_LEADER || !partition.replicas.contains(&broker) {
+                continue;
+            }
+            let (isr, leader) = if partition.isr.contains(&broker) {
+                (None, broker)
+            } else if !partition.isr.iter().any(live) && unclean(topic) {
+                tracing::warn!(topic = %topic.name, partition = index, leader = broker, "unclean leader election: a replica outside the ISR leads; what only the ISR had is lost");
+                (Some(vec![broker]), broker)
+            } else {
+                continue;
             };
             out.push(MetadataRecord::PartitionChange {
                 topic: topic.name.clone(),
                 id: topic.id,
                 partition: index as i32,
                 replicas: None,
-                isr: Some(isr),
+                isr,
                 leader: Some(leader),
             });
         }
@@ -259,25 +315,79 @@ fn leaderless_changes(state: &MetadataState, broker: i32) -> Vec<MetadataRecord>
     out
 }
 
-/// The partition changes that give leadership back to `broker` where nobody leads and it is in
-/// sync.
-fn leader_changes_on_unfence(state: &MetadataState, broker: i32) -> Vec<MetadataRecord> {
-    let mut out = Vec::new();
-    for topic in state.topics.values() {
-        for (index, partition) in topic.assignments.iter().enumerate() {
-            if partition.leader == NO_LEADER && partition.isr.contains(&broker) {
-                out.push(MetadataRecord::PartitionChange {
-                    topic: topic.name.clone(),
-                    id: topic.id,
-                    partition: index as i32,
-                    replicas: None,
-                    isr: None,
-                    leader: Some(broker),
-                });
+impl Broker {
+    /// The topic's `unclean.leader.election.enable`, with this broker's defaults.
+    fn unclean_allowed(&self, topic: &TopicMetadata) -> bool {
+        crate::topic_config::unclean_leader_election(&self.config.topic_defaults, &topic.configs)
+    }
+
+    /// A leader's ISR proposal (AlterPartition): accepted when it was computed from the current
+    /// state (same leader, leader epoch and partition epoch), names replicas only, keeps the
+    /// leader, and adds no fenced broker. Committed before it counts anywhere.
+    pub(crate) fn decide_alter_partition(
+        &self,
+        held: &MutexGuard<'_, ()>,
+        proposal: IsrProposal,
+    ) -> Result<(), BrokerError> {
+        let state = self.metadata();
+        let stale = |why: String| BrokerError::new(ErrorKind::FencedLeaderEpoch, why);
+        let Some(topic) = state.topic(&proposal.topic).filter(|t| t.id == proposal.topic_id) else {
+            return Err(BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("no topic {}", proposal.topic)));
+        };
+        let Some(current) = topic.partition(proposal.partition) else {
+            return Err(BrokerError::new(
+                ErrorKind::UnknownTopicOrPartition,
+                format!("no partition {}-{}", proposal.topic, proposal.partition),
+            ));
+        };
+        if current.leader != proposal.leader || current.leader_epoch != proposal.leader_epoch {
+            return Err(stale(format!(
+                "broker {} at epoch {} no longer leads {}-{} (broker {} at epoch {} does)",
+                proposal.leader,
+                proposal.leader_epoch,
+                proposal.topic,
+                proposal.partition,
+                current.leader,
+                current.leader_epoch
+            )));
+        }
+        if current.partition_epoch != proposal.partition_epoch {
+            return Err(stale(format!(
+                "{}-{} changed since the proposal (partition epoch {} now, {} proposed from)",
+                proposal.topic, proposal.partition, current.partition_epoch, proposal.partition_epoch
+            )));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for id in &proposal.isr {
+            if !current.replicas.contains(id) || !seen.insert(*id) {
+                return Err(BrokerError::new(
+                    ErrorKind::InvalidRequest,
+                    format!("ISR {:?} is no subset of replicas {:?}", proposal.isr, current.replicas),
+                ));
+            }
+            let added = !current.isr.contains(id);
+            if added && state.brokers.get(id).is_none_or(|b| b.fenced) {
+                return Err(BrokerError::new(
+                    ErrorKind::InvalidRequest,
+                    format!("broker {id} is fenced: it cannot join the ISR"),
+                ));
             }
         }
+        if !proposal.isr.contains(&proposal.leader) {
+            return Err(BrokerError::new(ErrorKind::InvalidRequest, "the leader must stay in the ISR"));
+        }
+        self.commit(
+            held,
+            vec![MetadataRecord::PartitionChange {
+                topic: proposal.topic.clone(),
+                id: proposal.topic_id,
+                partition: proposal.partition,
+                replicas: None,
+                isr: Some(proposal.isr.clone()),
+                leader: None,
+            }],
+        )
     }
-    out
 }
 
 #[cfg(test)]
@@ -322,7 +432,7 @@ mod tests {
             vec![PartitionState::new(vec![1]), PartitionState::new(vec![1, 2]), PartitionState::new(vec![2])],
             &[],
         );
-        let changes = leaderless_changes(&state, 1);
+        let changes = leaderless_changes(&state, 1, &|_| false);
         assert_eq!(changes.len(), 2, "only the partitions broker 1 leads change");
         let MetadataRecord::PartitionChange { partition: 0, leader: Some(NO_LEADER), isr: Some(isr), .. } = &changes[0]
         else {
@@ -338,14 +448,14 @@ mod tests {
         for (change, offset) in changes.iter().zip(10..) {
             offline.apply(offset, change);
         }
-        let back = leader_changes_on_unfence(&offline, 1);
+        let back = leader_changes_on_unfence(&offline, 1, &|_| false);
         assert_eq!(back.len(), 1, "partition 0 had no leader and 1 in sync: {back:?}");
     }
 
     #[test]
     fn a_fenced_successor_is_not_elected() {
         let state = state_with(vec![PartitionState::new(vec![1, 2])], &[2]);
-        let changes = leaderless_changes(&state, 1);
+        let changes = leaderless_changes(&state, 1, &|_| false);
         assert!(matches!(&changes[0], MetadataRecord::PartitionChange { leader: Some(NO_LEADER), .. }), "{changes:?}");
     }
 }

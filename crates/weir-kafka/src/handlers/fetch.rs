@@ -11,7 +11,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, EpochEndOffset, FetchableTopicResponse, PartitionData,
+};
 use kafka_protocol::messages::{ApiKey, FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -50,6 +52,10 @@ pub async fn handle(
         return Ok(ResponseFrame { chunks: vec![frame::Chunk::Bytes(encoded.freeze())] });
     }
 
+    // A follower replicating from this leader names itself: the replica id (v15+: in the
+    // replica state); consumers send -1.
+    let replica_id = if version >= 15 { request.replica_state.replica_id.0 } else { request.replica_id.0 };
+    let replica_id = (replica_id >= 0).then_some(replica_id);
     let state = broker.metadata();
     let mut topics: Vec<(TopicName, Uuid)> = Vec::new();
     let mut wanted = Vec::new();
@@ -81,6 +87,8 @@ pub async fn handle(
                         offset: p.fetch_offset,
                         max_bytes: p.partition_max_bytes.max(0) as u64,
                         current_leader_epoch: (p.current_leader_epoch >= 0).then_some(p.current_leader_epoch),
+                        last_fetched_epoch: (replica_id.is_some() && version >= 12 && p.last_fetched_epoch >= 0)
+                            .then_some(p.last_fetched_epoch),
                     });
                     Ok(reads.len() - 1)
                 }
@@ -99,6 +107,7 @@ pub async fn handle(
         max_wait,
         // isolation_level 1 = READ_COMMITTED.
         isolation: if request.isolation_level == 1 { Isolation::Committed } else { Isolation::HighWatermark },
+        replica_id,
     };
     let mut found: Vec<Option<FetchedPartition>> = match broker.fetch(fetch).await {
         Ok(found) => found.into_iter().map(Some).collect(),
@@ -163,6 +172,12 @@ pub async fn handle(
                             })
                             .collect()
                     }))
+                    .with_diverging_epoch(match f.diverging_epoch {
+                        Some((epoch, end_offset)) if version >= 12 => {
+                            EpochEndOffset::default().with_epoch(epoch).with_end_offset(end_offset)
+                        }
+                        _ => EpochEndOffset::default(),
+                    })
                     .with_records(Some(records))
             }
         };

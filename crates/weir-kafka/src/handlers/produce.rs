@@ -35,6 +35,7 @@ pub async fn handle(
     let broker = &ctx.broker;
     let version = client.version;
     let acks = request.acks;
+    let request_timeout_ms = request.timeout_ms;
     let fail = |index: i32, code: ResponseError, text: String| failed_partition(version, index, code, text);
 
     // First pass: resolve and check every partition; what passes is appended in one go.
@@ -76,7 +77,9 @@ pub async fn handle(
 
     // acks=0 waits like acks=1; the connection then sends no response.
     let acks = if acks == -1 { Acks::All } else { Acks::Leader };
-    let pending = broker.write_many(appends, acks).await;
+    // acks=all waits for the in-sync replicas at most the request's timeout.
+    let timeout = std::time::Duration::from_millis(request_timeout_ms.max(0) as u64);
+    let pending = broker.write_many(appends, acks).await.with_timeout(timeout);
     async move {
         let results = pending.durable().await;
         respond(version, names, slots, results)

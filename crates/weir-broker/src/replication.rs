@@ -1,0 +1,610 @@
+//! ISR replication: what the leader of a replicated partition tracks, and the operations a
+//! follower's fetcher (in the Kafka front-end: followers fetch with Kafka's Fetch) applies.
+//!
+//! **Leader.** A follower fetches from its own log end, so the offset each of its fetches starts
+//! at is its log end offset. The high watermark is the smallest log end over the *maximal* ISR:
+//! the committed ISR plus an expansion sent to the controller and not committed yet (KIP-497).
+//! A joining replica thus counts before it formally joins, and one leaving counts until its
+//! removal is committed: the high watermark never passes what a replica that could be elected
+//! lacks. The leader's own position is its log end, or what it has fsynced when the topic's
+//! `flush.policy` is `sync`. Followers' positions are unknown (-1) when leadership begins, so
+//! the high watermark waits until every in-sync follower has fetched from the new leader.
+//!
+//! **ISR changes** are proposals to the active controller (`AlterPartition`), which checks the
+//! leader epoch and partition epoch they were computed from; the leader's view changes only when
+//! the committed metadata does. One proposal per partition is in flight at a time. A follower
+//! leaves the ISR when it has not caught up with the leader's log end for
+//! `replica.lag.time.max.ms`, and joins it when it reaches the high watermark and the start of
+//! the current leader epoch (Kafka's rules).
+//!
+//! **Follower.** [`Broker::append_as_follower`] writes the leader's batches with their offsets and
+//! epochs and takes the leader's high watermark as far as its own log reaches;
+//! [`Broker::truncate_follower`] cuts a diverged tail, never below the high watermark the
+//! follower learned, since every replica that could lead has everything below it.
+//!
+//! Partitions with one replica keep the log's own high watermark (it follows the log end, or
+//! the fsynced end): the single-node path does not change.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use weir_storage::{AppendInfo, FlushPolicy};
+
+use crate::cluster::control::{ControlAnswer, ControlRequest};
+use crate::error::{BrokerError, ErrorKind};
+use crate::metadata::PartitionState;
+use crate::partition::Partition;
+use crate::Broker;
+
+/// What the leader knows of one follower, under the current leadership.
+#[derive(Debug, Clone, Copy)]
+struct Follower {
+    /// The offset its last fetch started at; -1 until it fetched from this leadership.
+    log_end: i64,
+    /// The last time its log end reached the leader's (Kafka's lastCaughtUpTimeMs).
+    last_caught_up: Instant,
+    last_fetch: Instant,
+    /// The leader's log end when the follower last fetched.
+    last_fetch_leader_end: i64,
+}
+
+/// An ISR change proposed to the controller, not yet seen in the committed metadata.
+#[derive(Debug, Clone)]
+struct PendingIsr {
+    isr: Vec<i32>,
+    /// The partition epoch the proposal was computed from: a committed state with a later one
+    /// settles it (accepted or not).
+    partition_epoch: i32,
+    sent: Instant,
+}
+
+/// A partition's replication state on this broker.
+#[derive(Debug)]
+pub(crate) struct ReplicaState {
+    /// The leader epoch the positions below belong to; `None` when this broker does not lead.
+    leading_epoch: Option<i32>,
+    /// The log end when this leadership began: a follower joins the ISR only past it.
+    epoch_start_offset: i64,
+    followers: BTreeMap<i32, Follower>,
+    pending_isr: Option<PendingIsr>,
+    /// As a follower: the highest high watermark a leader sent this process. Truncation never
+    /// goes below it.
+    known_high_watermark: i64,
+}
+
+impl ReplicaState {
+    pub(crate) fn new() -> ReplicaState {
+        ReplicaState {
+            leading_epoch: None,
+            epoch_start_offset: 0,
+            followers: BTreeMap::new(),
+            pending_isr: None,
+            known_high_watermark: 0,
+        }
+    }
+}
+
+/// A proposed ISR for the controller (Kafka's AlterPartition), computed by the leader from
+/// the state at `leader_epoch` / `partition_epoch`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IsrProposal {
+    pub topic: String,
+    pub topic_id: uuid::Uuid,
+    pub partition: i32,
+    pub leader: i32,
+    pub leader_epoch: i32,
+    pub partition_epoch: i32,
+    pub isr: Vec<i32>,
+}
+
+/// How long a proposal may stay unsettled before the leader may propose again (the controller
+/// lost it, or this broker missed the answer).
+const PENDING_ISR_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How long the broker's own appends (offsets, transaction state, markers) wait for the ISR,
+/// as Kafka's `offsets.commit.timeout.ms`.
+pub(crate) const INTERNAL_REPLICATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Partition {
+    /// More than one replica: the high watermark follows the ISR, not the local log.
+    pub fn is_replicated(&self) -> bool {
+        self.state().replicas.len() > 1
+    }
+
+    /// Brings the replication state in line with a committed partition state (called with the
+    /// new state in place): a new leadership starts with unknown follower positions; losing it
+    /// drops them; a committed ISR settles the pending proposal. Wakes the waiters either way,
+    /// so that `acks=all` produces see the change.
+    pub(crate) fn on_state_change(&self, state: &PartitionState) {
+        self.log.set_high_watermark_managed(state.replicas.len() > 1);
+        {
+            let mut replication = weir_storage::sync::lock(&self.replication);
+            if state.leader == self.local_broker {
+                let now = Instant::now();
+                if replication.leading_epoch != Some(state.leader_epoch) {
+                    replication.leading_epoch = Some(state.leader_epoch);
+                    replication.epoch_start_offset = self.log.log_end_offset();
+                    replication.followers.clear();
+                    replication.pending_isr = None;
+                }
+                let me = self.local_broker;
+                replication.followers.retain(|id, _| state.replicas.contains(id));
+                for &id in state.replicas.iter().filter(|id| **id != me) {
+                    replication.followers.entry(id).or_insert(Follower {
+                        log_end: -1,
+                        last_caught_up: now,
+                        last_fetch: now,
+                        last_fetch_leader_end: -1,
+                    });
+                }
+                if replication.pending_isr.as_ref().is_some_and(|p| state.partition_epoch > p.partition_epoch) {
+                    replication.pending_isr = None;
+                }
+            } else {
+                replication.leading_epoch = None;
+                replication.followers.clear();
+                replication.pending_isr = None;
+            }
+        }
+        self.maybe_advance_high_watermark();
+        self.wake_waiters();
+    }
+
+    /// This broker's own position in the ISR: its log end, or with `flush=sync` what is on disk.
+    fn own_position(&self) -> i64 {
+        if self.log.config().flush == FlushPolicy::Sync {
+            self.log.durable_end_offset().min(self.log.log_end_offset())
+        } else {
+            self.log.log_end_offset()
+        }
+    }
+
+    /// Moves the high watermark of a replicated partition this broker leads to the smallest
+    /// position over the maximal ISR, and wakes the waiters if it moved.
+    pub(crate) fn maybe_advance_high_watermark(&self) {
+        let state = self.state();
+        if state.replicas.len() <= 1 || state.leader != self.local_broker {
+            return;
+        }
+        let target = {
+            let replication = weir_storage::sync::lock(&self.replication);
+            if replication.leading_epoch != Some(state.leader_epoch) {
+                return;
+            }
+            let pending = replication.pending_isr.as_ref().map_or(&[][..], |p| &p.isr[..]);
+            let mut target = self.own_position();
+            for id in state.isr.iter().chain(pending).filter(|id| **id != self.local_broker) {
+                match replication.followers.get(id) {
+                    Some(f) if f.log_end >= 0 => target = target.min(f.log_end),
+                    // An in-sync follower that has not fetched from this leadership holds it.
+                    _ => return,
+                }
+            }
+            target
+        };
+        if target > self.log.high_watermark() && target <= self.log.log_end_offset() {
+            self.log.set_high_watermark(target);
+            self.wake_waiters();
+        }
+    }
+
+    /// A follower fetched from `fetch_offset` (its log end) under the current leadership:
+    /// record its position, move the high watermark, and return the ISR to propose if it
+    /// should join. Called by the leader's fetch path once the fetch's epoch was checked.
+    pub(crate) fn record_follower_fetch(&self, replica: i32, fetch_offset: i64) -> Option<IsrProposal> {
+        let state = self.state();
+        if state.leader != self.local_broker || !state.replicas.contains(&replica) {
+            return None;
+        }
+        let now = Instant::now();
+        let leader_end = self.log.log_end_offset();
+        let proposal = {
+            let mut replication = weir_storage::sync::lock(&self.replication);
+            if replication.leading_epoch != Some(state.leader_epoch) {
+                return None;
+            }
+            let follower = replication.followers.entry(replica).or_insert(Follower {
+                log_end: -1,
+                last_caught_up: now,
+                last_fetch: now,
+                last_fetch_leader_end: -1,
+            });
+            if fetch_offset >= leader_end {
+                follower.last_caught_up = follower.last_caught_up.max(now);
+            } else if fetch_offset >= follower.last_fetch_leader_end {
+                follower.last_caught_up = follower.last_caught_up.max(follower.last_fetch);
+            }
+            follower.log_end = fetch_offset;
+            follower.last_fetch = now;
+            follower.last_fetch_leader_end = leader_end;
+            let joins = !state.isr.contains(&replica)
+                && replication.pending_isr.is_none()
+                && fetch_offset >= self.log.high_watermark()
+                && fetch_offset >= replication.epoch_start_offset;
+            joins.then(|| {
+                let mut isr = state.isr.clone();
+                isr.push(replica);
+                self.propose(&mut replication, &state, isr)
+            })
+        };
+        self.maybe_advance_high_watermark();
+        proposal
+    }
+
+    /// The ISR without the followers that have not caught up for `lag`, if any should go.
+    pub(crate) fn isr_to_shrink(&self, lag: Duration) -> Option<IsrProposal> {
+        let state = self.state();
+        if state.leader != self.local_broker || state.isr.len() <= 1 {
+            return None;
+        }
+        let now = Instant::now();
+        let mut replication = weir_storage::sync::lock(&self.replication);
+        if replication.leading_epoch != Some(state.leader_epoch) {
+            return None;
+        }
+        if let Some(pending) = &replication.pending_isr {
+            if now.saturating_duration_since(pending.sent) < PENDING_ISR_PATIENCE {
+                return None;
+            }
+        }
+        let lagging = |id: &i32| {
+            *id != self.local_broker
+                && replication.followers.get(id).is_none_or(|f| now.saturating_duration_since(f.last_caught_up) > lag)
+        };
+        let isr: Vec<i32> = state.isr.iter().copied().filter(|id| !lagging(id)).collect();
+        if isr.len() == state.isr.len() {
+            return None;
+        }
+        Some(self.propose(&mut replication, &state, isr))
+    }
+
+    fn propose(&self, replication: &mut ReplicaState, state: &PartitionState, isr: Vec<i32>) -> IsrProposal {
+        replication.pending_isr =
+            Some(PendingIsr { isr: isr.clone(), partition_epoch: state.partition_epoch, sent: Instant::now() });
+        IsrProposal {
+            topic: self.topic.clone(),
+            topic_id: self.topic_id,
+            partition: self.index,
+            leader: self.local_broker,
+            leader_epoch: state.leader_epoch,
+            partition_epoch: state.partition_epoch,
+            isr,
+        }
+    }
+
+    /// The controller refused or lost a proposal: the next fetch or check may propose again.
+    fn drop_pending_isr(&self, proposal: &IsrProposal) {
+        let mut replication = weir_storage::sync::lock(&self.replication);
+        if replication.pending_isr.as_ref().is_some_and(|p| p.isr == proposal.isr) {
+            replication.pending_isr = None;
+        }
+    }
+
+    /// Waits until the ISR has every offset below `end_offset`, written by this broker as leader
+    /// at `leader_epoch` (`acks=all`). Fails when leadership moves first, when the ISR is below
+    /// `min.insync.replicas` once it has it, or at `deadline`.
+    pub async fn wait_replicated(
+        &self,
+        end_offset: i64,
+        leader_epoch: i32,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), BrokerError> {
+        loop {
+            let waiter = Arc::new(Notify::new());
+            self.register_waiter(&waiter);
+            let state = self.state();
+            if self.closing.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(BrokerError::new(
+                    ErrorKind::NotLeader,
+                    format!("{}-{}: the broker is shutting down", self.topic, self.index),
+                ));
+            }
+            if state.leader != self.local_broker || state.leader_epoch != leader_epoch {
+                return Err(BrokerError::new(
+                    ErrorKind::NotLeader,
+                    format!(
+                        "{}-{}: leadership moved (now broker {} at epoch {}) before the in-sync replicas had the write",
+                        self.topic, self.index, state.leader, state.leader_epoch
+                    ),
+                ));
+            }
+            if self.log.high_watermark() >= end_offset {
+                let min_isr = self.min_insync_replicas();
+                if (state.isr.len() as i64) < min_isr {
+                    return Err(BrokerError::new(
+                        ErrorKind::NotEnoughReplicasAfterAppend,
+                        format!(
+                            "{}-{}: written, but the ISR ({}) shrank below min.insync.replicas ({min_isr})",
+                            self.topic,
+                            self.index,
+                            state.isr.len()
+                        ),
+                    ));
+                }
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, waiter.notified()).await.is_err() {
+                return Err(BrokerError::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "{}-{}: the in-sync replicas {:?} did not replicate offset {} in time (high watermark {})",
+                        self.topic,
+                        self.index,
+                        state.isr,
+                        end_offset - 1,
+                        self.log.high_watermark()
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// The broker is shutting down: writes waiting for the ISR answer now.
+    pub(crate) fn stop_waits(&self) {
+        self.closing.store(true, std::sync::atomic::Ordering::Release);
+        self.wake_waiters();
+    }
+
+    /// As a follower: the high watermark the leader sent, as far as this log reaches.
+    fn follow_high_watermark(&self, leader_high_watermark: i64) {
+        let target = leader_high_watermark.min(self.log.log_end_offset());
+        {
+            let mut replication = weir_storage::sync::lock(&self.replication);
+            replication.known_high_watermark = replication.known_high_watermark.max(target);
+        }
+        if target > self.log.high_watermark() {
+            self.log.set_high_watermark(target);
+            self.wake_waiters();
+        }
+    }
+
+    /// The highest high watermark a leader told this broker (as a follower, in this process).
+    pub fn known_high_watermark(&self) -> i64 {
+        weir_storage::sync::lock(&self.replication).known_high_watermark
+    }
+}
+
+/// A partition this broker follows, and where its leader is.
+#[derive(Clone)]
+pub struct Followed {
+    pub partition: Arc<Partition>,
+    pub leader: i32,
+    pub leader_epoch: i32,
+}
+
+impl Broker {
+    /// The partitions this broker holds a replica of and another broker leads.
+    pub fn followed_partitions(&self) -> Vec<Followed> {
+        let me = self.config.node_id;
+        self.partitions()
+            .into_iter()
+            .filter_map(|partition| {
+                let state = partition.state();
+                (state.leader != me && state.leader != crate::metadata::NO_LEADER && state.replicas.contains(&me))
+                    .then(|| Followed { leader: state.leader, leader_epoch: state.leader_epoch, partition })
+            })
+            .collect()
+    }
+
+    /// Writes the leader's batches to a partition this broker follows, keeping their offsets
+    /// and epochs, fsyncs them with `flush=sync` (a replica's position counts only once it is
+    /// as durable as the topic promises), and takes the leader's high watermark as far as the
+    /// log reaches. Blocking.
+    pub fn append_as_follower(
+        &self,
+        partition: &Partition,
+        records: &[u8],
+        leader_high_watermark: i64,
+    ) -> Result<Option<AppendInfo>, BrokerError> {
+        if partition.state().leader == self.config.node_id {
+            return Err(BrokerError::new(
+                ErrorKind::NotLeader,
+                format!("{}-{} is led here now: it takes no replicated batches", partition.topic, partition.index),
+            ));
+        }
+        let info = if records.is_empty() {
+            None
+        } else {
+            let info = partition.log.append_replicated(records)?;
+            if partition.log.config().flush == FlushPolicy::Sync {
+                partition.log.sync_to(info.last_offset + 1)?;
+            }
+            Some(info)
+        };
+        partition.follow_high_watermark(leader_high_watermark);
+        Ok(info)
+    }
+
+    /// Cuts a follower's log back to `offset`, where it diverges from the leader's, but never
+    /// below the high watermark it learned: an acknowledged record is never removed. Returns
+    /// the new log end. Blocking.
+    pub fn truncate_follower(&self, partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
+        let floor = partition.known_high_watermark().min(partition.log.log_end_offset());
+        let target = if offset < floor {
+            tracing::error!(
+                topic = %partition.topic,
+                partition = partition.index,
+                offset,
+                high_watermark = floor,
+                "the leader's log ends below the high watermark this replica learned (an unclean election?); \
+                 keeping what is below the high watermark"
+            );
+            floor
+        } else {
+            offset
+        };
+        if target >= partition.log.log_end_offset() {
+            return Ok(partition.log.log_end_offset());
+        }
+        tracing::info!(topic = %partition.topic, partition = partition.index, from = partition.log.log_end_offset(), to = target, "truncating a diverged follower log");
+        Ok(partition.log.truncate_to(target)?)
+    }
+
+    /// Empties a follower's log and starts it at `offset`: it fell behind the leader's log start
+    /// (retention deleted what it lacks). Blocking.
+    pub fn restart_follower_at(&self, partition: &Partition, offset: i64) -> Result<(), BrokerError> {
+        tracing::warn!(topic = %partition.topic, partition = partition.index, offset, "follower behind the leader's log start: starting over there");
+        Ok(partition.log.truncate_fully_and_start_at(offset)?)
+    }
+
+    /// Sends an ISR proposal to the controller in the background; a refused or lost one is
+    /// forgotten, so the next fetch or check proposes again from the current state.
+    pub(crate) fn send_isr_proposal(self: &Arc<Self>, partition: Arc<Partition>, proposal: IsrProposal) {
+        let broker = self.clone();
+        tokio::spawn(async move {
+            let request = ControlRequest::AlterPartition { proposal: proposal.clone() };
+            match broker.control(request).await {
+                Ok(ControlAnswer::Done) => {
+                    tracing::info!(topic = %proposal.topic, partition = proposal.partition, isr = ?proposal.isr, "ISR changed");
+                }
+                Ok(other) => {
+                    tracing::error!(answer = ?other, "AlterPartition: unexpected answer");
+                    partition.drop_pending_isr(&proposal);
+                }
+                Err(e) => {
+                    tracing::warn!(topic = %proposal.topic, partition = proposal.partition, isr = ?proposal.isr, error = %e, "ISR change refused");
+                    partition.drop_pending_isr(&proposal);
+                }
+            }
+        });
+    }
+
+    /// Checks the ISRs of the partitions this broker leads every half `replica.lag.time.max.ms`
+    /// and proposes to drop followers that fell behind, until shutdown.
+    pub(crate) fn run_isr_checks(self: &Arc<Self>) {
+        let lag = Duration::from_millis(self.config.replica_lag_time_max_ms);
+        let interval = (lag / 2).clamp(Duration::from_millis(10), Duration::from_secs(5));
+        self.every(interval, move |broker| async move {
+            for partition in broker.partitions() {
+                if let Some(proposal) = partition.isr_to_shrink(lag) {
+                    broker.send_isr_proposal(partition, proposal);
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_storage::testing::{batch, BatchSpec};
+    use weir_storage::{DeletionQueue, Log, LogConfig, OpenOptions, SystemClock};
+
+    /// Partition 0 of "t" with replicas 1, 2, 3, all in sync, led here (broker 1) at epoch 0.
+    fn led_partition(dir: &std::path::Path, isr: &[i32]) -> Partition {
+        let log = Log::open(
+            dir,
+            LogConfig::default(),
+            Arc::new(SystemClock),
+            OpenOptions::default(),
+            Arc::new(DeletionQueue::new()),
+        )
+        .unwrap();
+        let mut state = PartitionState::new(vec![1, 2, 3]);
+        state.isr = isr.to_vec();
+        Partition::new("t".into(), uuid::Uuid::new_v4(), 0, Arc::new(log), false, 1, state)
+    }
+
+    fn append(partition: &Partition, records: usize) {
+        let mut bytes = batch(&BatchSpec { records, ..BatchSpec::default() });
+        partition.log.append(&mut bytes, partition.leader_epoch()).unwrap();
+        partition.maybe_advance_high_watermark();
+    }
+
+    #[test]
+    fn the_high_watermark_is_the_smallest_position_over_the_isr_once_every_follower_fetched() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = led_partition(dir.path(), &[1, 2, 3]);
+        append(&p, 10);
+        assert_eq!(p.log.high_watermark(), 0, "followers' positions are unknown: nothing is acknowledged");
+        assert_eq!(p.record_follower_fetch(2, 10), None);
+        assert_eq!(p.log.high_watermark(), 0, "follower 3 has not fetched yet");
+        assert_eq!(p.record_follower_fetch(3, 4), None);
+        assert_eq!(p.log.high_watermark(), 4);
+        p.record_follower_fetch(3, 10);
+        assert_eq!(p.log.high_watermark(), 10);
+        append(&p, 5);
+        assert_eq!(p.log.high_watermark(), 10, "the leader's own append does not count for the others");
+        // A replica outside the ISR does not hold the high watermark back.
+        let dir2 = tempfile::tempdir().unwrap();
+        let alone = led_partition(dir2.path(), &[1]);
+        append(&alone, 3);
+        assert_eq!(alone.log.high_watermark(), 3);
+    }
+
+    #[test]
+    fn a_follower_that_reaches_the_high_watermark_is_proposed_for_the_isr_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = led_partition(dir.path(), &[1, 2]);
+        append(&p, 10);
+        p.record_follower_fetch(2, 10);
+        assert_eq!(p.log.high_watermark(), 10);
+        assert_eq!(p.record_follower_fetch(3, 5), None, "below the high watermark: not in sync yet");
+        let proposal = p.record_follower_fetch(3, 10).expect("caught up: propose it");
+        assert_eq!((proposal.isr.clone(), proposal.leader, proposal.partition_epoch), (vec![1, 2, 3], 1, 0));
+        assert_eq!(p.record_follower_fetch(3, 10), None, "one proposal in flight at a time");
+        // While pending, the joining replica counts for the high watermark (the maximal ISR).
+        append(&p, 5);
+        p.record_follower_fetch(2, 15);
+        assert_eq!(p.log.high_watermark(), 10, "replica 3 is at 10");
+        // The committed ISR settles the proposal.
+        let mut committed = (*p.state()).clone();
+        committed.isr = vec![1, 2, 3];
+        committed.partition_epoch += 1;
+        p.set_state(committed);
+        assert!(weir_storage::sync::lock(&p.replication).pending_isr.is_none());
+    }
+
+    #[test]
+    fn followers_that_stop_catching_up_are_proposed_out_of_the_isr() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = led_partition(dir.path(), &[1, 2, 3]);
+        append(&p, 10);
+        p.record_follower_fetch(2, 10);
+        p.record_follower_fetch(3, 3);
+        assert_eq!(p.isr_to_shrink(Duration::from_secs(60)), None, "nobody is late by a minute");
+        std::thread::sleep(Duration::from_millis(30));
+        p.record_follower_fetch(2, 10);
+        let proposal = p.isr_to_shrink(Duration::from_millis(20)).expect("follower 3 is late");
+        assert_eq!(proposal.isr, vec![1, 2]);
+        // Until the change is committed, follower 3 still holds the high watermark.
+        assert_eq!(p.log.high_watermark(), 3);
+    }
+
+    #[tokio::test]
+    async fn acks_all_waits_for_the_isr_and_fails_when_leadership_moves() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Arc::new(led_partition(dir.path(), &[1, 2]));
+        append(&p, 4);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        let late = p.wait_replicated(4, 0, deadline).await.unwrap_err();
+        assert_eq!(late.kind, ErrorKind::TimedOut);
+        let waiting = {
+            let p = p.clone();
+            tokio::spawn(
+                async move { p.wait_replicated(4, 0, tokio::time::Instant::now() + Duration::from_secs(10)).await },
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        p.record_follower_fetch(2, 4);
+        waiting.await.unwrap().unwrap();
+
+        append(&p, 1);
+        let moved = {
+            let p = p.clone();
+            tokio::spawn(
+                async move { p.wait_replicated(5, 0, tokio::time::Instant::now() + Duration::from_secs(10)).await },
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut failover = (*p.state()).clone();
+        failover.leader = 2;
+        failover.leader_epoch += 1;
+        failover.partition_epoch += 1;
+        failover.isr = vec![2];
+        p.set_state(failover);
+        assert_eq!(moved.await.unwrap().unwrap_err().kind, ErrorKind::NotLeader);
+    }
+}
