@@ -10,20 +10,25 @@ was acknowledged lost; a restarted old leader truncates what it alone had and ca
 Timings are short (cluster.py, plus a lag time of 1.5 s) and every wait is bounded.
 """
 
+import collections
 import os
 import random
+import shutil
 import threading
 import time
+import urllib.request
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, ElectionType
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cluster import NONE
 from kafka.admin import NewTopic as KpNewTopic
+from kafka.protocol.find_coordinator import FindCoordinatorRequest
 from kafka.protocol.metadata import MetadataRequest
 
-from helpers import c_consumer, c_producer, kp_admin, unique
+from helpers import c_consumer, c_producer, kp_admin, read_isolated, unique
 
 LAG_TIME_MS = 1500
 REPLICATION_SETTINGS = {"replica.lag.time.max.ms": str(LAG_TIME_MS), "replica.fetch.wait.max.ms": "200"}
@@ -367,6 +372,7 @@ def wait_progress(workload, timeout=40):
     workload.cluster.wait(lambda: workload.acked_count() > before + 20, timeout, "the producer to make progress")
 
 
+@pytest.mark.timeout(90 + FAULT_ROUNDS * 15)
 def test_acknowledged_writes_survive_rounds_of_kills_freezes_restarts_and_controller_moves(replicated):
     cluster = replicated
     topic = unique("faults")
@@ -454,7 +460,7 @@ def test_acknowledged_writes_survive_rounds_of_kills_freezes_restarts_and_contro
         f"{FAULT_ROUNDS} rounds in {elapsed:.0f}s: {len(workload.acked)} acknowledged, "
         f"{len(workload.failed)} failed sends, {len(workload.consumed)} consumed; leader kill -9 to next ack "
         f"p50 {percentile(recoveries, 50):.2f}s p99 {percentile(recoveries, 99):.2f}s max {recoveries[-1]:.2f}s; "
-        f"actions {actions}"
+        f"actions {dict(collections.Counter(kind for kind, _ in actions))}"
     )
 
 
@@ -466,3 +472,200 @@ def percentile(values, q):
 def controller_of(cluster):
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap()})
     return admin.describe_cluster(request_timeout=10).result(timeout=15).controller.id
+
+
+def find_coordinator(cluster, key, kind, via):
+    """The coordinator's node id for a group (kind 0) or transactional id (kind 1), from `via`."""
+    client = cluster.raw(via, timeout=5)
+    try:
+        response = client.request(FindCoordinatorRequest[1](coordinator_key=key, coordinator_type=kind), timeout=5)
+    finally:
+        client.close()
+    return response.coordinator_id if response.error_code == NONE else None
+
+
+def test_group_and_transaction_coordinators_fail_over_with_their_partitions(replicated, closer):
+    """The internal topics have three replicas: when the broker coordinating a group and a
+    transaction is killed with -9, another takes both over with the committed offsets and the
+    open transaction, which then commits."""
+    cluster = replicated
+    topic = unique("coord")
+    create_replicated(cluster, topic, partitions=3, rf=3, config={"min.insync.replicas": "2"})
+    group = unique("g")
+    txn_id = unique("tx")
+    producer = closer.add(c_producer(cluster.bootstrap(), {"transactional.id": txn_id, "linger.ms": 1}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(30):
+        producer.produce(topic, value=f"t{i}".encode(), partition=i % 3)
+    producer.flush(30)
+    group_coordinator = cluster.wait(lambda: find_coordinator(cluster, group, 0, 1), 20, "a group coordinator")
+    txn_coordinator = cluster.wait(lambda: find_coordinator(cluster, txn_id, 1, 1), 20, "a transaction coordinator")
+
+    consumer = closer.add(c_consumer(cluster.bootstrap(), group=group, conf={"enable.auto.commit": False}))
+    offsets = [TopicPartition(topic, p, 7 + p) for p in range(3)]
+    consumer.commit(offsets=offsets, asynchronous=False)
+    consumer.close()
+
+    # Kill the group's coordinator (and, if it is another broker, then the transaction's too:
+    # one at a time, so that two replicas of every partition stay).
+    victims = [group_coordinator] + ([txn_coordinator] if txn_coordinator != group_coordinator else [])
+    for victim in victims:
+        cluster.node(victim).kill9()
+        survivors = [i for i in cluster.ids() if i != victim]
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap(survivors)})
+
+        def committed():
+            try:
+                result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
+            except KafkaException:
+                return None
+            got = {tp.partition: tp.offset for tp in result.topic_partitions if tp.topic == topic}
+            return got if got == {0: 7, 1: 8, 2: 9} else None
+
+        cluster.wait(committed, 30, "the committed offsets at the new group coordinator", interval=0.5)
+        assert find_coordinator(cluster, group, 0, survivors[0]) in survivors
+        if victim == txn_coordinator:
+            break
+        cluster.node(victim).start()
+        wait_in_sync(cluster, topic, 3, 3)
+
+    # The open transaction commits through the new transaction coordinator.
+    producer.commit_transaction(60)
+    committed_records = read_isolated(cluster.bootstrap(), topic, 3, "read_committed", 30)
+    assert sorted(v for _, v in committed_records) == sorted(f"t{i}" for i in range(30))
+
+
+def test_a_broker_lost_for_good_is_replaced_by_an_empty_one_that_catches_up(cluster_factory):
+    """A broker-only node's data directory is lost; a new process with its id and an empty
+    directory replicates every partition from the leader and rejoins the ISR, and its log is
+    the leader's byte for byte."""
+    cluster = cluster_factory(voters=1, brokers=2, settings=REPLICATION_SETTINGS)
+    topic = unique("lost")
+    create_replicated(cluster, topic, config={"min.insync.replicas": "2"}, assignment=[[1, 2, 3]])
+    first = [f"a-{i}".encode() * 20 for i in range(300)]
+    assert all(err is None for err, _ in produce(cluster.bootstrap(), topic, first).values())
+    cluster.node(3).kill9()
+    second = [f"b-{i}".encode() * 20 for i in range(300)]
+    assert all(err is None for err, _ in produce(cluster.bootstrap([1, 2]), topic, second).values())
+
+    shutil.rmtree(cluster.node(3).data_dir)
+    cluster.node(3).data_dir.mkdir()
+    cluster.node(3).start()
+    wait_in_sync(cluster, topic, 1, 3, timeout=30)
+    third = [f"c-{i}".encode() for i in range(50)]
+    assert all(err is None for err, _ in produce(cluster.bootstrap(), topic, third).values())
+    wait_in_sync(cluster, topic, 1, 3, timeout=30)
+
+    def same_log():
+        leader = sorted((cluster.node(1).data_dir / f"{topic}-0").glob("*.log"))
+        newcomer = sorted((cluster.node(3).data_dir / f"{topic}-0").glob("*.log"))
+        if [p.name for p in leader] != [p.name for p in newcomer]:
+            return False
+        return all(a.read_bytes() == b.read_bytes() for a, b in zip(leader, newcomer))
+
+    cluster.wait(same_log, 20, "the newcomer's log to equal the leader's", interval=0.2)
+
+
+def leaders_and_preferred(cluster, topic):
+    """{partition: (leader, preferred replica)} from Metadata."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap()})
+    t = admin.list_topics(topic, timeout=10).topics[topic]
+    return {p: (m.leader, m.replicas[0]) for p, m in t.partitions.items()}
+
+
+def unbalance(cluster, topic, partitions):
+    """Kills the preferred leader of partition 0, waits for the failover, restarts it and waits
+    until it is in sync again: it then leads nothing it prefers. Returns its id."""
+    victim = leaders_and_preferred(cluster, topic)[0][1]
+    cluster.node(victim).kill9()
+    cluster.wait(
+        lambda: all(l not in (victim, -1) for l, _ in leaders_and_preferred(cluster, topic).values()),
+        30,
+        "every partition led by a survivor",
+    )
+    cluster.node(victim).start()
+    wait_in_sync(cluster, topic, partitions, 3)
+    return victim
+
+
+def test_elect_leaders_gives_partitions_back_to_their_preferred_replica(cluster_factory):
+    settings = dict(REPLICATION_SETTINGS, **{"auto.leader.rebalance.enable": "false"})
+    cluster = cluster_factory(voters=3, settings=settings)
+    topic = unique("elect")
+    create_replicated(cluster, topic, partitions=3, rf=3)
+    victim = unbalance(cluster, topic, 3)
+    state = leaders_and_preferred(cluster, topic)
+    moved = [TopicPartition(topic, p) for p, (leader, preferred) in state.items() if leader != preferred]
+    assert moved, f"broker {victim} came back leading nothing: {state}"
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap()})
+    results = admin.elect_leaders(ElectionType.PREFERRED, moved).result(timeout=30)
+    assert all(err is None for err in results.values()), results
+    cluster.wait(
+        lambda: all(l == p for l, p in leaders_and_preferred(cluster, topic).values()),
+        15,
+        "every partition led by its preferred replica",
+    )
+    # Asked again: nothing to do, and the client is told so per partition.
+    again = admin.elect_leaders(ElectionType.PREFERRED, moved).result(timeout=30)
+    assert all(err is not None and err.code() == KafkaError.ELECTION_NOT_NEEDED for err in again.values()), again
+    # Data still flows through the moved leaders.
+    for p in range(3):
+        assert produce(cluster.bootstrap(), topic, [f"after-{p}".encode()], partition=p)[f"after-{p}".encode()][0] is None
+
+
+def test_the_controller_rebalances_leaders_by_itself(cluster_factory):
+    settings = dict(REPLICATION_SETTINGS, **{"leader.imbalance.check.interval.seconds": "2"})
+    cluster = cluster_factory(voters=3, settings=settings)
+    topic = unique("rebalance")
+    create_replicated(cluster, topic, partitions=3, rf=3)
+    unbalance(cluster, topic, 3)
+    cluster.wait(
+        lambda: all(l == p for l, p in leaders_and_preferred(cluster, topic).values()),
+        20,
+        "the controller's balance check to give every partition back to its preferred replica",
+    )
+
+
+def topic_bytes_out(node, topic):
+    """The node's weir_topic_bytes_out_total for the topic (0 if absent)."""
+    with urllib.request.urlopen(f"{node.admin_url()}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("weir_topic_bytes_out_total") and f'topic="{topic}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_consumer_with_client_rack_reads_from_the_in_sync_replica_in_its_rack(cluster_factory):
+    """KIP-392: with the rack-aware replica selector, the leader points a consumer that gives
+    its client.rack to the in-sync follower in that rack, and the follower serves it."""
+    settings = dict(
+        REPLICATION_SETTINGS, **{"replica.selector.class": "org.apache.kafka.common.replica.RackAwareReplicaSelector"}
+    )
+    cluster = cluster_factory(voters=3, settings=settings, start=False)
+    for node_id, node in cluster.nodes.items():
+        node.settings["broker.rack"] = f"rack-{node_id}"
+    cluster.start()
+    cluster.wait_formed()
+    topic = unique("rack")
+    create_replicated(cluster, topic, assignment=[[1, 2, 3]])
+    values = [f"r-{i}".encode() for i in range(100)]
+    assert all(err is None for err, _ in produce(cluster.bootstrap(), topic, values).values())
+
+    consumer = c_consumer(cluster.bootstrap(), conf={"client.rack": "rack-3", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(values) and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg.value())
+    finally:
+        consumer.close()
+    assert got == values
+    assert topic_bytes_out(cluster.node(3), topic) > 0, "the follower in rack-3 served the consumer"
+    assert topic_bytes_out(cluster.node(1), topic) == 0, "the leader (rack-1) sent it no records"

@@ -273,6 +273,8 @@ async fn long_poll(
             max_wait: deadline.saturating_duration_since(tokio::time::Instant::now()),
             isolation: Isolation::HighWatermark,
             replica_id: None,
+            follower_reads: false,
+            client_rack: None,
         };
         let fetched = broker.fetch(request).await?;
         let mut out = Vec::new();

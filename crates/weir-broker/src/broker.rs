@@ -1233,6 +1233,21 @@ impl Broker {
         Ok(log.read_with(offset, max_bytes, log.high_watermark(), min_one_batch)?)
     }
 
+    /// Reads whole batches from `offset` up to the log end, past the high watermark: how the
+    /// coordinators load an internal partition they have come to lead. A new leader's log is
+    /// what its ISR will have (its high watermark catches up once the followers fetch), and a
+    /// commit the old leader acknowledged may still be above the high watermark this replica
+    /// learned. Blocking.
+    pub(crate) fn read_to_log_end(
+        &self,
+        partition: &Partition,
+        offset: i64,
+        max_bytes: u64,
+    ) -> Result<ReadResult, BrokerError> {
+        let log = &partition.log;
+        Ok(log.read_with(offset, max_bytes, log.log_end_offset(), true)?)
+    }
+
     /// ListOffsets for one partition: the offset `query` names, with its record's timestamp
     /// (timestamp queries) and the leader epoch it was written in. With `isolation` committed,
     /// offsets stop at the last stable offset instead of the high watermark.

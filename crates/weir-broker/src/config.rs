@@ -76,6 +76,11 @@ pub const SETTINGS: &[Setting] = &[
         "Address Kafka clients are told to connect to (PLAINTEXT://host:port); empty means the bound address.",
     ),
     s("broker.rack", "", "The rack (or zone) of this broker, for rack-aware replica placement; empty: none."),
+    s(
+        "replica.selector.class",
+        "",
+        "Which replica a consumer reads from: empty, the leader; org.apache.kafka.common.replica.RackAwareReplicaSelector, an in-sync replica in the consumer's client.rack (KIP-392).",
+    ),
     s("broker.heartbeat.interval.ms", "2000", "How often a broker tells the controller it is alive."),
     s("broker.session.timeout.ms", "9000", "A broker without a heartbeat this long is fenced: its partitions get no leader."),
     s(
@@ -134,6 +139,17 @@ pub const SETTINGS: &[Setting] = &[
     ),
     s("replica.fetch.max.bytes", "1048576", "Bytes a follower asks for per partition in one fetch from its leader."),
     s("replica.fetch.wait.max.ms", "500", "How long a follower's fetch waits at the leader for new data."),
+    s(
+        "auto.leader.rebalance.enable",
+        "true",
+        "The controller gives partitions back to their preferred replica when a broker leads too few of them.",
+    ),
+    s("leader.imbalance.check.interval.seconds", "300", "How often the controller checks the leader balance."),
+    s(
+        "leader.imbalance.per.broker.percentage",
+        "10",
+        "The share of a broker's preferred partitions it may lead elsewhere before they move back.",
+    ),
     s(
         "transaction.state.log.num.partitions",
         "50",
@@ -202,6 +218,8 @@ pub struct BrokerConfig {
     /// The CONTROLLER listener: the quorum's messages and the cluster's internal requests.
     pub controller_listen: Option<SocketAddr>,
     pub rack: Option<String>,
+    /// KIP-392: consumers that say their `client.rack` read from an in-sync replica there.
+    pub rack_aware_reads: bool,
     pub broker_heartbeat_interval_ms: u64,
     pub broker_session_timeout_ms: u64,
     pub quorum_election_timeout_ms: u64,
@@ -241,6 +259,9 @@ pub struct BrokerConfig {
     pub replica_lag_time_max_ms: u64,
     pub replica_fetch_max_bytes: i32,
     pub replica_fetch_wait_max_ms: u64,
+    pub auto_leader_rebalance_enable: bool,
+    pub leader_imbalance_check_interval_seconds: u64,
+    pub leader_imbalance_per_broker_percentage: u32,
     pub offsets_retention_ms: i64,
     pub offsets_retention_check_interval_ms: u64,
     pub metadata_snapshot_interval: u64,
@@ -280,6 +301,19 @@ fn parse_num<T: std::str::FromStr + PartialOrd + std::fmt::Display>(
         return Err(invalid(name, value, format!("must be at least {min}")));
     }
     Ok(parsed)
+}
+
+/// `replica.selector.class`: Kafka's class names (the short names too). True for rack-aware.
+fn parse_replica_selector(value: &str) -> Result<bool, ConfigError> {
+    match value.trim() {
+        "" | "org.apache.kafka.common.replica.LeaderSelector" | "leader" => Ok(false),
+        "org.apache.kafka.common.replica.RackAwareReplicaSelector" | "rack" => Ok(true),
+        _ => Err(invalid(
+            "replica.selector.class",
+            value,
+            "expected org.apache.kafka.common.replica.RackAwareReplicaSelector (or empty: the leader)",
+        )),
+    }
 }
 
 fn parse_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
@@ -462,6 +496,7 @@ impl BrokerConfig {
             voters: parse_voters("controller.quorum.voters", get("controller.quorum.voters"))?,
             controller_listen,
             rack: (!rack.is_empty()).then(|| rack.to_string()),
+            rack_aware_reads: parse_replica_selector(get("replica.selector.class"))?,
             broker_heartbeat_interval_ms: parse_num(
                 "broker.heartbeat.interval.ms",
                 get("broker.heartbeat.interval.ms"),
@@ -548,6 +583,20 @@ impl BrokerConfig {
             replica_lag_time_max_ms: parse_num("replica.lag.time.max.ms", get("replica.lag.time.max.ms"), 10)?,
             replica_fetch_max_bytes: parse_num("replica.fetch.max.bytes", get("replica.fetch.max.bytes"), 1024)?,
             replica_fetch_wait_max_ms: parse_num("replica.fetch.wait.max.ms", get("replica.fetch.wait.max.ms"), 0)?,
+            auto_leader_rebalance_enable: parse_bool(
+                "auto.leader.rebalance.enable",
+                get("auto.leader.rebalance.enable"),
+            )?,
+            leader_imbalance_check_interval_seconds: parse_num(
+                "leader.imbalance.check.interval.seconds",
+                get("leader.imbalance.check.interval.seconds"),
+                1,
+            )?,
+            leader_imbalance_per_broker_percentage: parse_num(
+                "leader.imbalance.per.broker.percentage",
+                get("leader.imbalance.per.broker.percentage"),
+                0,
+            )?,
             offsets_retention_ms: parse_num::<i64>("offsets.retention.minutes", get("offsets.retention.minutes"), 1)?
                 .saturating_mul(60_000),
             offsets_retention_check_interval_ms: parse_num(

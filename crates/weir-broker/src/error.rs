@@ -46,6 +46,12 @@ pub enum ErrorKind {
     /// Written on the leader, but the in-sync replicas shrank below `min.insync.replicas` before
     /// it was acknowledged.
     NotEnoughReplicasAfterAppend,
+    /// A leader election was asked for a partition that already has the leader it would elect.
+    ElectionNotNeeded,
+    /// The preferred replica cannot lead now (it is fenced or out of the ISR).
+    PreferredLeaderNotAvailable,
+    /// An unclean election found no live replica to lead.
+    EligibleLeadersNotAvailable,
 
     // ----- records ---------------------------------------------------------------------------
     /// An offset outside the log (`[log start, log end]`).
@@ -173,6 +179,9 @@ impl ErrorKind {
             UnknownLeaderEpoch => "unknown leader epoch",
             NotEnoughReplicas => "not enough replicas",
             NotEnoughReplicasAfterAppend => "not enough replicas after append",
+            ElectionNotNeeded => "election not needed",
+            PreferredLeaderNotAvailable => "preferred leader not available",
+            EligibleLeadersNotAvailable => "eligible leaders not available",
             OffsetOutOfRange => "offset out of range",
             TooLarge => "too large",
             Corrupt => "corrupt",

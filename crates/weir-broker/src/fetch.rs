@@ -66,6 +66,12 @@ pub struct FetchRequest {
     /// a consumer. A follower reads up to the log end, not the high watermark, and its fetch
     /// offset is its position in the ISR.
     pub replica_id: Option<i32>,
+    /// A consumer that may read from a follower (Kafka's Fetch v11+, KIP-392): a follower of
+    /// the partition serves it up to its own high watermark instead of refusing.
+    pub follower_reads: bool,
+    /// The consumer's rack (`client.rack`): with `replica.selector.class` rack-aware, the leader
+    /// points it to an in-sync replica in that rack.
+    pub client_rack: Option<String>,
 }
 
 /// What a fetch found in one partition, in request order.
@@ -86,6 +92,9 @@ pub struct FetchedPartition {
     /// For a follower whose log diverged from the leader's: the epoch and end offset on the
     /// leader of the last epoch they share (Kafka's DivergingEpoch); nothing is read then.
     pub diverging_epoch: Option<(i32, i64)>,
+    /// The replica the consumer should read from instead of this leader (KIP-392); nothing is
+    /// read then.
+    pub preferred_read_replica: Option<i32>,
 }
 
 impl FetchedPartition {
@@ -102,6 +111,7 @@ impl FetchedPartition {
             slice: None,
             aborted: None,
             diverging_epoch: None,
+            preferred_read_replica: None,
         }
     }
 
@@ -115,6 +125,16 @@ impl FetchedPartition {
             slice: None,
             aborted: None,
             diverging_epoch: Some(diverging),
+            preferred_read_replica: None,
+        }
+    }
+
+    /// Nothing read: the consumer reads from `replica` (in its rack) instead.
+    fn redirected(partition: &Partition, replica: i32) -> FetchedPartition {
+        FetchedPartition {
+            diverging_epoch: None,
+            preferred_read_replica: Some(replica),
+            ..FetchedPartition::diverged(partition, (0, 0))
         }
     }
 
@@ -140,7 +160,9 @@ impl Broker {
             }
             let bytes: u64 = found.iter().map(FetchedPartition::bytes).sum();
             // A failed partition, or a follower that must truncate first, answers at once.
-            let failed = found.iter().any(|f| f.error.is_some() || f.diverging_epoch.is_some());
+            let failed = found
+                .iter()
+                .any(|f| f.error.is_some() || f.diverging_epoch.is_some() || f.preferred_read_replica.is_some());
             if bytes >= request.min_bytes
                 || bytes > 0 && request.min_bytes == 0
                 || failed
@@ -164,7 +186,8 @@ impl Broker {
                 self.wait_for_data(&waiter, deadline).await;
             }
         };
-        for (wanted, fetched) in request.partitions.iter().zip(&found) {
+        // Replication is not consumption: followers' fetches are not counted as bytes out.
+        for (wanted, fetched) in request.partitions.iter().zip(&found).filter(|_| request.replica_id.is_none()) {
             if fetched.slice.is_some() {
                 wanted.partition.metrics.bytes_out.add(fetched.bytes());
             }
@@ -188,12 +211,23 @@ impl Broker {
             let partition = &wanted.partition;
             let log = &partition.log;
             seen.push(request.bound(partition));
-            // Only the leader serves reads (follower fetching, KIP-392, aside).
-            let checked =
-                partition.check_local_leader().and_then(|_| partition.check_leader_epoch(wanted.current_leader_epoch));
-            if let Err(e) = checked {
+            // The leader serves reads; a follower serves consumers that may read from one.
+            let state = partition.state();
+            let leading = state.leader == self.config.node_id;
+            let as_follower = !leading
+                && request.follower_reads
+                && request.replica_id.is_none()
+                && state.replicas.contains(&self.config.node_id);
+            let checked = if as_follower { Ok(state.clone()) } else { partition.check_local_leader() };
+            if let Err(e) = checked.and_then(|_| partition.check_leader_epoch(wanted.current_leader_epoch)) {
                 out.push(FetchedPartition::failed(e, Some(partition)));
                 continue;
+            }
+            if leading && request.replica_id.is_none() {
+                if let Some(replica) = self.preferred_read_replica(&state, request.client_rack.as_deref()) {
+                    out.push(FetchedPartition::redirected(partition, replica));
+                    continue;
+                }
             }
             if let Some(replica) = request.replica_id {
                 match diverging_epoch(partition, wanted) {
@@ -242,6 +276,7 @@ impl Broker {
                         slice,
                         aborted,
                         diverging_epoch: None,
+                        preferred_read_replica: None,
                     });
                 }
                 Err(e) => {
@@ -253,6 +288,22 @@ impl Broker {
             }
         }
         (out, seen, proposals)
+    }
+}
+
+impl Broker {
+    /// KIP-392's rack-aware selector: for a consumer in `rack`, an in-sync replica on a live
+    /// broker of that rack, unless this leader is in it (or the selector is off).
+    fn preferred_read_replica(&self, state: &crate::metadata::PartitionState, rack: Option<&str>) -> Option<i32> {
+        let rack = rack.filter(|r| !r.is_empty() && self.config.rack_aware_reads)?;
+        if self.config.rack.as_deref() == Some(rack) {
+            return None;
+        }
+        let metadata = self.metadata();
+        state.isr.iter().copied().find(|id| {
+            *id != self.config.node_id
+                && metadata.brokers.get(id).is_some_and(|b| !b.fenced && b.rack.as_deref() == Some(rack))
+        })
     }
 }
 

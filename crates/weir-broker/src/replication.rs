@@ -435,10 +435,10 @@ impl Broker {
         } else {
             offset
         };
-        if target >= partition.log.log_end_offset() {
-            return Ok(partition.log.log_end_offset());
+        if target < partition.log.log_end_offset() {
+            tracing::info!(topic = %partition.topic, partition = partition.index, from = partition.log.log_end_offset(), to = target, "truncating a diverged follower log");
         }
-        tracing::info!(topic = %partition.topic, partition = partition.index, from = partition.log.log_end_offset(), to = target, "truncating a diverged follower log");
+        // Also at the log end: that drops the epochs that begin there without a batch.
         Ok(partition.log.truncate_to(target)?)
     }
 

@@ -241,6 +241,8 @@ async fn a_fetch_parks_until_an_append_and_returns_empty_at_its_deadline() {
         max_wait,
         isolation: Isolation::HighWatermark,
         replica_id: None,
+        follower_reads: false,
+        client_rack: None,
     };
 
     let started = std::time::Instant::now();

@@ -188,6 +188,7 @@ async fn route(
         ApiKey::DeleteRecords => call!(DeleteRecordsRequest, admin::delete_records),
         ApiKey::DescribeCluster => call!(DescribeClusterRequest, admin::describe_cluster),
         ApiKey::DescribeQuorum => call!(DescribeQuorumRequest, admin::describe_quorum),
+        ApiKey::ElectLeaders => call!(ElectLeadersRequest, admin::elect_leaders),
         ApiKey::DescribeLogDirs => call!(DescribeLogDirsRequest, admin::describe_log_dirs),
         ApiKey::FindCoordinator => call!(FindCoordinatorRequest, groups::find_coordinator),
         ApiKey::JoinGroup => call!(JoinGroupRequest, groups::join_group),
@@ -276,6 +277,10 @@ error_codes! {
     DescribeQuorumResponse => |r, c| {
         c.count(r.error_code);
         r.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+    };
+    ElectLeadersResponse => |r, c| {
+        c.count(r.error_code);
+        r.replica_election_results.iter().flat_map(|t| &t.partition_result).for_each(|p| c.count(p.error_code));
     };
     DescribeLogDirsResponse => |r, c| {
         c.count(r.error_code);

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic, ReplicaState};
@@ -67,6 +67,8 @@ async fn run_fetcher(broker: Arc<Broker>, leader: i32) {
     let client_id = format!("weir-replica-fetcher-{me}-from-{leader}");
     let mut connection: Option<TcpStream> = None;
     let mut correlation_id = 0i32;
+    let mut stalls = Stalls::default();
+    let whole_connection = (String::new(), -1);
     tracing::info!(leader, "replica fetcher started");
     loop {
         if broker.is_shutting_down() {
@@ -90,7 +92,7 @@ async fn run_fetcher(broker: Arc<Broker>, leader: i32) {
                     stream
                 }
                 Err(e) => {
-                    tracing::debug!(leader, addr, error = %e, "replica fetcher: cannot connect");
+                    stalls.stuck(leader, whole_connection.clone(), &format!("cannot connect to {addr}: {e}"));
                     tokio::time::sleep(BACKOFF).await;
                     continue;
                 }
@@ -103,19 +105,41 @@ async fn run_fetcher(broker: Arc<Broker>, leader: i32) {
         let response = match within(wait, exchange(&mut stream, &client_id, correlation_id, &request)).await {
             Ok(response) => response,
             Err(e) => {
-                tracing::debug!(leader, addr, error = %e, "replica fetcher: fetch failed; reconnecting");
+                stalls.stuck(leader, whole_connection.clone(), &format!("fetch from {addr} failed: {e}"));
                 tokio::time::sleep(BACKOFF).await;
                 continue;
             }
         };
+        stalls.fine(&whole_connection);
         connection = Some(stream);
         let by_name: BTreeMap<(String, i32), Arc<Partition>> =
             followed.iter().map(|f| ((f.partition.topic.clone(), f.partition.index), f.partition.clone())).collect();
         let broker2 = broker.clone();
+        let keys: Vec<(String, i32)> = by_name.keys().cloned().collect();
         let applied = tokio::task::spawn_blocking(move || apply_response(&broker2, &by_name, response)).await;
         match applied {
-            Ok(true) => {}
-            Ok(false) => tokio::time::sleep(BACKOFF).await,
+            Ok(Ok(stuck)) => {
+                for key in keys.iter().filter(|k| !stuck.iter().any(|(s, _)| s == *k)) {
+                    stalls.fine(key);
+                }
+                // A stuck partition makes the leader answer at once (no long poll): pause
+                // briefly so that the fetcher does not spin, and longer when nothing moved.
+                let pause = match stuck.len() {
+                    0 => None,
+                    n if n == keys.len() => Some(BACKOFF),
+                    _ => Some(BACKOFF / 10),
+                };
+                for (key, why) in stuck {
+                    stalls.stuck(leader, key, &why);
+                }
+                if let Some(pause) = pause {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            Ok(Err(why)) => {
+                stalls.stuck(leader, whole_connection.clone(), &why);
+                tokio::time::sleep(BACKOFF).await;
+            }
             Err(e) => {
                 tracing::error!(leader, error = %e, "replica fetcher: applying a response failed");
                 tokio::time::sleep(BACKOFF).await;
@@ -205,64 +229,95 @@ async fn exchange(
     Ok(response)
 }
 
-/// Applies a leader's answer to the followed partitions. Returns false when nothing progressed
-/// (every partition failed), so the fetcher backs off instead of spinning. Blocking.
+/// A partition by topic name and index.
+type PartitionKey = (String, i32);
+
+/// Applies a leader's answer to the followed partitions. Returns the partitions that made no
+/// progress and why. Blocking.
 fn apply_response(
     broker: &Broker,
     partitions: &BTreeMap<(String, i32), Arc<Partition>>,
     response: FetchResponse,
-) -> bool {
+) -> Result<Vec<(PartitionKey, String)>, String> {
     if response.error_code != 0 {
-        tracing::debug!(code = response.error_code, "replica fetcher: the leader refused the fetch");
-        return false;
+        return Err(format!("the leader refused the fetch: error {}", response.error_code));
     }
-    let mut progressed = false;
+    let mut stuck = Vec::new();
     for topic in response.responses {
         let name = topic.topic.to_string();
         for data in topic.partitions {
-            let Some(partition) = partitions.get(&(name.clone(), data.partition_index)) else { continue };
-            match apply_partition(broker, partition, data) {
-                Ok(moved) => progressed |= moved,
-                Err(e) => {
-                    tracing::warn!(topic = %partition.topic, partition = partition.index, error = %e, "replica fetcher: cannot apply the leader's data");
-                }
+            let key = (name.clone(), data.partition_index);
+            let Some(partition) = partitions.get(&key) else { continue };
+            if let Err(why) = apply_partition(broker, partition, data) {
+                stuck.push((key, why));
             }
         }
     }
-    progressed
+    Ok(stuck)
 }
 
-/// One partition of a fetch response: append, truncate, or start over. Returns whether the
-/// partition is fine (data or not), false for an error that needs a metadata change.
+/// Problems that last: a follower that cannot replicate a partition says so once it has not
+/// for `REPORT_AFTER`, and again every `REPORT_EVERY`, instead of at every fetch.
+#[derive(Default)]
+struct Stalls {
+    /// By partition (or `("", -1)` for the whole connection): since when, last reported.
+    since: HashMap<(String, i32), (Instant, Option<Instant>)>,
+}
+
+const REPORT_AFTER: Duration = Duration::from_secs(5);
+const REPORT_EVERY: Duration = Duration::from_secs(30);
+
+impl Stalls {
+    fn stuck(&mut self, leader: i32, key: (String, i32), why: &str) {
+        let now = Instant::now();
+        let (since, reported) = self.since.entry(key.clone()).or_insert((now, None));
+        let due = now.duration_since(*since) >= REPORT_AFTER
+            && reported.is_none_or(|at| now.duration_since(at) >= REPORT_EVERY);
+        if due {
+            *reported = Some(now);
+            let seconds = now.duration_since(*since).as_secs();
+            if key.1 < 0 {
+                tracing::warn!(leader, seconds, "replica fetcher: cannot fetch from the leader: {why}");
+            } else {
+                tracing::warn!(leader, topic = %key.0, partition = key.1, seconds, "replica fetcher: not replicating: {why}");
+            }
+        }
+    }
+
+    fn fine(&mut self, key: &(String, i32)) {
+        self.since.remove(key);
+    }
+}
+
+/// One partition of a fetch response: append, truncate, or start over. `Err` says why the
+/// partition made no progress (an error that needs a metadata change, or a truncation held at
+/// the learned high watermark), so the fetcher backs off and reports it if it lasts.
 fn apply_partition(
     broker: &Broker,
     partition: &Partition,
     data: kafka_protocol::messages::fetch_response::PartitionData,
-) -> Result<bool, weir_broker::BrokerError> {
+) -> Result<(), String> {
     match ResponseError::try_from_code(data.error_code) {
         None => {}
         Some(ResponseError::OffsetOutOfRange) => {
             let fetch_offset = partition.log.log_end_offset();
             if data.log_start_offset >= 0 && fetch_offset < data.log_start_offset {
-                broker.restart_follower_at(partition, data.log_start_offset)?;
+                broker.restart_follower_at(partition, data.log_start_offset).map_err(|e| e.to_string())?;
             } else if data.high_watermark >= 0 {
                 // Past the leader's log end (it lost a tail in an unclean election):
                 // truncate to what it acknowledged.
-                broker.truncate_follower(partition, data.high_watermark)?;
+                broker.truncate_follower(partition, data.high_watermark).map_err(|e| e.to_string())?;
             }
-            return Ok(true);
+            return Ok(());
         }
-        Some(error) => {
-            tracing::debug!(topic = %partition.topic, partition = partition.index, ?error, "replica fetcher: partition refused");
-            return Ok(false);
-        }
+        Some(error) => return Err(format!("the leader answered {error:?}")),
     }
     let diverging = &data.diverging_epoch;
     if diverging.epoch >= 0 || diverging.end_offset >= 0 {
         let target = if diverging.epoch < 0 {
             partition.known_high_watermark()
         } else {
-            let (my_epoch, my_end) = partition.log.end_offset_for_epoch(diverging.epoch)?;
+            let (my_epoch, my_end) = partition.log.end_offset_for_epoch(diverging.epoch).map_err(|e| e.to_string())?;
             if my_epoch == diverging.epoch {
                 my_end.min(diverging.end_offset)
             } else {
@@ -271,13 +326,19 @@ fn apply_partition(
                 my_end
             }
         };
-        let before = partition.log.log_end_offset();
-        let after = broker.truncate_follower(partition, target.max(0))?;
-        // Nothing to cut (held at the learned high watermark): back off, do not spin.
-        return Ok(after != before);
+        let epoch_of = |p: &Partition| p.log.latest_leader_epoch().ok().flatten();
+        let before = (partition.log.log_end_offset(), epoch_of(partition));
+        broker.truncate_follower(partition, target.max(0)).map_err(|e| e.to_string())?;
+        if (partition.log.log_end_offset(), epoch_of(partition)) == before {
+            return Err(format!(
+                "diverged at epoch {} (leader's end {}), but nothing below the learned high watermark may be cut",
+                diverging.epoch, diverging.end_offset
+            ));
+        }
+        return Ok(());
     }
     let records = data.records.unwrap_or_default();
     let whole = weir_broker::storage::batch::whole_batches_len(&records);
-    broker.append_as_follower(partition, &records[..whole], data.high_watermark)?;
-    Ok(true)
+    broker.append_as_follower(partition, &records[..whole], data.high_watermark).map_err(|e| e.to_string())?;
+    Ok(())
 }

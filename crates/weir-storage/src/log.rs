@@ -1085,8 +1085,17 @@ impl Log {
         let _maintenance = lock(&self.maintenance);
         let _writer = lock(&self.writer);
         self.check_open()?;
-        if offset >= self.log_end_offset() {
-            return Ok(self.log_end_offset());
+        let log_end = self.log_end_offset();
+        if offset > log_end {
+            return Ok(log_end);
+        }
+        if offset == log_end {
+            // Nothing to cut, but an epoch that begins at the log end has no batch yet (a leader
+            // records its epoch when it starts to lead): a replica that truncates here diverged
+            // from the leader in that epoch and must stop naming it as its last one.
+            self.epochs()?.cache.truncate_from_end(log_end, self.log_start_offset())?;
+            self.refresh_latest_epoch()?;
+            return Ok(log_end);
         }
         if offset <= self.log_start_offset() {
             self.reset_to(offset)?;

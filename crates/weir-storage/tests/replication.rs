@@ -183,3 +183,20 @@ fn given_a_managed_high_watermark_when_set_past_the_log_end_should_assert() {
     log.append(&mut records(2, 20, T0, 1), 0).unwrap();
     log.set_high_watermark(3);
 }
+
+#[test]
+fn given_an_epoch_without_batches_when_truncated_at_the_log_end_should_drop_it() {
+    // A broker that became leader at epoch 4 (recorded at the log end) and lost leadership
+    // before writing: as a follower it must not keep naming epoch 4 as its last.
+    let clock = Arc::new(ManualClock::new(T0));
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), config(&[]), clock, OpenOptions::default());
+    log.append(&mut records(3, 20, T0, 1), 2).unwrap();
+    log.assign_leader_epoch(4).unwrap();
+    assert_eq!(log.latest_leader_epoch().unwrap(), Some(4));
+    assert_eq!(log.truncate_to(3).unwrap(), 3, "nothing to cut");
+    assert_eq!(log.leader_epoch_entries().unwrap(), entries(&[(2, 0)]));
+    assert_eq!(log.latest_leader_epoch().unwrap(), Some(2));
+    assert_eq!(log.truncate_to(7).unwrap(), 3, "past the log end: nothing happens");
+    assert_eq!(log.leader_epoch_entries().unwrap(), entries(&[(2, 0)]));
+}

@@ -127,6 +127,9 @@ pub enum BenchCommand {
     /// how soon every node sees a new topic, and controller failover time.
     #[command(long_about = METADATA_LONG_ABOUT)]
     Metadata(MetadataBenchArgs),
+    /// What replication costs a producer: produce MB/s and latency with 1 replica / acks=1,
+    /// 3 replicas / acks=1 and 3 replicas / acks=all on a 3-node cluster, side by side.
+    Replication(ReplicationBenchArgs),
     /// OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka:
     /// runs the weir-bench binary next to this one with the same arguments.
     #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
@@ -195,6 +198,18 @@ cache, so this measures the broker's read path, not the disk. It reports the bes
 mode, the broker CPU seconds (user + system, from /proc) spent per GB fetched, and the ratios.
 The client only reads frames and the last batch header of each response, so it costs the same in
 both modes.";
+
+#[derive(Debug, Args)]
+pub struct ReplicationBenchArgs {
+    /// How many times each case runs, interleaved (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+
+    /// The load of each case: `weir bench produce`'s options (--bootstrap, --replicas and
+    /// --acks are set per case). Give --duration or --bytes to keep the cases short.
+    #[command(flatten)]
+    pub produce: ProduceBenchArgs,
+}
 
 #[derive(Debug, Args)]
 pub struct MetadataBenchArgs {
@@ -274,7 +289,7 @@ system over the run's wall time from /proc/PID/stat; 100 % = one core), the brok
 reads everything back from offset 0 over one connection with Fetch and reports that drain's
 MB/s and broker CPU.";
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ProduceBenchArgs {
     /// A running broker to measure, HOST:PORT. [default: start a `weir server` child]
     #[arg(long, value_name = "HOST:PORT")]
@@ -299,6 +314,11 @@ pub struct ProduceBenchArgs {
     /// A config of the benchmark's topic, e.g. flush.policy=sync; repeatable.
     #[arg(long, value_name = "NAME=VALUE", value_parser = parse_setting)]
     pub topic_config: Vec<(String, String)>,
+
+    /// The replicas of every partition, leader first (node ids, e.g. 1,2,3): the topic is
+    /// created with this assignment instead of one replica. The --bootstrap broker should lead.
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    pub replicas: Vec<i32>,
 
     /// Bytes of each message value (no key).
     #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1024")]

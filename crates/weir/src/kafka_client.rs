@@ -244,6 +244,27 @@ pub fn create_topics_request<K: AsRef<str>, V: AsRef<str>>(
         .with_timeout_ms(REQUEST_TIMEOUT_MS)
 }
 
+/// CreateTopics of `name` with `partitions` partitions, each on `replicas` (the leader first).
+pub fn create_topics_request_on<K: AsRef<str>, V: AsRef<str>>(
+    name: &str,
+    partitions: i32,
+    replicas: &[i32],
+    configs: &[(K, V)],
+) -> CreateTopicsRequest {
+    use kafka_protocol::messages::create_topics_request::CreatableReplicaAssignment;
+    let mut request = create_topics_request(name, -1, -1, configs);
+    for topic in &mut request.topics {
+        topic.assignments = (0..partitions)
+            .map(|p| {
+                CreatableReplicaAssignment::default()
+                    .with_partition_index(p)
+                    .with_broker_ids(replicas.iter().map(|&b| BrokerId(b)).collect())
+            })
+            .collect();
+    }
+    request
+}
+
 /// Produce of one record set (`records`: whole record batches) to one partition.
 pub fn produce_request(topic: &str, partition: i32, records: Bytes, acks: i16) -> ProduceRequest {
     ProduceRequest::default().with_acks(acks).with_timeout_ms(REQUEST_TIMEOUT_MS).with_topic_data(vec![

@@ -585,6 +585,23 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
             let elsewhere = call(client, version, &DescribeQuorumRequest::default())?;
             expect_code("no topic", elsewhere.error_code, code::UNKNOWN_TOPIC_OR_PARTITION)?;
         }
+        ApiKey::ElectLeaders => {
+            // One node leads everything already: a preferred election has nothing to do, and
+            // an unknown partition says so.
+            use kafka_protocol::messages::elect_leaders_request::TopicPartitions;
+            let request = ElectLeadersRequest::default().with_timeout_ms(10_000).with_topic_partitions(Some(vec![
+                TopicPartitions::default().with_topic(TopicName(s(&fx.produce_topic))).with_partitions(vec![0, 7]),
+            ]));
+            let response = call(client, version, &request)?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            let results =
+                &response.replica_election_results.first().ok_or("no topic in the response")?.partition_result;
+            let by_partition: Vec<(i32, i16)> = results.iter().map(|p| (p.partition_id, p.error_code)).collect();
+            ensure!(
+                by_partition == vec![(0, code::ELECTION_NOT_NEEDED), (7, code::UNKNOWN_TOPIC_OR_PARTITION)],
+                "{by_partition:?}"
+            );
+        }
         // ----- groups -----
         ApiKey::FindCoordinator => {
             let group = unique("conformance-find");

@@ -72,6 +72,11 @@ pub enum ControlRequest {
     AlterPartition {
         proposal: crate::replication::IsrProposal,
     },
+    /// Elect leaders (Kafka's ElectLeaders) for these partitions, or all of them.
+    ElectLeaders {
+        kind: super::election::ElectionType,
+        partitions: Option<Vec<(String, i32)>>,
+    },
 }
 
 impl ControlRequest {
@@ -86,6 +91,7 @@ impl ControlRequest {
             ControlRequest::RegisterBroker { .. } => "register broker",
             ControlRequest::Heartbeat { .. } => "heartbeat",
             ControlRequest::AlterPartition { .. } => "change an ISR",
+            ControlRequest::ElectLeaders { .. } => "elect leaders",
         }
     }
 }
@@ -102,6 +108,7 @@ pub enum ControlAnswer {
         count: i64,
     },
     Heartbeat(HeartbeatAnswer),
+    Elected(Vec<super::election::ElectionResult>),
 }
 
 /// The controller's answer to a heartbeat.
@@ -317,6 +324,9 @@ impl Broker {
                     .map(ControlAnswer::Heartbeat),
                 ControlRequest::AlterPartition { proposal } => {
                     self.decide_alter_partition(&held, proposal).map(|()| ControlAnswer::Done)
+                }
+                ControlRequest::ElectLeaders { kind, partitions } => {
+                    self.decide_elect_leaders(&held, kind, partitions).map(ControlAnswer::Elected)
                 }
             },
         };

@@ -27,6 +27,8 @@ pub struct Sessions {
     /// The Raft term these sessions belong to: a new term (a new controller) starts afresh.
     term: u64,
     brokers: HashMap<i32, Session>,
+    /// When the leader balance was last checked (`auto.leader.rebalance.enable`).
+    pub(crate) last_rebalance_check: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -206,7 +208,7 @@ impl Broker {
             let state = self.metadata();
             self.fence(&held, &state, id, &format!("no heartbeat for {} ms", silent.as_millis()))?;
         }
-        Ok(())
+        self.rebalance_leaders_if_due(&held, &self.metadata())
     }
 
     /// Runs [`Broker::controller_tick`] until shutdown.

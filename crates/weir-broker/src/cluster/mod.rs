@@ -22,6 +22,7 @@
 
 pub mod control;
 pub mod controller;
+pub mod election;
 pub mod lifecycle;
 pub mod rpc;
 pub mod status;

@@ -198,7 +198,7 @@ pub(crate) fn load_partition(
     let mut offset = partition.log.log_start_offset();
     let mut records_read = 0u64;
     loop {
-        let read = broker.read(partition, offset, LOAD_READ_BYTES, true)?;
+        let read = broker.read_to_log_end(partition, offset, LOAD_READ_BYTES)?;
         let Some(slice) = read.slice else { break };
         let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
         let records = internal_records::decode_batches(Bytes::from(bytes)).map_err(|e| {

@@ -608,8 +608,8 @@ async fn ensure_state_topic(broker: &Arc<Broker>) -> Result<(), BrokerError> {
 fn load_partition(broker: &Broker, partition: &Partition) -> Result<HashMap<String, TxnMetadata>, BrokerError> {
     let mut state: HashMap<String, TxnMetadata> = HashMap::new();
     let mut next = partition.log.log_start_offset();
-    while next < partition.log.high_watermark() {
-        let read = broker.read(partition, next, 4 << 20, true)?;
+    while next < partition.log.log_end_offset() {
+        let read = broker.read_to_log_end(partition, next, 4 << 20)?;
         let Some(slice) = read.slice else { break };
         let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
         let records = internal_records::decode_batches(Bytes::from(bytes))

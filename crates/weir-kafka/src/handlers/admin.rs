@@ -505,3 +505,46 @@ pub async fn describe_log_dirs(
         .with_total_bytes(-1)
         .with_usable_bytes(-1)])
 }
+
+/// ElectLeaders (KIP-460, `kafka-leader-election.sh`, AdminClient.electLeaders): preferred or
+/// unclean elections, decided by the controller. v0 has no election type (preferred).
+pub async fn elect_leaders(ctx: &Ctx, client: &Client, request: ElectLeadersRequest) -> ElectLeadersResponse {
+    use kafka_protocol::messages::elect_leaders_response::{PartitionResult, ReplicaElectionResult};
+    use weir_broker::cluster::election::ElectionType;
+    let kind = match (client.version, request.election_type) {
+        (0, _) | (_, 0) => ElectionType::Preferred,
+        (_, 1) => ElectionType::Unclean,
+        // Only 0 (preferred) and 1 (unclean) exist.
+        (_, _) => return ElectLeadersResponse::default().with_error_code(ResponseError::InvalidRequest.code()),
+    };
+    let partitions = request.topic_partitions.as_ref().map(|topics| {
+        topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (t.topic.to_string(), *p))).collect::<Vec<_>>()
+    });
+    let results = match ctx.broker.elect_leaders(kind, partitions.clone()).await {
+        Ok(results) => results,
+        Err(e) => {
+            // The whole request failed (no controller): every partition asked for says why.
+            let code = crate::errors::kafka_error(e.kind).code();
+            if client.version >= 1 && partitions.is_none() {
+                return ElectLeadersResponse::default().with_error_code(code);
+            }
+            partitions.unwrap_or_default().into_iter().map(|(topic, p)| (topic, p, Err(e.clone()))).collect()
+        }
+    };
+    let mut by_topic: Vec<ReplicaElectionResult> = Vec::new();
+    for (topic, partition, outcome) in results {
+        let (code, message) = match outcome {
+            Ok(_) => (0, None),
+            Err(e) => (crate::errors::kafka_error(e.kind).code(), Some(str(e.message))),
+        };
+        let result =
+            PartitionResult::default().with_partition_id(partition).with_error_code(code).with_error_message(message);
+        match by_topic.iter_mut().find(|t| t.topic.as_str() == topic) {
+            Some(t) => t.partition_result.push(result),
+            None => by_topic.push(
+                ReplicaElectionResult::default().with_topic(topic_name(&topic)).with_partition_result(vec![result]),
+            ),
+        }
+    }
+    ElectLeadersResponse::default().with_replica_election_results(by_topic)
+}

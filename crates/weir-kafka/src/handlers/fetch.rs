@@ -14,7 +14,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::fetch_response::{
     AbortedTransaction, EpochEndOffset, FetchableTopicResponse, PartitionData,
 };
-use kafka_protocol::messages::{ApiKey, FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use uuid::Uuid;
@@ -108,6 +108,9 @@ pub async fn handle(
         // isolation_level 1 = READ_COMMITTED.
         isolation: if request.isolation_level == 1 { Isolation::Committed } else { Isolation::HighWatermark },
         replica_id,
+        // KIP-392: consumers from v11 may read from a follower, which the leader names by rack.
+        follower_reads: version >= 11 && replica_id.is_none(),
+        client_rack: (version >= 11 && !request.rack_id.is_empty()).then(|| request.rack_id.to_string()),
     };
     let mut found: Vec<Option<FetchedPartition>> = match broker.fetch(fetch).await {
         Ok(found) => found.into_iter().map(Some).collect(),
@@ -172,6 +175,7 @@ pub async fn handle(
                             })
                             .collect()
                     }))
+                    .with_preferred_read_replica(BrokerId(f.preferred_read_replica.unwrap_or(-1)))
                     .with_diverging_epoch(match f.diverging_epoch {
                         Some((epoch, end_offset)) if version >= 12 => {
                             EpochEndOffset::default().with_epoch(epoch).with_end_offset(end_offset)

@@ -23,7 +23,7 @@ fn start_server(sendfile: bool) -> anyhow::Result<Server> {
 
 fn prepare(server: &Server, bytes: u64) -> anyhow::Result<i64> {
     let mut client = raw_protocol::connect(server.addr)?;
-    raw_protocol::create_topic(&mut client, TOPIC, 1, &[])?;
+    raw_protocol::create_topic(&mut client, TOPIC, 1, &[], None)?;
     let records: Vec<_> = (0..RECORDS_PER_BATCH)
         .map(|i| {
             let value = Bytes::from(vec![b'x'; RECORD_BYTES]);

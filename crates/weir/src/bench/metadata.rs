@@ -21,9 +21,9 @@ const WAIT_LIMIT: Duration = Duration::from_secs(60);
 const POLL_EVERY: Duration = Duration::from_millis(1);
 
 /// The nodes of one measured setup.
-struct Setup {
+pub(crate) struct Setup {
     label: String,
-    nodes: Vec<Server>,
+    pub(crate) nodes: Vec<Server>,
 }
 
 /// A port on 127.0.0.1 that nothing listens on right now (a voter's CONTROLLER port must be
@@ -32,7 +32,7 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn start(nodes: usize, partitions: i32) -> anyhow::Result<Setup> {
+pub(crate) fn start(nodes: usize, partitions: i32) -> anyhow::Result<Setup> {
     let mut settings = vec![
         ("admin.listeners".to_string(), String::new()),
         ("offsets.topic.num.partitions".to_string(), partitions.to_string()),
@@ -132,7 +132,7 @@ fn create_topics(
     for i in 0..count {
         let name = format!("{prefix}-{i}");
         let sent = Instant::now();
-        raw_protocol::create_topic(&mut client, &name, partitions, &[])?;
+        raw_protocol::create_topic(&mut client, &name, partitions, &[], None)?;
         let answered = Instant::now();
         creates.push(answered.duration_since(sent).as_secs_f64() * 1e3);
         if watch_others {

@@ -5,4 +5,5 @@ pub mod kafka;
 pub mod metadata;
 pub mod produce;
 pub mod raw_protocol;
+pub mod replication;
 pub mod storage;

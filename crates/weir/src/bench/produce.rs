@@ -28,11 +28,11 @@ const MAX_LATENCY_US: u64 = 600_000_000;
 const BROKER_MAX_REQUEST: usize = 100 << 20;
 
 /// The broker under measurement.
-struct Target {
-    addr: SocketAddr,
-    pid: Option<u32>,
+pub(crate) struct Target {
+    pub(crate) addr: SocketAddr,
+    pub(crate) pid: Option<u32>,
     /// Our own child, when there is no --bootstrap; dropping it kills the broker.
-    server: Option<Server>,
+    pub(crate) server: Option<Server>,
 }
 
 impl Target {
@@ -276,9 +276,9 @@ fn read_responses(
 }
 
 #[derive(Debug, Serialize)]
-struct Latency {
-    p50: f64,
-    p99: f64,
+pub(crate) struct Latency {
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
     p999: f64,
     max: f64,
 }
@@ -296,7 +296,7 @@ struct ConsumeReport {
 }
 
 #[derive(Debug, Serialize)]
-struct Report {
+pub(crate) struct Report {
     broker: String,
     topic: String,
     partitions: i32,
@@ -311,10 +311,10 @@ struct Report {
     records: u64,
     value_bytes: u64,
     seconds: f64,
-    mb_per_s: f64,
+    pub(crate) mb_per_s: f64,
     msgs_per_s: f64,
     /// Produce latency (request write to response) in milliseconds; none with acks=0.
-    latency_ms: Option<Latency>,
+    pub(crate) latency_ms: Option<Latency>,
     broker_cpu_seconds: Option<f64>,
     broker_cpu_percent: Option<f64>,
     /// Highest VmRSS sampled during the run.
@@ -335,33 +335,53 @@ pub fn run(args: &ProduceBenchArgs) -> anyhow::Result<()> {
         bail!("--batch-bytes must be at most 1 GiB");
     }
     let target = Target::open(args)?;
-    let topic = format!("weir-bench-produce-{}", SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis());
-    let mut admin = raw_protocol::connect(target.addr)?;
-    raw_protocol::create_topic(&mut admin, &topic, args.partitions, &args.topic_config)?;
-    let result = measure(args, &target, &topic, size, &mut admin);
-    if target.server.is_none() && !args.keep_topic {
-        if let Err(e) = raw_protocol::delete_topic(&mut admin, &topic) {
-            eprintln!("warning: could not delete topic {topic}: {e:#}");
-        }
-    }
+    let result = measure_new_topic(args, &target, size);
     let report = result?;
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if !report.offsets_match {
-        bail!(
-            "the topic's offsets grew by {}, but {} records were acknowledged",
-            report.log_end_offset_total,
-            report.records
-        );
+    report.check()
+}
+
+impl Report {
+    /// Fails unless the broker stored exactly what it acknowledged (and, with --consume, gave
+    /// it all back).
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
+        if !self.offsets_match {
+            bail!(
+                "the topic's offsets grew by {}, but {} records were acknowledged",
+                self.log_end_offset_total,
+                self.records
+            );
+        }
+        if let Some(consume) = &self.consume {
+            if consume.records != self.records {
+                bail!("read back {} records, but {} were acknowledged", consume.records, self.records);
+            }
+        }
+        Ok(())
     }
-    if let Some(consume) = &report.consume {
-        if consume.records != report.records {
-            bail!("read back {} records, but {} were acknowledged", consume.records, report.records);
+}
+
+/// Creates a fresh topic on `target` (on `args.replicas` if given), measures it, and deletes
+/// it again on a broker this run did not start (unless --keep-topic).
+pub(crate) fn measure_new_topic(args: &ProduceBenchArgs, target: &Target, size: usize) -> anyhow::Result<Report> {
+    let topic = format!("weir-bench-produce-{}", SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos());
+    let mut admin = raw_protocol::connect(target.addr)?;
+    let replicas = (!args.replicas.is_empty()).then_some(&args.replicas[..]);
+    raw_protocol::create_topic(&mut admin, &topic, args.partitions, &args.topic_config, replicas)?;
+    if replicas.is_some() {
+        // The leaders must know of the topic before the first Produce.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let result = measure(args, target, &topic, size, &mut admin);
+    if target.server.is_none() && !args.keep_topic {
+        if let Err(e) = raw_protocol::delete_topic(&mut admin, &topic) {
+            eprintln!("warning: could not delete topic {topic}: {e:#}");
         }
     }
-    Ok(())
+    result
 }
 
 fn measure(

@@ -115,8 +115,12 @@ pub fn create_topic(
     name: &str,
     partitions: i32,
     configs: &[(String, String)],
+    replicas: Option<&[i32]>,
 ) -> anyhow::Result<()> {
-    let create = create_topics_request(name, partitions, 1, configs);
+    let create = match replicas {
+        Some(replicas) => kafka_client::create_topics_request_on(name, partitions, replicas, configs),
+        None => create_topics_request(name, partitions, 1, configs),
+    };
     let created = client.send(5, &create).context("CreateTopics")?;
     let result = created.topics.first().context("empty CreateTopics response")?;
     if result.error_code != 0 {
