@@ -32,11 +32,12 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-pub(crate) fn start(nodes: usize, partitions: i32) -> anyhow::Result<Setup> {
+pub(crate) fn start(nodes: usize, partitions: i32, extra: &[(&str, &str)]) -> anyhow::Result<Setup> {
     let mut settings = vec![
         ("admin.listeners".to_string(), String::new()),
         ("offsets.topic.num.partitions".to_string(), partitions.to_string()),
     ];
+    settings.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     if nodes == 1 {
         let server = Server::start("weir-bench-metadata-", &settings, None)?;
         return Ok(Setup { label: "1 node".into(), nodes: vec![server] });
@@ -182,7 +183,7 @@ fn failover(setup: &mut Setup, partitions: i32) -> anyhow::Result<f64> {
 }
 
 fn measure(args: &MetadataBenchArgs, nodes: usize) -> anyhow::Result<SetupResult> {
-    let mut setup = start(nodes, args.partitions)?;
+    let mut setup = start(nodes, args.partitions, &[])?;
     // Through a node that is not the controller when there is one: the forwarding path.
     let controller = controller_id(setup.nodes[0].addr)?;
     let via = if nodes > 1 { usize::try_from(controller).unwrap_or(1) % nodes } else { 0 };

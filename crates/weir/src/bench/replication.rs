@@ -39,6 +39,23 @@ fn median(values: &[f64]) -> f64 {
     sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// A case again when it fails before it measured (the topic could not be created while the
+/// quorum was busy): three attempts.
+fn with_retries<T>(mut attempt: impl FnMut() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let mut tries = 0;
+    loop {
+        match attempt() {
+            Ok(value) => return Ok(value),
+            Err(e) if tries < 2 => {
+                tries += 1;
+                eprintln!("weir bench replication: {e:#}; trying again");
+                std::thread::sleep(std::time::Duration::from_secs(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 pub fn run(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
     let produce: &ProduceBenchArgs = &args.produce;
     let size =
@@ -49,7 +66,15 @@ pub fn run(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
         Case { label: "3 replicas, acks=all", replicas: vec![1, 2, 3], acks: -1 },
     ];
     println!("weir bench replication: starting 3 nodes");
-    let setup = metadata::start(3, 3)?;
+    // All three nodes and the load share this machine, and the load saturates it: patient
+    // control-plane timings keep a busy node from being fenced (or the quorum from electing)
+    // in the middle of a case, which would measure the failover instead of replication.
+    let patient = [
+        ("controller.quorum.election.timeout.ms", "5000"),
+        ("controller.quorum.request.timeout.ms", "10000"),
+        ("broker.session.timeout.ms", "30000"),
+    ];
+    let setup = metadata::start(3, 3, &patient)?;
     let leader = &setup.nodes[0];
     let target = Target { addr: leader.addr, pid: Some(leader.pid()), server: None };
     let mut samples: Vec<Samples> = cases.iter().map(|_| Samples::default()).collect();
@@ -59,7 +84,7 @@ pub fn run(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
             case_args.acks = case.acks;
             case_args.replicas = case.replicas.clone();
             case_args.bootstrap = Some(leader.addr.to_string());
-            let report = produce::measure_new_topic(&case_args, &target, size)?;
+            let report = with_retries(|| produce::measure_new_topic(&case_args, &target, size))?;
             report.check()?;
             let latency = report.latency_ms.as_ref().context("no latency was recorded")?;
             println!(
