@@ -8,9 +8,9 @@ them; consumer groups and transactions span brokers; and the cluster survives th
 real one sees: the controller killed (-9), a broker frozen past its session (SIGSTOP), the
 majority of the quorum lost, and a restart of every node.
 
-Each node has one replica of each partition (replication is the next issue), so a partition is
-unavailable while its broker is down: the tests check that it says so (LEADER_NOT_AVAILABLE)
-and that it comes back, not that it fails over.
+The topics here have one replica per partition (replication and failover are
+test_replication.py's), so a partition is unavailable while its broker is down: the tests check
+that it says so (LEADER_NOT_AVAILABLE) and that it comes back.
 
 Timings are short (cluster.py: heartbeat 200 ms, session 2 s, election 600 ms) and every wait
 is bounded. Figures (propagation, failover, fence and unfence times) are printed: run with -s
