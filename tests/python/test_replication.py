@@ -197,6 +197,7 @@ def test_a_frozen_follower_leaves_the_isr_and_min_insync_replicas_refuses_what_t
     figure(f"acks=all with a frozen follower answered after {waited:.2f}s (lag time {LAG_TIME_MS} ms)")
     isr = partition_states(cluster, topic, via=leader)[0][2]
     assert followers[0] not in isr, f"the frozen follower left the ISR: {isr}"
+    assert gauge(cluster.node(leader), "weir_under_replicated_partitions") >= 1
 
     # Both frozen: the ISR shrinks to the leader; acks=all is refused, acks=1 still works.
     cluster.node(followers[1]).pause()
@@ -210,11 +211,15 @@ def test_a_frozen_follower_leaves_the_isr_and_min_insync_replicas_refuses_what_t
     assert err is not None and err.code() == KafkaError.NOT_ENOUGH_REPLICAS, refused
     leader_only = produce(cluster.bootstrap([leader]), topic, [b"acks-1"], acks="1")
     assert leader_only[b"acks-1"][0] is None, leader_only
+    assert gauge(cluster.node(leader), "weir_under_min_isr_partitions") >= 1
 
     # Thawed, they catch up and rejoin; acks=all works again and every replica has the data.
     for f in followers:
         cluster.node(f).resume()
     wait_in_sync(cluster, topic, 1, 3, timeout=30)
+    cluster.wait(
+        lambda: gauge(cluster.node(leader), "weir_under_min_isr_partitions") == 0, 10, "the ISR gauge to clear"
+    )
     after = produce(cluster.bootstrap(), topic, [b"after"])
     assert after[b"after"][0] is None, after
     got = [v for _, v in read_partition(cluster.bootstrap(), topic, 0, 3)]
@@ -628,12 +633,23 @@ def test_the_controller_rebalances_leaders_by_itself(cluster_factory):
     )
 
 
+def metrics_text(node):
+    with urllib.request.urlopen(f"{node.admin_url()}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def gauge(node, name):
+    """A label-less metric of the node's /metrics."""
+    for line in metrics_text(node).splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in {node}'s metrics")
+
+
 def topic_bytes_out(node, topic):
     """The node's weir_topic_bytes_out_total for the topic (0 if absent)."""
-    with urllib.request.urlopen(f"{node.admin_url()}/metrics", timeout=10) as response:
-        text = response.read().decode()
     total = 0.0
-    for line in text.splitlines():
+    for line in metrics_text(node).splitlines():
         if line.startswith("weir_topic_bytes_out_total") and f'topic="{topic}"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total

@@ -386,6 +386,29 @@ fn render_topics(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partit
     out.sample("weir_topics", &[], state.topics.len() as u64);
     out.family("weir_partitions", Kind::Gauge, "Partitions hosted by this broker, internal topics included.");
     out.sample("weir_partitions", &[], partitions.len() as u64);
+    // What an operator of a replicated cluster watches (Kafka's LeaderCount,
+    // UnderReplicatedPartitions and UnderMinIsrPartitionCount), over the partitions led here.
+    let led: Vec<_> =
+        partitions.iter().map(|p| (p, p.state())).filter(|(_, state)| state.leader == broker.config.node_id).collect();
+    let under_replicated = led.iter().filter(|(_, s)| s.isr.len() < s.replicas.len()).count();
+    let under_min_isr = led.iter().filter(|(p, s)| (s.isr.len() as i64) < p.min_insync_replicas()).count();
+    let replication = [
+        ("weir_leader_partitions", "Partitions this broker leads.", led.len()),
+        (
+            "weir_under_replicated_partitions",
+            "Partitions led here with fewer in-sync replicas than replicas.",
+            under_replicated,
+        ),
+        (
+            "weir_under_min_isr_partitions",
+            "Partitions led here whose ISR is below min.insync.replicas: acks=all writes to them are refused.",
+            under_min_isr,
+        ),
+    ];
+    for (name, help, value) in replication {
+        out.family(name, Kind::Gauge, help);
+        out.sample(name, &[], value as u64);
+    }
 
     // Per-topic sums of the per-partition counters; `partitions` is sorted by topic.
     let mut topics: Vec<(&str, [u64; 3])> = Vec::new();

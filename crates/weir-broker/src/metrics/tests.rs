@@ -300,6 +300,10 @@ async fn a_broker_renders_every_metric_in_valid_exposition_format() {
     assert_eq!(value(&samples, "weir_topic_bytes_in_total", &[("topic", "__consumer_offsets")]), 0.0);
     assert_eq!(value(&samples, "weir_topics", &[]), 2.0);
     assert_eq!(value(&samples, "weir_partitions", &[]), 4.0);
+    // One node leads everything, with every (single) replica in sync.
+    assert_eq!(value(&samples, "weir_leader_partitions", &[]), 4.0);
+    assert_eq!(value(&samples, "weir_under_replicated_partitions", &[]), 0.0);
+    assert_eq!(value(&samples, "weir_under_min_isr_partitions", &[]), 0.0);
 
     let p = |i: &'static str| [("topic", "orders"), ("partition", i)];
     assert_eq!(value(&samples, "weir_partition_log_end_offset", &p("0")), 5.0);
