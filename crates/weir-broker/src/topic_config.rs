@@ -237,14 +237,21 @@ impl ConfigEdit {
     }
 }
 
+/// A broker-interpreted topic config's value: the topic's override, else the broker's default.
+fn override_or_default<'a>(
+    broker_defaults: &'a BTreeMap<String, String>,
+    overrides: &'a BTreeMap<String, String>,
+    name: &str,
+) -> Option<&'a String> {
+    overrides.get(name).or_else(|| broker_defaults.get(name))
+}
+
 /// `compression.type` of a topic.
 pub fn compression(
     broker_defaults: &BTreeMap<String, String>,
     overrides: &BTreeMap<String, String>,
 ) -> TopicCompression {
-    overrides
-        .get("compression.type")
-        .or_else(|| broker_defaults.get("compression.type"))
+    override_or_default(broker_defaults, overrides, "compression.type")
         .and_then(|v| TopicCompression::parse(v))
         .unwrap_or(TopicCompression::Producer)
 }
@@ -263,18 +270,14 @@ pub fn unclean_leader_election(
     broker_defaults: &BTreeMap<String, String>,
     overrides: &BTreeMap<String, String>,
 ) -> bool {
-    overrides
-        .get("unclean.leader.election.enable")
-        .or_else(|| broker_defaults.get("unclean.leader.election.enable"))
+    override_or_default(broker_defaults, overrides, "unclean.leader.election.enable")
         .and_then(|v| parse_bool(v))
         .unwrap_or(false)
 }
 
 /// `min.insync.replicas` of a topic.
 pub fn min_insync_replicas(broker_defaults: &BTreeMap<String, String>, overrides: &BTreeMap<String, String>) -> i64 {
-    overrides
-        .get("min.insync.replicas")
-        .or_else(|| broker_defaults.get("min.insync.replicas"))
+    override_or_default(broker_defaults, overrides, "min.insync.replicas")
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(1)
 }
@@ -298,7 +301,7 @@ pub fn describe(broker_defaults: &BTreeMap<String, String>, overrides: &BTreeMap
     }
     for (name, default) in BROKER_TOPIC_CONFIGS {
         let value =
-            overrides.get(*name).or_else(|| broker_defaults.get(*name)).cloned().unwrap_or_else(|| default.to_string());
+            override_or_default(broker_defaults, overrides, name).cloned().unwrap_or_else(|| default.to_string());
         entries.push(ConfigEntry {
             name: name.to_string(),
             value,
