@@ -87,6 +87,70 @@ pub use weir_broker::cluster::{ClusterStatus, NodeInfo, QuorumMembership};
 pub use weir_broker::metadata::raft::QuorumStatus;
 pub use weir_broker::NodeStatus;
 
+// ----- reassignments -------------------------------------------------------------------------
+
+/// `POST /v1/reassignments`: Kafka's reassignment JSON (`kafka-reassign-partitions.sh
+/// --reassignment-json-file`), `{"version":1,"partitions":[{"topic":"t","partition":0,
+/// "replicas":[2,3]}]}`. `"replicas": null` cancels the partition's reassignment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReassignmentPlan {
+    #[serde(default = "plan_version")]
+    pub version: i32,
+    pub partitions: Vec<PlannedPartition>,
+    /// False refuses targets that change a partition's number of replicas.
+    #[serde(default = "yes")]
+    pub allow_replication_factor_change: bool,
+}
+
+fn plan_version() -> i32 {
+    1
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedPartition {
+    pub topic: String,
+    pub partition: i32,
+    /// The target replicas, the preferred leader first; `null` cancels.
+    pub replicas: Option<Vec<i32>>,
+    /// Kafka's plans carry log dirs (`"any"`); Weir has one data directory per broker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_dirs: Option<Vec<String>>,
+}
+
+/// The answer to a plan: one result per partition, in plan order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReassignmentResults {
+    pub results: Vec<ReassignmentResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReassignmentResult {
+    pub topic: String,
+    pub partition: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
+}
+
+/// `GET /v1/reassignments`: those in progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reassignments {
+    pub reassignments: Vec<OngoingReassignment>,
+}
+
+pub use weir_broker::cluster::reassignment::OngoingReassignment;
+
+/// `GET`/`PUT /v1/replication-throttle`: the cluster-wide replication throttle, bytes per second
+/// both for leaders sending and followers fetching a reassignment's copy; `null` is no limit.
+/// (Per-broker values are set with Kafka's IncrementalAlterConfigs.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationThrottle {
+    pub bytes_per_second: Option<u64>,
+}
+
 // ----- topics --------------------------------------------------------------------------------
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -85,6 +85,7 @@ pub fn error_name(kind: ErrorKind) -> &'static str {
         K::ElectionNotNeeded => "ELECTION_NOT_NEEDED",
         K::PreferredLeaderNotAvailable => "PREFERRED_LEADER_NOT_AVAILABLE",
         K::EligibleLeadersNotAvailable => "ELIGIBLE_LEADERS_NOT_AVAILABLE",
+        K::NoReassignmentInProgress => "NO_REASSIGNMENT_IN_PROGRESS",
         K::NotLeader => "NOT_LEADER_OR_FOLLOWER",
         K::LeaderNotAvailable => "LEADER_NOT_AVAILABLE",
         K::FencedLeaderEpoch => "FENCED_LEADER_EPOCH",
@@ -178,7 +179,7 @@ pub fn status_for(kind: ErrorKind) -> StatusCode {
         | K::NotAttempted
         | K::UnsupportedFormat => StatusCode::BAD_REQUEST,
         K::TopicDeletionDisabled => StatusCode::FORBIDDEN,
-        K::ElectionNotNeeded => StatusCode::CONFLICT,
+        K::ElectionNotNeeded | K::NoReassignmentInProgress => StatusCode::CONFLICT,
         K::PreferredLeaderNotAvailable | K::EligibleLeadersNotAvailable => StatusCode::SERVICE_UNAVAILABLE,
         K::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         K::Throttled => StatusCode::TOO_MANY_REQUESTS,

@@ -114,6 +114,8 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/broker", get(broker_info::info))
         .route("/v1/broker/configs", get(broker_info::configs))
         .route("/v1/cluster", get(cluster::info))
+        .route("/v1/reassignments", get(cluster::reassignments).post(cluster::reassign))
+        .route("/v1/replication-throttle", get(cluster::throttle).put(cluster::set_throttle))
         .route("/v1/topics", get(topics::list).post(topics::create))
         .route("/v1/topics/{topic}", get(topics::describe).delete(topics::delete))
         .route("/v1/topics/{topic}/configs", get(topics::configs).patch(topics::alter_configs))

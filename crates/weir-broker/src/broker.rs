@@ -143,6 +143,8 @@ pub struct Broker {
     pub(crate) internal_address: Option<String>,
     /// Counters and gauges of the request paths (see `metrics`); the rest is read at scrape time.
     pub metrics: BrokerMetrics,
+    /// The replication throttles' budgets (see [`crate::throttle`]).
+    pub replication_quotas: crate::throttle::ReplicationQuotas,
 }
 
 fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
@@ -247,6 +249,7 @@ impl Broker {
             shutdown_tx,
             producer_ids: Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             cluster,
+            replication_quotas: Default::default(),
             internal_address,
             metrics: BrokerMetrics::default(),
         });
@@ -1019,14 +1022,44 @@ impl Broker {
                 }
             }
         }
+        let node = self.config.node_id;
+        self.replication_quotas.update(state, node);
+        // A replica that a reassignment moved away: this broker no longer hosts the partition.
+        // (Partitions of an old data directory, not assigned yet, have no replicas: kept.)
+        let moved_away = |tp: &TopicPartition| {
+            state
+                .topic(&tp.topic)
+                .and_then(|t| t.partition(tp.partition))
+                .is_some_and(|p| !p.replicas.is_empty() && !p.replicas.contains(&node))
+        };
+        for list in topics.values_mut() {
+            if !list.iter().flatten().any(|p| moved_away(&TopicPartition::new(p.topic.clone(), p.index))) {
+                continue;
+            }
+            let mut kept: Vec<Option<Arc<Partition>>> = list.to_vec();
+            for slot in kept.iter_mut() {
+                let Some(partition) = slot.as_ref() else { continue };
+                let tp = TopicPartition::new(partition.topic.clone(), partition.index);
+                if moved_away(&tp) {
+                    tracing::info!(partition = %tp, "deleting the local replica: the partition was reassigned away");
+                    partition.stop_waits();
+                    self.logs.delete(&tp)?;
+                    *slot = None;
+                }
+            }
+            *list = kept.into();
+        }
         for (tp, _) in self.logs.logs() {
             let known = state.topic(&tp.topic).is_some_and(|t| tp.partition < t.partitions);
             if !known {
                 tracing::warn!(partition = %tp, "deleting a log that no topic owns");
                 self.logs.delete(&tp)?;
+            } else if moved_away(&tp) {
+                // Moved away while this broker was down (Kafka's stray logs).
+                tracing::warn!(partition = %tp, "deleting a stray log: this broker holds no replica of the partition");
+                self.logs.delete(&tp)?;
             }
         }
-        let node = self.config.node_id;
         for topic in state.topics.values() {
             let config = topic_config::log_config(&self.config.topic_defaults, &topic.configs)
                 .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;

@@ -52,6 +52,8 @@ pub enum ErrorKind {
     PreferredLeaderNotAvailable,
     /// An unclean election found no live replica to lead.
     EligibleLeadersNotAvailable,
+    /// A reassignment was cancelled where none is in progress.
+    NoReassignmentInProgress,
 
     // ----- records ---------------------------------------------------------------------------
     /// An offset outside the log (`[log start, log end]`).
@@ -182,6 +184,7 @@ impl ErrorKind {
             ElectionNotNeeded => "election not needed",
             PreferredLeaderNotAvailable => "preferred leader not available",
             EligibleLeadersNotAvailable => "eligible leaders not available",
+            NoReassignmentInProgress => "no reassignment in progress",
             OffsetOutOfRange => "offset out of range",
             TooLarge => "too large",
             Corrupt => "corrupt",

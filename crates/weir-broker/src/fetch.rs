@@ -129,6 +129,11 @@ impl FetchedPartition {
         }
     }
 
+    /// Nothing read (a throttled replica whose budget is spent).
+    fn empty(partition: &Partition) -> FetchedPartition {
+        FetchedPartition { diverging_epoch: None, ..FetchedPartition::diverged(partition, (0, 0)) }
+    }
+
     /// Nothing read: the consumer reads from `replica` (in its rack) instead.
     fn redirected(partition: &Partition, replica: i32) -> FetchedPartition {
         FetchedPartition {
@@ -247,6 +252,12 @@ impl Broker {
                     }
                 }
             }
+            // A reassignment's copy waits while the leader's throttle budget is spent.
+            let throttled = request.replica_id.is_some_and(|replica| crate::throttle::is_throttled(&state, replica));
+            if throttled && self.replication_quotas.leader.exceeded() {
+                out.push(FetchedPartition::empty(partition));
+                continue;
+            }
             let limit = request.max_bytes.saturating_sub(total).min(wanted.max_bytes);
             let min_one_batch = total == 0;
             let upper = match (request.replica_id, request.isolation) {
@@ -262,6 +273,9 @@ impl Broker {
             match read {
                 Ok(slice) => {
                     total += slice.as_ref().map_or(0, |s| s.len);
+                    if throttled {
+                        self.replication_quotas.leader.record(slice.as_ref().map_or(0, |s| s.len));
+                    }
                     // A read_committed consumer must drop the records of transactions aborted in
                     // what it receives.
                     let aborted = (request.isolation == Isolation::Committed).then(|| match &slice {

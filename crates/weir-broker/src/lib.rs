@@ -21,7 +21,9 @@ pub mod metrics;
 pub mod partition;
 pub mod placement;
 pub mod replication;
+
 mod runtime;
+pub mod throttle;
 pub mod topic_config;
 pub mod txn;
 

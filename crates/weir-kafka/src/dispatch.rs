@@ -189,6 +189,12 @@ async fn route(
         ApiKey::DescribeCluster => call!(DescribeClusterRequest, admin::describe_cluster),
         ApiKey::DescribeQuorum => call!(DescribeQuorumRequest, admin::describe_quorum),
         ApiKey::ElectLeaders => call!(ElectLeadersRequest, admin::elect_leaders),
+        ApiKey::AlterPartitionReassignments => {
+            call!(AlterPartitionReassignmentsRequest, admin::alter_partition_reassignments)
+        }
+        ApiKey::ListPartitionReassignments => {
+            call!(ListPartitionReassignmentsRequest, admin::list_partition_reassignments)
+        }
         ApiKey::DescribeLogDirs => call!(DescribeLogDirsRequest, admin::describe_log_dirs),
         ApiKey::FindCoordinator => call!(FindCoordinatorRequest, groups::find_coordinator),
         ApiKey::JoinGroup => call!(JoinGroupRequest, groups::join_group),
@@ -282,6 +288,11 @@ error_codes! {
         c.count(r.error_code);
         r.replica_election_results.iter().flat_map(|t| &t.partition_result).for_each(|p| c.count(p.error_code));
     };
+    AlterPartitionReassignmentsResponse => |r, c| {
+        c.count(r.error_code);
+        r.responses.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+    };
+    ListPartitionReassignmentsResponse => |r, c| c.count(r.error_code);
     DescribeLogDirsResponse => |r, c| {
         c.count(r.error_code);
         r.results.iter().for_each(|d| c.count(d.error_code));

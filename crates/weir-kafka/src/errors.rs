@@ -28,6 +28,7 @@ pub fn kafka_error(kind: ErrorKind) -> ResponseError {
         K::ElectionNotNeeded => E::ElectionNotNeeded,
         K::PreferredLeaderNotAvailable => E::PreferredLeaderNotAvailable,
         K::EligibleLeadersNotAvailable => E::EligibleLeadersNotAvailable,
+        K::NoReassignmentInProgress => E::NoReassignmentInProgress,
         K::OffsetOutOfRange => E::OffsetOutOfRange,
         K::TooLarge => E::MessageTooLarge,
         K::Corrupt => E::CorruptMessage,

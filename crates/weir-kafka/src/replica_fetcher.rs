@@ -29,6 +29,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use weir_broker::partition::Partition;
 use weir_broker::replication::Followed;
+use weir_broker::throttle;
 use weir_broker::Broker;
 
 /// The Fetch version followers send: the first with diverging epochs, and topics by name.
@@ -98,6 +99,22 @@ async fn run_fetcher(broker: Arc<Broker>, leader: i32) {
                 }
             },
         };
+        // A reassignment's copy pauses while this follower's throttle budget is spent.
+        let followed: Vec<Followed> = if broker.replication_quotas.follower.exceeded() {
+            followed.into_iter().filter(|f| !throttle::is_throttled(&f.partition.state(), me)).collect()
+        } else {
+            followed
+        };
+        if followed.is_empty() {
+            connection = Some(stream);
+            tokio::time::sleep(BACKOFF / 10).await;
+            continue;
+        }
+        let throttled: Vec<PartitionKey> = followed
+            .iter()
+            .filter(|f| throttle::is_throttled(&f.partition.state(), me))
+            .map(|f| (f.partition.topic.clone(), f.partition.index))
+            .collect();
         correlation_id = correlation_id.wrapping_add(1);
         let request = fetch_request(&broker, &followed);
         let wait = Duration::from_millis(broker.config.replica_fetch_wait_max_ms)
@@ -112,6 +129,9 @@ async fn run_fetcher(broker: Arc<Broker>, leader: i32) {
         };
         stalls.fine(&whole_connection);
         connection = Some(stream);
+        if !throttled.is_empty() {
+            broker.replication_quotas.follower.record(throttled_bytes(&response, &throttled));
+        }
         let by_name: BTreeMap<(String, i32), Arc<Partition>> =
             followed.iter().map(|f| ((f.partition.topic.clone(), f.partition.index), f.partition.clone())).collect();
         let broker2 = broker.clone();
@@ -231,6 +251,17 @@ async fn exchange(
 
 /// A partition by topic name and index.
 type PartitionKey = (String, i32);
+
+/// The record bytes `response` carries for the `throttled` partitions.
+fn throttled_bytes(response: &FetchResponse, throttled: &[PartitionKey]) -> u64 {
+    response
+        .responses
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(move |p| (t.topic.as_str(), p)))
+        .filter(|(topic, p)| throttled.iter().any(|(t, i)| t == topic && *i == p.partition_index))
+        .map(|(_, p)| p.records.as_ref().map_or(0, |r| r.len() as u64))
+        .sum()
+}
 
 /// Applies a leader's answer to the followed partitions. Returns the partitions that made no
 /// progress and why. Blocking.

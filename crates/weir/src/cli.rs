@@ -41,6 +41,9 @@ pub enum Command {
     /// The cluster's nodes, roles, controller, fenced brokers and metadata offsets (admin HTTP
     /// API).
     Cluster(crate::admin_cli::cluster::ClusterArgs),
+    /// Move partitions between brokers (reassignments, with a replication throttle) and list
+    /// the moves in progress (admin HTTP API).
+    Partition(crate::admin_cli::partition::PartitionArgs),
 }
 
 impl Command {
@@ -56,9 +59,12 @@ impl Command {
             // Benchmarks print their own results; only problems should interleave with them.
             Command::Bench(_) => "warn",
             // Client commands print their own results and errors.
-            Command::Topic(_) | Command::Group(_) | Command::Produce(_) | Command::Consume(_) | Command::Cluster(_) => {
-                "warn"
-            }
+            Command::Topic(_)
+            | Command::Group(_)
+            | Command::Produce(_)
+            | Command::Consume(_)
+            | Command::Cluster(_)
+            | Command::Partition(_) => "warn",
         }
     }
 }

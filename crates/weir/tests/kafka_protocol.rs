@@ -602,6 +602,47 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
                 "{by_partition:?}"
             );
         }
+        ApiKey::AlterPartitionReassignments => {
+            // Node 0 holds the only replica: moving it onto itself changes nothing, cancelling
+            // finds no move, a broker that does not exist is refused, as is an unknown partition.
+            use kafka_protocol::messages::alter_partition_reassignments_request::{
+                ReassignablePartition, ReassignableTopic,
+            };
+            let moves = |partitions: Vec<(i32, Option<Vec<i32>>)>| {
+                let partitions = partitions
+                    .into_iter()
+                    .map(|(p, replicas)| {
+                        ReassignablePartition::default()
+                            .with_partition_index(p)
+                            .with_replicas(replicas.map(|r| r.into_iter().map(BrokerId).collect()))
+                    })
+                    .collect();
+                AlterPartitionReassignmentsRequest::default().with_timeout_ms(10_000).with_topics(vec![
+                    ReassignableTopic::default().with_name(TopicName(s(&fx.produce_topic))).with_partitions(partitions),
+                ])
+            };
+            let request = moves(vec![(0, Some(vec![0])), (0, None), (0, Some(vec![0, 42])), (7, Some(vec![0]))]);
+            let response = call(client, version, &request)?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            let results: Vec<i16> =
+                response.responses.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect();
+            ensure!(
+                results
+                    == vec![
+                        code::NONE,
+                        code::NO_REASSIGNMENT_IN_PROGRESS,
+                        code::INVALID_REPLICA_ASSIGNMENT,
+                        code::UNKNOWN_TOPIC_OR_PARTITION
+                    ],
+                "{results:?}"
+            );
+        }
+        ApiKey::ListPartitionReassignments => {
+            let response =
+                call(client, version, &ListPartitionReassignmentsRequest::default().with_timeout_ms(10_000))?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            ensure!(response.topics.is_empty(), "nothing moves on one node: {:?}", response.topics);
+        }
         // ----- groups -----
         ApiKey::FindCoordinator => {
             let group = unique("conformance-find");

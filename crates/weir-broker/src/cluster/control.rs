@@ -77,6 +77,17 @@ pub enum ControlRequest {
         kind: super::election::ElectionType,
         partitions: Option<Vec<(String, i32)>>,
     },
+    /// Change dynamic broker configs (`""`: every broker; else a broker id).
+    AlterBrokerConfigs {
+        resource: String,
+        validate_only: bool,
+        edit: ConfigEdit,
+    },
+    /// Start, replace or cancel partition reassignments (Kafka's AlterPartitionReassignments).
+    AlterReassignments {
+        targets: Vec<super::reassignment::ReassignmentTarget>,
+        allow_replication_factor_change: bool,
+    },
 }
 
 impl ControlRequest {
@@ -92,6 +103,8 @@ impl ControlRequest {
             ControlRequest::Heartbeat { .. } => "heartbeat",
             ControlRequest::AlterPartition { .. } => "change an ISR",
             ControlRequest::ElectLeaders { .. } => "elect leaders",
+            ControlRequest::AlterReassignments { .. } => "reassign partitions",
+            ControlRequest::AlterBrokerConfigs { .. } => "alter broker configs",
         }
     }
 }
@@ -109,6 +122,7 @@ pub enum ControlAnswer {
     },
     Heartbeat(HeartbeatAnswer),
     Elected(Vec<super::election::ElectionResult>),
+    Reassigned(Vec<super::reassignment::ReassignmentResult>),
 }
 
 /// The controller's answer to a heartbeat.
@@ -328,6 +342,12 @@ impl Broker {
                 ControlRequest::ElectLeaders { kind, partitions } => {
                     self.decide_elect_leaders(&held, kind, partitions).map(ControlAnswer::Elected)
                 }
+                ControlRequest::AlterBrokerConfigs { resource, validate_only, edit } => {
+                    self.decide_alter_broker_configs(&held, resource, validate_only, edit).map(|()| ControlAnswer::Done)
+                }
+                ControlRequest::AlterReassignments { targets, allow_replication_factor_change } => self
+                    .decide_alter_reassignments(&held, targets, allow_replication_factor_change)
+                    .map(ControlAnswer::Reassigned),
             },
         };
         ControlResponse { applied_offset: self.quorum.applied().applied_offset, answer }

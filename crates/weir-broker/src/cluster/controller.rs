@@ -208,6 +208,7 @@ impl Broker {
             let state = self.metadata();
             self.fence(&held, &state, id, &format!("no heartbeat for {} ms", silent.as_millis()))?;
         }
+        self.complete_reassignments(&held)?;
         self.rebalance_leaders_if_due(&held, &self.metadata())
     }
 
@@ -378,17 +379,23 @@ impl Broker {
         if !proposal.isr.contains(&proposal.leader) {
             return Err(BrokerError::new(ErrorKind::InvalidRequest, "the leader must stay in the ISR"));
         }
-        self.commit(
-            held,
-            vec![MetadataRecord::PartitionChange {
+        // The ISR change that brings the last target replica of a reassignment in sync
+        // completes the reassignment in the same record.
+        let record = super::reassignment::completion_with_isr(&state, topic, proposal.partition, &proposal.isr)
+            .unwrap_or_else(|| MetadataRecord::PartitionChange {
                 topic: proposal.topic.clone(),
                 id: proposal.topic_id,
                 partition: proposal.partition,
                 replicas: None,
                 isr: Some(proposal.isr.clone()),
                 leader: None,
-            }],
-        )
+            });
+        let completes = matches!(record, MetadataRecord::PartitionReassignment { .. });
+        self.commit(held, vec![record])?;
+        if completes {
+            tracing::info!(topic = %proposal.topic, partition = proposal.partition, "reassignment completed: every target replica is in sync");
+        }
+        Ok(())
     }
 }
 
@@ -412,18 +419,7 @@ mod tests {
             },
         );
         for b in 1..=3 {
-            state.brokers.insert(
-                b,
-                BrokerRegistration {
-                    id: b,
-                    incarnation: Uuid::new_v4(),
-                    host: "h".into(),
-                    port: 1,
-                    internal: String::new(),
-                    rack: None,
-                    fenced: fenced.contains(&b),
-                },
-            );
+            state.brokers.insert(b, MetadataState::test_broker(b, fenced.contains(&b)));
         }
         state
     }

@@ -229,7 +229,7 @@ mod tests {
     }
 
     fn led_by(replicas: Vec<i32>, leader: i32, isr: Vec<i32>) -> PartitionState {
-        PartitionState { replicas, isr, leader, leader_epoch: 1, partition_epoch: 1 }
+        PartitionState { replicas, isr, leader, leader_epoch: 1, partition_epoch: 1, ..PartitionState::new(Vec::new()) }
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod control;
 pub mod controller;
 pub mod election;
 pub mod lifecycle;
+pub mod reassignment;
 pub mod rpc;
 pub mod status;
 

@@ -67,6 +67,20 @@ pub enum MetadataRecord {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         leader: Option<i32>,
     },
+    /// Starts, replaces, completes or cancels one partition's reassignment (KIP-455): sets its
+    /// replicas, in-sync replicas and the replicas the reassignment adds and removes (both
+    /// empty once none is in progress). A new leader bumps the leader epoch; every change
+    /// bumps the partition epoch.
+    PartitionReassignment {
+        topic: String,
+        id: Uuid,
+        partition: i32,
+        replicas: Vec<i32>,
+        isr: Vec<i32>,
+        leader: i32,
+        adding: Vec<i32>,
+        removing: Vec<i32>,
+    },
     /// Partitions created before replicas were assigned (Weir 0.1, always one node) get one
     /// replica on `broker`, in sync and leading at leader epoch 0, the epoch their batches
     /// were written with. Written once, at the first start of a data directory that has such
@@ -83,6 +97,11 @@ pub enum MetadataRecord {
     SetTopicConfigs {
         name: String,
         id: Uuid,
+        configs: BTreeMap<String, String>,
+    },
+    /// Replaces the dynamic configs of `resource` (`""`: every broker; else a broker id).
+    SetBrokerConfigs {
+        resource: String,
         configs: BTreeMap<String, String>,
     },
     /// Reserves producer ids `[first, first + count)` for InitProducerId; ids are never reused.
@@ -110,7 +129,12 @@ pub const NO_LEADER: i32 = -1;
 /// Where a partition's replicas live and which one leads.
 ///
 /// Invariants (checked by [`MetadataState::check_invariants`]): `isr` is a subset of `replicas`
-/// without duplicates; `leader` is [`NO_LEADER`] or in `isr`; epochs never decrease.
+/// without duplicates; `leader` is [`NO_LEADER`] or in `isr`; `adding_replicas` and
+/// `removing_replicas` are disjoint subsets of `replicas`; epochs never decrease.
+///
+/// During a reassignment `replicas` holds the target replicas followed by the original ones
+/// that are not in the target (Kafka's order, so the preferred leader is the target's first);
+/// the reassignment completes once every target replica is in the ISR.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionState {
     /// Broker ids holding a replica, the preferred leader first. Empty only for a partition of a
@@ -124,17 +148,46 @@ pub struct PartitionState {
     /// Bumped on every change of this state, so that a change computed from an old state can
     /// be refused (KRaft's partition epoch).
     pub partition_epoch: i32,
+    /// Replicas an ongoing reassignment adds (they fetch, and join the ISR once caught up).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adding_replicas: Vec<i32>,
+    /// Replicas an ongoing reassignment removes once the adding ones are in sync.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removing_replicas: Vec<i32>,
 }
 
 impl PartitionState {
     /// A new partition on `replicas`: all in sync, the first leading, at epoch 0.
     pub fn new(replicas: Vec<i32>) -> PartitionState {
         let leader = replicas.first().copied().unwrap_or(NO_LEADER);
-        PartitionState { isr: replicas.clone(), replicas, leader, leader_epoch: 0, partition_epoch: 0 }
+        PartitionState {
+            isr: replicas.clone(),
+            replicas,
+            leader,
+            leader_epoch: 0,
+            partition_epoch: 0,
+            adding_replicas: Vec::new(),
+            removing_replicas: Vec::new(),
+        }
     }
 
     fn unassigned() -> PartitionState {
-        PartitionState { replicas: Vec::new(), isr: Vec::new(), leader: NO_LEADER, leader_epoch: 0, partition_epoch: 0 }
+        PartitionState::new(Vec::new())
+    }
+
+    /// Is a reassignment of this partition in progress?
+    pub fn is_reassigning(&self) -> bool {
+        !self.adding_replicas.is_empty() || !self.removing_replicas.is_empty()
+    }
+
+    /// The replicas the partition will have once its reassignment (if any) completes.
+    pub fn target_replicas(&self) -> Vec<i32> {
+        self.replicas.iter().copied().filter(|b| !self.removing_replicas.contains(b)).collect()
+    }
+
+    /// The replicas the partition had before its reassignment (if any) started.
+    pub fn original_replicas(&self) -> Vec<i32> {
+        self.replicas.iter().copied().filter(|b| !self.adding_replicas.contains(b)).collect()
     }
 }
 
@@ -177,6 +230,10 @@ pub struct MetadataState {
     /// Every broker that registered with the controller, by id.
     #[serde(default)]
     pub brokers: BTreeMap<i32, BrokerRegistration>,
+    /// Dynamic broker configs (the replication throttles, [`crate::throttle`]) by resource:
+    /// `""` for every broker, or a broker id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub broker_configs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// A broker as the controller knows it: where clients reach it, and whether it may lead.
@@ -264,7 +321,35 @@ impl MetadataState {
                     state.isr
                 );
                 assert!(state.leader_epoch >= 0 && state.partition_epoch >= 0, "{}: negative epoch", at());
+                assert!(
+                    state.adding_replicas.iter().chain(&state.removing_replicas).all(|b| state.replicas.contains(b))
+                        && !state.adding_replicas.iter().any(|b| state.removing_replicas.contains(b)),
+                    "{}: adding {:?} and removing {:?} are no disjoint subsets of replicas {:?}",
+                    at(),
+                    state.adding_replicas,
+                    state.removing_replicas,
+                    state.replicas
+                );
             }
+        }
+    }
+
+    fn partition_mut(&mut self, topic: &str, id: Uuid, partition: i32) -> Option<&mut PartitionState> {
+        let topic = self.topics.get_mut(topic).filter(|t| t.id == id)?;
+        topic.assignments.get_mut(usize::try_from(partition).ok()?)
+    }
+
+    /// A registered broker for tests: host `h`, port 1, no rack.
+    #[cfg(test)]
+    pub(crate) fn test_broker(id: i32, fenced: bool) -> BrokerRegistration {
+        BrokerRegistration {
+            id,
+            incarnation: Uuid::new_v4(),
+            host: "h".into(),
+            port: 1,
+            internal: String::new(),
+            rack: None,
+            fenced,
         }
     }
 
@@ -318,12 +403,7 @@ impl MetadataState {
                 _ => tracing::warn!(offset, topic = %name, "metadata: skipping invalid partition increase"),
             },
             MetadataRecord::PartitionChange { topic, id, partition, replicas, isr, leader } => {
-                let state = self
-                    .topics
-                    .get_mut(topic)
-                    .filter(|t| t.id == *id)
-                    .and_then(|t| t.assignments.get_mut(usize::try_from(*partition).ok()?));
-                let Some(state) = state else {
+                let Some(state) = self.partition_mut(topic, *id, *partition) else {
                     tracing::warn!(offset, topic = %topic, partition, "metadata: skipping a change of an unknown partition");
                     return;
                 };
@@ -338,6 +418,21 @@ impl MetadataState {
                         state.leader = *leader;
                         state.leader_epoch += 1;
                     }
+                }
+                state.partition_epoch += 1;
+            }
+            MetadataRecord::PartitionReassignment { topic, id, partition, replicas, isr, leader, adding, removing } => {
+                let Some(state) = self.partition_mut(topic, *id, *partition) else {
+                    tracing::warn!(offset, topic = %topic, partition, "metadata: skipping a reassignment of an unknown partition");
+                    return;
+                };
+                state.replicas = replicas.clone();
+                state.isr = isr.clone();
+                state.adding_replicas = adding.clone();
+                state.removing_replicas = removing.clone();
+                if *leader != state.leader {
+                    state.leader = *leader;
+                    state.leader_epoch += 1;
                 }
                 state.partition_epoch += 1;
             }
@@ -364,6 +459,13 @@ impl MetadataState {
                 Some(topic) if topic.id == *id => topic.configs = configs.clone(),
                 _ => tracing::warn!(offset, topic = %name, "metadata: skipping configs of an unknown topic"),
             },
+            MetadataRecord::SetBrokerConfigs { resource, configs } => {
+                if configs.is_empty() {
+                    self.broker_configs.remove(resource);
+                } else {
+                    self.broker_configs.insert(resource.clone(), configs.clone());
+                }
+            }
             MetadataRecord::AllocateProducerIds { first, count } => {
                 if *first >= self.next_producer_id && *count > 0 {
                     self.next_producer_id = first.saturating_add(*count);

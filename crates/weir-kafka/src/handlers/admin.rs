@@ -16,6 +16,7 @@ use kafka_protocol::messages::describe_log_dirs_response::{
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
+use weir_broker::throttle;
 use weir_broker::topic_config::{self, ConfigEdit, ConfigOp, ConfigSource};
 use weir_broker::{BrokerError, ErrorKind, NewTopic};
 
@@ -29,6 +30,8 @@ const RESOURCE_BROKER: i8 = 4;
 
 /// DescribeConfigs config sources.
 const SOURCE_DYNAMIC_TOPIC: i8 = 1;
+const SOURCE_DYNAMIC_BROKER: i8 = 2;
+const SOURCE_DYNAMIC_DEFAULT_BROKER: i8 = 3;
 const SOURCE_STATIC_BROKER: i8 = 4;
 const SOURCE_DEFAULT: i8 = 5;
 
@@ -219,12 +222,24 @@ pub async fn describe_configs(ctx: &Ctx, client: &Client, request: DescribeConfi
                     ));
                     continue;
                 }
-                broker
+                let mut entries: Vec<(String, String, i8)> = broker
                     .config
                     .describe()
                     .into_iter()
                     .map(|(n, v, explicit)| (n, v, if explicit { SOURCE_STATIC_BROKER } else { SOURCE_DEFAULT }))
-                    .collect()
+                    .collect();
+                // The dynamic ones: this broker's own value, else the cluster-wide one.
+                let own = broker.dynamic_broker_configs(&broker.config.node_id.to_string());
+                let every = broker.dynamic_broker_configs("");
+                for name in throttle::DYNAMIC_BROKER_CONFIGS {
+                    let entry = match (own.get(*name), every.get(*name)) {
+                        (Some(v), _) => (v.clone(), SOURCE_DYNAMIC_BROKER),
+                        (_, Some(v)) => (v.clone(), SOURCE_DYNAMIC_DEFAULT_BROKER),
+                        _ => (throttle::UNLIMITED.to_string(), SOURCE_DEFAULT),
+                    };
+                    entries.push((name.to_string(), entry.0, entry.1));
+                }
+                entries
             }
             other => {
                 results.push(
@@ -249,7 +264,10 @@ pub async fn describe_configs(ctx: &Ctx, client: &Client, request: DescribeConfi
                 let entry = DescribeConfigsResourceResult::default()
                     .with_name(str(n.clone()))
                     .with_value(Some(str(v)))
-                    .with_read_only(resource.resource_type == RESOURCE_BROKER)
+                    .with_read_only(
+                        resource.resource_type == RESOURCE_BROKER
+                            && !throttle::DYNAMIC_BROKER_CONFIGS.contains(&n.as_str()),
+                    )
                     .with_config_source(source)
                     .with_synonyms(synonyms);
                 if client.version >= 3 {
@@ -264,24 +282,30 @@ pub async fn describe_configs(ctx: &Ctx, client: &Client, request: DescribeConfi
     DescribeConfigsResponse::default().with_results(results)
 }
 
-fn broker_configs_are_static(resource_type: i8) -> Option<BrokerError> {
-    (resource_type != RESOURCE_TOPIC).then(|| {
-        BrokerError::new(
+/// The error for a resource whose configs cannot change: anything but topics and the dynamic
+/// broker configs (the replication throttles).
+fn configs_are_static<'a>(resource_type: i8, mut names: impl Iterator<Item = &'a str>) -> Option<BrokerError> {
+    match resource_type {
+        RESOURCE_TOPIC => None,
+        RESOURCE_BROKER if names.all(|n| throttle::DYNAMIC_BROKER_CONFIGS.contains(&n)) => None,
+        RESOURCE_BROKER => Some(BrokerError::new(
             ErrorKind::InvalidRequest,
-            if resource_type == RESOURCE_BROKER {
-                "Broker configs are static in Weir: set them in weir.toml or with --set and restart.".to_string()
-            } else {
-                format!("Resource type {resource_type} is not supported.")
-            },
-        )
-    })
+            format!(
+                "Broker configs are static in Weir: set them in weir.toml or with --set and restart (the dynamic ones \
+                 are {}).",
+                throttle::DYNAMIC_BROKER_CONFIGS.join(", ")
+            ),
+        )),
+        other => Some(BrokerError::new(ErrorKind::InvalidRequest, format!("Resource type {other} is not supported."))),
+    }
 }
 
 pub async fn alter_configs(ctx: &Ctx, _client: &Client, request: AlterConfigsRequest) -> AlterConfigsResponse {
     use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
     let mut responses = Vec::with_capacity(request.resources.len());
     for resource in request.resources {
-        let outcome = match broker_configs_are_static(resource.resource_type) {
+        let outcome = match configs_are_static(resource.resource_type, resource.configs.iter().map(|c| c.name.as_str()))
+        {
             Some(e) => Err(e),
             None => {
                 // Non-incremental: the given set replaces every override.
@@ -290,13 +314,13 @@ pub async fn alter_configs(ctx: &Ctx, _client: &Client, request: AlterConfigsReq
                     .iter()
                     .filter_map(|c| c.value.as_ref().map(|v| (c.name.to_string(), v.to_string())))
                     .collect();
-                ctx.broker
-                    .alter_topic_configs(
-                        resource.resource_name.to_string(),
-                        request.validate_only,
-                        ConfigEdit::Replace(configs),
-                    )
-                    .await
+                let name = resource.resource_name.to_string();
+                let edit = ConfigEdit::Replace(configs);
+                if resource.resource_type == RESOURCE_BROKER {
+                    ctx.broker.alter_broker_configs(name, request.validate_only, edit).await
+                } else {
+                    ctx.broker.alter_topic_configs(name, request.validate_only, edit).await
+                }
             }
         };
         let response = AlterConfigsResourceResponse::default()
@@ -322,7 +346,8 @@ pub async fn incremental_alter_configs(
     const SUBTRACT: i8 = 3;
     let mut responses = Vec::with_capacity(request.resources.len());
     for resource in request.resources {
-        let outcome = match broker_configs_are_static(resource.resource_type) {
+        let outcome = match configs_are_static(resource.resource_type, resource.configs.iter().map(|c| c.name.as_str()))
+        {
             Some(e) => Err(e),
             None => {
                 let ops: Result<Vec<ConfigOp>, BrokerError> = resource
@@ -343,15 +368,13 @@ pub async fn incremental_alter_configs(
                         }
                     })
                     .collect();
+                let name = resource.resource_name.to_string();
                 match ops {
+                    Ok(ops) if resource.resource_type == RESOURCE_BROKER => {
+                        ctx.broker.alter_broker_configs(name, request.validate_only, ConfigEdit::Apply(ops)).await
+                    }
                     Ok(ops) => {
-                        ctx.broker
-                            .alter_topic_configs(
-                                resource.resource_name.to_string(),
-                                request.validate_only,
-                                ConfigEdit::Apply(ops),
-                            )
-                            .await
+                        ctx.broker.alter_topic_configs(name, request.validate_only, ConfigEdit::Apply(ops)).await
                     }
                     Err(e) => Err(e),
                 }
@@ -547,4 +570,93 @@ pub async fn elect_leaders(ctx: &Ctx, client: &Client, request: ElectLeadersRequ
         }
     }
     ElectLeadersResponse::default().with_replica_election_results(by_topic)
+}
+
+/// AlterPartitionReassignments (KIP-455, `kafka-reassign-partitions.sh --execute`,
+/// AdminClient.alterPartitionReassignments): start, replace or (no replicas) cancel the
+/// reassignment of each partition, decided by the controller. v1 can refuse a change of the
+/// replication factor (KIP-860); v0 always allows it, as Kafka did.
+pub async fn alter_partition_reassignments(
+    ctx: &Ctx,
+    client: &Client,
+    request: AlterPartitionReassignmentsRequest,
+) -> AlterPartitionReassignmentsResponse {
+    use alter_partition_reassignments_response::{ReassignablePartitionResponse, ReassignableTopicResponse};
+    use weir_broker::cluster::reassignment::ReassignmentTarget;
+    let allow_replication_factor_change = client.version == 0 || request.allow_replication_factor_change;
+    let targets: Vec<ReassignmentTarget> = request
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions.iter().map(move |p| ReassignmentTarget {
+                topic: t.name.to_string(),
+                partition: p.partition_index,
+                replicas: p.replicas.as_ref().map(|list| list.iter().map(|b| b.0).collect()),
+            })
+        })
+        .collect();
+    let response = AlterPartitionReassignmentsResponse::default()
+        .with_allow_replication_factor_change(allow_replication_factor_change);
+    let results = match ctx.broker.alter_partition_reassignments(targets, allow_replication_factor_change).await {
+        Ok(results) => results,
+        Err(e) => {
+            return response
+                .with_error_code(errors::kafka_error(e.kind).code())
+                .with_error_message(Some(str(e.message)))
+        }
+    };
+    let mut by_topic: Vec<ReassignableTopicResponse> = Vec::new();
+    for (topic, partition, outcome) in results {
+        let (code, message) = match outcome {
+            Ok(()) => (0, None),
+            Err(e) => (errors::kafka_error(e.kind).code(), Some(str(e.message))),
+        };
+        let result = ReassignablePartitionResponse::default()
+            .with_partition_index(partition)
+            .with_error_code(code)
+            .with_error_message(message);
+        match by_topic.iter_mut().find(|t| t.name.as_str() == topic) {
+            Some(t) => t.partitions.push(result),
+            None => by_topic
+                .push(ReassignableTopicResponse::default().with_name(topic_name(&topic)).with_partitions(vec![result])),
+        }
+    }
+    response.with_responses(by_topic)
+}
+
+/// ListPartitionReassignments (KIP-455, `kafka-reassign-partitions.sh --verify`,
+/// AdminClient.listPartitionReassignments): the reassignments in progress, of the partitions
+/// asked for or of all.
+pub async fn list_partition_reassignments(
+    ctx: &Ctx,
+    _client: &Client,
+    request: ListPartitionReassignmentsRequest,
+) -> ListPartitionReassignmentsResponse {
+    use kafka_protocol::messages::BrokerId;
+    use list_partition_reassignments_response::{OngoingPartitionReassignment, OngoingTopicReassignment};
+    let filter: Option<BTreeMap<String, Vec<i32>>> = request.topics.as_ref().map(|topics| {
+        let mut map: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for t in topics {
+            map.entry(t.name.to_string()).or_default().extend(&t.partition_indexes);
+        }
+        map
+    });
+    let brokers = |list: Vec<i32>| list.into_iter().map(BrokerId).collect::<Vec<_>>();
+    let mut topics: Vec<OngoingTopicReassignment> = Vec::new();
+    for ongoing in ctx.broker.list_partition_reassignments(filter.as_ref()) {
+        let partition = OngoingPartitionReassignment::default()
+            .with_partition_index(ongoing.partition)
+            .with_replicas(brokers(ongoing.replicas))
+            .with_adding_replicas(brokers(ongoing.adding))
+            .with_removing_replicas(brokers(ongoing.removing));
+        match topics.iter_mut().find(|t| t.name.as_str() == ongoing.topic) {
+            Some(t) => t.partitions.push(partition),
+            None => topics.push(
+                OngoingTopicReassignment::default()
+                    .with_name(topic_name(&ongoing.topic))
+                    .with_partitions(vec![partition]),
+            ),
+        }
+    }
+    ListPartitionReassignmentsResponse::default().with_topics(topics)
 }

@@ -54,7 +54,9 @@ pub mod code {
     pub const INVALID_CONFIG: i16 = 40;
     pub const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
     pub const MEMBER_ID_REQUIRED: i16 = 79;
+    pub const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
     pub const ELECTION_NOT_NEEDED: i16 = 84;
+    pub const NO_REASSIGNMENT_IN_PROGRESS: i16 = 85;
     pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
     pub const UNKNOWN_TOPIC_ID: i16 = 100;
 }

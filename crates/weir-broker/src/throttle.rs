@@ -1,0 +1,250 @@
+//! Replication throttles (Kafka's KIP-73): bound the bandwidth a reassignment's copying takes,
+//! so that moving a partition does not starve producers, consumers and in-sync followers.
+//!
+//! Two dynamic broker configs, set cluster-wide (resource name `""`) or per broker with
+//! IncrementalAlterConfigs (what `kafka-reassign-partitions.sh --throttle` does) or
+//! `weir partition reassign --throttle`, and kept in the metadata:
+//!
+//! - `leader.replication.throttled.rate`: bytes per second a leader sends to throttled
+//!   replicas;
+//! - `follower.replication.throttled.rate`: bytes per second a follower fetches for its
+//!   throttled replicas.
+//!
+//! A replica is throttled while a reassignment adds it and it is not in the ISR yet: exactly
+//! the copy of a move (Kafka names the throttled replicas in topic configs; the reassignment
+//! tool sets them to the same replicas). In-sync replicas are never throttled, so `acks=all`
+//! never waits on a throttle. Like Kafka's quotas, a throttle is a budget over time: once it is
+//! spent, throttled replicas get nothing until it refills, while the others carry on.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use weir_storage::sync::lock;
+
+use crate::broker::Broker;
+use crate::cluster::ControlRequest;
+use crate::error::{BrokerError, ErrorKind};
+use crate::metadata::{MetadataRecord, MetadataState, PartitionState};
+use crate::topic_config::{ConfigEdit, ConfigOp};
+
+pub const LEADER_RATE: &str = "leader.replication.throttled.rate";
+pub const FOLLOWER_RATE: &str = "follower.replication.throttled.rate";
+
+/// The broker configs that can change while the cluster runs (the others are static).
+pub const DYNAMIC_BROKER_CONFIGS: &[&str] = &[LEADER_RATE, FOLLOWER_RATE];
+
+/// Kafka's default for both rates: no limit.
+pub const UNLIMITED: u64 = i64::MAX as u64;
+
+/// Is `replica` of `partition` throttled: added by a reassignment, and not in sync yet?
+pub fn is_throttled(partition: &PartitionState, replica: i32) -> bool {
+    partition.adding_replicas.contains(&replica) && !partition.isr.contains(&replica)
+}
+
+/// Checks dynamic broker configs: only the names above, each a byte rate.
+pub fn validate(configs: &BTreeMap<String, String>) -> Result<(), BrokerError> {
+    for (name, value) in configs {
+        if !DYNAMIC_BROKER_CONFIGS.contains(&name.as_str()) {
+            return Err(BrokerError::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "{name} cannot change while the broker runs: set it in weir.toml or with --set and restart (dynamic \
+                     broker configs: {})",
+                    DYNAMIC_BROKER_CONFIGS.join(", ")
+                ),
+            ));
+        }
+        if value.trim().parse::<i64>().map_or(true, |rate| rate < 0) {
+            return Err(BrokerError::new(
+                ErrorKind::InvalidConfig,
+                format!("{name} must be a number of bytes per second (0 or more), not {value:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rate `name` has for broker `node`: its own dynamic value, else the cluster-wide one.
+pub fn rate_for(dynamic: &BTreeMap<String, BTreeMap<String, String>>, node: i32, name: &str) -> Option<u64> {
+    let value = dynamic
+        .get(&node.to_string())
+        .and_then(|c| c.get(name))
+        .or_else(|| dynamic.get("").and_then(|c| c.get(name)))?;
+    value.trim().parse::<u64>().ok().filter(|rate| *rate < UNLIMITED)
+}
+
+/// This broker's two budgets, with the rates the metadata gives it.
+#[derive(Debug, Default)]
+pub struct ReplicationQuotas {
+    /// What this broker, leading, sends to throttled followers.
+    pub leader: Quota,
+    /// What this broker, following, fetches for its throttled replicas.
+    pub follower: Quota,
+}
+
+impl ReplicationQuotas {
+    pub(crate) fn update(&self, state: &MetadataState, node: i32) {
+        self.leader.set_rate(rate_for(&state.broker_configs, node, LEADER_RATE));
+        self.follower.set_rate(rate_for(&state.broker_configs, node, FOLLOWER_RATE));
+    }
+}
+
+impl Broker {
+    /// Changes dynamic broker configs through the controller: `resource` is `""` (every
+    /// broker) or a broker id.
+    pub async fn alter_broker_configs(
+        self: &std::sync::Arc<Self>,
+        resource: String,
+        validate_only: bool,
+        edit: ConfigEdit,
+    ) -> Result<(), BrokerError> {
+        self.control(ControlRequest::AlterBrokerConfigs { resource, validate_only, edit }).await.map(|_| ())
+    }
+
+    /// The dynamic configs of `resource` (`""` or a broker id).
+    pub fn dynamic_broker_configs(&self, resource: &str) -> BTreeMap<String, String> {
+        self.metadata().broker_configs.get(resource).cloned().unwrap_or_default()
+    }
+
+    pub(crate) fn decide_alter_broker_configs(
+        &self,
+        held: &std::sync::MutexGuard<'_, ()>,
+        resource: String,
+        validate_only: bool,
+        edit: ConfigEdit,
+    ) -> Result<(), BrokerError> {
+        if !resource.is_empty() && resource.parse::<i32>().map_or(true, |id| id < 0) {
+            return Err(BrokerError::new(
+                ErrorKind::InvalidRequest,
+                format!("broker resource {resource:?} is neither \"\" (every broker) nor a broker id"),
+            ));
+        }
+        let state = self.metadata();
+        let current = state.broker_configs.get(&resource).cloned().unwrap_or_default();
+        let configs = match edit {
+            ConfigEdit::Replace(configs) => configs,
+            ConfigEdit::Apply(ops) => {
+                let mut configs = current.clone();
+                for op in ops {
+                    match op {
+                        ConfigOp::Set { name, value } => {
+                            configs.insert(name, value);
+                        }
+                        ConfigOp::Delete { name } => {
+                            configs.remove(&name);
+                        }
+                        ConfigOp::Append { name, .. } | ConfigOp::Subtract { name, .. } => {
+                            return Err(BrokerError::new(
+                                ErrorKind::InvalidConfig,
+                                format!("{name} is no list: only SET and DELETE apply"),
+                            ))
+                        }
+                    }
+                }
+                configs
+            }
+        };
+        validate(&configs)?;
+        if !validate_only && configs != current {
+            self.commit(held, vec![MetadataRecord::SetBrokerConfigs { resource: resource.clone(), configs }])?;
+            tracing::info!(resource = %resource, "altered dynamic broker configs");
+        }
+        Ok(())
+    }
+}
+
+/// A byte budget that refills at a rate (a token bucket holding at most one second of it).
+/// Without a rate it is never exceeded.
+#[derive(Debug)]
+pub struct Quota {
+    bucket: Mutex<Bucket>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    rate: Option<u64>,
+    /// Bytes that may still go; negative once overdrawn (the last transfer went past it).
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl Default for Quota {
+    fn default() -> Quota {
+        Quota { bucket: Mutex::new(Bucket { rate: None, tokens: 0.0, refilled: Instant::now() }) }
+    }
+}
+
+impl Quota {
+    pub fn set_rate(&self, rate: Option<u64>) {
+        let mut bucket = lock(&self.bucket);
+        if bucket.rate != rate {
+            *bucket = Bucket { rate, tokens: rate.unwrap_or(0) as f64, refilled: Instant::now() };
+        }
+    }
+
+    pub fn rate(&self) -> Option<u64> {
+        lock(&self.bucket).rate
+    }
+
+    /// Is the budget spent (throttled replicas must wait)?
+    pub fn exceeded(&self) -> bool {
+        let mut bucket = lock(&self.bucket);
+        bucket.refill();
+        bucket.rate.is_some() && bucket.tokens < 0.0
+    }
+
+    /// `bytes` went to throttled replicas.
+    pub fn record(&self, bytes: u64) {
+        let mut bucket = lock(&self.bucket);
+        if bucket.rate.is_some() {
+            bucket.refill();
+            bucket.tokens -= bytes as f64;
+        }
+    }
+}
+
+impl Bucket {
+    fn refill(&mut self) {
+        let Some(rate) = self.rate else { return };
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        self.tokens = (self.tokens + elapsed * rate as f64).min(rate as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spent_budget_refills_at_the_rate() {
+        let quota = Quota::default();
+        quota.record(u64::MAX / 2);
+        assert!(!quota.exceeded(), "no rate, no limit");
+        quota.set_rate(Some(1_000_000));
+        quota.record(1_500_000);
+        assert!(quota.exceeded(), "1.5 MB against a 1 MB/s budget");
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        assert!(!quota.exceeded(), "0.7 s refilled 0.7 MB");
+        quota.set_rate(None);
+        quota.record(u64::MAX / 2);
+        assert!(!quota.exceeded());
+    }
+
+    #[test]
+    fn rates_are_per_broker_then_cluster_wide_and_validated() {
+        let mut dynamic = BTreeMap::new();
+        dynamic.insert(String::new(), BTreeMap::from([(LEADER_RATE.to_string(), "100".to_string())]));
+        dynamic.insert("2".to_string(), BTreeMap::from([(LEADER_RATE.to_string(), "50".to_string())]));
+        assert_eq!(rate_for(&dynamic, 1, LEADER_RATE), Some(100));
+        assert_eq!(rate_for(&dynamic, 2, LEADER_RATE), Some(50));
+        assert_eq!(rate_for(&dynamic, 1, FOLLOWER_RATE), None);
+        let bad = |name: &str, value: &str| validate(&BTreeMap::from([(name.to_string(), value.to_string())])).is_err();
+        assert!(bad("num.partitions", "3"), "static configs stay static");
+        assert!(bad(LEADER_RATE, "-1"));
+        assert!(bad(LEADER_RATE, "fast"));
+        assert!(!bad(FOLLOWER_RATE, "10485760"));
+    }
+}

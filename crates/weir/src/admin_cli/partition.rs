@@ -1,0 +1,167 @@
+//! `weir partition reassign|reassignments|throttle`: what `kafka-reassign-partitions.sh` does,
+//! through the admin API. A plan is Kafka's reassignment JSON, so plans written for Kafka's
+//! tool work unchanged:
+//!
+//! ```json
+//! {"version":1,"partitions":[{"topic":"orders","partition":0,"replicas":[2,3,4]}]}
+//! ```
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use weir_admin::api::{ReassignmentPlan, ReassignmentResults, Reassignments, ReplicationThrottle};
+
+use super::{print_json, AdminClient, Connection, Table};
+
+#[derive(Debug, Args)]
+pub struct PartitionArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    #[command(subcommand)]
+    pub command: PartitionCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PartitionCommand {
+    /// Start the moves of a plan (Kafka's reassignment JSON), or cancel them (--cancel). New
+    /// replicas copy the data, join the ISR, then the old ones are dropped.
+    Reassign(ReassignArgs),
+    /// The reassignments in progress: replicas, and those being added and removed.
+    Reassignments,
+    /// Set (--rate) or remove (--clear) the cluster-wide replication throttle.
+    Throttle(ThrottleArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReassignArgs {
+    /// The plan: `{"version":1,"partitions":[{"topic":"t","partition":0,"replicas":[2,3]}]}`.
+    #[arg(long, value_name = "FILE")]
+    pub plan: PathBuf,
+    /// Cancel the plan's partitions' reassignments: they go back to their original replicas.
+    #[arg(long)]
+    pub cancel: bool,
+    /// Bytes per second the copying may take, cluster-wide (leaders sending and followers
+    /// fetching); stays set until `weir partition throttle --clear`.
+    #[arg(long, value_name = "BYTES_PER_SEC")]
+    pub throttle: Option<u64>,
+    /// Refuse moves that change a partition's number of replicas.
+    #[arg(long)]
+    pub keep_replication_factor: bool,
+    /// Wait until every move of the plan has completed.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up (exit 1) after this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub timeout: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ThrottleArgs {
+    /// Bytes per second.
+    #[arg(long, conflicts_with = "clear", required_unless_present = "clear")]
+    pub rate: Option<u64>,
+    /// No limit.
+    #[arg(long)]
+    pub clear: bool,
+}
+
+pub fn run(args: &PartitionArgs) -> anyhow::Result<()> {
+    let client = AdminClient::new(&args.connection)?;
+    let mut out = std::io::stdout().lock();
+    let json = args.connection.json;
+    match &args.command {
+        PartitionCommand::Reassign(reassign) => {
+            let text = std::fs::read_to_string(&reassign.plan)
+                .with_context(|| format!("cannot read the plan {}", reassign.plan.display()))?;
+            let mut plan: ReassignmentPlan = serde_json::from_str(&text)
+                .with_context(|| format!("{} is no reassignment plan", reassign.plan.display()))?;
+            if reassign.cancel {
+                plan.partitions.iter_mut().for_each(|p| p.replicas = None);
+            }
+            plan.allow_replication_factor_change = !reassign.keep_replication_factor;
+            if let Some(rate) = reassign.throttle {
+                let _: ReplicationThrottle =
+                    client.put("/v1/replication-throttle", &ReplicationThrottle { bytes_per_second: Some(rate) })?;
+            }
+            let answer: ReassignmentResults = client.post("/v1/reassignments", &plan)?;
+            let failed = answer.results.iter().filter(|r| r.error.is_some()).count();
+            if json {
+                print_json(&mut out, &answer)?;
+            } else {
+                let mut table = Table::new(&["TOPIC", "PARTITION", "RESULT"]);
+                for r in &answer.results {
+                    let result = match &r.error {
+                        None if reassign.cancel => "cancelled".to_string(),
+                        None => "started".to_string(),
+                        Some(e) => format!("{}: {}", e.code, e.message),
+                    };
+                    table.row(vec![r.topic.clone(), r.partition.to_string(), result]);
+                }
+                table.write(&mut out)?;
+            }
+            if failed > 0 {
+                anyhow::bail!("{failed} of {} partitions were not reassigned", answer.results.len());
+            }
+            if reassign.wait {
+                out.flush()?;
+                wait_for(&client, &plan, Duration::from_secs(reassign.timeout))?;
+                if !json {
+                    writeln!(out, "every reassignment of the plan has completed")?;
+                }
+            }
+        }
+        PartitionCommand::Reassignments => {
+            let ongoing: Reassignments = client.get("/v1/reassignments", &[])?;
+            if json {
+                return print_json(&mut out, &ongoing);
+            }
+            let mut table = Table::new(&["TOPIC", "PARTITION", "REPLICAS", "ADDING", "REMOVING"]);
+            let list = |ids: &[i32]| ids.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
+            for r in &ongoing.reassignments {
+                table.row(vec![
+                    r.topic.clone(),
+                    r.partition.to_string(),
+                    list(&r.replicas),
+                    list(&r.adding),
+                    list(&r.removing),
+                ]);
+            }
+            table.write(&mut out)?;
+        }
+        PartitionCommand::Throttle(throttle) => {
+            let wanted = ReplicationThrottle { bytes_per_second: if throttle.clear { None } else { throttle.rate } };
+            let set: ReplicationThrottle = client.put("/v1/replication-throttle", &wanted)?;
+            if json {
+                return print_json(&mut out, &set);
+            }
+            match set.bytes_per_second {
+                Some(rate) => writeln!(out, "replication throttle: {rate} bytes per second")?,
+                None => writeln!(out, "replication throttle: none")?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Polls until none of the plan's partitions is being reassigned.
+fn wait_for(client: &AdminClient, plan: &ReassignmentPlan, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let ongoing: Reassignments = client.get("/v1/reassignments", &[])?;
+        let left = ongoing
+            .reassignments
+            .iter()
+            .filter(|r| plan.partitions.iter().any(|p| p.topic == r.topic && p.partition == r.partition))
+            .count();
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!("{left} reassignments of the plan are still in progress after {} s", timeout.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
