@@ -1,4 +1,5 @@
-"""A Weir cluster of real `weir server` processes on 127.0.0.1, for the cluster tests.
+"""A Weir cluster of real `weir server` processes on 127.0.0.1 (or each in a network namespace
+of its own, see netns.py), for the cluster tests.
 
 Each node is a `Broker` (conftest.py) with a node id, a CONTROLLER port and the cluster
 settings: `--set listeners=PLAINTEXT://127.0.0.1:P,CONTROLLER://127.0.0.1:C` instead of
@@ -66,9 +67,12 @@ class Node(Broker):
     controller-only node has no Kafka listener: its `port` is then the CONTROLLER port (what
     start() waits for), and it is no bootstrap address."""
 
-    def __init__(self, workdir, node_id, controller_port, voters, roles, settings=None):
+    def __init__(self, workdir, node_id, controller_port, voters, roles, settings=None, host=None, prefix=()):
         merged = dict(CLUSTER_SETTINGS)
         merged.update(settings or {})
+        # Set before Broker.__init__: the listeners below are built from the host.
+        self._host = host or "127.0.0.1"
+        self.prefix = list(prefix)
         super().__init__(workdir, settings=merged, name=f"node{node_id}")
         self.node_id = node_id
         self.controller_port = controller_port
@@ -84,6 +88,15 @@ class Node(Broker):
         if not self.broker:
             self.port = controller_port
             self.settings["listeners"] = f"CONTROLLER://{self.host}:{controller_port}"
+
+    @property
+    def host(self):
+        """127.0.0.1, or the node's address in its network namespace (netns.py)."""
+        return self._host
+
+    def command(self):
+        """The broker's command, run through `prefix` (`ip netns exec NS`) when there is one."""
+        return self.prefix + super().command()
 
     @property
     def voter(self):
@@ -216,9 +229,13 @@ class Cluster:
     `brokers` broker-only nodes after them. What asks brokers (ids(), bootstrap(), Metadata
     views) leaves controller-only nodes out."""
 
-    def __init__(self, root, voters=3, brokers=0, settings=None, controller_only=False):
+    def __init__(self, root, voters=3, brokers=0, settings=None, controller_only=False, network=None):
+        """`network` (a netns.Network) runs each node in its own network namespace, at its own
+        address: the test can then cut links between nodes while clients still reach each."""
         self.root = pathlib.Path(root)
         ids = list(range(1, voters + brokers + 1))
+        host = (lambda i: network.address(i)) if network else (lambda i: "127.0.0.1")
+        prefix = (lambda i: network.exec_prefix(i)) if network else (lambda i: ())
         ports = set()
         controller_ports = {}
         for node_id in ids:
@@ -227,13 +244,20 @@ class Cluster:
                 port = free_port()
             ports.add(port)
             controller_ports[node_id] = port
-        self.voters = ",".join(f"{i}@127.0.0.1:{controller_ports[i]}" for i in ids[:voters])
+        self.voters = ",".join(f"{i}@{host(i)}:{controller_ports[i]}" for i in ids[:voters])
         self.nodes = {}
         for node_id in ids:
             voter_roles = "controller" if controller_only else "broker,controller"
             roles = voter_roles if node_id <= voters else "broker"
             node = Node(
-                self.root / f"node{node_id}", node_id, controller_ports[node_id], self.voters, roles, settings
+                self.root / f"node{node_id}",
+                node_id,
+                controller_ports[node_id],
+                self.voters,
+                roles,
+                settings,
+                host=host(node_id),
+                prefix=prefix(node_id),
             )
             # Kafka ports must not collide with the CONTROLLER ports either.
             while node.broker and node.port in ports:

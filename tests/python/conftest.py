@@ -325,13 +325,14 @@ def cluster_factory(tmp_path):
 
     made = []
 
-    def make(voters=3, brokers=0, settings=None, start=True, controller_only=False):
+    def make(voters=3, brokers=0, settings=None, start=True, controller_only=False, network=None):
         c = Cluster(
             tmp_path / f"cluster{len(made)}",
             voters=voters,
             brokers=brokers,
             settings=settings,
             controller_only=controller_only,
+            network=network,
         )
         made.append(c)
         _ALL_BROKERS.extend(c.nodes.values())
