@@ -214,3 +214,49 @@ def test_a_throttled_move_waits_for_the_new_replica_and_can_be_cancelled(replica
     got = read_partition(cluster.bootstrap([2]), topic, 0, 1000, timeout=60)
     assert [v for _, v in got] == [payload + str(i).encode() for i in range(1000)]
     cluster.wait(lambda: not log_dir(cluster, 1, topic).exists(), 15, "broker 1 deleting its replica")
+
+
+def test_the_topic_throttled_replica_lists_hold_back_a_returning_follower(replicated):
+    """What `kafka-reassign-partitions.sh --throttle` also sets: the topic's
+    `follower.replication.throttled.replicas`. A follower named there that comes back far
+    behind catches up within the rate, outside the ISR, and joins once the throttle is gone."""
+    cluster = replicated
+    topic = unique("catchup")
+    create_replicated(cluster, topic, assignment=[[1, 2]])
+    cluster.node(2).stop()
+    cluster.wait(lambda: partition_states(cluster, topic, via=1).get(0, (0, [], [1, 2]))[2] == [1], 20, "ISR [1]")
+    payload = b"y" * 8000
+    reports = produce(cluster.bootstrap([1, 3]), topic, [payload] * 1000, acks="1")
+    assert all(err is None for err, _ in reports.values())
+
+    admin = set_throttle(cluster, 1_000_000)
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry("leader.replication.throttled.replicas", "0:1", incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("follower.replication.throttled.replicas", "0:2", incremental_operation=AlterConfigOpType.SET),
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    described = list(admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)]).values())[0].result(30)
+    assert described["follower.replication.throttled.replicas"].value == "0:2"
+    bad = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry("follower.replication.throttled.replicas", "zero:2", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    with pytest.raises(Exception, match="partition:broker"):
+        list(admin.incremental_alter_configs([bad]).values())[0].result(timeout=30)
+
+    cluster.node(2).start()
+    started = time.monotonic()
+    time.sleep(3.0)
+    assert partition_states(cluster, topic, via=1)[0][2] == [1], "the throttled follower is still catching up"
+    assert time.monotonic() - started < 6
+
+    set_throttle(cluster, None)
+    cluster.wait(lambda: partition_states(cluster, topic, via=1)[0][2] == [1, 2], 60, "broker 2 back in the ISR")

@@ -1065,6 +1065,7 @@ impl Broker {
                 .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
             let min_insync = topic_config::min_insync_replicas(&self.config.topic_defaults, &topic.configs);
             let compression = topic_config::compression(&self.config.topic_defaults, &topic.configs);
+            let throttled = topic_config::throttled_replicas(&self.config.topic_defaults, &topic.configs);
             let existing: &[Option<Arc<Partition>>] = topics.get(&topic.name).map_or(&[], |list| list);
             for partition in existing.iter().flatten() {
                 if *partition.log.config() != config {
@@ -1072,6 +1073,7 @@ impl Broker {
                 }
                 partition.set_min_insync_replicas(min_insync);
                 partition.set_compression(compression);
+                partition.set_throttled_replicas(throttled.clone());
                 if let Some(state) = topic.partition(partition.index) {
                     if *state != *partition.state() {
                         partition.set_state(state.clone());
@@ -1100,6 +1102,7 @@ impl Broker {
                 let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal, node, state);
                 partition.set_min_insync_replicas(min_insync);
                 partition.set_compression(compression);
+                partition.set_throttled_replicas(throttled.clone());
                 *slot = Some(Arc::new(partition));
             }
             topics.insert(topic.name.clone(), list.into());

@@ -253,7 +253,7 @@ impl Broker {
                 }
             }
             // A reassignment's copy waits while the leader's throttle budget is spent.
-            let throttled = request.replica_id.is_some_and(|replica| crate::throttle::is_throttled(&state, replica));
+            let throttled = request.replica_id.is_some_and(|replica| partition.throttles_for_leader(&state, replica));
             if throttled && self.replication_quotas.leader.exceeded() {
                 out.push(FetchedPartition::empty(partition));
                 continue;

@@ -12,6 +12,7 @@ use crate::error::{BrokerError, ErrorKind};
 use crate::metadata::PartitionState;
 use crate::metrics::PartitionMetrics;
 use crate::replication::ReplicaState;
+use crate::throttle::ThrottledReplicas;
 use crate::topic_config::TopicCompression;
 use weir_storage::sync::{lock, read, write};
 
@@ -32,6 +33,8 @@ pub struct Partition {
     min_insync_replicas: AtomicI64,
     /// The topic's `compression.type`, kept current like `min_insync_replicas`.
     compression: Mutex<TopicCompression>,
+    /// The topic's leader and follower throttled-replica lists, kept current likewise.
+    throttled_replicas: Mutex<(ThrottledReplicas, ThrottledReplicas)>,
     /// Bytes and records in and out, counted by the produce and fetch paths.
     pub metrics: PartitionMetrics,
     /// Fetches parked until new data is visible. Each holds its own `Notify`; an append wakes
@@ -86,6 +89,7 @@ impl Partition {
             state: RwLock::new(Arc::new(state.clone())),
             min_insync_replicas: AtomicI64::new(1),
             compression: Mutex::new(TopicCompression::Producer),
+            throttled_replicas: Mutex::new(Default::default()),
             metrics: PartitionMetrics::default(),
             waiters: Mutex::new(Vec::new()),
             replication: Mutex::new(ReplicaState::new()),
@@ -161,6 +165,23 @@ impl Partition {
 
     pub(crate) fn set_compression(&self, compression: TopicCompression) {
         *lock(&self.compression) = compression;
+    }
+
+    pub(crate) fn set_throttled_replicas(&self, lists: (ThrottledReplicas, ThrottledReplicas)) {
+        *lock(&self.throttled_replicas) = lists;
+    }
+
+    /// Leading: is what this broker sends `replica` of this partition throttled?
+    pub fn throttles_for_leader(&self, state: &PartitionState, replica: i32) -> bool {
+        let lists = lock(&self.throttled_replicas);
+        crate::throttle::is_throttled(state, self.index, replica, &lists.0, self.local_broker)
+    }
+
+    /// Following: is what this broker fetches for this partition throttled?
+    pub fn throttled_as_follower(&self) -> bool {
+        let state = self.state();
+        let lists = lock(&self.throttled_replicas);
+        crate::throttle::is_throttled(&state, self.index, self.local_broker, &lists.1, self.local_broker)
     }
 
     pub fn min_insync_replicas(&self) -> i64 {

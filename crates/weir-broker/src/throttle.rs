@@ -10,10 +10,13 @@
 //! - `follower.replication.throttled.rate`: bytes per second a follower fetches for its
 //!   throttled replicas.
 //!
-//! A replica is throttled while a reassignment adds it and it is not in the ISR yet: exactly
-//! the copy of a move (Kafka names the throttled replicas in topic configs; the reassignment
-//! tool sets them to the same replicas). In-sync replicas are never throttled, so `acks=all`
-//! never waits on a throttle. Like Kafka's quotas, a throttle is a budget over time: once it is
+//! A replica is throttled while it is outside the ISR and either a reassignment adds it (the
+//! copy of a move), or the topic names it in Kafka's topic configs
+//! `leader.replication.throttled.replicas` (partitions whose leader on this broker throttles
+//! what it sends) and `follower.replication.throttled.replicas` (replicas on this broker that
+//! throttle what they fetch), as `*` or `partition:broker,...` (what `kafka-reassign-partitions.sh
+//! --throttle` sets; also useful to throttle a replaced broker's catch-up). In-sync replicas are
+//! never throttled, so `acks=all` never waits on a throttle. Like Kafka's quotas, a throttle is a budget over time: once it is
 //! spent, throttled replicas get nothing until it refills, while the others carry on.
 
 use std::collections::BTreeMap;
@@ -31,15 +34,64 @@ use crate::topic_config::{ConfigEdit, ConfigOp};
 pub const LEADER_RATE: &str = "leader.replication.throttled.rate";
 pub const FOLLOWER_RATE: &str = "follower.replication.throttled.rate";
 
+pub const LEADER_REPLICAS: &str = "leader.replication.throttled.replicas";
+pub const FOLLOWER_REPLICAS: &str = "follower.replication.throttled.replicas";
+
 /// The broker configs that can change while the cluster runs (the others are static).
 pub const DYNAMIC_BROKER_CONFIGS: &[&str] = &[LEADER_RATE, FOLLOWER_RATE];
 
 /// Kafka's default for both rates: no limit.
 pub const UNLIMITED: u64 = i64::MAX as u64;
 
-/// Is `replica` of `partition` throttled: added by a reassignment, and not in sync yet?
-pub fn is_throttled(partition: &PartitionState, replica: i32) -> bool {
-    partition.adding_replicas.contains(&replica) && !partition.isr.contains(&replica)
+/// A topic's list of throttled replicas.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ThrottledReplicas {
+    #[default]
+    None,
+    All,
+    /// (partition, broker) pairs.
+    Listed(Vec<(i32, i32)>),
+}
+
+impl ThrottledReplicas {
+    /// `""`, `*`, or `partition:broker` pairs separated by commas.
+    pub fn parse(value: &str) -> Option<ThrottledReplicas> {
+        let value = value.trim();
+        if value.is_empty() {
+            return Some(ThrottledReplicas::None);
+        }
+        if value == "*" {
+            return Some(ThrottledReplicas::All);
+        }
+        let mut pairs = Vec::new();
+        for item in value.split(',') {
+            let (partition, broker) = item.trim().split_once(':')?;
+            pairs.push((partition.trim().parse().ok()?, broker.trim().parse().ok()?));
+        }
+        Some(ThrottledReplicas::Listed(pairs))
+    }
+
+    pub fn contains(&self, partition: i32, broker: i32) -> bool {
+        match self {
+            ThrottledReplicas::None => false,
+            ThrottledReplicas::All => true,
+            ThrottledReplicas::Listed(pairs) => pairs.contains(&(partition, broker)),
+        }
+    }
+}
+
+/// Is `replica` of `partition` throttled: outside the ISR, and added by a reassignment or named
+/// by the topic (`listed`, the topic's list for the side asking, and `listed_broker`, the broker
+/// its entries must name: the leader for the leader's list, the follower for the follower's)?
+pub fn is_throttled(
+    partition: &PartitionState,
+    index: i32,
+    replica: i32,
+    listed: &ThrottledReplicas,
+    listed_broker: i32,
+) -> bool {
+    !partition.isr.contains(&replica)
+        && (partition.adding_replicas.contains(&replica) || listed.contains(index, listed_broker))
 }
 
 /// Checks dynamic broker configs: only the names above, each a byte rate.
@@ -246,5 +298,22 @@ mod tests {
         assert!(bad(LEADER_RATE, "-1"));
         assert!(bad(LEADER_RATE, "fast"));
         assert!(!bad(FOLLOWER_RATE, "10485760"));
+    }
+
+    #[test]
+    fn throttled_replica_lists_parse_as_kafka_writes_them() {
+        assert_eq!(ThrottledReplicas::parse(""), Some(ThrottledReplicas::None));
+        assert_eq!(ThrottledReplicas::parse(" * "), Some(ThrottledReplicas::All));
+        let listed = ThrottledReplicas::parse("0:1, 0:2,1:3").expect("a list");
+        assert!(listed.contains(0, 2) && listed.contains(1, 3) && !listed.contains(1, 1));
+        assert_eq!(ThrottledReplicas::parse("0:x"), None);
+        assert_eq!(ThrottledReplicas::parse("0"), None);
+        let mut partition = PartitionState::new(vec![1, 2]);
+        partition.isr = vec![1];
+        assert!(is_throttled(&partition, 0, 2, &listed, 2), "listed, out of sync");
+        assert!(!is_throttled(&partition, 0, 1, &ThrottledReplicas::All, 1), "in sync: never throttled");
+        assert!(!is_throttled(&partition, 0, 2, &ThrottledReplicas::None, 2), "neither listed nor added");
+        partition.adding_replicas = vec![2];
+        assert!(is_throttled(&partition, 0, 2, &ThrottledReplicas::None, 2), "added by a reassignment");
     }
 }

@@ -10,8 +10,13 @@ use weir_storage::config::TOPIC_CONFIG_NAMES;
 use weir_storage::{Compression, LogConfig, StorageError};
 
 /// Topic configs the broker itself interprets.
-pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] =
-    &[("min.insync.replicas", "1"), ("compression.type", "producer"), ("unclean.leader.election.enable", "false")];
+pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[
+    ("min.insync.replicas", "1"),
+    ("compression.type", "producer"),
+    ("unclean.leader.election.enable", "false"),
+    (crate::throttle::LEADER_REPLICAS, ""),
+    (crate::throttle::FOLLOWER_REPLICAS, ""),
+];
 
 /// Topic configs Kafka 3.x deprecated but still accepts: Weir accepts and describes them too, so
 /// tools and tests that set them keep working, and they change nothing (message format v2 is
@@ -105,6 +110,11 @@ pub fn log_config(
                 "unclean.leader.election.enable" => {
                     if parse_bool(value).is_none() {
                         return Err(bad(name, value, "expected true or false"));
+                    }
+                }
+                crate::throttle::LEADER_REPLICAS | crate::throttle::FOLLOWER_REPLICAS => {
+                    if crate::throttle::ThrottledReplicas::parse(value).is_none() {
+                        return Err(bad(name, value, "expected *, or a list of partition:broker such as 0:1,1:2"));
                     }
                 }
                 "compression.type" => {
@@ -266,6 +276,20 @@ fn parse_bool(value: &str) -> Option<bool> {
 
 /// `unclean.leader.election.enable` of a topic: may a replica outside the ISR lead when no
 /// in-sync replica is alive (losing what only the ISR had)?
+/// A topic's `leader.replication.throttled.replicas` and
+/// `follower.replication.throttled.replicas`.
+pub fn throttled_replicas(
+    broker_defaults: &BTreeMap<String, String>,
+    overrides: &BTreeMap<String, String>,
+) -> (crate::throttle::ThrottledReplicas, crate::throttle::ThrottledReplicas) {
+    let parse = |name: &str| {
+        override_or_default(broker_defaults, overrides, name)
+            .and_then(|v| crate::throttle::ThrottledReplicas::parse(v))
+            .unwrap_or_default()
+    };
+    (parse(crate::throttle::LEADER_REPLICAS), parse(crate::throttle::FOLLOWER_REPLICAS))
+}
+
 pub fn unclean_leader_election(
     broker_defaults: &BTreeMap<String, String>,
     overrides: &BTreeMap<String, String>,

@@ -29,7 +29,6 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use weir_broker::partition::Partition;
 use weir_broker::replication::Followed;
-use weir_broker::throttle;
 use weir_broker::Broker;
 
 /// The Fetch version followers send: the first with diverging epochs, and topics by name.
@@ -101,7 +100,7 @@ async fn run_fetcher(broker: Arc<Broker>, leader: i32) {
         };
         // A reassignment's copy pauses while this follower's throttle budget is spent.
         let followed: Vec<Followed> = if broker.replication_quotas.follower.exceeded() {
-            followed.into_iter().filter(|f| !throttle::is_throttled(&f.partition.state(), me)).collect()
+            followed.into_iter().filter(|f| !f.partition.throttled_as_follower()).collect()
         } else {
             followed
         };
@@ -112,7 +111,7 @@ async fn run_fetcher(broker: Arc<Broker>, leader: i32) {
         }
         let throttled: Vec<PartitionKey> = followed
             .iter()
-            .filter(|f| throttle::is_throttled(&f.partition.state(), me))
+            .filter(|f| f.partition.throttled_as_follower())
             .map(|f| (f.partition.topic.clone(), f.partition.index))
             .collect();
         correlation_id = correlation_id.wrapping_add(1);
