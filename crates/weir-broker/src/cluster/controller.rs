@@ -275,7 +275,15 @@ fn leaderless_changes(state: &MetadataState, broker: i32, unclean: UncleanPolicy
             }
             if let Some(next) = partition.isr.iter().copied().find(live) {
                 out.push(change(others, Some(next)));
-            } else if let Some(next) = partition.replicas.iter().copied().find(live).filter(|_| unclean(topic)) {
+            } else if let Some(next) = partition
+                .replicas
+                .iter()
+                .copied()
+                // A replica a reassignment is adding may have copied next to nothing.
+                .filter(|b| !partition.adding_replicas.contains(b))
+                .find(live)
+                .filter(|_| unclean(topic))
+            {
                 tracing::warn!(topic = %topic.name, partition = index, leader = next, "unclean leader election: a replica outside the ISR leads; what only the ISR had is lost");
                 out.push(change(vec![next], Some(next)));
             } else {
@@ -299,7 +307,8 @@ fn leader_changes_on_unfence(state: &MetadataState, broker: i32, unclean: Unclea
             }
             let (isr, leader) = if partition.isr.contains(&broker) {
                 (None, broker)
-            } else if !partition.isr.iter().any(live) && unclean(topic) {
+            } else if !partition.isr.iter().any(live) && unclean(topic) && !partition.adding_replicas.contains(&broker)
+            {
                 tracing::warn!(topic = %topic.name, partition = index, leader = broker, "unclean leader election: a replica outside the ISR leads; what only the ISR had is lost");
                 (Some(vec![broker]), broker)
             } else {
@@ -448,6 +457,20 @@ mod tests {
         }
         let back = leader_changes_on_unfence(&offline, 1, &|_| false);
         assert_eq!(back.len(), 1, "partition 0 had no leader and 1 in sync: {back:?}");
+    }
+
+    #[test]
+    fn an_unclean_election_skips_a_replica_a_reassignment_is_adding() {
+        let moving = PartitionState {
+            replicas: vec![3, 1],
+            isr: vec![1],
+            adding_replicas: vec![3],
+            removing_replicas: vec![1],
+            ..PartitionState::new(vec![1])
+        };
+        let state = state_with(vec![moving], &[]);
+        let changes = leaderless_changes(&state, 1, &|_| true);
+        assert!(matches!(&changes[0], MetadataRecord::PartitionChange { leader: Some(NO_LEADER), .. }), "{changes:?}");
     }
 
     #[test]

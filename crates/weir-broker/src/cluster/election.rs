@@ -70,7 +70,8 @@ fn elect(
             if let Some(next) = partition.isr.iter().copied().find(live) {
                 return Ok((next, None));
             }
-            match partition.replicas.iter().copied().find(live) {
+            // Not a replica a reassignment is adding: it may have copied next to nothing.
+            match partition.replicas.iter().copied().filter(|b| !partition.adding_replicas.contains(b)).find(live) {
                 Some(next) => Ok((next, Some(vec![next]))),
                 None => Err(BrokerError::new(ErrorKind::EligibleLeadersNotAvailable, "no replica is alive")),
             }
