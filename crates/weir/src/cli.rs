@@ -211,6 +211,15 @@ pub struct ReplicationBenchArgs {
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
 
+    /// After the produce cases: move a partition holding this many bytes from node 1 to node 2,
+    /// unthrottled and then under --move-throttle, and report each copy's rate. 0 skips it.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size_or_zero, default_value = "256M")]
+    pub move_bytes: u64,
+
+    /// The replication throttle of the throttled move, bytes per second.
+    #[arg(long, value_name = "BYTES_PER_SEC", value_parser = parse_size, default_value = "32M")]
+    pub move_throttle: u64,
+
     /// The load of each case: `weir bench produce`'s options (--bootstrap, --replicas and
     /// --acks are set per case). Give --duration or --bytes to keep the cases short.
     #[command(flatten)]
@@ -424,6 +433,14 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         return Err("the byte count must be positive".into());
     }
     Ok(bytes)
+}
+
+/// [`parse_size`], where 0 means "none" (skip).
+fn parse_size_or_zero(text: &str) -> Result<u64, String> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    parse_size(text)
 }
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {

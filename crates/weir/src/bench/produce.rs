@@ -21,7 +21,7 @@ use crate::bench::raw_protocol::{self, Server};
 use crate::cli::ProduceBenchArgs;
 
 /// Produce v9: flexible, the version librdkafka 2.x sends.
-const PRODUCE_VERSION: i16 = 9;
+pub(crate) const PRODUCE_VERSION: i16 = 9;
 /// Latencies above this (10 minutes, in µs) are recorded as this.
 const MAX_LATENCY_US: u64 = 600_000_000;
 /// The broker's default `socket.request.max.bytes`.
@@ -67,7 +67,7 @@ impl Target {
 
 /// One RecordBatch v2 of as many `size`-byte values as fit in `batch_bytes` (at least one), no
 /// keys, no compression, producer id -1, CRC32C set. Returns the batch and its record count.
-fn encode_batch(size: usize, batch_bytes: u64) -> anyhow::Result<(Bytes, usize)> {
+pub(crate) fn encode_batch(size: usize, batch_bytes: u64) -> anyhow::Result<(Bytes, usize)> {
     let value = Bytes::from((0..size).map(|i| b'a' + (i % 26) as u8).collect::<Vec<u8>>());
     let timestamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
     let encode = |n: usize| {

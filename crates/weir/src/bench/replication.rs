@@ -13,12 +13,26 @@
 //! three-replica cases' latencies is the replication lag under that load: the time from the
 //! leader's append until the followers have the batch. It reports the median MB/s and p50/p99
 //! latency per case and each as a ratio to the baseline.
+//!
+//! Then it moves a partition of `--move-bytes` from node 1 to node 2 (a reassignment), once
+//! unthrottled and once under `--move-throttle`, and reports how fast each copy went: the
+//! throttled rate as a ratio to the throttle says whether the throttle holds.
 
-use anyhow::Context;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::metadata;
+use anyhow::{bail, Context};
+use kafka_protocol::messages::alter_partition_reassignments_request::{ReassignablePartition, ReassignableTopic};
+use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
+use kafka_protocol::messages::{
+    AlterPartitionReassignmentsRequest, BrokerId, IncrementalAlterConfigsRequest, ListPartitionReassignmentsRequest,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use super::metadata::{self, Setup};
 use super::produce::{self, Target};
+use super::raw_protocol;
 use crate::cli::{ProduceBenchArgs, ReplicationBenchArgs};
+use weir::kafka_client::{self, Client};
 
 struct Case {
     label: &'static str,
@@ -113,5 +127,110 @@ pub fn run(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
     println!(
         "replication lag under this load (acks=all minus acks=1, 3 replicas): p50 {lag_p50:.2} ms, p99 {lag_p99:.2} ms"
     );
+    if args.move_bytes > 0 {
+        measure_moves(&setup, args.move_bytes, args.move_throttle)?;
+    }
     Ok(())
+}
+
+/// Moves a partition of `bytes` from node 1 to node 2, unthrottled and then throttled at
+/// `throttle` bytes per second, and prints each copy's rate.
+fn measure_moves(setup: &Setup, bytes: u64, throttle: u64) -> anyhow::Result<()> {
+    println!("\nmoving a partition of {} MB from node 1 to node 2:", bytes / 1_000_000);
+    let mut admin = raw_protocol::connect(setup.nodes[0].addr)?;
+    let mut unthrottled = None;
+    for rate in [None, Some(throttle)] {
+        let topic = format!("weir-bench-move-{}", SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos());
+        with_retries(|| raw_protocol::create_topic(&mut admin, &topic, 1, &[], Some(&[1])))?;
+        std::thread::sleep(Duration::from_millis(200));
+        fill(&mut admin, &topic, bytes)?;
+        set_throttle(&mut admin, rate)?;
+        let started = Instant::now();
+        reassign(&mut admin, &topic, vec![2])?;
+        while moving(&mut admin)? {
+            if started.elapsed() > Duration::from_secs(1800) {
+                bail!("the move of {topic} did not complete within 30 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let mb_per_s = bytes as f64 / 1e6 / seconds;
+        match rate {
+            None => {
+                println!("unthrottled            {mb_per_s:>8.1} MB/s ({seconds:.2} s)");
+                unthrottled = Some(mb_per_s);
+            }
+            Some(rate) => println!(
+                "throttled at {:>5.1} MB/s {mb_per_s:>8.1} MB/s ({seconds:.2} s): {:.2}x the throttle, {:.2}x unthrottled",
+                rate as f64 / 1e6,
+                mb_per_s / (rate as f64 / 1e6),
+                unthrottled.map_or(f64::NAN, |u| mb_per_s / u)
+            ),
+        }
+        set_throttle(&mut admin, None)?;
+        raw_protocol::delete_topic(&mut admin, &topic)?;
+    }
+    Ok(())
+}
+
+/// Produces `bytes` of 1 KiB values in 1 MiB batches (acks=1) to partition 0 of `topic`.
+fn fill(admin: &mut Client, topic: &str, bytes: u64) -> anyhow::Result<()> {
+    let (batch, _) = produce::encode_batch(1024, 1 << 20)?;
+    let mut sent = 0u64;
+    while sent < bytes {
+        let request = kafka_client::produce_request(topic, 0, batch.clone(), 1);
+        let response = admin.send(produce::PRODUCE_VERSION, &request).context("Produce")?;
+        let code = response.responses.iter().flat_map(|t| &t.partition_responses).map(|p| p.error_code).max();
+        if code.unwrap_or(-1) != 0 {
+            bail!("filling {topic} failed: {}", raw_protocol::error_name(code.unwrap_or(-1)));
+        }
+        sent += batch.len() as u64;
+    }
+    Ok(())
+}
+
+/// Both replication throttles, cluster-wide (or removed).
+fn set_throttle(admin: &mut Client, rate: Option<u64>) -> anyhow::Result<()> {
+    let configs = ["leader.replication.throttled.rate", "follower.replication.throttled.rate"]
+        .into_iter()
+        .map(|name| {
+            AlterableConfig::default()
+                .with_name(StrBytes::from_static_str(name))
+                .with_config_operation(if rate.is_some() { 0 } else { 1 })
+                .with_value(rate.map(|r| StrBytes::from_string(r.to_string())))
+        })
+        .collect();
+    let request = IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+        .with_resource_type(4)
+        .with_resource_name(StrBytes::from_static_str(""))
+        .with_configs(configs)]);
+    let response = admin.send(1, &request).context("IncrementalAlterConfigs")?;
+    if let Some(r) = response.responses.iter().find(|r| r.error_code != 0) {
+        bail!("setting the replication throttle failed: {}", raw_protocol::error_name(r.error_code));
+    }
+    Ok(())
+}
+
+fn reassign(admin: &mut Client, topic: &str, replicas: Vec<i32>) -> anyhow::Result<()> {
+    let request = AlterPartitionReassignmentsRequest::default().with_timeout_ms(30_000).with_topics(vec![
+        ReassignableTopic::default().with_name(kafka_client::topic_name(topic)).with_partitions(vec![
+            ReassignablePartition::default()
+                .with_partition_index(0)
+                .with_replicas(Some(replicas.into_iter().map(BrokerId).collect())),
+        ]),
+    ]);
+    let response = admin.send(0, &request).context("AlterPartitionReassignments")?;
+    let code = response.responses.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).find(|c| *c != 0);
+    if let Some(code) = code.or((response.error_code != 0).then_some(response.error_code)) {
+        bail!("reassigning {topic} failed: {}", raw_protocol::error_name(code));
+    }
+    Ok(())
+}
+
+/// Is any reassignment in progress?
+fn moving(admin: &mut Client) -> anyhow::Result<bool> {
+    let response = admin
+        .send(0, &ListPartitionReassignmentsRequest::default().with_timeout_ms(10_000))
+        .context("ListPartitionReassignments")?;
+    Ok(!response.topics.is_empty())
 }
