@@ -441,7 +441,13 @@ def test_acknowledged_writes_survive_rounds_of_kills_freezes_restarts_and_contro
         for _, v in got:
             counts[v] = counts.get(v, 0) + 1
     duplicated = [v for v, n in counts.items() if n > 1]
-    assert not duplicated, f"{len(duplicated)} messages stored twice, e.g. {duplicated[:3]}"
+    if duplicated:
+        # Where each copy is and which one was acknowledged: tells a lost producer state
+        # (a retry appended again) from a client re-sending under a new epoch.
+        where = {v: [(p, o) for (p, o), x in values_at.items() if x == v] for v in duplicated[:3]}
+        detail = [f"{v!r} at {where[v]}, acknowledged at {workload.acked.get(v)}" for v in duplicated[:3]]
+        actions_text = ", ".join(f"{k}:{n}" for k, n in actions)
+        raise AssertionError(f"{len(duplicated)} messages stored twice: {detail}; faults: {actions_text}")
     missing = [v for v in workload.acked if v not in counts]
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:3]}"
     moved = [(v, at) for v, at in workload.acked.items() if values_at.get(at) != v]
