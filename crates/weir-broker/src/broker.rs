@@ -1244,7 +1244,9 @@ impl Broker {
         mut records: BytesMut,
     ) -> Result<AppendInfo, BrokerError> {
         let state = partition.check_local_leader()?;
-        let info = partition.log.append(&mut records, state.leader_epoch)?;
+        let info = partition.write_as_leader(state.leader_epoch, || {
+            partition.log.append(&mut records, state.leader_epoch).map_err(BrokerError::from)
+        })?;
         partition.log.sync_to(info.last_offset + 1)?;
         partition.maybe_advance_high_watermark();
         partition.wake_waiters();
@@ -1525,6 +1527,12 @@ enum AppendError {
     Refused(BrokerError),
 }
 
+impl From<BrokerError> for AppendError {
+    fn from(e: BrokerError) -> AppendError {
+        AppendError::Refused(e)
+    }
+}
+
 impl From<StorageError> for AppendError {
     fn from(e: StorageError) -> AppendError {
         AppendError::Storage(e)
@@ -1551,7 +1559,7 @@ fn write_client_batches(
     if config.cleanup_policy.compact {
         reject_keyless_records(&records)?;
     }
-    Ok(partition.log.append(&mut records, leader_epoch)?)
+    partition.write_as_leader(leader_epoch, || Ok(partition.log.append(&mut records, leader_epoch)?))
 }
 
 /// Compaction keeps the latest record per key, so a compacted topic refuses records without a

@@ -120,6 +120,52 @@ impl Partition {
         self.on_state_change(&state);
     }
 
+    /// Runs `write` (an append of a client's or the broker's own batches) only while this
+    /// broker leads the partition at `leader_epoch`, holding the partition state meanwhile: a
+    /// change of leader waits for the write, and a write that finds the leadership moved since
+    /// the request was checked writes nothing (NOT_LEADER_OR_FOLLOWER, so the client retries at
+    /// the new leader). Without this, a deposed leader could append a client's batch among the
+    /// batches it now replicates as a follower, stamped with its old epoch below newer ones,
+    /// where the divergence check never finds it: the replicas' logs would differ for good.
+    ///
+    /// `write` must not read the partition state (the lock is held).
+    pub(crate) fn write_as_leader<T, E: From<BrokerError>>(
+        &self,
+        leader_epoch: i32,
+        write: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let state = read(&self.state);
+        if state.leader != self.local_broker || state.leader_epoch != leader_epoch {
+            return Err(BrokerError::new(
+                ErrorKind::NotLeader,
+                format!(
+                    "{}-{}: leadership moved while the request waited (broker {} leads at epoch {} now)",
+                    self.topic, self.index, state.leader, state.leader_epoch
+                ),
+            )
+            .into());
+        }
+        write()
+    }
+
+    /// Runs `write` (an append of the leader's batches) only while this broker follows the
+    /// partition, holding the state meanwhile, for the same reason as
+    /// [`Partition::write_as_leader`].
+    pub(crate) fn write_as_follower<T, E: From<BrokerError>>(
+        &self,
+        write: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let state = read(&self.state);
+        if state.leader == self.local_broker {
+            return Err(BrokerError::new(
+                ErrorKind::NotLeader,
+                format!("{}-{} is led here now: it takes no replicated batches", self.topic, self.index),
+            )
+            .into());
+        }
+        write()
+    }
+
     pub fn leader_epoch(&self) -> i32 {
         self.state().leader_epoch
     }

@@ -407,7 +407,9 @@ impl Broker {
         let info = if records.is_empty() {
             None
         } else {
-            let info = partition.log.append_replicated(records)?;
+            // Checked again under the state: it may have become the leader since.
+            let info =
+                partition.write_as_follower(|| partition.log.append_replicated(records).map_err(BrokerError::from))?;
             if partition.log.config().flush == FlushPolicy::Sync {
                 partition.log.sync_to(info.last_offset + 1)?;
             }
@@ -421,6 +423,11 @@ impl Broker {
     /// below the high watermark it learned: an acknowledged record is never removed. Returns
     /// the new log end. Blocking.
     pub fn truncate_follower(&self, partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
+        // Under the state: a replica that became the leader meanwhile must not cut its log.
+        partition.write_as_follower(|| Self::truncate_diverged(partition, offset))
+    }
+
+    fn truncate_diverged(partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
         let floor = partition.known_high_watermark().min(partition.log.log_end_offset());
         let target = if offset < floor {
             tracing::error!(
@@ -446,7 +453,7 @@ impl Broker {
     /// (retention deleted what it lacks). Blocking.
     pub fn restart_follower_at(&self, partition: &Partition, offset: i64) -> Result<(), BrokerError> {
         tracing::warn!(topic = %partition.topic, partition = partition.index, offset, "follower behind the leader's log start: starting over there");
-        Ok(partition.log.truncate_fully_and_start_at(offset)?)
+        partition.write_as_follower(|| Ok(partition.log.truncate_fully_and_start_at(offset)?))
     }
 
     /// Sends an ISR proposal to the controller in the background; a refused or lost one is
@@ -511,6 +518,31 @@ mod tests {
         let mut bytes = batch(&BatchSpec { records, ..BatchSpec::default() });
         partition.log.append(&mut bytes, partition.leader_epoch()).unwrap();
         partition.maybe_advance_high_watermark();
+    }
+
+    #[test]
+    fn a_deposed_leader_appends_no_client_batch_and_a_new_leader_no_replicated_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = led_partition(dir.path(), &[1, 2, 3]);
+        // The request was checked at epoch 0; broker 2 took over before its turn to write.
+        let mut next = (*p.state()).clone();
+        next.leader = 2;
+        next.leader_epoch = 1;
+        next.partition_epoch = 1;
+        p.set_state(next.clone());
+        let mut bytes = batch(&BatchSpec { records: 3, ..BatchSpec::default() });
+        let refused = p.write_as_leader(0, || p.log.append(&mut bytes, 0).map_err(BrokerError::from));
+        assert_eq!(refused.err().map(|e| e.kind), Some(ErrorKind::NotLeader));
+        assert_eq!(p.log.log_end_offset(), 0, "nothing was written");
+        // Leading again (epoch 2): the fetcher's late batches are refused, a client's taken.
+        next.leader = 1;
+        next.leader_epoch = 2;
+        next.partition_epoch = 2;
+        p.set_state(next);
+        let late = p.write_as_follower(|| Ok::<_, BrokerError>(()));
+        assert_eq!(late.err().map(|e| e.kind), Some(ErrorKind::NotLeader));
+        let written = p.write_as_leader(2, || p.log.append(&mut bytes, 2).map_err(BrokerError::from));
+        assert!(written.is_ok(), "{written:?}");
     }
 
     #[test]
