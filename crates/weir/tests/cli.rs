@@ -170,6 +170,21 @@ fn produce_reads_stdin_lines_and_consume_prints_them() {
     );
 }
 
+#[test]
+fn consume_prints_every_value_of_a_repeated_header_name_in_order() {
+    // Kafka allows a header name more than once; each value is kept, in the order produced.
+    let server = Server::start(&[]);
+    server.create_topic("repeated", 1);
+    let produced =
+        server.weir(&["produce", "repeated", "--header", "t=a", "--header", "t=b", "--header", "u=c"], "x\n");
+    assert_eq!(produced.ok(), "produced 1 record(s) to 'repeated'\n");
+
+    let text = server.weir(&["consume", "repeated", "--from-beginning", "--timeout", "1"], "");
+    assert_eq!(text.ok(), "partition=0 offset=0 key=(null) headers=t:a,t:b,u:c value=x\n");
+    let json = server.weir(&["consume", "repeated", "--from-beginning", "--timeout", "1", "--json"], "");
+    assert_eq!(json.json_lines()[0]["headers"], json!([["t", "a"], ["t", "b"], ["u", "c"]]));
+}
+
 /// The sum of a topic's high watermarks: how many records it holds.
 fn records_in(server: &Server, topic: &str) -> i64 {
     let described = server.get_ok(&format!("/v1/topics/{topic}"));
