@@ -71,6 +71,10 @@ class Broker:
         self.log_path = self.workdir / f"{name}.stderr.log"
         self.name = name
         self.settings = dict(DEFAULT_SETTINGS)
+        # A fixed port of its own for the RocketMQ listener: clients reconnect to the same
+        # endpoint after a restart.
+        self.rocketmq_port = free_port()
+        self.settings["rocketmq.listeners"] = f"127.0.0.1:{self.rocketmq_port}"
         self.settings.update(settings or {})
         self.port = free_port()
         self.proc = None
@@ -87,6 +91,11 @@ class Broker:
     @property
     def bootstrap(self):
         return f"{self.host}:{self.port}"
+
+    @property
+    def rocketmq_endpoint(self):
+        """Where RocketMQ 5 clients reach this broker (their `endpoints`)."""
+        return f"{self.host}:{self.rocketmq_port}"
 
     @property
     def pid(self):

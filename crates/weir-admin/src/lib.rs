@@ -29,7 +29,9 @@ pub mod error;
 mod extract;
 pub mod forward;
 mod groups;
-pub mod partitioner;
+/// Kafka's murmur2 key partitioner, which lives in the core (RocketMQ sends with a message
+/// group use it too).
+pub use weir_broker::partitioner;
 mod probes;
 mod records;
 mod topics;

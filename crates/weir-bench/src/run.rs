@@ -525,7 +525,7 @@ fn produce(spec: &PhaseSpec, index: u32, shared: &Shared, producer: &BaseProduce
         }
         sequence += 1;
         shared.sent.fetch_add(1, Ordering::Relaxed);
-        if sequence % 64 == 0 || interval_ns.is_some() {
+        if sequence.is_multiple_of(64) || interval_ns.is_some() {
             producer.poll(Duration::ZERO);
         }
     }

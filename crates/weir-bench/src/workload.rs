@@ -106,7 +106,11 @@ pub fn human_bytes(bytes: u64) -> String {
     for (unit, size) in UNITS {
         if bytes >= size {
             let value = bytes as f64 / size as f64;
-            return if bytes % size == 0 { format!("{} {unit}", bytes / size) } else { format!("{value:.1} {unit}") };
+            return if bytes.is_multiple_of(size) {
+                format!("{} {unit}", bytes / size)
+            } else {
+                format!("{value:.1} {unit}")
+            };
         }
     }
     format!("{bytes} B")

@@ -687,12 +687,23 @@ impl Broker {
 
     /// Creates `name` with the broker's defaults if it does not exist (Metadata auto-creation).
     pub async fn auto_create_topic(self: &Arc<Self>, name: &str) -> Result<TopicMetadata, BrokerError> {
+        self.auto_create_topic_with(name, BTreeMap::new()).await
+    }
+
+    /// [`Broker::auto_create_topic`] with topic `configs` a front-end's protocol implies (a
+    /// RocketMQ topic takes RocketMQ's larger default body). A topic that exists is returned as
+    /// it is.
+    pub async fn auto_create_topic_with(
+        self: &Arc<Self>,
+        name: &str,
+        configs: BTreeMap<String, String>,
+    ) -> Result<TopicMetadata, BrokerError> {
         let topic = NewTopic {
             name: name.to_string(),
             partitions: -1,
             replication_factor: -1,
             assignments: Vec::new(),
-            configs: BTreeMap::new(),
+            configs,
         };
         match self.create_topics(vec![topic], false).await.pop() {
             Some(Ok(created)) => Ok(created.topic),

@@ -95,6 +95,11 @@ pub const SETTINGS: &[Setting] = &[
         "127.0.0.1:9644",
         "Address of the admin HTTP listener (JSON API, /metrics, /health, /ready); empty disables it.",
     ),
+    s(
+        "rocketmq.listeners",
+        "127.0.0.1:8081",
+        "Address of the RocketMQ 5 gRPC listener (what RocketMQ 5 clients call their endpoints); empty disables it.",
+    ),
     s("num.partitions", "1", "Partitions of an auto-created topic, and of CreateTopics asking for -1."),
     s("default.replication.factor", "1", "Replication factor of auto-created topics."),
     s("auto.create.topics.enable", "true", "Create a topic when a client asks Metadata for an unknown one."),
@@ -232,6 +237,12 @@ pub struct BrokerConfig {
     pub advertised_port: u16,
     /// The admin HTTP listener (`admin.listeners`); `None` when disabled.
     pub admin_listen: Option<SocketAddr>,
+    /// The RocketMQ 5 gRPC listener (`rocketmq.listeners`); `None` when disabled or on a
+    /// controller-only node.
+    pub rocketmq_listen: Option<SocketAddr>,
+    /// Port of the RocketMQ listener given to clients in routes (the bound one when configured
+    /// as 0); 0 when there is none.
+    pub rocketmq_advertised_port: u16,
     pub data_dir: PathBuf,
     pub num_partitions: i32,
     pub default_replication_factor: i16,
@@ -485,6 +496,19 @@ impl BrokerConfig {
                 invalid("admin.listeners", get("admin.listeners"), "the host must be an IP address (e.g. 127.0.0.1)")
             })?)
         };
+        let rocketmq_listen = if get("rocketmq.listeners").trim().is_empty() || !roles.broker {
+            None
+        } else {
+            let (host, port) = parse_listener("rocketmq.listeners", get("rocketmq.listeners"))?;
+            let addr = format!("{}:{port}", if host.contains(':') { format!("[{host}]") } else { host });
+            Some(addr.parse().map_err(|_| {
+                invalid(
+                    "rocketmq.listeners",
+                    get("rocketmq.listeners"),
+                    "the host must be an IP address (e.g. 127.0.0.1)",
+                )
+            })?)
+        };
         let data_dir = PathBuf::from(get("log.dirs").split(',').next().unwrap_or("").trim());
         if data_dir.as_os_str().is_empty() {
             return Err(invalid("log.dirs", get("log.dirs"), "must name a directory"));
@@ -517,6 +541,8 @@ impl BrokerConfig {
             advertised_host,
             advertised_port,
             admin_listen,
+            rocketmq_advertised_port: rocketmq_listen.map_or(0, |a: SocketAddr| a.port()),
+            rocketmq_listen,
             data_dir,
             num_partitions: parse_num("num.partitions", get("num.partitions"), 1)?,
             default_replication_factor: parse_num("default.replication.factor", get("default.replication.factor"), 1)?,

@@ -16,10 +16,13 @@ pub mod error;
 pub mod fetch;
 pub mod group;
 pub mod internal_records;
+pub mod message;
 pub mod metadata;
 pub mod metrics;
 pub mod partition;
+pub mod partitioner;
 pub mod placement;
+pub mod pop;
 pub mod replication;
 
 mod runtime;

@@ -16,7 +16,47 @@ pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[
     ("unclean.leader.election.enable", "false"),
     (crate::throttle::LEADER_REPLICAS, ""),
     (crate::throttle::FOLLOWER_REPLICAS, ""),
+    (MESSAGE_TYPE, "NORMAL"),
 ];
+
+/// RocketMQ 5's topic attribute: which kind of messages the topic takes (routes show it to
+/// RocketMQ clients as the queues' accepted message types).
+pub const MESSAGE_TYPE: &str = "message.type";
+
+/// A topic's `message.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageType {
+    Normal,
+    Fifo,
+    Delay,
+    Transaction,
+}
+
+impl MessageType {
+    pub fn parse(value: &str) -> Option<MessageType> {
+        Some(match value.trim().to_ascii_uppercase().as_str() {
+            "NORMAL" => MessageType::Normal,
+            "FIFO" => MessageType::Fifo,
+            "DELAY" => MessageType::Delay,
+            "TRANSACTION" => MessageType::Transaction,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MessageType::Normal => "NORMAL",
+            MessageType::Fifo => "FIFO",
+            MessageType::Delay => "DELAY",
+            MessageType::Transaction => "TRANSACTION",
+        }
+    }
+}
+
+/// A topic's effective `message.type` (NORMAL unless set).
+pub fn message_type(overrides: &BTreeMap<String, String>) -> MessageType {
+    overrides.get(MESSAGE_TYPE).and_then(|v| MessageType::parse(v)).unwrap_or(MessageType::Normal)
+}
 
 /// Topic configs Kafka 3.x deprecated but still accepts: Weir accepts and describes them too, so
 /// tools and tests that set them keep working, and they change nothing (message format v2 is
@@ -115,6 +155,11 @@ pub fn log_config(
                 crate::throttle::LEADER_REPLICAS | crate::throttle::FOLLOWER_REPLICAS => {
                     if crate::throttle::ThrottledReplicas::parse(value).is_none() {
                         return Err(bad(name, value, "expected *, or a list of partition:broker such as 0:1,1:2"));
+                    }
+                }
+                MESSAGE_TYPE => {
+                    if MessageType::parse(value).is_none() {
+                        return Err(bad(name, value, "expected NORMAL, FIFO, DELAY or TRANSACTION"));
                     }
                 }
                 "compression.type" => {

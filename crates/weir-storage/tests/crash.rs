@@ -112,7 +112,7 @@ fn producer_batch(seed: u64, id: u64) -> Vec<u8> {
         records: 1 + (r >> 8) as usize % 4,
         value_bytes: (r >> 16) as usize % 200,
         timestamp: timestamp_of(id),
-        keys: ((r >> 32) % 2 == 0).then(|| vec![id.to_be_bytes().to_vec()]),
+        keys: (r >> 32).is_multiple_of(2).then(|| vec![id.to_be_bytes().to_vec()]),
         compression,
         fill: (r >> 40) as u8,
         ..Default::default()
@@ -464,8 +464,9 @@ fn given_sync_appends_when_the_process_is_killed_at_random_moments_should_keep_e
     for iteration in 1..=ITERATIONS {
         let context = format!("seed {seed}, iteration {iteration}");
         let delay = Duration::from_millis(rng.in_range(KILL_DELAY_MS));
-        let child_recovery_point = checkpoint.filter(|_| rng.next() % 2 == 0);
-        let kill_at = if rng.next() % KILL_AFTER_SPAWN_ONE_IN == 0 { KillAt::AfterSpawn } else { KillAt::AfterOpen };
+        let child_recovery_point = checkpoint.filter(|_| rng.next().is_multiple_of(2));
+        let kill_at =
+            if rng.next().is_multiple_of(KILL_AFTER_SPAWN_ONE_IN) { KillAt::AfterSpawn } else { KillAt::AfterOpen };
         let report = run_child(&log_dir, &stderr_path, seed, iteration, child_recovery_point, kill_at, delay);
         if !report.acks.is_empty() {
             iterations_with_acks += 1;
@@ -483,7 +484,7 @@ fn given_sync_appends_when_the_process_is_killed_at_random_moments_should_keep_e
             }
         }
         checkpoint = checkpoint.max(report.recovery_point);
-        let verify_recovery_point = checkpoint.filter(|_| rng.next() % 2 == 0);
+        let verify_recovery_point = checkpoint.filter(|_| rng.next().is_multiple_of(2));
         let verify_started = Instant::now();
         let copy = root.path().join(format!("verify-{iteration}"));
         copy_dir(&log_dir, &copy);

@@ -4,10 +4,11 @@
 //!
 //! ```text
 //! weir 0.1.0 listening on 127.0.0.1:9092 (Kafka protocol), data in /var/lib/weir
+//! rocketmq 127.0.0.1:8081 (RocketMQ 5 gRPC)
 //! admin http://127.0.0.1:9644 (JSON API, /metrics)
 //! ```
 //!
-//! The admin line follows only when the admin listener is on. Scripts wait for these lines, so
+//! The rocketmq and admin lines follow only when their listeners are on, in that order. Scripts wait for these lines, so
 //! their wording is a promise: it is written and read here and nowhere else.
 
 use std::io::{BufRead, BufReader, Read};
@@ -33,6 +34,18 @@ pub fn admin_line(addr: SocketAddr) -> String {
     format!("admin http://{addr} (JSON API, /metrics)")
 }
 
+/// `rocketmq ADDR (RocketMQ 5 gRPC)`.
+pub fn rocketmq_line(addr: SocketAddr) -> String {
+    format!("rocketmq {addr} (RocketMQ 5 gRPC)")
+}
+
+fn parse_rocketmq_line(line: &str) -> Option<SocketAddr> {
+    let rest = line.strip_prefix("rocketmq ")?;
+    let (addr, tail) = rest.split_once(' ')?;
+    (tail == "(RocketMQ 5 gRPC)").then_some(())?;
+    addr.parse().ok()
+}
+
 fn parse_kafka_line(line: &str) -> Option<SocketAddr> {
     let rest = line.strip_prefix("weir ")?;
     let (_, rest) = rest.split_once(" listening on ")?;
@@ -54,6 +67,9 @@ pub struct Addresses {
     pub kafka: SocketAddr,
     /// `None` unless [`WaitFor::KafkaAndAdmin`] was asked for.
     pub admin: Option<SocketAddr>,
+    /// The RocketMQ listener, when it is on and its line came before the last line waited for
+    /// (always, with [`WaitFor::KafkaAndAdmin`]).
+    pub rocketmq: Option<SocketAddr>,
 }
 
 /// Which of the lines a start waits for.
@@ -113,7 +129,7 @@ fn watch(stdout: impl Read + Send + 'static, wait_for: WaitFor) -> mpsc::Receive
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut tx = Some(tx);
-        let (mut kafka, mut admin) = (None, None);
+        let (mut kafka, mut admin, mut rocketmq) = (None, None, None);
         // By bytes, not `lines()`: a line that is no UTF-8 must not stop the draining.
         for line in BufReader::new(stdout).split(b'\n') {
             let Ok(line) = line else { break };
@@ -123,11 +139,13 @@ fn watch(stdout: impl Read + Send + 'static, wait_for: WaitFor) -> mpsc::Receive
                 kafka = Some(addr);
             } else if let Some(addr) = parse_admin_line(line) {
                 admin = Some(addr);
+            } else if let Some(addr) = parse_rocketmq_line(line) {
+                rocketmq = Some(addr);
             }
             let complete = match wait_for {
-                WaitFor::Kafka => kafka.map(|kafka| Addresses { kafka, admin: None }),
+                WaitFor::Kafka => kafka.map(|kafka| Addresses { kafka, admin: None, rocketmq }),
                 WaitFor::KafkaAndAdmin => {
-                    kafka.zip(admin).map(|(kafka, admin)| Addresses { kafka, admin: Some(admin) })
+                    kafka.zip(admin).map(|(kafka, admin)| Addresses { kafka, admin: Some(admin), rocketmq })
                 }
             };
             if let Some(addresses) = complete {
@@ -158,6 +176,9 @@ mod tests {
         assert_eq!(parse_kafka_line(&admin_line(admin)), None);
         assert_eq!(parse_admin_line(&line), None);
         assert_eq!(parse_kafka_line("weir 0.1.0 listening on 127.0.0.1:1 (RocketMQ protocol)"), None);
+        let rocketmq = addr("127.0.0.1:8081");
+        assert_eq!(parse_rocketmq_line(&rocketmq_line(rocketmq)), Some(rocketmq));
+        assert_eq!(parse_admin_line(&rocketmq_line(rocketmq)), None);
     }
 
     fn wait(stdout: &[u8], wait_for: WaitFor) -> Option<Addresses> {
@@ -172,8 +193,8 @@ mod tests {
         both.extend_from_slice(&kafka_only);
         both.extend_from_slice(b"\xff\xfe, no UTF-8\r\n");
         both.extend_from_slice(format!("{}\r\n", admin_line(admin)).as_bytes());
-        assert_eq!(wait(&both, WaitFor::KafkaAndAdmin), Some(Addresses { kafka, admin: Some(admin) }));
-        assert_eq!(wait(&both, WaitFor::Kafka), Some(Addresses { kafka, admin: None }));
+        assert_eq!(wait(&both, WaitFor::KafkaAndAdmin), Some(Addresses { kafka, admin: Some(admin), rocketmq: None }));
+        assert_eq!(wait(&both, WaitFor::Kafka), Some(Addresses { kafka, admin: None, rocketmq: None }));
         assert_eq!(wait(&kafka_only, WaitFor::KafkaAndAdmin), None, "the stream ended without the admin line");
         assert_eq!(wait(b"", WaitFor::Kafka), None);
     }

@@ -54,6 +54,18 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
                     .with_context(|| format!("cannot listen on {addr} (the `admin.listeners` setting)"))?,
             ),
         };
+        let rocketmq_listener = match config.rocketmq_listen {
+            Some(addr) if config.roles.broker => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (the `rocketmq.listeners` setting)"))?,
+            ),
+            _ => None,
+        };
+        if let Some(listener) = &rocketmq_listener {
+            // Routes give clients the bound port (the setting may say 0).
+            config.rocketmq_advertised_port = listener.local_addr()?.port();
+        }
         let admin_bound = match &admin_listener {
             Some(listener) => Some(listener.local_addr()?),
             None => None,
@@ -109,6 +121,24 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
             }
             _ => None,
         };
+        // RocketMQ clients, once the Kafka side serves: the same broker and coordinators.
+        let rocketmq = match rocketmq_listener {
+            Some(listener) => {
+                let addr = listener.local_addr()?;
+                let service = {
+                    let (broker, groups) = (broker.clone(), groups.clone());
+                    tokio::task::spawn_blocking(move || weir_rocketmq::Service::open(broker, groups))
+                        .await?
+                        .map_err(|e| anyhow::anyhow!("cannot open the RocketMQ consumers' state: {}", e.message))?
+                };
+                let mut stopping = broker.shutdown_signal();
+                let stopped = async move {
+                    let _ = stopping.wait_for(|down| *down).await;
+                };
+                Some((addr, tokio::spawn(weir_rocketmq::serve(listener, service, stopped))))
+            }
+            None => None,
+        };
         // Followers replicate from their leaders with Kafka's Fetch.
         let replication = kafka.is_some().then(|| weir_kafka::replica_fetcher::spawn(broker.clone()));
         admin_state.set_ready(weir_admin::Core { broker: broker.clone(), groups: groups.clone() });
@@ -120,6 +150,9 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
                 "{}",
                 weir::address_lines::controller_line(broker.internal_address().unwrap_or_default(), &shown_dir)
             ),
+        }
+        if let Some((addr, _)) = &rocketmq {
+            println!("{}", weir::address_lines::rocketmq_line(*addr));
         }
         if let Some(admin) = &admin {
             println!("{}", weir::address_lines::admin_line(admin.addr));
@@ -138,6 +171,20 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
         }
         if let Some(replication) = replication {
             replication.abort();
+        }
+        if let Some((_, mut task)) = rocketmq {
+            // Stops accepting; calls in progress may finish within the grace period (a
+            // client's Telemetry stream lasts as long as the client, so it is cut then).
+            broker.begin_shutdown();
+            match tokio::time::timeout(Broker::SHUTDOWN_GRACE, &mut task).await {
+                Ok(Ok(Ok(()))) => tracing::info!("RocketMQ listener stopped"),
+                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "RocketMQ listener failed"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "RocketMQ listener task failed"),
+                Err(_) => {
+                    tracing::info!("RocketMQ streams still open after the grace period; closing them");
+                    task.abort();
+                }
+            }
         }
         if let Some(admin) = admin {
             admin.stop().await;

@@ -28,8 +28,10 @@ fn on_a_terminal(no_color: Option<&str>) -> String {
     let addr = taken.local_addr().expect("local address");
     let weir = env!("CARGO_BIN_EXE_weir");
     let data_dir = scratch.path().join("data");
-    let command =
-        format!("'{weir}' server --listen {addr} --set admin.listeners= --data-dir '{}'", scratch_path(&data_dir));
+    let command = format!(
+        "'{weir}' server --listen {addr} --set admin.listeners= --set rocketmq.listeners= --data-dir '{}'",
+        scratch_path(&data_dir)
+    );
     let mut script = Command::new("script");
     script.args(["--quiet", "--return", "--command", &command, "/dev/null"]);
     for (key, _) in std::env::vars() {

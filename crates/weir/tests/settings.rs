@@ -12,7 +12,8 @@ use admin_support::{run_weir, scratch_path as path, start_on_a_busy_port};
 fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
     let scratch = tempfile::Builder::new().prefix("weir-settings-").tempdir().expect("scratch dir");
     let data_dir = scratch.path().join("data");
-    let mut all = vec!["server", "--set", "admin.listeners=", "--data-dir", path(&data_dir)];
+    let mut all =
+        vec!["server", "--set", "admin.listeners=", "--set", "rocketmq.listeners=", "--data-dir", path(&data_dir)];
     all.extend_from_slice(args);
     let output = run_weir(&all, "", env);
     assert_eq!(output.code, Some(1), "{output:?}");

@@ -72,6 +72,7 @@ fn when_the_address_lines_are_printed_kafka_ready_and_metrics_already_answer() {
     command
         .args(["--listen", "127.0.0.1:0"])
         .args(["--set", "admin.listeners=127.0.0.1:0", "--set", "offsets.topic.num.partitions=3"])
+        .args(["--set", "rocketmq.listeners=127.0.0.1:0"])
         .env("RUST_LOG", "weir::server=info")
         .stdin(Stdio::null())
         .stderr(Stdio::from(stderr_write));
@@ -79,6 +80,8 @@ fn when_the_address_lines_are_printed_kafka_ready_and_metrics_already_answer() {
         .unwrap_or_else(|e| panic!("{e}"));
     let _child = KillOnDrop(child);
     let (kafka, admin) = (addresses.kafka, addresses.admin.expect("waited for the admin line"));
+    let rocketmq = addresses.rocketmq.expect("the rocketmq line comes before the admin line");
+    assert!(std::net::TcpStream::connect(rocketmq).is_ok(), "the RocketMQ listener takes connections at {rocketmq}");
 
     // One attempt each, no retry: the broker is frozen after its prints.
     let agent = ureq::Agent::new_with_config(
@@ -134,7 +137,7 @@ fn a_busy_kafka_port_stops_the_broker_before_it_touches_the_data_directory() {
     let addr = taken.local_addr().expect("local address").to_string();
     let data_dir = scratch.path().join("data");
     let output = weir_server(&data_dir)
-        .args(["--listen", &addr, "--set", "admin.listeners="])
+        .args(["--listen", &addr, "--set", "admin.listeners=", "--set", "rocketmq.listeners="])
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()

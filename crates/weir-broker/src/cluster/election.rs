@@ -222,6 +222,7 @@ mod tests {
                 port: 1,
                 internal: String::new(),
                 rack: None,
+                rocketmq_port: 0,
                 fenced: fenced.contains(&id),
             };
             state.brokers.insert(id, registration);

@@ -92,6 +92,7 @@ impl Broker {
             port: self.advertised_port(),
             internal: self.internal_address.clone().unwrap_or_default(),
             rack: self.config.rack.clone(),
+            rocketmq_port: self.config.rocketmq_advertised_port,
             fenced: true,
         }
     }

@@ -248,6 +248,10 @@ pub struct BrokerRegistration {
     /// The CONTROLLER listener, for the cluster's internal requests to this broker.
     pub internal: String,
     pub rack: Option<String>,
+    /// The port of its RocketMQ listener (on `host`), for RocketMQ routes; 0 when it has none
+    /// (and in registrations written before there was one).
+    #[serde(default)]
+    pub rocketmq_port: u16,
     /// A fenced broker leads nothing: it stopped heartbeating, or has not caught up with the
     /// metadata since it registered.
     pub fenced: bool,
@@ -349,6 +353,7 @@ impl MetadataState {
             port: 1,
             internal: String::new(),
             rack: None,
+            rocketmq_port: 0,
             fenced,
         }
     }

@@ -65,6 +65,8 @@ impl Server {
         let exe = std::env::current_exe()?;
         let mut command = Command::new(exe);
         command.args(["server", "--listen", listeners, "--data-dir"]).arg(dir.path());
+        // No RocketMQ listener unless a setting asks for one: benchmarks run brokers side by side.
+        command.args(["--set", "rocketmq.listeners="]);
         for (name, value) in settings {
             command.arg("--set").arg(format!("{name}={value}"));
         }

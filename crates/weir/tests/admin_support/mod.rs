@@ -121,7 +121,17 @@ pub fn start_on_a_busy_port(env: &[(&str, &str)]) -> CliOutput {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
     let addr = taken.local_addr().expect("local address").to_string();
     let data_dir = scratch.path().join("data");
-    let args = ["server", "--listen", &addr, "--set", "admin.listeners=", "--data-dir", scratch_path(&data_dir)];
+    let args = [
+        "server",
+        "--listen",
+        &addr,
+        "--set",
+        "admin.listeners=",
+        "--set",
+        "rocketmq.listeners=",
+        "--data-dir",
+        scratch_path(&data_dir),
+    ];
     let output = run_weir(&args, "", env);
     assert_eq!(output.code, Some(1), "{output:?}");
     assert!(output.stderr.contains(&format!("cannot listen on {addr}")), "{output:?}");

@@ -173,7 +173,7 @@ impl Broker {
             .arg(self.data_dir())
             .args(["--set", "group.initial.rebalance.delay.ms=0"])
             // Tests run brokers side by side: a free admin port each, not the fixed default.
-            .args(["--set", "admin.listeners=127.0.0.1:0"]);
+            .args(["--set", "admin.listeners=127.0.0.1:0", "--set", "rocketmq.listeners="]);
         for setting in &self.settings {
             command.args(["--set", setting]);
         }

@@ -1,0 +1,240 @@
+//! Invisible-time consumption (RocketMQ's POP, what its SimpleConsumer and 5.x PushConsumer
+//! use): a receive hands out messages that stay invisible to the group for a while; an ack
+//! makes them done, and one not acked in time is delivered again, one attempt higher.
+//!
+//! The state of each (group, topic, partition) is a [`QueueState`]. It lives on the broker
+//! leading the partition and is durable in a journal in the data directory (`pop/`): every
+//! change appends the queue's whole new state as one JSON line before the call is answered,
+//! so a `kill -9` loses nothing acknowledged (the page cache keeps the write; a power cut may
+//! undo the last second's acks, which then come back as redeliveries, never as losses). When
+//! the journal grows past [`COMPACT_AFTER_BYTES`], the states are written to a snapshot and
+//! the journal starts again. Start-up reads the snapshot, then the journal; a torn last line
+//! (a crash mid-write) is ignored, which only redelivers.
+//!
+//! What is not kept: a partition whose leadership moves starts, on its new leader, from the
+//! group's state there (none yet: the log start). Replicating the state is left for later.
+
+pub mod state;
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub use state::{HandleError, Inflight, QueueState};
+use weir_storage::sync::lock;
+
+use crate::error::{BrokerError, ErrorKind};
+
+/// The journal is compacted into a snapshot once it is this large.
+pub const COMPACT_AFTER_BYTES: u64 = 64 << 20;
+
+/// Most messages one queue may have in flight for one group; a receive beyond it gets only
+/// redeliveries. Bounds the state (and each journal line) whatever consumers do.
+pub const MAX_INFLIGHT_PER_QUEUE: usize = 4096;
+
+/// Which queue of which group.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct QueueKey {
+    pub group: String,
+    pub topic: String,
+    pub partition: i32,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Line {
+    #[serde(rename = "q")]
+    key: QueueKey,
+    #[serde(rename = "s")]
+    state: QueueState,
+}
+
+/// Every queue state of this broker, and the journal that keeps them.
+pub struct PopStore {
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    queues: HashMap<QueueKey, QueueState>,
+    journal: File,
+    journal_bytes: u64,
+}
+
+fn storage_error(what: &str, path: &Path, e: std::io::Error) -> BrokerError {
+    BrokerError::new(ErrorKind::Storage, format!("cannot {what} {}: {e}", path.display()))
+}
+
+impl PopStore {
+    const SNAPSHOT: &'static str = "snapshot.jsonl";
+    const JOURNAL: &'static str = "journal.jsonl";
+
+    /// Opens (or creates) the store in `dir`, reading back every state. Blocking.
+    pub fn open(dir: &Path) -> Result<PopStore, BrokerError> {
+        fs::create_dir_all(dir).map_err(|e| storage_error("create", dir, e))?;
+        let mut queues = HashMap::new();
+        for name in [Self::SNAPSHOT, Self::JOURNAL] {
+            let path = dir.join(name);
+            let file = match File::open(&path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(storage_error("open", &path, e)),
+            };
+            for (number, line) in BufReader::new(file).split(b'\n').enumerate() {
+                let line = line.map_err(|e| storage_error("read", &path, e))?;
+                match serde_json::from_slice::<Line>(&line) {
+                    Ok(Line { key, state }) => {
+                        queues.insert(key, state);
+                    }
+                    Err(e) if !line.is_empty() => {
+                        tracing::warn!(file = %path.display(), line = number + 1, error = %e, "skipping a torn or corrupt POP state line");
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        let journal_path = dir.join(Self::JOURNAL);
+        let journal = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&journal_path)
+            .map_err(|e| storage_error("open", &journal_path, e))?;
+        let journal_bytes = journal.metadata().map(|m| m.len()).unwrap_or(0);
+        // A torn last line must not glue onto the next write.
+        let mut store = Inner { queues, journal, journal_bytes };
+        if journal_bytes > 0 {
+            store.journal.write_all(b"\n").map_err(|e| storage_error("write", &journal_path, e))?;
+            store.journal_bytes += 1;
+        }
+        Ok(PopStore { dir: dir.to_path_buf(), inner: Mutex::new(store) })
+    }
+
+    /// Runs `change` on the state of `key` (made with `start` the first time) and makes the new
+    /// state durable before returning what `change` returned. A `change` that returns `Err`
+    /// must leave the state as it found it: nothing is written then.
+    pub fn update<R, E>(
+        &self,
+        key: &QueueKey,
+        start: impl FnOnce() -> QueueState,
+        change: impl FnOnce(&mut QueueState) -> Result<R, E>,
+    ) -> Result<Result<R, E>, BrokerError> {
+        let mut inner = lock(&self.inner);
+        let state = inner.queues.entry(key.clone()).or_insert_with(start);
+        let before = state.clone();
+        let result = change(state);
+        if result.is_err() || *state == before {
+            return Ok(result);
+        }
+        let line = Line { key: key.clone(), state: state.clone() };
+        let mut bytes = serde_json::to_vec(&line).map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
+        bytes.push(b'\n');
+        if let Err(e) = inner.journal.write_all(&bytes) {
+            // Not durable: the caller must not answer as if it were, and memory must agree
+            // with the journal.
+            inner.queues.insert(key.clone(), before);
+            return Err(storage_error("write", &self.dir.join(Self::JOURNAL), e));
+        }
+        inner.journal_bytes += bytes.len() as u64;
+        if inner.journal_bytes > COMPACT_AFTER_BYTES {
+            if let Err(e) = self.compact(&mut inner) {
+                tracing::warn!(error = %e, "cannot compact the POP journal; it keeps growing");
+            }
+        }
+        Ok(result)
+    }
+
+    /// A copy of the state of `key`, if it has one.
+    pub fn get(&self, key: &QueueKey) -> Option<QueueState> {
+        lock(&self.inner).queues.get(key).cloned()
+    }
+
+    /// Writes every state to a new snapshot (fsynced, then renamed over the old one) and empties
+    /// the journal.
+    fn compact(&self, inner: &mut Inner) -> Result<(), BrokerError> {
+        let tmp = self.dir.join("snapshot.jsonl.tmp");
+        let mut out = std::io::BufWriter::new(File::create(&tmp).map_err(|e| storage_error("create", &tmp, e))?);
+        let mut keys: Vec<&QueueKey> = inner.queues.keys().collect();
+        keys.sort();
+        for key in keys {
+            let line = Line { key: key.clone(), state: inner.queues[key].clone() };
+            serde_json::to_writer(&mut out, &line).map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
+            out.write_all(b"\n").map_err(|e| storage_error("write", &tmp, e))?;
+        }
+        let file = out.into_inner().map_err(|e| storage_error("write", &tmp, e.into_error()))?;
+        file.sync_all().map_err(|e| storage_error("sync", &tmp, e))?;
+        let snapshot = self.dir.join(Self::SNAPSHOT);
+        fs::rename(&tmp, &snapshot).map_err(|e| storage_error("rename", &snapshot, e))?;
+        weir_storage::fsync_dir(&self.dir)
+            .map_err(|e| BrokerError::new(ErrorKind::Storage, format!("cannot sync {}: {e}", self.dir.display())))?;
+        let journal = self.dir.join(Self::JOURNAL);
+        inner.journal.set_len(0).map_err(|e| storage_error("truncate", &journal, e))?;
+        inner.journal_bytes = 0;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(partition: i32) -> QueueKey {
+        QueueKey { group: "g".into(), topic: "t".into(), partition }
+    }
+
+    #[test]
+    fn states_survive_a_reopen_and_a_torn_last_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = PopStore::open(dir.path()).expect("open");
+            let _ = store.update(&key(0), || QueueState::starting_at(0), |q| Ok::<_, ()>(q.deliver(0, 10, 1)));
+            let _ = store.update(&key(0), || QueueState::starting_at(0), |q| Ok::<_, ()>(q.deliver(1, 10, 2)));
+            let _ = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(0, 1));
+            let _ = store.update(
+                &key(1),
+                || QueueState::starting_at(5),
+                |q| {
+                    q.skip_to(9);
+                    Ok::<_, ()>(())
+                },
+            );
+        }
+        let mut journal = OpenOptions::new().append(true).open(dir.path().join("journal.jsonl")).expect("journal");
+        journal.write_all(br#"{"q":{"group":"g","topic":"t","part"#).expect("torn write");
+        let store = PopStore::open(dir.path()).expect("reopen");
+        let q0 = store.get(&key(0)).expect("queue 0");
+        assert_eq!(q0.inflight.keys().copied().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(q0.next, 2);
+        assert_eq!(store.get(&key(1)).map(|q| q.next), Some(9));
+        // The torn line does not corrupt what follows it.
+        let _ = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(1, 2));
+        drop(store);
+        let store = PopStore::open(dir.path()).expect("reopen again");
+        assert!(store.get(&key(0)).expect("queue 0").inflight.is_empty());
+    }
+
+    #[test]
+    fn a_refused_change_writes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = PopStore::open(dir.path()).expect("open");
+        let refused = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(3, 1)).expect("no I/O error");
+        assert_eq!(refused, Err(HandleError::NotInFlight));
+        assert_eq!(fs::metadata(dir.path().join("journal.jsonl")).map(|m| m.len()).ok(), Some(0));
+    }
+
+    #[test]
+    fn compaction_keeps_every_state() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = PopStore::open(dir.path()).expect("open");
+        for p in 0..3 {
+            let _ = store.update(&key(p), || QueueState::starting_at(0), |q| Ok::<_, ()>(q.deliver(0, 1, 1)));
+        }
+        store.compact(&mut lock(&store.inner)).expect("compact");
+        assert_eq!(fs::metadata(dir.path().join("journal.jsonl")).map(|m| m.len()).ok(), Some(0));
+        let _ = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(0, 1));
+        drop(store);
+        let store = PopStore::open(dir.path()).expect("reopen");
+        assert!(store.get(&key(0)).expect("queue 0").inflight.is_empty());
+        assert_eq!(store.get(&key(2)).map(|q| q.inflight.len()), Some(1));
+    }
+}

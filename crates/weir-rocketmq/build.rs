@@ -1,0 +1,12 @@
+//! Compiles RocketMQ 5's `.proto` files (in `proto/`) into Rust with protox, a protobuf compiler
+//! written in Rust, so a build needs no `protoc`; tonic generates the service trait from them.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = ["proto/apache/rocketmq/v2/definition.proto", "proto/apache/rocketmq/v2/service.proto"];
+    for file in files {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let descriptors = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure().build_client(false).build_server(true).compile_fds(descriptors)?;
+    Ok(())
+}

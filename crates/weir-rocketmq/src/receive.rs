@@ -1,0 +1,346 @@
+//! ReceiveMessage, AckMessage and ChangeInvisibleDuration: invisible-time consumption (POP) over
+//! the core's [`PopStore`].
+//!
+//! A receive of one queue for one group first hands out that queue's messages whose invisible
+//! time ran out (one delivery attempt higher), then new ones from the group's position, skipping
+//! what the tag expression filters out; with nothing to hand out it waits (long polling) for an
+//! append, for an in-flight message to become visible again, or for its deadline. Receives of
+//! one queue for one group take turns, so two consumers never get the same message at once.
+//!
+//! A receipt handle names the delivery: `w1.<partition>.<offset>.<nonce>`, the nonce a random
+//! number kept with the in-flight message. A handle of an earlier delivery, of an acked message,
+//! or made up gets `INVALID_RECEIPT_HANDLE`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use weir_broker::message::Message;
+use weir_broker::pop::{HandleError, PopStore, QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE};
+use weir_broker::storage::records::{self, Record};
+use weir_broker::{Broker, BrokerError, ErrorKind, Partition};
+
+use crate::filter::TagFilter;
+use crate::proto::{self, receive_message_response::Content, Code, ReceiveMessageResponse};
+use crate::status::{self, status};
+
+/// The longest a receive waits for messages.
+pub const MAX_LONG_POLLING: Duration = Duration::from_secs(60);
+/// The most messages one receive hands out.
+pub const MAX_BATCH: usize = 1024;
+/// The shortest and longest invisible durations accepted.
+pub const MIN_INVISIBLE: Duration = Duration::from_secs(1);
+pub const MAX_INVISIBLE: Duration = Duration::from_secs(12 * 3600);
+/// How much of a queue one receive reads at most while looking for new messages.
+const READ_BYTES: u64 = 4 << 20;
+
+/// A receipt handle's parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handle {
+    pub partition: i32,
+    pub offset: i64,
+    pub nonce: u64,
+}
+
+impl Handle {
+    pub fn encode(&self) -> String {
+        format!("w1.{}.{}.{:016x}", self.partition, self.offset, self.nonce)
+    }
+
+    pub fn decode(text: &str) -> Option<Handle> {
+        let mut parts = text.strip_prefix("w1.")?.split('.');
+        let partition = parts.next()?.parse().ok().filter(|p: &i32| *p >= 0)?;
+        let offset = parts.next()?.parse().ok().filter(|o: &i64| *o >= 0)?;
+        let nonce_text = parts.next()?;
+        if nonce_text.len() != 16 || parts.next().is_some() {
+            return None;
+        }
+        let nonce = u64::from_str_radix(nonce_text, 16).ok()?;
+        Some(Handle { partition, offset, nonce })
+    }
+}
+
+/// The status of a refused ack or change.
+pub fn handle_status(error: HandleError) -> proto::Status {
+    match error {
+        HandleError::NotInFlight => status(
+            Code::InvalidReceiptHandle,
+            "the receipt handle names no message in flight (acked already, or never delivered)",
+        ),
+        HandleError::Stale => status(
+            Code::InvalidReceiptHandle,
+            "the receipt handle is stale: the message was delivered again or its invisible time changed",
+        ),
+    }
+}
+
+/// One delivery of a receive.
+struct Delivery {
+    record: Record,
+    attempt: u32,
+    nonce: u64,
+}
+
+/// Receives take turns per queue and group.
+#[derive(Default)]
+pub struct QueueLocks(Mutex<HashMap<QueueKey, Arc<tokio::sync::Mutex<()>>>>);
+
+impl QueueLocks {
+    fn get(&self, key: &QueueKey) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Locks nobody holds or waits for are dropped, so the map stays as large as what is
+        // being received.
+        if locks.len() > 1024 {
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        }
+        locks.entry(key.clone()).or_default().clone()
+    }
+}
+
+/// What a receive asks for, validated.
+pub struct Wanted {
+    pub key: QueueKey,
+    pub partition: Arc<Partition>,
+    pub filter: TagFilter,
+    pub batch: usize,
+    pub invisible: Duration,
+    pub long_polling: Duration,
+}
+
+/// Reads the records of `partition` from `offset` on, up to the high watermark and about
+/// `max_bytes`: whole batches, control batches left out. Returns them and the offset after the
+/// last batch read (where the next read starts; `offset` when nothing was there).
+fn read_records(
+    broker: &Broker,
+    partition: &Partition,
+    offset: i64,
+    max_bytes: u64,
+) -> Result<(Vec<Record>, i64), BrokerError> {
+    let read = broker.read(partition, offset, max_bytes, true)?;
+    let Some(slice) = read.slice else { return Ok((Vec::new(), offset)) };
+    let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
+    let batches = records::decode_batches(&bytes).map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
+    let mut end = offset;
+    let mut out = Vec::new();
+    for batch in batches {
+        end = end.max(batch.header.next_offset());
+        if batch.header.is_control() {
+            continue;
+        }
+        out.extend(batch.records.into_iter().filter(|r| r.offset >= offset));
+    }
+    Ok((out, end))
+}
+
+/// The record at `offset`, if the log still has it.
+fn read_one(broker: &Broker, partition: &Partition, offset: i64) -> Result<Option<Record>, BrokerError> {
+    let (records, _) = read_records(broker, partition, offset, 1)?;
+    Ok(records.into_iter().find(|r| r.offset == offset))
+}
+
+/// One pass of a receive: what it hands out now (maybe nothing). Blocking.
+fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Vec<Delivery>, BrokerError> {
+    let partition = &wanted.partition;
+    let log_start = partition.log.log_start_offset();
+    let now = broker.now_ms();
+    let start = || QueueState::starting_at(log_start);
+    let state = store.get(&wanted.key).unwrap_or_else(start);
+
+    // Messages whose invisible time ran out, then new ones.
+    let mut picked: Vec<(Record, bool)> = Vec::new();
+    for (offset, _) in state.expired(now, wanted.batch) {
+        if let Some(record) = read_one(broker, partition, offset)? {
+            picked.push((record, true));
+        }
+    }
+    let mut examined_to = state.next.max(log_start);
+    if picked.len() < wanted.batch && state.inflight.len() < MAX_INFLIGHT_PER_QUEUE {
+        let room = (wanted.batch - picked.len()).min(MAX_INFLIGHT_PER_QUEUE - state.inflight.len());
+        let (records, end) = read_records(broker, partition, examined_to, READ_BYTES)?;
+        let mut taken = 0;
+        for record in records {
+            if taken == room {
+                examined_to = record.offset;
+                break;
+            }
+            examined_to = record.offset + 1;
+            if wanted.filter.matches(&record) {
+                picked.push((record, false));
+                taken += 1;
+            }
+        }
+        if taken < room {
+            // Everything read was examined, up to the end of its last batch.
+            examined_to = examined_to.max(end);
+        }
+    }
+
+    let visible_at = now + wanted.invisible.as_millis() as i64;
+    let result = store.update(&wanted.key, start, |q| {
+        q.truncate_below(log_start);
+        let mut deliveries = Vec::with_capacity(picked.len());
+        for (record, redelivery) in picked {
+            // The state may have moved since it was read (an ack of a redelivery candidate).
+            let in_flight = q.inflight.contains_key(&record.offset);
+            if redelivery != in_flight || (!redelivery && record.offset < q.next) {
+                continue;
+            }
+            let nonce = rand::random::<u64>();
+            let inflight = q.deliver(record.offset, visible_at, nonce);
+            deliveries.push(Delivery { record, attempt: inflight.attempt, nonce });
+        }
+        q.skip_to(examined_to);
+        Ok::<_, ()>(deliveries)
+    })?;
+    Ok(result.unwrap_or_default())
+}
+
+/// A receive, with long polling: the stream's responses.
+pub async fn receive(
+    broker: &Arc<Broker>,
+    store: &Arc<PopStore>,
+    locks: &QueueLocks,
+    wanted: Wanted,
+) -> Vec<ReceiveMessageResponse> {
+    let lock = locks.get(&wanted.key);
+    let deadline = tokio::time::Instant::now() + wanted.long_polling;
+    let _turn = match tokio::time::timeout_at(deadline, lock.lock()).await {
+        Ok(turn) => turn,
+        Err(_) => return not_found(),
+    };
+    let wanted = Arc::new(wanted);
+    let mut shutdown = broker.shutdown_signal();
+    loop {
+        // Register first: an append between the read and the wait still wakes this one.
+        let waiter = Arc::new(Notify::new());
+        wanted.partition.register_waiter(&waiter);
+        let pass = {
+            let (broker, store, wanted) = (broker.clone(), store.clone(), wanted.clone());
+            tokio::task::spawn_blocking(move || receive_once(&broker, &store, &wanted)).await
+        };
+        let deliveries = match pass {
+            Ok(Ok(deliveries)) => deliveries,
+            Ok(Err(e)) => return vec![status_response(status::of_error(&e))],
+            Err(e) => return vec![status_response(status(Code::InternalError, e.to_string()))],
+        };
+        if !deliveries.is_empty() {
+            return found(broker, &wanted, deliveries);
+        }
+        // Wake at the next expiry too: that message is deliverable again then.
+        let now = tokio::time::Instant::now();
+        let expiry = store
+            .get(&wanted.key)
+            .and_then(|q| q.next_expiry_ms())
+            .map(|at| now + Duration::from_millis((at - broker.now_ms()).max(1) as u64));
+        let wake = expiry.map_or(deadline, |e| e.min(deadline));
+        if now >= deadline || *shutdown.borrow() {
+            return not_found();
+        }
+        // Then one more pass, also at the deadline: what arrived just now is handed out.
+        tokio::select! {
+            _ = waiter.notified() => {}
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = shutdown.wait_for(|down| *down) => return not_found(),
+        }
+    }
+}
+
+fn status_response(status: proto::Status) -> ReceiveMessageResponse {
+    ReceiveMessageResponse { content: Some(Content::Status(status)) }
+}
+
+fn not_found() -> Vec<ReceiveMessageResponse> {
+    vec![status_response(status(Code::MessageNotFound, "no new message"))]
+}
+
+fn timestamp(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: ms.div_euclid(1000), nanos: (ms.rem_euclid(1000) * 1_000_000) as i32 }
+}
+
+fn found(broker: &Broker, wanted: &Wanted, deliveries: Vec<Delivery>) -> Vec<ReceiveMessageResponse> {
+    let mut responses = Vec::with_capacity(deliveries.len() + 2);
+    responses.push(status_response(status::ok()));
+    responses.push(ReceiveMessageResponse { content: Some(Content::DeliveryTimestamp(timestamp(broker.now_ms()))) });
+    let store_host = format!("{}:{}", broker.config.advertised_host, broker.config.rocketmq_advertised_port);
+    for delivery in deliveries {
+        let message = Message::from_record(&wanted.key.topic, wanted.key.partition, &delivery.record);
+        let handle = Handle { partition: wanted.key.partition, offset: delivery.record.offset, nonce: delivery.nonce };
+        responses.push(ReceiveMessageResponse {
+            content: Some(Content::Message(to_proto(
+                &wanted.key.topic,
+                &message,
+                &delivery,
+                handle,
+                wanted,
+                &store_host,
+            ))),
+        });
+    }
+    responses
+}
+
+fn to_proto(
+    topic: &str,
+    message: &Message,
+    delivery: &Delivery,
+    handle: Handle,
+    wanted: &Wanted,
+    store_host: &str,
+) -> proto::Message {
+    let body = message.body.to_vec();
+    let digest = format!("{:08X}", crc32fast::hash(&body));
+    let message_type =
+        if message.message_group.is_some() { proto::MessageType::Fifo } else { proto::MessageType::Normal };
+    let system = proto::SystemProperties {
+        tag: message.tag.clone(),
+        keys: message.keys.clone(),
+        message_id: message.id().to_string(),
+        body_digest: Some(proto::Digest { r#type: proto::DigestType::Crc32 as i32, checksum: digest }),
+        body_encoding: proto::Encoding::Identity as i32,
+        message_type: message_type as i32,
+        born_timestamp: Some(timestamp(message.born_timestamp_ms.unwrap_or(delivery.record.timestamp))),
+        born_host: message.born_host.clone().unwrap_or_default(),
+        store_timestamp: Some(timestamp(delivery.record.timestamp)),
+        store_host: store_host.to_string(),
+        delivery_timestamp: message.delivery_timestamp_ms.map(timestamp),
+        receipt_handle: Some(handle.encode()),
+        queue_id: handle.partition,
+        queue_offset: Some(delivery.record.offset),
+        invisible_duration: Some(prost_types::Duration {
+            seconds: wanted.invisible.as_secs() as i64,
+            nanos: wanted.invisible.subsec_nanos() as i32,
+        }),
+        delivery_attempt: Some(delivery.attempt as i32),
+        message_group: message.message_group.clone(),
+        ..Default::default()
+    };
+    proto::Message {
+        topic: Some(proto::Resource { resource_namespace: String::new(), name: topic.to_string() }),
+        user_properties: message.properties.iter().cloned().collect(),
+        system_properties: Some(system),
+        body,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_round_trip_and_made_up_ones_do_not_decode() {
+        let handle = Handle { partition: 3, offset: 1_234_567, nonce: 0xdead_beef_0000_0001 };
+        assert_eq!(Handle::decode(&handle.encode()), Some(handle));
+        for bogus in [
+            "",
+            "w1.",
+            "w1.3.4",
+            "w1.3.4.5",
+            "w1.-1.4.00000000000000ff",
+            "w2.3.4.00000000000000ff",
+            "w1.3.4.00000000000000ff.x",
+        ] {
+            assert_eq!(Handle::decode(bogus), None, "{bogus}");
+        }
+    }
+}

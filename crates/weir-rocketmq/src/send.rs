@@ -1,0 +1,220 @@
+//! SendMessage: RocketMQ messages become records ([`weir_broker::message`]) appended to the
+//! topic's partitions.
+//!
+//! The request names no queue: RocketMQ clients pick a broker from the route, and the broker
+//! picks the queue. Weir picks, among the partitions this broker leads, the one of the message
+//! group (Kafka's murmur2 partitioner over all partitions, so one group keeps one queue and a
+//! Kafka producer keying by the group agrees), or the next in turn for messages without one.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use weir_broker::message::Message;
+use weir_broker::partitioner::partition_for_key;
+use weir_broker::storage::records::{self, BatchOptions, Record};
+use weir_broker::{Acks, Broker, BrokerError, ErrorKind, Partition};
+
+use crate::proto::{self, Code, SendResultEntry};
+use crate::status;
+
+/// The longest tag, key, message group or property accepted (RocketMQ's proxies allow far
+/// less in a property; this bounds what one message can make the broker store in headers).
+pub const MAX_PROPERTY_CHARS: usize = 16 * 1024;
+
+/// One message of a request, validated, with the partition it goes to.
+struct Placed {
+    index: usize,
+    message: Message,
+}
+
+/// Refuses what RocketMQ refuses before a message is stored.
+pub fn validate(message: &proto::Message, max_body_bytes: usize) -> Result<Message, proto::Status> {
+    let system = message.system_properties.clone().unwrap_or_default();
+    if message.body.is_empty() {
+        return Err(status::status(Code::MessageBodyEmpty, "the message body is empty"));
+    }
+    if message.body.len() > max_body_bytes {
+        return Err(status::status(
+            Code::MessageBodyTooLarge,
+            format!("the message body is {} bytes; this topic takes at most {max_body_bytes}", message.body.len()),
+        ));
+    }
+    if system.body_encoding == proto::Encoding::Gzip as i32 {
+        return Err(status::status(Code::Unsupported, "gzip-encoded bodies are not supported; send them as identity"));
+    }
+    if let Some(tag) = &system.tag {
+        if tag.trim().is_empty() || tag.contains("||") || tag.len() > MAX_PROPERTY_CHARS {
+            return Err(status::status(
+                Code::IllegalMessageTag,
+                format!("tag {tag:?} is blank, contains '||' or is too long"),
+            ));
+        }
+    }
+    for key in &system.keys {
+        if key.trim().is_empty() || key.len() > MAX_PROPERTY_CHARS {
+            return Err(status::status(Code::IllegalMessageKey, "a message key is blank or too long"));
+        }
+    }
+    if let Some(group) = &system.message_group {
+        if group.trim().is_empty() || group.len() > MAX_PROPERTY_CHARS {
+            return Err(status::status(Code::IllegalMessageGroup, "the message group is blank or too long"));
+        }
+    }
+    for (name, value) in &message.user_properties {
+        if name.is_empty() || name.starts_with(weir_broker::message::headers::RESERVED_PREFIX) {
+            return Err(status::status(
+                Code::IllegalMessagePropertyKey,
+                format!("property name {name:?} is empty or starts with the reserved prefix 'weir.'"),
+            ));
+        }
+        if name.len() + value.len() > MAX_PROPERTY_CHARS {
+            return Err(status::status(Code::MessagePropertiesTooLarge, format!("property {name:?} is too large")));
+        }
+    }
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let delivery_ms = system.delivery_timestamp.as_ref().map(timestamp_ms);
+    if delivery_ms.is_some_and(|at| at > now_ms) {
+        return Err(status::status(
+            Code::Unsupported,
+            "delayed messages (a delivery timestamp in the future) are not supported yet",
+        ));
+    }
+    if system.message_type == proto::MessageType::Transaction as i32 {
+        return Err(status::status(Code::Unsupported, "transactional messages are not supported yet"));
+    }
+    let mut properties: Vec<(String, String)> =
+        message.user_properties.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+    // A map has no order on the wire; sorted, the stored headers are the same for the same map.
+    properties.sort();
+    Ok(Message {
+        body: bytes::Bytes::from(message.body.clone()),
+        tag: system.tag.clone(),
+        keys: system.keys.clone(),
+        message_id: (!system.message_id.is_empty()).then(|| system.message_id.clone()),
+        properties,
+        born_timestamp_ms: system.born_timestamp.as_ref().map(timestamp_ms),
+        born_host: (!system.born_host.is_empty()).then(|| system.born_host.clone()),
+        message_group: system.message_group.clone(),
+        delivery_timestamp_ms: None,
+    })
+}
+
+/// Milliseconds since the epoch of a protobuf timestamp.
+pub fn timestamp_ms(t: &prost_types::Timestamp) -> i64 {
+    t.seconds.saturating_mul(1000).saturating_add(i64::from(t.nanos / 1_000_000))
+}
+
+/// Chooses partitions for messages without a group, in turn.
+#[derive(Default)]
+pub struct RoundRobin(AtomicU32);
+
+impl RoundRobin {
+    fn next(&self, count: usize) -> usize {
+        self.0.fetch_add(1, Ordering::Relaxed) as usize % count.max(1)
+    }
+}
+
+/// Appends the validated `messages` of one topic (request order) and answers one entry per
+/// message. `led` is the topic's partitions this broker leads, by index; it is not empty.
+pub async fn append(
+    broker: &Arc<Broker>,
+    partitions: &[Option<Arc<Partition>>],
+    led: &[i32],
+    messages: Vec<(usize, Message)>,
+    round_robin: &RoundRobin,
+    entries: &mut [SendResultEntry],
+) {
+    let count = partitions.len() as i32;
+    let mut by_partition: BTreeMap<i32, Vec<Placed>> = BTreeMap::new();
+    for (index, message) in messages {
+        let partition = match &message.message_group {
+            Some(group) => partition_for_key(group.as_bytes(), count),
+            None => led[round_robin.next(led.len())],
+        };
+        by_partition.entry(partition).or_default().push(Placed { index, message });
+    }
+    let now = broker.now_ms();
+    let mut appends = Vec::with_capacity(by_partition.len());
+    let mut placed = Vec::with_capacity(by_partition.len());
+    for (partition, messages) in by_partition {
+        let records: Vec<Record> = messages.iter().map(|p| p.message.to_record(now)).collect();
+        let target = partitions.get(partition as usize).and_then(Option::as_ref);
+        match (target, records::encode_batch(&records, &BatchOptions::default())) {
+            (Some(target), Ok(batch)) => {
+                appends.push((target.clone(), batch));
+                placed.push(messages);
+            }
+            (None, _) => {
+                let error = BrokerError::new(
+                    ErrorKind::NotLeader,
+                    format!("the queue {partition} of this message group is led by another broker"),
+                );
+                fail(entries, &messages, &error)
+            }
+            (_, Err(e)) => fail(entries, &messages, &BrokerError::new(ErrorKind::Internal, e.to_string())),
+        }
+    }
+    let results = broker.append_many(appends, Acks::All).await;
+    for (messages, result) in placed.iter().zip(results) {
+        match result {
+            Ok(info) => {
+                for (position, p) in messages.iter().enumerate() {
+                    entries[p.index] = SendResultEntry {
+                        status: Some(status::ok()),
+                        message_id: p.message.id().to_string(),
+                        transaction_id: String::new(),
+                        offset: info.first_offset + position as i64,
+                        recall_handle: String::new(),
+                    };
+                }
+            }
+            Err(e) => fail(entries, messages, &e),
+        }
+    }
+}
+
+fn fail(entries: &mut [SendResultEntry], messages: &[Placed], error: &BrokerError) {
+    tracing::debug!(error = %error, "RocketMQ send refused");
+    for p in messages {
+        entries[p.index] = SendResultEntry {
+            status: Some(status::of_error(error)),
+            message_id: p.message.id().to_string(),
+            ..SendResultEntry::default()
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(body: &[u8]) -> proto::Message {
+        proto::Message {
+            topic: None,
+            user_properties: Default::default(),
+            system_properties: Some(proto::SystemProperties { message_id: "01AB".into(), ..Default::default() }),
+            body: body.to_vec(),
+        }
+    }
+
+    fn code(result: Result<Message, proto::Status>) -> i32 {
+        result.err().map_or(Code::Ok as i32, |s| s.code)
+    }
+
+    #[test]
+    fn what_rocketmq_refuses_gets_its_status() {
+        assert_eq!(code(validate(&message(b""), 10)), Code::MessageBodyEmpty as i32);
+        assert_eq!(code(validate(&message(b"01234567890"), 10)), Code::MessageBodyTooLarge as i32);
+        let mut tagged = message(b"x");
+        if let Some(system) = tagged.system_properties.as_mut() {
+            system.tag = Some("a||b".into());
+        }
+        assert_eq!(code(validate(&tagged, 10)), Code::IllegalMessageTag as i32);
+        let mut reserved = message(b"x");
+        reserved.user_properties.insert("weir.tag".into(), "x".into());
+        assert_eq!(code(validate(&reserved, 10)), Code::IllegalMessagePropertyKey as i32);
+        let valid = validate(&message(b"x"), 10).expect("a valid message");
+        assert_eq!(valid.message_id.as_deref(), Some("01AB"));
+    }
+}

@@ -1,0 +1,588 @@
+//! The MessagingService calls. Every call answers with a RocketMQ status (in the response, as
+//! RocketMQ's proxies do); a gRPC error is only for what never reaches a handler (a message
+//! that does not decode).
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Streaming};
+use weir_broker::group::GroupCoordinator;
+use weir_broker::metadata::TopicMetadata;
+use weir_broker::metrics::ProtocolMetrics;
+use weir_broker::pop::{HandleError, PopStore, QueueKey, QueueState};
+use weir_broker::{Broker, BrokerError, ErrorKind};
+
+use crate::filter::TagFilter;
+use crate::proto::messaging_service_server::MessagingService;
+use crate::proto::*;
+use crate::receive::{self, Handle, QueueLocks, Wanted};
+use crate::send::{self, RoundRobin};
+use crate::status::{self, status};
+use crate::{route, telemetry};
+
+/// The body limit RocketMQ's brokers and clients default to.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+
+/// What a record batch needs beyond a body: the batch and record headers and the message's
+/// system and user properties as record headers. A topic's `max.message.bytes` less this is
+/// the largest body it takes.
+pub const PROPERTY_ALLOWANCE_BYTES: usize = 64 << 10;
+
+/// The calls this front-end counts, in metrics order.
+const OPERATIONS: [&str; 15] = [
+    "QueryRoute",
+    "Heartbeat",
+    "SendMessage",
+    "QueryAssignment",
+    "ReceiveMessage",
+    "AckMessage",
+    "ForwardMessageToDeadLetterQueue",
+    "PullMessage",
+    "UpdateOffset",
+    "GetOffset",
+    "QueryOffset",
+    "EndTransaction",
+    "Telemetry",
+    "NotifyClientTermination",
+    "ChangeInvisibleDuration",
+];
+
+/// The RocketMQ front-end's state: the core, and what it keeps between calls.
+pub struct Service {
+    broker: Arc<Broker>,
+    #[allow(dead_code)] // RocketMQ group settings come with push consumers
+    groups: Arc<GroupCoordinator>,
+    metrics: Arc<ProtocolMetrics>,
+    round_robin: RoundRobin,
+    pop: Arc<PopStore>,
+    queue_locks: QueueLocks,
+}
+
+impl Service {
+    /// The directory of the invisible-time state, under the data directory.
+    pub const POP_DIR: &'static str = "rocketmq-pop";
+
+    /// Opens the front-end's state (reading back the invisible-time journal). Blocking.
+    pub fn open(broker: Arc<Broker>, groups: Arc<GroupCoordinator>) -> Result<Arc<Service>, BrokerError> {
+        let pop = Arc::new(PopStore::open(&broker.config.data_dir.join(Self::POP_DIR))?);
+        let metrics = broker.metrics.register_protocol("rocketmq", OPERATIONS.len(), code_name);
+        // Every call shows in the metrics from the start, with zero requests.
+        for (index, name) in OPERATIONS.iter().enumerate() {
+            metrics.operation(index as i32, || name.to_string());
+        }
+        Ok(Arc::new(Service {
+            broker,
+            groups,
+            metrics,
+            round_robin: RoundRobin::default(),
+            pop,
+            queue_locks: QueueLocks::default(),
+        }))
+    }
+
+    /// What a receive asks for, or the status refusing it.
+    async fn wanted(&self, request: &ReceiveMessageRequest) -> Result<Wanted, Status> {
+        let group = group_name(request.group.as_ref())?;
+        let queue = request.message_queue.as_ref().ok_or_else(|| status(Code::BadRequest, "no message queue"))?;
+        let topic = self.topic(queue.topic.as_ref()).await?;
+        let partition = self
+            .broker
+            .partition(&topic.name, queue.id)
+            .filter(|_| queue.id >= 0 && queue.id < topic.partitions)
+            .ok_or_else(|| {
+                status(Code::HaNotAvailable, format!("queue {} of {} is not on this broker", queue.id, topic.name))
+            })?;
+        partition.check_local_leader().map_err(|e| status::of_error(&e))?;
+        let filter = TagFilter::parse(request.filter_expression.as_ref())?;
+        if request.batch_size <= 0 {
+            return Err(status(Code::BadRequest, format!("batch size {} is not positive", request.batch_size)));
+        }
+        let invisible = match &request.invisible_duration {
+            Some(d) => {
+                duration_of(d).ok_or_else(|| status(Code::IllegalInvisibleTime, "a negative invisible duration"))?
+            }
+            None => return Err(status(Code::IllegalInvisibleTime, "the receive has no invisible duration")),
+        };
+        if !(receive::MIN_INVISIBLE..=receive::MAX_INVISIBLE).contains(&invisible) {
+            return Err(status(
+                Code::IllegalInvisibleTime,
+                format!("invisible duration {invisible:?} is outside 1 s..12 h"),
+            ));
+        }
+        let long_polling = match &request.long_polling_timeout {
+            Some(d) => duration_of(d).ok_or_else(|| status(Code::IllegalPollingTime, "a negative polling time"))?,
+            None => telemetry::LONG_POLLING_TIMEOUT,
+        };
+        if long_polling > receive::MAX_LONG_POLLING {
+            return Err(status(Code::IllegalPollingTime, format!("long polling {long_polling:?} is over 60 s")));
+        }
+        Ok(Wanted {
+            key: QueueKey { group, topic: topic.name.clone(), partition: queue.id },
+            partition,
+            filter,
+            batch: (request.batch_size as usize).min(receive::MAX_BATCH),
+            invisible,
+            long_polling,
+        })
+    }
+
+    /// Acks one entry.
+    fn ack(&self, group: &str, topic: &str, handle: &str) -> Status {
+        let Some(handle) = Handle::decode(handle) else {
+            return status(Code::InvalidReceiptHandle, format!("{handle:?} is not a receipt handle of this broker"));
+        };
+        let key = QueueKey { group: group.to_string(), topic: topic.to_string(), partition: handle.partition };
+        if self.pop.get(&key).is_none() {
+            return receive::handle_status(HandleError::NotInFlight);
+        }
+        match self.pop.update(&key, || QueueState::starting_at(0), |q| q.ack(handle.offset, handle.nonce)) {
+            Ok(Ok(_)) => status::ok(),
+            Ok(Err(e)) => receive::handle_status(e),
+            Err(e) => status::of_error(&e),
+        }
+    }
+
+    /// Counts a call of `operation` (an index into [`OPERATIONS`]) that took since `started` and
+    /// answered `code`.
+    fn observe(&self, operation: usize, started: Instant, code: i32) {
+        if let Some(metrics) = self.metrics.operation(operation as i32, || OPERATIONS[operation].to_string()) {
+            metrics.observe(started.elapsed());
+            if code != Code::Ok as i32 {
+                metrics.error_counter().count(code);
+            }
+        }
+    }
+
+    /// The topic `resource` names, created with RocketMQ's defaults when it does not exist and
+    /// auto-creation is on.
+    async fn topic(&self, resource: Option<&Resource>) -> Result<TopicMetadata, Status> {
+        let name = resource.map(|r| r.name.as_str()).unwrap_or_default();
+        if name.is_empty() {
+            return Err(status(Code::IllegalTopic, "the request names no topic"));
+        }
+        if name.starts_with("__") {
+            return Err(status(Code::IllegalTopic, format!("{name} is an internal topic")));
+        }
+        if let Some(topic) = self.broker.metadata().topic(name) {
+            return Ok(topic.clone());
+        }
+        if let Err(e) = Broker::validate_topic_name(name) {
+            return Err(status(Code::IllegalTopic, e.message));
+        }
+        if !self.broker.config.auto_create_topics {
+            return Err(status(Code::TopicNotFound, format!("topic {name} does not exist")));
+        }
+        let configs = BTreeMap::from([(
+            "max.message.bytes".to_string(),
+            (DEFAULT_MAX_BODY_BYTES + PROPERTY_ALLOWANCE_BYTES).to_string(),
+        )]);
+        self.broker.auto_create_topic_with(name, configs).await.map_err(|e| status::of_error(&e))
+    }
+
+    /// The largest body `topic` takes.
+    fn max_body_bytes(&self, topic: &str) -> usize {
+        let max_message_bytes = self
+            .broker
+            .partition(topic, 0)
+            .map_or(DEFAULT_MAX_BODY_BYTES + PROPERTY_ALLOWANCE_BYTES, |p| p.log.config().max_message_bytes as usize);
+        max_message_bytes.saturating_sub(PROPERTY_ALLOWANCE_BYTES)
+    }
+
+    async fn send_messages(&self, request: SendMessageRequest) -> SendMessageResponse {
+        let count = request.messages.len();
+        if count == 0 {
+            return SendMessageResponse {
+                status: Some(status(Code::BadRequest, "no messages to send")),
+                entries: vec![],
+            };
+        }
+        let mut entries = vec![SendResultEntry::default(); count];
+        // Topic → the valid messages for it, by index in the request.
+        let mut by_topic: BTreeMap<String, Vec<(usize, weir_broker::message::Message)>> = BTreeMap::new();
+        for (index, message) in request.messages.iter().enumerate() {
+            let id = message.system_properties.as_ref().map(|s| s.message_id.clone()).unwrap_or_default();
+            let topic = match self.topic(message.topic.as_ref()).await {
+                Ok(topic) => topic,
+                Err(refused) => {
+                    entries[index] = SendResultEntry { status: Some(refused), message_id: id, ..Default::default() };
+                    continue;
+                }
+            };
+            match send::validate(message, self.max_body_bytes(&topic.name)) {
+                Ok(valid) => by_topic.entry(topic.name).or_default().push((index, valid)),
+                Err(refused) => {
+                    entries[index] = SendResultEntry { status: Some(refused), message_id: id, ..Default::default() }
+                }
+            }
+        }
+        for (topic, messages) in by_topic {
+            let Some(partitions) = self.broker.topic_partitions(&topic) else {
+                let error = BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("topic {topic} is not here"));
+                for (index, _) in messages {
+                    entries[index].status = Some(status::of_error(&error));
+                }
+                continue;
+            };
+            let led: Vec<i32> =
+                partitions.iter().flatten().filter(|p| p.check_local_leader().is_ok()).map(|p| p.index).collect();
+            if led.is_empty() {
+                let error = BrokerError::new(
+                    ErrorKind::NotLeader,
+                    format!("this broker leads no queue of {topic}; refresh the route"),
+                );
+                for (index, _) in messages {
+                    entries[index].status = Some(status::of_error(&error));
+                }
+                continue;
+            }
+            send::append(&self.broker, &partitions, &led, messages, &self.round_robin, &mut entries).await;
+        }
+        let failed: Vec<&Status> =
+            entries.iter().filter_map(|e| e.status.as_ref()).filter(|s| s.code != Code::Ok as i32).collect();
+        let overall = match failed.first() {
+            None => status::ok(),
+            Some(first) if count == 1 || failed.len() == count => (*first).clone(),
+            Some(_) => status(Code::MultipleResults, "some messages were not sent; see each entry"),
+        };
+        SendMessageResponse { status: Some(overall), entries }
+    }
+}
+
+/// The group a request names.
+fn group_name(group: Option<&Resource>) -> Result<String, Status> {
+    match group.map(|g| g.name.trim()) {
+        Some(name) if !name.is_empty() && name.len() <= 255 => Ok(name.to_string()),
+        _ => {
+            Err(status(Code::IllegalConsumerGroup, "the request names no consumer group (or one over 255 characters)"))
+        }
+    }
+}
+
+/// A protobuf duration as a std one; `None` when negative.
+fn duration_of(d: &prost_types::Duration) -> Option<std::time::Duration> {
+    (d.seconds >= 0 && d.nanos >= 0).then(|| std::time::Duration::new(d.seconds as u64, d.nanos as u32))
+}
+
+/// The name of a status code, for the metrics' `error` label.
+fn code_name(code: i32) -> String {
+    Code::try_from(code).map_or_else(|_| format!("CODE_{code}"), |c| c.as_str_name().to_string())
+}
+
+fn not_implemented(what: &str) -> Status {
+    status(Code::NotImplemented, format!("{what} is not implemented by this broker yet"))
+}
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl MessagingService for Service {
+    async fn query_route(
+        &self,
+        request: Request<QueryRouteRequest>,
+    ) -> Result<Response<QueryRouteResponse>, tonic::Status> {
+        let started = Instant::now();
+        let request = request.into_inner();
+        let response = match self.topic(request.topic.as_ref()).await {
+            Ok(topic) => {
+                let queues = route::queues(&self.broker.metadata(), &topic);
+                if queues.is_empty() {
+                    QueryRouteResponse {
+                        status: Some(status(
+                            Code::InternalServerError,
+                            format!("no queue of {} has a leader with a RocketMQ listener right now", topic.name),
+                        )),
+                        message_queues: vec![],
+                    }
+                } else {
+                    QueryRouteResponse { status: Some(status::ok()), message_queues: queues }
+                }
+            }
+            Err(refused) => QueryRouteResponse { status: Some(refused), message_queues: vec![] },
+        };
+        self.observe(0, started, response.status.as_ref().map_or(0, |s| s.code));
+        Ok(Response::new(response))
+    }
+
+    async fn heartbeat(
+        &self,
+        _request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, tonic::Status> {
+        let started = Instant::now();
+        self.observe(1, started, Code::Ok as i32);
+        Ok(Response::new(HeartbeatResponse { status: Some(status::ok()) }))
+    }
+
+    async fn send_message(
+        &self,
+        request: Request<SendMessageRequest>,
+    ) -> Result<Response<SendMessageResponse>, tonic::Status> {
+        let started = Instant::now();
+        let response = self.send_messages(request.into_inner()).await;
+        self.observe(2, started, response.status.as_ref().map_or(0, |s| s.code));
+        Ok(Response::new(response))
+    }
+
+    async fn query_assignment(
+        &self,
+        _request: Request<QueryAssignmentRequest>,
+    ) -> Result<Response<QueryAssignmentResponse>, tonic::Status> {
+        let started = Instant::now();
+        let refused = not_implemented("QueryAssignment (push consumers)");
+        self.observe(3, started, refused.code);
+        Ok(Response::new(QueryAssignmentResponse { status: Some(refused), assignments: vec![] }))
+    }
+
+    type ReceiveMessageStream = ResponseStream<ReceiveMessageResponse>;
+
+    async fn receive_message(
+        &self,
+        request: Request<ReceiveMessageRequest>,
+    ) -> Result<Response<Self::ReceiveMessageStream>, tonic::Status> {
+        let started = Instant::now();
+        let request = request.into_inner();
+        let responses = match self.wanted(&request).await {
+            Ok(wanted) => receive::receive(&self.broker, &self.pop, &self.queue_locks, wanted).await,
+            Err(refused) => {
+                vec![ReceiveMessageResponse { content: Some(receive_message_response::Content::Status(refused)) }]
+            }
+        };
+        let code = responses
+            .iter()
+            .find_map(|r| match &r.content {
+                Some(receive_message_response::Content::Status(s)) => Some(s.code),
+                _ => None,
+            })
+            .unwrap_or(0);
+        // An empty long poll is no failure.
+        self.observe(4, started, if code == Code::MessageNotFound as i32 { Code::Ok as i32 } else { code });
+        Ok(Response::new(Box::pin(tokio_stream::iter(responses.into_iter().map(Ok)))))
+    }
+
+    async fn ack_message(
+        &self,
+        request: Request<AckMessageRequest>,
+    ) -> Result<Response<AckMessageResponse>, tonic::Status> {
+        let started = Instant::now();
+        let request = request.into_inner();
+        let response = match (group_name(request.group.as_ref()), request.topic.as_ref().map(|t| t.name.as_str())) {
+            (Err(refused), _) => AckMessageResponse { status: Some(refused), entries: vec![] },
+            (_, None | Some("")) => AckMessageResponse {
+                status: Some(status(Code::IllegalTopic, "the request names no topic")),
+                entries: vec![],
+            },
+            (Ok(group), Some(topic)) => {
+                let entries: Vec<AckMessageResultEntry> = request
+                    .entries
+                    .iter()
+                    .map(|e| AckMessageResultEntry {
+                        message_id: e.message_id.clone(),
+                        receipt_handle: e.receipt_handle.clone(),
+                        status: Some(self.ack(&group, topic, &e.receipt_handle)),
+                    })
+                    .collect();
+                let failed: Vec<&Status> =
+                    entries.iter().filter_map(|e| e.status.as_ref()).filter(|s| s.code != Code::Ok as i32).collect();
+                let overall = match failed.first() {
+                    None => status::ok(),
+                    Some(first) if failed.len() == entries.len() => (*first).clone(),
+                    Some(_) => status(Code::MultipleResults, "some acks failed; see each entry"),
+                };
+                AckMessageResponse { status: Some(overall), entries }
+            }
+        };
+        self.observe(5, started, response.status.as_ref().map_or(0, |s| s.code));
+        Ok(Response::new(response))
+    }
+
+    async fn forward_message_to_dead_letter_queue(
+        &self,
+        _request: Request<ForwardMessageToDeadLetterQueueRequest>,
+    ) -> Result<Response<ForwardMessageToDeadLetterQueueResponse>, tonic::Status> {
+        let started = Instant::now();
+        let refused = not_implemented("ForwardMessageToDeadLetterQueue");
+        self.observe(6, started, refused.code);
+        Ok(Response::new(ForwardMessageToDeadLetterQueueResponse { status: Some(refused) }))
+    }
+
+    type PullMessageStream = ResponseStream<PullMessageResponse>;
+
+    async fn pull_message(
+        &self,
+        _request: Request<PullMessageRequest>,
+    ) -> Result<Response<Self::PullMessageStream>, tonic::Status> {
+        let started = Instant::now();
+        let refused = not_implemented("PullMessage (pull consumers)");
+        self.observe(7, started, refused.code);
+        let answer = PullMessageResponse { content: Some(pull_message_response::Content::Status(refused)) };
+        Ok(Response::new(Box::pin(tokio_stream::once(Ok(answer)))))
+    }
+
+    async fn update_offset(
+        &self,
+        _request: Request<UpdateOffsetRequest>,
+    ) -> Result<Response<UpdateOffsetResponse>, tonic::Status> {
+        let started = Instant::now();
+        let refused = not_implemented("UpdateOffset (pull consumers)");
+        self.observe(8, started, refused.code);
+        Ok(Response::new(UpdateOffsetResponse { status: Some(refused) }))
+    }
+
+    async fn get_offset(
+        &self,
+        _request: Request<GetOffsetRequest>,
+    ) -> Result<Response<GetOffsetResponse>, tonic::Status> {
+        let started = Instant::now();
+        let refused = not_implemented("GetOffset (pull consumers)");
+        self.observe(9, started, refused.code);
+        Ok(Response::new(GetOffsetResponse { status: Some(refused), offset: 0 }))
+    }
+
+    async fn query_offset(
+        &self,
+        _request: Request<QueryOffsetRequest>,
+    ) -> Result<Response<QueryOffsetResponse>, tonic::Status> {
+        let started = Instant::now();
+        let refused = not_implemented("QueryOffset (pull consumers)");
+        self.observe(10, started, refused.code);
+        Ok(Response::new(QueryOffsetResponse { status: Some(refused), offset: 0 }))
+    }
+
+    async fn end_transaction(
+        &self,
+        _request: Request<EndTransactionRequest>,
+    ) -> Result<Response<EndTransactionResponse>, tonic::Status> {
+        let started = Instant::now();
+        let refused = not_implemented("EndTransaction (transactional messages)");
+        self.observe(11, started, refused.code);
+        Ok(Response::new(EndTransactionResponse { status: Some(refused) }))
+    }
+
+    type TelemetryStream = ResponseStream<TelemetryCommand>;
+
+    async fn telemetry(
+        &self,
+        request: Request<Streaming<TelemetryCommand>>,
+    ) -> Result<Response<Self::TelemetryStream>, tonic::Status> {
+        let mut incoming = request.into_inner();
+        let (tx, rx) = mpsc::channel::<Result<TelemetryCommand, tonic::Status>>(16);
+        let broker = self.broker.clone();
+        let metrics = self.metrics.clone();
+        let mut shutdown = self.broker.shutdown_signal();
+        tokio::spawn(async move {
+            // Until the client closes its side, the connection goes or the broker shuts down
+            // (ending the stream lets the listener's graceful stop finish): each command that
+            // carries settings is answered with the server's.
+            loop {
+                let command = tokio::select! {
+                    command = incoming.next() => command,
+                    _ = shutdown.wait_for(|down| *down) => None,
+                };
+                let Some(Ok(command)) = command else { break };
+                let started = Instant::now();
+                let answer = match command.command {
+                    Some(telemetry_command::Command::Settings(settings)) => {
+                        let max_body = publishing_limit(&broker, &settings);
+                        Some(telemetry::answer(&settings, max_body))
+                    }
+                    // Answers to the server's commands; the server sends none yet.
+                    Some(_) => None,
+                    None => Some(TelemetryCommand {
+                        status: Some(status(Code::BadRequest, "a telemetry command without a command")),
+                        command: None,
+                    }),
+                };
+                if let Some(metrics) = metrics.operation(12, || OPERATIONS[12].to_string()) {
+                    metrics.observe(started.elapsed());
+                }
+                if let Some(answer) = answer {
+                    if tx.send(Ok(answer)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn notify_client_termination(
+        &self,
+        _request: Request<NotifyClientTerminationRequest>,
+    ) -> Result<Response<NotifyClientTerminationResponse>, tonic::Status> {
+        let started = Instant::now();
+        self.observe(13, started, Code::Ok as i32);
+        Ok(Response::new(NotifyClientTerminationResponse { status: Some(status::ok()) }))
+    }
+
+    async fn change_invisible_duration(
+        &self,
+        request: Request<ChangeInvisibleDurationRequest>,
+    ) -> Result<Response<ChangeInvisibleDurationResponse>, tonic::Status> {
+        let started = Instant::now();
+        let request = request.into_inner();
+        let response = match self.change_invisible(&request) {
+            Ok(handle) => ChangeInvisibleDurationResponse { status: Some(status::ok()), receipt_handle: handle },
+            Err(refused) => ChangeInvisibleDurationResponse { status: Some(refused), receipt_handle: String::new() },
+        };
+        self.observe(14, started, response.status.as_ref().map_or(0, |s| s.code));
+        Ok(Response::new(response))
+    }
+}
+
+impl Service {
+    /// Gives the delivery a new invisible time; returns its new receipt handle.
+    fn change_invisible(&self, request: &ChangeInvisibleDurationRequest) -> Result<String, Status> {
+        let group = group_name(request.group.as_ref())?;
+        let topic = request.topic.as_ref().map(|t| t.name.clone()).filter(|t| !t.is_empty());
+        let topic = topic.ok_or_else(|| status(Code::IllegalTopic, "the request names no topic"))?;
+        let handle = Handle::decode(&request.receipt_handle).ok_or_else(|| {
+            status(
+                Code::InvalidReceiptHandle,
+                format!("{:?} is not a receipt handle of this broker", request.receipt_handle),
+            )
+        })?;
+        let invisible = request
+            .invisible_duration
+            .as_ref()
+            .and_then(duration_of)
+            .filter(|d| *d <= receive::MAX_INVISIBLE)
+            .ok_or_else(|| {
+                status(Code::IllegalInvisibleTime, "the invisible duration is missing, negative or over 12 h")
+            })?;
+        let key = QueueKey { group, topic, partition: handle.partition };
+        if self.pop.get(&key).is_none() {
+            return Err(receive::handle_status(HandleError::NotInFlight));
+        }
+        let visible_at = self.broker.now_ms() + invisible.as_millis() as i64;
+        let renewed = rand::random::<u64>();
+        let changed = self.pop.update(
+            &key,
+            || QueueState::starting_at(0),
+            |q| q.change_invisible(handle.offset, handle.nonce, visible_at, renewed),
+        );
+        match changed {
+            Ok(Ok(_)) => Ok(Handle { nonce: renewed, ..handle }.encode()),
+            Ok(Err(e)) => Err(receive::handle_status(e)),
+            Err(e) => Err(status::of_error(&e)),
+        }
+    }
+}
+
+/// The largest body a producer may send to every topic it named (RocketMQ's default when it
+/// names none, or none exists yet).
+fn publishing_limit(broker: &Broker, settings: &Settings) -> usize {
+    let Some(settings::PubSub::Publishing(publishing)) = &settings.pub_sub else {
+        return DEFAULT_MAX_BODY_BYTES;
+    };
+    publishing
+        .topics
+        .iter()
+        .filter_map(|t| broker.partition(&t.name, 0))
+        .map(|p| (p.log.config().max_message_bytes as usize).saturating_sub(PROPERTY_ALLOWANCE_BYTES))
+        .min()
+        .unwrap_or(DEFAULT_MAX_BODY_BYTES)
+}

@@ -1,0 +1,375 @@
+"""RocketMQ 5 clients against Weir's gRPC listener: the official Python client
+(rocketmq-python-client) sends, and Kafka clients read what it sent; raw calls with the
+protocol's own stubs check the statuses a client gets for bad requests.
+"""
+
+import time
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+from rocketmq import grpc_protocol as pb
+from rocketmq.grpc_protocol import definition_pb2 as d
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from helpers import c_admin, c_consume, c_consumer, c_create_topic, c_producer, c_read_partition, unique
+
+
+def producer_for(broker, topics):
+    config = ClientConfiguration(broker.rocketmq_endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, topics)
+    producer.startup()
+    return producer
+
+
+def message(topic, body, tag=None, keys=(), properties=None, group=None):
+    m = Message()
+    m.topic = topic
+    m.body = body
+    if tag is not None:
+        m.tag = tag
+    for key in keys:
+        m.keys = key  # the client's setter adds a key to the message's set
+    for name, value in (properties or {}).items():
+        m.add_property(name, value)
+    if group is not None:
+        m.message_group = group
+    return m
+
+
+def headers_of(rec):
+    """A record's headers as name → [values as text], in order."""
+    out = {}
+    for name, value in rec.headers:
+        out.setdefault(name, []).append(value.decode() if value is not None else None)
+    return out
+
+
+@pytest.fixture
+def stub(broker):
+    channel = grpc.insecure_channel(broker.rocketmq_endpoint)
+    yield pb.MessagingServiceStub(channel)
+    channel.close()
+
+
+# RocketMQ's clients send these with every call; the signature is not checked yet.
+METADATA = [
+    ("x-mq-client-id", "weir-test-client"),
+    ("x-mq-language", "PYTHON"),
+    ("x-mq-protocol", "v2"),
+    ("authorization", "MQv2-HMAC-SHA1 Credential=, SignedHeaders=x-mq-date-time, Signature="),
+]
+
+
+def test_a_rocketmq_producer_sends_and_a_kafka_consumer_reads_body_tag_keys_and_properties(broker):
+    topic = unique("rmq-send")
+    producer = producer_for(broker, [topic])
+    try:
+        sent = [
+            message(topic, b"first", tag="TagA", keys=("order-1",), properties={"colour": "red"}),
+            message(topic, "второе сообщение 🚀".encode(), tag="Тег", keys=("ключ", "k2"), properties={"город": "Москва"}),
+            message(topic, b"untagged"),
+        ]
+        receipts = [producer.send(m) for m in sent]
+    finally:
+        producer.shutdown()
+    # One partition by default: the offsets are the receipts'.
+    assert [r.offset for r in receipts] == [0, 1, 2]
+    assert len({r.message_id for r in receipts}) == 3
+
+    got = c_read_partition(broker.bootstrap, topic, 0, 3)
+    assert [r.value for r in got] == [m.body for m in sent]
+    first, second, third = (headers_of(r) for r in got)
+    assert first["weir.tag"] == ["TagA"]
+    assert first["weir.key"] == ["order-1"]
+    assert first["colour"] == ["red"]
+    assert first["weir.message-id"] == [receipts[0].message_id]
+    assert int(first["weir.born-timestamp"][0]) > 1_600_000_000_000
+    assert second["weir.tag"] == ["Тег"]
+    assert set(second["weir.key"]) == {"ключ", "k2"}
+    assert second["город"] == ["Москва"]
+    assert "weir.tag" not in third
+    assert all(r.key is None for r in got), "no message group, no record key"
+
+
+def test_a_one_mebibyte_body_with_every_byte_value_arrives_intact(broker):
+    topic = unique("rmq-big")
+    body = bytes(range(256)) * 4096
+    assert len(body) == 1 << 20
+    producer = producer_for(broker, [topic])
+    try:
+        receipt = producer.send(message(topic, body, tag="big"))
+    finally:
+        producer.shutdown()
+    (got,) = c_read_partition(broker.bootstrap, topic, 0, 1, conf={"fetch.max.bytes": 8 << 20})
+    assert got.offset == receipt.offset
+    assert got.value == body
+
+
+def test_messages_of_one_group_share_a_queue_and_its_record_key(broker):
+    topic = unique("rmq-groups")
+    # Message groups are FIFO messages: the topic must take them (the client checks the route).
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=4, config={"message.type": "FIFO"})
+    producer = producer_for(broker, [topic])
+    try:
+        receipts = {g: [producer.send(message(topic, f"{g}-{i}".encode(), group=g)) for i in range(3)] for g in ["a", "b"]}
+    finally:
+        producer.shutdown()
+    # The receipt's queue is the one the client picked; the broker picks the queue (as RocketMQ's
+    # proxies do), so read every queue.
+    consumer = c_consumer(broker.bootstrap)
+    try:
+        consumer.assign([TopicPartition(topic, q, OFFSET_BEGINNING) for q in range(4)])
+        got = c_consume(consumer, 6)
+    finally:
+        consumer.close()
+    for group, rs in receipts.items():
+        mine = [r for r in got if r.key == group.encode()]
+        assert len({r.partition for r in mine}) == 1, f"group {group} spread over queues"
+        assert [r.value for r in mine] == [f"{group}-{i}".encode() for i in range(3)]
+        assert [r.offset for r in mine] == [r.offset for r in rs]
+
+
+def test_routes_list_every_queue_at_this_broker_with_the_topics_message_type(broker, stub):
+    topic = unique("rmq-route")
+    response = stub.QueryRoute(pb.QueryRouteRequest(topic=pb.Resource(name=topic)), metadata=METADATA, timeout=10)
+    assert response.status.code == pb.Code.OK, response.status
+    assert len(response.message_queues) == 1
+    queue = response.message_queues[0]
+    assert queue.topic.name == topic and queue.id == 0
+    assert queue.permission == pb.Permission.READ_WRITE
+    assert list(queue.accept_message_types) == [pb.MessageType.NORMAL]
+    assert queue.broker.id == 0
+    address = queue.broker.endpoints.addresses[0]
+    assert f"{address.host}:{address.port}" == broker.rocketmq_endpoint
+
+
+def test_bad_requests_get_the_status_rocketmq_clients_expect(broker, stub):
+    def send(topic, body, **system):
+        system.setdefault("message_id", "01ABC")
+        request = pb.SendMessageRequest(
+            messages=[d.Message(topic=pb.Resource(name=topic), body=body, system_properties=d.SystemProperties(**system))]
+        )
+        response = stub.SendMessage(request, metadata=METADATA, timeout=10)
+        return response.status.code, response.entries[0].status.code
+
+    topic = unique("rmq-bad")
+    assert send(topic, b"") == (pb.Code.MESSAGE_BODY_EMPTY, pb.Code.MESSAGE_BODY_EMPTY)
+    assert send(topic, b"x", tag="a||b")[0] == pb.Code.ILLEGAL_MESSAGE_TAG
+    assert send("__consumer_offsets", b"x")[0] == pb.Code.ILLEGAL_TOPIC
+    assert send("bad topic name!", b"x")[0] == pb.Code.ILLEGAL_TOPIC
+    too_big = b"x" * ((4 << 20) + 1)
+    assert send(topic, too_big)[0] == pb.Code.MESSAGE_BODY_TOO_LARGE
+    # Delayed messages come with the timer store; until then a clear refusal, not an early delivery.
+    later = Timestamp(seconds=int(time.time()) + 3600)
+    assert send(topic, b"x", delivery_timestamp=later)[0] == pb.Code.UNSUPPORTED
+    # Nothing refused was stored; a valid message still goes through.
+    assert send(topic, b"fine") == (pb.Code.OK, pb.Code.OK)
+    (only,) = c_read_partition(broker.bootstrap, topic, 0, 1)
+    assert only.value == b"fine" and only.offset == 0
+
+    # An unknown topic with auto-creation off: TOPIC_NOT_FOUND, from the route and the send.
+    response = stub.QueryRoute(pb.QueryRouteRequest(topic=pb.Resource(name="")), metadata=METADATA, timeout=10)
+    assert response.status.code == pb.Code.ILLEGAL_TOPIC
+
+
+def test_an_unknown_topic_is_not_found_when_auto_creation_is_off(broker_factory):
+    broker = broker_factory({"auto.create.topics.enable": "false"})
+    with grpc.insecure_channel(broker.rocketmq_endpoint) as channel:
+        stub = pb.MessagingServiceStub(channel)
+        route = stub.QueryRoute(pb.QueryRouteRequest(topic=pb.Resource(name="nope")), metadata=METADATA, timeout=10)
+        assert route.status.code == pb.Code.TOPIC_NOT_FOUND
+        assert "nope" in route.status.message
+        sent = stub.SendMessage(
+            pb.SendMessageRequest(messages=[d.Message(topic=pb.Resource(name="nope"), body=b"x")]),
+            metadata=METADATA,
+            timeout=10,
+        )
+        assert sent.status.code == pb.Code.TOPIC_NOT_FOUND
+
+
+def test_calls_not_built_yet_answer_not_implemented_instead_of_failing_the_stream(broker, stub):
+    response = stub.EndTransaction(pb.EndTransactionRequest(), metadata=METADATA, timeout=10)
+    assert response.status.code == pb.Code.NOT_IMPLEMENTED
+
+
+def test_telemetry_answers_a_producers_settings_with_the_servers(broker, stub):
+    topic = unique("rmq-telemetry")
+    settings = pb.Settings(
+        client_type=pb.ClientType.PRODUCER,
+        publishing=pb.Publishing(topics=[pb.Resource(name=topic)]),
+    )
+    responses = stub.Telemetry(iter([pb.TelemetryCommand(settings=settings)]), metadata=METADATA, timeout=10)
+    first = next(iter(responses))
+    assert first.status.code == pb.Code.OK
+    assert first.settings.publishing.max_body_size == 4 << 20
+    assert first.settings.publishing.validate_message_type
+
+
+# -- consumers: SimpleConsumer (receive, ack, invisible time) ------------------------------------
+
+
+def simple_consumer(broker, group, topic, expression="*", await_s=2):
+    config = ClientConfiguration(broker.rocketmq_endpoint, Credentials(), request_timeout=10)
+    consumer = SimpleConsumer(config, group, {topic: FilterExpression(expression)}, await_duration=await_s)
+    consumer.startup()
+    return consumer
+
+
+def receive_all(consumer, want, invisible_s=30, timeout=30):
+    """Receives until `want` messages came (or the timeout), without acking."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        got += consumer.receive(32, invisible_s)
+    return got
+
+
+def send_all(broker, topic, messages):
+    producer = producer_for(broker, [topic])
+    try:
+        return [producer.send(m) for m in messages]
+    finally:
+        producer.shutdown()
+
+
+def test_a_simple_consumer_receives_what_its_tag_expression_selects_and_acks_it(broker):
+    topic, group = unique("rmq-recv"), unique("g")
+    tags = ["TagA", "TagB", "TagA", None, "TagC", "TagA"]
+    receipts = send_all(
+        broker, topic, [message(topic, f"m{i}".encode(), tag=t, keys=(f"k{i}",), properties={"i": str(i)}) for i, t in enumerate(tags)]
+    )
+    consumer = simple_consumer(broker, group, topic, "TagA || TagC")
+    try:
+        got = receive_all(consumer, 4)
+        assert sorted(m.body for m in got) == [b"m0", b"m2", b"m4", b"m5"]
+        by_body = {m.body: m for m in got}
+        m0 = by_body[b"m0"]
+        assert m0.tag == "TagA" and m0.keys == {"k0"} and m0.properties == {"i": "0"}
+        assert m0.message_id == receipts[0].message_id
+        assert m0.delivery_attempt == 1
+        assert not m0.corrupted, "the body digest matches"
+        for m in got:
+            consumer.ack(m)
+        # Acked and filtered messages do not come back, not even after their invisible time.
+        assert consumer.receive(32, 1) == []
+        time.sleep(1.5)
+        assert consumer.receive(32, 1) == []
+    finally:
+        consumer.shutdown()
+    # Another group has its own position: it gets everything.
+    other = simple_consumer(broker, unique("g"), topic)
+    try:
+        assert sorted(m.body for m in receive_all(other, 6)) == [f"m{i}".encode() for i in range(6)]
+    finally:
+        other.shutdown()
+
+
+def test_an_unacked_message_comes_back_after_its_invisible_time_one_attempt_higher(broker):
+    topic, group = unique("rmq-invisible"), unique("g")
+    send_all(broker, topic, [message(topic, b"again")])
+    consumer = simple_consumer(broker, group, topic, await_s=1)
+    try:
+        (first,) = receive_all(consumer, 1, invisible_s=4)
+        received_at = time.monotonic()
+        assert first.delivery_attempt == 1
+        assert consumer.receive(32, 4) == [], "invisible for 4 s"
+        time.sleep(max(0.0, received_at + 4.2 - time.monotonic()))
+        (second,) = receive_all(consumer, 1, invisible_s=30)
+        assert second.body == b"again" and second.delivery_attempt == 2
+        assert second.message_id == first.message_id
+        # The first delivery's handle is stale now.
+        with pytest.raises(Exception, match="40013"):
+            consumer.ack(first)
+        # ChangeInvisibleDuration: visible again in 1 s instead of 30.
+        consumer.change_invisible_duration(second, 1)
+        time.sleep(1.5)
+        (third,) = receive_all(consumer, 1, invisible_s=30)
+        assert third.delivery_attempt == 3
+        consumer.ack(third)
+        with pytest.raises(Exception, match="40013"):
+            consumer.ack(third)
+    finally:
+        consumer.shutdown()
+
+
+def test_acked_messages_stay_acked_and_unacked_ones_come_back_after_kill_9(broker_factory):
+    broker = broker_factory()
+    topic, group = unique("rmq-crash"), unique("g")
+    send_all(broker, topic, [message(topic, f"c{i}".encode()) for i in range(10)])
+    consumer = simple_consumer(broker, group, topic)
+    try:
+        got = receive_all(consumer, 10, invisible_s=3)
+        assert len(got) == 10
+        acked = {m.body for m in got[:5]}
+        for m in got[:5]:
+            consumer.ack(m)
+    finally:
+        consumer.shutdown()
+    broker.kill9()
+    broker.start()
+    time.sleep(3.2)
+    consumer = simple_consumer(broker, group, topic)
+    try:
+        again = receive_all(consumer, 5, invisible_s=30)
+        assert sorted(m.body for m in again) == sorted({m.body for m in got} - acked)
+        assert all(m.delivery_attempt == 2 for m in again)
+        for m in again:
+            consumer.ack(m)
+        assert consumer.receive(32, 1) == []
+    finally:
+        consumer.shutdown()
+
+
+def test_a_kafka_record_is_received_as_an_untagged_message_with_a_stable_id(broker):
+    topic, group = unique("rmq-from-kafka"), unique("g")
+    producer = c_producer(broker.bootstrap)
+    producer.produce(topic, value=b"from kafka", key=b"k", headers=[("origin", b"kafka"), ("weir.tag", b"T")])
+    producer.produce(topic, value=b"plain", headers=[("origin", "кафка".encode())])
+    producer.flush(30)
+    consumer = simple_consumer(broker, group, topic, "T")
+    try:
+        (tagged,) = receive_all(consumer, 1, invisible_s=1)
+        assert tagged.body == b"from kafka" and tagged.properties == {"origin": "kafka"}
+        time.sleep(1.2)
+        (again,) = receive_all(consumer, 1)
+        assert again.message_id == tagged.message_id and len(again.message_id) == 34
+        consumer.ack(again)
+    finally:
+        consumer.shutdown()
+    everything = simple_consumer(broker, unique("g"), topic)
+    try:
+        got = receive_all(everything, 2)
+        plain = [m for m in got if m.body == b"plain"][0]
+        assert plain.tag is None and plain.properties == {"origin": "кафка"}
+    finally:
+        everything.shutdown()
+
+
+def test_receipt_handles_that_are_made_up_or_for_another_queue_are_invalid(broker, stub):
+    topic = unique("rmq-handles")
+    for handle in ["", "nonsense", "w1.0.0.00000000000000ff", "w1.7.0.00000000000000ff"]:
+        response = stub.AckMessage(
+            pb.AckMessageRequest(
+                group=pb.Resource(name="g"),
+                topic=pb.Resource(name=topic),
+                entries=[pb.AckMessageEntry(message_id="x", receipt_handle=handle)],
+            ),
+            metadata=METADATA,
+            timeout=10,
+        )
+        assert response.entries[0].status.code == pb.Code.INVALID_RECEIPT_HANDLE, handle
+    receive = stub.ReceiveMessage(
+        pb.ReceiveMessageRequest(
+            group=pb.Resource(name="g"),
+            message_queue=d.MessageQueue(topic=pb.Resource(name=topic), id=0),
+            filter_expression=d.FilterExpression(type=pb.FilterType.SQL, expression="a > 1"),
+            batch_size=1,
+        ),
+        metadata=METADATA,
+        timeout=10,
+    )
+    (only,) = list(receive)
+    assert only.status.code == pb.Code.UNSUPPORTED
