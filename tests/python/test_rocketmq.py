@@ -8,7 +8,17 @@ import time
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    Message,
+    MessageListener,
+    Producer,
+    PushConsumer,
+    SimpleConsumer,
+)
 from rocketmq import grpc_protocol as pb
 from rocketmq.grpc_protocol import definition_pb2 as d
 
@@ -373,3 +383,67 @@ def test_receipt_handles_that_are_made_up_or_for_another_queue_are_invalid(broke
     )
     (only,) = list(receive)
     assert only.status.code == pb.Code.UNSUPPORTED
+
+
+# -- consumers: PushConsumer ------------------------------------------------------------------
+
+
+class Recorder(MessageListener):
+    """Records each delivery (body, attempt, when); fails the first `fail_first` attempts of the
+    bodies in `fail`."""
+
+    def __init__(self, name, log, fail=(), fail_first=1):
+        self.name, self.log, self.fail, self.fail_first = name, log, set(fail), fail_first
+
+    def consume(self, message):
+        self.log.append((self.name, message.body, message.delivery_attempt, time.monotonic()))
+        if message.body in self.fail and message.delivery_attempt <= self.fail_first:
+            return ConsumeResult.FAILURE
+        return ConsumeResult.SUCCESS
+
+
+def push_consumer(broker, group, topic, listener):
+    config = ClientConfiguration(broker.rocketmq_endpoint, Credentials(), request_timeout=10)
+    consumer = PushConsumer(config, group, listener, {topic: FilterExpression("*")})
+    consumer.startup()
+    return consumer
+
+
+def test_two_push_consumers_of_a_group_share_the_messages_each_consumed_once(broker):
+    topic, group = unique("rmq-push"), unique("g")
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=4)
+    log = []
+    consumers = [push_consumer(broker, group, topic, Recorder(f"c{i}", log)) for i in range(2)]
+    try:
+        bodies = {f"p{i}".encode() for i in range(40)}
+        send_all(broker, topic, [message(topic, b) for b in sorted(bodies)])
+        deadline = time.monotonic() + 60
+        while len(log) < 40 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)  # nothing more comes
+        consumed = [body for _, body, _, _ in log]
+        assert sorted(consumed) == sorted(bodies), f"{len(consumed)} deliveries"
+        assert all(attempt == 1 for _, _, attempt, _ in log)
+    finally:
+        for c in consumers:
+            c.shutdown()
+
+
+def test_a_failed_consume_is_redelivered_after_the_groups_back_off(broker):
+    topic, group = unique("rmq-nack"), unique("g")
+    log = []
+    consumer = push_consumer(broker, group, topic, Recorder("c", log, fail={b"retry-me"}))
+    try:
+        send_all(broker, topic, [message(topic, b"retry-me"), message(topic, b"fine")])
+        deadline = time.monotonic() + 60
+        while sum(1 for _, b, _, _ in log if b == b"retry-me") < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        retried = [(attempt, at) for _, body, attempt, at in log if body == b"retry-me"]
+        assert [a for a, _ in retried] == [1, 2], log
+        # The back-off Weir advertises starts at 1 s.
+        assert retried[1][1] - retried[0][1] >= 0.9
+        time.sleep(1.5)
+        assert sum(1 for _, b, _, _ in log if b == b"retry-me") == 2, "acked on the second attempt"
+        assert [a for _, b, a, _ in log if b == b"fine"] == [1]
+    finally:
+        consumer.shutdown()

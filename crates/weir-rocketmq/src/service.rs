@@ -106,6 +106,9 @@ impl Service {
             Some(d) => {
                 duration_of(d).ok_or_else(|| status(Code::IllegalInvisibleTime, "a negative invisible duration"))?
             }
+            // A push consumer's receive: it names none and asks the server to renew; Weir gives
+            // it RocketMQ's default and does not renew (a message not acked within it comes back).
+            None if request.auto_renew => receive::DEFAULT_INVISIBLE,
             None => return Err(status(Code::IllegalInvisibleTime, "the receive has no invisible duration")),
         };
         if !(receive::MIN_INVISIBLE..=receive::MAX_INVISIBLE).contains(&invisible) {
@@ -329,12 +332,27 @@ impl MessagingService for Service {
 
     async fn query_assignment(
         &self,
-        _request: Request<QueryAssignmentRequest>,
+        request: Request<QueryAssignmentRequest>,
     ) -> Result<Response<QueryAssignmentResponse>, tonic::Status> {
         let started = Instant::now();
-        let refused = not_implemented("QueryAssignment (push consumers)");
-        self.observe(3, started, refused.code);
-        Ok(Response::new(QueryAssignmentResponse { status: Some(refused), assignments: vec![] }))
+        let request = request.into_inner();
+        // Consumption is by invisible time, so consumers of a group need not split the queues:
+        // each gets every queue, and receives of one queue take turns (RocketMQ 5's POP mode).
+        let response = match group_name(request.group.as_ref()) {
+            Err(refused) => QueryAssignmentResponse { status: Some(refused), assignments: vec![] },
+            Ok(_) => match self.topic(request.topic.as_ref()).await {
+                Err(refused) => QueryAssignmentResponse { status: Some(refused), assignments: vec![] },
+                Ok(topic) => {
+                    let queues = route::queues(&self.broker.metadata(), &topic);
+                    QueryAssignmentResponse {
+                        status: Some(status::ok()),
+                        assignments: queues.into_iter().map(|q| Assignment { message_queue: Some(q) }).collect(),
+                    }
+                }
+            },
+        };
+        self.observe(3, started, response.status.as_ref().map_or(0, |s| s.code));
+        Ok(Response::new(response))
     }
 
     type ReceiveMessageStream = ResponseStream<ReceiveMessageResponse>;

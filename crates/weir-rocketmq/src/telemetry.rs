@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use crate::proto::{
-    self, retry_policy, settings::PubSub, telemetry_command, CustomizedBackoff, Publishing, RetryPolicy, Subscription,
-    TelemetryCommand,
+    self, retry_policy, settings::PubSub, telemetry_command, CustomizedBackoff, ExponentialBackoff, Publishing,
+    RetryPolicy, Subscription, TelemetryCommand,
 };
 use crate::status;
 
@@ -49,22 +49,32 @@ pub fn answer(client: &proto::Settings, max_body_bytes: usize) -> TelemetryComma
         })),
         None => None,
     };
-    let backoff = RetryPolicy {
-        max_attempts: match &client.pub_sub {
-            Some(PubSub::Subscription(_)) => DEFAULT_MAX_DELIVERY_ATTEMPTS,
-            // A producer's: how often it tries a send (RocketMQ's default).
-            _ => client.backoff_policy.as_ref().map_or(3, |p| p.max_attempts),
-        },
+    // A consumer's: the redelivery back-off after a failed consume. RocketMQ's levels.
+    let redelivery = RetryPolicy {
+        max_attempts: DEFAULT_MAX_DELIVERY_ATTEMPTS,
         strategy: Some(retry_policy::Strategy::CustomizedBackoff(CustomizedBackoff {
             next: RETRY_BACKOFF_SECONDS.iter().map(|s| duration(Duration::from_secs(*s as u64))).collect(),
         })),
+    };
+    // A producer's: how it retries a send. Clients require an exponential one (the Node.js
+    // client asserts it); the client's own when it sent one, else RocketMQ's default.
+    let resend = match &client.backoff_policy {
+        Some(p) if matches!(p.strategy, Some(retry_policy::Strategy::ExponentialBackoff(_))) => p.clone(),
+        other => RetryPolicy {
+            max_attempts: other.as_ref().map_or(3, |p| p.max_attempts.max(1)),
+            strategy: Some(retry_policy::Strategy::ExponentialBackoff(ExponentialBackoff {
+                initial: Some(duration(Duration::from_millis(10))),
+                max: Some(duration(Duration::from_secs(1))),
+                multiplier: 2.0,
+            })),
+        },
     };
     let settings = proto::Settings {
         client_type: client.client_type,
         access_point: client.access_point.clone(),
         backoff_policy: Some(match &client.pub_sub {
-            Some(PubSub::Subscription(_)) => backoff,
-            _ => client.backoff_policy.clone().unwrap_or(backoff),
+            Some(PubSub::Subscription(_)) => redelivery,
+            _ => resend,
         }),
         request_timeout: client.request_timeout,
         pub_sub,
@@ -94,6 +104,8 @@ mod tests {
         };
         let Some(PubSub::Publishing(publishing)) = answer.pub_sub else { panic!("no publishing settings") };
         assert_eq!(publishing.max_body_size, 1 << 22);
+        let strategy = answer.backoff_policy.and_then(|p| p.strategy);
+        assert!(matches!(strategy, Some(retry_policy::Strategy::ExponentialBackoff(_))), "{strategy:?}");
 
         let consumer =
             proto::Settings { pub_sub: Some(PubSub::Subscription(Subscription::default())), ..Default::default() };

@@ -185,6 +185,19 @@ fn consume_prints_every_value_of_a_repeated_header_name_in_order() {
     assert_eq!(json.json_lines()[0]["headers"], json!([["t", "a"], ["t", "b"], ["u", "c"]]));
 }
 
+#[test]
+fn topic_create_sets_the_rocketmq_message_type() {
+    let server = Server::start(&[]);
+    let created = server.weir(&["topic", "create", "ordered", "--message-type", "FIFO"], "");
+    assert_eq!(created.ok(), "created topic 'ordered' with 1 partition\n");
+    let described = server.weir(&["topic", "describe", "ordered"], "");
+    let text = described.ok();
+    let line = text.lines().find(|l| l.starts_with("message.type")).expect("the override is shown");
+    assert!(line.contains("FIFO"), "{text}");
+    let refused = server.weir(&["topic", "create", "odd", "--message-type", "SOMETIMES"], "");
+    assert!(refused.failed().contains("expected NORMAL, FIFO, DELAY or TRANSACTION"), "{}", refused.stderr);
+}
+
 /// The sum of a topic's high watermarks: how many records it holds.
 fn records_in(server: &Server, topic: &str) -> i64 {
     let described = server.get_ok(&format!("/v1/topics/{topic}"));

@@ -45,6 +45,10 @@ pub struct CreateArgs {
     /// A topic config, Kafka-named: --config retention.ms=3600000. Repeatable.
     #[arg(long = "config", value_name = "NAME=VALUE", value_parser = parse_key_value)]
     pub configs: Vec<(String, String)>,
+    /// The kind of RocketMQ messages the topic takes: NORMAL, FIFO, DELAY or TRANSACTION (the
+    /// topic config message.type). [default: NORMAL]
+    #[arg(long, value_name = "TYPE")]
+    pub message_type: Option<String>,
     /// Check everything, create nothing.
     #[arg(long)]
     pub validate_only: bool,
@@ -97,7 +101,12 @@ pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
                 name: a.name.clone(),
                 partitions: a.partitions,
                 replication_factor: a.replication_factor,
-                configs: a.configs.iter().cloned().collect(),
+                configs: a
+                    .configs
+                    .iter()
+                    .cloned()
+                    .chain(a.message_type.iter().map(|t| ("message.type".to_string(), t.clone())))
+                    .collect(),
                 validate_only: a.validate_only,
             };
             let created: CreatedTopic = client.post("/v1/topics", &request)?;
