@@ -151,9 +151,12 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
 
     // Messages whose invisible time ran out, then new ones.
     let mut picked: Vec<(Record, bool)> = Vec::new();
+    // In flight, but compacted away since: done, or it would stay in flight for ever.
+    let mut vanished = Vec::new();
     for (offset, _) in state.expired(now, wanted.batch) {
-        if let Some(record) = read_one(broker, partition, offset)? {
-            picked.push((record, true));
+        match read_one(broker, partition, offset)? {
+            Some(record) => picked.push((record, true)),
+            None => vanished.push(offset),
         }
     }
     let mut examined_to = state.next.max(log_start);
@@ -181,6 +184,9 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
     let visible_at = now + wanted.invisible.as_millis() as i64;
     let result = store.update(&wanted.key, start, |q| {
         q.truncate_below(log_start);
+        for offset in &vanished {
+            q.forget(*offset);
+        }
         let mut deliveries = Vec::with_capacity(picked.len());
         for (record, redelivery) in picked {
             // The state may have moved since it was read (an ack of a redelivery candidate).

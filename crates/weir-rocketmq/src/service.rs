@@ -140,7 +140,7 @@ impl Service {
             return status(Code::InvalidReceiptHandle, format!("{handle:?} is not a receipt handle of this broker"));
         };
         let key = QueueKey { group: group.to_string(), topic: topic.to_string(), partition: handle.partition };
-        if self.pop.get(&key).is_none() {
+        if !self.pop.contains(&key) {
             return receive::handle_status(HandleError::NotInFlight);
         }
         match self.pop.update(&key, || QueueState::starting_at(0), |q| q.ack(handle.offset, handle.nonce)) {
@@ -572,7 +572,7 @@ impl Service {
                 status(Code::IllegalInvisibleTime, "the invisible duration is missing, negative or over 12 h")
             })?;
         let key = QueueKey { group, topic, partition: handle.partition };
-        if self.pop.get(&key).is_none() {
+        if !self.pop.contains(&key) {
             return Err(receive::handle_status(HandleError::NotInFlight));
         }
         let visible_at = self.broker.now_ms() + invisible.as_millis() as i64;

@@ -144,6 +144,11 @@ impl PopStore {
         Ok(result)
     }
 
+    /// Whether `key` has a state (without copying it).
+    pub fn contains(&self, key: &QueueKey) -> bool {
+        lock(&self.inner).queues.contains_key(key)
+    }
+
     /// A copy of the state of `key`, if it has one.
     pub fn get(&self, key: &QueueKey) -> Option<QueueState> {
         lock(&self.inner).queues.get(key).cloned()

@@ -116,6 +116,13 @@ impl QueueState {
         }
     }
 
+    /// An in-flight message the log no longer has (compaction removed its record): done.
+    pub fn forget(&mut self, offset: i64) {
+        if self.inflight.remove(&offset).is_some() {
+            self.settle();
+        }
+    }
+
     /// The log lost everything below `log_start` (retention, DeleteRecords): those offsets are
     /// done, delivered or not.
     pub fn truncate_below(&mut self, log_start: i64) {
@@ -161,6 +168,17 @@ mod tests {
         assert_eq!(q.ack(10, 1), Err(HandleError::Stale), "the first delivery's handle");
         assert!(q.ack(10, 3).is_ok());
         assert_eq!((q.done_below, q.next), (12, 12));
+    }
+
+    #[test]
+    fn a_forgotten_message_is_done() {
+        let mut q = QueueState::starting_at(0);
+        q.deliver(0, 1, 1);
+        q.deliver(1, 1, 2);
+        q.forget(0);
+        assert_eq!((q.done_below, q.inflight.len()), (1, 1));
+        q.forget(5);
+        assert_eq!(q.done_below, 1);
     }
 
     #[test]
