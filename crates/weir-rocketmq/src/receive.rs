@@ -238,8 +238,7 @@ pub async fn receive(
         // Wake at the next expiry too: that message is deliverable again then.
         let now = tokio::time::Instant::now();
         let expiry = store
-            .get(&wanted.key)
-            .and_then(|q| q.next_expiry_ms())
+            .next_expiry_ms(&wanted.key)
             .map(|at| now + Duration::from_millis((at - broker.now_ms()).max(1) as u64));
         let wake = expiry.map_or(deadline, |e| e.min(deadline));
         if now >= deadline || *shutdown.borrow() {

@@ -245,13 +245,7 @@ impl Service {
             }
             send::append(&self.broker, &partitions, &led, messages, &self.round_robin, &mut entries).await;
         }
-        let failed: Vec<&Status> =
-            entries.iter().filter_map(|e| e.status.as_ref()).filter(|s| s.code != Code::Ok as i32).collect();
-        let overall = match failed.first() {
-            None => status::ok(),
-            Some(first) if count == 1 || failed.len() == count => (*first).clone(),
-            Some(_) => status(Code::MultipleResults, "some messages were not sent; see each entry"),
-        };
+        let overall = status::overall(entries.iter().filter_map(|e| e.status.as_ref()), "some messages were not sent");
         SendMessageResponse { status: Some(overall), entries }
     }
 }
@@ -403,13 +397,7 @@ impl MessagingService for Service {
                         status: Some(self.ack(&group, topic, &e.receipt_handle)),
                     })
                     .collect();
-                let failed: Vec<&Status> =
-                    entries.iter().filter_map(|e| e.status.as_ref()).filter(|s| s.code != Code::Ok as i32).collect();
-                let overall = match failed.first() {
-                    None => status::ok(),
-                    Some(first) if failed.len() == entries.len() => (*first).clone(),
-                    Some(_) => status(Code::MultipleResults, "some acks failed; see each entry"),
-                };
+                let overall = status::overall(entries.iter().filter_map(|e| e.status.as_ref()), "some acks failed");
                 AckMessageResponse { status: Some(overall), entries }
             }
         };

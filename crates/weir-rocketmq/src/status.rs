@@ -15,6 +15,25 @@ pub fn status(code: Code, message: impl Into<String>) -> Status {
     Status { code: code as i32, message: message.into() }
 }
 
+/// The status of a call answered per entry (a send of several messages, an ack of several
+/// handles): OK when every entry is, the entries' status when all failed (the first's), else
+/// `MULTIPLE_RESULTS` saying what to look at.
+pub fn overall<'a>(entries: impl IntoIterator<Item = &'a Status>, what_failed: &str) -> Status {
+    let (mut total, mut failed, mut first) = (0, 0, None);
+    for entry in entries {
+        total += 1;
+        if entry.code != Code::Ok as i32 {
+            failed += 1;
+            first.get_or_insert(entry);
+        }
+    }
+    match first {
+        None => ok(),
+        Some(first) if failed == total => first.clone(),
+        Some(_) => status(Code::MultipleResults, format!("{what_failed}; see each entry")),
+    }
+}
+
 /// The status a client gets for a core error.
 pub fn of_error(error: &BrokerError) -> Status {
     status(code_of(error.kind), error.message.clone())
@@ -90,5 +109,14 @@ mod tests {
         assert_eq!(code_of(ErrorKind::NotLeader), Code::HaNotAvailable);
         let status = of_error(&BrokerError::new(ErrorKind::Internal, "disk on fire"));
         assert_eq!((status.code, status.message.as_str()), (Code::InternalError as i32, "disk on fire"));
+    }
+
+    #[test]
+    fn a_call_answered_per_entry_is_ok_failed_or_multiple() {
+        let bad = status(Code::InvalidReceiptHandle, "stale");
+        assert_eq!(overall([&ok(), &ok()], "x").code, Code::Ok as i32);
+        assert_eq!(overall([&bad, &bad], "x"), bad);
+        assert_eq!(overall([&ok(), &bad], "some acks failed").message, "some acks failed; see each entry");
+        assert_eq!(overall([&ok(), &bad], "x").code, Code::MultipleResults as i32);
     }
 }

@@ -149,6 +149,11 @@ impl PopStore {
         lock(&self.inner).queues.contains_key(key)
     }
 
+    /// When the next in-flight message of `key` becomes visible again (without copying the state).
+    pub fn next_expiry_ms(&self, key: &QueueKey) -> Option<i64> {
+        lock(&self.inner).queues.get(key).and_then(QueueState::next_expiry_ms)
+    }
+
     /// A copy of the state of `key`, if it has one.
     pub fn get(&self, key: &QueueKey) -> Option<QueueState> {
         lock(&self.inner).queues.get(key).cloned()
