@@ -40,11 +40,20 @@ def weir_bin():
     return pathlib.Path(os.environ.get("WEIR_BIN") or REPO / "target" / "debug" / "weir").resolve()
 
 
+_HANDED_OUT_PORTS = set()
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and never handed out before in
+    this run: a broker's ports are chosen before it binds them, so a port given to one broker but
+    not bound yet must not go to another (a cluster node once got another's RocketMQ port)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT_PORTS:
+            _HANDED_OUT_PORTS.add(port)
+            return port
 
 
 def broker_env():
