@@ -17,7 +17,6 @@ Metadata say? is a CreateTopics through a non-controller forwarded?), it uses th
 """
 
 import pathlib
-import re
 import socket
 import time
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -105,14 +104,6 @@ class Node(Broker):
     @property
     def broker(self):
         return "broker" in self.roles
-
-    def admin_url(self):
-        """The node's admin HTTP API (admin.listeners=127.0.0.1:0), from the line it printed at
-        its last start."""
-        text = self.log_path.read_text(errors="replace")
-        urls = re.findall(r"^admin (http://\S+) \(JSON API", text, re.M)
-        assert urls, f"{self} printed no admin line"
-        return urls[-1]
 
     def __repr__(self):
         return f"Node({self.node_id}, {self.bootstrap}, roles={self.roles}, pid={self.pid})"

@@ -13,6 +13,7 @@ failure report. Cluster tests run several brokers as one cluster (cluster.py, th
 import atexit
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -105,6 +106,14 @@ class Broker:
     def rocketmq_endpoint(self):
         """Where RocketMQ 5 clients reach this broker (their `endpoints`)."""
         return f"{self.host}:{self.rocketmq_port}"
+
+    def admin_url(self):
+        """The admin HTTP API (admin.listeners=127.0.0.1:0), from the line the broker printed at
+        its last start."""
+        text = self.log_path.read_text(errors="replace")
+        urls = re.findall(r"^admin (http://\S+) \(JSON API", text, re.M)
+        assert urls, f"{self} printed no admin line"
+        return urls[-1]
 
     @property
     def pid(self):

@@ -4,7 +4,10 @@ Every wait is bounded. Records read by either client are turned into `Rec`, so t
 what one client wrote with what the other read.
 """
 
+import json
 import time
+import urllib.error
+import urllib.request
 import uuid
 from typing import List, NamedTuple, Optional, Tuple
 
@@ -360,3 +363,14 @@ def read_isolated(bootstrap, topic, partitions, isolation, timeout=TIMEOUT_S):
         return out
     finally:
         consumer.close()
+
+
+def http(method, url, body=None, timeout=30):
+    """One admin API call; returns (status, decoded JSON body)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")

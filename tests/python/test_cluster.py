@@ -23,8 +23,6 @@ import shutil
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -46,6 +44,7 @@ from helpers import (
     c_consumer,
     c_produce,
     c_producer,
+    http,
     kp_admin,
     kp_consume,
     kp_consumer,
@@ -301,17 +300,6 @@ def test_topic_created_through_a_follower_spreads_leaders_and_round_trips_with_e
         )
 
     cluster.wait(gone_everywhere, 10, f"topic {name} deleted on every node")
-
-
-def http(method, url, body=None, timeout=30):
-    """One admin API call; returns (status, decoded JSON body)."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
 
 
 def test_the_http_api_and_the_cli_produce_and_consume_through_any_node(cluster):

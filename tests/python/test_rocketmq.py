@@ -24,7 +24,7 @@ from rocketmq.grpc_protocol import definition_pb2 as d
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from helpers import c_admin, c_consume, c_consumer, c_create_topic, c_producer, c_read_partition, unique
+from helpers import c_admin, c_consume, c_consumer, c_create_topic, c_producer, c_read_partition, http, unique
 
 
 def producer_for(broker, topics):
@@ -445,5 +445,84 @@ def test_a_failed_consume_is_redelivered_after_the_groups_back_off(broker):
         time.sleep(1.5)
         assert sum(1 for _, b, _, _ in log if b == b"retry-me") == 2, "acked on the second attempt"
         assert [a for _, b, a, _ in log if b == b"fine"] == [1]
+    finally:
+        consumer.shutdown()
+
+
+# -- group settings ------------------------------------------------------------------------------
+
+
+def consumer_settings(stub, group, topic):
+    """The Settings the server answers a push consumer of `group` with."""
+    settings = pb.Settings(
+        client_type=pb.ClientType.PUSH_CONSUMER,
+        subscription=pb.Subscription(
+            group=pb.Resource(name=group),
+            subscriptions=[
+                d.SubscriptionEntry(
+                    topic=pb.Resource(name=topic),
+                    expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
+                )
+            ],
+        ),
+    )
+    responses = stub.Telemetry(iter([pb.TelemetryCommand(settings=settings)]), metadata=METADATA, timeout=10)
+    first = next(iter(responses))
+    assert first.status.code == pb.Code.OK
+    return first.settings
+
+
+def test_group_settings_from_the_http_api_reach_consumers_in_their_settings(broker, stub):
+    admin, topic = broker.admin_url(), unique("rmq-settings")
+    fifo_group, plain_group = unique("g-fifo"), unique("g-plain")
+
+    defaults = consumer_settings(stub, plain_group, topic)
+    assert not defaults.subscription.fifo
+    assert defaults.backoff_policy.max_attempts == 17
+    assert [d.seconds for d in defaults.backoff_policy.customized_backoff.next][:3] == [1, 5, 10]
+
+    status, created = http("POST", f"{admin}/v1/groups", {
+        "name": fifo_group,
+        "configs": {"consume.fifo": "true", "max.delivery.attempts": "4", "retry.backoff": "exponential:200ms,5s,3"},
+    })
+    assert status == 201, created
+    assert {c["name"]: (c["value"], c["source"]) for c in created["configs"]}["max.delivery.attempts"] == ("4", "group")
+    answered = consumer_settings(stub, fifo_group, topic)
+    assert answered.subscription.fifo
+    assert answered.backoff_policy.max_attempts == 4
+    exponential = answered.backoff_policy.exponential_backoff
+    assert (exponential.initial.nanos, exponential.max.seconds, exponential.multiplier) == (200_000_000, 5, 3.0)
+
+    # Creating it again is a conflict; a bad value names the setting; an edit applies.
+    status, again = http("POST", f"{admin}/v1/groups", {"name": fifo_group, "configs": {}})
+    assert (status, again["error"]["code"]) == (409, "GROUP_ALREADY_EXISTS"), again
+    status, bad = http("PATCH", f"{admin}/v1/groups/{fifo_group}/configs", {"set": {"max.delivery.attempts": "0"}})
+    assert status == 400 and "max.delivery.attempts" in bad["error"]["message"], bad
+    status, unknown = http("PATCH", f"{admin}/v1/groups/{fifo_group}/configs", {"set": {"fifo": "true"}})
+    assert status == 400 and "Unknown group config" in unknown["error"]["message"], unknown
+    status, altered = http("PATCH", f"{admin}/v1/groups/{fifo_group}/configs", {"delete": ["consume.fifo"]})
+    assert status == 200, altered
+    assert not consumer_settings(stub, fifo_group, topic).subscription.fifo
+    status, described = http("GET", f"{admin}/v1/groups/{fifo_group}")
+    assert status == 200, described
+    assert {c["name"]: c["source"] for c in described["configs"]} == {
+        "consume.fifo": "default", "max.delivery.attempts": "group", "retry.backoff": "group",
+    }
+
+
+def test_a_push_consumer_waits_its_groups_own_back_off_before_a_redelivery(broker):
+    topic, group = unique("rmq-backoff"), unique("g")
+    status, created = http("POST", f"{broker.admin_url()}/v1/groups", {"name": group, "configs": {"retry.backoff": "3s"}})
+    assert status == 201, created
+    log = []
+    consumer = push_consumer(broker, group, topic, Recorder("c", log, fail={b"slow-retry"}))
+    try:
+        send_all(broker, topic, [message(topic, b"slow-retry")])
+        deadline = time.monotonic() + 60
+        while len(log) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [attempt for _, _, attempt, _ in log] == [1, 2], log
+        waited = log[1][3] - log[0][3]
+        assert 2.9 <= waited < 20, f"redelivered after {waited:.2f} s, the group's back-off is 3 s"
     finally:
         consumer.shutdown()

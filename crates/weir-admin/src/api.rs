@@ -70,7 +70,8 @@ pub struct ConfigEntry {
     pub value: String,
     /// Topic configs: `topic` (the topic's own override), `broker` (the broker-wide `log.*`
     /// default) or `default` (Kafka's default). Broker settings: `static` (set in the config
-    /// file, environment or command line) or `default`.
+    /// file, environment or command line) or `default`. Group settings: `group` (set for the
+    /// group) or `default`.
     pub source: String,
 }
 
@@ -476,6 +477,32 @@ pub struct GroupDescription {
     pub offsets: Vec<GroupOffset>,
     /// The sum of every known lag.
     pub total_lag: i64,
+    /// The group's settings in force (`consume.fifo`, `max.delivery.attempts`,
+    /// `retry.backoff`), each with source `group` (set for it) or `default`.
+    #[serde(default)]
+    pub configs: Vec<ConfigEntry>,
+}
+
+/// `POST /v1/groups`: a consumer group with settings (RocketMQ's subscription group). Groups
+/// need not be created: one without settings has the defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateGroup {
+    pub name: String,
+    /// Group settings by name; those left out keep their defaults.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub configs: BTreeMap<String, String>,
+    /// Run every check, change nothing.
+    #[serde(default)]
+    pub validate_only: bool,
+}
+
+/// The answer to `POST /v1/groups`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreatedGroup {
+    pub name: String,
+    pub configs: Vec<ConfigEntry>,
+    pub validate_only: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -110,6 +110,7 @@ pub fn error_name(kind: ErrorKind) -> &'static str {
         K::NotAttempted => "OPERATION_NOT_ATTEMPTED",
         K::InvalidGroupId => "INVALID_GROUP_ID",
         K::UnknownGroup => "GROUP_ID_NOT_FOUND",
+        K::GroupExists => "GROUP_ALREADY_EXISTS",
         K::GroupNotEmpty => "NON_EMPTY_GROUP",
         K::GroupSubscribedToTopic => "GROUP_SUBSCRIBED_TO_TOPIC",
         K::UnknownMember => "UNKNOWN_MEMBER_ID",
@@ -143,6 +144,7 @@ pub fn status_for(kind: ErrorKind) -> StatusCode {
     match kind {
         K::UnknownTopicOrPartition | K::UnknownTopicId | K::UnknownGroup => StatusCode::NOT_FOUND,
         K::TopicExists
+        | K::GroupExists
         | K::GroupNotEmpty
         | K::GroupSubscribedToTopic
         | K::RebalanceInProgress

@@ -1,4 +1,5 @@
-//! Consumer groups: list, describe with lag, reset offsets, standalone commits, delete.
+//! Consumer groups: list, describe with lag, reset offsets, standalone commits, delete; and
+//! their settings (RocketMQ consumers' FIFO delivery, attempts and back-off).
 //!
 //! Offsets are changed the way Kafka's `kafka-consumer-groups.sh` changes them: as a standalone
 //! ("simple") commit with generation −1, which the coordinator accepts only while the group has
@@ -15,9 +16,14 @@ use kafka_protocol::protocol::Decodable;
 use weir_broker::group::{CommitParams, GroupDescription as Described, GroupState, OffsetToCommit};
 use weir_broker::ErrorKind;
 
+use axum::http::StatusCode;
+use weir_broker::group_config;
+use weir_broker::topic_config::{ConfigEdit, ConfigOp};
+
 use crate::api::{
-    CommitOffsets, CommittedOffsets, DeletedGroup, GroupDescription, GroupList, GroupMember, GroupOffset, GroupSummary,
-    OffsetChange, ResetOffsets, ResetOffsetsResult, ResetTo, TopicPartitions, TopicSelector,
+    AlterConfigs, CommitOffsets, CommittedOffsets, ConfigEntry, Configs, CreateGroup, CreatedGroup, DeletedGroup,
+    GroupDescription, GroupList, GroupMember, GroupOffset, GroupSummary, OffsetChange, ResetOffsets,
+    ResetOffsetsResult, ResetTo, TopicPartitions, TopicSelector,
 };
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathParams, QueryParams};
@@ -115,7 +121,9 @@ pub async fn describe(
 ) -> Result<Json<GroupDescription>, ApiError> {
     let core = state.core()?;
     let described = describe_one(core, &group).await?;
-    if described.state == GroupState::Dead {
+    let settings = core.broker.group_configs(&group);
+    // A group known only by its settings (a RocketMQ group before its first commit) exists.
+    if described.state == GroupState::Dead && settings.is_none() {
         return Err(ApiError::unknown_group(&group));
     }
     let committed = core.groups.fetch_offsets(&group, None).await.map_err(|code| coordinator_error(code, &group))?;
@@ -177,7 +185,76 @@ pub async fn describe(
         members,
         offsets: offsets.into_values().collect(),
         total_lag,
+        configs: config_entries(&settings.unwrap_or_default()),
     }))
+}
+
+fn config_entries(overrides: &BTreeMap<String, String>) -> Vec<ConfigEntry> {
+    group_config::describe(overrides)
+        .into_iter()
+        .map(|e| ConfigEntry {
+            name: e.name,
+            value: e.value,
+            source: if e.overridden { "group" } else { "default" }.to_string(),
+        })
+        .collect()
+}
+
+/// `POST /v1/groups`: gives a group settings; 409 when it has some already.
+pub async fn create(
+    State(state): State<SharedState>,
+    JsonBody(request): JsonBody<CreateGroup>,
+) -> Result<(StatusCode, Json<CreatedGroup>), ApiError> {
+    let core = state.core()?;
+    let edit = ConfigEdit::Apply(
+        request
+            .configs
+            .iter()
+            .map(|(name, value)| ConfigOp::Set { name: name.clone(), value: value.clone() })
+            .collect(),
+    );
+    // The stored overrides, as `apply` normalises them (the controller stores the same).
+    let overrides = group_config::apply(&edit, &BTreeMap::new())
+        .map_err(|message| ApiError::new(ErrorKind::InvalidConfig, message))?;
+    core.broker.alter_group_configs(request.name.clone(), true, request.validate_only, edit).await?;
+    let status = if request.validate_only { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((
+        status,
+        Json(CreatedGroup {
+            name: request.name,
+            configs: config_entries(&overrides),
+            validate_only: request.validate_only,
+        }),
+    ))
+}
+
+/// `GET /v1/groups/{group}/configs`: the settings in force (the defaults for any group
+/// without settings, known or not).
+pub async fn configs(
+    State(state): State<SharedState>,
+    PathParams(group): PathParams<String>,
+) -> Result<Json<Configs>, ApiError> {
+    let core = state.core()?;
+    Ok(Json(Configs { configs: config_entries(&core.broker.group_configs(&group).unwrap_or_default()) }))
+}
+
+/// `PATCH /v1/groups/{group}/configs`: sets and deletes settings, creating the group's
+/// settings when it has none.
+pub async fn alter_configs(
+    State(state): State<SharedState>,
+    PathParams(group): PathParams<String>,
+    JsonBody(request): JsonBody<AlterConfigs>,
+) -> Result<Json<Configs>, ApiError> {
+    let core = state.core()?;
+    let edit = crate::topics::edit_of(&request)?;
+    let current = core.broker.group_configs(&group).unwrap_or_default();
+    let mut overrides =
+        group_config::apply(&edit, &current).map_err(|message| ApiError::new(ErrorKind::InvalidConfig, message))?;
+    core.broker.alter_group_configs(group.clone(), false, request.validate_only, edit).await?;
+    if !request.validate_only {
+        overrides = core.broker.group_configs(&group).unwrap_or_default();
+    }
+    Ok(Json(Configs { configs: config_entries(&overrides) }))
 }
 
 /// Commits `offsets` for `group` as a standalone consumer: all or nothing (one fsynced append).

@@ -124,7 +124,9 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/topics/{topic}/partitions", get(topics::partitions).post(topics::create_partitions))
         .route("/v1/topics/{topic}/records", get(records::consume_topic).post(records::produce))
         .route("/v1/topics/{topic}/partitions/{partition}/records", get(records::consume_partition))
-        .route("/v1/groups", get(groups::list))
+        .route("/v1/groups", get(groups::list).post(groups::create))
+        // Group settings are cluster metadata: any broker answers, the controller decides.
+        .route("/v1/groups/{group}/configs", get(groups::configs).patch(groups::alter_configs))
         .merge(
             // Answered by the group's coordinator, wherever it is.
             Router::new()

@@ -140,23 +140,11 @@ pub async fn configs(
     Ok(Json(Configs { configs: config_entries(&core.broker, &topic.configs) }))
 }
 
-/// Incremental: `set` adds or replaces overrides, `delete` removes them; the other overrides
-/// stay. Answers the configs in force afterwards (with `validate_only`, as they would be).
-pub async fn alter_configs(
-    State(state): State<SharedState>,
-    PathParams(name): PathParams<String>,
-    JsonBody(request): JsonBody<AlterConfigs>,
-) -> Result<Json<Configs>, ApiError> {
-    let core = state.core()?;
-    let broker = &core.broker;
-    require_topic(broker, &name)?;
+/// The edit a PATCH of configs asks for: its deletes, then its sets. Refuses an empty one and a
+/// name both set and deleted.
+pub(crate) fn edit_of(request: &AlterConfigs) -> Result<ConfigEdit, ApiError> {
     if request.set.is_empty() && request.delete.is_empty() {
         return Err(ApiError::invalid("nothing to change: give configs to `set` or `delete`"));
-    }
-    for config in request.set.keys().chain(&request.delete) {
-        if !topic_config::is_known(config) {
-            return Err(ApiError::new(ErrorKind::InvalidConfig, format!("unknown topic config '{config}'")));
-        }
     }
     if let Some(both) = request.delete.iter().find(|c| request.set.contains_key(*c)) {
         return Err(ApiError::invalid(format!("config '{both}' is both set and deleted")));
@@ -167,7 +155,25 @@ pub async fn alter_configs(
         .map(|name| ConfigOp::Delete { name: name.clone() })
         .chain(request.set.iter().map(|(name, value)| ConfigOp::Set { name: name.clone(), value: value.clone() }))
         .collect();
-    let edit = ConfigEdit::Apply(ops);
+    Ok(ConfigEdit::Apply(ops))
+}
+
+/// Incremental: `set` adds or replaces overrides, `delete` removes them; the other overrides
+/// stay. Answers the configs in force afterwards (with `validate_only`, as they would be).
+pub async fn alter_configs(
+    State(state): State<SharedState>,
+    PathParams(name): PathParams<String>,
+    JsonBody(request): JsonBody<AlterConfigs>,
+) -> Result<Json<Configs>, ApiError> {
+    let core = state.core()?;
+    let broker = &core.broker;
+    require_topic(broker, &name)?;
+    for config in request.set.keys().chain(&request.delete) {
+        if !topic_config::is_known(config) {
+            return Err(ApiError::new(ErrorKind::InvalidConfig, format!("unknown topic config '{config}'")));
+        }
+    }
+    let edit = edit_of(&request)?;
     broker.alter_topic_configs(name.clone(), request.validate_only, edit).await.map_err(|e| topic_error(&name, e))?;
     let topic = require_topic(broker, &name)?;
     let mut overrides = topic.configs.clone();

@@ -1599,7 +1599,7 @@ fn reject_keyless_records(records: &[u8]) -> Result<(), AppendError> {
 }
 
 /// An answer of the wrong shape from the controller: a bug (or mismatched versions).
-fn unexpected_answer(answer: &ControlAnswer) -> BrokerError {
+pub(crate) fn unexpected_answer(answer: &ControlAnswer) -> BrokerError {
     BrokerError::internal(format!("the controller answered with {answer:?}"))
 }
 

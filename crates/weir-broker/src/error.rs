@@ -90,6 +90,8 @@ pub enum ErrorKind {
     // ----- consumer groups -------------------------------------------------------------------
     InvalidGroupId,
     UnknownGroup,
+    /// The group already has settings (`weir group create` of a configured group).
+    GroupExists,
     /// The group has members; the operation needs it empty.
     GroupNotEmpty,
     /// The group's members consume the topic the operation is about.
@@ -203,6 +205,7 @@ impl ErrorKind {
             NotAttempted => "not attempted",
             InvalidGroupId => "invalid group id",
             UnknownGroup => "unknown group",
+            GroupExists => "group already exists",
             GroupNotEmpty => "group not empty",
             GroupSubscribedToTopic => "group subscribed to topic",
             UnknownMember => "unknown member",

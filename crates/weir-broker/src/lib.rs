@@ -15,6 +15,7 @@ mod coordinator_shards;
 pub mod error;
 pub mod fetch;
 pub mod group;
+pub mod group_config;
 pub mod internal_records;
 pub mod message;
 pub mod metadata;

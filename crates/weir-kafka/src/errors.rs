@@ -47,6 +47,8 @@ pub fn kafka_error(kind: ErrorKind) -> ResponseError {
         K::NotAttempted => E::OperationNotAttempted,
         K::InvalidGroupId => E::InvalidGroupId,
         K::UnknownGroup => E::GroupIdNotFound,
+        // Only the admin API creates groups with settings; Kafka has no code for it.
+        K::GroupExists => E::InvalidRequest,
         K::GroupNotEmpty => E::NonEmptyGroup,
         K::GroupSubscribedToTopic => E::GroupSubscribedToTopic,
         K::UnknownMember => E::UnknownMemberId,

@@ -493,7 +493,13 @@ impl MessagingService for Service {
                 let answer = match command.command {
                     Some(telemetry_command::Command::Settings(settings)) => {
                         let max_body = publishing_limit(&broker, &settings);
-                        Some(telemetry::answer(&settings, max_body))
+                        let group = match &settings.pub_sub {
+                            Some(crate::proto::settings::PubSub::Subscription(s)) => {
+                                s.group.as_ref().map(|g| broker.group_settings(&g.name))
+                            }
+                            _ => None,
+                        };
+                        Some(telemetry::answer(&settings, max_body, group.unwrap_or_default()))
                     }
                     // Answers to the server's commands; the server sends none yet.
                     Some(_) => None,

@@ -64,6 +64,7 @@ pub fn code_of(kind: ErrorKind) -> Code {
         | InvalidReplicationFactor
         | InvalidReplicaAssignment
         | TopicExists
+        | GroupExists
         | TopicDeletionDisabled
         | ElectionNotNeeded
         | PreferredLeaderNotAvailable

@@ -5,14 +5,13 @@
 
 use std::time::Duration;
 
+use weir_broker::group_config::{GroupSettings, RetryBackoff};
+
 use crate::proto::{
     self, retry_policy, settings::PubSub, telemetry_command, CustomizedBackoff, ExponentialBackoff, Publishing,
     RetryPolicy, Subscription, TelemetryCommand,
 };
 use crate::status;
-
-/// RocketMQ's default number of deliveries before a message goes to the dead letters.
-pub const DEFAULT_MAX_DELIVERY_ATTEMPTS: i32 = 17;
 
 /// How long a consumer's receive waits for messages (the client adds its request timeout).
 pub const LONG_POLLING_TIMEOUT: Duration = Duration::from_secs(20);
@@ -20,18 +19,14 @@ pub const LONG_POLLING_TIMEOUT: Duration = Duration::from_secs(20);
 /// Messages a push consumer asks for in one receive.
 pub const RECEIVE_BATCH_SIZE: i32 = 32;
 
-/// RocketMQ's default redelivery back-off after a failed consume: the delay before delivery
-/// attempt n + 1 is the n-th of these (the last repeats).
-pub const RETRY_BACKOFF_SECONDS: [i64; 18] =
-    [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200];
-
 fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
 }
 
 /// What the server answers to a client's settings. `max_body_bytes` is the largest body the
-/// client's topics take.
-pub fn answer(client: &proto::Settings, max_body_bytes: usize) -> TelemetryCommand {
+/// client's topics take; `group` holds the settings of a consumer's group (FIFO delivery, the
+/// attempts and the redelivery back-off).
+pub fn answer(client: &proto::Settings, max_body_bytes: usize, group: GroupSettings) -> TelemetryCommand {
     let pub_sub = match &client.pub_sub {
         Some(PubSub::Publishing(publishing)) => Some(PubSub::Publishing(Publishing {
             topics: publishing.topics.clone(),
@@ -41,7 +36,7 @@ pub fn answer(client: &proto::Settings, max_body_bytes: usize) -> TelemetryComma
         Some(PubSub::Subscription(subscription)) => Some(PubSub::Subscription(Subscription {
             group: subscription.group.clone(),
             subscriptions: subscription.subscriptions.clone(),
-            fifo: Some(false),
+            fifo: Some(group.fifo),
             receive_batch_size: Some(RECEIVE_BATCH_SIZE),
             long_polling_timeout: Some(duration(LONG_POLLING_TIMEOUT)),
             lite_subscription_quota: None,
@@ -49,12 +44,21 @@ pub fn answer(client: &proto::Settings, max_body_bytes: usize) -> TelemetryComma
         })),
         None => None,
     };
-    // A consumer's: the redelivery back-off after a failed consume. RocketMQ's levels.
+    // A consumer's: the group's deliveries and its redelivery back-off after a failed consume.
     let redelivery = RetryPolicy {
-        max_attempts: DEFAULT_MAX_DELIVERY_ATTEMPTS,
-        strategy: Some(retry_policy::Strategy::CustomizedBackoff(CustomizedBackoff {
-            next: RETRY_BACKOFF_SECONDS.iter().map(|s| duration(Duration::from_secs(*s as u64))).collect(),
-        })),
+        max_attempts: i32::try_from(group.max_delivery_attempts).unwrap_or(i32::MAX),
+        strategy: Some(match group.retry_backoff {
+            RetryBackoff::Customized(waits) => retry_policy::Strategy::CustomizedBackoff(CustomizedBackoff {
+                next: waits.into_iter().map(duration).collect(),
+            }),
+            RetryBackoff::Exponential { initial, max, multiplier } => {
+                retry_policy::Strategy::ExponentialBackoff(ExponentialBackoff {
+                    initial: Some(duration(initial)),
+                    max: Some(duration(max)),
+                    multiplier: multiplier as f32,
+                })
+            }
+        }),
     };
     // A producer's: how it retries a send. Clients require an exponential one (the Node.js
     // client asserts it); the client's own when it sent one, else RocketMQ's default.
@@ -99,7 +103,9 @@ mod tests {
             })),
             ..Default::default()
         };
-        let Some(telemetry_command::Command::Settings(answer)) = answer(&producer, 1 << 22).command else {
+        let Some(telemetry_command::Command::Settings(answer)) =
+            answer(&producer, 1 << 22, GroupSettings::default()).command
+        else {
             panic!("no settings in the answer")
         };
         let Some(PubSub::Publishing(publishing)) = answer.pub_sub else { panic!("no publishing settings") };
@@ -109,11 +115,43 @@ mod tests {
 
         let consumer =
             proto::Settings { pub_sub: Some(PubSub::Subscription(Subscription::default())), ..Default::default() };
-        let Some(telemetry_command::Command::Settings(answer)) = super::answer(&consumer, 1).command else {
+        let Some(telemetry_command::Command::Settings(answer)) =
+            super::answer(&consumer, 1, GroupSettings::default()).command
+        else {
             panic!("no settings in the answer")
         };
         let Some(PubSub::Subscription(subscription)) = answer.pub_sub else { panic!("no subscription settings") };
         assert_eq!(subscription.long_polling_timeout.map(|d| d.seconds), Some(20));
-        assert_eq!(answer.backoff_policy.map(|p| p.max_attempts), Some(DEFAULT_MAX_DELIVERY_ATTEMPTS));
+        assert_eq!(subscription.fifo, Some(false));
+        let policy = answer.backoff_policy.expect("a back-off");
+        assert_eq!(policy.max_attempts, 17);
+        let Some(retry_policy::Strategy::CustomizedBackoff(backoff)) = policy.strategy else { panic!("customized") };
+        assert_eq!(backoff.next.len(), 18);
+        assert_eq!(backoff.next.last().map(|d| d.seconds), Some(7200));
+    }
+
+    #[test]
+    fn a_consumer_learns_its_groups_settings() {
+        let consumer =
+            proto::Settings { pub_sub: Some(PubSub::Subscription(Subscription::default())), ..Default::default() };
+        let group = GroupSettings {
+            fifo: true,
+            max_delivery_attempts: 3,
+            retry_backoff: RetryBackoff::Exponential {
+                initial: Duration::from_millis(250),
+                max: Duration::from_secs(4),
+                multiplier: 2.0,
+            },
+        };
+        let Some(telemetry_command::Command::Settings(answer)) = super::answer(&consumer, 1, group).command else {
+            panic!("no settings in the answer")
+        };
+        let Some(PubSub::Subscription(subscription)) = answer.pub_sub else { panic!("no subscription settings") };
+        assert_eq!(subscription.fifo, Some(true));
+        let policy = answer.backoff_policy.expect("a back-off");
+        assert_eq!(policy.max_attempts, 3);
+        let Some(retry_policy::Strategy::ExponentialBackoff(backoff)) = policy.strategy else { panic!("exponential") };
+        assert_eq!(backoff.initial.map(|d| d.nanos), Some(250_000_000));
+        assert_eq!(backoff.max.map(|d| d.seconds), Some(4));
     }
 }

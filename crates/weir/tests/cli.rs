@@ -198,6 +198,41 @@ fn topic_create_sets_the_rocketmq_message_type() {
     assert!(refused.failed().contains("expected NORMAL, FIFO, DELAY or TRANSACTION"), "{}", refused.stderr);
 }
 
+#[test]
+fn group_create_and_alter_set_a_groups_rocketmq_settings() {
+    let server = Server::start(&[]);
+    let created = server.weir(
+        &["group", "create", "orders-app", "--fifo", "--max-delivery-attempts", "5", "--retry-backoff", "1s,10s"],
+        "",
+    );
+    let text = created.ok();
+    assert!(text.starts_with("created group 'orders-app'\n"), "{text}");
+    let setting = |text: &str, name: &str| -> Vec<String> {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {text}"));
+        line.split_whitespace().map(str::to_string).collect()
+    };
+    assert_eq!(setting(&text, "consume.fifo"), ["consume.fifo", "true", "group"]);
+    assert_eq!(setting(&text, "max.delivery.attempts"), ["max.delivery.attempts", "5", "group"]);
+
+    let again = server.weir(&["group", "create", "orders-app"], "");
+    assert!(again.failed().contains("GROUP_ALREADY_EXISTS"), "{}", again.stderr);
+    let bad = server.weir(&["group", "create", "other-app", "--retry-backoff", "soon"], "");
+    assert!(bad.failed().contains("retry.backoff"), "{}", bad.stderr);
+
+    let altered = server
+        .weir(&["group", "alter", "orders-app", "--set", "max.delivery.attempts=9", "--delete", "consume.fifo"], "");
+    let text = altered.ok();
+    assert_eq!(setting(&text, "max.delivery.attempts"), ["max.delivery.attempts", "9", "group"]);
+    assert_eq!(setting(&text, "consume.fifo"), ["consume.fifo", "false", "default"]);
+
+    // A group known only by its settings is described, with them.
+    let described = server.weir(&["group", "describe", "orders-app"], "");
+    let text = described.ok();
+    assert_eq!(setting(&text, "retry.backoff"), ["retry.backoff", "1s,10s", "group"]);
+    let configs = server.get_ok("/v1/groups/unknown-app/configs");
+    assert_eq!(configs["configs"][1]["value"], "17", "{configs}");
+}
+
 /// The sum of a topic's high watermarks: how many records it holds.
 fn records_in(server: &Server, topic: &str) -> i64 {
     let described = server.get_ok(&format!("/v1/topics/{topic}"));

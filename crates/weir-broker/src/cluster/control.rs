@@ -83,6 +83,13 @@ pub enum ControlRequest {
         validate_only: bool,
         edit: ConfigEdit,
     },
+    /// Change a consumer group's settings; `create` refuses a group that has some already.
+    AlterGroupConfigs {
+        group: String,
+        create: bool,
+        validate_only: bool,
+        edit: ConfigEdit,
+    },
     /// Start, replace or cancel partition reassignments (Kafka's AlterPartitionReassignments).
     AlterReassignments {
         targets: Vec<super::reassignment::ReassignmentTarget>,
@@ -105,6 +112,7 @@ impl ControlRequest {
             ControlRequest::ElectLeaders { .. } => "elect leaders",
             ControlRequest::AlterReassignments { .. } => "reassign partitions",
             ControlRequest::AlterBrokerConfigs { .. } => "alter broker configs",
+            ControlRequest::AlterGroupConfigs { .. } => "alter group configs",
         }
     }
 }
@@ -345,6 +353,9 @@ impl Broker {
                 ControlRequest::AlterBrokerConfigs { resource, validate_only, edit } => {
                     self.decide_alter_broker_configs(&held, resource, validate_only, edit).map(|()| ControlAnswer::Done)
                 }
+                ControlRequest::AlterGroupConfigs { group, create, validate_only, edit } => self
+                    .decide_alter_group_configs(&held, group, create, validate_only, edit)
+                    .map(|()| ControlAnswer::Done),
                 ControlRequest::AlterReassignments { targets, allow_replication_factor_change } => self
                     .decide_alter_reassignments(&held, targets, allow_replication_factor_change)
                     .map(ControlAnswer::Reassigned),

@@ -104,6 +104,12 @@ pub enum MetadataRecord {
         resource: String,
         configs: BTreeMap<String, String>,
     },
+    /// Replaces a consumer group's settings ([`crate::group_config`]) with `configs`; empty
+    /// removes them (the group has the defaults).
+    SetGroupConfigs {
+        group: String,
+        configs: BTreeMap<String, String>,
+    },
     /// Reserves producer ids `[first, first + count)` for InitProducerId; ids are never reused.
     AllocateProducerIds {
         first: i64,
@@ -234,6 +240,9 @@ pub struct MetadataState {
     /// `""` for every broker, or a broker id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub broker_configs: BTreeMap<String, BTreeMap<String, String>>,
+    /// Consumer groups' settings (overrides only), by group; groups without any are absent.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// A broker as the controller knows it: where clients reach it, and whether it may lead.
@@ -471,6 +480,13 @@ impl MetadataState {
                     self.broker_configs.insert(resource.clone(), configs.clone());
                 }
             }
+            MetadataRecord::SetGroupConfigs { group, configs } => {
+                if configs.is_empty() {
+                    self.group_configs.remove(group);
+                } else {
+                    self.group_configs.insert(group.clone(), configs.clone());
+                }
+            }
             MetadataRecord::AllocateProducerIds { first, count } => {
                 if *first >= self.next_producer_id && *count > 0 {
                     self.next_producer_id = first.saturating_add(*count);
@@ -614,5 +630,23 @@ mod tests {
         assert!(loaded.has_unassigned_partitions());
         loaded.apply(5, &MetadataRecord::AssignLegacyPartitions { broker: 0 });
         assert_eq!(loaded.topic("u").unwrap().partition(1).unwrap().isr, vec![0]);
+    }
+
+    #[test]
+    fn group_configs_are_set_replaced_and_removed_and_old_snapshots_have_none() {
+        let configs = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let mut state = MetadataState::new();
+        let set = |group: &str, c| MetadataRecord::SetGroupConfigs { group: group.into(), configs: c };
+        state.apply(0, &set("g", configs(&[("consume.fifo", "true")])));
+        state.apply(1, &set("g", configs(&[("max.delivery.attempts", "3")])));
+        assert_eq!(state.group_configs.get("g"), Some(&configs(&[("max.delivery.attempts", "3")])));
+        let round_trip: MetadataState = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+        assert_eq!(round_trip, state);
+        state.apply(2, &set("g", BTreeMap::new()));
+        assert!(state.group_configs.is_empty());
+        let old: MetadataState = serde_json::from_str(r#"{"cluster_id":"c","topics":{},"applied_offset":4}"#).unwrap();
+        assert!(old.group_configs.is_empty());
     }
 }

@@ -1,13 +1,15 @@
-//! `weir group list|describe|reset-offsets|delete`.
+//! `weir group list|describe|create|alter|reset-offsets|delete`.
 
 use std::io::Write;
 
 use clap::{ArgGroup, Args, Subcommand};
 use weir_admin::api::{
-    DeletedGroup, GroupDescription, GroupList, ResetOffsets, ResetOffsetsResult, ResetTo, TopicSelector,
+    AlterConfigs, ConfigEntry, Configs, CreateGroup, CreatedGroup, DeletedGroup, GroupDescription, GroupList,
+    ResetOffsets, ResetOffsetsResult, ResetTo, TopicSelector,
 };
+use weir_broker::group_config;
 
-use super::{or_dash, print_json, segment, AdminClient, Connection, Table};
+use super::{or_dash, parse_key_value, print_json, segment, AdminClient, Connection, Table};
 
 #[derive(Debug, Args)]
 pub struct GroupArgs {
@@ -21,8 +23,13 @@ pub struct GroupArgs {
 pub enum GroupCommand {
     /// List the consumer groups with their state.
     List(ListArgs),
-    /// Members, assignments, committed offsets and lag of a group.
+    /// Members, assignments, committed offsets, lag and settings of a group.
     Describe(GroupName),
+    /// Give a group settings for its RocketMQ consumers (a group needs none to be used: one
+    /// without settings has RocketMQ's defaults).
+    Create(CreateArgs),
+    /// Change a group's settings (--set, --delete).
+    Alter(AlterArgs),
     /// Move a group's committed offsets (only while it has no members).
     ResetOffsets(ResetArgs),
     /// Delete a group and its committed offsets (only while it has no members).
@@ -40,6 +47,43 @@ pub struct ListArgs {
 #[derive(Debug, Args)]
 pub struct GroupName {
     pub group: String,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    pub group: String,
+    /// Consume in order: a message group's next message only after the previous one is acked
+    /// (the group setting consume.fifo).
+    #[arg(long)]
+    pub fifo: bool,
+    /// Deliveries of a message before it goes to the dead letters (max.delivery.attempts).
+    /// [default: 17]
+    #[arg(long, value_name = "N")]
+    pub max_delivery_attempts: Option<u32>,
+    /// The waits before redeliveries: a list such as 1s,5s,30s (the last repeats) or
+    /// exponential:INITIAL,MAX,MULTIPLIER (retry.backoff). [default: RocketMQ's 1s,5s,...,2h]
+    #[arg(long, value_name = "BACKOFF")]
+    pub retry_backoff: Option<String>,
+    /// A group setting by name: --config consume.fifo=true. Repeatable.
+    #[arg(long = "config", value_name = "NAME=VALUE", value_parser = parse_key_value)]
+    pub configs: Vec<(String, String)>,
+    /// Check everything, change nothing.
+    #[arg(long)]
+    pub validate_only: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AlterArgs {
+    pub group: String,
+    /// Set a group setting: --set max.delivery.attempts=5. Repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_key_value)]
+    pub set: Vec<(String, String)>,
+    /// Remove a group setting (back to its default). Repeatable.
+    #[arg(long = "delete", value_name = "NAME")]
+    pub delete: Vec<String>,
+    /// Check everything, change nothing.
+    #[arg(long)]
+    pub validate_only: bool,
 }
 
 #[derive(Debug, Args)]
@@ -112,6 +156,43 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
                 return print_json(&mut out, &group);
             }
             write_description(&mut out, &group)?;
+        }
+        GroupCommand::Create(a) => {
+            let mut configs: std::collections::BTreeMap<String, String> = a.configs.iter().cloned().collect();
+            if a.fifo {
+                configs.insert(group_config::FIFO.into(), "true".into());
+            }
+            if let Some(n) = a.max_delivery_attempts {
+                configs.insert(group_config::MAX_DELIVERY_ATTEMPTS.into(), n.to_string());
+            }
+            if let Some(backoff) = &a.retry_backoff {
+                configs.insert(group_config::RETRY_BACKOFF.into(), backoff.clone());
+            }
+            let request = CreateGroup { name: a.group.clone(), configs, validate_only: a.validate_only };
+            let created: CreatedGroup = client.post("/v1/groups", &request)?;
+            if json {
+                return print_json(&mut out, &created);
+            }
+            let verb = if created.validate_only { "would create (nothing changed)" } else { "created" };
+            writeln!(out, "{verb} group '{}'", created.name)?;
+            write_configs(&mut out, &created.configs)?;
+        }
+        GroupCommand::Alter(a) => {
+            if a.set.is_empty() && a.delete.is_empty() {
+                anyhow::bail!("nothing to alter: give --set NAME=VALUE or --delete NAME");
+            }
+            let request = AlterConfigs {
+                set: a.set.iter().cloned().collect(),
+                delete: a.delete.clone(),
+                validate_only: a.validate_only,
+            };
+            let configs: Configs = client.patch(&format!("/v1/groups/{}/configs", segment(&a.group)), &request)?;
+            if json {
+                return print_json(&mut out, &configs);
+            }
+            let verb = if a.validate_only { "would alter (nothing changed)" } else { "altered" };
+            writeln!(out, "{verb} group '{}'", a.group)?;
+            write_configs(&mut out, &configs.configs)?;
         }
         GroupCommand::ResetOffsets(a) => {
             let to = match (a.to_earliest, a.to_latest, a.to_timestamp, a.to_offset, a.shift_by) {
@@ -199,6 +280,19 @@ fn write_description(out: &mut impl Write, group: &GroupDescription) -> anyhow::
             m.map_or("-".into(), |m| m.client_host.clone()),
             m.map_or("-".into(), |m| m.client_id.clone()),
         ]);
+    }
+    table.write(out)?;
+    if !group.configs.is_empty() {
+        writeln!(out)?;
+        write_configs(out, &group.configs)?;
+    }
+    Ok(())
+}
+
+fn write_configs(out: &mut impl Write, configs: &[ConfigEntry]) -> anyhow::Result<()> {
+    let mut table = Table::new(&["SETTING", "VALUE", "SOURCE"]);
+    for c in configs {
+        table.row(vec![c.name.clone(), c.value.clone(), c.source.clone()]);
     }
     table.write(out)?;
     Ok(())
