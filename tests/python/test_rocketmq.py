@@ -3,7 +3,9 @@
 protocol's own stubs check the statuses a client gets for bad requests.
 """
 
+import subprocess
 import time
+import urllib.parse
 
 import grpc
 import pytest
@@ -24,6 +26,7 @@ from rocketmq.grpc_protocol import definition_pb2 as d
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+from conftest import weir_bin
 from helpers import c_admin, c_consume, c_consumer, c_create_topic, c_producer, c_read_partition, http, unique
 
 
@@ -526,3 +529,88 @@ def test_a_push_consumer_waits_its_groups_own_back_off_before_a_redelivery(broke
         assert 2.9 <= waited < 20, f"redelivered after {waited:.2f} s, the group's back-off is 3 s"
     finally:
         consumer.shutdown()
+
+
+# -- finding messages: by key, message id and time ---------------------------------------------
+
+
+def find(broker, topic, **params):
+    query = urllib.parse.urlencode(params)
+    return http("GET", f"{broker.admin_url()}/v1/topics/{topic}/messages?{query}")
+
+
+def wait_found(broker, topic, want, timeout=15, **params):
+    """Polls a query until it finds `want` messages (the index lags the log a little)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, answer = find(broker, topic, **params)
+        assert status == 200, answer
+        if len(answer["messages"]) >= want or time.monotonic() > deadline:
+            return answer["messages"]
+        time.sleep(0.2)
+
+
+def test_messages_are_found_by_key_id_and_time_also_after_kill_9(broker_factory):
+    broker = broker_factory()
+    topic = unique("rmq-find")
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=3, config={"message.index.enable": "true"})
+    started = int(time.time() * 1000)
+    messages = [
+        message(topic, f"order-{i}".encode(), tag="created", keys=(f"order-{i}", f"customer-{i % 5}"), properties={"n": str(i)})
+        for i in range(60)
+    ]
+    messages.append(message(topic, "Größe 🚀".encode(), keys=("ключ-🔑",)))
+    receipts = send_all(broker, topic, messages)
+    sent_at = int(time.time() * 1000)
+
+    customer_3 = wait_found(broker, topic, 12, key="customer-3")
+    assert sorted(m["body"] for m in customer_3) == sorted(f"order-{i}" for i in range(60) if i % 5 == 3)
+    assert all("customer-3" in m["keys"] and m["tag"] == "created" for m in customer_3)
+    [unicode] = wait_found(broker, topic, 1, key="ключ-🔑")
+    assert unicode["body"] == "Größe 🚀"
+
+    by_id = http("GET", f"{broker.admin_url()}/v1/topics/{topic}/messages/{receipts[7].message_id}")
+    assert by_id[0] == 200, by_id
+    assert (by_id[1]["body"], by_id[1]["message_id"], by_id[1]["properties"]) == ("order-7", receipts[7].message_id, {"n": "7"})
+    missing = http("GET", f"{broker.admin_url()}/v1/topics/{topic}/messages/01ABCDEF")
+    assert (missing[0], missing[1]["error"]["code"]) == (404, "MESSAGE_NOT_FOUND")
+    assert find(broker, topic, key="nobody's key")[1]["messages"] == []
+
+    # A time window: everything sent, nothing before; max caps it.
+    status, window = find(broker, topic, begin_ms=started - 1000, end_ms=sent_at + 1000, max=1000)
+    assert status == 200 and len(window["messages"]) == 61, window
+    assert find(broker, topic, begin_ms=0, end_ms=started - 60_000)[1]["messages"] == []
+    assert len(find(broker, topic, begin_ms=0, max=5)[1]["messages"]) == 5
+
+    # The CLI asks the same API.
+    cli = subprocess.run(
+        [str(weir_bin()), "message", "query", topic, "--key", "order-42", "--admin", broker.admin_url()],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "body=order-42" in cli.stdout and f"id={receipts[42].message_id}" in cli.stdout, cli.stdout
+
+    # The index is rebuilt from the log after a crash: found again, once each.
+    broker.kill9()
+    broker.start()
+    again = wait_found(broker, topic, 12, key="customer-3")
+    assert sorted(m["offset"] for m in again) == sorted(m["offset"] for m in customer_3)
+
+
+def test_a_kafka_record_is_found_by_its_derived_id_and_unindexed_topics_say_so(broker):
+    topic = unique("rmq-find-kafka")
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=1)
+    producer = c_producer(broker.bootstrap)
+    producer.produce(topic, value=b"plain kafka", key=b"k1")
+    producer.flush(10)
+    consumer = simple_consumer(broker, unique("g"), topic)
+    try:
+        [received] = receive_all(consumer, 1)
+        consumer.ack(received)
+    finally:
+        consumer.shutdown()
+    status, found = http("GET", f"{broker.admin_url()}/v1/topics/{topic}/messages/{received.message_id}")
+    assert status == 200, found
+    assert (found["body"], found["offset"], found["message_id"]) == ("plain kafka", 0, received.message_id)
+    status, refused = find(broker, topic, key="k1")
+    assert status == 400 and "message.index.enable" in refused["error"]["message"], refused

@@ -413,6 +413,33 @@ pub struct ConsumedRecord {
     pub headers: Headers,
 }
 
+/// A message a query found (`GET /v1/topics/{topic}/messages`), in the RocketMQ terms of the
+/// one message model (see `docs/rocketmq.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FoundMessage {
+    /// The producer's id, or the one Weir derives for a record stored without one.
+    pub message_id: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: i64,
+    pub tag: Option<String>,
+    pub keys: Vec<String>,
+    pub message_group: Option<String>,
+    /// User properties (headers outside `weir.*`), by name.
+    pub properties: BTreeMap<String, String>,
+    /// The body, in the answer's encoding.
+    pub body: Option<String>,
+}
+
+/// `GET /v1/topics/{topic}/messages`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FoundMessages {
+    pub topic: String,
+    pub encoding: Encoding,
+    /// By partition and offset.
+    pub messages: Vec<FoundMessage>,
+}
+
 /// `GET /v1/topics/{topic}/partitions/{partition}/records`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PartitionRecords {

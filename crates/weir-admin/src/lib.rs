@@ -29,6 +29,7 @@ pub mod error;
 mod extract;
 pub mod forward;
 mod groups;
+mod messages;
 /// Kafka's murmur2 key partitioner, which lives in the core (RocketMQ sends with a message
 /// group use it too).
 pub use weir_broker::partitioner;
@@ -124,6 +125,8 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/topics/{topic}/partitions", get(topics::partitions).post(topics::create_partitions))
         .route("/v1/topics/{topic}/records", get(records::consume_topic).post(records::produce))
         .route("/v1/topics/{topic}/partitions/{partition}/records", get(records::consume_partition))
+        .route("/v1/topics/{topic}/messages", get(messages::query))
+        .route("/v1/topics/{topic}/messages/{id}", get(messages::by_id))
         .route("/v1/groups", get(groups::list).post(groups::create))
         // Group settings are cluster metadata: any broker answers, the controller decides.
         .route("/v1/groups/{group}/configs", get(groups::configs).patch(groups::alter_configs))

@@ -184,12 +184,17 @@ impl ReadLimits {
     }
 }
 
-fn read_limits(query: &QueryParams) -> Result<ReadLimits, ApiError> {
-    let encoding = match query.get("encoding") {
-        None => Encoding::Utf8,
+/// The `encoding` query parameter (default utf8).
+pub(crate) fn encoding_of(query: &QueryParams) -> Result<Encoding, ApiError> {
+    match query.get("encoding") {
+        None => Ok(Encoding::Utf8),
         Some(text) => Encoding::parse(text)
-            .ok_or_else(|| ApiError::invalid(format!("query parameter encoding={text:?}: expected utf8 or base64")))?,
-    };
+            .ok_or_else(|| ApiError::invalid(format!("query parameter encoding={text:?}: expected utf8 or base64"))),
+    }
+}
+
+fn read_limits(query: &QueryParams) -> Result<ReadLimits, ApiError> {
+    let encoding = encoding_of(query)?;
     Ok(ReadLimits {
         max_records: query.parse_in("max_records", MAX_RECORDS_DEFAULT, 1, MAX_RECORDS_MAX)?,
         max_bytes: query.parse_in("max_bytes", MAX_BYTES_DEFAULT, 1, MAX_BYTES_MAX)?,
@@ -224,7 +229,7 @@ fn resolve_offset(partition: &Partition, text: &str) -> Result<i64, ApiError> {
     Ok(offset)
 }
 
-fn text_of(bytes: Option<Bytes>, encoding: Encoding) -> Option<String> {
+pub(crate) fn text_of(bytes: Option<Bytes>, encoding: Encoding) -> Option<String> {
     bytes.map(|b| match encoding {
         Encoding::Utf8 => String::from_utf8_lossy(&b).into_owned(),
         Encoding::Base64 => BASE64.encode(&b),

@@ -145,6 +145,9 @@ pub struct Broker {
     pub metrics: BrokerMetrics,
     /// The replication throttles' budgets (see [`crate::throttle`]).
     pub replication_quotas: crate::throttle::ReplicationQuotas,
+    /// Messages by key and id, for queries (see [`crate::message_index`]); kept up to date once
+    /// [`crate::message_index::MessageIndex::start`] is called.
+    pub message_index: crate::message_index::MessageIndex,
 }
 
 fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
@@ -236,7 +239,9 @@ impl Broker {
         let state = quorum.applied();
         let (shutdown_tx, _) = watch::channel(false);
         let (reconciled_tx, _) = watch::channel(state.clone());
+        let message_index = crate::message_index::MessageIndex::new(&config.data_dir);
         let broker = Arc::new(Broker {
+            message_index,
             config,
             clock,
             logs,

@@ -18,6 +18,7 @@ pub mod group;
 pub mod group_config;
 pub mod internal_records;
 pub mod message;
+pub mod message_index;
 pub mod metadata;
 pub mod metrics;
 pub mod partition;

@@ -131,9 +131,29 @@ pub fn derived_message_id(topic: &str, partition: i32, offset: i64) -> String {
     format!("00{topic_hash:08X}{:08X}{:016X}", partition as u32, offset as u64)
 }
 
+/// The partition and offset a [`derived_message_id`] of `topic` names; `None` for any other id.
+pub fn parse_derived_message_id(topic: &str, id: &str) -> Option<(i32, i64)> {
+    if id.len() != 34 || !id.starts_with("00") || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let partition = u32::from_str_radix(&id[10..18], 16).ok()? as i32;
+    let offset = u64::from_str_radix(&id[18..], 16).ok()? as i64;
+    (derived_message_id(topic, partition, offset) == id.to_ascii_uppercase()).then_some((partition, offset))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_derived_message_id_names_its_partition_and_offset_in_its_topic_only() {
+        let id = derived_message_id("orders", 3, 123_456);
+        assert_eq!(parse_derived_message_id("orders", &id), Some((3, 123_456)));
+        assert_eq!(parse_derived_message_id("orders", &id.to_ascii_lowercase()), Some((3, 123_456)));
+        assert_eq!(parse_derived_message_id("invoices", &id), None);
+        assert_eq!(parse_derived_message_id("orders", &format!("01{}", &id[2..])), None);
+        assert_eq!(parse_derived_message_id("orders", "00"), None);
+    }
 
     fn full() -> Message {
         Message {

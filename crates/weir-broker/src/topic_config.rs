@@ -17,11 +17,22 @@ pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[
     (crate::throttle::LEADER_REPLICAS, ""),
     (crate::throttle::FOLLOWER_REPLICAS, ""),
     (MESSAGE_TYPE, "NORMAL"),
+    (MESSAGE_INDEX, "false"),
 ];
+
+/// Whether the topic's messages are indexed by key and message id, for queries (see
+/// [`crate::message_index`]). Topics RocketMQ clients create, and those created with a message
+/// type, have it on; on others indexing would cost a second decoding of every batch.
+pub const MESSAGE_INDEX: &str = "message.index.enable";
 
 /// RocketMQ 5's topic attribute: which kind of messages the topic takes (routes show it to
 /// RocketMQ clients as the queues' accepted message types).
 pub const MESSAGE_TYPE: &str = "message.type";
+
+/// Whether a topic with `overrides` indexes its messages (`message.index.enable`).
+pub fn message_index(broker_defaults: &BTreeMap<String, String>, overrides: &BTreeMap<String, String>) -> bool {
+    override_or_default(broker_defaults, overrides, MESSAGE_INDEX).and_then(|v| parse_bool(v)).unwrap_or(false)
+}
 
 /// A topic's `message.type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +158,7 @@ pub fn log_config(
                         return Err(bad(name, value, "expected an integer of at least 1"));
                     }
                 }
-                "unclean.leader.election.enable" => {
+                "unclean.leader.election.enable" | MESSAGE_INDEX => {
                     if parse_bool(value).is_none() {
                         return Err(bad(name, value, "expected true or false"));
                     }

@@ -18,8 +18,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use weir_broker::message::Message;
 use weir_broker::pop::{HandleError, PopStore, QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE};
-use weir_broker::storage::records::{self, Record};
-use weir_broker::{Broker, BrokerError, ErrorKind, Partition};
+use weir_broker::storage::records::Record;
+use weir_broker::{Broker, BrokerError, Partition};
 
 use crate::filter::TagFilter;
 use crate::proto::{self, receive_message_response::Content, Code, ReceiveMessageResponse};
@@ -110,37 +110,6 @@ pub struct Wanted {
     pub long_polling: Duration,
 }
 
-/// Reads the records of `partition` from `offset` on, up to the high watermark and about
-/// `max_bytes`: whole batches, control batches left out. Returns them and the offset after the
-/// last batch read (where the next read starts; `offset` when nothing was there).
-fn read_records(
-    broker: &Broker,
-    partition: &Partition,
-    offset: i64,
-    max_bytes: u64,
-) -> Result<(Vec<Record>, i64), BrokerError> {
-    let read = broker.read(partition, offset, max_bytes, true)?;
-    let Some(slice) = read.slice else { return Ok((Vec::new(), offset)) };
-    let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
-    let batches = records::decode_batches(&bytes).map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
-    let mut end = offset;
-    let mut out = Vec::new();
-    for batch in batches {
-        end = end.max(batch.header.next_offset());
-        if batch.header.is_control() {
-            continue;
-        }
-        out.extend(batch.records.into_iter().filter(|r| r.offset >= offset));
-    }
-    Ok((out, end))
-}
-
-/// The record at `offset`, if the log still has it.
-fn read_one(broker: &Broker, partition: &Partition, offset: i64) -> Result<Option<Record>, BrokerError> {
-    let (records, _) = read_records(broker, partition, offset, 1)?;
-    Ok(records.into_iter().find(|r| r.offset == offset))
-}
-
 /// One pass of a receive: what it hands out now (maybe nothing). Blocking.
 fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Vec<Delivery>, BrokerError> {
     let partition = &wanted.partition;
@@ -154,7 +123,7 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
     // In flight, but compacted away since: done, or it would stay in flight for ever.
     let mut vanished = Vec::new();
     for (offset, _) in state.expired(now, wanted.batch) {
-        match read_one(broker, partition, offset)? {
+        match broker.read_record(partition, offset)? {
             Some(record) => picked.push((record, true)),
             None => vanished.push(offset),
         }
@@ -162,7 +131,7 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
     let mut examined_to = state.next.max(log_start);
     if picked.len() < wanted.batch && state.inflight.len() < MAX_INFLIGHT_PER_QUEUE {
         let room = (wanted.batch - picked.len()).min(MAX_INFLIGHT_PER_QUEUE - state.inflight.len());
-        let (records, end) = read_records(broker, partition, examined_to, READ_BYTES)?;
+        let (records, end) = broker.read_records(partition, examined_to, READ_BYTES)?;
         let mut taken = 0;
         for record in records {
             if taken == room {

@@ -180,10 +180,11 @@ impl Service {
         if !self.broker.config.auto_create_topics {
             return Err(status(Code::TopicNotFound, format!("topic {name} does not exist")));
         }
-        let configs = BTreeMap::from([(
-            "max.message.bytes".to_string(),
-            (DEFAULT_MAX_BODY_BYTES + PROPERTY_ALLOWANCE_BYTES).to_string(),
-        )]);
+        let configs = BTreeMap::from([
+            ("max.message.bytes".to_string(), (DEFAULT_MAX_BODY_BYTES + PROPERTY_ALLOWANCE_BYTES).to_string()),
+            // RocketMQ users query their messages by key and id.
+            (weir_broker::topic_config::MESSAGE_INDEX.to_string(), "true".to_string()),
+        ]);
         self.broker.auto_create_topic_with(name, configs).await.map_err(|e| status::of_error(&e))
     }
 

@@ -38,6 +38,8 @@ pub enum Command {
     Produce(crate::admin_cli::produce::ProduceArgs),
     /// Print a topic's records, optionally as a consumer group (admin HTTP API).
     Consume(crate::admin_cli::consume::ConsumeArgs),
+    /// Find messages by key, message id or time (admin HTTP API).
+    Message(crate::admin_cli::message::MessageArgs),
     /// The cluster's nodes, roles, controller, fenced brokers and metadata offsets (admin HTTP
     /// API).
     Cluster(crate::admin_cli::cluster::ClusterArgs),
@@ -63,6 +65,7 @@ impl Command {
             | Command::Group(_)
             | Command::Produce(_)
             | Command::Consume(_)
+            | Command::Message(_)
             | Command::Cluster(_)
             | Command::Partition(_) => "warn",
         }

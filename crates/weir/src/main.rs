@@ -41,6 +41,7 @@ fn main() -> anyhow::Result<()> {
         Command::Group(args) => admin_cli::finish(admin_cli::group::run(&args)),
         Command::Produce(args) => admin_cli::finish(admin_cli::produce::run(&args)),
         Command::Consume(args) => admin_cli::finish(admin_cli::consume::run(&args)),
+        Command::Message(args) => admin_cli::finish(admin_cli::message::run(&args)),
         Command::Cluster(args) => admin_cli::finish(admin_cli::cluster::run(&args)),
         Command::Partition(args) => admin_cli::finish(admin_cli::partition::run(&args)),
     }

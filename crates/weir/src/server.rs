@@ -87,6 +87,7 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
         let broker = tokio::task::spawn_blocking(move || Broker::open(config))
             .await?
             .map_err(|e| anyhow::anyhow!("cannot open the data directory {}: {}", data_dir.display(), e.message))?;
+        weir_broker::message_index::MessageIndex::start(&broker).context("cannot start the message indexer")?;
         let groups = {
             let broker = broker.clone();
             tokio::task::spawn_blocking(move || GroupCoordinator::start(broker))

@@ -211,8 +211,8 @@ fn group_create_and_alter_set_a_groups_rocketmq_settings() {
         let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {text}"));
         line.split_whitespace().map(str::to_string).collect()
     };
-    assert_eq!(setting(&text, "consume.fifo"), ["consume.fifo", "true", "group"]);
-    assert_eq!(setting(&text, "max.delivery.attempts"), ["max.delivery.attempts", "5", "group"]);
+    assert_eq!(setting(text, "consume.fifo"), ["consume.fifo", "true", "group"]);
+    assert_eq!(setting(text, "max.delivery.attempts"), ["max.delivery.attempts", "5", "group"]);
 
     let again = server.weir(&["group", "create", "orders-app"], "");
     assert!(again.failed().contains("GROUP_ALREADY_EXISTS"), "{}", again.stderr);
@@ -222,13 +222,13 @@ fn group_create_and_alter_set_a_groups_rocketmq_settings() {
     let altered = server
         .weir(&["group", "alter", "orders-app", "--set", "max.delivery.attempts=9", "--delete", "consume.fifo"], "");
     let text = altered.ok();
-    assert_eq!(setting(&text, "max.delivery.attempts"), ["max.delivery.attempts", "9", "group"]);
-    assert_eq!(setting(&text, "consume.fifo"), ["consume.fifo", "false", "default"]);
+    assert_eq!(setting(text, "max.delivery.attempts"), ["max.delivery.attempts", "9", "group"]);
+    assert_eq!(setting(text, "consume.fifo"), ["consume.fifo", "false", "default"]);
 
     // A group known only by its settings is described, with them.
     let described = server.weir(&["group", "describe", "orders-app"], "");
     let text = described.ok();
-    assert_eq!(setting(&text, "retry.backoff"), ["retry.backoff", "1s,10s", "group"]);
+    assert_eq!(setting(text, "retry.backoff"), ["retry.backoff", "1s,10s", "group"]);
     let configs = server.get_ok("/v1/groups/unknown-app/configs");
     assert_eq!(configs["configs"][1]["value"], "17", "{configs}");
 }

@@ -1,5 +1,5 @@
 //! The client commands: `weir topic`, `weir group`, `weir produce`, `weir consume`, `weir
-//! cluster`, `weir partition`. They talk to a running broker through its admin HTTP API (`--admin`, `WEIR_ADMIN`,
+//! message`, `weir cluster`, `weir partition`. They talk to a running broker through its admin HTTP API (`--admin`, `WEIR_ADMIN`,
 //! default http://127.0.0.1:9644) with the JSON types of `weir_admin::api`, print aligned tables
 //! for people or `--json` for scripts, and on failure print one line `error: ...` on stderr and
 //! exit 1.
@@ -10,6 +10,7 @@
 pub mod cluster;
 pub mod consume;
 pub mod group;
+pub mod message;
 pub mod partition;
 pub mod produce;
 pub mod topic;

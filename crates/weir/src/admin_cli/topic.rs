@@ -101,10 +101,13 @@ pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
                 name: a.name.clone(),
                 partitions: a.partitions,
                 replication_factor: a.replication_factor,
+                // A RocketMQ topic's messages are found by key and message id, unless a
+                // --config says otherwise (later entries win).
                 configs: a
-                    .configs
+                    .message_type
                     .iter()
-                    .cloned()
+                    .map(|_| ("message.index.enable".to_string(), "true".to_string()))
+                    .chain(a.configs.iter().cloned())
                     .chain(a.message_type.iter().map(|t| ("message.type".to_string(), t.clone())))
                     .collect(),
                 validate_only: a.validate_only,
