@@ -57,6 +57,11 @@ impl OffsetIndex {
         self.entries().checked_sub(1).map(|i| self.entry(i))
     }
 
+    /// The entry before the last one.
+    pub(crate) fn second_to_last_entry(&self) -> Option<OffsetPosition> {
+        self.entries().checked_sub(2).map(|i| self.entry(i))
+    }
+
     /// Adds an entry; the caller guarantees `offset` and `position` exceed the last entry's and
     /// that the index is not full.
     pub fn append(&mut self, offset: i64, position: u32) {

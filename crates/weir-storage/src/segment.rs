@@ -501,6 +501,30 @@ impl Segment {
         let path = self.log_path();
         let file_len = self.size();
         let start = state.offset_index.as_ref().and_then(OffsetIndex::last_entry).map_or(0, |e| u64::from(e.position));
+        // An offset-index entry is written before its time-index entry: a process killed between
+        // the two lost the largest timestamp of the batches since the entry before the last.
+        // Read their headers again (they are indexed already) and write the entry it lost.
+        let previous = state
+            .offset_index
+            .as_ref()
+            .and_then(OffsetIndex::second_to_last_entry)
+            .map_or(0, |e| u64::from(e.position));
+        if previous < start {
+            let mut scanner = HeaderScanner::new(&self.log, path.clone(), previous, start).headers_only();
+            let mut largest: Option<(i64, i64)> = None;
+            while let Ok(Some((_, header))) = scanner.next() {
+                if largest.is_none_or(|(max, _)| header.max_timestamp > max) {
+                    largest = Some((header.max_timestamp, header.base_offset));
+                }
+            }
+            if let Some((timestamp, offset)) = largest.filter(|(max, _)| *max > state.max_timestamp) {
+                state.max_timestamp = timestamp;
+                state.offset_of_max_timestamp = offset;
+                if let Some(ti) = state.time_index.as_mut() {
+                    ti.maybe_append(timestamp, offset);
+                }
+            }
+        }
         // The batch at `start` already has its entry: rescanning it must not add another.
         state.bytes_since_last_index_entry = 0;
         // A clean open leaves the first batch's timestamp unknown unless it scans from 0; so does this.

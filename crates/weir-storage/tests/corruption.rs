@@ -955,3 +955,47 @@ proptest! {
         prop_assert_eq!(read_all(&log, 0), before);
     }
 }
+
+/// The entries of an index file left preallocated by a crash: up to its zero-filled tail.
+fn written_entries(path: &Path, entry_bytes: usize) -> usize {
+    let bytes = std::fs::read(path).expect("read index");
+    bytes.chunks(entry_bytes).take_while(|e| e.len() == entry_bytes && e.iter().any(|b| *b != 0)).count()
+}
+
+#[test]
+fn given_a_process_killed_between_an_offset_and_a_time_index_entry_should_keep_the_largest_timestamp() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let settings = [("segment.bytes", "1048576"), ("index.interval.bytes", "1000"), ("segment.index.bytes", "4096")];
+    let log = open(dir.path(), config(&settings), clock(), unclean());
+    let (index, time_index) = (segment_path(dir.path(), 0, "index"), segment_path(dir.path(), 0, "timeindex"));
+    // Timestamps grow for 12 batches, then older ones follow until the next offset-index entry:
+    // that entry's time-index entry is the one carrying the largest timestamp.
+    let largest = T0 + 11 * 100;
+    for i in 0..12 {
+        log.append(&mut records(1, 450, T0 + i * 100, i as u8), 1).expect("append");
+    }
+    let entries = written_entries(&index, 8);
+    let mut i = 12;
+    while written_entries(&index, 8) == entries {
+        log.append(&mut records(1, 450, T0, i as u8), 1).expect("append");
+        i += 1;
+        assert!(i < 40, "no new offset-index entry");
+    }
+    drop(log); // a process crash: nothing is closed
+
+    // The kill came after the offset-index entry, before its time-index entry.
+    let mut bytes = std::fs::read(&time_index).expect("read time index");
+    let last = written_entries(&time_index, 12).checked_sub(1).expect("a time-index entry");
+    assert_eq!(i64::from_be_bytes(bytes[last * 12..last * 12 + 8].try_into().unwrap()), largest);
+    bytes[last * 12..last * 12 + 12].fill(0);
+    std::fs::write(&time_index, bytes).expect("write time index");
+
+    // Only the process died: recovery reads the headers after the last index entries.
+    let options = OpenOptions { page_cache_survived: true, recovery_point: Some(0), ..unclean() };
+    let log = open(dir.path(), config(&settings), clock(), options);
+    assert_eq!(
+        log.offset_for_timestamp(largest).expect("lookup"),
+        Some(TimestampOffset { timestamp: largest, offset: 11 })
+    );
+    assert_eq!(log.max_timestamp_offset().expect("max"), Some(TimestampOffset { timestamp: largest, offset: 11 }));
+}
