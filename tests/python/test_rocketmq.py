@@ -614,3 +614,26 @@ def test_a_kafka_record_is_found_by_its_derived_id_and_unindexed_topics_say_so(b
     assert (found["body"], found["offset"], found["message_id"]) == ("plain kafka", 0, received.message_id)
     status, refused = find(broker, topic, key="k1")
     assert status == 400 and "message.index.enable" in refused["error"]["message"], refused
+
+
+def test_a_tag_filter_over_the_message_index_delivers_exactly_the_matching_messages(broker):
+    """1 message in 50 is tagged `hit`. Once the index has them (a key query finds the last
+    one), a receive reads only the batches it names; messages sent after that are read from the
+    log until the index catches up. Either way: every hit, once, nothing else."""
+    topic, group = unique("rmq-tag-index"), unique("g")
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=2, config={"message.index.enable": "true"})
+    first = [message(topic, f"a{i}".encode(), tag="hit" if i % 50 == 7 else "miss", keys=(f"a{i}",)) for i in range(500)]
+    send_all(broker, topic, first)
+    assert wait_found(broker, topic, 1, key="a499"), "the index caught up"
+    consumer = simple_consumer(broker, group, topic, expression="hit")
+    try:
+        got = receive_all(consumer, 10, timeout=30)
+        send_all(broker, topic, [message(topic, b"late-hit", tag="hit"), message(topic, b"late-miss", tag="miss")])
+        got += receive_all(consumer, 1, timeout=30)
+        for m in got:
+            consumer.ack(m)
+        assert sorted(m.body for m in got) == sorted([f"a{i}".encode() for i in range(500) if i % 50 == 7] + [b"late-hit"])
+        assert all(m.tag == "hit" for m in got)
+        assert consumer.receive(32, 10) == [], "nothing else"
+    finally:
+        consumer.shutdown()

@@ -4,8 +4,10 @@
 //! A background thread ([`MessageIndex::start`]) tails every local partition of the topics with
 //! `message.index.enable` (leaders and followers alike, so a new leader can answer at once),
 //! from where it stopped up to the high watermark, and records for each message a 64-bit hash
-//! of each of its keys (`weir.key` headers) and of its message id (`weir.message-id`), with its
-//! offset and timestamp. Messages are queryable a moment after they are committed.
+//! of each of its keys (`weir.key` headers), of its message id (`weir.message-id`) and of its
+//! tag (`weir.tag`), with its offset and timestamp. Messages are queryable a moment after they
+//! are committed. The tag entries are RocketMQ's ConsumeQueue tag codes: a receive with a tag
+//! filter reads only the batches holding a matching message ([`MessageIndex::tagged_offsets`]).
 //!
 //! Layout, under `<data>/message-index/<topic>-<partition>/`: entries collect in memory until
 //! [`CHUNK_ENTRIES`] of them, then are sorted by hash and written as one immutable chunk file
@@ -204,6 +206,7 @@ impl PartitionIndex {
             let kind = match header.name.as_str() {
                 headers::KEY => b'k',
                 headers::MESSAGE_ID => b'i',
+                headers::TAG => b't',
                 _ => continue,
             };
             let Some(value) = &header.value else { continue };
@@ -270,25 +273,35 @@ fn read_chunk(path: &Path, topic_id: Uuid) -> std::io::Result<Option<(Chunk, Vec
     Ok(Some((Chunk { path: path.to_path_buf(), base, end, min_timestamp, max_timestamp }, bytes)))
 }
 
-/// The offsets of entries with `hash` in a chunk's bytes (sorted by hash, then offset).
-fn chunk_offsets(bytes: &[u8], hash: u64, range: (i64, i64), out: &mut Vec<i64>) {
-    let body = &bytes[HEADER_BYTES..];
-    let count = body.len() / ENTRY_BYTES;
-    let entry = |i: usize| {
-        let at = i * ENTRY_BYTES;
-        let word = |o: usize| body[at + o..at + o + 8].try_into().map(u64::from_be_bytes).unwrap_or_default();
-        Entry { hash: word(0), offset: word(8) as i64, timestamp: word(16) as i64 }
-    };
-    // The first entry with this hash.
+/// The `i`-th entry of a chunk's bytes.
+fn chunk_entry(bytes: &[u8], i: usize) -> Entry {
+    let at = HEADER_BYTES + i * ENTRY_BYTES;
+    let word = |o: usize| bytes[at + o..at + o + 8].try_into().map(u64::from_be_bytes).unwrap_or_default();
+    Entry { hash: word(0), offset: word(8) as i64, timestamp: word(16) as i64 }
+}
+
+/// The index of the first entry of a chunk's bytes at or after (`hash`, `offset`) (entries
+/// are sorted by hash, then offset).
+fn chunk_seek(bytes: &[u8], hash: u64, offset: i64) -> usize {
+    let count = (bytes.len() - HEADER_BYTES) / ENTRY_BYTES;
     let (mut low, mut high) = (0, count);
     while low < high {
         let middle = (low + high) / 2;
-        if entry(middle).hash < hash {
+        let e = chunk_entry(bytes, middle);
+        if (e.hash, e.offset) < (hash, offset) {
             low = middle + 1;
         } else {
             high = middle;
         }
     }
+    low
+}
+
+/// The offsets of entries with `hash` in a chunk's bytes, with a timestamp in `range`.
+fn chunk_offsets(bytes: &[u8], hash: u64, range: (i64, i64), out: &mut Vec<i64>) {
+    let count = (bytes.len() - HEADER_BYTES) / ENTRY_BYTES;
+    let entry = |i: usize| chunk_entry(bytes, i);
+    let low = chunk_seek(bytes, hash, i64::MIN);
     for i in low..count {
         let e = entry(i);
         if e.hash != hash || out.len() >= MAX_CANDIDATES {
@@ -413,6 +426,64 @@ impl MessageIndex {
         out.dedup();
         out.truncate(MAX_CANDIDATES);
         Some(out)
+    }
+}
+
+impl MessageIndex {
+    /// Where a receive with a tag filter finds its messages without reading the others: the
+    /// offsets at or after `from` of `topic`-`partition` whose tag hash is one of `tags`'s,
+    /// ascending, at most `limit`, and the offset up to which the index has looked (every
+    /// matching message below it and at or after `from` is among the offsets, or past the
+    /// last of them when `limit` cut the list short). `None` without an index of the
+    /// partition. Candidates share a hash, not necessarily the tag: the caller checks them.
+    pub fn tagged_offsets(
+        &self,
+        topic: &str,
+        partition: i32,
+        tags: &[String],
+        from: i64,
+        limit: usize,
+    ) -> Option<(Vec<i64>, i64)> {
+        let index = lock(&self.partitions).get(&(topic.to_string(), partition))?.clone();
+        let hashes: Vec<u64> = tags.iter().map(|t| hash_of(b't', t.as_bytes())).collect();
+        let (chunks, topic_id, indexed_to, mut out) = {
+            let index = lock(&index);
+            if from < index.chunks.first().map_or(index.open_base, |c| c.base) {
+                // Below what the index covers (retention took its chunks): read the log.
+                return None;
+            }
+            let open: Vec<i64> =
+                index.open.iter().filter(|e| e.offset >= from && hashes.contains(&e.hash)).map(|e| e.offset).collect();
+            (index.chunks.clone(), index.topic_id, index.next, open)
+        };
+        // Chunk entries are below the open ones, and each chunk's below the next one's.
+        let mut from_chunks = 0;
+        for chunk in chunks.iter().filter(|c| c.end > from) {
+            let Ok(Some((_, bytes))) = read_chunk(&chunk.path, topic_id) else { return None };
+            let count = (bytes.len() - HEADER_BYTES) / ENTRY_BYTES;
+            for hash in &hashes {
+                let mut i = chunk_seek(&bytes, *hash, from);
+                let mut taken = 0;
+                while i < count && taken < limit {
+                    let e = chunk_entry(&bytes, i);
+                    if e.hash != *hash {
+                        break;
+                    }
+                    out.push(e.offset);
+                    taken += 1;
+                    i += 1;
+                }
+                from_chunks += taken;
+            }
+            // Once enough are found, later chunks and the open entries cannot come first.
+            if from_chunks >= limit {
+                break;
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out.truncate(limit);
+        Some((out, indexed_to))
     }
 }
 
@@ -636,6 +707,38 @@ mod tests {
         let reopened = PartitionIndex::open(partition_dir, topic_id).unwrap();
         assert_eq!(reopened.next, CHUNK_ENTRIES as i64 / 2);
         assert_eq!(reopened.chunks.len(), 1);
+    }
+
+    #[test]
+    fn tagged_offsets_come_in_offset_order_from_chunks_and_memory_and_stop_at_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = MessageIndex::new(dir.path());
+        let mut p = PartitionIndex::open(index.root.join("t-0"), Uuid::new_v4()).unwrap();
+        // One message in ten is tagged hit; each message has a tag and an id: two entries.
+        let total = CHUNK_ENTRIES as i64 + 100; // two chunks' worth of messages and a rest
+        for offset in 0..total {
+            let mut record = message(offset, &[], &format!("ID{offset}"));
+            let tag = if offset % 10 == 3 { "hit" } else { "miss" };
+            record.headers.push(Header { name: headers::TAG.into(), value: Some(Bytes::from(tag)) });
+            p.add(&record);
+            p.next = offset + 1;
+            p.seal_if_full().unwrap();
+        }
+        assert_eq!(p.chunks.len(), 2);
+        lock(&index.partitions).insert(("t".into(), 0), Arc::new(Mutex::new(p)));
+        let hits = |from: i64, limit: usize| index.tagged_offsets("t", 0, &["hit".to_string()], from, limit).unwrap();
+
+        let (first, _) = hits(0, 5);
+        assert_eq!(first, vec![3, 13, 23, 33, 43]);
+        // Across the chunk boundary and into memory, every one after `from`, nothing else.
+        let (all, indexed_to) = hits(5, usize::MAX);
+        assert_eq!(indexed_to, total);
+        assert_eq!(all, (5..total).filter(|o| o % 10 == 3).collect::<Vec<_>>());
+        let (tail, _) = hits(total - 50, 3);
+        assert_eq!(tail, ((total - 50)..total).filter(|o| o % 10 == 3).take(3).collect::<Vec<_>>());
+        let (both, _) = index.tagged_offsets("t", 0, &["hit".to_string(), "miss".to_string()], 100, 4).unwrap();
+        assert_eq!(both, vec![100, 101, 102, 103]);
+        assert!(index.tagged_offsets("t", 1, &["hit".to_string()], 0, 1).is_none(), "no index");
     }
 
     #[test]

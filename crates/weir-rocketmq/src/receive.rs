@@ -129,8 +129,32 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
         }
     }
     let mut examined_to = state.next.max(log_start);
-    if picked.len() < wanted.batch && state.inflight.len() < MAX_INFLIGHT_PER_QUEUE {
-        let room = (wanted.batch - picked.len()).min(MAX_INFLIGHT_PER_QUEUE - state.inflight.len());
+    let room =
+        wanted.batch.saturating_sub(picked.len()).min(MAX_INFLIGHT_PER_QUEUE.saturating_sub(state.inflight.len()));
+    // A tag filter reads only the batches the message index names (when it covers what is next).
+    let indexed = match &wanted.filter {
+        TagFilter::Tags(tags) if room > 0 => {
+            broker.message_index.tagged_offsets(&partition.topic, partition.index, tags, examined_to, room)
+        }
+        _ => None,
+    };
+    if let Some((offsets, indexed_to)) = indexed.filter(|(_, indexed_to)| *indexed_to > examined_to) {
+        let (mut batch, mut batch_end): (Vec<Record>, i64) = (Vec::new(), i64::MIN);
+        for offset in &offsets {
+            if *offset >= batch_end {
+                (batch, batch_end) = broker.read_records(partition, *offset, 1)?;
+            }
+            // A hash matched; the tag itself must too.
+            if let Some(record) = batch.iter().find(|r| r.offset == *offset && wanted.filter.matches(r)) {
+                picked.push((record.clone(), false));
+            }
+        }
+        // With a full list, what lies past its last offset is yet to be looked at.
+        examined_to = match offsets.last() {
+            Some(last) if offsets.len() >= room => last + 1,
+            _ => indexed_to,
+        };
+    } else if room > 0 {
         let (records, end) = broker.read_records(partition, examined_to, READ_BYTES)?;
         let mut taken = 0;
         for record in records {
