@@ -139,6 +139,10 @@ pub enum BenchCommand {
     /// What replication costs a producer: produce MB/s and latency with 1 replica / acks=1,
     /// 3 replicas / acks=1 and 3 replicas / acks=all on a 3-node cluster, side by side.
     Replication(ReplicationBenchArgs),
+    /// The RocketMQ 5 gRPC front-end against the Kafka one on the same broker: send, receive
+    /// and receive with a tag filter, side by side in one run.
+    #[command(name = "rocketmq", long_about = ROCKETMQ_LONG_ABOUT)]
+    RocketMq(RocketMqBenchArgs),
     /// OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka:
     /// runs the weir-bench binary next to this one with the same arguments.
     #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
@@ -158,6 +162,39 @@ with every partition led: how soon a change is visible everywhere. Finally, on a
 more, it kills the active controller with SIGKILL and retries CreateTopics through a survivor
 until one succeeds: the time the cluster needs to elect a new controller and decide again (the
 election timeout is the default `controller.quorum.election.timeout.ms`).";
+
+const ROCKETMQ_LONG_ABOUT: &str = "\
+What a message costs through the RocketMQ 5 gRPC front-end (apache.rocketmq.v2.MessagingService)
+against the Kafka front-end of the same broker: one `weir server` child (this binary, on
+127.0.0.1 port 0, Kafka and RocketMQ listeners, in a temporary data directory), measured in one
+run, with the same message size and the same number of requests in flight.
+
+1. send: --messages messages of --size bytes to a topic of --partitions, each case by
+   --concurrency senders with one request outstanding each:
+     * gRPC SendMessage, one message per call (as RocketMQ producers send), every message with a
+       unique message id and a tag, to a topic indexed by key and message id as the RocketMQ
+       front-end's own topics are (message.index.enable); the senders share --grpc-connections
+       HTTP/2 connections (a RocketMQ client has one per endpoint);
+     * Kafka Produce v9, acks=all, one record per request, one TCP connection per sender (a
+       Kafka connection answers its requests in order, so requests in flight need connections);
+     * Kafka Produce as above with --kafka-batch records per request (0 or 1 leaves it out).
+   The cases take turns in --rounds slices, so that the machine's drift hits them alike. Every
+   answer is checked (any error fails the run), and ListOffsets must show each topic grown by
+   exactly the messages acknowledged.
+2. receive: the messages the gRPC case sent, read back once by Kafka Fetch (one connection,
+   every partition, 1 MiB per partition, as a Kafka consumer fetches) and once by --concurrency
+   gRPC receivers as RocketMQ's SimpleConsumer does: ReceiveMessage of up to 32 messages
+   (invisible duration 30 s, a short long poll) from the queues in turn, then one AckMessage for
+   the whole batch. The run fails unless every message comes back exactly once, with its body
+   and tag, and every ack succeeds.
+3. receive with a tag filter: one message in 100 of that topic has the tag `hit`, the others
+   `miss`. Receivers of another group with the filter expression TAG `hit` must get exactly the
+   hit messages; it reports their rate and the time, next to the unfiltered receive's time of
+   the whole topic (2.).
+
+Figures: messages/s, request latency p50 / p99 / max (HDR histogram, from the call to its
+answer), and the broker's and this process's CPU per message (user + system from /proc), then
+the ratios gRPC / Kafka. --json FILE writes all of it.";
 
 const KAFKA_LONG_ABOUT: &str = "\
 OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka: runs the
@@ -227,6 +264,54 @@ pub struct ReplicationBenchArgs {
     /// --acks are set per case). Give --duration or --bytes to keep the cases short.
     #[command(flatten)]
     pub produce: ProduceBenchArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RocketMqBenchArgs {
+    /// Messages per send case (the gRPC case's are then received). [default: 100000, or 2000
+    /// with --quick]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub messages: Option<u64>,
+
+    /// Bytes of each message body (record value).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1024")]
+    pub size: u64,
+
+    /// Requests in flight: senders, each with one request outstanding, and gRPC receivers.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+
+    /// Partitions (RocketMQ message queues) of each topic.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=1024))]
+    pub partitions: i32,
+
+    /// HTTP/2 connections the gRPC senders and receivers share.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub grpc_connections: u32,
+
+    /// Records per request of the batched Kafka send case; 0 or 1 leaves the case out.
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub kafka_batch: u32,
+
+    /// Slices the send cases take turns in. [default: 3, or 1 with --quick]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: Option<u32>,
+
+    /// A setting of the broker, like `weir server --set`; repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting)]
+    pub settings: Vec<(String, String)>,
+
+    /// Where the broker's temporary data directory goes. [default: the system temp dir]
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Tiny volumes (a few seconds), for CI: checks that everything works, the figures mean little.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -525,6 +610,17 @@ mod tests {
         assert!(Cli::try_parse_from(["weir", "bench", "produce", "--broker-pid", "1"]).is_err());
         let both = ["weir", "bench", "produce", "--bootstrap", "h:1", "--set", "a=b"];
         assert!(Cli::try_parse_from(both).is_err());
+    }
+
+    #[test]
+    fn bench_rocketmq_parses_its_flags() {
+        let cli = Cli::try_parse_from(["weir", "bench", "rocketmq", "--messages", "500", "--size", "4K", "--quick"])
+            .expect("valid command line");
+        let Command::Bench(BenchCommand::RocketMq(args)) = cli.command else { panic!("not bench rocketmq") };
+        assert_eq!((args.messages, args.size, args.quick), (Some(500), 4096, true));
+        assert_eq!((args.concurrency, args.partitions, args.grpc_connections, args.kafka_batch), (16, 4, 1, 32));
+        assert!(Cli::try_parse_from(["weir", "bench", "rocketmq", "--messages", "0"]).is_err());
+        assert!(Cli::try_parse_from(["weir", "bench", "rocketmq", "--concurrency", "0"]).is_err());
     }
 
     #[test]

@@ -37,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Kafka(args)) => bench::kafka::run(&args),
         Command::Bench(BenchCommand::Metadata(args)) => bench::metadata::run(&args),
         Command::Bench(BenchCommand::Replication(args)) => bench::replication::run(&args),
+        Command::Bench(BenchCommand::RocketMq(args)) => bench::rocketmq::run(&args),
         Command::Topic(args) => admin_cli::finish(admin_cli::topic::run(&args)),
         Command::Group(args) => admin_cli::finish(admin_cli::group::run(&args)),
         Command::Produce(args) => admin_cli::finish(admin_cli::produce::run(&args)),

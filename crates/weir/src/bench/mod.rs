@@ -6,4 +6,6 @@ pub mod metadata;
 pub mod produce;
 pub mod raw_protocol;
 pub mod replication;
+pub mod rocketmq;
+pub mod rocketmq_client;
 pub mod storage;

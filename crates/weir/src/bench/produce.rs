@@ -65,19 +65,22 @@ impl Target {
     }
 }
 
-/// One RecordBatch v2 of as many `size`-byte values as fit in `batch_bytes` (at least one), no
-/// keys, no compression, producer id -1, CRC32C set. Returns the batch and its record count.
-pub(crate) fn encode_batch(size: usize, batch_bytes: u64) -> anyhow::Result<(Bytes, usize)> {
+/// One RecordBatch v2 of `records` values of `size` bytes, no keys, no compression, producer id
+/// -1, CRC32C set.
+pub(crate) fn encode_records(size: usize, records: usize) -> anyhow::Result<Bytes> {
     let value = Bytes::from((0..size).map(|i| b'a' + (i % 26) as u8).collect::<Vec<u8>>());
     let timestamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
-    let encode = |n: usize| {
-        let records: Vec<_> =
-            (0..n).map(|i| weir_storage::testing::record(i as i64, timestamp, None, Some(value.clone()))).collect();
-        Bytes::from(weir_storage::testing::encode(&records, weir_storage::Compression::None))
-    };
+    let records: Vec<_> =
+        (0..records).map(|i| weir_storage::testing::record(i as i64, timestamp, None, Some(value.clone()))).collect();
+    Ok(Bytes::from(weir_storage::testing::encode(&records, weir_storage::Compression::None)))
+}
+
+/// One RecordBatch v2 of as many `size`-byte values as fit in `batch_bytes` (at least one), as
+/// [`encode_records`] makes them. Returns the batch and its record count.
+pub(crate) fn encode_batch(size: usize, batch_bytes: u64) -> anyhow::Result<(Bytes, usize)> {
     let mut n = usize::try_from(batch_bytes / size as u64).unwrap_or(usize::MAX).max(1);
     loop {
-        let batch = encode(n);
+        let batch = encode_records(size, n)?;
         if batch.len() as u64 <= batch_bytes || n == 1 {
             return Ok((batch, n));
         }
@@ -243,7 +246,7 @@ fn read_responses(
     records: u64,
     acked: &AtomicU64,
 ) -> anyhow::Result<ConnectionStats> {
-    let mut latency = Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_US, 3)?;
+    let mut latency = latency_histogram()?;
     let mut stats = ConnectionStats::new();
     // Ends when the writer is done and every response it announced has been read.
     for (correlation, sent) in sent_rx {
@@ -275,12 +278,39 @@ fn read_responses(
     Ok(stats)
 }
 
+/// Request latency percentiles in milliseconds.
 #[derive(Debug, Serialize)]
 pub(crate) struct Latency {
     pub(crate) p50: f64,
     pub(crate) p99: f64,
-    p999: f64,
-    max: f64,
+    pub(crate) p999: f64,
+    pub(crate) max: f64,
+}
+
+impl Latency {
+    /// The percentiles of a histogram of microseconds; `None` when it is empty.
+    pub(crate) fn of(us: &Histogram<u64>) -> Option<Latency> {
+        (!us.is_empty()).then(|| Latency {
+            p50: us.value_at_quantile(0.5) as f64 / 1e3,
+            p99: us.value_at_quantile(0.99) as f64 / 1e3,
+            p999: us.value_at_quantile(0.999) as f64 / 1e3,
+            max: us.max() as f64 / 1e3,
+        })
+    }
+}
+
+/// An empty histogram of request latencies in microseconds, up to [`MAX_LATENCY_US`].
+pub(crate) fn latency_histogram() -> anyhow::Result<Histogram<u64>> {
+    Ok(Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_US, 3)?)
+}
+
+/// `histograms` added up.
+pub(crate) fn merge<'a>(histograms: impl IntoIterator<Item = &'a Histogram<u64>>) -> anyhow::Result<Histogram<u64>> {
+    let mut merged = latency_histogram()?;
+    for h in histograms {
+        merged.add(h).map_err(|e| anyhow!("merging latency histograms: {e:?}"))?;
+    }
+    Ok(merged)
 }
 
 #[derive(Debug, Serialize)]
@@ -518,21 +548,7 @@ fn measure(
     };
     let log_end_offset_total = after.iter().sum::<i64>() - before.iter().sum::<i64>();
 
-    let latency_ms = {
-        let mut merged: Option<Histogram<u64>> = None;
-        for h in stats.iter().filter_map(|s| s.latency_us.as_ref()) {
-            match &mut merged {
-                Some(m) => m.add(h).map_err(|e| anyhow!("merging latency histograms: {e:?}"))?,
-                None => merged = Some(h.clone()),
-            }
-        }
-        merged.filter(|h| !h.is_empty()).map(|h| Latency {
-            p50: h.value_at_quantile(0.5) as f64 / 1e3,
-            p99: h.value_at_quantile(0.99) as f64 / 1e3,
-            p999: h.value_at_quantile(0.999) as f64 / 1e3,
-            max: h.max() as f64 / 1e3,
-        })
-    };
+    let latency_ms = Latency::of(&merge(stats.iter().filter_map(|s| s.latency_us.as_ref()))?);
     let value_bytes = records * args.size;
     let mut report = Report {
         broker: target.addr.to_string(),

@@ -1,4 +1,4 @@
-//! What the raw-protocol benchmarks (`weir bench fetch`, `weir bench produce`) share on top of
+//! What the raw-protocol benchmarks (`weir bench fetch|produce|rocketmq`) share on top of
 //! [`weir::kafka_client`]: a broker child process, the few admin calls they make, a Fetch loop
 //! that drains partitions, and CPU accounting from /proc.
 
@@ -35,6 +35,8 @@ pub fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
 pub struct Server {
     child: Child,
     pub addr: SocketAddr,
+    /// The RocketMQ gRPC listener, when started with [`Server::start_with_rocketmq`].
+    pub rocketmq: Option<SocketAddr>,
     _dir: tempfile::TempDir,
 }
 
@@ -45,12 +47,41 @@ impl Server {
         Server::start_listening(prefix, "127.0.0.1:0", settings, parent)
     }
 
+    /// [`Server::start`] with the RocketMQ gRPC listener on as well, on 127.0.0.1 port 0; its
+    /// address is in `rocketmq`. The admin listener is on too (port 0), because the RocketMQ line
+    /// comes before the admin line: the wait for both is the wait for the RocketMQ one. These
+    /// two settings win over `settings`.
+    pub fn start_with_rocketmq(
+        prefix: &str,
+        settings: &[(String, String)],
+        parent: Option<&Path>,
+    ) -> anyhow::Result<Server> {
+        let mut all = settings.to_vec();
+        all.push(("rocketmq.listeners".into(), "127.0.0.1:0".into()));
+        all.push(("admin.listeners".into(), "127.0.0.1:0".into()));
+        let server = Server::spawn(prefix, "127.0.0.1:0", &all, parent, WaitFor::KafkaAndAdmin)?;
+        if server.rocketmq.is_none() {
+            bail!("`weir server` printed no RocketMQ line before its admin line");
+        }
+        Ok(server)
+    }
+
     /// [`Server::start`] with `listeners` of its own (a cluster node's CONTROLLER listener).
     pub fn start_listening(
         prefix: &str,
         listeners: &str,
         settings: &[(String, String)],
         parent: Option<&Path>,
+    ) -> anyhow::Result<Server> {
+        Server::spawn(prefix, listeners, settings, parent, WaitFor::Kafka)
+    }
+
+    fn spawn(
+        prefix: &str,
+        listeners: &str,
+        settings: &[(String, String)],
+        parent: Option<&Path>,
+        wait_for: WaitFor,
     ) -> anyhow::Result<Server> {
         let builder = {
             let mut b = tempfile::Builder::new();
@@ -72,9 +103,9 @@ impl Server {
         }
         // openraft reports every failed call to a killed voter, which `bench metadata` makes on purpose.
         command.env("RUST_LOG", "warn,openraft=off").stderr(Stdio::inherit());
-        let (child, addresses) = address_lines::spawn_and_wait(&mut command, WaitFor::Kafka, STARTUP_TIMEOUT)
+        let (child, addresses) = address_lines::spawn_and_wait(&mut command, wait_for, STARTUP_TIMEOUT)
             .map_err(|e| anyhow::anyhow!("{e}; see its errors above"))?;
-        Ok(Server { child, addr: addresses.kafka, _dir: dir })
+        Ok(Server { child, addr: addresses.kafka, rocketmq: addresses.rocketmq, _dir: dir })
     }
 
     /// SIGKILL, as a crash would, and reap it.
@@ -175,11 +206,13 @@ pub fn latest_offsets(client: &mut Client, topic: &str, partitions: &[i32]) -> a
         .collect()
 }
 
-/// What [`fetch_all`] received: record batch bytes (protocol bytes, not values) and offsets.
+/// What [`fetch_all`] received: record batch bytes (protocol bytes, not values) and offsets, in
+/// how many Fetch requests.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Fetched {
     pub bytes: u64,
     pub records: u64,
+    pub requests: u64,
 }
 
 /// Reads `start..end` of every `(partition, start, end)` of `topic` with Fetch requests over
@@ -199,6 +232,7 @@ pub fn fetch_all(
         let request = fetch_request(500, 1, partition_max_bytes.saturating_mul(positions.len() as i32))
             .with_topics(vec![FetchTopic::default().with_topic(topic_name(topic)).with_partitions(partitions)]);
         let response = client.send(12, &request).context("Fetch")?;
+        fetched.requests += 1;
         let answered: Vec<_> = response.responses.iter().flat_map(|t| &t.partitions).collect();
         let mut progress = false;
         for (p, offset, _) in positions.iter_mut() {
