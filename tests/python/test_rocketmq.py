@@ -9,6 +9,7 @@ import urllib.parse
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq import (
     ClientConfiguration,
@@ -637,3 +638,60 @@ def test_a_tag_filter_over_the_message_index_delivers_exactly_the_matching_messa
         assert consumer.receive(32, 10) == [], "nothing else"
     finally:
         consumer.shutdown()
+
+
+# -- push consumers' invisible time is renewed while their client holds the message ------------
+
+
+def raw_receive(stub, client, group, topic, invisible_s=None, auto_renew=False, polling_s=2):
+    """One ReceiveMessage call as `client`; returns (messages, final status code)."""
+    request = pb.ReceiveMessageRequest(
+        group=pb.Resource(name=group),
+        message_queue=d.MessageQueue(topic=pb.Resource(name=topic), id=0),
+        filter_expression=d.FilterExpression(type=pb.FilterType.TAG, expression="*"),
+        batch_size=1,
+        auto_renew=auto_renew,
+        long_polling_timeout=Duration(seconds=polling_s),
+    )
+    if invisible_s is not None:
+        request.invisible_duration.CopyFrom(Duration(seconds=invisible_s))
+    metadata = [(k, client if k == "x-mq-client-id" else v) for k, v in METADATA]
+    responses = list(stub.ReceiveMessage(request, metadata=metadata, timeout=polling_s + 10))
+    messages = [r.message for r in responses if r.WhichOneof("content") == "message"]
+    codes = [r.status.code for r in responses if r.WhichOneof("content") == "status"]
+    return messages, codes[-1] if codes else None
+
+
+def test_a_push_consumers_message_stays_invisible_while_its_client_lives_and_returns_after_it_ends(broker, stub):
+    topic, group = unique("rmq-renew"), unique("g")
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=1)
+    send_all(broker, topic, [message(topic, b"held"), message(topic, b"acked-late")])
+
+    # Handed out for a 2 s slice, renewed while "holder" lives: 5 s later nobody else gets it.
+    (held,), _ = raw_receive(stub, "holder", group, topic, invisible_s=2, auto_renew=True)
+    (late,), _ = raw_receive(stub, "holder", group, topic, invisible_s=2, auto_renew=True)
+    assert (held.body, late.body) == (b"held", b"acked-late")
+    time.sleep(5)
+    messages, code = raw_receive(stub, "other", group, topic, invisible_s=30, polling_s=1)
+    assert (messages, code) == ([], pb.Code.MESSAGE_NOT_FOUND)
+
+    # Its handle stays valid across renewals.
+    acked = stub.AckMessage(
+        pb.AckMessageRequest(
+            group=pb.Resource(name=group),
+            topic=pb.Resource(name=topic),
+            entries=[pb.AckMessageEntry(message_id=late.system_properties.message_id,
+                                        receipt_handle=late.system_properties.receipt_handle)],
+        ),
+        metadata=METADATA, timeout=10,
+    )
+    assert acked.entries[0].status.code == pb.Code.OK, acked
+
+    # The client ends: renewal stops, and the message comes back one attempt higher.
+    ended = stub.NotifyClientTermination(
+        pb.NotifyClientTerminationRequest(group=pb.Resource(name=group)),
+        metadata=[(k, "holder" if k == "x-mq-client-id" else v) for k, v in METADATA], timeout=10,
+    )
+    assert ended.status.code == pb.Code.OK
+    (back,), _ = raw_receive(stub, "other", group, topic, invisible_s=30, polling_s=10)
+    assert (back.body, back.system_properties.delivery_attempt) == (b"held", 2)

@@ -29,8 +29,6 @@ use crate::status::{self, status};
 pub const MAX_LONG_POLLING: Duration = Duration::from_secs(60);
 /// The most messages one receive hands out.
 pub const MAX_BATCH: usize = 1024;
-/// The invisible duration of a receive that names none (a push consumer's): RocketMQ's default.
-pub const DEFAULT_INVISIBLE: Duration = Duration::from_secs(60);
 /// The shortest and longest invisible durations accepted.
 pub const MIN_INVISIBLE: Duration = Duration::from_secs(1);
 pub const MAX_INVISIBLE: Duration = Duration::from_secs(12 * 3600);

@@ -21,6 +21,7 @@ use crate::filter::TagFilter;
 use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;
 use crate::receive::{self, Handle, QueueLocks, Wanted};
+use crate::renew::{self, Renewals};
 use crate::send::{self, RoundRobin};
 use crate::status::{self, status};
 use crate::{route, telemetry};
@@ -61,6 +62,7 @@ pub struct Service {
     round_robin: RoundRobin,
     pop: Arc<PopStore>,
     queue_locks: QueueLocks,
+    renewals: Arc<Renewals>,
 }
 
 impl Service {
@@ -75,6 +77,8 @@ impl Service {
         for (index, name) in OPERATIONS.iter().enumerate() {
             metrics.operation(index as i32, || name.to_string());
         }
+        let renewals = Arc::new(Renewals::default());
+        renewals.start(&broker, &pop);
         Ok(Arc::new(Service {
             broker,
             groups,
@@ -82,7 +86,16 @@ impl Service {
             round_robin: RoundRobin::default(),
             pop,
             queue_locks: QueueLocks::default(),
+            renewals,
         }))
+    }
+
+    /// The client id a call names (`x-mq-client-id`, sent by every RocketMQ client), noted as
+    /// heard from now.
+    fn client_of<T>(&self, request: &Request<T>) -> String {
+        let client = request.metadata().get("x-mq-client-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        self.renewals.heard_from(client, self.broker.now_ms());
+        client.to_string()
     }
 
     /// What a receive asks for, or the status refusing it.
@@ -106,9 +119,9 @@ impl Service {
             Some(d) => {
                 duration_of(d).ok_or_else(|| status(Code::IllegalInvisibleTime, "a negative invisible duration"))?
             }
-            // A push consumer's receive: it names none and asks the server to renew; Weir gives
-            // it RocketMQ's default and does not renew (a message not acked within it comes back).
-            None if request.auto_renew => receive::DEFAULT_INVISIBLE,
+            // A push consumer's receive: it names none and asks the server to renew (see
+            // `renew`): the message is handed out for a slice, renewed while the client holds it.
+            None if request.auto_renew => renew::DEFAULT_SLICE,
             None => return Err(status(Code::IllegalInvisibleTime, "the receive has no invisible duration")),
         };
         if !(receive::MIN_INVISIBLE..=receive::MAX_INVISIBLE).contains(&invisible) {
@@ -144,7 +157,10 @@ impl Service {
             return receive::handle_status(HandleError::NotInFlight);
         }
         match self.pop.update(&key, || QueueState::starting_at(0), |q| q.ack(handle.offset, handle.nonce)) {
-            Ok(Ok(_)) => status::ok(),
+            Ok(Ok(_)) => {
+                self.renewals.release(&key, handle.offset);
+                status::ok()
+            }
             Ok(Err(e)) => receive::handle_status(e),
             Err(e) => status::of_error(&e),
         }
@@ -308,9 +324,10 @@ impl MessagingService for Service {
 
     async fn heartbeat(
         &self,
-        _request: Request<HeartbeatRequest>,
+        request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, tonic::Status> {
         let started = Instant::now();
+        self.client_of(&request);
         self.observe(1, started, Code::Ok as i32);
         Ok(Response::new(HeartbeatResponse { status: Some(status::ok()) }))
     }
@@ -357,9 +374,26 @@ impl MessagingService for Service {
         request: Request<ReceiveMessageRequest>,
     ) -> Result<Response<Self::ReceiveMessageStream>, tonic::Status> {
         let started = Instant::now();
+        let client = self.client_of(&request);
         let request = request.into_inner();
         let responses = match self.wanted(&request).await {
-            Ok(wanted) => receive::receive(&self.broker, &self.pop, &self.queue_locks, wanted).await,
+            Ok(wanted) => {
+                let (key, slice) = (wanted.key.clone(), wanted.invisible);
+                let responses = receive::receive(&self.broker, &self.pop, &self.queue_locks, wanted).await;
+                if request.auto_renew {
+                    let now = self.broker.now_ms();
+                    for response in &responses {
+                        let Some(receive_message_response::Content::Message(message)) = &response.content else {
+                            continue;
+                        };
+                        let handle = message.system_properties.as_ref().and_then(|p| p.receipt_handle.as_deref());
+                        if let Some(handle) = handle.and_then(Handle::decode) {
+                            self.renewals.hold(&key, handle.offset, handle.nonce, &client, slice, now);
+                        }
+                    }
+                }
+                responses
+            }
             Err(refused) => {
                 vec![ReceiveMessageResponse { content: Some(receive_message_response::Content::Status(refused)) }]
             }
@@ -381,6 +415,7 @@ impl MessagingService for Service {
         request: Request<AckMessageRequest>,
     ) -> Result<Response<AckMessageResponse>, tonic::Status> {
         let started = Instant::now();
+        self.client_of(&request);
         let request = request.into_inner();
         let response = match (group_name(request.group.as_ref()), request.topic.as_ref().map(|t| t.name.as_str())) {
             (Err(refused), _) => AckMessageResponse { status: Some(refused), entries: vec![] },
@@ -475,6 +510,7 @@ impl MessagingService for Service {
         &self,
         request: Request<Streaming<TelemetryCommand>>,
     ) -> Result<Response<Self::TelemetryStream>, tonic::Status> {
+        self.client_of(&request);
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel::<Result<TelemetryCommand, tonic::Status>>(16);
         let broker = self.broker.clone();
@@ -524,9 +560,12 @@ impl MessagingService for Service {
 
     async fn notify_client_termination(
         &self,
-        _request: Request<NotifyClientTerminationRequest>,
+        request: Request<NotifyClientTerminationRequest>,
     ) -> Result<Response<NotifyClientTerminationResponse>, tonic::Status> {
         let started = Instant::now();
+        // Messages it still held come back when their current slice ends.
+        let client = self.client_of(&request);
+        self.renewals.client_gone(&client);
         self.observe(13, started, Code::Ok as i32);
         Ok(Response::new(NotifyClientTerminationResponse { status: Some(status::ok()) }))
     }
@@ -536,6 +575,7 @@ impl MessagingService for Service {
         request: Request<ChangeInvisibleDurationRequest>,
     ) -> Result<Response<ChangeInvisibleDurationResponse>, tonic::Status> {
         let started = Instant::now();
+        self.client_of(&request);
         let request = request.into_inner();
         let response = match self.change_invisible(&request) {
             Ok(handle) => ChangeInvisibleDurationResponse { status: Some(status::ok()), receipt_handle: handle },
@@ -578,7 +618,11 @@ impl Service {
             |q| q.change_invisible(handle.offset, handle.nonce, visible_at, renewed),
         );
         match changed {
-            Ok(Ok(_)) => Ok(Handle { nonce: renewed, ..handle }.encode()),
+            Ok(Ok(_)) => {
+                // The client decides its time now (a failed consume's back-off).
+                self.renewals.release(&key, handle.offset);
+                Ok(Handle { nonce: renewed, ..handle }.encode())
+            }
             Ok(Err(e)) => Err(receive::handle_status(e)),
             Err(e) => Err(status::of_error(&e)),
         }
