@@ -695,3 +695,25 @@ def test_a_push_consumers_message_stays_invisible_while_its_client_lives_and_ret
     assert ended.status.code == pb.Code.OK
     (back,), _ = raw_receive(stub, "other", group, topic, invisible_s=30, polling_s=10)
     assert (back.body, back.system_properties.delivery_attempt) == (b"held", 2)
+
+
+def test_a_rocketmq_groups_progress_shows_as_kafka_committed_offsets_and_lag(broker):
+    topic, group = unique("rmq-progress"), unique("g")
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=1)
+    send_all(broker, topic, [message(topic, f"p{i}".encode()) for i in range(10)])
+    consumer = simple_consumer(broker, group, topic)
+    try:
+        got = sorted(receive_all(consumer, 10), key=lambda m: m.body)
+        assert [m.body for m in got] == [f"p{i}".encode() for i in range(10)]
+        for m in got[:6]:
+            consumer.ack(m)
+        deadline, described = time.monotonic() + 20, None
+        while time.monotonic() < deadline:
+            status, described = http("GET", f"{broker.admin_url()}/v1/groups/{group}")
+            if status == 200 and described["offsets"] and described["offsets"][0]["committed_offset"] == 6:
+                break
+            time.sleep(0.5)
+        [offset] = described["offsets"]
+        assert (offset["committed_offset"], offset["lag"], offset["metadata"]) == (6, 4, "rocketmq"), described
+    finally:
+        consumer.shutdown()

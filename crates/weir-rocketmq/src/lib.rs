@@ -12,6 +12,7 @@
 //! - [`send`]: SendMessage, messages to records;
 //! - [`receive`]: ReceiveMessage, AckMessage and ChangeInvisibleDuration (invisible-time
 //!   consumption over the core's `pop` store), with [`filter`] for tag expressions;
+//! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
 //! - [`renew`]: push consumers' messages kept invisible while their client holds them;
 //! - [`telemetry`]: the bidirectional Telemetry stream, where the client's settings meet the
 //!   server's.
@@ -26,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
 pub mod filter;
+pub mod progress;
 pub mod receive;
 pub mod renew;
 pub mod route;

@@ -56,8 +56,6 @@ const OPERATIONS: [&str; 15] = [
 /// The RocketMQ front-end's state: the core, and what it keeps between calls.
 pub struct Service {
     broker: Arc<Broker>,
-    #[allow(dead_code)] // RocketMQ group settings come with push consumers
-    groups: Arc<GroupCoordinator>,
     metrics: Arc<ProtocolMetrics>,
     round_robin: RoundRobin,
     pop: Arc<PopStore>,
@@ -79,9 +77,9 @@ impl Service {
         }
         let renewals = Arc::new(Renewals::default());
         renewals.start(&broker, &pop);
+        crate::progress::start(&broker, &groups, &pop);
         Ok(Arc::new(Service {
             broker,
-            groups,
             metrics,
             round_robin: RoundRobin::default(),
             pop,

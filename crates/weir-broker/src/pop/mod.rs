@@ -154,6 +154,11 @@ impl PopStore {
         lock(&self.inner).queues.get(key).and_then(QueueState::next_expiry_ms)
     }
 
+    /// Every queue's progress: the offset below which its group is done with every message.
+    pub fn progress(&self) -> Vec<(QueueKey, i64)> {
+        lock(&self.inner).queues.iter().map(|(key, state)| (key.clone(), state.done_below)).collect()
+    }
+
     /// A copy of the state of `key`, if it has one.
     pub fn get(&self, key: &QueueKey) -> Option<QueueState> {
         lock(&self.inner).queues.get(key).cloned()
