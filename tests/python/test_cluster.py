@@ -890,3 +890,44 @@ def test_a_whole_cluster_restart_keeps_committed_offsets(cluster_factory, closer
     c2.subscribe([name])
     resumed = c_consume(c2, len(second), timeout=COORDINATOR_TIMEOUT_S)
     assert sorted(r.value for r in resumed) == sorted(r["value"] for r in second)
+
+
+def test_rocketmq_fifo_sends_reach_each_message_groups_queue_whatever_broker_a_client_picks(cluster):
+    """A RocketMQ client picks the broker for a FIFO message by its own hash of the message
+    group; Weir's queue for the group (the Kafka partitioner over the group) may be led by
+    another broker, which the append is forwarded to. Every send succeeds, each group's messages
+    are in one partition, in send order, keyed by the group."""
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+    name = unique("rmq-fifo")
+    leaders = cluster.create_topic(1, name, 3)
+    assert set(leaders.values()) == {1, 2, 3}, leaders
+    status, _ = http("PATCH", f"{cluster.node(1).admin_url()}/v1/topics/{name}/configs", {"set": {"message.type": "FIFO"}})
+    assert status == 200
+    config = ClientConfiguration(cluster.node(2).rocketmq_endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, [name])
+    producer.startup()
+    try:
+        for n in range(5):
+            for g in range(12):
+                m = Message()
+                m.topic, m.body, m.message_group = name, f"g{g}-{n}".encode(), f"group-{g}"
+                producer.send(m)
+    finally:
+        producer.shutdown()
+    consumer = c_consumer(cluster.bootstrap())
+    try:
+        consumer.assign([TopicPartition(name, p, 0) for p in range(3)])
+        records = c_consume(consumer, 60)
+    finally:
+        consumer.close()
+    partitions = {}
+    for rec in sorted(records, key=lambda r: (r.partition, r.offset)):
+        group = rec.key.decode()
+        partitions.setdefault(group, set()).add(rec.partition)
+        assert rec.value.decode().startswith(group.replace("group-", "g") + "-")
+    assert all(len(p) == 1 for p in partitions.values()), partitions
+    assert len({next(iter(p)) for p in partitions.values()}) == 3, "the groups spread over every queue"
+    for group in partitions:
+        bodies = [r.value.decode() for r in sorted(records, key=lambda r: r.offset) if r.key.decode() == group]
+        assert bodies == [f"{group.replace('group-', 'g')}-{n}" for n in range(5)], bodies

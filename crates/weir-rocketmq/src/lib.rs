@@ -9,7 +9,8 @@
 //!
 //! - [`service`]: the calls, one method each;
 //! - [`route`]: topic routes (which queue is where) and the endpoints in them;
-//! - [`send`]: SendMessage, messages to records;
+//! - [`send`]: SendMessage, messages to records, with [`forward`] for a message group's queue
+//!   led by another broker;
 //! - [`receive`]: ReceiveMessage, AckMessage and ChangeInvisibleDuration (invisible-time
 //!   consumption over the core's `pop` store), with [`filter`] for tag expressions;
 //! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
@@ -27,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
 pub mod filter;
+pub mod forward;
 pub mod progress;
 pub mod receive;
 pub mod renew;

@@ -115,28 +115,48 @@ impl RoundRobin {
     }
 }
 
+/// Where the messages of one topic go.
+pub struct Target<'a> {
+    pub topic: &'a str,
+    /// The topic's partition count.
+    pub count: i32,
+    /// This broker's partitions of the topic, by index (`None`: hosted elsewhere).
+    pub partitions: &'a [Option<Arc<Partition>>],
+    /// The indexes of those this broker leads.
+    pub led: &'a [i32],
+}
+
 /// Appends the validated `messages` of one topic (request order) and answers one entry per
-/// message. `led` is the topic's partitions this broker leads, by index; it is not empty.
+/// message. Messages without a group go to a queue this broker leads, in turn; a message
+/// group's queue led elsewhere gets its messages forwarded to its leader.
 pub async fn append(
     broker: &Arc<Broker>,
-    partitions: &[Option<Arc<Partition>>],
-    led: &[i32],
+    target: Target<'_>,
     messages: Vec<(usize, Message)>,
     round_robin: &RoundRobin,
     entries: &mut [SendResultEntry],
 ) {
-    let count = partitions.len() as i32;
+    let Target { topic, count, partitions, led } = target;
     let mut by_partition: BTreeMap<i32, Vec<Placed>> = BTreeMap::new();
     for (index, message) in messages {
-        let partition = match &message.message_group {
-            Some(group) => partition_for_key(group.as_bytes(), count),
-            None => led[round_robin.next(led.len())],
+        let partition = match (&message.message_group, led.is_empty()) {
+            (Some(group), _) if count > 0 => partition_for_key(group.as_bytes(), count),
+            (None, false) => led[round_robin.next(led.len())],
+            _ => {
+                let error = BrokerError::new(
+                    ErrorKind::NotLeader,
+                    format!("this broker leads no queue of {topic}; refresh the route"),
+                );
+                fail(entries, &[Placed { index, message }], &error);
+                continue;
+            }
         };
         by_partition.entry(partition).or_default().push(Placed { index, message });
     }
     let now = broker.now_ms();
     let mut appends = Vec::with_capacity(by_partition.len());
     let mut placed = Vec::with_capacity(by_partition.len());
+    let mut forwarded = Vec::new();
     for (partition, messages) in by_partition {
         let records: Vec<Record> = messages.iter().map(|p| p.message.to_record(now)).collect();
         let target = partitions.get(partition as usize).and_then(Option::as_ref);
@@ -145,26 +165,28 @@ pub async fn append(
                 appends.push((target.clone(), batch));
                 placed.push(messages);
             }
-            (None, _) => {
-                let error = BrokerError::new(
-                    ErrorKind::NotLeader,
-                    format!("the queue {partition} of this message group is led by another broker"),
-                );
-                fail(entries, &messages, &error)
-            }
+            // A message group's queue led by another broker: the append goes there.
+            (None, Ok(batch)) => forwarded.push((partition, batch, messages)),
             (_, Err(e)) => fail(entries, &messages, &BrokerError::new(ErrorKind::Internal, e.to_string())),
         }
     }
     let results = broker.append_many(appends, Acks::All).await;
-    for (messages, result) in placed.iter().zip(results) {
+    // Requests carry one message, or a few: the forwarded appends go one after the other.
+    let mut remote = Vec::with_capacity(forwarded.len());
+    for (partition, batch, _) in &forwarded {
+        remote.push(crate::forward::append_at_leader(broker, topic, *partition, batch).await);
+    }
+    let local = placed.iter().zip(results.into_iter().map(|r| r.map(|info| info.first_offset)));
+    let remote = forwarded.iter().map(|(_, _, messages)| messages).zip(remote);
+    for (messages, result) in local.chain(remote) {
         match result {
-            Ok(info) => {
+            Ok(first_offset) => {
                 for (position, p) in messages.iter().enumerate() {
                     entries[p.index] = SendResultEntry {
                         status: Some(status::ok()),
                         message_id: p.message.id().to_string(),
                         transaction_id: String::new(),
-                        offset: info.first_offset + position as i64,
+                        offset: first_offset + position as i64,
                         recall_handle: String::new(),
                     };
                 }

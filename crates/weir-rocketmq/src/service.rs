@@ -15,7 +15,7 @@ use weir_broker::group::GroupCoordinator;
 use weir_broker::metadata::TopicMetadata;
 use weir_broker::metrics::ProtocolMetrics;
 use weir_broker::pop::{HandleError, PopStore, QueueKey, QueueState};
-use weir_broker::{Broker, BrokerError, ErrorKind};
+use weir_broker::{Broker, BrokerError};
 
 use crate::filter::TagFilter;
 use crate::proto::messaging_service_server::MessagingService;
@@ -78,6 +78,7 @@ impl Service {
         let renewals = Arc::new(Renewals::default());
         renewals.start(&broker, &pop);
         crate::progress::start(&broker, &groups, &pop);
+        crate::forward::register(&broker);
         Ok(Arc::new(Service {
             broker,
             metrics,
@@ -239,26 +240,14 @@ impl Service {
             }
         }
         for (topic, messages) in by_topic {
-            let Some(partitions) = self.broker.topic_partitions(&topic) else {
-                let error = BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("topic {topic} is not here"));
-                for (index, _) in messages {
-                    entries[index].status = Some(status::of_error(&error));
-                }
-                continue;
-            };
+            let count = self.broker.metadata().topic(&topic).map_or(0, |t| t.partitions);
+            // This broker's partitions of the topic (maybe none: then FIFO messages are
+            // forwarded to their queues' leaders, and the others refused).
+            let partitions = self.broker.topic_partitions(&topic).unwrap_or_default();
             let led: Vec<i32> =
                 partitions.iter().flatten().filter(|p| p.check_local_leader().is_ok()).map(|p| p.index).collect();
-            if led.is_empty() {
-                let error = BrokerError::new(
-                    ErrorKind::NotLeader,
-                    format!("this broker leads no queue of {topic}; refresh the route"),
-                );
-                for (index, _) in messages {
-                    entries[index].status = Some(status::of_error(&error));
-                }
-                continue;
-            }
-            send::append(&self.broker, &partitions, &led, messages, &self.round_robin, &mut entries).await;
+            let target = send::Target { topic: &topic, count, partitions: &partitions, led: &led };
+            send::append(&self.broker, target, messages, &self.round_robin, &mut entries).await;
         }
         let overall = status::overall(entries.iter().filter_map(|e| e.status.as_ref()), "some messages were not sent");
         SendMessageResponse { status: Some(overall), entries }
