@@ -303,7 +303,7 @@ pub fn run(args: &RocketMqBenchArgs) -> anyhow::Result<()> {
     let max_message_bytes = u64::from(args.kafka_batch.max(1)) * (size as u64 + 512) + (64 << 10);
     let kafka_configs = [("max.message.bytes".to_string(), max_message_bytes.to_string())];
     // The gRPC topic is what the RocketMQ front-end makes of a topic it creates: its messages
-    // are indexed by key and message id (a second decoding of every batch, charged to sends).
+    // are indexed by key and message id (the broker decodes every batch once more for that).
     let mut grpc_configs = kafka_configs.to_vec();
     grpc_configs.push((weir_broker::topic_config::MESSAGE_INDEX.to_string(), "true".to_string()));
     raw_protocol::create_topic(&mut admin, TOPIC_GRPC, args.partitions, &grpc_configs, None)?;
