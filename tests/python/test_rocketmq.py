@@ -6,6 +6,7 @@ protocol's own stubs check the statuses a client gets for bad requests.
 import subprocess
 import time
 import urllib.parse
+import uuid
 
 import grpc
 import pytest
@@ -717,3 +718,36 @@ def test_a_rocketmq_groups_progress_shows_as_kafka_committed_offsets_and_lag(bro
         assert (offset["committed_offset"], offset["lag"], offset["metadata"]) == (6, 4, "rocketmq"), described
     finally:
         consumer.shutdown()
+
+
+def test_a_message_of_another_type_than_its_topic_is_refused_and_long_polls_end_before_the_deadline(broker, stub):
+    normal, fifo = unique("rmq-normal"), unique("rmq-fifo")
+    c_create_topic(c_admin(broker.bootstrap), normal, partitions=1)
+    c_create_topic(c_admin(broker.bootstrap), fifo, partitions=1, config={"message.type": "FIFO"})
+
+    def send(topic, group=None):
+        system = d.SystemProperties(message_id="01" + uuid.uuid4().hex.upper(), body_encoding=d.Encoding.IDENTITY)
+        if group:
+            system.message_group = group
+        request = pb.SendMessageRequest(messages=[d.Message(topic=pb.Resource(name=topic), system_properties=system, body=b"x")])
+        return stub.SendMessage(request, metadata=METADATA, timeout=10).entries[0].status
+
+    conflict = pb.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+    assert send(normal, group="g1").code == conflict
+    refused = send(fifo)
+    assert refused.code == conflict and "FIFO topic" in refused.message, refused
+    assert send(fifo, group="g1").code == pb.Code.OK
+    assert send(normal).code == pb.Code.OK
+
+    # A client whose deadline is the long-polling time gets MESSAGE_NOT_FOUND, not a timeout.
+    request = pb.ReceiveMessageRequest(
+        group=pb.Resource(name=unique("g")),
+        message_queue=d.MessageQueue(topic=pb.Resource(name=unique("rmq-empty")), id=0),
+        batch_size=1,
+        invisible_duration=Duration(seconds=10),
+        long_polling_timeout=Duration(seconds=2),
+    )
+    started = time.monotonic()
+    responses = list(stub.ReceiveMessage(request, metadata=METADATA, timeout=2))
+    assert [r.status.code for r in responses] == [pb.Code.MESSAGE_NOT_FOUND]
+    assert 1.0 < time.monotonic() - started < 2.0

@@ -34,6 +34,9 @@ pub const MIN_INVISIBLE: Duration = Duration::from_secs(1);
 pub const MAX_INVISIBLE: Duration = Duration::from_secs(12 * 3600);
 /// How much of a queue one receive reads at most while looking for new messages.
 const READ_BYTES: u64 = 4 << 20;
+/// Its first read: about a batch of 32 messages of 1 KiB with their headers. Each further read
+/// is four times larger, up to [`READ_BYTES`] in all.
+const FIRST_READ_BYTES: u64 = 64 << 10;
 
 /// A receipt handle's parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,22 +156,33 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
             _ => indexed_to,
         };
     } else if room > 0 {
-        let (records, end) = broker.read_records(partition, examined_to, READ_BYTES)?;
+        // Read in growing steps until the batch is full: a receive of 32 small messages must
+        // not copy and decode megabytes of the queue (the first step is what they take, about).
         let mut taken = 0;
-        for record in records {
-            if taken == room {
-                examined_to = record.offset;
-                break;
+        let mut step = FIRST_READ_BYTES;
+        let mut read_bytes = 0;
+        while taken < room && read_bytes < READ_BYTES {
+            let (records, end) = broker.read_records(partition, examined_to, step)?;
+            if end <= examined_to {
+                break; // nothing more below the high watermark
             }
-            examined_to = record.offset + 1;
-            if wanted.filter.matches(&record) {
-                picked.push((record, false));
-                taken += 1;
+            read_bytes += step;
+            for record in records {
+                if taken == room {
+                    examined_to = record.offset;
+                    break;
+                }
+                examined_to = record.offset + 1;
+                if wanted.filter.matches(&record) {
+                    picked.push((record, false));
+                    taken += 1;
+                }
             }
-        }
-        if taken < room {
-            // Everything read was examined, up to the end of its last batch.
-            examined_to = examined_to.max(end);
+            if taken < room {
+                // Everything read was examined, up to the end of its last batch.
+                examined_to = examined_to.max(end);
+            }
+            step = (step * 4).min(READ_BYTES);
         }
     }
 

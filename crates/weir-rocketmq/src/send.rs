@@ -13,6 +13,7 @@ use std::sync::Arc;
 use weir_broker::message::Message;
 use weir_broker::partitioner::partition_for_key;
 use weir_broker::storage::records::{self, BatchOptions, Record};
+use weir_broker::topic_config::MessageType;
 use weir_broker::{Acks, Broker, BrokerError, ErrorKind, Partition};
 
 use crate::proto::{self, Code, SendResultEntry};
@@ -28,8 +29,14 @@ struct Placed {
     message: Message,
 }
 
-/// Refuses what RocketMQ refuses before a message is stored.
-pub fn validate(message: &proto::Message, max_body_bytes: usize) -> Result<Message, proto::Status> {
+/// Refuses what RocketMQ refuses before a message is stored. `topic_type` is the topic's
+/// `message.type`: as RocketMQ's proxy does by default, a message of another type is refused
+/// (clients check too, but not all of them: the Rust client does not).
+pub fn validate(
+    message: &proto::Message,
+    max_body_bytes: usize,
+    topic_type: MessageType,
+) -> Result<Message, proto::Status> {
     let system = message.system_properties.clone().unwrap_or_default();
     if message.body.is_empty() {
         return Err(status::status(Code::MessageBodyEmpty, "the message body is empty"));
@@ -82,6 +89,24 @@ pub fn validate(message: &proto::Message, max_body_bytes: usize) -> Result<Messa
     }
     if system.message_type == proto::MessageType::Transaction as i32 {
         return Err(status::status(Code::Unsupported, "transactional messages are not supported yet"));
+    }
+    // The message's type: as the client says, else as its properties make it.
+    let kind = match proto::MessageType::try_from(system.message_type) {
+        Ok(proto::MessageType::Fifo) => MessageType::Fifo,
+        Ok(proto::MessageType::Normal) => MessageType::Normal,
+        _ if system.message_group.is_some() => MessageType::Fifo,
+        _ => MessageType::Normal,
+    };
+    if kind != topic_type {
+        return Err(status::status(
+            Code::MessagePropertyConflictWithType,
+            format!(
+                "a {} message cannot go to a {} topic{}",
+                kind.name(),
+                topic_type.name(),
+                if kind == MessageType::Fifo { " (a message group makes a message FIFO)" } else { "" }
+            ),
+        ));
     }
     let mut properties: Vec<(String, String)> =
         message.user_properties.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
@@ -226,17 +251,35 @@ mod tests {
 
     #[test]
     fn what_rocketmq_refuses_gets_its_status() {
-        assert_eq!(code(validate(&message(b""), 10)), Code::MessageBodyEmpty as i32);
-        assert_eq!(code(validate(&message(b"01234567890"), 10)), Code::MessageBodyTooLarge as i32);
+        assert_eq!(code(validate(&message(b""), 10, MessageType::Normal)), Code::MessageBodyEmpty as i32);
+        assert_eq!(code(validate(&message(b"01234567890"), 10, MessageType::Normal)), Code::MessageBodyTooLarge as i32);
         let mut tagged = message(b"x");
         if let Some(system) = tagged.system_properties.as_mut() {
             system.tag = Some("a||b".into());
         }
-        assert_eq!(code(validate(&tagged, 10)), Code::IllegalMessageTag as i32);
+        assert_eq!(code(validate(&tagged, 10, MessageType::Normal)), Code::IllegalMessageTag as i32);
         let mut reserved = message(b"x");
         reserved.user_properties.insert("weir.tag".into(), "x".into());
-        assert_eq!(code(validate(&reserved, 10)), Code::IllegalMessagePropertyKey as i32);
-        let valid = validate(&message(b"x"), 10).expect("a valid message");
+        assert_eq!(code(validate(&reserved, 10, MessageType::Normal)), Code::IllegalMessagePropertyKey as i32);
+        let valid = validate(&message(b"x"), 10, MessageType::Normal).expect("a valid message");
         assert_eq!(valid.message_id.as_deref(), Some("01AB"));
+    }
+
+    #[test]
+    fn a_message_of_another_type_than_its_topics_is_refused() {
+        let conflict = Code::MessagePropertyConflictWithType as i32;
+        let mut fifo = message(b"x");
+        if let Some(system) = fifo.system_properties.as_mut() {
+            system.message_group = Some("orders".into()); // no type given: the group makes it FIFO
+        }
+        assert_eq!(code(validate(&fifo, 10, MessageType::Normal)), conflict);
+        assert_eq!(code(validate(&fifo, 10, MessageType::Fifo)), Code::Ok as i32);
+        assert_eq!(code(validate(&message(b"x"), 10, MessageType::Fifo)), conflict);
+        let mut typed = message(b"x");
+        if let Some(system) = typed.system_properties.as_mut() {
+            system.message_type = proto::MessageType::Fifo as i32;
+        }
+        assert_eq!(code(validate(&typed, 10, MessageType::Normal)), conflict);
+        assert_eq!(code(validate(&message(b"x"), 10, MessageType::Delay)), conflict);
     }
 }

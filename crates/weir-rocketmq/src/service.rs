@@ -232,7 +232,8 @@ impl Service {
                     continue;
                 }
             };
-            match send::validate(message, self.max_body_bytes(&topic.name)) {
+            let topic_type = weir_broker::topic_config::message_type(&topic.configs);
+            match send::validate(message, self.max_body_bytes(&topic.name), topic_type) {
                 Ok(valid) => by_topic.entry(topic.name).or_default().push((index, valid)),
                 Err(refused) => {
                     entries[index] = SendResultEntry { status: Some(refused), message_id: id, ..Default::default() }
@@ -265,6 +266,24 @@ fn group_name(group: Option<&Resource>) -> Result<String, Status> {
 }
 
 /// A protobuf duration as a std one; `None` when negative.
+/// A `grpc-timeout` header's value: at most 8 digits and a unit (H, M, S, m, u, n).
+fn grpc_timeout(value: &str) -> Option<std::time::Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let count: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => std::time::Duration::from_secs(count * 3600),
+        "M" => std::time::Duration::from_secs(count * 60),
+        "S" => std::time::Duration::from_secs(count),
+        "m" => std::time::Duration::from_millis(count),
+        "u" => std::time::Duration::from_micros(count),
+        "n" => std::time::Duration::from_nanos(count),
+        _ => return None,
+    })
+}
+
 fn duration_of(d: &prost_types::Duration) -> Option<std::time::Duration> {
     (d.seconds >= 0 && d.nanos >= 0).then(|| std::time::Duration::new(d.seconds as u64, d.nanos as u32))
 }
@@ -362,9 +381,17 @@ impl MessagingService for Service {
     ) -> Result<Response<Self::ReceiveMessageStream>, tonic::Status> {
         let started = Instant::now();
         let client = self.client_of(&request);
+        let deadline = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(grpc_timeout);
         let request = request.into_inner();
         let responses = match self.wanted(&request).await {
-            Ok(wanted) => {
+            Ok(mut wanted) => {
+                // Answer before the client's deadline, not after it: some clients (the Rust
+                // one) set it to the long-polling time itself. A fifth of it, at most 1 s, is
+                // left for the answer to travel.
+                if let Some(deadline) = deadline {
+                    let reserve = (deadline / 5).min(std::time::Duration::from_secs(1));
+                    wanted.long_polling = wanted.long_polling.min(deadline.saturating_sub(reserve));
+                }
                 let (key, slice) = (wanted.key.clone(), wanted.invisible);
                 let responses = receive::receive(&self.broker, &self.pop, &self.queue_locks, wanted).await;
                 if request.auto_renew {
@@ -629,4 +656,21 @@ fn publishing_limit(broker: &Broker, settings: &Settings) -> usize {
         .map(|p| (p.log.config().max_message_bytes as usize).saturating_sub(PROPERTY_ALLOWANCE_BYTES))
         .min()
         .unwrap_or(DEFAULT_MAX_BODY_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn grpc_timeouts_parse_in_every_unit_and_nonsense_does_not() {
+        assert_eq!(grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout("1500m"), Some(Duration::from_millis(1500)));
+        assert_eq!(grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        for bad in ["", "S", "12", "123456789S", "1x", "-1S", "1.5S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
 }
