@@ -38,6 +38,8 @@ pub const NOT_SETTINGS: &[&str] = &[
     "WEIR_TEST_THREADS",
     "WEIR_BIN",
     "WEIR_KEEP_DATA",
+    // tests/python/test_rocketmq_rust.py: where the built RocketMQ Rust client is.
+    "WEIR_ROCKETMQ_RUST_CLIENT",
     // crates/weir-storage/tests/crash.rs and the child processes it starts.
     "WEIR_CRASH_TEST_SEED",
     "WEIR_CRASH_CHILD_DIR",
