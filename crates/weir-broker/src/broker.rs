@@ -1287,6 +1287,47 @@ impl Broker {
         Ok(log.read_with(offset, max_bytes, log.high_watermark(), min_one_batch)?)
     }
 
+    /// The record at `offset` of `partition`, if the log still has it below the high
+    /// watermark. Blocking.
+    pub fn read_record(
+        &self,
+        partition: &Partition,
+        offset: i64,
+    ) -> Result<Option<weir_storage::records::Record>, BrokerError> {
+        if offset < partition.log.log_start_offset() || offset >= partition.log.high_watermark() {
+            return Ok(None);
+        }
+        let (records, _) = self.read_records(partition, offset, 1)?;
+        Ok(records.into_iter().find(|r| r.offset == offset))
+    }
+
+    /// Reads the records of `partition` from `offset` on, up to the high watermark and about
+    /// `max_bytes`: whole batches, control batches left out (at least one batch when there is
+    /// one). Returns them and the offset after the last batch read (where the next read
+    /// starts; `offset` when nothing was there). Blocking.
+    pub fn read_records(
+        &self,
+        partition: &Partition,
+        offset: i64,
+        max_bytes: u64,
+    ) -> Result<(Vec<weir_storage::records::Record>, i64), BrokerError> {
+        let read = self.read(partition, offset, max_bytes, true)?;
+        let Some(slice) = read.slice else { return Ok((Vec::new(), offset)) };
+        let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
+        let batches = weir_storage::records::decode_batches(&bytes)
+            .map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
+        let mut end = offset;
+        let mut out = Vec::new();
+        for batch in batches {
+            end = end.max(batch.header.next_offset());
+            if batch.header.is_control() {
+                continue;
+            }
+            out.extend(batch.records.into_iter().filter(|r| r.offset >= offset));
+        }
+        Ok((out, end))
+    }
+
     /// Reads whole batches from `offset` up to the log end, past the high watermark: how the
     /// coordinators load an internal partition they have come to lead. A new leader's log is
     /// what its ISR will have (its high watermark catches up once the followers fetch), and a
