@@ -148,6 +148,9 @@ pub struct Broker {
     /// Messages by key and id, for queries (see [`crate::message_index`]); kept up to date once
     /// [`crate::message_index::MessageIndex::start`] is called.
     pub message_index: crate::message_index::MessageIndex,
+    /// Delayed messages until they are due (see [`crate::timer`]); they fire once
+    /// [`crate::timer::TimerStore::start`] is called.
+    pub timer: Arc<crate::timer::TimerStore>,
 }
 
 fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
@@ -240,8 +243,12 @@ impl Broker {
         let (shutdown_tx, _) = watch::channel(false);
         let (reconciled_tx, _) = watch::channel(state.clone());
         let message_index = crate::message_index::MessageIndex::new(&config.data_dir);
+        let timer_config = topic_config::log_config(&config.topic_defaults, &BTreeMap::new())
+            .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
+        let timer = Arc::new(crate::timer::TimerStore::open(&config.data_dir, timer_config, clock.clone())?);
         let broker = Arc::new(Broker {
             message_index,
+            timer,
             config,
             clock,
             logs,
@@ -259,6 +266,7 @@ impl Broker {
             metrics: BrokerMetrics::default(),
         });
         let _ = broker.cluster.broker.set(Arc::downgrade(&broker));
+        crate::forward::register(&broker);
         if alone {
             broker.upgrade_metadata()?;
         } else if legacy::exists(&broker.config.data_dir) {
@@ -539,7 +547,13 @@ impl Broker {
                 "Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME_LEN} characters, topic name: {name}"
             ));
         }
-        if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
+        // RocketMQ's dead-letter topics (`%DLQ%<group>`) are the one exception to Kafka's rule.
+        let rest = match name.strip_prefix(crate::dead_letter::DEAD_LETTER_PREFIX) {
+            Some("") => return invalid("Topic name is illegal, a dead-letter topic names its group".into()),
+            Some(group) => group,
+            None => name,
+        };
+        if !rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
             return invalid(format!(
                 "Topic name \"{name}\" is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
             ));
@@ -1081,6 +1095,8 @@ impl Broker {
                 .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
             let min_insync = topic_config::min_insync_replicas(&self.config.topic_defaults, &topic.configs);
             let compression = topic_config::compression(&self.config.topic_defaults, &topic.configs);
+            let delay_max_ms = (topic_config::message_type(&topic.configs) == topic_config::MessageType::Delay)
+                .then(|| topic_config::message_delay_max_ms(&self.config.topic_defaults, &topic.configs));
             let throttled = topic_config::throttled_replicas(&self.config.topic_defaults, &topic.configs);
             let existing: &[Option<Arc<Partition>>] = topics.get(&topic.name).map_or(&[], |list| list);
             for partition in existing.iter().flatten() {
@@ -1089,6 +1105,7 @@ impl Broker {
                 }
                 partition.set_min_insync_replicas(min_insync);
                 partition.set_compression(compression);
+                partition.set_delay_max_ms(delay_max_ms);
                 partition.set_throttled_replicas(throttled.clone());
                 if let Some(state) = topic.partition(partition.index) {
                     if *state != *partition.state() {
@@ -1118,6 +1135,7 @@ impl Broker {
                 let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal, node, state);
                 partition.set_min_insync_replicas(min_insync);
                 partition.set_compression(compression);
+                partition.set_delay_max_ms(delay_max_ms);
                 partition.set_throttled_replicas(throttled.clone());
                 *slot = Some(Arc::new(partition));
             }
@@ -1169,6 +1187,29 @@ impl Broker {
         for (slot, (partition, records)) in appends.into_iter().enumerate() {
             match may_lead.clone().and_then(|()| Self::check_client_append(&partition, acks)) {
                 Ok(leader_epoch) => {
+                    // A DELAY topic's records with a delivery time to come wait in the timer.
+                    let records = match partition.delay_max_ms() {
+                        None => records,
+                        Some(max_delay_ms) => match self.divert_delayed(&partition, records, max_delay_ms).await {
+                            Ok(Some(rest)) => rest,
+                            Ok(None) => {
+                                results.push(Some(Ok(AppendInfo {
+                                    duplicate: false,
+                                    first_offset: -1,
+                                    last_offset: -1,
+                                    log_append_time_ms: None,
+                                    batch_count: 0,
+                                    record_count: 0,
+                                    bytes: 0,
+                                })));
+                                continue;
+                            }
+                            Err(e) => {
+                                results.push(Some(Err(e)));
+                                continue;
+                            }
+                        },
+                    };
                     results.push(None);
                     work.push((slot, partition, records, leader_epoch));
                 }
@@ -1224,6 +1265,22 @@ impl Broker {
             }
         }
         pending
+    }
+
+    /// Hands the records of `records` (a producer's batches for a DELAY topic) whose
+    /// `weir.delivery-timestamp` is still to come to the timer store; returns the batches of
+    /// the others to append now (`None`: there are none). See [`crate::timer::split_delayed`].
+    async fn divert_delayed(
+        &self,
+        partition: &Partition,
+        records: BytesMut,
+        max_delay_ms: i64,
+    ) -> Result<Option<BytesMut>, BrokerError> {
+        let Some(split) = crate::timer::split_delayed(&records, self.now_ms(), max_delay_ms)? else {
+            return Ok(Some(records));
+        };
+        self.timer.schedule(&partition.topic, Some(partition.index), split.delayed).await?;
+        Ok(split.now)
     }
 
     /// What every client's append must pass before it is written, whatever its protocol:

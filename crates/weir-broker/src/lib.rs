@@ -12,8 +12,10 @@ pub mod broker;
 pub mod cluster;
 pub mod config;
 mod coordinator_shards;
+pub mod dead_letter;
 pub mod error;
 pub mod fetch;
+pub mod forward;
 pub mod group;
 pub mod group_config;
 pub mod internal_records;
@@ -29,6 +31,7 @@ pub mod replication;
 
 mod runtime;
 pub mod throttle;
+pub mod timer;
 pub mod topic_config;
 pub mod txn;
 

@@ -36,6 +36,19 @@ pub mod headers {
     pub const MESSAGE_GROUP: &str = "weir.message-group";
     /// When the message is to become visible, in milliseconds since the epoch (decimal).
     pub const DELIVERY_TIMESTAMP: &str = "weir.delivery-timestamp";
+    /// A dead letter's original topic, partition (queue) and offset there.
+    pub const ORIGIN_TOPIC: &str = "weir.origin-topic";
+    pub const ORIGIN_PARTITION: &str = "weir.origin-partition";
+    pub const ORIGIN_OFFSET: &str = "weir.origin-offset";
+    /// How many times a dead letter was delivered before it was given up on (decimal).
+    pub const DELIVERY_ATTEMPTS: &str = "weir.delivery-attempts";
+}
+
+/// The user properties under which RocketMQ clients see a dead letter's origin (RocketMQ's own
+/// names for them).
+pub mod dead_letter_properties {
+    pub const ORIGIN_TOPIC: &str = "DLQ_ORIGIN_TOPIC";
+    pub const ORIGIN_MESSAGE_ID: &str = "DLQ_ORIGIN_MESSAGE_ID";
 }
 
 /// A message as every front-end sees it.
@@ -90,6 +103,7 @@ impl Message {
     /// The message a stored record is, read from `topic`-`partition` at its offset.
     pub fn from_record(topic: &str, partition: i32, record: &Record) -> Message {
         let mut message = Message { body: record.value.clone().unwrap_or_default(), ..Message::default() };
+        let mut origin_topic = None;
         for header in &record.headers {
             let text = || header.value.as_deref().map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
             match header.name.as_str() {
@@ -100,6 +114,7 @@ impl Message {
                 headers::BORN_HOST => message.born_host = Some(text()),
                 headers::MESSAGE_GROUP => message.message_group = Some(text()),
                 headers::DELIVERY_TIMESTAMP => message.delivery_timestamp_ms = text().parse().ok(),
+                headers::ORIGIN_TOPIC => origin_topic = Some(text()),
                 name if name.starts_with(headers::RESERVED_PREFIX) => {}
                 name => {
                     let value = text();
@@ -112,6 +127,16 @@ impl Message {
         }
         if message.message_id.is_none() {
             message.message_id = Some(derived_message_id(topic, partition, record.offset));
+        }
+        if let Some(origin) = origin_topic {
+            // A dead letter keeps its message id: the original's.
+            let id = message.id().to_string();
+            for (name, value) in
+                [(dead_letter_properties::ORIGIN_TOPIC, origin), (dead_letter_properties::ORIGIN_MESSAGE_ID, id)]
+            {
+                message.properties.retain(|(n, _)| n != name);
+                message.properties.push((name.to_string(), value));
+            }
         }
         message
     }

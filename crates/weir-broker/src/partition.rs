@@ -33,6 +33,9 @@ pub struct Partition {
     min_insync_replicas: AtomicI64,
     /// The topic's `compression.type`, kept current like `min_insync_replicas`.
     compression: Mutex<TopicCompression>,
+    /// On a topic of `message.type=DELAY`, its `message.delay.max.ms`; 0 on any other. Kept
+    /// current likewise: the produce path diverts delayed records of such topics to the timer.
+    delay_max_ms: AtomicI64,
     /// The topic's leader and follower throttled-replica lists, kept current likewise.
     throttled_replicas: Mutex<(ThrottledReplicas, ThrottledReplicas)>,
     /// Bytes and records in and out, counted by the produce and fetch paths.
@@ -89,6 +92,7 @@ impl Partition {
             state: RwLock::new(Arc::new(state.clone())),
             min_insync_replicas: AtomicI64::new(1),
             compression: Mutex::new(TopicCompression::Producer),
+            delay_max_ms: AtomicI64::new(0),
             throttled_replicas: Mutex::new(Default::default()),
             metrics: PartitionMetrics::default(),
             waiters: Mutex::new(Vec::new()),
@@ -211,6 +215,15 @@ impl Partition {
 
     pub(crate) fn set_compression(&self, compression: TopicCompression) {
         *lock(&self.compression) = compression;
+    }
+
+    /// `Some(message.delay.max.ms)` on a DELAY topic.
+    pub fn delay_max_ms(&self) -> Option<i64> {
+        Some(self.delay_max_ms.load(Ordering::Relaxed)).filter(|ms| *ms > 0)
+    }
+
+    pub(crate) fn set_delay_max_ms(&self, delay_max_ms: Option<i64>) {
+        self.delay_max_ms.store(delay_max_ms.unwrap_or(0), Ordering::Relaxed);
     }
 
     pub(crate) fn set_throttled_replicas(&self, lists: (ThrottledReplicas, ThrottledReplicas)) {

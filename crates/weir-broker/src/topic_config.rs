@@ -18,6 +18,7 @@ pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[
     (crate::throttle::FOLLOWER_REPLICAS, ""),
     (MESSAGE_TYPE, "NORMAL"),
     (MESSAGE_INDEX, "false"),
+    (MESSAGE_DELAY_MAX_MS, "604800000"),
 ];
 
 /// Whether the topic's messages are indexed by key and message id, for queries (see
@@ -28,6 +29,21 @@ pub const MESSAGE_INDEX: &str = "message.index.enable";
 /// RocketMQ 5's topic attribute: which kind of messages the topic takes (routes show it to
 /// RocketMQ clients as the queues' accepted message types).
 pub const MESSAGE_TYPE: &str = "message.type";
+
+/// How far ahead a delayed message of the topic may be scheduled, in milliseconds (default 7
+/// days); a later delivery time is refused.
+pub const MESSAGE_DELAY_MAX_MS: &str = "message.delay.max.ms";
+
+/// The longest `message.delay.max.ms` accepted: a year. The timer store keeps a scheduled
+/// message on disk until it is due, so this bounds how long that may be.
+pub const MESSAGE_DELAY_MAX_MS_LIMIT: i64 = 366 * 24 * 3600 * 1000;
+
+/// A topic's `message.delay.max.ms`.
+pub fn message_delay_max_ms(broker_defaults: &BTreeMap<String, String>, overrides: &BTreeMap<String, String>) -> i64 {
+    override_or_default(broker_defaults, overrides, MESSAGE_DELAY_MAX_MS)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(7 * 24 * 3600 * 1000)
+}
 
 /// Whether a topic with `overrides` indexes its messages (`message.index.enable`).
 pub fn message_index(broker_defaults: &BTreeMap<String, String>, overrides: &BTreeMap<String, String>) -> bool {
@@ -166,6 +182,12 @@ pub fn log_config(
                 crate::throttle::LEADER_REPLICAS | crate::throttle::FOLLOWER_REPLICAS => {
                     if crate::throttle::ThrottledReplicas::parse(value).is_none() {
                         return Err(bad(name, value, "expected *, or a list of partition:broker such as 0:1,1:2"));
+                    }
+                }
+                MESSAGE_DELAY_MAX_MS => {
+                    let ms: i64 = value.trim().parse().map_err(|_| bad(name, value, "expected milliseconds"))?;
+                    if !(1..=MESSAGE_DELAY_MAX_MS_LIMIT).contains(&ms) {
+                        return Err(bad(name, value, "expected milliseconds from 1 to a year (31622400000)"));
                     }
                 }
                 MESSAGE_TYPE => {

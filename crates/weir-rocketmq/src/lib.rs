@@ -9,10 +9,11 @@
 //!
 //! - [`service`]: the calls, one method each;
 //! - [`route`]: topic routes (which queue is where) and the endpoints in them;
-//! - [`send`]: SendMessage, messages to records, with [`forward`] for a message group's queue
-//!   led by another broker;
+//! - [`send`]: SendMessage, messages to records (a message group's queue led by another broker
+//!   gets its messages through the core's `Broker::append_at_leader`);
 //! - [`receive`]: ReceiveMessage, AckMessage and ChangeInvisibleDuration (invisible-time
 //!   consumption over the core's `pop` store), with [`filter`] for tag expressions;
+//! - [`dead_letter`]: messages delivered `max.delivery.attempts` times move to `%DLQ%<group>`;
 //! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
 //! - [`renew`]: push consumers' messages kept invisible while their client holds them;
 //! - [`telemetry`]: the bidirectional Telemetry stream, where the client's settings meet the
@@ -27,8 +28,8 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
+pub mod dead_letter;
 pub mod filter;
-pub mod forward;
 pub mod progress;
 pub mod receive;
 pub mod renew;

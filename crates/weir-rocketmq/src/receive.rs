@@ -38,6 +38,9 @@ const READ_BYTES: u64 = 4 << 20;
 /// is four times larger, up to [`READ_BYTES`] in all.
 const FIRST_READ_BYTES: u64 = 64 << 10;
 
+/// How soon a long poll tries again to move a dead letter it could not move.
+const RETRY_DEAD_LETTER_MS: u64 = 200;
+
 /// A receipt handle's parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handle {
@@ -109,6 +112,9 @@ pub struct Wanted {
     pub batch: usize,
     pub invisible: Duration,
     pub long_polling: Duration,
+    /// The group's `max.delivery.attempts`: a message delivered this often is not delivered
+    /// again but dead-lettered.
+    pub max_attempts: u32,
 }
 
 /// One pass of a receive: what it hands out now (maybe nothing). Blocking.
@@ -123,7 +129,7 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
     let mut picked: Vec<(Record, bool)> = Vec::new();
     // In flight, but compacted away since: done, or it would stay in flight for ever.
     let mut vanished = Vec::new();
-    for (offset, _) in state.expired(now, wanted.batch) {
+    for (offset, _) in state.expired(now, wanted.batch, wanted.max_attempts) {
         match broker.read_record(partition, offset)? {
             Some(record) => picked.push((record, true)),
             None => vanished.push(offset),
@@ -228,6 +234,8 @@ pub async fn receive(
         // Register first: an append between the read and the wait still wakes this one.
         let waiter = Arc::new(Notify::new());
         wanted.partition.register_waiter(&waiter);
+        // Messages out of deliveries go to the dead letters before anything is handed out.
+        crate::dead_letter::move_exhausted(broker, store, &wanted.key).await;
         let pass = {
             let (broker, store, wanted) = (broker.clone(), store.clone(), wanted.clone());
             tokio::task::spawn_blocking(move || receive_once(&broker, &store, &wanted)).await
@@ -242,9 +250,11 @@ pub async fn receive(
         }
         // Wake at the next expiry too: that message is deliverable again then.
         let now = tokio::time::Instant::now();
-        let expiry = store
-            .next_expiry_ms(&wanted.key)
-            .map(|at| now + Duration::from_millis((at - broker.now_ms()).max(1) as u64));
+        // (One already past is a dead letter that could not be moved: try again a little later.)
+        let expiry = store.next_expiry_ms(&wanted.key).map(|at| {
+            let wait_ms = at - broker.now_ms();
+            now + Duration::from_millis(if wait_ms > 0 { wait_ms as u64 } else { RETRY_DEAD_LETTER_MS })
+        });
         let wake = expiry.map_or(deadline, |e| e.min(deadline));
         if now >= deadline || *shutdown.borrow() {
             return not_found();

@@ -36,6 +36,7 @@ pub fn validate(
     message: &proto::Message,
     max_body_bytes: usize,
     topic_type: MessageType,
+    max_delay_ms: i64,
 ) -> Result<Message, proto::Status> {
     let system = message.system_properties.clone().unwrap_or_default();
     if message.body.is_empty() {
@@ -81,11 +82,16 @@ pub fn validate(
     }
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     let delivery_ms = system.delivery_timestamp.as_ref().map(timestamp_ms);
-    if delivery_ms.is_some_and(|at| at > now_ms) {
-        return Err(status::status(
-            Code::Unsupported,
-            "delayed messages (a delivery timestamp in the future) are not supported yet",
-        ));
+    if let Some(at) = delivery_ms {
+        if at.saturating_sub(now_ms) > max_delay_ms {
+            return Err(status::status(
+                Code::IllegalDeliveryTime,
+                format!(
+                    "the delivery time is {} ms away; this topic takes at most {max_delay_ms} ms (message.delay.max.ms)",
+                    at - now_ms
+                ),
+            ));
+        }
     }
     if system.message_type == proto::MessageType::Transaction as i32 {
         return Err(status::status(Code::Unsupported, "transactional messages are not supported yet"));
@@ -94,9 +100,14 @@ pub fn validate(
     let kind = match proto::MessageType::try_from(system.message_type) {
         Ok(proto::MessageType::Fifo) => MessageType::Fifo,
         Ok(proto::MessageType::Normal) => MessageType::Normal,
+        Ok(proto::MessageType::Delay) => MessageType::Delay,
+        _ if delivery_ms.is_some() => MessageType::Delay,
         _ if system.message_group.is_some() => MessageType::Fifo,
         _ => MessageType::Normal,
     };
+    if kind == MessageType::Delay && delivery_ms.is_none() {
+        return Err(status::status(Code::IllegalDeliveryTime, "a DELAY message needs a delivery timestamp"));
+    }
     if kind != topic_type {
         return Err(status::status(
             Code::MessagePropertyConflictWithType,
@@ -104,7 +115,11 @@ pub fn validate(
                 "a {} message cannot go to a {} topic{}",
                 kind.name(),
                 topic_type.name(),
-                if kind == MessageType::Fifo { " (a message group makes a message FIFO)" } else { "" }
+                match kind {
+                    MessageType::Fifo => " (a message group makes a message FIFO)",
+                    MessageType::Delay => " (a delivery timestamp makes a message DELAY)",
+                    _ => "",
+                }
             ),
         ));
     }
@@ -121,7 +136,7 @@ pub fn validate(
         born_timestamp_ms: system.born_timestamp.as_ref().map(timestamp_ms),
         born_host: (!system.born_host.is_empty()).then(|| system.born_host.clone()),
         message_group: system.message_group.clone(),
-        delivery_timestamp_ms: None,
+        delivery_timestamp_ms: delivery_ms,
     })
 }
 
@@ -162,6 +177,13 @@ pub async fn append(
     entries: &mut [SendResultEntry],
 ) {
     let Target { topic, count, partitions, led } = target;
+    let now = broker.now_ms();
+    // Delayed messages go to the timer store, to be appended when they are due.
+    let (delayed, messages): (Vec<_>, Vec<_>) =
+        messages.into_iter().partition(|(_, m)| m.delivery_timestamp_ms.is_some_and(|at| at > now));
+    if !delayed.is_empty() {
+        schedule(broker, topic, delayed, now, entries).await;
+    }
     let mut by_partition: BTreeMap<i32, Vec<Placed>> = BTreeMap::new();
     for (index, message) in messages {
         let partition = match (&message.message_group, led.is_empty()) {
@@ -178,7 +200,6 @@ pub async fn append(
         };
         by_partition.entry(partition).or_default().push(Placed { index, message });
     }
-    let now = broker.now_ms();
     let mut appends = Vec::with_capacity(by_partition.len());
     let mut placed = Vec::with_capacity(by_partition.len());
     let mut forwarded = Vec::new();
@@ -199,25 +220,43 @@ pub async fn append(
     // Requests carry one message, or a few: the forwarded appends go one after the other.
     let mut remote = Vec::with_capacity(forwarded.len());
     for (partition, batch, _) in &forwarded {
-        remote.push(crate::forward::append_at_leader(broker, topic, *partition, batch).await);
+        remote.push(broker.append_at_leader(topic, *partition, batch.clone()).await);
     }
     let local = placed.iter().zip(results.into_iter().map(|r| r.map(|info| info.first_offset)));
     let remote = forwarded.iter().map(|(_, _, messages)| messages).zip(remote);
     for (messages, result) in local.chain(remote) {
         match result {
-            Ok(first_offset) => {
-                for (position, p) in messages.iter().enumerate() {
-                    entries[p.index] = SendResultEntry {
-                        status: Some(status::ok()),
-                        message_id: p.message.id().to_string(),
-                        transaction_id: String::new(),
-                        offset: first_offset + position as i64,
-                        recall_handle: String::new(),
-                    };
-                }
-            }
+            Ok(first_offset) => succeed(entries, messages, first_offset),
             Err(e) => fail(entries, messages, &e),
         }
+    }
+}
+
+/// Hands delayed messages to the timer store; their offsets in the answer are the timer log's.
+async fn schedule(
+    broker: &Arc<Broker>,
+    topic: &str,
+    delayed: Vec<(usize, Message)>,
+    now: i64,
+    entries: &mut [SendResultEntry],
+) {
+    let records: Vec<Record> = delayed.iter().map(|(_, m)| m.to_record(now)).collect();
+    let placed: Vec<Placed> = delayed.into_iter().map(|(index, message)| Placed { index, message }).collect();
+    match broker.timer.schedule(topic, None, records).await {
+        Ok(first_offset) => succeed(entries, &placed, first_offset),
+        Err(e) => fail(entries, &placed, &e),
+    }
+}
+
+fn succeed(entries: &mut [SendResultEntry], messages: &[Placed], first_offset: i64) {
+    for (position, p) in messages.iter().enumerate() {
+        entries[p.index] = SendResultEntry {
+            status: Some(status::ok()),
+            message_id: p.message.id().to_string(),
+            transaction_id: String::new(),
+            offset: first_offset + position as i64,
+            recall_handle: String::new(),
+        };
     }
 }
 
@@ -245,23 +284,28 @@ mod tests {
         }
     }
 
+    const WEEK_MS: i64 = 7 * 24 * 3600 * 1000;
+
     fn code(result: Result<Message, proto::Status>) -> i32 {
         result.err().map_or(Code::Ok as i32, |s| s.code)
     }
 
     #[test]
     fn what_rocketmq_refuses_gets_its_status() {
-        assert_eq!(code(validate(&message(b""), 10, MessageType::Normal)), Code::MessageBodyEmpty as i32);
-        assert_eq!(code(validate(&message(b"01234567890"), 10, MessageType::Normal)), Code::MessageBodyTooLarge as i32);
+        assert_eq!(code(validate(&message(b""), 10, MessageType::Normal, WEEK_MS)), Code::MessageBodyEmpty as i32);
+        assert_eq!(
+            code(validate(&message(b"01234567890"), 10, MessageType::Normal, WEEK_MS)),
+            Code::MessageBodyTooLarge as i32
+        );
         let mut tagged = message(b"x");
         if let Some(system) = tagged.system_properties.as_mut() {
             system.tag = Some("a||b".into());
         }
-        assert_eq!(code(validate(&tagged, 10, MessageType::Normal)), Code::IllegalMessageTag as i32);
+        assert_eq!(code(validate(&tagged, 10, MessageType::Normal, WEEK_MS)), Code::IllegalMessageTag as i32);
         let mut reserved = message(b"x");
         reserved.user_properties.insert("weir.tag".into(), "x".into());
-        assert_eq!(code(validate(&reserved, 10, MessageType::Normal)), Code::IllegalMessagePropertyKey as i32);
-        let valid = validate(&message(b"x"), 10, MessageType::Normal).expect("a valid message");
+        assert_eq!(code(validate(&reserved, 10, MessageType::Normal, WEEK_MS)), Code::IllegalMessagePropertyKey as i32);
+        let valid = validate(&message(b"x"), 10, MessageType::Normal, WEEK_MS).expect("a valid message");
         assert_eq!(valid.message_id.as_deref(), Some("01AB"));
     }
 
@@ -272,14 +316,41 @@ mod tests {
         if let Some(system) = fifo.system_properties.as_mut() {
             system.message_group = Some("orders".into()); // no type given: the group makes it FIFO
         }
-        assert_eq!(code(validate(&fifo, 10, MessageType::Normal)), conflict);
-        assert_eq!(code(validate(&fifo, 10, MessageType::Fifo)), Code::Ok as i32);
-        assert_eq!(code(validate(&message(b"x"), 10, MessageType::Fifo)), conflict);
+        assert_eq!(code(validate(&fifo, 10, MessageType::Normal, WEEK_MS)), conflict);
+        assert_eq!(code(validate(&fifo, 10, MessageType::Fifo, WEEK_MS)), Code::Ok as i32);
+        assert_eq!(code(validate(&message(b"x"), 10, MessageType::Fifo, WEEK_MS)), conflict);
         let mut typed = message(b"x");
         if let Some(system) = typed.system_properties.as_mut() {
             system.message_type = proto::MessageType::Fifo as i32;
         }
-        assert_eq!(code(validate(&typed, 10, MessageType::Normal)), conflict);
-        assert_eq!(code(validate(&message(b"x"), 10, MessageType::Delay)), conflict);
+        assert_eq!(code(validate(&typed, 10, MessageType::Normal, WEEK_MS)), conflict);
+        assert_eq!(code(validate(&message(b"x"), 10, MessageType::Delay, WEEK_MS)), conflict);
+    }
+
+    #[test]
+    fn a_delayed_message_needs_a_delay_topic_and_a_delivery_time_within_its_limit() {
+        let now_s =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        let delayed = |in_s: i64| {
+            let mut m = message(b"x");
+            if let Some(system) = m.system_properties.as_mut() {
+                system.delivery_timestamp = Some(prost_types::Timestamp { seconds: now_s + in_s, nanos: 0 });
+            }
+            m
+        };
+        let valid = validate(&delayed(60), 10, MessageType::Delay, WEEK_MS).expect("a valid delayed message");
+        assert_eq!(valid.delivery_timestamp_ms, Some((now_s + 60) * 1000));
+        let conflict = Code::MessagePropertyConflictWithType as i32;
+        assert_eq!(code(validate(&delayed(60), 10, MessageType::Normal, WEEK_MS)), conflict);
+        assert_eq!(
+            code(validate(&delayed(8 * 24 * 3600), 10, MessageType::Delay, WEEK_MS)),
+            Code::IllegalDeliveryTime as i32
+        );
+        assert_eq!(code(validate(&delayed(120), 10, MessageType::Delay, 60_000)), Code::IllegalDeliveryTime as i32);
+        let mut untimed = message(b"x");
+        if let Some(system) = untimed.system_properties.as_mut() {
+            system.message_type = proto::MessageType::Delay as i32;
+        }
+        assert_eq!(code(validate(&untimed, 10, MessageType::Delay, WEEK_MS)), Code::IllegalDeliveryTime as i32);
     }
 }

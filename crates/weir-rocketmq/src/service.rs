@@ -78,7 +78,7 @@ impl Service {
         let renewals = Arc::new(Renewals::default());
         renewals.start(&broker, &pop);
         crate::progress::start(&broker, &groups, &pop);
-        crate::forward::register(&broker);
+        crate::dead_letter::start(&broker, &pop);
         Ok(Arc::new(Service {
             broker,
             metrics,
@@ -136,7 +136,9 @@ impl Service {
         if long_polling > receive::MAX_LONG_POLLING {
             return Err(status(Code::IllegalPollingTime, format!("long polling {long_polling:?} is over 60 s")));
         }
+        let max_attempts = self.broker.group_settings(&group).max_delivery_attempts;
         Ok(Wanted {
+            max_attempts,
             key: QueueKey { group, topic: topic.name.clone(), partition: queue.id },
             partition,
             filter,
@@ -233,7 +235,9 @@ impl Service {
                 }
             };
             let topic_type = weir_broker::topic_config::message_type(&topic.configs);
-            match send::validate(message, self.max_body_bytes(&topic.name), topic_type) {
+            let max_delay_ms =
+                weir_broker::topic_config::message_delay_max_ms(&self.broker.config.topic_defaults, &topic.configs);
+            match send::validate(message, self.max_body_bytes(&topic.name), topic_type, max_delay_ms) {
                 Ok(valid) => by_topic.entry(topic.name).or_default().push((index, valid)),
                 Err(refused) => {
                     entries[index] = SendResultEntry { status: Some(refused), message_id: id, ..Default::default() }
@@ -457,12 +461,16 @@ impl MessagingService for Service {
 
     async fn forward_message_to_dead_letter_queue(
         &self,
-        _request: Request<ForwardMessageToDeadLetterQueueRequest>,
+        request: Request<ForwardMessageToDeadLetterQueueRequest>,
     ) -> Result<Response<ForwardMessageToDeadLetterQueueResponse>, tonic::Status> {
         let started = Instant::now();
-        let refused = not_implemented("ForwardMessageToDeadLetterQueue");
-        self.observe(6, started, refused.code);
-        Ok(Response::new(ForwardMessageToDeadLetterQueueResponse { status: Some(refused) }))
+        self.client_of(&request);
+        let answer = match self.forward_to_dead_letters(&request.into_inner()).await {
+            Ok(()) => status::ok(),
+            Err(refused) => refused,
+        };
+        self.observe(6, started, answer.code);
+        Ok(Response::new(ForwardMessageToDeadLetterQueueResponse { status: Some(answer) }))
     }
 
     type PullMessageStream = ResponseStream<PullMessageResponse>;
@@ -601,6 +609,29 @@ impl MessagingService for Service {
 }
 
 impl Service {
+    /// A consumer gives up on a delivery (a push consumer after its last attempt): the message
+    /// goes to the group's dead letters and is done in its queue.
+    async fn forward_to_dead_letters(&self, request: &ForwardMessageToDeadLetterQueueRequest) -> Result<(), Status> {
+        let group = group_name(request.group.as_ref())?;
+        let topic = request.topic.as_ref().map(|t| t.name.clone()).filter(|t| !t.is_empty());
+        let topic = topic.ok_or_else(|| status(Code::IllegalTopic, "the request names no topic"))?;
+        let handle = Handle::decode(&request.receipt_handle).ok_or_else(|| {
+            status(
+                Code::InvalidReceiptHandle,
+                format!("{:?} is not a receipt handle of this broker", request.receipt_handle),
+            )
+        })?;
+        let key = QueueKey { group, topic, partition: handle.partition };
+        match crate::dead_letter::forward(&self.broker, &self.pop, &key, handle.offset, handle.nonce).await {
+            Ok(Ok(())) => {
+                self.renewals.release(&key, handle.offset);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(receive::handle_status(e)),
+            Err(e) => Err(status::of_error(&e)),
+        }
+    }
+
     /// Gives the delivery a new invisible time; returns its new receipt handle.
     fn change_invisible(&self, request: &ChangeInvisibleDurationRequest) -> Result<String, Status> {
         let group = group_name(request.group.as_ref())?;

@@ -88,6 +88,8 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
             .await?
             .map_err(|e| anyhow::anyhow!("cannot open the data directory {}: {}", data_dir.display(), e.message))?;
         weir_broker::message_index::MessageIndex::start(&broker).context("cannot start the message indexer")?;
+        // Delayed messages due while the broker was down fire now.
+        broker.timer.start(&broker);
         let groups = {
             let broker = broker.clone();
             tokio::task::spawn_blocking(move || GroupCoordinator::start(broker))

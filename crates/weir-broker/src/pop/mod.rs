@@ -154,9 +154,30 @@ impl PopStore {
         lock(&self.inner).queues.get(key).and_then(QueueState::next_expiry_ms)
     }
 
+    /// The in-flight messages of `key` due for the dead letters (see [`QueueState::exhausted`]).
+    pub fn exhausted(&self, key: &QueueKey, now_ms: i64, max_attempts: u32) -> Vec<(i64, Inflight)> {
+        lock(&self.inner).queues.get(key).map(|q| q.exhausted(now_ms, max_attempts)).unwrap_or_default()
+    }
+
+    /// The queues with a message whose invisible time ran out after at least `min_attempts`
+    /// deliveries (the smallest `max.delivery.attempts` of any group to look at).
+    pub fn queues_with_expired(&self, now_ms: i64, min_attempts: u32) -> Vec<QueueKey> {
+        lock(&self.inner)
+            .queues
+            .iter()
+            .filter(|(_, q)| q.inflight.values().any(|i| i.visible_at_ms <= now_ms && i.attempt >= min_attempts))
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
     /// Every queue's progress: the offset below which its group is done with every message.
     pub fn progress(&self) -> Vec<(QueueKey, i64)> {
         lock(&self.inner).queues.iter().map(|(key, state)| (key.clone(), state.done_below)).collect()
+    }
+
+    /// The delivery of `offset` in flight for `key`, if there is one.
+    pub fn get_inflight(&self, key: &QueueKey, offset: i64) -> Option<Inflight> {
+        lock(&self.inner).queues.get(key).and_then(|q| q.inflight.get(&offset).copied())
     }
 
     /// A copy of the state of `key`, if it has one.

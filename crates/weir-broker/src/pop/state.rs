@@ -47,10 +47,26 @@ impl QueueState {
         QueueState { done_below: offset, next: offset, inflight: BTreeMap::new() }
     }
 
-    /// The in-flight offsets visible again at `now_ms` (their invisible time ran out), oldest
-    /// first, at most `limit`.
-    pub fn expired(&self, now_ms: i64, limit: usize) -> Vec<(i64, Inflight)> {
-        self.inflight.iter().filter(|(_, i)| i.visible_at_ms <= now_ms).take(limit).map(|(o, i)| (*o, *i)).collect()
+    /// The in-flight offsets visible again at `now_ms` (their invisible time ran out) that may
+    /// be delivered again (delivered fewer than `max_attempts` times), oldest first, at most
+    /// `limit`.
+    pub fn expired(&self, now_ms: i64, limit: usize, max_attempts: u32) -> Vec<(i64, Inflight)> {
+        self.inflight
+            .iter()
+            .filter(|(_, i)| i.visible_at_ms <= now_ms && i.attempt < max_attempts)
+            .take(limit)
+            .map(|(o, i)| (*o, *i))
+            .collect()
+    }
+
+    /// The in-flight offsets whose invisible time ran out after their last allowed delivery
+    /// (`max_attempts`): they go to the dead letters, not to a consumer.
+    pub fn exhausted(&self, now_ms: i64, max_attempts: u32) -> Vec<(i64, Inflight)> {
+        self.inflight
+            .iter()
+            .filter(|(_, i)| i.visible_at_ms <= now_ms && i.attempt >= max_attempts)
+            .map(|(o, i)| (*o, *i))
+            .collect()
     }
 
     /// When the next in-flight message becomes visible again, if any is in flight.
@@ -161,8 +177,12 @@ mod tests {
         assert_eq!(q.ack(11, 2), Ok(Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 2 }));
         assert_eq!(q.ack(11, 2), Err(HandleError::NotInFlight), "acked twice");
         assert_eq!(q.done_below, 10, "10 is still out");
-        assert_eq!(q.expired(999, 10), vec![]);
-        assert_eq!(q.expired(1_000, 10), vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1 })]);
+        assert_eq!(q.expired(999, 10, 16), vec![]);
+        assert_eq!(q.expired(1_000, 10, 16), vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1 })]);
+        assert_eq!(q.exhausted(1_000, 16), vec![]);
+        // Delivered as often as allowed: not again, but to the dead letters.
+        assert_eq!(q.expired(1_000, 10, 1), vec![]);
+        assert_eq!(q.exhausted(1_000, 1), vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1 })]);
         let again = q.deliver(10, 2_000, 3);
         assert_eq!(again.attempt, 2);
         assert_eq!(q.ack(10, 1), Err(HandleError::Stale), "the first delivery's handle");
@@ -186,7 +206,7 @@ mod tests {
         let mut q = QueueState::starting_at(0);
         q.deliver(0, 100, 7);
         assert_eq!(q.change_invisible(0, 7, 5_000, 8).map(|i| i.visible_at_ms), Ok(5_000));
-        assert_eq!(q.expired(4_999, 1), vec![]);
+        assert_eq!(q.expired(4_999, 1, 16), vec![]);
         assert_eq!(q.ack(0, 7), Err(HandleError::Stale));
         assert!(q.ack(0, 8).is_ok());
     }

@@ -1,11 +1,9 @@
-//! Appends of FIFO messages at the broker leading their queue, in a cluster.
+//! Appends at a partition's leader, wherever it is: the broker's own appends that do not choose
+//! their partition by where they run (a RocketMQ message group's queue, a dead letter, a delayed
+//! message come due) go through [`Broker::append_at_leader`].
 //!
-//! A message with a message group goes to the queue its group hashes to (so one group keeps one
-//! queue, and Kafka producers keying by the group land in the same one). A RocketMQ client
-//! picks the broker to send to with its own hash of the group, which need not name the same
-//! queue: the broker it reached forwards the batch to the queue's leader over the internal RPC
-//! (`rocketmq.append`), and answers the client with the leader's answer.
-//!
+//! On the leader it is a plain [`Broker::append`] with `acks=all`; elsewhere the batch goes to
+//! the leader over the internal RPC (`partition.append`), which answers with the leader's result.
 //! The request body is binary, so a batch is not re-encoded: the topic's length (u16, big
 //! endian), the topic, the partition (i32), then the RecordBatch. The answer is JSON: the first
 //! offset, or the leader's error.
@@ -14,11 +12,12 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use weir_broker::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
-use weir_broker::{Acks, Broker, BrokerError, ErrorKind};
 
-const SERVICE: &str = "rocketmq";
-const APPEND: &str = "rocketmq.append";
+use crate::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
+use crate::{Acks, Broker, BrokerError, ErrorKind};
+
+const SERVICE: &str = "partition";
+const APPEND: &str = "partition.append";
 
 struct ForwardService {
     broker: Weak<Broker>,
@@ -48,7 +47,7 @@ impl RpcHandler for ForwardService {
     }
 }
 
-/// Serves `rocketmq.append` on this broker's internal RPC.
+/// Serves `partition.append` on this broker's internal RPC.
 pub fn register(broker: &Arc<Broker>) {
     broker.cluster.register_service(SERVICE, Arc::new(ForwardService { broker: Arc::downgrade(broker) }));
 }
@@ -69,21 +68,27 @@ fn decode(body: &[u8]) -> Option<(String, i32, BytesMut)> {
     Some((topic, index, BytesMut::from(body.get(6 + length..)?)))
 }
 
-/// Appends `batch` to `topic`-`index` at its leader, another broker; returns the first offset.
-pub async fn append_at_leader(broker: &Broker, topic: &str, index: i32, batch: &[u8]) -> Result<i64, BrokerError> {
-    let metadata = broker.metadata();
-    let leader = metadata.topic(topic).and_then(|t| t.partition(index)).map_or(-1, |p| p.leader);
-    if leader < 0 || leader == broker.config.node_id {
-        return Err(BrokerError::new(
-            ErrorKind::LeaderNotAvailable,
-            format!("the queue {index} of {topic} has no leader right now"),
-        ));
+impl Broker {
+    /// Appends `batch` to `topic`-`index` with `acks=all` at the partition's leader: here when
+    /// this broker leads it, else forwarded. Returns the first offset.
+    pub async fn append_at_leader(&self, topic: &str, index: i32, batch: BytesMut) -> Result<i64, BrokerError> {
+        if let Some(partition) = self.partition(topic, index).filter(|p| p.check_local_leader().is_ok()) {
+            return self.append(partition, batch, Acks::All).await.map(|info| info.first_offset);
+        }
+        let metadata = self.metadata();
+        let leader = metadata.topic(topic).and_then(|t| t.partition(index)).map_or(-1, |p| p.leader);
+        if leader < 0 || leader == self.config.node_id {
+            return Err(BrokerError::new(
+                ErrorKind::LeaderNotAvailable,
+                format!("partition {index} of {topic} has no leader right now"),
+            ));
+        }
+        // Long enough for an acks=all append that waits for the ISR.
+        let timeout = Duration::from_millis(self.config.quorum_request_timeout_ms) + Duration::from_secs(30);
+        let answer = self.call_broker(leader, APPEND, encode(topic, index, &batch), timeout).await?;
+        decode_json::<Result<i64, BrokerError>>(APPEND, &answer)
+            .map_err(|e| BrokerError::internal(e.message().to_string()))?
     }
-    // Long enough for an acks=all append that waits for the ISR.
-    let timeout = Duration::from_millis(broker.config.quorum_request_timeout_ms) + Duration::from_secs(30);
-    let answer = broker.call_broker(leader, APPEND, encode(topic, index, batch), timeout).await?;
-    decode_json::<Result<i64, BrokerError>>(APPEND, &answer)
-        .map_err(|e| BrokerError::internal(e.message().to_string()))?
 }
 
 #[cfg(test)]

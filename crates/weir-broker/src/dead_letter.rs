@@ -1,0 +1,143 @@
+//! Dead letters: a message its consumer group gave up on (delivered `max.delivery.attempts`
+//! times without an ack) moves to the group's dead-letter topic, `%DLQ%<group>`, as RocketMQ
+//! names it.
+//!
+//! The dead-letter topic is an ordinary topic of one partition, created the first time the group
+//! needs it (whatever `auto.create.topics.enable` says, as RocketMQ does), with the message
+//! index on so its messages can be found by key and id. Any client of either protocol reads it.
+//! A dead letter is the original record (value, key, every header, the message id made explicit
+//! when the original had only a derived one) plus the headers `weir.origin-topic`,
+//! `weir.origin-partition`, `weir.origin-offset` and `weir.delivery-attempts`; its timestamp is
+//! when it died.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use weir_storage::records::{self, BatchOptions, Header, Record};
+
+use crate::message::{derived_message_id, headers};
+use crate::{Broker, BrokerError, ErrorKind, NewTopic};
+
+/// The prefix of dead-letter topics; the only name in which Weir accepts `%`.
+pub const DEAD_LETTER_PREFIX: &str = "%DLQ%";
+
+/// The dead-letter topic of `group`: `%DLQ%<group>`, with each character a topic name cannot
+/// hold replaced by `_`.
+pub fn dead_letter_topic(group: &str) -> String {
+    let safe: String =
+        group.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+    let mut name = format!("{DEAD_LETTER_PREFIX}{safe}");
+    name.truncate(crate::broker::MAX_TOPIC_NAME_LEN);
+    name
+}
+
+/// The dead letter of `record`, read from `topic`-`partition`, after `attempts` deliveries.
+pub fn dead_letter_record(topic: &str, partition: i32, record: &Record, attempts: u32, now_ms: i64) -> Record {
+    let mut letter = Record::new(now_ms, record.key.clone(), record.value.clone());
+    letter.headers = record.headers.iter().filter(|h| !is_origin_header(&h.name)).cloned().collect();
+    let text = |value: String| Some(Bytes::from(value));
+    if !letter.headers.iter().any(|h| h.name == headers::MESSAGE_ID) {
+        letter
+            .headers
+            .push(Header::new(headers::MESSAGE_ID, text(derived_message_id(topic, partition, record.offset))));
+    }
+    letter.headers.push(Header::new(headers::ORIGIN_TOPIC, text(topic.to_string())));
+    letter.headers.push(Header::new(headers::ORIGIN_PARTITION, text(partition.to_string())));
+    letter.headers.push(Header::new(headers::ORIGIN_OFFSET, text(record.offset.to_string())));
+    letter.headers.push(Header::new(headers::DELIVERY_ATTEMPTS, text(attempts.to_string())));
+    letter
+}
+
+/// A message dead-lettered twice (from one dead-letter topic to another) keeps only its latest
+/// origin.
+fn is_origin_header(name: &str) -> bool {
+    [headers::ORIGIN_TOPIC, headers::ORIGIN_PARTITION, headers::ORIGIN_OFFSET, headers::DELIVERY_ATTEMPTS]
+        .contains(&name)
+}
+
+impl Broker {
+    /// Moves `record` of `topic`-`partition` to the dead-letter topic of `group` after
+    /// `attempts` deliveries; returns its offset there. The caller then marks the original done.
+    pub async fn dead_letter(
+        self: &Arc<Self>,
+        group: &str,
+        topic: &str,
+        partition: i32,
+        record: &Record,
+        attempts: u32,
+    ) -> Result<i64, BrokerError> {
+        let dead_letters = self.dead_letter_topic(group).await?;
+        let letter = dead_letter_record(topic, partition, record, attempts, self.now_ms());
+        let batch = records::encode_batch(&[letter], &BatchOptions::default())
+            .map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
+        let offset = self.append_at_leader(&dead_letters, 0, batch).await?;
+        tracing::info!(
+            group,
+            topic,
+            partition,
+            offset = record.offset,
+            attempts,
+            dead_letters,
+            "dead-lettered a message"
+        );
+        Ok(offset)
+    }
+
+    /// The dead-letter topic of `group`, created if needed.
+    async fn dead_letter_topic(self: &Arc<Self>, group: &str) -> Result<String, BrokerError> {
+        let name = dead_letter_topic(group);
+        if self.metadata().topic(&name).is_some() {
+            return Ok(name);
+        }
+        let configs = BTreeMap::from([
+            (crate::topic_config::MESSAGE_INDEX.to_string(), "true".to_string()),
+            // Whatever the original took (RocketMQ's 4 MiB bodies with their properties).
+            ("max.message.bytes".to_string(), (8 << 20).to_string()),
+        ]);
+        let topic =
+            NewTopic { name: name.clone(), partitions: 1, replication_factor: -1, assignments: Vec::new(), configs };
+        match self.create_topics(vec![topic], false).await.pop() {
+            Some(Ok(_)) => Ok(name),
+            Some(Err(e)) if e.kind == ErrorKind::TopicExists => Ok(name),
+            Some(Err(e)) => Err(e),
+            None => Err(BrokerError::internal("creating the dead-letter topic gave no result")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_letter_topic_name_is_always_a_valid_topic_name() {
+        assert_eq!(dead_letter_topic("billing"), "%DLQ%billing");
+        assert_eq!(dead_letter_topic("a b/c%d"), "%DLQ%a_b_c_d");
+        assert!(Broker::validate_topic_name(&dead_letter_topic(&"g".repeat(400))).is_ok());
+        assert!(Broker::validate_topic_name("%DLQ%").is_err(), "a dead-letter prefix alone");
+        assert!(Broker::validate_topic_name("%x").is_err());
+        assert!(Broker::validate_topic_name("a%DLQ%b").is_err());
+    }
+
+    #[test]
+    fn a_dead_letter_keeps_the_message_and_says_where_it_came_from() {
+        let mut record = Record::new(5, Some(Bytes::from_static(b"k")), Some(Bytes::from_static(b"v")));
+        record.offset = 42;
+        record.headers.push(Header::new(headers::TAG, Some(Bytes::from_static(b"TagA"))));
+        let letter = dead_letter_record("orders", 3, &record, 17, 1_000);
+        let header = |name: &str| {
+            letter.headers.iter().find(|h| h.name == name).and_then(|h| h.value.clone()).map(|v| v.to_vec())
+        };
+        assert_eq!((&letter.key, &letter.value, letter.timestamp), (&record.key, &record.value, 1_000));
+        assert_eq!(header(headers::TAG), Some(b"TagA".to_vec()));
+        assert_eq!(header(headers::MESSAGE_ID), Some(derived_message_id("orders", 3, 42).into_bytes()));
+        assert_eq!(header(headers::ORIGIN_TOPIC), Some(b"orders".to_vec()));
+        assert_eq!(header(headers::ORIGIN_PARTITION), Some(b"3".to_vec()));
+        assert_eq!(header(headers::ORIGIN_OFFSET), Some(b"42".to_vec()));
+        assert_eq!(header(headers::DELIVERY_ATTEMPTS), Some(b"17".to_vec()));
+        // Dead-lettered again, it has one origin: the latest.
+        let again = dead_letter_record("%DLQ%g", 0, &letter, 2, 2_000);
+        assert_eq!(again.headers.iter().filter(|h| h.name == headers::ORIGIN_TOPIC).count(), 1);
+    }
+}

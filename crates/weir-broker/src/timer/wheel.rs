@@ -1,0 +1,339 @@
+//! The timer store's index: which scheduled message (by its offset in the timer log) is due
+//! when. Two levels, as a hierarchical timing wheel has:
+//!
+//! - **Far: minute slots on disk.** Every entry is appended to the file of its slot,
+//!   `<slot start ms>.slot` ([`SLOT_MS`] wide), 16 bytes each: the due time and the timer-log
+//!   offset, both big-endian i64. A slot file is never rewritten; it is deleted once every
+//!   entry in it has fired. Of the slots not loaded only a count and the smallest offset are
+//!   held in memory, so a week of scheduled messages costs 10,080 small structs of RAM, not one
+//!   entry each.
+//! - **Near: an ordered set in memory.** A slot is loaded into it [`LOOKAHEAD_MS`] before it
+//!   starts; entries added to a loaded slot go to both the file and the set. Firing takes the
+//!   set's smallest keys. Memory is bounded by what falls due within about two slots.
+//!
+//! Keys are `(due ms, offset)`, fired in that order; `fired` is the largest key fired, and
+//! every key at or below it is done. **Invariant:** an entry added after a key was fired sorts
+//! above it: its due time is raised to `fired.0` when it is earlier (a message scheduled for a
+//! time already past fires at once), and its offset is larger than any fired one (offsets grow
+//! with scheduling). So a restart that skips every key `<= fired` skips exactly what fired.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// The width of a far slot. A week of delays is 10,080 slot files.
+pub const SLOT_MS: i64 = 60_000;
+/// How long before its start a slot is loaded into memory.
+pub const LOOKAHEAD_MS: i64 = 5_000;
+/// One entry in a slot file.
+const ENTRY_BYTES: usize = 16;
+
+/// A due time and a timer-log offset.
+pub type Key = (i64, i64);
+
+/// What is held in memory of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    entries: u64,
+    min_offset: i64,
+}
+
+#[derive(Debug)]
+pub struct Wheel {
+    dir: PathBuf,
+    /// Every slot with an entry not fired yet, by start.
+    slots: BTreeMap<i64, Slot>,
+    /// The entries of the loaded slots that have not fired.
+    near: BTreeSet<Key>,
+    /// Slots starting below this are loaded.
+    loaded_until: i64,
+    fired: Key,
+}
+
+fn slot_of(due_ms: i64) -> i64 {
+    due_ms.div_euclid(SLOT_MS) * SLOT_MS
+}
+
+impl Wheel {
+    /// Opens the slot files in `dir`; everything at or below `fired` is done. Loads the slots
+    /// due by `now_ms` + [`LOOKAHEAD_MS`].
+    pub fn open(dir: &Path, fired: Key, now_ms: i64) -> io::Result<Wheel> {
+        Ok(Self::open_noting(dir, fired, now_ms, i64::MAX)?.0)
+    }
+
+    /// [`Wheel::open`], also returning the offsets at or above `from` that the files hold: a
+    /// log tail indexed again after a crash must not add them twice.
+    pub fn open_noting(dir: &Path, fired: Key, now_ms: i64, from: i64) -> io::Result<(Wheel, HashSet<i64>)> {
+        let mut noted = HashSet::new();
+        fs::create_dir_all(dir)?;
+        let mut slots = BTreeMap::new();
+        for entry in fs::read_dir(dir)? {
+            let path = entry?.path();
+            let Some(start) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".slot"))
+                .and_then(|n| n.parse::<i64>().ok())
+            else {
+                continue;
+            };
+            let entries: Vec<Key> = read_slot(&path)?.into_iter().filter(|k| *k > fired).collect();
+            noted.extend(entries.iter().map(|(_, offset)| *offset).filter(|offset| *offset >= from));
+            match entries.iter().map(|(_, offset)| *offset).min() {
+                Some(min_offset) => {
+                    slots.insert(start, Slot { entries: entries.len() as u64, min_offset });
+                }
+                None => fs::remove_file(&path)?,
+            }
+        }
+        let mut wheel = Wheel { dir: dir.to_path_buf(), slots, near: BTreeSet::new(), loaded_until: i64::MIN, fired };
+        wheel.advance(now_ms)?;
+        Ok((wheel, noted))
+    }
+
+    fn path(&self, slot: i64) -> PathBuf {
+        self.dir.join(format!("{slot}.slot"))
+    }
+
+    /// Adds entries (due ms, offset). Returns the keys as stored: a key that would sort at or
+    /// below the last fired one has its due time raised above it (it is due already).
+    pub fn add(&mut self, entries: &[Key]) -> io::Result<Vec<Key>> {
+        let mut by_slot: BTreeMap<i64, Vec<Key>> = BTreeMap::new();
+        let mut keys = Vec::with_capacity(entries.len());
+        for &(due, offset) in entries {
+            // Normally the offset alone puts it above (offsets grow); after a crash the log's
+            // tail may be indexed again, and must then sort above too.
+            let mut key = (due.max(self.fired.0), offset);
+            if key <= self.fired {
+                key.0 = self.fired.0.saturating_add(1);
+            }
+            by_slot.entry(slot_of(key.0)).or_default().push(key);
+            keys.push(key);
+        }
+        for (slot, keys) in by_slot {
+            let mut bytes = Vec::with_capacity(keys.len() * ENTRY_BYTES);
+            for (due, offset) in &keys {
+                bytes.extend_from_slice(&due.to_be_bytes());
+                bytes.extend_from_slice(&offset.to_be_bytes());
+            }
+            OpenOptions::new().create(true).append(true).open(self.path(slot))?.write_all(&bytes)?;
+            let info = self.slots.entry(slot).or_insert(Slot { entries: 0, min_offset: i64::MAX });
+            info.entries += keys.len() as u64;
+            info.min_offset = info.min_offset.min(keys.iter().map(|k| k.1).min().unwrap_or(i64::MAX));
+            if slot < self.loaded_until {
+                self.near.extend(keys);
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Loads the slots that start by `now_ms` + [`LOOKAHEAD_MS`].
+    pub fn advance(&mut self, now_ms: i64) -> io::Result<()> {
+        let horizon = slot_of(now_ms.saturating_add(LOOKAHEAD_MS)) + SLOT_MS;
+        if horizon <= self.loaded_until {
+            return Ok(());
+        }
+        let to_load: Vec<i64> = self.slots.range(self.loaded_until..horizon).map(|(slot, _)| *slot).collect();
+        for slot in to_load {
+            let fired = self.fired;
+            self.near.extend(read_slot(&self.path(slot))?.into_iter().filter(|k| *k > fired));
+        }
+        self.loaded_until = horizon;
+        Ok(())
+    }
+
+    /// The first at most `limit` keys due at `now_ms`, in order.
+    pub fn due(&self, now_ms: i64, limit: usize) -> Vec<Key> {
+        self.near.iter().take_while(|(due, _)| *due <= now_ms).take(limit).copied().collect()
+    }
+
+    /// When the wheel next has something to do: the first near key, or the load of the next
+    /// far slot.
+    pub fn next_wake_ms(&self) -> Option<i64> {
+        let near = self.near.first().map(|(due, _)| *due);
+        let far = self.slots.range(self.loaded_until..).next().map(|(slot, _)| slot - LOOKAHEAD_MS);
+        near.into_iter().chain(far).min()
+    }
+
+    /// `keys` fired (each was due and in memory); every key up to `through` is done, for the
+    /// record that survives a restart. Deletes the slot files wholly fired.
+    pub fn fired(&mut self, keys: &[Key], through: Key) -> io::Result<()> {
+        for key in keys {
+            if self.near.remove(key) {
+                if let Some(info) = self.slots.get_mut(&slot_of(key.0)) {
+                    info.entries = info.entries.saturating_sub(1);
+                }
+            }
+        }
+        if through > self.fired {
+            self.fired = through;
+        }
+        // A slot whose every entry fired, or that ends at or below the fired due time, is done.
+        // (An emptied slot stays until then: `entries` counts what was in memory only.)
+        let done: Vec<i64> = self
+            .slots
+            .iter()
+            .filter(|(slot, info)| *slot + SLOT_MS <= self.fired.0 || (info.entries == 0 && **slot < self.loaded_until))
+            .map(|(slot, _)| *slot)
+            .collect();
+        for slot in done {
+            let first_unfired = self.near.range((slot, i64::MIN)..(slot + SLOT_MS, i64::MIN)).next().is_some();
+            if first_unfired {
+                continue;
+            }
+            self.slots.remove(&slot);
+            match fs::remove_file(self.path(slot)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The largest key fired.
+    pub fn fired_through(&self) -> Key {
+        self.fired
+    }
+
+    /// The smallest timer-log offset some entry still needs; below it the log may go.
+    pub fn min_pending_offset(&self) -> Option<i64> {
+        let far = self.slots.values().map(|s| s.min_offset).min();
+        let near = self.near.iter().map(|(_, offset)| *offset).min();
+        far.into_iter().chain(near).min()
+    }
+
+    /// How many entries wait, about: those of the slots not loaded and those in memory.
+    pub fn pending(&self) -> u64 {
+        let far: u64 = self.slots.range(self.loaded_until..).map(|(_, s)| s.entries).sum();
+        far + self.near.len() as u64
+    }
+
+    /// How many entries are in memory.
+    pub fn in_memory(&self) -> usize {
+        self.near.len()
+    }
+}
+
+/// The entries of a slot file; a torn last entry (a crash mid-write) is left out.
+fn read_slot(path: &Path) -> io::Result<Vec<Key>> {
+    let mut bytes = Vec::new();
+    match File::open(path) {
+        Ok(mut file) => file.read_to_end(&mut bytes)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(bytes
+        .chunks_exact(ENTRY_BYTES)
+        .map(|entry| {
+            let mut due = [0u8; 8];
+            let mut offset = [0u8; 8];
+            due.copy_from_slice(&entry[..8]);
+            offset.copy_from_slice(&entry[8..]);
+            (i64::from_be_bytes(due), i64::from_be_bytes(offset))
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NONE: Key = (i64::MIN, i64::MIN);
+
+    #[test]
+    fn far_entries_stay_on_disk_until_their_slot_comes_near() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(1_000, 1), (3_600_000, 2), (500, 3)]).expect("add");
+        assert_eq!(wheel.in_memory(), 2, "the hour-away entry is not held in memory");
+        assert_eq!(wheel.due(999, 10), vec![(500, 3)]);
+        assert_eq!(wheel.next_wake_ms(), Some(500));
+        wheel.fired(&[(500, 3), (1_000, 1)], (1_000, 1)).expect("fire");
+        assert_eq!(wheel.next_wake_ms(), Some(3_600_000 - LOOKAHEAD_MS), "wakes to load the far slot");
+        wheel.advance(3_600_000 - LOOKAHEAD_MS).expect("advance");
+        assert_eq!(wheel.due(3_600_000, 10), vec![(3_600_000, 2)]);
+        assert_eq!(wheel.min_pending_offset(), Some(2));
+    }
+
+    #[test]
+    fn a_reopened_wheel_has_exactly_what_did_not_fire_and_a_late_entry_fires_after_the_last_fired() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+            wheel.add(&[(100, 1), (200, 2), (200, 3), (90_000, 4)]).expect("add");
+            wheel.fired(&[(100, 1), (200, 2)], (200, 2)).expect("fire");
+            // Scheduled for a time already fired past: it fires next, never skipped.
+            assert_eq!(wheel.add(&[(50, 5)]).expect("add"), vec![(200, 5)]);
+        }
+        let mut torn = OpenOptions::new().append(true).open(dir.path().join("0.slot")).expect("slot");
+        torn.write_all(&[1, 2, 3]).expect("torn entry");
+        let wheel = Wheel::open(dir.path(), (200, 2), 0).expect("reopen");
+        assert_eq!(wheel.due(100_000, 10), vec![(200, 3), (200, 5)]);
+        assert_eq!(wheel.pending(), 3);
+    }
+
+    #[test]
+    fn a_wholly_fired_slot_file_is_deleted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(100, 1), (61_000, 2)]).expect("add");
+        wheel.advance(61_000).expect("advance");
+        wheel.fired(&[(100, 1)], (100, 1)).expect("fire");
+        assert!(!dir.path().join("0.slot").exists());
+        assert!(dir.path().join("60000.slot").exists());
+        wheel.fired(&[(61_000, 2)], (61_000, 2)).expect("fire");
+        assert!(!dir.path().join("60000.slot").exists());
+        assert_eq!((wheel.pending(), wheel.min_pending_offset()), (0, None));
+    }
+
+    proptest! {
+        /// Whatever the schedule and however often the wheel is reopened, each entry fires
+        /// once, never before it is due, and in key order.
+        #[test]
+        fn every_entry_fires_once_in_order_and_never_early(
+            dues in proptest::collection::vec(0i64..400_000, 1..120),
+            reopen_every in 1usize..40,
+            step in 1_000i64..90_000,
+        ) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+            let mut now = 0;
+            let mut fired: Vec<Key> = Vec::new();
+            let mut added = Vec::new();
+            let mut next_offset = 0;
+            let mut rounds = 0;
+            let mut pending_adds = dues.clone();
+            while now < 600_000 {
+                // Add a few entries (relative to now: some in the past).
+                for due in pending_adds.drain(..pending_adds.len().min(7)) {
+                    next_offset += 1;
+                    added.extend(wheel.add(&[(due, next_offset)]).expect("add"));
+                }
+                wheel.advance(now).expect("advance");
+                let due = wheel.due(now, 5);
+                for key in &due {
+                    prop_assert!(key.0 <= now, "fired early");
+                }
+                if let Some(last) = due.last().copied() {
+                    wheel.fired(&due, last).expect("fire");
+                    fired.extend(due);
+                }
+                rounds += 1;
+                if rounds % reopen_every == 0 {
+                    let through = wheel.fired_through();
+                    wheel = Wheel::open(dir.path(), through, now).expect("reopen");
+                }
+                if wheel.due(now, 1).is_empty() {
+                    now += step;
+                }
+            }
+            let mut sorted = fired.clone();
+            sorted.sort();
+            prop_assert_eq!(&fired, &sorted, "fired out of order");
+            added.sort();
+            prop_assert_eq!(fired, added, "every entry fired exactly once");
+        }
+    }
+}
