@@ -177,9 +177,9 @@ def test_bad_requests_get_the_status_rocketmq_clients_expect(broker, stub):
     assert send("bad topic name!", b"x")[0] == pb.Code.ILLEGAL_TOPIC
     too_big = b"x" * ((4 << 20) + 1)
     assert send(topic, too_big)[0] == pb.Code.MESSAGE_BODY_TOO_LARGE
-    # Delayed messages come with the timer store; until then a clear refusal, not an early delivery.
+    # A delayed message needs a DELAY topic: a clear refusal, not an early delivery.
     later = Timestamp(seconds=int(time.time()) + 3600)
-    assert send(topic, b"x", delivery_timestamp=later)[0] == pb.Code.UNSUPPORTED
+    assert send(topic, b"x", delivery_timestamp=later)[0] == pb.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
     # Nothing refused was stored; a valid message still goes through.
     assert send(topic, b"fine") == (pb.Code.OK, pb.Code.OK)
     (only,) = c_read_partition(broker.bootstrap, topic, 0, 1)
@@ -206,7 +206,7 @@ def test_an_unknown_topic_is_not_found_when_auto_creation_is_off(broker_factory)
 
 
 def test_calls_not_built_yet_answer_not_implemented_instead_of_failing_the_stream(broker, stub):
-    response = stub.EndTransaction(pb.EndTransactionRequest(), metadata=METADATA, timeout=10)
+    response = stub.UpdateOffset(pb.UpdateOffsetRequest(), metadata=METADATA, timeout=10)
     assert response.status.code == pb.Code.NOT_IMPLEMENTED
 
 
