@@ -151,6 +151,8 @@ pub struct Broker {
     /// Delayed messages until they are due (see [`crate::timer`]); they fire once
     /// [`crate::timer::TimerStore::start`] is called.
     pub timer: Arc<crate::timer::TimerStore>,
+    /// RocketMQ transactional messages until decided (see [`crate::half`]).
+    pub half: Arc<crate::half::HalfStore>,
 }
 
 fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
@@ -245,10 +247,12 @@ impl Broker {
         let message_index = crate::message_index::MessageIndex::new(&config.data_dir);
         let timer_config = topic_config::log_config(&config.topic_defaults, &BTreeMap::new())
             .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
-        let timer = Arc::new(crate::timer::TimerStore::open(&config.data_dir, timer_config, clock.clone())?);
+        let timer = Arc::new(crate::timer::TimerStore::open(&config.data_dir, timer_config.clone(), clock.clone())?);
+        let half = Arc::new(crate::half::HalfStore::open(&config.data_dir, timer_config, clock.clone())?);
         let broker = Arc::new(Broker {
             message_index,
             timer,
+            half,
             config,
             clock,
             logs,

@@ -118,6 +118,16 @@ pub const SETTINGS: &[Setting] = &[
     ),
     s("transaction.max.timeout.ms", "900000", "Largest transaction.timeout.ms a producer may ask for."),
     s(
+        "transaction.check.interval.ms",
+        "30000",
+        "RocketMQ transactional messages: ask the producer about a transaction left open this long (and again each interval).",
+    ),
+    s(
+        "transaction.check.max",
+        "15",
+        "RocketMQ transactional messages: roll a transaction back after this many unanswered checks.",
+    ),
+    s(
         "fault.produce.response.drop.every",
         "0",
         "Tests only: drop every Nth produce response and close its connection; 0 is off.",
@@ -262,6 +272,11 @@ pub struct BrokerConfig {
     pub group_min_session_timeout_ms: i32,
     pub group_max_session_timeout_ms: i32,
     pub group_initial_rebalance_delay_ms: u64,
+    /// RocketMQ half messages: how long a transaction may stay open before its producer is
+    /// asked, and between two checks (`transaction.check.interval.ms`).
+    pub transaction_check_interval_ms: u64,
+    /// How many checks a transaction gets before it is rolled back (`transaction.check.max`).
+    pub transaction_check_max: u32,
     pub group_max_size: usize,
     pub offsets_topic_partitions: i32,
     pub transaction_state_partitions: i32,
@@ -585,6 +600,12 @@ impl BrokerConfig {
                 get("group.initial.rebalance.delay.ms"),
                 0,
             )?,
+            transaction_check_interval_ms: parse_num(
+                "transaction.check.interval.ms",
+                get("transaction.check.interval.ms"),
+                100,
+            )?,
+            transaction_check_max: parse_num("transaction.check.max", get("transaction.check.max"), 1)?,
             group_max_size: parse_num("group.max.size", get("group.max.size"), 1)?,
             offsets_topic_partitions: parse_num(
                 "offsets.topic.num.partitions",

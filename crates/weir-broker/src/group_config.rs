@@ -20,6 +20,9 @@ use crate::topic_config::{ConfigEdit, ConfigOp};
 /// Whether the group consumes in order: a message group's next message is delivered only after
 /// the previous one is acked (RocketMQ's `consumeMessageOrderly`).
 pub const FIFO: &str = "consume.fifo";
+/// Whether every consumer of the group gets every message, each with its own progress
+/// (RocketMQ's broadcasting), rather than sharing them (clustering).
+pub const BROADCAST: &str = "consume.broadcast";
 /// Deliveries of one message before it goes to the group's dead letters (RocketMQ's
 /// `retryMaxTimes` + 1).
 pub const MAX_DELIVERY_ATTEMPTS: &str = "max.delivery.attempts";
@@ -30,6 +33,7 @@ pub const RETRY_BACKOFF: &str = "retry.backoff";
 /// Every group setting and its default.
 pub const GROUP_CONFIGS: &[(&str, &str)] = &[
     (FIFO, "false"),
+    (BROADCAST, "false"),
     (MAX_DELIVERY_ATTEMPTS, "17"),
     // RocketMQ's delay levels 3 to 18, the back-off of its consumers' retries.
     (RETRY_BACKOFF, "1s,5s,10s,30s,1m,2m,3m,4m,5m,6m,7m,8m,9m,10m,20m,30m,1h,2h"),
@@ -117,6 +121,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupSettings {
     pub fifo: bool,
+    pub broadcast: bool,
     pub max_delivery_attempts: u32,
     pub retry_backoff: RetryBackoff,
 }
@@ -135,6 +140,7 @@ impl GroupSettings {
         let default_value = |name: &str| default_of(name);
         GroupSettings {
             fifo: parse_bool(value(FIFO)).or_else(|| parse_bool(default_value(FIFO))).unwrap_or(false),
+            broadcast: parse_bool(value(BROADCAST)).unwrap_or(false),
             max_delivery_attempts: parse_attempts(value(MAX_DELIVERY_ATTEMPTS))
                 .or_else(|_| parse_attempts(default_value(MAX_DELIVERY_ATTEMPTS)))
                 .unwrap_or(17),
@@ -168,7 +174,7 @@ fn parse_attempts(value: &str) -> Result<u32, String> {
 pub fn validate(configs: &BTreeMap<String, String>) -> Result<(), String> {
     for (name, value) in configs {
         let problem = match name.as_str() {
-            FIFO => parse_bool(value).map(|_| ()).ok_or_else(|| format!("{FIFO} is true or false")),
+            FIFO | BROADCAST => parse_bool(value).map(|_| ()).ok_or_else(|| format!("{name} is true or false")),
             MAX_DELIVERY_ATTEMPTS => parse_attempts(value).map(|_| ()),
             RETRY_BACKOFF => RetryBackoff::parse(value).map(|_| ()),
             _ => {

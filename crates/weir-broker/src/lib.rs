@@ -18,6 +18,7 @@ pub mod fetch;
 pub mod forward;
 pub mod group;
 pub mod group_config;
+pub mod half;
 pub mod internal_records;
 pub mod message;
 pub mod message_index;

@@ -147,6 +147,15 @@ impl Message {
     }
 }
 
+/// The message group a record is ordered by under FIFO consumption: its `weir.message-group`
+/// header, else its key (what a Kafka producer orders by); `None` for neither.
+pub fn fifo_group(record: &Record) -> Option<&[u8]> {
+    match record.headers.iter().rev().find(|h| h.name == headers::MESSAGE_GROUP) {
+        Some(header) => header.value.as_deref(),
+        None => record.key.as_deref(),
+    }
+}
+
 /// The id of a record stored without one (a Kafka client's): 34 upper-case hex digits, as long as
 /// a RocketMQ 5 message id, made of a version byte `00` (RocketMQ's own ids start `01`), a hash
 /// of the topic, the partition and the offset. The same record always gets the same id.

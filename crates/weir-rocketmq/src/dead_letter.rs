@@ -59,6 +59,10 @@ async fn move_one(
         Some(record) => {
             broker.dead_letter(&key.group, &key.topic, key.partition, &record, inflight.attempt).await?;
             store.update(key, || QueueState::starting_at(0), |q| q.ack(offset, inflight.nonce))?.ok();
+            if inflight.group.is_some() {
+                // The next message of its FIFO group may go out now.
+                partition.wake_waiters();
+            }
         }
         // Compacted or deleted away meanwhile: nothing to keep.
         None => {

@@ -16,6 +16,7 @@
 //! - [`dead_letter`]: messages delivered `max.delivery.attempts` times move to `%DLQ%<group>`;
 //! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
 //! - [`renew`]: push consumers' messages kept invisible while their client holds them;
+//! - [`transaction`]: transactional (half) messages, EndTransaction and the check-back;
 //! - [`telemetry`]: the bidirectional Telemetry stream, where the client's settings meet the
 //!   server's.
 
@@ -38,6 +39,7 @@ pub mod send;
 pub mod service;
 pub mod status;
 pub mod telemetry;
+pub mod transaction;
 
 /// The protocol's messages and the service trait, generated from `proto/` at build time.
 #[allow(clippy::all, clippy::unwrap_used, missing_docs)]

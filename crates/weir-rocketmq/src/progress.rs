@@ -47,6 +47,10 @@ pub fn start(broker: &Arc<Broker>, groups: &Arc<GroupCoordinator>, store: &Arc<P
 pub async fn commit_moved(groups: &Arc<GroupCoordinator>, store: &PopStore, committed: &mut HashMap<QueueKey, i64>) {
     let mut by_group: BTreeMap<String, Vec<(QueueKey, i64)>> = BTreeMap::new();
     for (key, done_below) in store.progress() {
+        // A broadcasting consumer's own progress is no group's.
+        if key.consumer.is_some() {
+            continue;
+        }
         if committed.get(&key) != Some(&done_below) {
             by_group.entry(key.group.clone()).or_default().push((key, done_below));
         }

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use weir_broker::message::Message;
+use weir_broker::pop::state::group_hash;
 use weir_broker::pop::{HandleError, PopStore, QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE};
 use weir_broker::storage::records::Record;
 use weir_broker::{Broker, BrokerError, Partition};
@@ -115,6 +116,17 @@ pub struct Wanted {
     /// The group's `max.delivery.attempts`: a message delivered this often is not delivered
     /// again but dead-lettered.
     pub max_attempts: u32,
+    /// The group's `consume.fifo`: messages of one message group go out one at a time, in
+    /// order (see [`weir_broker::pop::state`]).
+    pub fifo: bool,
+}
+
+/// The FIFO group hash of `record`, when the receive orders by group and it has one.
+fn fifo_group(wanted: &Wanted, record: &Record) -> Option<u64> {
+    if !wanted.fifo {
+        return None;
+    }
+    weir_broker::message::fifo_group(record).map(group_hash)
 }
 
 /// One pass of a receive: what it hands out now (maybe nothing). Blocking.
@@ -138,6 +150,10 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
     let mut examined_to = state.next.max(log_start);
     let room =
         wanted.batch.saturating_sub(picked.len()).min(MAX_INFLIGHT_PER_QUEUE.saturating_sub(state.inflight.len()));
+    // FIFO: a new message of a group with an active one is parked, not delivered; it takes
+    // room in the state but not in the batch. `busy` predicts it (the update decides).
+    let mut busy = if wanted.fifo { state.active_groups() } else { Default::default() };
+    let mut deliverable = |record: &Record| fifo_group(wanted, record).is_none_or(|group| busy.insert(group));
     // A tag filter reads only the batches the message index names (when it covers what is next).
     let indexed = match &wanted.filter {
         TagFilter::Tags(tags) if room > 0 => {
@@ -153,6 +169,7 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
             }
             // A hash matched; the tag itself must too.
             if let Some(record) = batch.iter().find(|r| r.offset == *offset && wanted.filter.matches(r)) {
+                deliverable(record);
                 picked.push((record.clone(), false));
             }
         }
@@ -167,6 +184,7 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
         let mut taken = 0;
         let mut step = FIRST_READ_BYTES;
         let mut read_bytes = 0;
+        let room_in_state = MAX_INFLIGHT_PER_QUEUE.saturating_sub(state.inflight.len());
         while taken < room && read_bytes < READ_BYTES {
             let (records, end) = broker.read_records(partition, examined_to, step)?;
             if end <= examined_to {
@@ -174,15 +192,20 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
             }
             read_bytes += step;
             for record in records {
-                if taken == room {
+                if taken == room || picked.len() >= room_in_state {
                     examined_to = record.offset;
                     break;
                 }
                 examined_to = record.offset + 1;
                 if wanted.filter.matches(&record) {
+                    if deliverable(&record) {
+                        taken += 1;
+                    }
                     picked.push((record, false));
-                    taken += 1;
                 }
+            }
+            if picked.len() >= room_in_state {
+                break;
             }
             if taken < room {
                 // Everything read was examined, up to the end of its last batch.
@@ -205,8 +228,13 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
             if redelivery != in_flight || (!redelivery && record.offset < q.next) {
                 continue;
             }
+            let group = if redelivery { None } else { fifo_group(wanted, &record) };
+            if let Some(group) = group.filter(|g| q.is_active(*g)) {
+                q.park(record.offset, group);
+                continue;
+            }
             let nonce = rand::random::<u64>();
-            let inflight = q.deliver(record.offset, visible_at, nonce);
+            let inflight = q.deliver_in_group(record.offset, visible_at, nonce, group);
             deliveries.push(Delivery { record, attempt: inflight.attempt, nonce });
         }
         q.skip_to(examined_to);
@@ -276,7 +304,8 @@ fn not_found() -> Vec<ReceiveMessageResponse> {
     vec![status_response(status(Code::MessageNotFound, "no new message"))]
 }
 
-fn timestamp(ms: i64) -> prost_types::Timestamp {
+/// A protobuf timestamp of milliseconds since the epoch.
+pub fn timestamp(ms: i64) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: ms.div_euclid(1000), nanos: (ms.rem_euclid(1000) * 1_000_000) as i32 }
 }
 

@@ -153,7 +153,7 @@ mod tests {
     use super::*;
 
     fn key() -> QueueKey {
-        QueueKey { group: "g".into(), topic: "t".into(), partition: 0 }
+        QueueKey::new("g", "t", 0)
     }
 
     #[test]

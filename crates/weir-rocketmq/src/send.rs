@@ -93,11 +93,15 @@ pub fn validate(
             ));
         }
     }
-    if system.message_type == proto::MessageType::Transaction as i32 {
-        return Err(status::status(Code::Unsupported, "transactional messages are not supported yet"));
-    }
     // The message's type: as the client says, else as its properties make it.
     let kind = match proto::MessageType::try_from(system.message_type) {
+        Ok(proto::MessageType::Transaction) if delivery_ms.is_some() || system.message_group.is_some() => {
+            return Err(status::status(
+                Code::MessagePropertyConflictWithType,
+                "a transactional message can have neither a delivery time nor a message group",
+            ));
+        }
+        Ok(proto::MessageType::Transaction) => MessageType::Transaction,
         Ok(proto::MessageType::Fifo) => MessageType::Fifo,
         Ok(proto::MessageType::Normal) => MessageType::Normal,
         Ok(proto::MessageType::Delay) => MessageType::Delay,

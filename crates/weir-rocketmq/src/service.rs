@@ -61,6 +61,9 @@ pub struct Service {
     pop: Arc<PopStore>,
     queue_locks: QueueLocks,
     renewals: Arc<Renewals>,
+    producers: Arc<crate::transaction::Producers>,
+    /// Which partition a committed transactional message goes to, in turn.
+    commit_turn: std::sync::atomic::AtomicU32,
 }
 
 impl Service {
@@ -79,6 +82,8 @@ impl Service {
         renewals.start(&broker, &pop);
         crate::progress::start(&broker, &groups, &pop);
         crate::dead_letter::start(&broker, &pop);
+        let producers = Arc::new(crate::transaction::Producers::default());
+        crate::transaction::start(&broker, &producers);
         Ok(Arc::new(Service {
             broker,
             metrics,
@@ -86,6 +91,8 @@ impl Service {
             pop,
             queue_locks: QueueLocks::default(),
             renewals,
+            producers,
+            commit_turn: Default::default(),
         }))
     }
 
@@ -97,8 +104,18 @@ impl Service {
         client.to_string()
     }
 
+    /// The queue state a call of `client` for `group` names: the group's, or in a broadcasting
+    /// group the client's own.
+    fn queue_key(&self, group: String, topic: String, partition: i32, client: &str) -> QueueKey {
+        let mut key = QueueKey::new(group, topic, partition);
+        if self.broker.group_settings(&key.group).broadcast {
+            key.consumer = Some(client.to_string());
+        }
+        key
+    }
+
     /// What a receive asks for, or the status refusing it.
-    async fn wanted(&self, request: &ReceiveMessageRequest) -> Result<Wanted, Status> {
+    async fn wanted(&self, request: &ReceiveMessageRequest, client: &str) -> Result<Wanted, Status> {
         let group = group_name(request.group.as_ref())?;
         let queue = request.message_queue.as_ref().ok_or_else(|| status(Code::BadRequest, "no message queue"))?;
         let topic = self.topic(queue.topic.as_ref()).await?;
@@ -136,10 +153,11 @@ impl Service {
         if long_polling > receive::MAX_LONG_POLLING {
             return Err(status(Code::IllegalPollingTime, format!("long polling {long_polling:?} is over 60 s")));
         }
-        let max_attempts = self.broker.group_settings(&group).max_delivery_attempts;
+        let settings = self.broker.group_settings(&group);
         Ok(Wanted {
-            max_attempts,
-            key: QueueKey { group, topic: topic.name.clone(), partition: queue.id },
+            max_attempts: settings.max_delivery_attempts,
+            fifo: settings.fifo,
+            key: self.queue_key(group, topic.name.clone(), queue.id, client),
             partition,
             filter,
             batch: (request.batch_size as usize).min(receive::MAX_BATCH),
@@ -149,17 +167,23 @@ impl Service {
     }
 
     /// Acks one entry.
-    fn ack(&self, group: &str, topic: &str, handle: &str) -> Status {
+    fn ack(&self, group: &str, topic: &str, handle: &str, client: &str) -> Status {
         let Some(handle) = Handle::decode(handle) else {
             return status(Code::InvalidReceiptHandle, format!("{handle:?} is not a receipt handle of this broker"));
         };
-        let key = QueueKey { group: group.to_string(), topic: topic.to_string(), partition: handle.partition };
+        let key = self.queue_key(group.to_string(), topic.to_string(), handle.partition, client);
         if !self.pop.contains(&key) {
             return receive::handle_status(HandleError::NotInFlight);
         }
         match self.pop.update(&key, || QueueState::starting_at(0), |q| q.ack(handle.offset, handle.nonce)) {
-            Ok(Ok(_)) => {
+            Ok(Ok(acked)) => {
                 self.renewals.release(&key, handle.offset);
+                if acked.group.is_some() {
+                    // The next message of its FIFO group may go out now: wake the receives.
+                    if let Some(partition) = self.broker.partition(topic, handle.partition) {
+                        partition.wake_waiters();
+                    }
+                }
                 status::ok()
             }
             Ok(Err(e)) => receive::handle_status(e),
@@ -238,6 +262,27 @@ impl Service {
             let max_delay_ms =
                 weir_broker::topic_config::message_delay_max_ms(&self.broker.config.topic_defaults, &topic.configs);
             match send::validate(message, self.max_body_bytes(&topic.name), topic_type, max_delay_ms) {
+                Ok(valid) if topic_type == weir_broker::topic_config::MessageType::Transaction => {
+                    let recovery = message
+                        .system_properties
+                        .as_ref()
+                        .and_then(|s| s.orphaned_transaction_recovery_duration.as_ref())
+                        .and_then(duration_of);
+                    let id = valid.id().to_string();
+                    entries[index] = match crate::transaction::prepare(&self.broker, &topic.name, valid, recovery).await
+                    {
+                        Ok((offset, transaction_id)) => SendResultEntry {
+                            status: Some(status::ok()),
+                            message_id: id,
+                            transaction_id,
+                            offset,
+                            recall_handle: String::new(),
+                        },
+                        Err(e) => {
+                            SendResultEntry { status: Some(status::of_error(&e)), message_id: id, ..Default::default() }
+                        }
+                    };
+                }
                 Ok(valid) => by_topic.entry(topic.name).or_default().push((index, valid)),
                 Err(refused) => {
                     entries[index] = SendResultEntry { status: Some(refused), message_id: id, ..Default::default() }
@@ -387,7 +432,7 @@ impl MessagingService for Service {
         let client = self.client_of(&request);
         let deadline = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(grpc_timeout);
         let request = request.into_inner();
-        let responses = match self.wanted(&request).await {
+        let responses = match self.wanted(&request, &client).await {
             Ok(mut wanted) => {
                 // Answer before the client's deadline, not after it: some clients (the Rust
                 // one) set it to the long-polling time itself. A fifth of it, at most 1 s, is
@@ -433,7 +478,7 @@ impl MessagingService for Service {
         request: Request<AckMessageRequest>,
     ) -> Result<Response<AckMessageResponse>, tonic::Status> {
         let started = Instant::now();
-        self.client_of(&request);
+        let client = self.client_of(&request);
         let request = request.into_inner();
         let response = match (group_name(request.group.as_ref()), request.topic.as_ref().map(|t| t.name.as_str())) {
             (Err(refused), _) => AckMessageResponse { status: Some(refused), entries: vec![] },
@@ -448,7 +493,7 @@ impl MessagingService for Service {
                     .map(|e| AckMessageResultEntry {
                         message_id: e.message_id.clone(),
                         receipt_handle: e.receipt_handle.clone(),
-                        status: Some(self.ack(&group, topic, &e.receipt_handle)),
+                        status: Some(self.ack(&group, topic, &e.receipt_handle, &client)),
                     })
                     .collect();
                 let overall = status::overall(entries.iter().filter_map(|e| e.status.as_ref()), "some acks failed");
@@ -464,8 +509,8 @@ impl MessagingService for Service {
         request: Request<ForwardMessageToDeadLetterQueueRequest>,
     ) -> Result<Response<ForwardMessageToDeadLetterQueueResponse>, tonic::Status> {
         let started = Instant::now();
-        self.client_of(&request);
-        let answer = match self.forward_to_dead_letters(&request.into_inner()).await {
+        let client = self.client_of(&request);
+        let answer = match self.forward_to_dead_letters(&request.into_inner(), &client).await {
             Ok(()) => status::ok(),
             Err(refused) => refused,
         };
@@ -518,12 +563,13 @@ impl MessagingService for Service {
 
     async fn end_transaction(
         &self,
-        _request: Request<EndTransactionRequest>,
+        request: Request<EndTransactionRequest>,
     ) -> Result<Response<EndTransactionResponse>, tonic::Status> {
         let started = Instant::now();
-        let refused = not_implemented("EndTransaction (transactional messages)");
-        self.observe(11, started, refused.code);
-        Ok(Response::new(EndTransactionResponse { status: Some(refused) }))
+        self.client_of(&request);
+        let answer = crate::transaction::end(&self.broker, &request.into_inner(), &self.commit_turn).await;
+        self.observe(11, started, answer.code);
+        Ok(Response::new(EndTransactionResponse { status: Some(answer) }))
     }
 
     type TelemetryStream = ResponseStream<TelemetryCommand>;
@@ -532,11 +578,14 @@ impl MessagingService for Service {
         &self,
         request: Request<Streaming<TelemetryCommand>>,
     ) -> Result<Response<Self::TelemetryStream>, tonic::Status> {
-        self.client_of(&request);
+        let client = self.client_of(&request);
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel::<Result<TelemetryCommand, tonic::Status>>(16);
         let broker = self.broker.clone();
         let metrics = self.metrics.clone();
+        let producers = self.producers.clone();
+        // A producer's stream is where its transactions are checked.
+        let mut registered: Option<u64> = None;
         let mut shutdown = self.broker.shutdown_signal();
         tokio::spawn(async move {
             // Until the client closes its side, the connection goes or the broker shuts down
@@ -551,6 +600,10 @@ impl MessagingService for Service {
                 let started = Instant::now();
                 let answer = match command.command {
                     Some(telemetry_command::Command::Settings(settings)) => {
+                        if let Some(crate::proto::settings::PubSub::Publishing(publishing)) = &settings.pub_sub {
+                            let topics = publishing.topics.iter().map(|t| t.name.clone()).collect();
+                            registered = Some(producers.register(&client, topics, tx.clone()));
+                        }
                         let max_body = publishing_limit(&broker, &settings);
                         let group = match &settings.pub_sub {
                             Some(crate::proto::settings::PubSub::Subscription(s)) => {
@@ -576,6 +629,9 @@ impl MessagingService for Service {
                     }
                 }
             }
+            if let Some(generation) = registered {
+                producers.gone(&client, generation);
+            }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -597,9 +653,9 @@ impl MessagingService for Service {
         request: Request<ChangeInvisibleDurationRequest>,
     ) -> Result<Response<ChangeInvisibleDurationResponse>, tonic::Status> {
         let started = Instant::now();
-        self.client_of(&request);
+        let client = self.client_of(&request);
         let request = request.into_inner();
-        let response = match self.change_invisible(&request) {
+        let response = match self.change_invisible(&request, &client) {
             Ok(handle) => ChangeInvisibleDurationResponse { status: Some(status::ok()), receipt_handle: handle },
             Err(refused) => ChangeInvisibleDurationResponse { status: Some(refused), receipt_handle: String::new() },
         };
@@ -611,7 +667,11 @@ impl MessagingService for Service {
 impl Service {
     /// A consumer gives up on a delivery (a push consumer after its last attempt): the message
     /// goes to the group's dead letters and is done in its queue.
-    async fn forward_to_dead_letters(&self, request: &ForwardMessageToDeadLetterQueueRequest) -> Result<(), Status> {
+    async fn forward_to_dead_letters(
+        &self,
+        request: &ForwardMessageToDeadLetterQueueRequest,
+        client: &str,
+    ) -> Result<(), Status> {
         let group = group_name(request.group.as_ref())?;
         let topic = request.topic.as_ref().map(|t| t.name.clone()).filter(|t| !t.is_empty());
         let topic = topic.ok_or_else(|| status(Code::IllegalTopic, "the request names no topic"))?;
@@ -621,7 +681,7 @@ impl Service {
                 format!("{:?} is not a receipt handle of this broker", request.receipt_handle),
             )
         })?;
-        let key = QueueKey { group, topic, partition: handle.partition };
+        let key = self.queue_key(group, topic, handle.partition, client);
         match crate::dead_letter::forward(&self.broker, &self.pop, &key, handle.offset, handle.nonce).await {
             Ok(Ok(())) => {
                 self.renewals.release(&key, handle.offset);
@@ -633,7 +693,7 @@ impl Service {
     }
 
     /// Gives the delivery a new invisible time; returns its new receipt handle.
-    fn change_invisible(&self, request: &ChangeInvisibleDurationRequest) -> Result<String, Status> {
+    fn change_invisible(&self, request: &ChangeInvisibleDurationRequest, client: &str) -> Result<String, Status> {
         let group = group_name(request.group.as_ref())?;
         let topic = request.topic.as_ref().map(|t| t.name.clone()).filter(|t| !t.is_empty());
         let topic = topic.ok_or_else(|| status(Code::IllegalTopic, "the request names no topic"))?;
@@ -651,7 +711,7 @@ impl Service {
             .ok_or_else(|| {
                 status(Code::IllegalInvisibleTime, "the invisible duration is missing, negative or over 12 h")
             })?;
-        let key = QueueKey { group, topic, partition: handle.partition };
+        let key = self.queue_key(group, topic, handle.partition, client);
         if !self.pop.contains(&key) {
             return Err(receive::handle_status(HandleError::NotInFlight));
         }

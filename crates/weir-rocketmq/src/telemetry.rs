@@ -136,6 +136,7 @@ mod tests {
             proto::Settings { pub_sub: Some(PubSub::Subscription(Subscription::default())), ..Default::default() };
         let group = GroupSettings {
             fifo: true,
+            broadcast: false,
             max_delivery_attempts: 3,
             retry_backoff: RetryBackoff::Exponential {
                 initial: Duration::from_millis(250),

@@ -34,12 +34,23 @@ pub const COMPACT_AFTER_BYTES: u64 = 64 << 20;
 /// redeliveries. Bounds the state (and each journal line) whatever consumers do.
 pub const MAX_INFLIGHT_PER_QUEUE: usize = 4096;
 
-/// Which queue of which group.
+/// Which queue of which group (and, in a broadcasting group, of which consumer).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct QueueKey {
     pub group: String,
     pub topic: String,
     pub partition: i32,
+    /// In a group with `consume.broadcast`, the client id of the consumer: each consumer has
+    /// its own progress. `None` in a clustering group, whose consumers share it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer: Option<String>,
+}
+
+impl QueueKey {
+    /// The queue `partition` of `topic` for `group` (clustering).
+    pub fn new(group: impl Into<String>, topic: impl Into<String>, partition: i32) -> QueueKey {
+        QueueKey { group: group.into(), topic: topic.into(), partition, consumer: None }
+    }
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -215,7 +226,7 @@ mod tests {
     use super::*;
 
     fn key(partition: i32) -> QueueKey {
-        QueueKey { group: "g".into(), topic: "t".into(), partition }
+        QueueKey::new("g", "t", partition)
     }
 
     #[test]

@@ -7,7 +7,15 @@
 //!   when there is one (else `next`);
 //! - every offset in `done_below..next` that is not in flight is done: acked, filtered out by
 //!   the receiver's tag expression, or no message at all (a transaction marker, a compacted
-//!   gap). Only what is in flight is remembered.
+//!   gap). Only what is in flight is remembered;
+//! - FIFO consumption: of each message group, at most one message is *active* (delivered and
+//!   not done, or released to be delivered next); the group's later messages read meanwhile
+//!   are *parked* (in flight with attempt 0, never visible) and released one at a time, in
+//!   offset order, as the one before is done (acked, dead-lettered, gone from the log).
+//!
+//! A worked FIFO example: group `g` has offsets 4, 7, 9 in a queue. A receive delivers 4 and
+//! parks 7 and 9. Redeliveries of 4 go on until it is acked; then 7 is released (visible now,
+//! attempt 0), the next receive delivers it as attempt 1, and 9 waits for 7.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +29,26 @@ pub struct Inflight {
     /// The delivery's nonce: a receipt handle names it, so a handle from an earlier delivery
     /// of the same message is stale.
     pub nonce: u64,
+    /// Under FIFO consumption, a hash of the message's group ([`group_hash`]); `None` for a
+    /// message delivered without order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<u64>,
+}
+
+/// A parked FIFO message's `visible_at_ms`: never, until released.
+pub const PARKED: i64 = i64::MAX;
+
+/// The hash of a message group that FIFO consumption orders by (FNV-1a: stable across builds).
+/// Two groups of one hash are ordered together, which costs parallelism, never order.
+pub fn group_hash(group: &[u8]) -> u64 {
+    group.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+impl Inflight {
+    /// A FIFO message waiting for the one before it in its group.
+    pub fn is_parked(&self) -> bool {
+        self.attempt == 0 && self.visible_at_ms == PARKED
+    }
 }
 
 /// Why an ack or a change of invisible time was refused.
@@ -77,18 +105,62 @@ impl QueueState {
     /// Records a delivery of `offset`: a first one (it must be at or after `next`, which moves
     /// past it) or a redelivery of an in-flight offset (its attempt counts up).
     pub fn deliver(&mut self, offset: i64, visible_at_ms: i64, nonce: u64) -> Inflight {
-        let attempt = match self.inflight.get(&offset) {
-            Some(previous) => previous.attempt + 1,
+        self.deliver_in_group(offset, visible_at_ms, nonce, None)
+    }
+
+    /// [`QueueState::deliver`] of a message of FIFO group `group` (a first delivery; a
+    /// redelivery keeps the group it had).
+    pub fn deliver_in_group(&mut self, offset: i64, visible_at_ms: i64, nonce: u64, group: Option<u64>) -> Inflight {
+        let (attempt, group) = match self.inflight.get(&offset) {
+            Some(previous) => (previous.attempt + 1, previous.group),
             None => {
                 debug_assert!(offset >= self.next, "first delivery of {offset} below next {}", self.next);
                 self.next = self.next.max(offset + 1);
-                1
+                (1, group)
             }
         };
-        let inflight = Inflight { visible_at_ms, attempt, nonce };
+        let inflight = Inflight { visible_at_ms, attempt, nonce, group };
         self.inflight.insert(offset, inflight);
         self.settle();
         inflight
+    }
+
+    /// Parks `offset` (never delivered, at or after `next`) behind the active message of its
+    /// FIFO group `group`.
+    pub fn park(&mut self, offset: i64, group: u64) {
+        debug_assert!(offset >= self.next, "parking {offset} below next {}", self.next);
+        debug_assert!(self.is_active(group), "parking {offset} of a group with no active message");
+        self.next = self.next.max(offset + 1);
+        self.inflight.insert(offset, Inflight { visible_at_ms: PARKED, attempt: 0, nonce: 0, group: Some(group) });
+        self.settle();
+    }
+
+    /// Whether FIFO group `group` has an active message (one delivered and not done, or
+    /// released): its next message must wait.
+    pub fn is_active(&self, group: u64) -> bool {
+        self.inflight.values().any(|i| i.group == Some(group) && !i.is_parked())
+    }
+
+    /// The groups with an active message.
+    pub fn active_groups(&self) -> std::collections::HashSet<u64> {
+        self.inflight.values().filter(|i| !i.is_parked()).filter_map(|i| i.group).collect()
+    }
+
+    /// After a message of `group` is done: releases the group's first parked message when no
+    /// other is active, to be delivered next. Returns whether one was released.
+    fn release_next(&mut self, group: Option<u64>) -> bool {
+        let Some(group) = group else { return false };
+        if self.is_active(group) {
+            return false;
+        }
+        let next = self.inflight.iter_mut().find(|(_, i)| i.group == Some(group) && i.is_parked());
+        match next {
+            Some((_, parked)) => {
+                parked.visible_at_ms = 0;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Everything below `offset` was examined and not delivered (filtered out, or no message):
@@ -104,6 +176,7 @@ impl QueueState {
     pub fn ack(&mut self, offset: i64, nonce: u64) -> Result<Inflight, HandleError> {
         let inflight = self.check_handle(offset, nonce)?;
         self.inflight.remove(&offset);
+        self.release_next(inflight.group);
         self.settle();
         Ok(inflight)
     }
@@ -127,6 +200,8 @@ impl QueueState {
     fn check_handle(&self, offset: i64, nonce: u64) -> Result<Inflight, HandleError> {
         match self.inflight.get(&offset) {
             None => Err(HandleError::NotInFlight),
+            // Never delivered (a parked or released FIFO message): no handle names it.
+            Some(inflight) if inflight.attempt == 0 => Err(HandleError::NotInFlight),
             Some(inflight) if inflight.nonce != nonce => Err(HandleError::Stale),
             Some(inflight) => Ok(*inflight),
         }
@@ -134,7 +209,8 @@ impl QueueState {
 
     /// An in-flight message the log no longer has (compaction removed its record): done.
     pub fn forget(&mut self, offset: i64) {
-        if self.inflight.remove(&offset).is_some() {
+        if let Some(gone) = self.inflight.remove(&offset) {
+            self.release_next(gone.group);
             self.settle();
         }
     }
@@ -143,7 +219,12 @@ impl QueueState {
     /// done, delivered or not.
     pub fn truncate_below(&mut self, log_start: i64) {
         if log_start > self.done_below {
+            let gone: Vec<Option<u64>> =
+                self.inflight.range(..log_start).map(|(_, i)| i.group).filter(Option::is_some).collect();
             self.inflight.retain(|offset, _| *offset >= log_start);
+            for group in gone {
+                self.release_next(group);
+            }
             self.next = self.next.max(log_start);
             self.done_below = log_start;
             self.settle();
@@ -157,6 +238,15 @@ impl QueueState {
 
     /// Asserts the invariants (debug builds).
     pub fn check(&self) {
+        #[cfg(debug_assertions)]
+        {
+            let mut active = std::collections::HashSet::new();
+            for inflight in self.inflight.values().filter(|i| !i.is_parked()) {
+                if let Some(group) = inflight.group {
+                    debug_assert!(active.insert(group), "two active messages of one FIFO group: {self:?}");
+                }
+            }
+        }
         debug_assert!(self.done_below <= self.next, "done_below {} above next {}", self.done_below, self.next);
         debug_assert!(self.inflight.keys().all(|o| (self.done_below..self.next).contains(o)), "{self:?}");
         debug_assert_eq!(self.done_below, self.inflight.keys().next().copied().unwrap_or(self.next), "{self:?}");
@@ -174,20 +264,53 @@ mod tests {
         q.deliver(10, 1_000, 1);
         q.deliver(11, 1_000, 2);
         assert_eq!((q.done_below, q.next), (10, 12));
-        assert_eq!(q.ack(11, 2), Ok(Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 2 }));
+        assert_eq!(q.ack(11, 2), Ok(Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 2, group: None }));
         assert_eq!(q.ack(11, 2), Err(HandleError::NotInFlight), "acked twice");
         assert_eq!(q.done_below, 10, "10 is still out");
         assert_eq!(q.expired(999, 10, 16), vec![]);
-        assert_eq!(q.expired(1_000, 10, 16), vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1 })]);
+        assert_eq!(
+            q.expired(1_000, 10, 16),
+            vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1, group: None })]
+        );
         assert_eq!(q.exhausted(1_000, 16), vec![]);
         // Delivered as often as allowed: not again, but to the dead letters.
         assert_eq!(q.expired(1_000, 10, 1), vec![]);
-        assert_eq!(q.exhausted(1_000, 1), vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1 })]);
+        assert_eq!(
+            q.exhausted(1_000, 1),
+            vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1, group: None })]
+        );
         let again = q.deliver(10, 2_000, 3);
         assert_eq!(again.attempt, 2);
         assert_eq!(q.ack(10, 1), Err(HandleError::Stale), "the first delivery's handle");
         assert!(q.ack(10, 3).is_ok());
         assert_eq!((q.done_below, q.next), (12, 12));
+    }
+
+    #[test]
+    fn a_fifo_groups_next_message_waits_until_the_one_before_is_done() {
+        let (g, h) = (group_hash(b"g"), group_hash(b"h"));
+        let mut q = QueueState::starting_at(0);
+        q.deliver_in_group(0, 100, 1, Some(g));
+        q.park(1, g);
+        q.deliver_in_group(2, 100, 2, Some(h)); // another group goes on
+        q.park(3, g);
+        assert_eq!(q.active_groups(), [g, h].into_iter().collect());
+        // Parked messages are never visible, and no handle names them.
+        assert_eq!(q.expired(i64::MAX - 1, 10, 16).iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(q.ack(1, 0), Err(HandleError::NotInFlight));
+        // Redelivering 0 releases nothing; acking it releases 1, not 3.
+        q.deliver(0, 200, 3);
+        assert!(q.ack(0, 3).is_ok());
+        assert_eq!(
+            q.expired(300, 10, 16).iter().map(|(o, i)| (*o, i.attempt)).collect::<Vec<_>>(),
+            vec![(1, 0), (2, 1)]
+        );
+        assert_eq!(q.deliver(1, 400, 4).attempt, 1, "a released message's first delivery");
+        assert!(q.inflight[&3].is_parked());
+        // Dead-lettered or gone, the next is released as if acked.
+        q.forget(1);
+        assert!(!q.inflight[&3].is_parked());
+        assert_eq!(q.done_below, 2);
     }
 
     #[test]

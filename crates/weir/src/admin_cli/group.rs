@@ -56,6 +56,10 @@ pub struct CreateArgs {
     /// (the group setting consume.fifo).
     #[arg(long)]
     pub fifo: bool,
+    /// Give every consumer every message, each with its own progress (the group setting
+    /// consume.broadcast), rather than share them.
+    #[arg(long)]
+    pub broadcast: bool,
     /// Deliveries of a message before it goes to the dead letters (max.delivery.attempts).
     /// [default: 17]
     #[arg(long, value_name = "N")]
@@ -161,6 +165,9 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
             let mut configs: std::collections::BTreeMap<String, String> = a.configs.iter().cloned().collect();
             if a.fifo {
                 configs.insert(group_config::FIFO.into(), "true".into());
+            }
+            if a.broadcast {
+                configs.insert(group_config::BROADCAST.into(), "true".into());
             }
             if let Some(n) = a.max_delivery_attempts {
                 configs.insert(group_config::MAX_DELIVERY_ATTEMPTS.into(), n.to_string());
