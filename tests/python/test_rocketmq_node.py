@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from helpers import c_read_partition, unique
+from helpers import c_admin, c_create_topic, c_read_partition, unique
 
 NODE_DIR = pathlib.Path(__file__).resolve().parents[1] / "node"
 
@@ -44,3 +44,36 @@ def test_the_nodejs_client_sends_receives_by_tag_and_acks(broker):
     got = c_read_partition(broker.bootstrap, topic, 0, 3)
     assert [r.value for r in got] == [b"node-0", b"node-1", b"node-2"]
     assert [dict(r.headers)["weir.tag"] for r in got] == [b"TagA", b"TagB", b"TagA"]
+
+
+def test_the_nodejs_client_delays_a_message_and_commits_and_rolls_back_transactions(broker):
+    node = shutil.which("node")
+    assert node, "node is not installed (scripts/test needs Node.js)"
+    admin = c_admin(broker.bootstrap)
+    delay_topic, tx_topic, group = unique("rmq-node-delay"), unique("rmq-node-tx"), unique("g")
+    c_create_topic(admin, delay_topic, config={"message.type": "DELAY"})
+    c_create_topic(admin, tx_topic, config={"message.type": "TRANSACTION"})
+    run = subprocess.run(
+        [node, "messaging.mjs", broker.rocketmq_endpoint, delay_topic, tx_topic, group],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, f"node exited {run.returncode}\n{run.stdout}\n{run.stderr}"
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+
+    assert seen["beforeCommit"] == [], "a transactional message was visible before its commit (or the delayed one early)"
+    by_body = {r["body"]: r for r in seen["received"]}
+    assert set(by_body) == {"node-delayed", "node-committed"}, seen
+    delayed = by_body["node-delayed"]
+    assert delayed["messageId"] == seen["delayedId"]
+    # The client sends whole milliseconds; the broker fires within its window (CI's margin).
+    assert seen["dueAt"] - 50 <= delayed["at"] <= seen["dueAt"] + 3000, (delayed["at"] - seen["dueAt"])
+    assert delayed["deliveryTimestamp"] is not None and abs(delayed["deliveryTimestamp"] - seen["dueAt"]) < 1000
+    assert by_body["node-committed"]["messageId"] == seen["committedId"]
+    assert seen["extra"] == [], "the rolled-back message (or a duplicate) was delivered"
+
+    # Kafka sees the committed message once and never the rolled-back one.
+    (committed,) = c_read_partition(broker.bootstrap, tx_topic, 0, 1)
+    assert committed.value == b"node-committed"
