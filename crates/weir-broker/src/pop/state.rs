@@ -349,6 +349,8 @@ mod tests {
     #[derive(Debug, Clone)]
     enum Op {
         DeliverNew(u8),
+        /// A new message of FIFO group `.1 % 3`: delivered, or parked behind its group's active one.
+        DeliverGrouped(u8, u8),
         Redeliver(u8),
         Ack(u8, bool),
         Change(u8, bool),
@@ -359,6 +361,7 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             any::<u8>().prop_map(Op::DeliverNew),
+            (any::<u8>(), any::<u8>()).prop_map(|(gap, group)| Op::DeliverGrouped(gap, group)),
             any::<u8>().prop_map(Op::Redeliver),
             (any::<u8>(), any::<bool>()).prop_map(|(o, s)| Op::Ack(o, s)),
             (any::<u8>(), any::<bool>()).prop_map(|(o, s)| Op::Change(o, s)),
@@ -368,9 +371,10 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the order of deliveries, acks, changes and truncations: the invariants hold,
-        /// an offset is acked at most once per delivery, and nothing below `done_below` is in
-        /// flight.
+        /// Whatever the order of deliveries (FIFO ones too), acks, changes and truncations: the
+        /// invariants hold (one active message per FIFO group among them), an offset is acked at
+        /// most once per delivery, nothing below `done_below` is in flight, and a FIFO group
+        /// with waiting messages always has one active (none waits for nothing).
         #[test]
         fn the_invariants_hold_under_any_sequence(ops in proptest::collection::vec(op(), 1..200)) {
             let mut q = QueueState::starting_at(0);
@@ -379,16 +383,27 @@ mod tests {
                 nonce += 1;
                 match op {
                     Op::DeliverNew(gap) => { let at = q.next + i64::from(gap % 3); q.deliver(at, 0, nonce); }
+                    Op::DeliverGrouped(gap, group) => {
+                        let (at, group) = (q.next + i64::from(gap % 3), u64::from(group % 3));
+                        if q.is_active(group) {
+                            q.park(at, group);
+                        } else {
+                            q.deliver_in_group(at, 0, nonce, Some(group));
+                        }
+                    }
                     Op::Redeliver(pick) => {
-                        let offsets: Vec<i64> = q.inflight.keys().copied().collect();
+                        // What a receive redelivers: anything but a parked message.
+                        let offsets: Vec<i64> = q.inflight.iter().filter(|(_, i)| !i.is_parked()).map(|(o, _)| *o).collect();
                         if !offsets.is_empty() {
                             let at = offsets[pick as usize % offsets.len()];
                             let before = q.inflight[&at].attempt;
                             prop_assert_eq!(q.deliver(at, 0, nonce).attempt, before + 1);
                         }
                     }
-                    Op::Ack(pick, stale) | Op::Change(pick, stale) if !q.inflight.is_empty() => {
-                        let offsets: Vec<(i64, Inflight)> = q.inflight.iter().map(|(o, i)| (*o, *i)).collect();
+                    Op::Ack(pick, stale) | Op::Change(pick, stale) if q.inflight.values().any(|i| i.attempt > 0) => {
+                        // Only a delivered message has a handle.
+                        let offsets: Vec<(i64, Inflight)> =
+                            q.inflight.iter().filter(|(_, i)| i.attempt > 0).map(|(o, i)| (*o, *i)).collect();
                         let (at, inflight) = offsets[pick as usize % offsets.len()];
                         let given = if stale { inflight.nonce.wrapping_add(1_000_000) } else { inflight.nonce };
                         let result = if matches!(op, Op::Ack(..)) { q.ack(at, given) } else { q.change_invisible(at, given, 5, nonce) };
@@ -403,6 +418,9 @@ mod tests {
                 }
                 prop_assert!(q.done_below <= q.next);
                 prop_assert!(q.inflight.keys().all(|o| *o >= q.done_below && *o < q.next));
+                let waiting: std::collections::HashSet<u64> =
+                    q.inflight.values().filter(|i| i.is_parked()).filter_map(|i| i.group).collect();
+                prop_assert!(waiting.iter().all(|g| q.is_active(*g)), "a parked group with nothing active: {:?}", q);
             }
         }
     }
