@@ -140,7 +140,7 @@ impl TimerStore {
             Wheel::open_noting(&wheel_dir, fired, now, from).map_err(|e| io_error("open", &wheel_dir, e))?;
         let mut reindexed = 0;
         while from < log.log_end_offset() {
-            let (records, next) = read_from(&log, from)?;
+            let (records, next) = read_from(&log, from, 1 << 20)?;
             let entries: Vec<Key> = records
                 .iter()
                 .filter(|r| !indexed.contains(&r.offset))
@@ -205,8 +205,14 @@ impl TimerStore {
             stored.push(record);
         }
         let count = stored.len() as u64;
-        let mut batch = records::encode_batch(&stored, &BatchOptions::default())
-            .map_err(|e| BrokerError::new(ErrorKind::InvalidRecord, e.to_string()))?;
+        // One batch per message: messages fire in due order, not in the order they came, so
+        // each must be readable alone without decoding its neighbours.
+        let mut batch = BytesMut::new();
+        for record in &stored {
+            let one = records::encode_batch(std::slice::from_ref(record), &BatchOptions::default())
+                .map_err(|e| BrokerError::new(ErrorKind::InvalidRecord, e.to_string()))?;
+            batch.extend_from_slice(&one);
+        }
         let store = self.clone();
         let first = tokio::task::spawn_blocking(move || -> Result<i64, BrokerError> {
             let info = {
@@ -483,9 +489,10 @@ pub fn split_delayed(batches: &[u8], now_ms: i64, max_delay_ms: i64) -> Result<O
     Ok(Some(Split { delayed, now }))
 }
 
-/// The records of whole batches from `from` on (about 1 MiB), and where the next read starts.
-fn read_from(log: &Log, from: i64) -> Result<(Vec<Record>, i64), BrokerError> {
-    let read = log.read(from, 1 << 20, log.log_end_offset()).map_err(BrokerError::from)?;
+/// The records of whole batches from `from` on (about `max_bytes`, at least one batch), and
+/// where the next read starts.
+fn read_from(log: &Log, from: i64, max_bytes: u64) -> Result<(Vec<Record>, i64), BrokerError> {
+    let read = log.read(from, max_bytes, log.log_end_offset()).map_err(BrokerError::from)?;
     let Some(slice) = read.slice else { return Ok((Vec::new(), from)) };
     let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
     let batches = records::decode_batches(&bytes).map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
@@ -499,13 +506,17 @@ fn read_at(log: &Log, offsets: &[i64]) -> Result<Vec<Option<Record>>, BrokerErro
     let mut cached: Vec<Record> = Vec::new();
     let mut cached_range = (0, 0);
     let mut out = Vec::with_capacity(offsets.len());
-    for &offset in offsets {
+    for (index, &offset) in offsets.iter().enumerate() {
         if offset < log.log_start_offset() {
             out.push(None);
             continue;
         }
         if !(cached_range.0..cached_range.1).contains(&offset) {
-            let (records, next) = read_from(log, offset)?;
+            // Messages scheduled together and due together sit together: read ahead then. A
+            // lone one is read alone (one batch).
+            let run = offsets[index..].windows(2).take_while(|w| w[1] == w[0] + 1).count();
+            let max_bytes = if run > 0 { 256 << 10 } else { 1 };
+            let (records, next) = read_from(log, offset, max_bytes)?;
             cached_range = (offset, next);
             cached = records;
         }
