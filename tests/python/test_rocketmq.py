@@ -206,7 +206,9 @@ def test_an_unknown_topic_is_not_found_when_auto_creation_is_off(broker_factory)
 
 
 def test_calls_not_built_yet_answer_not_implemented_instead_of_failing_the_stream(broker, stub):
-    response = stub.UpdateOffset(pb.UpdateOffsetRequest(), metadata=METADATA, timeout=10)
+    from rocketmq.grpc_protocol import service_pb2
+
+    response = stub.UpdateOffset(service_pb2.UpdateOffsetRequest(), metadata=METADATA, timeout=10)
     assert response.status.code == pb.Code.NOT_IMPLEMENTED
 
 
@@ -511,7 +513,7 @@ def test_group_settings_from_the_http_api_reach_consumers_in_their_settings(brok
     status, described = http("GET", f"{admin}/v1/groups/{fifo_group}")
     assert status == 200, described
     assert {c["name"]: c["source"] for c in described["configs"]} == {
-        "consume.fifo": "default", "max.delivery.attempts": "group", "retry.backoff": "group",
+        "consume.fifo": "default", "consume.broadcast": "default", "max.delivery.attempts": "group", "retry.backoff": "group",
     }
 
 
