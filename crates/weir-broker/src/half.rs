@@ -76,6 +76,10 @@ pub struct HalfStore {
 
 struct Inner {
     pending: BTreeMap<i64, Pending>,
+    /// Committed messages someone is appending right now (an EndTransaction, or the sweep):
+    /// no one else may, or the message would be in its topic twice. In memory only: after a
+    /// restart nobody is.
+    appending: std::collections::HashSet<i64>,
     journal: File,
     journal_bytes: u64,
 }
@@ -144,8 +148,12 @@ impl HalfStore {
         pending.retain(|offset, _| *offset < log.log_end_offset());
         let journal =
             FileOptions::new().create(true).append(true).open(&path).map_err(|e| io_error("open", &path, e))?;
-        let store =
-            HalfStore { dir, log, deletion_queue, inner: Mutex::new(Inner { pending, journal, journal_bytes: 0 }) };
+        let store = HalfStore {
+            dir,
+            log,
+            deletion_queue,
+            inner: Mutex::new(Inner { pending, appending: Default::default(), journal, journal_bytes: 0 }),
+        };
         // Start from a compact journal (it also ends a torn last line).
         store.compact(&mut lock(&store.inner))?;
         tracing::info!(pending = lock(&store.inner).pending.len(), "half messages opened");
@@ -193,6 +201,9 @@ impl HalfStore {
     }
 
     /// The producer's decision about `transaction_id` (of message `message_id`, when given).
+    /// The first decision wins: a transaction committed already (its message maybe still being
+    /// appended) or rolled back is not open any more. A commit hands the message to the caller
+    /// to append, who calls [`HalfStore::done`] after, or [`HalfStore::release`] if it failed.
     /// Blocking.
     pub fn decide(&self, transaction_id: &str, message_id: &str, commit: bool) -> Result<Decision, BrokerError> {
         let unknown = || {
@@ -204,7 +215,7 @@ impl HalfStore {
         let offset = offset_of(transaction_id).ok_or_else(unknown)?;
         let mut inner = lock(&self.inner);
         let pending = inner.pending.get(&offset).filter(|p| p.transaction_id == transaction_id).cloned();
-        let Some(mut pending) = pending else { return Err(unknown()) };
+        let Some(mut pending) = pending.filter(|p| !p.committing) else { return Err(unknown()) };
         if !message_id.is_empty() && message_id != pending.message_id {
             return Err(BrokerError::new(
                 ErrorKind::InvalidRequest,
@@ -212,21 +223,22 @@ impl HalfStore {
             ));
         }
         if !commit {
-            if pending.committing {
-                return Err(BrokerError::new(ErrorKind::InvalidRequest, "the transaction was committed already"));
-            }
             self.write(&mut inner, Line::Done { offset })?;
             inner.pending.remove(&offset);
             return Ok(Decision::RolledBack);
         }
-        if !pending.committing {
-            pending.committing = true;
-            self.write(&mut inner, Line::Set { offset, pending: pending.clone() })?;
-            inner.pending.insert(offset, pending.clone());
-        }
+        pending.committing = true;
+        self.write(&mut inner, Line::Set { offset, pending: pending.clone() })?;
+        inner.pending.insert(offset, pending.clone());
+        inner.appending.insert(offset);
         drop(inner);
-        let record = self.read(offset)?;
-        Ok(Decision::Commit { offset, topic: pending.topic, record })
+        match self.read(offset) {
+            Ok(record) => Ok(Decision::Commit { offset, topic: pending.topic, record }),
+            Err(e) => {
+                self.release(offset);
+                Err(e)
+            }
+        }
     }
 
     /// The committed message at `offset` is in its topic.
@@ -236,7 +248,13 @@ impl HalfStore {
             self.write(&mut inner, Line::Done { offset })?;
             inner.pending.remove(&offset);
         }
+        inner.appending.remove(&offset);
         Ok(())
+    }
+
+    /// The append of the committed message at `offset` failed: the sweep tries it again.
+    pub fn release(&self, offset: i64) {
+        lock(&self.inner).appending.remove(&offset);
     }
 
     /// Open transactions due for a check at `now_ms` (not committing), oldest first.
@@ -250,9 +268,18 @@ impl HalfStore {
             .collect()
     }
 
-    /// Committed transactions whose message is not in its topic yet.
-    pub fn committing(&self) -> Vec<(i64, Pending)> {
-        lock(&self.inner).pending.iter().filter(|(_, p)| p.committing).map(|(o, p)| (*o, p.clone())).collect()
+    /// Committed transactions whose message is not in its topic yet and that nobody is
+    /// appending: the caller now is (then [`HalfStore::done`] or [`HalfStore::release`]).
+    pub fn claim_committing(&self) -> Vec<(i64, Pending)> {
+        let mut inner = lock(&self.inner);
+        let claimed: Vec<(i64, Pending)> = inner
+            .pending
+            .iter()
+            .filter(|(offset, p)| p.committing && !inner.appending.contains(offset))
+            .map(|(o, p)| (*o, p.clone()))
+            .collect();
+        inner.appending.extend(claimed.iter().map(|(offset, _)| *offset));
+        claimed
     }
 
     /// The producer was asked about `offset` once more; the next check is at `next_check_ms`.
@@ -370,11 +397,19 @@ mod tests {
                 }
                 other => panic!("not a commit: {other:?}"),
             }
+            // A second commit (a check-back's, racing the producer's) is refused, and the
+            // sweep leaves alone what the first is appending.
+            assert!(store.decide(&a.1, "A", true).is_err(), "committed already");
+            assert!(store.decide(&a.1, "A", false).is_err(), "committed already");
+            assert!(store.claim_committing().is_empty());
+            store.release(a.0);
+            assert_eq!(store.claim_committing().iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![a.0]);
+            assert!(store.claim_committing().is_empty(), "claimed once");
             (a, b, c)
         };
         // Committing but not done when the process died: still to append.
         let store = open(dir.path());
-        assert_eq!(store.committing().iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![a.0]);
+        assert_eq!(store.claim_committing().iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![a.0]);
         assert_eq!(store.due_checks(100, 10).iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![c.0]);
         store.done(a.0).expect("done");
         store.checked(c.0, 500).expect("checked");

@@ -118,7 +118,10 @@ pub async fn end(broker: &Arc<Broker>, request: &proto::EndTransactionRequest, t
             match commit_record(broker, &topic, offset, record, turn).await {
                 Ok(()) => status::ok(),
                 // Decided and kept: the sweep appends it later.
-                Err(e) => status::of_error(&e),
+                Err(e) => {
+                    broker.half.release(offset);
+                    status::of_error(&e)
+                }
             }
         }
         Err(e) if e.kind == ErrorKind::InvalidRequest => status(Code::InvalidTransactionId, e.message),
@@ -209,12 +212,13 @@ pub fn start(broker: &Arc<Broker>, producers: &Arc<Producers>) {
         let mut shutdown = broker.shutdown_signal();
         let turn = AtomicU32::new(0);
         loop {
-            for (offset, pending) in broker.half.committing() {
+            for (offset, pending) in broker.half.claim_committing() {
                 let appended = match broker.half.read(offset) {
                     Ok(record) => commit_record(&broker, &pending.topic, offset, record, &turn).await,
                     Err(e) => Err(e),
                 };
                 if let Err(e) = appended {
+                    broker.half.release(offset);
                     tracing::warn!(offset, topic = %pending.topic, error = %e, "cannot append a committed transactional message yet");
                 }
             }
