@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use weir_broker::message::Message;
 use weir_broker::pop::state::group_hash;
-use weir_broker::pop::{HandleError, PopStore, QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE};
+use weir_broker::pop::{HandleError, PopStore, QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE, MAX_PARKED_PER_QUEUE};
 use weir_broker::storage::records::Record;
 use weir_broker::{Broker, BrokerError, Partition};
 
@@ -148,10 +148,13 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
         }
     }
     let mut examined_to = state.next.max(log_start);
-    let room =
-        wanted.batch.saturating_sub(picked.len()).min(MAX_INFLIGHT_PER_QUEUE.saturating_sub(state.inflight.len()));
+    let parked = state.parked_count();
+    let delivered = state.inflight.len() - parked;
+    let room = wanted.batch.saturating_sub(picked.len()).min(MAX_INFLIGHT_PER_QUEUE.saturating_sub(delivered));
     // FIFO: a new message of a group with an active one is parked, not delivered; it takes
-    // room in the state but not in the batch. `busy` predicts it (the update decides).
+    // room in the state (up to MAX_PARKED_PER_QUEUE) but not in the batch. `busy` predicts it
+    // (the update decides).
+    let mut park_room = MAX_PARKED_PER_QUEUE.saturating_sub(parked);
     let mut busy = if wanted.fifo { state.active_groups() } else { Default::default() };
     let mut deliverable = |record: &Record| fifo_group(wanted, record).is_none_or(|group| busy.insert(group));
     // A tag filter reads only the batches the message index names (when it covers what is next).
@@ -184,27 +187,35 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
         let mut taken = 0;
         let mut step = FIRST_READ_BYTES;
         let mut read_bytes = 0;
-        let room_in_state = MAX_INFLIGHT_PER_QUEUE.saturating_sub(state.inflight.len());
-        while taken < room && read_bytes < READ_BYTES {
+        // No room left to remember a waiting FIFO message: the rest of the queue waits too.
+        let mut parking_full = false;
+        while taken < room && read_bytes < READ_BYTES && !parking_full {
             let (records, end) = broker.read_records(partition, examined_to, step)?;
             if end <= examined_to {
                 break; // nothing more below the high watermark
             }
             read_bytes += step;
             for record in records {
-                if taken == room || picked.len() >= room_in_state {
+                if taken == room {
                     examined_to = record.offset;
                     break;
                 }
-                examined_to = record.offset + 1;
+                let offset = record.offset;
                 if wanted.filter.matches(&record) {
                     if deliverable(&record) {
                         taken += 1;
+                    } else if park_room == 0 {
+                        examined_to = offset;
+                        parking_full = true;
+                        break;
+                    } else {
+                        park_room -= 1;
                     }
                     picked.push((record, false));
                 }
+                examined_to = offset + 1;
             }
-            if picked.len() >= room_in_state {
+            if parking_full {
                 break;
             }
             if taken < room {

@@ -4,8 +4,9 @@
 //!
 //! The state of each (group, topic, partition) is a [`QueueState`]. It lives on the broker
 //! leading the partition and is durable in a journal in the data directory (`pop/`): every
-//! change appends the queue's whole new state as one JSON line before the call is answered,
-//! so a `kill -9` loses nothing acknowledged (the page cache keeps the write; a power cut may
+//! change appends what changed (the queue's position and the in-flight entries set or
+//! removed) as one JSON line before the call is answered, so a line stays small however many
+//! messages are out or waiting, and a `kill -9` loses nothing acknowledged (the page cache keeps the write; a power cut may
 //! undo the last second's acks, which then come back as redeliveries, never as losses). When
 //! the journal grows past [`COMPACT_AFTER_BYTES`], the states are written to a snapshot and
 //! the journal starts again. Start-up reads the snapshot, then the journal; a torn last line
@@ -30,9 +31,14 @@ use crate::error::{BrokerError, ErrorKind};
 /// The journal is compacted into a snapshot once it is this large.
 pub const COMPACT_AFTER_BYTES: u64 = 64 << 20;
 
-/// Most messages one queue may have in flight for one group; a receive beyond it gets only
-/// redeliveries. Bounds the state (and each journal line) whatever consumers do.
+/// Most messages one queue may have in flight (delivered, not done) for one group; a receive
+/// beyond it gets only redeliveries. Bounds the state whatever consumers do.
 pub const MAX_INFLIGHT_PER_QUEUE: usize = 4096;
+
+/// Most FIFO messages one queue may hold waiting behind their group's active message, for one
+/// group. Past it, the rest of the queue waits too: a message is never skipped. 65,536 entries
+/// of about 60 bytes: 4 MiB at most per queue and group.
+pub const MAX_PARKED_PER_QUEUE: usize = 65_536;
 
 /// Which queue of which group (and, in a broadcasting group, of which consumer).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -53,12 +59,59 @@ impl QueueKey {
     }
 }
 
+/// A journal line: a queue's whole state (snapshots, and journals of older versions) ...
 #[derive(serde::Serialize, serde::Deserialize)]
-struct Line {
+struct FullLine {
     #[serde(rename = "q")]
     key: QueueKey,
     #[serde(rename = "s")]
     state: QueueState,
+}
+
+/// ... or what one change did to it. (Two types tried in turn, not one untagged enum: serde's
+/// untagged enums cannot read the in-flight map's integer keys.)
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ChangeLine {
+    #[serde(rename = "q")]
+    key: QueueKey,
+    #[serde(rename = "d")]
+    change: Change,
+}
+
+/// What one update did to a queue's state.
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Change {
+    done_below: i64,
+    next: i64,
+    /// In-flight entries added or changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    set: Vec<(i64, Inflight)>,
+    /// In-flight entries gone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    removed: Vec<i64>,
+}
+
+impl Change {
+    /// What turned `before` into `after`.
+    fn between(before: &QueueState, after: &QueueState) -> Change {
+        let set = after
+            .inflight
+            .iter()
+            .filter(|(offset, inflight)| before.inflight.get(offset) != Some(inflight))
+            .map(|(o, i)| (*o, *i))
+            .collect();
+        let removed = before.inflight.keys().filter(|o| !after.inflight.contains_key(o)).copied().collect();
+        Change { done_below: after.done_below, next: after.next, set, removed }
+    }
+
+    fn apply(self, state: &mut QueueState) {
+        for offset in self.removed {
+            state.inflight.remove(&offset);
+        }
+        state.inflight.extend(self.set);
+        state.done_below = self.done_below;
+        state.next = self.next;
+    }
 }
 
 /// Every queue state of this broker, and the journal that keeps them.
@@ -94,10 +147,15 @@ impl PopStore {
             };
             for (number, line) in BufReader::new(file).split(b'\n').enumerate() {
                 let line = line.map_err(|e| storage_error("read", &path, e))?;
-                match serde_json::from_slice::<Line>(&line) {
-                    Ok(Line { key, state }) => {
-                        queues.insert(key, state);
-                    }
+                let parsed = serde_json::from_slice::<ChangeLine>(&line)
+                    .map(|ChangeLine { key, change }| change.apply(queues.entry(key).or_default()))
+                    .or_else(|_| {
+                        serde_json::from_slice::<FullLine>(&line).map(|FullLine { key, state }| {
+                            queues.insert(key, state);
+                        })
+                    });
+                match parsed {
+                    Ok(()) => {}
                     Err(e) if !line.is_empty() => {
                         tracing::warn!(file = %path.display(), line = number + 1, error = %e, "skipping a torn or corrupt POP state line");
                     }
@@ -137,7 +195,7 @@ impl PopStore {
         if result.is_err() || *state == before {
             return Ok(result);
         }
-        let line = Line { key: key.clone(), state: state.clone() };
+        let line = ChangeLine { key: key.clone(), change: Change::between(&before, state) };
         let mut bytes = serde_json::to_vec(&line).map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
         bytes.push(b'\n');
         if let Err(e) = inner.journal.write_all(&bytes) {
@@ -204,7 +262,7 @@ impl PopStore {
         let mut keys: Vec<&QueueKey> = inner.queues.keys().collect();
         keys.sort();
         for key in keys {
-            let line = Line { key: key.clone(), state: inner.queues[key].clone() };
+            let line = FullLine { key: key.clone(), state: inner.queues[key].clone() };
             serde_json::to_writer(&mut out, &line).map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
             out.write_all(b"\n").map_err(|e| storage_error("write", &tmp, e))?;
         }
@@ -258,6 +316,33 @@ mod tests {
         drop(store);
         let store = PopStore::open(dir.path()).expect("reopen again");
         assert!(store.get(&key(0)).expect("queue 0").inflight.is_empty());
+    }
+
+    #[test]
+    fn a_change_is_journalled_as_what_changed_and_an_older_full_state_line_still_reads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = PopStore::open(dir.path()).expect("open");
+            for offset in 0..1000 {
+                let _ = store.update(&key(0), || QueueState::starting_at(0), |q| Ok::<_, ()>(q.deliver(offset, 10, 1)));
+            }
+            let before = fs::metadata(dir.path().join("journal.jsonl")).map(|m| m.len()).unwrap_or(0);
+            let _ = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(500, 1));
+            let line = fs::metadata(dir.path().join("journal.jsonl")).map(|m| m.len()).unwrap_or(0) - before;
+            assert!(line < 200, "an ack with 1000 messages out wrote {line} bytes");
+        }
+        // Weir 0.2 wrote whole states; such a line is read, and later changes apply over it.
+        let old = br#"{"q":{"group":"g","topic":"t","partition":1},"s":{"done_below":3,"next":5,"inflight":{"4":{"visible_at_ms":9,"attempt":2,"nonce":7}}}}"#;
+        let mut journal = OpenOptions::new().append(true).open(dir.path().join("journal.jsonl")).expect("journal");
+        journal.write_all(old).expect("old line");
+        journal.write_all(b"\n").expect("newline");
+        drop(journal);
+        let store = PopStore::open(dir.path()).expect("reopen");
+        let q0 = store.get(&key(0)).expect("queue 0");
+        assert_eq!((q0.inflight.len(), q0.done_below, q0.next), (999, 0, 1000));
+        assert!(!q0.inflight.contains_key(&500));
+        let q1 = store.get(&key(1)).expect("queue 1");
+        assert_eq!((q1.done_below, q1.next, q1.inflight.get(&4).map(|i| i.attempt)), (3, 5, Some(2)));
     }
 
     #[test]

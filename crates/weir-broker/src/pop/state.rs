@@ -141,6 +141,11 @@ impl QueueState {
         self.inflight.values().any(|i| i.group == Some(group) && !i.is_parked())
     }
 
+    /// How many FIFO messages are parked.
+    pub fn parked_count(&self) -> usize {
+        self.inflight.values().filter(|i| i.is_parked()).count()
+    }
+
     /// The groups with an active message.
     pub fn active_groups(&self) -> std::collections::HashSet<u64> {
         self.inflight.values().filter(|i| !i.is_parked()).filter_map(|i| i.group).collect()
