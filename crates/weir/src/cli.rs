@@ -143,6 +143,10 @@ pub enum BenchCommand {
     /// and receive with a tag filter, side by side in one run.
     #[command(name = "rocketmq", long_about = ROCKETMQ_LONG_ABOUT)]
     RocketMq(RocketMqBenchArgs),
+    /// The timer store of delayed messages: how late a million scheduled messages fire, that
+    /// each fires once, and the broker memory and disk they take.
+    #[command(long_about = TIMER_LONG_ABOUT)]
+    Timer(TimerBenchArgs),
     /// OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka:
     /// runs the weir-bench binary next to this one with the same arguments.
     #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
@@ -195,6 +199,43 @@ run, with the same message size and the same number of requests in flight.
 Figures: messages/s, request latency p50 / p99 / max (HDR histogram, from the call to its
 answer), and the broker's and this process's CPU per message (user + system from /proc), then
 the ratios gRPC / Kafka. --json FILE writes all of it.";
+
+const TIMER_LONG_ABOUT: &str = "\
+The timer store of delayed (scheduled) messages, on one `weir server` child (this binary, on
+127.0.0.1 port 0, in a temporary data directory), in one run:
+
+1. schedule: --messages records of --size bytes, each with its own `weir.delivery-timestamp`
+   header (decimal ms since the epoch) drawn uniformly from [start + --delay, start + --delay +
+   --window) (with --sorted: evenly spaced in send order, so the messages go in the order they
+   are due), to a topic of --partitions with message.type=DELAY, by Kafka Produce (acks=all,
+   no producer id: not idempotent) of --batch records per request over --connections
+   connections, one request outstanding each. Every answer must be OK with base offset -1 (the
+   broker kept every record for later, appended none), and right after scheduling the topic
+   must still be empty. Reported: msg/s, request latency, broker CPU per message.
+2. fire: a consumer tails the topic (Fetch, 100 ms long poll) while the messages come due and
+   notes when each record reached it. Once the topic holds --messages records (and stays
+   there) it is read back from the start: every id must be there exactly once, with its body
+   and delivery timestamp, without the timer's own headers, and none may fire early. Lateness
+   = the fired record's timestamp (the firing time) - its delivery timestamp, p50 / p99 /
+   p99.9 / max, and the same for the tailing consumer's arrival time; also the seconds of the
+   window with the largest lateness, to show spikes.
+3. memory and disk: the broker's RSS (VmRSS from /proc) before scheduling, with every message
+   pending, at the first delivery time, at the most messages in memory and after all fired,
+   next to the timer's gauges pending / in memory (the admin listener's /metrics), and its
+   peak (sampled every 100 ms, and VmHWM); the size of the data directory's timer/ (the timer
+   log and the wheel's slot files) with every message pending and after all fired.
+
+Any failed check fails the run. --quick: 20,000 messages due within a few seconds, for CI.
+
+--transactions measures something else instead, on a broker with the RocketMQ listener:
+RocketMQ 5 transactional messages against normal ones. --concurrency senders share one HTTP/2
+connection and send --messages messages of --size bytes per case, taking turns in --rounds
+slices: gRPC SendMessage of a NORMAL message to a NORMAL topic, against SendMessage of a
+TRANSACTION message (stored as a half message) followed by EndTransaction COMMIT (which appends
+it to its topic) to a topic of message.type=TRANSACTION. Every answer must be OK (a send must
+answer a transaction id), and each topic must hold exactly the messages sent (committed). It
+reports msg/s, the latency of the send, of the EndTransaction and of both, broker and client
+CPU per message, and the ratios transactional / normal.";
 
 const KAFKA_LONG_ABOUT: &str = "\
 OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka: runs the
@@ -306,6 +347,76 @@ pub struct RocketMqBenchArgs {
     pub data_dir: Option<PathBuf>,
 
     /// Tiny volumes (a few seconds), for CI: checks that everything works, the figures mean little.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TimerBenchArgs {
+    /// Messages to schedule. [default: 1000000, or 20000 with --quick]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub messages: Option<u64>,
+
+    /// Bytes of each message body (record value).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "100")]
+    pub size: u64,
+
+    /// Seconds from the start of scheduling to the first delivery time; scheduling must be done
+    /// by then. [default: 20, or 3 with --quick]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub delay: Option<Duration>,
+
+    /// Seconds over which the delivery times spread, uniformly, after --delay. [default: 40, or
+    /// 4 with --quick]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub window: Option<Duration>,
+
+    /// Partitions of the DELAY topic.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=1024))]
+    pub partitions: i32,
+
+    /// Connections that schedule, each with one Produce request outstanding.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub connections: u32,
+
+    /// Records per Produce request (one batch, one partition).
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub batch: u32,
+
+    /// Send the messages in the order they are due (delivery times evenly spaced in send order)
+    /// instead of with random delivery times.
+    #[arg(long)]
+    pub sorted: bool,
+
+    /// Instead of the timer: transactional sends (SendMessage of a TRANSACTION message, then
+    /// EndTransaction COMMIT) against normal gRPC sends, side by side, on the RocketMQ
+    /// front-end. --messages per case [default: 20000, or 1000 with --quick], --size,
+    /// --concurrency and --rounds apply.
+    #[arg(long)]
+    pub transactions: bool,
+
+    /// With --transactions: senders, each with one call outstanding (they share one HTTP/2
+    /// connection).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+
+    /// With --transactions: slices the two cases take turns in. [default: 3, or 1 with --quick]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: Option<u32>,
+
+    /// A setting of the broker, like `weir server --set`; repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting)]
+    pub settings: Vec<(String, String)>,
+
+    /// Where the broker's temporary data directory goes. [default: the system temp dir]
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// A tiny run (seconds), for CI: checks that everything works, the figures mean little.
     #[arg(long)]
     pub quick: bool,
 
@@ -621,6 +732,41 @@ mod tests {
         assert_eq!((args.concurrency, args.partitions, args.grpc_connections, args.kafka_batch), (16, 4, 1, 32));
         assert!(Cli::try_parse_from(["weir", "bench", "rocketmq", "--messages", "0"]).is_err());
         assert!(Cli::try_parse_from(["weir", "bench", "rocketmq", "--concurrency", "0"]).is_err());
+    }
+
+    #[test]
+    fn bench_timer_parses_its_flags() {
+        let cli = Cli::try_parse_from([
+            "weir",
+            "bench",
+            "timer",
+            "--messages",
+            "5000",
+            "--window",
+            "2.5",
+            "--delay",
+            "4",
+            "--size",
+            "1K",
+            "--quick",
+        ])
+        .expect("valid command line");
+        let Command::Bench(BenchCommand::Timer(args)) = cli.command else { panic!("not bench timer") };
+        assert_eq!((args.messages, args.size, args.quick), (Some(5000), 1024, true));
+        assert_eq!((args.window, args.delay), (Some(Duration::from_millis(2500)), Some(Duration::from_secs(4))));
+        assert_eq!((args.partitions, args.connections, args.batch, args.sorted), (4, 2, 1000, false));
+        assert_eq!((args.transactions, args.concurrency, args.rounds), (false, 16, None));
+        let defaults = Cli::try_parse_from(["weir", "bench", "timer"]).expect("valid command line");
+        let Command::Bench(BenchCommand::Timer(args)) = defaults.command else { panic!("not bench timer") };
+        assert_eq!((args.messages, args.window, args.delay, args.size), (None, None, None, 100));
+        assert!(Cli::try_parse_from(["weir", "bench", "timer", "--messages", "0"]).is_err());
+        assert!(Cli::try_parse_from(["weir", "bench", "timer", "--window", "0"]).is_err());
+        assert!(Cli::try_parse_from(["weir", "bench", "timer", "--batch", "0"]).is_err());
+        let txn =
+            Cli::try_parse_from(["weir", "bench", "timer", "--transactions", "--concurrency", "4", "--rounds", "2"])
+                .expect("valid command line");
+        let Command::Bench(BenchCommand::Timer(args)) = txn.command else { panic!("not bench timer") };
+        assert_eq!((args.transactions, args.concurrency, args.rounds), (true, 4, Some(2)));
     }
 
     #[test]

@@ -38,6 +38,8 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Metadata(args)) => bench::metadata::run(&args),
         Command::Bench(BenchCommand::Replication(args)) => bench::replication::run(&args),
         Command::Bench(BenchCommand::RocketMq(args)) => bench::rocketmq::run(&args),
+        Command::Bench(BenchCommand::Timer(args)) if args.transactions => bench::transactions::run(&args),
+        Command::Bench(BenchCommand::Timer(args)) => bench::timer::run(&args),
         Command::Topic(args) => admin_cli::finish(admin_cli::topic::run(&args)),
         Command::Group(args) => admin_cli::finish(admin_cli::group::run(&args)),
         Command::Produce(args) => admin_cli::finish(admin_cli::produce::run(&args)),

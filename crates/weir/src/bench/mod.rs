@@ -9,3 +9,5 @@ pub mod replication;
 pub mod rocketmq;
 pub mod rocketmq_client;
 pub mod storage;
+pub mod timer;
+pub mod transactions;

@@ -37,7 +37,10 @@ pub struct Server {
     pub addr: SocketAddr,
     /// The RocketMQ gRPC listener, when started with [`Server::start_with_rocketmq`].
     pub rocketmq: Option<SocketAddr>,
-    _dir: tempfile::TempDir,
+    /// The admin HTTP listener, when started with [`Server::start_with_admin`] or
+    /// [`Server::start_with_rocketmq`].
+    pub admin: Option<SocketAddr>,
+    dir: tempfile::TempDir,
 }
 
 impl Server {
@@ -64,6 +67,18 @@ impl Server {
             bail!("`weir server` printed no RocketMQ line before its admin line");
         }
         Ok(server)
+    }
+
+    /// [`Server::start`] with the admin HTTP listener on (127.0.0.1 port 0, winning over
+    /// `settings`), for its `/metrics`; its address is in `admin`.
+    pub fn start_with_admin(
+        prefix: &str,
+        settings: &[(String, String)],
+        parent: Option<&Path>,
+    ) -> anyhow::Result<Server> {
+        let mut all = settings.to_vec();
+        all.push(("admin.listeners".into(), "127.0.0.1:0".into()));
+        Server::spawn(prefix, "127.0.0.1:0", &all, parent, WaitFor::KafkaAndAdmin)
     }
 
     /// [`Server::start`] with `listeners` of its own (a cluster node's CONTROLLER listener).
@@ -105,7 +120,7 @@ impl Server {
         command.env("RUST_LOG", "warn,openraft=off").stderr(Stdio::inherit());
         let (child, addresses) = address_lines::spawn_and_wait(&mut command, wait_for, STARTUP_TIMEOUT)
             .map_err(|e| anyhow::anyhow!("{e}; see its errors above"))?;
-        Ok(Server { child, addr: addresses.kafka, rocketmq: addresses.rocketmq, _dir: dir })
+        Ok(Server { child, addr: addresses.kafka, rocketmq: addresses.rocketmq, admin: addresses.admin, dir })
     }
 
     /// SIGKILL, as a crash would, and reap it.
@@ -117,6 +132,11 @@ impl Server {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The broker's data directory (removed when this is dropped).
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// User + system CPU seconds of the broker so far.
