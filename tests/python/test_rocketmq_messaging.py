@@ -325,6 +325,33 @@ def test_a_kafka_record_with_a_delivery_timestamp_header_appears_at_that_time_an
     assert (headers.get("weir.delivery-timestamp"), headers.get("origin")) == ([str(due)], ["kafka"]), headers
 
 
+def test_many_due_messages_fire_in_batches_their_topic_takes_and_do_not_hold_up_other_topics(broker):
+    # 3,000 records of 100 bytes due at once on a topic taking 64 KiB batches: the timer must
+    # cut what it appends to the topic's limit (a 300 KB batch was refused for ever, and the
+    # refused messages, first in line, starved every other topic's).
+    small = delay_topic(broker, max_message_bytes="65536")
+    other = delay_topic(broker)
+    due = now_ms() + 2000
+    producer = c_producer(broker.bootstrap, {"linger.ms": 50})
+    for i in range(3000):
+        producer.produce(small, value=b"%04d" % i + b"x" * 96, headers=[("weir.delivery-timestamp", str(due).encode())])
+    producer.produce(other, value=b"other", headers=[("weir.delivery-timestamp", str(due).encode())])
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique("g"), "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(small, 0, 0), TopicPartition(other, 0, 0)])
+        got = {small: [], other: []}
+        deadline = time.time() + 30
+        while time.time() < deadline and (len(got[small]) < 3000 or not got[other]):
+            m = consumer.poll(0.5)
+            if m is not None and not m.error():
+                got[m.topic()].append(m.value())
+    finally:
+        consumer.close()
+    assert got[other] == [b"other"]
+    assert len(got[small]) == 3000 and len(set(got[small])) == 3000, f"{len(got[small])} of 3000 fired"
+
+
 # -- retries and dead letters -------------------------------------------------------------------
 
 

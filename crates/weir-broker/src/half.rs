@@ -120,6 +120,9 @@ impl HalfStore {
         config.retention_ms = -1;
         config.retention_bytes = -1;
         config.max_message_bytes = config.max_message_bytes.max(8 << 20);
+        // Decided messages go a segment at a time: small segments, rolled hourly.
+        config.segment_bytes = config.segment_bytes.min(64 << 20);
+        config.segment_ms = config.segment_ms.min(3_600_000);
         let deletion_queue = Arc::new(DeletionQueue::new());
         let log = Log::open(&dir.join("log"), config, clock, OpenOptions::default(), deletion_queue.clone())
             .map_err(BrokerError::from)?;

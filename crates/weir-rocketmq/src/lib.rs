@@ -54,6 +54,20 @@ pub use service::Service;
 /// RocketMQ's own default body limit with its headers.
 pub const MAX_GRPC_MESSAGE_BYTES: usize = 64 << 20;
 
+/// The accepted connections, with Nagle's algorithm off: a unary call's answer is one small
+/// write the client waits for, and Nagle held it back up to 40 ms behind the client's delayed
+/// ack. (tonic's `tcp_nodelay` applies to the listeners it binds itself, not to this stream.)
+fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot turn Nagle's algorithm off on a RocketMQ connection");
+        }
+        Ok(stream)
+    })
+}
+
 /// Serves RocketMQ clients on `listener` until `shutdown` completes, then lets the calls in
 /// progress finish.
 pub async fn serve(
@@ -68,6 +82,6 @@ pub async fn serve(
         // Clients keep their connections for the client's life; tell dead peers apart.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .add_service(server)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await
 }

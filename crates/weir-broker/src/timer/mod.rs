@@ -26,7 +26,7 @@
 
 pub mod wheel;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -51,6 +51,9 @@ pub mod headers {
     pub const TARGET_PARTITION: &str = "weir.timer.partition";
 }
 
+/// The timer log's segment size: what fired stays on disk until its whole segment has.
+const TIMER_SEGMENT_BYTES: u64 = 64 << 20;
+
 /// The most messages one firing round takes.
 const ROUND_MAX: usize = 4096;
 /// The largest batch a firing appends.
@@ -61,6 +64,46 @@ const IDLE_WAKE: Duration = Duration::from_secs(1);
 const RETRY_WAIT: Duration = Duration::from_millis(500);
 /// How often the checkpoint is fsynced and the log trimmed.
 const MAINTENANCE_EVERY_MS: i64 = 1_000;
+/// How often, at most, the checkpoint is written between those: a crash fires again what
+/// fired since the last one (at least once, never lost).
+const CHECKPOINT_EVERY_MS: i64 = 100;
+
+/// What firing did with a due message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Appended,
+    /// Given up: its topic is gone or refuses it for good.
+    Dropped,
+    /// Not appended now (its partition's leader is away, say): tried again shortly.
+    Retry,
+}
+
+/// Failures no retry mends: the topic refuses the message as it is.
+fn is_permanent(error: &BrokerError) -> bool {
+    matches!(
+        error.kind,
+        ErrorKind::TooLarge
+            | ErrorKind::InvalidRecord
+            | ErrorKind::Corrupt
+            | ErrorKind::InvalidTimestamp
+            | ErrorKind::InvalidTopic
+    )
+}
+
+/// About what a record takes in a batch.
+fn record_bytes(record: &Option<Record>) -> usize {
+    record.as_ref().map_or(0, |r| {
+        let headers: usize = r.headers.iter().map(|h| h.name.len() + h.value.as_ref().map_or(0, |v| v.len()) + 4).sum();
+        r.value.as_ref().map_or(0, |v| v.len()) + r.key.as_ref().map_or(0, |k| k.len()) + headers + 24
+    })
+}
+
+/// `topic`'s `max.message.bytes`.
+fn max_message_bytes(broker: &Broker, topic: &str) -> Option<usize> {
+    let metadata = broker.metadata();
+    let configs = &metadata.topic(topic)?.configs;
+    crate::topic_config::log_config(&broker.config.topic_defaults, configs).ok().map(|c| c.max_message_bytes as usize)
+}
 
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 struct Checkpoint {
@@ -117,6 +160,9 @@ impl TimerStore {
         config.retention_ms = -1;
         config.retention_bytes = -1;
         config.max_message_bytes = config.max_message_bytes.max(8 << 20);
+        // Fired messages go a segment at a time: small segments, rolled hourly, keep that prompt.
+        config.segment_bytes = config.segment_bytes.min(TIMER_SEGMENT_BYTES);
+        config.segment_ms = config.segment_ms.min(3_600_000);
         let deletion_queue = Arc::new(DeletionQueue::new());
         let log_dir = dir.join("log");
         let log = Log::open(&log_dir, config, clock.clone(), OpenOptions::default(), deletion_queue.clone())
@@ -244,41 +290,91 @@ impl TimerStore {
     async fn fire_loop(self: Arc<Self>, broker: Weak<Broker>) {
         let Some(mut shutdown) = broker.upgrade().map(|b| b.shutdown_signal()) else { return };
         let mut last_maintenance = 0;
+        let mut last_checkpoint = 0;
+        // Due messages whose append failed for now (a leader away), and when to try again:
+        // the others go on meanwhile.
+        let mut held: HashMap<Key, i64> = HashMap::new();
         loop {
             let Some(broker) = broker.upgrade() else { return };
             let now = broker.now_ms();
+            let waiting = |key: &Key| held.get(key).is_some_and(|at| *at > now);
             let (due, wake_at) = {
                 let mut wheel = lock(&self.wheel);
                 if let Err(e) = wheel.advance(now) {
                     tracing::error!(error = %e, "timer store: cannot load a slot of the wheel");
                 }
-                (wheel.due(now, ROUND_MAX), wheel.next_wake_ms())
+                (wheel.due_where(now, ROUND_MAX, |key| !waiting(key)), wheel.next_wake_ms_where(|key| !waiting(key)))
             };
             if now - last_maintenance >= MAINTENANCE_EVERY_MS {
                 last_maintenance = now;
-                self.maintain();
+                last_checkpoint = now;
+                let store = self.clone();
+                let _ = tokio::task::spawn_blocking(move || store.maintain()).await;
             }
-            let wait = if due.is_empty() {
-                wake_at.map_or(IDLE_WAKE, |at| Duration::from_millis((at - now).max(1) as u64).min(IDLE_WAKE))
-            } else {
-                let failed = self.fire(&broker, &due).await;
-                if failed {
-                    RETRY_WAIT
-                } else {
-                    continue;
+            if !due.is_empty() {
+                let outcomes = self.fire(&broker, &due).await;
+                let retry_at = broker.now_ms() + RETRY_WAIT.as_millis() as i64;
+                for (key, outcome) in due.iter().zip(&outcomes) {
+                    match outcome {
+                        Outcome::Retry => held.insert(*key, retry_at),
+                        Outcome::Appended | Outcome::Dropped => held.remove(key),
+                    };
                 }
-            };
+                self.settle(&due, &outcomes, held.keys().min().copied(), now);
+                // Cheap without an fsync, but a rename can still take tens of milliseconds
+                // under writeback: at most every CHECKPOINT_EVERY_MS, off the async workers.
+                if now - last_checkpoint >= CHECKPOINT_EVERY_MS {
+                    last_checkpoint = now;
+                    let store = self.clone();
+                    let written = tokio::task::spawn_blocking(move || store.write_checkpoint(false)).await;
+                    if let Ok(Err(e)) = written {
+                        tracing::warn!(error = %e, "timer store: cannot write the checkpoint");
+                    }
+                }
+                continue;
+            }
+            let retry = held.values().min().copied();
+            let wake_at = wake_at.into_iter().chain(retry).min();
+            let wait = wake_at.map_or(IDLE_WAKE, |at| Duration::from_millis((at - now).max(1) as u64).min(IDLE_WAKE));
             drop(broker);
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
-                _ = shutdown.wait_for(|down| *down) => return,
+                _ = shutdown.wait_for(|down| *down) => {
+                    // What fired since the last checkpoint must not fire again after a restart.
+                    if let Err(e) = self.write_checkpoint(true) {
+                        tracing::warn!(error = %e, "timer store: cannot write the checkpoint");
+                    }
+                    return;
+                }
             }
         }
     }
 
-    /// Fires `due` (keys in order); returns whether some could not be appended (they stay).
-    async fn fire(self: &Arc<Self>, broker: &Arc<Broker>, due: &[Key]) -> bool {
+    /// Records in the wheel what a firing round of `due` did. `first_held` is the smallest key
+    /// still waiting to be tried again: the checkpoint may not pass it.
+    fn settle(&self, due: &[Key], outcomes: &[Outcome], first_held: Option<Key>, now: i64) {
+        let fired: Vec<Key> =
+            due.iter().zip(outcomes).filter(|(_, o)| **o != Outcome::Retry).map(|(key, _)| *key).collect();
+        // Keys fire in order, so what fired below the first key still waiting is a prefix.
+        let through = due
+            .iter()
+            .zip(outcomes)
+            .take_while(|(key, outcome)| **outcome != Outcome::Retry && first_held.is_none_or(|held| **key < held))
+            .last()
+            .map(|(key, _)| *key);
+        let lateness = fired.iter().map(|(due, _)| now - due).max().unwrap_or(0);
+        self.stats.lateness_ms_max.fetch_max(lateness, Ordering::Relaxed);
+        self.stats.fired.fetch_add(fired.len() as u64, Ordering::Relaxed);
+        let mut wheel = lock(&self.wheel);
+        let through = through.unwrap_or(wheel.fired_through());
+        if let Err(e) = wheel.fired(&fired, through) {
+            tracing::warn!(error = %e, "timer store: cannot delete a fired slot file");
+        }
+    }
+
+    /// Fires `due` (keys in order): what became of each.
+    async fn fire(self: &Arc<Self>, broker: &Arc<Broker>, due: &[Key]) -> Vec<Outcome> {
         let offsets: Vec<i64> = due.iter().map(|(_, offset)| *offset).collect();
         let records = {
             let (store, offsets) = (self.clone(), offsets.clone());
@@ -289,19 +385,19 @@ impl TimerStore {
                 Ok(records) => records,
                 Err(e) => {
                     tracing::error!(error = %e, "timer store: cannot read scheduled messages back");
-                    return true;
+                    return vec![Outcome::Retry; due.len()];
                 }
             }
         };
         let now = broker.now_ms();
-        let mut ok = vec![false; due.len()];
+        let mut outcomes = vec![Outcome::Retry; due.len()];
         // (topic, partition) → the indexes of its records in `due`.
         let mut groups: BTreeMap<(String, i32), Vec<usize>> = BTreeMap::new();
         let mut fired_records: Vec<Option<Record>> = Vec::with_capacity(due.len());
         for (index, record) in records.into_iter().enumerate() {
             let Some(mut record) = record else {
                 tracing::warn!(offset = offsets[index], "timer store: a scheduled message is gone from the log");
-                ok[index] = true;
+                outcomes[index] = Outcome::Dropped;
                 fired_records.push(None);
                 continue;
             };
@@ -324,20 +420,24 @@ impl TimerStore {
                 None => {
                     tracing::warn!(topic, "timer store: dropping a scheduled message: its topic no longer exists");
                     self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                    ok[index] = true;
+                    outcomes[index] = Outcome::Dropped;
                 }
             }
             fired_records.push(Some(record));
         }
         for ((topic, partition), indexes) in groups {
+            // Batches the topic takes: half its max.message.bytes (room for the batch's own
+            // framing), at most FIRE_BATCH_BYTES.
+            let batch_bytes =
+                max_message_bytes(broker, &topic).map_or(FIRE_BATCH_BYTES, |max| (max / 2).min(FIRE_BATCH_BYTES));
             let mut start = 0;
             while start < indexes.len() {
-                // One batch of up to FIRE_BATCH_BYTES of values.
                 let mut end = start;
                 let mut bytes = 0;
-                while end < indexes.len() && (end == start || bytes < FIRE_BATCH_BYTES) {
-                    bytes +=
-                        fired_records[indexes[end]].as_ref().map_or(0, |r| r.value.as_ref().map_or(0, |v| v.len()));
+                while end < indexes.len()
+                    && (end == start || bytes + record_bytes(&fired_records[indexes[end]]) <= batch_bytes)
+                {
+                    bytes += record_bytes(&fired_records[indexes[end]]);
                     end += 1;
                 }
                 let chunk: Vec<Record> = indexes[start..end].iter().filter_map(|i| fired_records[*i].clone()).collect();
@@ -345,31 +445,25 @@ impl TimerStore {
                     Ok(batch) => broker.append_at_leader(&topic, partition, batch).await,
                     Err(e) => Err(BrokerError::new(ErrorKind::InvalidRecord, e.to_string())),
                 };
-                match appended {
-                    Ok(_) => indexes[start..end].iter().for_each(|i| ok[*i] = true),
-                    Err(e) => {
-                        tracing::warn!(topic, partition, error = %e, "timer store: cannot append due messages yet")
+                let outcome = match appended {
+                    Ok(_) => Outcome::Appended,
+                    // The topic will never take it (its limits changed since it was scheduled).
+                    Err(e) if is_permanent(&e) => {
+                        tracing::warn!(topic, partition, count = end - start, error = %e,
+                            "timer store: dropping due messages their topic refuses");
+                        self.stats.dropped.fetch_add((end - start) as u64, Ordering::Relaxed);
+                        Outcome::Dropped
                     }
-                }
+                    Err(e) => {
+                        tracing::warn!(topic, partition, error = %e, "timer store: cannot append due messages yet");
+                        Outcome::Retry
+                    }
+                };
+                indexes[start..end].iter().for_each(|i| outcomes[*i] = outcome);
                 start = end;
             }
         }
-        let fired: Vec<Key> = due.iter().zip(&ok).filter(|(_, ok)| **ok).map(|(key, _)| *key).collect();
-        let through = due.iter().zip(&ok).take_while(|(_, ok)| **ok).last().map(|(key, _)| *key);
-        let lateness = fired.iter().map(|(due, _)| now - due).max().unwrap_or(0);
-        self.stats.lateness_ms_max.fetch_max(lateness, Ordering::Relaxed);
-        self.stats.fired.fetch_add(fired.len() as u64, Ordering::Relaxed);
-        {
-            let mut wheel = lock(&self.wheel);
-            let through = through.unwrap_or(wheel.fired_through());
-            if let Err(e) = wheel.fired(&fired, through) {
-                tracing::warn!(error = %e, "timer store: cannot delete a fired slot file");
-            }
-        }
-        if let Err(e) = self.write_checkpoint(false) {
-            tracing::warn!(error = %e, "timer store: cannot write the checkpoint");
-        }
-        fired.len() < due.len()
+        outcomes
     }
 
     /// Where a due message of `topic` goes: the producer's partition, else the partitions this

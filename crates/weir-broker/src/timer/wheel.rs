@@ -145,13 +145,23 @@ impl Wheel {
 
     /// The first at most `limit` keys due at `now_ms`, in order.
     pub fn due(&self, now_ms: i64, limit: usize) -> Vec<Key> {
-        self.near.iter().take_while(|(due, _)| *due <= now_ms).take(limit).copied().collect()
+        self.due_where(now_ms, limit, |_| true)
+    }
+
+    /// [`Wheel::due`] of the keys `wanted` takes (the others wait for a retry).
+    pub fn due_where(&self, now_ms: i64, limit: usize, wanted: impl Fn(&Key) -> bool) -> Vec<Key> {
+        self.near.iter().take_while(|(due, _)| *due <= now_ms).filter(|k| wanted(k)).take(limit).copied().collect()
     }
 
     /// When the wheel next has something to do: the first near key, or the load of the next
     /// far slot.
     pub fn next_wake_ms(&self) -> Option<i64> {
-        let near = self.near.first().map(|(due, _)| *due);
+        self.next_wake_ms_where(|_| true)
+    }
+
+    /// [`Wheel::next_wake_ms`] counting only the near keys `wanted` takes.
+    pub fn next_wake_ms_where(&self, wanted: impl Fn(&Key) -> bool) -> Option<i64> {
+        let near = self.near.iter().find(|k| wanted(k)).map(|(due, _)| *due);
         let far = self.slots.range(self.loaded_until..).next().map(|(slot, _)| slot - LOOKAHEAD_MS);
         near.into_iter().chain(far).min()
     }
@@ -196,11 +206,12 @@ impl Wheel {
         self.fired
     }
 
-    /// The smallest timer-log offset some entry still needs; below it the log may go.
+    /// An offset at or below the smallest timer-log offset some entry still needs: below it
+    /// the log may go. Every entry not fired belongs to a slot of `slots`, whose `min_offset`
+    /// (not raised as its entries fire) is at or below the entry's, so this looks at the slots
+    /// only, never at the entries in memory.
     pub fn min_pending_offset(&self) -> Option<i64> {
-        let far = self.slots.values().map(|s| s.min_offset).min();
-        let near = self.near.iter().map(|(_, offset)| *offset).min();
-        far.into_iter().chain(near).min()
+        self.slots.values().map(|s| s.min_offset).min()
     }
 
     /// How many entries wait, about: those of the slots not loaded and those in memory.
