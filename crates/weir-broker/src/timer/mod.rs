@@ -298,11 +298,24 @@ impl TimerStore {
             let Some(broker) = broker.upgrade() else { return };
             let now = broker.now_ms();
             let waiting = |key: &Key| held.get(key).is_some_and(|at| *at > now);
-            let (due, wake_at) = {
-                let mut wheel = lock(&self.wheel);
-                if let Err(e) = wheel.advance(now) {
-                    tracing::error!(error = %e, "timer store: cannot load a slot of the wheel");
+            // Slots coming near are read without holding the wheel: scheduling goes on.
+            let to_load = Arc::new(lock(&self.wheel).begin_advance(now));
+            if !to_load.is_empty() {
+                let slots = to_load.clone();
+                let loaded = tokio::task::spawn_blocking(move || wheel::load_slots(&slots))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|read| read.map_err(|e| e.to_string()));
+                match loaded {
+                    Ok(loaded) => lock(&self.wheel).install(loaded),
+                    Err(error) => {
+                        tracing::error!(error, "timer store: cannot load a slot of the wheel; trying again");
+                        lock(&self.wheel).abort_advance(&to_load);
+                    }
                 }
+            }
+            let (due, wake_at) = {
+                let wheel = lock(&self.wheel);
                 (wheel.due_where(now, ROUND_MAX, |key| !waiting(key)), wheel.next_wake_ms_where(|key| !waiting(key)))
             };
             if now - last_maintenance >= MAINTENANCE_EVERY_MS {

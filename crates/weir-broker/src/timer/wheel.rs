@@ -128,19 +128,47 @@ impl Wheel {
         Ok(keys)
     }
 
-    /// Loads the slots that start by `now_ms` + [`LOOKAHEAD_MS`].
+    /// Loads the slots that start by `now_ms` + [`LOOKAHEAD_MS`], all at once: the
+    /// [`Wheel::begin_advance`], [`load_slots`], [`Wheel::install`] steps without letting go.
     pub fn advance(&mut self, now_ms: i64) -> io::Result<()> {
+        let paths = self.begin_advance(now_ms);
+        let loaded = load_slots(&paths)?;
+        self.install(loaded);
+        Ok(())
+    }
+
+    /// The first step of loading the slots that start by `now_ms` + [`LOOKAHEAD_MS`]: from
+    /// here on, entries added to them go to memory too. Returns their files, for
+    /// [`load_slots`] to read without holding up the wheel (a minute slot can hold a million
+    /// entries: reading and sorting them took 400 ms), and then [`Wheel::install`].
+    ///
+    /// An entry added between the two steps is in memory and in the file: installing it again
+    /// changes nothing (the near entries are a set). None fires in between: a slot is loaded
+    /// [`LOOKAHEAD_MS`] before it starts, and a due time already past was raised into a slot
+    /// loaded before.
+    pub fn begin_advance(&mut self, now_ms: i64) -> Vec<(i64, PathBuf)> {
         let horizon = slot_of(now_ms.saturating_add(LOOKAHEAD_MS)) + SLOT_MS;
         if horizon <= self.loaded_until {
-            return Ok(());
+            return Vec::new();
         }
-        let to_load: Vec<i64> = self.slots.range(self.loaded_until..horizon).map(|(slot, _)| *slot).collect();
-        for slot in to_load {
-            let fired = self.fired;
-            self.near.extend(read_slot(&self.path(slot))?.into_iter().filter(|k| *k > fired));
-        }
+        let slots = self.slots.range(self.loaded_until..horizon).map(|(slot, _)| (*slot, self.path(*slot))).collect();
         self.loaded_until = horizon;
-        Ok(())
+        slots
+    }
+
+    /// The slots of a [`Wheel::begin_advance`] could not be read: they are loaded next time.
+    pub fn abort_advance(&mut self, slots: &[(i64, PathBuf)]) {
+        if let Some(first) = slots.iter().map(|(slot, _)| *slot).min() {
+            self.loaded_until = self.loaded_until.min(first);
+        }
+    }
+
+    /// The last step of loading slots: their entries, from [`load_slots`], join those in memory.
+    pub fn install(&mut self, mut loaded: BTreeSet<Key>) {
+        let fired = self.fired;
+        loaded.retain(|key| *key > fired);
+        // A merge of two sorted sets: linear, no search per entry.
+        self.near.append(&mut loaded);
     }
 
     /// The first at most `limit` keys due at `now_ms`, in order.
@@ -226,6 +254,16 @@ impl Wheel {
     }
 }
 
+/// The entries of the slot files `paths`, as one set (built in bulk from sorted entries).
+pub fn load_slots(slots: &[(i64, PathBuf)]) -> io::Result<BTreeSet<Key>> {
+    let mut entries = Vec::new();
+    for (_, path) in slots {
+        entries.extend(read_slot(path)?);
+    }
+    entries.sort_unstable();
+    Ok(entries.into_iter().collect())
+}
+
 /// The entries of a slot file; a torn last entry (a crash mid-write) is left out.
 fn read_slot(path: &Path) -> io::Result<Vec<Key>> {
     let mut bytes = Vec::new();
@@ -283,6 +321,19 @@ mod tests {
         let wheel = Wheel::open(dir.path(), (200, 2), 0).expect("reopen");
         assert_eq!(wheel.due(100_000, 10), vec![(200, 3), (200, 5)]);
         assert_eq!(wheel.pending(), 3);
+    }
+
+    #[test]
+    fn an_entry_added_while_its_slot_loads_is_there_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(120_000, 1), (130_000, 2)]).expect("add");
+        let paths = wheel.begin_advance(120_000 - LOOKAHEAD_MS);
+        assert_eq!(paths.len(), 1);
+        wheel.add(&[(125_000, 3)]).expect("add while loading");
+        let loaded = load_slots(&paths).expect("load");
+        wheel.install(loaded);
+        assert_eq!(wheel.due(200_000, 10), vec![(120_000, 1), (125_000, 3), (130_000, 2)]);
     }
 
     #[test]
