@@ -1,5 +1,5 @@
 //! Appends at a partition's leader, wherever it is: the broker's own appends that do not choose
-//! their partition by where they run (a RocketMQ message group's queue, a dead letter, a delayed
+//! their partition by where they run (see also [`Broker::partition_in_turn`]) (a RocketMQ message group's queue, a dead letter, a delayed
 //! message come due) go through [`Broker::append_at_leader`].
 //!
 //! On the leader it is a plain [`Broker::append`] with `acks=all`; elsewhere the batch goes to
@@ -69,6 +69,22 @@ fn decode(body: &[u8]) -> Option<(String, i32, BytesMut)> {
 }
 
 impl Broker {
+    /// A partition of `topic` for the broker's own append of a message that names none (a
+    /// delayed one come due, a committed transactional one): the `turn`-th of those this broker
+    /// leads, else of all. `None` when the topic is gone or has no partition.
+    pub fn partition_in_turn(&self, topic: &str, turn: usize) -> Option<i32> {
+        let count = self.metadata().topic(topic).map(|t| t.partitions).filter(|c| *c > 0)?;
+        let led: Vec<i32> = self
+            .topic_partitions(topic)
+            .unwrap_or_default()
+            .iter()
+            .flatten()
+            .filter(|p| p.check_local_leader().is_ok())
+            .map(|p| p.index)
+            .collect();
+        Some(if led.is_empty() { (turn % count as usize) as i32 } else { led[turn % led.len()] })
+    }
+
     /// Appends `batch` to `topic`-`index` with `acks=all` at the partition's leader: here when
     /// this broker leads it, else forwarded. Returns the first offset.
     pub async fn append_at_leader(&self, topic: &str, index: i32, batch: BytesMut) -> Result<i64, BrokerError> {

@@ -665,6 +665,24 @@ impl MessagingService for Service {
 }
 
 impl Service {
+    /// The queue state and the delivery a call about one received message names: its group,
+    /// topic and receipt handle.
+    fn handled_queue(
+        &self,
+        group: Option<&Resource>,
+        topic: Option<&Resource>,
+        receipt_handle: &str,
+        client: &str,
+    ) -> Result<(QueueKey, Handle), Status> {
+        let group = group_name(group)?;
+        let topic = topic.map(|t| t.name.clone()).filter(|t| !t.is_empty());
+        let topic = topic.ok_or_else(|| status(Code::IllegalTopic, "the request names no topic"))?;
+        let handle = Handle::decode(receipt_handle).ok_or_else(|| {
+            status(Code::InvalidReceiptHandle, format!("{receipt_handle:?} is not a receipt handle of this broker"))
+        })?;
+        Ok((self.queue_key(group, topic, handle.partition, client), handle))
+    }
+
     /// A consumer gives up on a delivery (a push consumer after its last attempt): the message
     /// goes to the group's dead letters and is done in its queue.
     async fn forward_to_dead_letters(
@@ -672,16 +690,8 @@ impl Service {
         request: &ForwardMessageToDeadLetterQueueRequest,
         client: &str,
     ) -> Result<(), Status> {
-        let group = group_name(request.group.as_ref())?;
-        let topic = request.topic.as_ref().map(|t| t.name.clone()).filter(|t| !t.is_empty());
-        let topic = topic.ok_or_else(|| status(Code::IllegalTopic, "the request names no topic"))?;
-        let handle = Handle::decode(&request.receipt_handle).ok_or_else(|| {
-            status(
-                Code::InvalidReceiptHandle,
-                format!("{:?} is not a receipt handle of this broker", request.receipt_handle),
-            )
-        })?;
-        let key = self.queue_key(group, topic, handle.partition, client);
+        let (key, handle) =
+            self.handled_queue(request.group.as_ref(), request.topic.as_ref(), &request.receipt_handle, client)?;
         match crate::dead_letter::forward(&self.broker, &self.pop, &key, handle.offset, handle.nonce).await {
             Ok(Ok(())) => {
                 self.renewals.release(&key, handle.offset);
@@ -694,15 +704,8 @@ impl Service {
 
     /// Gives the delivery a new invisible time; returns its new receipt handle.
     fn change_invisible(&self, request: &ChangeInvisibleDurationRequest, client: &str) -> Result<String, Status> {
-        let group = group_name(request.group.as_ref())?;
-        let topic = request.topic.as_ref().map(|t| t.name.clone()).filter(|t| !t.is_empty());
-        let topic = topic.ok_or_else(|| status(Code::IllegalTopic, "the request names no topic"))?;
-        let handle = Handle::decode(&request.receipt_handle).ok_or_else(|| {
-            status(
-                Code::InvalidReceiptHandle,
-                format!("{:?} is not a receipt handle of this broker", request.receipt_handle),
-            )
-        })?;
+        let (key, handle) =
+            self.handled_queue(request.group.as_ref(), request.topic.as_ref(), &request.receipt_handle, client)?;
         let invisible = request
             .invisible_duration
             .as_ref()
@@ -711,7 +714,6 @@ impl Service {
             .ok_or_else(|| {
                 status(Code::IllegalInvisibleTime, "the invisible duration is missing, negative or over 12 h")
             })?;
-        let key = self.queue_key(group, topic, handle.partition, client);
         if !self.pop.contains(&key) {
             return Err(receive::handle_status(HandleError::NotInFlight));
         }

@@ -138,20 +138,10 @@ async fn commit_record(
     mut record: Record,
     turn: &AtomicU32,
 ) -> Result<(), BrokerError> {
-    let Some(count) = broker.metadata().topic(topic).map(|t| t.partitions).filter(|c| *c > 0) else {
+    let Some(partition) = broker.partition_in_turn(topic, turn.fetch_add(1, Ordering::Relaxed) as usize) else {
         tracing::warn!(topic, "dropping a committed transactional message: its topic no longer exists");
         return done(broker, offset).await;
     };
-    let led: Vec<i32> = broker
-        .topic_partitions(topic)
-        .unwrap_or_default()
-        .iter()
-        .flatten()
-        .filter(|p| p.check_local_leader().is_ok())
-        .map(|p| p.index)
-        .collect();
-    let turn = turn.fetch_add(1, Ordering::Relaxed) as usize;
-    let partition = if led.is_empty() { (turn % count as usize) as i32 } else { led[turn % led.len()] };
     // Stored when committed, as RocketMQ does: consumers see the commit time.
     record.timestamp = broker.now_ms();
     let batch = records::encode_batch(&[record], &BatchOptions::default())

@@ -482,23 +482,11 @@ impl TimerStore {
     /// Where a due message of `topic` goes: the producer's partition, else the partitions this
     /// broker leads in turn (else all of them). `None` when the topic is gone.
     fn partition_for(&self, broker: &Broker, topic: &str, chosen: Option<i32>) -> Option<i32> {
-        let count = broker.metadata().topic(topic).map(|t| t.partitions)?;
-        if count <= 0 {
-            return None;
-        }
         if let Some(partition) = chosen {
+            let count = broker.metadata().topic(topic).map(|t| t.partitions)?;
             return (partition < count).then_some(partition);
         }
-        let turn = self.round_robin.fetch_add(1, Ordering::Relaxed) as usize;
-        let led: Vec<i32> = broker
-            .topic_partitions(topic)
-            .unwrap_or_default()
-            .iter()
-            .flatten()
-            .filter(|p| p.check_local_leader().is_ok())
-            .map(|p| p.index)
-            .collect();
-        Some(if led.is_empty() { (turn % count as usize) as i32 } else { led[turn % led.len()] })
+        broker.partition_in_turn(topic, self.round_robin.fetch_add(1, Ordering::Relaxed) as usize)
     }
 
     /// Durably records the checkpoint, trims the log below what is pending, flushes on the
