@@ -72,3 +72,31 @@ def test_the_rust_client_sends_receives_by_tag_acks_and_keeps_a_message_group(br
     assert len({r.partition for r in fifo}) == 1, "the message group spread over queues"
     assert [r.value.decode() for r in fifo] == [f"fifo-{i}: порядок" for i in range(3)]
     assert {r.key for r in fifo} == {b"rust-order-42"}
+
+
+def test_the_rust_client_delays_a_message_and_commits_and_rolls_back_transactions(broker):
+    assert CLIENT.is_file(), f"{CLIENT} is missing: run scripts/test, or `{BUILD}`"
+    admin = c_admin(broker.bootstrap)
+    delay_topic, tx_topic, group = unique("rmq-rust-delay"), unique("rmq-rust-tx"), unique("g")
+    c_create_topic(admin, delay_topic, config={"message.type": "DELAY"})
+    c_create_topic(admin, tx_topic, config={"message.type": "TRANSACTION"})
+    run = subprocess.run(
+        [str(CLIENT), "messaging", broker.rocketmq_endpoint, delay_topic, tx_topic, group],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    failure = [line for line in run.stderr.splitlines() if line.startswith("FAILED:")]
+    assert run.returncode == 0, f"the Rust client exited {run.returncode}: {failure}\n{run.stderr[-8000:]}"
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    # The program checked it did not come early; it came within the window (a CI margin).
+    assert seen["delayedArrivedMs"] - seen["dueMs"] < 5000, seen
+    assert seen["delayedDeliveryTimestamp"] is not None
+
+    # Kafka sees the committed message once, never the rolled-back one, and the delayed one.
+    (committed,) = c_read_partition(broker.bootstrap, tx_topic, 0, 1)
+    assert committed.value == b"rust-committed"
+    assert dict(committed.headers)["weir.message-id"].decode() == seen["committed"]
+    (delayed,) = c_read_partition(broker.bootstrap, delay_topic, 0, 1)
+    assert delayed.value == b"rust-delayed"
+    assert int(dict(delayed.headers)["weir.delivery-timestamp"]) == seen["dueMs"]

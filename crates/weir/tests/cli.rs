@@ -230,7 +230,15 @@ fn group_create_and_alter_set_a_groups_rocketmq_settings() {
     let text = described.ok();
     assert_eq!(setting(text, "retry.backoff"), ["retry.backoff", "1s,10s", "group"]);
     let configs = server.get_ok("/v1/groups/unknown-app/configs");
-    assert_eq!(configs["configs"][1]["value"], "17", "{configs}");
+    let value = |name: &str| {
+        let list = configs["configs"].as_array().cloned().unwrap_or_default();
+        list.iter().find(|c| c["name"] == name).map(|c| c["value"].clone())
+    };
+    assert_eq!(value("max.delivery.attempts"), Some("17".into()), "{configs}");
+    assert_eq!(value("consume.broadcast"), Some("false".into()), "{configs}");
+
+    let broadcast = server.weir(&["group", "create", "fan-out", "--broadcast"], "");
+    assert_eq!(setting(broadcast.ok(), "consume.broadcast"), ["consume.broadcast", "true", "group"]);
 }
 
 /// The sum of a topic's high watermarks: how many records it holds.

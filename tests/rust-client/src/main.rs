@@ -10,11 +10,16 @@
 //!    number of queues), and a SimpleConsumer of the group GROUP-fifo receives all three, in the
 //!    order sent, with their message group, and acks them.
 //!
+//! With `messaging` first, RocketMQ's messaging features instead ([`messaging`]): a delayed
+//! message to DELAY_TOPIC arrives at its delivery time, not before; of two transactional
+//! messages to TRANSACTION_TOPIC the committed one arrives and the rolled-back one never does.
+//!
 //! Checks everything itself: on any mismatch or client error it prints what differed to stderr
 //! and exits 1. On success it prints one JSON line to stdout (what it sent and received). The
 //! client's own log goes to stderr.
 //!
 //!   weir-rocketmq-rust-client ENDPOINT TOPIC FIFO_TOPIC GROUP
+//!   weir-rocketmq-rust-client messaging ENDPOINT DELAY_TOPIC TRANSACTION_TOPIC GROUP
 
 use std::collections::HashMap;
 use std::fmt::Display;
@@ -24,6 +29,7 @@ use std::time::{Duration, Instant};
 use rocketmq::conf::{ClientOption, ProducerOption, SimpleConsumerOption};
 use rocketmq::model::common::{FilterExpression, FilterType};
 use rocketmq::model::message::{MessageBuilder, MessageView};
+use rocketmq::model::transaction::{Transaction, TransactionResolution};
 use rocketmq::{Producer, SimpleConsumer};
 use serde_json::json;
 
@@ -249,14 +255,93 @@ async fn run(endpoint: &str, topic: &str, fifo_topic: &str, group: &str) -> Resu
     }))
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The delayed and the transactional messages (see the module's doc).
+async fn messaging(endpoint: &str, delay_topic: &str, tx_topic: &str, group: &str) -> Result<serde_json::Value> {
+    let mut option = ProducerOption::default();
+    option.set_topics(vec![delay_topic, tx_topic]);
+    // Nothing is left open for a check; one would be committed.
+    let checker = Box::new(|_transaction_id: String, _message: MessageView| TransactionResolution::COMMIT);
+    let mut producer = Producer::new_transaction_producer(option, client_option(endpoint), checker)
+        .map_err(fail("Producer::new_transaction_producer"))?;
+    producer.start().await.map_err(fail("starting the transaction Producer"))?;
+
+    // The client sends delivery times in whole seconds: the next whole second 3 s on.
+    let due_s = (now_ms() + 3_000 + 999) / 1_000;
+    let delayed = MessageBuilder::delay_message_builder(delay_topic, b"rust-delayed".to_vec(), due_s)
+        .build()
+        .map_err(fail("building a delayed message"))?;
+    let delayed =
+        producer.send(delayed).await.map_err(fail(format_args!("send of a delayed message to {delay_topic}")))?;
+
+    let committed = MessageBuilder::transaction_message_builder(tx_topic, b"rust-committed".to_vec())
+        .build()
+        .map_err(fail("building a transactional message"))?;
+    let committed = producer.send_transaction_message(committed).await.map_err(fail("transactional send"))?;
+    let committed_id = committed.message_id().to_string();
+    let rolled_back = MessageBuilder::transaction_message_builder(tx_topic, b"rust-rolled-back".to_vec())
+        .build()
+        .map_err(fail("building a transactional message"))?;
+    let rolled_back = producer.send_transaction_message(rolled_back).await.map_err(fail("transactional send"))?;
+
+    // Invisible before the commit.
+    let consumer = start_consumer(endpoint, tx_topic, group).await?;
+    let star = FilterExpression::new(FilterType::Tag, "*");
+    let mut timeouts = 0;
+    let before = receive(&consumer, tx_topic, &star, &mut timeouts).await?;
+    check("transactional messages received before their commit", before.len(), 0)?;
+    committed.commit().await.map_err(fail("commit"))?;
+    rolled_back.rollback().await.map_err(fail("rollback"))?;
+    let received = receive_all(&consumer, tx_topic, &star, 1, &mut timeouts).await?;
+    check("the committed message", text(&received[0])?, "rust-committed".to_string())?;
+    check("the committed message's id", received[0].message_id(), committed_id.as_str())?;
+    // The rolled-back one never comes (nor the committed one again).
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let more = receive(&consumer, tx_topic, &star, &mut timeouts).await?;
+        if let Some(message) = more.first() {
+            return Err(format!("after the commit and the rollback, {:?} came", text(message)?));
+        }
+    }
+    consumer.shutdown().await.map_err(fail("SimpleConsumer shutdown"))?;
+
+    // The delayed message, at its time.
+    let consumer = start_consumer(endpoint, delay_topic, &format!("{group}-delay")).await?;
+    let arrivals = receive_all(&consumer, delay_topic, &star, 1, &mut timeouts).await?;
+    let arrived_ms = now_ms();
+    check("the delayed message", text(&arrivals[0])?, "rust-delayed".to_string())?;
+    check("the delayed message's id", arrivals[0].message_id(), delayed.message_id())?;
+    if arrived_ms < due_s * 1_000 - 50 {
+        return Err(format!("the delayed message arrived {} ms early", due_s * 1_000 - arrived_ms));
+    }
+    consumer.shutdown().await.map_err(fail("SimpleConsumer shutdown"))?;
+    producer.shutdown().await.map_err(fail("Producer shutdown"))?;
+    Ok(json!({
+        "dueMs": due_s * 1_000,
+        "delayedArrivedMs": arrived_ms,
+        "delayedDeliveryTimestamp": arrivals[0].delivery_timestamp(),
+        "committed": committed_id,
+    }))
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [endpoint, topic, fifo_topic, group] = args.as_slice() else {
-        eprintln!("usage: weir-rocketmq-rust-client ENDPOINT TOPIC FIFO_TOPIC GROUP");
-        return ExitCode::from(2);
+    let outcome = match args.as_slice() {
+        [mode, endpoint, delay_topic, tx_topic, group] if mode == "messaging" => {
+            messaging(endpoint, delay_topic, tx_topic, group).await
+        }
+        [endpoint, topic, fifo_topic, group] => run(endpoint, topic, fifo_topic, group).await,
+        _ => {
+            eprintln!("usage: weir-rocketmq-rust-client ENDPOINT TOPIC FIFO_TOPIC GROUP");
+            eprintln!("       weir-rocketmq-rust-client messaging ENDPOINT DELAY_TOPIC TRANSACTION_TOPIC GROUP");
+            return ExitCode::from(2);
+        }
     };
-    match run(endpoint, topic, fifo_topic, group).await {
+    match outcome {
         Ok(seen) => {
             println!("{seen}");
             ExitCode::SUCCESS
