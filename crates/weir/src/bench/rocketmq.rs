@@ -70,8 +70,9 @@ fn tag_of(index: u64) -> &'static str {
     }
 }
 
-/// The body of gRPC message `index`: `index` big-endian (as much of it as fits), then letters.
-fn body(index: u64, size: usize) -> Vec<u8> {
+/// The body of message `index` (also the timer bench's): `index` big-endian (as much of it as
+/// fits), then letters.
+pub(super) fn body(index: u64, size: usize) -> Vec<u8> {
     let mut body: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
     let prefix = index.to_be_bytes();
     let n = prefix.len().min(size);
@@ -223,7 +224,8 @@ struct Ratios {
     receive_broker_cpu_per_msg: Option<f64>,
 }
 
-fn ratio(grpc: f64, kafka: f64) -> Option<f64> {
+/// `measured / reference`, `None` unless both are finite and the reference is positive.
+pub(super) fn ratio(grpc: f64, kafka: f64) -> Option<f64> {
     (kafka > 0.0 && grpc.is_finite() && kafka.is_finite()).then(|| grpc / kafka)
 }
 

@@ -21,11 +21,13 @@ use kafka_protocol::messages::fetch_request::FetchTopic;
 use serde::Serialize;
 use weir::kafka_client::{fetch_partition, fetch_request, produce_request, topic_name, Client as KafkaClient};
 use weir_broker::message::headers::DELIVERY_TIMESTAMP;
+use weir_broker::timer::due_ms;
 use weir_broker::timer::headers::PREFIX as TIMER_HEADER_PREFIX;
 use weir_storage::records::{self, BatchOptions, Header, Record};
 
 use crate::bench::produce::{self, Latency, PRODUCE_VERSION};
 use crate::bench::raw_protocol::{self, Pid, Server};
+use crate::bench::rocketmq::body;
 use crate::cli::TimerBenchArgs;
 
 const TOPIC: &str = "bench-timer";
@@ -134,21 +136,6 @@ impl Schedule {
     }
 }
 
-/// The body of message `index`: `index` big-endian (as much of it as fits), then letters.
-fn body(index: u64, size: usize) -> Vec<u8> {
-    let mut body: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
-    let prefix = index.to_be_bytes();
-    let n = prefix.len().min(size);
-    body[..n].copy_from_slice(&prefix[..n]);
-    body
-}
-
-/// The delivery time a record carries.
-fn due_header(record: &Record) -> Option<i64> {
-    let value = record.headers.iter().rev().find(|h| h.name == DELIVERY_TIMESTAMP)?.value.as_deref()?;
-    std::str::from_utf8(value).ok()?.trim().parse().ok()
-}
-
 /// What the read-back found wrong, by kind, with the first example of each.
 #[derive(Debug, Default)]
 struct Problems {
@@ -223,9 +210,9 @@ impl Checker {
             self.problems.note("messages still carrying a timer header", || format!("{name} on message {index}"));
         }
         let due = s.due_ms(index);
-        if due_header(record) != Some(due) {
+        if due_ms(record) != Some(due) {
             self.problems.note("messages with another delivery time", || {
-                format!("message {index}: {:?}, sent {due}", due_header(record))
+                format!("message {index}: {:?}, sent {due}", due_ms(record))
             });
         }
         let lateness = record.timestamp - due;
@@ -928,7 +915,7 @@ impl Tail {
                 while (seen.len() as u64) < messages && !stop.load(Ordering::Relaxed) {
                     let mut arrived = Vec::new();
                     fetch_once(&mut client, TOPIC, &partitions, &mut positions, TAIL_MAX_WAIT_MS, |_, record| {
-                        arrived.push(due_header(record))
+                        arrived.push(due_ms(record))
                     })?;
                     let now = now_ms();
                     seen.extend(arrived.into_iter().flatten().map(|due| now - due));
@@ -1173,7 +1160,7 @@ mod tests {
         assert_eq!(whole_batches(&bytes[..5]).len(), 0);
         let decoded = records::decode_records(whole_batches(&bytes)).expect("decodes");
         assert_eq!(
-            decoded.iter().map(due_header).collect::<Vec<_>>(),
+            decoded.iter().map(due_ms).collect::<Vec<_>>(),
             (0..3).map(|i| Some(s.due_ms(i))).collect::<Vec<_>>()
         );
     }

@@ -24,6 +24,7 @@ use weir_rocketmq::proto::{
 
 use crate::bench::produce::{self, Latency};
 use crate::bench::raw_protocol::{self, Pid, Server};
+use crate::bench::rocketmq::ratio;
 use crate::bench::rocketmq_client as grpc;
 use crate::bench::timer::fetch_once;
 use crate::cli::TimerBenchArgs;
@@ -153,10 +154,6 @@ struct Ratios {
     latency_p50: Option<f64>,
     latency_p99: Option<f64>,
     broker_cpu_per_msg: Option<f64>,
-}
-
-fn ratio(transactional: f64, normal: f64) -> Option<f64> {
-    (normal > 0.0 && transactional.is_finite() && normal.is_finite()).then(|| transactional / normal)
 }
 
 #[derive(Debug, Serialize)]
