@@ -18,7 +18,7 @@
 //!   entry on disk and which (due time, offset) fired last. Start-up indexes the log's tail past
 //!   the first again and skips every key at or below the second, so messages that came due while
 //!   the broker was down fire at once, and fired ones do not fire again — except those fired
-//!   in the last [`CHECKPOINT_EVERY_MS`] before a crash (at least once, never lost).
+//!   in the last 100 ms (`CHECKPOINT_EVERY_MS`) before a crash (at least once, never lost).
 //! - **Retention:** the log keeps everything from the smallest offset still pending.
 //!
 //! Not yet: the timer store is not replicated; a broker's pending messages fire when that
