@@ -116,13 +116,7 @@ impl HalfStore {
     /// Opens (or creates) the half messages of `data_dir`. Blocking.
     pub fn open(data_dir: &Path, config: LogConfig, clock: Arc<dyn Clock>) -> Result<HalfStore, BrokerError> {
         let dir = data_dir.join(Self::DIR);
-        let mut config = config;
-        config.retention_ms = -1;
-        config.retention_bytes = -1;
-        config.max_message_bytes = config.max_message_bytes.max(8 << 20);
-        // Decided messages go a segment at a time: small segments, rolled hourly.
-        config.segment_bytes = config.segment_bytes.min(64 << 20);
-        config.segment_ms = config.segment_ms.min(3_600_000);
+        let config = crate::timer::holding_log_config(config);
         let deletion_queue = Arc::new(DeletionQueue::new());
         let log = Log::open(&dir.join("log"), config, clock, OpenOptions::default(), deletion_queue.clone())
             .map_err(BrokerError::from)?;

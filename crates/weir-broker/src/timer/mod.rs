@@ -51,8 +51,23 @@ pub mod headers {
     pub const TARGET_PARTITION: &str = "weir.timer.partition";
 }
 
-/// The timer log's segment size: what fired stays on disk until its whole segment has.
+/// The segment size of the holding logs: what was dealt with stays on disk until its whole
+/// segment has.
 const TIMER_SEGMENT_BYTES: u64 = 64 << 20;
+
+/// The config of a broker-local log that holds messages until they are dealt with (the timer
+/// store's, the half messages'), from the broker's default topic config (its flush policy
+/// applies): kept until dealt with, not by age or size (the owner trims it below what is
+/// pending); one record of a 4 MiB body with its headers fits; small segments rolled hourly, so
+/// what was dealt with goes promptly, a segment at a time.
+pub(crate) fn holding_log_config(mut config: LogConfig) -> LogConfig {
+    config.retention_ms = -1;
+    config.retention_bytes = -1;
+    config.max_message_bytes = config.max_message_bytes.max(8 << 20);
+    config.segment_bytes = config.segment_bytes.min(TIMER_SEGMENT_BYTES);
+    config.segment_ms = config.segment_ms.min(3_600_000);
+    config
+}
 
 /// The most messages one firing round takes.
 const ROUND_MAX: usize = 4096;
@@ -155,14 +170,7 @@ impl TimerStore {
     /// Blocking.
     pub fn open(data_dir: &Path, config: LogConfig, clock: Arc<dyn Clock>) -> Result<TimerStore, BrokerError> {
         let dir = data_dir.join(Self::DIR);
-        let mut config = config;
-        // Kept until fired, not by age or size; one record of a 4 MiB body with its headers fits.
-        config.retention_ms = -1;
-        config.retention_bytes = -1;
-        config.max_message_bytes = config.max_message_bytes.max(8 << 20);
-        // Fired messages go a segment at a time: small segments, rolled hourly, keep that prompt.
-        config.segment_bytes = config.segment_bytes.min(TIMER_SEGMENT_BYTES);
-        config.segment_ms = config.segment_ms.min(3_600_000);
+        let config = holding_log_config(config);
         let deletion_queue = Arc::new(DeletionQueue::new());
         let log_dir = dir.join("log");
         let log = Log::open(&log_dir, config, clock.clone(), OpenOptions::default(), deletion_queue.clone())
