@@ -271,6 +271,7 @@ impl Broker {
         });
         let _ = broker.cluster.broker.set(Arc::downgrade(&broker));
         crate::forward::register(&broker);
+        crate::timer::recall::register(&broker);
         if alone {
             broker.upgrade_metadata()?;
         } else if legacy::exists(&broker.config.data_dir) {

@@ -301,7 +301,7 @@ fn render_messaging(out: &mut Exposition, broker: &Broker) {
     use std::sync::atomic::Ordering::Relaxed;
     let (pending, in_memory) = broker.timer.pending();
     let stats = &broker.timer.stats;
-    let gauges: [(&str, Kind, &str, u64); 7] = [
+    let gauges: [(&str, Kind, &str, u64); 8] = [
         ("weir_timer_messages_pending", Kind::Gauge, "Delayed messages waiting in the timer store.", pending),
         (
             "weir_timer_messages_in_memory",
@@ -326,6 +326,12 @@ fn render_messaging(out: &mut Exposition, broker: &Broker) {
             Kind::Counter,
             "Delayed messages dropped when due because their topic was deleted.",
             stats.dropped.load(Relaxed),
+        ),
+        (
+            "weir_timer_messages_recalled_total",
+            Kind::Counter,
+            "Delayed messages recalled before they came due (RocketMQ RecallMessage).",
+            stats.recalled.load(Relaxed),
         ),
         (
             "weir_timer_lateness_max_milliseconds",

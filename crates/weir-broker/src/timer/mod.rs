@@ -20,10 +20,13 @@
 //!   the broker was down fire at once, and fired ones do not fire again — except those fired
 //!   in the last 100 ms (`CHECKPOINT_EVERY_MS`) before a crash (at least once, never lost).
 //! - **Retention:** the log keeps everything from the smallest offset still pending.
+//! - **Recall** ([`recall`]): a message recalled before it is due is settled at its due time
+//!   without an append.
 //!
 //! Not yet: the timer store is not replicated; a broker's pending messages fire when that
 //! broker runs.
 
+pub mod recall;
 pub mod wheel;
 
 use std::collections::{BTreeMap, HashMap};
@@ -39,6 +42,8 @@ use weir_storage::{Clock, DeletionQueue, FlushPolicy, Log, LogConfig, OpenOption
 
 use crate::message::headers::DELIVERY_TIMESTAMP;
 use crate::{Broker, BrokerError, ErrorKind};
+pub use recall::Recall;
+use recall::Recalls;
 use wheel::{Key, Wheel};
 
 /// The timer's own headers, stripped when a message fires.
@@ -91,6 +96,8 @@ enum Outcome {
     Dropped,
     /// Not appended now (its partition's leader is away, say): tried again shortly.
     Retry,
+    /// Recalled before it came due: settled without an append.
+    Recalled,
 }
 
 /// Failures no retry mends: the topic refuses the message as it is.
@@ -135,6 +142,8 @@ pub struct TimerStats {
     pub fired: AtomicU64,
     /// Messages dropped at firing because their topic was deleted meanwhile.
     pub dropped: AtomicU64,
+    /// Messages recalled before they came due.
+    pub recalled: AtomicU64,
     /// The largest lateness of a fired message so far (firing time less due time), ms.
     pub lateness_ms_max: AtomicI64,
 }
@@ -146,6 +155,8 @@ pub struct TimerStore {
     /// Log appends and wheel additions happen together under this lock, so the log end is
     /// always wholly indexed when it is held.
     wheel: Mutex<Wheel>,
+    /// Recalled messages and the keys being fired. Lock order: `wheel`, then `recalls`.
+    recalls: Mutex<Recalls>,
     wake: tokio::sync::Notify,
     round_robin: AtomicU32,
     pub stats: TimerStats,
@@ -207,11 +218,13 @@ impl TimerStore {
             }
             from = next;
         }
+        let recalls = Recalls::open(&dir, fired).map_err(|e| io_error("read the recalls in", &dir, e))?;
         let store = TimerStore {
             dir,
             log,
             deletion_queue,
             wheel: Mutex::new(wheel),
+            recalls: Mutex::new(recalls),
             wake: tokio::sync::Notify::new(),
             round_robin: AtomicU32::new(0),
             stats: TimerStats::default(),
@@ -223,10 +236,12 @@ impl TimerStore {
         Ok(store)
     }
 
-    /// How many messages wait, and how many of their entries are in memory.
+    /// How many messages wait (recalled ones not counted), and how many wheel entries are in
+    /// memory.
     pub fn pending(&self) -> (u64, usize) {
         let wheel = lock(&self.wheel);
-        (wheel.pending(), wheel.in_memory())
+        let recalled = lock(&self.recalls).len() as u64;
+        (wheel.pending().saturating_sub(recalled), wheel.in_memory())
     }
 
     /// Keeps `records` (each with its due time in `weir.delivery-timestamp`) until they are due,
@@ -324,7 +339,10 @@ impl TimerStore {
             }
             let (due, wake_at) = {
                 let wheel = lock(&self.wheel);
-                (wheel.due_where(now, ROUND_MAX, |key| !waiting(key)), wheel.next_wake_ms_where(|key| !waiting(key)))
+                let due = wheel.due_where(now, ROUND_MAX, |key| !waiting(key));
+                // Claimed under the wheel's lock: a recall decides under it too.
+                lock(&self.recalls).claim(&due);
+                (due, wheel.next_wake_ms_where(|key| !waiting(key)))
             };
             if now - last_maintenance >= MAINTENANCE_EVERY_MS {
                 last_maintenance = now;
@@ -338,7 +356,7 @@ impl TimerStore {
                 for (key, outcome) in due.iter().zip(&outcomes) {
                     match outcome {
                         Outcome::Retry => held.insert(*key, retry_at),
-                        Outcome::Appended | Outcome::Dropped => held.remove(key),
+                        Outcome::Appended | Outcome::Dropped | Outcome::Recalled => held.remove(key),
                     };
                 }
                 self.settle(&due, &outcomes, held.keys().min().copied(), now);
@@ -375,8 +393,10 @@ impl TimerStore {
     /// Records in the wheel what a firing round of `due` did. `first_held` is the smallest key
     /// still waiting to be tried again: the checkpoint may not pass it.
     fn settle(&self, due: &[Key], outcomes: &[Outcome], first_held: Option<Key>, now: i64) {
-        let fired: Vec<Key> =
+        let done: Vec<Key> =
             due.iter().zip(outcomes).filter(|(_, o)| **o != Outcome::Retry).map(|(key, _)| *key).collect();
+        let recalled: Vec<Key> =
+            due.iter().zip(outcomes).filter(|(_, o)| **o == Outcome::Recalled).map(|(key, _)| *key).collect();
         // Keys fire in order, so what fired below the first key still waiting is a prefix.
         let through = due
             .iter()
@@ -384,19 +404,28 @@ impl TimerStore {
             .take_while(|(key, outcome)| **outcome != Outcome::Retry && first_held.is_none_or(|held| **key < held))
             .last()
             .map(|(key, _)| *key);
-        let lateness = fired.iter().map(|(due, _)| now - due).max().unwrap_or(0);
+        // Fired: appended, or given up on (a recall is no firing).
+        let fired = due.iter().zip(outcomes).filter(|(_, o)| **o == Outcome::Appended || **o == Outcome::Dropped);
+        let lateness = fired.clone().map(|((due, _), _)| now - due).max().unwrap_or(0);
         self.stats.lateness_ms_max.fetch_max(lateness, Ordering::Relaxed);
-        self.stats.fired.fetch_add(fired.len() as u64, Ordering::Relaxed);
+        self.stats.fired.fetch_add(fired.count() as u64, Ordering::Relaxed);
         let mut wheel = lock(&self.wheel);
         let through = through.unwrap_or(wheel.fired_through());
-        if let Err(e) = wheel.fired(&fired, through) {
+        if let Err(e) = wheel.fired(&done, through) {
             tracing::warn!(error = %e, "timer store: cannot delete a fired slot file");
         }
+        lock(&self.recalls).settle(&recalled);
     }
 
     /// Fires `due` (keys in order): what became of each.
     async fn fire(self: &Arc<Self>, broker: &Arc<Broker>, due: &[Key]) -> Vec<Outcome> {
-        let offsets: Vec<i64> = due.iter().map(|(_, offset)| *offset).collect();
+        // The round claimed `due`: no recall of them comes in meanwhile.
+        let recalled: Vec<bool> = {
+            let recalls = lock(&self.recalls);
+            due.iter().map(|key| recalls.is_recalled(key)).collect()
+        };
+        let offsets: Vec<i64> =
+            due.iter().zip(&recalled).filter(|(_, recalled)| !**recalled).map(|((_, offset), _)| *offset).collect();
         let records = {
             let (store, offsets) = (self.clone(), offsets.clone());
             match tokio::task::spawn_blocking(move || read_at(&store.log, &offsets))
@@ -415,9 +444,15 @@ impl TimerStore {
         // (topic, partition) → the indexes of its records in `due`.
         let mut groups: BTreeMap<(String, i32), Vec<usize>> = BTreeMap::new();
         let mut fired_records: Vec<Option<Record>> = Vec::with_capacity(due.len());
-        for (index, record) in records.into_iter().enumerate() {
-            let Some(mut record) = record else {
-                tracing::warn!(offset = offsets[index], "timer store: a scheduled message is gone from the log");
+        let mut records = records.into_iter();
+        for index in 0..due.len() {
+            if recalled[index] {
+                outcomes[index] = Outcome::Recalled;
+                fired_records.push(None);
+                continue;
+            }
+            let Some(mut record) = records.next().flatten() else {
+                tracing::warn!(offset = due[index].1, "timer store: a scheduled message is gone from the log");
                 outcomes[index] = Outcome::Dropped;
                 fired_records.push(None);
                 continue;
@@ -502,6 +537,9 @@ impl TimerStore {
     fn maintain(&self) {
         if let Err(e) = self.write_checkpoint(true) {
             tracing::warn!(error = %e, "timer store: cannot write the checkpoint");
+        }
+        if let Err(e) = lock(&self.recalls).compact() {
+            tracing::warn!(error = %e, "timer store: cannot compact the recall notes");
         }
         let min_pending = lock(&self.wheel).min_pending_offset().unwrap_or_else(|| self.log.log_end_offset());
         if min_pending > self.log.log_start_offset() {

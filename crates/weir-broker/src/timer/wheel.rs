@@ -48,6 +48,9 @@ pub struct Wheel {
     near: BTreeSet<Key>,
     /// Slots starting below this are loaded.
     loaded_until: i64,
+    /// While slots load (between [`Wheel::begin_advance`] and [`Wheel::install`]): where they
+    /// start. Their entries are not all in memory yet.
+    loading_from: Option<i64>,
     fired: Key,
 }
 
@@ -87,7 +90,14 @@ impl Wheel {
                 None => fs::remove_file(&path)?,
             }
         }
-        let mut wheel = Wheel { dir: dir.to_path_buf(), slots, near: BTreeSet::new(), loaded_until: i64::MIN, fired };
+        let mut wheel = Wheel {
+            dir: dir.to_path_buf(),
+            slots,
+            near: BTreeSet::new(),
+            loaded_until: i64::MIN,
+            loading_from: None,
+            fired,
+        };
         wheel.advance(now_ms)?;
         Ok((wheel, noted))
     }
@@ -151,7 +161,11 @@ impl Wheel {
         if horizon <= self.loaded_until {
             return Vec::new();
         }
-        let slots = self.slots.range(self.loaded_until..horizon).map(|(slot, _)| (*slot, self.path(*slot))).collect();
+        let slots: Vec<(i64, PathBuf)> =
+            self.slots.range(self.loaded_until..horizon).map(|(slot, _)| (*slot, self.path(*slot))).collect();
+        if let Some((first, _)) = slots.first() {
+            self.loading_from = Some(self.loading_from.map_or(*first, |from| from.min(*first)));
+        }
         self.loaded_until = horizon;
         slots
     }
@@ -161,6 +175,7 @@ impl Wheel {
         if let Some(first) = slots.iter().map(|(slot, _)| *slot).min() {
             self.loaded_until = self.loaded_until.min(first);
         }
+        self.loading_from = None;
     }
 
     /// The last step of loading slots: their entries, from [`load_slots`], join those in memory.
@@ -169,6 +184,25 @@ impl Wheel {
         loaded.retain(|key| *key > fired);
         // A merge of two sorted sets: linear, no search per entry.
         self.near.append(&mut loaded);
+        self.loading_from = None;
+    }
+
+    /// Whether the entry `key`, which was added (the timer log says so), waits to fire. Of a
+    /// slot not loaded only the count is known, so there a key never added may be answered
+    /// pending too. (A key whose due time [`Wheel::add`] raised is not found under its first
+    /// due time: it was due already.)
+    pub fn is_pending(&self, key: Key) -> bool {
+        if key <= self.fired {
+            return false;
+        }
+        let slot = slot_of(key.0);
+        let in_memory = slot < self.loaded_until && self.loading_from.is_none_or(|from| slot < from);
+        if in_memory {
+            self.near.contains(&key)
+        } else {
+            // Nothing fires from a slot not loaded: its entries all wait.
+            self.slots.contains_key(&slot)
+        }
     }
 
     /// The first at most `limit` keys due at `now_ms`, in order.
@@ -334,6 +368,25 @@ mod tests {
         let loaded = load_slots(&paths).expect("load");
         wheel.install(loaded);
         assert_eq!(wheel.due(200_000, 10), vec![(120_000, 1), (125_000, 3), (130_000, 2)]);
+    }
+
+    #[test]
+    fn an_entry_is_pending_from_its_add_to_its_firing_also_while_its_slot_loads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(1_000, 1), (120_000, 2)]).expect("add");
+        assert!(wheel.is_pending((1_000, 1)) && wheel.is_pending((120_000, 2)));
+        assert!(!wheel.is_pending((1_000, 2)), "not added so (in memory: known)");
+        assert!(!wheel.is_pending((7_200_000, 9)), "no such slot");
+        // Between the two steps of a load, the far entry is not in memory yet: still pending.
+        let paths = wheel.begin_advance(120_000 - LOOKAHEAD_MS);
+        assert!(wheel.is_pending((120_000, 2)));
+        wheel.install(load_slots(&paths).expect("load"));
+        assert!(wheel.is_pending((120_000, 2)));
+        wheel.fired(&[(1_000, 1)], (1_000, 1)).expect("fire");
+        assert!(!wheel.is_pending((1_000, 1)));
+        wheel.fired(&[(120_000, 2)], (1_000, 1)).expect("fire out of order");
+        assert!(!wheel.is_pending((120_000, 2)), "fired, though not below the fired mark");
     }
 
     #[test]
