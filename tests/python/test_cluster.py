@@ -931,3 +931,45 @@ def test_rocketmq_fifo_sends_reach_each_message_groups_queue_whatever_broker_a_c
     for group in partitions:
         bodies = [r.value.decode() for r in sorted(records, key=lambda r: r.offset) if r.key.decode() == group]
         assert bodies == [f"{group.replace('group-', 'g')}-{n}" for n in range(5)], bodies
+
+
+def test_a_delayed_message_is_recalled_through_a_broker_other_than_the_one_that_keeps_it(cluster):
+    """A delayed message waits in the timer store of the broker that took it (its queue's
+    leader); RecallMessage goes to the client's access point, which passes it to that broker.
+    The recalled message never reaches its topic, the other one does."""
+    import math
+
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+    name = unique("rmq-recall")
+    leaders = cluster.create_topic(1, name, 1)
+    status, _ = http("PATCH", f"{cluster.node(1).admin_url()}/v1/topics/{name}/configs", {"set": {"message.type": "DELAY"}})
+    assert status == 200
+    keeper = leaders[0]
+    access = next(i for i in cluster.ids() if i != keeper)
+    config = ClientConfiguration(cluster.node(access).rocketmq_endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, [name])
+    producer.startup()
+    due_s = math.ceil(time.time() + 4)
+    try:
+        receipts = {}
+        for body in (b"recalled", b"kept"):
+            m = Message()
+            m.topic, m.body, m.delivery_timestamp = name, body, due_s
+            receipts[body] = producer.send(m)
+        handle = receipts[b"recalled"].recall_handle
+        assert handle.startswith(f"r1.{keeper}."), f"kept by the queue's leader, node {keeper}: {handle}"
+        assert producer.recall_message(name, handle) == receipts[b"recalled"].message_id
+    finally:
+        producer.shutdown()
+    time.sleep(max(0.0, due_s + 1 - time.time()))
+    consumer = c_consumer(cluster.bootstrap())
+    try:
+        consumer.assign([TopicPartition(name, 0, 0)])
+        records = c_consume(consumer, 1, timeout=30)
+        records += c_consume(consumer, 0, timeout=2)
+        extra = consumer.poll(2)
+    finally:
+        consumer.close()
+    assert [r.value for r in records] == [b"kept"]
+    assert extra is None or extra.error() is not None, f"and nothing else: {extra.value() if extra else None}"

@@ -16,6 +16,7 @@ import math
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 
 import grpc
@@ -25,6 +26,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq import grpc_protocol as pb
 from rocketmq.grpc_protocol import definition_pb2 as d
+from rocketmq.v5.exception import BadRequestException, NotFoundException
 
 from conftest import weir_bin
 from helpers import c_admin, c_create_topic, c_producer, http, rec_from_confluent, unique
@@ -295,6 +297,74 @@ def test_delayed_messages_survive_kill_9_and_those_due_meanwhile_are_delivered_o
     )
     records = read_to_end(broker.bootstrap, topic, want=2)
     assert sorted(r.value for r in records) == [b"due after restart", b"due while down"], "each is in the log once"
+
+
+# -- recalling a delayed message (RecallMessage) -------------------------------------------------
+
+
+def metric(broker, name):
+    """A label-less sample of the broker's /metrics."""
+    with urllib.request.urlopen(f"{broker.admin_url()}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
+def test_a_recalled_delayed_message_is_never_delivered_while_the_others_are(broker):
+    topic, other, group = delay_topic(broker), delay_topic(broker), unique("g")
+    consumer = simple_consumer(broker, group, topic, await_s=1)
+    producer = producer_for(broker, [topic, other])
+    try:
+        due_s = due_in(4)
+        recalled = producer.send(delayed(topic, b"recalled", due_s))
+        kept = producer.send(delayed(topic, b"kept", due_s))
+        assert recalled.recall_handle and kept.recall_handle, "a delayed message's receipt has a recall handle"
+        recalled_before = metric(broker, "weir_timer_messages_recalled_total")
+        assert producer.recall_message(topic, recalled.recall_handle) == recalled.message_id
+        # Again: still recalled, same answer.
+        assert producer.recall_message(topic, recalled.recall_handle) == recalled.message_id
+        assert metric(broker, "weir_timer_messages_recalled_total") == recalled_before + 1
+        # A handle is only good with its own topic; a made-up one is refused as such.
+        with pytest.raises(NotFoundException):
+            producer.recall_message(other, kept.recall_handle)
+        with pytest.raises(BadRequestException):
+            producer.recall_message(topic, "not-a-handle")
+        got = receive_timed(consumer, until=due_s + 3)
+        # Delivered: too late to recall it.
+        with pytest.raises(NotFoundException):
+            producer.recall_message(topic, kept.recall_handle)
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+    assert [m.body for _, m in got] == [b"kept"]
+    assert [r.value for r in read_to_end(broker.bootstrap, topic, want=1)] == [b"kept"], "the log has only the kept one"
+
+
+def test_a_recall_survives_kill_9_even_when_the_message_came_due_while_the_broker_was_down(broker_factory):
+    broker = broker_factory()
+    topic, group = delay_topic(broker), unique("g")
+    producer = producer_for(broker, [topic])
+    try:
+        due_s = due_in(3)
+        recalled = producer.send(delayed(topic, b"recalled", due_s))
+        producer.send(delayed(topic, b"kept", due_s))
+        far = producer.send(delayed(topic, b"recalled, an hour away", due_in(3600)))
+        assert producer.recall_message(topic, recalled.recall_handle) == recalled.message_id
+        assert producer.recall_message(topic, far.recall_handle) == far.message_id
+    finally:
+        producer.shutdown()
+    broker.kill9()
+    time.sleep(max(0.0, due_s + 0.5 - time.time()))
+    broker.start()
+    consumer = simple_consumer(broker, group, topic, await_s=1)
+    try:
+        got = receive_timed(consumer, until=time.time() + 6, want=1)
+        got += receive_timed(consumer, until=time.time() + 1.5)
+    finally:
+        consumer.shutdown()
+    assert [m.body for _, m in got] == [b"kept"]
+    assert metric(broker, "weir_timer_messages_pending") == 0, "the recalled far message no longer counts as pending"
 
 
 # -- Kafka producers schedule too ---------------------------------------------------------------

@@ -17,6 +17,7 @@
 //! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
 //! - [`renew`]: push consumers' messages kept invisible while their client holds them;
 //! - [`transaction`]: transactional (half) messages, EndTransaction and the check-back;
+//! - [`recall`]: RecallMessage, delayed messages taken back before they are due;
 //! - [`telemetry`]: the bidirectional Telemetry stream, where the client's settings meet the
 //!   server's.
 
@@ -32,6 +33,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 pub mod dead_letter;
 pub mod filter;
 pub mod progress;
+pub mod recall;
 pub mod receive;
 pub mod renew;
 pub mod route;

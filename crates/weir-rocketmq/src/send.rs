@@ -17,6 +17,7 @@ use weir_broker::topic_config::MessageType;
 use weir_broker::{Acks, Broker, BrokerError, ErrorKind, Partition};
 
 use crate::proto::{self, Code, SendResultEntry};
+use crate::recall::RecallHandle;
 use crate::status;
 
 /// The longest tag, key, message group or property accepted (RocketMQ's proxies allow far
@@ -247,7 +248,16 @@ async fn schedule(
     let records: Vec<Record> = delayed.iter().map(|(_, m)| m.to_record(now)).collect();
     let placed: Vec<Placed> = delayed.into_iter().map(|(index, message)| Placed { index, message }).collect();
     match broker.timer.schedule(topic, None, records).await {
-        Ok(first_offset) => succeed(entries, &placed, first_offset),
+        Ok(first_offset) => {
+            succeed(entries, &placed, first_offset);
+            // Each can be recalled until it is due: the handle says where it waits.
+            for (position, p) in placed.iter().enumerate() {
+                let due_ms = p.message.delivery_timestamp_ms.unwrap_or_default();
+                let handle =
+                    RecallHandle { node: broker.config.node_id, offset: first_offset + position as i64, due_ms };
+                entries[p.index].recall_handle = handle.encode();
+            }
+        }
         Err(e) => fail(entries, &placed, &e),
     }
 }

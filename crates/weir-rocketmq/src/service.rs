@@ -35,7 +35,7 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 pub const PROPERTY_ALLOWANCE_BYTES: usize = 64 << 10;
 
 /// The calls this front-end counts, in metrics order.
-const OPERATIONS: [&str; 15] = [
+const OPERATIONS: [&str; 16] = [
     "QueryRoute",
     "Heartbeat",
     "SendMessage",
@@ -51,6 +51,7 @@ const OPERATIONS: [&str; 15] = [
     "Telemetry",
     "NotifyClientTermination",
     "ChangeInvisibleDuration",
+    "RecallMessage",
 ];
 
 /// The RocketMQ front-end's state: the core, and what it keeps between calls.
@@ -660,6 +661,20 @@ impl MessagingService for Service {
             Err(refused) => ChangeInvisibleDurationResponse { status: Some(refused), receipt_handle: String::new() },
         };
         self.observe(14, started, response.status.as_ref().map_or(0, |s| s.code));
+        Ok(Response::new(response))
+    }
+
+    async fn recall_message(
+        &self,
+        request: Request<RecallMessageRequest>,
+    ) -> Result<Response<RecallMessageResponse>, tonic::Status> {
+        let started = Instant::now();
+        self.client_of(&request);
+        let response = match crate::recall::recall(&self.broker, &request.into_inner()).await {
+            Ok(message_id) => RecallMessageResponse { status: Some(status::ok()), message_id },
+            Err(refused) => RecallMessageResponse { status: Some(refused), message_id: String::new() },
+        };
+        self.observe(15, started, response.status.as_ref().map_or(0, |s| s.code));
         Ok(Response::new(response))
     }
 }
