@@ -28,7 +28,7 @@ use bytes::Bytes;
 use weir_storage::sync::lock;
 use weir_storage::FlushPolicy;
 
-use super::wheel::Key;
+use super::wheel::{decode_entry, encode_entry, Key, ENTRY_BYTES};
 use super::{due_ms, headers, io_error, read_at, TimerStore};
 use crate::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
 use crate::message::headers::MESSAGE_ID;
@@ -37,8 +37,6 @@ use crate::{Broker, BrokerError, ErrorKind};
 const SERVICE: &str = "timer";
 const RECALL: &str = "timer.recall";
 
-/// One note in the recall file: the key's due time and offset, big-endian.
-const ENTRY_BYTES: usize = 16;
 /// The recall file is rewritten with only the live notes once it holds this many more.
 const COMPACT_SLACK: u64 = 1024;
 
@@ -79,7 +77,8 @@ impl Recalls {
             Err(e) => return Err(e),
         }
         // A torn last note (a crash mid-write) belongs to a recall never acknowledged.
-        let recalled: BTreeSet<Key> = bytes.chunks_exact(ENTRY_BYTES).map(decode).filter(|key| *key > fired).collect();
+        let recalled: BTreeSet<Key> =
+            bytes.chunks_exact(ENTRY_BYTES).map(decode_entry).filter(|key| *key > fired).collect();
         let file_entries = (bytes.len() / ENTRY_BYTES) as u64;
         Ok(Recalls { path, recalled, firing: HashSet::new(), file_entries })
     }
@@ -109,7 +108,7 @@ impl Recalls {
     /// Notes `key` as recalled, durably as `flush` promises.
     fn note(&mut self, key: Key, flush: FlushPolicy) -> io::Result<()> {
         let mut file = OpenOptions::new().create(true).append(true).open(&self.path)?;
-        file.write_all(&encode(key))?;
+        file.write_all(&encode_entry(key))?;
         if flush == FlushPolicy::Sync {
             file.sync_data()?;
         }
@@ -123,26 +122,11 @@ impl Recalls {
         if self.file_entries <= self.recalled.len() as u64 * 2 + COMPACT_SLACK {
             return Ok(());
         }
-        let bytes: Vec<u8> = self.recalled.iter().flat_map(|key| encode(*key)).collect();
+        let bytes: Vec<u8> = self.recalled.iter().flat_map(|key| encode_entry(*key)).collect();
         weir_storage::write_atomically(&self.path, &bytes).map_err(io::Error::other)?;
         self.file_entries = self.recalled.len() as u64;
         Ok(())
     }
-}
-
-fn encode((due, offset): Key) -> [u8; ENTRY_BYTES] {
-    let mut bytes = [0u8; ENTRY_BYTES];
-    bytes[..8].copy_from_slice(&due.to_be_bytes());
-    bytes[8..].copy_from_slice(&offset.to_be_bytes());
-    bytes
-}
-
-fn decode(entry: &[u8]) -> Key {
-    let mut due = [0u8; 8];
-    let mut offset = [0u8; 8];
-    due.copy_from_slice(&entry[..8]);
-    offset.copy_from_slice(&entry[8..16]);
-    (i64::from_be_bytes(due), i64::from_be_bytes(offset))
 }
 
 impl TimerStore {

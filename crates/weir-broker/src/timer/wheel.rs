@@ -26,8 +26,25 @@ use std::path::{Path, PathBuf};
 pub const SLOT_MS: i64 = 60_000;
 /// How long before its start a slot is loaded into memory.
 pub const LOOKAHEAD_MS: i64 = 5_000;
-/// One entry in a slot file.
-const ENTRY_BYTES: usize = 16;
+/// One entry in a slot file (and one note in the recall file): the due time and the offset,
+/// both big-endian i64.
+pub(super) const ENTRY_BYTES: usize = 16;
+
+pub(super) fn encode_entry((due, offset): Key) -> [u8; ENTRY_BYTES] {
+    let mut bytes = [0u8; ENTRY_BYTES];
+    bytes[..8].copy_from_slice(&due.to_be_bytes());
+    bytes[8..].copy_from_slice(&offset.to_be_bytes());
+    bytes
+}
+
+/// The key of an entry of [`ENTRY_BYTES`] bytes.
+pub(super) fn decode_entry(entry: &[u8]) -> Key {
+    let mut due = [0u8; 8];
+    let mut offset = [0u8; 8];
+    due.copy_from_slice(&entry[..8]);
+    offset.copy_from_slice(&entry[8..ENTRY_BYTES]);
+    (i64::from_be_bytes(due), i64::from_be_bytes(offset))
+}
 
 /// A due time and a timer-log offset.
 pub type Key = (i64, i64);
@@ -123,9 +140,8 @@ impl Wheel {
         }
         for (slot, keys) in by_slot {
             let mut bytes = Vec::with_capacity(keys.len() * ENTRY_BYTES);
-            for (due, offset) in &keys {
-                bytes.extend_from_slice(&due.to_be_bytes());
-                bytes.extend_from_slice(&offset.to_be_bytes());
+            for key in &keys {
+                bytes.extend_from_slice(&encode_entry(*key));
             }
             OpenOptions::new().create(true).append(true).open(self.path(slot))?.write_all(&bytes)?;
             let info = self.slots.entry(slot).or_insert(Slot { entries: 0, min_offset: i64::MAX });
@@ -306,16 +322,7 @@ fn read_slot(path: &Path) -> io::Result<Vec<Key>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
-    Ok(bytes
-        .chunks_exact(ENTRY_BYTES)
-        .map(|entry| {
-            let mut due = [0u8; 8];
-            let mut offset = [0u8; 8];
-            due.copy_from_slice(&entry[..8]);
-            offset.copy_from_slice(&entry[8..]);
-            (i64::from_be_bytes(due), i64::from_be_bytes(offset))
-        })
-        .collect())
+    Ok(bytes.chunks_exact(ENTRY_BYTES).map(decode_entry).collect())
 }
 
 #[cfg(test)]
