@@ -53,13 +53,17 @@ def test_the_nodejs_client_delays_a_message_and_commits_and_rolls_back_transacti
     delay_topic, tx_topic, group = unique("rmq-node-delay"), unique("rmq-node-tx"), unique("g")
     c_create_topic(admin, delay_topic, config={"message.type": "DELAY"})
     c_create_topic(admin, tx_topic, config={"message.type": "TRANSACTION"})
-    run = subprocess.run(
-        [node, "messaging.mjs", broker.rocketmq_endpoint, delay_topic, tx_topic, group],
-        cwd=NODE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    try:
+        # Below pytest's own timeout, so a hang shows the script's steps.
+        run = subprocess.run(
+            [node, "messaging.mjs", broker.rocketmq_endpoint, delay_topic, tx_topic, group],
+            cwd=NODE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"messaging.mjs did not end within 90 s; its steps:\n{e.stderr}\n{e.stdout}") from e
     assert run.returncode == 0, f"node exited {run.returncode}\n{run.stdout}\n{run.stderr}"
     seen = json.loads(run.stdout.strip().splitlines()[-1])
 
