@@ -6,14 +6,11 @@ mod admin_cli;
 mod alloc;
 mod bench;
 mod cli;
+mod logging;
 mod server;
 mod settings;
 
-use std::ffi::OsStr;
-use std::io::IsTerminal;
-
 use clap::{CommandFactory, FromArgMatches};
-use tracing_subscriber::EnvFilter;
 
 use crate::cli::{BenchCommand, Cli, Command};
 
@@ -25,7 +22,7 @@ fn main() -> anyhow::Result<()> {
     // As Cli::parse, keeping the matches: they tell a flag from its environment variable.
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
-    init_tracing(cli.command.default_log_filter());
+    logging::init(cli.command.default_log_filter());
     if !malloc_tuned {
         tracing::warn!("glibc refused the malloc thresholds: request buffers are not reused");
     }
@@ -47,32 +44,5 @@ fn main() -> anyhow::Result<()> {
         Command::Message(args) => admin_cli::finish(admin_cli::message::run(&args)),
         Command::Cluster(args) => admin_cli::finish(admin_cli::cluster::run(&args)),
         Command::Partition(args) => admin_cli::finish(admin_cli::partition::run(&args)),
-    }
-}
-
-/// Logs to stderr, filtered by RUST_LOG, or by `default_filter` when RUST_LOG is unset.
-fn init_tracing(default_filter: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let colour = log_colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
-    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour).with_writer(std::io::stderr).init();
-}
-
-/// Whether the logs carry ANSI colour codes: only for a person at a terminal (a file or a pipe
-/// gets plain text), and not when NO_COLOR is set to a non-empty value (https://no-color.org).
-fn log_colour(stderr_is_terminal: bool, no_color: Option<&OsStr>) -> bool {
-    stderr_is_terminal && no_color.is_none_or(OsStr::is_empty)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
-        assert!(log_colour(true, None));
-        assert!(log_colour(true, Some(OsStr::new(""))), "an empty NO_COLOR does not count");
-        assert!(!log_colour(true, Some(OsStr::new("1"))));
-        assert!(!log_colour(false, None));
-        assert!(!log_colour(false, Some(OsStr::new(""))));
     }
 }

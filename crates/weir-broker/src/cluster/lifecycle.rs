@@ -28,6 +28,9 @@ pub struct Lifecycle {
     /// `!fenced` of the last answer, once there is one: read by every client append, so an
     /// atomic rather than the mutex. Written only together with `state`.
     may_lead: AtomicBool,
+    /// A registration failed since the last one that succeeded, and the log said so: the
+    /// log says it once, not every round (a majority of the controllers can be down for long).
+    registration_failing: AtomicBool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +47,7 @@ impl Lifecycle {
             session_timeout: Duration::from_millis(session_timeout_ms),
             state: Mutex::new(Standing { fenced: true, last_ack: None }),
             may_lead: AtomicBool::new(false),
+            registration_failing: AtomicBool::new(false),
         }
     }
 
@@ -102,10 +106,20 @@ impl Broker {
     pub(crate) async fn lifecycle_round(self: &Arc<Self>, registered: bool, shutting_down: bool) -> bool {
         if !registered {
             let request = ControlRequest::RegisterBroker { registration: self.registration() };
+            let failing = &self.cluster.lifecycle.registration_failing;
             return match self.control(request).await {
-                Ok(_) => true,
+                Ok(_) => {
+                    if failing.swap(false, Ordering::Relaxed) {
+                        tracing::info!("registered with the controller");
+                    }
+                    true
+                }
                 Err(e) => {
-                    tracing::info!(error = %e, "cannot register with the controller yet");
+                    if failing.swap(true, Ordering::Relaxed) {
+                        tracing::debug!(error = %e, "cannot register with the controller yet");
+                    } else {
+                        tracing::info!(error = %e, "cannot register with the controller yet; retrying");
+                    }
                     false
                 }
             };
