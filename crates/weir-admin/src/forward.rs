@@ -50,29 +50,37 @@ const FORWARDED_BODY_MAX: usize = crate::BODY_BYTES_MAX;
 
 /// Where a partition's records are read and written.
 pub(crate) enum Location {
-    /// On this broker.
+    /// On this broker, which leads it.
     Here(Arc<Partition>),
     /// At the broker with this id, which leads it.
     Leader(i32),
 }
 
-/// Finds `topic`-`index`: here, at its leader, or nowhere (an error for the client).
+/// Finds the leader of `topic`-`index`: this broker, another one, or nobody right now (an error
+/// for the client). A replica here that follows is no place to read or write: records are
+/// appended and read at the leader, as Kafka clients do, whatever this broker hosts.
 pub(crate) fn locate(broker: &Broker, topic: &str, index: i32) -> Result<Location, ApiError> {
-    if let Some(partition) = broker.partition(topic, index) {
-        return Ok(Location::Here(partition));
-    }
-    let metadata = broker.metadata();
-    let state = metadata
-        .topic(topic)
-        .and_then(|t| t.partition(index))
-        .ok_or_else(|| ApiError::unknown_partition(topic, index))?;
-    if state.leader < 0 || state.leader == broker.config.node_id {
-        return Err(ApiError::new(
+    let here = broker.partition(topic, index);
+    let leader = match &here {
+        // The partition's own state: the metadata it was last brought in line with.
+        Some(partition) => partition.state().leader,
+        None => {
+            let metadata = broker.metadata();
+            let state = metadata
+                .topic(topic)
+                .and_then(|t| t.partition(index))
+                .ok_or_else(|| ApiError::unknown_partition(topic, index))?;
+            state.leader
+        }
+    };
+    match here {
+        Some(partition) if leader == broker.config.node_id => Ok(Location::Here(partition)),
+        _ if leader < 0 || leader == broker.config.node_id => Err(ApiError::new(
             ErrorKind::LeaderNotAvailable,
             format!("{topic}-{index} has no leader right now; retry shortly"),
-        ));
+        )),
+        _ => Ok(Location::Leader(leader)),
     }
-    Ok(Location::Leader(state.leader))
 }
 
 /// An [`ApiError`] as it crosses the wire.
@@ -191,7 +199,7 @@ impl AdminService {
         match method.as_str() {
             PARTITIONS => {
                 let topic: String = decode_json(&method, &body)?;
-                encode_json(&method, &Ok::<_, WireError>(local_partition_infos(&broker, &topic)))
+                encode_json(&method, &Ok::<_, WireError>(local_partition_infos(&broker, &topic, true)))
             }
             OFFSET_AT => {
                 let (topic, index, timestamp): (String, i32, i64) = decode_json(&method, &body)?;
@@ -250,10 +258,15 @@ pub fn register(state: &Arc<AdminState>, broker: &Arc<Broker>) {
 
 // ----- partitions everywhere -----------------------------------------------------------------
 
-/// What this broker knows of the `topic` partitions it hosts.
-fn local_partition_infos(broker: &Broker, topic: &str) -> Vec<PartitionInfo> {
+/// What this broker knows of the `topic` partitions it hosts; with `led_only`, of those it
+/// leads (a follower's offsets trail the leader's, so they are what is asked of a leader).
+fn local_partition_infos(broker: &Broker, topic: &str, led_only: bool) -> Vec<PartitionInfo> {
     let count = broker.metadata().topic(topic).map_or(0, |t| t.partitions);
-    (0..count).filter_map(|index| broker.partition(topic, index)).map(|p| partition_info(&p)).collect()
+    (0..count)
+        .filter_map(|index| broker.partition(topic, index))
+        .filter(|p| !led_only || p.state().leader == broker.config.node_id)
+        .map(|p| partition_info(&p))
+        .collect()
 }
 
 fn partition_info(p: &Partition) -> PartitionInfo {
@@ -272,13 +285,14 @@ fn partition_info(p: &Partition) -> PartitionInfo {
     }
 }
 
-/// Every partition of `topic`, by index: as its host says (this broker, or each leader over the
-/// RPC), or, when its leader is down or does not answer, as the metadata says with offsets -1.
+/// Every partition of `topic`, by index: as its leader says (this broker, or each leader over
+/// the RPC); when its leader is down or does not answer, as a replica here says, else as the
+/// metadata says with offsets -1.
 pub(crate) async fn partition_infos(broker: &Arc<Broker>, topic: &str) -> Vec<PartitionInfo> {
     let metadata = broker.metadata();
     let Some(meta) = metadata.topic(topic) else { return Vec::new() };
     let mut infos: BTreeMap<i32, PartitionInfo> =
-        local_partition_infos(broker, topic).into_iter().map(|p| (p.partition, p)).collect();
+        local_partition_infos(broker, topic, true).into_iter().map(|p| (p.partition, p)).collect();
     let mut leaders: Vec<i32> = (0..meta.partitions)
         .filter(|index| !infos.contains_key(index))
         .filter_map(|index| meta.partition(index).map(|p| p.leader))
@@ -300,6 +314,9 @@ pub(crate) async fn partition_infos(broker: &Arc<Broker>, topic: &str) -> Vec<Pa
             Ok(remote) => infos.extend(remote.into_iter().map(|p| (p.partition, p))),
             Err(e) => tracing::info!(topic, broker = leader, error = %e.message, "cannot read partition offsets"),
         }
+    }
+    for replica in local_partition_infos(broker, topic, false) {
+        infos.entry(replica.partition).or_insert(replica);
     }
     (0..meta.partitions)
         .filter_map(|index| {
