@@ -32,6 +32,7 @@ from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.parser import KafkaProtocol
 
 from conftest import READY_TIMEOUT_S, Broker, free_port
+from helpers import http
 
 # Short timings: a fault shows within a few seconds, yet a busy 2-core machine (several
 # debug-build nodes and the clients) does not miss heartbeats or elections by accident.
@@ -338,28 +339,43 @@ class Cluster:
                 )
             time.sleep(interval)
 
+    def active_controller(self, via=None, timeout=10.0):
+        """The active controller (the metadata quorum's leader) as node `via` (default: the
+        first live broker) sees it in its admin API's /v1/cluster; None during an election.
+        Kafka's Metadata does not say: each broker names itself as the controller there."""
+        node = self.nodes[via] if via else self.live_brokers()[0]
+        status, body = http("GET", f"{node.admin_url()}/v1/cluster", timeout=timeout)
+        assert status == 200, f"/v1/cluster on {node}: {status} {body}"
+        return body["controller"]
+
     def wait_formed(self, ids=None, timeout=20.0):
-        """Waits until every given (default: live) node lists exactly those brokers, with the
-        same controller (one of them) and cluster id; returns (controller_id, cluster_id)."""
+        """Waits until every given (default: live) node lists exactly those brokers, names
+        itself as the controller in Metadata (as KRaft brokers do: a live broker, which
+        forwards to the active controller), shows the same cluster id, and sees the same
+        active controller (a voter among them, or any voter without one); returns
+        (active controller id, cluster_id)."""
         ids = ids or self.ids()
         expected = self.expected_brokers(ids)
         voter_ids = {i for i in ids if self.nodes[i].voter}
 
         def formed():
             views = self.views(ids)
-            controllers = {v.controller_id for v in views.values()}
             clusters = {v.cluster_id for v in views.values()}
             if any(v.brokers != expected for v in views.values()):
                 return None
-            if len(controllers) != 1 or len(clusters) != 1:
+            if any(v.controller_id != i for i, v in views.items()):
                 return None
-            [controller] = controllers
+            if len(clusters) != 1:
+                return None
             [cluster_id] = clusters
-            # Clients are told of a broker as the controller: the active one when it is a
-            # broker too, else any broker (which forwards to it).
-            if controller not in (voter_ids or set(ids)) or not cluster_id:
+            actives = {self.active_controller(i) for i in ids}
+            if len(actives) != 1 or not cluster_id:
                 return None
-            return controller, cluster_id
+            [active] = actives
+            voters = voter_ids or {n.node_id for n in self.nodes.values() if n.voter}
+            if active not in voters:
+                return None
+            return active, cluster_id
 
         return self.wait(formed, timeout, f"nodes {ids} to agree on brokers {sorted(expected)} and a controller")
 

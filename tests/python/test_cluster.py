@@ -73,10 +73,9 @@ def figure(text):
 
 
 def controller_of(cluster, via=None):
-    """The active controller, as confluent-kafka's describe_cluster() reports it."""
-    admin = AdminClient({"bootstrap.servers": cluster.node(via).bootstrap if via else cluster.bootstrap()})
-    description = admin.describe_cluster(request_timeout=10).result(timeout=15)
-    return description.controller.id
+    """The active controller, as a node's admin API reports it (Kafka's Metadata names the
+    broker answering, which forwards to it)."""
+    return cluster.active_controller(via)
 
 
 def records_for(partitions, per_partition, tag):
@@ -178,30 +177,34 @@ def percentile(values, q):
 
 def test_three_nodes_form_one_cluster_that_every_node_describes_alike(cluster):
     """Three processes given the same voters form one cluster: each node's Metadata lists the
-    three brokers with their advertised host:port, the same controller (a voter) and the same
-    cluster id; confluent-kafka's describe_cluster()/list_topics(), kafka-python's
-    describe_cluster() and kcat -L, bootstrapped from each node alone, say the same."""
+    three brokers with their advertised host:port and the same cluster id, and names the node
+    itself as the controller (as a KRaft broker names a live broker, which forwards to the
+    active controller); confluent-kafka's describe_cluster()/list_topics(), kafka-python's
+    describe_cluster() and kcat -L, bootstrapped from each node alone, say the same. Every
+    node's admin API names the same active controller, a voter."""
     expected = cluster.expected_brokers()
     assert sorted(expected) == [1, 2, 3]
     views = cluster.views()
-    controllers = {v.controller_id for v in views.values()}
     cluster_ids = {v.cluster_id for v in views.values()}
     for node_id, view in views.items():
         assert view.brokers == expected, f"node {node_id} lists {view.brokers}"
-    assert len(controllers) == 1 and controllers <= {1, 2, 3}, f"controllers seen: {controllers}"
+        assert view.controller_id == node_id, f"node {node_id} names {view.controller_id} as the controller"
     assert len(cluster_ids) == 1 and all(cluster_ids), f"cluster ids seen: {cluster_ids}"
-    [controller] = controllers
     [cluster_id] = cluster_ids
+    actives = {controller_of(cluster, i) for i in (1, 2, 3)}
+    assert len(actives) == 1 and actives <= {1, 2, 3}, f"active controllers seen: {actives}"
+    [active] = actives
 
     for node in cluster.live():
+        me = node.node_id
         admin = AdminClient({"bootstrap.servers": node.bootstrap})
         d = admin.describe_cluster(request_timeout=10).result(timeout=15)
         assert d.cluster_id == cluster_id
-        assert d.controller.id == controller
+        assert d.controller.id == me
         assert {n.id: (n.host, n.port) for n in d.nodes} == expected
         md = admin.list_topics(timeout=10)
         assert {b.id: (b.host, b.port) for b in md.brokers.values()} == expected
-        assert md.controller_id == controller and md.cluster_id == cluster_id
+        assert md.controller_id == me and md.cluster_id == cluster_id
 
         kp = kp_admin(node.bootstrap)
         try:
@@ -209,7 +212,7 @@ def test_three_nodes_form_one_cluster_that_every_node_describes_alike(cluster):
         finally:
             kp.close()
         assert {b["node_id"]: (b["host"], b["port"]) for b in kd["brokers"]} == expected
-        assert kd["controller_id"] == controller and kd["cluster_id"] == cluster_id
+        assert kd["controller_id"] == me and kd["cluster_id"] == cluster_id
 
         assert KCAT is not None, "kcat is not installed"
         out = subprocess.run([KCAT, "-b", node.bootstrap, "-m", "10", "-L", "-J"], capture_output=True, timeout=30)
@@ -217,8 +220,8 @@ def test_three_nodes_form_one_cluster_that_every_node_describes_alike(cluster):
         kc = json.loads(out.stdout)
         assert sorted(b["id"] for b in kc["brokers"]) == [1, 2, 3]
         assert {b["id"]: b["name"] for b in kc["brokers"]} == {i: f"{h}:{p}" for i, (h, p) in expected.items()}
-        assert kc["controllerid"] == controller
-    figure(f"formed: controller {controller}, cluster id {cluster_id}")
+        assert kc["controllerid"] == me
+    figure(f"formed: active controller {active}, cluster id {cluster_id}")
 
 
 def test_topic_created_through_a_follower_spreads_leaders_and_round_trips_with_every_client(cluster):
@@ -577,11 +580,13 @@ def test_killing_the_controller_elects_another_and_the_node_rejoins_from_its_dat
     figure(f"controller {controller} killed: a CreateTopics through node {survivors[0]} worked after {took:.2f} s "
            f"({len(errors)} failed attempts before: {errors[:3]})")
     def agreed_controller():
-        seen = {cluster.metadata(i).controller_id for i in survivors}
+        seen = {controller_of(cluster, i) for i in survivors}
         return len(seen) == 1 and seen <= set(survivors) and seen.pop()
 
-    new_controller = cluster.wait(agreed_controller, 10, "the survivors to agree on a new controller")
-    assert controller_of(cluster, survivors[0]) == new_controller
+    cluster.wait(agreed_controller, 10, "the survivors to agree on a new controller")
+    # Kafka clients are told of a live broker as the controller: the one they ask.
+    for i in survivors:
+        assert cluster.metadata(i).controller_id == i
 
     # The killed broker is fenced: its partitions have no leader on the survivors.
     def fenced():
@@ -973,3 +978,53 @@ def test_a_delayed_message_is_recalled_through_a_broker_other_than_the_one_that_
         consumer.close()
     assert [r.value for r in records] == [b"kept"]
     assert extra is None or extra.error() is not None, f"and nothing else: {extra.value() if extra else None}"
+
+
+def test_an_admin_client_made_before_the_controller_dies_creates_topics_soon_after(cluster_factory):
+    """A confluent-kafka AdminClient that learned the cluster from a node other than the active
+    controller keeps working after a kill -9 of the active controller: a create_topics through
+    it succeeds within FAILOVER_BOUND_S, as one made after the kill does. (Told of the active
+    controller as the controller, it would wait for that dead broker until its metadata is
+    refreshed: librdkafka timed out with "Timed out waiting for controller" for over 60 s.)"""
+    cluster = cluster_factory()
+    controller = controller_of(cluster)
+    survivor = next(i for i in cluster.ids() if i != controller)
+    admin = AdminClient({"bootstrap.servers": cluster.node(survivor).bootstrap})
+    first = unique("admin-before")
+    admin.create_topics([NewTopic(first, 1, 1)], request_timeout=10)[first].result(timeout=20)
+
+    cluster.node(controller).kill9()
+    killed = time.monotonic()
+    errors = []
+    while True:
+        name = unique("admin-after")
+        try:
+            admin.create_topics([NewTopic(name, 1, 1)], request_timeout=5)[name].result(timeout=10)
+            break
+        except KafkaException as e:
+            errors.append((round(time.monotonic() - killed, 2), str(e.args[0])))
+        assert time.monotonic() - killed < FAILOVER_BOUND_S, (
+            f"the old AdminClient created no topic within {FAILOVER_BOUND_S} s of the controller's death: {errors}"
+        )
+        time.sleep(0.2)
+    took = time.monotonic() - killed
+    figure(f"controller {controller} killed: an AdminClient made before created a topic after {took:.2f} s "
+           f"({len(errors)} failed attempts)")
+    cluster.wait_topic(name, 1, ids=[i for i in cluster.ids() if i != controller])
+
+
+def test_a_voter_whose_peers_never_start_says_so_once_per_peer(cluster_factory):
+    """One voter of three started alone (its peers could not bind their ports, say) stands for
+    election round after round. Its log says once per peer that the peer does not answer, not
+    once per vote request: by the time it reports having waited 5 s (several election rounds
+    of 600 ms), each peer has exactly one line and nothing was logged at ERROR."""
+    cluster = cluster_factory(start=False)
+    node = cluster.node(1)
+    node.start(wait=False)
+    cluster.wait(lambda: "waited_s=5" in node.log_since(0), 30, "node 1 to report waiting 5 s for a majority")
+    lines = node.log_since(0).splitlines()
+    for peer in (2, 3):
+        about = [line for line in lines if f"node={peer} " in line or f"voter {peer} " in line]
+        assert len(about) == 1, f"{len(about)} lines about node {peer}:\n" + "\n".join(about[:10])
+    errors = [line for line in lines if " ERROR " in line]
+    assert not errors, "\n".join(errors[:10])

@@ -40,7 +40,7 @@ def network():
 @pytest.mark.parametrize("leader_is_controller", [True, False], ids=["leader-is-controller", "leader-is-not"])
 def test_an_isolated_leader_cannot_acknowledge_acks_all_writes(network, cluster_factory, leader_is_controller):
     cluster = cluster_factory(voters=3, settings=REPLICATION_SETTINGS, network=network)
-    controller = cluster.metadata(1).controller_id
+    controller = cluster.active_controller(1)
     old = controller if leader_is_controller else next(i for i in cluster.ids() if i != controller)
     others = [i for i in cluster.ids() if i != old]
     topic = unique("partitioned")

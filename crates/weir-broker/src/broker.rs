@@ -421,16 +421,19 @@ impl Broker {
         self.metadata().brokers.values().filter(|b| !b.fenced).cloned().collect()
     }
 
-    /// The broker Kafka clients are told is the controller: the active controller when it is a
-    /// live broker, else any live broker (each forwards metadata changes to the controller,
-    /// as KRaft brokers do). -1 when no broker is live.
+    /// The broker Kafka clients are told is the controller: this one, when it is a live
+    /// broker, else any live broker; -1 when none is. Every broker forwards metadata changes to
+    /// the active controller, so, as KRaft brokers do, a broker names one that is surely alive
+    /// rather than the active controller: a client keeps the id it was told until it refreshes
+    /// its metadata, and one told of a controller that then died would send its admin requests
+    /// nowhere until then.
     pub fn controller_for_clients(&self) -> i32 {
         let live = self.live_brokers();
-        let leader = self.quorum.leader().and_then(|l| i32::try_from(l).ok());
-        match leader {
-            Some(id) if live.iter().any(|b| b.id == id) => id,
-            _ => live.first().map_or(-1, |b| b.id),
+        let me = self.config.node_id;
+        if self.config.roles.broker && live.iter().any(|b| b.id == me) {
+            return me;
         }
+        live.first().map_or(-1, |b| b.id)
     }
 
     /// The active controller's node id, if the quorum has one.
