@@ -376,6 +376,46 @@ def test_the_http_api_and_the_cli_produce_and_consume_through_any_node(cluster):
     assert sorted(consumed) == sorted(values + ["late"] + [f"cli{i}" for i in range(12)])
 
 
+def test_the_http_api_and_the_cli_reach_the_leaders_of_a_topic_every_node_replicates(cluster):
+    """A topic of three replicas on three nodes: every node holds every partition, leading a
+    third and following the rest. Through each node, `weir produce` writes to every partition,
+    `GET .../records` and `weir consume` read every record, and `weir topic describe` shows
+    the leaders' offsets: a node forwards to the leader whenever it is not the leader, not only
+    when it holds no replica."""
+    name = unique("rf3")
+    cli = str(weir_bin())
+    base = {i: cluster.node(i).admin_url() for i in (1, 2, 3)}
+    env = {i: {**os.environ, "WEIR_ADMIN": base[i]} for i in (1, 2, 3)}
+    subprocess.run([cli, "topic", "create", name, "--partitions", "3", "--replication-factor", "3"],
+                   env=env[1], check=True, capture_output=True, timeout=60)
+    leaders = cluster.wait_topic(name, 3)
+    assert sorted(leaders.values()) == [1, 2, 3], leaders
+    sent = []
+    for via in (1, 2, 3):
+        lines = [f"n{via}-{i}" for i in range(9)]
+        done = subprocess.run([cli, "produce", name], input="".join(f"{v}\n" for v in lines), text=True,
+                              env=env[via], capture_output=True, timeout=60)
+        assert done.returncode == 0, f"weir produce through node {via}: {done.stderr}"
+        sent += lines
+    for via in (1, 2, 3):
+        status, read = http("GET", f"{base[via]}/v1/topics/{name}/records?max_records=1000&timeout_ms=5000")
+        assert status == 200, (via, read)
+        assert sorted(r["value"] for r in read["records"]) == sorted(sent), via
+        assert {r["partition"] for r in read["records"]} == {0, 1, 2}, via
+        out = subprocess.run(
+            [cli, "consume", name, "--from-beginning", "--max-messages", str(len(sent)), "--timeout", "10", "--json"],
+            capture_output=True, text=True, env=env[via], timeout=60,
+        )
+        assert out.returncode == 0, f"weir consume through node {via}: {out.stderr}"
+        assert sorted(json.loads(line)["value"] for line in out.stdout.splitlines() if line.strip()) == sorted(sent)
+        described = subprocess.run([cli, "topic", "describe", name, "--json"], capture_output=True, text=True,
+                                   env=env[via], check=True, timeout=60).stdout
+        partitions = [p for line in described.splitlines() if line.strip()
+                      for p in json.loads(line).get("partitions", [])]
+        assert sum(p["high_watermark"] for p in partitions) == len(sent), (via, described)
+        assert {p["partition"]: p["leader"] for p in partitions} == leaders, (via, described)
+
+
 def test_the_http_api_answers_for_a_group_through_any_node(cluster, closer):
     """A consumer group, coordinated by whichever broker leads its __consumer_offsets partition,
     is described (with the lag of partitions led by every broker), listed, reset (to earliest
