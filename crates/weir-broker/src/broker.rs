@@ -153,6 +153,9 @@ pub struct Broker {
     pub timer: Arc<crate::timer::TimerStore>,
     /// RocketMQ transactional messages until decided (see [`crate::half`]).
     pub half: Arc<crate::half::HalfStore>,
+    /// Each group's invisible-time consumption of the partitions this broker leads (see
+    /// [`crate::pop`]).
+    pub pop: Arc<crate::pop::PopStore>,
 }
 
 fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
@@ -249,10 +252,12 @@ impl Broker {
             .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
         let timer = Arc::new(crate::timer::TimerStore::open(&config.data_dir, timer_config.clone(), clock.clone())?);
         let half = Arc::new(crate::half::HalfStore::open(&config.data_dir, timer_config, clock.clone())?);
+        let pop = Arc::new(crate::pop::PopStore::open(&config.data_dir.join(crate::pop::DIR))?);
         let broker = Arc::new(Broker {
             message_index,
             timer,
             half,
+            pop,
             config,
             clock,
             logs,
@@ -272,6 +277,7 @@ impl Broker {
         let _ = broker.cluster.broker.set(Arc::downgrade(&broker));
         crate::forward::register(&broker);
         crate::timer::recall::register(&broker);
+        crate::pop::reset::register(&broker);
         if alone {
             broker.upgrade_metadata()?;
         } else if legacy::exists(&broker.config.data_dir) {

@@ -228,6 +228,10 @@ fn receive_once(broker: &Broker, store: &PopStore, wanted: &Wanted) -> Result<Ve
 
     let visible_at = now + wanted.invisible.as_millis() as i64;
     let result = store.update(&wanted.key, start, |q| {
+        if q.resets != state.resets {
+            // Reset since it was read: what was read is no longer what the group has next.
+            return Ok::<_, ()>(Vec::new());
+        }
         q.truncate_below(log_start);
         for offset in &vanished {
             q.forget(*offset);

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Streaming};
+use weir_broker::group::clients::{ClientKind, Heard};
 use weir_broker::group::GroupCoordinator;
 use weir_broker::metadata::TopicMetadata;
 use weir_broker::metrics::ProtocolMetrics;
@@ -57,6 +58,8 @@ const OPERATIONS: [&str; 16] = [
 /// The RocketMQ front-end's state: the core, and what it keeps between calls.
 pub struct Service {
     broker: Arc<Broker>,
+    /// Its `clients` learn of the consumers that talk to this broker.
+    groups: Arc<GroupCoordinator>,
     metrics: Arc<ProtocolMetrics>,
     round_robin: RoundRobin,
     pop: Arc<PopStore>,
@@ -68,12 +71,9 @@ pub struct Service {
 }
 
 impl Service {
-    /// The directory of the invisible-time state, under the data directory.
-    pub const POP_DIR: &'static str = "rocketmq-pop";
-
-    /// Opens the front-end's state (reading back the invisible-time journal). Blocking.
+    /// Starts the front-end's tasks over the core's state.
     pub fn open(broker: Arc<Broker>, groups: Arc<GroupCoordinator>) -> Result<Arc<Service>, BrokerError> {
-        let pop = Arc::new(PopStore::open(&broker.config.data_dir.join(Self::POP_DIR))?);
+        let pop = broker.pop.clone();
         let metrics = broker.metrics.register_protocol("rocketmq", OPERATIONS.len(), code_name);
         // Every call shows in the metrics from the start, with zero requests.
         for (index, name) in OPERATIONS.iter().enumerate() {
@@ -87,6 +87,7 @@ impl Service {
         crate::transaction::start(&broker, &producers);
         Ok(Arc::new(Service {
             broker,
+            groups,
             metrics,
             round_robin: RoundRobin::default(),
             pop,
@@ -103,6 +104,13 @@ impl Service {
         let client = request.metadata().get("x-mq-client-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
         self.renewals.heard_from(client, self.broker.now_ms());
         client.to_string()
+    }
+
+    /// Notes that consumer `client` of `group` spoke, from the peer of `request`.
+    fn heard_consumer<T>(&self, request: &Request<T>, group: &str, client: &str, said: Heard<'_>) {
+        let host = request.remote_addr().map(|a| a.to_string());
+        let said = Heard { host: host.as_deref(), ..said };
+        self.groups.clients.heard(group, client, self.broker.now_ms(), said);
     }
 
     /// The queue state a call of `client` for `group` names: the group's, or in a broadcasting
@@ -305,6 +313,16 @@ impl Service {
     }
 }
 
+/// The kind of consumer a client type is; `None` for producers and types not known.
+fn consumer_kind(client_type: i32) -> Option<ClientKind> {
+    match ClientType::try_from(client_type).ok()? {
+        ClientType::SimpleConsumer | ClientType::LiteSimpleConsumer => Some(ClientKind::SimpleConsumer),
+        ClientType::PushConsumer | ClientType::LitePushConsumer => Some(ClientKind::PushConsumer),
+        ClientType::PullConsumer => Some(ClientKind::PullConsumer),
+        ClientType::Producer | ClientType::Unspecified => None,
+    }
+}
+
 /// The group a request names.
 fn group_name(group: Option<&Resource>) -> Result<String, Status> {
     match group.map(|g| g.name.trim()) {
@@ -383,7 +401,11 @@ impl MessagingService for Service {
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, tonic::Status> {
         let started = Instant::now();
-        self.client_of(&request);
+        let client = self.client_of(&request);
+        let heartbeat = request.get_ref();
+        if let (Some(group), Some(kind)) = (heartbeat.group.as_ref(), consumer_kind(heartbeat.client_type)) {
+            self.heard_consumer(&request, &group.name, &client, Heard { kind: Some(kind), ..Heard::default() });
+        }
         self.observe(1, started, Code::Ok as i32);
         Ok(Response::new(HeartbeatResponse { status: Some(status::ok()) }))
     }
@@ -432,9 +454,12 @@ impl MessagingService for Service {
         let started = Instant::now();
         let client = self.client_of(&request);
         let deadline = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(grpc_timeout);
+        let host = request.remote_addr().map(|a| a.to_string());
         let request = request.into_inner();
         let responses = match self.wanted(&request, &client).await {
             Ok(mut wanted) => {
+                let said = Heard { host: host.as_deref(), topic: Some(&wanted.partition.topic), ..Heard::default() };
+                self.groups.clients.heard(&wanted.key.group, &client, self.broker.now_ms(), said);
                 // Answer before the client's deadline, not after it: some clients (the Rust
                 // one) set it to the long-polling time itself. A fifth of it, at most 1 s, is
                 // left for the answer to travel.
@@ -580,9 +605,11 @@ impl MessagingService for Service {
         request: Request<Streaming<TelemetryCommand>>,
     ) -> Result<Response<Self::TelemetryStream>, tonic::Status> {
         let client = self.client_of(&request);
+        let host = request.remote_addr().map(|a| a.to_string());
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel::<Result<TelemetryCommand, tonic::Status>>(16);
         let broker = self.broker.clone();
+        let groups = self.groups.clone();
         let metrics = self.metrics.clone();
         let producers = self.producers.clone();
         // A producer's stream is where its transactions are checked.
@@ -607,9 +634,17 @@ impl MessagingService for Service {
                         }
                         let max_body = publishing_limit(&broker, &settings);
                         let group = match &settings.pub_sub {
-                            Some(crate::proto::settings::PubSub::Subscription(s)) => {
-                                s.group.as_ref().map(|g| broker.group_settings(&g.name))
-                            }
+                            Some(crate::proto::settings::PubSub::Subscription(s)) => s.group.as_ref().map(|g| {
+                                let topics = s.subscriptions.iter().filter_map(|e| e.topic.as_ref());
+                                let said = Heard {
+                                    host: host.as_deref(),
+                                    kind: settings.client_type.and_then(consumer_kind),
+                                    subscription: Some(topics.map(|t| t.name.clone()).collect()),
+                                    topic: None,
+                                };
+                                groups.clients.heard(&g.name, &client, broker.now_ms(), said);
+                                broker.group_settings(&g.name)
+                            }),
                             _ => None,
                         };
                         Some(telemetry::answer(&settings, max_body, group.unwrap_or_default()))
@@ -645,6 +680,7 @@ impl MessagingService for Service {
         // Messages it still held come back when their current slice ends.
         let client = self.client_of(&request);
         self.renewals.client_gone(&client);
+        self.groups.clients.gone(&client);
         self.observe(13, started, Code::Ok as i32);
         Ok(Response::new(NotifyClientTerminationResponse { status: Some(status::ok()) }))
     }

@@ -14,7 +14,12 @@
 //!
 //! What is not kept: a partition whose leadership moves starts, on its new leader, from the
 //! group's state there (none yet: the log start). Replicating the state is left for later.
+//!
+//! A group's position can be moved from outside, as RocketMQ's `resetOffsetByTime` and Kafka's
+//! `kafka-consumer-groups.sh --reset-offsets` move it: [`reset`] does it where each partition
+//! is led.
 
+pub mod reset;
 pub mod state;
 
 use std::collections::HashMap;
@@ -27,6 +32,10 @@ pub use state::{HandleError, Inflight, QueueState};
 use weir_storage::sync::lock;
 
 use crate::error::{BrokerError, ErrorKind};
+
+/// The directory of the store, under the data directory (named when the RocketMQ front-end
+/// kept it, so existing data directories keep their state).
+pub const DIR: &str = "rocketmq-pop";
 
 /// The journal is compacted into a snapshot once it is this large.
 pub const COMPACT_AFTER_BYTES: u64 = 64 << 20;
@@ -198,19 +207,77 @@ impl PopStore {
         let line = ChangeLine { key: key.clone(), change: Change::between(&before, state) };
         let mut bytes = serde_json::to_vec(&line).map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
         bytes.push(b'\n');
-        if let Err(e) = inner.journal.write_all(&bytes) {
+        if let Err(e) = self.journal(&mut inner, &bytes) {
             // Not durable: the caller must not answer as if it were, and memory must agree
             // with the journal.
             inner.queues.insert(key.clone(), before);
-            return Err(storage_error("write", &self.dir.join(Self::JOURNAL), e));
+            return Err(e);
         }
+        Ok(result)
+    }
+
+    /// Appends `bytes` (whole lines) to the journal, and compacts it when it grew too large.
+    fn journal(&self, inner: &mut Inner, bytes: &[u8]) -> Result<(), BrokerError> {
+        inner.journal.write_all(bytes).map_err(|e| storage_error("write", &self.dir.join(Self::JOURNAL), e))?;
         inner.journal_bytes += bytes.len() as u64;
         if inner.journal_bytes > COMPACT_AFTER_BYTES {
-            if let Err(e) = self.compact(&mut inner) {
+            if let Err(e) = self.compact(inner) {
                 tracing::warn!(error = %e, "cannot compact the POP journal; it keeps growing");
             }
         }
-        Ok(result)
+        Ok(())
+    }
+
+    /// Moves every state of `group` for `topic`-`partition` (each broadcasting consumer's too)
+    /// to start at `offset` ([`QueueState::reset_to`]); with `create`, a group without one for
+    /// this queue gets one (clustering), so its first receive starts there too. Durable (as
+    /// far as the journal is) before it returns; returns how many states it set.
+    pub fn reset(
+        &self,
+        group: &str,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        create: bool,
+    ) -> Result<usize, BrokerError> {
+        let mut inner = lock(&self.inner);
+        let mut keys: Vec<QueueKey> = inner
+            .queues
+            .keys()
+            .filter(|k| k.group == group && k.topic == topic && k.partition == partition)
+            .cloned()
+            .collect();
+        if keys.is_empty() && create {
+            keys.push(QueueKey::new(group, topic, partition));
+        }
+        let mut bytes = Vec::new();
+        let mut before = Vec::with_capacity(keys.len());
+        for key in keys {
+            let state = inner.queues.entry(key.clone()).or_default();
+            before.push((key.clone(), state.clone()));
+            state.reset_to(offset);
+            // The whole (empty) state: smaller than a change listing every entry removed.
+            let line = FullLine { key, state: state.clone() };
+            serde_json::to_writer(&mut bytes, &line)
+                .map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
+            bytes.push(b'\n');
+        }
+        let count = before.len();
+        if count == 0 {
+            return Ok(0);
+        }
+        if let Err(e) = self.journal(&mut inner, &bytes) {
+            for (key, state) in before {
+                inner.queues.insert(key, state);
+            }
+            return Err(e);
+        }
+        Ok(count)
+    }
+
+    /// Whether any queue of `group` has a state here (the group consumes by invisible time).
+    pub fn has_group(&self, group: &str) -> bool {
+        lock(&self.inner).queues.keys().any(|k| k.group == group)
     }
 
     /// Whether `key` has a state (without copying it).
@@ -343,6 +410,30 @@ mod tests {
         assert!(!q0.inflight.contains_key(&500));
         let q1 = store.get(&key(1)).expect("queue 1");
         assert_eq!((q1.done_below, q1.next, q1.inflight.get(&4).map(|i| i.attempt)), (3, 5, Some(2)));
+    }
+
+    #[test]
+    fn a_reset_moves_every_consumers_state_of_the_queue_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = PopStore::open(dir.path()).expect("open");
+            let broadcast = QueueKey { consumer: Some("c1".into()), ..key(0) };
+            for k in [key(0), broadcast.clone(), key(1)] {
+                let _ = store.update(&k, || QueueState::starting_at(0), |q| Ok::<_, ()>(q.deliver(5, 10, 1)));
+            }
+            assert_eq!(store.reset("g", "t", 0, 2, false).expect("reset"), 2, "the group's and c1's");
+            for k in [key(0), broadcast] {
+                let q = store.get(&k).expect("state");
+                assert_eq!((q.done_below, q.next, q.inflight.len(), q.resets), (2, 2, 0, 1), "{k:?}");
+            }
+            assert_eq!(store.get(&key(1)).map(|q| q.inflight.len()), Some(1), "another partition");
+            assert_eq!(store.reset("other", "t", 0, 9, false).expect("reset"), 0, "no state, none made");
+            assert_eq!(store.reset("other", "t", 0, 9, true).expect("reset"), 1);
+            assert!(store.has_group("other") && !store.has_group("nobody"));
+        }
+        let store = PopStore::open(dir.path()).expect("reopen");
+        assert_eq!(store.get(&key(0)).map(|q| (q.done_below, q.next, q.inflight.len())), Some((2, 2, 0)));
+        assert_eq!(store.get(&QueueKey::new("other", "t", 0)).map(|q| q.next), Some(9));
     }
 
     #[test]

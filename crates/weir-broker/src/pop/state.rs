@@ -64,15 +64,31 @@ pub enum HandleError {
 pub struct QueueState {
     /// Every offset below is done.
     pub done_below: i64,
-    /// The first offset never examined: where the next read of new messages starts.
+    /// The first offset never examined: where the next read of new messages starts. It only
+    /// grows, except by a reset.
     pub next: i64,
     pub inflight: BTreeMap<i64, Inflight>,
+    /// How often this state was reset ([`QueueState::reset_to`]) since the broker started.
+    /// A receive reads the state, reads the log, then updates the state; one whose state was
+    /// reset in between hands out nothing from what it read. Not kept on disk: it only has
+    /// to tell apart two moments of one process.
+    #[serde(skip)]
+    pub resets: u64,
 }
 
 impl QueueState {
     /// A queue whose consumption starts at `offset`.
     pub fn starting_at(offset: i64) -> QueueState {
-        QueueState { done_below: offset, next: offset, inflight: BTreeMap::new() }
+        QueueState { done_below: offset, next: offset, inflight: BTreeMap::new(), resets: 0 }
+    }
+
+    /// Starts consumption again at `offset` (RocketMQ's reset of a group's offset): nothing is
+    /// in flight or parked any more, and every message from `offset` on is new to the group,
+    /// including those delivered or acknowledged before. Handles of earlier deliveries go stale.
+    pub fn reset_to(&mut self, offset: i64) {
+        let resets = self.resets + 1;
+        *self = QueueState { resets, ..QueueState::starting_at(offset) };
+        self.check();
     }
 
     /// The in-flight offsets visible again at `now_ms` (their invisible time ran out) that may
@@ -289,6 +305,24 @@ mod tests {
         assert_eq!(q.ack(10, 1), Err(HandleError::Stale), "the first delivery's handle");
         assert!(q.ack(10, 3).is_ok());
         assert_eq!((q.done_below, q.next), (12, 12));
+    }
+
+    #[test]
+    fn a_reset_forgets_every_delivery_and_starts_at_its_offset_in_either_direction() {
+        let g = group_hash(b"g");
+        let mut q = QueueState::starting_at(0);
+        q.deliver(0, 100, 1);
+        q.deliver_in_group(1, 100, 2, Some(g));
+        q.park(2, g);
+        q.skip_to(10);
+        q.reset_to(1);
+        assert_eq!((q.done_below, q.next, q.inflight.len(), q.resets), (1, 1, 0, 1));
+        assert_eq!(q.ack(1, 2), Err(HandleError::NotInFlight), "a handle from before the reset");
+        // Delivered again as a first delivery, then forward past everything.
+        assert_eq!(q.deliver(1, 200, 3).attempt, 1);
+        q.reset_to(50);
+        assert_eq!((q.done_below, q.next, q.inflight.len(), q.resets), (50, 50, 0, 2));
+        assert_eq!(q.parked_count(), 0);
     }
 
     #[test]

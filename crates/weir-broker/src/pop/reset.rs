@@ -1,0 +1,122 @@
+//! Moving a group's invisible-time position (RocketMQ's `resetOffsetByTime`, and what
+//! `weir group reset-offsets` does for a group whose consumers receive by invisible time): each
+//! partition's queue states are reset on the broker that leads it, this one or another over the
+//! internal RPC (`pop.reset`).
+//!
+//! A reset needs no pause of the group's consumers, as in RocketMQ: a receive racing it hands out
+//! nothing of what it read before the reset (see [`super::state::QueueState::resets`]), and the
+//! handles of earlier deliveries go stale.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
+use crate::error::ErrorKind;
+use crate::{Broker, BrokerError};
+
+const SERVICE: &str = "pop";
+const RESET: &str = "pop.reset";
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ResetRequest {
+    group: String,
+    topic: String,
+    /// (partition, offset) for partitions the receiving broker leads.
+    positions: Vec<(i32, i64)>,
+}
+
+impl Broker {
+    /// Starts `group`'s consumption of `topic` by invisible time again at the given (partition,
+    /// offset) positions, each where its partition is led. A group that has no state for a
+    /// queue gets one when it is a group that receives by invisible time (it has state on that
+    /// broker, or group settings); other groups are Kafka's, and keep none. Returns how many
+    /// queue states were set; fails, naming the partition, when a leader is missing or refuses.
+    pub async fn reset_queues(&self, group: &str, topic: &str, positions: &[(i32, i64)]) -> Result<usize, BrokerError> {
+        let metadata = self.metadata();
+        let meta = metadata.topic(topic).ok_or_else(|| {
+            BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("topic '{topic}' does not exist"))
+        })?;
+        let mut by_leader: BTreeMap<i32, Vec<(i32, i64)>> = BTreeMap::new();
+        for &(partition, offset) in positions {
+            debug_assert!(offset >= 0, "reset of {topic}-{partition} to {offset}");
+            let leader = meta.partition(partition).map(|p| p.leader).ok_or_else(|| {
+                BrokerError::new(
+                    ErrorKind::UnknownTopicOrPartition,
+                    format!("topic '{topic}' has no partition {partition}"),
+                )
+            })?;
+            if leader < 0 {
+                return Err(BrokerError::new(
+                    ErrorKind::LeaderNotAvailable,
+                    format!("{topic}-{partition} has no leader right now; retry shortly"),
+                ));
+            }
+            by_leader.entry(leader).or_default().push((partition, offset));
+        }
+        let mut reset = 0;
+        for (leader, positions) in by_leader {
+            reset += if leader == self.config.node_id {
+                self.reset_queues_here(group, topic, &positions)?
+            } else {
+                let request = ResetRequest { group: group.to_string(), topic: topic.to_string(), positions };
+                let body = encode_json(RESET, &request).map_err(|e| BrokerError::internal(e.message().to_string()))?;
+                let timeout = Duration::from_millis(self.config.quorum_request_timeout_ms);
+                let answer = self.call_broker(leader, RESET, body, timeout).await?;
+                decode_json::<Result<usize, BrokerError>>(RESET, &answer)
+                    .map_err(|e| BrokerError::internal(e.message().to_string()))??
+            };
+        }
+        Ok(reset)
+    }
+
+    /// [`Broker::reset_queues`] of partitions this broker leads.
+    fn reset_queues_here(&self, group: &str, topic: &str, positions: &[(i32, i64)]) -> Result<usize, BrokerError> {
+        let create =
+            !self.group_settings(group).broadcast && (self.pop.has_group(group) || self.group_configs(group).is_some());
+        let mut reset = 0;
+        for &(partition, offset) in positions {
+            let here = self.partition(topic, partition).ok_or_else(|| {
+                BrokerError::new(
+                    ErrorKind::NotLeader,
+                    format!("broker {} does not host {topic}-{partition}", self.config.node_id),
+                )
+            })?;
+            here.check_local_leader()?;
+            reset += self.pop.reset(group, topic, partition, offset, create)?;
+            // Long polls of the queue look again, from the new position.
+            here.wake_waiters();
+        }
+        if reset > 0 {
+            tracing::info!(group, topic, queues = reset, "reset the group's invisible-time positions");
+        }
+        Ok(reset)
+    }
+}
+
+struct PopService {
+    broker: Weak<Broker>,
+}
+
+impl RpcHandler for PopService {
+    fn handle(&self, method: &str, body: Bytes) -> RpcFuture<'static, Result<Bytes, RemoteError>> {
+        let broker = self.broker.upgrade();
+        let method = method.to_string();
+        Box::pin(async move {
+            let broker = broker.ok_or_else(|| RemoteError::new("the broker is shutting down"))?;
+            if method != RESET {
+                return Err(RemoteError::unknown_method(&method));
+            }
+            let request: ResetRequest = decode_json(&method, &body)?;
+            let answer = broker.reset_queues_here(&request.group, &request.topic, &request.positions);
+            encode_json(&method, &answer)
+        })
+    }
+}
+
+/// Serves `pop.reset` on this broker's internal RPC.
+pub fn register(broker: &Arc<Broker>) {
+    broker.cluster.register_service(SERVICE, Arc::new(PopService { broker: Arc::downgrade(broker) }));
+}
