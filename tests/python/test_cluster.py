@@ -978,6 +978,55 @@ def test_rocketmq_fifo_sends_reach_each_message_groups_queue_whatever_broker_a_c
         assert bodies == [f"{group.replace('group-', 'g')}-{n}" for n in range(5)], bodies
 
 
+def test_a_rocketmq_groups_consumer_and_reset_span_the_brokers_that_lead_its_queues(cluster):
+    """A SimpleConsumer reaching the cluster through node 2 receives from queues led by all
+    three brokers. Every node's `weir group describe` lists it as the group's one member, and a
+    reset to the earliest offsets through node 3 (whichever broker coordinates the group) moves
+    its position on every leader: all nine messages come again."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+
+    name, group = unique("rmq-span"), unique("g")
+    leaders = cluster.create_topic(1, name, 3)
+    assert set(leaders.values()) == {1, 2, 3}, leaders
+    config = ClientConfiguration(cluster.node(2).rocketmq_endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, [name])
+    producer.startup()
+    try:
+        for i in range(9):
+            m = Message()
+            m.topic, m.body = name, f"s{i}".encode()
+            producer.send(m)
+    finally:
+        producer.shutdown()
+    consumer = SimpleConsumer(config, group, {name: FilterExpression("*")}, await_duration=2)
+    consumer.startup()
+    cli = str(weir_bin())
+    env = {i: {**os.environ, "WEIR_ADMIN": cluster.node(i).admin_url()} for i in (1, 2, 3)}
+
+    def receive_and_ack(want):
+        got, deadline = [], time.monotonic() + 30
+        while len(got) < want and time.monotonic() < deadline:
+            got += consumer.receive(32, 30)
+        for m in got:
+            consumer.ack(m)
+        return sorted(m.body for m in got)
+
+    try:
+        everything = sorted(f"s{i}".encode() for i in range(9))
+        assert receive_and_ack(9) == everything
+        for via in (1, 2, 3):
+            out = subprocess.run([cli, "group", "describe", group, "--json"], capture_output=True, text=True,
+                                 env=env[via], timeout=60)
+            assert out.returncode == 0, (via, out.stderr)
+            described = json.loads(out.stdout)
+            assert described["state"] == "Stable" and len(described["members"]) == 1, (via, described)
+        subprocess.run([cli, "group", "reset-offsets", group, "--topic", name, "--to-earliest"], env=env[3],
+                       check=True, capture_output=True, timeout=60)
+        assert receive_and_ack(9) == everything
+    finally:
+        consumer.shutdown()
+
+
 def test_a_delayed_message_is_recalled_through_a_broker_other_than_the_one_that_keeps_it(cluster):
     """A delayed message waits in the timer store of the broker that took it (its queue's
     leader); RecallMessage goes to the client's access point, which passes it to that broker.

@@ -3,6 +3,8 @@
 protocol's own stubs check the statuses a client gets for bad requests.
 """
 
+import json
+import os
 import subprocess
 import time
 import urllib.parse
@@ -753,3 +755,78 @@ def test_a_message_of_another_type_than_its_topic_is_refused_and_long_polls_end_
     responses = list(stub.ReceiveMessage(request, metadata=METADATA, timeout=2))
     assert [r.status.code for r in responses] == [pb.Code.MESSAGE_NOT_FOUND]
     assert 1.0 < time.monotonic() - started < 2.0
+
+
+def test_a_reset_moves_a_live_rocketmq_groups_position_and_its_consumer_is_a_member(broker):
+    """`weir group reset-offsets` of a RocketMQ group whose SimpleConsumer keeps running moves
+    where it receives from, as RocketMQ's resetOffsetByTime does: to the earliest offset (every
+    acked message comes again, as a first delivery), to an offset, to a time, and to the latest
+    (nothing old comes, only what is sent after). Meanwhile the live consumer is the group's
+    member in `weir group describe` (state Stable, its host and topic), and the group shows as
+    Stable in `weir group list`."""
+    topic, group = unique("rmq-reset"), unique("g")
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=1)
+    first = send_all(broker, topic, [message(topic, f"r{i}".encode()) for i in range(5)])
+    time.sleep(0.05)  # the records of the second batch are stored strictly later
+    middle_ms = int(time.time() * 1000)
+    time.sleep(0.05)
+    second = send_all(broker, topic, [message(topic, f"r{i}".encode()) for i in range(5, 10)])
+    assert [r.offset for r in first + second] == list(range(10))
+    everything = [f"r{i}".encode() for i in range(10)]
+    env = {**os.environ, "WEIR_ADMIN": broker.admin_url()}
+    cli = str(weir_bin())
+
+    def weir(*args):
+        done = subprocess.run([cli, *args], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, f"weir {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def receive_and_ack(consumer, want):
+        got = receive_all(consumer, want, timeout=20)
+        for m in got:
+            consumer.ack(m)
+        return sorted(got, key=lambda m: m.body)
+
+    consumer = simple_consumer(broker, group, topic)
+    try:
+        got = receive_and_ack(consumer, 10)
+        assert [m.body for m in got] == everything
+
+        described = json.loads(weir("group", "describe", group, "--json"))
+        assert described["state"] == "Stable" and described["protocol_type"] == "rocketmq", described
+        [member] = described["members"]
+        assert member["client_host"].startswith("127.0.0.1:"), member
+        assert member["assignment"] == [{"topic": topic, "partitions": [0]}], member
+        table = weir("group", "describe", group)
+        assert "State: Stable" in table and "Members: 1" in table, table
+        assert member["client_id"] in table, table
+        listed = json.loads(weir("group", "list", "--json"))
+        assert {"group_id": group, "state": "Stable", "protocol_type": "rocketmq"} in listed["groups"], listed
+
+        weir("group", "reset-offsets", group, "--topic", topic, "--to-earliest")
+        again = receive_and_ack(consumer, 10)
+        assert [m.body for m in again] == everything
+        assert {m.delivery_attempt for m in again} == {1}, "first deliveries again"
+
+        weir("group", "reset-offsets", group, "--topic", topic, "--to-offset", "7")
+        assert [m.body for m in receive_and_ack(consumer, 3)] == everything[7:]
+
+        weir("group", "reset-offsets", group, "--topic", topic, "--to-timestamp", str(middle_ms))
+        assert [m.body for m in receive_and_ack(consumer, 5)] == everything[5:]
+
+        # Unreceived messages, then a reset to the latest: only what is sent after comes.
+        send_all(broker, topic, [message(topic, f"skipped{i}".encode()) for i in range(3)])
+        weir("group", "reset-offsets", group, "--topic", topic, "--to-latest")
+        send_all(broker, topic, [message(topic, b"after")])
+        assert [m.body for m in receive_and_ack(consumer, 1)] == [b"after"]
+
+        def committed():
+            status, body = http("GET", f"{broker.admin_url()}/v1/groups/{group}")
+            return status == 200 and [o["committed_offset"] for o in body["offsets"]] == [14]
+
+        deadline = time.monotonic() + 20
+        while not committed():
+            assert time.monotonic() < deadline, "the group's progress was not committed as offset 14"
+            time.sleep(0.5)
+    finally:
+        consumer.shutdown()

@@ -8,7 +8,7 @@
 //! had come over HTTP. Lists (groups, partitions) ask every broker and merge.
 //!
 //! The methods (`admin.append`, `admin.consume`, `admin.partitions`, `admin.offset_at`,
-//! `admin.http`) are served by every broker, whether its own HTTP listener is on or not:
+//! `admin.http`, `admin.group_clients`) are served by every broker, whether its own HTTP listener is on or not:
 //! [`register`] is called when the node starts. Errors cross the wire with their HTTP status
 //! and name, so a client hears the leader's answer as it is.
 
@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use tower::ServiceExt as _;
 use weir_broker::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
 use weir_broker::fetch::Isolation;
+use weir_broker::group::clients::ConnectedClient;
 use weir_broker::group::OFFSETS_TOPIC;
 use weir_broker::{Acks, Broker, ErrorKind, OffsetQuery, Partition};
 
@@ -42,6 +43,7 @@ const CONSUME: &str = "admin.consume";
 const PARTITIONS: &str = "admin.partitions";
 const OFFSET_AT: &str = "admin.offset_at";
 const HTTP: &str = "admin.http";
+const GROUP_CLIENTS: &str = "admin.group_clients";
 /// Marks a request another node forwarded: it is answered here, never forwarded again (two
 /// nodes whose metadata disagree for a moment must not bounce it between them).
 const FORWARDED: &str = "x-weir-forwarded";
@@ -205,6 +207,15 @@ impl AdminService {
                 let (topic, index, timestamp): (String, i32, i64) = decode_json(&method, &body)?;
                 let result = offset_at_here(&broker, &topic, index, timestamp).await;
                 encode_json(&method, &result.map_err(WireError::from))
+            }
+            GROUP_CLIENTS => {
+                let group: String = decode_json(&method, &body)?;
+                let state = state.ok_or_else(|| RemoteError::new("the admin API has stopped"))?;
+                let clients = match state.core() {
+                    Ok(core) => Ok(core.groups.clients.of_group(&group, broker.now_ms())),
+                    Err(e) => Err(WireError::from(e)),
+                };
+                encode_json(&method, &clients)
             }
             HTTP => {
                 let request: HttpCall = decode_json(&method, &body)?;
@@ -476,6 +487,41 @@ pub(crate) async fn ask_every_broker<T: DeserializeOwned>(broker: &Arc<Broker>, 
         }
     }
     out
+}
+
+/// The consumers of `group` that receive by invisible time, as every live broker knows them
+/// (each knows those that talk to it), merged by client id: the most recently heard wins.
+pub(crate) async fn group_clients(core: &crate::Core, group: &str) -> Vec<ConnectedClient> {
+    let broker = &core.broker;
+    let mut clients: BTreeMap<String, ConnectedClient> =
+        core.groups.clients.of_group(group, broker.now_ms()).into_iter().map(|c| (c.client_id.clone(), c)).collect();
+    let others: Vec<i32> =
+        broker.live_brokers().into_iter().map(|b| b.id).filter(|id| *id != broker.config.node_id).collect();
+    let timeout = rpc_timeout(broker, Duration::ZERO);
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in others {
+        let (broker, group) = (broker.clone(), group.to_string());
+        tasks.spawn(
+            async move { (id, call::<_, Vec<ConnectedClient>>(&broker, id, GROUP_CLIENTS, &group, timeout).await) },
+        );
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let Ok((id, answer)) = joined else { continue };
+        match answer {
+            Ok(remote) => {
+                for client in remote {
+                    match clients.get(&client.client_id) {
+                        Some(known) if known.last_heard_ms >= client.last_heard_ms => {}
+                        _ => {
+                            clients.insert(client.client_id.clone(), client);
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::info!(broker = id, group, error = %e.message, "cannot list a group's connected clients"),
+        }
+    }
+    clients.into_values().collect()
 }
 
 /// Whether `request` was forwarded by another node (which asks every broker itself).

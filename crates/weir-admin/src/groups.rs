@@ -4,6 +4,14 @@
 //! Offsets are changed the way Kafka's `kafka-consumer-groups.sh` changes them: as a standalone
 //! ("simple") commit with generation −1, which the coordinator accepts only while the group has
 //! no members. A reset can therefore never race a live consumer's own commits.
+//!
+//! A group's consumers that receive by invisible time (RocketMQ's) are no members of the group
+//! protocol: they are listed from the brokers they talk to ([`forward::group_clients`]), and a
+//! reset moves their position where each partition is led ([`Broker::reset_queues`]) while they
+//! run, as RocketMQ's `resetOffsetByTime` does.
+//!
+//! [`forward::group_clients`]: crate::forward::group_clients
+//! [`Broker::reset_queues`]: weir_broker::Broker::reset_queues
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -29,6 +37,9 @@ use crate::error::ApiError;
 use crate::extract::{JsonBody, PathParams, QueryParams};
 use crate::topics::require_topic;
 use crate::{Core, SharedState};
+
+/// The protocol type shown for a group whose only consumers receive by invisible time.
+const ROCKETMQ_PROTOCOL: &str = "rocketmq";
 
 /// Newest ConsumerProtocolAssignment version this decoder knows; newer ones start with the
 /// same fields (Kafka's consumer protocol only ever appends), so they decode at this version.
@@ -96,20 +107,54 @@ pub async fn list(
         })?);
     }
     let listed = core.groups.list_groups(&states).await.map_err(|code| coordinator_error(code, "*"))?;
-    let mut groups: Vec<GroupSummary> = listed
+    let mut groups: BTreeMap<String, GroupSummary> = listed
         .into_iter()
-        .map(|g| GroupSummary {
-            group_id: g.group_id,
-            state: g.state.as_str().to_string(),
-            protocol_type: g.protocol_type,
+        .map(|g| {
+            let summary = GroupSummary {
+                group_id: g.group_id,
+                state: g.state.as_str().to_string(),
+                protocol_type: g.protocol_type,
+            };
+            (summary.group_id.clone(), summary)
         })
         .collect();
+    let wanted = |state: GroupState| states.is_empty() || states.contains(&state);
+    // Groups whose consumers receive by invisible time from this broker: consuming.
+    if wanted(GroupState::Stable) {
+        for name in core.groups.clients.groups(core.broker.now_ms()) {
+            let summary = groups.entry(name.clone()).or_insert_with(|| GroupSummary {
+                group_id: name,
+                state: String::new(),
+                protocol_type: String::new(),
+            });
+            if summary.state.is_empty() || summary.state == GroupState::Empty.as_str() {
+                summary.state = GroupState::Stable.as_str().to_string();
+                summary.protocol_type = ROCKETMQ_PROTOCOL.to_string();
+            }
+        }
+    }
+    // Groups created with settings and never used yet (every node has the settings).
+    if wanted(GroupState::Empty) {
+        for name in core.broker.metadata().group_configs.keys() {
+            groups.entry(name.clone()).or_insert_with(|| GroupSummary {
+                group_id: name.clone(),
+                state: GroupState::Empty.as_str().to_string(),
+                protocol_type: String::new(),
+            });
+        }
+    }
+    let mut groups: Vec<GroupSummary> = groups.into_values().collect();
     if !crate::forward::is_forwarded(&headers) {
         let filter = query.get("state").map(|s| format!("?state={s}")).unwrap_or_default();
         for other in crate::forward::ask_every_broker::<GroupList>(&core.broker, &format!("/v1/groups{filter}")).await {
             groups.extend(other.groups);
         }
-        groups.sort_by(|a, b| a.group_id.cmp(&b.group_id));
+        // One line per group: where brokers disagree (a coordinator that sees no members, a
+        // broker whose consumers receive by invisible time), the one that sees it consuming.
+        groups.sort_by(|a, b| {
+            let idle = |g: &GroupSummary| g.state == GroupState::Empty.as_str();
+            a.group_id.cmp(&b.group_id).then(idle(a).cmp(&idle(b)))
+        });
         groups.dedup_by(|a, b| a.group_id == b.group_id);
     }
     Ok(Json(GroupList { groups }))
@@ -122,8 +167,10 @@ pub async fn describe(
     let core = state.core()?;
     let described = describe_one(core, &group).await?;
     let settings = core.broker.group_configs(&group);
-    // A group known only by its settings (a RocketMQ group before its first commit) exists.
-    if described.state == GroupState::Dead && settings.is_none() {
+    let connected = crate::forward::group_clients(core, &group).await;
+    // A group known only by its settings (a RocketMQ group before its first commit) or by its
+    // connected consumers exists.
+    if described.state == GroupState::Dead && settings.is_none() && connected.is_empty() {
         return Err(ApiError::unknown_group(&group));
     }
     let committed = core.groups.fetch_offsets(&group, None).await.map_err(|code| coordinator_error(code, &group))?;
@@ -142,7 +189,8 @@ pub async fn describe(
         e.committed_offset = Some(c.offset);
         e.metadata = Some(c.metadata);
     }
-    let mut members = Vec::with_capacity(described.members.len());
+    let kafka_members = described.members.len();
+    let mut members = Vec::with_capacity(kafka_members + connected.len());
     for m in described.members {
         let assignment = decode_assignment(&described.protocol_type, &m.assignment);
         for tp in &assignment {
@@ -156,6 +204,26 @@ pub async fn describe(
             group_instance_id: m.group_instance_id,
             client_id: m.client_id,
             client_host: m.client_host,
+            assignment,
+        });
+    }
+    // Consumers by invisible time: each receives from every partition of its topics, so none
+    // owns a partition's row.
+    let metadata = core.broker.metadata();
+    for c in &connected {
+        let mut assignment = Vec::with_capacity(c.topics.len());
+        for topic in &c.topics {
+            let Some(meta) = metadata.topic(topic) else { continue };
+            for partition in 0..meta.partitions {
+                offsets.entry((topic.clone(), partition)).or_insert_with(|| entry(topic, partition));
+            }
+            assignment.push(TopicPartitions { topic: topic.clone(), partitions: (0..meta.partitions).collect() });
+        }
+        members.push(GroupMember {
+            member_id: c.client_id.clone(),
+            group_instance_id: None,
+            client_id: c.client_id.clone(),
+            client_host: c.host.clone(),
             assignment,
         });
     }
@@ -177,10 +245,19 @@ pub async fn describe(
             total_lag += lag;
         }
     }
+    let (state, protocol_type) = match described.state {
+        // Consuming, by invisible time only.
+        GroupState::Empty | GroupState::Dead if kafka_members == 0 && !connected.is_empty() => {
+            (GroupState::Stable, ROCKETMQ_PROTOCOL.to_string())
+        }
+        // Known by its settings, never used yet.
+        GroupState::Dead => (GroupState::Empty, described.protocol_type),
+        other => (other, described.protocol_type),
+    };
     Ok(Json(GroupDescription {
         group_id: described.group_id,
-        state: described.state.as_str().to_string(),
-        protocol_type: described.protocol_type,
+        state: state.as_str().to_string(),
+        protocol_type,
         protocol: described.protocol_data,
         members,
         offsets: offsets.into_values().collect(),
@@ -419,6 +496,15 @@ pub async fn reset_offsets(
         changes.push(OffsetChange { topic, partition: index, previous_offset: previous, new_offset });
     }
     if !request.dry_run {
+        // The invisible-time positions first: they are what RocketMQ consumers read from, and
+        // they commit what they reach as the group's offsets anyway.
+        let mut by_topic: BTreeMap<&str, Vec<(i32, i64)>> = BTreeMap::new();
+        for c in &changes {
+            by_topic.entry(c.topic.as_str()).or_default().push((c.partition, c.new_offset));
+        }
+        for (topic, positions) in by_topic {
+            broker.reset_queues(&group, topic, &positions).await?;
+        }
         let offsets = changes.iter().map(|c| to_commit(c.topic.clone(), c.partition, c.new_offset, None)).collect();
         simple_commit(core, &group, offsets).await?;
         tracing::info!(group = %group, partitions = changes.len(), "reset committed offsets over HTTP");

@@ -66,6 +66,8 @@ pub struct GroupCoordinator {
     /// Wakes the timer task when a deadline may have moved earlier.
     timer_wake: Arc<Notify>,
     shut_down: AtomicBool,
+    /// The groups' consumers that receive by invisible time and talk to this broker.
+    pub clients: super::clients::ConnectedClients,
 }
 
 /// The error a client sees when an append to `__consumer_offsets` fails (Kafka's mapping:
@@ -178,6 +180,7 @@ impl GroupCoordinator {
             shards: Shards::new(OFFSETS_TOPIC),
             timer_wake: Arc::new(Notify::new()),
             shut_down: AtomicBool::new(false),
+            clients: Default::default(),
             broker,
         });
         let started = std::time::Instant::now();

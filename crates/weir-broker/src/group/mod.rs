@@ -6,6 +6,8 @@
 //!   log appends outside that mutex.
 //! - `state`: one group's state machine (Kafka's `GroupMetadata` plus the per-group parts of its
 //!   `GroupCoordinator`): pure, synchronous, time passed in.
+//! - [`clients`]: consumers that receive by invisible time (RocketMQ's) instead of joining:
+//!   who is connected, for describing a group.
 //! - `offsets`: the on-disk encoding of `__consumer_offsets` records and their loading at start-up.
 //!
 //! The group protocol is carried by the clients: the broker picks a protocol every member
@@ -22,6 +24,7 @@
 //! members rejoin, as after a coordinator move in Kafka), with its committed offsets, protocol
 //! type and generation intact.
 
+pub mod clients;
 pub mod coordinator;
 mod offsets;
 mod state;

@@ -30,7 +30,8 @@ pub enum GroupCommand {
     Create(CreateArgs),
     /// Change a group's settings (--set, --delete).
     Alter(AlterArgs),
-    /// Move a group's committed offsets (only while it has no members).
+    /// Move a group's committed offsets (only while it has no Kafka members; RocketMQ consumers
+    /// may keep running and receive from the new offsets).
     ResetOffsets(ResetArgs),
     /// Delete a group and its committed offsets (only while it has no members).
     Delete(GroupName),
@@ -289,6 +290,25 @@ fn write_description(out: &mut impl Write, group: &GroupDescription) -> anyhow::
         ]);
     }
     table.write(out)?;
+    // Members that own no row: consumers by invisible time (RocketMQ's), each of which
+    // receives from every partition of its topics.
+    let owners: std::collections::HashSet<&String> =
+        group.offsets.iter().filter_map(|o| o.member_id.as_ref()).collect();
+    let unlisted: Vec<_> = group.members.iter().filter(|m| !owners.contains(&m.member_id)).collect();
+    if !unlisted.is_empty() {
+        writeln!(out)?;
+        let mut table = Table::new(&["CONSUMER-ID", "HOST", "CLIENT-ID", "TOPICS"]);
+        for m in unlisted {
+            let topics: Vec<&str> = m.assignment.iter().map(|tp| tp.topic.as_str()).collect();
+            table.row(vec![
+                m.member_id.clone(),
+                if m.client_host.is_empty() { "-".into() } else { m.client_host.clone() },
+                m.client_id.clone(),
+                if topics.is_empty() { "-".into() } else { topics.join(",") },
+            ]);
+        }
+        table.write(out)?;
+    }
     if !group.configs.is_empty() {
         writeln!(out)?;
         write_configs(out, &group.configs)?;

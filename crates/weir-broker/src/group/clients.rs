@@ -1,0 +1,197 @@
+//! The consumers of a group that receive by invisible time (RocketMQ's SimpleConsumer and
+//! PushConsumer) rather than join the group protocol: connected clients, known by what they say
+//! (heartbeats, subscriptions, receives) and forgotten when they say goodbye or fall silent.
+//!
+//! They are not members in the group protocol's sense: nothing is assigned to them (every one
+//! receives from every queue of its topics), and they take no part in rebalances. What they are
+//! for is showing who consumes: `weir group describe` lists them beside the group protocol's
+//! members. Each broker knows the clients that talk to it; in a cluster the admin API asks every
+//! broker and merges.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use weir_storage::sync::lock;
+
+/// A client not heard from for this long is gone. RocketMQ clients heartbeat every 10 s, so
+/// this is three heartbeats missed.
+pub const CLIENT_SILENCE_MS_MAX: i64 = 30_000;
+
+/// Most clients one broker remembers; past it, the longest silent one is forgotten first. A
+/// bound on what misbehaving clients can make the broker keep.
+pub const CLIENTS_MAX: usize = 65_536;
+
+/// What kind of consumer a client says it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ClientKind {
+    SimpleConsumer,
+    PushConsumer,
+    PullConsumer,
+    /// Not said yet (known only from a receive).
+    Consumer,
+}
+
+impl ClientKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientKind::SimpleConsumer => "SimpleConsumer",
+            ClientKind::PushConsumer => "PushConsumer",
+            ClientKind::PullConsumer => "PullConsumer",
+            ClientKind::Consumer => "Consumer",
+        }
+    }
+}
+
+/// One connected consumer of a group.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConnectedClient {
+    pub client_id: String,
+    /// Where it connects from (`ip:port`), as the broker saw it; empty when unknown.
+    pub host: String,
+    pub kind: ClientKind,
+    /// The topics it subscribes to or received from.
+    pub topics: BTreeSet<String>,
+    pub last_heard_ms: i64,
+}
+
+/// What a client said about itself in one call; `None` fields say nothing new.
+#[derive(Debug, Clone, Default)]
+pub struct Heard<'a> {
+    pub host: Option<&'a str>,
+    pub kind: Option<ClientKind>,
+    /// Its whole subscription (replaces what was known), from its settings.
+    pub subscription: Option<Vec<String>>,
+    /// One topic it received from (added to what is known).
+    pub topic: Option<&'a str>,
+}
+
+/// Every connected consumer this broker knows, by group and client id.
+#[derive(Default)]
+pub struct ConnectedClients {
+    groups: Mutex<HashMap<String, BTreeMap<String, ConnectedClient>>>,
+}
+
+impl ConnectedClients {
+    /// Notes that `client_id`, a consumer of `group`, spoke at `now_ms`.
+    pub fn heard(&self, group: &str, client_id: &str, now_ms: i64, said: Heard<'_>) {
+        if group.is_empty() || client_id.is_empty() {
+            return;
+        }
+        let mut groups = lock(&self.groups);
+        let known = groups.get(group).is_some_and(|clients| clients.contains_key(client_id));
+        if !known && groups.values().map(BTreeMap::len).sum::<usize>() >= CLIENTS_MAX {
+            Self::forget_silent(&mut groups, now_ms);
+            if groups.values().map(BTreeMap::len).sum::<usize>() >= CLIENTS_MAX {
+                Self::forget_longest_silent(&mut groups);
+            }
+        }
+        let client = groups.entry(group.to_string()).or_default().entry(client_id.to_string()).or_insert_with(|| {
+            ConnectedClient {
+                client_id: client_id.to_string(),
+                host: String::new(),
+                kind: ClientKind::Consumer,
+                topics: BTreeSet::new(),
+                last_heard_ms: now_ms,
+            }
+        });
+        client.last_heard_ms = client.last_heard_ms.max(now_ms);
+        if let Some(host) = said.host.filter(|h| !h.is_empty()) {
+            client.host = host.to_string();
+        }
+        if let Some(kind) = said.kind {
+            client.kind = kind;
+        }
+        if let Some(topics) = said.subscription {
+            client.topics = topics.into_iter().collect();
+        }
+        if let Some(topic) = said.topic {
+            if !client.topics.contains(topic) {
+                client.topics.insert(topic.to_string());
+            }
+        }
+    }
+
+    /// `client_id` said goodbye: it is no consumer of any group any more.
+    pub fn gone(&self, client_id: &str) {
+        let mut groups = lock(&self.groups);
+        groups.retain(|_, clients| {
+            clients.remove(client_id);
+            !clients.is_empty()
+        });
+    }
+
+    /// The consumers of `group` heard from within [`CLIENT_SILENCE_MS_MAX`] of `now_ms`, by
+    /// client id.
+    pub fn of_group(&self, group: &str, now_ms: i64) -> Vec<ConnectedClient> {
+        let mut groups = lock(&self.groups);
+        Self::forget_silent(&mut groups, now_ms);
+        groups.get(group).map(|clients| clients.values().cloned().collect()).unwrap_or_default()
+    }
+
+    /// The groups with a consumer heard from within [`CLIENT_SILENCE_MS_MAX`], sorted.
+    pub fn groups(&self, now_ms: i64) -> Vec<String> {
+        let mut groups = lock(&self.groups);
+        Self::forget_silent(&mut groups, now_ms);
+        let mut names: Vec<String> = groups.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    fn forget_silent(groups: &mut HashMap<String, BTreeMap<String, ConnectedClient>>, now_ms: i64) {
+        groups.retain(|_, clients| {
+            clients.retain(|_, c| now_ms - c.last_heard_ms <= CLIENT_SILENCE_MS_MAX);
+            !clients.is_empty()
+        });
+    }
+
+    fn forget_longest_silent(groups: &mut HashMap<String, BTreeMap<String, ConnectedClient>>) {
+        let oldest = groups
+            .iter()
+            .flat_map(|(group, clients)| {
+                clients.values().map(move |c| (c.last_heard_ms, group.clone(), c.client_id.clone()))
+            })
+            .min();
+        if let Some((_, group, client)) = oldest {
+            if let Some(clients) = groups.get_mut(&group) {
+                clients.remove(&client);
+                if clients.is_empty() {
+                    groups.remove(&group);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_is_known_by_what_it_says_until_it_says_goodbye_or_falls_silent() {
+        let clients = ConnectedClients::default();
+        clients.heard("g", "c1", 1_000, Heard { kind: Some(ClientKind::SimpleConsumer), ..Heard::default() });
+        clients.heard("g", "c1", 2_000, Heard { host: Some("10.0.0.1:5000"), topic: Some("t"), ..Heard::default() });
+        clients.heard("g", "c2", 2_000, Heard { subscription: Some(vec!["a".into(), "b".into()]), ..Heard::default() });
+        clients.heard("h", "c1", 2_000, Heard::default());
+        let g = clients.of_group("g", 3_000);
+        assert_eq!(g.len(), 2);
+        assert_eq!(
+            (g[0].client_id.as_str(), g[0].host.as_str(), g[0].kind, g[0].topics.len(), g[0].last_heard_ms),
+            ("c1", "10.0.0.1:5000", ClientKind::SimpleConsumer, 1, 2_000)
+        );
+        assert_eq!(g[1].topics.iter().map(String::as_str).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(clients.groups(3_000), ["g", "h"]);
+
+        clients.gone("c1");
+        assert_eq!(clients.of_group("g", 3_000).len(), 1);
+        assert_eq!(clients.groups(3_000), ["g"], "h had only c1");
+        // c2 falls silent.
+        assert_eq!(clients.of_group("g", 2_000 + CLIENT_SILENCE_MS_MAX).len(), 1);
+        assert!(clients.of_group("g", 2_001 + CLIENT_SILENCE_MS_MAX).is_empty());
+        assert!(clients.groups(2_001 + CLIENT_SILENCE_MS_MAX).is_empty());
+        // No group or client id: nothing to note.
+        clients.heard("", "c3", 0, Heard::default());
+        clients.heard("g", "", 0, Heard::default());
+        assert!(clients.groups(0).is_empty());
+    }
+}
