@@ -170,7 +170,7 @@ pub async fn alter_configs(
     require_topic(broker, &name)?;
     for config in request.set.keys().chain(&request.delete) {
         if !topic_config::is_known(config) {
-            return Err(ApiError::new(ErrorKind::InvalidConfig, format!("unknown topic config '{config}'")));
+            return Err(ApiError::new(ErrorKind::InvalidConfig, topic_config::unknown_config(config).message));
         }
     }
     let edit = edit_of(&request)?;

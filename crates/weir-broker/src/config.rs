@@ -13,7 +13,7 @@ use weir_storage::LogConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("unknown setting `{0}` (see weir.example.toml for the settings Weir knows)")]
+    #[error("unknown setting `{0}`{hint}", hint = unknown_setting_hint(.0))]
     Unknown(String),
     #[error("invalid value {value:?} for `{name}`: {reason}")]
     Invalid { name: String, value: String, reason: String },
@@ -28,6 +28,31 @@ impl ConfigError {
             ConfigError::Unknown(name) | ConfigError::Invalid { name, .. } => Some(name),
             ConfigError::File { .. } => None,
         }
+    }
+}
+
+/// The name among `names` nearest to `name`, if it is close enough to be a slip of the keyboard:
+/// at most one edit per four characters (`log.retension.ms` → `log.retention.ms`). What every
+/// "did you mean" of settings, topic configs and group configs offers.
+pub fn closest_name<'a>(name: &str, names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let edits_max = (name.len() / 4).max(1);
+    names
+        .into_iter()
+        .map(|candidate| (strsim::levenshtein(name, candidate), candidate))
+        .filter(|(edits, _)| *edits <= edits_max)
+        .min_by_key(|(edits, _)| *edits)
+        .map(|(_, candidate)| candidate)
+}
+
+/// What follows "unknown setting `name`": the setting meant, when it can be told.
+fn unknown_setting_hint(name: &str) -> String {
+    // A topic config's name: its broker-wide default is the setting.
+    if let Some((broker_name, _, _)) = TOPIC_DEFAULT_SETTINGS.iter().find(|(_, topic_name, _)| *topic_name == name) {
+        return format!(" (a topic config: did you mean its broker-wide default `{broker_name}`?)");
+    }
+    match closest_name(name, setting_names()) {
+        Some(setting) => format!(" (did you mean `{setting}`?)"),
+        None => " (see weir.example.toml for the settings Weir knows)".to_string(),
     }
 }
 

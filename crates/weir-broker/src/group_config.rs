@@ -170,6 +170,15 @@ fn parse_attempts(value: &str) -> Result<u32, String> {
     }
 }
 
+/// The message for a name no group config has: the one meant when it can be told, else the list.
+fn unknown_config(name: &str) -> String {
+    let known = GROUP_CONFIGS.iter().map(|(n, _)| *n);
+    match crate::config::closest_name(name, known.clone()) {
+        Some(meant) => format!("Unknown group config name: {name}; did you mean {meant}?"),
+        None => format!("Unknown group config name: {name} (known: {})", known.collect::<Vec<_>>().join(", ")),
+    }
+}
+
 /// Checks every name and value of `configs`; the message names the one at fault.
 pub fn validate(configs: &BTreeMap<String, String>) -> Result<(), String> {
     for (name, value) in configs {
@@ -177,10 +186,7 @@ pub fn validate(configs: &BTreeMap<String, String>) -> Result<(), String> {
             FIFO | BROADCAST => parse_bool(value).map(|_| ()).ok_or_else(|| format!("{name} is true or false")),
             MAX_DELIVERY_ATTEMPTS => parse_attempts(value).map(|_| ()),
             RETRY_BACKOFF => RetryBackoff::parse(value).map(|_| ()),
-            _ => {
-                let known: Vec<&str> = GROUP_CONFIGS.iter().map(|(n, _)| *n).collect();
-                return Err(format!("Unknown group config name: {name} (known: {})", known.join(", ")));
-            }
+            _ => return Err(unknown_config(name)),
         };
         problem.map_err(|reason| format!("Invalid value {value} for group config {name}: {reason}"))?;
     }
@@ -200,7 +206,7 @@ pub fn apply(edit: &ConfigEdit, current: &BTreeMap<String, String>) -> Result<BT
                     }
                     ConfigOp::Delete { name } => {
                         if !GROUP_CONFIGS.iter().any(|(n, _)| n == name) {
-                            return Err(format!("Unknown group config name: {name}"));
+                            return Err(unknown_config(name));
                         }
                         configs.remove(name);
                     }

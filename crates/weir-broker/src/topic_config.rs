@@ -141,6 +141,16 @@ pub struct ConfigEntry {
     pub source: ConfigSource,
 }
 
+/// The error of a config name no topic config has, with the one meant when it can be told.
+pub fn unknown_config(name: &str) -> TopicConfigError {
+    let known = TOPIC_CONFIG_NAMES.iter().copied().chain(BROKER_TOPIC_CONFIGS.iter().map(|(n, _)| *n));
+    let hint = match crate::config::closest_name(name, known) {
+        Some(meant) => format!("; did you mean {meant}?"),
+        None => String::new(),
+    };
+    TopicConfigError { name: Some(name.to_string()), message: format!("Unknown topic config name: {name}{hint}") }
+}
+
 pub fn is_known(name: &str) -> bool {
     TOPIC_CONFIG_NAMES.contains(&name)
         || BROKER_TOPIC_CONFIGS.iter().any(|(n, _)| *n == name)
@@ -204,12 +214,7 @@ pub fn log_config(
                 n if TOPIC_CONFIG_NAMES.contains(&n) => {
                     storage_overrides.insert(name.clone(), value.clone());
                 }
-                _ => {
-                    return Err(TopicConfigError {
-                        name: Some(name.clone()),
-                        message: format!("Unknown topic config name: {name}"),
-                    })
-                }
+                _ => return Err(unknown_config(name)),
             }
         }
     }
@@ -284,10 +289,7 @@ impl ConfigEdit {
                 | ConfigOp::Subtract { name, .. } => name,
             };
             if !is_known(name) {
-                return Err(TopicConfigError {
-                    name: Some(name.clone()),
-                    message: format!("Unknown topic config name: {name}"),
-                });
+                return Err(unknown_config(name));
             }
             // The list in force: the override, else the broker's default, else Kafka's.
             let items = |configs: &BTreeMap<String, String>| -> Vec<String> {

@@ -177,22 +177,10 @@ fn unknown_variable_warning(variable: &str, name: &str, names: &[&str]) -> Strin
             variable_of(broker_name)
         );
     }
-    match closest(name, names) {
+    match weir_broker::config::closest_name(name, names.iter().copied()) {
         Some(setting) => format!("{ignored}; did you mean {} (`{setting}`)?", variable_of(setting)),
         None => format!("{ignored} (weir.example.toml lists the settings)"),
     }
-}
-
-/// The setting name nearest to `name`, if it is close enough to be a slip of the keyboard:
-/// at most one edit per four characters (`log.retension.ms` → `log.retention.ms`).
-fn closest<'a>(name: &str, names: &[&'a str]) -> Option<&'a str> {
-    let edits_max = (name.len() / 4).max(1);
-    names
-        .iter()
-        .map(|candidate| (strsim::levenshtein(name, candidate), *candidate))
-        .filter(|(edits, _)| *edits <= edits_max)
-        .min_by_key(|(edits, _)| *edits)
-        .map(|(_, candidate)| candidate)
 }
 
 #[cfg(test)]

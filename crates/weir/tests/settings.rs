@@ -84,3 +84,25 @@ fn a_bad_value_says_whether_it_came_from_a_flag_the_environment_or_the_config_fi
     assert!(stderr.contains("unknown setting `log.retention.mss`"), "{stderr}");
     assert!(stderr.contains(&format!("set in the config file {}", file.display())), "{stderr}");
 }
+
+#[test]
+fn an_unknown_setting_on_the_command_line_or_in_the_file_names_the_one_meant() {
+    let stderr = refused(&["--set", "log.retenton.ms=1000"], &[]);
+    assert!(
+        stderr.contains(
+            "unknown setting `log.retenton.ms` (did you mean `log.retention.ms`?); set by --set on the command line"
+        ),
+        "{stderr}"
+    );
+    // A topic config's name, where its broker-wide default is the setting.
+    let stderr = refused(&["--set", "retention.ms=1000"], &[]);
+    assert!(stderr.contains("did you mean its broker-wide default `log.retention.ms`?"), "{stderr}");
+    let scratch = tempfile::Builder::new().prefix("weir-settings-").tempdir().expect("scratch dir");
+    let file = scratch.path().join("weir.toml");
+    std::fs::write(&file, "[group.initial.rebalance]\ndelay.mss = 0\n").expect("write the config file");
+    let stderr = refused(&["--config", path(&file)], &[]);
+    assert!(stderr.contains("(did you mean `group.initial.rebalance.delay.ms`?)"), "{stderr}");
+    // Nothing close: where the list is.
+    let stderr = refused(&["--set", "zzzz=1"], &[]);
+    assert!(stderr.contains("unknown setting `zzzz` (see weir.example.toml"), "{stderr}");
+}
