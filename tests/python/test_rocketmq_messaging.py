@@ -325,8 +325,8 @@ def test_a_recalled_delayed_message_is_never_delivered_while_the_others_are(brok
         # Again: still recalled, same answer.
         assert producer.recall_message(topic, recalled.recall_handle) == recalled.message_id
         assert metric(broker, "weir_timer_messages_recalled_total") == recalled_before + 1
-        # A handle is only good with its own topic; a made-up one is refused as such.
-        with pytest.raises(NotFoundException):
+        # A handle is only good with its own topic, and says so; a made-up one is refused as such.
+        with pytest.raises(BadRequestException, match="another topic"):
             producer.recall_message(other, kept.recall_handle)
         with pytest.raises(BadRequestException):
             producer.recall_message(topic, "not-a-handle")

@@ -175,7 +175,8 @@ pub struct CreateTopic {
     /// Default: the broker's `num.partitions`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partitions: Option<i32>,
-    /// Default: the broker's `default.replication.factor` (a single node keeps 1).
+    /// Default: the broker's `default.replication.factor`. At most the number of live brokers
+    /// (1 on a single node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication_factor: Option<i16>,
     /// Topic config overrides by Kafka name (`retention.ms`, `cleanup.policy`, ...).
@@ -425,6 +426,10 @@ pub struct FoundMessage {
     pub tag: Option<String>,
     pub keys: Vec<String>,
     pub message_group: Option<String>,
+    /// The record's key (a Kafka producer's; a RocketMQ message's is its message group), in the
+    /// answer's encoding.
+    #[serde(default)]
+    pub key: Option<String>,
     /// User properties (headers outside `weir.*`), by name.
     pub properties: BTreeMap<String, String>,
     /// The body, in the answer's encoding.

@@ -33,6 +33,7 @@ fn found_message(topic: &str, found: Found, encoding: Encoding) -> FoundMessage 
         tag: message.tag,
         keys: message.keys,
         message_group: message.message_group,
+        key: text_of(found.record.key, encoding),
         properties: message.properties.into_iter().collect(),
         body: text_of(found.record.value, encoding),
     }

@@ -165,6 +165,15 @@ pub fn derived_message_id(topic: &str, partition: i32, offset: i64) -> String {
     format!("00{topic_hash:08X}{:08X}{:016X}", partition as u32, offset as u64)
 }
 
+/// Longest message id a lookup takes: RocketMQ's are 32 (4.x) or 34 (5.x) hex digits.
+pub const MESSAGE_ID_LEN_MAX: usize = 64;
+
+/// Whether `id` can be a message id: hex digits, as every RocketMQ client and Weir itself make
+/// them, at most [`MESSAGE_ID_LEN_MAX`].
+pub fn is_message_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MESSAGE_ID_LEN_MAX && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// The partition and offset a [`derived_message_id`] of `topic` names; `None` for any other id.
 pub fn parse_derived_message_id(topic: &str, id: &str) -> Option<(i32, i64)> {
     if id.len() != 34 || !id.starts_with("00") || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -187,6 +196,8 @@ mod tests {
         assert_eq!(parse_derived_message_id("invoices", &id), None);
         assert_eq!(parse_derived_message_id("orders", &format!("01{}", &id[2..])), None);
         assert_eq!(parse_derived_message_id("orders", "00"), None);
+        assert!(is_message_id(&id) && is_message_id("7F0000010F1C18B4AAC2720B67E30000"));
+        assert!(!is_message_id("nonsense") && !is_message_id("") && !is_message_id(&"0".repeat(65)));
     }
 
     fn full() -> Message {

@@ -539,6 +539,17 @@ impl Broker {
         let described = metadata.topic(topic).ok_or_else(|| {
             BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("Topic {topic} does not exist."))
         })?;
+        if let Lookup::MessageId(id) = lookup {
+            if !crate::message::is_message_id(id) {
+                return Err(BrokerError::new(
+                    ErrorKind::InvalidRequest,
+                    format!(
+                        "invalid message id {id:?}: message ids are hex digits (RocketMQ's are 32 or 34 of them, \
+                         as Weir's own)"
+                    ),
+                ));
+            }
+        }
         let mut found = Vec::new();
         let Some(partitions) = self.topic_partitions(topic) else { return Ok(found) };
         // An id Weir derived for a record stored without one says where the record is.

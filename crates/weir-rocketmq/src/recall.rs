@@ -6,8 +6,8 @@
 //! takes it out of the timer store ([`weir_broker::timer::recall`]), here or, in a cluster, on
 //! that broker. A recall of a message recalled already succeeds again; one of a message
 //! delivered already (or being delivered) fails with `NOT_FOUND` (not `MESSAGE_NOT_FOUND`,
-//! which clients read as an empty receive, not as an error); a handle Weir never gave with
-//! `BAD_REQUEST`.
+//! which clients read as an empty receive, not as an error); a handle Weir never gave, or one
+//! given for a message of another topic, with `BAD_REQUEST`.
 
 use std::sync::Arc;
 
@@ -62,6 +62,10 @@ pub async fn recall(broker: &Arc<Broker>, request: &RecallMessageRequest) -> Res
         Ok(Recall::NotPending) => Err(status(
             Code::NotFound,
             format!("no delayed message of {topic} waits under this recall handle: it was delivered already"),
+        )),
+        Ok(Recall::OtherTopic) => Err(status(
+            Code::BadRequest,
+            format!("this recall handle was given for a delayed message of another topic, not of {topic}"),
         )),
         Ok(Recall::Delivering) => Err(status(
             Code::NotFound,

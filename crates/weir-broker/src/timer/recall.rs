@@ -49,6 +49,8 @@ pub enum Recall {
     /// No message of the topic waits under that handle: it was delivered already, or the
     /// handle names none.
     NotPending,
+    /// The handle names a delayed message of another topic: it was given for that one.
+    OtherTopic,
     /// The message is being appended to its topic right now: too late.
     Delivering,
 }
@@ -151,8 +153,11 @@ impl TimerStore {
             return Ok(Recall::NotPending);
         };
         let header = |name: &str| record.headers.iter().rev().find(|h| h.name == name).and_then(|h| h.value.as_deref());
-        if header(headers::TARGET_TOPIC) != Some(topic.as_bytes()) || due_ms(&record) != Some(due) {
+        if due_ms(&record) != Some(due) {
             return Ok(Recall::NotPending);
+        }
+        if header(headers::TARGET_TOPIC) != Some(topic.as_bytes()) {
+            return Ok(Recall::OtherTopic);
         }
         let message_id = header(MESSAGE_ID).map(|id| String::from_utf8_lossy(id).into_owned());
         let key = (due, offset);
@@ -259,7 +264,7 @@ mod tests {
                 .expect("schedule");
             assert_eq!(store.pending().0, 3);
             // Not this message: another topic, another due time, an offset never given.
-            assert_eq!(store.recall("u", near, 0).await.expect("recall"), Recall::NotPending);
+            assert_eq!(store.recall("u", near, 0).await.expect("recall"), Recall::OtherTopic);
             assert_eq!(store.recall("t", near + 1, 0).await.expect("recall"), Recall::NotPending);
             assert_eq!(store.recall("t", near, 99).await.expect("recall"), Recall::NotPending);
             // In memory (due in 2 s) and on disk (in an hour): both recalled, twice alike.

@@ -101,11 +101,12 @@ fn write_message(out: &mut impl Write, m: &FoundMessage) -> anyhow::Result<()> {
     let properties: Vec<String> = m.properties.iter().map(|(k, v)| format!("{k}:{v}")).collect();
     writeln!(
         out,
-        "partition={} offset={} timestamp={} id={} tag={} keys={} group={} properties={} body={}",
+        "partition={} offset={} timestamp={} id={} key={} tag={} keys={} group={} properties={} body={}",
         m.partition,
         m.offset,
         m.timestamp,
         m.message_id,
+        or_null(&m.key),
         or_null(&m.tag),
         m.keys.join(","),
         or_null(&m.message_group),
