@@ -22,7 +22,7 @@ from kafka.protocol.admin import AlterPartitionReassignmentsRequest, ListPartiti
 
 from cluster import NONE
 from conftest import weir_bin
-from helpers import c_producer, unique
+from helpers import c_producer, http, unique
 from test_replication import REPLICATION_SETTINGS, create_replicated, partition_states, produce, read_partition
 
 INVALID_REPLICA_ASSIGNMENT = 39
@@ -95,7 +95,9 @@ def log_dir(cluster, node, topic, partition=0):
 def test_a_partition_moves_under_load_and_nothing_acknowledged_is_lost(replicated, tmp_path):
     """[1, 2] → [2, 3] with the CLI while a producer writes: broker 3 copies the log and joins
     the ISR, then broker 1 (the leader) is dropped and broker 2 leads at a new epoch; every
-    acknowledged message is there exactly once and in order, and broker 1's log is gone."""
+    acknowledged message is there exactly once and in order, and broker 1's log is gone. When
+    `--wait` reports the move complete, the new leader serves every message acknowledged until
+    then (its high watermark has caught up)."""
     cluster = replicated
     topic = unique("move")
     states = create_replicated(cluster, topic, assignment=[[1, 2]], config={"min.insync.replicas": "2"})
@@ -104,13 +106,15 @@ def test_a_partition_moves_under_load_and_nothing_acknowledged_is_lost(replicate
     reports = produce(cluster.bootstrap(), topic, first)
     assert all(err is None for err, _ in reports.values())
 
-    acked, errors, stop = [], [], threading.Event()
+    acked, acked_offsets, errors, stop = [], [], [], threading.Event()
 
     def keep_producing():
         producer = c_producer(cluster.bootstrap(), {"acks": "all", "enable.idempotence": True, "linger.ms": 5})
 
         def report(err, msg):
             (errors if err else acked).append(err or msg.value())
+            if not err:
+                acked_offsets.append(msg.offset())
 
         i = 0
         while not stop.is_set():
@@ -131,8 +135,16 @@ def test_a_partition_moves_under_load_and_nothing_acknowledged_is_lost(replicate
         [cli, "partition", "reassign", "--plan", str(plan), "--wait", "--timeout", "60"],
         capture_output=True, text=True, env=env, timeout=90,
     )
+    acked_until_done = max(acked_offsets)
+    status, described = http("GET", f"{cluster.node(1).admin_url()}/v1/topics/{topic}")
     assert started.returncode == 0, started.stderr
     assert "started" in started.stdout and "completed" in started.stdout, started.stdout
+    assert status == 200, described
+    [served] = described["partitions"]
+    assert served["leader"] in (2, 3) and served["high_watermark"] > acked_until_done, (
+        f"offset {acked_until_done} was acknowledged before the move was reported complete, "
+        f"but the new leader serves up to {served['high_watermark']} only: {served}"
+    )
     time.sleep(1.0)
     stop.set()
     writer.join(90)

@@ -424,3 +424,114 @@ fn cluster_info_prints_the_nodes_and_the_controller() {
     let line = run_weir(&["cluster", "info", "--admin", "http://127.0.0.1:1"], "", &[]).failed().to_string();
     assert!(line.starts_with("error: cannot reach the admin API at http://127.0.0.1:1"), "{line}");
 }
+
+#[test]
+fn a_group_created_with_settings_is_empty_and_listed_before_its_first_use() {
+    let server = Server::start(&[]);
+    server.weir(&["group", "create", "billing", "--fifo"], "").ok();
+    let described = server.weir(&["group", "describe", "billing"], "");
+    assert!(described.ok().contains("State: Empty   Protocol: -   Members: 0"), "{}", described.stdout);
+    let listed = server.weir(&["group", "list", "--json"], "").json_lines();
+    let groups = listed[0]["groups"].as_array().cloned().unwrap_or_default();
+    assert!(groups.contains(&json!({"group_id": "billing", "state": "Empty", "protocol_type": ""})), "{groups:?}");
+    let text = server.weir(&["group", "list"], "").ok().to_string();
+    assert!(text.lines().any(|l| l.split_whitespace().take(2).eq(["billing", "Empty"])), "{text}");
+    // A group with neither settings nor offsets still does not exist.
+    assert!(server.weir(&["group", "describe", "nobody"], "").failed().contains("GROUP_ID_NOT_FOUND"));
+}
+
+#[test]
+fn unknown_config_names_are_refused_with_the_name_meant() {
+    let server = Server::start(&[]);
+    server.create_topic("orders", 1);
+    let failed = server.weir(&["topic", "alter", "orders", "--set", "retenton.ms=5"], "");
+    assert_eq!(
+        failed.failed(),
+        "error: Unknown topic config name: retenton.ms; did you mean retention.ms? (INVALID_CONFIG)"
+    );
+    let failed = server.weir(&["topic", "create", "other", "--config", "segment.byte=1048576"], "");
+    assert!(failed.failed().contains("did you mean segment.bytes?"), "{}", failed.stderr);
+    let failed = server.weir(&["group", "alter", "g", "--set", "max.delivery.attempt=3"], "");
+    assert!(failed.failed().contains("did you mean max.delivery.attempts?"), "{}", failed.stderr);
+    // Nothing close: no guess.
+    let failed = server.weir(&["topic", "alter", "orders", "--set", "zzzz=1"], "");
+    assert_eq!(failed.failed(), "error: Unknown topic config name: zzzz (INVALID_CONFIG)");
+    // A replication factor a single node cannot have, and what the help says about it.
+    let failed = server.weir(&["topic", "create", "three", "--replication-factor", "3"], "");
+    assert!(failed.failed().contains("only 1 broker(s) are registered"), "{}", failed.stderr);
+    let help = run_weir(&["topic", "create", "--help"], "", &[]);
+    assert!(help.ok().contains("at most the number of live brokers (1 on a single node)"), "{}", help.stdout);
+}
+
+#[test]
+fn message_lookups_refuse_a_malformed_id_and_show_a_kafka_records_key() {
+    let server = Server::start(&[]);
+    server.create_topic("plain", 1);
+    server.weir(&["produce", "plain", "--key-separator", ":"], "k1:v1\n").ok();
+    let failed = server.weir(&["message", "get", "plain", "nonsense"], "");
+    assert!(failed.failed().starts_with("error: invalid message id \"nonsense\""), "{}", failed.stderr);
+    let found = server.weir(&["message", "query", "plain", "--begin", "0"], "");
+    let line = found.ok().lines().next().unwrap_or_default().to_string();
+    assert!(line.contains(" key=k1 ") && line.ends_with(" body=v1"), "{line}");
+    let json = server.weir(&["message", "query", "plain", "--begin", "0", "--json"], "").json_lines();
+    assert_eq!(json[0]["messages"][0]["key"], "k1");
+    // A well-formed id of a topic that does not index its messages: that is what is said.
+    let failed = server.weir(&["message", "get", "plain", "7F0000010F1C18B4AAC2720B67E30000"], "");
+    assert!(failed.failed().contains("does not index its messages"), "{}", failed.stderr);
+}
+
+#[test]
+fn consume_stopped_by_ctrl_c_says_how_many_records_it_printed() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+
+    let server = Server::start(&[]);
+    server.create_topic("orders", 2);
+    server.weir(&["produce", "orders"], "a\nb\nc\n").ok();
+    let mut child = support::weir_command()
+        .args(["consume", "orders", "--from-beginning"])
+        .env("WEIR_ADMIN", &server.admin)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn weir consume");
+    let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    for _ in 0..3 {
+        let line = lines.next().expect("a record line").expect("read stdout");
+        assert!(line.starts_with("partition="), "{line}");
+    }
+    // Printed all three, now long-polling for more.
+    let sent = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill");
+    assert!(sent.success());
+    let output = child.wait_with_output().expect("wait for weir consume");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr, "consumed 3 record(s)\n");
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+}
+
+#[test]
+fn a_command_whose_reader_closes_the_pipe_ends_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+
+    let server = Server::start(&[]);
+    // Its description is far larger than a pipe holds (64 KiB).
+    server.create_topic("wide", 1000);
+    let mut child = support::weir_command()
+        .args(["topic", "describe", "wide", "--json"])
+        .env("WEIR_ADMIN", &server.admin)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn weir");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut first = [0_u8; 10];
+    stdout.read_exact(&mut first).expect("the first bytes");
+    assert_eq!(&first[..9], b"{\"name\":\"");
+    drop(stdout); // as `| head -c 10` does
+    let output = child.wait_with_output().expect("wait for weir");
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "");
+    assert_eq!(output.status.code(), Some(0));
+}

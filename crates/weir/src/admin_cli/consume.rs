@@ -5,9 +5,15 @@
 //! none starves. With `--group` it starts from the group's committed offsets and, after
 //! printing each response, commits the offset after the last record printed, as a standalone
 //! consumer does (so the group must have no members).
+//!
+//! It ends with "consumed N record(s)" on stderr however it ends: `--max-messages`, `--timeout`,
+//! or Ctrl-C. A Ctrl-C waits until the response being printed (and committed) is done, so the
+//! count is exactly what was printed, then exits with status 130, as a shell expects.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -160,6 +166,56 @@ fn write_record(out: &mut impl Write, topic: &str, record: &ConsumedRecord, json
     Ok(())
 }
 
+/// How far a run got: what a Ctrl-C reports.
+#[derive(Default)]
+struct Progress {
+    /// Records printed so far.
+    printed: AtomicU64,
+    /// Held while a response is printed and committed.
+    busy: Mutex<()>,
+    /// The run has ended and said so itself (set under `busy`).
+    finished: AtomicBool,
+}
+
+impl Progress {
+    fn busy(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.busy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Longest a Ctrl-C waits for the response being printed: stdout may be a pipe nobody reads.
+const INTERRUPT_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// On Ctrl-C (SIGINT), once the response being printed is done (at most
+/// [`INTERRUPT_WAIT_MAX`]), says how many records were printed and exits with status 130.
+fn report_on_interrupt(progress: Arc<Progress>) {
+    let spawned = std::thread::Builder::new().name("ctrl-c".into()).spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_io().build() else { return };
+        if runtime.block_on(tokio::signal::ctrl_c()).is_err() {
+            return;
+        }
+        let deadline = Instant::now() + INTERRUPT_WAIT_MAX;
+        let held = loop {
+            match progress.busy.try_lock() {
+                Ok(guard) => break Some(guard),
+                Err(std::sync::TryLockError::Poisoned(e)) => break Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => break None,
+            }
+        };
+        if !progress.finished.load(Ordering::Acquire) {
+            eprintln!("consumed {} record(s)", progress.printed.load(Ordering::Acquire));
+        }
+        drop(held);
+        std::process::exit(130);
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot watch for Ctrl-C: it will stop without the count");
+    }
+}
+
 pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
     let client = AdminClient::new(&args.connection)?;
     let json = args.connection.json;
@@ -168,6 +224,8 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
     let mut cursors = starting_cursors(&client, args)?;
     let records_path = format!("/v1/topics/{}/records", segment(&args.topic));
     let mut out = std::io::stdout().lock();
+    let progress = Arc::new(Progress::default());
+    report_on_interrupt(progress.clone());
     let mut printed: u64 = 0;
     let mut last_record_at = Instant::now();
     let mut unreadable: HashSet<i32> = HashSet::new();
@@ -195,6 +253,8 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
                 ("encoding", encoding.as_str().to_string()),
             ],
         )?;
+        // A Ctrl-C from here on waits until this response is printed and committed.
+        let busy = progress.busy();
         // Where each partition may continue (and be committed): after the last record printed,
         // or where the broker says when every record it returned was printed.
         // A partition that could not be read this time (its leader is down) keeps its cursor.
@@ -223,6 +283,7 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
             }
             write_record(&mut out, &args.topic, record, json)?;
             printed += 1;
+            progress.printed.store(printed, Ordering::Release);
         }
         out.flush()?;
         if !response.records.is_empty() {
@@ -250,6 +311,7 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
                     .post(&format!("/v1/groups/{}/offsets", segment(group)), &CommitOffsets { offsets: moved })?;
             }
         }
+        drop(busy);
         if stopped_early {
             break;
         }
@@ -258,6 +320,8 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
             break;
         }
     }
+    let _busy = progress.busy();
+    progress.finished.store(true, Ordering::Release);
     eprintln!("consumed {printed} record(s)");
     Ok(())
 }

@@ -159,12 +159,23 @@ impl AdminClient {
 /// in `weir consume ... | head`, ends quietly with 0).
 pub fn finish(result: anyhow::Result<()>) -> anyhow::Result<()> {
     let Err(e) = result else { return Ok(()) };
-    if e.chain().any(|cause| cause.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe))
-    {
+    if is_broken_pipe(&e) {
         std::process::exit(0);
     }
     eprintln!("error: {e:#}");
     std::process::exit(1);
+}
+
+/// Whether `e` is a write to a closed pipe (`weir ... | head`): the reader has all it wanted.
+/// serde_json keeps the I/O error inside its own, out of the source chain.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        let kind = cause
+            .downcast_ref::<io::Error>()
+            .map(io::Error::kind)
+            .or_else(|| cause.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind));
+        kind == Some(io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Writes `value` as one line of JSON.
@@ -256,6 +267,29 @@ mod tests {
         let mut out = Vec::new();
         table.write(&mut out).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "TOPIC        PARTITIONS\na-long-name  3\nb            12\n");
+    }
+
+    /// A writer whose reader has gone.
+    struct ClosedPipe;
+
+    impl Write for ClosedPipe {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::Error::from(io::ErrorKind::BrokenPipe))
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_closed_pipe_is_told_from_other_errors_whoever_wrote_to_it() {
+        let json = print_json(&mut ClosedPipe, &vec![1, 2, 3]).expect_err("JSON to a closed pipe");
+        assert!(is_broken_pipe(&json), "{json:?}");
+        let text = writeln!(ClosedPipe, "a table").map_err(anyhow::Error::from).expect_err("text to a closed pipe");
+        assert!(is_broken_pipe(&text.context("printing")), "with context too");
+        assert!(!is_broken_pipe(&anyhow::anyhow!("topic 'x' does not exist")));
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert!(!is_broken_pipe(&anyhow::Error::from(refused)));
     }
 
     #[test]

@@ -6,15 +6,16 @@
 //! {"version":1,"partitions":[{"topic":"orders","partition":0,"replicas":[2,3,4]}]}
 //! ```
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use weir_admin::api::{ReassignmentPlan, ReassignmentResults, Reassignments, ReplicationThrottle};
+use weir_admin::api::{ReassignmentPlan, ReassignmentResults, Reassignments, ReplicationThrottle, TopicDescription};
 
-use super::{print_json, AdminClient, Connection, Table};
+use super::{print_json, segment, AdminClient, Connection, Table};
 
 #[derive(Debug, Args)]
 pub struct PartitionArgs {
@@ -146,22 +147,57 @@ pub fn run(args: &PartitionArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Polls until none of the plan's partitions is being reassigned.
+/// Polls until none of the plan's partitions is being reassigned, then until each one's leader
+/// serves everything its log held at that moment: a new leader learns its high watermark from
+/// its followers' next fetches, and until then records acknowledged before the move are not
+/// readable. "Completed" means they are.
 fn wait_for(client: &AdminClient, plan: &ReassignmentPlan, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
+    let planned =
+        |topic: &str, partition: i32| plan.partitions.iter().any(|p| p.topic == topic && p.partition == partition);
     loop {
         let ongoing: Reassignments = client.get("/v1/reassignments", &[])?;
-        let left = ongoing
-            .reassignments
-            .iter()
-            .filter(|r| plan.partitions.iter().any(|p| p.topic == r.topic && p.partition == r.partition))
-            .count();
+        let left = ongoing.reassignments.iter().filter(|r| planned(&r.topic, r.partition)).count();
         if left == 0 {
-            return Ok(());
+            break;
         }
         if Instant::now() >= deadline {
             anyhow::bail!("{left} reassignments of the plan are still in progress after {} s", timeout.as_secs());
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut topics: Vec<&str> = plan.partitions.iter().map(|p| p.topic.as_str()).collect();
+    topics.sort_unstable();
+    topics.dedup();
+    // Per partition, the log end its leader had when the moves were done.
+    let mut ends: HashMap<(String, i32), i64> = HashMap::new();
+    loop {
+        let mut behind = Vec::new();
+        for topic in &topics {
+            let described: TopicDescription = client.get(&format!("/v1/topics/{}", segment(topic)), &[])?;
+            for info in described.partitions.iter().filter(|i| planned(topic, i.partition)) {
+                let key = (topic.to_string(), info.partition);
+                if info.leader < 0 || info.log_end_offset < 0 {
+                    behind.push(format!("{topic}-{} (no leader)", info.partition));
+                    continue;
+                }
+                let end = *ends.entry(key).or_insert(info.log_end_offset);
+                if info.high_watermark < end {
+                    behind
+                        .push(format!("{topic}-{} (high watermark {} of {end})", info.partition, info.high_watermark));
+                }
+            }
+        }
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "the plan's moves are done, but after {} s these partitions' new leaders do not serve all they hold yet: {}",
+                timeout.as_secs(),
+                behind.join(", ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

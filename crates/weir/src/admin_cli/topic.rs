@@ -39,7 +39,8 @@ pub struct CreateArgs {
     /// Partitions. [default: the broker's num.partitions]
     #[arg(long)]
     pub partitions: Option<i32>,
-    /// Replicas per partition; a single node keeps 1. [default: the broker's default.replication.factor]
+    /// Replicas per partition, each on its own broker: at most the number of live brokers (1 on a
+    /// single node). [default: the broker's default.replication.factor]
     #[arg(long)]
     pub replication_factor: Option<i16>,
     /// A topic config, Kafka-named: --config retention.ms=3600000. Repeatable.
