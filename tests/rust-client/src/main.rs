@@ -101,11 +101,11 @@ async fn start_consumer(endpoint: &str, topic: &str, group: &str) -> Result<Simp
 ///
 /// rocketmq 5.0.0 gives a receive a gRPC deadline of exactly its long-polling timeout (session.rs,
 /// `request.set_timeout(*self.option.long_polling_timeout())`; its own docs say long polling plus
-/// the request timeout). Weir long-polls an empty queue for the whole `long_polling_timeout` of the
-/// request before answering MESSAGE_NOT_FOUND (RocketMQ's proxy polls until the gRPC deadline at
-/// most, which is no earlier here), so the client's deadline ends the call first, with tonic's
-/// `Cancelled: Timeout expired`. That one error is an empty receive here: a message
-/// available when the receive started comes back at once, well before the deadline.
+/// the request timeout). Weir reads the `grpc-timeout` header and ends an empty long poll a
+/// fifth of it (at most 1 s) before the deadline with MESSAGE_NOT_FOUND, but on a busy machine
+/// the client's deadline can still end the call first, with tonic's `Cancelled: Timeout
+/// expired`. That one error is an empty receive here too: a message available when the receive
+/// started comes back at once, well before the deadline.
 async fn receive(
     consumer: &SimpleConsumer,
     topic: &str,
