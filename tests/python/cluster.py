@@ -16,8 +16,10 @@ CreateTopics to the controller), so when a test must ask a given node (what does
 Metadata say? is a CreateTopics through a non-controller forwarded?), it uses this.
 """
 
+import json
 import pathlib
 import socket
+import subprocess
 import time
 from typing import Dict, NamedTuple, Optional, Tuple
 
@@ -31,8 +33,7 @@ from kafka.protocol.admin import (
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.parser import KafkaProtocol
 
-from conftest import READY_TIMEOUT_S, Broker, free_port
-from helpers import http
+from conftest import READY_TIMEOUT_S, Broker, broker_env, free_port, weir_bin
 
 # Short timings: a fault shows within a few seconds, yet a busy 2-core machine (several
 # debug-build nodes and the clients) does not miss heartbeats or elections by accident.
@@ -341,12 +342,16 @@ class Cluster:
 
     def active_controller(self, via=None, timeout=10.0):
         """The active controller (the metadata quorum's leader) as node `via` (default: the
-        first live broker) sees it in its admin API's /v1/cluster; None during an election.
-        Kafka's Metadata does not say: each broker names itself as the controller there."""
+        first live broker) sees it: `weir cluster info --json` against its admin API, run in
+        the node's network namespace when it has one (its admin listener is on its own
+        127.0.0.1 there); None during an election. Kafka's Metadata does not say: each broker
+        names itself as the controller there."""
         node = self.nodes[via] if via else self.live_brokers()[0]
-        status, body = http("GET", f"{node.admin_url()}/v1/cluster", timeout=timeout)
-        assert status == 200, f"/v1/cluster on {node}: {status} {body}"
-        return body["controller"]
+        command = node.prefix + [str(weir_bin()), "cluster", "info", "--json", "--admin", node.admin_url()]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=broker_env())
+        if done.returncode != 0:
+            raise ConnectionError(f"weir cluster info on {node}: {done.stderr.strip()}")
+        return json.loads(done.stdout)["controller"]
 
     def wait_formed(self, ids=None, timeout=20.0):
         """Waits until every given (default: live) node lists exactly those brokers, names

@@ -821,7 +821,9 @@ def test_controller_only_nodes_decide_while_broker_only_nodes_serve(cluster_fact
     not) topic creation through a broker still works."""
     cluster = cluster_factory(voters=3, brokers=2, controller_only=True)
     controller, _ = cluster.wait_formed()
-    assert controller in (4, 5)
+    assert controller in (1, 2, 3)
+    # Kafka clients are told of a broker as the controller, which forwards to the active one.
+    assert {i: cluster.metadata(i).controller_id for i in (4, 5)} == {4: 4, 5: 5}
     for node_id in (1, 2, 3):
         assert "controller on 127.0.0.1:" in cluster.node(node_id).log_since(0)
     name = unique("co")

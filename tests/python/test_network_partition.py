@@ -12,8 +12,6 @@ the active controller (the quorum elects another) and when it is not.
 Skipped, with the reason, where namespaces cannot be made (not root, no iproute2).
 """
 
-import time
-
 import pytest
 from confluent_kafka import ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient

@@ -8,8 +8,6 @@ import pathlib
 import shutil
 import subprocess
 
-import pytest
-
 from helpers import c_admin, c_create_topic, c_read_partition, unique
 
 NODE_DIR = pathlib.Path(__file__).resolve().parents[1] / "node"

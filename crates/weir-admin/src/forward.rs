@@ -8,9 +8,9 @@
 //! had come over HTTP. Lists (groups, partitions) ask every broker and merge.
 //!
 //! The methods (`admin.append`, `admin.consume`, `admin.partitions`, `admin.offset_at`,
-//! `admin.http`, `admin.group_clients`) are served by every broker, whether its own HTTP listener is on or not:
-//! [`register`] is called when the node starts. Errors cross the wire with their HTTP status
-//! and name, so a client hears the leader's answer as it is.
+//! `admin.http`, `admin.group_clients`) are served by every broker, whether its own HTTP
+//! listener is on or not: [`register`] is called when the node starts. Errors cross the wire
+//! with their HTTP status and name, so a client hears the leader's answer as it is.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
