@@ -229,7 +229,7 @@ impl Broker {
         };
         let quorum = block_on(Quorum::start(&quorum_dir, quorum_config, transport, clock.clone()))??;
         if let Some(listener) = internal_listener {
-            let server = crate::cluster::rpc::serve(listener, quorum.raft().clone(), cluster.broker.clone())
+            let server = crate::cluster::rpc::serve(listener, quorum.messages(), cluster.broker.clone())
                 .map_err(|e| io_error("cannot serve the CONTROLLER listener", e))?;
             *lock(&cluster.server) = Some(server);
         }
@@ -237,9 +237,7 @@ impl Broker {
             // A quorum of one elects itself at once instead of waiting out an election timeout.
             block_on(async {
                 if quorum.leader().is_none() {
-                    if let Err(e) = quorum.raft().trigger().elect().await {
-                        tracing::debug!(error = %e, "metadata quorum: election not triggered");
-                    }
+                    quorum.elect_now().await;
                 }
                 quorum.wait_for_leader(Duration::from_secs(30)).await
             })??;
@@ -649,7 +647,7 @@ impl Broker {
     /// The brokers partitions can be placed on: the registered, unfenced ones, in placement
     /// order (by id; rack-alternating when brokers have racks).
     pub fn brokers(&self) -> Vec<i32> {
-        self.metadata().unfenced_brokers()
+        placement::unfenced_brokers(&self.metadata())
     }
 
     /// Checks a topic to create; returns the replicas of each of its partitions.

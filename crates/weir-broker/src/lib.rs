@@ -13,16 +13,18 @@ pub mod cluster;
 pub mod config;
 mod coordinator_shards;
 pub mod dead_letter;
-pub mod error;
+/// Weir's error vocabulary (the `weir-error` crate), where the core's callers have always found it.
+pub use weir_error as error;
 pub mod fetch;
 pub mod forward;
 pub mod group;
 pub mod group_config;
 pub mod half;
-pub mod internal_records;
+pub use weir_storage::internal_records;
 pub mod message;
 pub mod message_index;
-pub mod metadata;
+/// The cluster metadata and its quorum (the `weir-metadata` crate).
+pub use weir_metadata as metadata;
 pub mod metrics;
 pub mod partition;
 pub mod partitioner;

@@ -12,6 +12,7 @@
 use std::collections::BTreeSet;
 
 use crate::error::{BrokerError, ErrorKind};
+use crate::metadata::MetadataState;
 
 /// The brokers, `(id, rack)`, in the order placement walks them: by id when no broker has a
 /// rack; else the first broker (by id) of each rack (by name), then the second of each, and so
@@ -34,6 +35,29 @@ pub fn placement_order(brokers: &[(i32, Option<String>)]) -> Vec<i32> {
     (0..deepest)
         .flat_map(|i| racks.values().filter_map(move |members| members.get(i).copied()).collect::<Vec<_>>())
         .collect()
+}
+
+/// The brokers partitions may be placed on and led by in `state`: registered and not fenced,
+/// in placement order.
+pub fn unfenced_brokers(state: &MetadataState) -> Vec<i32> {
+    let brokers: Vec<(i32, Option<String>)> =
+        state.brokers.values().filter(|b| !b.fenced).map(|b| (b.id, b.rack.clone())).collect();
+    placement_order(&brokers)
+}
+
+/// A registered broker for tests: host `h`, port 1, no rack.
+#[cfg(test)]
+pub(crate) fn test_broker(id: i32, fenced: bool) -> crate::metadata::BrokerRegistration {
+    crate::metadata::BrokerRegistration {
+        id,
+        incarnation: uuid::Uuid::new_v4(),
+        host: "h".into(),
+        port: 1,
+        internal: String::new(),
+        rack: None,
+        rocketmq_port: 0,
+        fenced,
+    }
 }
 
 /// Replica lists for partitions `first..first + count`, `replication_factor` replicas each, on

@@ -24,6 +24,7 @@ pub mod error;
 mod file_slice;
 pub mod histogram;
 mod index_file;
+pub mod internal_records;
 pub mod leader_epoch;
 pub mod log;
 pub mod manager;

@@ -428,7 +428,7 @@ mod tests {
             },
         );
         for b in 1..=3 {
-            state.brokers.insert(b, MetadataState::test_broker(b, fenced.contains(&b)));
+            state.brokers.insert(b, crate::placement::test_broker(b, fenced.contains(&b)));
         }
         state
     }

@@ -319,7 +319,7 @@ mod tests {
     fn cluster(brokers: &[i32], fenced: &[i32]) -> MetadataState {
         let mut state = MetadataState::new();
         for &b in brokers {
-            state.brokers.insert(b, MetadataState::test_broker(b, fenced.contains(&b)));
+            state.brokers.insert(b, crate::placement::test_broker(b, fenced.contains(&b)));
         }
         state
     }

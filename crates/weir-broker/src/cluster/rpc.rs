@@ -17,8 +17,8 @@ use weir_rpc::{BoxFuture as RpcFuture, Handler, RemoteError, RpcClient, RpcError
 use super::methods;
 use crate::broker::Broker;
 use crate::error::{BrokerError, ErrorKind};
-use crate::metadata::raft::network::{self, BoxFuture, RaftTransport, TransportError};
-use crate::metadata::raft::{MetadataRaft, NodeId};
+use crate::metadata::raft::network::{BoxFuture, RaftTransport, TransportError};
+use crate::metadata::raft::{NodeId, RaftMessages};
 
 /// The running RPC server.
 pub(crate) struct ServerHandle {
@@ -39,7 +39,7 @@ impl ServerHandle {
 /// Starts serving `listener`. Call within a tokio runtime.
 pub(crate) fn serve(
     listener: std::net::TcpListener,
-    raft: openraft::Raft<MetadataRaft>,
+    raft: RaftMessages,
     broker: Arc<OnceLock<Weak<Broker>>>,
 ) -> std::io::Result<ServerHandle> {
     listener.set_nonblocking(true)?;
@@ -54,18 +54,18 @@ pub(crate) fn serve(
 }
 
 struct InternalHandler {
-    raft: openraft::Raft<MetadataRaft>,
+    raft: RaftMessages,
     broker: Arc<OnceLock<Weak<Broker>>>,
 }
 
 impl Handler for InternalHandler {
     fn handle(&self, method: &str, body: Bytes) -> RpcFuture<'static, Result<Bytes, RemoteError>> {
-        if method.starts_with("raft.") {
+        if RaftMessages::is_raft_method(method) {
             let raft = self.raft.clone();
             let method = method.to_string();
-            return Box::pin(async move {
-                network::handle(&raft, &method, &body).await.map(Bytes::from).map_err(RemoteError::new)
-            });
+            return Box::pin(
+                async move { raft.handle(&method, &body).await.map(Bytes::from).map_err(RemoteError::new) },
+            );
         }
         let Some(broker) = self.broker.get().and_then(Weak::upgrade) else {
             return Box::pin(async { Err(RemoteError::new("the node is starting: its broker is not open yet")) });
@@ -124,7 +124,7 @@ pub(crate) async fn call(
 
 /// Raft messages over the internal RPC client.
 ///
-/// openraft retries a peer that does not answer twice a second and logs each failure; the
+/// The quorum retries a peer that does not answer twice a second and logs each failure; the
 /// server's default filter silences those (`default_log_filter`), and this transport says it
 /// once instead: when a peer stops answering, and when it answers again.
 pub(crate) struct RpcRaftTransport {

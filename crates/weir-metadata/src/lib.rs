@@ -10,6 +10,8 @@
 //! Every partition carries its replica set, in-sync replicas, leader and leader epoch
 //! ([`PartitionState`]), on one node as in a cluster: the single-node facts (one replica, in
 //! sync, leading at epoch 0) are written once, by the controller, and read everywhere.
+#![deny(unsafe_code)]
+#![deny(clippy::unwrap_used)]
 
 pub mod legacy;
 pub mod raft;
@@ -104,7 +106,7 @@ pub enum MetadataRecord {
         resource: String,
         configs: BTreeMap<String, String>,
     },
-    /// Replaces a consumer group's settings ([`crate::group_config`]) with `configs`; empty
+    /// Replaces a consumer group's settings (`weir_broker::group_config`) with `configs`; empty
     /// removes them (the group has the defaults).
     SetGroupConfigs {
         group: String,
@@ -236,7 +238,7 @@ pub struct MetadataState {
     /// Every broker that registered with the controller, by id.
     #[serde(default)]
     pub brokers: BTreeMap<i32, BrokerRegistration>,
-    /// Dynamic broker configs (the replication throttles, [`crate::throttle`]) by resource:
+    /// Dynamic broker configs (the replication throttles, `weir_broker::throttle`) by resource:
     /// `""` for every broker, or a broker id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub broker_configs: BTreeMap<String, BTreeMap<String, String>>,
@@ -277,14 +279,6 @@ impl MetadataState {
 
     pub fn topic_by_id(&self, id: Uuid) -> Option<&TopicMetadata> {
         self.topics.values().find(|t| t.id == id)
-    }
-
-    /// The brokers partitions may be placed on and led by: registered and not fenced, by id.
-    /// The unfenced brokers in placement order (see `placement::placement_order`).
-    pub fn unfenced_brokers(&self) -> Vec<i32> {
-        let brokers: Vec<(i32, Option<String>)> =
-            self.brokers.values().filter(|b| !b.fenced).map(|b| (b.id, b.rack.clone())).collect();
-        crate::placement::placement_order(&brokers)
     }
 
     /// True when some partition has no replicas assigned (a data directory written before
@@ -350,21 +344,6 @@ impl MetadataState {
     fn partition_mut(&mut self, topic: &str, id: Uuid, partition: i32) -> Option<&mut PartitionState> {
         let topic = self.topics.get_mut(topic).filter(|t| t.id == id)?;
         topic.assignments.get_mut(usize::try_from(partition).ok()?)
-    }
-
-    /// A registered broker for tests: host `h`, port 1, no rack.
-    #[cfg(test)]
-    pub(crate) fn test_broker(id: i32, fenced: bool) -> BrokerRegistration {
-        BrokerRegistration {
-            id,
-            incarnation: Uuid::new_v4(),
-            host: "h".into(),
-            port: 1,
-            internal: String::new(),
-            rack: None,
-            rocketmq_port: 0,
-            fenced,
-        }
     }
 
     /// Applies the record at `offset`. A record that does not fit the state (which validation

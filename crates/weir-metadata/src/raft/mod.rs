@@ -36,7 +36,7 @@ use self::log_store::RaftLogStore;
 use self::network::{Network, RaftTransport};
 use self::state_machine::MetadataStateMachine;
 use super::{MetadataRecord, MetadataState};
-use crate::error::{BrokerError, ErrorKind};
+use weir_error::{BrokerError, ErrorKind};
 
 /// A voter's id: the node's `node.id`.
 pub type NodeId = u64;
@@ -98,6 +98,24 @@ pub struct QuorumStatus {
     /// On the leader: the last log index each other voter and learner is known to hold.
     #[serde(default)]
     pub replication: BTreeMap<NodeId, Option<u64>>,
+}
+
+/// Answers other voters' Raft messages on this node (see [`Quorum::messages`]).
+#[derive(Clone)]
+pub struct RaftMessages {
+    raft: Raft<MetadataRaft>,
+}
+
+impl RaftMessages {
+    /// Whether `method` of the internal RPC is a Raft message.
+    pub fn is_raft_method(method: &str) -> bool {
+        method.starts_with(network::METHOD_PREFIX)
+    }
+
+    /// Answers the Raft message `method` with its JSON `body`; the error says why it could not.
+    pub async fn handle(&self, method: &str, body: &[u8]) -> Result<Vec<u8>, String> {
+        network::handle(&self.raft, method, body).await
+    }
 }
 
 /// This node's part in the metadata quorum: its Raft instance and the applied state.
@@ -195,8 +213,23 @@ impl Quorum {
         self.node_id
     }
 
-    pub fn raft(&self) -> &Raft<MetadataRaft> {
+    #[cfg(test)]
+    pub(crate) fn raft(&self) -> &Raft<MetadataRaft> {
         &self.raft
+    }
+
+    /// What answers the Raft messages other voters send this one (the `raft.*` methods of the
+    /// internal RPC): served as soon as the quorum runs, before the broker exists.
+    pub fn messages(&self) -> RaftMessages {
+        RaftMessages { raft: self.raft.clone() }
+    }
+
+    /// Stands for election now rather than after an election timeout (a quorum of one elects
+    /// itself at once).
+    pub async fn elect_now(&self) {
+        if let Err(e) = self.raft.trigger().elect().await {
+            tracing::debug!(error = %e, "metadata quorum: election not triggered");
+        }
     }
 
     /// Commits `records` as one entry; returns its index once it is committed and applied here.

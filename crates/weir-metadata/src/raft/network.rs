@@ -23,6 +23,8 @@ use super::{MetadataRaft, NodeId};
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// The RPC methods of the quorum.
+/// What every Raft method's name starts with.
+pub const METHOD_PREFIX: &str = "raft.";
 pub const APPEND_ENTRIES: &str = "raft.append_entries";
 pub const VOTE: &str = "raft.vote";
 pub const INSTALL_SNAPSHOT: &str = "raft.install_snapshot";

@@ -1,10 +1,10 @@
 //! Records of the broker's own logs (the metadata log, `__consumer_offsets`,
 //! `__transaction_state`): key/value pairs in ordinary RecordBatch v2 batches built with the
-//! storage engine's codec (`weir_storage::records`), so recovery and compaction treat them like
+//! storage engine's codec ([`crate::records`]), so recovery and compaction treat them like
 //! any topic's data.
 
+use crate::records::{self, BatchOptions, Record};
 use bytes::{Bytes, BytesMut};
-use weir_storage::records::{self, BatchOptions, Record};
 
 /// Encodes `entries` (key, value; `None` value is a tombstone) as one uncompressed batch.
 pub fn encode_batch(entries: &[(Bytes, Option<Bytes>)], timestamp_ms: i64) -> BytesMut {
@@ -42,7 +42,7 @@ mod tests {
         let entries: Vec<(Bytes, Option<Bytes>)> =
             (0..5).map(|i| (Bytes::from(format!("k{i}")), (i != 3).then(|| Bytes::from_static(b"v")))).collect();
         let bytes = encode_batch(&entries, 1_700_000_000_000).freeze();
-        assert_eq!(weir_storage::batch::headers(&bytes).count(), 1);
+        assert_eq!(crate::batch::headers(&bytes).count(), 1);
         let records = decode_batches(bytes).unwrap();
         assert_eq!(records.len(), 5);
         assert!(records[3].value.is_none());

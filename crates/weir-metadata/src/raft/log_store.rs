@@ -23,7 +23,7 @@ use serde::Serialize;
 use weir_storage::{Clock, DeletionQueue, FlushPolicy, Log, LogConfig, OpenOptions};
 
 use super::{MetadataRaft, NodeId};
-use crate::internal_records;
+use weir_storage::internal_records;
 
 const VOTE_FILE: &str = "vote.json";
 const COMMITTED_FILE: &str = "committed.json";

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use weir_storage::{Clock, DeletionQueue, FlushPolicy, Log, LogConfig, OpenOptions, StorageError};
 
 use super::{MetadataRecord, MetadataState};
-use crate::internal_records;
+use weir_storage::internal_records;
 
 pub const METADATA_DIR: &str = "__cluster_metadata";
 const LOG_DIR: &str = "log";

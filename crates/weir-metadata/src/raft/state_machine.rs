@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{CommandResult, MetadataRaft, NodeId};
-use crate::metadata::MetadataState;
+use crate::MetadataState;
 
 const SNAPSHOT_FILE: &str = "snapshot.json";
 

@@ -1,4 +1,5 @@
-//! The broker core's errors, in Weir's own terms.
+//! Weir's errors, in its own terms: what every layer below the front-ends (metadata,
+//! controller, data path, coordinators, messaging) reports.
 //!
 //! A failure a client can see is a [`BrokerError`]: an [`ErrorKind`] (what went wrong) and a
 //! message for people. Each front-end maps the kind to its protocol once, in one function:
@@ -9,6 +10,7 @@
 //! (retry, refresh its metadata, rejoin its group, give up) are two kinds. A kind is added when a
 //! front-end needs to tell it apart, and every front-end's mapping must then place it (the
 //! matches there are exhaustive on purpose).
+#![deny(unsafe_code)]
 
 use weir_storage::{BatchError, ProducerError, StorageError};
 
