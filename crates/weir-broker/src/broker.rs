@@ -32,28 +32,7 @@ use crate::topic_config::TopicCompression;
 use crate::{placement, topic_config};
 use weir_storage::sync::{lock, read, write};
 
-/// Longest legal topic name (Kafka's limit, which keeps `<topic>-<partition>` a valid file name).
-pub const MAX_TOPIC_NAME_LEN: usize = 249;
-
-/// A topic to create.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct NewTopic {
-    pub name: String,
-    /// -1: the broker's `num.partitions`.
-    pub partitions: i32,
-    /// -1: the broker's `default.replication.factor`.
-    pub replication_factor: i16,
-    /// Manual assignment: partition → replica broker ids. Empty for automatic.
-    pub assignments: Vec<(i32, Vec<i32>)>,
-    pub configs: BTreeMap<String, String>,
-}
-
-/// A created (or, with validate-only, validated) topic.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct CreatedTopic {
-    pub topic: TopicMetadata,
-    pub replication_factor: i16,
-}
+pub use weir_controller::topics::{CreatedTopic, NewTopic, MAX_TOPIC_NAME_LEN};
 
 /// What a node says of itself (`weir cluster info`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -365,7 +344,7 @@ impl Broker {
         let mut upgrade = Vec::new();
         let state = self.quorum.applied();
         if state.cluster_id.is_empty() {
-            upgrade.push(MetadataRecord::InitCluster { cluster_id: new_cluster_id() });
+            upgrade.push(MetadataRecord::InitCluster { cluster_id: weir_controller::new_cluster_id() });
         }
         if state.has_unassigned_partitions() {
             // Partitions of a version before replica assignments have always been this node's.
@@ -545,32 +524,9 @@ impl Broker {
 
     // ----- control operations -------------------------------------------------------------
 
-    /// Checks a topic name against Kafka's rules.
+    /// Checks a topic name against Kafka's rules (the controller's: `weir_controller::topics`).
     pub fn validate_topic_name(name: &str) -> Result<(), BrokerError> {
-        let invalid = |why: String| Err(BrokerError::new(ErrorKind::InvalidTopic, why));
-        if name.is_empty() {
-            return invalid("Topic name is illegal, it can't be empty".into());
-        }
-        if name == "." || name == ".." {
-            return invalid(format!("Topic name cannot be \"{name}\""));
-        }
-        if name.len() > MAX_TOPIC_NAME_LEN {
-            return invalid(format!(
-                "Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME_LEN} characters, topic name: {name}"
-            ));
-        }
-        // RocketMQ's dead-letter topics (`%DLQ%<group>`) are the one exception to Kafka's rule.
-        let rest = match name.strip_prefix(crate::dead_letter::DEAD_LETTER_PREFIX) {
-            Some("") => return invalid("Topic name is illegal, a dead-letter topic names its group".into()),
-            Some(group) => group,
-            None => name,
-        };
-        if !rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
-            return invalid(format!(
-                "Topic name \"{name}\" is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
-            ));
-        }
-        Ok(())
+        weir_controller::topics::validate_topic_name(name)
     }
 
     /// Creates topics (each independently; one failure does not stop the others). With
@@ -601,119 +557,10 @@ impl Broker {
         }
     }
 
-    pub(crate) fn decide_create_topics(
-        &self,
-        controller: &MutexGuard<'_, ()>,
-        topics: Vec<NewTopic>,
-        validate_only: bool,
-    ) -> Vec<Result<CreatedTopic, BrokerError>> {
-        let mut results = Vec::with_capacity(topics.len());
-        for topic in topics {
-            let result = self.validate_new_topic(&topic).and_then(|assignments| {
-                let partitions = assignments.len() as i32;
-                let replication_factor = assignments.first().map_or(0, |r| r.len() as i16);
-                let record = MetadataRecord::CreateTopic {
-                    name: topic.name.clone(),
-                    id: Uuid::new_v4(),
-                    partitions,
-                    configs: topic.configs.clone(),
-                    // Only the broker creates internal topics (ensure_internal_topic).
-                    internal: false,
-                    assignments: assignments.clone(),
-                };
-                if !validate_only {
-                    self.commit(controller, vec![record])?;
-                }
-                let created = self.metadata().topic(&topic.name).cloned().unwrap_or(TopicMetadata {
-                    name: topic.name.clone(),
-                    id: Uuid::nil(),
-                    partitions,
-                    configs: topic.configs.clone(),
-                    internal: false,
-                    assignments: assignments.into_iter().map(PartitionState::new).collect(),
-                });
-                Ok(CreatedTopic { topic: created, replication_factor })
-            });
-            if let Err(e) = &result {
-                tracing::info!(topic = %topic.name, error = %e, validate_only, "create topic refused");
-            } else if !validate_only {
-                tracing::info!(topic = %topic.name, "created topic");
-            }
-            results.push(result);
-        }
-        results
-    }
-
     /// The brokers partitions can be placed on: the registered, unfenced ones, in placement
     /// order (by id; rack-alternating when brokers have racks).
     pub fn brokers(&self) -> Vec<i32> {
         placement::unfenced_brokers(&self.metadata())
-    }
-
-    /// Checks a topic to create; returns the replicas of each of its partitions.
-    fn validate_new_topic(&self, topic: &NewTopic) -> Result<Vec<Vec<i32>>, BrokerError> {
-        Broker::validate_topic_name(&topic.name)?;
-        if self.metadata().topic(&topic.name).is_some() {
-            return Err(BrokerError::new(ErrorKind::TopicExists, format!("Topic '{}' already exists.", topic.name)));
-        }
-        let brokers = self.brokers();
-        let assignments = if topic.assignments.is_empty() {
-            let partitions = if topic.partitions == -1 { self.config.num_partitions } else { topic.partitions };
-            let rf = if topic.replication_factor == -1 {
-                self.config.default_replication_factor
-            } else {
-                topic.replication_factor
-            };
-            self.check_partition_count(partitions)?;
-            let rf = placement::check_replication_factor(rf, &brokers)?;
-            placement::assign_replicas(0, partitions, rf, &brokers, placement::random_start(brokers.len()))
-        } else {
-            if topic.partitions != -1 || topic.replication_factor != -1 {
-                return Err(BrokerError::new(
-                    ErrorKind::InvalidRequest,
-                    "Both numPartitions or replicationFactor and replicasAssignments were set. Both cannot be used at the same time.",
-                ));
-            }
-            let mut by_partition: Vec<Option<Vec<i32>>> = vec![None; topic.assignments.len()];
-            for (partition, replicas) in &topic.assignments {
-                let slot = usize::try_from(*partition).ok().and_then(|p| by_partition.get_mut(p));
-                match slot {
-                    Some(slot @ None) => *slot = Some(replicas.clone()),
-                    _ => {
-                        return Err(BrokerError::new(
-                            ErrorKind::InvalidReplicaAssignment,
-                            "Partitions should be a consecutive 0-based integer sequence",
-                        ))
-                    }
-                }
-            }
-            let assignments: Vec<Vec<i32>> = by_partition.into_iter().flatten().collect();
-            self.check_partition_count(assignments.len() as i32)?;
-            placement::check_manual_assignment(&assignments, &brokers)?;
-            assignments
-        };
-        topic_config::validate(&topic.configs).map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
-        warn_deprecated(&topic.name, &topic.configs);
-        Ok(assignments)
-    }
-
-    fn check_partition_count(&self, partitions: i32) -> Result<(), BrokerError> {
-        if partitions < 1 {
-            return Err(BrokerError::new(
-                ErrorKind::InvalidPartitionCount,
-                "Number of partitions must be larger than 0.",
-            ));
-        }
-        if partitions > self.config.max_partitions_per_topic {
-            return Err(BrokerError::new(
-                ErrorKind::InvalidPartitionCount,
-                format!(
-                    "Number of partitions {partitions} exceeds the limit of {} per topic (max.partitions.per.topic).",
-                    self.config.max_partitions_per_topic
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Creates `name` with the broker's defaults if it does not exist (Metadata auto-creation).
@@ -775,55 +622,6 @@ impl Broker {
         crate::runtime::block_on(self.ensure_internal_topic(name, partitions, configs))?
     }
 
-    pub(crate) fn decide_ensure_internal_topic(
-        &self,
-        controller: &MutexGuard<'_, ()>,
-        name: &str,
-        partitions: i32,
-        configs: BTreeMap<String, String>,
-    ) -> Result<TopicMetadata, BrokerError> {
-        if let Some(topic) = self.metadata().topic(name) {
-            return Ok(topic.clone());
-        }
-        if !name.starts_with("__") {
-            return Err(BrokerError::new(ErrorKind::InvalidTopic, format!("{name} is not an internal topic name")));
-        }
-        Broker::validate_topic_name(name)?;
-        self.check_partition_count(partitions)?;
-        // Internal topics get their configured replication factor (3 by default), as far as
-        // there are brokers for it: one broker alone still has its offsets topic.
-        let brokers = self.brokers();
-        if brokers.is_empty() {
-            return Err(BrokerError::new(ErrorKind::Unavailable, "no broker is registered and unfenced yet"));
-        }
-        let wanted = match name {
-            crate::txn::TRANSACTION_STATE_TOPIC => self.config.transaction_state_replication_factor,
-            crate::group::OFFSETS_TOPIC => self.config.offsets_topic_replication_factor,
-            _ => self.config.default_replication_factor,
-        };
-        let rf = (wanted.max(1) as usize).min(brokers.len());
-        let record = MetadataRecord::CreateTopic {
-            name: name.to_string(),
-            id: Uuid::new_v4(),
-            partitions,
-            configs,
-            internal: true,
-            assignments: placement::assign_replicas(
-                0,
-                partitions,
-                rf,
-                &brokers,
-                placement::random_start(brokers.len()),
-            ),
-        };
-        self.commit(controller, vec![record])?;
-        tracing::info!(topic = name, partitions, "created internal topic");
-        self.metadata()
-            .topic(name)
-            .cloned()
-            .ok_or_else(|| BrokerError::new(ErrorKind::Internal, "internal topic vanished"))
-    }
-
     /// Deletes a topic by name or id.
     pub async fn delete_topic(
         self: &Arc<Self>,
@@ -833,49 +631,6 @@ impl Broker {
         match self.control(ControlRequest::DeleteTopic { name, id }).await? {
             ControlAnswer::Topic(topic) => Ok(topic),
             other => Err(unexpected_answer(&other)),
-        }
-    }
-
-    pub(crate) fn decide_delete_topic(
-        &self,
-        controller: &MutexGuard<'_, ()>,
-        name: Option<String>,
-        id: Option<Uuid>,
-    ) -> Result<TopicMetadata, BrokerError> {
-        let this = self;
-        {
-            if !this.config.delete_topic_enable {
-                return Err(BrokerError::new(
-                    ErrorKind::TopicDeletionDisabled,
-                    "Topic deletion is disabled (delete.topic.enable=false).",
-                ));
-            }
-            let state = this.metadata();
-            let topic = match (&name, id) {
-                (Some(name), _) if !name.is_empty() => state.topic(name),
-                (_, Some(id)) => state.topic_by_id(id),
-                _ => None,
-            };
-            let Some(topic) = topic.cloned() else {
-                return Err(match id {
-                    Some(id) if name.as_deref().is_none_or(str::is_empty) => {
-                        BrokerError::new(ErrorKind::UnknownTopicId, format!("Topic id {id} does not exist."))
-                    }
-                    _ => BrokerError::new(
-                        ErrorKind::UnknownTopicOrPartition,
-                        format!("Topic '{}' does not exist.", name.unwrap_or_default()),
-                    ),
-                });
-            };
-            if topic.internal {
-                return Err(BrokerError::new(
-                    ErrorKind::InvalidRequest,
-                    format!("Internal topic {} cannot be deleted.", topic.name),
-                ));
-            }
-            this.commit(controller, vec![MetadataRecord::DeleteTopic { name: topic.name.clone(), id: topic.id }])?;
-            tracing::info!(topic = %topic.name, "deleted topic");
-            Ok(topic)
         }
     }
 
@@ -894,86 +649,6 @@ impl Broker {
         }
     }
 
-    pub(crate) fn decide_create_partitions(
-        &self,
-        controller: &MutexGuard<'_, ()>,
-        name: String,
-        count: i32,
-        assignments: Option<Vec<Vec<i32>>>,
-        validate_only: bool,
-    ) -> Result<(), BrokerError> {
-        let this = self;
-        {
-            let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
-                BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("The topic '{name}' does not exist."))
-            })?;
-            if count < topic.partitions {
-                return Err(BrokerError::new(
-                    ErrorKind::InvalidPartitionCount,
-                    format!(
-                        "Topic currently has {} partitions, which is higher than the requested {count}.",
-                        topic.partitions
-                    ),
-                ));
-            }
-            if count == topic.partitions {
-                return Err(BrokerError::new(
-                    ErrorKind::InvalidPartitionCount,
-                    format!("Topic already has {count} partitions."),
-                ));
-            }
-            if count > this.config.max_partitions_per_topic {
-                return Err(BrokerError::new(
-                    ErrorKind::InvalidPartitionCount,
-                    format!(
-                        "Number of partitions {count} exceeds the limit of {} per topic.",
-                        this.config.max_partitions_per_topic
-                    ),
-                ));
-            }
-            let brokers = this.brokers();
-            let added = count - topic.partitions;
-            let assignments = match assignments {
-                Some(assignments) => {
-                    if assignments.len() != added as usize {
-                        return Err(BrokerError::new(
-                            ErrorKind::InvalidReplicaAssignment,
-                            format!(
-                                "Increasing the number of partitions by {added} but {} assignments provided.",
-                                assignments.len()
-                            ),
-                        ));
-                    }
-                    placement::check_manual_assignment(&assignments, &brokers)?;
-                    assignments
-                }
-                None => {
-                    let rf = topic.partition(0).map_or(1, |p| p.replicas.len()).clamp(1, brokers.len());
-                    // Go on from where the topic's replicas stop.
-                    let start = topic
-                        .partition(0)
-                        .and_then(|p| p.replicas.first())
-                        .and_then(|b| brokers.iter().position(|x| x == b))
-                        .unwrap_or(0);
-                    placement::assign_replicas(topic.partitions, added, rf, &brokers, start)
-                }
-            };
-            if !validate_only {
-                this.commit(
-                    controller,
-                    vec![MetadataRecord::CreatePartitions {
-                        name: name.clone(),
-                        id: topic.id,
-                        partitions: count,
-                        assignments,
-                    }],
-                )?;
-                tracing::info!(topic = %name, partitions = count, "added partitions");
-            }
-            Ok(())
-        }
-    }
-
     /// Changes a topic's config overrides by `edit`, applied to the overrides current when the
     /// controller decides (so concurrent edits do not race).
     pub async fn alter_topic_configs(
@@ -985,34 +660,6 @@ impl Broker {
         match self.control(ControlRequest::AlterTopicConfigs { name, validate_only, edit }).await? {
             ControlAnswer::Done => Ok(()),
             other => Err(unexpected_answer(&other)),
-        }
-    }
-
-    pub(crate) fn decide_alter_topic_configs(
-        &self,
-        controller: &MutexGuard<'_, ()>,
-        name: String,
-        validate_only: bool,
-        edit: topic_config::ConfigEdit,
-    ) -> Result<(), BrokerError> {
-        let this = self;
-        {
-            let topic = this.metadata().topic(&name).cloned().ok_or_else(|| {
-                BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("Topic {name} does not exist."))
-            })?;
-            let configs = edit
-                .apply(&this.config.topic_defaults, &topic.configs)
-                .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
-            topic_config::validate(&configs).map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
-            warn_deprecated(&name, &configs);
-            if !validate_only && configs != topic.configs {
-                this.commit(
-                    controller,
-                    vec![MetadataRecord::SetTopicConfigs { name: name.clone(), id: topic.id, configs }],
-                )?;
-                tracing::info!(topic = %name, "altered topic configs");
-            }
-            Ok(())
         }
     }
 
@@ -1638,14 +1285,6 @@ fn appended(partition: &Partition, info: AppendInfo) -> AppendInfo {
     info
 }
 
-/// Kafka 3.x still accepts its deprecated topic configs, and so does Weir, but they do nothing:
-/// say so to whoever sets one.
-fn warn_deprecated(topic: &str, configs: &BTreeMap<String, String>) {
-    for name in topic_config::deprecated_in(configs) {
-        tracing::warn!(topic, config = name, "a deprecated topic config: accepted, and it has no effect");
-    }
-}
-
 /// Why a client's batches were not written.
 enum AppendError {
     Storage(StorageError),
@@ -1719,12 +1358,6 @@ pub(crate) fn unexpected_answer(answer: &ControlAnswer) -> BrokerError {
 }
 
 /// A cluster id in Kafka's style: a UUID in URL-safe base64 without padding (22 characters).
-pub(crate) fn new_cluster_id() -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let bits = Uuid::new_v4().as_u128();
-    (0..22).map(|i| ALPHABET[((bits >> (i * 6)) & 63) as usize] as char).collect()
-}
-
 /// Producer ids handed out from blocks reserved in the metadata log, so an id is never given
 /// twice, even across crashes (ids of a block not used before a crash are skipped).
 pub(crate) struct ProducerIdBlock {
@@ -1732,20 +1365,7 @@ pub(crate) struct ProducerIdBlock {
     pub end: i64,
 }
 
-/// How many producer ids one metadata record reserves.
-const PRODUCER_ID_BLOCK: i64 = 1000;
-
 impl Broker {
-    /// Reserves the next block of producer ids (for whichever broker asked).
-    pub(crate) fn decide_allocate_producer_ids(
-        &self,
-        controller: &MutexGuard<'_, ()>,
-    ) -> Result<(i64, i64), BrokerError> {
-        let first = self.metadata().next_producer_id;
-        self.commit(controller, vec![MetadataRecord::AllocateProducerIds { first, count: PRODUCER_ID_BLOCK }])?;
-        Ok((first, PRODUCER_ID_BLOCK))
-    }
-
     /// A new producer id for InitProducerId (idempotent producers). Blocking when a new block
     /// must be reserved (one fsynced metadata record per thousand ids).
     pub fn allocate_producer_id(self: &Arc<Self>) -> Result<i64, BrokerError> {

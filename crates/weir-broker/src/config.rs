@@ -31,26 +31,13 @@ impl ConfigError {
     }
 }
 
-/// The name among `names` nearest to `name`, if it is close enough to be a slip of the keyboard:
-/// at most one edit per four characters (`log.retension.ms` → `log.retention.ms`). What every
-/// "did you mean" of settings, topic configs and group configs offers.
-pub fn closest_name<'a>(name: &str, names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let edits_max = (name.len() / 4).max(1);
-    names
-        .into_iter()
-        .map(|candidate| (strsim::levenshtein(name, candidate), candidate))
-        .filter(|(edits, _)| *edits <= edits_max)
-        .min_by_key(|(edits, _)| *edits)
-        .map(|(_, candidate)| candidate)
-}
-
 /// What follows "unknown setting `name`": the setting meant, when it can be told.
 fn unknown_setting_hint(name: &str) -> String {
     // A topic config's name: its broker-wide default is the setting.
     if let Some((broker_name, _, _)) = TOPIC_DEFAULT_SETTINGS.iter().find(|(_, topic_name, _)| *topic_name == name) {
         return format!(" (a topic config: did you mean its broker-wide default `{broker_name}`?)");
     }
-    match closest_name(name, setting_names()) {
+    match weir_error::closest_name(name, setting_names()) {
         Some(setting) => format!(" (did you mean `{setting}`?)"),
         None => " (see weir.example.toml for the settings Weir knows)".to_string(),
     }

@@ -20,7 +20,7 @@ use crate::message::{derived_message_id, headers};
 use crate::{Broker, BrokerError, ErrorKind, NewTopic};
 
 /// The prefix of dead-letter topics; the only name in which Weir accepts `%`.
-pub const DEAD_LETTER_PREFIX: &str = "%DLQ%";
+pub use weir_controller::topics::DEAD_LETTER_PREFIX;
 
 /// The dead-letter topic of `group`: `%DLQ%<group>`, with each character a topic name cannot
 /// hold replaced by `_`.

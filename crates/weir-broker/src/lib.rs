@@ -28,14 +28,16 @@ pub use weir_metadata as metadata;
 pub mod metrics;
 pub mod partition;
 pub mod partitioner;
-pub mod placement;
+/// Where replicas go (the controller's, `weir-controller`).
+pub use weir_controller::placement;
 pub mod pop;
 pub mod replication;
 
 mod runtime;
 pub mod throttle;
 pub mod timer;
-pub mod topic_config;
+/// What topic configs mean and how they are checked (the controller's, `weir-controller`).
+pub use weir_controller::topic_config;
 pub mod txn;
 
 pub use broker::{

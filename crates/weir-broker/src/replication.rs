@@ -86,18 +86,8 @@ impl ReplicaState {
     }
 }
 
-/// A proposed ISR for the controller (Kafka's AlterPartition), computed by the leader from
-/// the state at `leader_epoch` / `partition_epoch`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct IsrProposal {
-    pub topic: String,
-    pub topic_id: uuid::Uuid,
-    pub partition: i32,
-    pub leader: i32,
-    pub leader_epoch: i32,
-    pub partition_epoch: i32,
-    pub isr: Vec<i32>,
-}
+/// A proposed ISR for the controller (Kafka's AlterPartition), decided by `weir-controller`.
+pub use weir_controller::isr::IsrProposal;
 
 /// How long a proposal may stay unsettled before the leader may propose again (the controller
 /// lost it, or this broker missed the answer).

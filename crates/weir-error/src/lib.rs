@@ -14,6 +14,19 @@
 
 use weir_storage::{BatchError, ProducerError, StorageError};
 
+/// The name among `names` nearest to `name`, if it is close enough to be a slip of the keyboard:
+/// at most one edit per four characters (`log.retension.ms` → `log.retention.ms`). What every
+/// "did you mean" of settings, topic configs and group configs offers.
+pub fn closest_name<'a>(name: &str, names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let edits_max = (name.len() / 4).max(1);
+    names
+        .into_iter()
+        .map(|candidate| (strsim::levenshtein(name, candidate), candidate))
+        .filter(|(edits, _)| *edits <= edits_max)
+        .min_by_key(|(edits, _)| *edits)
+        .map(|(_, candidate)| candidate)
+}
+
 /// What went wrong. Serializable: an error crosses the cluster's internal RPCs as it is (a
 /// request forwarded to the controller answers with the controller's error).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

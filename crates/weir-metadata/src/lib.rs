@@ -21,6 +21,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+/// The internal topic of consumer groups' committed offsets (Kafka's name).
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+/// The internal topic of transactions' states (Kafka's name).
+pub const TRANSACTION_STATE_TOPIC: &str = "__transaction_state";
+
 /// One change to the cluster's metadata.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

@@ -177,7 +177,7 @@ fn unknown_variable_warning(variable: &str, name: &str, names: &[&str]) -> Strin
             variable_of(broker_name)
         );
     }
-    match weir_broker::config::closest_name(name, names.iter().copied()) {
+    match weir_broker::error::closest_name(name, names.iter().copied()) {
         Some(setting) => format!("{ignored}; did you mean {} (`{setting}`)?", variable_of(setting)),
         None => format!("{ignored} (weir.example.toml lists the settings)"),
     }

@@ -13,135 +13,16 @@
 //! is decided only by a leader that has applied an entry of its own term, so its state holds
 //! every decision of the leaders before it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
+pub use weir_controller::request::{ControlAnswer, ControlRequest, HeartbeatAnswer};
 
 use super::{methods, rpc};
-use crate::broker::{Broker, CreatedTopic, NewTopic};
+use crate::broker::Broker;
 use crate::error::{BrokerError, ErrorKind};
-use crate::metadata::{BrokerRegistration, TopicMetadata};
-use crate::topic_config::ConfigEdit;
-
-/// A metadata change, or a broker's registration or heartbeat, for the active controller.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum ControlRequest {
-    CreateTopics {
-        topics: Vec<NewTopic>,
-        validate_only: bool,
-    },
-    DeleteTopic {
-        name: Option<String>,
-        id: Option<Uuid>,
-    },
-    CreatePartitions {
-        name: String,
-        count: i32,
-        assignments: Option<Vec<Vec<i32>>>,
-        validate_only: bool,
-    },
-    AlterTopicConfigs {
-        name: String,
-        validate_only: bool,
-        edit: ConfigEdit,
-    },
-    /// Creates an internal topic unless it exists; answers its metadata either way.
-    EnsureInternalTopic {
-        name: String,
-        partitions: i32,
-        configs: BTreeMap<String, String>,
-    },
-    /// Reserves a block of producer ids for the asking broker.
-    AllocateProducerIds,
-    RegisterBroker {
-        registration: BrokerRegistration,
-    },
-    Heartbeat {
-        id: i32,
-        incarnation: Uuid,
-        /// The metadata offset the broker has applied (and reconciled its partitions with).
-        applied_offset: i64,
-        /// The broker is shutting down: fence it now rather than at its session timeout.
-        shutting_down: bool,
-    },
-    /// A partition leader's proposed ISR (Kafka's AlterPartition).
-    AlterPartition {
-        proposal: crate::replication::IsrProposal,
-    },
-    /// Elect leaders (Kafka's ElectLeaders) for these partitions, or all of them.
-    ElectLeaders {
-        kind: super::election::ElectionType,
-        partitions: Option<Vec<(String, i32)>>,
-    },
-    /// Change dynamic broker configs (`""`: every broker; else a broker id).
-    AlterBrokerConfigs {
-        resource: String,
-        validate_only: bool,
-        edit: ConfigEdit,
-    },
-    /// Change a consumer group's settings; `create` refuses a group that has some already.
-    AlterGroupConfigs {
-        group: String,
-        create: bool,
-        validate_only: bool,
-        edit: ConfigEdit,
-    },
-    /// Start, replace or cancel partition reassignments (Kafka's AlterPartitionReassignments).
-    AlterReassignments {
-        targets: Vec<super::reassignment::ReassignmentTarget>,
-        allow_replication_factor_change: bool,
-    },
-}
-
-impl ControlRequest {
-    fn name(&self) -> &'static str {
-        match self {
-            ControlRequest::CreateTopics { .. } => "create topics",
-            ControlRequest::DeleteTopic { .. } => "delete topic",
-            ControlRequest::CreatePartitions { .. } => "create partitions",
-            ControlRequest::AlterTopicConfigs { .. } => "alter topic configs",
-            ControlRequest::EnsureInternalTopic { .. } => "create an internal topic",
-            ControlRequest::AllocateProducerIds => "allocate producer ids",
-            ControlRequest::RegisterBroker { .. } => "register broker",
-            ControlRequest::Heartbeat { .. } => "heartbeat",
-            ControlRequest::AlterPartition { .. } => "change an ISR",
-            ControlRequest::ElectLeaders { .. } => "elect leaders",
-            ControlRequest::AlterReassignments { .. } => "reassign partitions",
-            ControlRequest::AlterBrokerConfigs { .. } => "alter broker configs",
-            ControlRequest::AlterGroupConfigs { .. } => "alter group configs",
-        }
-    }
-}
-
-/// What the controller answers a [`ControlRequest`].
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum ControlAnswer {
-    /// Per topic, in request order.
-    CreatedTopics(Vec<Result<CreatedTopic, BrokerError>>),
-    Topic(TopicMetadata),
-    Done,
-    ProducerIds {
-        first: i64,
-        count: i64,
-    },
-    Heartbeat(HeartbeatAnswer),
-    Elected(Vec<super::election::ElectionResult>),
-    Reassigned(Vec<super::reassignment::ReassignmentResult>),
-}
-
-/// The controller's answer to a heartbeat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeartbeatAnswer {
-    /// The controller does not know this process (a new controller, or a registration lost):
-    /// register again.
-    pub must_register: bool,
-    /// The broker may not lead: it has not caught up yet, or it is shutting down.
-    pub fenced: bool,
-}
 
 /// What crosses the wire: the answer, and the metadata offset the asking node must have applied
 /// to see the decision's effects.
@@ -317,50 +198,7 @@ impl Broker {
     /// Decides `request` under the controller lock. Blocking.
     fn decide(self: &Arc<Self>, request: ControlRequest) -> ControlResponse {
         let held = self.lock_controller();
-        let answer = match self.quorum.check_active_controller() {
-            Err(e) => Err(e),
-            Ok(()) => match request {
-                ControlRequest::CreateTopics { topics, validate_only } => {
-                    Ok(ControlAnswer::CreatedTopics(self.decide_create_topics(&held, topics, validate_only)))
-                }
-                ControlRequest::DeleteTopic { name, id } => {
-                    self.decide_delete_topic(&held, name, id).map(ControlAnswer::Topic)
-                }
-                ControlRequest::CreatePartitions { name, count, assignments, validate_only } => self
-                    .decide_create_partitions(&held, name, count, assignments, validate_only)
-                    .map(|()| ControlAnswer::Done),
-                ControlRequest::AlterTopicConfigs { name, validate_only, edit } => {
-                    self.decide_alter_topic_configs(&held, name, validate_only, edit).map(|()| ControlAnswer::Done)
-                }
-                ControlRequest::EnsureInternalTopic { name, partitions, configs } => {
-                    self.decide_ensure_internal_topic(&held, &name, partitions, configs).map(ControlAnswer::Topic)
-                }
-                ControlRequest::AllocateProducerIds => self
-                    .decide_allocate_producer_ids(&held)
-                    .map(|(first, count)| ControlAnswer::ProducerIds { first, count }),
-                ControlRequest::RegisterBroker { registration } => {
-                    self.decide_register_broker(&held, registration).map(|()| ControlAnswer::Done)
-                }
-                ControlRequest::Heartbeat { id, incarnation, applied_offset, shutting_down } => self
-                    .decide_heartbeat(&held, id, incarnation, applied_offset, shutting_down)
-                    .map(ControlAnswer::Heartbeat),
-                ControlRequest::AlterPartition { proposal } => {
-                    self.decide_alter_partition(&held, proposal).map(|()| ControlAnswer::Done)
-                }
-                ControlRequest::ElectLeaders { kind, partitions } => {
-                    self.decide_elect_leaders(&held, kind, partitions).map(ControlAnswer::Elected)
-                }
-                ControlRequest::AlterBrokerConfigs { resource, validate_only, edit } => {
-                    self.decide_alter_broker_configs(&held, resource, validate_only, edit).map(|()| ControlAnswer::Done)
-                }
-                ControlRequest::AlterGroupConfigs { group, create, validate_only, edit } => self
-                    .decide_alter_group_configs(&held, group, create, validate_only, edit)
-                    .map(|()| ControlAnswer::Done),
-                ControlRequest::AlterReassignments { targets, allow_replication_factor_change } => self
-                    .decide_alter_reassignments(&held, targets, allow_replication_factor_change)
-                    .map(ControlAnswer::Reassigned),
-            },
-        };
+        let answer = self.quorum.check_active_controller().and_then(|()| self.run_decision(&held, request));
         ControlResponse { applied_offset: self.quorum.applied().applied_offset, answer }
     }
 }

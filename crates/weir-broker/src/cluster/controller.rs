@@ -1,100 +1,230 @@
-//! The active controller's duties beyond topic changes: broker registrations, heartbeats,
-//! fencing and the leader changes that follow, and the cluster's first record.
+//! This node as the active controller: it runs the controller's decisions (`weir-controller`)
+//! against its applied metadata, commits their records to the metadata quorum and says what
+//! happened. One decision at a time, under the controller lock ([`Broker::lock_controller`]);
+//! a decision that takes several metadata entries (one per topic of a CreateTopics, one per
+//! broker fenced by the tick) is run once per entry against the state the previous one left.
 //!
-//! Sessions live in the active controller's memory only (as in KRaft): a new controller starts
-//! every registered broker's session afresh, so a failover fences nobody by itself; a broker
-//! that died meanwhile is fenced one session timeout later. The leader changes are computed
-//! from the applied state and committed with the fencing record, in one entry, so no node ever
-//! sees a fenced broker still leading.
+//! Also here: the controller's periodic tick (the cluster's first record, fencing brokers whose
+//! sessions expired, completing reassignments, the leader balance) and the broker-side calls
+//! that ask the controller for something.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
+use weir_controller::election::{ElectionResult, ElectionType};
+use weir_controller::reassignment::{OngoingReassignment, ReassignmentResult, ReassignmentTarget};
+use weir_controller::{brokers, election, isr, producer_ids, reassignment, topics, ControllerConfig, Decision};
+use weir_controller::{HeartbeatAnswer, RandomEntropy};
 use weir_storage::sync::lock;
 
-use super::control::HeartbeatAnswer;
-use crate::broker::Broker;
-use crate::error::{BrokerError, ErrorKind};
-use crate::metadata::{BrokerRegistration, MetadataRecord, MetadataState, TopicMetadata, NO_LEADER};
+use super::control::{ControlAnswer, ControlRequest};
+use crate::broker::{Broker, CreatedTopic, NewTopic};
+use crate::error::BrokerError;
+use crate::metadata::{BrokerRegistration, MetadataRecord, TopicMetadata};
 use crate::replication::IsrProposal;
 use crate::runtime::block_on;
-
-/// What the active controller knows of each broker's liveness.
-#[derive(Debug, Default)]
-pub struct Sessions {
-    /// The Raft term these sessions belong to: a new term (a new controller) starts afresh.
-    term: u64,
-    brokers: HashMap<i32, Session>,
-    /// When the leader balance was last checked (`auto.leader.rebalance.enable`).
-    pub(crate) last_rebalance_check: Option<Instant>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Session {
-    incarnation: Uuid,
-    last_heartbeat: Instant,
-    /// The broker is unfenced once it has applied the metadata up to here (its registration).
-    catch_up_to: i64,
-}
-
-impl Sessions {
-    /// Starts afresh if the controller's term changed since the sessions began.
-    fn for_term(&mut self, term: u64) -> &mut Sessions {
-        if self.term != term {
-            self.term = term;
-            self.brokers.clear();
-        }
-        self
-    }
-}
+use crate::topic_config::{self, ConfigEdit};
 
 /// How often the active controller looks for expired sessions.
 pub(crate) fn tick_interval(session_timeout_ms: u64) -> Duration {
     Duration::from_millis((session_timeout_ms / 8).clamp(50, 500))
 }
 
+/// Kafka 3.x still accepts its deprecated topic configs, and so does Weir, but they do nothing:
+/// say so to whoever sets one.
+fn warn_deprecated(topic: &str, configs: &BTreeMap<String, String>) {
+    for name in topic_config::deprecated_in(configs) {
+        tracing::warn!(topic, config = name, "a deprecated topic config: accepted, and it has no effect");
+    }
+}
+
 impl Broker {
+    /// What the controller decides with: this broker's settings.
+    fn controller_config(&self) -> ControllerConfig {
+        let config = &self.config;
+        ControllerConfig {
+            num_partitions: config.num_partitions,
+            default_replication_factor: config.default_replication_factor,
+            max_partitions_per_topic: config.max_partitions_per_topic,
+            delete_topic_enable: config.delete_topic_enable,
+            offsets_topic_replication_factor: config.offsets_topic_replication_factor,
+            transaction_state_replication_factor: config.transaction_state_replication_factor,
+            topic_defaults: config.topic_defaults.clone(),
+        }
+    }
+
     fn term(&self) -> u64 {
         self.quorum.status().term
     }
 
-    /// A broker (re)registers: a new incarnation replaces the old one and starts fenced; the
-    /// partitions it led have no leader until it is unfenced.
-    pub(crate) fn decide_register_broker(
+    /// Commits a decision's records (when it has any) and gives its answer.
+    fn settle<T>(&self, held: &MutexGuard<'_, ()>, decision: Decision<T>) -> Result<T, BrokerError> {
+        if !decision.records.is_empty() {
+            self.commit(held, decision.records)?;
+        }
+        Ok(decision.answer)
+    }
+
+    /// Runs `request` on this node, the active controller, with the controller lock `held`.
+    /// Blocking.
+    pub(crate) fn run_decision(
+        &self,
+        held: &MutexGuard<'_, ()>,
+        request: ControlRequest,
+    ) -> Result<ControlAnswer, BrokerError> {
+        match request {
+            ControlRequest::CreateTopics { topics, validate_only } => {
+                Ok(ControlAnswer::CreatedTopics(self.decide_create_topics(held, topics, validate_only)))
+            }
+            ControlRequest::DeleteTopic { name, id } => {
+                self.decide_delete_topic(held, name, id).map(ControlAnswer::Topic)
+            }
+            ControlRequest::CreatePartitions { name, count, assignments, validate_only } => {
+                let config = self.controller_config();
+                let state = self.metadata();
+                let decision =
+                    topics::decide_create_partitions(&state, &config, &name, count, assignments, validate_only)?;
+                let added = !decision.records.is_empty();
+                self.settle(held, decision)?;
+                if added {
+                    tracing::info!(topic = %name, partitions = count, "added partitions");
+                }
+                Ok(ControlAnswer::Done)
+            }
+            ControlRequest::AlterTopicConfigs { name, validate_only, edit } => {
+                self.decide_alter_topic_configs(held, name, validate_only, edit).map(|()| ControlAnswer::Done)
+            }
+            ControlRequest::EnsureInternalTopic { name, partitions, configs } => {
+                self.decide_ensure_internal_topic(held, &name, partitions, configs).map(ControlAnswer::Topic)
+            }
+            ControlRequest::AllocateProducerIds => {
+                let (first, count) = self.settle(held, producer_ids::decide_allocate(&self.metadata()))?;
+                Ok(ControlAnswer::ProducerIds { first, count })
+            }
+            ControlRequest::RegisterBroker { registration } => {
+                self.decide_register_broker(held, registration).map(|()| ControlAnswer::Done)
+            }
+            ControlRequest::Heartbeat { id, incarnation, applied_offset, shutting_down } => self
+                .decide_heartbeat(held, id, incarnation, applied_offset, shutting_down)
+                .map(ControlAnswer::Heartbeat),
+            ControlRequest::AlterPartition { proposal } => {
+                self.decide_alter_partition(held, proposal).map(|()| ControlAnswer::Done)
+            }
+            ControlRequest::ElectLeaders { kind, partitions } => {
+                self.decide_elect_leaders(held, kind, partitions).map(ControlAnswer::Elected)
+            }
+            ControlRequest::AlterBrokerConfigs { resource, validate_only, edit } => {
+                self.decide_alter_broker_configs(held, resource, validate_only, edit).map(|()| ControlAnswer::Done)
+            }
+            ControlRequest::AlterGroupConfigs { group, create, validate_only, edit } => {
+                self.decide_alter_group_configs(held, group, create, validate_only, edit).map(|()| ControlAnswer::Done)
+            }
+            ControlRequest::AlterReassignments { targets, allow_replication_factor_change } => self
+                .decide_alter_reassignments(held, targets, allow_replication_factor_change)
+                .map(ControlAnswer::Reassigned),
+        }
+    }
+
+    // ----- topics ------------------------------------------------------------------------------
+
+    /// Each topic is decided and committed on its own, against the state the one before left
+    /// (two topics of one name in a request: the second exists already).
+    fn decide_create_topics(
+        &self,
+        held: &MutexGuard<'_, ()>,
+        topics: Vec<NewTopic>,
+        validate_only: bool,
+    ) -> Vec<Result<CreatedTopic, BrokerError>> {
+        let config = self.controller_config();
+        let mut results = Vec::with_capacity(topics.len());
+        for topic in topics {
+            let result = topics::decide_create(&self.metadata(), &config, &mut RandomEntropy, &topic, validate_only)
+                .and_then(|decision| {
+                    warn_deprecated(&topic.name, &topic.configs);
+                    let planned = decision.answer.clone();
+                    self.settle(held, decision)?;
+                    // The committed topic as the metadata holds it.
+                    let topic = self.metadata().topic(&topic.name).cloned().unwrap_or(planned.topic);
+                    Ok(CreatedTopic { topic, replication_factor: planned.replication_factor })
+                });
+            match &result {
+                Err(e) => tracing::info!(topic = %topic.name, error = %e, validate_only, "create topic refused"),
+                Ok(_) if !validate_only => tracing::info!(topic = %topic.name, "created topic"),
+                Ok(_) => {}
+            }
+            results.push(result);
+        }
+        results
+    }
+
+    fn decide_ensure_internal_topic(
+        &self,
+        held: &MutexGuard<'_, ()>,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+    ) -> Result<TopicMetadata, BrokerError> {
+        let config = self.controller_config();
+        let decision =
+            topics::decide_ensure_internal(&self.metadata(), &config, &mut RandomEntropy, name, partitions, configs)?;
+        if !decision.records.is_empty() {
+            self.settle(held, decision)?;
+            tracing::info!(topic = name, partitions, "created internal topic");
+        }
+        self.metadata().topic(name).cloned().ok_or_else(|| BrokerError::internal("internal topic vanished"))
+    }
+
+    fn decide_delete_topic(
+        &self,
+        held: &MutexGuard<'_, ()>,
+        name: Option<String>,
+        id: Option<Uuid>,
+    ) -> Result<TopicMetadata, BrokerError> {
+        let decision = topics::decide_delete(&self.metadata(), &self.controller_config(), name.as_deref(), id)?;
+        let topic = self.settle(held, decision)?;
+        tracing::info!(topic = %topic.name, "deleted topic");
+        Ok(topic)
+    }
+
+    fn decide_alter_topic_configs(
+        &self,
+        held: &MutexGuard<'_, ()>,
+        name: String,
+        validate_only: bool,
+        edit: ConfigEdit,
+    ) -> Result<(), BrokerError> {
+        let decision =
+            topics::decide_alter_configs(&self.metadata(), &self.controller_config(), &name, validate_only, &edit)?;
+        if let Some(MetadataRecord::SetTopicConfigs { configs, .. }) = decision.records.first() {
+            warn_deprecated(&name, configs);
+        }
+        let changed = !decision.records.is_empty();
+        self.settle(held, decision)?;
+        if changed {
+            tracing::info!(topic = %name, "altered topic configs");
+        }
+        Ok(())
+    }
+
+    // ----- brokers -----------------------------------------------------------------------------
+
+    /// A broker (re)registers. One that does not vote follows the metadata log as a Raft
+    /// learner, which the quorum adds first.
+    fn decide_register_broker(
         &self,
         held: &MutexGuard<'_, ()>,
         registration: BrokerRegistration,
     ) -> Result<(), BrokerError> {
-        if registration.id < 0 {
-            return Err(BrokerError::new(ErrorKind::InvalidRequest, "a broker id must not be negative"));
-        }
-        let state = self.metadata();
-        let same = state.brokers.get(&registration.id).is_some_and(|known| {
-            known.incarnation == registration.incarnation
-                && known.host == registration.host
-                && known.port == registration.port
-                && known.internal == registration.internal
-                && known.rack == registration.rack
-        });
+        let decision = brokers::decide_register(&self.metadata(), &self.controller_config(), &registration)?;
         let voter = self.quorum.voters().contains(&(registration.id as u64));
         if !voter && !registration.internal.is_empty() {
-            // A broker that does not vote follows the metadata log as a Raft learner.
             block_on(self.quorum.add_learner(registration.id as u64, registration.internal.clone()))??;
         }
-        let index = if same {
-            state.applied_offset
-        } else {
-            let mut records = Vec::new();
-            if state.cluster_id.is_empty() {
-                // The cluster's id comes first, so no broker is ever unfenced without one (the
-                // tick would write it too, but a registration may come before the first tick).
-                records.push(MetadataRecord::InitCluster { cluster_id: crate::broker::new_cluster_id() });
-            }
-            records.push(MetadataRecord::RegisterBroker { registration: registration.clone() });
-            records.extend(leaderless_changes(&state, registration.id, &|t| self.unclean_allowed(t)));
-            self.commit(held, records)?;
+        let changed = !decision.records.is_empty();
+        self.settle(held, decision)?;
+        if changed {
             tracing::info!(
                 broker = registration.id,
                 host = %registration.host,
@@ -102,19 +232,21 @@ impl Broker {
                 incarnation = %registration.incarnation,
                 "broker registered (fenced until it catches up)"
             );
-            self.metadata().applied_offset
-        };
-        let term = self.term();
-        lock(&self.cluster.sessions).for_term(term).brokers.insert(
+        }
+        let registered_at = self.metadata().applied_offset;
+        lock(&self.cluster.sessions).registered(
+            self.term(),
             registration.id,
-            Session { incarnation: registration.incarnation, last_heartbeat: Instant::now(), catch_up_to: index },
+            registration.incarnation,
+            Instant::now(),
+            registered_at,
         );
         Ok(())
     }
 
     /// A broker's heartbeat: renews its session, unfences it once it has caught up, fences it
     /// when it shuts down.
-    pub(crate) fn decide_heartbeat(
+    fn decide_heartbeat(
         &self,
         held: &MutexGuard<'_, ()>,
         id: i32,
@@ -122,54 +254,41 @@ impl Broker {
         applied_offset: i64,
         shutting_down: bool,
     ) -> Result<HeartbeatAnswer, BrokerError> {
-        let state = self.metadata();
-        let Some(registration) = state.brokers.get(&id).filter(|b| b.incarnation == incarnation) else {
-            return Ok(HeartbeatAnswer { must_register: true, fenced: true });
-        };
-        let term = self.term();
-        let session = {
+        let decision = {
             let mut sessions = lock(&self.cluster.sessions);
-            let session = sessions.for_term(term).brokers.entry(id).or_insert(Session {
+            brokers::decide_heartbeat(
+                &self.metadata(),
+                &self.controller_config(),
+                &mut sessions,
+                self.term(),
+                Instant::now(),
+                id,
                 incarnation,
-                last_heartbeat: Instant::now(),
-                // Registered under an earlier controller: caught up once it has what this one has.
-                catch_up_to: state.applied_offset,
-            });
-            if session.incarnation != incarnation {
-                *session = Session { incarnation, last_heartbeat: Instant::now(), catch_up_to: state.applied_offset };
-            }
-            session.last_heartbeat = Instant::now();
-            *session
+                applied_offset,
+                shutting_down,
+            )
         };
-        if shutting_down {
-            if !registration.fenced {
-                self.fence(held, &state, id, "it is shutting down")?;
-            }
-            return Ok(HeartbeatAnswer { must_register: false, fenced: true });
-        }
-        if registration.fenced && applied_offset >= session.catch_up_to {
-            let mut records = vec![MetadataRecord::UnfenceBroker { id }];
-            records.extend(leader_changes_on_unfence(&state, id, &|t| self.unclean_allowed(t)));
-            self.commit(held, records)?;
+        let fenced = decision.records.iter().any(|r| matches!(r, MetadataRecord::FenceBroker { .. }));
+        let unfenced = decision.records.iter().any(|r| matches!(r, MetadataRecord::UnfenceBroker { .. }));
+        let answer = self.settle(held, decision)?;
+        if fenced {
+            tracing::warn!(broker = id, "broker fenced: it is shutting down");
+        } else if unfenced {
             tracing::info!(broker = id, applied_offset, "broker unfenced: it caught up with the metadata");
-            return Ok(HeartbeatAnswer { must_register: false, fenced: false });
         }
-        Ok(HeartbeatAnswer { must_register: false, fenced: registration.fenced })
+        Ok(answer)
     }
 
     /// Commits the fencing of broker `id` with the leader changes it implies.
-    fn fence(&self, held: &MutexGuard<'_, ()>, state: &MetadataState, id: i32, why: &str) -> Result<(), BrokerError> {
-        let mut records = vec![MetadataRecord::FenceBroker { id }];
-        let changes = leaderless_changes(state, id, &|t| self.unclean_allowed(t));
-        let partitions = changes.len();
-        records.extend(changes);
-        self.commit(held, records)?;
+    fn fence(&self, held: &MutexGuard<'_, ()>, id: i32, why: &str) -> Result<(), BrokerError> {
+        let partitions = self.settle(held, brokers::decide_fence(&self.metadata(), &self.controller_config(), id))?;
         tracing::warn!(broker = id, partitions, "broker fenced: {why}");
         Ok(())
     }
 
-    /// The active controller's periodic duties: the cluster's first record, and fencing the
-    /// brokers whose sessions expired. Blocking; does nothing on other nodes.
+    /// The active controller's periodic duties: the cluster's first record, fencing the
+    /// brokers whose sessions expired, completing reassignments, the leader balance. Blocking;
+    /// does nothing on other nodes.
     pub(crate) fn controller_tick(self: &Arc<Self>) -> Result<(), BrokerError> {
         if self.quorum.leader() != Some(self.quorum.node_id()) {
             return Ok(());
@@ -178,38 +297,23 @@ impl Broker {
         if self.quorum.check_active_controller().is_err() {
             return Ok(());
         }
-        let state = self.metadata();
-        if state.cluster_id.is_empty() {
-            self.commit(&held, vec![MetadataRecord::InitCluster { cluster_id: crate::broker::new_cluster_id() }])?;
+        if self.metadata().cluster_id.is_empty() {
+            let init = MetadataRecord::InitCluster { cluster_id: weir_controller::new_cluster_id() };
+            self.commit(&held, vec![init])?;
             tracing::info!(cluster_id = %self.cluster_id(), "initialized the cluster");
         }
         let timeout = Duration::from_millis(self.config.broker_session_timeout_ms);
-        let term = self.term();
-        let expired: Vec<(i32, Duration)> = {
-            let mut sessions = lock(&self.cluster.sessions);
-            let sessions = sessions.for_term(term);
-            let now = Instant::now();
-            state
-                .brokers
-                .values()
-                .filter(|b| !b.fenced)
-                .filter_map(|b| {
-                    let session = sessions.brokers.entry(b.id).or_insert(Session {
-                        incarnation: b.incarnation,
-                        last_heartbeat: now,
-                        catch_up_to: state.applied_offset,
-                    });
-                    let silent = now.saturating_duration_since(session.last_heartbeat);
-                    (silent > timeout).then_some((b.id, silent))
-                })
-                .collect()
-        };
+        let expired = lock(&self.cluster.sessions).expired(self.term(), &self.metadata(), Instant::now(), timeout);
         for (id, silent) in expired {
-            let state = self.metadata();
-            self.fence(&held, &state, id, &format!("no heartbeat for {} ms", silent.as_millis()))?;
+            self.fence(&held, id, &format!("no heartbeat for {} ms", silent.as_millis()))?;
         }
-        self.complete_reassignments(&held)?;
-        self.rebalance_leaders_if_due(&held, &self.metadata())
+        let completions = reassignment::completions(&self.metadata());
+        if !completions.is_empty() {
+            let count = completions.len();
+            self.commit(&held, completions)?;
+            tracing::info!(partitions = count, "partition reassignments completed");
+        }
+        self.rebalance_leaders_if_due(&held)
     }
 
     /// Runs [`Broker::controller_tick`] until shutdown.
@@ -242,241 +346,116 @@ impl Broker {
             }
         });
     }
-}
 
-/// May a replica outside the ISR lead this topic's partitions (`unclean.leader.election.enable`)?
-pub(crate) type UncleanPolicy<'a> = &'a dyn Fn(&TopicMetadata) -> bool;
+    // ----- partitions --------------------------------------------------------------------------
 
-/// The partition changes when `broker` stops (fenced, re-registered, shut down): where it leads,
-/// another in-sync replica on an unfenced broker takes over (the broker leaves the ISR), or,
-/// with none, a live replica outside the ISR if the topic allows unclean elections, else
-/// nobody (the ISR keeps its last member, as Kafka does, so it can lead again). Where it
-/// follows, it leaves the ISR, so that `acks=all` writes stop waiting for it; the last member
-/// of an ISR stays.
-fn leaderless_changes(state: &MetadataState, broker: i32, unclean: UncleanPolicy<'_>) -> Vec<MetadataRecord> {
-    let live = |b: &i32| *b != broker && state.brokers.get(b).is_some_and(|r| !r.fenced);
-    let mut out = Vec::new();
-    for topic in state.topics.values() {
-        for (index, partition) in topic.assignments.iter().enumerate() {
-            let change = |isr: Vec<i32>, leader: Option<i32>| MetadataRecord::PartitionChange {
-                topic: topic.name.clone(),
-                id: topic.id,
-                partition: index as i32,
-                replicas: None,
-                isr: Some(isr),
-                leader,
-            };
-            let others: Vec<i32> = partition.isr.iter().copied().filter(|b| *b != broker).collect();
-            if partition.leader != broker {
-                if partition.isr.contains(&broker) && !others.is_empty() {
-                    out.push(change(others, None));
-                }
-                continue;
-            }
-            if let Some(next) = partition.isr.iter().copied().find(live) {
-                out.push(change(others, Some(next)));
-            } else if let Some(next) = partition
-                .replicas
-                .iter()
-                .copied()
-                // A replica a reassignment is adding may have copied next to nothing.
-                .filter(|b| !partition.adding_replicas.contains(b))
-                .find(live)
-                .filter(|_| unclean(topic))
-            {
-                tracing::warn!(topic = %topic.name, partition = index, leader = next, "unclean leader election: a replica outside the ISR leads; what only the ISR had is lost");
-                out.push(change(vec![next], Some(next)));
-            } else {
-                out.push(change(partition.isr.clone(), Some(NO_LEADER)));
-            }
-        }
-    }
-    out
-}
-
-/// The partition changes when `broker` is unfenced: it leads where nobody does and it is in
-/// sync, or, where the topic allows unclean elections and no in-sync replica is alive, as the
-/// ISR's only member.
-fn leader_changes_on_unfence(state: &MetadataState, broker: i32, unclean: UncleanPolicy<'_>) -> Vec<MetadataRecord> {
-    let live = |b: &i32| state.brokers.get(b).is_some_and(|r| !r.fenced);
-    let mut out = Vec::new();
-    for topic in state.topics.values() {
-        for (index, partition) in topic.assignments.iter().enumerate() {
-            if partition.leader != NO_LEADER || !partition.replicas.contains(&broker) {
-                continue;
-            }
-            let (isr, leader) = if partition.isr.contains(&broker) {
-                (None, broker)
-            } else if !partition.isr.iter().any(live) && unclean(topic) && !partition.adding_replicas.contains(&broker)
-            {
-                tracing::warn!(topic = %topic.name, partition = index, leader = broker, "unclean leader election: a replica outside the ISR leads; what only the ISR had is lost");
-                (Some(vec![broker]), broker)
-            } else {
-                continue;
-            };
-            out.push(MetadataRecord::PartitionChange {
-                topic: topic.name.clone(),
-                id: topic.id,
-                partition: index as i32,
-                replicas: None,
-                isr,
-                leader: Some(leader),
-            });
-        }
-    }
-    out
-}
-
-impl Broker {
-    /// The topic's `unclean.leader.election.enable`, with this broker's defaults.
-    fn unclean_allowed(&self, topic: &TopicMetadata) -> bool {
-        crate::topic_config::unclean_leader_election(&self.config.topic_defaults, &topic.configs)
-    }
-
-    /// A leader's ISR proposal (AlterPartition): accepted when it was computed from the current
-    /// state (same leader, leader epoch and partition epoch), names replicas only, keeps the
-    /// leader, and adds no fenced broker. Committed before it counts anywhere.
-    pub(crate) fn decide_alter_partition(
-        &self,
-        held: &MutexGuard<'_, ()>,
-        proposal: IsrProposal,
-    ) -> Result<(), BrokerError> {
-        let state = self.metadata();
-        let stale = |why: String| BrokerError::new(ErrorKind::FencedLeaderEpoch, why);
-        let Some(topic) = state.topic(&proposal.topic).filter(|t| t.id == proposal.topic_id) else {
-            return Err(BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("no topic {}", proposal.topic)));
-        };
-        let Some(current) = topic.partition(proposal.partition) else {
-            return Err(BrokerError::new(
-                ErrorKind::UnknownTopicOrPartition,
-                format!("no partition {}-{}", proposal.topic, proposal.partition),
-            ));
-        };
-        if current.leader != proposal.leader || current.leader_epoch != proposal.leader_epoch {
-            return Err(stale(format!(
-                "broker {} at epoch {} no longer leads {}-{} (broker {} at epoch {} does)",
-                proposal.leader,
-                proposal.leader_epoch,
-                proposal.topic,
-                proposal.partition,
-                current.leader,
-                current.leader_epoch
-            )));
-        }
-        if current.partition_epoch != proposal.partition_epoch {
-            return Err(stale(format!(
-                "{}-{} changed since the proposal (partition epoch {} now, {} proposed from)",
-                proposal.topic, proposal.partition, current.partition_epoch, proposal.partition_epoch
-            )));
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for id in &proposal.isr {
-            if !current.replicas.contains(id) || !seen.insert(*id) {
-                return Err(BrokerError::new(
-                    ErrorKind::InvalidRequest,
-                    format!("ISR {:?} is no subset of replicas {:?}", proposal.isr, current.replicas),
-                ));
-            }
-            let added = !current.isr.contains(id);
-            if added && state.brokers.get(id).is_none_or(|b| b.fenced) {
-                return Err(BrokerError::new(
-                    ErrorKind::InvalidRequest,
-                    format!("broker {id} is fenced: it cannot join the ISR"),
-                ));
-            }
-        }
-        if !proposal.isr.contains(&proposal.leader) {
-            return Err(BrokerError::new(ErrorKind::InvalidRequest, "the leader must stay in the ISR"));
-        }
-        // The ISR change that brings the last target replica of a reassignment in sync
-        // completes the reassignment in the same record.
-        let record = super::reassignment::completion_with_isr(&state, topic, proposal.partition, &proposal.isr)
-            .unwrap_or_else(|| MetadataRecord::PartitionChange {
-                topic: proposal.topic.clone(),
-                id: proposal.topic_id,
-                partition: proposal.partition,
-                replicas: None,
-                isr: Some(proposal.isr.clone()),
-                leader: None,
-            });
-        let completes = matches!(record, MetadataRecord::PartitionReassignment { .. });
-        self.commit(held, vec![record])?;
+    /// A leader's ISR proposal (AlterPartition), committed before it counts anywhere.
+    fn decide_alter_partition(&self, held: &MutexGuard<'_, ()>, proposal: IsrProposal) -> Result<(), BrokerError> {
+        let completes = self.settle(held, isr::decide_alter_partition(&self.metadata(), &proposal)?)?;
         if completes {
             tracing::info!(topic = %proposal.topic, partition = proposal.partition, "reassignment completed: every target replica is in sync");
         }
         Ok(())
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::metadata::PartitionState;
-
-    fn state_with(partitions: Vec<PartitionState>, fenced: &[i32]) -> MetadataState {
-        let mut state = MetadataState::new();
-        let id = Uuid::new_v4();
-        state.topics.insert(
-            "t".into(),
-            crate::metadata::TopicMetadata {
-                name: "t".into(),
-                id,
-                partitions: partitions.len() as i32,
-                configs: Default::default(),
-                internal: false,
-                assignments: partitions,
-            },
-        );
-        for b in 1..=3 {
-            state.brokers.insert(b, crate::placement::test_broker(b, fenced.contains(&b)));
+    /// Elects leaders of `kind` for `partitions` (all partitions when `None`, reporting only
+    /// those that changed or could not).
+    fn decide_elect_leaders(
+        &self,
+        held: &MutexGuard<'_, ()>,
+        kind: ElectionType,
+        partitions: Option<Vec<(String, i32)>>,
+    ) -> Result<Vec<ElectionResult>, BrokerError> {
+        let decision = election::decide_elect(&self.metadata(), kind, partitions);
+        let elected = decision.records.len();
+        let results = self.settle(held, decision)?;
+        if elected > 0 {
+            tracing::info!(?kind, partitions = elected, "elected leaders");
         }
-        state
+        Ok(results)
     }
 
-    #[test]
-    fn fencing_moves_leadership_to_a_live_in_sync_replica_or_to_nobody() {
-        let state = state_with(
-            vec![PartitionState::new(vec![1]), PartitionState::new(vec![1, 2]), PartitionState::new(vec![2])],
-            &[],
-        );
-        let changes = leaderless_changes(&state, 1, &|_| false);
-        assert_eq!(changes.len(), 2, "only the partitions broker 1 leads change");
-        let MetadataRecord::PartitionChange { partition: 0, leader: Some(NO_LEADER), isr: Some(isr), .. } = &changes[0]
-        else {
-            panic!("{:?}", changes[0])
-        };
-        assert_eq!(isr, &vec![1], "the last in-sync replica stays in the ISR");
-        let MetadataRecord::PartitionChange { partition: 1, leader: Some(2), isr: Some(isr), .. } = &changes[1] else {
-            panic!("{:?}", changes[1])
-        };
-        assert_eq!(isr, &vec![2]);
-
-        let mut offline = state.clone();
-        for (change, offset) in changes.iter().zip(10..) {
-            offline.apply(offset, change);
+    /// The leader balance check, when `leader.imbalance.check.interval.seconds` has passed
+    /// since the last (and `auto.leader.rebalance.enable` is on).
+    fn rebalance_leaders_if_due(&self, held: &MutexGuard<'_, ()>) -> Result<(), BrokerError> {
+        if !self.config.auto_leader_rebalance_enable {
+            return Ok(());
         }
-        let back = leader_changes_on_unfence(&offline, 1, &|_| false);
-        assert_eq!(back.len(), 1, "partition 0 had no leader and 1 in sync: {back:?}");
+        let interval = Duration::from_secs(self.config.leader_imbalance_check_interval_seconds);
+        {
+            let mut sessions = lock(&self.cluster.sessions);
+            let now = Instant::now();
+            let last = *sessions.last_rebalance_check.get_or_insert(now);
+            if now.saturating_duration_since(last) < interval {
+                return Ok(());
+            }
+            sessions.last_rebalance_check = Some(now);
+        }
+        let decision = election::decide_rebalance(&self.metadata(), self.config.leader_imbalance_per_broker_percentage);
+        let elected = decision.records.len();
+        for (topic, index, outcome) in self.settle(held, decision)? {
+            if let Err(e) = outcome {
+                tracing::debug!(topic, partition = index, error = %e, "leader rebalance: not moved");
+            }
+        }
+        if elected > 0 {
+            tracing::info!(kind = ?ElectionType::Preferred, partitions = elected, "elected leaders");
+        }
+        Ok(())
     }
 
-    #[test]
-    fn an_unclean_election_skips_a_replica_a_reassignment_is_adding() {
-        let moving = PartitionState {
-            replicas: vec![3, 1],
-            isr: vec![1],
-            adding_replicas: vec![3],
-            removing_replicas: vec![1],
-            ..PartitionState::new(vec![1])
-        };
-        let state = state_with(vec![moving], &[]);
-        let changes = leaderless_changes(&state, 1, &|_| true);
-        assert!(matches!(&changes[0], MetadataRecord::PartitionChange { leader: Some(NO_LEADER), .. }), "{changes:?}");
+    /// Decides a batch of reassignment changes, committing the accepted ones together.
+    fn decide_alter_reassignments(
+        &self,
+        held: &MutexGuard<'_, ()>,
+        targets: Vec<ReassignmentTarget>,
+        allow_replication_factor_change: bool,
+    ) -> Result<Vec<ReassignmentResult>, BrokerError> {
+        let decision = reassignment::decide_alter(&self.metadata(), targets, allow_replication_factor_change);
+        let count = decision.records.len();
+        let results = self.settle(held, decision)?;
+        if count > 0 {
+            tracing::info!(partitions = count, "partition reassignments changed");
+        }
+        Ok(results)
     }
 
-    #[test]
-    fn a_fenced_successor_is_not_elected() {
-        let state = state_with(vec![PartitionState::new(vec![1, 2])], &[2]);
-        let changes = leaderless_changes(&state, 1, &|_| false);
-        assert!(matches!(&changes[0], MetadataRecord::PartitionChange { leader: Some(NO_LEADER), .. }), "{changes:?}");
+    // ----- asking the controller ---------------------------------------------------------------
+
+    /// Has the active controller elect leaders of `kind` for `partitions` (every partition when
+    /// `None`): one result per partition asked for, or per partition that changed.
+    pub async fn elect_leaders(
+        self: &Arc<Self>,
+        kind: ElectionType,
+        partitions: Option<Vec<(String, i32)>>,
+    ) -> Result<Vec<ElectionResult>, BrokerError> {
+        match self.control(ControlRequest::ElectLeaders { kind, partitions }).await? {
+            ControlAnswer::Elected(results) => Ok(results),
+            other => Err(BrokerError::internal(format!("the controller answered ElectLeaders with {other:?}"))),
+        }
+    }
+
+    /// Has the active controller start, replace or cancel these reassignments: one result per
+    /// target, in order. `allow_replication_factor_change` false refuses targets with another
+    /// number of replicas (AlterPartitionReassignments v1).
+    pub async fn alter_partition_reassignments(
+        self: &Arc<Self>,
+        targets: Vec<ReassignmentTarget>,
+        allow_replication_factor_change: bool,
+    ) -> Result<Vec<ReassignmentResult>, BrokerError> {
+        let request = ControlRequest::AlterReassignments { targets, allow_replication_factor_change };
+        match self.control(request).await? {
+            ControlAnswer::Reassigned(results) => Ok(results),
+            other => Err(BrokerError::internal(format!("the controller answered a reassignment with {other:?}"))),
+        }
+    }
+
+    /// The reassignments in progress, of `partitions` (topic → partitions) or of all of them,
+    /// ordered by topic and partition.
+    pub fn list_partition_reassignments(
+        &self,
+        partitions: Option<&BTreeMap<String, Vec<i32>>>,
+    ) -> Vec<OngoingReassignment> {
+        reassignment::ongoing(&self.metadata(), partitions)
     }
 }

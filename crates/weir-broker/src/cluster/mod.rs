@@ -10,7 +10,8 @@
 //!   transaction coordinator's markers to partitions led elsewhere.
 //! - Each broker **registers** with the controller and **heartbeats** ([`lifecycle`]); the
 //!   controller fences a broker whose session times out and unfences it once it heartbeats
-//!   again and has applied the metadata up to its registration ([`controller`]). A fenced
+//!   again and has applied the metadata up to its registration ([`controller`], which runs the
+//!   decisions of the `weir-controller` crate). A fenced
 //!   broker leads nothing: its partitions have no leader (or another in-sync replica leads),
 //!   and it refuses writes until it is unfenced.
 //! - Any node can describe the whole cluster ([`status`]): it asks every node for its own
@@ -22,11 +23,14 @@
 
 pub mod control;
 pub mod controller;
-pub mod election;
 pub mod lifecycle;
-pub mod reassignment;
 pub mod rpc;
 pub mod status;
+
+/// Elections' kinds and results, decided by the controller (`weir-controller`).
+pub use weir_controller::election;
+/// Reassignments' targets and results, decided by the controller (`weir-controller`).
+pub use weir_controller::reassignment;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
@@ -38,10 +42,10 @@ use weir_storage::sync::{lock, read, write};
 
 use crate::broker::Broker;
 
-pub use control::{ControlAnswer, ControlRequest, HeartbeatAnswer};
-pub use controller::Sessions;
 pub use lifecycle::Lifecycle;
 pub use status::{ClusterStatus, NodeInfo, QuorumMembership};
+pub use weir_controller::brokers::Sessions;
+pub use weir_controller::request::{ControlAnswer, ControlRequest, HeartbeatAnswer};
 /// What a front-end needs to serve methods of its own on the internal RPC.
 pub use weir_rpc::{decode_json, encode_json, BoxFuture as RpcFuture, Handler as RpcHandler, RemoteError};
 

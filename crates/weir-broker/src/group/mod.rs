@@ -37,7 +37,7 @@ pub use crate::error::ErrorKind;
 pub use coordinator::GroupCoordinator;
 
 /// The internal topic holding committed offsets and group records.
-pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+pub use crate::metadata::OFFSETS_TOPIC;
 /// Longest commit metadata string accepted (Kafka's `offset.metadata.max.bytes` default).
 pub const OFFSET_METADATA_MAX_BYTES: usize = 4096;
 /// A joining member that never completes its first join is removed after this long (Kafka's

@@ -35,7 +35,7 @@ use crate::partition::Partition;
 use crate::{internal_records, Broker, BrokerError, ErrorKind};
 use weir_storage::sync::lock;
 
-pub const TRANSACTION_STATE_TOPIC: &str = "__transaction_state";
+pub use crate::metadata::TRANSACTION_STATE_TOPIC;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TxnState {

@@ -11,8 +11,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::error::{BrokerError, ErrorKind};
-use crate::metadata::MetadataState;
+use weir_error::{BrokerError, ErrorKind};
+use weir_metadata::MetadataState;
 
 /// The brokers, `(id, rack)`, in the order placement walks them: by id when no broker has a
 /// rack; else the first broker (by id) of each rack (by name), then the second of each, and so
@@ -47,8 +47,8 @@ pub fn unfenced_brokers(state: &MetadataState) -> Vec<i32> {
 
 /// A registered broker for tests: host `h`, port 1, no rack.
 #[cfg(test)]
-pub(crate) fn test_broker(id: i32, fenced: bool) -> crate::metadata::BrokerRegistration {
-    crate::metadata::BrokerRegistration {
+pub(crate) fn test_broker(id: i32, fenced: bool) -> weir_metadata::BrokerRegistration {
+    weir_metadata::BrokerRegistration {
         id,
         incarnation: uuid::Uuid::new_v4(),
         host: "h".into(),
@@ -74,12 +74,6 @@ pub fn assign_replicas(
     (first..first + count)
         .map(|p| (0..replication_factor).map(|i| brokers[(start + p as usize + i) % n]).collect())
         .collect()
-}
-
-/// A random start for [`assign_replicas`], so that topics created one after another do not all
-/// lead on the same broker.
-pub fn random_start(brokers: usize) -> usize {
-    (uuid::Uuid::new_v4().as_u128() % brokers.max(1) as u128) as usize
 }
 
 /// Checks that `replication_factor` replicas can be placed on `brokers`.
@@ -159,8 +153,9 @@ mod tests {
         let grown = assign_replicas(4, 2, 2, &[1, 2, 3], 1);
         assert_eq!(grown, vec![vec![3, 1], vec![1, 2]], "new partitions go on where the old ones stopped");
         assert_eq!(assign_replicas(0, 3, 1, &[7], 5), vec![vec![7]; 3]);
+        let mut entropy = crate::RandomEntropy;
         for start in 0..10 {
-            assert!(random_start(3) < 3, "start {start}");
+            assert!(crate::Entropy::below(&mut entropy, 3) < 3, "start {start}");
         }
     }
 

@@ -21,14 +21,12 @@
 //! original replicas.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, MutexGuard};
 
 use serde::{Deserialize, Serialize};
+use weir_error::{BrokerError, ErrorKind};
+use weir_metadata::{MetadataRecord, MetadataState, PartitionState, TopicMetadata, NO_LEADER};
 
-use super::control::{ControlAnswer, ControlRequest};
-use crate::broker::Broker;
-use crate::error::{BrokerError, ErrorKind};
-use crate::metadata::{MetadataRecord, MetadataState, PartitionState, TopicMetadata, NO_LEADER};
+use crate::Decision;
 
 /// One partition's wanted replicas; `None` cancels its reassignment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,7 +143,7 @@ fn first_live(state: &MetadataState, candidates: &[i32]) -> Option<i32> {
 
 /// The record completing the reassignment of `index` once its ISR is `isr`, if that completes
 /// it (the controller commits it instead of the plain ISR change).
-pub(crate) fn completion_with_isr(
+pub fn completion_with_isr(
     state: &MetadataState,
     topic: &TopicMetadata,
     index: i32,
@@ -190,125 +188,91 @@ fn validate_target(
     Ok(())
 }
 
-impl Broker {
-    /// Has the active controller start, replace or cancel these reassignments: one result per
-    /// target, in order. `allow_replication_factor_change` false refuses targets with another
-    /// number of replicas (AlterPartitionReassignments v1).
-    pub async fn alter_partition_reassignments(
-        self: &Arc<Self>,
-        targets: Vec<ReassignmentTarget>,
-        allow_replication_factor_change: bool,
-    ) -> Result<Vec<ReassignmentResult>, BrokerError> {
-        let request = ControlRequest::AlterReassignments { targets, allow_replication_factor_change };
-        match self.control(request).await? {
-            ControlAnswer::Reassigned(results) => Ok(results),
-            other => Err(BrokerError::internal(format!("the controller answered a reassignment with {other:?}"))),
+/// The reassignments in progress in `state`, of `partitions` (topic → partitions) or of all of
+/// them, ordered by topic and partition.
+pub fn ongoing(state: &MetadataState, partitions: Option<&BTreeMap<String, Vec<i32>>>) -> Vec<OngoingReassignment> {
+    let mut out = Vec::new();
+    for topic in state.topics.values() {
+        let wanted = match partitions {
+            Some(filter) => match filter.get(&topic.name) {
+                Some(list) => Some(list),
+                None => continue,
+            },
+            None => None,
+        };
+        for (index, partition) in topic.assignments.iter().enumerate() {
+            let index = index as i32;
+            if !partition.is_reassigning() || wanted.is_some_and(|list| !list.contains(&index)) {
+                continue;
+            }
+            out.push(OngoingReassignment {
+                topic: topic.name.clone(),
+                partition: index,
+                replicas: partition.replicas.clone(),
+                adding: partition.adding_replicas.clone(),
+                removing: partition.removing_replicas.clone(),
+            });
         }
     }
+    out
+}
 
-    /// The reassignments in progress, of `partitions` (topic → partitions) or of all of them,
-    /// ordered by topic and partition.
-    pub fn list_partition_reassignments(
-        &self,
-        partitions: Option<&BTreeMap<String, Vec<i32>>>,
-    ) -> Vec<OngoingReassignment> {
-        let state = self.metadata();
-        let mut out = Vec::new();
-        for topic in state.topics.values() {
-            let wanted = match partitions {
-                Some(filter) => match filter.get(&topic.name) {
-                    Some(list) => Some(list),
-                    None => continue,
-                },
-                None => None,
+/// Decides a batch of reassignment changes: the accepted ones are committed together; one
+/// result per target, in order. `allow_replication_factor_change` false refuses targets with
+/// another number of replicas (AlterPartitionReassignments v1).
+pub fn decide_alter(
+    state: &MetadataState,
+    targets: Vec<ReassignmentTarget>,
+    allow_replication_factor_change: bool,
+) -> Decision<Vec<ReassignmentResult>> {
+    let mut records = Vec::new();
+    let mut results = Vec::with_capacity(targets.len());
+    for target in targets {
+        let outcome = (|| {
+            let (topic, partition) = state
+                .topic(&target.topic)
+                .and_then(|t| t.partition(target.partition).map(|p| (t, p)))
+                .ok_or_else(|| BrokerError::unknown_partition(&target.topic, target.partition))?;
+            let wanted = match &target.replicas {
+                Some(list) => {
+                    validate_target(state, partition, list, allow_replication_factor_change)?;
+                    list.clone()
+                }
+                None if partition.is_reassigning() => partition.original_replicas(),
+                None => {
+                    return Err(BrokerError::new(
+                        ErrorKind::NoReassignmentInProgress,
+                        format!("no reassignment of {}-{} is in progress", target.topic, target.partition),
+                    ))
+                }
             };
-            for (index, partition) in topic.assignments.iter().enumerate() {
-                let index = index as i32;
-                if !partition.is_reassigning() || wanted.is_some_and(|list| !list.contains(&index)) {
-                    continue;
-                }
-                out.push(OngoingReassignment {
-                    topic: topic.name.clone(),
-                    partition: index,
-                    replicas: partition.replicas.clone(),
-                    adding: partition.adding_replicas.clone(),
-                    removing: partition.removing_replicas.clone(),
-                });
+            start(state, topic, target.partition, partition, &wanted)
+        })();
+        match outcome {
+            Ok(Some(record)) => {
+                records.push(record);
+                results.push((target.topic, target.partition, Ok(())));
             }
+            Ok(None) => results.push((target.topic, target.partition, Ok(()))),
+            Err(e) => results.push((target.topic, target.partition, Err(e))),
         }
-        out
     }
+    Decision { records, answer: results }
+}
 
-    /// Decides a batch of reassignment changes on the active controller, committing the
-    /// accepted ones together.
-    pub(crate) fn decide_alter_reassignments(
-        &self,
-        held: &MutexGuard<'_, ()>,
-        targets: Vec<ReassignmentTarget>,
-        allow_replication_factor_change: bool,
-    ) -> Result<Vec<ReassignmentResult>, BrokerError> {
-        let state = self.metadata();
-        let mut records = Vec::new();
-        let mut results = Vec::with_capacity(targets.len());
-        for target in targets {
-            let outcome = (|| {
-                let (topic, partition) = state
-                    .topic(&target.topic)
-                    .and_then(|t| t.partition(target.partition).map(|p| (t, p)))
-                    .ok_or_else(|| BrokerError::unknown_partition(&target.topic, target.partition))?;
-                let wanted = match &target.replicas {
-                    Some(list) => {
-                        validate_target(&state, partition, list, allow_replication_factor_change)?;
-                        list.clone()
-                    }
-                    None if partition.is_reassigning() => partition.original_replicas(),
-                    None => {
-                        return Err(BrokerError::new(
-                            ErrorKind::NoReassignmentInProgress,
-                            format!("no reassignment of {}-{} is in progress", target.topic, target.partition),
-                        ))
-                    }
-                };
-                start(&state, topic, target.partition, partition, &wanted)
-            })();
-            match outcome {
-                Ok(Some(record)) => {
-                    records.push(record);
-                    results.push((target.topic, target.partition, Ok(())));
-                }
-                Ok(None) => results.push((target.topic, target.partition, Ok(()))),
-                Err(e) => results.push((target.topic, target.partition, Err(e))),
-            }
-        }
-        if !records.is_empty() {
-            let count = records.len();
-            self.commit(held, records)?;
-            tracing::info!(partitions = count, "partition reassignments changed");
-        }
-        Ok(results)
-    }
-
-    /// Completes the reassignments whose target replicas are all in sync (a safety net: the
-    /// ISR change that brings the last one in usually completes it). On the active controller.
-    pub(crate) fn complete_reassignments(&self, held: &MutexGuard<'_, ()>) -> Result<(), BrokerError> {
-        let state = self.metadata();
-        let records: Vec<MetadataRecord> = state
-            .topics
-            .values()
-            .flat_map(|topic| {
-                let state = &state;
-                topic.assignments.iter().enumerate().filter_map(move |(index, partition)| {
-                    completed(state, partition).map(|done| change(topic, index as i32, done))
-                })
+/// The records completing the reassignments whose target replicas are all in sync (a safety
+/// net of the controller's tick: the ISR change that brings the last one in usually completes
+/// it).
+pub fn completions(state: &MetadataState) -> Vec<MetadataRecord> {
+    state
+        .topics
+        .values()
+        .flat_map(|topic| {
+            topic.assignments.iter().enumerate().filter_map(move |(index, partition)| {
+                completed(state, partition).map(|done| change(topic, index as i32, done))
             })
-            .collect();
-        if !records.is_empty() {
-            let count = records.len();
-            self.commit(held, records)?;
-            tracing::info!(partitions = count, "partition reassignments completed");
-        }
-        Ok(())
-    }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -13,16 +13,12 @@
 //! is in their ISR.
 
 use std::collections::BTreeMap;
-use std::sync::MutexGuard;
-use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use weir_storage::sync::lock;
+use weir_error::{BrokerError, ErrorKind};
+use weir_metadata::{MetadataRecord, MetadataState, PartitionState, NO_LEADER};
 
-use super::control::{ControlAnswer, ControlRequest};
-use crate::broker::Broker;
-use crate::error::{BrokerError, ErrorKind};
-use crate::metadata::{MetadataRecord, MetadataState, PartitionState, NO_LEADER};
+use crate::Decision;
 
 /// Which leader an election picks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,101 +75,58 @@ fn elect(
     }
 }
 
-impl Broker {
-    /// Has the active controller elect leaders of `kind` for `partitions` (every partition when
-    /// `None`): one result per partition asked for, or per partition that changed.
-    pub async fn elect_leaders(
-        self: &std::sync::Arc<Self>,
-        kind: ElectionType,
-        partitions: Option<Vec<(String, i32)>>,
-    ) -> Result<Vec<ElectionResult>, BrokerError> {
-        match self.control(ControlRequest::ElectLeaders { kind, partitions }).await? {
-            ControlAnswer::Elected(results) => Ok(results),
-            other => Err(BrokerError::internal(format!("the controller answered ElectLeaders with {other:?}"))),
-        }
-    }
-
-    /// Elects leaders of `kind` for `partitions` (all partitions when `None`, reporting only
-    /// those that changed or could not), on the active controller.
-    pub(crate) fn decide_elect_leaders(
-        &self,
-        held: &MutexGuard<'_, ()>,
-        kind: ElectionType,
-        partitions: Option<Vec<(String, i32)>>,
-    ) -> Result<Vec<ElectionResult>, BrokerError> {
-        let state = self.metadata();
-        let all = partitions.is_none();
-        let wanted: Vec<(String, i32)> = match partitions {
-            Some(list) => list,
-            None => state.topics.values().flat_map(|t| (0..t.partitions).map(move |p| (t.name.clone(), p))).collect(),
+/// Elects leaders of `kind` for `partitions` (all partitions when `None`, reporting only those
+/// that changed or could not): one result per partition, and the leader changes, committed
+/// together.
+pub fn decide_elect(
+    state: &MetadataState,
+    kind: ElectionType,
+    partitions: Option<Vec<(String, i32)>>,
+) -> Decision<Vec<ElectionResult>> {
+    let all = partitions.is_none();
+    let wanted: Vec<(String, i32)> = match partitions {
+        Some(list) => list,
+        None => state.topics.values().flat_map(|t| (0..t.partitions).map(move |p| (t.name.clone(), p))).collect(),
+    };
+    let mut records = Vec::new();
+    let mut results = Vec::new();
+    for (topic_name, index) in wanted {
+        let Some((topic, partition)) = state.topic(&topic_name).and_then(|t| t.partition(index).map(|p| (t, p))) else {
+            let error = BrokerError::new(
+                ErrorKind::UnknownTopicOrPartition,
+                format!("This server does not host this topic-partition: {topic_name}-{index}"),
+            );
+            results.push((topic_name, index, Err(error)));
+            continue;
         };
-        let mut records = Vec::new();
-        let mut results = Vec::new();
-        for (topic_name, index) in wanted {
-            let Some((topic, partition)) = state.topic(&topic_name).and_then(|t| t.partition(index).map(|p| (t, p)))
-            else {
-                let error = BrokerError::new(
-                    ErrorKind::UnknownTopicOrPartition,
-                    format!("This server does not host this topic-partition: {topic_name}-{index}"),
-                );
-                results.push((topic_name, index, Err(error)));
-                continue;
-            };
-            match elect(&state, partition, kind) {
-                Ok((leader, isr)) => {
-                    records.push(MetadataRecord::PartitionChange {
-                        topic: topic.name.clone(),
-                        id: topic.id,
-                        partition: index,
-                        replicas: None,
-                        isr,
-                        leader: Some(leader),
-                    });
-                    results.push((topic_name, index, Ok(leader)));
-                }
-                Err(e) if all && e.kind == ErrorKind::ElectionNotNeeded => {}
-                Err(e) => results.push((topic_name, index, Err(e))),
+        match elect(state, partition, kind) {
+            Ok((leader, isr)) => {
+                records.push(MetadataRecord::PartitionChange {
+                    topic: topic.name.clone(),
+                    id: topic.id,
+                    partition: index,
+                    replicas: None,
+                    isr,
+                    leader: Some(leader),
+                });
+                results.push((topic_name, index, Ok(leader)));
             }
+            Err(e) if all && e.kind == ErrorKind::ElectionNotNeeded => {}
+            Err(e) => results.push((topic_name, index, Err(e))),
         }
-        if !records.is_empty() {
-            let elected = records.len();
-            self.commit(held, records)?;
-            tracing::info!(?kind, partitions = elected, "elected leaders");
-        }
-        Ok(results)
     }
+    Decision { records, answer: results }
+}
 
-    /// The controller's balance check (see the module doc), when it is due. Blocking; called
-    /// from the controller's tick with the controller lock held.
-    pub(crate) fn rebalance_leaders_if_due(
-        &self,
-        held: &MutexGuard<'_, ()>,
-        state: &MetadataState,
-    ) -> Result<(), BrokerError> {
-        if !self.config.auto_leader_rebalance_enable {
-            return Ok(());
-        }
-        let interval = Duration::from_secs(self.config.leader_imbalance_check_interval_seconds);
-        {
-            let mut sessions = lock(&self.cluster.sessions);
-            let now = Instant::now();
-            let last = *sessions.last_rebalance_check.get_or_insert(now);
-            if now.saturating_duration_since(last) < interval {
-                return Ok(());
-            }
-            sessions.last_rebalance_check = Some(now);
-        }
-        let wanted = imbalanced(state, self.config.leader_imbalance_per_broker_percentage);
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        for (topic, index, outcome) in self.decide_elect_leaders(held, ElectionType::Preferred, Some(wanted))? {
-            if let Err(e) = outcome {
-                tracing::debug!(topic, partition = index, error = %e, "leader rebalance: not moved");
-            }
-        }
-        Ok(())
+/// The balance check (see the module doc): the preferred elections that give each broker back
+/// the partitions it should lead, as far as it is in their ISR. `percentage` is
+/// `leader.imbalance.per.broker.percentage`.
+pub fn decide_rebalance(state: &MetadataState, percentage: u32) -> Decision<Vec<ElectionResult>> {
+    let wanted = imbalanced(state, percentage);
+    if wanted.is_empty() {
+        return Decision::nothing(Vec::new());
     }
+    decide_elect(state, ElectionType::Preferred, Some(wanted))
 }
 
 /// The partitions to give back to their preferred replica: those of every broker that leads
@@ -201,7 +154,7 @@ fn imbalanced(state: &MetadataState, percentage: u32) -> Vec<(String, i32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metadata::{BrokerRegistration, TopicMetadata};
+    use weir_metadata::{BrokerRegistration, TopicMetadata};
 
     fn state(partitions: Vec<PartitionState>, fenced: &[i32]) -> MetadataState {
         let mut state = MetadataState::new();

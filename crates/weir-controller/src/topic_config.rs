@@ -22,7 +22,7 @@ pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[
 ];
 
 /// Whether the topic's messages are indexed by key and message id, for queries (see
-/// [`crate::message_index`]). Topics RocketMQ clients create, and those created with a message
+/// `weir_broker::message_index`). Topics RocketMQ clients create, and those created with a message
 /// type, have it on; on others indexing would cost a second decoding of every batch.
 pub const MESSAGE_INDEX: &str = "message.index.enable";
 
@@ -144,7 +144,7 @@ pub struct ConfigEntry {
 /// The error of a config name no topic config has, with the one meant when it can be told.
 pub fn unknown_config(name: &str) -> TopicConfigError {
     let known = TOPIC_CONFIG_NAMES.iter().copied().chain(BROKER_TOPIC_CONFIGS.iter().map(|(n, _)| *n));
-    let hint = match crate::config::closest_name(name, known) {
+    let hint = match weir_error::closest_name(name, known) {
         Some(meant) => format!("; did you mean {meant}?"),
         None => String::new(),
     };

@@ -1,0 +1,351 @@
+//! Consumer-group settings: how a group's RocketMQ consumers are served.
+//!
+//! A group needs none to exist: a group without settings has the defaults below, RocketMQ's
+//! own. Settings are stored in the cluster metadata (one [`MetadataRecord::SetGroupConfigs`]
+//! per change, decided by the controller like topic configs) as overrides by name, and read
+//! through [`GroupSettings::from_configs`]. Values are validated before they are written, so
+//! reading never fails.
+//!
+//! [`MetadataRecord::SetGroupConfigs`]: weir_metadata::MetadataRecord::SetGroupConfigs
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use weir_error::{BrokerError, ErrorKind};
+use weir_metadata::{MetadataRecord, MetadataState};
+
+use crate::topic_config::{ConfigEdit, ConfigOp};
+
+/// Whether the group consumes in order: a message group's next message is delivered only after
+/// the previous one is acked (RocketMQ's `consumeMessageOrderly`).
+pub const FIFO: &str = "consume.fifo";
+/// Whether every consumer of the group gets every message, each with its own progress
+/// (RocketMQ's broadcasting), rather than sharing them (clustering).
+pub const BROADCAST: &str = "consume.broadcast";
+/// Deliveries of one message before it goes to the group's dead letters (RocketMQ's
+/// `retryMaxTimes` + 1).
+pub const MAX_DELIVERY_ATTEMPTS: &str = "max.delivery.attempts";
+/// The wait before each redelivery after a failed consume: a list of durations, the n-th before
+/// delivery attempt n + 1 (the last repeats), or `exponential:INITIAL,MAX,MULTIPLIER`.
+pub const RETRY_BACKOFF: &str = "retry.backoff";
+
+/// Every group setting and its default.
+pub const GROUP_CONFIGS: &[(&str, &str)] = &[
+    (FIFO, "false"),
+    (BROADCAST, "false"),
+    (MAX_DELIVERY_ATTEMPTS, "17"),
+    // RocketMQ's delay levels 3 to 18, the back-off of its consumers' retries.
+    (RETRY_BACKOFF, "1s,5s,10s,30s,1m,2m,3m,4m,5m,6m,7m,8m,9m,10m,20m,30m,1h,2h"),
+];
+
+/// The largest `max.delivery.attempts`.
+pub const MAX_DELIVERY_ATTEMPTS_LIMIT: u32 = 10_000;
+/// The longest wait before a redelivery (RocketMQ's delay messages go no further by default).
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The most steps a customized back-off may list.
+const MAX_BACKOFF_STEPS: usize = 100;
+
+/// The wait before a redelivery, by the attempt that failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryBackoff {
+    /// The n-th entry is the wait after the n-th failed delivery; the last one repeats.
+    Customized(Vec<Duration>),
+    /// `initial × multiplier^(n - 1)` after the n-th failed delivery, at most `max`.
+    Exponential { initial: Duration, max: Duration, multiplier: f64 },
+}
+
+impl RetryBackoff {
+    /// Parses a [`RETRY_BACKOFF`] value.
+    pub fn parse(value: &str) -> Result<RetryBackoff, String> {
+        let value = value.trim();
+        if let Some(parameters) = value.strip_prefix("exponential:") {
+            let parts: Vec<&str> = parameters.split(',').map(str::trim).collect();
+            let [initial, max, multiplier] = parts[..] else {
+                return Err("an exponential back-off is exponential:INITIAL,MAX,MULTIPLIER".into());
+            };
+            let (initial, max) = (parse_duration(initial)?, parse_duration(max)?);
+            let multiplier: f64 =
+                multiplier.parse().map_err(|_| format!("the multiplier {multiplier:?} is not a number"))?;
+            if initial.is_zero() || max < initial || max > MAX_RETRY_DELAY {
+                return Err(format!("the back-off needs 0 < INITIAL <= MAX <= {}s", MAX_RETRY_DELAY.as_secs()));
+            }
+            if !(1.0..=100.0).contains(&multiplier) {
+                return Err(format!("the multiplier {multiplier} is not between 1 and 100"));
+            }
+            return Ok(RetryBackoff::Exponential { initial, max, multiplier });
+        }
+        let steps = value.strip_prefix("customized:").unwrap_or(value);
+        let steps = steps.split(',').map(|s| parse_duration(s.trim())).collect::<Result<Vec<_>, _>>()?;
+        if steps.len() > MAX_BACKOFF_STEPS {
+            return Err(format!("a back-off lists at most {MAX_BACKOFF_STEPS} waits"));
+        }
+        if let Some(long) = steps.iter().find(|d| **d > MAX_RETRY_DELAY) {
+            return Err(format!("the wait {long:?} is longer than {}s", MAX_RETRY_DELAY.as_secs()));
+        }
+        Ok(RetryBackoff::Customized(steps))
+    }
+
+    /// The wait after delivery `attempt` (1 for the first) failed.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let index = attempt.max(1) - 1;
+        match self {
+            RetryBackoff::Customized(steps) => {
+                steps.get(index as usize).or(steps.last()).copied().unwrap_or(Duration::ZERO)
+            }
+            RetryBackoff::Exponential { initial, max, multiplier } => {
+                let seconds = initial.as_secs_f64() * multiplier.powi(index.min(1000) as i32);
+                Duration::try_from_secs_f64(seconds).unwrap_or(*max).min(*max)
+            }
+        }
+    }
+}
+
+/// `500ms`, `30s`, `5m`, `2h`, `1d`, or milliseconds without a unit.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let count: u64 = digits.parse().map_err(|_| format!("{text:?} is not a duration (such as 500ms, 30s, 5m, 2h)"))?;
+    let millis_per = match unit {
+        "" | "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{text:?} is not a duration (such as 500ms, 30s, 5m, 2h)")),
+    };
+    count.checked_mul(millis_per).map(Duration::from_millis).ok_or_else(|| format!("{text:?} is too long"))
+}
+
+/// A group's settings in force: its overrides over the defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSettings {
+    pub fifo: bool,
+    pub broadcast: bool,
+    pub max_delivery_attempts: u32,
+    pub retry_backoff: RetryBackoff,
+}
+
+impl Default for GroupSettings {
+    fn default() -> GroupSettings {
+        GroupSettings::from_configs(&BTreeMap::new())
+    }
+}
+
+impl GroupSettings {
+    /// The settings of a group with `overrides`. A value that does not parse (it was validated
+    /// when written, so only by a bug) counts as unset.
+    pub fn from_configs(overrides: &BTreeMap<String, String>) -> GroupSettings {
+        let value = |name: &str| overrides.get(name).map(String::as_str).unwrap_or_else(|| default_of(name));
+        let default_value = |name: &str| default_of(name);
+        GroupSettings {
+            fifo: parse_bool(value(FIFO)).or_else(|| parse_bool(default_value(FIFO))).unwrap_or(false),
+            broadcast: parse_bool(value(BROADCAST)).unwrap_or(false),
+            max_delivery_attempts: parse_attempts(value(MAX_DELIVERY_ATTEMPTS))
+                .or_else(|_| parse_attempts(default_value(MAX_DELIVERY_ATTEMPTS)))
+                .unwrap_or(17),
+            retry_backoff: RetryBackoff::parse(value(RETRY_BACKOFF))
+                .or_else(|_| RetryBackoff::parse(default_value(RETRY_BACKOFF)))
+                .unwrap_or(RetryBackoff::Customized(vec![Duration::from_secs(1)])),
+        }
+    }
+}
+
+fn default_of(name: &str) -> &'static str {
+    GROUP_CONFIGS.iter().find(|(n, _)| *n == name).map_or("", |(_, d)| d)
+}
+
+fn parse_bool(value: &str) -> Option<bool> {
+    match value.trim() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
+}
+
+fn parse_attempts(value: &str) -> Result<u32, String> {
+    match value.trim().parse::<u32>() {
+        Ok(n) if (1..=MAX_DELIVERY_ATTEMPTS_LIMIT).contains(&n) => Ok(n),
+        _ => Err(format!("{MAX_DELIVERY_ATTEMPTS} is a whole number from 1 to {MAX_DELIVERY_ATTEMPTS_LIMIT}")),
+    }
+}
+
+/// The message for a name no group config has: the one meant when it can be told, else the list.
+fn unknown_config(name: &str) -> String {
+    let known = GROUP_CONFIGS.iter().map(|(n, _)| *n);
+    match weir_error::closest_name(name, known.clone()) {
+        Some(meant) => format!("Unknown group config name: {name}; did you mean {meant}?"),
+        None => format!("Unknown group config name: {name} (known: {})", known.collect::<Vec<_>>().join(", ")),
+    }
+}
+
+/// Checks every name and value of `configs`; the message names the one at fault.
+pub fn validate(configs: &BTreeMap<String, String>) -> Result<(), String> {
+    for (name, value) in configs {
+        let problem = match name.as_str() {
+            FIFO | BROADCAST => parse_bool(value).map(|_| ()).ok_or_else(|| format!("{name} is true or false")),
+            MAX_DELIVERY_ATTEMPTS => parse_attempts(value).map(|_| ()),
+            RETRY_BACKOFF => RetryBackoff::parse(value).map(|_| ()),
+            _ => return Err(unknown_config(name)),
+        };
+        problem.map_err(|reason| format!("Invalid value {value} for group config {name}: {reason}"))?;
+    }
+    Ok(())
+}
+
+/// The overrides after `edit` (validated). Only SET and DELETE apply: no group setting is a list.
+pub fn apply(edit: &ConfigEdit, current: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+    let configs = match edit {
+        ConfigEdit::Replace(configs) => configs.clone(),
+        ConfigEdit::Apply(ops) => {
+            let mut configs = current.clone();
+            for op in ops {
+                match op {
+                    ConfigOp::Set { name, value } => {
+                        configs.insert(name.clone(), value.trim().to_string());
+                    }
+                    ConfigOp::Delete { name } => {
+                        if !GROUP_CONFIGS.iter().any(|(n, _)| n == name) {
+                            return Err(unknown_config(name));
+                        }
+                        configs.remove(name);
+                    }
+                    ConfigOp::Append { name, .. } | ConfigOp::Subtract { name, .. } => {
+                        return Err(format!("{name} is no list: only SET and DELETE apply"));
+                    }
+                }
+            }
+            configs
+        }
+    };
+    validate(&configs)?;
+    Ok(configs)
+}
+
+/// One group setting in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupConfigEntry {
+    pub name: String,
+    pub value: String,
+    /// Set for this group, rather than the default.
+    pub overridden: bool,
+}
+
+/// Every group setting in force for a group with `overrides`.
+pub fn describe(overrides: &BTreeMap<String, String>) -> Vec<GroupConfigEntry> {
+    GROUP_CONFIGS
+        .iter()
+        .map(|(name, default)| GroupConfigEntry {
+            name: name.to_string(),
+            value: overrides.get(*name).cloned().unwrap_or_else(|| default.to_string()),
+            overridden: overrides.contains_key(*name),
+        })
+        .collect()
+}
+
+/// The longest group name settings are kept for (RocketMQ's limit).
+pub const MAX_GROUP_NAME_CHARS: usize = 255;
+
+/// Decides a change of `group`'s settings: `edit` applied to its overrides in `state`. With
+/// `create`, a group that has settings already is refused ([`ErrorKind::GroupExists`]). The
+/// records are empty when nothing changes (or with `validate_only`).
+pub fn decide_alter(
+    state: &MetadataState,
+    group: &str,
+    create: bool,
+    validate_only: bool,
+    edit: &ConfigEdit,
+) -> Result<Vec<MetadataRecord>, BrokerError> {
+    if group.is_empty() || group.chars().count() > MAX_GROUP_NAME_CHARS || group.chars().any(char::is_control) {
+        return Err(BrokerError::new(
+            ErrorKind::InvalidGroupId,
+            format!("a group name is 1 to {MAX_GROUP_NAME_CHARS} characters, none of them control characters"),
+        ));
+    }
+    let current = state.group_configs.get(group).cloned();
+    if create && current.is_some() {
+        return Err(BrokerError::new(
+            ErrorKind::GroupExists,
+            format!("group {group} has settings already: change them with `weir group alter`"),
+        ));
+    }
+    let current = current.unwrap_or_default();
+    let configs = apply(edit, &current).map_err(|message| BrokerError::new(ErrorKind::InvalidConfig, message))?;
+    if validate_only || configs == current {
+        return Ok(Vec::new());
+    }
+    Ok(vec![MetadataRecord::SetGroupConfigs { group: group.to_string(), configs }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_group_without_settings_has_rocketmqs_defaults() {
+        let settings = GroupSettings::default();
+        assert!(!settings.fifo);
+        assert_eq!(settings.max_delivery_attempts, 17);
+        assert_eq!(settings.retry_backoff.delay(1), Duration::from_secs(1));
+        assert_eq!(settings.retry_backoff.delay(2), Duration::from_secs(5));
+        assert_eq!(settings.retry_backoff.delay(18), Duration::from_secs(7200));
+        assert_eq!(settings.retry_backoff.delay(100), Duration::from_secs(7200), "the last wait repeats");
+    }
+
+    #[test]
+    fn overrides_are_read_and_exponential_waits_stop_at_their_max() {
+        let settings = GroupSettings::from_configs(&map(&[
+            (FIFO, "true"),
+            (MAX_DELIVERY_ATTEMPTS, "3"),
+            (RETRY_BACKOFF, "exponential:100ms,1s,2"),
+        ]));
+        assert!(settings.fifo);
+        assert_eq!(settings.max_delivery_attempts, 3);
+        let waits: Vec<u128> = (1..=6).map(|n| settings.retry_backoff.delay(n).as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(settings.retry_backoff.delay(u32::MAX), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn bad_names_and_values_are_refused_with_the_name_at_fault() {
+        for (name, value) in [
+            (FIFO, "yes"),
+            (MAX_DELIVERY_ATTEMPTS, "0"),
+            (MAX_DELIVERY_ATTEMPTS, "10001"),
+            (MAX_DELIVERY_ATTEMPTS, "-1"),
+            (RETRY_BACKOFF, ""),
+            (RETRY_BACKOFF, "1s,fast"),
+            (RETRY_BACKOFF, "8d"),
+            (RETRY_BACKOFF, "exponential:1s,2h"),
+            (RETRY_BACKOFF, "exponential:2h,1s,2"),
+            (RETRY_BACKOFF, "exponential:1s,2h,0.5"),
+            (RETRY_BACKOFF, "99999999999999999999h"),
+            ("fifo", "true"),
+        ] {
+            let error = validate(&map(&[(name, value)])).expect_err(value);
+            assert!(error.contains(name), "{error}");
+        }
+        assert!(validate(&map(&[(RETRY_BACKOFF, "customized:500ms, 2s ,1m"), (FIFO, "false")])).is_ok());
+    }
+
+    #[test]
+    fn edits_set_and_delete_but_never_append() {
+        let current = map(&[(FIFO, "true")]);
+        let edit = ConfigEdit::Apply(vec![
+            ConfigOp::Set { name: MAX_DELIVERY_ATTEMPTS.into(), value: " 5 ".into() },
+            ConfigOp::Delete { name: FIFO.into() },
+        ]);
+        assert_eq!(apply(&edit, &current).unwrap(), map(&[(MAX_DELIVERY_ATTEMPTS, "5")]));
+        let append = ConfigEdit::Apply(vec![ConfigOp::Append { name: RETRY_BACKOFF.into(), value: "1s".into() }]);
+        assert!(apply(&append, &current).is_err());
+        let unknown = ConfigEdit::Apply(vec![ConfigOp::Delete { name: "nope".into() }]);
+        assert!(apply(&unknown, &current).is_err());
+        let described = describe(&current);
+        assert_eq!(described.len(), GROUP_CONFIGS.len());
+        assert!(described.iter().any(|e| e.name == FIFO && e.value == "true" && e.overridden));
+        assert!(described.iter().any(|e| e.name == RETRY_BACKOFF && !e.overridden));
+    }
+}

@@ -1,0 +1,130 @@
+//! What can be asked of the active controller, and what it answers. Requests cross the
+//! cluster's internal RPC (a node forwards its clients' changes to the controller), so both are
+//! serializable.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+use weir_error::BrokerError;
+use weir_metadata::{BrokerRegistration, TopicMetadata};
+
+use crate::topic_config::ConfigEdit;
+use crate::topics::{CreatedTopic, NewTopic};
+
+/// A metadata change, or a broker's registration or heartbeat, for the active controller.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ControlRequest {
+    CreateTopics {
+        topics: Vec<NewTopic>,
+        validate_only: bool,
+    },
+    DeleteTopic {
+        name: Option<String>,
+        id: Option<Uuid>,
+    },
+    CreatePartitions {
+        name: String,
+        count: i32,
+        assignments: Option<Vec<Vec<i32>>>,
+        validate_only: bool,
+    },
+    AlterTopicConfigs {
+        name: String,
+        validate_only: bool,
+        edit: ConfigEdit,
+    },
+    /// Creates an internal topic unless it exists; answers its metadata either way.
+    EnsureInternalTopic {
+        name: String,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+    },
+    /// Reserves a block of producer ids for the asking broker.
+    AllocateProducerIds,
+    RegisterBroker {
+        registration: BrokerRegistration,
+    },
+    Heartbeat {
+        id: i32,
+        incarnation: Uuid,
+        /// The metadata offset the broker has applied (and reconciled its partitions with).
+        applied_offset: i64,
+        /// The broker is shutting down: fence it now rather than at its session timeout.
+        shutting_down: bool,
+    },
+    /// A partition leader's proposed ISR (Kafka's AlterPartition).
+    AlterPartition {
+        proposal: crate::isr::IsrProposal,
+    },
+    /// Elect leaders (Kafka's ElectLeaders) for these partitions, or all of them.
+    ElectLeaders {
+        kind: crate::election::ElectionType,
+        partitions: Option<Vec<(String, i32)>>,
+    },
+    /// Change dynamic broker configs (`""`: every broker; else a broker id).
+    AlterBrokerConfigs {
+        resource: String,
+        validate_only: bool,
+        edit: ConfigEdit,
+    },
+    /// Change a consumer group's settings; `create` refuses a group that has some already.
+    AlterGroupConfigs {
+        group: String,
+        create: bool,
+        validate_only: bool,
+        edit: ConfigEdit,
+    },
+    /// Start, replace or cancel partition reassignments (Kafka's AlterPartitionReassignments).
+    AlterReassignments {
+        targets: Vec<crate::reassignment::ReassignmentTarget>,
+        allow_replication_factor_change: bool,
+    },
+}
+
+impl ControlRequest {
+    /// What the request does, for messages ("cannot create topics: ...").
+    pub fn name(&self) -> &'static str {
+        match self {
+            ControlRequest::CreateTopics { .. } => "create topics",
+            ControlRequest::DeleteTopic { .. } => "delete topic",
+            ControlRequest::CreatePartitions { .. } => "create partitions",
+            ControlRequest::AlterTopicConfigs { .. } => "alter topic configs",
+            ControlRequest::EnsureInternalTopic { .. } => "create an internal topic",
+            ControlRequest::AllocateProducerIds => "allocate producer ids",
+            ControlRequest::RegisterBroker { .. } => "register broker",
+            ControlRequest::Heartbeat { .. } => "heartbeat",
+            ControlRequest::AlterPartition { .. } => "change an ISR",
+            ControlRequest::ElectLeaders { .. } => "elect leaders",
+            ControlRequest::AlterReassignments { .. } => "reassign partitions",
+            ControlRequest::AlterBrokerConfigs { .. } => "alter broker configs",
+            ControlRequest::AlterGroupConfigs { .. } => "alter group configs",
+        }
+    }
+}
+
+/// What the controller answers a [`ControlRequest`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ControlAnswer {
+    /// Per topic, in request order.
+    CreatedTopics(Vec<Result<CreatedTopic, BrokerError>>),
+    Topic(TopicMetadata),
+    Done,
+    ProducerIds {
+        first: i64,
+        count: i64,
+    },
+    Heartbeat(HeartbeatAnswer),
+    Elected(Vec<crate::election::ElectionResult>),
+    Reassigned(Vec<crate::reassignment::ReassignmentResult>),
+}
+
+/// The controller's answer to a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatAnswer {
+    /// The controller does not know this process (a new controller, or a registration lost):
+    /// register again.
+    pub must_register: bool,
+    /// The broker may not lead: it has not caught up yet, or it is shutting down.
+    pub fenced: bool,
+}
