@@ -16,6 +16,7 @@ pub mod dead_letter;
 /// Weir's error vocabulary (the `weir-error` crate), where the core's callers have always found it.
 pub use weir_error as error;
 pub mod fetch;
+pub mod follower;
 pub mod forward;
 pub mod group;
 pub mod group_config;

@@ -1,5 +1,5 @@
 //! ISR replication: what the leader of a replicated partition tracks, and the operations a
-//! follower's fetcher (in the Kafka front-end: followers fetch with Kafka's Fetch) applies.
+//! follower's fetcher ([`crate::follower`]) applies.
 //!
 //! **Leader.** A follower fetches from its own log end, so the offset each of its fetches starts
 //! at is its log end offset. The high watermark is the smallest log end over the *maximal* ISR:

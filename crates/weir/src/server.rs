@@ -143,7 +143,10 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
             None => None,
         };
         // Followers replicate from their leaders with Kafka's Fetch.
-        let replication = kafka.is_some().then(|| weir_kafka::replica_fetcher::spawn(broker.clone()));
+        let replication = kafka.is_some().then(|| {
+            let transport = std::sync::Arc::new(weir_kafka::replica_fetcher::KafkaReplicaTransport);
+            weir_broker::follower::spawn(broker.clone(), transport)
+        });
         admin_state.set_ready(weir_admin::Core { broker: broker.clone(), groups: groups.clone() });
         // Everything serves now: only then the lines that tests and scripts wait for.
         let shown_dir = std::fs::canonicalize(&data_dir).unwrap_or(data_dir);

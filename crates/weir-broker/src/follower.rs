@@ -1,0 +1,390 @@
+//! The follower's side of ISR replication: every partition this broker follows is kept in
+//! step with its leader by a fetcher, one per leader broker, as Kafka's replica fetcher threads
+//! do.
+//!
+//! A fetcher asks the leader for everything after its log end, naming this broker as the
+//! replica (the leader reads up to its log end, not the high watermark, and takes each fetch
+//! offset as this replica's log end). For each partition the request carries the leader epoch
+//! the follower knows (a stale one is refused) and the epoch of its last batch, so the leader
+//! can answer with a diverging epoch when their logs differ (KIP-320 / KIP-595's truncation in
+//! the fetch path): the follower then truncates to where they agree and fetches again. Records
+//! are appended with the leader's offsets and epochs ([`Broker::append_as_follower`]).
+//!
+//! What crosses the wire is a front-end's: followers speak Kafka's Fetch to the leader's Kafka
+//! listener (so the leader serves them with the consumers' zero-copy path), which `weir-kafka`
+//! implements as a [`ReplicaTransport`]. Everything else is here: which partitions to fetch and
+//! from where, throttling, what an answer means for the log, and reporting what lasts. The
+//! fetchers follow the metadata: a new leader starts a fetcher, and one whose partitions all
+//! moved away ends.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+
+use crate::partition::Partition;
+use crate::replication::Followed;
+use crate::Broker;
+
+/// A future of a transport (boxed: the transport is a trait object).
+pub type TransportFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How a follower reaches its leaders.
+pub trait ReplicaTransport: Send + Sync + 'static {
+    /// Connects to the leader whose client listener is `addr` (`host:port`).
+    fn connect(&self, addr: &str) -> TransportFuture<'static, Result<Box<dyn ReplicaConnection>, String>>;
+}
+
+/// One connection to a leader.
+pub trait ReplicaConnection: Send {
+    /// Sends `request` and waits for the leader's answer (the caller bounds the wait).
+    fn fetch<'a>(&'a mut self, request: &'a FollowerFetch) -> TransportFuture<'a, Result<LeaderAnswer, String>>;
+}
+
+/// A follower's fetch: from each followed partition's log end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FollowerFetch {
+    /// This broker, the replica fetching.
+    pub replica: i32,
+    /// How long the leader may wait for new records before it answers.
+    pub max_wait_ms: u64,
+    /// Most record bytes in the answer, all partitions together.
+    pub max_bytes: i32,
+    pub partitions: Vec<FetchFrom>,
+}
+
+/// Where to fetch one partition from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchFrom {
+    pub topic: String,
+    pub partition: i32,
+    /// The leader epoch the follower knows: a leader at another epoch refuses.
+    pub current_leader_epoch: i32,
+    /// The follower's log end.
+    pub fetch_offset: i64,
+    /// The epoch of the follower's last batch (-1 for an empty log): how the leader tells it
+    /// has diverged.
+    pub last_fetched_epoch: i32,
+    pub log_start_offset: i64,
+    /// Most record bytes for this partition.
+    pub max_bytes: i32,
+}
+
+/// The leader's answer.
+#[derive(Debug, Clone, Default)]
+pub struct LeaderAnswer {
+    /// The whole fetch was refused (the message says why).
+    pub refused: Option<String>,
+    pub partitions: Vec<LeaderPartition>,
+}
+
+/// The leader's answer for one partition.
+#[derive(Debug, Clone, Default)]
+pub struct LeaderPartition {
+    pub topic: String,
+    pub partition: i32,
+    pub error: Option<LeaderError>,
+    /// -1 when the leader does not say.
+    pub high_watermark: i64,
+    /// -1 when the leader does not say.
+    pub log_start_offset: i64,
+    /// Where the logs diverge, when they do: the leader's end of that epoch.
+    pub diverging: Option<DivergingEpoch>,
+    /// Whole batches, or a trailing partial one (cut by the byte limit).
+    pub records: Bytes,
+}
+
+/// Where a follower's log and the leader's part: `epoch` (-1 when the leader has none in
+/// common with the follower) ends at `end_offset` on the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DivergingEpoch {
+    pub epoch: i32,
+    pub end_offset: i64,
+}
+
+/// Why the leader did not serve a partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaderError {
+    /// The fetch offset is outside the leader's log.
+    OffsetOutOfRange,
+    /// Anything else (not the leader any more, a stale epoch, ...), by name.
+    Other(String),
+}
+
+/// Most bytes in one fetch answer over all partitions (Kafka's `replica.fetch.response.max.bytes`).
+const RESPONSE_MAX_BYTES: i32 = 10 * 1024 * 1024;
+/// Pause after a failed connection or a round in which every partition failed.
+const BACKOFF: Duration = Duration::from_millis(200);
+/// Runs the fetchers of `broker`, reaching the leaders through `transport`, until it shuts
+/// down.
+pub fn spawn(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut metadata = broker.subscribe_metadata();
+        let mut shutdown = broker.shutdown_signal();
+        let mut fetchers: HashMap<i32, JoinHandle<()>> = HashMap::new();
+        loop {
+            let leaders: std::collections::BTreeSet<i32> =
+                broker.followed_partitions().iter().map(|f| f.leader).collect();
+            fetchers.retain(|_, task| !task.is_finished());
+            for leader in leaders {
+                fetchers
+                    .entry(leader)
+                    .or_insert_with(|| tokio::spawn(run_fetcher(broker.clone(), transport.clone(), leader)));
+            }
+            tokio::select! {
+                changed = metadata.changed() => if changed.is_err() { return },
+                _ = shutdown.changed() => return,
+                // A fetcher that ended while its leader still leads something is restarted.
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    })
+}
+
+/// Replicates every partition `leader` leads and this broker follows, until there is none.
+async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, leader: i32) {
+    let mut connection: Option<Box<dyn ReplicaConnection>> = None;
+    let mut stalls = Stalls::default();
+    let whole_connection = (String::new(), -1);
+    tracing::info!(leader, "replica fetcher started");
+    loop {
+        if broker.is_shutting_down() {
+            return;
+        }
+        let followed: Vec<Followed> = broker.followed_partitions().into_iter().filter(|f| f.leader == leader).collect();
+        if followed.is_empty() {
+            tracing::info!(leader, "replica fetcher stopped: no partition to follow from this leader");
+            return;
+        }
+        let Some(addr) = broker.metadata().brokers.get(&leader).map(|b| format!("{}:{}", b.host, b.port)) else {
+            tokio::time::sleep(BACKOFF).await;
+            continue;
+        };
+        let mut stream = match connection.take() {
+            Some(stream) => stream,
+            None => match within(Duration::from_secs(2), transport.connect(&addr)).await {
+                Ok(stream) => stream,
+                Err(e) => {
+                    stalls.stuck(leader, whole_connection.clone(), &format!("cannot connect to {addr}: {e}"));
+                    tokio::time::sleep(BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        // A reassignment's copy pauses while this follower's throttle budget is spent.
+        let followed: Vec<Followed> = if broker.replication_quotas.follower.exceeded() {
+            followed.into_iter().filter(|f| !f.partition.throttled_as_follower()).collect()
+        } else {
+            followed
+        };
+        if followed.is_empty() {
+            connection = Some(stream);
+            tokio::time::sleep(BACKOFF / 10).await;
+            continue;
+        }
+        let throttled: Vec<PartitionKey> = followed
+            .iter()
+            .filter(|f| f.partition.throttled_as_follower())
+            .map(|f| (f.partition.topic.clone(), f.partition.index))
+            .collect();
+        let request = fetch_request(&broker, &followed);
+        let wait = Duration::from_millis(broker.config.replica_fetch_wait_max_ms)
+            + Duration::from_millis(broker.config.quorum_request_timeout_ms);
+        let response = match within(wait, stream.fetch(&request)).await {
+            Ok(response) => response,
+            Err(e) => {
+                stalls.stuck(leader, whole_connection.clone(), &format!("fetch from {addr} failed: {e}"));
+                tokio::time::sleep(BACKOFF).await;
+                continue;
+            }
+        };
+        stalls.fine(&whole_connection);
+        connection = Some(stream);
+        if !throttled.is_empty() {
+            broker.replication_quotas.follower.record(throttled_bytes(&response, &throttled));
+        }
+        let by_name: BTreeMap<(String, i32), Arc<Partition>> =
+            followed.iter().map(|f| ((f.partition.topic.clone(), f.partition.index), f.partition.clone())).collect();
+        let broker2 = broker.clone();
+        let keys: Vec<(String, i32)> = by_name.keys().cloned().collect();
+        let applied = tokio::task::spawn_blocking(move || apply_response(&broker2, &by_name, response)).await;
+        match applied {
+            Ok(Ok(stuck)) => {
+                for key in keys.iter().filter(|k| !stuck.iter().any(|(s, _)| s == *k)) {
+                    stalls.fine(key);
+                }
+                // A stuck partition makes the leader answer at once (no long poll): pause
+                // briefly so that the fetcher does not spin, and longer when nothing moved.
+                let pause = match stuck.len() {
+                    0 => None,
+                    n if n == keys.len() => Some(BACKOFF),
+                    _ => Some(BACKOFF / 10),
+                };
+                for (key, why) in stuck {
+                    stalls.stuck(leader, key, &why);
+                }
+                if let Some(pause) = pause {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            Ok(Err(why)) => {
+                stalls.stuck(leader, whole_connection.clone(), &why);
+                tokio::time::sleep(BACKOFF).await;
+            }
+            Err(e) => {
+                tracing::error!(leader, error = %e, "replica fetcher: applying a response failed");
+                tokio::time::sleep(BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// `work`, or an error once `limit` passes.
+async fn within<T>(limit: Duration, work: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| Err(format!("no answer within {limit:?}")))
+}
+
+/// A fetch of every followed partition, from its log end.
+fn fetch_request(broker: &Broker, followed: &[Followed]) -> FollowerFetch {
+    let partitions = followed
+        .iter()
+        .map(|f| {
+            let log = &f.partition.log;
+            FetchFrom {
+                topic: f.partition.topic.clone(),
+                partition: f.partition.index,
+                current_leader_epoch: f.leader_epoch,
+                fetch_offset: log.log_end_offset(),
+                last_fetched_epoch: log.latest_leader_epoch().ok().flatten().unwrap_or(-1),
+                log_start_offset: log.log_start_offset(),
+                max_bytes: broker.config.replica_fetch_max_bytes,
+            }
+        })
+        .collect();
+    FollowerFetch {
+        replica: broker.config.node_id,
+        max_wait_ms: broker.config.replica_fetch_wait_max_ms,
+        max_bytes: RESPONSE_MAX_BYTES,
+        partitions,
+    }
+}
+
+/// A partition by topic name and index.
+type PartitionKey = (String, i32);
+
+/// The record bytes `response` carries for the `throttled` partitions.
+fn throttled_bytes(response: &LeaderAnswer, throttled: &[PartitionKey]) -> u64 {
+    response
+        .partitions
+        .iter()
+        .filter(|p| throttled.iter().any(|(t, i)| *t == p.topic && *i == p.partition))
+        .map(|p| p.records.len() as u64)
+        .sum()
+}
+
+/// Applies a leader's answer to the followed partitions. Returns the partitions that made no
+/// progress and why. Blocking.
+fn apply_response(
+    broker: &Broker,
+    partitions: &BTreeMap<(String, i32), Arc<Partition>>,
+    response: LeaderAnswer,
+) -> Result<Vec<(PartitionKey, String)>, String> {
+    if let Some(why) = response.refused {
+        return Err(format!("the leader refused the fetch: {why}"));
+    }
+    let mut stuck = Vec::new();
+    for data in response.partitions {
+        let key = (data.topic.clone(), data.partition);
+        let Some(partition) = partitions.get(&key) else { continue };
+        if let Err(why) = apply_partition(broker, partition, data) {
+            stuck.push((key, why));
+        }
+    }
+    Ok(stuck)
+}
+
+/// Problems that last: a follower that cannot replicate a partition says so once it has not
+/// for `REPORT_AFTER`, and again every `REPORT_EVERY`, instead of at every fetch.
+#[derive(Default)]
+struct Stalls {
+    /// By partition (or `("", -1)` for the whole connection): since when, last reported.
+    since: HashMap<(String, i32), (Instant, Option<Instant>)>,
+}
+
+const REPORT_AFTER: Duration = Duration::from_secs(5);
+const REPORT_EVERY: Duration = Duration::from_secs(30);
+
+impl Stalls {
+    fn stuck(&mut self, leader: i32, key: (String, i32), why: &str) {
+        let now = Instant::now();
+        let (since, reported) = self.since.entry(key.clone()).or_insert((now, None));
+        let due = now.duration_since(*since) >= REPORT_AFTER
+            && reported.is_none_or(|at| now.duration_since(at) >= REPORT_EVERY);
+        if due {
+            *reported = Some(now);
+            let seconds = now.duration_since(*since).as_secs();
+            if key.1 < 0 {
+                tracing::warn!(leader, seconds, "replica fetcher: cannot fetch from the leader: {why}");
+            } else {
+                tracing::warn!(leader, topic = %key.0, partition = key.1, seconds, "replica fetcher: not replicating: {why}");
+            }
+        }
+    }
+
+    fn fine(&mut self, key: &(String, i32)) {
+        self.since.remove(key);
+    }
+}
+
+/// One partition of a fetch response: append, truncate, or start over. `Err` says why the
+/// partition made no progress (an error that needs a metadata change, or a truncation held at
+/// the learned high watermark), so the fetcher backs off and reports it if it lasts.
+fn apply_partition(broker: &Broker, partition: &Partition, data: LeaderPartition) -> Result<(), String> {
+    match data.error {
+        None => {}
+        Some(LeaderError::OffsetOutOfRange) => {
+            let fetch_offset = partition.log.log_end_offset();
+            if data.log_start_offset >= 0 && fetch_offset < data.log_start_offset {
+                broker.restart_follower_at(partition, data.log_start_offset).map_err(|e| e.to_string())?;
+            } else if data.high_watermark >= 0 {
+                // Past the leader's log end (it lost a tail in an unclean election):
+                // truncate to what it acknowledged.
+                broker.truncate_follower(partition, data.high_watermark).map_err(|e| e.to_string())?;
+            }
+            return Ok(());
+        }
+        Some(LeaderError::Other(error)) => return Err(format!("the leader answered {error}")),
+    }
+    if let Some(diverging) = data.diverging {
+        let target = if diverging.epoch < 0 {
+            partition.known_high_watermark()
+        } else {
+            let (my_epoch, my_end) = partition.log.end_offset_for_epoch(diverging.epoch).map_err(|e| e.to_string())?;
+            if my_epoch == diverging.epoch {
+                my_end.min(diverging.end_offset)
+            } else {
+                // This log lacks the leader's epoch: go back to the end of the last epoch it
+                // has below it, and compare again at the next fetch.
+                my_end
+            }
+        };
+        let epoch_of = |p: &Partition| p.log.latest_leader_epoch().ok().flatten();
+        let before = (partition.log.log_end_offset(), epoch_of(partition));
+        broker.truncate_follower(partition, target.max(0)).map_err(|e| e.to_string())?;
+        if (partition.log.log_end_offset(), epoch_of(partition)) == before {
+            return Err(format!(
+                "diverged at epoch {} (leader's end {}), but nothing below the learned high watermark may be cut",
+                diverging.epoch, diverging.end_offset
+            ));
+        }
+        return Ok(());
+    }
+    let records = data.records;
+    let whole = weir_storage::batch::whole_batches_len(&records);
+    broker.append_as_follower(partition, &records[..whole], data.high_watermark).map_err(|e| e.to_string())?;
+    Ok(())
+}
