@@ -128,12 +128,11 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
         let rocketmq = match rocketmq_listener {
             Some(listener) => {
                 let addr = listener.local_addr()?;
-                let service = {
-                    let (broker, groups) = (broker.clone(), groups.clone());
-                    tokio::task::spawn_blocking(move || weir_rocketmq::Service::open(broker, groups))
-                        .await?
-                        .map_err(|e| anyhow::anyhow!("cannot open the RocketMQ consumers' state: {}", e.message))?
-                };
+                // The invisible-time engine RocketMQ clients need (receives, dead letters,
+                // renewals) runs with their front-end only, so that a broker without it never
+                // redelivers or dead-letters.
+                let pop = weir_broker::pop::PopEngine::start(&broker, &groups);
+                let service = weir_rocketmq::Service::open(broker.clone(), groups.clone(), pop);
                 let mut stopping = broker.shutdown_signal();
                 let stopped = async move {
                     let _ = stopping.wait_for(|down| *down).await;
