@@ -5,9 +5,10 @@
 //! The model (see `docs/rocketmq.md`): a RocketMQ topic is a Weir topic and its message queues
 //! are the topic's partitions; a message is a record ([`weir_broker::message`]); a consumer
 //! group is a Weir group. Like the Kafka front-end, this crate decodes requests, calls the core
-//! and encodes answers; every core error becomes a status once, in [`status`]. Which messages a
-//! receive hands out, redeliveries, dead letters and renewals are the core's invisible-time
-//! engine ([`weir_broker::pop`]).
+//! and encodes answers; every core error becomes a status once, in [`status`]. What RocketMQ's
+//! proxies and brokers decide (which messages a receive hands out, redeliveries, dead letters,
+//! renewals, transaction checks) is the core's messaging ([`weir_broker::messaging`]): this
+//! crate owns no state beyond its connections, no periodic task and no file.
 //!
 //! - [`service`]: the calls, one method each;
 //! - [`route`]: topic routes (which queue is where) and the endpoints in them;
@@ -15,7 +16,8 @@
 //!   gets its messages through the core's `Broker::append_at_leader`);
 //! - [`receive`]: ReceiveMessage's answers and receipt handles, over the core's
 //!   invisible-time engine ([`weir_broker::pop`]), with [`filter`] for tag expressions;
-//! - [`transaction`]: transactional (half) messages, EndTransaction and the check-back;
+//! - [`transaction`]: EndTransaction, and the producers' streams the core checks open
+//!   transactions through;
 //! - [`recall`]: RecallMessage, delayed messages taken back before they are due;
 //! - [`telemetry`]: the bidirectional Telemetry stream, where the client's settings meet the
 //!   server's.

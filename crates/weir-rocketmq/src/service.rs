@@ -13,9 +13,10 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Streaming};
 use weir_broker::group::clients::{ClientKind, Heard};
 use weir_broker::group::GroupCoordinator;
+use weir_broker::messaging::Messaging;
 use weir_broker::metadata::TopicMetadata;
 use weir_broker::metrics::ProtocolMetrics;
-use weir_broker::pop::{self, PopEngine, QueueKey, ReceiveRequest};
+use weir_broker::pop::{self, QueueKey, ReceiveRequest};
 use weir_broker::Broker;
 
 use crate::proto::messaging_service_server::MessagingService;
@@ -54,40 +55,33 @@ const OPERATIONS: [&str; 16] = [
     "RecallMessage",
 ];
 
-/// The RocketMQ front-end's state: the core, and what it keeps between calls.
+/// The RocketMQ front-end: the core, its running messaging engines, and the producers'
+/// streams (per connection, as RocketMQ reaches them). It starts no task of its own beyond
+/// serving each stream, and opens no file.
 pub struct Service {
     broker: Arc<Broker>,
     /// Its `clients` learn of the clients that talk to this broker.
     groups: Arc<GroupCoordinator>,
-    /// Invisible-time consumption.
-    pop: Arc<PopEngine>,
+    /// Invisible-time consumption and transactional messages.
+    messaging: Messaging,
     metrics: Arc<ProtocolMetrics>,
     round_robin: RoundRobin,
+    /// The producers' Telemetry streams: how the core's transaction checks reach them.
     producers: Arc<Producers>,
-    /// Which partition a committed transactional message goes to, in turn.
-    commit_turn: std::sync::atomic::AtomicU32,
 }
 
 impl Service {
-    /// The front-end over the core and its invisible-time engine (started by the caller):
-    /// registers its metrics and starts the transaction check-back.
-    pub fn open(broker: Arc<Broker>, groups: Arc<GroupCoordinator>, pop: Arc<PopEngine>) -> Arc<Service> {
+    /// The front-end over the core and its messaging engines (started by the caller): registers
+    /// its metrics, and its producers' streams as a way to check transactions.
+    pub fn open(broker: Arc<Broker>, groups: Arc<GroupCoordinator>, messaging: Messaging) -> Arc<Service> {
         let metrics = broker.metrics.register_protocol("rocketmq", OPERATIONS.len(), code_name);
         // Every call shows in the metrics from the start, with zero requests.
         for (index, name) in OPERATIONS.iter().enumerate() {
             metrics.operation(index as i32, || name.to_string());
         }
         let producers = Arc::new(Producers::default());
-        crate::transaction::start(&broker, &producers);
-        Arc::new(Service {
-            broker,
-            groups,
-            pop,
-            metrics,
-            round_robin: RoundRobin::default(),
-            producers,
-            commit_turn: Default::default(),
-        })
+        messaging.transactions.register_checker(producers.clone());
+        Arc::new(Service { broker, groups, messaging, metrics, round_robin: RoundRobin::default(), producers })
     }
 
     /// The client id a call names (`x-mq-client-id`, sent by every RocketMQ client), noted as
@@ -175,7 +169,7 @@ impl Service {
             return status(Code::InvalidReceiptHandle, format!("{handle:?} is not a receipt handle of this broker"));
         };
         let key = self.queue_key(group.to_string(), topic.to_string(), handle.partition, client);
-        match self.pop.ack(&key, handle.offset, handle.nonce) {
+        match self.messaging.pop.ack(&key, handle.offset, handle.nonce) {
             Ok(Ok(())) => status::ok(),
             Ok(Err(e)) => receive::handle_status(e),
             Err(e) => status::of_error(&e),
@@ -260,8 +254,7 @@ impl Service {
                         .and_then(|s| s.orphaned_transaction_recovery_duration.as_ref())
                         .and_then(duration_of);
                     let id = valid.id().to_string();
-                    entries[index] = match crate::transaction::prepare(&self.broker, &topic.name, valid, recovery).await
-                    {
+                    entries[index] = match self.messaging.transactions.prepare(&topic.name, valid, recovery).await {
                         Ok((offset, transaction_id)) => SendResultEntry {
                             status: Some(status::ok()),
                             message_id: id,
@@ -450,7 +443,7 @@ impl MessagingService for Service {
                     wanted.long_polling = wanted.long_polling.min(deadline.saturating_sub(reserve));
                 }
                 let (key, invisible) = (wanted.key.clone(), wanted.invisible);
-                match self.pop.receive(wanted).await {
+                match self.messaging.pop.receive(wanted).await {
                     Ok(deliveries) if deliveries.is_empty() => receive::not_found(),
                     Ok(deliveries) => receive::found(&self.broker, &key, invisible, deliveries),
                     Err(e) => vec![receive::status_response(status::of_error(&e))],
@@ -566,7 +559,7 @@ impl MessagingService for Service {
     ) -> Result<Response<EndTransactionResponse>, tonic::Status> {
         let started = Instant::now();
         self.client_of(&request);
-        let answer = crate::transaction::end(&self.broker, &request.into_inner(), &self.commit_turn).await;
+        let answer = crate::transaction::end(&self.messaging.transactions, &request.into_inner()).await;
         self.observe(11, started, answer.code);
         Ok(Response::new(EndTransactionResponse { status: Some(answer) }))
     }
@@ -715,7 +708,7 @@ impl Service {
     ) -> Result<(), Status> {
         let (key, handle) =
             self.handled_queue(request.group.as_ref(), request.topic.as_ref(), &request.receipt_handle, client)?;
-        match self.pop.give_up(&key, handle.offset, handle.nonce).await {
+        match self.messaging.pop.give_up(&key, handle.offset, handle.nonce).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(receive::handle_status(e)),
             Err(e) => Err(status::of_error(&e)),
@@ -734,7 +727,7 @@ impl Service {
             .ok_or_else(|| {
                 status(Code::IllegalInvisibleTime, "the invisible duration is missing, negative or over 12 h")
             })?;
-        match self.pop.change_invisible(&key, handle.offset, handle.nonce, invisible) {
+        match self.messaging.pop.change_invisible(&key, handle.offset, handle.nonce, invisible) {
             Ok(Ok(renewed)) => Ok(Handle { nonce: renewed, ..handle }.encode()),
             Ok(Err(e)) => Err(receive::handle_status(e)),
             Err(e) => Err(status::of_error(&e)),

@@ -128,11 +128,11 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
         let rocketmq = match rocketmq_listener {
             Some(listener) => {
                 let addr = listener.local_addr()?;
-                // The invisible-time engine RocketMQ clients need (receives, dead letters,
-                // renewals) runs with their front-end only, so that a broker without it never
-                // redelivers or dead-letters.
-                let pop = weir_broker::pop::PopEngine::start(&broker, &groups);
-                let service = weir_rocketmq::Service::open(broker.clone(), groups.clone(), pop);
+                // The messaging engines RocketMQ clients need (receives by invisible time,
+                // dead letters, renewals, transaction checks) run with their front-end only, so
+                // that a broker without it never redelivers, dead-letters or rolls back.
+                let messaging = weir_broker::messaging::Messaging::start(&broker, &groups);
+                let service = weir_rocketmq::Service::open(broker.clone(), groups.clone(), messaging);
                 let mut stopping = broker.shutdown_signal();
                 let stopped = async move {
                     let _ = stopping.wait_for(|down| *down).await;
