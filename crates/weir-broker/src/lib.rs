@@ -24,6 +24,7 @@ pub mod half;
 pub use weir_storage::internal_records;
 pub mod message;
 pub mod message_index;
+pub mod messaging;
 /// The cluster metadata and its quorum (the `weir-metadata` crate).
 pub use weir_metadata as metadata;
 pub mod metrics;

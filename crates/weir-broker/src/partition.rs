@@ -262,6 +262,13 @@ impl Partition {
         waiters.push(Arc::downgrade(waiter));
     }
 
+    /// How many registered waiters are still waiting: what a test waits on to know a long poll
+    /// is parked.
+    #[cfg(test)]
+    pub(crate) fn live_waiters(&self) -> usize {
+        lock(&self.waiters).iter().filter(|w| w.strong_count() > 0).count()
+    }
+
     /// Wakes every registered waiter; each re-registers if it still has to wait.
     pub fn wake_waiters(&self) {
         let waiters = std::mem::take(&mut *lock(&self.waiters));

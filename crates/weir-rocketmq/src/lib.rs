@@ -5,18 +5,19 @@
 //! The model (see `docs/rocketmq.md`): a RocketMQ topic is a Weir topic and its message queues
 //! are the topic's partitions; a message is a record ([`weir_broker::message`]); a consumer
 //! group is a Weir group. Like the Kafka front-end, this crate decodes requests, calls the core
-//! and encodes answers; every core error becomes a status once, in [`status`].
+//! and encodes answers; every core error becomes a status once, in [`status`]. What RocketMQ's
+//! proxies and brokers decide (which messages a receive hands out, redeliveries, dead letters,
+//! renewals, transaction checks) is the core's messaging ([`weir_broker::messaging`]): this
+//! crate owns no state beyond its connections, no periodic task and no file.
 //!
 //! - [`service`]: the calls, one method each;
 //! - [`route`]: topic routes (which queue is where) and the endpoints in them;
 //! - [`send`]: SendMessage, messages to records (a message group's queue led by another broker
 //!   gets its messages through the core's `Broker::append_at_leader`);
-//! - [`receive`]: ReceiveMessage, AckMessage and ChangeInvisibleDuration (invisible-time
-//!   consumption over the core's `pop` store), with [`filter`] for tag expressions;
-//! - [`dead_letter`]: messages delivered `max.delivery.attempts` times move to `%DLQ%<group>`;
-//! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
-//! - [`renew`]: push consumers' messages kept invisible while their client holds them;
-//! - [`transaction`]: transactional (half) messages, EndTransaction and the check-back;
+//! - [`receive`]: ReceiveMessage's answers and receipt handles, over the core's
+//!   invisible-time engine ([`weir_broker::pop`]), with [`filter`] for tag expressions;
+//! - [`transaction`]: EndTransaction, and the producers' streams the core checks open
+//!   transactions through;
 //! - [`recall`]: RecallMessage, delayed messages taken back before they are due;
 //! - [`telemetry`]: the bidirectional Telemetry stream, where the client's settings meet the
 //!   server's.
@@ -30,12 +31,9 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
-pub mod dead_letter;
 pub mod filter;
-pub mod progress;
 pub mod recall;
 pub mod receive;
-pub mod renew;
 pub mod route;
 pub mod send;
 pub mod service;

@@ -13,18 +13,18 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Streaming};
 use weir_broker::group::clients::{ClientKind, Heard};
 use weir_broker::group::GroupCoordinator;
+use weir_broker::messaging::Messaging;
 use weir_broker::metadata::TopicMetadata;
 use weir_broker::metrics::ProtocolMetrics;
-use weir_broker::pop::{HandleError, PopStore, QueueKey, QueueState};
-use weir_broker::{Broker, BrokerError};
+use weir_broker::pop::{self, QueueKey, ReceiveRequest};
+use weir_broker::Broker;
 
-use crate::filter::TagFilter;
 use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;
-use crate::receive::{self, Handle, QueueLocks, Wanted};
-use crate::renew::{self, Renewals};
+use crate::receive::{self, Handle};
 use crate::send::{self, RoundRobin};
 use crate::status::{self, status};
+use crate::transaction::Producers;
 use crate::{route, telemetry};
 
 /// The body limit RocketMQ's brokers and clients default to.
@@ -55,54 +55,40 @@ const OPERATIONS: [&str; 16] = [
     "RecallMessage",
 ];
 
-/// The RocketMQ front-end's state: the core, and what it keeps between calls.
+/// The RocketMQ front-end: the core, its running messaging engines, and the producers'
+/// streams (per connection, as RocketMQ reaches them). It starts no task of its own beyond
+/// serving each stream, and opens no file.
 pub struct Service {
     broker: Arc<Broker>,
-    /// Its `clients` learn of the consumers that talk to this broker.
+    /// Its `clients` learn of the clients that talk to this broker.
     groups: Arc<GroupCoordinator>,
+    /// Invisible-time consumption and transactional messages.
+    messaging: Messaging,
     metrics: Arc<ProtocolMetrics>,
     round_robin: RoundRobin,
-    pop: Arc<PopStore>,
-    queue_locks: QueueLocks,
-    renewals: Arc<Renewals>,
-    producers: Arc<crate::transaction::Producers>,
-    /// Which partition a committed transactional message goes to, in turn.
-    commit_turn: std::sync::atomic::AtomicU32,
+    /// The producers' Telemetry streams: how the core's transaction checks reach them.
+    producers: Arc<Producers>,
 }
 
 impl Service {
-    /// Starts the front-end's tasks over the core's state.
-    pub fn open(broker: Arc<Broker>, groups: Arc<GroupCoordinator>) -> Result<Arc<Service>, BrokerError> {
-        let pop = broker.pop.clone();
+    /// The front-end over the core and its messaging engines (started by the caller): registers
+    /// its metrics, and its producers' streams as a way to check transactions.
+    pub fn open(broker: Arc<Broker>, groups: Arc<GroupCoordinator>, messaging: Messaging) -> Arc<Service> {
         let metrics = broker.metrics.register_protocol("rocketmq", OPERATIONS.len(), code_name);
         // Every call shows in the metrics from the start, with zero requests.
         for (index, name) in OPERATIONS.iter().enumerate() {
             metrics.operation(index as i32, || name.to_string());
         }
-        let renewals = Arc::new(Renewals::default());
-        renewals.start(&broker, &pop);
-        crate::progress::start(&broker, &groups, &pop);
-        crate::dead_letter::start(&broker, &pop);
-        let producers = Arc::new(crate::transaction::Producers::default());
-        crate::transaction::start(&broker, &producers);
-        Ok(Arc::new(Service {
-            broker,
-            groups,
-            metrics,
-            round_robin: RoundRobin::default(),
-            pop,
-            queue_locks: QueueLocks::default(),
-            renewals,
-            producers,
-            commit_turn: Default::default(),
-        }))
+        let producers = Arc::new(Producers::default());
+        messaging.transactions.register_checker(producers.clone());
+        Arc::new(Service { broker, groups, messaging, metrics, round_robin: RoundRobin::default(), producers })
     }
 
     /// The client id a call names (`x-mq-client-id`, sent by every RocketMQ client), noted as
     /// heard from now.
     fn client_of<T>(&self, request: &Request<T>) -> String {
         let client = request.metadata().get("x-mq-client-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
-        self.renewals.heard_from(client, self.broker.now_ms());
+        self.groups.clients.called(client, self.broker.now_ms());
         client.to_string()
     }
 
@@ -123,8 +109,8 @@ impl Service {
         key
     }
 
-    /// What a receive asks for, or the status refusing it.
-    async fn wanted(&self, request: &ReceiveMessageRequest, client: &str) -> Result<Wanted, Status> {
+    /// What a receive asks the core for, or the status refusing it.
+    async fn receive_request(&self, request: &ReceiveMessageRequest, client: &str) -> Result<ReceiveRequest, Status> {
         let group = group_name(request.group.as_ref())?;
         let queue = request.message_queue.as_ref().ok_or_else(|| status(Code::BadRequest, "no message queue"))?;
         let topic = self.topic(queue.topic.as_ref()).await?;
@@ -136,7 +122,7 @@ impl Service {
                 status(Code::HaNotAvailable, format!("queue {} of {} is not on this broker", queue.id, topic.name))
             })?;
         partition.check_local_leader().map_err(|e| status::of_error(&e))?;
-        let filter = TagFilter::parse(request.filter_expression.as_ref())?;
+        let filter = crate::filter::parse(request.filter_expression.as_ref())?;
         if request.batch_size <= 0 {
             return Err(status(Code::BadRequest, format!("batch size {} is not positive", request.batch_size)));
         }
@@ -145,11 +131,12 @@ impl Service {
                 duration_of(d).ok_or_else(|| status(Code::IllegalInvisibleTime, "a negative invisible duration"))?
             }
             // A push consumer's receive: it names none and asks the server to renew (see
-            // `renew`): the message is handed out for a slice, renewed while the client holds it.
-            None if request.auto_renew => renew::DEFAULT_SLICE,
+            // `pop::renew`): the message is handed out for a slice, renewed while the client
+            // holds it.
+            None if request.auto_renew => pop::renew::DEFAULT_SLICE,
             None => return Err(status(Code::IllegalInvisibleTime, "the receive has no invisible duration")),
         };
-        if !(receive::MIN_INVISIBLE..=receive::MAX_INVISIBLE).contains(&invisible) {
+        if !(pop::receive::MIN_INVISIBLE..=pop::receive::MAX_INVISIBLE).contains(&invisible) {
             return Err(status(
                 Code::IllegalInvisibleTime,
                 format!("invisible duration {invisible:?} is outside 1 s..12 h"),
@@ -159,19 +146,20 @@ impl Service {
             Some(d) => duration_of(d).ok_or_else(|| status(Code::IllegalPollingTime, "a negative polling time"))?,
             None => telemetry::LONG_POLLING_TIMEOUT,
         };
-        if long_polling > receive::MAX_LONG_POLLING {
+        if long_polling > pop::receive::MAX_LONG_POLLING {
             return Err(status(Code::IllegalPollingTime, format!("long polling {long_polling:?} is over 60 s")));
         }
         let settings = self.broker.group_settings(&group);
-        Ok(Wanted {
+        Ok(ReceiveRequest {
             max_attempts: settings.max_delivery_attempts,
             fifo: settings.fifo,
             key: self.queue_key(group, topic.name.clone(), queue.id, client),
             partition,
             filter,
-            batch: (request.batch_size as usize).min(receive::MAX_BATCH),
+            batch: (request.batch_size as usize).min(pop::receive::MAX_BATCH),
             invisible,
             long_polling,
+            hold_for: request.auto_renew.then(|| client.to_string()),
         })
     }
 
@@ -181,20 +169,8 @@ impl Service {
             return status(Code::InvalidReceiptHandle, format!("{handle:?} is not a receipt handle of this broker"));
         };
         let key = self.queue_key(group.to_string(), topic.to_string(), handle.partition, client);
-        if !self.pop.contains(&key) {
-            return receive::handle_status(HandleError::NotInFlight);
-        }
-        match self.pop.update(&key, || QueueState::starting_at(0), |q| q.ack(handle.offset, handle.nonce)) {
-            Ok(Ok(acked)) => {
-                self.renewals.release(&key, handle.offset);
-                if acked.group.is_some() {
-                    // The next message of its FIFO group may go out now: wake the receives.
-                    if let Some(partition) = self.broker.partition(topic, handle.partition) {
-                        partition.wake_waiters();
-                    }
-                }
-                status::ok()
-            }
+        match self.messaging.pop.ack(&key, handle.offset, handle.nonce) {
+            Ok(Ok(())) => status::ok(),
             Ok(Err(e)) => receive::handle_status(e),
             Err(e) => status::of_error(&e),
         }
@@ -278,8 +254,7 @@ impl Service {
                         .and_then(|s| s.orphaned_transaction_recovery_duration.as_ref())
                         .and_then(duration_of);
                     let id = valid.id().to_string();
-                    entries[index] = match crate::transaction::prepare(&self.broker, &topic.name, valid, recovery).await
-                    {
+                    entries[index] = match self.messaging.transactions.prepare(&topic.name, valid, recovery).await {
                         Ok((offset, transaction_id)) => SendResultEntry {
                             status: Some(status::ok()),
                             message_id: id,
@@ -456,7 +431,7 @@ impl MessagingService for Service {
         let deadline = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(grpc_timeout);
         let host = request.remote_addr().map(|a| a.to_string());
         let request = request.into_inner();
-        let responses = match self.wanted(&request, &client).await {
+        let responses = match self.receive_request(&request, &client).await {
             Ok(mut wanted) => {
                 let said = Heard { host: host.as_deref(), topic: Some(&wanted.partition.topic), ..Heard::default() };
                 self.groups.clients.heard(&wanted.key.group, &client, self.broker.now_ms(), said);
@@ -467,21 +442,12 @@ impl MessagingService for Service {
                     let reserve = (deadline / 5).min(std::time::Duration::from_secs(1));
                     wanted.long_polling = wanted.long_polling.min(deadline.saturating_sub(reserve));
                 }
-                let (key, slice) = (wanted.key.clone(), wanted.invisible);
-                let responses = receive::receive(&self.broker, &self.pop, &self.queue_locks, wanted).await;
-                if request.auto_renew {
-                    let now = self.broker.now_ms();
-                    for response in &responses {
-                        let Some(receive_message_response::Content::Message(message)) = &response.content else {
-                            continue;
-                        };
-                        let handle = message.system_properties.as_ref().and_then(|p| p.receipt_handle.as_deref());
-                        if let Some(handle) = handle.and_then(Handle::decode) {
-                            self.renewals.hold(&key, handle.offset, handle.nonce, &client, slice, now);
-                        }
-                    }
+                let (key, invisible) = (wanted.key.clone(), wanted.invisible);
+                match self.messaging.pop.receive(wanted).await {
+                    Ok(deliveries) if deliveries.is_empty() => receive::not_found(),
+                    Ok(deliveries) => receive::found(&self.broker, &key, invisible, deliveries),
+                    Err(e) => vec![receive::status_response(status::of_error(&e))],
                 }
-                responses
             }
             Err(refused) => {
                 vec![ReceiveMessageResponse { content: Some(receive_message_response::Content::Status(refused)) }]
@@ -593,7 +559,7 @@ impl MessagingService for Service {
     ) -> Result<Response<EndTransactionResponse>, tonic::Status> {
         let started = Instant::now();
         self.client_of(&request);
-        let answer = crate::transaction::end(&self.broker, &request.into_inner(), &self.commit_turn).await;
+        let answer = crate::transaction::end(&self.messaging.transactions, &request.into_inner()).await;
         self.observe(11, started, answer.code);
         Ok(Response::new(EndTransactionResponse { status: Some(answer) }))
     }
@@ -679,7 +645,6 @@ impl MessagingService for Service {
         let started = Instant::now();
         // Messages it still held come back when their current slice ends.
         let client = self.client_of(&request);
-        self.renewals.client_gone(&client);
         self.groups.clients.gone(&client);
         self.observe(13, started, Code::Ok as i32);
         Ok(Response::new(NotifyClientTerminationResponse { status: Some(status::ok()) }))
@@ -743,11 +708,8 @@ impl Service {
     ) -> Result<(), Status> {
         let (key, handle) =
             self.handled_queue(request.group.as_ref(), request.topic.as_ref(), &request.receipt_handle, client)?;
-        match crate::dead_letter::forward(&self.broker, &self.pop, &key, handle.offset, handle.nonce).await {
-            Ok(Ok(())) => {
-                self.renewals.release(&key, handle.offset);
-                Ok(())
-            }
+        match self.messaging.pop.give_up(&key, handle.offset, handle.nonce).await {
+            Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(receive::handle_status(e)),
             Err(e) => Err(status::of_error(&e)),
         }
@@ -761,26 +723,12 @@ impl Service {
             .invisible_duration
             .as_ref()
             .and_then(duration_of)
-            .filter(|d| *d <= receive::MAX_INVISIBLE)
+            .filter(|d| *d <= pop::receive::MAX_INVISIBLE)
             .ok_or_else(|| {
                 status(Code::IllegalInvisibleTime, "the invisible duration is missing, negative or over 12 h")
             })?;
-        if !self.pop.contains(&key) {
-            return Err(receive::handle_status(HandleError::NotInFlight));
-        }
-        let visible_at = self.broker.now_ms() + invisible.as_millis() as i64;
-        let renewed = rand::random::<u64>();
-        let changed = self.pop.update(
-            &key,
-            || QueueState::starting_at(0),
-            |q| q.change_invisible(handle.offset, handle.nonce, visible_at, renewed),
-        );
-        match changed {
-            Ok(Ok(_)) => {
-                // The client decides its time now (a failed consume's back-off).
-                self.renewals.release(&key, handle.offset);
-                Ok(Handle { nonce: renewed, ..handle }.encode())
-            }
+        match self.messaging.pop.change_invisible(&key, handle.offset, handle.nonce, invisible) {
+            Ok(Ok(renewed)) => Ok(Handle { nonce: renewed, ..handle }.encode()),
             Ok(Err(e)) => Err(receive::handle_status(e)),
             Err(e) => Err(status::of_error(&e)),
         }

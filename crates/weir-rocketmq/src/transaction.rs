@@ -1,31 +1,23 @@
-//! Transactional messages over the core's [`weir_broker::half`] store: SendMessage of a
-//! TRANSACTION message stores it as a half message (invisible) and answers its transaction id;
-//! EndTransaction commits it (appended to its topic) or rolls it back. A transaction left open
-//! is checked with a producer of its topic: a RecoverOrphanedTransactionCommand on that
-//! producer's Telemetry stream, which the producer answers with an EndTransaction
-//! (`SOURCE_SERVER_CHECK`). The first check comes after the message's
-//! `orphaned_transaction_recovery_duration`, else `transaction.check.interval.ms`; then one each
-//! interval; after `transaction.check.max` checks the transaction is rolled back and logged.
-//! Any producer publishing the topic may answer, so a transaction outlives the producer that
-//! began it.
+//! Transactional messages, RocketMQ's side of the core's [`weir_broker::half`]: SendMessage of
+//! a TRANSACTION message is prepared there (stored invisible, answered with its transaction id)
+//! and EndTransaction ends it. When and how often an open transaction is checked, and when it
+//! is rolled back, is the core's; this module is how it reaches a producer ([`Producers`], a
+//! [`TransactionChecker`]): a RecoverOrphanedTransactionCommand on the Telemetry stream of a
+//! producer of the message's topic, which the producer answers with an EndTransaction
+//! (`SOURCE_SERVER_CHECK`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use tokio::sync::mpsc;
-use weir_broker::half::{Decision, Pending};
+use weir_broker::half::{CheckSent, EndError, Pending, TransactionChecker, TransactionalMessages};
 use weir_broker::message::Message;
-use weir_broker::storage::records::{self, BatchOptions, Record};
+use weir_broker::storage::records::Record;
 use weir_broker::storage::sync::lock;
-use weir_broker::{Broker, BrokerError, ErrorKind};
 
 use crate::proto::{self, telemetry_command, Code, RecoverOrphanedTransactionCommand, TelemetryCommand};
 use crate::status::{self, status};
-
-/// How often open transactions are looked at.
-const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 type TelemetrySender = mpsc::Sender<Result<TelemetryCommand, tonic::Status>>;
 
@@ -76,25 +68,22 @@ impl Producers {
     }
 }
 
-/// Stores a transactional message; the entry's offset is its half-message offset.
-pub async fn prepare(
-    broker: &Arc<Broker>,
-    topic: &str,
-    message: Message,
-    recovery: Option<Duration>,
-) -> Result<(i64, String), BrokerError> {
-    let now = broker.now_ms();
-    let first_check = recovery.unwrap_or(Duration::from_millis(broker.config.transaction_check_interval_ms));
-    let check_at = now + first_check.as_millis() as i64;
-    let record = message.to_record(now);
-    let (broker, topic, id) = (broker.clone(), topic.to_string(), message.id().to_string());
-    tokio::task::spawn_blocking(move || broker.half.prepare(&topic, &record, &id, check_at))
-        .await
-        .map_err(|e| BrokerError::internal(e.to_string()))?
+impl TransactionChecker for Producers {
+    fn check(&self, pending: &Pending, message: &Record) -> CheckSent {
+        let Some((client, commands)) = self.one_for(&pending.topic) else {
+            tracing::debug!(topic = %pending.topic, "no producer of the topic to check a transaction with");
+            return CheckSent::Unsent;
+        };
+        if commands.try_send(Ok(check_command(pending, message))).is_err() {
+            tracing::debug!(client, "a producer's Telemetry stream is full or gone; checking later");
+            return CheckSent::Unsent;
+        }
+        CheckSent::Sent
+    }
 }
 
 /// EndTransaction.
-pub async fn end(broker: &Arc<Broker>, request: &proto::EndTransactionRequest, turn: &AtomicU32) -> proto::Status {
+pub async fn end(transactions: &TransactionalMessages, request: &proto::EndTransactionRequest) -> proto::Status {
     let commit = match proto::TransactionResolution::try_from(request.resolution) {
         Ok(proto::TransactionResolution::Commit) => true,
         Ok(proto::TransactionResolution::Rollback) => false,
@@ -103,64 +92,16 @@ pub async fn end(broker: &Arc<Broker>, request: &proto::EndTransactionRequest, t
     if request.transaction_id.is_empty() {
         return status(Code::InvalidTransactionId, "the request names no transaction id");
     }
-    let decided = {
-        let (broker, id, message_id) = (broker.clone(), request.transaction_id.clone(), request.message_id.clone());
-        tokio::task::spawn_blocking(move || broker.half.decide(&id, &message_id, commit))
-            .await
-            .unwrap_or_else(|e| Err(BrokerError::internal(e.to_string())))
-    };
-    match decided {
-        Ok(Decision::RolledBack) => {
-            tracing::debug!(transaction = %request.transaction_id, "transaction rolled back");
-            status::ok()
-        }
-        Ok(Decision::Commit { offset, topic, record }) => {
-            match commit_record(broker, &topic, offset, record, turn).await {
-                Ok(()) => status::ok(),
-                // Decided and kept: the sweep appends it later.
-                Err(e) => {
-                    broker.half.release(offset);
-                    status::of_error(&e)
-                }
-            }
-        }
-        Err(e) if e.kind == ErrorKind::InvalidRequest => status(Code::InvalidTransactionId, e.message),
-        Err(e) => status::of_error(&e),
+    match transactions.end(&request.transaction_id, &request.message_id, commit).await {
+        Ok(()) => status::ok(),
+        Err(EndError::NotOpen(e)) => status(Code::InvalidTransactionId, e.message),
+        Err(EndError::Failed(e)) => status::of_error(&e),
     }
 }
 
-/// Appends a committed message to its topic (a partition this broker leads, in turn, else any),
-/// then marks it done.
-async fn commit_record(
-    broker: &Arc<Broker>,
-    topic: &str,
-    offset: i64,
-    mut record: Record,
-    turn: &AtomicU32,
-) -> Result<(), BrokerError> {
-    let Some(partition) = broker.partition_in_turn(topic, turn.fetch_add(1, Ordering::Relaxed) as usize) else {
-        tracing::warn!(topic, "dropping a committed transactional message: its topic no longer exists");
-        return done(broker, offset).await;
-    };
-    // Stored when committed, as RocketMQ does: consumers see the commit time.
-    record.timestamp = broker.now_ms();
-    let batch = records::encode_batch(&[record], &BatchOptions::default())
-        .map_err(|e| BrokerError::new(ErrorKind::InvalidRecord, e.to_string()))?;
-    broker.append_at_leader(topic, partition, batch).await?;
-    done(broker, offset).await
-}
-
-async fn done(broker: &Arc<Broker>, offset: i64) -> Result<(), BrokerError> {
-    let broker = broker.clone();
-    tokio::task::spawn_blocking(move || broker.half.done(offset))
-        .await
-        .map_err(|e| BrokerError::internal(e.to_string()))?
-}
-
-/// The message a check shows the producer.
-fn check_command(broker: &Broker, offset: i64, pending: &Pending) -> Result<TelemetryCommand, BrokerError> {
-    let record = broker.half.read(offset)?;
-    let message = Message::from_record(&pending.topic, -1, &record);
+/// The command that shows a producer the half message `record` of `pending`.
+fn check_command(pending: &Pending, record: &Record) -> TelemetryCommand {
+    let message = Message::from_record(&pending.topic, -1, record);
     let body = message.body.to_vec();
     let system = proto::SystemProperties {
         tag: message.tag.clone(),
@@ -178,7 +119,7 @@ fn check_command(broker: &Broker, offset: i64, pending: &Pending) -> Result<Tele
         store_timestamp: Some(crate::receive::timestamp(record.timestamp)),
         ..Default::default()
     };
-    Ok(TelemetryCommand {
+    TelemetryCommand {
         status: Some(status::ok()),
         command: Some(telemetry_command::Command::RecoverOrphanedTransactionCommand(
             RecoverOrphanedTransactionCommand {
@@ -191,62 +132,5 @@ fn check_command(broker: &Broker, offset: i64, pending: &Pending) -> Result<Tele
                 transaction_id: pending.transaction_id.clone(),
             },
         )),
-    })
-}
-
-/// Every second until the broker shuts down: appends committed messages whose append failed,
-/// checks open transactions with their producers, rolls back those checked too often.
-pub fn start(broker: &Arc<Broker>, producers: &Arc<Producers>) {
-    let (broker, producers) = (broker.clone(), producers.clone());
-    tokio::spawn(async move {
-        let mut shutdown = broker.shutdown_signal();
-        let turn = AtomicU32::new(0);
-        loop {
-            for (offset, pending) in broker.half.claim_committing() {
-                let appended = match broker.half.read(offset) {
-                    Ok(record) => commit_record(&broker, &pending.topic, offset, record, &turn).await,
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = appended {
-                    broker.half.release(offset);
-                    tracing::warn!(offset, topic = %pending.topic, error = %e, "cannot append a committed transactional message yet");
-                }
-            }
-            check(&broker, &producers).await;
-            broker.half.maintain();
-            tokio::select! {
-                _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
-                _ = shutdown.wait_for(|down| *down) => return,
-            }
-        }
-    });
-}
-
-async fn check(broker: &Arc<Broker>, producers: &Producers) {
-    let now = broker.now_ms();
-    let interval = broker.config.transaction_check_interval_ms as i64;
-    for (offset, pending) in broker.half.due_checks(now, 1024) {
-        if pending.checks >= broker.config.transaction_check_max {
-            if let Ok(true) = broker.half.give_up(offset) {
-                tracing::warn!(topic = %pending.topic, message_id = %pending.message_id, transaction = %pending.transaction_id,
-                    checks = pending.checks, "rolled back a transaction its producers never decided");
-            }
-            continue;
-        }
-        match producers.one_for(&pending.topic) {
-            Some((client, commands)) => match check_command(broker, offset, &pending) {
-                Ok(command) => {
-                    if commands.try_send(Ok(command)).is_err() {
-                        tracing::debug!(client, "a producer's Telemetry stream is full or gone; checking later");
-                    }
-                }
-                Err(e) => tracing::warn!(offset, error = %e, "cannot read a half message back"),
-            },
-            None => tracing::debug!(topic = %pending.topic, "no producer of the topic to check a transaction with"),
-        }
-        // Counted whether or not a producer was there: a transaction nobody answers for ends.
-        if let Err(e) = broker.half.checked(offset, now + interval) {
-            tracing::warn!(offset, error = %e, "cannot record a transaction check");
-        }
     }
 }

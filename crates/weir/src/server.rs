@@ -128,12 +128,11 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
         let rocketmq = match rocketmq_listener {
             Some(listener) => {
                 let addr = listener.local_addr()?;
-                let service = {
-                    let (broker, groups) = (broker.clone(), groups.clone());
-                    tokio::task::spawn_blocking(move || weir_rocketmq::Service::open(broker, groups))
-                        .await?
-                        .map_err(|e| anyhow::anyhow!("cannot open the RocketMQ consumers' state: {}", e.message))?
-                };
+                // The messaging engines RocketMQ clients need (receives by invisible time,
+                // dead letters, renewals, transaction checks) run with their front-end only, so
+                // that a broker without it never redelivers, dead-letters or rolls back.
+                let messaging = weir_broker::messaging::Messaging::start(&broker, &groups);
+                let service = weir_rocketmq::Service::open(broker.clone(), groups.clone(), messaging);
                 let mut stopping = broker.shutdown_signal();
                 let stopped = async move {
                     let _ = stopping.wait_for(|down| *down).await;

@@ -7,6 +7,10 @@
 //! for is showing who consumes: `weir group describe` lists them beside the group protocol's
 //! members. Each broker knows the clients that talk to it; in a cluster the admin API asks every
 //! broker and merges.
+//!
+//! The same registry says whether a client is alive at all ([`ConnectedClients::is_alive`]),
+//! from any call naming its client id, producers' too: the invisible-time engine renews a push
+//! consumer's messages only while it is (`pop::renew`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -17,8 +21,14 @@ use weir_storage::sync::lock;
 /// this is three heartbeats missed.
 pub const CLIENT_SILENCE_MS_MAX: i64 = 30_000;
 
-/// Most clients one broker remembers; past it, the longest silent one is forgotten first. A
-/// bound on what misbehaving clients can make the broker keep.
+/// A client not heard from in any call for this long is gone for what it holds: the renewal of
+/// its messages stops and they come back to the group. Longer than [`CLIENT_SILENCE_MS_MAX`]: a
+/// consumer busy with a slow message must not lose it to a missed heartbeat or two (RocketMQ's
+/// proxy waits as long).
+pub const CALLER_SILENCE_MS_MAX: i64 = 60_000;
+
+/// Most clients one broker remembers, as consumers and as callers each; past it, the longest
+/// silent one is forgotten first. A bound on what misbehaving clients can make the broker keep.
 pub const CLIENTS_MAX: usize = 65_536;
 
 /// What kind of consumer a client says it is.
@@ -65,10 +75,13 @@ pub struct Heard<'a> {
     pub topic: Option<&'a str>,
 }
 
-/// Every connected consumer this broker knows, by group and client id.
+/// Every connected consumer this broker knows, by group and client id, and when each client
+/// last called.
 #[derive(Default)]
 pub struct ConnectedClients {
     groups: Mutex<HashMap<String, BTreeMap<String, ConnectedClient>>>,
+    /// Client id → when it last made any call (ms since the epoch); at most [`CLIENTS_MAX`].
+    last_call_ms: Mutex<HashMap<String, i64>>,
 }
 
 impl ConnectedClients {
@@ -111,13 +124,41 @@ impl ConnectedClients {
         }
     }
 
-    /// `client_id` said goodbye: it is no consumer of any group any more.
+    /// `client_id` made a call at `now_ms` (any call: a producer's, an ack, a receive).
+    pub fn called(&self, client_id: &str, now_ms: i64) {
+        if client_id.is_empty() {
+            return; // a client without an id cannot be told apart, nor followed
+        }
+        let mut calls = lock(&self.last_call_ms);
+        if calls.len() >= CLIENTS_MAX && !calls.contains_key(client_id) {
+            calls.retain(|_, last| now_ms - *last <= CALLER_SILENCE_MS_MAX);
+            if calls.len() >= CLIENTS_MAX {
+                let oldest = calls.iter().min_by_key(|(_, last)| **last).map(|(id, _)| id.clone());
+                if let Some(oldest) = oldest {
+                    calls.remove(&oldest);
+                }
+            }
+        }
+        let last = calls.entry(client_id.to_string()).or_insert(now_ms);
+        *last = (*last).max(now_ms);
+        debug_assert!(calls.len() <= CLIENTS_MAX, "{} callers remembered", calls.len());
+    }
+
+    /// Whether `client_id` called within [`CALLER_SILENCE_MS_MAX`] of `now_ms` and has not said
+    /// goodbye since.
+    pub fn is_alive(&self, client_id: &str, now_ms: i64) -> bool {
+        lock(&self.last_call_ms).get(client_id).is_some_and(|last| now_ms - last <= CALLER_SILENCE_MS_MAX)
+    }
+
+    /// `client_id` said goodbye: it is no consumer of any group any more, nor alive.
     pub fn gone(&self, client_id: &str) {
         let mut groups = lock(&self.groups);
         groups.retain(|_, clients| {
             clients.remove(client_id);
             !clients.is_empty()
         });
+        drop(groups);
+        lock(&self.last_call_ms).remove(client_id);
     }
 
     /// The consumers of `group` heard from within [`CLIENT_SILENCE_MS_MAX`] of `now_ms`, by
@@ -193,5 +234,34 @@ mod tests {
         clients.heard("", "c3", 0, Heard::default());
         clients.heard("g", "", 0, Heard::default());
         assert!(clients.groups(0).is_empty());
+    }
+
+    #[test]
+    fn a_caller_is_alive_until_it_falls_silent_or_says_goodbye() {
+        let clients = ConnectedClients::default();
+        clients.called("producer", 1_000);
+        clients.called("producer", 500); // a late call does not move it back
+        assert!(clients.is_alive("producer", 1_000 + CALLER_SILENCE_MS_MAX));
+        assert!(!clients.is_alive("producer", 1_001 + CALLER_SILENCE_MS_MAX));
+        assert!(clients.groups(1_000).is_empty(), "a call alone makes no consumer");
+        clients.called("c1", 2_000);
+        clients.gone("c1");
+        assert!(!clients.is_alive("c1", 2_000));
+        clients.called("", 2_000);
+        assert!(!clients.is_alive("", 2_000));
+    }
+
+    #[test]
+    fn callers_past_the_limit_forget_the_longest_silent_first() {
+        let clients = ConnectedClients::default();
+        clients.called("c0", 999);
+        for i in 1..CLIENTS_MAX {
+            clients.called(&format!("c{i}"), 1_000);
+        }
+        clients.called("new", 1_000);
+        assert!(clients.is_alive("new", 1_000));
+        assert!(!clients.is_alive("c0", 1_000), "the longest silent one is forgotten");
+        assert!(clients.is_alive("c1", 1_000));
+        assert_eq!(lock(&clients.last_call_ms).len(), CLIENTS_MAX);
     }
 }

@@ -1,9 +1,20 @@
 //! Invisible-time consumption (RocketMQ's POP, what its SimpleConsumer and 5.x PushConsumer
-//! use): a receive hands out messages that stay invisible to the group for a while; an ack
-//! makes them done, and one not acked in time is delivered again, one attempt higher.
+//! use; later Kafka share groups): a receive hands out messages that stay invisible to the
+//! group for a while; an ack makes them done, and one not acked in time is delivered again, one
+//! attempt higher, until the group's `max.delivery.attempts` sends it to the dead letters.
+//!
+//! - [`engine`]: [`PopEngine`], what front-ends call (receive, ack, change of invisible time,
+//!   giving up) and the tasks it starts;
+//! - [`receive`]: which messages a receive picks, with long polling; [`filter`]: by tag;
+//! - [`state`]: one queue's state for one group ([`QueueState`], FIFO parking included);
+//! - [`dead_letter`]: exhausted messages to the dead letters, on receive and every second;
+//! - [`renew`]: held messages kept invisible while their client lives;
+//! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
+//! - [`reset`]: a group's position moved from outside;
+//! - this module: [`PopStore`], every queue state and the journal that keeps them.
 //!
 //! The state of each (group, topic, partition) is a [`QueueState`]. It lives on the broker
-//! leading the partition and is durable in a journal in the data directory (`pop/`): every
+//! leading the partition and is durable in a journal in the data directory ([`DIR`]): every
 //! change appends what changed (the queue's position and the in-flight entries set or
 //! removed) as one JSON line before the call is answered, so a line stays small however many
 //! messages are out or waiting, and a `kill -9` loses nothing acknowledged (the page cache keeps the write; a power cut may
@@ -19,6 +30,12 @@
 //! `kafka-consumer-groups.sh --reset-offsets` move it: [`reset`] does it where each partition
 //! is led.
 
+pub mod dead_letter;
+pub mod engine;
+pub mod filter;
+pub mod progress;
+pub mod receive;
+pub mod renew;
 pub mod reset;
 pub mod state;
 
@@ -28,6 +45,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+pub use engine::{HandleResult, PopEngine};
+pub use filter::TagFilter;
+pub use receive::{Delivery, ReceiveRequest};
 pub use state::{HandleError, Inflight, QueueState};
 use weir_storage::sync::lock;
 

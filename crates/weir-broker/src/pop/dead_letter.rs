@@ -1,29 +1,28 @@
 //! Retries end in the dead letters: a message whose invisible time runs out after its group's
 //! `max.delivery.attempts`-th delivery is not delivered again but moved to the group's
-//! dead-letter topic (the core's [`weir_broker::dead_letter`]) and marked done in its queue.
+//! dead-letter topic ([`crate::dead_letter`]) and marked done in its queue.
 //!
 //! That happens when a receive of the queue finds it (before handing anything out), and every
-//! second for every queue of this broker, so a message whose consumers all went away still gets
-//! there. A push consumer that gives up on a message itself calls ForwardMessageToDeadLetterQueue
-//! ([`forward`]), which does the same at once.
+//! [`SWEEP_INTERVAL`] for every queue this broker leads ([`start_sweep`]), so a message whose
+//! consumers all went away still gets there. A consumer that gives up on a message itself
+//! ([`give_up`], RocketMQ's ForwardMessageToDeadLetterQueue) has it moved at once.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use weir_broker::pop::{Inflight, PopStore, QueueKey, QueueState};
-use weir_broker::{Broker, BrokerError, ErrorKind};
+use super::{HandleError, Inflight, QueueKey, QueueState};
+use crate::{Broker, BrokerError, ErrorKind};
 
 /// How often every queue is looked at.
-const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Moves the messages of `key` that used up their deliveries to the dead letters; returns how
-/// many moved. A message that cannot be moved now (the dead-letter topic's leader is away)
-/// stays in flight and is tried again later.
-pub async fn move_exhausted(broker: &Arc<Broker>, store: &Arc<PopStore>, key: &QueueKey) -> usize {
-    let max_attempts = broker.group_settings(&key.group).max_delivery_attempts;
+/// Moves the messages of `key` that used up their `max_attempts` deliveries to the dead
+/// letters; returns how many moved. A message that cannot be moved now (the dead-letter topic's
+/// leader is away) stays in flight and is tried again later.
+pub async fn move_exhausted(broker: &Arc<Broker>, key: &QueueKey, max_attempts: u32) -> usize {
     let mut moved = 0;
-    for (offset, inflight) in store.exhausted(key, broker.now_ms(), max_attempts) {
-        match move_one(broker, store, key, offset, inflight).await {
+    for (offset, inflight) in broker.pop.exhausted(key, broker.now_ms(), max_attempts) {
+        match move_one(broker, key, offset, inflight).await {
             Ok(()) => moved += 1,
             Err(e) => {
                 tracing::warn!(group = %key.group, topic = %key.topic, partition = key.partition, offset, error = %e,
@@ -38,13 +37,7 @@ pub async fn move_exhausted(broker: &Arc<Broker>, store: &Arc<PopStore>, key: &Q
 /// Moves the delivery `inflight` of `offset` to the dead letters and marks it done. When the
 /// delivery is no longer in flight by the time it is marked (acked meanwhile), the dead letter
 /// stays: a copy too many, never a loss.
-async fn move_one(
-    broker: &Arc<Broker>,
-    store: &PopStore,
-    key: &QueueKey,
-    offset: i64,
-    inflight: Inflight,
-) -> Result<(), BrokerError> {
+async fn move_one(broker: &Arc<Broker>, key: &QueueKey, offset: i64, inflight: Inflight) -> Result<(), BrokerError> {
     let partition = broker
         .partition(&key.topic, key.partition)
         .ok_or_else(|| BrokerError::new(ErrorKind::NotLeader, "the queue is no longer on this broker"))?;
@@ -55,6 +48,7 @@ async fn move_one(
             .await
             .map_err(|e| BrokerError::internal(e.to_string()))??
     };
+    let store = &broker.pop;
     match record {
         Some(record) => {
             broker.dead_letter(&key.group, &key.topic, key.partition, &record, inflight.attempt).await?;
@@ -81,38 +75,40 @@ async fn move_one(
     Ok(())
 }
 
-/// Sweeps every queue of this broker each second until the broker shuts down.
-pub fn start(broker: &Arc<Broker>, store: &Arc<PopStore>) {
-    let (broker, store) = (broker.clone(), store.clone());
+/// Sweeps every queue of this broker each [`SWEEP_INTERVAL`] until the broker shuts down (or
+/// is dropped).
+pub(crate) fn start_sweep(broker: &Arc<Broker>) {
+    let broker: Weak<Broker> = Arc::downgrade(broker);
     tokio::spawn(async move {
-        let mut shutdown = broker.shutdown_signal();
+        let Some(mut shutdown) = broker.upgrade().map(|b| b.shutdown_signal()) else { return };
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
                 _ = shutdown.wait_for(|down| *down) => return,
             }
-            for key in store.queues_with_expired(broker.now_ms(), 1) {
+            let Some(broker) = broker.upgrade() else { return };
+            for key in broker.pop.queues_with_expired(broker.now_ms(), 1) {
                 let leads = broker.partition(&key.topic, key.partition).is_some_and(|p| p.check_local_leader().is_ok());
                 if leads {
-                    move_exhausted(&broker, &store, &key).await;
+                    let max_attempts = broker.group_settings(&key.group).max_delivery_attempts;
+                    move_exhausted(&broker, &key, max_attempts).await;
                 }
             }
         }
     });
 }
 
-/// ForwardMessageToDeadLetterQueue: the consumer gives up on the delivery `nonce` of `offset`.
-pub async fn forward(
+/// The consumer gives up on the delivery `nonce` of `offset`: it goes to the dead letters now.
+pub(crate) async fn give_up(
     broker: &Arc<Broker>,
-    store: &Arc<PopStore>,
     key: &QueueKey,
     offset: i64,
     nonce: u64,
-) -> Result<Result<(), weir_broker::pop::HandleError>, BrokerError> {
-    let inflight = match store.get_inflight(key, offset) {
+) -> Result<Result<(), HandleError>, BrokerError> {
+    let inflight = match broker.pop.get_inflight(key, offset) {
         Some(inflight) if inflight.nonce == nonce => inflight,
-        Some(_) => return Ok(Err(weir_broker::pop::HandleError::Stale)),
-        None => return Ok(Err(weir_broker::pop::HandleError::NotInFlight)),
+        Some(_) => return Ok(Err(HandleError::Stale)),
+        None => return Ok(Err(HandleError::NotInFlight)),
     };
-    move_one(broker, store, key, offset, inflight).await.map(Ok)
+    move_one(broker, key, offset, inflight).await.map(Ok)
 }

@@ -1,8 +1,13 @@
 //! Transactional messages (RocketMQ's half messages): a message sent within a transaction is
 //! stored here, invisible, until its producer commits it (it is appended to its topic, once)
 //! or rolls it back (it never is). A transaction left open is checked with its producer, and
-//! rolled back after `transaction.check.max` checks; the checking itself is the RocketMQ
-//! front-end's (it owns the producers' Telemetry streams).
+//! rolled back after `transaction.check.max` checks.
+//!
+//! - [`transactions`]: [`TransactionalMessages`], what front-ends call (prepare, end) and the
+//!   sweep that appends committed messages, checks open transactions and rolls back those
+//!   checked too often. How to reach a producer is a front-end's ([`TransactionChecker`]: the
+//!   RocketMQ front-end owns the producers' Telemetry streams);
+//! - this module: [`HalfStore`], the messages and their state on disk.
 //!
 //! - **Bodies:** `<data>/half/log/`, a log of the storage engine local to this broker: the
 //!   message as it will be appended, acknowledged as durably as the broker's `flush.policy`
@@ -17,6 +22,8 @@
 //!   crash falls between its append and the `done` line.
 //! - The log keeps everything from the smallest pending offset.
 
+pub mod transactions;
+
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions as FileOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -28,6 +35,8 @@ use weir_storage::sync::lock;
 use weir_storage::{Clock, DeletionQueue, FlushPolicy, Log, LogConfig, OpenOptions};
 
 use crate::{BrokerError, ErrorKind};
+
+pub use transactions::{CheckSent, EndError, TransactionChecker, TransactionalMessages};
 
 /// The journal is rewritten once it is this large.
 pub const COMPACT_AFTER_BYTES: u64 = 16 << 20;

@@ -1,49 +1,50 @@
-//! RocketMQ groups' progress as Kafka committed offsets, so that Kafka's tools and `weir group
-//! describe` show how far a RocketMQ consumer group got, and its lag.
+//! Groups' invisible-time progress as Kafka committed offsets, so that Kafka's tools and `weir
+//! group describe` show how far a RocketMQ consumer group got, and its lag.
 //!
 //! Every [`INTERVAL`], each queue's done-below offset (every message before it acked or
 //! filtered out) that moved is committed for its group as a standalone commit (generation -1,
 //! metadata [`METADATA`]), as `kafka-consumer-groups.sh` commits. The invisible-time state stays
-//! the truth for RocketMQ consumers; the commit only mirrors it. A group that also has Kafka
-//! members refuses standalone commits: it is skipped until it has none. In a cluster, a group
+//! the truth for its consumers; the commit only mirrors it. A group that also has Kafka members
+//! refuses standalone commits: it is skipped until it has none. In a cluster, a group
 //! coordinated by another broker is skipped too (not yet forwarded).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use weir_broker::group::{CommitParams, GroupCoordinator, OffsetToCommit};
-use weir_broker::pop::{PopStore, QueueKey};
-use weir_broker::Broker;
+use super::{PopStore, QueueKey};
+use crate::group::{CommitParams, GroupCoordinator, OffsetToCommit};
+use crate::Broker;
 
 /// How often progress is committed.
 pub const INTERVAL: Duration = Duration::from_secs(5);
-/// The commit metadata that tells these commits apart.
+/// The commit metadata that tells these commits apart (named when RocketMQ was the only
+/// protocol consuming by invisible time; kept so that existing commits still read as these).
 pub const METADATA: &str = "rocketmq";
 
-/// Starts the committer; it ends when the broker shuts down.
-pub fn start(broker: &Arc<Broker>, groups: &Arc<GroupCoordinator>, store: &Arc<PopStore>) {
-    let (broker, groups, store) = (Arc::downgrade(broker), Arc::downgrade(groups), Arc::downgrade(store));
+/// Starts the committer; it ends when the broker shuts down (or it or the coordinator is
+/// dropped).
+pub(crate) fn start(broker: &Arc<Broker>, groups: &Arc<GroupCoordinator>) {
+    let (broker, groups): (Weak<Broker>, Weak<GroupCoordinator>) = (Arc::downgrade(broker), Arc::downgrade(groups));
     tokio::spawn(async move {
         let mut committed: HashMap<QueueKey, i64> = HashMap::new();
         let mut tick = tokio::time::interval(INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let (Some(broker), Some(groups), Some(store)) =
-                (Weak::upgrade(&broker), Weak::upgrade(&groups), Weak::upgrade(&store))
-            else {
+            let (Some(broker), Some(groups)) = (Weak::upgrade(&broker), Weak::upgrade(&groups)) else {
                 return;
             };
-            if *broker.shutdown_signal().borrow() {
+            if broker.is_shutting_down() {
                 return;
             }
-            commit_moved(&groups, &store, &mut committed).await;
+            commit_moved(&groups, &broker.pop, &mut committed).await;
         }
     });
 }
 
-/// Commits every queue's progress that moved since it was last committed.
+/// Commits every queue's progress that moved since it was last committed (`committed`, which
+/// it updates).
 pub async fn commit_moved(groups: &Arc<GroupCoordinator>, store: &PopStore, committed: &mut HashMap<QueueKey, i64>) {
     let mut by_group: BTreeMap<String, Vec<(QueueKey, i64)>> = BTreeMap::new();
     for (key, done_below) in store.progress() {
@@ -74,13 +75,14 @@ pub async fn commit_moved(groups: &Arc<GroupCoordinator>, store: &PopStore, comm
             offsets,
         };
         let results = groups.commit_offsets(params).await;
+        debug_assert_eq!(results.len(), moved.len(), "one commit result per offset");
         for ((key, offset), result) in moved.into_iter().zip(results) {
             match result.error {
                 None => {
                     committed.insert(key, offset);
                 }
                 Some(error) => {
-                    tracing::debug!(group = %group, topic = %key.topic, partition = key.partition, %error, "not committing a RocketMQ group's progress");
+                    tracing::debug!(group = %group, topic = %key.topic, partition = key.partition, %error, "not committing a group's invisible-time progress");
                 }
             }
         }

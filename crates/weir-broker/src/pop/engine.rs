@@ -1,0 +1,317 @@
+//! The invisible-time engine: what a front-end calls to consume by invisible time (receive,
+//! ack, change of invisible time, giving up on a message), and the tasks that keep the state
+//! moving without a call: the dead-letter sweep ([`super::dead_letter`]), the renewer of held
+//! messages ([`super::renew`]) and the progress mirror ([`super::progress`]).
+//!
+//! A front-end names a delivery by (queue, offset, nonce) and presents it to its clients as it
+//! likes (RocketMQ's receipt handle); it keeps no state of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::receive::{self, Delivery, ReceiveRequest, ReceiveTurns};
+use super::renew::Renewals;
+use super::{HandleError, QueueKey, QueueState};
+use crate::group::GroupCoordinator;
+use crate::{Broker, BrokerError};
+
+/// A refused change of a delivery (`Err(HandleError)`), inside the result of the I/O that made
+/// it durable.
+pub type HandleResult<T> = Result<Result<T, HandleError>, BrokerError>;
+
+pub struct PopEngine {
+    broker: Arc<Broker>,
+    turns: ReceiveTurns,
+    renewals: Arc<Renewals>,
+}
+
+impl PopEngine {
+    /// The engine over the broker's queue states ([`Broker::pop`]), with its tasks started; they
+    /// end when the broker shuts down. Call within a tokio runtime.
+    pub fn start(broker: &Arc<Broker>, groups: &Arc<GroupCoordinator>) -> Arc<PopEngine> {
+        let renewals = Arc::new(Renewals::default());
+        renewals.start(broker, groups);
+        super::progress::start(broker, groups);
+        super::dead_letter::start_sweep(broker);
+        Arc::new(PopEngine { broker: broker.clone(), turns: ReceiveTurns::default(), renewals })
+    }
+
+    /// A receive with long polling (see [`super::receive`]): what it hands out, empty when
+    /// nothing came before its deadline. Deliveries held for a client are renewed while it
+    /// lives.
+    pub async fn receive(&self, request: ReceiveRequest) -> Result<Vec<Delivery>, BrokerError> {
+        let (key, slice, hold_for) = (request.key.clone(), request.invisible, request.hold_for.clone());
+        let deliveries = receive::receive(&self.broker, &self.turns, request).await?;
+        if let Some(client) = hold_for {
+            let now = self.broker.now_ms();
+            for delivery in &deliveries {
+                self.renewals.hold(&key, delivery.record.offset, delivery.nonce, &client, slice, now);
+            }
+        }
+        Ok(deliveries)
+    }
+
+    /// The delivery `nonce` of `offset` in `key` is done with.
+    pub fn ack(&self, key: &QueueKey, offset: i64, nonce: u64) -> HandleResult<()> {
+        // A queue without a state has nothing in flight; asking `update` would make it one.
+        if !self.broker.pop.contains(key) {
+            return Ok(Err(HandleError::NotInFlight));
+        }
+        let acked = match self.broker.pop.update(key, || QueueState::starting_at(0), |q| q.ack(offset, nonce))? {
+            Ok(acked) => acked,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        self.renewals.release(key, offset);
+        if acked.group.is_some() {
+            // The next message of its FIFO group may go out now: wake the receives.
+            if let Some(partition) = self.broker.partition(&key.topic, key.partition) {
+                partition.wake_waiters();
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// The delivery `nonce` of `offset` in `key` becomes visible `invisible` from now instead
+    /// (a failed consume's back-off: the client decides its time now, so it is renewed no
+    /// more). Returns the delivery's new nonce: the old one goes stale.
+    pub fn change_invisible(&self, key: &QueueKey, offset: i64, nonce: u64, invisible: Duration) -> HandleResult<u64> {
+        debug_assert!(invisible <= receive::MAX_INVISIBLE, "invisible {invisible:?}");
+        if !self.broker.pop.contains(key) {
+            return Ok(Err(HandleError::NotInFlight));
+        }
+        let visible_at = self.broker.now_ms() + invisible.as_millis() as i64;
+        let renewed = rand::random::<u64>();
+        let changed = self.broker.pop.update(
+            key,
+            || QueueState::starting_at(0),
+            |q| q.change_invisible(offset, nonce, visible_at, renewed),
+        )?;
+        if let Err(refused) = changed {
+            return Ok(Err(refused));
+        }
+        self.renewals.release(key, offset);
+        Ok(Ok(renewed))
+    }
+
+    /// The consumer gives up on the delivery `nonce` of `offset` in `key` (a push consumer after
+    /// its last attempt): the message goes to the group's dead letters and is done in its queue.
+    pub async fn give_up(&self, key: &QueueKey, offset: i64, nonce: u64) -> HandleResult<()> {
+        let moved = super::dead_letter::give_up(&self.broker, key, offset, nonce).await?;
+        if moved.is_ok() {
+            self.renewals.release(key, offset);
+        }
+        Ok(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The engine on a real broker in a temporary directory, driven as a front-end drives it.
+    //! Expiry is simulated by moving a delivery's invisible time into the past, so no test
+    //! sleeps for an invisible duration.
+
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use super::*;
+    use crate::message::Message;
+    use crate::pop::TagFilter;
+    use crate::{Acks, BrokerConfig, NewTopic, Partition};
+
+    const TOPIC: &str = "t";
+
+    async fn open(dir: &Path) -> Arc<Broker> {
+        let settings: BTreeMap<String, String> =
+            [("log.dirs".to_string(), dir.display().to_string())].into_iter().collect();
+        let config = BrokerConfig::from_settings(&settings).expect("config");
+        let broker = tokio::task::spawn_blocking(move || Broker::open(config)).await.expect("join").expect("open");
+        let topic = NewTopic {
+            name: TOPIC.into(),
+            partitions: 1,
+            replication_factor: -1,
+            assignments: Vec::new(),
+            configs: BTreeMap::new(),
+        };
+        broker.create_topics(vec![topic], false).await.pop().expect("a result").expect("created");
+        broker
+    }
+
+    /// The engine without its tasks: the tests drive every step.
+    fn engine(broker: &Arc<Broker>) -> PopEngine {
+        PopEngine { broker: broker.clone(), turns: ReceiveTurns::default(), renewals: Arc::default() }
+    }
+
+    fn partition(broker: &Broker) -> Arc<Partition> {
+        broker.require_partition(TOPIC, 0).expect("partition")
+    }
+
+    /// Appends one message per `(tag, message group)`.
+    async fn append(broker: &Arc<Broker>, messages: &[(Option<&str>, Option<&str>)]) {
+        let records: Vec<_> = messages
+            .iter()
+            .map(|(tag, group)| {
+                let message = Message {
+                    body: bytes::Bytes::from_static(b"body"),
+                    tag: tag.map(String::from),
+                    message_group: group.map(String::from),
+                    ..Message::default()
+                };
+                message.to_record(broker.now_ms())
+            })
+            .collect();
+        let batch = weir_storage::records::encode_batch(&records, &Default::default()).expect("encode");
+        broker.append(partition(broker), batch, Acks::All).await.expect("append");
+    }
+
+    fn request(broker: &Broker, key: &QueueKey) -> ReceiveRequest {
+        ReceiveRequest {
+            key: key.clone(),
+            partition: partition(broker),
+            filter: TagFilter::All,
+            batch: 32,
+            invisible: Duration::from_secs(60),
+            long_polling: Duration::ZERO,
+            max_attempts: 16,
+            fifo: false,
+            hold_for: None,
+        }
+    }
+
+    fn offsets(deliveries: &[Delivery]) -> Vec<(i64, u32)> {
+        deliveries.iter().map(|d| (d.record.offset, d.attempt)).collect()
+    }
+
+    /// Makes the delivery of `offset` visible again now, as if its invisible time ran out.
+    fn expire(broker: &Broker, key: &QueueKey, offset: i64) {
+        let nonce = broker.pop.get_inflight(key, offset).expect("in flight").nonce;
+        let expired =
+            broker.pop.update(key, || QueueState::starting_at(0), |q| q.change_invisible(offset, nonce, 0, nonce));
+        assert!(matches!(expired, Ok(Ok(_))), "{expired:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn given_messages_when_received_each_goes_out_once_until_its_invisible_time_runs_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = open(dir.path()).await;
+        let engine = engine(&broker);
+        let key = QueueKey::new("g", TOPIC, 0);
+        append(&broker, &[(None, None); 3]).await;
+
+        let first = engine.receive(ReceiveRequest { batch: 2, ..request(&broker, &key) }).await.expect("receive");
+        assert_eq!(offsets(&first), [(0, 1), (1, 1)]);
+        let second = engine.receive(request(&broker, &key)).await.expect("receive");
+        assert_eq!(offsets(&second), [(2, 1)], "what is in flight is not handed out again");
+        assert!(engine.receive(request(&broker, &key)).await.expect("receive").is_empty());
+
+        expire(&broker, &key, 0);
+        let again = engine.receive(request(&broker, &key)).await.expect("receive");
+        assert_eq!(offsets(&again), [(0, 2)], "back one attempt higher");
+        assert_ne!(again[0].nonce, first[0].nonce, "a new delivery, a new nonce");
+        assert_eq!(engine.ack(&key, 0, first[0].nonce).expect("io"), Err(HandleError::Stale));
+        assert_eq!(engine.ack(&key, 0, again[0].nonce).expect("io"), Ok(()));
+        assert_eq!(engine.ack(&key, 0, again[0].nonce).expect("io"), Err(HandleError::NotInFlight));
+        let other = QueueKey::new("nobody", TOPIC, 0);
+        assert_eq!(engine.ack(&other, 0, 1).expect("io"), Err(HandleError::NotInFlight));
+        assert!(!broker.pop.contains(&other), "a refused ack makes no state");
+
+        let renewed = engine.change_invisible(&key, 1, first[1].nonce, Duration::ZERO).expect("io").expect("changed");
+        assert_eq!(engine.ack(&key, 1, first[1].nonce).expect("io"), Err(HandleError::Stale));
+        let back = engine.receive(request(&broker, &key)).await.expect("receive");
+        assert_eq!(offsets(&back), [(1, 2)], "visible at once after a change to zero");
+        assert_ne!(back[0].nonce, renewed);
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn given_a_tag_filter_when_received_only_its_tags_go_out_and_the_rest_is_done() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = open(dir.path()).await;
+        let engine = engine(&broker);
+        let key = QueueKey::new("g", TOPIC, 0);
+        append(&broker, &[(Some("A"), None), (Some("B"), None), (None, None), (Some("A"), None)]).await;
+
+        let filter = TagFilter::Tags(vec!["A".into()]);
+        let deliveries = engine.receive(ReceiveRequest { filter, ..request(&broker, &key) }).await.expect("receive");
+        assert_eq!(offsets(&deliveries), [(0, 1), (3, 1)]);
+        for delivery in &deliveries {
+            assert_eq!(engine.ack(&key, delivery.record.offset, delivery.nonce).expect("io"), Ok(()));
+        }
+        let state = broker.pop.get(&key).expect("state");
+        assert_eq!((state.done_below, state.next), (4, 4), "what the filter skipped is done for the group");
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn given_fifo_when_received_a_message_group_goes_out_one_at_a_time_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = open(dir.path()).await;
+        let engine = engine(&broker);
+        let key = QueueKey::new("g", TOPIC, 0);
+        append(&broker, &[(None, Some("g1")), (None, Some("g1")), (None, Some("g2")), (None, Some("g1"))]).await;
+        let fifo = || ReceiveRequest { fifo: true, ..request(&broker, &key) };
+
+        let first = engine.receive(fifo()).await.expect("receive");
+        assert_eq!(offsets(&first), [(0, 1), (2, 1)], "one message of each group");
+        assert!(engine.receive(fifo()).await.expect("receive").is_empty(), "1 and 3 wait behind 0");
+        assert_eq!(engine.ack(&key, 0, first[0].nonce).expect("io"), Ok(()));
+        let second = engine.receive(fifo()).await.expect("receive");
+        assert_eq!(offsets(&second), [(1, 1)], "the next of g1, and only it");
+        assert_eq!(engine.ack(&key, 1, second[0].nonce).expect("io"), Ok(()));
+        assert_eq!(offsets(&engine.receive(fifo()).await.expect("receive")), [(3, 1)]);
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn given_an_empty_queue_when_a_message_arrives_a_long_poll_returns_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = open(dir.path()).await;
+        let engine = Arc::new(engine(&broker));
+        let key = QueueKey::new("g", TOPIC, 0);
+
+        let started = tokio::time::Instant::now();
+        let waited = ReceiveRequest { long_polling: Duration::from_millis(100), ..request(&broker, &key) };
+        assert!(engine.receive(waited).await.expect("receive").is_empty());
+        assert!(started.elapsed() >= Duration::from_millis(100), "an empty long poll waits out its time");
+
+        let polling = {
+            let (engine, request) =
+                (engine.clone(), ReceiveRequest { long_polling: Duration::from_secs(30), ..request(&broker, &key) });
+            tokio::spawn(async move { engine.receive(request).await })
+        };
+        // The poll is parked once it registered with the partition; then the append wakes it.
+        while partition(&broker).live_waiters() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let appended = tokio::time::Instant::now();
+        append(&broker, &[(None, None)]).await;
+        let deliveries = polling.await.expect("join").expect("receive");
+        assert_eq!(offsets(&deliveries), [(0, 1)]);
+        assert!(appended.elapsed() < Duration::from_secs(10), "woken by the append, not by the deadline");
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn given_a_message_out_of_attempts_when_received_it_goes_to_the_dead_letters_instead() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let broker = open(dir.path()).await;
+        let engine = engine(&broker);
+        let key = QueueKey::new("g", TOPIC, 0);
+        append(&broker, &[(None, None), (None, None)]).await;
+        let once = || ReceiveRequest { max_attempts: 1, ..request(&broker, &key) };
+
+        let first = engine.receive(once()).await.expect("receive");
+        assert_eq!(offsets(&first), [(0, 1), (1, 1)]);
+        expire(&broker, &key, 0);
+        assert!(engine.receive(once()).await.expect("receive").is_empty(), "not delivered a second time");
+        let dead_letters = broker.require_partition(&crate::dead_letter::dead_letter_topic("g"), 0).expect("created");
+        assert_eq!(dead_letters.log.log_end_offset(), 1);
+        assert_eq!(broker.pop.get_inflight(&key, 0), None, "done in its queue");
+
+        // A consumer gives up on the other one itself.
+        assert_eq!(engine.give_up(&key, 1, first[1].nonce ^ 1).await.expect("io"), Err(HandleError::Stale));
+        assert_eq!(engine.give_up(&key, 1, first[1].nonce).await.expect("io"), Ok(()));
+        assert_eq!(dead_letters.log.log_end_offset(), 2);
+        assert_eq!(broker.pop.get(&key).map(|q| (q.done_below, q.inflight.len())), Some((2, 0)));
+        broker.begin_shutdown();
+    }
+}

@@ -1,0 +1,329 @@
+//! A receive by invisible time: which messages of one queue go out to one group, with long
+//! polling. What each protocol calls it (RocketMQ's ReceiveMessage, later a Kafka share
+//! group's fetch) is decoded by its front-end into a [`ReceiveRequest`]; the answer is the
+//! [`Delivery`]s, each a record with its attempt and the nonce a receipt names.
+//!
+//! A receive of one queue for one group first hands out that queue's messages whose invisible
+//! time ran out (one delivery attempt higher), then new ones from the group's position,
+//! skipping what the [`TagFilter`] filters out; with nothing to hand out it waits for an
+//! append, for an in-flight message to become visible again, or for its deadline. Messages that
+//! used up their deliveries go to the dead letters first ([`super::dead_letter`]). Receives of
+//! one queue for one group take turns ([`ReceiveTurns`]), so two consumers never get the same
+//! message at once.
+//!
+//! New messages are read in growing steps ([`FIRST_READ_BYTES`], four times more each step, at
+//! most [`READ_BYTES`] in all), and under a tag filter only the batches the message index
+//! names. Under FIFO consumption a new message of a group with an active one is parked, not
+//! delivered ([`super::state`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use weir_storage::records::Record;
+use weir_storage::sync::lock;
+
+use super::filter::TagFilter;
+use super::state::group_hash;
+use super::{PopStore, QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE, MAX_PARKED_PER_QUEUE};
+use crate::{Broker, BrokerError, Partition};
+
+/// The longest a receive waits for messages.
+pub const MAX_LONG_POLLING: Duration = Duration::from_secs(60);
+/// The most messages one receive asks for.
+pub const MAX_BATCH: usize = 1024;
+/// The shortest invisible duration a receive may ask for.
+pub const MIN_INVISIBLE: Duration = Duration::from_secs(1);
+/// The longest invisible duration a receive, or a change of invisible time, may ask for.
+pub const MAX_INVISIBLE: Duration = Duration::from_secs(12 * 3600);
+/// How much of a queue one receive reads at most while looking for new messages.
+const READ_BYTES: u64 = 4 << 20;
+/// Its first read: about a batch of 32 messages of 1 KiB with their headers. Each further read
+/// is four times larger, up to [`READ_BYTES`] in all.
+const FIRST_READ_BYTES: u64 = 64 << 10;
+
+/// How soon a long poll tries again to move a dead letter it could not move.
+const RETRY_DEAD_LETTER_MS: u64 = 200;
+
+/// Most queue turns remembered before those nobody holds or waits for are dropped.
+const TURNS_MAX: usize = 1024;
+
+/// What a receive asks for. The front-end validates it against [`MAX_BATCH`],
+/// [`MIN_INVISIBLE`]..=[`MAX_INVISIBLE`] and [`MAX_LONG_POLLING`] (each protocol refuses with
+/// its own codes); [`ReceiveRequest::check`] asserts it did.
+pub struct ReceiveRequest {
+    /// The queue, and whose consumption of it.
+    pub key: QueueKey,
+    /// The partition `key` names, led by this broker.
+    pub partition: Arc<Partition>,
+    pub filter: TagFilter,
+    /// The most messages to hand out (1..=[`MAX_BATCH`]); FIFO races with acks may add a few.
+    pub batch: usize,
+    /// How long what is handed out stays invisible to the group.
+    pub invisible: Duration,
+    /// How long to wait for a message when there is none.
+    pub long_polling: Duration,
+    /// The group's `max.delivery.attempts`: a message delivered this often is not delivered
+    /// again but dead-lettered.
+    pub max_attempts: u32,
+    /// The group's `consume.fifo`: messages of one message group go out one at a time, in
+    /// order (see [`super::state`]).
+    pub fifo: bool,
+    /// The client the deliveries are held for: their invisible time is renewed, one
+    /// `invisible` at a time, while it lives ([`super::renew`], a push consumer's receive).
+    /// `None`: they come back after `invisible`.
+    pub hold_for: Option<String>,
+}
+
+impl ReceiveRequest {
+    /// Asserts what the front-end validated (debug builds).
+    pub fn check(&self) {
+        debug_assert!((1..=MAX_BATCH).contains(&self.batch), "batch {}", self.batch);
+        debug_assert!((MIN_INVISIBLE..=MAX_INVISIBLE).contains(&self.invisible), "invisible {:?}", self.invisible);
+        debug_assert!(self.long_polling <= MAX_LONG_POLLING, "long polling {:?}", self.long_polling);
+        debug_assert!(self.max_attempts >= 1, "no delivery allowed");
+        debug_assert!(
+            self.partition.topic == self.key.topic && self.partition.index == self.key.partition,
+            "{:?} received from {}-{}",
+            self.key,
+            self.partition.topic,
+            self.partition.index
+        );
+        self.filter.check();
+    }
+}
+
+/// One message handed out.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub record: Record,
+    /// How many times it was delivered, this time included (1 on the first delivery).
+    pub attempt: u32,
+    /// Names this delivery: an ack or a change of invisible time must give it back.
+    pub nonce: u64,
+}
+
+/// Receives take turns per queue and group.
+#[derive(Default)]
+pub struct ReceiveTurns(Mutex<HashMap<QueueKey, Arc<tokio::sync::Mutex<()>>>>);
+
+impl ReceiveTurns {
+    fn of(&self, key: &QueueKey) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = lock(&self.0);
+        // Turns nobody holds or waits for are dropped, so the map stays as large as what is
+        // being received.
+        if turns.len() > TURNS_MAX {
+            turns.retain(|_, turn| Arc::strong_count(turn) > 1);
+        }
+        turns.entry(key.clone()).or_default().clone()
+    }
+}
+
+/// The FIFO group hash of `record`, when the receive orders by group and it has one.
+fn fifo_group(request: &ReceiveRequest, record: &Record) -> Option<u64> {
+    if !request.fifo {
+        return None;
+    }
+    crate::message::fifo_group(record).map(group_hash)
+}
+
+/// One pass of a receive: what it hands out now (maybe nothing). Blocking.
+pub(crate) fn receive_once(
+    broker: &Broker,
+    store: &PopStore,
+    request: &ReceiveRequest,
+) -> Result<Vec<Delivery>, BrokerError> {
+    let partition = &request.partition;
+    let log_start = partition.log.log_start_offset();
+    let now = broker.now_ms();
+    let start = || QueueState::starting_at(log_start);
+    let state = store.get(&request.key).unwrap_or_else(start);
+
+    // Messages whose invisible time ran out, then new ones.
+    let mut picked: Vec<(Record, bool)> = Vec::new();
+    // In flight, but compacted away since: done, or it would stay in flight for ever.
+    let mut vanished = Vec::new();
+    for (offset, _) in state.expired(now, request.batch, request.max_attempts) {
+        match broker.read_record(partition, offset)? {
+            Some(record) => picked.push((record, true)),
+            None => vanished.push(offset),
+        }
+    }
+    let mut examined_to = state.next.max(log_start);
+    let parked = state.parked_count();
+    let delivered = state.inflight.len() - parked;
+    let room = request.batch.saturating_sub(picked.len()).min(MAX_INFLIGHT_PER_QUEUE.saturating_sub(delivered));
+    // FIFO: a new message of a group with an active one is parked, not delivered; it takes
+    // room in the state (up to MAX_PARKED_PER_QUEUE) but not in the batch. `busy` predicts it
+    // (the update decides).
+    let mut park_room = MAX_PARKED_PER_QUEUE.saturating_sub(parked);
+    let mut busy = if request.fifo { state.active_groups() } else { Default::default() };
+    let mut deliverable = |record: &Record| fifo_group(request, record).is_none_or(|group| busy.insert(group));
+    // A tag filter reads only the batches the message index names (when it covers what is next).
+    let indexed = match &request.filter {
+        TagFilter::Tags(tags) if room > 0 => {
+            broker.message_index.tagged_offsets(&partition.topic, partition.index, tags, examined_to, room)
+        }
+        _ => None,
+    };
+    if let Some((offsets, indexed_to)) = indexed.filter(|(_, indexed_to)| *indexed_to > examined_to) {
+        let (mut batch, mut batch_end): (Vec<Record>, i64) = (Vec::new(), i64::MIN);
+        for offset in &offsets {
+            if *offset >= batch_end {
+                (batch, batch_end) = broker.read_records(partition, *offset, 1)?;
+            }
+            // A hash matched; the tag itself must too.
+            if let Some(record) = batch.iter().find(|r| r.offset == *offset && request.filter.matches(r)) {
+                deliverable(record);
+                picked.push((record.clone(), false));
+            }
+        }
+        // With a full list, what lies past its last offset is yet to be looked at.
+        examined_to = match offsets.last() {
+            Some(last) if offsets.len() >= room => last + 1,
+            _ => indexed_to,
+        };
+    } else if room > 0 {
+        // Read in growing steps until the batch is full: a receive of 32 small messages must
+        // not copy and decode megabytes of the queue (the first step is what they take, about).
+        let mut taken = 0;
+        let mut step = FIRST_READ_BYTES;
+        let mut read_bytes = 0;
+        // No room left to remember a waiting FIFO message: the rest of the queue waits too.
+        let mut parking_full = false;
+        while taken < room && read_bytes < READ_BYTES && !parking_full {
+            let (records, end) = broker.read_records(partition, examined_to, step)?;
+            if end <= examined_to {
+                break; // nothing more below the high watermark
+            }
+            read_bytes += step;
+            for record in records {
+                if taken == room {
+                    examined_to = record.offset;
+                    break;
+                }
+                let offset = record.offset;
+                if request.filter.matches(&record) {
+                    if deliverable(&record) {
+                        taken += 1;
+                    } else if park_room == 0 {
+                        examined_to = offset;
+                        parking_full = true;
+                        break;
+                    } else {
+                        park_room -= 1;
+                    }
+                    picked.push((record, false));
+                }
+                examined_to = offset + 1;
+            }
+            if parking_full {
+                break;
+            }
+            if taken < room {
+                // Everything read was examined, up to the end of its last batch.
+                examined_to = examined_to.max(end);
+            }
+            step = (step * 4).min(READ_BYTES);
+        }
+    }
+
+    let visible_at = now + request.invisible.as_millis() as i64;
+    let result = store.update(&request.key, start, |q| {
+        if q.resets != state.resets {
+            // Reset since it was read: what was read is no longer what the group has next.
+            return Ok::<_, ()>(Vec::new());
+        }
+        q.truncate_below(log_start);
+        for offset in &vanished {
+            q.forget(*offset);
+        }
+        let mut deliveries = Vec::with_capacity(picked.len());
+        for (record, redelivery) in picked {
+            // The state may have moved since it was read (an ack of a redelivery candidate).
+            let in_flight = q.inflight.contains_key(&record.offset);
+            if redelivery != in_flight || (!redelivery && record.offset < q.next) {
+                continue;
+            }
+            let group = if redelivery { None } else { fifo_group(request, &record) };
+            if let Some(group) = group.filter(|g| q.is_active(*g)) {
+                q.park(record.offset, group);
+                continue;
+            }
+            let nonce = rand::random::<u64>();
+            let inflight = q.deliver_in_group(record.offset, visible_at, nonce, group);
+            deliveries.push(Delivery { record, attempt: inflight.attempt, nonce });
+        }
+        q.skip_to(examined_to);
+        Ok::<_, ()>(deliveries)
+    })?;
+    let deliveries = result.unwrap_or_default();
+    check_deliveries(log_start, &deliveries);
+    Ok(deliveries)
+}
+
+/// What one pass hands out (debug builds): each offset at most once, never below the log start,
+/// and every delivery counted.
+fn check_deliveries(log_start: i64, deliveries: &[Delivery]) {
+    #[cfg(debug_assertions)]
+    {
+        let mut offsets = std::collections::HashSet::new();
+        for delivery in deliveries {
+            debug_assert!(offsets.insert(delivery.record.offset), "offset {} handed out twice", delivery.record.offset);
+            debug_assert!(delivery.record.offset >= log_start, "offset {} below the log start", delivery.record.offset);
+            debug_assert!(delivery.attempt >= 1, "a delivery of attempt 0 (a parked message)");
+        }
+    }
+    let _ = (log_start, deliveries);
+}
+
+/// A receive with long polling: what it hands out, empty when nothing came before its
+/// deadline or the broker began shutting down.
+pub(crate) async fn receive(
+    broker: &Arc<Broker>,
+    turns: &ReceiveTurns,
+    request: ReceiveRequest,
+) -> Result<Vec<Delivery>, BrokerError> {
+    request.check();
+    let turn = turns.of(&request.key);
+    let deadline = tokio::time::Instant::now() + request.long_polling;
+    let _turn = match tokio::time::timeout_at(deadline, turn.lock()).await {
+        Ok(turn) => turn,
+        Err(_) => return Ok(Vec::new()),
+    };
+    let request = Arc::new(request);
+    let mut shutdown = broker.shutdown_signal();
+    loop {
+        // Register first: an append between the read and the wait still wakes this one.
+        let waiter = Arc::new(Notify::new());
+        request.partition.register_waiter(&waiter);
+        // Messages out of deliveries go to the dead letters before anything is handed out.
+        super::dead_letter::move_exhausted(broker, &request.key, request.max_attempts).await;
+        let pass = {
+            let (broker, request) = (broker.clone(), request.clone());
+            tokio::task::spawn_blocking(move || receive_once(&broker, &broker.pop, &request)).await
+        };
+        let deliveries = pass.map_err(|e| BrokerError::internal(e.to_string()))??;
+        if !deliveries.is_empty() {
+            return Ok(deliveries);
+        }
+        // Wake at the next expiry too: that message is deliverable again then.
+        let now = tokio::time::Instant::now();
+        // (One already past is a dead letter that could not be moved: try again a little later.)
+        let expiry = broker.pop.next_expiry_ms(&request.key).map(|at| {
+            let wait_ms = at - broker.now_ms();
+            now + Duration::from_millis(if wait_ms > 0 { wait_ms as u64 } else { RETRY_DEAD_LETTER_MS })
+        });
+        let wake = expiry.map_or(deadline, |e| e.min(deadline));
+        if now >= deadline || *shutdown.borrow() {
+            return Ok(Vec::new());
+        }
+        // Then one more pass, also at the deadline: what arrived just now is handed out.
+        tokio::select! {
+            _ = waiter.notified() => {}
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = shutdown.wait_for(|down| *down) => return Ok(Vec::new()),
+        }
+    }
+}
