@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use weir_harness::parse_setting;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -107,15 +108,6 @@ pub struct ServerArgs {
     /// Repeatable; overrides the file and the environment.
     #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting)]
     pub settings: Vec<(String, String)>,
-}
-
-fn parse_setting(s: &str) -> Result<(String, String), String> {
-    let (name, value) = s.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, got {s:?}"))?;
-    let name = name.trim();
-    if name.is_empty() {
-        return Err(format!("expected NAME=VALUE, got {s:?}"));
-    }
-    Ok((name.to_string(), value.trim().to_string()))
 }
 
 #[derive(Debug, Subcommand)]

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde::Serialize;
-use weir::kafka_client::produce_request;
+use weir_harness::kafka_client::produce_request;
 
 use crate::bench::raw_protocol::{self, Server};
 use crate::cli::FetchBenchArgs;

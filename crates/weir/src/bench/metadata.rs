@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{MetadataRequest, MetadataResponse};
 use serde::Serialize;
-use weir::kafka_client::{create_topics_request, topic_name, Client};
+use weir_harness::kafka_client::{create_topics_request, topic_name, Client};
 
 use crate::bench::raw_protocol::{self, Server};
 use crate::cli::MetadataBenchArgs;

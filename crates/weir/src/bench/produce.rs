@@ -14,7 +14,7 @@ use hdrhistogram::Histogram;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::ProduceRequest;
 use serde::Serialize;
-use weir::kafka_client::{self, topic_name, Client, REQUEST_TIMEOUT_MS};
+use weir_harness::kafka_client::{self, topic_name, Client, REQUEST_TIMEOUT_MS};
 use weir_proc::Pid;
 
 use crate::bench::raw_protocol::{self, Server};

@@ -19,7 +19,7 @@ use anyhow::{anyhow, bail, Context};
 use hdrhistogram::Histogram;
 use kafka_protocol::messages::ProduceRequest;
 use serde::Serialize;
-use weir::kafka_client::{self, produce_request, Client as KafkaClient};
+use weir_harness::kafka_client::{self, produce_request, Client as KafkaClient};
 use weir_rocketmq::proto::{Message, MessageQueue};
 
 use crate::bench::produce::{self, Latency, PRODUCE_VERSION};

@@ -19,10 +19,10 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use kafka_protocol::messages::fetch_request::FetchTopic;
 use serde::Serialize;
-use weir::kafka_client::{fetch_partition, fetch_request, produce_request, topic_name, Client as KafkaClient};
 use weir_broker::message::headers::DELIVERY_TIMESTAMP;
 use weir_broker::timer::due_ms;
 use weir_broker::timer::headers::PREFIX as TIMER_HEADER_PREFIX;
+use weir_harness::kafka_client::{fetch_partition, fetch_request, produce_request, topic_name, Client as KafkaClient};
 use weir_storage::records::{self, BatchOptions, Header, Record};
 
 use crate::bench::produce::{self, Latency, PRODUCE_VERSION};

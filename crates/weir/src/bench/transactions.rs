@@ -15,8 +15,8 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use weir::kafka_client::Client as KafkaClient;
 use weir_broker::message::headers::MESSAGE_ID;
+use weir_harness::kafka_client::Client as KafkaClient;
 use weir_rocketmq::proto::{
     Code, EndTransactionRequest, MessageType, Resource, SendMessageRequest, Status, TransactionResolution,
     TransactionSource,
