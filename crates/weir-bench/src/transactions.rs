@@ -22,12 +22,12 @@ use weir_rocketmq::proto::{
     TransactionSource,
 };
 
-use crate::bench::produce::{self, Latency};
-use crate::bench::raw_protocol::{self, Pid, Server};
-use crate::bench::rocketmq::ratio;
-use crate::bench::rocketmq_client as grpc;
-use crate::bench::timer::fetch_once;
 use crate::cli::TimerBenchArgs;
+use crate::produce::{self, Latency};
+use crate::raw_protocol::{self, Pid, Server};
+use crate::rocketmq::ratio;
+use crate::rocketmq_client as grpc;
+use crate::timer::fetch_once;
 
 const TOPIC_NORMAL: &str = "bench-txn-normal";
 const TOPIC_TRANSACTION: &str = "bench-txn";

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use serde::Serialize;
 use weir_harness::kafka_client::produce_request;
 
-use crate::bench::raw_protocol::{self, Server};
 use crate::cli::FetchBenchArgs;
+use crate::raw_protocol::{self, Server};
 
 const TOPIC: &str = "bench-fetch";
 const RECORD_BYTES: usize = 1024;

@@ -17,8 +17,8 @@ use serde::Serialize;
 use weir_harness::kafka_client::{self, topic_name, Client, REQUEST_TIMEOUT_MS};
 use weir_proc::Pid;
 
-use crate::bench::raw_protocol::{self, Server};
 use crate::cli::ProduceBenchArgs;
+use crate::raw_protocol::{self, Server};
 
 /// Produce v9: flexible, the version librdkafka 2.x sends.
 pub(crate) const PRODUCE_VERSION: i16 = 9;
