@@ -1,435 +1,516 @@
-//! The command line of `weir-bench`, and [`Plan`]: the arguments with every default resolved
-//! (the `--quick` preset included) and checked against each other.
+//! The command line of `weir bench`, as clap types: [`BenchCommand`] and each benchmark's
+//! arguments. `weir` nests [`BenchCommand`] under its `bench` subcommand; the code that runs a
+//! benchmark lives in its own module (`crate::storage`, ...), so adding one is: a variant here, a
+//! module there, one arm in [`crate::run`].
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::bail;
-use clap::{Parser, ValueEnum};
+use clap::{Args, Subcommand};
+use weir_harness::parse_setting;
 
-/// The shortest message: the send timestamp and a sequence number (see `kafka::Payload`).
-pub const HEADER_BYTES: u64 = 16;
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Throughput of the partition log (append with flush.policy none and sync, catch-up read)
+    /// against plain file writes in the same directory.
+    #[command(long_about = STORAGE_LONG_ABOUT)]
+    Storage(StorageBenchArgs),
+    /// Fetch throughput and broker CPU of `weir server` with zero-copy (sendfile) fetch against
+    /// the user-space copy path, side by side in one run.
+    #[command(long_about = FETCH_LONG_ABOUT)]
+    Fetch(FetchBenchArgs),
+    /// Produce capacity of a broker (its own `weir server` child, or --bootstrap) measured with a
+    /// raw Kafka-protocol client that costs next to nothing: MB/s, broker CPU and RSS, latency.
+    #[command(long_about = PRODUCE_LONG_ABOUT)]
+    Produce(ProduceBenchArgs),
+    /// Metadata changes on one node and on a cluster side by side: CreateTopics per second,
+    /// how soon every node sees a new topic, and controller failover time.
+    #[command(long_about = METADATA_LONG_ABOUT)]
+    Metadata(MetadataBenchArgs),
+    /// What replication costs a producer: produce MB/s and latency with 1 replica / acks=1,
+    /// 3 replicas / acks=1 and 3 replicas / acks=all on a 3-node cluster, side by side.
+    Replication(ReplicationBenchArgs),
+    /// The RocketMQ 5 gRPC front-end against the Kafka one on the same broker: send, receive
+    /// and receive with a tag filter, side by side in one run.
+    #[command(name = "rocketmq", long_about = ROCKETMQ_LONG_ABOUT)]
+    RocketMq(RocketMqBenchArgs),
+    /// The timer store of delayed messages: how late a million scheduled messages fire, that
+    /// each fires once, and the broker memory and disk they take.
+    #[command(long_about = TIMER_LONG_ABOUT)]
+    Timer(TimerBenchArgs),
+    /// OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka:
+    /// runs the weir-bench binary next to this one with the same arguments.
+    #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
+    Kafka(crate::kafka::KafkaBenchArgs),
+}
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "weir-bench",
-    version,
-    about = "An OpenMessaging-style benchmark of Kafka-compatible brokers (Weir and others, side by side).",
-    long_about = LONG_ABOUT
-)]
-pub struct Args {
-    /// A broker to measure: HOST:PORT, or NAME=HOST:PORT to label it in the results. Repeatable:
-    /// every workload runs against every target in turn, case by case, so that the figures of the
-    /// targets come from the same minutes of the machine.
-    #[arg(long = "bootstrap", value_name = "[NAME=]HOST:PORT", value_parser = parse_target, required = true)]
-    pub targets: Vec<Target>,
+const METADATA_LONG_ABOUT: &str = "\
+How fast metadata changes are decided, committed and seen: one `weir server` node and a cluster
+of --nodes combined nodes (this binary, on 127.0.0.1, each in its own temporary data directory)
+measured one after the other in one run, so the ratio means something on a noisy machine.
 
-    /// Workload to run: max-throughput, latency, many-partitions, catch-up, or all. Repeatable.
-    #[arg(long = "workload", value_name = "NAME", value_enum, default_value = "all")]
-    pub workloads: Vec<WorkloadArg>,
+On each setup it creates --topics topics of --partitions partitions with CreateTopics, one topic
+per request, one request after the other, through a node that is not the active controller (the
+request is forwarded to it): creates per second and the latency of each. Then it creates up to
+200 more and, after each answer, polls Metadata on every other node until the topic is there
+with every partition led: how soon a change is visible everywhere. Finally, on a cluster of 3 or
+more, it kills the active controller with SIGKILL and retries CreateTopics through a survivor
+until one succeeds: the time the cluster needs to elect a new controller and decide again (the
+election timeout is the default `controller.quorum.election.timeout.ms`).";
 
-    /// Tiny volumes and short runs: every workload in a few seconds. Checks that everything works
-    /// (CI); the figures mean little. Explicit flags still override it.
-    #[arg(long)]
-    pub quick: bool,
+const ROCKETMQ_LONG_ABOUT: &str = "\
+What a message costs through the RocketMQ 5 gRPC front-end (apache.rocketmq.v2.MessagingService)
+against the Kafka front-end of the same broker: one `weir server` child (this binary, on
+127.0.0.1 port 0, Kafka and RocketMQ listeners, in a temporary data directory), measured in one
+run, with the same message size and the same number of requests in flight.
 
-    /// Measured time of each run, in seconds, after the warm-up. [default: 30, or 2 with --quick]
-    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
-    pub duration: Option<Duration>,
+1. send: --messages messages of --size bytes to a topic of --partitions, each case by
+   --concurrency senders with one request outstanding each:
+     * gRPC SendMessage, one message per call (as RocketMQ producers send), every message with a
+       unique message id and a tag, to a topic indexed by key and message id as the RocketMQ
+       front-end's own topics are (message.index.enable); the senders share --grpc-connections
+       HTTP/2 connections (a RocketMQ client has one per endpoint);
+     * Kafka Produce v9, acks=all, one record per request, one TCP connection per sender (a
+       Kafka connection answers its requests in order, so requests in flight need connections);
+     * Kafka Produce as above with --kafka-batch records per request (0 or 1 leaves it out).
+   The cases take turns in --rounds slices, so that the machine's drift hits them alike. Every
+   answer is checked (any error fails the run), and ListOffsets must show each topic grown by
+   exactly the messages acknowledged.
+2. receive: the messages the gRPC case sent, read back once by Kafka Fetch (one connection,
+   every partition, 1 MiB per partition, as a Kafka consumer fetches) and once by --concurrency
+   gRPC receivers as RocketMQ's SimpleConsumer does: ReceiveMessage of up to 32 messages
+   (invisible duration 30 s, a short long poll) from the queues in turn, then one AckMessage for
+   the whole batch. The run fails unless every message comes back exactly once, with its body
+   and tag, and every ack succeeds.
+3. receive with a tag filter: one message in 100 of that topic has the tag `hit`, the others
+   `miss`. Receivers of another group with the filter expression TAG `hit` must get exactly the
+   hit messages; it reports their rate and the time, next to the unfiltered receive's time of
+   the whole topic (2.).
 
-    /// Warm-up at the start of each run, in seconds: the load runs but is left out of the summary
-    /// (the chart shows it shaded). [default: 5, 0 with --quick or --messages]
-    #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
-    pub warmup: Option<Duration>,
+Figures: messages/s, request latency p50 / p99 / max (HDR histogram, from the call to its
+answer), and the broker's and this process's CPU per message (user + system from /proc), then
+the ratios gRPC / Kafka. --json FILE writes all of it.";
 
-    /// Stop each run after this many messages (all producers together), or at the end of
-    /// --duration, whichever comes first. Without --duration, only this limit applies.
-    #[arg(long, value_name = "N", value_parser = parse_count)]
+const TIMER_LONG_ABOUT: &str = "\
+The timer store of delayed (scheduled) messages, on one `weir server` child (this binary, on
+127.0.0.1 port 0, in a temporary data directory), in one run:
+
+1. schedule: --messages records of --size bytes, each with its own `weir.delivery-timestamp`
+   header (decimal ms since the epoch) drawn uniformly from [start + --delay, start + --delay +
+   --window) (with --sorted: evenly spaced in send order, so the messages go in the order they
+   are due), to a topic of --partitions with message.type=DELAY, by Kafka Produce (acks=all,
+   no producer id: not idempotent) of --batch records per request over --connections
+   connections, one request outstanding each. Every answer must be OK with base offset -1 (the
+   broker kept every record for later, appended none), and right after scheduling the topic
+   must still be empty. Reported: msg/s, request latency, broker CPU per message.
+2. fire: a consumer tails the topic (Fetch, 100 ms long poll) while the messages come due and
+   notes when each record reached it. Once the topic holds --messages records (and stays
+   there) it is read back from the start: every id must be there exactly once, with its body
+   and delivery timestamp, without the timer's own headers, and none may fire early. Lateness
+   = the fired record's timestamp (the firing time) - its delivery timestamp, p50 / p99 /
+   p99.9 / max, and the same for the tailing consumer's arrival time; also the seconds of the
+   window with the largest lateness, to show spikes.
+3. memory and disk: the broker's RSS (VmRSS from /proc) before scheduling, with every message
+   pending, at the first delivery time, at the most messages in memory and after all fired,
+   next to the timer's gauges pending / in memory (the admin listener's /metrics), and its
+   peak (sampled every 100 ms, and VmHWM); the size of the data directory's timer/ (the timer
+   log and the wheel's slot files) with every message pending and after all fired.
+
+Any failed check fails the run. --quick: 20,000 messages due within a few seconds, for CI.
+
+--transactions measures something else instead, on a broker with the RocketMQ listener:
+RocketMQ 5 transactional messages against normal ones. --concurrency senders share one HTTP/2
+connection and send --messages messages of --size bytes per case, taking turns in --rounds
+slices: gRPC SendMessage of a NORMAL message to a NORMAL topic, against SendMessage of a
+TRANSACTION message (stored as a half message) followed by EndTransaction COMMIT (which appends
+it to its topic) to a topic of message.type=TRANSACTION. Every answer must be OK (a send must
+answer a transaction id), and each topic must hold exactly the messages sent (committed). It
+reports msg/s, the latency of the send, of the EndTransaction and of both, broker and client
+CPU per message, and the ratios transactional / normal.";
+
+const KAFKA_LONG_ABOUT: &str = "\
+OpenMessaging-style workloads against any Kafka-compatible broker, through librdkafka: runs the
+weir-bench binary next to this weir with the same arguments, so `weir bench kafka --help` lists
+weir-bench's flags. weir-bench is built on its own (`cargo build --release -p weir-bench` next to
+a release weir); without it, this help says the exact command for this weir.";
+
+const STORAGE_LONG_ABOUT: &str = "\
+Throughput of the partition log (weir-storage's Log) against plain file writes in the same directory.
+
+For records with 1 KiB values it measures, in one run:
+  * append MB/s and batches/s for batches of up to 16 KiB and up to 1 MiB, with flush.policy=none
+    and flush.policy=sync, each with 1, 8 and 64 appender threads on one log. With sync every
+    thread acknowledges as a producer with acks would: Log::append, then
+    Log::sync_to(last_offset + 1), so concurrent appenders share fdatasyncs (group commit).
+    A none run is timed until one final Log::flush, so it ends with the data on disk, like the
+    reference.
+  * read MB/s: a sequential catch-up read of a none log with Log::read (1 MiB at a time) and pread of
+    each slice into one reused buffer. This is the user-space path from the page cache, not the
+    broker's sendfile path.
+  * the reference: the same volume written with write_all and one fdatasync at the end, in 1 MiB
+    chunks (before each batch size's runs and at the end) and in chunks of the 16 KiB batch's
+    size (before the 16 KiB runs and at the end); ratios use the best run of a chunk size. And
+    write_all of 16 KiB chunks each followed by fdatasync, taking turns with the 16 KiB sync runs.
+A first untimed write warms up the file system. The sync runs of one batch size take turns in 3
+slices, so that a drift of fsync latency during the run affects them alike.
+It reports flush=none append vs plain write (1 MiB batches vs 1 MiB chunks; target >= 0.8x),
+flush=sync 64 vs 1 appender (target >= 20x: group commit) and the fsync count of every run
+(Log::stats.fsyncs).
+
+Batches are encoded before timing; each thread appends from its own pool of prebuilt batches
+(append rewrites only the header's baseOffset and partitionLeaderEpoch in place), so nothing is
+copied or encoded while timing. Everything written is removed at the end.
+
+MB = 10^6 bytes; KiB, MiB, GiB are powers of 1024.";
+
+const FETCH_LONG_ABOUT: &str = "\
+Fetch throughput and broker CPU of `weir server` with zero-copy fetch (fetch.sendfile.enable=true:
+record data goes from the segment file to the socket with sendfile) against the user-space path
+(false: read into memory, then write), side by side in one run.
+
+It starts two brokers (this binary, `weir server` on 127.0.0.1 port 0, each in its own temporary
+data directory, one per mode), produces the same --bytes of 1 KiB records in 1 MiB batches to a
+one-partition topic on each, then reads the whole log back over one connection with Fetch requests
+of --fetch-bytes, taking turns between the modes for --rounds rounds. The data is in the page
+cache, so this measures the broker's read path, not the disk. It reports the best MB/s of each
+mode, the broker CPU seconds (user + system, from /proc) spent per GB fetched, and the ratios.
+The client only reads frames and the last batch header of each response, so it costs the same in
+both modes.";
+
+#[derive(Debug, Args)]
+pub struct ReplicationBenchArgs {
+    /// How many times each case runs, interleaved (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+
+    /// After the produce cases: move a partition holding this many bytes from node 1 to node 2,
+    /// unthrottled and then under --move-throttle, and report each copy's rate. 0 skips it.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size_or_zero, default_value = "256M")]
+    pub move_bytes: u64,
+
+    /// The replication throttle of the throttled move, bytes per second.
+    #[arg(long, value_name = "BYTES_PER_SEC", value_parser = parse_size, default_value = "32M")]
+    pub move_throttle: u64,
+
+    /// The load of each case: `weir bench produce`'s options (--bootstrap, --replicas and
+    /// --acks are set per case). Give --duration or --bytes to keep the cases short.
+    #[command(flatten)]
+    pub produce: ProduceBenchArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RocketMqBenchArgs {
+    /// Messages per send case (the gRPC case's are then received). [default: 100000, or 2000
+    /// with --quick]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub messages: Option<u64>,
 
-    /// Bytes of each message value (at least 16: the send timestamp and a sequence number).
-    /// Digits with an optional K, M or G suffix (powers of 1024). [default: 1K]
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    pub size: Option<u64>,
+    /// Bytes of each message body (record value).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1024")]
+    pub size: u64,
 
-    /// Partitions of the topic of max-throughput, latency and catch-up. [default: 6]
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub partitions: Option<u32>,
+    /// Requests in flight: senders, each with one request outstanding, and gRPC receivers.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
 
-    /// Partitions of the many-partitions topic. [default: 1000, or 100 with --quick: creating
-    /// and deleting 1,000 partitions takes a debug build of Weir about 20 seconds]
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub many_partitions: Option<u32>,
+    /// Partitions (RocketMQ message queues) of each topic.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=1024))]
+    pub partitions: i32,
 
-    /// Producer counts of max-throughput, comma-separated; each one is a run. The first one is
-    /// also used by many-partitions and catch-up. [default: 1,4]
-    #[arg(long, value_name = "N,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub producers: Vec<u32>,
+    /// HTTP/2 connections the gRPC senders and receivers share.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub grpc_connections: u32,
 
-    /// Producer acks of max-throughput, comma-separated (1 or all); each one is a run. The first
-    /// one is also used by many-partitions and catch-up. The latency workload uses all.
-    /// [default: 1,all]
-    #[arg(long, value_name = "ACKS,...", value_delimiter = ',', value_enum)]
-    pub acks: Vec<Acks>,
+    /// Records per request of the batched Kafka send case; 0 or 1 leaves the case out.
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub kafka_batch: u32,
 
-    /// Target rate of the latency workload, messages per second (all producers together).
-    #[arg(long, value_name = "MSG/S", value_parser = parse_count, default_value = "20000")]
-    pub rate: u64,
+    /// Slices the send cases take turns in. [default: 3, or 1 with --quick]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: Option<u32>,
 
-    /// How messages are spread over the partitions: client (no key, no partition: librdkafka's
-    /// sticky partitioner fills one partition's batch at a time, as with OpenMessaging's NO_KEY)
-    /// or round-robin (each message to the next partition: with many partitions every batch
-    /// holds a message or two, the costliest case for clients and broker alike).
-    #[arg(long, value_enum, default_value = "client")]
-    pub partitioner: Partitioner,
+    /// A setting of the broker, like `weir server --set`; repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting)]
+    pub settings: Vec<(String, String)>,
 
-    /// Bytes the catch-up workload writes before its consumer starts. [default: 2G, or 16M with
-    /// --quick]
-    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    pub backlog: Option<u64>,
-
-    /// A broker's process id, to report its CPU % and peak RSS (from /proc): NAME=PID names a
-    /// target of --bootstrap; a bare PID is the only target. Repeatable.
-    #[arg(long = "broker-pid", value_name = "[NAME=]PID", value_parser = parse_broker_pid)]
-    pub broker_pids: Vec<(Option<String>, u32)>,
-
-    /// Replication factor of the benchmark's topics; -1 takes the broker's default.
-    #[arg(long, value_name = "N", default_value_t = -1, allow_negative_numbers = true,
-          value_parser = clap::value_parser!(i32).range(-1..=16))]
-    pub replication_factor: i32,
-
-    /// Extra librdkafka property for every producer and consumer, e.g. --client-config
-    /// linger.ms=20. Repeatable; applied after the benchmark's own settings.
-    #[arg(long = "client-config", value_name = "KEY=VALUE", value_parser = parse_key_value)]
-    pub client_config: Vec<(String, String)>,
-
-    /// Write every figure, including the 1-second series, as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-
-    /// Draw throughput and latency over time (1-second buckets) as an SVG chart in FILE.
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
-
-    /// Directory of the machine reference's sequential write (created if missing; the file is
-    /// removed afterwards). Put it on the broker's disk. [default: ./bench-data, or the system
-    /// temp dir if that cannot be created]
+    /// Where the broker's temporary data directory goes. [default: the system temp dir]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 
-    /// Skip the machine reference (sequential write and loopback TCP bandwidth).
+    /// Tiny volumes (a few seconds), for CI: checks that everything works, the figures mean little.
     #[arg(long)]
-    pub no_reference: bool,
-
-    /// Keep the benchmark's topics instead of deleting each after its run.
-    #[arg(long)]
-    pub keep_topics: bool,
-
-    /// No progress bars (they are hidden anyway when stderr is not a terminal).
-    #[arg(long)]
-    pub no_progress: bool,
-}
-
-const LONG_ABOUT: &str = "\
-An OpenMessaging-style benchmark of Kafka-compatible brokers. The load comes from librdkafka
-(through the rdkafka crate), so Weir and any other broker are measured with the same client, and
-several --bootstrap targets run side by side in one run, case by case.
-
-Workloads (--workload, repeatable, or all):
-  max-throughput   one topic of 6 partitions, 1 KiB messages, as fast as the producers go, with
-                   1 and 4 producers x acks=1 and acks=all (4 runs), one consumer reading
-                   concurrently.
-  latency          one producer at a fixed --rate (20,000 msg/s) with acks=all; the end-to-end
-                   latency from the intended send time (in the message) to the consumer's receipt,
-                   so a producer or broker that falls behind shows up in the figures.
-  many-partitions  like max-throughput (first --producers and --acks) on 1,000 partitions.
-  catch-up         writes a --backlog (2 GiB) first, then one consumer drains it from the start.
-Messages carry no key and no partition, so librdkafka's sticky partitioner spreads them (as with
-OpenMessaging's NO_KEY); --partitioner round-robin sends each to the next partition instead.
-Each run creates its own topic and deletes it after.
-
-Before the workloads it measures the machine: sequential write bandwidth of --data-dir (1 GiB in
-1 MiB chunks, then fdatasync) and loopback TCP bandwidth (one sender, one receiver, 3 seconds),
-so that the results can be read as a fraction of what the machine can do.
-
-Output: a progress bar per run, then a summary table (MB/s and msg/s produced and consumed,
-latency percentiles, broker CPU % and peak RSS with --broker-pid), --json and --svg.
-MB = 10^6 bytes of message values; KiB, MiB, GiB are powers of 1024.
-The exit status is 1 when a run lost messages, had delivery errors or stalled (the results are
-still printed and written), 2 when the command line is wrong or a broker cannot be reached.";
-
-/// A broker to measure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// The label in the results: NAME, or the address when none was given.
-    pub name: String,
-    /// librdkafka's bootstrap.servers (host:port, or several separated by commas).
-    pub bootstrap: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
-pub enum WorkloadArg {
-    MaxThroughput,
-    Latency,
-    ManyPartitions,
-    CatchUp,
-    All,
-}
-
-/// A workload, in the order they run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Workload {
-    MaxThroughput,
-    Latency,
-    ManyPartitions,
-    CatchUp,
-}
-
-impl Workload {
-    pub const ALL: [Workload; 4] =
-        [Workload::MaxThroughput, Workload::Latency, Workload::ManyPartitions, Workload::CatchUp];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Workload::MaxThroughput => "max-throughput",
-            Workload::Latency => "latency",
-            Workload::ManyPartitions => "many-partitions",
-            Workload::CatchUp => "catch-up",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
-pub enum Acks {
-    #[value(name = "1")]
-    #[serde(rename = "1")]
-    One,
-    #[value(name = "all", alias = "-1")]
-    #[serde(rename = "all")]
-    All,
-}
-
-impl Acks {
-    /// librdkafka's value of `acks`.
-    pub fn config_value(self) -> &'static str {
-        match self {
-            Acks::One => "1",
-            Acks::All => "all",
-        }
-    }
-}
-
-/// How the producers spread messages over the partitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Partitioner {
-    /// The message names no partition and has no key: the client's partitioner decides.
-    Client,
-    /// Message i of producer k goes to partition (i + k) mod partitions.
-    RoundRobin,
-}
-
-/// The arguments with every default resolved: what the run will do.
-#[derive(Debug, Clone)]
-pub struct Plan {
-    pub targets: Vec<Target>,
-    pub workloads: Vec<Workload>,
     pub quick: bool,
-    /// None: runs are bounded by `messages` only.
-    pub duration: Option<Duration>,
-    pub warmup: Duration,
-    pub messages: Option<u64>,
-    pub message_bytes: u64,
-    pub partitions: u32,
-    pub many_partitions: u32,
-    pub producers: Vec<u32>,
-    pub acks: Vec<Acks>,
-    pub rate: u64,
-    pub partitioner: Partitioner,
-    pub backlog_bytes: u64,
-    /// Most KiB waiting in each producer (queue.buffering.max.kbytes).
-    pub producer_buffer_kib: u32,
-    /// One entry per target, in the order of `targets`.
-    pub broker_pids: Vec<Option<u32>>,
-    pub replication_factor: i32,
-    pub client_config: Vec<(String, String)>,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    pub svg: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TimerBenchArgs {
+    /// Messages to schedule. [default: 1000000, or 20000 with --quick]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub messages: Option<u64>,
+
+    /// Bytes of each message body (record value).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "100")]
+    pub size: u64,
+
+    /// Seconds from the start of scheduling to the first delivery time; scheduling must be done
+    /// by then. [default: 20, or 3 with --quick]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub delay: Option<Duration>,
+
+    /// Seconds over which the delivery times spread, uniformly, after --delay. [default: 40, or
+    /// 4 with --quick]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub window: Option<Duration>,
+
+    /// Partitions of the DELAY topic.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=1024))]
+    pub partitions: i32,
+
+    /// Connections that schedule, each with one Produce request outstanding.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub connections: u32,
+
+    /// Records per Produce request (one batch, one partition).
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub batch: u32,
+
+    /// Send the messages in the order they are due (delivery times evenly spaced in send order)
+    /// instead of with random delivery times.
+    #[arg(long)]
+    pub sorted: bool,
+
+    /// Instead of the timer: transactional sends (SendMessage of a TRANSACTION message, then
+    /// EndTransaction COMMIT) against normal gRPC sends, side by side, on the RocketMQ
+    /// front-end. --messages per case [default: 20000, or 1000 with --quick], --size,
+    /// --concurrency and --rounds apply.
+    #[arg(long)]
+    pub transactions: bool,
+
+    /// With --transactions: senders, each with one call outstanding (they share one HTTP/2
+    /// connection).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+
+    /// With --transactions: slices the two cases take turns in. [default: 3, or 1 with --quick]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: Option<u32>,
+
+    /// A setting of the broker, like `weir server --set`; repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting)]
+    pub settings: Vec<(String, String)>,
+
+    /// Where the broker's temporary data directory goes. [default: the system temp dir]
+    #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Bytes of the sequential-write reference; 0 skips the reference.
-    pub reference_disk_bytes: u64,
-    pub reference_loopback: Duration,
-    pub keep_topics: bool,
-    pub progress: bool,
-    /// A consumer that receives nothing for this long while messages are due gives up.
-    pub stall_timeout: Duration,
+
+    /// A tiny run (seconds), for CI: checks that everything works, the figures mean little.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
-impl Plan {
-    pub fn from_args(args: &Args) -> anyhow::Result<Plan> {
-        let quick = args.quick;
-        let mut names = BTreeSet::new();
-        for target in &args.targets {
-            if !names.insert(target.name.as_str()) {
-                bail!("two --bootstrap targets are named {:?}: give each its own NAME=", target.name);
-            }
-        }
-        let workloads: Vec<Workload> = if args.workloads.contains(&WorkloadArg::All) {
-            Workload::ALL.to_vec()
-        } else {
-            let chosen: BTreeSet<Workload> = args
-                .workloads
-                .iter()
-                .map(|w| match w {
-                    WorkloadArg::MaxThroughput => Workload::MaxThroughput,
-                    WorkloadArg::Latency => Workload::Latency,
-                    WorkloadArg::ManyPartitions => Workload::ManyPartitions,
-                    WorkloadArg::CatchUp | WorkloadArg::All => Workload::CatchUp,
-                })
-                .collect();
-            chosen.into_iter().collect()
-        };
-        let duration = match (args.duration, args.messages) {
-            (Some(d), _) => Some(d),
-            (None, Some(_)) => None,
-            (None, None) => Some(Duration::from_secs(if quick { 2 } else { 30 })),
-        };
-        let warmup = args.warmup.unwrap_or(if quick || args.messages.is_some() {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(5)
-        });
-        let message_bytes = args.size.unwrap_or(1024);
-        if message_bytes < HEADER_BYTES {
-            bail!("--size must be at least {HEADER_BYTES} bytes (the send timestamp and a sequence number)");
-        }
-        if message_bytes > 16 << 20 {
-            bail!("--size must be at most 16M");
-        }
-        let backlog_bytes = args.backlog.unwrap_or(if quick { 16 << 20 } else { 2 << 30 });
-        let mut broker_pids = vec![None; args.targets.len()];
-        for (name, pid) in &args.broker_pids {
-            let index = match name {
-                Some(name) => args.targets.iter().position(|t| &t.name == name).ok_or_else(|| {
-                    anyhow::anyhow!("--broker-pid {name}={pid}: no --bootstrap target is named {name:?}")
-                })?,
-                None if args.targets.len() == 1 => 0,
-                None => bail!("--broker-pid {pid}: with several targets, say which one: --broker-pid NAME={pid}"),
-            };
-            if broker_pids[index].replace(*pid).is_some() {
-                bail!("two --broker-pid values for target {:?}", args.targets[index].name);
-            }
-        }
-        let producers = if args.producers.is_empty() { vec![1, 4] } else { args.producers.clone() };
-        let acks = if args.acks.is_empty() { vec![Acks::One, Acks::All] } else { args.acks.clone() };
-        Ok(Plan {
-            targets: args.targets.clone(),
-            workloads,
-            quick,
-            duration,
-            warmup,
-            messages: args.messages,
-            message_bytes,
-            partitions: args.partitions.unwrap_or(6),
-            many_partitions: args.many_partitions.unwrap_or(if quick { 100 } else { 1000 }),
-            producers,
-            acks,
-            rate: args.rate,
-            partitioner: args.partitioner,
-            backlog_bytes,
-            // 32 MiB, the Java client's default buffer.memory; 4 MiB with --quick, so that a
-            // run ends soon after its 2 seconds even against a slow (debug) broker.
-            producer_buffer_kib: if quick { 4 << 10 } else { 32 << 10 },
-            broker_pids,
-            replication_factor: args.replication_factor,
-            client_config: args.client_config.clone(),
-            json: args.json.clone(),
-            svg: args.svg.clone(),
-            data_dir: args.data_dir.clone(),
-            reference_disk_bytes: if args.no_reference {
-                0
-            } else if quick {
-                64 << 20
-            } else {
-                1 << 30
-            },
-            reference_loopback: Duration::from_secs(if quick { 1 } else { 3 }),
-            keep_topics: args.keep_topics,
-            progress: !args.no_progress,
-            stall_timeout: Duration::from_secs(if quick { 15 } else { 30 }),
-        })
+#[derive(Debug, Args)]
+pub struct MetadataBenchArgs {
+    /// Topics to create on each setup.
+    #[arg(long, default_value_t = 500)]
+    pub topics: usize,
+
+    /// Partitions of each topic.
+    #[arg(long, default_value_t = 3)]
+    pub partitions: i32,
+
+    /// Nodes of the cluster (every one a voter and a broker).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+
+    /// Skip killing the controller.
+    #[arg(long)]
+    pub no_failover: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct FetchBenchArgs {
+    /// Bytes of record batches to produce and then fetch per round. [default: 1G, or 64M with --quick]
+    #[arg(long, value_name = "N", value_parser = parse_size)]
+    pub bytes: Option<u64>,
+
+    /// partition_max_bytes and max_bytes of each Fetch request.
+    #[arg(long, value_name = "N", value_parser = parse_size, default_value = "1M")]
+    pub fetch_bytes: u64,
+
+    /// Rounds per mode (alternating). [default: 3]
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+
+    /// A small run (seconds), for CI.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+const PRODUCE_LONG_ABOUT: &str = "\
+Produce capacity of a broker, measured with a load generator that is not the bottleneck.
+
+librdkafka spends about as much CPU as the broker per byte produced, so on a small machine
+`weir bench kafka` measures the client as much as the broker. This benchmark speaks the Kafka
+protocol itself: every Produce request is encoded once before the run (per partition one
+RecordBatch v2 of --batch-bytes, made of --size-byte values without keys, with its CRC32C), and
+the same bytes are sent again and again with only the correlation id patched in, since the broker
+assigns the offsets. Each of --connections threads owns one TCP connection and keeps up to
+--in-flight requests outstanding; a reader thread per connection takes the responses in order,
+checks that every partition's error code is 0 (any error fails the run) and records the latency
+from the start of the request's write to its response (HDR histogram, microseconds).
+
+Target: by default this binary's own `weir server` child on 127.0.0.1 port 0 in a temporary data
+directory (under --data-dir, else the system temp dir) with admin.listeners= and every --set;
+or a running broker with --bootstrap (add --broker-pid for its CPU and RSS). It creates a fresh
+topic of --partitions with every --topic-config (deleted at the end on a --bootstrap broker
+unless --keep-topic). Connection c sends the partitions p with p % C = c (if there are fewer
+partitions than connections, partition c % P), one batch each per request.
+
+The run stops after --bytes of values (default 1 GiB) or --duration, whichever comes first
+(each connection finishes its last request). Then the benchmark checks with ListOffsets that
+the topic's offsets grew by exactly the records acknowledged (with acks=0, it waits for that and
+the wait is part of the timed run), and fails otherwise.
+
+It reports MB/s (10^6 bytes of values) and msg/s, the broker's CPU seconds and CPU % (user +
+system over the run's wall time from /proc/PID/stat; 100 % = one core), the broker's peak RSS
+(VmRSS sampled every 100 ms, and VmHWM for its own child), this process's own CPU %
+(/proc/self/stat), and the request latency p50 / p99 / p99.9 / max. With --consume it then
+reads everything back from offset 0 over one connection with Fetch and reports that drain's
+MB/s and broker CPU.";
+
+#[derive(Debug, Clone, Args)]
+pub struct ProduceBenchArgs {
+    /// A running broker to measure, HOST:PORT. [default: start a `weir server` child]
+    #[arg(long, value_name = "HOST:PORT")]
+    pub bootstrap: Option<String>,
+
+    /// The --bootstrap broker's process id, for its CPU and RSS from /proc.
+    #[arg(long, value_name = "PID", requires = "bootstrap")]
+    pub broker_pid: Option<u32>,
+
+    /// A setting of the child broker, like `weir server --set`; repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting, conflicts_with = "bootstrap")]
+    pub settings: Vec<(String, String)>,
+
+    /// Where the child broker's temporary data directory goes. [default: the system temp dir]
+    #[arg(long, value_name = "DIR", conflicts_with = "bootstrap")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Partitions of the benchmark's topic.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=100_000))]
+    pub partitions: i32,
+
+    /// A config of the benchmark's topic, e.g. flush.policy=sync; repeatable.
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_setting)]
+    pub topic_config: Vec<(String, String)>,
+
+    /// The replicas of every partition, leader first (node ids, e.g. 1,2,3): the topic is
+    /// created with this assignment instead of one replica. The --bootstrap broker should lead.
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    pub replicas: Vec<i32>,
+
+    /// Bytes of each message value (no key).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1024")]
+    pub size: u64,
+
+    /// Bytes of each partition's record batch in a request (as many values as fit).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1M")]
+    pub batch_bytes: u64,
+
+    /// Connections, each with its own thread (and a reader thread).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub connections: u32,
+
+    /// Produce requests outstanding per connection.
+    #[arg(long, value_name = "K", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub in_flight: u32,
+
+    /// acks of the Produce requests: 1, all (or -1), or 0.
+    #[arg(long, value_name = "ACKS", value_parser = parse_acks, default_value = "1")]
+    pub acks: i16,
+
+    /// Stop after this many bytes of values (all connections). [default: 1G, or no limit with --duration]
+    #[arg(long, value_name = "N", value_parser = parse_size)]
+    pub bytes: Option<u64>,
+
+    /// Stop sending after this many seconds.
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+
+    /// Then read everything back with Fetch over one connection and report that too.
+    #[arg(long)]
+    pub consume: bool,
+
+    /// Leave the topic on the --bootstrap broker at the end.
+    #[arg(long)]
+    pub keep_topic: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+fn parse_acks(text: &str) -> Result<i16, String> {
+    match text.trim() {
+        "1" => Ok(1),
+        "all" | "-1" => Ok(-1),
+        "0" => Ok(0),
+        other => Err(format!("acks must be 1, all or 0, not {other:?}")),
     }
 }
 
-fn parse_target(text: &str) -> Result<Target, String> {
-    let text = text.trim();
-    let (name, bootstrap) = match text.split_once('=') {
-        Some((name, address)) => (name.trim().to_string(), address.trim().to_string()),
-        None => (text.to_string(), text.to_string()),
-    };
-    if name.is_empty() || name.contains(',') {
-        return Err(format!("expected [NAME=]HOST:PORT, got {text:?}"));
-    }
-    for server in bootstrap.split(',') {
-        let Some((host, port)) = server.trim().rsplit_once(':') else {
-            return Err(format!("{server:?} is not HOST:PORT"));
-        };
-        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(format!("{server:?} is not HOST:PORT with a port in 1..=65535"));
-        }
-    }
-    Ok(Target { name, bootstrap })
+#[derive(Debug, Args)]
+pub struct StorageBenchArgs {
+    /// Directory to write in (created if missing). The benchmark works in a fresh
+    /// `weir-bench-storage-*` subdirectory that it removes at the end, and removes PATH too if it
+    /// created it. Put it on the disk you want to measure: a tmpfs makes fsync free. [default:
+    /// ./bench-data, or the system temp dir if that cannot be created]
+    #[arg(long, value_name = "PATH")]
+    pub dir: Option<PathBuf>,
+
+    /// Bytes written by each flush=none run, each plain-write reference run and the warm-up; the
+    /// most each sync run writes. Plain bytes or with a binary suffix: 512K, 64M, 1G (also KiB, MiB, GiB).
+    /// [default: 1G, or 16M with --quick]
+    #[arg(long, value_name = "N", value_parser = parse_size)]
+    pub bytes: Option<u64>,
+
+    /// Time limit of each sync run and of the fdatasync-per-16-KiB reference, in seconds (a run
+    /// also stops at --bytes). [default: 3, or 0.25 with --quick]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub sync_seconds: Option<Duration>,
+
+    /// A tiny run that takes a few seconds: checks that everything works (CI), the figures mean
+    /// little.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Also write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
-fn parse_broker_pid(text: &str) -> Result<(Option<String>, u32), String> {
-    let (name, pid) = match text.split_once('=') {
-        Some((name, pid)) => (Some(name.trim().to_string()), pid),
-        None => (None, text),
-    };
-    let pid: u32 = pid.trim().parse().map_err(|_| format!("{text:?}: expected [NAME=]PID"))?;
-    if pid == 0 {
-        return Err("a process id must be positive".into());
-    }
-    Ok((name, pid))
-}
-
-fn parse_key_value(text: &str) -> Result<(String, String), String> {
-    let (key, value) = text.split_once('=').ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))?;
-    let key = key.trim();
-    if key.is_empty() {
-        return Err(format!("expected KEY=VALUE, got {text:?}"));
-    }
-    Ok((key.to_string(), value.trim().to_string()))
-}
-
-/// A positive count, with optional `_` or `,` separators (20_000, 20,000) or a k/m suffix
-/// (powers of 1000: 20k, 1m).
-pub fn parse_count(text: &str) -> Result<u64, String> {
-    let cleaned: String = text.trim().chars().filter(|c| *c != '_' && *c != ',').collect();
-    let lower = cleaned.to_ascii_lowercase();
-    let (digits, multiplier) = if let Some(d) = lower.strip_suffix('k') {
-        (d, 1_000)
-    } else if let Some(d) = lower.strip_suffix('m') {
-        (d, 1_000_000)
-    } else {
-        (lower.as_str(), 1)
-    };
-    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a count such as 20000 or 20k"))?;
-    let count = number.checked_mul(multiplier).ok_or_else(|| format!("{text:?} is too large"))?;
-    if count == 0 {
-        return Err("the count must be positive".into());
-    }
-    Ok(count)
-}
-
-/// A byte count: digits with an optional K/M/G suffix (powers of 1024; `KiB` etc. too).
+/// Parses a byte count: digits with an optional K/M/G suffix (powers of 1024; `KiB` etc. too).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, suffix) = text.split_at(split);
-    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte count such as 1024 or 1G"))?;
+    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte count such as 1048576 or 1G"))?;
     let multiplier: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
@@ -444,189 +525,156 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
-fn parse_seconds(text: &str) -> Result<Duration, String> {
-    let duration = parse_seconds_or_zero(text)?;
-    if duration.is_zero() {
-        return Err("expected a positive number of seconds".into());
+/// [`parse_size`], where 0 means "none" (skip).
+fn parse_size_or_zero(text: &str) -> Result<u64, String> {
+    if text.trim() == "0" {
+        return Ok(0);
     }
-    Ok(duration)
+    parse_size(text)
 }
 
-fn parse_seconds_or_zero(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let number = text.strip_suffix('s').unwrap_or(text);
-    let seconds: f64 = number.parse().map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    if !(0.0..=86_400.0).contains(&seconds) {
-        return Err("expected a number of seconds in [0, 86400]".into());
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text.trim().parse().map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(seconds > 0.0 && seconds <= 3600.0) {
+        return Err("expected a number of seconds in (0, 3600]".into());
     }
     Ok(Duration::from_secs_f64(seconds))
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
 
-    fn plan(args: &[&str]) -> anyhow::Result<Plan> {
-        let args = Args::try_parse_from(std::iter::once("weir-bench").chain(args.iter().copied()))?;
-        Plan::from_args(&args)
+    /// `weir bench ...`, nested as the `weir` binary nests it.
+    #[derive(Debug, Parser)]
+    #[command(name = "weir")]
+    pub(crate) struct Cli {
+        #[command(subcommand)]
+        pub(crate) command: Command,
+    }
+
+    #[derive(Debug, Subcommand)]
+    pub(crate) enum Command {
+        #[command(subcommand)]
+        Bench(BenchCommand),
     }
 
     #[test]
-    fn cli_is_well_formed() {
-        Args::command().debug_assert();
+    fn the_bench_commands_are_well_formed() {
+        Cli::command().debug_assert();
     }
 
     #[test]
-    fn defaults_are_the_full_suite() {
-        let plan = plan(&["--bootstrap", "127.0.0.1:9092"]).unwrap();
-        assert_eq!(plan.targets, vec![Target { name: "127.0.0.1:9092".into(), bootstrap: "127.0.0.1:9092".into() }]);
-        assert_eq!(plan.workloads, Workload::ALL.to_vec());
-        assert_eq!(plan.duration, Some(Duration::from_secs(30)));
-        assert_eq!(plan.warmup, Duration::from_secs(5));
-        assert_eq!(plan.message_bytes, 1024);
-        assert_eq!((plan.partitions, plan.many_partitions), (6, 1000));
-        assert_eq!(plan.producers, vec![1, 4]);
-        assert_eq!(plan.acks, vec![Acks::One, Acks::All]);
-        assert_eq!(plan.rate, 20_000);
-        assert_eq!(plan.partitioner, Partitioner::Client);
-        assert_eq!(plan.backlog_bytes, 2 << 30);
-        assert_eq!(plan.reference_disk_bytes, 1 << 30);
-        assert_eq!(plan.replication_factor, -1);
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("16K"), Ok(16 << 10));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("1T").is_err());
+        assert!(parse_size("lots").is_err());
     }
 
     #[test]
-    fn quick_shrinks_everything_but_explicit_flags_win() {
-        let plan = plan(&["--bootstrap", "h:1", "--quick", "--backlog", "4M"]).unwrap();
-        assert_eq!(plan.duration, Some(Duration::from_secs(2)));
-        assert_eq!(plan.warmup, Duration::ZERO);
-        assert_eq!(plan.backlog_bytes, 4 << 20);
-        assert_eq!(plan.reference_disk_bytes, 64 << 20);
-        assert_eq!(plan.many_partitions, 100);
-        assert_eq!(plan.producer_buffer_kib, 4 << 10);
-    }
-
-    #[test]
-    fn every_flag_parses() {
-        let plan = plan(&[
-            "--bootstrap",
-            "weir=127.0.0.1:9092",
-            "--bootstrap",
-            "kafka=localhost:9093,localhost:9094",
-            "--workload",
-            "latency",
-            "--workload",
-            "catch-up",
-            "--workload",
-            "latency",
-            "--duration",
-            "1.5",
-            "--warmup",
-            "0",
-            "--messages",
-            "100k",
-            "--size",
-            "2K",
-            "--partitions",
-            "3",
-            "--many-partitions",
-            "50",
-            "--producers",
-            "2,8",
+    fn bench_produce_parses_its_flags() {
+        let cli = Cli::try_parse_from([
+            "weir",
+            "bench",
+            "produce",
             "--acks",
             "all",
-            "--rate",
-            "5,000",
-            "--partitioner",
-            "round-robin",
-            "--backlog",
-            "1G",
-            "--broker-pid",
-            "kafka=42",
-            "--broker-pid",
-            "weir=7",
-            "--replication-factor",
-            "3",
-            "--client-config",
-            "linger.ms = 20",
+            "--topic-config",
+            "flush.policy=sync",
+            "--partitions",
+            "4",
+            "--connections",
+            "2",
+            "--bytes",
+            "8M",
+            "--set",
+            "num.io.threads=2",
+        ])
+        .expect("valid command line");
+        let Command::Bench(BenchCommand::Produce(args)) = cli.command else { panic!("not bench produce") };
+        assert_eq!(args.acks, -1);
+        assert_eq!(args.topic_config, vec![("flush.policy".into(), "sync".into())]);
+        assert_eq!((args.partitions, args.connections, args.in_flight), (4, 2, 5));
+        assert_eq!((args.size, args.batch_bytes, args.bytes), (1024, 1 << 20, Some(8 << 20)));
+        assert!(Cli::try_parse_from(["weir", "bench", "produce", "--acks", "2"]).is_err());
+        assert!(Cli::try_parse_from(["weir", "bench", "produce", "--broker-pid", "1"]).is_err());
+        let both = ["weir", "bench", "produce", "--bootstrap", "h:1", "--set", "a=b"];
+        assert!(Cli::try_parse_from(both).is_err());
+    }
+
+    #[test]
+    fn bench_rocketmq_parses_its_flags() {
+        let cli = Cli::try_parse_from(["weir", "bench", "rocketmq", "--messages", "500", "--size", "4K", "--quick"])
+            .expect("valid command line");
+        let Command::Bench(BenchCommand::RocketMq(args)) = cli.command else { panic!("not bench rocketmq") };
+        assert_eq!((args.messages, args.size, args.quick), (Some(500), 4096, true));
+        assert_eq!((args.concurrency, args.partitions, args.grpc_connections, args.kafka_batch), (16, 4, 1, 32));
+        assert!(Cli::try_parse_from(["weir", "bench", "rocketmq", "--messages", "0"]).is_err());
+        assert!(Cli::try_parse_from(["weir", "bench", "rocketmq", "--concurrency", "0"]).is_err());
+    }
+
+    #[test]
+    fn bench_timer_parses_its_flags() {
+        let cli = Cli::try_parse_from([
+            "weir",
+            "bench",
+            "timer",
+            "--messages",
+            "5000",
+            "--window",
+            "2.5",
+            "--delay",
+            "4",
+            "--size",
+            "1K",
+            "--quick",
+        ])
+        .expect("valid command line");
+        let Command::Bench(BenchCommand::Timer(args)) = cli.command else { panic!("not bench timer") };
+        assert_eq!((args.messages, args.size, args.quick), (Some(5000), 1024, true));
+        assert_eq!((args.window, args.delay), (Some(Duration::from_millis(2500)), Some(Duration::from_secs(4))));
+        assert_eq!((args.partitions, args.connections, args.batch, args.sorted), (4, 2, 1000, false));
+        assert_eq!((args.transactions, args.concurrency, args.rounds), (false, 16, None));
+        let defaults = Cli::try_parse_from(["weir", "bench", "timer"]).expect("valid command line");
+        let Command::Bench(BenchCommand::Timer(args)) = defaults.command else { panic!("not bench timer") };
+        assert_eq!((args.messages, args.window, args.delay, args.size), (None, None, None, 100));
+        assert!(Cli::try_parse_from(["weir", "bench", "timer", "--messages", "0"]).is_err());
+        assert!(Cli::try_parse_from(["weir", "bench", "timer", "--window", "0"]).is_err());
+        assert!(Cli::try_parse_from(["weir", "bench", "timer", "--batch", "0"]).is_err());
+        let txn =
+            Cli::try_parse_from(["weir", "bench", "timer", "--transactions", "--concurrency", "4", "--rounds", "2"])
+                .expect("valid command line");
+        let Command::Bench(BenchCommand::Timer(args)) = txn.command else { panic!("not bench timer") };
+        assert_eq!((args.transactions, args.concurrency, args.rounds), (true, 4, Some(2)));
+    }
+
+    #[test]
+    fn bench_storage_parses_every_flag() {
+        let cli = Cli::try_parse_from([
+            "weir",
+            "bench",
+            "storage",
+            "--dir",
+            "/tmp/x",
+            "--bytes",
+            "8M",
+            "--sync-seconds",
+            "0.5",
+            "--quick",
             "--json",
             "out.json",
-            "--svg",
-            "out.svg",
-            "--data-dir",
-            "/tmp/d",
-            "--keep-topics",
-            "--no-progress",
-            "--no-reference",
         ])
-        .unwrap();
-        assert_eq!(plan.targets[1], Target { name: "kafka".into(), bootstrap: "localhost:9093,localhost:9094".into() });
-        assert_eq!(plan.workloads, vec![Workload::Latency, Workload::CatchUp]);
-        assert_eq!(plan.duration, Some(Duration::from_millis(1500)));
-        assert_eq!(plan.warmup, Duration::ZERO);
-        assert_eq!(plan.messages, Some(100_000));
-        assert_eq!(plan.message_bytes, 2048);
-        assert_eq!((plan.partitions, plan.many_partitions), (3, 50));
-        assert_eq!(plan.producers, vec![2, 8]);
-        assert_eq!(plan.acks, vec![Acks::All]);
-        assert_eq!(plan.rate, 5000);
-        assert_eq!(plan.partitioner, Partitioner::RoundRobin);
-        assert_eq!(plan.backlog_bytes, 1 << 30);
-        assert_eq!(plan.broker_pids, vec![Some(7), Some(42)]);
-        assert_eq!(plan.replication_factor, 3);
-        assert_eq!(plan.client_config, vec![("linger.ms".into(), "20".into())]);
-        assert_eq!(plan.json, Some(PathBuf::from("out.json")));
-        assert_eq!(plan.reference_disk_bytes, 0);
-        assert!(plan.keep_topics && !plan.progress);
-    }
-
-    #[test]
-    fn messages_alone_bound_the_runs() {
-        let plan = plan(&["--bootstrap", "h:1", "--messages", "1000"]).unwrap();
-        assert_eq!(plan.duration, None);
-        assert_eq!(plan.warmup, Duration::ZERO);
-    }
-
-    #[test]
-    fn bad_input_is_an_error_not_a_panic() {
-        for bad in [
-            vec!["--workload", "all"],                                                 // no --bootstrap
-            vec!["--bootstrap", "nohostport"],                                         // no port
-            vec!["--bootstrap", "h:0"],                                                // port 0
-            vec!["--bootstrap", "h:99999"],                                            // port out of range
-            vec!["--bootstrap", "=h:1"],                                               // empty name
-            vec!["--bootstrap", "h:1", "--workload", "fastest"],                       // unknown workload
-            vec!["--bootstrap", "h:1", "--size", "8"],                                 // below the header
-            vec!["--bootstrap", "h:1", "--size", "1T"],                                // unknown suffix
-            vec!["--bootstrap", "h:1", "--duration", "0"],                             // zero duration
-            vec!["--bootstrap", "h:1", "--duration", "-3"],                            // negative
-            vec!["--bootstrap", "h:1", "--rate", "0"],                                 // zero rate
-            vec!["--bootstrap", "h:1", "--acks", "0"], // acks=0 has no acknowledgement to time
-            vec!["--bootstrap", "h:1", "--producers", "0"], // no producer
-            vec!["--bootstrap", "h:1", "--partitions", "0"], // no partition
-            vec!["--bootstrap", "h:1", "--broker-pid", "x=1"], // unknown target name
-            vec!["--bootstrap", "h:1", "--broker-pid", "abc"], // not a pid
-            vec!["--bootstrap", "a=h:1", "--bootstrap", "a=h:2"], // duplicate names
-            vec!["--bootstrap", "a=h:1", "--bootstrap", "b=h:2", "--broker-pid", "5"], // which one?
-            vec!["--bootstrap", "h:1", "--client-config", "novalue"],
-        ] {
-            assert!(plan(&bad).is_err(), "{bad:?} should be refused");
-        }
-    }
-
-    #[test]
-    fn counts_and_sizes_parse_with_suffixes() {
-        assert_eq!(parse_count("20000"), Ok(20_000));
-        assert_eq!(parse_count("20_000"), Ok(20_000));
-        assert_eq!(parse_count("20k"), Ok(20_000));
-        assert_eq!(parse_count("2M"), Ok(2_000_000));
-        assert!(parse_count("0").is_err());
-        assert!(parse_count("many").is_err());
-        assert!(parse_count("99999999999999999999k").is_err());
-        assert_eq!(parse_size("1K"), Ok(1024));
-        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_size("2g"), Ok(2 << 30));
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("99999999999G").is_err());
+        .expect("valid command line");
+        let Command::Bench(BenchCommand::Storage(args)) = cli.command else { panic!("not bench storage") };
+        assert_eq!(args.bytes, Some(8 << 20));
+        assert_eq!(args.sync_seconds, Some(Duration::from_millis(500)));
+        assert!(args.quick);
+        assert_eq!(args.json, Some(PathBuf::from("out.json")));
+        assert_eq!(args.dir, Some(PathBuf::from("/tmp/x")));
     }
 }

@@ -1,210 +1,219 @@
-//! librdkafka clients as the benchmark sets them up: configuration, topic creation and deletion,
-//! and the layout of a message value.
+//! `weir bench kafka ...`: runs the `weir-bench` binary that sits next to `weir`, with the same
+//! arguments. That binary (`src/bin/weir-bench/`) links librdkafka, which is compiled from C
+//! source; `weir` links only this library, built without the `librdkafka` feature, so its build
+//! stays fast and free of C.
 
-use std::time::{Duration, Instant};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
-use futures_executor::block_on;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::error::KafkaError;
-use rdkafka::types::RDKafkaErrorCode;
+use anyhow::Context;
+use clap::Subcommand;
 
-use crate::cli::{Acks, HEADER_BYTES};
+use crate::cli::BenchCommand;
 
-/// Timeout of every metadata and admin request.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// The file name of the benchmark binary, in the same directory as `weir`.
+pub const BENCH_BINARY: &str = "weir-bench";
 
-/// The first [`HEADER_BYTES`] of every message value: the send time (nanoseconds since the run's
-/// epoch, little-endian u64) and the producer's sequence number; the rest is filler.
-pub mod payload {
-    use super::HEADER_BYTES;
+#[derive(Debug, clap::Args)]
+pub struct KafkaBenchArgs {
+    /// Everything after `kafka` goes to weir-bench unchanged.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0.., value_name = "ARGS")]
+    pub args: Vec<OsString>,
+}
 
-    /// A value of `bytes` bytes (at least the header) with filler that does not compress.
-    pub fn new(bytes: u64, seed: u64) -> Vec<u8> {
-        assert!(bytes >= HEADER_BYTES, "a message holds at least its header");
-        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..bytes)
-            .map(|_| {
-                // xorshift64: cheap, and random enough that no codec finds anything to squeeze.
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect()
+pub fn run(args: &KafkaBenchArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("cannot find the path of this executable")?;
+    let bench = bench_path(&exe);
+    if bench.is_file() {
+        return exec(&bench, &args.args);
     }
-
-    pub fn write_header(value: &mut [u8], send_ns: u64, sequence: u64) {
-        value[..8].copy_from_slice(&send_ns.to_le_bytes());
-        value[8..16].copy_from_slice(&sequence.to_le_bytes());
+    if asks_for_help(&args.args) {
+        // weir-bench would list its flags; without it, this command's help and how to build it.
+        println!("{}\n\n{}", help().trim_end(), missing_message(&exe, &bench));
+        return Ok(());
     }
+    anyhow::bail!(missing_message(&exe, &bench))
+}
 
-    /// (send_ns, sequence), or None for a value that is not the benchmark's.
-    pub fn read_header(value: &[u8]) -> Option<(u64, u64)> {
-        let send_ns = u64::from_le_bytes(value.get(..8)?.try_into().ok()?);
-        let sequence = u64::from_le_bytes(value.get(8..16)?.try_into().ok()?);
-        Some((send_ns, sequence))
+/// The long help of `weir bench kafka`, as `weir bench kafka --help` would show it if clap
+/// handled the flag (this command leaves it to weir-bench).
+fn help() -> String {
+    let mut bench = BenchCommand::augment_subcommands(clap::Command::new("bench")).bin_name("weir bench");
+    bench.build();
+    bench.find_subcommand_mut("kafka").map(|kafka| kafka.render_long_help().to_string()).unwrap_or_default()
+}
+
+/// Whether weir-bench's own command line would show its help: `-h` or `--help` before any `--`.
+fn asks_for_help(args: &[OsString]) -> bool {
+    args.iter().take_while(|a| *a != "--").any(|a| a == "--help" || a == "-h")
+}
+
+#[cfg(unix)]
+fn exec(bench: &Path, args: &[OsString]) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    // Replaces this process: signals, exit status and terminal are weir-bench's own.
+    let error = std::process::Command::new(bench).args(args).exec();
+    Err(error).with_context(|| format!("cannot run {}", bench.display()))
+}
+
+#[cfg(not(unix))]
+fn exec(bench: &Path, args: &[OsString]) -> anyhow::Result<()> {
+    let status = std::process::Command::new(bench)
+        .args(args)
+        .status()
+        .with_context(|| format!("cannot run {}", bench.display()))?;
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+fn bench_path(exe: &Path) -> PathBuf {
+    exe.with_file_name(BENCH_BINARY)
+}
+
+/// What to do when weir-bench is not next to `exe`: the exact cargo command that builds it
+/// where this `weir` was built, for the same profile (and target triple and target directory);
+/// or, for a `weir` that is not in a cargo output directory, where to put weir-bench.
+fn missing_message(exe: &Path, bench: &Path) -> String {
+    let why = format!(
+        "{} is not built. It is a workspace member of its own, outside the default build, because it \
+         compiles librdkafka from C source (gcc and make; about a minute).",
+        bench.display()
+    );
+    match cargo_build_command(exe) {
+        Some(command) => format!("{why} Build it for this weir with\n    {command}\nthen run this command again."),
+        None => format!(
+            "{why} Build it in the Weir repository with\n    cargo build --release -p {BENCH_BINARY}\nand \
+             put target/release/{BENCH_BINARY} next to this weir, in {}.",
+            bench.parent().map_or_else(|| ".".into(), |dir| dir.display().to_string())
+        ),
     }
 }
 
-/// Settings common to every client of a target: the bootstrap address, then the user's
-/// --client-config last so that it overrides.
-fn base_config(bootstrap: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap).set("client.id", "weir-bench");
-    config
-}
-
-fn apply_extra(config: &mut ClientConfig, extra: &[(String, String)]) {
-    for (key, value) in extra {
-        config.set(key, value);
+/// The command that builds weir-bench into the directory of `exe`, if `exe` sits in a cargo
+/// output directory: `TARGET/PROFILE/weir` or `TARGET/TRIPLE/PROFILE/weir`, where cargo keeps a
+/// `.fingerprint` directory next to the binaries and a `CACHEDIR.TAG` in TARGET.
+fn cargo_build_command(exe: &Path) -> Option<String> {
+    let profile_dir = exe.parent()?;
+    if !profile_dir.join(".fingerprint").is_dir() {
+        return None;
     }
-}
-
-/// A producer's settings: 1 MiB batches; at most `buffer_kib` of messages waiting in the
-/// producer (the Java client's default buffer.memory is 32 MiB; librdkafka's default of 1 GiB
-/// would let a producer run far ahead of a slow broker, and the run's end wait for it); no
-/// compression (the filler does not compress anyway); no idempotence, which not every broker
-/// offers yet.
-pub fn producer_config(
-    bootstrap: &str,
-    acks: Acks,
-    linger_ms: u32,
-    buffer_kib: u32,
-    extra: &[(String, String)],
-) -> ClientConfig {
-    let mut config = base_config(bootstrap);
-    config
-        .set("acks", acks.config_value())
-        .set("linger.ms", linger_ms.to_string())
-        .set("batch.size", (1 << 20).to_string())
-        .set("batch.num.messages", "100000")
-        .set("queue.buffering.max.kbytes", buffer_kib.to_string())
-        .set("compression.type", "none")
-        .set("enable.idempotence", "false")
-        // Fail a message after 60 s rather than the default 5 minutes: a stuck broker shows up
-        // as delivery errors while the run is still going.
-        .set("message.timeout.ms", "60000");
-    apply_extra(&mut config, extra);
-    config
-}
-
-/// A consumer's settings: assigned partitions (no group rebalance to wait for), nothing
-/// committed, fetches answered as soon as one byte is there.
-pub fn consumer_config(bootstrap: &str, group: &str, extra: &[(String, String)]) -> ClientConfig {
-    let mut config = base_config(bootstrap);
-    config
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false")
-        .set("fetch.min.bytes", "1")
-        .set("fetch.wait.max.ms", "100");
-    apply_extra(&mut config, extra);
-    config
-}
-
-fn admin(bootstrap: &str, extra: &[(String, String)]) -> anyhow::Result<AdminClient<DefaultClientContext>> {
-    let mut config = base_config(bootstrap);
-    apply_extra(&mut config, extra);
-    config.create().context("cannot create a librdkafka admin client")
-}
-
-/// Fails with a clear message when nothing answers at `bootstrap`.
-pub fn check_reachable(name: &str, bootstrap: &str, extra: &[(String, String)]) -> anyhow::Result<()> {
-    let admin = admin(bootstrap, extra)?;
-    let metadata = admin
-        .inner()
-        .fetch_metadata(None, Duration::from_secs(10))
-        .with_context(|| format!("target {name}: no Kafka broker answered at {bootstrap} within 10 s"))?;
-    if metadata.brokers().is_empty() {
-        bail!("target {name}: the metadata from {bootstrap} lists no broker");
+    let profile = profile_dir.file_name()?.to_str()?;
+    let above = profile_dir.parent()?;
+    let (target_dir, triple) = if above.join("CACHEDIR.TAG").is_file() {
+        (above, None)
+    } else {
+        (above.parent()?, Some(above.file_name()?.to_str()?))
+    };
+    let mut command = String::from("cargo build");
+    match profile {
+        "debug" => {}
+        "release" => command.push_str(" --release"),
+        custom => command.push_str(&format!(" --profile {custom}")),
     }
-    Ok(())
-}
-
-/// Creates `topic` and waits until every partition has a leader.
-pub fn create_topic(
-    bootstrap: &str,
-    extra: &[(String, String)],
-    topic: &str,
-    partitions: u32,
-    replication_factor: i32,
-) -> anyhow::Result<()> {
-    let admin = admin(bootstrap, extra)?;
-    let partitions_i32 = i32::try_from(partitions).context("too many partitions")?;
-    let new_topic = NewTopic::new(topic, partitions_i32, TopicReplication::Fixed(replication_factor));
-    let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)).request_timeout(Some(ADMIN_TIMEOUT));
-    let results = block_on(admin.create_topics([&new_topic], &options))
-        .with_context(|| format!("cannot create topic {topic} at {bootstrap}"))?;
-    for result in results {
-        if let Err((name, code)) = result {
-            bail!("cannot create topic {name} ({partitions} partitions) at {bootstrap}: {code}");
+    if let Some(triple) = triple {
+        command.push_str(&format!(" --target {triple}"));
+    }
+    command.push_str(&format!(" -p {BENCH_BINARY}"));
+    // The repository is the target directory's parent, unless CARGO_TARGET_DIR put it elsewhere.
+    let repository = target_dir.parent().filter(|root| root.join("crates/weir-bench/Cargo.toml").is_file());
+    Some(match repository {
+        Some(root) if target_dir.file_name().is_some_and(|name| name == "target") => {
+            format!("cd {} && {command}", root.display())
         }
-    }
-    let deadline = Instant::now() + ADMIN_TIMEOUT;
-    loop {
-        let metadata = admin.inner().fetch_metadata(Some(topic), Duration::from_secs(10))?;
-        let ready = metadata.topics().iter().any(|t| {
-            t.name() == topic
-                && t.error().is_none()
-                && t.partitions().len() == partitions as usize
-                && t.partitions().iter().all(|p| p.leader() >= 0 && p.error().is_none())
-        });
-        if ready {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("topic {topic} at {bootstrap}: not every partition had a leader after {ADMIN_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-pub fn delete_topic(bootstrap: &str, extra: &[(String, String)], topic: &str) -> anyhow::Result<()> {
-    let admin = admin(bootstrap, extra)?;
-    let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)).request_timeout(Some(ADMIN_TIMEOUT));
-    let results = block_on(admin.delete_topics(&[topic], &options))
-        .with_context(|| format!("cannot delete topic {topic} at {bootstrap}"))?;
-    for result in results {
-        if let Err((name, code)) = result {
-            bail!("cannot delete topic {name} at {bootstrap}: {code}");
-        }
-    }
-    Ok(())
-}
-
-/// True for the error `send` returns when the producer's queue is full: wait and retry.
-pub fn is_queue_full(error: &KafkaError) -> bool {
-    matches!(error, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
+        Some(root) => format!("cd {} && CARGO_TARGET_DIR={} {command}", root.display(), target_dir.display()),
+        None => format!("CARGO_TARGET_DIR={} {command}   (in the Weir repository)", target_dir.display()),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn payload_header_round_trips() {
-        let mut value = payload::new(64, 7);
-        assert_eq!(value.len(), 64);
-        payload::write_header(&mut value, 123_456_789, 42);
-        assert_eq!(payload::read_header(&value), Some((123_456_789, 42)));
-        assert_eq!(payload::read_header(&value[..15]), None);
-        // The filler differs between producers and does not repeat a single byte.
-        assert_ne!(payload::new(64, 1)[16..], payload::new(64, 2)[16..]);
-        assert!(value[16..].windows(2).any(|w| w[0] != w[1]));
+    /// `dirs` (with a `.fingerprint` each, as cargo's profile directories have) and a
+    /// CACHEDIR.TAG in `tagged`, under a scratch directory.
+    fn layout(dirs: &[&str], tagged: &str) -> tempfile::TempDir {
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        for dir in dirs {
+            std::fs::create_dir_all(scratch.path().join(dir).join(".fingerprint")).expect("profile dir");
+        }
+        std::fs::write(scratch.path().join(tagged).join("CACHEDIR.TAG"), "").expect("CACHEDIR.TAG");
+        scratch
+    }
+
+    fn message_for(exe: &Path) -> String {
+        missing_message(exe, &bench_path(exe))
     }
 
     #[test]
-    fn user_settings_override_the_benchmarks() {
-        let config = producer_config("h:1", Acks::All, 5, 1024, &[("linger.ms".into(), "20".into())]);
-        assert_eq!(config.get("linger.ms"), Some("20"));
-        assert_eq!(config.get("acks"), Some("all"));
-        assert_eq!(config.get("bootstrap.servers"), Some("h:1"));
-        let config = consumer_config("h:1", "g", &[]);
-        assert_eq!(config.get("group.id"), Some("g"));
+    fn a_weir_outside_a_cargo_directory_is_told_where_weir_bench_goes() {
+        let message = message_for(Path::new("/opt/weir/bin/weir"));
+        assert!(message.starts_with("/opt/weir/bin/weir-bench is not built."), "{message}");
+        assert!(message.contains("cargo build --release -p weir-bench\n"), "{message}");
+        assert!(message.contains("put target/release/weir-bench next to this weir, in /opt/weir/bin."), "{message}");
+    }
+
+    #[test]
+    fn a_custom_profile_and_target_triple_are_in_the_build_command() {
+        let scratch = layout(&["target/x86_64-unknown-linux-gnu/perf"], "target");
+        std::fs::create_dir_all(scratch.path().join("crates/weir-bench")).expect("crates/weir-bench");
+        std::fs::write(scratch.path().join("crates/weir-bench/Cargo.toml"), "").expect("Cargo.toml");
+        let message = message_for(&scratch.path().join("target/x86_64-unknown-linux-gnu/perf/weir"));
+        let command = format!(
+            "\n    cd {} && cargo build --profile perf --target x86_64-unknown-linux-gnu -p weir-bench\n",
+            scratch.path().display()
+        );
+        assert!(message.contains(&command), "{message}");
+    }
+
+    #[test]
+    fn a_target_directory_elsewhere_is_named_in_the_build_command() {
+        let scratch = layout(&["builds/release"], "builds");
+        let target = scratch.path().join("builds");
+        let message = message_for(&target.join("release/weir"));
+        let command = format!("CARGO_TARGET_DIR={} cargo build --release -p weir-bench", target.display());
+        assert!(message.contains(&command), "{message}");
+    }
+
+    #[test]
+    fn run_fails_with_that_message_when_the_binary_is_absent() {
+        // The test executable lives in target/<profile>/deps/, where weir-bench never is.
+        let exe = std::env::current_exe().unwrap();
+        assert!(!bench_path(&exe).exists(), "unexpected {}", bench_path(&exe).display());
+        let error = run(&KafkaBenchArgs { args: vec!["--quick".into()] }).unwrap_err().to_string();
+        assert!(error.contains("-p weir-bench"), "{error}");
+        assert!(error.contains("is not built"), "{error}");
+    }
+
+    #[test]
+    fn help_is_asked_for_by_either_flag_before_a_double_dash() {
+        let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
+        assert!(asks_for_help(&args(&["--help"])));
+        assert!(asks_for_help(&args(&["--quick", "-h"])));
+        assert!(!asks_for_help(&args(&["--quick"])));
+        assert!(!asks_for_help(&args(&["--", "--help"])));
+    }
+
+    #[test]
+    fn every_argument_after_kafka_passes_through() {
+        use crate::cli::tests::{Cli, Command};
+        use clap::Parser;
+        let given = ["--bootstrap", "weir=127.0.0.1:9092", "--quick", "--workload", "all", "--help", "-x"];
+        let cli = Cli::try_parse_from(["weir", "bench", "kafka"].iter().chain(&given)).expect("valid command line");
+        let Command::Bench(BenchCommand::Kafka(args)) = cli.command else { panic!("not bench kafka") };
+        assert_eq!(args.args, given.map(OsString::from));
+        let cli = Cli::try_parse_from(["weir", "bench", "kafka"]).expect("no arguments is fine too");
+        let Command::Bench(BenchCommand::Kafka(args)) = cli.command else { panic!("not bench kafka") };
+        assert!(args.args.is_empty());
+    }
+
+    #[test]
+    fn the_help_names_the_command_as_weir_nests_it() {
+        let help = help();
+        assert!(help.contains("Usage: weir bench kafka [ARGS]..."), "{help}");
+        assert!(help.contains("Everything after `kafka` goes to weir-bench unchanged"), "{help}");
+    }
+
+    #[test]
+    fn the_binary_is_looked_for_next_to_weir() {
+        assert_eq!(bench_path(Path::new("/usr/local/bin/weir")), PathBuf::from("/usr/local/bin/weir-bench"));
     }
 }

@@ -1,10 +1,9 @@
 //! `weir`: the broker's command line. Subcommands are declared in [`cli`] and run by their own
-//! modules.
+//! modules, `weir bench ...` by the weir-bench library ([`weir_bench::run`]).
 #![deny(unsafe_code)]
 
 mod admin_cli;
 mod alloc;
-mod bench;
 mod cli;
 mod logging;
 mod server;
@@ -12,7 +11,7 @@ mod settings;
 
 use clap::{CommandFactory, FromArgMatches};
 
-use crate::cli::{BenchCommand, Cli, Command};
+use crate::cli::{Cli, Command};
 
 #[global_allocator]
 static ALLOCATOR: alloc::WeirAllocator = alloc::WeirAllocator;
@@ -28,15 +27,7 @@ fn main() -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Server(args) => server::run(&args, matches.subcommand_matches("server")),
-        Command::Bench(BenchCommand::Storage(args)) => bench::storage::run(&args),
-        Command::Bench(BenchCommand::Fetch(args)) => bench::fetch::run(&args),
-        Command::Bench(BenchCommand::Produce(args)) => bench::produce::run(&args),
-        Command::Bench(BenchCommand::Kafka(args)) => bench::kafka::run(&args),
-        Command::Bench(BenchCommand::Metadata(args)) => bench::metadata::run(&args),
-        Command::Bench(BenchCommand::Replication(args)) => bench::replication::run(&args),
-        Command::Bench(BenchCommand::RocketMq(args)) => bench::rocketmq::run(&args),
-        Command::Bench(BenchCommand::Timer(args)) if args.transactions => bench::transactions::run(&args),
-        Command::Bench(BenchCommand::Timer(args)) => bench::timer::run(&args),
+        Command::Bench(command) => weir_bench::run(command),
         Command::Topic(args) => admin_cli::finish(admin_cli::topic::run(&args)),
         Command::Group(args) => admin_cli::finish(admin_cli::group::run(&args)),
         Command::Produce(args) => admin_cli::finish(admin_cli::produce::run(&args)),

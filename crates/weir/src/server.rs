@@ -150,17 +150,17 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
         // Everything serves now: only then the lines that tests and scripts wait for.
         let shown_dir = std::fs::canonicalize(&data_dir).unwrap_or(data_dir);
         match bound {
-            Some(bound) => println!("{}", weir::address_lines::kafka_line(bound, &shown_dir)),
+            Some(bound) => println!("{}", weir_harness::address_lines::kafka_line(bound, &shown_dir)),
             None => println!(
                 "{}",
-                weir::address_lines::controller_line(broker.internal_address().unwrap_or_default(), &shown_dir)
+                weir_harness::address_lines::controller_line(broker.internal_address().unwrap_or_default(), &shown_dir)
             ),
         }
         if let Some((addr, _)) = &rocketmq {
-            println!("{}", weir::address_lines::rocketmq_line(*addr));
+            println!("{}", weir_harness::address_lines::rocketmq_line(*addr));
         }
         if let Some(admin) = &admin {
-            println!("{}", weir::address_lines::admin_line(admin.addr));
+            println!("{}", weir_harness::address_lines::admin_line(admin.addr));
         }
         match bound {
             Some(bound) => tracing::info!(listen = %bound, data_dir = %shown_dir.display(), cluster_id = %broker.cluster_id(), "broker started"),

@@ -18,8 +18,8 @@ use std::sync::mpsc;
 
 use kafka_protocol::messages::MetadataRequest;
 use support::{ClientExt, STARTUP_TIMEOUT};
-use weir::address_lines::{self, WaitFor};
 use weir_broker::metrics::text;
+use weir_harness::address_lines::{self, WaitFor};
 
 /// `weir server --data-dir DIR`, with none of the test run's WEIR_* variables.
 fn weir_server(data_dir: &std::path::Path) -> Command {

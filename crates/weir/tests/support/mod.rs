@@ -1,6 +1,6 @@
 //! Shared helpers of the black-box tests: start the real `weir` binary on free ports, talk the
-//! Kafka wire protocol to it with the package's own raw client ([`weir::kafka_client`],
-//! re-exported here), and build and read record batches.
+//! Kafka wire protocol to it with the raw client the benchmarks use too
+//! ([`weir_harness::kafka_client`], re-exported here), and build and read record batches.
 //!
 //! Everything is blocking (std threads and sockets): the tests are about the broker's behaviour
 //! on the wire, and a blocking client makes "no response arrived" and "the socket was closed"
@@ -21,11 +21,11 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
-use weir::address_lines::{self, WaitFor};
+use weir_harness::address_lines::{self, WaitFor};
 // The client and the requests it shares with the benchmarks, for every test file (each uses a
 // different subset).
 #[allow(unused_imports)]
-pub use weir::kafka_client::{
+pub use weir_harness::kafka_client::{
     create_topics_request, decode_response, encode_request, fetch_partition, fetch_request, produce_request,
     topic_name, Client, ClientError,
 };

@@ -15,19 +15,19 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use weir::kafka_client::Client as KafkaClient;
 use weir_broker::message::headers::MESSAGE_ID;
+use weir_harness::kafka_client::Client as KafkaClient;
 use weir_rocketmq::proto::{
     Code, EndTransactionRequest, MessageType, Resource, SendMessageRequest, Status, TransactionResolution,
     TransactionSource,
 };
 
-use crate::bench::produce::{self, Latency};
-use crate::bench::raw_protocol::{self, Pid, Server};
-use crate::bench::rocketmq::ratio;
-use crate::bench::rocketmq_client as grpc;
-use crate::bench::timer::fetch_once;
 use crate::cli::TimerBenchArgs;
+use crate::produce::{self, Latency};
+use crate::raw_protocol::{self, Pid, Server};
+use crate::rocketmq::ratio;
+use crate::rocketmq_client as grpc;
+use crate::timer::fetch_once;
 
 const TOPIC_NORMAL: &str = "bench-txn-normal";
 const TOPIC_TRANSACTION: &str = "bench-txn";

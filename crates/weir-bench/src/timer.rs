@@ -19,16 +19,16 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use kafka_protocol::messages::fetch_request::FetchTopic;
 use serde::Serialize;
-use weir::kafka_client::{fetch_partition, fetch_request, produce_request, topic_name, Client as KafkaClient};
 use weir_broker::message::headers::DELIVERY_TIMESTAMP;
 use weir_broker::timer::due_ms;
 use weir_broker::timer::headers::PREFIX as TIMER_HEADER_PREFIX;
+use weir_harness::kafka_client::{fetch_partition, fetch_request, produce_request, topic_name, Client as KafkaClient};
 use weir_storage::records::{self, BatchOptions, Header, Record};
 
-use crate::bench::produce::{self, Latency, PRODUCE_VERSION};
-use crate::bench::raw_protocol::{self, Pid, Server};
-use crate::bench::rocketmq::body;
 use crate::cli::TimerBenchArgs;
+use crate::produce::{self, Latency, PRODUCE_VERSION};
+use crate::raw_protocol::{self, Pid, Server};
+use crate::rocketmq::body;
 
 const TOPIC: &str = "bench-timer";
 /// Fetch API version of the tailing consumer and the read-back (as `raw_protocol::fetch_all`).

@@ -6,10 +6,10 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde::Serialize;
-use weir::kafka_client::produce_request;
+use weir_harness::kafka_client::produce_request;
 
-use crate::bench::raw_protocol::{self, Server};
 use crate::cli::FetchBenchArgs;
+use crate::raw_protocol::{self, Server};
 
 const TOPIC: &str = "bench-fetch";
 const RECORD_BYTES: usize = 1024;

@@ -14,11 +14,11 @@ use hdrhistogram::Histogram;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::ProduceRequest;
 use serde::Serialize;
-use weir::kafka_client::{self, topic_name, Client, REQUEST_TIMEOUT_MS};
+use weir_harness::kafka_client::{self, topic_name, Client, REQUEST_TIMEOUT_MS};
 use weir_proc::Pid;
 
-use crate::bench::raw_protocol::{self, Server};
 use crate::cli::ProduceBenchArgs;
+use crate::raw_protocol::{self, Server};
 
 /// Produce v9: flexible, the version librdkafka 2.x sends.
 pub(crate) const PRODUCE_VERSION: i16 = 9;

@@ -1,6 +1,6 @@
 //! What the raw-protocol benchmarks (`weir bench fetch|produce|rocketmq`) share on top of
-//! [`weir::kafka_client`]: a broker child process, the few admin calls they make, a Fetch loop
-//! that drains partitions, and CPU accounting from /proc.
+//! [`weir_harness::kafka_client`]: a broker child process, the few admin calls they make, a
+//! Fetch loop that drains partitions, and CPU accounting from /proc.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -13,8 +13,8 @@ use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::fetch_request::FetchTopic;
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::*;
-use weir::address_lines::{self, WaitFor};
-use weir::kafka_client::{self, create_topics_request, fetch_partition, fetch_request, topic_name, Client};
+use weir_harness::address_lines::{self, WaitFor};
+use weir_harness::kafka_client::{self, create_topics_request, fetch_partition, fetch_request, topic_name, Client};
 pub use weir_proc::Pid;
 
 /// What the benchmarks call themselves in request headers.

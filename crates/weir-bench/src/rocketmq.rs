@@ -19,13 +19,13 @@ use anyhow::{anyhow, bail, Context};
 use hdrhistogram::Histogram;
 use kafka_protocol::messages::ProduceRequest;
 use serde::Serialize;
-use weir::kafka_client::{self, produce_request, Client as KafkaClient};
+use weir_harness::kafka_client::{self, produce_request, Client as KafkaClient};
 use weir_rocketmq::proto::{Message, MessageQueue};
 
-use crate::bench::produce::{self, Latency, PRODUCE_VERSION};
-use crate::bench::raw_protocol::{self, Pid, Server};
-use crate::bench::rocketmq_client::{self as grpc, Receive};
 use crate::cli::RocketMqBenchArgs;
+use crate::produce::{self, Latency, PRODUCE_VERSION};
+use crate::raw_protocol::{self, Pid, Server};
+use crate::rocketmq_client::{self as grpc, Receive};
 
 const TOPIC_GRPC: &str = "bench-rocketmq-grpc";
 const TOPIC_KAFKA: &str = "bench-rocketmq-kafka";

@@ -32,7 +32,7 @@ use super::metadata::{self, Setup};
 use super::produce::{self, Target};
 use super::raw_protocol;
 use crate::cli::{ProduceBenchArgs, ReplicationBenchArgs};
-use weir::kafka_client::{self, Client};
+use weir_harness::kafka_client::{self, Client};
 
 struct Case {
     label: &'static str,

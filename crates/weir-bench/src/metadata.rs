@@ -9,10 +9,10 @@ use anyhow::{bail, Context};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{MetadataRequest, MetadataResponse};
 use serde::Serialize;
-use weir::kafka_client::{create_topics_request, topic_name, Client};
+use weir_harness::kafka_client::{create_topics_request, topic_name, Client};
 
-use crate::bench::raw_protocol::{self, Server};
 use crate::cli::MetadataBenchArgs;
+use crate::raw_protocol::{self, Server};
 
 /// How long a topic may take to appear on every node, or the cluster to accept a change after
 /// losing its controller, before the run fails.
