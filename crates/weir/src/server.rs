@@ -21,8 +21,8 @@ use std::time::Instant;
 use anyhow::Context;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::oneshot;
-use weir_broker::group::GroupCoordinator;
 use weir_broker::Broker;
+use weir_coordinators::group::GroupCoordinator;
 use weir_kafka::Ctx;
 
 use crate::cli::ServerArgs;
@@ -98,7 +98,7 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
         };
         let txns = {
             let (broker, groups) = (broker.clone(), groups.clone());
-            tokio::task::spawn_blocking(move || weir_broker::txn::TxnCoordinator::start(broker, groups))
+            tokio::task::spawn_blocking(move || weir_coordinators::txn::TxnCoordinator::start(broker, groups))
                 .await?
                 .map_err(|e| anyhow::anyhow!("cannot load transactions: {}", e.message))?
         };
@@ -131,7 +131,7 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
                 // The messaging engines RocketMQ clients need (receives by invisible time,
                 // dead letters, renewals, transaction checks) run with their front-end only, so
                 // that a broker without it never redelivers, dead-letters or rolls back.
-                let messaging = weir_broker::messaging::Messaging::start(&broker, &groups);
+                let messaging = weir_messaging::Messaging::start(&broker, &groups);
                 let service = weir_rocketmq::Service::open(broker.clone(), groups.clone(), messaging);
                 let mut stopping = broker.shutdown_signal();
                 let stopped = async move {
