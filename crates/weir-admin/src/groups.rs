@@ -503,7 +503,7 @@ pub async fn reset_offsets(
             by_topic.entry(c.topic.as_str()).or_default().push((c.partition, c.new_offset));
         }
         for (topic, positions) in by_topic {
-            broker.reset_queues(&group, topic, &positions).await?;
+            core.messaging.reset_queues(&group, topic, &positions).await?;
         }
         let offsets = changes.iter().map(|c| to_commit(c.topic.clone(), c.partition, c.new_offset, None)).collect();
         simple_commit(core, &group, offsets).await?;

@@ -61,6 +61,8 @@ pub const BODY_BYTES_MAX: usize = 16 << 20;
 pub struct Core {
     pub broker: Arc<Broker>,
     pub groups: Arc<GroupCoordinator>,
+    /// Message queries and invisible-time resets.
+    pub messaging: Arc<weir_messaging::Messaging>,
 }
 
 /// Shared by every request.

@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use weir_broker::message::Message;
-use weir_broker::message_index::{Found, Lookup, MAX_CANDIDATES};
+use weir_messaging::message_index::{Found, Lookup, MAX_CANDIDATES};
 
 use crate::api::{Encoding, FoundMessage, FoundMessages};
 use crate::error::ApiError;
@@ -73,11 +73,11 @@ pub async fn query(
         _ => return Err(ApiError::invalid("`key` and `id` cannot be empty")),
     };
     let local = {
-        let (broker, topic) = (broker.clone(), topic.clone());
+        let (messaging, topic) = (core.messaging.clone(), topic.clone());
         tokio::task::spawn_blocking(move || match &wanted {
-            Wanted::Key(key) => broker.find_messages(&topic, Lookup::Key(key), (begin, end), max),
-            Wanted::Id(id) => broker.find_messages(&topic, Lookup::MessageId(id), (begin, end), max),
-            Wanted::Time => broker.messages_in_time_range(&topic, (begin, end), max),
+            Wanted::Key(key) => messaging.find_messages(&topic, Lookup::Key(key), (begin, end), max),
+            Wanted::Id(id) => messaging.find_messages(&topic, Lookup::MessageId(id), (begin, end), max),
+            Wanted::Time => messaging.messages_in_time_range(&topic, (begin, end), max),
         })
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??

@@ -29,10 +29,12 @@ pub async fn ready(State(state): State<SharedState>) -> Response {
 
 pub async fn metrics(State(state): State<SharedState>) -> Result<Response, ApiError> {
     let core = state.core()?;
-    let (broker, groups) = (core.broker.clone(), core.groups.clone());
-    // Rendering may read log sizes and offsets: off the async workers.
-    let text = tokio::task::spawn_blocking(move || weir_broker::metrics::render_prometheus(&broker, &[&*groups]))
-        .await
-        .map_err(|e| ApiError::internal(format!("rendering metrics failed: {e}")))?;
+    let (broker, groups, messaging) = (core.broker.clone(), core.groups.clone(), core.messaging.clone());
+    // Rendering may read log sizes and offsets: off the async workers. The layers above the
+    // data path add their families in this order: groups, then messaging.
+    let text =
+        tokio::task::spawn_blocking(move || weir_broker::metrics::render_prometheus(&broker, &[&*groups, &*messaging]))
+            .await
+            .map_err(|e| ApiError::internal(format!("rendering metrics failed: {e}")))?;
     Ok(([(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)], text).into_response())
 }

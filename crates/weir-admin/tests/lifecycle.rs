@@ -49,11 +49,17 @@ async fn given_a_starting_broker_ready_is_503_until_handed_over_and_again_when_s
     assert_eq!(status, 503);
     assert!(body.contains(r#""code":"BROKER_NOT_AVAILABLE""#), "{body}");
 
-    let broker = tokio::task::spawn_blocking(move || Broker::open(config)).await.expect("join").expect("open");
+    let (broker, messaging) = tokio::task::spawn_blocking(move || {
+        let broker = Broker::open(config).expect("open");
+        let messaging = weir_messaging::Messaging::open(&broker).expect("messaging");
+        (broker, messaging)
+    })
+    .await
+    .expect("join");
     let opened = broker.clone();
     let groups =
         tokio::task::spawn_blocking(move || GroupCoordinator::start(opened)).await.expect("join").expect("groups");
-    state.set_ready(Core { broker: broker.clone(), groups: groups.clone() });
+    state.set_ready(Core { broker: broker.clone(), groups: groups.clone(), messaging });
     assert_eq!(get(addr, "/ready").await, (200, r#"{"status":"ready"}"#.to_string()));
     let (status, body) = get(addr, "/v1/topics").await;
     assert_eq!(status, 200, "{body}");

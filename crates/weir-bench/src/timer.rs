@@ -20,9 +20,9 @@ use hdrhistogram::Histogram;
 use kafka_protocol::messages::fetch_request::FetchTopic;
 use serde::Serialize;
 use weir_broker::message::headers::DELIVERY_TIMESTAMP;
-use weir_broker::timer::due_ms;
-use weir_broker::timer::headers::PREFIX as TIMER_HEADER_PREFIX;
 use weir_harness::kafka_client::{fetch_partition, fetch_request, produce_request, topic_name, Client as KafkaClient};
+use weir_messaging::timer::due_ms;
+use weir_messaging::timer::headers::PREFIX as TIMER_HEADER_PREFIX;
 use weir_storage::records::{self, BatchOptions, Header, Record};
 
 use crate::cli::TimerBenchArgs;
@@ -50,10 +50,10 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 const SETTLE: Duration = Duration::from_secs(3);
 /// The seconds of the window listed with their lateness (the worst ones).
 const WORST_SECONDS: usize = 5;
-/// The timer store's slot width (`weir_broker::timer::wheel::SLOT_MS`): slot boundaries in the
+/// The timer store's slot width (`weir_messaging::timer::wheel::SLOT_MS`): slot boundaries in the
 /// window are shown next to the lateness spikes.
-const SLOT_MS: i64 = weir_broker::timer::wheel::SLOT_MS;
-const LOOKAHEAD_MS: i64 = weir_broker::timer::wheel::LOOKAHEAD_MS;
+const SLOT_MS: i64 = weir_messaging::timer::wheel::SLOT_MS;
+const LOOKAHEAD_MS: i64 = weir_messaging::timer::wheel::LOOKAHEAD_MS;
 const MIB: f64 = (1u64 << 20) as f64;
 /// The sampler scrapes the timer's gauges every this many RSS samples (once a second).
 const GAUGES_EVERY: u64 = 10;
@@ -355,7 +355,7 @@ struct TimerDisk {
 
 impl TimerDisk {
     fn of(data_dir: &Path) -> TimerDisk {
-        let dir = data_dir.join(weir_broker::timer::TimerStore::DIR);
+        let dir = data_dir.join(weir_messaging::timer::TimerStore::DIR);
         TimerDisk {
             log: DiskUsage::of(&dir.join("log")),
             wheel: DiskUsage::of(&dir.join("wheel")),

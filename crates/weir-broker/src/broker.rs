@@ -8,7 +8,7 @@
 //! lock on the partition map.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -20,6 +20,7 @@ use weir_storage::{
 
 use crate::cluster::{Cluster, ControlAnswer, ControlRequest};
 use crate::config::BrokerConfig;
+use crate::delayed::DelayedRecords;
 use crate::error::{BrokerError, ErrorKind, RecordError};
 use crate::fetch::Isolation;
 use crate::metadata::raft::network::{NoPeers, RaftTransport};
@@ -124,17 +125,9 @@ pub struct Broker {
     pub metrics: BrokerMetrics,
     /// The replication throttles' budgets (see [`crate::throttle`]).
     pub replication_quotas: crate::throttle::ReplicationQuotas,
-    /// Messages by key and id, for queries (see [`crate::message_index`]); kept up to date once
-    /// [`crate::message_index::MessageIndex::start`] is called.
-    pub message_index: crate::message_index::MessageIndex,
-    /// Delayed messages until they are due (see [`crate::timer`]); they fire once
-    /// [`crate::timer::TimerStore::start`] is called.
-    pub timer: Arc<crate::timer::TimerStore>,
-    /// RocketMQ transactional messages until decided (see [`crate::half`]).
-    pub half: Arc<crate::half::HalfStore>,
-    /// Each group's invisible-time consumption of the partitions this broker leads (see
-    /// [`crate::pop`]).
-    pub pop: Arc<crate::pop::PopStore>,
+    /// Where the append path hands a DELAY topic's records that are not due yet: the
+    /// messaging layer's timer, once it has opened (see [`crate::delayed`]).
+    delayed: OnceLock<Arc<dyn DelayedRecords>>,
 }
 
 fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
@@ -224,17 +217,8 @@ impl Broker {
         let state = quorum.applied();
         let (shutdown_tx, _) = watch::channel(false);
         let (reconciled_tx, _) = watch::channel(state.clone());
-        let message_index = crate::message_index::MessageIndex::new(&config.data_dir);
-        let timer_config = topic_config::log_config(&config.topic_defaults, &BTreeMap::new())
-            .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
-        let timer = Arc::new(crate::timer::TimerStore::open(&config.data_dir, timer_config.clone(), clock.clone())?);
-        let half = Arc::new(crate::half::HalfStore::open(&config.data_dir, timer_config, clock.clone())?);
-        let pop = Arc::new(crate::pop::PopStore::open(&config.data_dir.join(crate::pop::DIR))?);
         let broker = Arc::new(Broker {
-            message_index,
-            timer,
-            half,
-            pop,
+            delayed: OnceLock::new(),
             config,
             clock,
             logs,
@@ -253,8 +237,6 @@ impl Broker {
         });
         let _ = broker.cluster.broker.set(Arc::downgrade(&broker));
         crate::forward::register(&broker);
-        crate::timer::recall::register(&broker);
-        crate::pop::reset::register(&broker);
         if alone {
             broker.upgrade_metadata()?;
         } else if legacy::exists(&broker.config.data_dir) {
@@ -382,6 +364,11 @@ impl Broker {
                 }
             }
         });
+    }
+
+    /// The clock every store of this broker reads (stores opened beside it share it).
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
     }
 
     pub fn now_ms(&self) -> i64 {
@@ -928,18 +915,27 @@ impl Broker {
 
     /// Hands the records of `records` (a producer's batches for a DELAY topic) whose
     /// `weir.delivery-timestamp` is still to come to the timer store; returns the batches of
-    /// the others to append now (`None`: there are none). See [`crate::timer::split_delayed`].
+    /// the others to append now (`None`: there are none). See [`crate::delayed`].
     async fn divert_delayed(
         &self,
         partition: &Partition,
         records: BytesMut,
         max_delay_ms: i64,
     ) -> Result<Option<BytesMut>, BrokerError> {
-        let Some(split) = crate::timer::split_delayed(&records, self.now_ms(), max_delay_ms)? else {
-            return Ok(Some(records));
-        };
-        self.timer.schedule(&partition.topic, Some(partition.index), split.delayed).await?;
-        Ok(split.now)
+        match self.delayed.get() {
+            Some(timer) => timer.divert(partition, records, max_delay_ms).await,
+            // Only a broker opened without its messaging layer (a test of the data path alone)
+            // gets here; appending the records now would deliver them early.
+            None => {
+                Err(BrokerError::internal("this broker keeps no delayed messages (its messaging layer is not open)"))
+            }
+        }
+    }
+
+    /// Installs the timer of delayed messages (the messaging layer does, when it opens); the
+    /// first one stays.
+    pub fn set_delayed_records(&self, timer: Arc<dyn DelayedRecords>) {
+        let _ = self.delayed.set(timer);
     }
 
     /// What every client's append must pass before it is written, whatever its protocol:

@@ -11,16 +11,15 @@
 pub mod broker;
 pub mod cluster;
 pub mod config;
+pub mod delayed;
 /// Weir's error vocabulary (the `weir-error` crate), where the core's callers have always found it.
 pub use weir_error as error;
 pub mod fetch;
 pub mod follower;
 pub mod forward;
 pub mod group_config;
-pub mod half;
 pub use weir_storage::internal_records;
 pub mod message;
-pub mod message_index;
 /// The cluster metadata and its quorum (the `weir-metadata` crate).
 pub use weir_metadata as metadata;
 pub mod metrics;
@@ -28,12 +27,10 @@ pub mod partition;
 pub mod partitioner;
 /// Where replicas go (the controller's, `weir-controller`).
 pub use weir_controller::placement;
-pub mod pop;
 pub mod replication;
 
 pub mod runtime;
 pub mod throttle;
-pub mod timer;
 /// What topic configs mean and how they are checked (the controller's, `weir-controller`).
 pub use weir_controller::topic_config;
 

@@ -298,65 +298,8 @@ pub fn render_prometheus(broker: &Broker, sections: &[&dyn MetricsSection]) -> S
     for section in sections {
         section.render(&mut out, &partitions);
     }
-    render_messaging(&mut out, broker);
     process::render(&mut out, &process::ProcessStats::read());
     out.finish()
-}
-
-/// The timer store of delayed messages and the open transactions (half messages).
-fn render_messaging(out: &mut Exposition, broker: &Broker) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let (pending, in_memory) = broker.timer.pending();
-    let stats = &broker.timer.stats;
-    let gauges: [(&str, Kind, &str, u64); 8] = [
-        ("weir_timer_messages_pending", Kind::Gauge, "Delayed messages waiting in the timer store.", pending),
-        (
-            "weir_timer_messages_in_memory",
-            Kind::Gauge,
-            "Delayed messages of the timer wheel's near slots, held in memory.",
-            in_memory as u64,
-        ),
-        (
-            "weir_timer_messages_scheduled_total",
-            Kind::Counter,
-            "Delayed messages taken by the timer store since start.",
-            stats.scheduled.load(Relaxed),
-        ),
-        (
-            "weir_timer_messages_fired_total",
-            Kind::Counter,
-            "Delayed messages appended to their topics since start.",
-            stats.fired.load(Relaxed),
-        ),
-        (
-            "weir_timer_messages_dropped_total",
-            Kind::Counter,
-            "Delayed messages dropped when due because their topic was deleted.",
-            stats.dropped.load(Relaxed),
-        ),
-        (
-            "weir_timer_messages_recalled_total",
-            Kind::Counter,
-            "Delayed messages recalled before they came due (RocketMQ RecallMessage).",
-            stats.recalled.load(Relaxed),
-        ),
-        (
-            "weir_timer_lateness_max_milliseconds",
-            Kind::Gauge,
-            "The largest lateness of a fired delayed message since start (firing time less due time).",
-            stats.lateness_ms_max.load(Relaxed).max(0) as u64,
-        ),
-        (
-            "weir_transactions_open",
-            Kind::Gauge,
-            "RocketMQ transactional (half) messages neither committed nor rolled back.",
-            broker.half.pending_count() as u64,
-        ),
-    ];
-    for (name, kind, help, value) in gauges {
-        out.family(name, kind, help);
-        out.sample(name, &[], value);
-    }
 }
 
 fn render_requests(out: &mut Exposition, protocols: &[Arc<ProtocolMetrics>]) {

@@ -1,40 +1,104 @@
-//! The messaging engines that run on their own, started together by whoever serves a protocol
-//! that needs them (the binary, with the RocketMQ listener; later Kafka share groups):
-//! invisible-time consumption ([`crate::pop::PopEngine`]: receives, the dead-letter sweep, the
-//! renewer, the progress mirror) and transactional messages
-//! ([`crate::half::TransactionalMessages`]: the check-back sweep).
+//! Weir's messaging layer: what RocketMQ's features need beyond a partitioned log, built on the
+//! data path (`weir-broker`) and the coordinators (`weir-coordinators`), protocol-neutral so
+//! that Kafka share groups can use it too.
 //!
-//! The stores under them are still the broker's and open with it ([`Broker::pop`],
-//! [`Broker::half`]); the timer fires delayed messages once
-//! [`weir_broker::timer::TimerStore::start`] is called, whether or not these run.
+//! - [`Messaging`]: the stores, open for as long as the broker is, each in its own directory
+//!   under the data directory (the same files as before they moved here): delayed messages
+//!   ([`timer`], `timer/`), half messages ([`half`], `half/`), invisible-time state ([`pop`],
+//!   `rocketmq-pop/`) and the message index ([`message_index`], `message-index/`). Opening it
+//!   installs the timer in the data path's append (a DELAY topic's records that are not due
+//!   go there) and serves the internal RPCs other brokers call (`timer.recall`, `pop.reset`).
+//! - [`Engines`]: what runs on its own for a protocol that needs it (the binary starts them
+//!   with the RocketMQ listener): invisible-time consumption ([`pop::PopEngine`]: receives,
+//!   the dead-letter sweep, the renewer, the progress mirror) and transactional messages
+//!   ([`half::TransactionalMessages`]: the check-back sweep). Delayed messages fire and
+//!   messages are indexed whether or not these run.
 //!
-//! Architecture invariant: built on the data path's and the coordinators' public API only;
-//! nothing here parses or writes a wire protocol, and no front-end is known here.
+//! Architecture invariant: built on the public API of the crates below; nothing here parses
+//! or writes a wire protocol, and no front-end is known here. A front-end reaches a client (a
+//! transaction check) only through a trait it implements.
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
 pub mod dead_letter;
 pub mod half;
+pub mod message_index;
+mod metrics;
 pub mod pop;
+pub mod timer;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::half::TransactionalMessages;
-use crate::pop::PopEngine;
-use weir_broker::Broker;
+use weir_broker::{Broker, BrokerError, ErrorKind};
 use weir_coordinators::group::GroupCoordinator;
+
+use crate::half::{HalfStore, TransactionalMessages};
+use crate::message_index::MessageIndex;
+use crate::pop::{PopEngine, PopStore};
+use crate::timer::TimerStore;
+
+/// The messaging stores of one broker.
+pub struct Messaging {
+    pub(crate) broker: Arc<Broker>,
+    /// Delayed messages until they are due; they fire once [`Messaging::start`] is called.
+    pub timer: Arc<TimerStore>,
+    /// RocketMQ transactional messages until decided.
+    pub half: Arc<HalfStore>,
+    /// Each group's invisible-time consumption of the partitions this broker leads.
+    pub pop: Arc<PopStore>,
+    /// Messages by key and id, for queries; kept up to date once [`Messaging::start`] is called.
+    pub message_index: MessageIndex,
+}
+
+impl Messaging {
+    /// Opens the stores in the broker's data directory, puts the timer in the append path and
+    /// serves the internal RPCs of the stores. Blocking (recovers the stores' files).
+    pub fn open(broker: &Arc<Broker>) -> Result<Arc<Messaging>, BrokerError> {
+        let config = &broker.config;
+        let data_dir = &config.data_dir;
+        let log_config = weir_broker::topic_config::log_config(&config.topic_defaults, &BTreeMap::new())
+            .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
+        let clock = broker.clock();
+        let messaging = Arc::new(Messaging {
+            broker: broker.clone(),
+            timer: Arc::new(TimerStore::open(data_dir, log_config.clone(), clock.clone())?),
+            half: Arc::new(HalfStore::open(data_dir, log_config, clock)?),
+            pop: Arc::new(PopStore::open(&data_dir.join(pop::DIR))?),
+            message_index: MessageIndex::new(data_dir),
+        });
+        broker
+            .set_delayed_records(Arc::new(timer::Diversion { timer: messaging.timer.clone(), clock: broker.clock() }));
+        timer::recall::register(&messaging);
+        pop::reset::register(&messaging);
+        Ok(messaging)
+    }
+
+    /// Starts the message indexer and the timer's firing (delayed messages that came due
+    /// while the broker was down fire now). Call within a tokio runtime, once.
+    pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
+        MessageIndex::start(self)?;
+        self.timer.start(&self.broker);
+        Ok(())
+    }
+
+    /// The broker these stores belong to.
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+}
 
 /// The running messaging engines; front-ends call them.
 #[derive(Clone)]
-pub struct Messaging {
+pub struct Engines {
     pub pop: Arc<PopEngine>,
     pub transactions: Arc<TransactionalMessages>,
 }
 
-impl Messaging {
+impl Engines {
     /// Starts the engines' tasks; they end when the broker shuts down. Call within a tokio
     /// runtime, once per broker.
-    pub fn start(broker: &Arc<Broker>, groups: &Arc<GroupCoordinator>) -> Messaging {
-        Messaging { pop: PopEngine::start(broker, groups), transactions: TransactionalMessages::start(broker) }
+    pub fn start(messaging: &Arc<Messaging>, groups: &Arc<GroupCoordinator>) -> Engines {
+        Engines { pop: PopEngine::start(messaging, groups), transactions: TransactionalMessages::start(messaging) }
     }
 }

@@ -15,7 +15,7 @@
 //! - [`send`]: SendMessage, messages to records (a message group's queue led by another broker
 //!   gets its messages through the core's `Broker::append_at_leader`);
 //! - [`receive`]: ReceiveMessage's answers and receipt handles, over the core's
-//!   invisible-time engine ([`weir_broker::pop`]), with [`filter`] for tag expressions;
+//!   invisible-time engine ([`weir_messaging::pop`]), with [`filter`] for tag expressions;
 //! - [`transaction`]: EndTransaction, and the producers' streams the core checks open
 //!   transactions through;
 //! - [`recall`]: RecallMessage, delayed messages taken back before they are due;

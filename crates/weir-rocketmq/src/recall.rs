@@ -9,10 +9,8 @@
 //! which clients read as an empty receive, not as an error); a handle Weir never gave, or one
 //! given for a message of another topic, with `BAD_REQUEST`.
 
-use std::sync::Arc;
-
-use weir_broker::timer::Recall;
-use weir_broker::Broker;
+use weir_messaging::timer::Recall;
+use weir_messaging::Messaging;
 
 use crate::proto::{Code, RecallMessageRequest};
 use crate::status::{self, status};
@@ -46,7 +44,8 @@ impl RecallHandle {
 }
 
 /// Recalls the message `request` names: its message id, or the status refusing it.
-pub async fn recall(broker: &Arc<Broker>, request: &RecallMessageRequest) -> Result<String, crate::proto::Status> {
+pub async fn recall(messaging: &Messaging, request: &RecallMessageRequest) -> Result<String, crate::proto::Status> {
+    let broker = messaging.broker();
     let topic = request.topic.as_ref().map(|t| t.name.as_str()).unwrap_or_default();
     if topic.is_empty() {
         return Err(status(Code::IllegalTopic, "the request names no topic"));
@@ -57,7 +56,7 @@ pub async fn recall(broker: &Arc<Broker>, request: &RecallMessageRequest) -> Res
     let handle = RecallHandle::decode(&request.recall_handle).ok_or_else(|| {
         status(Code::BadRequest, format!("{:?} is not a recall handle Weir gave", request.recall_handle))
     })?;
-    match broker.recall_delayed(handle.node, topic, handle.due_ms, handle.offset).await {
+    match messaging.recall_delayed(handle.node, topic, handle.due_ms, handle.offset).await {
         Ok(Recall::Recalled { message_id }) => Ok(message_id.unwrap_or_default()),
         Ok(Recall::NotPending) => Err(status(
             Code::NotFound,

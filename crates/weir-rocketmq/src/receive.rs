@@ -1,6 +1,6 @@
 //! ReceiveMessage's answers and the receipt handles that AckMessage, ChangeInvisibleDuration
 //! and ForwardMessageToDeadLetterQueue give back. Which messages a receive hands out, and what
-//! an ack or a change does, is the core's invisible-time engine ([`weir_broker::pop`]); this
+//! an ack or a change does, is the core's invisible-time engine ([`weir_messaging::pop`]); this
 //! module only presents its deliveries to RocketMQ clients.
 //!
 //! A receipt handle names the delivery: `w1.<partition>.<offset>.<nonce>`, the nonce the one
@@ -10,9 +10,9 @@
 use std::time::Duration;
 
 use weir_broker::message::Message;
-use weir_broker::pop::{HandleError, QueueKey};
 use weir_broker::Broker;
 use weir_messaging::pop::Delivery;
+use weir_messaging::pop::{HandleError, QueueKey};
 
 use crate::proto::{self, receive_message_response::Content, Code, ReceiveMessageResponse};
 use crate::status::{self, status};

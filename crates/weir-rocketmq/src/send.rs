@@ -14,7 +14,8 @@ use weir_broker::message::Message;
 use weir_broker::partitioner::partition_for_key;
 use weir_broker::storage::records::{self, BatchOptions, Record};
 use weir_broker::topic_config::MessageType;
-use weir_broker::{Acks, Broker, BrokerError, ErrorKind, Partition};
+use weir_broker::{Acks, BrokerError, ErrorKind, Partition};
+use weir_messaging::Messaging;
 
 use crate::proto::{self, Code, SendResultEntry};
 use crate::recall::RecallHandle;
@@ -175,19 +176,20 @@ pub struct Target<'a> {
 /// message. Messages without a group go to a queue this broker leads, in turn; a message
 /// group's queue led elsewhere gets its messages forwarded to its leader.
 pub async fn append(
-    broker: &Arc<Broker>,
+    messaging: &Arc<Messaging>,
     target: Target<'_>,
     messages: Vec<(usize, Message)>,
     round_robin: &RoundRobin,
     entries: &mut [SendResultEntry],
 ) {
     let Target { topic, count, partitions, led } = target;
+    let broker = messaging.broker();
     let now = broker.now_ms();
     // Delayed messages go to the timer store, to be appended when they are due.
     let (delayed, messages): (Vec<_>, Vec<_>) =
         messages.into_iter().partition(|(_, m)| m.delivery_timestamp_ms.is_some_and(|at| at > now));
     if !delayed.is_empty() {
-        schedule(broker, topic, delayed, now, entries).await;
+        schedule(messaging, topic, delayed, now, entries).await;
     }
     let mut by_partition: BTreeMap<i32, Vec<Placed>> = BTreeMap::new();
     for (index, message) in messages {
@@ -239,7 +241,7 @@ pub async fn append(
 
 /// Hands delayed messages to the timer store; their offsets in the answer are the timer log's.
 async fn schedule(
-    broker: &Arc<Broker>,
+    messaging: &Messaging,
     topic: &str,
     delayed: Vec<(usize, Message)>,
     now: i64,
@@ -247,14 +249,17 @@ async fn schedule(
 ) {
     let records: Vec<Record> = delayed.iter().map(|(_, m)| m.to_record(now)).collect();
     let placed: Vec<Placed> = delayed.into_iter().map(|(index, message)| Placed { index, message }).collect();
-    match broker.timer.schedule(topic, None, records).await {
+    match messaging.timer.schedule(topic, None, records).await {
         Ok(first_offset) => {
             succeed(entries, &placed, first_offset);
             // Each can be recalled until it is due: the handle says where it waits.
             for (position, p) in placed.iter().enumerate() {
                 let due_ms = p.message.delivery_timestamp_ms.unwrap_or_default();
-                let handle =
-                    RecallHandle { node: broker.config.node_id, offset: first_offset + position as i64, due_ms };
+                let handle = RecallHandle {
+                    node: messaging.broker().config.node_id,
+                    offset: first_offset + position as i64,
+                    due_ms,
+                };
                 entries[p.index].recall_handle = handle.encode();
             }
         }

@@ -13,12 +13,11 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Streaming};
 use weir_broker::metadata::TopicMetadata;
 use weir_broker::metrics::ProtocolMetrics;
-use weir_broker::pop::QueueKey;
 use weir_broker::Broker;
 use weir_coordinators::group::clients::{ClientKind, Heard};
 use weir_coordinators::group::GroupCoordinator;
-use weir_messaging::pop::{self, ReceiveRequest};
-use weir_messaging::Messaging;
+use weir_messaging::pop::{self, QueueKey, ReceiveRequest};
+use weir_messaging::{Engines, Messaging};
 
 use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;
@@ -64,7 +63,8 @@ pub struct Service {
     /// Its `clients` learn of the clients that talk to this broker.
     groups: Arc<GroupCoordinator>,
     /// Invisible-time consumption and transactional messages.
-    messaging: Messaging,
+    messaging: Arc<Messaging>,
+    engines: Engines,
     metrics: Arc<ProtocolMetrics>,
     round_robin: RoundRobin,
     /// The producers' Telemetry streams: how the core's transaction checks reach them.
@@ -74,15 +74,20 @@ pub struct Service {
 impl Service {
     /// The front-end over the core and its messaging engines (started by the caller): registers
     /// its metrics, and its producers' streams as a way to check transactions.
-    pub fn open(broker: Arc<Broker>, groups: Arc<GroupCoordinator>, messaging: Messaging) -> Arc<Service> {
+    pub fn open(
+        broker: Arc<Broker>,
+        groups: Arc<GroupCoordinator>,
+        messaging: Arc<Messaging>,
+        engines: Engines,
+    ) -> Arc<Service> {
         let metrics = broker.metrics.register_protocol("rocketmq", OPERATIONS.len(), code_name);
         // Every call shows in the metrics from the start, with zero requests.
         for (index, name) in OPERATIONS.iter().enumerate() {
             metrics.operation(index as i32, || name.to_string());
         }
         let producers = Arc::new(Producers::default());
-        messaging.transactions.register_checker(producers.clone());
-        Arc::new(Service { broker, groups, messaging, metrics, round_robin: RoundRobin::default(), producers })
+        engines.transactions.register_checker(producers.clone());
+        Arc::new(Service { broker, groups, messaging, engines, metrics, round_robin: RoundRobin::default(), producers })
     }
 
     /// The client id a call names (`x-mq-client-id`, sent by every RocketMQ client), noted as
@@ -170,7 +175,7 @@ impl Service {
             return status(Code::InvalidReceiptHandle, format!("{handle:?} is not a receipt handle of this broker"));
         };
         let key = self.queue_key(group.to_string(), topic.to_string(), handle.partition, client);
-        match self.messaging.pop.ack(&key, handle.offset, handle.nonce) {
+        match self.engines.pop.ack(&key, handle.offset, handle.nonce) {
             Ok(Ok(())) => status::ok(),
             Ok(Err(e)) => receive::handle_status(e),
             Err(e) => status::of_error(&e),
@@ -255,7 +260,7 @@ impl Service {
                         .and_then(|s| s.orphaned_transaction_recovery_duration.as_ref())
                         .and_then(duration_of);
                     let id = valid.id().to_string();
-                    entries[index] = match self.messaging.transactions.prepare(&topic.name, valid, recovery).await {
+                    entries[index] = match self.engines.transactions.prepare(&topic.name, valid, recovery).await {
                         Ok((offset, transaction_id)) => SendResultEntry {
                             status: Some(status::ok()),
                             message_id: id,
@@ -282,7 +287,7 @@ impl Service {
             let led: Vec<i32> =
                 partitions.iter().flatten().filter(|p| p.check_local_leader().is_ok()).map(|p| p.index).collect();
             let target = send::Target { topic: &topic, count, partitions: &partitions, led: &led };
-            send::append(&self.broker, target, messages, &self.round_robin, &mut entries).await;
+            send::append(&self.messaging, target, messages, &self.round_robin, &mut entries).await;
         }
         let overall = status::overall(entries.iter().filter_map(|e| e.status.as_ref()), "some messages were not sent");
         SendMessageResponse { status: Some(overall), entries }
@@ -444,7 +449,7 @@ impl MessagingService for Service {
                     wanted.long_polling = wanted.long_polling.min(deadline.saturating_sub(reserve));
                 }
                 let (key, invisible) = (wanted.key.clone(), wanted.invisible);
-                match self.messaging.pop.receive(wanted).await {
+                match self.engines.pop.receive(wanted).await {
                     Ok(deliveries) if deliveries.is_empty() => receive::not_found(),
                     Ok(deliveries) => receive::found(&self.broker, &key, invisible, deliveries),
                     Err(e) => vec![receive::status_response(status::of_error(&e))],
@@ -560,7 +565,7 @@ impl MessagingService for Service {
     ) -> Result<Response<EndTransactionResponse>, tonic::Status> {
         let started = Instant::now();
         self.client_of(&request);
-        let answer = crate::transaction::end(&self.messaging.transactions, &request.into_inner()).await;
+        let answer = crate::transaction::end(&self.engines.transactions, &request.into_inner()).await;
         self.observe(11, started, answer.code);
         Ok(Response::new(EndTransactionResponse { status: Some(answer) }))
     }
@@ -672,7 +677,7 @@ impl MessagingService for Service {
     ) -> Result<Response<RecallMessageResponse>, tonic::Status> {
         let started = Instant::now();
         self.client_of(&request);
-        let response = match crate::recall::recall(&self.broker, &request.into_inner()).await {
+        let response = match crate::recall::recall(&self.messaging, &request.into_inner()).await {
             Ok(message_id) => RecallMessageResponse { status: Some(status::ok()), message_id },
             Err(refused) => RecallMessageResponse { status: Some(refused), message_id: String::new() },
         };
@@ -709,7 +714,7 @@ impl Service {
     ) -> Result<(), Status> {
         let (key, handle) =
             self.handled_queue(request.group.as_ref(), request.topic.as_ref(), &request.receipt_handle, client)?;
-        match self.messaging.pop.give_up(&key, handle.offset, handle.nonce).await {
+        match self.engines.pop.give_up(&key, handle.offset, handle.nonce).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(receive::handle_status(e)),
             Err(e) => Err(status::of_error(&e)),
@@ -728,7 +733,7 @@ impl Service {
             .ok_or_else(|| {
                 status(Code::IllegalInvisibleTime, "the invisible duration is missing, negative or over 12 h")
             })?;
-        match self.messaging.pop.change_invisible(&key, handle.offset, handle.nonce, invisible) {
+        match self.engines.pop.change_invisible(&key, handle.offset, handle.nonce, invisible) {
             Ok(Ok(renewed)) => Ok(Handle { nonce: renewed, ..handle }.encode()),
             Ok(Err(e)) => Err(receive::handle_status(e)),
             Err(e) => Err(status::of_error(&e)),

@@ -1,4 +1,4 @@
-//! Transactional messages, RocketMQ's side of the core's [`weir_broker::half`]: SendMessage of
+//! Transactional messages, RocketMQ's side of the core's [`weir_messaging::half`]: SendMessage of
 //! a TRANSACTION message is prepared there (stored invisible, answered with its transaction id)
 //! and EndTransaction ends it. When and how often an open transaction is checked, and when it
 //! is rolled back, is the core's; this module is how it reaches a producer ([`Producers`], a
@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use tokio::sync::mpsc;
-use weir_broker::half::Pending;
 use weir_broker::message::Message;
 use weir_broker::storage::records::Record;
 use weir_broker::storage::sync::lock;
+use weir_messaging::half::Pending;
 use weir_messaging::half::{CheckSent, EndError, TransactionChecker, TransactionalMessages};
 
 use crate::proto::{self, telemetry_command, Code, RecoverOrphanedTransactionCommand, TelemetryCommand};

@@ -87,9 +87,16 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
         let broker = tokio::task::spawn_blocking(move || Broker::open(config))
             .await?
             .map_err(|e| anyhow::anyhow!("cannot open the data directory {}: {}", data_dir.display(), e.message))?;
-        weir_broker::message_index::MessageIndex::start(&broker).context("cannot start the message indexer")?;
-        // Delayed messages due while the broker was down fire now.
-        broker.timer.start(&broker);
+        // The messaging stores open with the broker, whatever protocols are served: Kafka
+        // produce to a DELAY topic needs the timer. Then the indexer starts, and delayed
+        // messages due while the broker was down fire now.
+        let messaging = {
+            let broker = broker.clone();
+            tokio::task::spawn_blocking(move || weir_messaging::Messaging::open(&broker))
+                .await?
+                .map_err(|e| anyhow::anyhow!("cannot open the messaging stores: {}", e.message))?
+        };
+        messaging.start().context("cannot start the message indexer")?;
         let groups = {
             let broker = broker.clone();
             tokio::task::spawn_blocking(move || GroupCoordinator::start(broker))
@@ -131,8 +138,8 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
                 // The messaging engines RocketMQ clients need (receives by invisible time,
                 // dead letters, renewals, transaction checks) run with their front-end only, so
                 // that a broker without it never redelivers, dead-letters or rolls back.
-                let messaging = weir_messaging::Messaging::start(&broker, &groups);
-                let service = weir_rocketmq::Service::open(broker.clone(), groups.clone(), messaging);
+                let engines = weir_messaging::Engines::start(&messaging, &groups);
+                let service = weir_rocketmq::Service::open(broker.clone(), groups.clone(), messaging.clone(), engines);
                 let mut stopping = broker.shutdown_signal();
                 let stopped = async move {
                     let _ = stopping.wait_for(|down| *down).await;
@@ -146,7 +153,7 @@ pub fn run(args: &ServerArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Res
             let transport = std::sync::Arc::new(weir_kafka::replica_fetcher::KafkaReplicaTransport);
             weir_broker::follower::spawn(broker.clone(), transport)
         });
-        admin_state.set_ready(weir_admin::Core { broker: broker.clone(), groups: groups.clone() });
+        admin_state.set_ready(weir_admin::Core { broker: broker.clone(), groups: groups.clone(), messaging });
         // Everything serves now: only then the lines that tests and scripts wait for.
         let shown_dir = std::fs::canonicalize(&data_dir).unwrap_or(data_dir);
         match bound {

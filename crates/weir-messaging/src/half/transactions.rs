@@ -17,9 +17,11 @@ use std::time::Duration;
 
 use weir_storage::records::{self, BatchOptions, Record};
 
-use weir_broker::half::{Decision, HalfStore, Pending};
+use crate::half::{Decision, HalfStore, Pending};
 use weir_broker::message::Message;
 use weir_broker::{Broker, BrokerError, ErrorKind};
+
+use crate::Messaging;
 
 /// How often open transactions are looked at.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
@@ -57,6 +59,7 @@ pub enum EndError {
 /// What front-ends call about transactional messages, and the sweep that finishes them.
 pub struct TransactionalMessages {
     broker: Arc<Broker>,
+    half: Arc<HalfStore>,
     /// Which partition the next committed message goes to, in turn.
     commit_turn: AtomicU32,
     /// Who can reach producers, asked in order until one did.
@@ -64,12 +67,14 @@ pub struct TransactionalMessages {
 }
 
 impl TransactionalMessages {
-    /// Starts the sweep over the broker's half messages ([`Broker::half`]); it runs every
+    /// Starts the sweep over the half messages ([`Messaging::half`]); it runs every
     /// [`SWEEP_INTERVAL`] until the broker shuts down, the first time at once (committed
     /// messages a crash left unappended go to their topics now). Call within a tokio runtime.
-    pub fn start(broker: &Arc<Broker>) -> Arc<TransactionalMessages> {
+    pub fn start(messaging: &Arc<Messaging>) -> Arc<TransactionalMessages> {
+        let broker = &messaging.broker;
         let transactions = Arc::new(TransactionalMessages {
             broker: broker.clone(),
+            half: messaging.half.clone(),
             commit_turn: AtomicU32::new(0),
             checkers: RwLock::new(Vec::new()),
         });
@@ -108,8 +113,8 @@ impl TransactionalMessages {
         let first_check = recovery.unwrap_or(Duration::from_millis(broker.config.transaction_check_interval_ms));
         let check_at = now + first_check.as_millis() as i64;
         let record = message.to_record(now);
-        let (broker, topic, id) = (broker.clone(), topic.to_string(), message.id().to_string());
-        tokio::task::spawn_blocking(move || broker.half.prepare(&topic, &record, &id, check_at))
+        let (half, topic, id) = (self.half.clone(), topic.to_string(), message.id().to_string());
+        tokio::task::spawn_blocking(move || half.prepare(&topic, &record, &id, check_at))
             .await
             .map_err(|e| BrokerError::internal(e.to_string()))?
     }
@@ -119,8 +124,8 @@ impl TransactionalMessages {
     /// wins.
     pub async fn end(&self, transaction_id: &str, message_id: &str, commit: bool) -> Result<(), EndError> {
         let decided = {
-            let (broker, id, message_id) = (self.broker.clone(), transaction_id.to_string(), message_id.to_string());
-            tokio::task::spawn_blocking(move || broker.half.decide(&id, &message_id, commit))
+            let (half, id, message_id) = (self.half.clone(), transaction_id.to_string(), message_id.to_string());
+            tokio::task::spawn_blocking(move || half.decide(&id, &message_id, commit))
                 .await
                 .unwrap_or_else(|e| Err(BrokerError::internal(e.to_string())))
         };
@@ -133,7 +138,7 @@ impl TransactionalMessages {
                 Ok(()) => Ok(()),
                 // Decided and kept: the sweep appends it later.
                 Err(e) => {
-                    self.broker.half.release(offset);
+                    self.half.release(offset);
                     Err(EndError::Failed(e))
                 }
             },
@@ -160,8 +165,8 @@ impl TransactionalMessages {
     }
 
     async fn done(&self, offset: i64) -> Result<(), BrokerError> {
-        let broker = self.broker.clone();
-        tokio::task::spawn_blocking(move || broker.half.done(offset))
+        let half = self.half.clone();
+        tokio::task::spawn_blocking(move || half.done(offset))
             .await
             .map_err(|e| BrokerError::internal(e.to_string()))?
     }
@@ -169,7 +174,7 @@ impl TransactionalMessages {
     /// One round: appends committed messages whose append failed, checks open transactions
     /// with their producers, rolls back those checked too often, trims the store.
     async fn sweep(&self) {
-        let half: &HalfStore = &self.broker.half;
+        let half: &HalfStore = &self.half;
         for (offset, pending) in half.claim_committing() {
             let appended = match half.read(offset) {
                 Ok(record) => self.commit_record(&pending.topic, offset, record).await,
@@ -190,9 +195,9 @@ impl TransactionalMessages {
         let broker = &self.broker;
         let now = broker.now_ms();
         let interval = broker.config.transaction_check_interval_ms as i64;
-        for (offset, pending) in broker.half.due_checks(now, CHECKS_PER_SWEEP_MAX) {
+        for (offset, pending) in self.half.due_checks(now, CHECKS_PER_SWEEP_MAX) {
             if pending.checks >= broker.config.transaction_check_max {
-                if let Ok(true) = broker.half.give_up(offset) {
+                if let Ok(true) = self.half.give_up(offset) {
                     tracing::warn!(topic = %pending.topic, message_id = %pending.message_id, transaction = %pending.transaction_id,
                         checks = pending.checks, "rolled back a transaction its producers never decided");
                 }
@@ -200,7 +205,7 @@ impl TransactionalMessages {
             }
             self.ask_producer(offset, &pending);
             // Counted whether or not a producer was there: a transaction nobody answers for ends.
-            if let Err(e) = broker.half.checked(offset, now + interval) {
+            if let Err(e) = self.half.checked(offset, now + interval) {
                 tracing::warn!(offset, error = %e, "cannot record a transaction check");
             }
         }
@@ -213,7 +218,7 @@ impl TransactionalMessages {
             tracing::debug!(topic = %pending.topic, "no front-end reaches producers to check a transaction with");
             return;
         }
-        let message = match self.broker.half.read(offset) {
+        let message = match self.half.read(offset) {
             Ok(message) => message,
             Err(e) => {
                 tracing::warn!(offset, error = %e, "cannot read a half message back");
@@ -270,7 +275,13 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         let config = BrokerConfig::from_settings(&settings).expect("config");
-        let broker = tokio::task::spawn_blocking(move || Broker::open(config)).await.expect("join").expect("open");
+        let (broker, messaging) = tokio::task::spawn_blocking(move || {
+            let broker = Broker::open(config).expect("open");
+            let messaging = Messaging::open(&broker).expect("messaging");
+            (broker, messaging)
+        })
+        .await
+        .expect("join");
         let topic = NewTopic {
             name: "t".into(),
             partitions: 1,
@@ -282,6 +293,7 @@ mod tests {
         // No sweep task: the test drives the rounds itself.
         let transactions = TransactionalMessages {
             broker: broker.clone(),
+            half: messaging.half.clone(),
             commit_turn: AtomicU32::new(0),
             checkers: RwLock::new(Vec::new()),
         };
@@ -308,7 +320,7 @@ mod tests {
         assert_eq!(asked(&unsent), [open.clone(), open.clone()], "asked at each of the two checks");
         assert_eq!(asked(&sent), [open.clone(), open.clone()], "the next checker when one could not send");
         assert!(asked(&never).is_empty(), "no checker after one that sent");
-        assert_eq!(broker.half.pending_count(), 0, "rolled back after transaction.check.max checks");
+        assert_eq!(messaging.half.pending_count(), 0, "rolled back after transaction.check.max checks");
         let partition = broker.require_partition("t", 0).expect("partition");
         assert_eq!(partition.log.log_end_offset(), 1, "the committed message only");
         broker.begin_shutdown();

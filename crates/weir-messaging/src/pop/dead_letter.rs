@@ -10,8 +10,10 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use weir_broker::pop::{HandleError, Inflight, QueueKey, QueueState};
-use weir_broker::{Broker, BrokerError, ErrorKind};
+use crate::pop::{HandleError, Inflight, QueueKey, QueueState};
+use weir_broker::{BrokerError, ErrorKind};
+
+use crate::Messaging;
 
 /// How often every queue is looked at.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
@@ -19,10 +21,10 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Moves the messages of `key` that used up their `max_attempts` deliveries to the dead
 /// letters; returns how many moved. A message that cannot be moved now (the dead-letter topic's
 /// leader is away) stays in flight and is tried again later.
-pub async fn move_exhausted(broker: &Arc<Broker>, key: &QueueKey, max_attempts: u32) -> usize {
+pub async fn move_exhausted(messaging: &Arc<Messaging>, key: &QueueKey, max_attempts: u32) -> usize {
     let mut moved = 0;
-    for (offset, inflight) in broker.pop.exhausted(key, broker.now_ms(), max_attempts) {
-        match move_one(broker, key, offset, inflight).await {
+    for (offset, inflight) in messaging.pop.exhausted(key, messaging.broker.now_ms(), max_attempts) {
+        match move_one(messaging, key, offset, inflight).await {
             Ok(()) => moved += 1,
             Err(e) => {
                 tracing::warn!(group = %key.group, topic = %key.topic, partition = key.partition, offset, error = %e,
@@ -37,7 +39,13 @@ pub async fn move_exhausted(broker: &Arc<Broker>, key: &QueueKey, max_attempts: 
 /// Moves the delivery `inflight` of `offset` to the dead letters and marks it done. When the
 /// delivery is no longer in flight by the time it is marked (acked meanwhile), the dead letter
 /// stays: a copy too many, never a loss.
-async fn move_one(broker: &Arc<Broker>, key: &QueueKey, offset: i64, inflight: Inflight) -> Result<(), BrokerError> {
+async fn move_one(
+    messaging: &Arc<Messaging>,
+    key: &QueueKey,
+    offset: i64,
+    inflight: Inflight,
+) -> Result<(), BrokerError> {
+    let broker = &messaging.broker;
     let partition = broker
         .partition(&key.topic, key.partition)
         .ok_or_else(|| BrokerError::new(ErrorKind::NotLeader, "the queue is no longer on this broker"))?;
@@ -48,7 +56,7 @@ async fn move_one(broker: &Arc<Broker>, key: &QueueKey, offset: i64, inflight: I
             .await
             .map_err(|e| BrokerError::internal(e.to_string()))??
     };
-    let store = &broker.pop;
+    let store = &messaging.pop;
     match record {
         Some(record) => {
             crate::dead_letter::dead_letter(broker, &key.group, &key.topic, key.partition, &record, inflight.attempt)
@@ -78,21 +86,22 @@ async fn move_one(broker: &Arc<Broker>, key: &QueueKey, offset: i64, inflight: I
 
 /// Sweeps every queue of this broker each [`SWEEP_INTERVAL`] until the broker shuts down (or
 /// is dropped).
-pub(crate) fn start_sweep(broker: &Arc<Broker>) {
-    let broker: Weak<Broker> = Arc::downgrade(broker);
+pub(crate) fn start_sweep(messaging: &Arc<Messaging>) {
+    let messaging: Weak<Messaging> = Arc::downgrade(messaging);
     tokio::spawn(async move {
-        let Some(mut shutdown) = broker.upgrade().map(|b| b.shutdown_signal()) else { return };
+        let Some(mut shutdown) = messaging.upgrade().map(|m| m.broker.shutdown_signal()) else { return };
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
                 _ = shutdown.wait_for(|down| *down) => return,
             }
-            let Some(broker) = broker.upgrade() else { return };
-            for key in broker.pop.queues_with_expired(broker.now_ms(), 1) {
+            let Some(messaging) = messaging.upgrade() else { return };
+            let broker = &messaging.broker;
+            for key in messaging.pop.queues_with_expired(broker.now_ms(), 1) {
                 let leads = broker.partition(&key.topic, key.partition).is_some_and(|p| p.check_local_leader().is_ok());
                 if leads {
                     let max_attempts = broker.group_settings(&key.group).max_delivery_attempts;
-                    move_exhausted(&broker, &key, max_attempts).await;
+                    move_exhausted(&messaging, &key, max_attempts).await;
                 }
             }
         }
@@ -101,15 +110,15 @@ pub(crate) fn start_sweep(broker: &Arc<Broker>) {
 
 /// The consumer gives up on the delivery `nonce` of `offset`: it goes to the dead letters now.
 pub(crate) async fn give_up(
-    broker: &Arc<Broker>,
+    messaging: &Arc<Messaging>,
     key: &QueueKey,
     offset: i64,
     nonce: u64,
 ) -> Result<Result<(), HandleError>, BrokerError> {
-    let inflight = match broker.pop.get_inflight(key, offset) {
+    let inflight = match messaging.pop.get_inflight(key, offset) {
         Some(inflight) if inflight.nonce == nonce => inflight,
         Some(_) => return Ok(Err(HandleError::Stale)),
         None => return Ok(Err(HandleError::NotInFlight)),
     };
-    move_one(broker, key, offset, inflight).await.map(Ok)
+    move_one(messaging, key, offset, inflight).await.map(Ok)
 }

@@ -11,29 +11,31 @@ use std::time::Duration;
 
 use super::receive::{self, Delivery, ReceiveRequest, ReceiveTurns};
 use super::renew::Renewals;
-use weir_broker::pop::{HandleError, QueueKey, QueueState};
-use weir_broker::{Broker, BrokerError};
+use crate::pop::{HandleError, QueueKey, QueueState};
+use weir_broker::BrokerError;
 use weir_coordinators::group::GroupCoordinator;
+
+use crate::Messaging;
 
 /// A refused change of a delivery (`Err(HandleError)`), inside the result of the I/O that made
 /// it durable.
 pub type HandleResult<T> = Result<Result<T, HandleError>, BrokerError>;
 
 pub struct PopEngine {
-    broker: Arc<Broker>,
+    messaging: Arc<Messaging>,
     turns: ReceiveTurns,
     renewals: Arc<Renewals>,
 }
 
 impl PopEngine {
-    /// The engine over the broker's queue states ([`Broker::pop`]), with its tasks started; they
-    /// end when the broker shuts down. Call within a tokio runtime.
-    pub fn start(broker: &Arc<Broker>, groups: &Arc<GroupCoordinator>) -> Arc<PopEngine> {
+    /// The engine over the queue states ([`Messaging::pop`]), with its tasks started; they end
+    /// when the broker shuts down. Call within a tokio runtime.
+    pub fn start(messaging: &Arc<Messaging>, groups: &Arc<GroupCoordinator>) -> Arc<PopEngine> {
         let renewals = Arc::new(Renewals::default());
-        renewals.start(broker, groups);
-        super::progress::start(broker, groups);
-        super::dead_letter::start_sweep(broker);
-        Arc::new(PopEngine { broker: broker.clone(), turns: ReceiveTurns::default(), renewals })
+        renewals.start(messaging, groups);
+        super::progress::start(messaging, groups);
+        super::dead_letter::start_sweep(messaging);
+        Arc::new(PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals })
     }
 
     /// A receive with long polling (see [`super::receive`]): what it hands out, empty when
@@ -41,9 +43,9 @@ impl PopEngine {
     /// lives.
     pub async fn receive(&self, request: ReceiveRequest) -> Result<Vec<Delivery>, BrokerError> {
         let (key, slice, hold_for) = (request.key.clone(), request.invisible, request.hold_for.clone());
-        let deliveries = receive::receive(&self.broker, &self.turns, request).await?;
+        let deliveries = receive::receive(&self.messaging, &self.turns, request).await?;
         if let Some(client) = hold_for {
-            let now = self.broker.now_ms();
+            let now = self.messaging.broker.now_ms();
             for delivery in &deliveries {
                 self.renewals.hold(&key, delivery.record.offset, delivery.nonce, &client, slice, now);
             }
@@ -54,17 +56,17 @@ impl PopEngine {
     /// The delivery `nonce` of `offset` in `key` is done with.
     pub fn ack(&self, key: &QueueKey, offset: i64, nonce: u64) -> HandleResult<()> {
         // A queue without a state has nothing in flight; asking `update` would make it one.
-        if !self.broker.pop.contains(key) {
+        if !self.messaging.pop.contains(key) {
             return Ok(Err(HandleError::NotInFlight));
         }
-        let acked = match self.broker.pop.update(key, || QueueState::starting_at(0), |q| q.ack(offset, nonce))? {
+        let acked = match self.messaging.pop.update(key, || QueueState::starting_at(0), |q| q.ack(offset, nonce))? {
             Ok(acked) => acked,
             Err(refused) => return Ok(Err(refused)),
         };
         self.renewals.release(key, offset);
         if acked.group.is_some() {
             // The next message of its FIFO group may go out now: wake the receives.
-            if let Some(partition) = self.broker.partition(&key.topic, key.partition) {
+            if let Some(partition) = self.messaging.broker.partition(&key.topic, key.partition) {
                 partition.wake_waiters();
             }
         }
@@ -76,12 +78,12 @@ impl PopEngine {
     /// more). Returns the delivery's new nonce: the old one goes stale.
     pub fn change_invisible(&self, key: &QueueKey, offset: i64, nonce: u64, invisible: Duration) -> HandleResult<u64> {
         debug_assert!(invisible <= receive::MAX_INVISIBLE, "invisible {invisible:?}");
-        if !self.broker.pop.contains(key) {
+        if !self.messaging.pop.contains(key) {
             return Ok(Err(HandleError::NotInFlight));
         }
-        let visible_at = self.broker.now_ms() + invisible.as_millis() as i64;
+        let visible_at = self.messaging.broker.now_ms() + invisible.as_millis() as i64;
         let renewed = rand::random::<u64>();
-        let changed = self.broker.pop.update(
+        let changed = self.messaging.pop.update(
             key,
             || QueueState::starting_at(0),
             |q| q.change_invisible(offset, nonce, visible_at, renewed),
@@ -96,7 +98,7 @@ impl PopEngine {
     /// The consumer gives up on the delivery `nonce` of `offset` in `key` (a push consumer after
     /// its last attempt): the message goes to the group's dead letters and is done in its queue.
     pub async fn give_up(&self, key: &QueueKey, offset: i64, nonce: u64) -> HandleResult<()> {
-        let moved = super::dead_letter::give_up(&self.broker, key, offset, nonce).await?;
+        let moved = super::dead_letter::give_up(&self.messaging, key, offset, nonce).await?;
         if moved.is_ok() {
             self.renewals.release(key, offset);
         }
@@ -116,15 +118,21 @@ mod tests {
     use super::*;
     use crate::pop::TagFilter;
     use weir_broker::message::Message;
-    use weir_broker::{Acks, BrokerConfig, NewTopic, Partition};
+    use weir_broker::{Acks, Broker, BrokerConfig, NewTopic, Partition};
 
     const TOPIC: &str = "t";
 
-    async fn open(dir: &Path) -> Arc<Broker> {
+    async fn open(dir: &Path) -> (Arc<Broker>, Arc<Messaging>) {
         let settings: BTreeMap<String, String> =
             [("log.dirs".to_string(), dir.display().to_string())].into_iter().collect();
         let config = BrokerConfig::from_settings(&settings).expect("config");
-        let broker = tokio::task::spawn_blocking(move || Broker::open(config)).await.expect("join").expect("open");
+        let (broker, messaging) = tokio::task::spawn_blocking(move || {
+            let broker = Broker::open(config).expect("open");
+            let messaging = Messaging::open(&broker).expect("messaging");
+            (broker, messaging)
+        })
+        .await
+        .expect("join");
         let topic = NewTopic {
             name: TOPIC.into(),
             partitions: 1,
@@ -133,12 +141,12 @@ mod tests {
             configs: BTreeMap::new(),
         };
         broker.create_topics(vec![topic], false).await.pop().expect("a result").expect("created");
-        broker
+        (broker, messaging)
     }
 
     /// The engine without its tasks: the tests drive every step.
-    fn engine(broker: &Arc<Broker>) -> PopEngine {
-        PopEngine { broker: broker.clone(), turns: ReceiveTurns::default(), renewals: Arc::default() }
+    fn engine(messaging: &Arc<Messaging>) -> PopEngine {
+        PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals: Arc::default() }
     }
 
     fn partition(broker: &Broker) -> Arc<Partition> {
@@ -182,18 +190,18 @@ mod tests {
     }
 
     /// Makes the delivery of `offset` visible again now, as if its invisible time ran out.
-    fn expire(broker: &Broker, key: &QueueKey, offset: i64) {
-        let nonce = broker.pop.get_inflight(key, offset).expect("in flight").nonce;
+    fn expire(messaging: &Messaging, key: &QueueKey, offset: i64) {
+        let nonce = messaging.pop.get_inflight(key, offset).expect("in flight").nonce;
         let expired =
-            broker.pop.update(key, || QueueState::starting_at(0), |q| q.change_invisible(offset, nonce, 0, nonce));
+            messaging.pop.update(key, || QueueState::starting_at(0), |q| q.change_invisible(offset, nonce, 0, nonce));
         assert!(matches!(expired, Ok(Ok(_))), "{expired:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn given_messages_when_received_each_goes_out_once_until_its_invisible_time_runs_out() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let broker = open(dir.path()).await;
-        let engine = engine(&broker);
+        let (broker, messaging) = open(dir.path()).await;
+        let engine = engine(&messaging);
         let key = QueueKey::new("g", TOPIC, 0);
         append(&broker, &[(None, None); 3]).await;
 
@@ -203,7 +211,7 @@ mod tests {
         assert_eq!(offsets(&second), [(2, 1)], "what is in flight is not handed out again");
         assert!(engine.receive(request(&broker, &key)).await.expect("receive").is_empty());
 
-        expire(&broker, &key, 0);
+        expire(&messaging, &key, 0);
         let again = engine.receive(request(&broker, &key)).await.expect("receive");
         assert_eq!(offsets(&again), [(0, 2)], "back one attempt higher");
         assert_ne!(again[0].nonce, first[0].nonce, "a new delivery, a new nonce");
@@ -212,7 +220,7 @@ mod tests {
         assert_eq!(engine.ack(&key, 0, again[0].nonce).expect("io"), Err(HandleError::NotInFlight));
         let other = QueueKey::new("nobody", TOPIC, 0);
         assert_eq!(engine.ack(&other, 0, 1).expect("io"), Err(HandleError::NotInFlight));
-        assert!(!broker.pop.contains(&other), "a refused ack makes no state");
+        assert!(!messaging.pop.contains(&other), "a refused ack makes no state");
 
         let renewed = engine.change_invisible(&key, 1, first[1].nonce, Duration::ZERO).expect("io").expect("changed");
         assert_eq!(engine.ack(&key, 1, first[1].nonce).expect("io"), Err(HandleError::Stale));
@@ -225,8 +233,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn given_a_tag_filter_when_received_only_its_tags_go_out_and_the_rest_is_done() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let broker = open(dir.path()).await;
-        let engine = engine(&broker);
+        let (broker, messaging) = open(dir.path()).await;
+        let engine = engine(&messaging);
         let key = QueueKey::new("g", TOPIC, 0);
         append(&broker, &[(Some("A"), None), (Some("B"), None), (None, None), (Some("A"), None)]).await;
 
@@ -236,7 +244,7 @@ mod tests {
         for delivery in &deliveries {
             assert_eq!(engine.ack(&key, delivery.record.offset, delivery.nonce).expect("io"), Ok(()));
         }
-        let state = broker.pop.get(&key).expect("state");
+        let state = messaging.pop.get(&key).expect("state");
         assert_eq!((state.done_below, state.next), (4, 4), "what the filter skipped is done for the group");
         broker.begin_shutdown();
     }
@@ -244,8 +252,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn given_fifo_when_received_a_message_group_goes_out_one_at_a_time_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let broker = open(dir.path()).await;
-        let engine = engine(&broker);
+        let (broker, messaging) = open(dir.path()).await;
+        let engine = engine(&messaging);
         let key = QueueKey::new("g", TOPIC, 0);
         append(&broker, &[(None, Some("g1")), (None, Some("g1")), (None, Some("g2")), (None, Some("g1"))]).await;
         let fifo = || ReceiveRequest { fifo: true, ..request(&broker, &key) };
@@ -264,8 +272,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn given_an_empty_queue_when_a_message_arrives_a_long_poll_returns_it() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let broker = open(dir.path()).await;
-        let engine = Arc::new(engine(&broker));
+        let (broker, messaging) = open(dir.path()).await;
+        let engine = Arc::new(engine(&messaging));
         let key = QueueKey::new("g", TOPIC, 0);
 
         let started = tokio::time::Instant::now();
@@ -293,25 +301,25 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn given_a_message_out_of_attempts_when_received_it_goes_to_the_dead_letters_instead() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let broker = open(dir.path()).await;
-        let engine = engine(&broker);
+        let (broker, messaging) = open(dir.path()).await;
+        let engine = engine(&messaging);
         let key = QueueKey::new("g", TOPIC, 0);
         append(&broker, &[(None, None), (None, None)]).await;
         let once = || ReceiveRequest { max_attempts: 1, ..request(&broker, &key) };
 
         let first = engine.receive(once()).await.expect("receive");
         assert_eq!(offsets(&first), [(0, 1), (1, 1)]);
-        expire(&broker, &key, 0);
+        expire(&messaging, &key, 0);
         assert!(engine.receive(once()).await.expect("receive").is_empty(), "not delivered a second time");
         let dead_letters = broker.require_partition(&crate::dead_letter::dead_letter_topic("g"), 0).expect("created");
         assert_eq!(dead_letters.log.log_end_offset(), 1);
-        assert_eq!(broker.pop.get_inflight(&key, 0), None, "done in its queue");
+        assert_eq!(messaging.pop.get_inflight(&key, 0), None, "done in its queue");
 
         // A consumer gives up on the other one itself.
         assert_eq!(engine.give_up(&key, 1, first[1].nonce ^ 1).await.expect("io"), Err(HandleError::Stale));
         assert_eq!(engine.give_up(&key, 1, first[1].nonce).await.expect("io"), Ok(()));
         assert_eq!(dead_letters.log.log_end_offset(), 2);
-        assert_eq!(broker.pop.get(&key).map(|q| (q.done_below, q.inflight.len())), Some((2, 0)));
+        assert_eq!(messaging.pop.get(&key).map(|q| (q.done_below, q.inflight.len())), Some((2, 0)));
         broker.begin_shutdown();
     }
 }

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use weir_broker::pop::{PopStore, QueueKey};
-use weir_broker::Broker;
+use crate::pop::{PopStore, QueueKey};
+use crate::Messaging;
 use weir_coordinators::group::{CommitParams, GroupCoordinator, OffsetToCommit};
 
 /// How often progress is committed.
@@ -24,21 +24,22 @@ pub const METADATA: &str = "rocketmq";
 
 /// Starts the committer; it ends when the broker shuts down (or it or the coordinator is
 /// dropped).
-pub(crate) fn start(broker: &Arc<Broker>, groups: &Arc<GroupCoordinator>) {
-    let (broker, groups): (Weak<Broker>, Weak<GroupCoordinator>) = (Arc::downgrade(broker), Arc::downgrade(groups));
+pub(crate) fn start(messaging: &Arc<Messaging>, groups: &Arc<GroupCoordinator>) {
+    let (messaging, groups): (Weak<Messaging>, Weak<GroupCoordinator>) =
+        (Arc::downgrade(messaging), Arc::downgrade(groups));
     tokio::spawn(async move {
         let mut committed: HashMap<QueueKey, i64> = HashMap::new();
         let mut tick = tokio::time::interval(INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let (Some(broker), Some(groups)) = (Weak::upgrade(&broker), Weak::upgrade(&groups)) else {
+            let (Some(messaging), Some(groups)) = (Weak::upgrade(&messaging), Weak::upgrade(&groups)) else {
                 return;
             };
-            if broker.is_shutting_down() {
+            if messaging.broker.is_shutting_down() {
                 return;
             }
-            commit_moved(&groups, &broker.pop, &mut committed).await;
+            commit_moved(&groups, &messaging.pop, &mut committed).await;
         }
     });
 }

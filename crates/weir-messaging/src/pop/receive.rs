@@ -25,9 +25,10 @@ use weir_storage::records::Record;
 use weir_storage::sync::lock;
 
 use super::filter::TagFilter;
-use weir_broker::pop::state::group_hash;
-use weir_broker::pop::{PopStore, QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE, MAX_PARKED_PER_QUEUE};
-use weir_broker::{Broker, BrokerError, Partition};
+use crate::pop::state::group_hash;
+use crate::pop::{QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE, MAX_PARKED_PER_QUEUE};
+use crate::Messaging;
+use weir_broker::{BrokerError, Partition};
 
 /// The longest a receive waits for messages.
 pub const MAX_LONG_POLLING: Duration = Duration::from_secs(60);
@@ -129,11 +130,8 @@ fn fifo_group(request: &ReceiveRequest, record: &Record) -> Option<u64> {
 }
 
 /// One pass of a receive: what it hands out now (maybe nothing). Blocking.
-pub(crate) fn receive_once(
-    broker: &Broker,
-    store: &PopStore,
-    request: &ReceiveRequest,
-) -> Result<Vec<Delivery>, BrokerError> {
+pub(crate) fn receive_once(messaging: &Messaging, request: &ReceiveRequest) -> Result<Vec<Delivery>, BrokerError> {
+    let (broker, store) = (&messaging.broker, &messaging.pop);
     let partition = &request.partition;
     let log_start = partition.log.log_start_offset();
     let now = broker.now_ms();
@@ -163,7 +161,7 @@ pub(crate) fn receive_once(
     // A tag filter reads only the batches the message index names (when it covers what is next).
     let indexed = match &request.filter {
         TagFilter::Tags(tags) if room > 0 => {
-            broker.message_index.tagged_offsets(&partition.topic, partition.index, tags, examined_to, room)
+            messaging.message_index.tagged_offsets(&partition.topic, partition.index, tags, examined_to, room)
         }
         _ => None,
     };
@@ -281,10 +279,11 @@ fn check_deliveries(log_start: i64, deliveries: &[Delivery]) {
 /// A receive with long polling: what it hands out, empty when nothing came before its
 /// deadline or the broker began shutting down.
 pub(crate) async fn receive(
-    broker: &Arc<Broker>,
+    messaging: &Arc<Messaging>,
     turns: &ReceiveTurns,
     request: ReceiveRequest,
 ) -> Result<Vec<Delivery>, BrokerError> {
+    let broker = &messaging.broker;
     request.check();
     let turn = turns.of(&request.key);
     let deadline = tokio::time::Instant::now() + request.long_polling;
@@ -299,10 +298,10 @@ pub(crate) async fn receive(
         let waiter = Arc::new(Notify::new());
         request.partition.register_waiter(&waiter);
         // Messages out of deliveries go to the dead letters before anything is handed out.
-        super::dead_letter::move_exhausted(broker, &request.key, request.max_attempts).await;
+        super::dead_letter::move_exhausted(messaging, &request.key, request.max_attempts).await;
         let pass = {
-            let (broker, request) = (broker.clone(), request.clone());
-            tokio::task::spawn_blocking(move || receive_once(&broker, &broker.pop, &request)).await
+            let (messaging, request) = (messaging.clone(), request.clone());
+            tokio::task::spawn_blocking(move || receive_once(&messaging, &request)).await
         };
         let deliveries = pass.map_err(|e| BrokerError::internal(e.to_string()))??;
         if !deliveries.is_empty() {
@@ -311,7 +310,7 @@ pub(crate) async fn receive(
         // Wake at the next expiry too: that message is deliverable again then.
         let now = tokio::time::Instant::now();
         // (One already past is a dead letter that could not be moved: try again a little later.)
-        let expiry = broker.pop.next_expiry_ms(&request.key).map(|at| {
+        let expiry = messaging.pop.next_expiry_ms(&request.key).map(|at| {
             let wait_ms = at - broker.now_ms();
             now + Duration::from_millis(if wait_ms > 0 { wait_ms as u64 } else { RETRY_DEAD_LETTER_MS })
         });

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use weir_storage::sync::lock;
 
-use weir_broker::pop::{PopStore, QueueKey, QueueState};
-use weir_broker::Broker;
+use crate::pop::{PopStore, QueueKey, QueueState};
+use crate::Messaging;
 use weir_coordinators::group::clients::ConnectedClients;
 use weir_coordinators::group::GroupCoordinator;
 
@@ -111,27 +111,27 @@ impl Renewals {
     }
 
     /// Starts the renewer; it ends when the broker shuts down or any of the three is dropped.
-    pub(crate) fn start(self: &Arc<Self>, broker: &Arc<Broker>, groups: &Arc<GroupCoordinator>) {
-        let (renewals, broker, groups) = (Arc::downgrade(self), Arc::downgrade(broker), Arc::downgrade(groups));
+    pub(crate) fn start(self: &Arc<Self>, messaging: &Arc<Messaging>, groups: &Arc<GroupCoordinator>) {
+        let (renewals, messaging, groups) = (Arc::downgrade(self), Arc::downgrade(messaging), Arc::downgrade(groups));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(TICK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let (Some(renewals), Some(broker), Some(groups)) =
-                    (Weak::upgrade(&renewals), Weak::upgrade(&broker), Weak::upgrade(&groups))
+                let (Some(renewals), Some(messaging), Some(groups)) =
+                    (Weak::upgrade(&renewals), Weak::upgrade(&messaging), Weak::upgrade(&groups))
                 else {
                     return;
                 };
-                if broker.is_shutting_down() {
+                if messaging.broker.is_shutting_down() {
                     return;
                 }
                 if renewals.is_empty() {
                     continue;
                 }
-                let now = broker.now_ms();
+                let now = messaging.broker.now_ms();
                 let _ =
-                    tokio::task::spawn_blocking(move || renewals.renew_due(&broker.pop, &groups.clients, now)).await;
+                    tokio::task::spawn_blocking(move || renewals.renew_due(&messaging.pop, &groups.clients, now)).await;
             }
         });
     }

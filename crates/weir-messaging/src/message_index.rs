@@ -36,10 +36,12 @@ use uuid::Uuid;
 use weir_storage::records::Record;
 use weir_storage::sync::lock;
 
-use crate::broker::Broker;
-use crate::error::{BrokerError, ErrorKind};
-use crate::message::headers;
-use crate::partition::Partition;
+use weir_broker::broker::Broker;
+
+use crate::Messaging;
+use weir_broker::error::{BrokerError, ErrorKind};
+use weir_broker::message::headers;
+use weir_broker::partition::Partition;
 
 /// The directory under the data directory.
 pub const INDEX_DIR: &str = "message-index";
@@ -330,15 +332,15 @@ impl MessageIndex {
     }
 
     /// Starts the indexer thread; it stops when the broker shuts down (or is dropped).
-    pub fn start(broker: &Arc<Broker>) -> std::io::Result<()> {
-        let weak: Weak<Broker> = Arc::downgrade(broker);
+    pub fn start(messaging: &Arc<Messaging>) -> std::io::Result<()> {
+        let weak: Weak<Messaging> = Arc::downgrade(messaging);
         std::thread::Builder::new().name("weir-message-index".into()).spawn(move || loop {
-            let Some(broker) = weak.upgrade() else { return };
-            if *broker.shutdown_signal().borrow() {
+            let Some(messaging) = weak.upgrade() else { return };
+            if *messaging.broker.shutdown_signal().borrow() {
                 return;
             }
-            broker.message_index.pass(&broker);
-            drop(broker);
+            messaging.message_index.pass(&messaging.broker);
+            drop(messaging);
             std::thread::sleep(PASS_INTERVAL);
         })?;
         Ok(())
@@ -351,7 +353,7 @@ impl MessageIndex {
         let mut live = Vec::new();
         for partition in broker.partitions() {
             let Some(topic) = metadata.topic(&partition.topic) else { continue };
-            if !crate::topic_config::message_index(&broker.config.topic_defaults, &topic.configs) {
+            if !weir_broker::topic_config::message_index(&broker.config.topic_defaults, &topic.configs) {
                 continue;
             }
             live.push((partition.topic.clone(), partition.index));
@@ -524,7 +526,7 @@ pub struct Found {
     pub record: Record,
 }
 
-impl Broker {
+impl Messaging {
     /// The messages of `topic`'s partitions on this broker that `lookup` names, with a
     /// timestamp within `[from, to]` ms, at most `max`, by partition and offset. A topic whose
     /// messages are not indexed is an error that says so. Blocking (reads the log).
@@ -535,12 +537,12 @@ impl Broker {
         range: (i64, i64),
         max: usize,
     ) -> Result<Vec<Found>, BrokerError> {
-        let metadata = self.metadata();
+        let metadata = self.broker.metadata();
         let described = metadata.topic(topic).ok_or_else(|| {
             BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("Topic {topic} does not exist."))
         })?;
         if let Lookup::MessageId(id) = lookup {
-            if !crate::message::is_message_id(id) {
+            if !weir_broker::message::is_message_id(id) {
                 return Err(BrokerError::new(
                     ErrorKind::InvalidRequest,
                     format!(
@@ -551,24 +553,24 @@ impl Broker {
             }
         }
         let mut found = Vec::new();
-        let Some(partitions) = self.topic_partitions(topic) else { return Ok(found) };
+        let Some(partitions) = self.broker.topic_partitions(topic) else { return Ok(found) };
         // An id Weir derived for a record stored without one says where the record is.
         if let Lookup::MessageId(id) = lookup {
-            if let Some((index, offset)) = crate::message::parse_derived_message_id(topic, id) {
-                if let Some(partition) = crate::partition::by_index(&partitions, index) {
-                    if let Some(record) = self.read_record(partition, offset)? {
+            if let Some((index, offset)) = weir_broker::message::parse_derived_message_id(topic, id) {
+                if let Some(partition) = weir_broker::partition::by_index(&partitions, index) {
+                    if let Some(record) = self.broker.read_record(partition, offset)? {
                         found.push(Found { partition: index, record });
                     }
                 }
                 return Ok(found);
             }
         }
-        if !crate::topic_config::message_index(&self.config.topic_defaults, &described.configs) {
+        if !weir_broker::topic_config::message_index(&self.broker.config.topic_defaults, &described.configs) {
             return Err(BrokerError::new(
                 ErrorKind::InvalidRequest,
                 format!(
                     "topic {topic} does not index its messages: set {}=true on it",
-                    crate::topic_config::MESSAGE_INDEX
+                    weir_broker::topic_config::MESSAGE_INDEX
                 ),
             ));
         }
@@ -578,7 +580,7 @@ impl Broker {
                 if found.len() >= max {
                     return Ok(found);
                 }
-                if let Some(record) = self.read_record(partition, offset)? {
+                if let Some(record) = self.broker.read_record(partition, offset)? {
                     if lookup.matches(&record) && (range.0..=range.1).contains(&record.timestamp) {
                         found.push(Found { partition: partition.index, record });
                     }
@@ -598,19 +600,19 @@ impl Broker {
         range: (i64, i64),
         max: usize,
     ) -> Result<Vec<Found>, BrokerError> {
-        let partitions = self.topic_partitions(topic).ok_or_else(|| {
+        let partitions = self.broker.topic_partitions(topic).ok_or_else(|| {
             BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("Topic {topic} does not exist."))
         })?;
         let mut found = Vec::new();
         for partition in partitions.iter().flatten() {
-            let start = self.list_offset(
+            let start = self.broker.list_offset(
                 partition,
-                crate::broker::OffsetQuery::AtTimestamp(range.0.max(0)),
-                crate::fetch::Isolation::HighWatermark,
+                weir_broker::broker::OffsetQuery::AtTimestamp(range.0.max(0)),
+                weir_broker::fetch::Isolation::HighWatermark,
             )?;
             let (mut next, end) = (start.offset, partition.log.high_watermark());
             'read: while next >= 0 && next < end && found.len() < max {
-                let (records, after) = self.read_records(partition, next, READ_BYTES)?;
+                let (records, after) = self.broker.read_records(partition, next, READ_BYTES)?;
                 for record in records {
                     if record.timestamp > range.1 {
                         break 'read;

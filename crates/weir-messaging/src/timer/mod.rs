@@ -12,7 +12,7 @@
 //!   seconds in memory, so a million messages pending for a week cost little RAM.
 //! - **Firing:** one task takes what is due, in (due time, offset) order, reads those records
 //!   back, strips the timer headers and appends them to their topics (`acks=all`, at each
-//!   partition's leader, see [`crate::forward`]) with the firing time as their timestamp. A
+//!   partition's leader, see [`weir_broker::forward`]) with the firing time as their timestamp. A
 //!   message without a chosen partition goes to the partitions this broker leads in turn.
 //! - **The checkpoint** (`checkpoint.json`) says up to which log offset the wheel has every
 //!   entry on disk and which (due time, offset) fired last. Start-up indexes the log's tail past
@@ -40,10 +40,10 @@ use weir_storage::records::{self, BatchOptions, Header, Record};
 use weir_storage::sync::lock;
 use weir_storage::{Clock, DeletionQueue, FlushPolicy, Log, LogConfig, OpenOptions};
 
-use crate::message::headers::DELIVERY_TIMESTAMP;
-use crate::{Broker, BrokerError, ErrorKind};
 pub use recall::Recall;
 use recall::Recalls;
+use weir_broker::message::headers::DELIVERY_TIMESTAMP;
+use weir_broker::{Broker, BrokerError, ErrorKind};
 use wheel::{Key, Wheel};
 
 /// The timer's own headers, stripped when a message fires.
@@ -124,7 +124,9 @@ fn record_bytes(record: &Option<Record>) -> usize {
 fn max_message_bytes(broker: &Broker, topic: &str) -> Option<usize> {
     let metadata = broker.metadata();
     let configs = &metadata.topic(topic)?.configs;
-    crate::topic_config::log_config(&broker.config.topic_defaults, configs).ok().map(|c| c.max_message_bytes as usize)
+    weir_broker::topic_config::log_config(&broker.config.topic_defaults, configs)
+        .ok()
+        .map(|c| c.max_message_bytes as usize)
 }
 
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
@@ -588,6 +590,30 @@ pub struct Split {
 /// delayed record in an idempotent or transactional batch, is refused (the producer's sequence
 /// numbers or transaction would no longer match what the partition holds; send delayed records
 /// with `enable.idempotence=false`).
+/// The timer as the data path's append sees it ([`weir_broker::delayed`]): a DELAY topic's
+/// records that are not due go to the store, the others are appended at once.
+pub(crate) struct Diversion {
+    pub(crate) timer: Arc<TimerStore>,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl weir_broker::delayed::DelayedRecords for Diversion {
+    fn divert<'a>(
+        &'a self,
+        partition: &'a weir_broker::Partition,
+        records: BytesMut,
+        max_delay_ms: i64,
+    ) -> weir_broker::delayed::Diverted<'a> {
+        Box::pin(async move {
+            let Some(split) = split_delayed(&records, self.clock.now_ms(), max_delay_ms)? else {
+                return Ok(Some(records));
+            };
+            self.timer.schedule(&partition.topic, Some(partition.index), split.delayed).await?;
+            Ok(split.now)
+        })
+    }
+}
+
 pub fn split_delayed(batches: &[u8], now_ms: i64, max_delay_ms: i64) -> Result<Option<Split>, BrokerError> {
     let decoded =
         records::decode_batches(batches).map_err(|e| BrokerError::new(ErrorKind::InvalidRecord, e.to_string()))?;

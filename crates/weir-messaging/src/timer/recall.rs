@@ -8,7 +8,7 @@
 //!
 //! A delayed message waits in the timer store of the broker that took it; a recall that comes
 //! to another broker goes there over the internal RPC (`timer.recall`,
-//! [`Broker::recall_delayed`]).
+//! [`Messaging::recall_delayed`]).
 //!
 //! **Invariant:** a recall and the firing of the same message never both succeed. Firing
 //! claims the keys it takes (`firing`) under the wheel's lock, and a recall decides under the
@@ -30,9 +30,11 @@ use weir_storage::FlushPolicy;
 
 use super::wheel::{decode_entry, encode_entry, Key, ENTRY_BYTES};
 use super::{due_ms, headers, io_error, read_at, TimerStore};
-use crate::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
-use crate::message::headers::MESSAGE_ID;
-use crate::{Broker, BrokerError};
+use weir_broker::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
+use weir_broker::message::headers::MESSAGE_ID;
+use weir_broker::BrokerError;
+
+use crate::Messaging;
 
 const SERVICE: &str = "timer";
 const RECALL: &str = "timer.recall";
@@ -187,31 +189,32 @@ struct RecallRequest {
 }
 
 struct TimerService {
-    broker: Weak<Broker>,
+    timer: Weak<TimerStore>,
 }
 
 impl RpcHandler for TimerService {
     fn handle(&self, method: &str, body: Bytes) -> RpcFuture<'static, Result<Bytes, RemoteError>> {
-        let broker = self.broker.upgrade();
+        let timer = self.timer.upgrade();
         let method = method.to_string();
         Box::pin(async move {
-            let broker = broker.ok_or_else(|| RemoteError::new("the broker is shutting down"))?;
+            let timer = timer.ok_or_else(|| RemoteError::new("the broker is shutting down"))?;
             if method != RECALL {
                 return Err(RemoteError::unknown_method(&method));
             }
             let request: RecallRequest = decode_json(&method, &body)?;
-            let answer = broker.timer.recall(&request.topic, request.due_ms, request.offset).await;
+            let answer = timer.recall(&request.topic, request.due_ms, request.offset).await;
             encode_json(&method, &answer)
         })
     }
 }
 
 /// Serves `timer.recall` on this broker's internal RPC.
-pub fn register(broker: &Arc<Broker>) {
-    broker.cluster.register_service(SERVICE, Arc::new(TimerService { broker: Arc::downgrade(broker) }));
+pub fn register(messaging: &Arc<Messaging>) {
+    let service = Arc::new(TimerService { timer: Arc::downgrade(&messaging.timer) });
+    messaging.broker.cluster.register_service(SERVICE, service);
 }
 
-impl Broker {
+impl Messaging {
     /// Recalls a delayed message kept by broker `node` (this one, or another over the internal
     /// RPC): see [`TimerStore::recall`].
     pub async fn recall_delayed(
@@ -221,13 +224,13 @@ impl Broker {
         due_ms: i64,
         offset: i64,
     ) -> Result<Recall, BrokerError> {
-        if node == self.config.node_id {
+        if node == self.broker.config.node_id {
             return self.timer.recall(topic, due_ms, offset).await;
         }
         let request = RecallRequest { topic: topic.to_string(), due_ms, offset };
         let body = encode_json(RECALL, &request).map_err(|e| BrokerError::internal(e.message().to_string()))?;
-        let timeout = Duration::from_millis(self.config.quorum_request_timeout_ms);
-        let answer = self.call_broker(node, RECALL, body, timeout).await?;
+        let timeout = Duration::from_millis(self.broker.config.quorum_request_timeout_ms);
+        let answer = self.broker.call_broker(node, RECALL, body, timeout).await?;
         decode_json::<Result<Recall, BrokerError>>(RECALL, &answer)
             .map_err(|e| BrokerError::internal(e.message().to_string()))?
     }
@@ -240,7 +243,7 @@ mod tests {
     use weir_storage::{Clock, LogConfig, SystemClock};
 
     use super::*;
-    use crate::message::headers::DELIVERY_TIMESTAMP;
+    use weir_broker::message::headers::DELIVERY_TIMESTAMP;
 
     fn delayed(due: i64, id: &'static str) -> Record {
         let mut record = Record::new(1, None, Some(Bytes::from_static(b"body")));

@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
-use crate::error::ErrorKind;
-use crate::{Broker, BrokerError};
+use weir_broker::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
+use weir_broker::error::ErrorKind;
+use weir_broker::BrokerError;
+
+use crate::Messaging;
 
 const SERVICE: &str = "pop";
 const RESET: &str = "pop.reset";
@@ -28,14 +30,14 @@ struct ResetRequest {
     positions: Vec<(i32, i64)>,
 }
 
-impl Broker {
+impl Messaging {
     /// Starts `group`'s consumption of `topic` by invisible time again at the given (partition,
     /// offset) positions, each where its partition is led. A group that has no state for a
     /// queue gets one when it is a group that receives by invisible time (it has state on that
     /// broker, or group settings); other groups are Kafka's, and keep none. Returns how many
     /// queue states were set; fails, naming the partition, when a leader is missing or refuses.
     pub async fn reset_queues(&self, group: &str, topic: &str, positions: &[(i32, i64)]) -> Result<usize, BrokerError> {
-        let metadata = self.metadata();
+        let metadata = self.broker.metadata();
         let meta = metadata.topic(topic).ok_or_else(|| {
             BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("topic '{topic}' does not exist"))
         })?;
@@ -58,13 +60,13 @@ impl Broker {
         }
         let mut reset = 0;
         for (leader, positions) in by_leader {
-            reset += if leader == self.config.node_id {
+            reset += if leader == self.broker.config.node_id {
                 self.reset_queues_here(group, topic, &positions)?
             } else {
                 let request = ResetRequest { group: group.to_string(), topic: topic.to_string(), positions };
                 let body = encode_json(RESET, &request).map_err(|e| BrokerError::internal(e.message().to_string()))?;
-                let timeout = Duration::from_millis(self.config.quorum_request_timeout_ms);
-                let answer = self.call_broker(leader, RESET, body, timeout).await?;
+                let timeout = Duration::from_millis(self.broker.config.quorum_request_timeout_ms);
+                let answer = self.broker.call_broker(leader, RESET, body, timeout).await?;
                 decode_json::<Result<usize, BrokerError>>(RESET, &answer)
                     .map_err(|e| BrokerError::internal(e.message().to_string()))??
             };
@@ -72,16 +74,16 @@ impl Broker {
         Ok(reset)
     }
 
-    /// [`Broker::reset_queues`] of partitions this broker leads.
+    /// [`Messaging::reset_queues`] of partitions this broker leads.
     fn reset_queues_here(&self, group: &str, topic: &str, positions: &[(i32, i64)]) -> Result<usize, BrokerError> {
-        let create =
-            !self.group_settings(group).broadcast && (self.pop.has_group(group) || self.group_configs(group).is_some());
+        let create = !self.broker.group_settings(group).broadcast
+            && (self.pop.has_group(group) || self.broker.group_configs(group).is_some());
         let mut reset = 0;
         for &(partition, offset) in positions {
-            let here = self.partition(topic, partition).ok_or_else(|| {
+            let here = self.broker.partition(topic, partition).ok_or_else(|| {
                 BrokerError::new(
                     ErrorKind::NotLeader,
-                    format!("broker {} does not host {topic}-{partition}", self.config.node_id),
+                    format!("broker {} does not host {topic}-{partition}", self.broker.config.node_id),
                 )
             })?;
             here.check_local_leader()?;
@@ -97,26 +99,27 @@ impl Broker {
 }
 
 struct PopService {
-    broker: Weak<Broker>,
+    messaging: Weak<Messaging>,
 }
 
 impl RpcHandler for PopService {
     fn handle(&self, method: &str, body: Bytes) -> RpcFuture<'static, Result<Bytes, RemoteError>> {
-        let broker = self.broker.upgrade();
+        let messaging = self.messaging.upgrade();
         let method = method.to_string();
         Box::pin(async move {
-            let broker = broker.ok_or_else(|| RemoteError::new("the broker is shutting down"))?;
+            let messaging = messaging.ok_or_else(|| RemoteError::new("the broker is shutting down"))?;
             if method != RESET {
                 return Err(RemoteError::unknown_method(&method));
             }
             let request: ResetRequest = decode_json(&method, &body)?;
-            let answer = broker.reset_queues_here(&request.group, &request.topic, &request.positions);
+            let answer = messaging.reset_queues_here(&request.group, &request.topic, &request.positions);
             encode_json(&method, &answer)
         })
     }
 }
 
 /// Serves `pop.reset` on this broker's internal RPC.
-pub fn register(broker: &Arc<Broker>) {
-    broker.cluster.register_service(SERVICE, Arc::new(PopService { broker: Arc::downgrade(broker) }));
+pub fn register(messaging: &Arc<Messaging>) {
+    let service = Arc::new(PopService { messaging: Arc::downgrade(messaging) });
+    messaging.broker.cluster.register_service(SERVICE, service);
 }

@@ -32,7 +32,7 @@ use weir_storage::records::{self, BatchOptions, Record};
 use weir_storage::sync::lock;
 use weir_storage::{Clock, DeletionQueue, FlushPolicy, Log, LogConfig, OpenOptions};
 
-use crate::{BrokerError, ErrorKind};
+use weir_broker::{BrokerError, ErrorKind};
 
 /// The journal is rewritten once it is this large.
 pub const COMPACT_AFTER_BYTES: u64 = 16 << 20;
