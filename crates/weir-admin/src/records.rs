@@ -148,6 +148,12 @@ pub async fn produce(
             }
         }
     }
+    // One answer per record, in request order: a client matches them up by position.
+    debug_assert!(
+        offsets.iter().all(Option::is_some),
+        "HTTP produce to {topic}: records {:?} got no answer",
+        offsets.iter().enumerate().filter(|(_, o)| o.is_none()).map(|(i, _)| i).collect::<Vec<_>>()
+    );
     match first_error {
         Some(e) if !appended_any => Err(e),
         _ => Ok(Json(ProduceResponse { offsets: offsets.into_iter().flatten().collect() })),
@@ -590,7 +596,36 @@ fn merge(call: &ConsumeCall, parts: BTreeMap<Option<i32>, Consumed>) -> Consumed
         }
     }
     let positions = call.positions.iter().filter_map(|(index, _)| positions.remove(index)).collect();
-    Consumed { records, positions }
+    let consumed = Consumed { records, positions };
+    check_consumed(call, &consumed);
+    consumed
+}
+
+/// What a consume answer promises (debug builds only; nothing in release): at most
+/// `max_records` records, each of a partition the request asked for, and the positions of
+/// those partitions only, in the request's order, once each.
+fn check_consumed(call: &ConsumeCall, consumed: &Consumed) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    assert!(
+        consumed.records.len() <= call.max_records,
+        "{} records answered, at most {} asked",
+        consumed.records.len(),
+        call.max_records
+    );
+    let asked: Vec<i32> = call.positions.iter().map(|(index, _)| *index).collect();
+    if let Some(record) = consumed.records.iter().find(|r| !asked.contains(&r.partition)) {
+        panic!("a record of partition {} answered, partitions {asked:?} asked", record.partition);
+    }
+    let mut order = asked.iter();
+    for position in &consumed.positions {
+        assert!(
+            order.any(|index| *index == position.partition),
+            "the position of partition {} answered out of order or unasked (asked {asked:?})",
+            position.partition
+        );
+    }
 }
 
 #[cfg(test)]
@@ -640,5 +675,60 @@ mod tests {
         let err = decode_field(Some("not base64!"), Encoding::Base64, what).unwrap_err();
         assert_eq!(err.code, "INVALID_REQUEST");
         assert!(err.message.contains("the value is not valid base64"), "{}", err.message);
+    }
+}
+
+#[cfg(all(test, debug_assertions))]
+mod invariant_tests {
+    use super::*;
+
+    fn call(partitions: &[i32], max_records: usize) -> ConsumeCall {
+        ConsumeCall {
+            topic: "t".into(),
+            positions: partitions.iter().map(|p| (*p, "earliest".to_string())).collect(),
+            max_records,
+            max_bytes: 1 << 20,
+            timeout_ms: 0,
+            encoding: Encoding::default(),
+        }
+    }
+
+    fn record(partition: i32) -> ConsumedRecord {
+        ConsumedRecord {
+            partition,
+            offset: 0,
+            timestamp: 0,
+            timestamp_type: "CreateTime".into(),
+            key: None,
+            value: None,
+            headers: Headers::default(),
+        }
+    }
+
+    fn position(partition: i32) -> PartitionPosition {
+        PartitionPosition { partition, next_offset: 0, high_watermark: 0, log_start_offset: 0, error: None }
+    }
+
+    #[test]
+    fn merged_parts_answer_what_was_asked_in_order() {
+        let parts = BTreeMap::from([
+            (Some(2), Consumed { records: vec![record(1), record(1)], positions: vec![position(1)] }),
+            (Some(1), Consumed { records: vec![record(0)], positions: vec![position(0)] }),
+        ]);
+        let merged = merge(&call(&[0, 1], 2), parts);
+        assert_eq!(merged.records.len(), 2);
+        assert_eq!(merged.positions.iter().map(|p| p.partition).collect::<Vec<_>>(), vec![0, 1]);
+    }
+
+    #[test]
+    #[should_panic(expected = "partitions [0] asked")]
+    fn a_record_of_a_partition_not_asked_is_caught() {
+        check_consumed(&call(&[0], 10), &Consumed { records: vec![record(3)], positions: vec![position(0)] });
+    }
+
+    #[test]
+    #[should_panic(expected = "out of order")]
+    fn positions_out_of_order_are_caught() {
+        check_consumed(&call(&[0, 1], 10), &Consumed { records: vec![], positions: vec![position(1), position(0)] });
     }
 }

@@ -24,6 +24,11 @@
 //!
 //! Partitions with one replica keep the log's own high watermark (it follows the log end, or
 //! the fsynced end): the single-node path does not change.
+//!
+//! **Invariant** (asserted in debug builds by `ReplicaState::check_leader_high_watermark`
+//! each time the leader moves it, under the replication lock): the leader's high watermark
+//! never goes back, and never passes its own position or the position of any replica of the
+//! maximal ISR as the leader knows it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -82,6 +87,39 @@ impl ReplicaState {
             followers: BTreeMap::new(),
             pending_isr: None,
             known_high_watermark: 0,
+        }
+    }
+
+    /// Asserts the invariant of the module doc (debug builds only; nothing in release): the
+    /// leader `local` moved the high watermark from `previous` to `high_watermark`, with its
+    /// own position at `own_position`, over `isr` (the committed ISR; the pending one is added
+    /// here). Every follower of the maximal ISR has a known position at or above it.
+    fn check_leader_high_watermark(
+        &self,
+        local: i32,
+        isr: &[i32],
+        previous: i64,
+        high_watermark: i64,
+        own_position: i64,
+    ) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(
+            high_watermark >= previous,
+            "the leader's high watermark went back from {previous} to {high_watermark}"
+        );
+        assert!(
+            high_watermark <= own_position,
+            "the leader's high watermark {high_watermark} passed its own position {own_position}"
+        );
+        let pending = self.pending_isr.as_ref().map_or(&[][..], |p| &p.isr[..]);
+        for id in isr.iter().chain(pending).filter(|id| **id != local) {
+            let position = self.followers.get(id).map_or(-1, |f| f.log_end);
+            assert!(
+                high_watermark <= position,
+                "the high watermark {high_watermark} passed in-sync replica {id}'s position {position} (ISR {isr:?}, pending {pending:?})"
+            );
         }
     }
 }
@@ -158,13 +196,16 @@ impl Partition {
         if state.replicas.len() <= 1 || state.leader != self.local_broker {
             return;
         }
-        let target = {
+        // Computed and set under the replication lock: two callers setting what each computed
+        // after the other's check could move the high watermark back.
+        let moved = {
             let replication = weir_storage::sync::lock(&self.replication);
             if replication.leading_epoch != Some(state.leader_epoch) {
                 return;
             }
             let pending = replication.pending_isr.as_ref().map_or(&[][..], |p| &p.isr[..]);
-            let mut target = self.own_position();
+            let own_position = self.own_position();
+            let mut target = own_position;
             for id in state.isr.iter().chain(pending).filter(|id| **id != self.local_broker) {
                 match replication.followers.get(id) {
                     Some(f) if f.log_end >= 0 => target = target.min(f.log_end),
@@ -172,10 +213,21 @@ impl Partition {
                     _ => return,
                 }
             }
-            target
+            let previous = self.log.high_watermark();
+            let moved = target > previous && target <= self.log.log_end_offset();
+            if moved {
+                self.log.set_high_watermark(target);
+                replication.check_leader_high_watermark(
+                    self.local_broker,
+                    &state.isr,
+                    previous,
+                    self.log.high_watermark(),
+                    own_position,
+                );
+            }
+            moved
         };
-        if target > self.log.high_watermark() && target <= self.log.log_end_offset() {
-            self.log.set_high_watermark(target);
+        if moved {
             self.wake_waiters();
         }
     }
@@ -577,6 +629,39 @@ mod tests {
         committed.partition_epoch += 1;
         p.set_state(committed);
         assert!(weir_storage::sync::lock(&p.replication).pending_isr.is_none());
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "passed in-sync replica 3's position")]
+    fn a_high_watermark_past_an_in_sync_follower_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = led_partition(dir.path(), &[1, 2, 3]);
+        append(&p, 10);
+        p.record_follower_fetch(2, 10);
+        p.record_follower_fetch(3, 4);
+        weir_storage::sync::lock(&p.replication).check_leader_high_watermark(1, &[1, 2, 3], 4, 10, 10);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "went back")]
+    fn a_high_watermark_that_goes_back_on_the_leader_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = led_partition(dir.path(), &[1, 2]);
+        append(&p, 10);
+        p.record_follower_fetch(2, 10);
+        weir_storage::sync::lock(&p.replication).check_leader_high_watermark(1, &[1, 2], 10, 8, 10);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "passed its own position")]
+    fn a_high_watermark_past_the_leaders_own_position_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = led_partition(dir.path(), &[1]);
+        append(&p, 10);
+        weir_storage::sync::lock(&p.replication).check_leader_high_watermark(1, &[1], 0, 11, 10);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use kafka_protocol::messages::*;
+use kafka_protocol::protocol::VersionRange;
 use weir_broker::metrics::{ErrorCounter, OperationMetrics, ProtocolMetrics};
 
 use crate::context::{Client, Ctx};
@@ -105,6 +106,7 @@ async fn route(
     // be the frame's only holder to write into it.
     let (client, correlation_id) = {
         let header = frame::decode_header(&mut frame, api_key, version)?;
+        check_header(&header, &prefix, supported);
         let client = Client {
             version,
             client_id: header.client_id.as_ref().map(|s| s.to_string()).unwrap_or_default(),
@@ -130,6 +132,7 @@ async fn route(
             let whole_body = body.clone();
             let request: ProduceRequest = frame::decode_body(&mut body, api_key, version)?;
             drop(body);
+            let asked = produce_partitions(&request);
             let acks = request.acks;
             let durable = handlers::produce::handle(ctx, &client, request, whole_body).await;
             // Test-only fault: the append happens, the producer never hears of it.
@@ -137,6 +140,7 @@ async fn route(
             let protocol = ctx.metrics.clone();
             return Ok(Reply::Later(Box::pin(async move {
                 let response = durable.await;
+                check_produce_response(&asked, &response);
                 if let Some(metrics) = api_metrics(&protocol, api_key) {
                     response.error_codes(&mut metrics.error_counter());
                 }
@@ -211,6 +215,52 @@ async fn route(
         other => return Err(FrameError::UnsupportedVersion { api_key: other, version, correlation_id }),
     };
     Ok(Reply::Now(response))
+}
+
+/// What decoding promises of a request header (debug builds only; nothing in release): it
+/// names the API, version and correlation id its prefix named, and the version is one this
+/// broker implements (the gate above let nothing else through).
+fn check_header(header: &RequestHeader, prefix: &frame::RequestPrefix, supported: Option<VersionRange>) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    assert!(
+        header.request_api_key == prefix.api_key
+            && header.request_api_version == prefix.version
+            && header.correlation_id == prefix.correlation_id,
+        "the decoded header {header:?} is not the request's prefix (key {}, version {}, correlation id {})",
+        prefix.api_key,
+        prefix.version,
+        prefix.correlation_id
+    );
+    assert!(
+        supported.is_some_and(|r| (r.min..=r.max).contains(&header.request_api_version)),
+        "a request of version {} passed the gate (supported: {supported:?})",
+        header.request_api_version
+    );
+}
+
+/// The topics and partition indexes a produce request names, in order, for
+/// [`check_produce_response`]. Empty in release builds, where nothing checks.
+fn produce_partitions(request: &ProduceRequest) -> Vec<(TopicName, Vec<i32>)> {
+    if !cfg!(debug_assertions) {
+        return Vec::new();
+    }
+    request.topic_data.iter().map(|t| (t.name.clone(), t.partition_data.iter().map(|p| p.index).collect())).collect()
+}
+
+/// A produce response answers each partition of its request, in the request's order, once
+/// (debug builds only; nothing in release): a client matches them up by position.
+fn check_produce_response(asked: &[(TopicName, Vec<i32>)], response: &ProduceResponse) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let answered: Vec<(TopicName, Vec<i32>)> = response
+        .responses
+        .iter()
+        .map(|t| (t.name.clone(), t.partition_responses.iter().map(|p| p.index).collect()))
+        .collect();
+    assert!(answered == asked, "the produce response answers {answered:?}, the request asked {asked:?}");
 }
 
 fn single(bytes: bytes::BytesMut) -> ResponseFrame {
@@ -333,4 +383,45 @@ fn drop_response_for_fault_injection(ctx: &Ctx) -> bool {
     static PRODUCE_RESPONSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let every = ctx.broker.config.fault_produce_response_drop_every;
     every > 0 && PRODUCE_RESPONSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % every == every - 1
+}
+
+#[cfg(all(test, debug_assertions))]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+
+    fn request(partitions: &[i32]) -> ProduceRequest {
+        let data = partitions.iter().map(|index| PartitionProduceData::default().with_index(*index)).collect();
+        ProduceRequest::default().with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(kafka_protocol::protocol::StrBytes::from_static_str("t")))
+            .with_partition_data(data)])
+    }
+
+    fn response(partitions: &[i32]) -> ProduceResponse {
+        let answers = partitions.iter().map(|index| PartitionProduceResponse::default().with_index(*index)).collect();
+        ProduceResponse::default().with_responses(vec![TopicProduceResponse::default()
+            .with_name(TopicName(kafka_protocol::protocol::StrBytes::from_static_str("t")))
+            .with_partition_responses(answers)])
+    }
+
+    #[test]
+    fn a_produce_response_that_answers_its_request_passes() {
+        check_produce_response(&produce_partitions(&request(&[0, 2, 1])), &response(&[0, 2, 1]));
+    }
+
+    #[test]
+    #[should_panic(expected = "the produce response answers")]
+    fn a_produce_response_missing_a_partition_is_caught() {
+        check_produce_response(&produce_partitions(&request(&[0, 2, 1])), &response(&[0, 1]));
+    }
+
+    #[test]
+    #[should_panic(expected = "is not the request's prefix")]
+    fn a_header_unlike_its_prefix_is_caught() {
+        let header =
+            RequestHeader::default().with_request_api_key(0).with_request_api_version(9).with_correlation_id(7);
+        let prefix = frame::RequestPrefix { api_key: 0, version: 8, correlation_id: 7 };
+        check_header(&header, &prefix, versions::supported(ApiKey::Produce));
+    }
 }

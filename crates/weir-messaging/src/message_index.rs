@@ -23,7 +23,8 @@
 //! id (the topic was deleted and made again) or breaks contiguity is deleted with all chunks
 //! after it. A hash is not proof: every candidate offset is read back and its record checked for
 //! the key or id before it is answered, so collisions, entries of a truncated log and stale
-//! entries never show as results.
+//! entries never show as results. The invariants are asserted in debug builds by
+//! `PartitionIndex::check_invariants` after every change of a partition's index.
 
 use std::collections::HashMap;
 use std::fs;
@@ -162,7 +163,50 @@ impl PartitionIndex {
             let _ = fs::remove_file(&path);
         }
         let next = chunks.last().map_or(0, |c| c.end);
-        Ok(PartitionIndex { dir, topic_id, chunks, open: Vec::new(), open_base: next, next })
+        let index = PartitionIndex { dir, topic_id, chunks, open: Vec::new(), open_base: next, next };
+        index.check_invariants();
+        Ok(index)
+    }
+
+    /// Asserts the invariants of the module doc (debug builds only; nothing in release): the
+    /// chunks cover contiguous ranges, the open entries `[open_base, next)` follow the last one.
+    /// Of the open entries (in offset order) only the first and the last are looked at.
+    fn check_invariants(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let dir = self.dir.display();
+        for chunk in &self.chunks {
+            assert!(chunk.base <= chunk.end, "{dir}: chunk [{}, {}) ends before it begins", chunk.base, chunk.end);
+        }
+        for pair in self.chunks.windows(2) {
+            assert!(
+                pair[0].end == pair[1].base,
+                "{dir}: chunks not contiguous: [{}, {}) then [{}, {})",
+                pair[0].base,
+                pair[0].end,
+                pair[1].base,
+                pair[1].end
+            );
+        }
+        if let Some(last) = self.chunks.last() {
+            assert!(
+                last.end == self.open_base,
+                "{dir}: the open entries begin at {} but the last chunk ends at {}",
+                self.open_base,
+                last.end
+            );
+        }
+        assert!(self.open_base <= self.next, "{dir}: open entries from {} to {}", self.open_base, self.next);
+        for entry in self.open.first().into_iter().chain(self.open.last()) {
+            assert!(
+                (self.open_base..self.next).contains(&entry.offset),
+                "{dir}: an open entry at {} outside [{}, {})",
+                entry.offset,
+                self.open_base,
+                self.next
+            );
+        }
     }
 
     /// Brings the index in line with the log: drops what lies below its start, forgets what a
@@ -188,6 +232,8 @@ impl PartitionIndex {
                 }
                 None => {
                     self.open.retain(|e| e.offset < log_end);
+                    // Without chunks the open entries may have begun past the new end.
+                    self.open_base = self.open_base.min(log_end);
                     self.next = log_end;
                 }
             }
@@ -201,6 +247,7 @@ impl PartitionIndex {
             let dropped = self.chunks.remove(0);
             let _ = fs::remove_file(&dropped.path);
         }
+        self.check_invariants();
     }
 
     fn add(&mut self, record: &Record) {
@@ -217,15 +264,23 @@ impl PartitionIndex {
     }
 
     /// Writes the open entries as a chunk once there are enough of them.
+    /// (Called after each batch of entries: it checks the invariants too.)
     fn seal_if_full(&mut self) -> std::io::Result<()> {
-        if self.open.len() < CHUNK_ENTRIES {
-            return Ok(());
+        if self.open.len() >= CHUNK_ENTRIES {
+            let mut entries = std::mem::take(&mut self.open);
+            entries.sort_unstable();
+            match write_chunk(&self.dir, self.topic_id, self.open_base, self.next, &entries) {
+                Ok(chunk) => {
+                    self.chunks.push(chunk);
+                    self.open_base = self.next;
+                }
+                Err(e) => {
+                    self.open = entries;
+                    return Err(e);
+                }
+            }
         }
-        let mut entries = std::mem::take(&mut self.open);
-        entries.sort_unstable();
-        let chunk = write_chunk(&self.dir, self.topic_id, self.open_base, self.next, &entries)?;
-        self.chunks.push(chunk);
-        self.open_base = self.next;
+        self.check_invariants();
         Ok(())
     }
 }
@@ -743,6 +798,31 @@ mod tests {
         let other = PartitionIndex::open(dir.path().to_path_buf(), Uuid::new_v4()).unwrap();
         assert!(other.chunks.is_empty(), "a chunk of another topic id is dropped");
         assert_eq!(other.next, 0);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "chunks not contiguous")]
+    fn chunks_with_a_gap_are_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let topic_id = Uuid::new_v4();
+        let mut p = PartitionIndex::open(dir.path().to_path_buf(), topic_id).unwrap();
+        for (base, end) in [(0, 10), (12, 20)] {
+            p.chunks.push(write_chunk(dir.path(), topic_id, base, end, &[]).unwrap());
+        }
+        (p.open_base, p.next) = (20, 20);
+        p.check_invariants();
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn an_open_entry_outside_the_open_range_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = PartitionIndex::open(dir.path().to_path_buf(), Uuid::new_v4()).unwrap();
+        p.add(&message(5, &["k"], "x"));
+        p.next = 5;
+        let _ = p.seal_if_full();
     }
 
     #[test]

@@ -27,8 +27,12 @@ pub struct RecallHandle {
 }
 
 impl RecallHandle {
+    /// The handle's text; [`RecallHandle::decode`] gives this handle back (asserted in debug
+    /// builds: a handle that does not round-trip could never recall its message).
     pub fn encode(&self) -> String {
-        format!("r1.{}.{}.{}", self.node, self.offset, self.due_ms)
+        let text = format!("r1.{}.{}.{}", self.node, self.offset, self.due_ms);
+        debug_assert_eq!(RecallHandle::decode(&text), Some(*self), "recall handle {text:?} does not round-trip");
+        text
     }
 
     pub fn decode(text: &str) -> Option<RecallHandle> {
@@ -85,5 +89,12 @@ mod tests {
         for bogus in ["", "r1.", "r1.3.4", "r1.-1.4.5", "r1.3.-4.5", "r2.3.4.5", "r1.3.4.5.6", "r1.x.4.5", "w1.3.4.5"] {
             assert_eq!(RecallHandle::decode(bogus), None, "{bogus}");
         }
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "does not round-trip")]
+    fn a_recall_handle_that_does_not_round_trip_is_caught() {
+        let _ = RecallHandle { node: 1, offset: -3, due_ms: 5 }.encode();
     }
 }

@@ -26,8 +26,12 @@ pub struct Handle {
 }
 
 impl Handle {
+    /// The handle's text; [`Handle::decode`] gives this handle back (asserted in debug builds:
+    /// a handle that does not round-trip would make its message unackable).
     pub fn encode(&self) -> String {
-        format!("w1.{}.{}.{:016x}", self.partition, self.offset, self.nonce)
+        let text = format!("w1.{}.{}.{:016x}", self.partition, self.offset, self.nonce);
+        debug_assert_eq!(Handle::decode(&text), Some(*self), "receipt handle {text:?} does not round-trip");
+        text
     }
 
     pub fn decode(text: &str) -> Option<Handle> {
@@ -157,5 +161,12 @@ mod tests {
         ] {
             assert_eq!(Handle::decode(bogus), None, "{bogus}");
         }
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "does not round-trip")]
+    fn a_receipt_handle_that_does_not_round_trip_is_caught() {
+        let _ = Handle { partition: -1, offset: 5, nonce: 1 }.encode();
     }
 }

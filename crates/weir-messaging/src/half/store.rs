@@ -21,6 +21,10 @@
 //!   next retry), so a committed message is never lost; it can be appended twice only when the
 //!   crash falls between its append and the `done` line.
 //! - The log keeps everything from the smallest pending offset.
+//!
+//! Asserted in debug builds by `HalfStore::check_invariants` after every change of the state:
+//! each message being appended is a pending committed one (else a second append could begin),
+//! and every pending message is in the log.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions as FileOptions};
@@ -158,6 +162,7 @@ impl HalfStore {
         };
         // Start from a compact journal (it also ends a torn last line).
         store.compact(&mut lock(&store.inner))?;
+        store.check_invariants(&lock(&store.inner));
         tracing::info!(pending = lock(&store.inner).pending.len(), "half messages opened");
         Ok(store)
     }
@@ -194,6 +199,7 @@ impl HalfStore {
             let id = pending.transaction_id.clone();
             self.write(&mut inner, Line::Set { offset, pending: pending.clone() })?;
             inner.pending.insert(offset, pending);
+            self.check_invariants(&inner);
             (offset, id)
         };
         if self.log.config().flush == FlushPolicy::Sync {
@@ -227,12 +233,14 @@ impl HalfStore {
         if !commit {
             self.write(&mut inner, Line::Done { offset })?;
             inner.pending.remove(&offset);
+            self.check_invariants(&inner);
             return Ok(Decision::RolledBack);
         }
         pending.committing = true;
         self.write(&mut inner, Line::Set { offset, pending: pending.clone() })?;
         inner.pending.insert(offset, pending.clone());
         inner.appending.insert(offset);
+        self.check_invariants(&inner);
         drop(inner);
         match self.read(offset) {
             Ok(record) => Ok(Decision::Commit { offset, topic: pending.topic, record }),
@@ -251,12 +259,15 @@ impl HalfStore {
             inner.pending.remove(&offset);
         }
         inner.appending.remove(&offset);
+        self.check_invariants(&inner);
         Ok(())
     }
 
     /// The append of the committed message at `offset` failed: the sweep tries it again.
     pub fn release(&self, offset: i64) {
-        lock(&self.inner).appending.remove(&offset);
+        let mut inner = lock(&self.inner);
+        inner.appending.remove(&offset);
+        self.check_invariants(&inner);
     }
 
     /// Open transactions due for a check at `now_ms` (not committing), oldest first.
@@ -281,6 +292,7 @@ impl HalfStore {
             .map(|(o, p)| (*o, p.clone()))
             .collect();
         inner.appending.extend(claimed.iter().map(|(offset, _)| *offset));
+        self.check_invariants(&inner);
         claimed
     }
 
@@ -292,6 +304,7 @@ impl HalfStore {
         pending.check_at_ms = next_check_ms;
         self.write(&mut inner, Line::Set { offset, pending: pending.clone() })?;
         inner.pending.insert(offset, pending);
+        self.check_invariants(&inner);
         Ok(())
     }
 
@@ -303,6 +316,7 @@ impl HalfStore {
         }
         self.write(&mut inner, Line::Done { offset })?;
         inner.pending.remove(&offset);
+        self.check_invariants(&inner);
         Ok(true)
     }
 
@@ -334,6 +348,26 @@ impl HalfStore {
             tracing::warn!(error = %e, "half messages: cannot flush the log");
         }
         self.deletion_queue.remove_due(i64::MAX);
+    }
+
+    /// Asserts the invariants of the module doc (debug builds only; nothing in release), with
+    /// the state's lock held. Cheap: the messages being appended are few, and of the pending
+    /// ones only the last is looked at.
+    fn check_invariants(&self, inner: &Inner) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let dir = self.dir.display();
+        for offset in &inner.appending {
+            assert!(
+                inner.pending.get(offset).is_some_and(|p| p.committing),
+                "{dir}: half message {offset} is being appended but is not a pending committed one"
+            );
+        }
+        if let Some((last, _)) = inner.pending.last_key_value() {
+            let log_end = self.log.log_end_offset();
+            assert!(*last < log_end, "{dir}: half message {last} is pending but the log ends at {log_end}");
+        }
     }
 
     fn write(&self, inner: &mut Inner, line: Line) -> Result<(), BrokerError> {
@@ -426,5 +460,29 @@ mod tests {
         assert_eq!(store.pending_count(), 0);
         assert_eq!(offset_of(&b.1), Some(b.0));
         assert_eq!(offset_of("nonsense"), None);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "not a pending committed one")]
+    fn an_append_of_an_undecided_message_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let (offset, _) = store.prepare("t", &record(b"a"), "A", 100).expect("prepare");
+        lock(&store.inner).appending.insert(offset);
+        store.release(offset + 1);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "the log ends at")]
+    fn a_pending_message_past_the_log_end_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        store.prepare("t", &record(b"a"), "A", 100).expect("prepare");
+        let mut inner = lock(&store.inner);
+        let pending = inner.pending.values().next().cloned().expect("pending");
+        inner.pending.insert(5, pending);
+        store.check_invariants(&inner);
     }
 }

@@ -267,6 +267,13 @@ impl QueueState {
                     debug_assert!(active.insert(group), "two active messages of one FIFO group: {self:?}");
                 }
             }
+            // None waits for nothing: a parked message's group has its active one.
+            for (offset, parked) in self.inflight.iter().filter(|(_, i)| i.is_parked()) {
+                debug_assert!(
+                    parked.group.is_some_and(|group| active.contains(&group)),
+                    "{offset} is parked behind no active message of its group: {self:?}"
+                );
+            }
         }
         debug_assert!(self.done_below <= self.next, "done_below {} above next {}", self.done_below, self.next);
         debug_assert!(self.inflight.keys().all(|o| (self.done_below..self.next).contains(o)), "{self:?}");
@@ -407,6 +414,27 @@ mod tests {
             (0u8..4).prop_map(Op::Skip),
             (0u8..4).prop_map(Op::Truncate),
         ]
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "two active messages of one FIFO group")]
+    fn two_active_messages_of_one_group_are_caught() {
+        let g = group_hash(b"g");
+        let mut q = QueueState::starting_at(0);
+        q.deliver_in_group(0, 100, 1, Some(g));
+        q.deliver_in_group(1, 100, 2, Some(g));
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "parked behind no active message")]
+    fn a_message_parked_behind_nothing_is_caught() {
+        let mut q = QueueState::starting_at(0);
+        q.deliver(0, 100, 1);
+        q.inflight.insert(1, Inflight { visible_at_ms: PARKED, attempt: 0, nonce: 0, group: Some(group_hash(b"g")) });
+        q.next = 2;
+        q.check();
     }
 
     proptest! {

@@ -416,7 +416,17 @@ impl TimerStore {
         if let Err(e) = wheel.fired(&done, through) {
             tracing::warn!(error = %e, "timer store: cannot delete a fired slot file");
         }
-        lock(&self.recalls).settle(&recalled);
+        let mut recalls = lock(&self.recalls);
+        if cfg!(debug_assertions) {
+            let fired: Vec<Key> = due
+                .iter()
+                .zip(outcomes)
+                .filter(|(_, o)| **o == Outcome::Appended || **o == Outcome::Dropped)
+                .map(|(key, _)| *key)
+                .collect();
+            recalls.check_invariants(&fired);
+        }
+        recalls.settle(&recalled);
     }
 
     /// Fires `due` (keys in order): what became of each.

@@ -13,7 +13,9 @@
 //! **Invariant:** a recall and the firing of the same message never both succeed. Firing
 //! claims the keys it takes (`firing`) under the wheel's lock, and a recall decides under the
 //! same lock: a key claimed is being delivered (the recall fails), a key recalled before the
-//! claim is settled as recalled.
+//! claim is settled as recalled. Asserted in debug builds by `Recalls::check_invariants` when
+//! a round claims and when it settles: the keys claimed are in order (the recall's search
+//! relies on it), and no key that fired (appended or dropped) is among the recalled.
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -101,6 +103,7 @@ impl Recalls {
     pub(super) fn claim(&mut self, keys: &[Key]) {
         self.firing.clear();
         self.firing.extend_from_slice(keys);
+        self.check_invariants(&[]);
     }
 
     /// The firing round ended; `recalled` were settled without an append.
@@ -108,6 +111,24 @@ impl Recalls {
         self.firing.clear();
         for key in recalled {
             self.recalled.remove(key);
+        }
+    }
+
+    /// Asserts the invariant of the module doc (debug builds only; nothing in release), with
+    /// `fired` the keys of the round that were appended or dropped: none of them was recalled.
+    /// Called under the wheel's lock, where recalls decide.
+    pub(super) fn check_invariants(&self, fired: &[Key]) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(
+            self.firing.windows(2).all(|w| w[0] < w[1]),
+            "{}: the keys of a firing round are out of order: {:?}",
+            self.path.display(),
+            self.firing
+        );
+        if let Some(both) = fired.iter().find(|key| self.recalled.contains(key)) {
+            panic!("{}: message {both:?} was both recalled and fired", self.path.display());
         }
     }
 
@@ -295,6 +316,25 @@ mod tests {
         lock(&store.recalls).settle(&[(near, 0), (far, 1)]);
         assert_eq!(store.recall("t", far, 2).await.expect("recall"), Recall::NotPending);
         assert_eq!(store.pending().0, 0);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "both recalled and fired")]
+    fn a_message_both_recalled_and_fired_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut recalls = Recalls::open(dir.path(), (i64::MIN, i64::MIN)).expect("open");
+        recalls.note((1_000, 7), FlushPolicy::None).expect("note");
+        recalls.check_invariants(&[(1_000, 7)]);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "out of order")]
+    fn a_round_claimed_out_of_order_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut recalls = Recalls::open(dir.path(), (i64::MIN, i64::MIN)).expect("open");
+        recalls.claim(&[(2_000, 1), (1_000, 2)]);
     }
 
     #[test]

@@ -16,6 +16,10 @@
 //! above it: its due time is raised to `fired.0` when it is earlier (a message scheduled for a
 //! time already past fires at once), and its offset is larger than any fired one (offsets grow
 //! with scheduling). So a restart that skips every key `<= fired` skips exactly what fired.
+//!
+//! These are asserted in debug builds by `Wheel::check_invariants` after every change: no
+//! key waiting in memory is at or below `fired` (else it would be handed out again, or skipped
+//! by a restart), `fired` never goes back, and a key handed to [`Wheel::fired`] was above it.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -151,6 +155,7 @@ impl Wheel {
                 self.near.extend(keys);
             }
         }
+        self.check_invariants(self.fired);
         Ok(keys)
     }
 
@@ -183,6 +188,7 @@ impl Wheel {
             self.loading_from = Some(self.loading_from.map_or(*first, |from| from.min(*first)));
         }
         self.loaded_until = horizon;
+        self.check_invariants(self.fired);
         slots
     }
 
@@ -192,6 +198,7 @@ impl Wheel {
             self.loaded_until = self.loaded_until.min(first);
         }
         self.loading_from = None;
+        self.check_invariants(self.fired);
     }
 
     /// The last step of loading slots: their entries, from [`load_slots`], join those in memory.
@@ -201,6 +208,7 @@ impl Wheel {
         // A merge of two sorted sets: linear, no search per entry.
         self.near.append(&mut loaded);
         self.loading_from = None;
+        self.check_invariants(self.fired);
     }
 
     /// Whether the entry `key`, which was added (the timer log says so), waits to fire. Of a
@@ -247,6 +255,15 @@ impl Wheel {
     /// `keys` fired (each was due and in memory); every key up to `through` is done, for the
     /// record that survives a restart. Deletes the slot files wholly fired.
     pub fn fired(&mut self, keys: &[Key], through: Key) -> io::Result<()> {
+        let fired_before = self.fired;
+        if cfg!(debug_assertions) {
+            if let Some(again) = keys.iter().find(|key| **key <= fired_before) {
+                panic!(
+                    "{}: key {again:?} fired again (every key up to {fired_before:?} fired already)",
+                    self.dir.display()
+                );
+            }
+        }
         for key in keys {
             if self.near.remove(key) {
                 if let Some(info) = self.slots.get_mut(&slot_of(key.0)) {
@@ -254,6 +271,13 @@ impl Wheel {
                 }
             }
         }
+        // A key added while its round was firing (scheduled for a time that passed meanwhile)
+        // can sort below `through` without having fired: the mark stops just below it, or a
+        // restart would skip it and a recall would find it not pending.
+        let through = match self.near.first() {
+            Some(first) if *first <= through => (first.0, first.1.saturating_sub(1)),
+            _ => through,
+        };
         if through > self.fired {
             self.fired = through;
         }
@@ -276,7 +300,35 @@ impl Wheel {
                 _ => {}
             }
         }
+        self.check_invariants(fired_before);
         Ok(())
+    }
+
+    /// Asserts the invariants of the module doc (debug builds only; nothing in release), after
+    /// a change that found `fired` at `fired_before`. Cheap: the ends of the ordered set only.
+    fn check_invariants(&self, fired_before: Key) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let dir = self.dir.display();
+        assert!(
+            self.fired >= fired_before,
+            "{dir}: the fired mark went back from {fired_before:?} to {:?}",
+            self.fired
+        );
+        if let Some(first) = self.near.first() {
+            assert!(
+                *first > self.fired,
+                "{dir}: key {first:?} waits in memory at or below the fired mark {:?}: it would fire twice, or a restart would skip it",
+                self.fired
+            );
+        }
+        for key in self.near.first().into_iter().chain(self.near.last()) {
+            assert!(
+                self.slots.contains_key(&slot_of(key.0)),
+                "{dir}: key {key:?} waits in memory but its slot is not counted (the log could be trimmed under it)"
+            );
+        }
     }
 
     /// The largest key fired.
@@ -408,6 +460,67 @@ mod tests {
         wheel.fired(&[(61_000, 2)], (61_000, 2)).expect("fire");
         assert!(!dir.path().join("60000.slot").exists());
         assert_eq!((wheel.pending(), wheel.min_pending_offset()), (0, None));
+    }
+
+    #[test]
+    fn a_key_added_while_its_round_fires_keeps_the_fired_mark_below_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(200, 1), (300, 2)]).expect("add");
+        let round = wheel.due(300, 10);
+        assert_eq!(round, vec![(200, 1), (300, 2)]);
+        // Scheduled while the round was out, for a time that has passed since: it sorts below
+        // the round's last key, and has not fired.
+        assert_eq!(wheel.add(&[(150, 3)]).expect("add"), vec![(150, 3)]);
+        wheel.fired(&round, (300, 2)).expect("fire");
+        assert!(wheel.fired_through() < (150, 3), "a restart must not skip it: {:?}", wheel.fired_through());
+        assert!(wheel.is_pending((150, 3)));
+        assert_eq!(wheel.due(300, 10), vec![(150, 3)]);
+        let reopened = Wheel::open(dir.path(), wheel.fired_through(), 300).expect("reopen");
+        assert!(reopened.due(300, 10).contains(&(150, 3)), "still there after a restart");
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "fired again")]
+    fn a_key_fired_twice_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(100, 1), (200, 2)]).expect("add");
+        wheel.fired(&[(100, 1)], (100, 1)).expect("fire");
+        let _ = wheel.fired(&[(100, 1)], (100, 1));
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "at or below the fired mark")]
+    fn a_waiting_key_at_or_below_the_fired_mark_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(100, 1), (200, 2)]).expect("add");
+        wheel.fired = (150, 9);
+        wheel.check_invariants(NONE);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "went back")]
+    fn a_fired_mark_that_goes_back_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(100, 1)]).expect("add");
+        wheel.check_invariants((50, 0));
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "its slot is not counted")]
+    fn a_waiting_key_of_an_uncounted_slot_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(100, 1)]).expect("add");
+        wheel.slots.clear();
+        wheel.check_invariants(NONE);
     }
 
     proptest! {
