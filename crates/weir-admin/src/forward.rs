@@ -29,9 +29,9 @@ use std::collections::{BTreeMap, HashMap};
 use tower::ServiceExt as _;
 use weir_broker::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
 use weir_broker::fetch::Isolation;
-use weir_broker::group::clients::ConnectedClient;
-use weir_broker::group::OFFSETS_TOPIC;
 use weir_broker::{Acks, Broker, ErrorKind, OffsetQuery, Partition};
+use weir_coordinators::group::clients::ConnectedClient;
+use weir_coordinators::group::OFFSETS_TOPIC;
 
 use crate::api::{ConsumedRecord, Encoding, PartitionInfo, PartitionPosition};
 use crate::error::ApiError;

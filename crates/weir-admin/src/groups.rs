@@ -22,9 +22,9 @@ use axum::Json;
 use bytes::{Buf, Bytes};
 use kafka_protocol::messages::ConsumerProtocolAssignment;
 use kafka_protocol::protocol::Decodable;
-use weir_broker::group::clients::ConnectedClient;
-use weir_broker::group::{CommitParams, GroupDescription as Described, GroupState, OffsetToCommit};
 use weir_broker::{Broker, ErrorKind};
+use weir_coordinators::group::clients::ConnectedClient;
+use weir_coordinators::group::{CommitParams, GroupDescription as Described, GroupState, OffsetToCommit};
 
 use axum::http::StatusCode;
 use weir_broker::group_config;

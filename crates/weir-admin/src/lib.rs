@@ -48,8 +48,8 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
-use weir_broker::group::GroupCoordinator;
 use weir_broker::{Broker, ErrorKind};
+use weir_coordinators::group::GroupCoordinator;
 
 use crate::error::ApiError;
 

@@ -31,7 +31,7 @@ pub async fn metrics(State(state): State<SharedState>) -> Result<Response, ApiEr
     let core = state.core()?;
     let (broker, groups) = (core.broker.clone(), core.groups.clone());
     // Rendering may read log sizes and offsets: off the async workers.
-    let text = tokio::task::spawn_blocking(move || weir_broker::metrics::render_prometheus(&broker, &groups))
+    let text = tokio::task::spawn_blocking(move || weir_broker::metrics::render_prometheus(&broker, &[&*groups]))
         .await
         .map_err(|e| ApiError::internal(format!("rendering metrics failed: {e}")))?;
     Ok(([(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)], text).into_response())

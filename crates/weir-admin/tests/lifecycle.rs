@@ -10,8 +10,8 @@ use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use weir_admin::{AdminState, Core};
-use weir_broker::group::GroupCoordinator;
 use weir_broker::{Broker, BrokerConfig};
+use weir_coordinators::group::GroupCoordinator;
 
 /// A GET over a fresh connection: (status, body).
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {

@@ -970,7 +970,7 @@ impl Broker {
 
     /// Appends the broker's own records (internal topics, transaction markers) and waits for
     /// them to be durable. The only way into an internal topic. Blocking.
-    pub(crate) fn append_internal_blocking(
+    pub fn append_internal_blocking(
         &self,
         partition: &Partition,
         mut records: BytesMut,
@@ -1049,7 +1049,7 @@ impl Broker {
     /// what its ISR will have (its high watermark catches up once the followers fetch), and a
     /// commit the old leader acknowledged may still be above the high watermark this replica
     /// learned. Blocking.
-    pub(crate) fn read_to_log_end(
+    pub fn read_to_log_end(
         &self,
         partition: &Partition,
         offset: i64,

@@ -11,20 +11,16 @@
 pub mod broker;
 pub mod cluster;
 pub mod config;
-mod coordinator_shards;
-pub mod dead_letter;
 /// Weir's error vocabulary (the `weir-error` crate), where the core's callers have always found it.
 pub use weir_error as error;
 pub mod fetch;
 pub mod follower;
 pub mod forward;
-pub mod group;
 pub mod group_config;
 pub mod half;
 pub use weir_storage::internal_records;
 pub mod message;
 pub mod message_index;
-pub mod messaging;
 /// The cluster metadata and its quorum (the `weir-metadata` crate).
 pub use weir_metadata as metadata;
 pub mod metrics;
@@ -35,12 +31,11 @@ pub use weir_controller::placement;
 pub mod pop;
 pub mod replication;
 
-mod runtime;
+pub mod runtime;
 pub mod throttle;
 pub mod timer;
 /// What topic configs mean and how they are checked (the controller's, `weir-controller`).
 pub use weir_controller::topic_config;
-pub mod txn;
 
 pub use broker::{
     Acks, Broker, CreatedTopic, NewTopic, NodeStatus, OffsetAnswer, OffsetQuery, PartitionSize, PendingAppends,

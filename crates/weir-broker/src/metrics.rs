@@ -29,15 +29,13 @@
 pub mod process;
 pub mod text;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
-use crate::group::{GroupCoordinator, GroupState};
 use crate::partition::Partition;
 use crate::Broker;
-use text::{Exposition, Kind};
+pub use text::{Exposition, Kind};
 use weir_storage::sync::{lock, read, write};
 
 /// The `Content-Type` of [`render_prometheus`]'s output.
@@ -277,8 +275,15 @@ impl BrokerMetrics {
     }
 }
 
-/// The Prometheus text exposition of every metric.
-pub fn render_prometheus(broker: &Broker, groups: &GroupCoordinator) -> String {
+/// What a layer above the data path adds to the exposition (the coordinators' groups, ...), so
+/// that `/metrics` shows every layer while this crate knows none of them.
+pub trait MetricsSection {
+    /// Adds this section's families; `partitions` are the broker's, read once per scrape.
+    fn render(&self, out: &mut Exposition, partitions: &[Arc<Partition>]);
+}
+
+/// The Prometheus text exposition of every metric: the data path's, then each of `sections`.
+pub fn render_prometheus(broker: &Broker, sections: &[&dyn MetricsSection]) -> String {
     let partitions = broker.partitions();
     let mut out = Exposition::with_capacity(16 * 1024 + partitions.len() * 1024);
 
@@ -290,7 +295,9 @@ pub fn render_prometheus(broker: &Broker, groups: &GroupCoordinator) -> String {
     render_connections(&mut out, &protocols);
     render_topics(&mut out, broker, &partitions);
     render_partitions(&mut out, &partitions);
-    render_groups(&mut out, &groups.committed_offsets(), &partitions);
+    for section in sections {
+        section.render(&mut out, &partitions);
+    }
     render_messaging(&mut out, broker);
     process::render(&mut out, &process::ProcessStats::read());
     out.finish()
@@ -543,51 +550,6 @@ fn render_partitions(out: &mut Exposition, partitions: &[Arc<Partition>]) {
          every partition.",
     );
     out.histogram("weir_fsync_duration_seconds", &[], &LATENCY_BUCKETS_NANOS, &fsyncs);
-}
-
-fn render_groups(out: &mut Exposition, groups: &[crate::group::GroupOffsets], partitions: &[Arc<Partition>]) {
-    let mut states: BTreeMap<&str, u64> =
-        [GroupState::Empty, GroupState::PreparingRebalance, GroupState::CompletingRebalance, GroupState::Stable]
-            .into_iter()
-            .map(|s| (s.as_str(), 0))
-            .collect();
-    for group in groups {
-        *states.entry(group.state.as_str()).or_default() += 1;
-    }
-    out.family("weir_consumer_groups", Kind::Gauge, "Consumer groups, by state.");
-    for (state, count) in &states {
-        out.sample("weir_consumer_groups", &[("state", state)], *count);
-    }
-
-    let by_key: std::collections::HashMap<(&str, i32), &Partition> =
-        partitions.iter().map(|p| ((p.topic.as_str(), p.index), &**p)).collect();
-    out.family(
-        "weir_consumer_group_committed_offset",
-        Kind::Gauge,
-        "The offset a group committed, by group, topic and partition.",
-    );
-    for group in groups {
-        for (topic, partition, offset) in &group.offsets {
-            let labels: [(&str, &dyn std::fmt::Display); 3] =
-                [("group", &group.group_id), ("topic", topic), ("partition", partition)];
-            out.sample("weir_consumer_group_committed_offset", &labels, *offset);
-        }
-    }
-    out.family(
-        "weir_consumer_group_lag_records",
-        Kind::Gauge,
-        "High watermark minus the committed offset (0 if the commit is ahead), by group, topic and partition; \
-         absent for partitions that no longer exist or that this broker does not host.",
-    );
-    for group in groups {
-        for (topic, partition, offset) in &group.offsets {
-            let Some(p) = by_key.get(&(topic.as_str(), *partition)) else { continue };
-            let lag = (p.log.high_watermark() - offset).max(0);
-            let labels: [(&str, &dyn std::fmt::Display); 3] =
-                [("group", &group.group_id), ("topic", topic), ("partition", partition)];
-            out.sample("weir_consumer_group_lag_records", &labels, lag);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -263,9 +263,8 @@ impl Partition {
     }
 
     /// How many registered waiters are still waiting: what a test waits on to know a long poll
-    /// is parked.
-    #[cfg(test)]
-    pub(crate) fn live_waiters(&self) -> usize {
+    /// is parked (the messaging engines' tests too, so it is public).
+    pub fn live_waiters(&self) -> usize {
         lock(&self.waiters).iter().filter(|w| w.strong_count() > 0).count()
     }
 

@@ -12,7 +12,7 @@ use crate::error::BrokerError;
 
 /// Runs `future` to completion from blocking code within a multi-threaded tokio runtime (on a
 /// worker thread, through `block_in_place`, so the other tasks keep running).
-pub(crate) fn block_on<F: Future>(future: F) -> Result<F::Output, BrokerError> {
+pub fn block_on<F: Future>(future: F) -> Result<F::Output, BrokerError> {
     let handle = Handle::try_current()
         .map_err(|_| BrokerError::internal("the broker's control operations must run within a tokio runtime"))?;
     if handle.runtime_flavor() == RuntimeFlavor::CurrentThread {

@@ -179,14 +179,15 @@ async fn acks_all_follows_min_insync_replicas_through_config_changes() {
 async fn clients_cannot_append_to_internal_topics_whatever_their_protocol() {
     let dir = tempfile::tempdir().unwrap();
     let broker = open(dir.path(), &[]);
-    let groups = weir_broker::group::GroupCoordinator::start(broker.clone()).unwrap();
-    let offsets = broker.require_partition(weir_broker::group::OFFSETS_TOPIC, 0).unwrap();
+    // The topic the group coordinator keeps, created as it creates it.
+    let internal = weir_broker::metadata::OFFSETS_TOPIC;
+    broker.ensure_internal_topic(internal, 1, BTreeMap::new()).await.unwrap();
+    let offsets = broker.require_partition(internal, 0).unwrap();
     for acks in [Acks::Leader, Acks::All] {
         let err = broker.append(offsets.clone(), batch(), acks).await.unwrap_err();
         assert_eq!(err.kind, ErrorKind::InvalidTopic, "{err}");
     }
     assert_eq!(offsets.log.log_end_offset(), 0, "nothing was written");
-    groups.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

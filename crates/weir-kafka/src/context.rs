@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use weir_broker::group::GroupCoordinator;
 use weir_broker::metrics::ProtocolMetrics;
-use weir_broker::txn::TxnCoordinator;
 use weir_broker::Broker;
+use weir_coordinators::group::GroupCoordinator;
+use weir_coordinators::txn::TxnCoordinator;
 
 /// Slots of the Kafka request metrics, indexed by API key. Kafka's keys are below 100 today; a
 /// key at or above this is counted as an unknown API.

@@ -2,7 +2,7 @@
 //! becomes the core's [`TagFilter`], which decides which messages of a queue a receive hands
 //! out (matching a record's tag is the core's). SQL92 expressions are refused as not supported.
 
-use weir_broker::pop::TagFilter;
+use weir_messaging::pop::TagFilter;
 
 use crate::proto::{self, Code, FilterType};
 use crate::status::status;

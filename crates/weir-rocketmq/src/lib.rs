@@ -7,7 +7,7 @@
 //! group is a Weir group. Like the Kafka front-end, this crate decodes requests, calls the core
 //! and encodes answers; every core error becomes a status once, in [`status`]. What RocketMQ's
 //! proxies and brokers decide (which messages a receive hands out, redeliveries, dead letters,
-//! renewals, transaction checks) is the core's messaging ([`weir_broker::messaging`]): this
+//! renewals, transaction checks) is the core's messaging ([`weir_messaging`]): this
 //! crate owns no state beyond its connections, no periodic task and no file.
 //!
 //! - [`service`]: the calls, one method each;

@@ -10,8 +10,9 @@
 use std::time::Duration;
 
 use weir_broker::message::Message;
-use weir_broker::pop::{Delivery, HandleError, QueueKey};
+use weir_broker::pop::{HandleError, QueueKey};
 use weir_broker::Broker;
+use weir_messaging::pop::Delivery;
 
 use crate::proto::{self, receive_message_response::Content, Code, ReceiveMessageResponse};
 use crate::status::{self, status};

@@ -11,13 +11,14 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Streaming};
-use weir_broker::group::clients::{ClientKind, Heard};
-use weir_broker::group::GroupCoordinator;
-use weir_broker::messaging::Messaging;
 use weir_broker::metadata::TopicMetadata;
 use weir_broker::metrics::ProtocolMetrics;
-use weir_broker::pop::{self, QueueKey, ReceiveRequest};
+use weir_broker::pop::QueueKey;
 use weir_broker::Broker;
+use weir_coordinators::group::clients::{ClientKind, Heard};
+use weir_coordinators::group::GroupCoordinator;
+use weir_messaging::pop::{self, ReceiveRequest};
+use weir_messaging::Messaging;
 
 use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;

@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use tokio::sync::mpsc;
-use weir_broker::half::{CheckSent, EndError, Pending, TransactionChecker, TransactionalMessages};
+use weir_broker::half::Pending;
 use weir_broker::message::Message;
 use weir_broker::storage::records::Record;
 use weir_broker::storage::sync::lock;
+use weir_messaging::half::{CheckSent, EndError, TransactionChecker, TransactionalMessages};
 
 use crate::proto::{self, telemetry_command, Code, RecoverOrphanedTransactionCommand, TelemetryCommand};
 use crate::status::{self, status};

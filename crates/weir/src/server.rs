@@ -24,9 +24,9 @@ use anyhow::Context;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::oneshot;
 use weir_broker::config::BrokerConfig;
-use weir_broker::group::GroupCoordinator;
-use weir_broker::txn::TxnCoordinator;
 use weir_broker::Broker;
+use weir_coordinators::group::GroupCoordinator;
+use weir_coordinators::txn::TxnCoordinator;
 use weir_kafka::Ctx;
 
 use crate::cli::ServerArgs;
@@ -307,7 +307,7 @@ impl RocketMqServer {
         // The messaging engines RocketMQ clients need (receives by invisible time,
         // dead letters, renewals, transaction checks) run with their front-end only, so
         // that a broker without it never redelivers, dead-letters or rolls back.
-        let messaging = weir_broker::messaging::Messaging::start(&core.broker, &core.groups);
+        let messaging = weir_messaging::Messaging::start(&core.broker, &core.groups);
         let service = weir_rocketmq::Service::open(core.broker.clone(), core.groups.clone(), messaging);
         let mut stopping = core.broker.shutdown_signal();
         let stopped = async move {

@@ -22,8 +22,6 @@
 //!   crash falls between its append and the `done` line.
 //! - The log keeps everything from the smallest pending offset.
 
-pub mod transactions;
-
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions as FileOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -35,8 +33,6 @@ use weir_storage::sync::lock;
 use weir_storage::{Clock, DeletionQueue, FlushPolicy, Log, LogConfig, OpenOptions};
 
 use crate::{BrokerError, ErrorKind};
-
-pub use transactions::{CheckSent, EndError, TransactionChecker, TransactionalMessages};
 
 /// The journal is rewritten once it is this large.
 pub const COMPACT_AFTER_BYTES: u64 = 16 << 20;

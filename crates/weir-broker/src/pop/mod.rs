@@ -30,12 +30,6 @@
 //! `kafka-consumer-groups.sh --reset-offsets` move it: [`reset`] does it where each partition
 //! is led.
 
-pub mod dead_letter;
-pub mod engine;
-pub mod filter;
-pub mod progress;
-pub mod receive;
-pub mod renew;
 pub mod reset;
 pub mod state;
 
@@ -45,9 +39,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-pub use engine::{HandleResult, PopEngine};
-pub use filter::TagFilter;
-pub use receive::{Delivery, ReceiveRequest};
 pub use state::{HandleError, Inflight, QueueState};
 use weir_storage::sync::lock;
 

@@ -2,7 +2,7 @@
 //! OffsetCommit, OffsetFetch, OffsetDelete, ListGroups, DescribeGroups, DeleteGroups.
 //!
 //! Each handler turns the decoded request into the plain parameters of
-//! `weir_broker::group::GroupCoordinator` and its answer into the response of the request's
+//! `weir_coordinators::group::GroupCoordinator` and its answer into the response of the request's
 //! version. The coordinator owns every rule; here are only the version differences (which
 //! fields exist, where an error goes when a version has no place for it).
 
@@ -28,14 +28,14 @@ use kafka_protocol::messages::{
     OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use weir_broker::group::{
+use weir_coordinators::group::{
     CommitParams, ErrorKind, FetchedOffset, GroupState, HeartbeatParams, JoinGroupParams, LeavingMember,
     OffsetToCommit, Protocol, SyncGroupParams,
 };
 
 use kafka_protocol::ResponseError;
-use weir_broker::group::OFFSETS_TOPIC;
-use weir_broker::txn::TRANSACTION_STATE_TOPIC;
+use weir_coordinators::group::OFFSETS_TOPIC;
+use weir_coordinators::txn::TRANSACTION_STATE_TOPIC;
 
 use crate::context::{Client, Ctx};
 use crate::errors::{code_of, kafka_error};
@@ -517,8 +517,8 @@ mod tests {
                 configs: BTreeMap::new(),
             };
             broker.create_topics_blocking(vec![topic], false).pop().unwrap().unwrap();
-            let groups = weir_broker::group::GroupCoordinator::start(broker.clone()).unwrap();
-            let txns = weir_broker::txn::TxnCoordinator::start(broker.clone(), groups.clone()).unwrap();
+            let groups = weir_coordinators::group::GroupCoordinator::start(broker.clone()).unwrap();
+            let txns = weir_coordinators::txn::TxnCoordinator::start(broker.clone(), groups.clone()).unwrap();
             (broker, groups, txns)
         })
         .await

@@ -1,6 +1,6 @@
 //! Transactions: AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn (the producer's
 //! side), DescribeTransactions and ListTransactions (operators). The coordinator is
-//! `weir_broker::txn::TxnCoordinator`; InitProducerId with a transactional id is in
+//! `weir_coordinators::txn::TxnCoordinator`; InitProducerId with a transactional id is in
 //! `handlers::producer`.
 
 use kafka_protocol::messages::add_partitions_to_txn_response::{
@@ -14,8 +14,8 @@ use kafka_protocol::messages::txn_offset_commit_response::{
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
-use weir_broker::txn::{PendingOffset, ProducerIdentity};
 use weir_broker::BrokerError;
+use weir_coordinators::txn::{PendingOffset, ProducerIdentity};
 
 use crate::context::{Client, Ctx};
 use crate::errors;

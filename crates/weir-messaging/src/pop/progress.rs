@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{PopStore, QueueKey};
-use crate::group::{CommitParams, GroupCoordinator, OffsetToCommit};
-use crate::Broker;
+use weir_broker::pop::{PopStore, QueueKey};
+use weir_broker::Broker;
+use weir_coordinators::group::{CommitParams, GroupCoordinator, OffsetToCommit};
 
 /// How often progress is committed.
 pub const INTERVAL: Duration = Duration::from_secs(5);

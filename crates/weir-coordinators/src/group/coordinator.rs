@@ -25,11 +25,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{oneshot, watch, Notify};
 
-use crate::broker::Broker;
-use crate::coordinator_shards::{self, ShardOwner, Shards};
-use crate::error::BrokerError;
-use crate::internal_records::encode_batch;
-use crate::partition::Partition;
+use crate::shards::{self, ShardOwner, Shards};
+use weir_broker::broker::Broker;
+use weir_broker::error::BrokerError;
+use weir_broker::internal_records::encode_batch;
+use weir_broker::partition::Partition;
 use weir_storage::sync::lock;
 
 use super::offsets::{self, LoadedGroup};
@@ -106,7 +106,7 @@ async fn ensure_offsets_topic(broker: &Arc<Broker>) -> Result<(), BrokerError> {
 }
 
 fn ensure_offsets_topic_blocking(broker: &Arc<Broker>) -> Result<(), BrokerError> {
-    crate::runtime::block_on(ensure_offsets_topic(broker))?
+    weir_broker::runtime::block_on(ensure_offsets_topic(broker))?
 }
 
 impl ShardOwner for GroupCoordinator {
@@ -184,7 +184,7 @@ impl GroupCoordinator {
             broker,
         });
         let started = std::time::Instant::now();
-        if !coordinator_shards::reconcile_blocking(&coordinator.broker, &*coordinator) {
+        if !shards::reconcile_blocking(&coordinator.broker, &*coordinator) {
             return Err(BrokerError::new(
                 ErrorKind::Storage,
                 format!("cannot load the consumer groups of {OFFSETS_TOPIC} (see the log)"),
@@ -202,7 +202,7 @@ impl GroupCoordinator {
             "loaded consumer groups from {OFFSETS_TOPIC}"
         );
         let _guard = runtime.enter();
-        coordinator_shards::spawn_watcher(&coordinator.broker, Arc::downgrade(&coordinator));
+        shards::spawn_watcher(&coordinator.broker, Arc::downgrade(&coordinator));
         runtime.spawn(run_timers(
             Arc::downgrade(&coordinator),
             coordinator.timer_wake.clone(),

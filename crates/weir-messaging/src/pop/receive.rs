@@ -25,9 +25,9 @@ use weir_storage::records::Record;
 use weir_storage::sync::lock;
 
 use super::filter::TagFilter;
-use super::state::group_hash;
-use super::{PopStore, QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE, MAX_PARKED_PER_QUEUE};
-use crate::{Broker, BrokerError, Partition};
+use weir_broker::pop::state::group_hash;
+use weir_broker::pop::{PopStore, QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE, MAX_PARKED_PER_QUEUE};
+use weir_broker::{Broker, BrokerError, Partition};
 
 /// The longest a receive waits for messages.
 pub const MAX_LONG_POLLING: Duration = Duration::from_secs(60);
@@ -125,7 +125,7 @@ fn fifo_group(request: &ReceiveRequest, record: &Record) -> Option<u64> {
     if !request.fifo {
         return None;
     }
-    crate::message::fifo_group(record).map(group_hash)
+    weir_broker::message::fifo_group(record).map(group_hash)
 }
 
 /// One pass of a receive: what it hands out now (maybe nothing). Blocking.

@@ -20,9 +20,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
-use crate::broker::Broker;
-use crate::error::{BrokerError, ErrorKind};
-use crate::partition::Partition;
+use weir_broker::broker::Broker;
+use weir_broker::error::{BrokerError, ErrorKind};
+use weir_broker::partition::Partition;
 use weir_storage::sync::{read, write};
 
 /// How long to wait before loading a shard again after a failed load.

@@ -10,8 +10,8 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{HandleError, Inflight, QueueKey, QueueState};
-use crate::{Broker, BrokerError, ErrorKind};
+use weir_broker::pop::{HandleError, Inflight, QueueKey, QueueState};
+use weir_broker::{Broker, BrokerError, ErrorKind};
 
 /// How often every queue is looked at.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
@@ -51,7 +51,8 @@ async fn move_one(broker: &Arc<Broker>, key: &QueueKey, offset: i64, inflight: I
     let store = &broker.pop;
     match record {
         Some(record) => {
-            broker.dead_letter(&key.group, &key.topic, key.partition, &record, inflight.attempt).await?;
+            crate::dead_letter::dead_letter(broker, &key.group, &key.topic, key.partition, &record, inflight.attempt)
+                .await?;
             store.update(key, || QueueState::starting_at(0), |q| q.ack(offset, inflight.nonce))?.ok();
             if inflight.group.is_some() {
                 // The next message of its FIFO group may go out now.

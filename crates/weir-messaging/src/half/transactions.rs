@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use weir_storage::records::{self, BatchOptions, Record};
 
-use super::{Decision, HalfStore, Pending};
-use crate::message::Message;
-use crate::{Broker, BrokerError, ErrorKind};
+use weir_broker::half::{Decision, HalfStore, Pending};
+use weir_broker::message::Message;
+use weir_broker::{Broker, BrokerError, ErrorKind};
 
 /// How often open transactions are looked at.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
@@ -234,7 +234,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::{BrokerConfig, NewTopic};
+    use weir_broker::{BrokerConfig, NewTopic};
 
     /// A checker that records what it was asked and answers as told.
     struct Recorder {

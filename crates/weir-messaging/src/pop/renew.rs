@@ -8,7 +8,7 @@
 //! received it is alive ([`ConnectedClients::is_alive`]), its deadline moves one slice on
 //! shortly before it runs out, keeping its receipt valid. Renewal stops when the message is
 //! acked or its invisible duration changed, when the client says it terminates or stops calling
-//! for [`CALLER_SILENCE_MS_MAX`](crate::group::clients::CALLER_SILENCE_MS_MAX), and after
+//! for [`CALLER_SILENCE_MS_MAX`](weir_coordinators::group::clients::CALLER_SILENCE_MS_MAX), and after
 //! [`MAX_RENEWAL`] in all: then the message comes back after its current slice, as any unacked
 //! one. Renewals live in memory: after a restart, a message held by a client comes back when
 //! its last slice ends.
@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use weir_storage::sync::lock;
 
-use super::{PopStore, QueueKey, QueueState};
-use crate::group::clients::ConnectedClients;
-use crate::group::GroupCoordinator;
-use crate::Broker;
+use weir_broker::pop::{PopStore, QueueKey, QueueState};
+use weir_broker::Broker;
+use weir_coordinators::group::clients::ConnectedClients;
+use weir_coordinators::group::GroupCoordinator;
 
 /// The invisible time a held message is handed out for, and renewed by, when the receive
 /// names none.
@@ -140,7 +140,7 @@ impl Renewals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::group::clients::CALLER_SILENCE_MS_MAX;
+    use weir_coordinators::group::clients::CALLER_SILENCE_MS_MAX;
 
     fn key() -> QueueKey {
         QueueKey::new("g", "t", 0)

@@ -3,12 +3,12 @@
 //!
 //! The split with the front-ends: a front-end parses its protocol's expression (RocketMQ's
 //! `TagA || TagB` or `*`) into a [`TagFilter`]; matching a record is the core's, against the
-//! `weir.tag` header ([`crate::message::headers::TAG`]), so every protocol filters alike and
+//! `weir.tag` header ([`weir_broker::message::headers::TAG`]), so every protocol filters alike and
 //! the message index's tag hashes serve them all.
 
 use weir_storage::records::Record;
 
-use crate::message::headers;
+use weir_broker::message::headers;
 
 /// Which tags a receive takes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use tokio::task::JoinHandle;
 
 use super::*;
-use crate::{Broker, BrokerConfig, NewTopic};
+use weir_broker::{Broker, BrokerConfig, NewTopic};
 
 const TOPIC: &str = "t";
 const WAIT: Duration = Duration::from_secs(10);
@@ -793,7 +793,7 @@ async fn given_an_empty_group_when_its_offsets_outlive_the_retention_then_they_e
         offsets: vec![OffsetToCommit { topic: TOPIC.into(), partition, offset: 1, leader_epoch: -1, metadata: None }],
     };
     groups.commit_offsets(commit("old", 0)).await;
-    let now = crate::Broker::now_ms(&_broker);
+    let now = weir_broker::Broker::now_ms(&_broker);
     groups.expire_offsets_at(now + 30_000);
     assert_eq!(groups.fetch_offsets("old", None).await.unwrap().len(), 1, "not yet");
 

@@ -29,13 +29,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::coordinator_shards::{self, ShardOwner, Shards};
 use crate::group::{GroupCoordinator, OffsetToCommit};
-use crate::partition::Partition;
-use crate::{internal_records, Broker, BrokerError, ErrorKind};
+use crate::shards::{self, ShardOwner, Shards};
+use weir_broker::partition::Partition;
+use weir_broker::{internal_records, Broker, BrokerError, ErrorKind};
 use weir_storage::sync::lock;
 
-pub use crate::metadata::TRANSACTION_STATE_TOPIC;
+pub use weir_broker::metadata::TRANSACTION_STATE_TOPIC;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TxnState {
@@ -173,7 +173,7 @@ impl TxnCoordinator {
     /// context (it starts the timeout task).
     pub fn start(broker: Arc<Broker>, groups: Arc<GroupCoordinator>) -> Result<Arc<TxnCoordinator>, BrokerError> {
         if !broker.config.is_cluster() {
-            crate::runtime::block_on(ensure_state_topic(&broker))??;
+            weir_broker::runtime::block_on(ensure_state_topic(&broker))??;
         }
         let coordinator = Arc::new(TxnCoordinator {
             broker,
@@ -182,7 +182,7 @@ impl TxnCoordinator {
             shards: Shards::new(TRANSACTION_STATE_TOPIC),
             completing: Mutex::new(HashSet::new()),
         });
-        if !coordinator_shards::reconcile_blocking(&coordinator.broker, &*coordinator) {
+        if !shards::reconcile_blocking(&coordinator.broker, &*coordinator) {
             return Err(err(
                 ErrorKind::Storage,
                 format!("cannot load the transactions of {TRANSACTION_STATE_TOPIC} (see the log)"),
@@ -191,7 +191,7 @@ impl TxnCoordinator {
         coordinator.complete_unfinished();
         tracing::info!(transactional_ids = lock(&coordinator.state).len(), "loaded transactions");
         service::register(&coordinator);
-        coordinator_shards::spawn_watcher(&coordinator.broker, Arc::downgrade(&coordinator));
+        shards::spawn_watcher(&coordinator.broker, Arc::downgrade(&coordinator));
         let timer = Arc::downgrade(&coordinator);
         let mut shutdown = coordinator.broker.shutdown_signal();
         tokio::spawn(async move {

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use super::receive::{self, Delivery, ReceiveRequest, ReceiveTurns};
 use super::renew::Renewals;
-use super::{HandleError, QueueKey, QueueState};
-use crate::group::GroupCoordinator;
-use crate::{Broker, BrokerError};
+use weir_broker::pop::{HandleError, QueueKey, QueueState};
+use weir_broker::{Broker, BrokerError};
+use weir_coordinators::group::GroupCoordinator;
 
 /// A refused change of a delivery (`Err(HandleError)`), inside the result of the I/O that made
 /// it durable.
@@ -114,9 +114,9 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::message::Message;
     use crate::pop::TagFilter;
-    use crate::{Acks, BrokerConfig, NewTopic, Partition};
+    use weir_broker::message::Message;
+    use weir_broker::{Acks, BrokerConfig, NewTopic, Partition};
 
     const TOPIC: &str = "t";
 

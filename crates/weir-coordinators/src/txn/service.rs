@@ -21,7 +21,7 @@ use weir_rpc::{BoxFuture, Handler, RemoteError};
 
 use super::{err, PendingOffset, ProducerIdentity, TxnCoordinator, TRANSACTION_STATE_TOPIC};
 use crate::group::{GroupCoordinator, OffsetToCommit, OFFSETS_TOPIC};
-use crate::{Broker, BrokerError, ErrorKind};
+use weir_broker::{Broker, BrokerError, ErrorKind};
 
 const WRITE_MARKERS: &str = "txn.write_markers";
 const COMMIT_OFFSETS: &str = "txn.commit_offsets";
@@ -62,7 +62,8 @@ fn call<Req: Serialize, Resp: DeserializeOwned>(
     request: &Req,
 ) -> Result<Resp, BrokerError> {
     let body = serde_json::to_vec(request).map_err(|e| BrokerError::internal(e.to_string()))?;
-    let answer = crate::runtime::block_on(broker.call_broker(id, method, Bytes::from(body), rpc_timeout(broker)))??;
+    let answer =
+        weir_broker::runtime::block_on(broker.call_broker(id, method, Bytes::from(body), rpc_timeout(broker)))??;
     serde_json::from_slice::<Result<Resp, BrokerError>>(&answer)
         .map_err(|e| BrokerError::internal(format!("{method}: unreadable answer from broker {id}: {e}")))?
 }

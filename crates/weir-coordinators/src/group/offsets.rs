@@ -29,10 +29,10 @@ use std::collections::HashMap;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::broker::Broker;
-use crate::error::BrokerError;
-use crate::internal_records;
-use crate::partition::Partition;
+use weir_broker::broker::Broker;
+use weir_broker::error::BrokerError;
+use weir_broker::internal_records;
+use weir_broker::partition::Partition;
 
 use super::state::CommittedOffset;
 
@@ -203,7 +203,7 @@ pub(crate) fn load_partition(
         let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
         let records = internal_records::decode_batches(Bytes::from(bytes)).map_err(|e| {
             BrokerError::new(
-                crate::error::ErrorKind::Storage,
+                weir_broker::error::ErrorKind::Storage,
                 format!("cannot decode {}-{} at offset {offset}: {e}", partition.topic, partition.index),
             )
         })?;

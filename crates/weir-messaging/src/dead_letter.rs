@@ -16,8 +16,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use weir_storage::records::{self, BatchOptions, Header, Record};
 
-use crate::message::{derived_message_id, headers};
-use crate::{Broker, BrokerError, ErrorKind, NewTopic};
+use weir_broker::message::{derived_message_id, headers};
+use weir_broker::{Broker, BrokerError, ErrorKind, NewTopic};
 
 /// The prefix of dead-letter topics; the only name in which Weir accepts `%`.
 pub use weir_controller::topics::DEAD_LETTER_PREFIX;
@@ -28,7 +28,7 @@ pub fn dead_letter_topic(group: &str) -> String {
     let safe: String =
         group.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
     let mut name = format!("{DEAD_LETTER_PREFIX}{safe}");
-    name.truncate(crate::broker::MAX_TOPIC_NAME_LEN);
+    name.truncate(weir_broker::broker::MAX_TOPIC_NAME_LEN);
     name
 }
 
@@ -56,53 +56,43 @@ fn is_origin_header(name: &str) -> bool {
         .contains(&name)
 }
 
-impl Broker {
-    /// Moves `record` of `topic`-`partition` to the dead-letter topic of `group` after
-    /// `attempts` deliveries; returns its offset there. The caller then marks the original done.
-    pub async fn dead_letter(
-        self: &Arc<Self>,
-        group: &str,
-        topic: &str,
-        partition: i32,
-        record: &Record,
-        attempts: u32,
-    ) -> Result<i64, BrokerError> {
-        let dead_letters = self.dead_letter_topic(group).await?;
-        let letter = dead_letter_record(topic, partition, record, attempts, self.now_ms());
-        let batch = records::encode_batch(&[letter], &BatchOptions::default())
-            .map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
-        let offset = self.append_at_leader(&dead_letters, 0, batch).await?;
-        tracing::info!(
-            group,
-            topic,
-            partition,
-            offset = record.offset,
-            attempts,
-            dead_letters,
-            "dead-lettered a message"
-        );
-        Ok(offset)
-    }
+/// Moves `record` of `topic`-`partition` to the dead-letter topic of `group` after `attempts`
+/// deliveries; returns its offset there. The caller then marks the original done.
+pub async fn dead_letter(
+    broker: &Arc<Broker>,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    record: &Record,
+    attempts: u32,
+) -> Result<i64, BrokerError> {
+    let dead_letters = ensure_dead_letter_topic(broker, group).await?;
+    let letter = dead_letter_record(topic, partition, record, attempts, broker.now_ms());
+    let batch = records::encode_batch(&[letter], &BatchOptions::default())
+        .map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
+    let offset = broker.append_at_leader(&dead_letters, 0, batch).await?;
+    tracing::info!(group, topic, partition, offset = record.offset, attempts, dead_letters, "dead-lettered a message");
+    Ok(offset)
+}
 
-    /// The dead-letter topic of `group`, created if needed.
-    async fn dead_letter_topic(self: &Arc<Self>, group: &str) -> Result<String, BrokerError> {
-        let name = dead_letter_topic(group);
-        if self.metadata().topic(&name).is_some() {
-            return Ok(name);
-        }
-        let configs = BTreeMap::from([
-            (crate::topic_config::MESSAGE_INDEX.to_string(), "true".to_string()),
-            // Whatever the original took (RocketMQ's 4 MiB bodies with their properties).
-            ("max.message.bytes".to_string(), (8 << 20).to_string()),
-        ]);
-        let topic =
-            NewTopic { name: name.clone(), partitions: 1, replication_factor: -1, assignments: Vec::new(), configs };
-        match self.create_topics(vec![topic], false).await.pop() {
-            Some(Ok(_)) => Ok(name),
-            Some(Err(e)) if e.kind == ErrorKind::TopicExists => Ok(name),
-            Some(Err(e)) => Err(e),
-            None => Err(BrokerError::internal("creating the dead-letter topic gave no result")),
-        }
+/// The dead-letter topic of `group`, created if needed.
+async fn ensure_dead_letter_topic(broker: &Arc<Broker>, group: &str) -> Result<String, BrokerError> {
+    let name = dead_letter_topic(group);
+    if broker.metadata().topic(&name).is_some() {
+        return Ok(name);
+    }
+    let configs = BTreeMap::from([
+        (weir_broker::topic_config::MESSAGE_INDEX.to_string(), "true".to_string()),
+        // Whatever the original took (RocketMQ's 4 MiB bodies with their properties).
+        ("max.message.bytes".to_string(), (8 << 20).to_string()),
+    ]);
+    let topic =
+        NewTopic { name: name.clone(), partitions: 1, replication_factor: -1, assignments: Vec::new(), configs };
+    match broker.create_topics(vec![topic], false).await.pop() {
+        Some(Ok(_)) => Ok(name),
+        Some(Err(e)) if e.kind == ErrorKind::TopicExists => Ok(name),
+        Some(Err(e)) => Err(e),
+        None => Err(BrokerError::internal("creating the dead-letter topic gave no result")),
     }
 }
 

@@ -33,11 +33,11 @@ mod tests;
 
 use bytes::Bytes;
 
-pub use crate::error::ErrorKind;
 pub use coordinator::GroupCoordinator;
+pub use weir_broker::error::ErrorKind;
 
 /// The internal topic holding committed offsets and group records.
-pub use crate::metadata::OFFSETS_TOPIC;
+pub use weir_broker::metadata::OFFSETS_TOPIC;
 /// Longest commit metadata string accepted (Kafka's `offset.metadata.max.bytes` default).
 pub const OFFSET_METADATA_MAX_BYTES: usize = 4096;
 /// A joining member that never completes its first join is removed after this long (Kafka's

@@ -4,16 +4,25 @@
 //! renewer, the progress mirror) and transactional messages
 //! ([`crate::half::TransactionalMessages`]: the check-back sweep).
 //!
-//! The stores under them are the broker's and open with it ([`Broker::pop`], [`Broker::half`]);
-//! the timer fires delayed messages once [`crate::timer::TimerStore::start`] is called, whether
-//! or not these run.
+//! The stores under them are still the broker's and open with it ([`Broker::pop`],
+//! [`Broker::half`]); the timer fires delayed messages once
+//! [`weir_broker::timer::TimerStore::start`] is called, whether or not these run.
+//!
+//! Architecture invariant: built on the data path's and the coordinators' public API only;
+//! nothing here parses or writes a wire protocol, and no front-end is known here.
+#![deny(unsafe_code)]
+#![deny(clippy::unwrap_used)]
+
+pub mod dead_letter;
+pub mod half;
+pub mod pop;
 
 use std::sync::Arc;
 
-use crate::group::GroupCoordinator;
 use crate::half::TransactionalMessages;
 use crate::pop::PopEngine;
-use crate::Broker;
+use weir_broker::Broker;
+use weir_coordinators::group::GroupCoordinator;
 
 /// The running messaging engines; front-ends call them.
 #[derive(Clone)]
