@@ -1,7 +1,8 @@
 //! Errors of the admin API: a name in SCREAMING_SNAKE_CASE, a readable message and the HTTP
-//! status that fits. The mapping from the core's [`ErrorKind`] to a name and a status is made
-//! here, once ([`error_name`], [`status_for`]). The names are Kafka's error names where Kafka has
-//! the error (`UNKNOWN_TOPIC_OR_PARTITION`), so that they read the same as the Kafka clients'.
+//! status that fits. The mapping from the core's [`ErrorKind`] to a status is made here, once
+//! ([`status_for`]); the names ([`error_name`]) are Kafka's error names where Kafka has the error
+//! (`UNKNOWN_TOPIC_OR_PARTITION`), taken from the Kafka front-end's one mapping, so that they read
+//! the same as the Kafka clients'.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -20,7 +21,7 @@ pub struct ApiError {
 impl ApiError {
     /// An error of the core's kind; its name and status follow from the kind.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> ApiError {
-        ApiError { status: status_for(kind), code: error_name(kind).to_string(), message: message.into() }
+        ApiError { status: status_for(kind), code: error_name(kind), message: message.into() }
     }
 
     /// An error outside the core's vocabulary (no such endpoint, wrong method).
@@ -69,69 +70,14 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The admin API's name of an error kind.
-pub fn error_name(kind: ErrorKind) -> &'static str {
-    use ErrorKind as K;
+/// The admin API's name of an error kind: Kafka's name of the kind's Kafka error, from the one
+/// mapping in `weir_kafka::errors`, so that the names read the same as the Kafka clients'.
+/// Kafka has no code for a group that already exists (the Kafka front-end answers
+/// INVALID_REQUEST, as only this API creates groups): here it has its own name.
+pub fn error_name(kind: ErrorKind) -> String {
     match kind {
-        K::UnknownTopicOrPartition => "UNKNOWN_TOPIC_OR_PARTITION",
-        K::UnknownTopicId => "UNKNOWN_TOPIC_ID",
-        K::TopicExists => "TOPIC_ALREADY_EXISTS",
-        K::InvalidTopic => "INVALID_TOPIC_EXCEPTION",
-        K::InvalidPartitionCount => "INVALID_PARTITIONS",
-        K::InvalidReplicationFactor => "INVALID_REPLICATION_FACTOR",
-        K::InvalidReplicaAssignment => "INVALID_REPLICA_ASSIGNMENT",
-        K::InvalidConfig => "INVALID_CONFIG",
-        K::TopicDeletionDisabled => "TOPIC_DELETION_DISABLED",
-        K::ElectionNotNeeded => "ELECTION_NOT_NEEDED",
-        K::PreferredLeaderNotAvailable => "PREFERRED_LEADER_NOT_AVAILABLE",
-        K::EligibleLeadersNotAvailable => "ELIGIBLE_LEADERS_NOT_AVAILABLE",
-        K::NoReassignmentInProgress => "NO_REASSIGNMENT_IN_PROGRESS",
-        K::NotLeader => "NOT_LEADER_OR_FOLLOWER",
-        K::LeaderNotAvailable => "LEADER_NOT_AVAILABLE",
-        K::FencedLeaderEpoch => "FENCED_LEADER_EPOCH",
-        K::UnknownLeaderEpoch => "UNKNOWN_LEADER_EPOCH",
-        K::NotEnoughReplicas => "NOT_ENOUGH_REPLICAS",
-        K::NotEnoughReplicasAfterAppend => "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
-        K::OffsetOutOfRange => "OFFSET_OUT_OF_RANGE",
-        K::TooLarge => "MESSAGE_TOO_LARGE",
-        K::Corrupt => "CORRUPT_MESSAGE",
-        K::InvalidRecord => "INVALID_RECORD",
-        K::InvalidTimestamp => "INVALID_TIMESTAMP",
-        K::UnsupportedFormat => "UNSUPPORTED_FOR_MESSAGE_FORMAT",
-        K::Storage => "KAFKA_STORAGE_ERROR",
-        K::OutOfOrderSequence => "OUT_OF_ORDER_SEQUENCE_NUMBER",
-        K::InvalidProducerEpoch => "INVALID_PRODUCER_EPOCH",
-        K::UnknownProducer => "UNKNOWN_PRODUCER_ID",
-        K::ProducerFenced => "PRODUCER_FENCED",
-        K::InvalidProducerIdMapping => "INVALID_PRODUCER_ID_MAPPING",
-        K::InvalidTransactionTimeout => "INVALID_TRANSACTION_TIMEOUT",
-        K::InvalidTransactionState => "INVALID_TXN_STATE",
-        K::ConcurrentTransactions => "CONCURRENT_TRANSACTIONS",
-        K::NotAttempted => "OPERATION_NOT_ATTEMPTED",
-        K::InvalidGroupId => "INVALID_GROUP_ID",
-        K::UnknownGroup => "GROUP_ID_NOT_FOUND",
-        K::GroupExists => "GROUP_ALREADY_EXISTS",
-        K::GroupNotEmpty => "NON_EMPTY_GROUP",
-        K::GroupSubscribedToTopic => "GROUP_SUBSCRIBED_TO_TOPIC",
-        K::UnknownMember => "UNKNOWN_MEMBER_ID",
-        K::WrongGeneration => "ILLEGAL_GENERATION",
-        K::RebalanceInProgress => "REBALANCE_IN_PROGRESS",
-        K::MemberIdRequired => "MEMBER_ID_REQUIRED",
-        K::FencedInstance => "FENCED_INSTANCE_ID",
-        K::InconsistentGroupProtocol => "INCONSISTENT_GROUP_PROTOCOL",
-        K::InvalidSessionTimeout => "INVALID_SESSION_TIMEOUT",
-        K::GroupFull => "GROUP_MAX_SIZE_REACHED",
-        K::OffsetMetadataTooLarge => "OFFSET_METADATA_TOO_LARGE",
-        K::InvalidCommitOffsetSize => "INVALID_COMMIT_OFFSET_SIZE",
-        K::CoordinatorNotAvailable => "COORDINATOR_NOT_AVAILABLE",
-        K::CoordinatorLoadInProgress => "COORDINATOR_LOAD_IN_PROGRESS",
-        K::NotCoordinator => "NOT_COORDINATOR",
-        K::InvalidRequest => "INVALID_REQUEST",
-        K::Throttled => "THROTTLING_QUOTA_EXCEEDED",
-        K::Unavailable => "BROKER_NOT_AVAILABLE",
-        K::NotController => "NOT_CONTROLLER",
-        K::TimedOut => "REQUEST_TIMED_OUT",
-        K::Internal => "UNKNOWN_SERVER_ERROR",
+        ErrorKind::GroupExists => "GROUP_ALREADY_EXISTS".to_string(),
+        kind => weir_kafka::errors::error_name(i32::from(weir_kafka::errors::kafka_error(kind).code())),
     }
 }
 
@@ -209,6 +155,8 @@ mod tests {
         assert_eq!(error_name(ErrorKind::InvalidTopic), "INVALID_TOPIC_EXCEPTION");
         assert_eq!(error_name(ErrorKind::Storage), "KAFKA_STORAGE_ERROR");
         assert_eq!(error_name(ErrorKind::GroupNotEmpty), "NON_EMPTY_GROUP");
+        assert_eq!(error_name(ErrorKind::InvalidTransactionState), "INVALID_TXN_STATE");
+        assert_eq!(error_name(ErrorKind::GroupExists), "GROUP_ALREADY_EXISTS");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! [`Broker::reset_queues`]: weir_broker::Broker::reset_queues
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -21,7 +22,8 @@ use axum::Json;
 use bytes::{Buf, Bytes};
 use kafka_protocol::messages::ConsumerProtocolAssignment;
 use kafka_protocol::protocol::Decodable;
-use weir_broker::ErrorKind;
+use weir_broker::{Broker, ErrorKind};
+use weir_coordinators::group::clients::ConnectedClient;
 use weir_coordinators::group::{CommitParams, GroupDescription as Described, GroupState, OffsetToCommit};
 
 use axum::http::StatusCode;
@@ -175,17 +177,8 @@ pub async fn describe(
     }
     let committed = core.groups.fetch_offsets(&group, None).await.map_err(|code| coordinator_error(code, &group))?;
     let mut offsets: BTreeMap<(String, i32), GroupOffset> = BTreeMap::new();
-    let entry = |topic: &str, partition: i32| GroupOffset {
-        topic: topic.to_string(),
-        partition,
-        committed_offset: None,
-        high_watermark: None,
-        lag: None,
-        member_id: None,
-        metadata: None,
-    };
     for c in committed {
-        let e = offsets.entry((c.topic.clone(), c.partition)).or_insert_with(|| entry(&c.topic, c.partition));
+        let e = offset_row(&mut offsets, &c.topic, c.partition);
         e.committed_offset = Some(c.offset);
         e.metadata = Some(c.metadata);
     }
@@ -195,8 +188,7 @@ pub async fn describe(
         let assignment = decode_assignment(&described.protocol_type, &m.assignment);
         for tp in &assignment {
             for &partition in &tp.partitions {
-                let e = offsets.entry((tp.topic.clone(), partition)).or_insert_with(|| entry(&tp.topic, partition));
-                e.member_id = Some(m.member_id.clone());
+                offset_row(&mut offsets, &tp.topic, partition).member_id = Some(m.member_id.clone());
             }
         }
         members.push(GroupMember {
@@ -207,44 +199,8 @@ pub async fn describe(
             assignment,
         });
     }
-    // Consumers by invisible time: each receives from every partition of its topics, so none
-    // owns a partition's row.
-    let metadata = core.broker.metadata();
-    for c in &connected {
-        let mut assignment = Vec::with_capacity(c.topics.len());
-        for topic in &c.topics {
-            let Some(meta) = metadata.topic(topic) else { continue };
-            for partition in 0..meta.partitions {
-                offsets.entry((topic.clone(), partition)).or_insert_with(|| entry(topic, partition));
-            }
-            assignment.push(TopicPartitions { topic: topic.clone(), partitions: (0..meta.partitions).collect() });
-        }
-        members.push(GroupMember {
-            member_id: c.client_id.clone(),
-            group_instance_id: None,
-            client_id: c.client_id.clone(),
-            client_host: c.host.clone(),
-            assignment,
-        });
-    }
-    // High watermarks from each partition's leader (this broker or another).
-    let mut high_watermarks: HashMap<(String, i32), i64> = HashMap::new();
-    for topic in offsets.keys().map(|(t, _)| t.clone()).collect::<BTreeSet<_>>() {
-        for info in crate::forward::partition_infos(&core.broker, &topic).await {
-            if info.high_watermark >= 0 {
-                high_watermarks.insert((topic.clone(), info.partition), info.high_watermark);
-            }
-        }
-    }
-    let mut total_lag = 0;
-    for e in offsets.values_mut() {
-        e.high_watermark = high_watermarks.get(&(e.topic.clone(), e.partition)).copied();
-        if let (Some(hw), Some(committed)) = (e.high_watermark, e.committed_offset) {
-            let lag = (hw - committed).max(0);
-            e.lag = Some(lag);
-            total_lag += lag;
-        }
-    }
+    members.extend(invisible_time_members(&core.broker, &connected, &mut offsets));
+    let total_lag = fill_in_lag(&core.broker, &mut offsets).await;
     let (state, protocol_type) = match described.state {
         // Consuming, by invisible time only.
         GroupState::Empty | GroupState::Dead if kafka_members == 0 && !connected.is_empty() => {
@@ -264,6 +220,75 @@ pub async fn describe(
         total_lag,
         configs: config_entries(&settings.unwrap_or_default()),
     }))
+}
+
+/// The row of a partition in a group's description, added empty if it is not there yet.
+fn offset_row<'a>(
+    offsets: &'a mut BTreeMap<(String, i32), GroupOffset>,
+    topic: &str,
+    partition: i32,
+) -> &'a mut GroupOffset {
+    offsets.entry((topic.to_string(), partition)).or_insert_with(|| GroupOffset {
+        topic: topic.to_string(),
+        partition,
+        committed_offset: None,
+        high_watermark: None,
+        lag: None,
+        member_id: None,
+        metadata: None,
+    })
+}
+
+/// Consumers by invisible time: each receives from every partition of its topics, so none
+/// owns a partition's row (but every partition has one).
+fn invisible_time_members(
+    broker: &Broker,
+    connected: &[ConnectedClient],
+    offsets: &mut BTreeMap<(String, i32), GroupOffset>,
+) -> Vec<GroupMember> {
+    let metadata = broker.metadata();
+    let mut members = Vec::with_capacity(connected.len());
+    for c in connected {
+        let mut assignment = Vec::with_capacity(c.topics.len());
+        for topic in &c.topics {
+            let Some(meta) = metadata.topic(topic) else { continue };
+            for partition in 0..meta.partitions {
+                offset_row(offsets, topic, partition);
+            }
+            assignment.push(TopicPartitions { topic: topic.clone(), partitions: (0..meta.partitions).collect() });
+        }
+        members.push(GroupMember {
+            member_id: c.client_id.clone(),
+            group_instance_id: None,
+            client_id: c.client_id.clone(),
+            client_host: c.host.clone(),
+            assignment,
+        });
+    }
+    members
+}
+
+/// Each row's high watermark, from its partition's leader (this broker or another), and lag;
+/// returns the total lag.
+async fn fill_in_lag(broker: &Arc<Broker>, offsets: &mut BTreeMap<(String, i32), GroupOffset>) -> i64 {
+    let mut high_watermarks: HashMap<(String, i32), i64> = HashMap::new();
+    for topic in offsets.keys().map(|(t, _)| t.clone()).collect::<BTreeSet<_>>() {
+        for info in crate::forward::partition_infos(broker, &topic).await {
+            if info.high_watermark >= 0 {
+                high_watermarks.insert((topic.clone(), info.partition), info.high_watermark);
+            }
+        }
+    }
+    let mut total_lag = 0;
+    for e in offsets.values_mut() {
+        e.high_watermark = high_watermarks.get(&(e.topic.clone(), e.partition)).copied();
+        if let (Some(hw), Some(committed)) = (e.high_watermark, e.committed_offset) {
+            let lag = (hw - committed).max(0);
+            e.lag = Some(lag);
+            total_lag += lag;
+        }
+    }
+    total_lag
 }
 
 fn config_entries(overrides: &BTreeMap<String, String>) -> Vec<ConfigEntry> {
@@ -429,25 +454,7 @@ pub async fn reset_offsets(
             topics.into_iter().map(|t| TopicSelector::All(t.clone())).collect()
         }
     };
-    // Every (topic, partition), checked, in order and without duplicates.
-    let mut targets: BTreeSet<(String, i32)> = BTreeSet::new();
-    for selector in &selectors {
-        let topic = require_topic(&broker, selector.topic())?;
-        match selector {
-            TopicSelector::All(_) => targets.extend((0..topic.partitions).map(|p| (topic.name.clone(), p))),
-            TopicSelector::Some { partitions, .. } => {
-                if partitions.is_empty() {
-                    return Err(ApiError::invalid(format!("no partitions listed for topic '{}'", topic.name)));
-                }
-                for &p in partitions {
-                    if !(0..topic.partitions).contains(&p) {
-                        return Err(ApiError::unknown_partition(&topic.name, p));
-                    }
-                    targets.insert((topic.name.clone(), p));
-                }
-            }
-        }
-    }
+    let targets = selected_partitions(&broker, &selectors)?;
     let to = request.to;
     if let ResetTo::Timestamp(t) = to {
         if t < 0 {
@@ -473,43 +480,86 @@ pub async fn reset_offsets(
             }
         };
         let previous = committed.get(&(topic.clone(), index)).copied();
-        let new_offset = match to {
-            ResetTo::Earliest => start,
-            ResetTo::Latest => hw,
-            ResetTo::Timestamp(t) => crate::forward::offset_at(&broker, &topic, index, t).await?,
-            ResetTo::Offset(n) if n < start || n > hw => {
-                return Err(ApiError::new(
-                    ErrorKind::OffsetOutOfRange,
-                    format!("offset {n} is out of range for {topic}-{index}: valid offsets are {start} to {hw} (the high watermark)"),
-                ))
-            }
-            ResetTo::Offset(n) => n,
-            ResetTo::ShiftBy(n) => match previous {
-                Some(current) => current.saturating_add(n).clamp(start, hw),
-                None => {
-                    return Err(ApiError::invalid(format!(
-                        "group has no committed offset for {topic}-{index} to shift from; reset it to earliest, latest, a timestamp or an offset"
-                    )))
-                }
-            },
-        };
+        let new_offset = reset_offset(&broker, to, &topic, index, (start, hw), previous).await?;
         changes.push(OffsetChange { topic, partition: index, previous_offset: previous, new_offset });
     }
     if !request.dry_run {
-        // The invisible-time positions first: they are what RocketMQ consumers read from, and
-        // they commit what they reach as the group's offsets anyway.
-        let mut by_topic: BTreeMap<&str, Vec<(i32, i64)>> = BTreeMap::new();
-        for c in &changes {
-            by_topic.entry(c.topic.as_str()).or_default().push((c.partition, c.new_offset));
-        }
-        for (topic, positions) in by_topic {
-            core.messaging.reset_queues(&group, topic, &positions).await?;
-        }
-        let offsets = changes.iter().map(|c| to_commit(c.topic.clone(), c.partition, c.new_offset, None)).collect();
-        simple_commit(core, &group, offsets).await?;
-        tracing::info!(group = %group, partitions = changes.len(), "reset committed offsets over HTTP");
+        apply_reset(core, &group, &changes).await?;
     }
     Ok(Json(ResetOffsetsResult { group_id: group, dry_run: request.dry_run, offsets: changes }))
+}
+
+/// Every (topic, partition) the selectors name, checked to exist, in order and without
+/// duplicates.
+fn selected_partitions(broker: &Broker, selectors: &[TopicSelector]) -> Result<BTreeSet<(String, i32)>, ApiError> {
+    let mut targets: BTreeSet<(String, i32)> = BTreeSet::new();
+    for selector in selectors {
+        let topic = require_topic(broker, selector.topic())?;
+        match selector {
+            TopicSelector::All(_) => targets.extend((0..topic.partitions).map(|p| (topic.name.clone(), p))),
+            TopicSelector::Some { partitions, .. } => {
+                if partitions.is_empty() {
+                    return Err(ApiError::invalid(format!("no partitions listed for topic '{}'", topic.name)));
+                }
+                for &p in partitions {
+                    if !(0..topic.partitions).contains(&p) {
+                        return Err(ApiError::unknown_partition(&topic.name, p));
+                    }
+                    targets.insert((topic.name.clone(), p));
+                }
+            }
+        }
+    }
+    Ok(targets)
+}
+
+/// Where `to` moves the group's offset of `topic`-`index`, whose offsets run from `start` to
+/// the high watermark `hw`; `previous` is the committed offset, if any.
+async fn reset_offset(
+    broker: &Arc<Broker>,
+    to: ResetTo,
+    topic: &str,
+    index: i32,
+    (start, hw): (i64, i64),
+    previous: Option<i64>,
+) -> Result<i64, ApiError> {
+    Ok(match to {
+        ResetTo::Earliest => start,
+        ResetTo::Latest => hw,
+        ResetTo::Timestamp(t) => crate::forward::offset_at(broker, topic, index, t).await?,
+        ResetTo::Offset(n) if n < start || n > hw => {
+            return Err(ApiError::new(
+                ErrorKind::OffsetOutOfRange,
+                format!("offset {n} is out of range for {topic}-{index}: valid offsets are {start} to {hw} (the high watermark)"),
+            ))
+        }
+        ResetTo::Offset(n) => n,
+        ResetTo::ShiftBy(n) => match previous {
+            Some(current) => current.saturating_add(n).clamp(start, hw),
+            None => {
+                return Err(ApiError::invalid(format!(
+                    "group has no committed offset for {topic}-{index} to shift from; reset it to earliest, latest, a timestamp or an offset"
+                )))
+            }
+        },
+    })
+}
+
+/// Moves the group to `changes`: the invisible-time positions first, as they are what RocketMQ
+/// consumers read from (and they commit what they reach as the group's offsets anyway), then
+/// the committed offsets.
+async fn apply_reset(core: &Core, group: &str, changes: &[OffsetChange]) -> Result<(), ApiError> {
+    let mut by_topic: BTreeMap<&str, Vec<(i32, i64)>> = BTreeMap::new();
+    for c in changes {
+        by_topic.entry(c.topic.as_str()).or_default().push((c.partition, c.new_offset));
+    }
+    for (topic, positions) in by_topic {
+        core.messaging.reset_queues(group, topic, &positions).await?;
+    }
+    let offsets = changes.iter().map(|c| to_commit(c.topic.clone(), c.partition, c.new_offset, None)).collect();
+    simple_commit(core, group, offsets).await?;
+    tracing::info!(group = %group, partitions = changes.len(), "reset committed offsets over HTTP");
+    Ok(())
 }
 
 pub async fn delete(

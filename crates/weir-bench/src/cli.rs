@@ -574,6 +574,7 @@ pub(crate) mod tests {
         assert!(parse_size("0").is_err());
         assert!(parse_size("1T").is_err());
         assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999G").is_err());
     }
 
     #[test]

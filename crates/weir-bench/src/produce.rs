@@ -424,107 +424,13 @@ fn measure(
     let partition_ids: Vec<i32> = (0..args.partitions).collect();
     let before = raw_protocol::latest_offsets(admin, topic, &partition_ids)?;
     let (batch, records_per_batch) = encode_batch(size, args.batch_bytes)?;
-    let loads = assignment(args.partitions, args.connections)
-        .into_iter()
-        .map(|partitions| {
-            let request = ProduceRequest::default()
-                .with_acks(args.acks)
-                .with_timeout_ms(REQUEST_TIMEOUT_MS)
-                .with_topic_data(vec![TopicProduceData::default().with_name(topic_name(topic)).with_partition_data(
-                    partitions
-                        .iter()
-                        .map(|&p| PartitionProduceData::default().with_index(p).with_records(Some(batch.clone())))
-                        .collect(),
-                )]);
-            let frame = kafka_client::encode_request(PRODUCE_VERSION, 0, raw_protocol::CLIENT_ID, &request)?.to_vec();
-            let records = (records_per_batch * partitions.len()) as u64;
-            Ok(Load { frame, partitions, records, value_bytes: records * args.size })
-        })
-        .collect::<anyhow::Result<Vec<Load>>>()?;
-    let biggest = loads.iter().map(|l| l.frame.len()).max().unwrap_or(0);
-    if biggest > BROKER_MAX_REQUEST {
-        eprintln!(
-            "warning: requests of {biggest} bytes are above the default socket.request.max.bytes ({BROKER_MAX_REQUEST}); \
-             lower --batch-bytes or use more --connections"
-        );
-    }
-    let limit = match (args.bytes, args.duration) {
-        (Some(bytes), _) => Some(bytes),
-        (None, Some(_)) => None,
-        (None, None) => Some(1 << 30),
-    };
-    let per_request = loads.iter().map(|l| l.partitions.len()).max().unwrap_or(1);
-    println!(
-        "weir bench produce: {} {}-byte values to {} partition(s) of {topic} at {}, {} connection(s) x {} in flight, acks={}{}",
-        match (limit, args.duration) {
-            (Some(l), Some(d)) => format!("{:.0} MB (or {:.0} s) of", l as f64 / 1e6, d.as_secs_f64()),
-            (Some(l), None) => format!("{:.0} MB of", l as f64 / 1e6),
-            (None, Some(d)) => format!("{:.0} s of", d.as_secs_f64()),
-            (None, None) => String::new(),
-        },
-        args.size,
-        args.partitions,
-        target.addr,
-        args.connections,
-        args.in_flight,
-        if args.acks == -1 { "all".to_string() } else { args.acks.to_string() },
-        if args.topic_config.is_empty() {
-            String::new()
-        } else {
-            let configs: Vec<String> = args.topic_config.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            format!(", topic {}", configs.join(" "))
-        }
-    );
-    println!(
-        "  batches of {records_per_batch} values ({} B), up to {per_request} per request ({biggest} B)",
-        batch.len()
-    );
+    let loads = connection_loads(args, topic, &batch, records_per_batch)?;
+    let limit = byte_limit(args);
+    print_plan(args, target, topic, &loads, limit, records_per_batch, batch.len());
 
-    let budget = Budget {
-        claimed: AtomicU64::new(0),
-        limit,
-        deadline: args.duration.map(|d| Instant::now() + d),
-        failed: AtomicBool::new(false),
-    };
-    let acked = AtomicU64::new(0);
-    let in_flight = args.in_flight as usize;
-    let progress = std::io::stderr().is_terminal();
     let broker_cpu_before = target.cpu_seconds();
     let client_cpu_before = raw_protocol::cpu_seconds(Pid::SelfProcess)?;
-    let mut peak_rss = target.rss_bytes();
-    let started = Instant::now();
-    let results: Vec<anyhow::Result<ConnectionStats>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = loads
-            .into_iter()
-            .map(|load| {
-                let (budget, acked) = (&budget, &acked);
-                scope.spawn(move || run_connection(target.addr, load, topic, args.acks, in_flight, budget, acked))
-            })
-            .collect();
-        let mut next_report = started + Duration::from_secs(1);
-        let mut last = (started, 0u64);
-        let mut next_sample = started;
-        while !handles.iter().all(|h| h.is_finished()) {
-            std::thread::sleep(Duration::from_millis(5));
-            let now = Instant::now();
-            if now >= next_sample {
-                peak_rss = peak_rss.max(target.rss_bytes());
-                next_sample = now + Duration::from_millis(100);
-            }
-            if progress && now >= next_report {
-                let records = acked.load(Ordering::Relaxed);
-                let mb = (records - last.1) as f64 * args.size as f64 / 1e6;
-                eprintln!("  {:5.1} s: {:6.0} MB/s", (now - started).as_secs_f64(), mb / (now - last.0).as_secs_f64());
-                last = (now, records);
-                next_report = now + Duration::from_secs(1);
-            }
-        }
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a connection thread panicked")))).collect()
-    });
-    let mut stats = Vec::new();
-    for (c, result) in results.into_iter().enumerate() {
-        stats.push(result.with_context(|| format!("connection {c}"))?);
-    }
+    let Produced { stats, started, mut peak_rss } = produce_on_every_connection(args, target, topic, loads, limit)?;
     let records: u64 = stats.iter().map(|s| s.records).sum();
     let requests: u64 = stats.iter().map(|s| s.requests).sum();
     let expected = before.iter().sum::<i64>() + records as i64;
@@ -578,6 +484,162 @@ fn measure(
         offsets_match: log_end_offset_total == records as i64,
         consume: None,
     };
+    print_produce_report(&report);
+
+    if args.consume && report.offsets_match {
+        let ranges: Vec<(i32, i64, i64)> =
+            partition_ids.iter().zip(before.iter().zip(&after)).map(|(&p, (&b, &a))| (p, b, a)).collect();
+        report.consume = Some(consume_back(args, target, topic, &ranges)?);
+    }
+    Ok(report)
+}
+
+/// One Produce request per connection, encoded once and sent again and again: each connection
+/// writes the same batch to each of its partitions.
+fn connection_loads(
+    args: &ProduceBenchArgs,
+    topic: &str,
+    batch: &Bytes,
+    records_per_batch: usize,
+) -> anyhow::Result<Vec<Load>> {
+    assignment(args.partitions, args.connections)
+        .into_iter()
+        .map(|partitions| {
+            let request = ProduceRequest::default()
+                .with_acks(args.acks)
+                .with_timeout_ms(REQUEST_TIMEOUT_MS)
+                .with_topic_data(vec![TopicProduceData::default().with_name(topic_name(topic)).with_partition_data(
+                    partitions
+                        .iter()
+                        .map(|&p| PartitionProduceData::default().with_index(p).with_records(Some(batch.clone())))
+                        .collect(),
+                )]);
+            let frame = kafka_client::encode_request(PRODUCE_VERSION, 0, raw_protocol::CLIENT_ID, &request)?.to_vec();
+            let records = (records_per_batch * partitions.len()) as u64;
+            Ok(Load { frame, partitions, records, value_bytes: records * args.size })
+        })
+        .collect()
+}
+
+/// How many value bytes the run may write: --bytes, none when only --duration bounds it, and
+/// 1 GiB when neither is given.
+fn byte_limit(args: &ProduceBenchArgs) -> Option<u64> {
+    match (args.bytes, args.duration) {
+        (Some(bytes), _) => Some(bytes),
+        (None, Some(_)) => None,
+        (None, None) => Some(1 << 30),
+    }
+}
+
+/// Says what the run will do, and warns when a request is larger than a default broker takes.
+fn print_plan(
+    args: &ProduceBenchArgs,
+    target: &Target,
+    topic: &str,
+    loads: &[Load],
+    limit: Option<u64>,
+    records_per_batch: usize,
+    batch_bytes: usize,
+) {
+    let biggest = loads.iter().map(|l| l.frame.len()).max().unwrap_or(0);
+    if biggest > BROKER_MAX_REQUEST {
+        eprintln!(
+            "warning: requests of {biggest} bytes are above the default socket.request.max.bytes ({BROKER_MAX_REQUEST}); \
+             lower --batch-bytes or use more --connections"
+        );
+    }
+    let per_request = loads.iter().map(|l| l.partitions.len()).max().unwrap_or(1);
+    println!(
+        "weir bench produce: {} {}-byte values to {} partition(s) of {topic} at {}, {} connection(s) x {} in flight, acks={}{}",
+        match (limit, args.duration) {
+            (Some(l), Some(d)) => format!("{:.0} MB (or {:.0} s) of", l as f64 / 1e6, d.as_secs_f64()),
+            (Some(l), None) => format!("{:.0} MB of", l as f64 / 1e6),
+            (None, Some(d)) => format!("{:.0} s of", d.as_secs_f64()),
+            (None, None) => String::new(),
+        },
+        args.size,
+        args.partitions,
+        target.addr,
+        args.connections,
+        args.in_flight,
+        if args.acks == -1 { "all".to_string() } else { args.acks.to_string() },
+        if args.topic_config.is_empty() {
+            String::new()
+        } else {
+            let configs: Vec<String> = args.topic_config.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!(", topic {}", configs.join(" "))
+        }
+    );
+    println!(
+        "  batches of {records_per_batch} values ({batch_bytes} B), up to {per_request} per request ({biggest} B)"
+    );
+}
+
+/// What the connections did, from when they started, and the broker's peak RSS meanwhile.
+struct Produced {
+    stats: Vec<ConnectionStats>,
+    started: Instant,
+    peak_rss: Option<u64>,
+}
+
+/// Runs every connection on its own thread until the budget is spent. Meanwhile this thread
+/// samples the broker's RSS every 100 ms (a peak between samples is in the broker's high-water
+/// mark) and, on a terminal, prints the acknowledged rate every second.
+fn produce_on_every_connection(
+    args: &ProduceBenchArgs,
+    target: &Target,
+    topic: &str,
+    loads: Vec<Load>,
+    limit: Option<u64>,
+) -> anyhow::Result<Produced> {
+    let budget = Budget {
+        claimed: AtomicU64::new(0),
+        limit,
+        deadline: args.duration.map(|d| Instant::now() + d),
+        failed: AtomicBool::new(false),
+    };
+    let acked = AtomicU64::new(0);
+    let in_flight = args.in_flight as usize;
+    let progress = std::io::stderr().is_terminal();
+    let mut peak_rss = target.rss_bytes();
+    let started = Instant::now();
+    let results: Vec<anyhow::Result<ConnectionStats>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = loads
+            .into_iter()
+            .map(|load| {
+                let (budget, acked) = (&budget, &acked);
+                scope.spawn(move || run_connection(target.addr, load, topic, args.acks, in_flight, budget, acked))
+            })
+            .collect();
+        let mut next_report = started + Duration::from_secs(1);
+        let mut last = (started, 0u64);
+        let mut next_sample = started;
+        while !handles.iter().all(|h| h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(5));
+            let now = Instant::now();
+            if now >= next_sample {
+                peak_rss = peak_rss.max(target.rss_bytes());
+                next_sample = now + Duration::from_millis(100);
+            }
+            if progress && now >= next_report {
+                let records = acked.load(Ordering::Relaxed);
+                let mb = (records - last.1) as f64 * args.size as f64 / 1e6;
+                eprintln!("  {:5.1} s: {:6.0} MB/s", (now - started).as_secs_f64(), mb / (now - last.0).as_secs_f64());
+                last = (now, records);
+                next_report = now + Duration::from_secs(1);
+            }
+        }
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a connection thread panicked")))).collect()
+    });
+    let mut stats = Vec::new();
+    for (c, result) in results.into_iter().enumerate() {
+        stats.push(result.with_context(|| format!("connection {c}"))?);
+    }
+    Ok(Produced { stats, started, peak_rss })
+}
+
+fn print_produce_report(report: &Report) {
+    let Report { records, requests, seconds, log_end_offset_total, client_cpu_seconds, .. } = report;
     println!(
         "produce  {:8.0} MB/s {:10.0} msg/s   {records} records, {requests} requests in {seconds:.2} s",
         report.mb_per_s, report.msgs_per_s
@@ -592,47 +654,54 @@ fn measure(
         ),
         _ => println!("broker   CPU and RSS unknown (give --broker-pid)"),
     }
-    println!("client   CPU {client_cpu:.2} s = {:.0} %   (this process, all threads)", report.client_cpu_percent);
+    println!(
+        "client   CPU {client_cpu_seconds:.2} s = {:.0} %   (this process, all threads)",
+        report.client_cpu_percent
+    );
     println!(
         "offsets  +{log_end_offset_total} over {} partition(s): {}",
-        args.partitions,
+        report.partitions,
         if report.offsets_match { "= records acknowledged" } else { "MISMATCH with the records acknowledged" }
     );
+}
 
-    if args.consume && report.offsets_match {
-        let ranges: Vec<(i32, i64, i64)> =
-            partition_ids.iter().zip(before.iter().zip(&after)).map(|(&p, (&b, &a))| (p, b, a)).collect();
-        let fetch_bytes = i32::try_from(args.batch_bytes.max(1 << 20)).unwrap_or(i32::MAX);
-        let mut client = raw_protocol::connect(target.addr)?;
-        let broker_cpu_before = target.cpu_seconds();
-        let client_cpu_before = raw_protocol::cpu_seconds(Pid::SelfProcess)?;
-        let started = Instant::now();
-        let fetched = raw_protocol::fetch_all(&mut client, topic, &ranges, fetch_bytes)?;
-        let seconds = started.elapsed().as_secs_f64();
-        let broker_cpu = target.cpu_seconds().zip(broker_cpu_before).map(|(a, b)| a - b);
-        let client_cpu = raw_protocol::cpu_seconds(Pid::SelfProcess)? - client_cpu_before;
-        let value_bytes = fetched.records * args.size;
-        let consume = ConsumeReport {
-            records: fetched.records,
-            value_bytes,
-            seconds,
-            mb_per_s: value_bytes as f64 / 1e6 / seconds,
-            msgs_per_s: fetched.records as f64 / seconds,
-            broker_cpu_seconds: broker_cpu,
-            broker_cpu_percent: broker_cpu.map(|c| 100.0 * c / seconds),
-            client_cpu_percent: 100.0 * client_cpu / seconds,
-        };
-        println!(
-            "consume  {:8.0} MB/s {:10.0} msg/s   {} records in {seconds:.2} s, broker CPU {}, client CPU {:.0} %",
-            consume.mb_per_s,
-            consume.msgs_per_s,
-            consume.records,
-            consume.broker_cpu_percent.map(|p| format!("{p:.0} %")).unwrap_or_else(|| "?".into()),
-            consume.client_cpu_percent
-        );
-        report.consume = Some(consume);
-    }
-    Ok(report)
+/// Reads back what was produced (`(partition, from, to)` ranges) on a connection of its own,
+/// and measures it as the produce side was measured.
+fn consume_back(
+    args: &ProduceBenchArgs,
+    target: &Target,
+    topic: &str,
+    ranges: &[(i32, i64, i64)],
+) -> anyhow::Result<ConsumeReport> {
+    let fetch_bytes = i32::try_from(args.batch_bytes.max(1 << 20)).unwrap_or(i32::MAX);
+    let mut client = raw_protocol::connect(target.addr)?;
+    let broker_cpu_before = target.cpu_seconds();
+    let client_cpu_before = raw_protocol::cpu_seconds(Pid::SelfProcess)?;
+    let started = Instant::now();
+    let fetched = raw_protocol::fetch_all(&mut client, topic, ranges, fetch_bytes)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let broker_cpu = target.cpu_seconds().zip(broker_cpu_before).map(|(a, b)| a - b);
+    let client_cpu = raw_protocol::cpu_seconds(Pid::SelfProcess)? - client_cpu_before;
+    let value_bytes = fetched.records * args.size;
+    let consume = ConsumeReport {
+        records: fetched.records,
+        value_bytes,
+        seconds,
+        mb_per_s: value_bytes as f64 / 1e6 / seconds,
+        msgs_per_s: fetched.records as f64 / seconds,
+        broker_cpu_seconds: broker_cpu,
+        broker_cpu_percent: broker_cpu.map(|c| 100.0 * c / seconds),
+        client_cpu_percent: 100.0 * client_cpu / seconds,
+    };
+    println!(
+        "consume  {:8.0} MB/s {:10.0} msg/s   {} records in {seconds:.2} s, broker CPU {}, client CPU {:.0} %",
+        consume.mb_per_s,
+        consume.msgs_per_s,
+        consume.records,
+        consume.broker_cpu_percent.map(|p| format!("{p:.0} %")).unwrap_or_else(|| "?".into()),
+        consume.client_cpu_percent
+    );
+    Ok(consume)
 }
 
 #[cfg(test)]

@@ -58,9 +58,9 @@ pub async fn connect(addr: SocketAddr, client_id: &str) -> anyhow::Result<Client
         .max_encoding_message_size(weir_rocketmq::MAX_GRPC_MESSAGE_BYTES))
 }
 
-/// `NAME (code)` of a RocketMQ status code.
+/// `NAME (code)` of a RocketMQ status code, for messages: `TOPIC_NOT_FOUND (40402)`.
 pub fn code_name(code: i32) -> String {
-    Code::try_from(code).map_or_else(|_| format!("unknown code {code}"), |c| format!("{} ({code})", c.as_str_name()))
+    format!("{} ({code})", weir_rocketmq::status::code_name(code))
 }
 
 /// Fails unless `status` is there and OK.

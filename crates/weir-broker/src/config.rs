@@ -444,276 +444,240 @@ fn parse_roles(name: &str, value: &str) -> Result<Roles, ConfigError> {
     Ok(roles)
 }
 
+/// The given settings sorted into their three uses, aliases resolved.
+struct Merged {
+    /// Every broker setting: its default, or the value given.
+    values: Values,
+    /// The `log.*`-style settings, by the topic config they are the default of.
+    topic_defaults: BTreeMap<String, String>,
+    /// The settings given explicitly, by canonical name (what `describe` marks as set).
+    explicit: BTreeMap<String, String>,
+}
+
+/// Every broker setting's value by name; each reader names the setting in its error.
+struct Values(BTreeMap<String, String>);
+
+impl Values {
+    fn get(&self, name: &str) -> &str {
+        self.0.get(name).map(String::as_str).unwrap_or("")
+    }
+
+    fn num<T: std::str::FromStr + PartialOrd + std::fmt::Display>(&self, name: &str, min: T) -> Result<T, ConfigError> {
+        parse_num(name, self.get(name), min)
+    }
+
+    fn bool(&self, name: &str) -> Result<bool, ConfigError> {
+        parse_bool(name, self.get(name))
+    }
+
+    /// An optional listener that must be an IP address (`admin.listeners`, `rocketmq.listeners`);
+    /// `None` when the setting is empty.
+    fn ip_listener(&self, name: &str) -> Result<Option<SocketAddr>, ConfigError> {
+        let value = self.get(name);
+        if value.trim().is_empty() {
+            return Ok(None);
+        }
+        let (host, port) = parse_listener(name, value)?;
+        let addr = format!("{}:{port}", if host.contains(':') { format!("[{host}]") } else { host });
+        let addr = addr.parse().map_err(|_| invalid(name, value, "the host must be an IP address (e.g. 127.0.0.1)"))?;
+        Ok(Some(addr))
+    }
+}
+
+/// Where this node listens and what it advertises.
+struct Listeners {
+    listen: Option<SocketAddr>,
+    controller_listen: Option<SocketAddr>,
+    advertised_host: String,
+    advertised_port: u16,
+    admin_listen: Option<SocketAddr>,
+    rocketmq_listen: Option<SocketAddr>,
+}
+
+/// Resolves aliases and sorts the given settings into broker settings and topic defaults;
+/// an unknown name is an error.
+fn merge_given(given: &BTreeMap<String, String>) -> Result<Merged, ConfigError> {
+    let mut values: BTreeMap<String, String> =
+        SETTINGS.iter().map(|setting| (setting.name.to_string(), setting.default.to_string())).collect();
+    let mut topic_defaults: BTreeMap<String, String> = BTreeMap::new();
+    let mut explicit = BTreeMap::new();
+    for (name, value) in given {
+        let (name, value) = match ALIASES.iter().find(|(alias, _, _)| alias == name) {
+            Some((alias, canonical, factor)) => {
+                let n: i64 = parse_num(alias, value, -1)?;
+                let v = if n < 0 { n } else { n.saturating_mul(*factor) };
+                if given.contains_key(*canonical) {
+                    continue; // the finer-grained setting wins, as in Kafka
+                }
+                (canonical.to_string(), v.to_string())
+            }
+            None => (name.clone(), value.clone()),
+        };
+        if let Some((_, topic_name, _)) = TOPIC_DEFAULT_SETTINGS.iter().find(|(b, _, _)| *b == name) {
+            topic_defaults.insert(topic_name.to_string(), value.clone());
+        } else if values.contains_key(&name) {
+            values.insert(name.clone(), value.clone());
+        } else {
+            return Err(ConfigError::Unknown(name));
+        }
+        explicit.insert(name, value);
+    }
+    Ok(Merged { values: Values(values), topic_defaults, explicit })
+}
+
+/// Validates the topic defaults with the same code that validates topic configs, so a default
+/// cannot be one that a topic could not set; the error names the broker setting.
+fn validate_topic_defaults(topic_defaults: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    crate::topic_config::validate(topic_defaults).map_err(|e| match e.name {
+        Some(topic_name) => {
+            let broker_name = TOPIC_DEFAULT_SETTINGS
+                .iter()
+                .find(|(_, t, _)| *t == topic_name)
+                .map(|(b, _, _)| b.to_string())
+                .unwrap_or(topic_name);
+            let value = topic_defaults.get(
+                TOPIC_DEFAULT_SETTINGS.iter().find(|(b, _, _)| *b == broker_name).map(|(_, t, _)| *t).unwrap_or(""),
+            );
+            invalid(&broker_name, value.map(String::as_str).unwrap_or(""), e.message)
+        }
+        None => invalid("log.*", "", e.message),
+    })
+}
+
+/// The listeners of `listeners`, `advertised.listeners`, `admin.listeners` and
+/// `rocketmq.listeners`. A controller-only node serves no clients: it binds neither a PLAINTEXT
+/// nor a RocketMQ listener.
+fn parse_all_listeners(values: &Values, roles: Roles) -> Result<Listeners, ConfigError> {
+    let listeners_value = values.get("listeners");
+    let mut listeners = parse_listeners("listeners", listeners_value)?;
+    let (listen, listen_host, listen_port) = match listeners.remove("PLAINTEXT") {
+        _ if !roles.broker => (None, String::new(), 0),
+        Some((host, port)) => (Some(socket_addr("listeners", listeners_value, &host, port)?), host, port),
+        None => {
+            return Err(invalid("listeners", listeners_value, "expected a PLAINTEXT listener, e.g. 127.0.0.1:9092"))
+        }
+    };
+    let controller_listen = match listeners.remove("CONTROLLER") {
+        Some((host, port)) => Some(socket_addr("listeners", listeners_value, &host, port)?),
+        None => None,
+    };
+    let (advertised_host, advertised_port) = if values.get("advertised.listeners").trim().is_empty() {
+        (listen_host, listen_port)
+    } else {
+        parse_listener("advertised.listeners", values.get("advertised.listeners"))?
+    };
+    let admin_listen = values.ip_listener("admin.listeners")?;
+    let rocketmq_listen = if roles.broker { values.ip_listener("rocketmq.listeners")? } else { None };
+    Ok(Listeners { listen, controller_listen, advertised_host, advertised_port, admin_listen, rocketmq_listen })
+}
+
 impl BrokerConfig {
     /// Builds the config from named settings; unknown names and invalid values are errors.
     pub fn from_settings(given: &BTreeMap<String, String>) -> Result<BrokerConfig, ConfigError> {
-        let mut values: BTreeMap<String, String> = BTreeMap::new();
-        for setting in SETTINGS {
-            values.insert(setting.name.to_string(), setting.default.to_string());
-        }
-        let mut topic_defaults: BTreeMap<String, String> = BTreeMap::new();
-        let mut explicit = BTreeMap::new();
-        for (name, value) in given {
-            let (name, value) = match ALIASES.iter().find(|(alias, _, _)| alias == name) {
-                Some((alias, canonical, factor)) => {
-                    let n: i64 = parse_num(alias, value, -1)?;
-                    let v = if n < 0 { n } else { n.saturating_mul(*factor) };
-                    if given.contains_key(*canonical) {
-                        continue; // the finer-grained setting wins, as in Kafka
-                    }
-                    (canonical.to_string(), v.to_string())
-                }
-                None => (name.clone(), value.clone()),
-            };
-            if let Some((_, topic_name, _)) = TOPIC_DEFAULT_SETTINGS.iter().find(|(b, _, _)| *b == name) {
-                topic_defaults.insert(topic_name.to_string(), value.clone());
-            } else if values.contains_key(&name) {
-                values.insert(name.clone(), value.clone());
-            } else {
-                return Err(ConfigError::Unknown(name));
-            }
-            explicit.insert(name, value);
-        }
-        // Validate the topic defaults with the same code that validates topic configs.
-        crate::topic_config::validate(&topic_defaults).map_err(|e| match e.name {
-            Some(topic_name) => {
-                let broker_name = TOPIC_DEFAULT_SETTINGS
-                    .iter()
-                    .find(|(_, t, _)| *t == topic_name)
-                    .map(|(b, _, _)| b.to_string())
-                    .unwrap_or(topic_name);
-                let value = topic_defaults.get(
-                    TOPIC_DEFAULT_SETTINGS.iter().find(|(b, _, _)| *b == broker_name).map(|(_, t, _)| *t).unwrap_or(""),
-                );
-                invalid(&broker_name, value.map(String::as_str).unwrap_or(""), e.message)
-            }
-            None => invalid("log.*", "", e.message),
-        })?;
+        let Merged { values, topic_defaults, explicit } = merge_given(given)?;
+        validate_topic_defaults(&topic_defaults)?;
+        let roles = parse_roles("process.roles", values.get("process.roles"))?;
+        let listeners = parse_all_listeners(&values, roles)?;
+        let config = BrokerConfig::from_values(&values, roles, listeners, topic_defaults, explicit)?;
+        config.check_settings_fit_together()?;
+        Ok(config)
+    }
 
-        let get = |name: &str| values.get(name).map(String::as_str).unwrap_or("");
-        let roles = parse_roles("process.roles", get("process.roles"))?;
-        let mut listeners = parse_listeners("listeners", get("listeners"))?;
-        let (listen, listen_host, listen_port) = match listeners.remove("PLAINTEXT") {
-            // A controller-only node serves no Kafka clients: a PLAINTEXT listener is not bound.
-            _ if !roles.broker => (None, String::new(), 0),
-            Some((host, port)) => (Some(socket_addr("listeners", get("listeners"), &host, port)?), host, port),
-            None => {
-                return Err(invalid(
-                    "listeners",
-                    get("listeners"),
-                    "expected a PLAINTEXT listener, e.g. 127.0.0.1:9092",
-                ))
-            }
-        };
-        let controller_listen = match listeners.remove("CONTROLLER") {
-            Some((host, port)) => Some(socket_addr("listeners", get("listeners"), &host, port)?),
-            None => None,
-        };
-        let (advertised_host, advertised_port) = if get("advertised.listeners").trim().is_empty() {
-            (listen_host, listen_port)
-        } else {
-            parse_listener("advertised.listeners", get("advertised.listeners"))?
-        };
-        let admin_listen = if get("admin.listeners").trim().is_empty() {
-            None
-        } else {
-            let (host, port) = parse_listener("admin.listeners", get("admin.listeners"))?;
-            let addr = format!("{}:{port}", if host.contains(':') { format!("[{host}]") } else { host });
-            Some(addr.parse().map_err(|_| {
-                invalid("admin.listeners", get("admin.listeners"), "the host must be an IP address (e.g. 127.0.0.1)")
-            })?)
-        };
-        let rocketmq_listen = if get("rocketmq.listeners").trim().is_empty() || !roles.broker {
-            None
-        } else {
-            let (host, port) = parse_listener("rocketmq.listeners", get("rocketmq.listeners"))?;
-            let addr = format!("{}:{port}", if host.contains(':') { format!("[{host}]") } else { host });
-            Some(addr.parse().map_err(|_| {
-                invalid(
-                    "rocketmq.listeners",
-                    get("rocketmq.listeners"),
-                    "the host must be an IP address (e.g. 127.0.0.1)",
-                )
-            })?)
-        };
-        let data_dir = PathBuf::from(get("log.dirs").split(',').next().unwrap_or("").trim());
+    /// Reads every setting, in the order of the fields (so the first invalid one is reported).
+    fn from_values(
+        values: &Values,
+        roles: Roles,
+        listeners: Listeners,
+        topic_defaults: BTreeMap<String, String>,
+        explicit: BTreeMap<String, String>,
+    ) -> Result<BrokerConfig, ConfigError> {
+        let data_dir = PathBuf::from(values.get("log.dirs").split(',').next().unwrap_or("").trim());
         if data_dir.as_os_str().is_empty() {
-            return Err(invalid("log.dirs", get("log.dirs"), "must name a directory"));
+            return Err(invalid("log.dirs", values.get("log.dirs"), "must name a directory"));
         }
-        let rack = get("broker.rack").trim();
-        let config = BrokerConfig {
-            node_id: parse_num("node.id", get("node.id"), 0)?,
+        let rack = values.get("broker.rack").trim();
+        Ok(BrokerConfig {
+            node_id: values.num("node.id", 0)?,
             roles,
-            voters: parse_voters("controller.quorum.voters", get("controller.quorum.voters"))?,
-            controller_listen,
+            voters: parse_voters("controller.quorum.voters", values.get("controller.quorum.voters"))?,
+            controller_listen: listeners.controller_listen,
             rack: (!rack.is_empty()).then(|| rack.to_string()),
-            rack_aware_reads: parse_replica_selector(get("replica.selector.class"))?,
-            broker_heartbeat_interval_ms: parse_num(
-                "broker.heartbeat.interval.ms",
-                get("broker.heartbeat.interval.ms"),
-                1,
-            )?,
-            broker_session_timeout_ms: parse_num("broker.session.timeout.ms", get("broker.session.timeout.ms"), 1)?,
-            quorum_election_timeout_ms: parse_num(
-                "controller.quorum.election.timeout.ms",
-                get("controller.quorum.election.timeout.ms"),
-                10,
-            )?,
-            quorum_request_timeout_ms: parse_num(
-                "controller.quorum.request.timeout.ms",
-                get("controller.quorum.request.timeout.ms"),
-                1,
-            )?,
-            listen,
-            advertised_host,
-            advertised_port,
-            admin_listen,
-            rocketmq_advertised_port: rocketmq_listen.map_or(0, |a: SocketAddr| a.port()),
-            rocketmq_listen,
+            rack_aware_reads: parse_replica_selector(values.get("replica.selector.class"))?,
+            broker_heartbeat_interval_ms: values.num("broker.heartbeat.interval.ms", 1)?,
+            broker_session_timeout_ms: values.num("broker.session.timeout.ms", 1)?,
+            quorum_election_timeout_ms: values.num("controller.quorum.election.timeout.ms", 10)?,
+            quorum_request_timeout_ms: values.num("controller.quorum.request.timeout.ms", 1)?,
+            listen: listeners.listen,
+            advertised_host: listeners.advertised_host,
+            advertised_port: listeners.advertised_port,
+            admin_listen: listeners.admin_listen,
+            rocketmq_advertised_port: listeners.rocketmq_listen.map_or(0, |a: SocketAddr| a.port()),
+            rocketmq_listen: listeners.rocketmq_listen,
             data_dir,
-            num_partitions: parse_num("num.partitions", get("num.partitions"), 1)?,
-            default_replication_factor: parse_num("default.replication.factor", get("default.replication.factor"), 1)?,
-            auto_create_topics: parse_bool("auto.create.topics.enable", get("auto.create.topics.enable"))?,
-            delete_topic_enable: parse_bool("delete.topic.enable", get("delete.topic.enable"))?,
-            max_partitions_per_topic: parse_num("max.partitions.per.topic", get("max.partitions.per.topic"), 1)?,
-            socket_request_max_bytes: parse_num("socket.request.max.bytes", get("socket.request.max.bytes"), 1024)?,
-            max_connections: parse_num("max.connections", get("max.connections"), 1)?,
-            connections_max_idle_ms: parse_num("connections.max.idle.ms", get("connections.max.idle.ms"), 1)?,
-            queued_requests_per_connection: parse_num(
-                "queued.max.requests.per.connection",
-                get("queued.max.requests.per.connection"),
-                1,
-            )?,
-            fetch_sendfile: parse_bool("fetch.sendfile.enable", get("fetch.sendfile.enable"))?,
-            producer_id_expiration_ms: parse_num("producer.id.expiration.ms", get("producer.id.expiration.ms"), 1)?,
-            transactional_id_expiration_ms: parse_num(
-                "transactional.id.expiration.ms",
-                get("transactional.id.expiration.ms"),
-                1,
-            )?,
-            transaction_max_timeout_ms: parse_num("transaction.max.timeout.ms", get("transaction.max.timeout.ms"), 1)?,
-            fault_produce_response_drop_every: parse_num(
-                "fault.produce.response.drop.every",
-                get("fault.produce.response.drop.every"),
-                0,
-            )?,
-            group_min_session_timeout_ms: parse_num(
-                "group.min.session.timeout.ms",
-                get("group.min.session.timeout.ms"),
-                1,
-            )?,
-            group_max_session_timeout_ms: parse_num(
-                "group.max.session.timeout.ms",
-                get("group.max.session.timeout.ms"),
-                1,
-            )?,
-            group_initial_rebalance_delay_ms: parse_num(
-                "group.initial.rebalance.delay.ms",
-                get("group.initial.rebalance.delay.ms"),
-                0,
-            )?,
-            transaction_check_interval_ms: parse_num(
-                "transaction.check.interval.ms",
-                get("transaction.check.interval.ms"),
-                100,
-            )?,
-            transaction_check_max: parse_num("transaction.check.max", get("transaction.check.max"), 1)?,
-            group_max_size: parse_num("group.max.size", get("group.max.size"), 1)?,
-            offsets_topic_partitions: parse_num(
-                "offsets.topic.num.partitions",
-                get("offsets.topic.num.partitions"),
-                1,
-            )?,
-            transaction_state_partitions: parse_num(
-                "transaction.state.log.num.partitions",
-                get("transaction.state.log.num.partitions"),
-                1,
-            )?,
-            offsets_topic_replication_factor: parse_num(
-                "offsets.topic.replication.factor",
-                get("offsets.topic.replication.factor"),
-                1,
-            )?,
-            transaction_state_replication_factor: parse_num(
-                "transaction.state.log.replication.factor",
-                get("transaction.state.log.replication.factor"),
-                1,
-            )?,
-            replica_lag_time_max_ms: parse_num("replica.lag.time.max.ms", get("replica.lag.time.max.ms"), 10)?,
-            replica_fetch_max_bytes: parse_num("replica.fetch.max.bytes", get("replica.fetch.max.bytes"), 1024)?,
-            replica_fetch_wait_max_ms: parse_num("replica.fetch.wait.max.ms", get("replica.fetch.wait.max.ms"), 0)?,
-            auto_leader_rebalance_enable: parse_bool(
-                "auto.leader.rebalance.enable",
-                get("auto.leader.rebalance.enable"),
-            )?,
-            leader_imbalance_check_interval_seconds: parse_num(
-                "leader.imbalance.check.interval.seconds",
-                get("leader.imbalance.check.interval.seconds"),
-                1,
-            )?,
-            leader_imbalance_per_broker_percentage: parse_num(
-                "leader.imbalance.per.broker.percentage",
-                get("leader.imbalance.per.broker.percentage"),
-                0,
-            )?,
-            offsets_retention_ms: parse_num::<i64>("offsets.retention.minutes", get("offsets.retention.minutes"), 1)?
-                .saturating_mul(60_000),
-            offsets_retention_check_interval_ms: parse_num(
-                "offsets.retention.check.interval.ms",
-                get("offsets.retention.check.interval.ms"),
-                1,
-            )?,
-            metadata_snapshot_interval: parse_num(
-                "metadata.snapshot.interval.records",
-                get("metadata.snapshot.interval.records"),
-                1,
-            )?,
-            retention_check_interval_ms: parse_num(
-                "log.retention.check.interval.ms",
-                get("log.retention.check.interval.ms"),
-                1,
-            )?,
-            flush_check_interval_ms: parse_num(
-                "log.flush.scheduler.interval.ms",
-                get("log.flush.scheduler.interval.ms"),
-                1,
-            )?,
-            checkpoint_interval_ms: parse_num(
-                "log.flush.offset.checkpoint.interval.ms",
-                get("log.flush.offset.checkpoint.interval.ms"),
-                1,
-            )?,
-            cleaner_enabled: parse_bool("log.cleaner.enable", get("log.cleaner.enable"))?,
-            cleaner_backoff_ms: parse_num("log.cleaner.backoff.ms", get("log.cleaner.backoff.ms"), 1)?,
-            cleaner_io_max_bytes_per_second: parse_num(
-                "log.cleaner.io.max.bytes.per.second",
-                get("log.cleaner.io.max.bytes.per.second"),
-                0,
-            )?,
-            recovery_threads: parse_num(
-                "num.recovery.threads.per.data.dir",
-                get("num.recovery.threads.per.data.dir"),
-                1,
-            )?,
+            num_partitions: values.num("num.partitions", 1)?,
+            default_replication_factor: values.num("default.replication.factor", 1)?,
+            auto_create_topics: values.bool("auto.create.topics.enable")?,
+            delete_topic_enable: values.bool("delete.topic.enable")?,
+            max_partitions_per_topic: values.num("max.partitions.per.topic", 1)?,
+            socket_request_max_bytes: values.num("socket.request.max.bytes", 1024)?,
+            max_connections: values.num("max.connections", 1)?,
+            connections_max_idle_ms: values.num("connections.max.idle.ms", 1)?,
+            queued_requests_per_connection: values.num("queued.max.requests.per.connection", 1)?,
+            fetch_sendfile: values.bool("fetch.sendfile.enable")?,
+            producer_id_expiration_ms: values.num("producer.id.expiration.ms", 1)?,
+            transactional_id_expiration_ms: values.num("transactional.id.expiration.ms", 1)?,
+            transaction_max_timeout_ms: values.num("transaction.max.timeout.ms", 1)?,
+            fault_produce_response_drop_every: values.num("fault.produce.response.drop.every", 0)?,
+            group_min_session_timeout_ms: values.num("group.min.session.timeout.ms", 1)?,
+            group_max_session_timeout_ms: values.num("group.max.session.timeout.ms", 1)?,
+            group_initial_rebalance_delay_ms: values.num("group.initial.rebalance.delay.ms", 0)?,
+            transaction_check_interval_ms: values.num("transaction.check.interval.ms", 100)?,
+            transaction_check_max: values.num("transaction.check.max", 1)?,
+            group_max_size: values.num("group.max.size", 1)?,
+            offsets_topic_partitions: values.num("offsets.topic.num.partitions", 1)?,
+            transaction_state_partitions: values.num("transaction.state.log.num.partitions", 1)?,
+            offsets_topic_replication_factor: values.num("offsets.topic.replication.factor", 1)?,
+            transaction_state_replication_factor: values.num("transaction.state.log.replication.factor", 1)?,
+            replica_lag_time_max_ms: values.num("replica.lag.time.max.ms", 10)?,
+            replica_fetch_max_bytes: values.num("replica.fetch.max.bytes", 1024)?,
+            replica_fetch_wait_max_ms: values.num("replica.fetch.wait.max.ms", 0)?,
+            auto_leader_rebalance_enable: values.bool("auto.leader.rebalance.enable")?,
+            leader_imbalance_check_interval_seconds: values.num("leader.imbalance.check.interval.seconds", 1)?,
+            leader_imbalance_per_broker_percentage: values.num("leader.imbalance.per.broker.percentage", 0)?,
+            offsets_retention_ms: values.num::<i64>("offsets.retention.minutes", 1)?.saturating_mul(60_000),
+            offsets_retention_check_interval_ms: values.num("offsets.retention.check.interval.ms", 1)?,
+            metadata_snapshot_interval: values.num("metadata.snapshot.interval.records", 1)?,
+            retention_check_interval_ms: values.num("log.retention.check.interval.ms", 1)?,
+            flush_check_interval_ms: values.num("log.flush.scheduler.interval.ms", 1)?,
+            checkpoint_interval_ms: values.num("log.flush.offset.checkpoint.interval.ms", 1)?,
+            cleaner_enabled: values.bool("log.cleaner.enable")?,
+            cleaner_backoff_ms: values.num("log.cleaner.backoff.ms", 1)?,
+            cleaner_io_max_bytes_per_second: values.num("log.cleaner.io.max.bytes.per.second", 0)?,
+            recovery_threads: values.num("num.recovery.threads.per.data.dir", 1)?,
             topic_defaults,
             explicit,
-        };
-        if config.group_min_session_timeout_ms > config.group_max_session_timeout_ms {
+        })
+    }
+
+    /// Settings each valid alone may still contradict each other; each error names the
+    /// setting to change.
+    fn check_settings_fit_together(&self) -> Result<(), ConfigError> {
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms {
             return Err(invalid(
                 "group.min.session.timeout.ms",
-                &config.group_min_session_timeout_ms.to_string(),
+                &self.group_min_session_timeout_ms.to_string(),
                 "must not exceed group.max.session.timeout.ms",
             ));
         }
-        config.check_cluster()?;
-        if config.default_replication_factor > 1 && !config.is_cluster() {
+        self.check_cluster()?;
+        if self.default_replication_factor > 1 && !self.is_cluster() {
             return Err(invalid(
                 "default.replication.factor",
-                &config.default_replication_factor.to_string(),
+                &self.default_replication_factor.to_string(),
                 "a single-node broker can keep only 1 replica",
             ));
         }
-        Ok(config)
+        Ok(())
     }
 
     /// True when this node is part of a configured cluster (`controller.quorum.voters` is set,

@@ -90,30 +90,10 @@ async fn route(
             response.error_codes(&mut metrics.error_counter());
         }
     };
-    let supported = versions::supported(api_key);
-    let in_range = supported.is_some_and(|r| version >= r.min && version <= r.max);
-    if !in_range {
-        if api_key == ApiKey::ApiVersions {
-            // KIP-511: a client newer than the broker asks with a version the broker does not
-            // know; answer in v0 with UNSUPPORTED_VERSION and the list, so it can pick one.
-            let response = handlers::api_versions::unsupported_version_response();
-            let bytes = frame::encode_response(api_key, 0, prefix.correlation_id, &response)?;
-            return Ok(Reply::Now(Some(single(bytes))));
-        }
-        return Err(FrameError::UnsupportedVersion { api_key, version, correlation_id: prefix.correlation_id });
+    if let Some(reply) = check_version(api_key, version, prefix.correlation_id)? {
+        return Ok(reply);
     }
-    // The header is dropped here: its client id is a slice of the frame, and Produce needs to
-    // be the frame's only holder to write into it.
-    let (client, correlation_id) = {
-        let header = frame::decode_header(&mut frame, api_key, version)?;
-        check_header(&header, &prefix, supported);
-        let client = Client {
-            version,
-            client_id: header.client_id.as_ref().map(|s| s.to_string()).unwrap_or_default(),
-            host: host.to_string(),
-        };
-        (client, header.correlation_id)
-    };
+    let (client, correlation_id) = decode_header(&mut frame, &prefix, api_key, host)?;
     let mut body = frame;
 
     macro_rules! call {
@@ -132,41 +112,7 @@ async fn route(
             let whole_body = body.clone();
             let request: ProduceRequest = frame::decode_body(&mut body, api_key, version)?;
             drop(body);
-            let asked = produce_partitions(&request);
-            let acks = request.acks;
-            let durable = handlers::produce::handle(ctx, &client, request, whole_body).await;
-            // Test-only fault: the append happens, the producer never hears of it.
-            let drop_response = acks != 0 && drop_response_for_fault_injection(ctx);
-            let protocol = ctx.metrics.clone();
-            return Ok(Reply::Later(Box::pin(async move {
-                let response = durable.await;
-                check_produce_response(&asked, &response);
-                if let Some(metrics) = api_metrics(&protocol, api_key) {
-                    response.error_codes(&mut metrics.error_counter());
-                }
-                if acks == 0 {
-                    // No response to carry an error: as Kafka does, close the connection so the
-                    // producer notices (it reconnects and refreshes its metadata) instead of
-                    // losing records silently.
-                    let failed = response
-                        .responses
-                        .iter()
-                        .flat_map(|t| t.partition_responses.iter().map(move |p| (t, p)))
-                        .find(|(_, p)| p.error_code != 0);
-                    match failed {
-                        Some((topic, partition)) => Err(FrameError::Acks0Failed {
-                            topic: topic.name.to_string(),
-                            partition: partition.index,
-                            error_code: partition.error_code,
-                        }),
-                        None => Ok(None),
-                    }
-                } else if drop_response {
-                    Err(FrameError::FaultInjected("dropped a produce response"))
-                } else {
-                    Ok(Some(single(frame::encode_response(api_key, version, correlation_id, &response)?)))
-                }
-            })));
+            return Ok(produce(ctx, &client, correlation_id, request, whole_body).await);
         }
         ApiKey::Fetch => {
             let request: FetchRequest = frame::decode_body(&mut body, api_key, version)?;
@@ -215,6 +161,88 @@ async fn route(
         other => return Err(FrameError::UnsupportedVersion { api_key: other, version, correlation_id }),
     };
     Ok(Reply::Now(response))
+}
+
+/// `Some(reply)` when the version is not one this broker speaks but the request is answered
+/// anyway; an error (the connection closes) when it is not.
+fn check_version(api_key: ApiKey, version: i16, correlation_id: i32) -> Result<Option<Reply>, FrameError> {
+    let supported = versions::supported(api_key);
+    if supported.is_some_and(|r| version >= r.min && version <= r.max) {
+        return Ok(None);
+    }
+    if api_key == ApiKey::ApiVersions {
+        // KIP-511: a client newer than the broker asks with a version the broker does not
+        // know; answer in v0 with UNSUPPORTED_VERSION and the list, so it can pick one.
+        let response = handlers::api_versions::unsupported_version_response();
+        let bytes = frame::encode_response(api_key, 0, correlation_id, &response)?;
+        return Ok(Some(Reply::Now(Some(single(bytes)))));
+    }
+    Err(FrameError::UnsupportedVersion { api_key, version, correlation_id })
+}
+
+/// The client and correlation id of the request header, which is consumed from `frame`. The
+/// header is dropped here: its client id is a slice of the frame, and Produce needs to be the
+/// frame's only holder to write into it.
+fn decode_header(
+    frame: &mut Bytes,
+    prefix: &frame::RequestPrefix,
+    api_key: ApiKey,
+    host: &str,
+) -> Result<(Client, i32), FrameError> {
+    let version = prefix.version;
+    let header = frame::decode_header(frame, api_key, version)?;
+    check_header(&header, prefix, versions::supported(api_key));
+    let client = Client {
+        version,
+        client_id: header.client_id.as_ref().map(|s| s.to_string()).unwrap_or_default(),
+        host: host.to_string(),
+    };
+    Ok((client, header.correlation_id))
+}
+
+/// Produce: the batches are written now; the response follows once they are durable, so the
+/// connection takes its next request meanwhile (see [`Reply::Later`]).
+async fn produce(ctx: &Ctx, client: &Client, correlation_id: i32, request: ProduceRequest, whole_body: Bytes) -> Reply {
+    let version = client.version;
+    let acks = request.acks;
+    let asked = produce_partitions(&request);
+    let durable = handlers::produce::handle(ctx, client, request, whole_body).await;
+    // Test-only fault: the append happens, the producer never hears of it.
+    let drop_response = acks != 0 && drop_response_for_fault_injection(ctx);
+    let protocol = ctx.metrics.clone();
+    Reply::Later(Box::pin(async move {
+        let response = durable.await;
+        check_produce_response(&asked, &response);
+        if let Some(metrics) = api_metrics(&protocol, ApiKey::Produce) {
+            response.error_codes(&mut metrics.error_counter());
+        }
+        if acks == 0 {
+            acks_0_outcome(&response)
+        } else if drop_response {
+            Err(FrameError::FaultInjected("dropped a produce response"))
+        } else {
+            Ok(Some(single(frame::encode_response(ApiKey::Produce, version, correlation_id, &response)?)))
+        }
+    }))
+}
+
+/// With acks=0 there is no response to carry an error: as Kafka does, the connection closes
+/// on a failed partition so the producer notices (it reconnects and refreshes its metadata)
+/// instead of losing records silently.
+fn acks_0_outcome(response: &ProduceResponse) -> Result<Option<ResponseFrame>, FrameError> {
+    let failed = response
+        .responses
+        .iter()
+        .flat_map(|t| t.partition_responses.iter().map(move |p| (t, p)))
+        .find(|(_, p)| p.error_code != 0);
+    match failed {
+        Some((topic, partition)) => Err(FrameError::Acks0Failed {
+            topic: topic.name.to_string(),
+            partition: partition.index,
+            error_code: partition.error_code,
+        }),
+        None => Ok(None),
+    }
 }
 
 /// What decoding promises of a request header (debug builds only; nothing in release): it

@@ -90,7 +90,7 @@ fn fetch_request(fetch: &FollowerFetch) -> FetchRequest {
 
 /// The core's view of a Fetch response.
 fn answer_of(response: FetchResponse) -> LeaderAnswer {
-    let refused = (response.error_code != 0).then(|| error_name(response.error_code));
+    let refused = (response.error_code != 0).then(|| crate::errors::error_name(i32::from(response.error_code)));
     let partitions = response
         .responses
         .into_iter()
@@ -117,13 +117,6 @@ fn answer_of(response: FetchResponse) -> LeaderAnswer {
         })
         .collect();
     LeaderAnswer { refused, partitions }
-}
-
-fn error_name(code: i16) -> String {
-    match ResponseError::try_from_code(code) {
-        Some(error) => format!("{error:?}"),
-        None => format!("error {code}"),
-    }
 }
 
 /// Writes one request frame and reads its response.

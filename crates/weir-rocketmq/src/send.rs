@@ -41,6 +41,34 @@ pub fn validate(
     max_delay_ms: i64,
 ) -> Result<Message, proto::Status> {
     let system = message.system_properties.clone().unwrap_or_default();
+    check_body(message, &system, max_body_bytes)?;
+    check_properties(message, &system)?;
+    let delivery_ms = system.delivery_timestamp.as_ref().map(timestamp_ms);
+    check_delivery_time(delivery_ms, max_delay_ms)?;
+    check_type(&system, delivery_ms, topic_type)?;
+    let mut properties: Vec<(String, String)> =
+        message.user_properties.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+    // A map has no order on the wire; sorted, the stored headers are the same for the same map.
+    properties.sort();
+    Ok(Message {
+        body: bytes::Bytes::from(message.body.clone()),
+        tag: system.tag.clone(),
+        keys: system.keys.clone(),
+        message_id: (!system.message_id.is_empty()).then(|| system.message_id.clone()),
+        properties,
+        born_timestamp_ms: system.born_timestamp.as_ref().map(timestamp_ms),
+        born_host: (!system.born_host.is_empty()).then(|| system.born_host.clone()),
+        message_group: system.message_group.clone(),
+        delivery_timestamp_ms: delivery_ms,
+    })
+}
+
+/// A body must be there, fit the topic's limit, and be stored as sent (no gzip).
+fn check_body(
+    message: &proto::Message,
+    system: &proto::SystemProperties,
+    max_body_bytes: usize,
+) -> Result<(), proto::Status> {
     if message.body.is_empty() {
         return Err(status::status(Code::MessageBodyEmpty, "the message body is empty"));
     }
@@ -53,6 +81,12 @@ pub fn validate(
     if system.body_encoding == proto::Encoding::Gzip as i32 {
         return Err(status::status(Code::Unsupported, "gzip-encoded bodies are not supported; send them as identity"));
     }
+    Ok(())
+}
+
+/// Tags, keys, the message group and user properties: not blank, not too long, and no user
+/// property in the broker's own namespace.
+fn check_properties(message: &proto::Message, system: &proto::SystemProperties) -> Result<(), proto::Status> {
     if let Some(tag) = &system.tag {
         if tag.trim().is_empty() || tag.contains("||") || tag.len() > MAX_PROPERTY_CHARS {
             return Err(status::status(
@@ -82,8 +116,12 @@ pub fn validate(
             return Err(status::status(Code::MessagePropertiesTooLarge, format!("property {name:?} is too large")));
         }
     }
+    Ok(())
+}
+
+/// A delivery time no further away than the topic's `message.delay.max.ms`.
+fn check_delivery_time(delivery_ms: Option<i64>, max_delay_ms: i64) -> Result<(), proto::Status> {
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-    let delivery_ms = system.delivery_timestamp.as_ref().map(timestamp_ms);
     if let Some(at) = delivery_ms {
         if at.saturating_sub(now_ms) > max_delay_ms {
             return Err(status::status(
@@ -95,7 +133,15 @@ pub fn validate(
             ));
         }
     }
-    // The message's type: as the client says, else as its properties make it.
+    Ok(())
+}
+
+/// The message's type must be the topic's: as the client says, else as its properties make it.
+fn check_type(
+    system: &proto::SystemProperties,
+    delivery_ms: Option<i64>,
+    topic_type: MessageType,
+) -> Result<(), proto::Status> {
     let kind = match proto::MessageType::try_from(system.message_type) {
         Ok(proto::MessageType::Transaction) if delivery_ms.is_some() || system.message_group.is_some() => {
             return Err(status::status(
@@ -129,21 +175,7 @@ pub fn validate(
             ),
         ));
     }
-    let mut properties: Vec<(String, String)> =
-        message.user_properties.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
-    // A map has no order on the wire; sorted, the stored headers are the same for the same map.
-    properties.sort();
-    Ok(Message {
-        body: bytes::Bytes::from(message.body.clone()),
-        tag: system.tag.clone(),
-        keys: system.keys.clone(),
-        message_id: (!system.message_id.is_empty()).then(|| system.message_id.clone()),
-        properties,
-        born_timestamp_ms: system.born_timestamp.as_ref().map(timestamp_ms),
-        born_host: (!system.born_host.is_empty()).then(|| system.born_host.clone()),
-        message_group: system.message_group.clone(),
-        delivery_timestamp_ms: delivery_ms,
-    })
+    Ok(())
 }
 
 /// Milliseconds since the epoch of a protobuf timestamp.

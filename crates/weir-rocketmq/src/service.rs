@@ -80,7 +80,7 @@ impl Service {
         messaging: Arc<Messaging>,
         engines: Engines,
     ) -> Arc<Service> {
-        let metrics = broker.metrics.register_protocol("rocketmq", OPERATIONS.len(), code_name);
+        let metrics = broker.metrics.register_protocol("rocketmq", OPERATIONS.len(), crate::status::code_name);
         // Every call shows in the metrics from the start, with zero requests.
         for (index, name) in OPERATIONS.iter().enumerate() {
             metrics.operation(index as i32, || name.to_string());
@@ -335,11 +335,6 @@ fn grpc_timeout(value: &str) -> Option<std::time::Duration> {
 
 fn duration_of(d: &prost_types::Duration) -> Option<std::time::Duration> {
     (d.seconds >= 0 && d.nanos >= 0).then(|| std::time::Duration::new(d.seconds as u64, d.nanos as u32))
-}
-
-/// The name of a status code, for the metrics' `error` label.
-fn code_name(code: i32) -> String {
-    Code::try_from(code).map_or_else(|_| format!("CODE_{code}"), |c| c.as_str_name().to_string())
 }
 
 fn not_implemented(what: &str) -> Status {

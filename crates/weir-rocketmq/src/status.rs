@@ -5,6 +5,12 @@ use weir_broker::{BrokerError, ErrorKind};
 
 use crate::proto::{Code, Status};
 
+/// The name of a status code as the RocketMQ protocol spells it (`TOPIC_NOT_FOUND`);
+/// `CODE_<n>` for a code it does not define. The metrics' `error` label, and what tools print.
+pub fn code_name(code: i32) -> String {
+    Code::try_from(code).map_or_else(|_| format!("CODE_{code}"), |c| c.as_str_name().to_string())
+}
+
 /// `OK`.
 pub fn ok() -> Status {
     Status { code: Code::Ok as i32, message: "OK".into() }

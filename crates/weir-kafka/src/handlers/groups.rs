@@ -83,6 +83,30 @@ fn by_topic<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec
     order
 }
 
+/// A response's topic entries from per-partition results: grouped by topic (in order of first
+/// appearance), each result made an entry by `partition`, each topic by `topic`.
+fn topic_entries<R, P, T>(
+    results: impl IntoIterator<Item = (String, R)>,
+    partition: impl Fn(R) -> P,
+    topic: impl Fn(TopicName, Vec<P>) -> T,
+) -> Vec<T> {
+    by_topic(results)
+        .into_iter()
+        .map(|(name, items)| topic(TopicName(s(name)), items.into_iter().map(&partition).collect()))
+        .collect()
+}
+
+/// The `(topic, partition)` pairs of a request's topics, each given with its partition indexes.
+fn requested_partitions(topics: impl IntoIterator<Item = (TopicName, Vec<i32>)>) -> Vec<(String, i32)> {
+    topics
+        .into_iter()
+        .flat_map(|(name, partitions)| {
+            let name = name.to_string();
+            partitions.into_iter().map(move |p| (name.clone(), p))
+        })
+        .collect()
+}
+
 // ----- FindCoordinator ---------------------------------------------------------------------
 
 pub async fn find_coordinator(ctx: &Ctx, client: &Client, req: FindCoordinatorRequest) -> FindCoordinatorResponse {
@@ -275,21 +299,13 @@ pub async fn offset_commit(ctx: &Ctx, client: &Client, req: OffsetCommitRequest)
         offsets,
     };
     let results = ctx.groups.commit_offsets(params).await;
-    let topics = by_topic(results.into_iter().map(|r| (r.topic, (r.partition, r.error))))
-        .into_iter()
-        .map(|(topic, partitions)| {
-            OffsetCommitResponseTopic::default().with_name(TopicName(s(topic))).with_partitions(
-                partitions
-                    .into_iter()
-                    .map(|(index, error)| {
-                        OffsetCommitResponsePartition::default()
-                            .with_partition_index(index)
-                            .with_error_code(code(error))
-                    })
-                    .collect(),
-            )
-        })
-        .collect();
+    let topics = topic_entries(
+        results.into_iter().map(|r| (r.topic, (r.partition, r.error))),
+        |(index, error)| {
+            OffsetCommitResponsePartition::default().with_partition_index(index).with_error_code(code(error))
+        },
+        |name, partitions| OffsetCommitResponseTopic::default().with_name(name).with_partitions(partitions),
+    );
     OffsetCommitResponse::default().with_topics(topics)
 }
 
@@ -298,41 +314,23 @@ pub async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -
     if version >= 8 {
         let mut groups = Vec::with_capacity(req.groups.len());
         for group in req.groups {
-            let partitions = group.topics.map(|topics| {
-                topics
-                    .into_iter()
-                    .flat_map(|t| {
-                        let name = t.name.to_string();
-                        t.partition_indexes.into_iter().map(move |p| (name.clone(), p))
-                    })
-                    .collect()
-            });
+            let partitions = group
+                .topics
+                .map(|topics| requested_partitions(topics.into_iter().map(|t| (t.name, t.partition_indexes))));
             let response = OffsetFetchResponseGroup::default().with_group_id(group.group_id.clone());
             groups.push(match ctx.groups.fetch_offsets(&group.group_id, partitions).await {
-                Ok(fetched) => response.with_topics(
-                    by_topic(fetched.into_iter().map(|f| (f.topic.clone(), f)))
-                        .into_iter()
-                        .map(|(topic, partitions)| {
-                            OffsetFetchResponseTopics::default()
-                                .with_name(TopicName(s(topic)))
-                                .with_partitions(partitions.into_iter().map(partition_v8).collect())
-                        })
-                        .collect(),
-                ),
+                Ok(fetched) => response.with_topics(topic_entries(
+                    fetched.into_iter().map(|f| (f.topic.clone(), f)),
+                    partition_v8,
+                    |name, partitions| OffsetFetchResponseTopics::default().with_name(name).with_partitions(partitions),
+                )),
                 Err(error) => response.with_error_code(kafka_error(error).code()),
             });
         }
         return OffsetFetchResponse::default().with_groups(groups);
     }
-    let requested: Option<Vec<(String, i32)>> = req.topics.map(|topics| {
-        topics
-            .into_iter()
-            .flat_map(|t| {
-                let name = t.name.to_string();
-                t.partition_indexes.into_iter().map(move |p| (name.clone(), p))
-            })
-            .collect()
-    });
+    let requested: Option<Vec<(String, i32)>> =
+        req.topics.map(|topics| requested_partitions(topics.into_iter().map(|t| (t.name, t.partition_indexes))));
     let fetched = match ctx.groups.fetch_offsets(&req.group_id, requested.clone()).await {
         Ok(fetched) => fetched,
         Err(error) if version >= 2 => return OffsetFetchResponse::default().with_error_code(kafka_error(error).code()),
@@ -350,27 +348,23 @@ pub async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -
             })
             .collect(),
     };
-    let topics = by_topic(fetched.into_iter().map(|f| (f.topic.clone(), f)))
-        .into_iter()
-        .map(|(topic, partitions)| {
-            let partitions = partitions
-                .into_iter()
-                .map(|f| {
-                    let p = OffsetFetchResponsePartition::default()
-                        .with_partition_index(f.partition)
-                        .with_committed_offset(f.offset)
-                        .with_metadata(Some(s(f.metadata)))
-                        .with_error_code(code(f.error));
-                    if version >= 5 {
-                        p.with_committed_leader_epoch(f.leader_epoch)
-                    } else {
-                        p
-                    }
-                })
-                .collect();
-            OffsetFetchResponseTopic::default().with_name(TopicName(s(topic))).with_partitions(partitions)
-        })
-        .collect();
+    let topics = topic_entries(
+        fetched.into_iter().map(|f| (f.topic.clone(), f)),
+        |f| {
+            let p = OffsetFetchResponsePartition::default()
+                .with_partition_index(f.partition)
+                .with_committed_offset(f.offset)
+                .with_metadata(Some(s(f.metadata)))
+                .with_error_code(code(f.error));
+            // Leader epochs exist from v5.
+            if version >= 5 {
+                p.with_committed_leader_epoch(f.leader_epoch)
+            } else {
+                p
+            }
+        },
+        |name, partitions| OffsetFetchResponseTopic::default().with_name(name).with_partitions(partitions),
+    );
     OffsetFetchResponse::default().with_topics(topics)
 }
 
@@ -387,24 +381,13 @@ pub async fn offset_delete(ctx: &Ctx, _client: &Client, req: OffsetDeleteRequest
     let partitions: Vec<(String, i32)> =
         req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.to_string(), p.partition_index))).collect();
     match ctx.groups.delete_offsets(req.group_id.to_string(), partitions).await {
-        Ok(results) => {
-            let topics = by_topic(results.into_iter().map(|r| (r.topic, (r.partition, r.error))))
-                .into_iter()
-                .map(|(topic, partitions)| {
-                    OffsetDeleteResponseTopic::default().with_name(TopicName(s(topic))).with_partitions(
-                        partitions
-                            .into_iter()
-                            .map(|(index, error)| {
-                                OffsetDeleteResponsePartition::default()
-                                    .with_partition_index(index)
-                                    .with_error_code(code(error))
-                            })
-                            .collect(),
-                    )
-                })
-                .collect();
-            OffsetDeleteResponse::default().with_topics(topics)
-        }
+        Ok(results) => OffsetDeleteResponse::default().with_topics(topic_entries(
+            results.into_iter().map(|r| (r.topic, (r.partition, r.error))),
+            |(index, error)| {
+                OffsetDeleteResponsePartition::default().with_partition_index(index).with_error_code(code(error))
+            },
+            |name, partitions| OffsetDeleteResponseTopic::default().with_name(name).with_partitions(partitions),
+        )),
         Err(error) => OffsetDeleteResponse::default().with_error_code(kafka_error(error).code()),
     }
 }

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use weir_admin::api::{
-    CommitOffset, CommitOffsets, CommittedOffsets, ConsumedRecord, Encoding, GroupDescription, TopicDescription,
-    TopicRecords,
+    CommitOffset, CommitOffsets, CommittedOffsets, ConsumedRecord, Encoding, GroupDescription, PartitionPosition,
+    TopicDescription, TopicRecords,
 };
 
 use super::{failure_code, print_json, segment, AdminClient, Connection};
@@ -216,6 +216,53 @@ fn report_on_interrupt(progress: Arc<Progress>) {
     }
 }
 
+/// How long the next request may wait for records: at most until the idle timeout runs out (a
+/// last poll without waiting at 0).
+fn poll_ms(timeout: Option<Duration>, last_record_at: Instant) -> u64 {
+    match timeout {
+        Some(timeout) => {
+            let left = timeout.saturating_sub(last_record_at.elapsed());
+            u64::try_from(left.as_millis()).unwrap_or(u64::MAX).min(POLL_MS_MAX)
+        }
+        None => POLL_MS_MAX,
+    }
+}
+
+/// Says once when a partition cannot be read (its cursor stays) and once when it can again.
+fn report_unreadable(positions: &[PartitionPosition], unreadable: &mut HashSet<i32>) {
+    for position in positions {
+        match &position.error {
+            Some(e) if unreadable.insert(position.partition) => {
+                eprintln!("partition {}: {} {} (retrying)", position.partition, e.code, e.message)
+            }
+            None if unreadable.remove(&position.partition) => {
+                eprintln!("partition {}: readable again", position.partition)
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Commits the group's offsets of the cursors that moved since their last commit.
+fn commit_moved(client: &AdminClient, group: &str, topic: &str, cursors: &mut [Cursor]) -> anyhow::Result<()> {
+    let moved: Vec<CommitOffset> = cursors
+        .iter_mut()
+        .filter_map(|c| {
+            let offset = c.offset.parse::<i64>().ok()?;
+            if c.committed == Some(offset) {
+                return None;
+            }
+            c.committed = Some(offset);
+            Some(CommitOffset { topic: topic.to_string(), partition: c.partition, offset, metadata: None })
+        })
+        .collect();
+    if !moved.is_empty() {
+        let _: CommittedOffsets =
+            client.post(&format!("/v1/groups/{}/offsets", segment(group)), &CommitOffsets { offsets: moved })?;
+    }
+    Ok(())
+}
+
 pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
     let client = AdminClient::new(&args.connection)?;
     let json = args.connection.json;
@@ -235,14 +282,7 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
             Some(max) => (max - printed).min(RECORDS_PER_REQUEST),
             None => RECORDS_PER_REQUEST,
         };
-        // Wait at most until the idle timeout runs out (a last poll without waiting at 0).
-        let poll_ms = match args.timeout {
-            Some(timeout) => {
-                let left = timeout.saturating_sub(last_record_at.elapsed());
-                u64::try_from(left.as_millis()).unwrap_or(u64::MAX).min(POLL_MS_MAX)
-            }
-            None => POLL_MS_MAX,
-        };
+        let poll_ms = poll_ms(args.timeout, last_record_at);
         let offsets: Vec<String> = cursors.iter().map(|c| format!("{}:{}", c.partition, c.offset)).collect();
         let response: TopicRecords = client.get(
             &records_path,
@@ -258,17 +298,7 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
         // Where each partition may continue (and be committed): after the last record printed,
         // or where the broker says when every record it returned was printed.
         // A partition that could not be read this time (its leader is down) keeps its cursor.
-        for position in &response.partitions {
-            match &position.error {
-                Some(e) if unreadable.insert(position.partition) => {
-                    eprintln!("partition {}: {} {} (retrying)", position.partition, e.code, e.message)
-                }
-                None if unreadable.remove(&position.partition) => {
-                    eprintln!("partition {}: readable again", position.partition)
-                }
-                _ => {}
-            }
-        }
+        report_unreadable(&response.partitions, &mut unreadable);
         let mut next: HashMap<i32, i64> =
             response.partitions.iter().filter(|p| p.error.is_none()).map(|p| (p.partition, p.next_offset)).collect();
         let mut stopped_early = false;
@@ -295,21 +325,7 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
             }
         }
         if let Some(group) = &args.group {
-            let moved: Vec<CommitOffset> = cursors
-                .iter_mut()
-                .filter_map(|c| {
-                    let offset = c.offset.parse::<i64>().ok()?;
-                    if c.committed == Some(offset) {
-                        return None;
-                    }
-                    c.committed = Some(offset);
-                    Some(CommitOffset { topic: args.topic.clone(), partition: c.partition, offset, metadata: None })
-                })
-                .collect();
-            if !moved.is_empty() {
-                let _: CommittedOffsets = client
-                    .post(&format!("/v1/groups/{}/offsets", segment(group)), &CommitOffsets { offsets: moved })?;
-            }
+            commit_moved(&client, group, &args.topic, &mut cursors)?;
         }
         drop(busy);
         if stopped_early {

@@ -163,21 +163,7 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
             write_description(&mut out, &group)?;
         }
         GroupCommand::Create(a) => {
-            let mut configs: std::collections::BTreeMap<String, String> = a.configs.iter().cloned().collect();
-            if a.fifo {
-                configs.insert(group_config::FIFO.into(), "true".into());
-            }
-            if a.broadcast {
-                configs.insert(group_config::BROADCAST.into(), "true".into());
-            }
-            if let Some(n) = a.max_delivery_attempts {
-                configs.insert(group_config::MAX_DELIVERY_ATTEMPTS.into(), n.to_string());
-            }
-            if let Some(backoff) = &a.retry_backoff {
-                configs.insert(group_config::RETRY_BACKOFF.into(), backoff.clone());
-            }
-            let request = CreateGroup { name: a.group.clone(), configs, validate_only: a.validate_only };
-            let created: CreatedGroup = client.post("/v1/groups", &request)?;
+            let created: CreatedGroup = client.post("/v1/groups", &create_request(a))?;
             if json {
                 return print_json(&mut out, &created);
             }
@@ -203,19 +189,9 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
             write_configs(&mut out, &configs.configs)?;
         }
         GroupCommand::ResetOffsets(a) => {
-            let to = match (a.to_earliest, a.to_latest, a.to_timestamp, a.to_offset, a.shift_by) {
-                (true, ..) => ResetTo::Earliest,
-                (_, true, ..) => ResetTo::Latest,
-                (_, _, Some(t), ..) => ResetTo::Timestamp(t),
-                (_, _, _, Some(o), _) => ResetTo::Offset(o),
-                (.., Some(n)) => ResetTo::ShiftBy(n),
-                _ => {
-                    anyhow::bail!("say where to: --to-earliest, --to-latest, --to-timestamp, --to-offset or --shift-by")
-                }
-            };
             let request = ResetOffsets {
                 topics: if a.all_topics { None } else { Some(a.topics.clone()) },
-                to,
+                to: reset_to(a)?,
                 dry_run: a.dry_run,
             };
             let result: ResetOffsetsResult =
@@ -223,21 +199,7 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
             if json {
                 return print_json(&mut out, &result);
             }
-            let mut table = Table::new(&["TOPIC", "PARTITION", "PREVIOUS-OFFSET", "NEW-OFFSET"]);
-            for c in &result.offsets {
-                table.row(vec![
-                    c.topic.clone(),
-                    c.partition.to_string(),
-                    or_dash(c.previous_offset),
-                    c.new_offset.to_string(),
-                ]);
-            }
-            table.write(&mut out)?;
-            if result.dry_run {
-                writeln!(out, "dry run: nothing committed")?;
-            } else {
-                writeln!(out, "reset {} partition(s) of group '{}'", result.offsets.len(), result.group_id)?;
-            }
+            write_reset(&mut out, &result)?;
         }
         GroupCommand::Delete(a) => {
             let deleted: DeletedGroup = client.delete(&format!("/v1/groups/{}", segment(&a.group)))?;
@@ -246,6 +208,51 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
             }
             writeln!(out, "deleted group '{}'", deleted.group_id)?;
         }
+    }
+    Ok(())
+}
+
+/// The settings of `weir group create`: --config pairs, then the flags that name one setting.
+fn create_request(a: &CreateArgs) -> CreateGroup {
+    let mut configs: std::collections::BTreeMap<String, String> = a.configs.iter().cloned().collect();
+    if a.fifo {
+        configs.insert(group_config::FIFO.into(), "true".into());
+    }
+    if a.broadcast {
+        configs.insert(group_config::BROADCAST.into(), "true".into());
+    }
+    if let Some(n) = a.max_delivery_attempts {
+        configs.insert(group_config::MAX_DELIVERY_ATTEMPTS.into(), n.to_string());
+    }
+    if let Some(backoff) = &a.retry_backoff {
+        configs.insert(group_config::RETRY_BACKOFF.into(), backoff.clone());
+    }
+    CreateGroup { name: a.group.clone(), configs, validate_only: a.validate_only }
+}
+
+/// Where `weir group reset-offsets` moves the offsets: the first of its --to-* and --shift-by
+/// flags given.
+fn reset_to(a: &ResetArgs) -> anyhow::Result<ResetTo> {
+    Ok(match (a.to_earliest, a.to_latest, a.to_timestamp, a.to_offset, a.shift_by) {
+        (true, ..) => ResetTo::Earliest,
+        (_, true, ..) => ResetTo::Latest,
+        (_, _, Some(t), ..) => ResetTo::Timestamp(t),
+        (_, _, _, Some(o), _) => ResetTo::Offset(o),
+        (.., Some(n)) => ResetTo::ShiftBy(n),
+        _ => anyhow::bail!("say where to: --to-earliest, --to-latest, --to-timestamp, --to-offset or --shift-by"),
+    })
+}
+
+fn write_reset(out: &mut impl Write, result: &ResetOffsetsResult) -> anyhow::Result<()> {
+    let mut table = Table::new(&["TOPIC", "PARTITION", "PREVIOUS-OFFSET", "NEW-OFFSET"]);
+    for c in &result.offsets {
+        table.row(vec![c.topic.clone(), c.partition.to_string(), or_dash(c.previous_offset), c.new_offset.to_string()]);
+    }
+    table.write(out)?;
+    if result.dry_run {
+        writeln!(out, "dry run: nothing committed")?;
+    } else {
+        writeln!(out, "reset {} partition(s) of group '{}'", result.offsets.len(), result.group_id)?;
     }
     Ok(())
 }

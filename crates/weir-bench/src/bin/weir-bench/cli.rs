@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use anyhow::bail;
 use clap::{Parser, ValueEnum};
+// One parser of byte counts for every benchmark command line: `weir bench ...` and this binary.
+use weir_bench::cli::parse_size;
 
 /// The shortest message: the send timestamp and a sequence number (see `kafka::Payload`).
 pub const HEADER_BYTES: u64 = 16;
@@ -424,26 +426,6 @@ pub fn parse_count(text: &str) -> Result<u64, String> {
     Ok(count)
 }
 
-/// A byte count: digits with an optional K/M/G suffix (powers of 1024; `KiB` etc. too).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (digits, suffix) = text.split_at(split);
-    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte count such as 1024 or 1G"))?;
-    let multiplier: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        other => return Err(format!("unknown size suffix {other:?}: use K, M or G (powers of 1024)")),
-    };
-    let bytes = number.checked_mul(multiplier).ok_or_else(|| format!("{text:?} is too large"))?;
-    if bytes == 0 {
-        return Err("the byte count must be positive".into());
-    }
-    Ok(bytes)
-}
-
 fn parse_seconds(text: &str) -> Result<Duration, String> {
     let duration = parse_seconds_or_zero(text)?;
     if duration.is_zero() {
@@ -615,7 +597,7 @@ mod tests {
     }
 
     #[test]
-    fn counts_and_sizes_parse_with_suffixes() {
+    fn counts_parse_with_separators_and_suffixes() {
         assert_eq!(parse_count("20000"), Ok(20_000));
         assert_eq!(parse_count("20_000"), Ok(20_000));
         assert_eq!(parse_count("20k"), Ok(20_000));
@@ -623,10 +605,5 @@ mod tests {
         assert!(parse_count("0").is_err());
         assert!(parse_count("many").is_err());
         assert!(parse_count("99999999999999999999k").is_err());
-        assert_eq!(parse_size("1K"), Ok(1024));
-        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_size("2g"), Ok(2 << 30));
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("99999999999G").is_err());
     }
 }
