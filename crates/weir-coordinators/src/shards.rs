@@ -14,7 +14,9 @@
 //!
 //! Invariant: a shard is `Loaded` only after the owner's `load_shard` returned, and it stops being
 //! `Loaded` before the owner's `unload_shard` is called, so a request that found its shard
-//! loaded finds the owner's state for it in memory (or is answered by the unload).
+//! loaded finds the owner's state for it in memory (or is answered by the unload). Asserted
+//! (debug builds) by `Shards::finish_load` (only a shard still loading becomes loaded) and
+//! `Shards::drop_shard` (only a shard loading or loaded is dropped).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock, Weak};
@@ -57,6 +59,36 @@ impl<T> Shards<T> {
                 format!("this broker does not lead {}-{index}", self.topic),
             )),
         }
+    }
+
+    /// Marks `index` loading (requests are refused with COORDINATOR_LOAD_IN_PROGRESS) unless
+    /// this broker already has it; returns whether it was marked.
+    fn begin_load(&self, index: i32) -> bool {
+        let mut states = write(&self.states);
+        if states.contains_key(&index) {
+            return false;
+        }
+        states.insert(index, ShardState::Loading);
+        true
+    }
+
+    /// Serves the shard `index` that its owner's `load_shard` just returned. Returns false
+    /// (and serves nothing) when the shard was dropped meanwhile: a shard is never loaded
+    /// after its unload.
+    fn finish_load(&self, index: i32, shard: T) -> bool {
+        let mut states = write(&self.states);
+        let loading = matches!(states.get(&index), Some(ShardState::Loading));
+        debug_assert!(loading, "{}-{index} finished loading but was not loading: dropped meanwhile", self.topic);
+        if loading {
+            states.insert(index, ShardState::Loaded(Arc::new(shard)));
+        }
+        loading
+    }
+
+    /// Stops serving `index` (loaded or loading), before its owner forgets its state.
+    fn drop_shard(&self, index: i32) {
+        let dropped = write(&self.states).remove(&index);
+        debug_assert!(dropped.is_some(), "{}-{index} dropped but never loaded", self.topic);
     }
 
     /// Every loaded shard, by partition.
@@ -103,27 +135,24 @@ pub(crate) fn reconcile_blocking<O: ShardOwner>(broker: &Broker, owner: &O) -> b
     let wanted = led_here(broker, shards.topic);
     let lost: Vec<i32> = read(&shards.states).keys().filter(|index| !wanted.contains_key(index)).copied().collect();
     for index in lost {
-        write(&shards.states).remove(&index);
+        // Not served any more before the owner forgets it (the invariant above).
+        shards.drop_shard(index);
         owner.unload_shard(index);
         tracing::info!(topic = shards.topic, partition = index, "no longer the coordinator of this partition");
     }
-    let gained: Vec<(i32, Arc<Partition>)> = {
-        let mut states = write(&shards.states);
-        let gained: Vec<_> = wanted.into_iter().filter(|(index, _)| !states.contains_key(index)).collect();
-        for (index, _) in &gained {
-            states.insert(*index, ShardState::Loading);
-        }
-        gained
-    };
+    let gained: Vec<(i32, Arc<Partition>)> =
+        wanted.into_iter().filter(|(index, _)| shards.begin_load(*index)).collect();
     let mut all_loaded = true;
     for (index, partition) in gained {
         match owner.load_shard(index, partition) {
             Ok(shard) => {
-                write(&shards.states).insert(index, ShardState::Loaded(Arc::new(shard)));
+                if !shards.finish_load(index, shard) {
+                    owner.unload_shard(index);
+                }
             }
             Err(e) => {
                 tracing::warn!(topic = shards.topic, partition = index, error = %e, "cannot load this partition yet");
-                write(&shards.states).remove(&index);
+                shards.drop_shard(index);
                 all_loaded = false;
             }
         }
@@ -158,4 +187,40 @@ pub(crate) fn spawn_watcher<O: ShardOwner>(broker: &Arc<Broker>, owner: Weak<O>)
             };
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_is_served_between_its_load_and_its_drop() {
+        let shards: Shards<u32> = Shards::new("__t");
+        assert_eq!(shards.get(0).map_err(|e| e.kind).err(), Some(ErrorKind::NotCoordinator));
+        assert!(shards.begin_load(0));
+        assert!(!shards.begin_load(0), "already loading");
+        assert_eq!(shards.get(0).map_err(|e| e.kind).err(), Some(ErrorKind::CoordinatorLoadInProgress));
+        assert!(shards.finish_load(0, 7));
+        assert_eq!(shards.get(0).map(|s| *s).ok(), Some(7));
+        shards.drop_shard(0);
+        assert_eq!(shards.get(0).map_err(|e| e.kind).err(), Some(ErrorKind::NotCoordinator));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "was not loading")]
+    fn a_shard_loaded_after_its_drop_is_caught() {
+        let shards: Shards<u32> = Shards::new("__t");
+        assert!(shards.begin_load(0));
+        shards.drop_shard(0);
+        shards.finish_load(0, 7);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "never loaded")]
+    fn a_shard_dropped_without_a_load_is_caught() {
+        let shards: Shards<u32> = Shards::new("__t");
+        shards.drop_shard(3);
+    }
 }
