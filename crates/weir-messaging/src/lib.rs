@@ -25,6 +25,8 @@ pub mod half;
 pub mod message_index;
 mod metrics;
 pub mod pop;
+#[cfg(test)]
+mod testing;
 pub mod timer;
 
 use std::collections::BTreeMap;

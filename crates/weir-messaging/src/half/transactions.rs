@@ -239,7 +239,6 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use weir_broker::{BrokerConfig, NewTopic};
 
     /// A checker that records what it was asked and answers as told.
     struct Recorder {
@@ -274,22 +273,7 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-        let config = BrokerConfig::from_settings(&settings).expect("config");
-        let (broker, messaging) = tokio::task::spawn_blocking(move || {
-            let broker = Broker::open(config).expect("open");
-            let messaging = Messaging::open(&broker).expect("messaging");
-            (broker, messaging)
-        })
-        .await
-        .expect("join");
-        let topic = NewTopic {
-            name: "t".into(),
-            partitions: 1,
-            replication_factor: -1,
-            assignments: Vec::new(),
-            configs: BTreeMap::new(),
-        };
-        broker.create_topics(vec![topic], false).await.pop().expect("a result").expect("created");
+        let (broker, messaging) = crate::testing::open_with_topic(settings, "t").await;
         // No sweep task: the test drives the rounds itself.
         let transactions = TransactionalMessages {
             broker: broker.clone(),

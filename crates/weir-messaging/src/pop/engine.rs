@@ -112,36 +112,18 @@ mod tests {
     //! Expiry is simulated by moving a delivery's invisible time into the past, so no test
     //! sleeps for an invisible duration.
 
-    use std::collections::BTreeMap;
     use std::path::Path;
 
     use super::*;
     use crate::pop::TagFilter;
     use weir_broker::message::Message;
-    use weir_broker::{Acks, Broker, BrokerConfig, NewTopic, Partition};
+    use weir_broker::{Acks, Broker, Partition};
 
     const TOPIC: &str = "t";
 
     async fn open(dir: &Path) -> (Arc<Broker>, Arc<Messaging>) {
-        let settings: BTreeMap<String, String> =
-            [("log.dirs".to_string(), dir.display().to_string())].into_iter().collect();
-        let config = BrokerConfig::from_settings(&settings).expect("config");
-        let (broker, messaging) = tokio::task::spawn_blocking(move || {
-            let broker = Broker::open(config).expect("open");
-            let messaging = Messaging::open(&broker).expect("messaging");
-            (broker, messaging)
-        })
-        .await
-        .expect("join");
-        let topic = NewTopic {
-            name: TOPIC.into(),
-            partitions: 1,
-            replication_factor: -1,
-            assignments: Vec::new(),
-            configs: BTreeMap::new(),
-        };
-        broker.create_topics(vec![topic], false).await.pop().expect("a result").expect("created");
-        (broker, messaging)
+        let settings = [("log.dirs".to_string(), dir.display().to_string())].into_iter().collect();
+        crate::testing::open_with_topic(settings, TOPIC).await
     }
 
     /// The engine without its tasks: the tests drive every step.
