@@ -13,6 +13,7 @@ failure report. Cluster tests run several brokers as one cluster (cluster.py, th
 import atexit
 import os
 import pathlib
+import random
 import re
 import shutil
 import signal
@@ -44,10 +45,41 @@ def weir_bin():
 _HANDED_OUT_PORTS = set()
 
 
+def _ports_to_hand_out():
+    """Ports below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), in an order that
+    starts at a random place. A port handed out is bound by its broker only a moment later, and
+    meanwhile any outgoing connection on the machine (a client's, or a cluster node's to its
+    peers) may take an ephemeral port as its own source port: the broker then fails to start
+    with "address in use". Connections never take a port below the range. None when the range
+    leaves too little room below it; then the kernel picks (port 0)."""
+    try:
+        low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    first = 20_000
+    if low - first < 2_000:
+        return None
+    start = random.randrange(first, low)
+    return list(range(start, low)) + list(range(first, start))
+
+
+_PORT_CANDIDATES = _ports_to_hand_out()
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that nothing listens on right now, and never handed out before in
     this run: a broker's ports are chosen before it binds them, so a port given to one broker but
     not bound yet must not go to another (a cluster node once got another's RocketMQ port)."""
+    for port in _PORT_CANDIDATES or ():
+        if port in _HANDED_OUT_PORTS:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT_PORTS.add(port)
+        return port
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
@@ -60,7 +92,11 @@ def free_port():
 def broker_env():
     """The broker reads WEIR_* variables as settings (WEIR_LOG_RETENTION_MS...): pass none of ours."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    # A panic prints its backtrace; an error that ends the process prints only its message
+    # (anyhow captures a backtrace by RUST_LIB_BACKTRACE, else by RUST_BACKTRACE), so the
+    # message is what a log's tail shows.
     env["RUST_BACKTRACE"] = "1"
+    env["RUST_LIB_BACKTRACE"] = "0"
     return env
 
 
@@ -252,8 +288,22 @@ class Broker:
         return text
 
     def tail(self, chars=4000):
+        """The end of the log, after the lines that say why a process ended (an error or a
+        panic), which a long backtrace could push out of the tail."""
         text = self.log_since(max(0, self.log_size() - chars))
-        return f"--- {self.log_path} (tail) ---\n{text}"
+        try:
+            lines = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except FileNotFoundError:
+            lines = []
+        why = []
+        for i, line in enumerate(lines):
+            if line.startswith("Error: "):
+                why.append(line)
+            elif " panicked at " in line:
+                # The panic's message is on the next line.
+                why.extend(lines[i : i + 2])
+        head = "".join(f"{line}\n" for line in why[-6:] if line not in text)
+        return f"--- {self.log_path} (tail) ---\n{head}{text}"
 
     def __repr__(self):
         return f"Broker({self.name}, {self.bootstrap}, pid={self.pid})"
