@@ -19,7 +19,9 @@
 //!
 //! These are asserted in debug builds by `Wheel::check_invariants` after every change: no
 //! key waiting in memory is at or below `fired` (else it would be handed out again, or skipped
-//! by a restart), `fired` never goes back, and a key handed to [`Wheel::fired`] was above it.
+//! by a restart), `fired` never goes back, a key handed to [`Wheel::fired`] was above it, and
+//! every key in memory belongs to a loaded slot (so none fires, and moves `fired`, before the
+//! rest of its slot's file is read).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -193,9 +195,14 @@ impl Wheel {
     }
 
     /// The slots of a [`Wheel::begin_advance`] could not be read: they are loaded next time.
+    ///
+    /// The entries added to them meanwhile leave memory too (they are in the files, and come
+    /// back with the next load): a key fired from a slot whose file was not read would move the
+    /// fired mark past that file's entries, which would then never fire.
     pub fn abort_advance(&mut self, slots: &[(i64, PathBuf)]) {
         if let Some(first) = slots.iter().map(|(slot, _)| *slot).min() {
             self.loaded_until = self.loaded_until.min(first);
+            drop(self.near.split_off(&(self.loaded_until, i64::MIN)));
         }
         self.loading_from = None;
         self.check_invariants(self.fired);
@@ -327,6 +334,13 @@ impl Wheel {
             assert!(
                 self.slots.contains_key(&slot_of(key.0)),
                 "{dir}: key {key:?} waits in memory but its slot is not counted (the log could be trimmed under it)"
+            );
+        }
+        if let Some(last) = self.near.last() {
+            assert!(
+                slot_of(last.0) < self.loaded_until,
+                "{dir}: key {last:?} waits in memory but its slot is not loaded (from {}): it could fire before the rest of its slot is read",
+                self.loaded_until
             );
         }
     }
@@ -510,6 +524,32 @@ mod tests {
         let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
         wheel.add(&[(100, 1)]).expect("add");
         wheel.check_invariants((50, 0));
+    }
+
+    #[test]
+    fn an_aborted_load_fires_nothing_of_its_slots_until_they_are_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(120_000, 1), (130_000, 2)]).expect("add");
+        let paths = wheel.begin_advance(120_000 - LOOKAHEAD_MS);
+        // Added while the slot loads: in memory and in the file.
+        wheel.add(&[(125_000, 3)]).expect("add while loading");
+        wheel.abort_advance(&paths);
+        assert_eq!(wheel.due(200_000, 10), vec![], "nothing of a slot not read fires");
+        assert!(wheel.is_pending((120_000, 1)) && wheel.is_pending((125_000, 3)));
+        wheel.advance(120_000).expect("load again");
+        assert_eq!(wheel.due(200_000, 10), vec![(120_000, 1), (125_000, 3), (130_000, 2)]);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "its slot is not loaded")]
+    fn a_waiting_key_of_a_slot_not_loaded_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wheel = Wheel::open(dir.path(), NONE, 0).expect("open");
+        wheel.add(&[(100, 1)]).expect("add");
+        wheel.loaded_until = 0;
+        wheel.check_invariants(NONE);
     }
 
     #[cfg(debug_assertions)]
