@@ -6,31 +6,34 @@
 //! apply them, then reconcile the partition logs with the new state. Data operations (append,
 //! read, list offsets) touch only their partition and take no broker-wide lock beyond a read
 //! lock on the partition map.
+//!
+//! This file holds the [`Broker`] and its data path; what builds on it extends it from files
+//! above this one, which this file does not import: opening and wiring (`open.rs`), topic
+//! administration (`topics.rs`), control requests and the cluster's lifecycle (`cluster/`),
+//! fetches with long polling (`fetch.rs`), ISR proposals (`isr.rs`), the follower's writes
+//! (`follower.rs`), dynamic broker and group configs (`broker_configs.rs`, `group_config.rs`)
+//! and forwarding to other brokers (`forward.rs`). Below it are only the partition, its
+//! replication state, the metrics it counts, the throttles' budgets and the cluster's state.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::sync::{watch, Notify};
-use uuid::Uuid;
-use weir_storage::{
-    AppendInfo, Clock, FlushPolicy, LogManager, ManagerOptions, ReadResult, StorageError, SystemClock, TopicPartition,
-};
+use weir_storage::{AppendInfo, Clock, FlushPolicy, LogManager, ReadResult, StorageError, TopicPartition};
 
 use crate::cluster::{Cluster, ControlAnswer, ControlRequest};
 use crate::config::BrokerConfig;
 use crate::delayed::DelayedRecords;
 use crate::error::{BrokerError, ErrorKind, RecordError};
-use crate::fetch::Isolation;
-use crate::metadata::raft::network::{NoPeers, RaftTransport};
-use crate::metadata::raft::{Quorum, QuorumConfig, QuorumStatus};
-use crate::metadata::{legacy, BrokerRegistration, MetadataRecord, MetadataState, PartitionState, TopicMetadata};
-use crate::metrics::BrokerMetrics;
-use crate::partition::{Partition, TopicPartitions};
+use crate::metadata::raft::{Quorum, QuorumStatus};
+use crate::metadata::{legacy, BrokerRegistration, MetadataRecord, MetadataState, PartitionState};
+use crate::metrics::counted::BrokerMetrics;
+use crate::partition::{Isolation, Partition, TopicPartitions};
 use crate::runtime::block_on;
+use crate::topic_config;
 use crate::topic_config::TopicCompression;
-use crate::{placement, topic_config};
 use weir_storage::sync::{lock, read, write};
 
 pub use weir_controller::topics::{CreatedTopic, NewTopic, MAX_TOPIC_NAME_LEN};
@@ -130,94 +133,24 @@ pub struct Broker {
     delayed: OnceLock<Arc<dyn DelayedRecords>>,
 }
 
-fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
+pub(crate) fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
     BrokerError::new(ErrorKind::Storage, format!("{context}: {e}"))
 }
 
 impl Broker {
-    /// Opens the data directory: recovers the partition logs, starts this node's part of the
-    /// metadata quorum, and brings the logs in line with the applied metadata. Blocking; call it
-    /// within a multi-threaded tokio runtime (from a blocking thread, or a worker thread).
-    pub fn open(config: BrokerConfig) -> Result<Arc<Broker>, BrokerError> {
-        // The internal listener first: a busy port fails before any recovery work.
-        let internal_listener = match config.controller_listen {
-            Some(addr) => Some(std::net::TcpListener::bind(addr).map_err(|e| {
-                BrokerError::new(
-                    ErrorKind::InvalidConfig,
-                    format!("cannot listen on {addr} (the CONTROLLER listener of `listeners`): {e}"),
-                )
-            })?),
-            None => None,
-        };
-        let internal_address = match &internal_listener {
-            None => None,
-            Some(listener) => {
-                let bound = listener.local_addr().map_err(|e| io_error("the CONTROLLER listener", e))?;
-                Some(match config.voters.get(&config.node_id) {
-                    Some((host, port)) => format!("{host}:{port}"),
-                    None if bound.ip().is_unspecified() => format!("{}:{}", config.advertised_host, bound.port()),
-                    None => bound.to_string(),
-                })
-            }
-        };
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let mut options = ManagerOptions::new(config.data_dir.clone());
-        options.default_config = config.default_log_config();
-        options.clock = clock.clone();
-        options.retention_check_interval_ms = config.retention_check_interval_ms;
-        options.flush_check_interval_ms = config.flush_check_interval_ms;
-        options.checkpoint_interval_ms = config.checkpoint_interval_ms;
-        options.cleaner_enabled = config.cleaner_enabled;
-        options.cleaner_backoff_ms = config.cleaner_backoff_ms;
-        options.cleaner_io_max_bytes_per_second = config.cleaner_io_max_bytes_per_second;
-        options.recovery_threads = config.recovery_threads;
-        options.producer_id_expiration_ms = config.producer_id_expiration_ms;
-        let logs = LogManager::open(options)?;
-        let cluster = Cluster::new(config.broker_session_timeout_ms);
-        let quorum_dir = config.data_dir.join(legacy::METADATA_DIR).join("raft");
-        let node_id = u64::try_from(config.node_id).unwrap_or_default();
-        let voters: BTreeMap<u64, String> = config
-            .quorum_voters()
-            .into_iter()
-            .map(|(id, (host, port))| {
-                let addr = if host.is_empty() { String::new() } else { format!("{host}:{port}") };
-                (u64::try_from(id).unwrap_or_default(), addr)
-            })
-            .collect();
-        // The quorum is this node alone; other brokers may still join it as learners, over the
-        // CONTROLLER listener when it has one.
-        let alone = voters.len() == 1 && voters.contains_key(&node_id);
-        let transport: Arc<dyn RaftTransport> = if alone && internal_listener.is_none() {
-            Arc::new(NoPeers)
-        } else {
-            Arc::new(crate::cluster::rpc::RpcRaftTransport::new(cluster.rpc.clone()))
-        };
-        let quorum_config = QuorumConfig {
-            node_id,
-            voters,
-            election_timeout_ms: config.quorum_election_timeout_ms,
-            snapshot_interval: config.metadata_snapshot_interval,
-            commit_timeout_ms: config.quorum_request_timeout_ms,
-        };
-        let quorum = block_on(Quorum::start(&quorum_dir, quorum_config, transport, clock.clone()))??;
-        if let Some(listener) = internal_listener {
-            let server = crate::cluster::rpc::serve(listener, quorum.messages(), cluster.broker.clone())
-                .map_err(|e| io_error("cannot serve the CONTROLLER listener", e))?;
-            *lock(&cluster.server) = Some(server);
-        }
-        if alone {
-            // A quorum of one elects itself at once instead of waiting out an election timeout.
-            block_on(async {
-                if quorum.leader().is_none() {
-                    quorum.elect_now().await;
-                }
-                quorum.wait_for_leader(Duration::from_secs(30)).await
-            })??;
-        }
+    /// The broker of the parts [`Broker::open`] opened, with its partitions not reconciled yet.
+    pub(crate) fn assemble(
+        config: BrokerConfig,
+        clock: Arc<dyn Clock>,
+        logs: Arc<LogManager>,
+        quorum: Quorum,
+        cluster: Cluster,
+        internal_address: Option<String>,
+    ) -> Arc<Broker> {
         let state = quorum.applied();
         let (shutdown_tx, _) = watch::channel(false);
         let (reconciled_tx, _) = watch::channel(state.clone());
-        let broker = Arc::new(Broker {
+        Arc::new(Broker {
             delayed: OnceLock::new(),
             config,
             clock,
@@ -234,40 +167,7 @@ impl Broker {
             replication_quotas: Default::default(),
             internal_address,
             metrics: BrokerMetrics::default(),
-        });
-        let _ = broker.cluster.broker.set(Arc::downgrade(&broker));
-        crate::forward::register(&broker);
-        if alone {
-            broker.upgrade_metadata()?;
-        } else if legacy::exists(&broker.config.data_dir) {
-            tracing::warn!(
-                "this data directory holds the metadata of a Weir 0.1 single node; start it once as a single node \
-                 (without controller.quorum.voters) to move it to the new format before it joins a cluster"
-            );
-        }
-        broker.reconcile_to(broker.quorum.applied())?;
-        broker.follow_metadata();
-        if broker.config.roles.controller {
-            broker.run_controller();
-        }
-        if broker.config.roles.broker {
-            broker.run_isr_checks();
-            broker.run_lifecycle();
-            // As a KRaft broker does: serve clients only once the controller has unfenced it.
-            block_on(broker.wait_until_unfenced())?;
-        }
-        broker.logs.start_background()?;
-        Ok(broker)
-    }
-
-    /// Tells the controller this broker is going away, so that its partitions lose their leader
-    /// now rather than at its session timeout (Kafka's controlled shutdown). Bounded by the
-    /// quorum request timeout; skipped on a node that is the whole quorum.
-    pub async fn leave_cluster(self: &Arc<Self>) {
-        if !self.config.is_cluster() || !self.config.roles.broker {
-            return;
-        }
-        self.lifecycle_round(true, true).await;
+        })
     }
 
     pub(crate) fn lock_controller(&self) -> MutexGuard<'_, ()> {
@@ -306,7 +206,7 @@ impl Broker {
     /// What the controller writes once into a metadata log that lacks it: the state of a Weir
     /// 0.1 data directory, the cluster id, and replica assignments of partitions created before
     /// replicas were assigned. Blocking.
-    fn upgrade_metadata(&self) -> Result<(), BrokerError> {
+    pub(crate) fn upgrade_metadata(&self) -> Result<(), BrokerError> {
         let held = lock(&self.controller);
         let data_dir = &self.config.data_dir;
         let state = self.quorum.applied();
@@ -344,7 +244,7 @@ impl Broker {
 
     /// Reconciles the partitions with every state the quorum applies from now on (decisions of
     /// this node's controller are reconciled by `commit` already; this catches the others).
-    fn follow_metadata(self: &Arc<Self>) {
+    pub(crate) fn follow_metadata(self: &Arc<Self>) {
         let mut states = self.quorum.subscribe();
         let broker = Arc::downgrade(self);
         let mut shutdown = self.shutdown_signal();
@@ -507,147 +407,6 @@ impl Broker {
 
     pub fn is_shutting_down(&self) -> bool {
         *self.shutdown_tx.borrow()
-    }
-
-    // ----- control operations -------------------------------------------------------------
-
-    /// Checks a topic name against Kafka's rules (the controller's: `weir_controller::topics`).
-    pub fn validate_topic_name(name: &str) -> Result<(), BrokerError> {
-        weir_controller::topics::validate_topic_name(name)
-    }
-
-    /// Creates topics (each independently; one failure does not stop the others). With
-    /// `validate_only` nothing changes but every check runs.
-    pub async fn create_topics(
-        self: &Arc<Self>,
-        topics: Vec<NewTopic>,
-        validate_only: bool,
-    ) -> Vec<Result<CreatedTopic, BrokerError>> {
-        let count = topics.len();
-        match self.control(ControlRequest::CreateTopics { topics, validate_only }).await {
-            Ok(ControlAnswer::CreatedTopics(results)) if results.len() == count => results,
-            Ok(other) => vec![Err(unexpected_answer(&other)); count],
-            Err(e) => vec![Err(e); count],
-        }
-    }
-
-    /// [`Broker::create_topics`] from blocking code.
-    pub fn create_topics_blocking(
-        self: &Arc<Self>,
-        topics: Vec<NewTopic>,
-        validate_only: bool,
-    ) -> Vec<Result<CreatedTopic, BrokerError>> {
-        let count = topics.len();
-        match crate::runtime::block_on(self.create_topics(topics, validate_only)) {
-            Ok(results) => results,
-            Err(e) => vec![Err(e); count],
-        }
-    }
-
-    /// The brokers partitions can be placed on: the registered, unfenced ones, in placement
-    /// order (by id; rack-alternating when brokers have racks).
-    pub fn brokers(&self) -> Vec<i32> {
-        placement::unfenced_brokers(&self.metadata())
-    }
-
-    /// Creates `name` with the broker's defaults if it does not exist (Metadata auto-creation).
-    pub async fn auto_create_topic(self: &Arc<Self>, name: &str) -> Result<TopicMetadata, BrokerError> {
-        self.auto_create_topic_with(name, BTreeMap::new()).await
-    }
-
-    /// [`Broker::auto_create_topic`] with topic `configs` a front-end's protocol implies (a
-    /// RocketMQ topic takes RocketMQ's larger default body). A topic that exists is returned as
-    /// it is.
-    pub async fn auto_create_topic_with(
-        self: &Arc<Self>,
-        name: &str,
-        configs: BTreeMap<String, String>,
-    ) -> Result<TopicMetadata, BrokerError> {
-        let topic = NewTopic {
-            name: name.to_string(),
-            partitions: -1,
-            replication_factor: -1,
-            assignments: Vec::new(),
-            configs,
-        };
-        match self.create_topics(vec![topic], false).await.pop() {
-            Some(Ok(created)) => Ok(created.topic),
-            Some(Err(e)) if e.kind == ErrorKind::TopicExists => self
-                .metadata()
-                .topic(name)
-                .cloned()
-                .ok_or_else(|| BrokerError::new(ErrorKind::UnknownTopicOrPartition, "topic was deleted meanwhile")),
-            Some(Err(e)) => Err(e),
-            None => Err(BrokerError::new(ErrorKind::Internal, "no result")),
-        }
-    }
-
-    /// Creates an internal topic (name starting with `__`) unless it exists; returns its metadata.
-    pub async fn ensure_internal_topic(
-        self: &Arc<Self>,
-        name: &str,
-        partitions: i32,
-        configs: BTreeMap<String, String>,
-    ) -> Result<TopicMetadata, BrokerError> {
-        if let Some(topic) = self.metadata().topic(name) {
-            return Ok(topic.clone());
-        }
-        let request = ControlRequest::EnsureInternalTopic { name: name.to_string(), partitions, configs };
-        match self.control(request).await? {
-            ControlAnswer::Topic(topic) => Ok(topic),
-            other => Err(unexpected_answer(&other)),
-        }
-    }
-
-    /// [`Broker::ensure_internal_topic`] from blocking code.
-    pub fn ensure_internal_topic_blocking(
-        self: &Arc<Self>,
-        name: &str,
-        partitions: i32,
-        configs: BTreeMap<String, String>,
-    ) -> Result<TopicMetadata, BrokerError> {
-        crate::runtime::block_on(self.ensure_internal_topic(name, partitions, configs))?
-    }
-
-    /// Deletes a topic by name or id.
-    pub async fn delete_topic(
-        self: &Arc<Self>,
-        name: Option<String>,
-        id: Option<Uuid>,
-    ) -> Result<TopicMetadata, BrokerError> {
-        match self.control(ControlRequest::DeleteTopic { name, id }).await? {
-            ControlAnswer::Topic(topic) => Ok(topic),
-            other => Err(unexpected_answer(&other)),
-        }
-    }
-
-    /// Grows a topic to `count` partitions, the new ones on the `assignments` given (one replica
-    /// list per new partition) or placed like the topic's.
-    pub async fn create_partitions(
-        self: &Arc<Self>,
-        name: String,
-        count: i32,
-        assignments: Option<Vec<Vec<i32>>>,
-        validate_only: bool,
-    ) -> Result<(), BrokerError> {
-        match self.control(ControlRequest::CreatePartitions { name, count, assignments, validate_only }).await? {
-            ControlAnswer::Done => Ok(()),
-            other => Err(unexpected_answer(&other)),
-        }
-    }
-
-    /// Changes a topic's config overrides by `edit`, applied to the overrides current when the
-    /// controller decides (so concurrent edits do not race).
-    pub async fn alter_topic_configs(
-        self: &Arc<Self>,
-        name: String,
-        validate_only: bool,
-        edit: topic_config::ConfigEdit,
-    ) -> Result<(), BrokerError> {
-        match self.control(ControlRequest::AlterTopicConfigs { name, validate_only, edit }).await? {
-            ControlAnswer::Done => Ok(()),
-            other => Err(unexpected_answer(&other)),
-        }
     }
 
     /// Commits `records` to the metadata quorum as one decision, then brings the partitions in
@@ -1147,6 +906,12 @@ impl Broker {
         for partition in self.partitions() {
             partition.stop_waits();
         }
+    }
+
+    /// Starts the storage engine's own tasks (retention, flushes, checkpoints, the cleaner),
+    /// once the partitions match the metadata.
+    pub(crate) fn start_storage_background(&self) -> Result<(), BrokerError> {
+        Ok(self.logs.start_background()?)
     }
 
     /// Flushes and closes every log and writes the clean-shutdown marker. Blocking.

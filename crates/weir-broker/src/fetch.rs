@@ -25,15 +25,7 @@ use crate::partition::Partition;
 use crate::replication::IsrProposal;
 use crate::Broker;
 
-/// Where a fetch stops reading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isolation {
-    /// Up to the high watermark: everything acknowledged (Kafka's `read_uncommitted`).
-    HighWatermark,
-    /// Up to the last stable offset: no record of a transaction still open, and the aborted
-    /// transactions of what is returned are listed (Kafka's `read_committed`).
-    Committed,
-}
+pub use crate::partition::Isolation;
 
 /// One partition to read.
 #[derive(Clone)]

@@ -26,8 +26,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
+use weir_storage::{AppendInfo, FlushPolicy};
+
+use crate::error::{BrokerError, ErrorKind};
 use crate::partition::Partition;
-use crate::replication::Followed;
 use crate::Broker;
 
 /// A future of a transport (boxed: the transport is a trait object).
@@ -387,4 +389,95 @@ fn apply_partition(broker: &Broker, partition: &Partition, data: LeaderPartition
     let whole = weir_storage::batch::whole_batches_len(&records);
     broker.append_as_follower(partition, &records[..whole], data.high_watermark).map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// A partition this broker follows, and where its leader is.
+#[derive(Clone)]
+pub struct Followed {
+    pub partition: Arc<Partition>,
+    pub leader: i32,
+    pub leader_epoch: i32,
+}
+
+impl Broker {
+    /// The partitions this broker holds a replica of and another broker leads.
+    pub fn followed_partitions(&self) -> Vec<Followed> {
+        let me = self.config.node_id;
+        self.partitions()
+            .into_iter()
+            .filter_map(|partition| {
+                let state = partition.state();
+                (state.leader != me && state.leader != crate::metadata::NO_LEADER && state.replicas.contains(&me))
+                    .then(|| Followed { leader: state.leader, leader_epoch: state.leader_epoch, partition })
+            })
+            .collect()
+    }
+
+    /// Writes the leader's batches to a partition this broker follows, keeping their offsets
+    /// and epochs, fsyncs them with `flush=sync` (a replica's position counts only once it is
+    /// as durable as the topic promises), and takes the leader's high watermark as far as the
+    /// log reaches. Blocking.
+    pub fn append_as_follower(
+        &self,
+        partition: &Partition,
+        records: &[u8],
+        leader_high_watermark: i64,
+    ) -> Result<Option<AppendInfo>, BrokerError> {
+        if partition.state().leader == self.config.node_id {
+            return Err(BrokerError::new(
+                ErrorKind::NotLeader,
+                format!("{}-{} is led here now: it takes no replicated batches", partition.topic, partition.index),
+            ));
+        }
+        let info = if records.is_empty() {
+            None
+        } else {
+            // Checked again under the state: it may have become the leader since.
+            let info =
+                partition.write_as_follower(|| partition.log.append_replicated(records).map_err(BrokerError::from))?;
+            if partition.log.config().flush == FlushPolicy::Sync {
+                partition.log.sync_to(info.last_offset + 1)?;
+            }
+            Some(info)
+        };
+        partition.follow_high_watermark(leader_high_watermark);
+        Ok(info)
+    }
+
+    /// Cuts a follower's log back to `offset`, where it diverges from the leader's, but never
+    /// below the high watermark it learned: an acknowledged record is never removed. Returns
+    /// the new log end. Blocking.
+    pub fn truncate_follower(&self, partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
+        // Under the state: a replica that became the leader meanwhile must not cut its log.
+        partition.write_as_follower(|| Self::truncate_diverged(partition, offset))
+    }
+
+    fn truncate_diverged(partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
+        let floor = partition.known_high_watermark().min(partition.log.log_end_offset());
+        let target = if offset < floor {
+            tracing::error!(
+                topic = %partition.topic,
+                partition = partition.index,
+                offset,
+                high_watermark = floor,
+                "the leader's log ends below the high watermark this replica learned (an unclean election?); \
+                 keeping what is below the high watermark"
+            );
+            floor
+        } else {
+            offset
+        };
+        if target < partition.log.log_end_offset() {
+            tracing::info!(topic = %partition.topic, partition = partition.index, from = partition.log.log_end_offset(), to = target, "truncating a diverged follower log");
+        }
+        // Also at the log end: that drops the epochs that begin there without a batch.
+        Ok(partition.log.truncate_to(target)?)
+    }
+
+    /// Empties a follower's log and starts it at `offset`: it fell behind the leader's log start
+    /// (retention deleted what it lacks). Blocking.
+    pub fn restart_follower_at(&self, partition: &Partition, offset: i64) -> Result<(), BrokerError> {
+        tracing::warn!(topic = %partition.topic, partition = partition.index, offset, "follower behind the leader's log start: starting over there");
+        partition.write_as_follower(|| Ok(partition.log.truncate_fully_and_start_at(offset)?))
+    }
 }

@@ -9,6 +9,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod broker;
+mod broker_configs;
 pub mod cluster;
 pub mod config;
 pub mod delayed;
@@ -18,11 +19,13 @@ pub mod fetch;
 pub mod follower;
 pub mod forward;
 pub mod group_config;
+mod isr;
 pub use weir_storage::internal_records;
 pub mod message;
 /// The cluster metadata and its quorum (the `weir-metadata` crate).
 pub use weir_metadata as metadata;
 pub mod metrics;
+mod open;
 pub mod partition;
 pub mod partitioner;
 /// Where replicas go (the controller's, `weir-controller`).
@@ -31,6 +34,7 @@ pub mod replication;
 
 pub mod runtime;
 pub mod throttle;
+mod topics;
 /// What topic configs mean and how they are checked (the controller's, `weir-controller`).
 pub use weir_controller::topic_config;
 

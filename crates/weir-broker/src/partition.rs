@@ -10,11 +10,21 @@ use weir_storage::Log;
 
 use crate::error::{BrokerError, ErrorKind};
 use crate::metadata::PartitionState;
-use crate::metrics::PartitionMetrics;
+use crate::metrics::counted::PartitionMetrics;
 use crate::replication::ReplicaState;
 use crate::throttle::ThrottledReplicas;
 use crate::topic_config::TopicCompression;
 use weir_storage::sync::{lock, read, write};
+
+/// Where a read of a partition stops (a fetch's, a ListOffsets').
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Up to the high watermark: everything acknowledged (Kafka's `read_uncommitted`).
+    HighWatermark,
+    /// Up to the last stable offset: no record of a transaction still open, and the aborted
+    /// transactions of what is returned are listed (Kafka's `read_committed`).
+    Committed,
+}
 
 pub struct Partition {
     pub topic: String,

@@ -10,17 +10,18 @@
 //! `flush.policy` is `sync`. Followers' positions are unknown (-1) when leadership begins, so
 //! the high watermark waits until every in-sync follower has fetched from the new leader.
 //!
-//! **ISR changes** are proposals to the active controller (`AlterPartition`), which checks the
+//! **ISR changes** are proposals to the active controller (`AlterPartition`, sent by
+//! [`crate::isr`]), which checks the
 //! leader epoch and partition epoch they were computed from; the leader's view changes only when
 //! the committed metadata does. One proposal per partition is in flight at a time. A follower
 //! leaves the ISR when it has not caught up with the leader's log end for
 //! `replica.lag.time.max.ms`, and joins it when it reaches the high watermark and the start of
 //! the current leader epoch (Kafka's rules).
 //!
-//! **Follower.** [`Broker::append_as_follower`] writes the leader's batches with their offsets and
-//! epochs and takes the leader's high watermark as far as its own log reaches;
-//! [`Broker::truncate_follower`] cuts a diverged tail, never below the high watermark the
-//! follower learned, since every replica that could lead has everything below it.
+//! **Follower.** `Broker::append_as_follower` ([`crate::follower`]) writes the leader's batches
+//! with their offsets and epochs and takes the leader's high watermark as far as its own log
+//! reaches; `Broker::truncate_follower` cuts a diverged tail, never below the high watermark
+//! the follower learned, since every replica that could lead has everything below it.
 //!
 //! Partitions with one replica keep the log's own high watermark (it follows the log end, or
 //! the fsynced end): the single-node path does not change.
@@ -35,13 +36,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use weir_storage::{AppendInfo, FlushPolicy};
+use weir_storage::FlushPolicy;
 
-use crate::cluster::control::{ControlAnswer, ControlRequest};
 use crate::error::{BrokerError, ErrorKind};
 use crate::metadata::PartitionState;
 use crate::partition::Partition;
-use crate::Broker;
 
 /// What the leader knows of one follower, under the current leadership.
 #[derive(Debug, Clone, Copy)]
@@ -317,7 +316,7 @@ impl Partition {
     }
 
     /// The controller refused or lost a proposal: the next fetch or check may propose again.
-    fn drop_pending_isr(&self, proposal: &IsrProposal) {
+    pub(crate) fn drop_pending_isr(&self, proposal: &IsrProposal) {
         let mut replication = weir_storage::sync::lock(&self.replication);
         if replication.pending_isr.as_ref().is_some_and(|p| p.isr == proposal.isr) {
             replication.pending_isr = None;
@@ -390,7 +389,7 @@ impl Partition {
     }
 
     /// As a follower: the high watermark the leader sent, as far as this log reaches.
-    fn follow_high_watermark(&self, leader_high_watermark: i64) {
+    pub(crate) fn follow_high_watermark(&self, leader_high_watermark: i64) {
         let target = leader_high_watermark.min(self.log.log_end_offset());
         {
             let mut replication = weir_storage::sync::lock(&self.replication);
@@ -405,133 +404,6 @@ impl Partition {
     /// The highest high watermark a leader told this broker (as a follower, in this process).
     pub fn known_high_watermark(&self) -> i64 {
         weir_storage::sync::lock(&self.replication).known_high_watermark
-    }
-}
-
-/// A partition this broker follows, and where its leader is.
-#[derive(Clone)]
-pub struct Followed {
-    pub partition: Arc<Partition>,
-    pub leader: i32,
-    pub leader_epoch: i32,
-}
-
-impl Broker {
-    /// The partitions this broker holds a replica of and another broker leads.
-    pub fn followed_partitions(&self) -> Vec<Followed> {
-        let me = self.config.node_id;
-        self.partitions()
-            .into_iter()
-            .filter_map(|partition| {
-                let state = partition.state();
-                (state.leader != me && state.leader != crate::metadata::NO_LEADER && state.replicas.contains(&me))
-                    .then(|| Followed { leader: state.leader, leader_epoch: state.leader_epoch, partition })
-            })
-            .collect()
-    }
-
-    /// Writes the leader's batches to a partition this broker follows, keeping their offsets
-    /// and epochs, fsyncs them with `flush=sync` (a replica's position counts only once it is
-    /// as durable as the topic promises), and takes the leader's high watermark as far as the
-    /// log reaches. Blocking.
-    pub fn append_as_follower(
-        &self,
-        partition: &Partition,
-        records: &[u8],
-        leader_high_watermark: i64,
-    ) -> Result<Option<AppendInfo>, BrokerError> {
-        if partition.state().leader == self.config.node_id {
-            return Err(BrokerError::new(
-                ErrorKind::NotLeader,
-                format!("{}-{} is led here now: it takes no replicated batches", partition.topic, partition.index),
-            ));
-        }
-        let info = if records.is_empty() {
-            None
-        } else {
-            // Checked again under the state: it may have become the leader since.
-            let info =
-                partition.write_as_follower(|| partition.log.append_replicated(records).map_err(BrokerError::from))?;
-            if partition.log.config().flush == FlushPolicy::Sync {
-                partition.log.sync_to(info.last_offset + 1)?;
-            }
-            Some(info)
-        };
-        partition.follow_high_watermark(leader_high_watermark);
-        Ok(info)
-    }
-
-    /// Cuts a follower's log back to `offset`, where it diverges from the leader's, but never
-    /// below the high watermark it learned: an acknowledged record is never removed. Returns
-    /// the new log end. Blocking.
-    pub fn truncate_follower(&self, partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
-        // Under the state: a replica that became the leader meanwhile must not cut its log.
-        partition.write_as_follower(|| Self::truncate_diverged(partition, offset))
-    }
-
-    fn truncate_diverged(partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
-        let floor = partition.known_high_watermark().min(partition.log.log_end_offset());
-        let target = if offset < floor {
-            tracing::error!(
-                topic = %partition.topic,
-                partition = partition.index,
-                offset,
-                high_watermark = floor,
-                "the leader's log ends below the high watermark this replica learned (an unclean election?); \
-                 keeping what is below the high watermark"
-            );
-            floor
-        } else {
-            offset
-        };
-        if target < partition.log.log_end_offset() {
-            tracing::info!(topic = %partition.topic, partition = partition.index, from = partition.log.log_end_offset(), to = target, "truncating a diverged follower log");
-        }
-        // Also at the log end: that drops the epochs that begin there without a batch.
-        Ok(partition.log.truncate_to(target)?)
-    }
-
-    /// Empties a follower's log and starts it at `offset`: it fell behind the leader's log start
-    /// (retention deleted what it lacks). Blocking.
-    pub fn restart_follower_at(&self, partition: &Partition, offset: i64) -> Result<(), BrokerError> {
-        tracing::warn!(topic = %partition.topic, partition = partition.index, offset, "follower behind the leader's log start: starting over there");
-        partition.write_as_follower(|| Ok(partition.log.truncate_fully_and_start_at(offset)?))
-    }
-
-    /// Sends an ISR proposal to the controller in the background; a refused or lost one is
-    /// forgotten, so the next fetch or check proposes again from the current state.
-    pub(crate) fn send_isr_proposal(self: &Arc<Self>, partition: Arc<Partition>, proposal: IsrProposal) {
-        let broker = self.clone();
-        tokio::spawn(async move {
-            let request = ControlRequest::AlterPartition { proposal: proposal.clone() };
-            match broker.control(request).await {
-                Ok(ControlAnswer::Done) => {
-                    tracing::info!(topic = %proposal.topic, partition = proposal.partition, isr = ?proposal.isr, "ISR changed");
-                }
-                Ok(other) => {
-                    tracing::error!(answer = ?other, "AlterPartition: unexpected answer");
-                    partition.drop_pending_isr(&proposal);
-                }
-                Err(e) => {
-                    tracing::warn!(topic = %proposal.topic, partition = proposal.partition, isr = ?proposal.isr, error = %e, "ISR change refused");
-                    partition.drop_pending_isr(&proposal);
-                }
-            }
-        });
-    }
-
-    /// Checks the ISRs of the partitions this broker leads every half `replica.lag.time.max.ms`
-    /// and proposes to drop followers that fell behind, until shutdown.
-    pub(crate) fn run_isr_checks(self: &Arc<Self>) {
-        let lag = Duration::from_millis(self.config.replica_lag_time_max_ms);
-        let interval = (lag / 2).clamp(Duration::from_millis(10), Duration::from_secs(5));
-        self.every(interval, move |broker| async move {
-            for partition in broker.partitions() {
-                if let Some(proposal) = partition.isr_to_shrink(lag) {
-                    broker.send_isr_proposal(partition, proposal);
-                }
-            }
-        });
     }
 }
 

@@ -1,20 +1,15 @@
 //! Replication throttles on this broker: the two byte budgets (leader and follower side) that
 //! throttled replicas draw on, with the rates the metadata gives this broker. What a throttle is
 //! and how a change is decided is the controller's ([`weir_controller::throttle`], re-exported
-//! here).
+//! here); the rates are changed through it by [`crate::broker_configs`].
 
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
 pub use weir_controller::throttle::*;
 use weir_storage::sync::lock;
 
-use crate::broker::Broker;
-use crate::cluster::ControlRequest;
-use crate::error::BrokerError;
 use crate::metadata::MetadataState;
-use crate::topic_config::ConfigEdit;
 
 /// This broker's two budgets, with the rates the metadata gives it.
 #[derive(Debug, Default)]
@@ -29,39 +24,6 @@ impl ReplicationQuotas {
     pub(crate) fn update(&self, state: &MetadataState, node: i32) {
         self.leader.set_rate(rate_for(&state.broker_configs, node, LEADER_RATE));
         self.follower.set_rate(rate_for(&state.broker_configs, node, FOLLOWER_RATE));
-    }
-}
-
-impl Broker {
-    /// Changes dynamic broker configs through the controller: `resource` is `""` (every
-    /// broker) or a broker id.
-    pub async fn alter_broker_configs(
-        self: &std::sync::Arc<Self>,
-        resource: String,
-        validate_only: bool,
-        edit: ConfigEdit,
-    ) -> Result<(), BrokerError> {
-        self.control(ControlRequest::AlterBrokerConfigs { resource, validate_only, edit }).await.map(|_| ())
-    }
-
-    /// The dynamic configs of `resource` (`""` or a broker id).
-    pub fn dynamic_broker_configs(&self, resource: &str) -> BTreeMap<String, String> {
-        self.metadata().broker_configs.get(resource).cloned().unwrap_or_default()
-    }
-
-    pub(crate) fn decide_alter_broker_configs(
-        &self,
-        held: &std::sync::MutexGuard<'_, ()>,
-        resource: String,
-        validate_only: bool,
-        edit: ConfigEdit,
-    ) -> Result<(), BrokerError> {
-        let records = decide_alter(&self.metadata(), &resource, validate_only, &edit)?;
-        if !records.is_empty() {
-            self.commit(held, records)?;
-            tracing::info!(resource = %resource, "altered dynamic broker configs");
-        }
-        Ok(())
     }
 }
 

@@ -25,6 +25,8 @@ pub mod control;
 pub mod controller;
 pub mod lifecycle;
 pub mod rpc;
+pub(crate) mod server;
+pub mod standing;
 pub mod status;
 
 /// Elections' kinds and results, decided by the controller (`weir-controller`).
@@ -34,15 +36,13 @@ pub use weir_controller::reassignment;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 
 use uuid::Uuid;
 use weir_rpc::{Handler, RpcClient};
 use weir_storage::sync::{lock, read, write};
 
-use crate::broker::Broker;
-
-pub use lifecycle::Lifecycle;
+pub use standing::Lifecycle;
 pub use status::{ClusterStatus, NodeInfo, QuorumMembership};
 pub use weir_controller::brokers::Sessions;
 pub use weir_controller::request::{ControlAnswer, ControlRequest, HeartbeatAnswer};
@@ -68,9 +68,6 @@ pub struct Cluster {
     services: RwLock<HashMap<String, Arc<dyn Handler>>>,
     pub lifecycle: Lifecycle,
     pub sessions: Mutex<Sessions>,
-    /// The broker, for the RPC handler (set once the broker exists; the server starts before,
-    /// because the quorum needs it to elect a leader).
-    pub(crate) broker: Arc<OnceLock<Weak<Broker>>>,
     /// Stops the RPC server; the task ends when it has drained.
     pub(crate) server: Mutex<Option<rpc::ServerHandle>>,
     /// Turns through the voters while this node knows no controller.
@@ -85,7 +82,6 @@ impl Cluster {
             services: RwLock::new(HashMap::new()),
             lifecycle: Lifecycle::new(session_timeout_ms),
             sessions: Mutex::new(Sessions::default()),
-            broker: Arc::new(OnceLock::new()),
             server: Mutex::new(None),
             next_voter: AtomicUsize::new(0),
         }
