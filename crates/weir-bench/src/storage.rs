@@ -245,11 +245,7 @@ fn run_all(settings: &Settings, dir: &Path) -> Result<Report> {
         dir.display(),
         if settings.quick { ", quick" } else { "" }
     );
-
-    // The first large write of a process (or a fresh VM) pays for memory and file-system state
-    // that later runs find ready; do it once untimed so that no measured run pays it alone.
-    eprintln!("  warm-up: writing and removing {} ...", fmt_bytes(settings.bytes));
-    PlainWriter::create(&dir.join("warm-up"), PLAIN_CHUNK_BYTES, false)?.run(settings.bytes, None)?.finish()?;
+    warm_up(dir, settings)?;
 
     let mut plain_runs = Vec::new();
     let mut plain_sync = None;
@@ -260,62 +256,11 @@ fn run_all(settings: &Settings, dir: &Path) -> Result<Report> {
         if shape.reference_chunk() != PLAIN_CHUNK_BYTES {
             plain_runs.push(plain_write(dir, settings, shape.reference_chunk())?);
         }
-
-        for appenders in APPENDERS {
-            let mut case = AppendCase::open(dir, shape, Policy::None, appenders, settings)?;
-            case.run(None)?;
-            case.flush()?;
-            let result = case.result();
-            eprintln!(
-                "  append {:>6} flush=none appenders={appenders:<2}: {:8.1} MB/s, {} fsyncs",
-                shape.label, result.mb_per_s, result.fsyncs
-            );
-            if appenders == 1 {
-                let r = run_read(&case.log, shape.label)?;
-                eprintln!("  read   {:>6}: {:8.1} MB/s", shape.label, r.mb_per_s);
-                read.push(r);
-            }
-            case.remove()?;
-            append.push(result);
-        }
-
-        // The sync runs of one batch size take turns in SYNC_ROUNDS slices, so that a change of
-        // the disk's fsync latency during the benchmark (large on shared VMs) affects all alike.
-        let mut cases = APPENDERS
-            .iter()
-            .map(|&appenders| AppendCase::open(dir, shape, Policy::Sync, appenders, settings))
-            .collect::<Result<Vec<_>>>()?;
-        let mut reference = if shape.batch_bytes <= PLAIN_SYNC_CHUNK_BYTES && plain_sync.is_none() {
-            Some(PlainWriter::create(&dir.join("plain-write-fdatasync"), PLAIN_SYNC_CHUNK_BYTES, true)?)
-        } else {
-            None
-        };
-        let slice = settings.sync_time / SYNC_ROUNDS;
-        for _ in 0..SYNC_ROUNDS {
-            if let Some(writer) = reference.take() {
-                reference = Some(writer.run(settings.bytes, Some(slice))?);
-            }
-            for case in &mut cases {
-                case.run(Some(slice))?;
-            }
-        }
-        if let Some(writer) = reference {
-            let result = writer.finish()?;
-            eprintln!(
-                "  reference: write_all 16 KiB + fdatasync each: {:8.1} MB/s, {} fdatasyncs",
-                result.mb_per_s, result.fsyncs
-            );
-            plain_sync = Some(result);
-        }
-        for case in cases {
-            let result = case.result();
-            eprintln!(
-                "  append {:>6} flush=sync appenders={:<2}: {:8.1} MB/s, {} fsyncs",
-                shape.label, result.appenders, result.mb_per_s, result.fsyncs
-            );
-            case.remove()?;
-            append.push(result);
-        }
+        run_none_cases(dir, shape, settings, &mut append, &mut read)?;
+        // The fdatasync reference runs once, with the first batch size small enough for it.
+        let (sync, reference) = run_sync_cases(dir, shape, settings, plain_sync.is_none())?;
+        append.extend(sync);
+        plain_sync = plain_sync.or(reference);
     }
     plain_runs.push(plain_write(dir, settings, PLAIN_CHUNK_BYTES)?);
     for shape in shapes.iter().filter(|s| s.reference_chunk() != PLAIN_CHUNK_BYTES) {
@@ -323,35 +268,7 @@ fn run_all(settings: &Settings, dir: &Path) -> Result<Report> {
     }
     let Some(plain_sync) = plain_sync else { bail!("no batch size small enough for the fdatasync reference") };
 
-    // The best plain run of a chunk size is the reference: the log is compared with the fastest
-    // the file system managed, not with an unlucky run.
-    let best_plain = |chunk: usize| {
-        plain_runs.iter().filter(|r| r.chunk_bytes == chunk).map(|r| r.mb_per_s).fold(f64::NAN, f64::max)
-    };
-    let sync_one: Vec<f64> = append.iter().map(|r| mb_per_s(&append, r.batch, "sync", 1)).collect();
-    for (r, one) in append.iter_mut().zip(sync_one) {
-        if r.policy == "none" {
-            let chunk = shapes.iter().find(|s| s.label == r.batch).map_or(PLAIN_CHUNK_BYTES, Shape::reference_chunk);
-            r.ratio = r.mb_per_s / best_plain(chunk);
-            r.ratio_to = format!("plain write, {chunk} B chunks");
-        } else {
-            r.ratio = r.mb_per_s / one;
-            r.ratio_to = "1 appender".into();
-        }
-    }
-    let find = |batch: &str, policy: &str, appenders: usize| mb_per_s(&append, batch, policy, appenders);
-    let ratios = Ratios {
-        none_vs_plain_write: find("1 MiB", "none", 1) / best_plain(PLAIN_CHUNK_BYTES),
-        none_vs_plain_write_min: append
-            .iter()
-            .filter(|r| r.policy == "none")
-            .map(|r| r.ratio)
-            .fold(f64::INFINITY, f64::min),
-        none_vs_plain_write_target: NONE_VS_PLAIN_TARGET,
-        sync_64_vs_1_appender_16kib: find("16 KiB", "sync", 64) / find("16 KiB", "sync", 1),
-        sync_64_vs_1_appender_1mib: find("1 MiB", "sync", 64) / find("1 MiB", "sync", 1),
-        sync_64_vs_1_appender_target: SYNC_SCALING_TARGET,
-    };
+    let ratios = set_ratios(&mut append, &shapes, &plain_runs);
     let plain_write = plain_runs
         .iter()
         .filter(|r| r.chunk_bytes == PLAIN_CHUNK_BYTES)
@@ -378,6 +295,128 @@ fn run_all(settings: &Settings, dir: &Path) -> Result<Report> {
         read,
         ratios,
     })
+}
+
+/// The first large write of a process (or a fresh VM) pays for memory and file-system state
+/// that later runs find ready; it is done once untimed so that no measured run pays it alone.
+fn warm_up(dir: &Path, settings: &Settings) -> Result<()> {
+    eprintln!("  warm-up: writing and removing {} ...", fmt_bytes(settings.bytes));
+    PlainWriter::create(&dir.join("warm-up"), PLAIN_CHUNK_BYTES, false)?.run(settings.bytes, None)?.finish()?;
+    Ok(())
+}
+
+/// The flush=none runs of `shape`, one after the other (each until its byte budget, then one
+/// timed flush), adding to `append`. The catch-up read is measured on the 1-appender log,
+/// before it is removed, and added to `read`.
+fn run_none_cases(
+    dir: &Path,
+    shape: &Shape,
+    settings: &Settings,
+    append: &mut Vec<AppendResult>,
+    read: &mut Vec<ReadResult>,
+) -> Result<()> {
+    for appenders in APPENDERS {
+        let mut case = AppendCase::open(dir, shape, Policy::None, appenders, settings)?;
+        case.run(None)?;
+        case.flush()?;
+        let result = case.result();
+        eprintln!(
+            "  append {:>6} flush=none appenders={appenders:<2}: {:8.1} MB/s, {} fsyncs",
+            shape.label, result.mb_per_s, result.fsyncs
+        );
+        if appenders == 1 {
+            let r = run_read(&case.log, shape.label)?;
+            eprintln!("  read   {:>6}: {:8.1} MB/s", shape.label, r.mb_per_s);
+            read.push(r);
+        }
+        case.remove()?;
+        append.push(result);
+    }
+    Ok(())
+}
+
+/// The flush=sync runs of `shape`, and (`with_reference`, for a batch size of at most 16 KiB)
+/// the fdatasync-per-write reference. They take turns in SYNC_ROUNDS slices, so that a change
+/// of the disk's fsync latency during the benchmark (large on shared VMs) affects all alike.
+fn run_sync_cases(
+    dir: &Path,
+    shape: &Shape,
+    settings: &Settings,
+    with_reference: bool,
+) -> Result<(Vec<AppendResult>, Option<PlainResult>)> {
+    let mut cases = APPENDERS
+        .iter()
+        .map(|&appenders| AppendCase::open(dir, shape, Policy::Sync, appenders, settings))
+        .collect::<Result<Vec<_>>>()?;
+    let mut reference = if shape.batch_bytes <= PLAIN_SYNC_CHUNK_BYTES && with_reference {
+        Some(PlainWriter::create(&dir.join("plain-write-fdatasync"), PLAIN_SYNC_CHUNK_BYTES, true)?)
+    } else {
+        None
+    };
+    let slice = settings.sync_time / SYNC_ROUNDS;
+    for _ in 0..SYNC_ROUNDS {
+        if let Some(writer) = reference.take() {
+            reference = Some(writer.run(settings.bytes, Some(slice))?);
+        }
+        for case in &mut cases {
+            case.run(Some(slice))?;
+        }
+    }
+    let reference = match reference {
+        Some(writer) => {
+            let result = writer.finish()?;
+            eprintln!(
+                "  reference: write_all 16 KiB + fdatasync each: {:8.1} MB/s, {} fdatasyncs",
+                result.mb_per_s, result.fsyncs
+            );
+            Some(result)
+        }
+        None => None,
+    };
+    let mut results = Vec::new();
+    for case in cases {
+        let result = case.result();
+        eprintln!(
+            "  append {:>6} flush=sync appenders={:<2}: {:8.1} MB/s, {} fsyncs",
+            shape.label, result.appenders, result.mb_per_s, result.fsyncs
+        );
+        case.remove()?;
+        results.push(result);
+    }
+    Ok((results, reference))
+}
+
+/// Sets the `ratio` of every append run and returns the headline ratios. A none run's reference
+/// is the best plain run of its chunk size: the log is compared with the fastest the file system
+/// managed, not with an unlucky run.
+fn set_ratios(append: &mut [AppendResult], shapes: &[Shape], plain_runs: &[PlainResult]) -> Ratios {
+    let best_plain = |chunk: usize| {
+        plain_runs.iter().filter(|r| r.chunk_bytes == chunk).map(|r| r.mb_per_s).fold(f64::NAN, f64::max)
+    };
+    let sync_one: Vec<f64> = append.iter().map(|r| mb_per_s(append, r.batch, "sync", 1)).collect();
+    for (r, one) in append.iter_mut().zip(sync_one) {
+        if r.policy == "none" {
+            let chunk = shapes.iter().find(|s| s.label == r.batch).map_or(PLAIN_CHUNK_BYTES, Shape::reference_chunk);
+            r.ratio = r.mb_per_s / best_plain(chunk);
+            r.ratio_to = format!("plain write, {chunk} B chunks");
+        } else {
+            r.ratio = r.mb_per_s / one;
+            r.ratio_to = "1 appender".into();
+        }
+    }
+    let find = |batch: &str, policy: &str, appenders: usize| mb_per_s(append, batch, policy, appenders);
+    Ratios {
+        none_vs_plain_write: find("1 MiB", "none", 1) / best_plain(PLAIN_CHUNK_BYTES),
+        none_vs_plain_write_min: append
+            .iter()
+            .filter(|r| r.policy == "none")
+            .map(|r| r.ratio)
+            .fold(f64::INFINITY, f64::min),
+        none_vs_plain_write_target: NONE_VS_PLAIN_TARGET,
+        sync_64_vs_1_appender_16kib: find("16 KiB", "sync", 64) / find("16 KiB", "sync", 1),
+        sync_64_vs_1_appender_1mib: find("1 MiB", "sync", 64) / find("1 MiB", "sync", 1),
+        sync_64_vs_1_appender_target: SYNC_SCALING_TARGET,
+    }
 }
 
 fn mb_per_s(results: &[AppendResult], batch: &str, policy: &str, appenders: usize) -> f64 {
@@ -645,7 +684,16 @@ impl PlainWriter {
 /// The report as text whose tables are Markdown, so they can be pasted into a document as is.
 fn render(report: &Report) -> String {
     let mut out = String::new();
-    let s = &report.settings;
+    render_settings(&mut out, &report.settings);
+    render_reference(&mut out, &report.reference);
+    render_append(&mut out, &report.append, report.settings.sync_rounds);
+    render_read(&mut out, &report.read, report.settings.read_max_bytes);
+    render_ratios(&mut out, &report.ratios);
+    out
+}
+
+/// What the figures below depend on: the run's sizes and machine, and the units they are in.
+fn render_settings(out: &mut String, s: &SettingsReport) {
     let _ = writeln!(
         out,
         "weir bench storage: 1 KiB record values, {} per run (sync runs: at most {} s), {} CPUs, dir {}",
@@ -656,7 +704,11 @@ fn render(report: &Report) -> String {
     );
     let _ = writeln!(out, "MB = 10^6 bytes; fsyncs = fdatasync calls (Log::stats.fsyncs for the log).");
     let _ = writeln!(out);
+}
 
+/// The plain-file runs, in run order: the ratios use the best of a chunk size, and the order
+/// shows whether the disk drifted while the log was measured between them.
+fn render_reference(out: &mut String, reference: &Reference) {
     let _ = writeln!(
         out,
         "Reference: a plain file in the same directory, in run order (1 MiB chunks before each batch size's runs and \
@@ -666,13 +718,11 @@ fn render(report: &Report) -> String {
     let _ = writeln!(out);
     let mut rows = vec![row(&["write", "bytes", "time", "MB/s", "fsyncs", "avg fsync"])];
     let runs =
-        report.reference.plain_write_runs.iter().enumerate().map(|(i, r)| {
+        reference.plain_write_runs.iter().enumerate().map(|(i, r)| {
             (format!("{}. write_all {} chunks, 1 fdatasync at the end", i + 1, fmt_chunk(r.chunk_bytes)), r)
         });
-    let sync_each = (
-        "write_all 16 KiB chunks, fdatasync after each".to_string(),
-        &report.reference.plain_write_fdatasync_each_16kib,
-    );
+    let sync_each =
+        ("write_all 16 KiB chunks, fdatasync after each".to_string(), &reference.plain_write_fdatasync_each_16kib);
     for (name, r) in runs.chain(std::iter::once(sync_each)) {
         rows.push(vec![
             name,
@@ -683,14 +733,17 @@ fn render(report: &Report) -> String {
             fmt_secs(r.fsync_secs / r.fsyncs.max(1) as f64),
         ]);
     }
-    table(&mut out, &rows, 1);
+    table(out, &rows, 1);
     let _ = writeln!(out);
+}
 
+/// Every append run; the ratio column says what each is compared with, which differs between
+/// flush=none (a plain write) and flush=sync (the 1-appender run).
+fn render_append(out: &mut String, append: &[AppendResult], sync_rounds: u32) {
     let _ = writeln!(
         out,
         "Append: none = appends, then one Log::flush (timed); sync = append + sync_to(last_offset + 1) per batch, \
-         the runs of one batch size taking turns in {} slices",
-        s.sync_rounds
+         the runs of one batch size taking turns in {sync_rounds} slices"
     );
     let _ = writeln!(out);
     let mut rows = vec![row(&[
@@ -706,7 +759,7 @@ fn render(report: &Report) -> String {
         "time",
         "ratio",
     ])];
-    for r in &report.append {
+    for r in append {
         let ratio = match (r.policy, r.appenders) {
             ("none", _) => format!(
                 "{:.2}x plain {}",
@@ -732,18 +785,21 @@ fn render(report: &Report) -> String {
             ratio,
         ]);
     }
-    table(&mut out, &rows, 1);
+    table(out, &rows, 1);
     let _ = writeln!(out);
+}
 
+/// The catch-up reads; the heading says which path they take, as it is not the broker's.
+fn render_read(out: &mut String, read: &[ReadResult], read_max_bytes: u64) {
     let _ = writeln!(
         out,
         "Read: catch-up from the start of a flush=none log, Log::read of up to {} + pread into one reused buffer \
          (the user-space path from the page cache, not the broker's sendfile path)",
-        fmt_bytes(s.read_max_bytes)
+        fmt_bytes(read_max_bytes)
     );
     let _ = writeln!(out);
     let mut rows = vec![row(&["batch", "bytes", "reads", "time", "MB/s"])];
-    for r in &report.read {
+    for r in read {
         rows.push(vec![
             r.batch.to_string(),
             fmt_bytes(r.bytes),
@@ -752,10 +808,12 @@ fn render(report: &Report) -> String {
             format!("{:.1}", r.mb_per_s),
         ]);
     }
-    table(&mut out, &rows, 1);
+    table(out, &rows, 1);
     let _ = writeln!(out);
+}
 
-    let r = &report.ratios;
+/// The ratios with their targets, each marked met or MISSED.
+fn render_ratios(out: &mut String, r: &Ratios) {
     let verdict = |value: f64, target: f64| if value >= target { "met" } else { "MISSED" };
     let _ = writeln!(out, "Ratios");
     let _ = writeln!(out);
@@ -776,7 +834,6 @@ fn render(report: &Report) -> String {
             verdict(value, r.sync_64_vs_1_appender_target)
         );
     }
-    out
 }
 
 fn row(cells: &[&str]) -> Vec<String> {

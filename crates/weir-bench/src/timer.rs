@@ -548,210 +548,48 @@ struct Report {
     disk: DiskReport,
 }
 
+/// The steps share the broker and the sampler, which runs from before scheduling until the
+/// read-back so that its peaks and gauges cover the whole run; each step takes its figures at
+/// its own point of it.
 pub fn run(args: &TimerBenchArgs) -> anyhow::Result<()> {
-    let messages = args.messages.unwrap_or(if args.quick { 20_000 } else { 1_000_000 });
-    let size = usize::try_from(args.size).ok().filter(|&s| s <= 1 << 20).context("--size must be at most 1 MiB")?;
-    let delay = args.delay.unwrap_or(Duration::from_secs(if args.quick { 3 } else { 20 }));
-    let window = args.window.unwrap_or(Duration::from_secs(if args.quick { 4 } else { 40 }));
-    let batch = u64::from(args.batch).min(messages);
-    // The admin listener serves the timer's gauges (/metrics).
-    let server = Server::start_with_admin("weir-bench-timer-", &args.settings, args.data_dir.as_deref())?;
-    println!(
-        "weir bench timer: broker at {} (pid {}); {messages} messages of {size} bytes to a DELAY topic of {} \
-         partitions, due uniformly in +{:.1} s .. +{:.1} s, scheduled by {} connection(s) of {batch} records/request",
-        server.addr,
-        server.pid(),
-        args.partitions,
-        delay.as_secs_f64(),
-        (delay + window).as_secs_f64(),
-        args.connections,
-    );
-    let mut admin = raw_protocol::connect(server.addr)?;
-    // Room for a request's batch (each record is its body, its key, its header and ~30 bytes),
-    // and never less than the default: the timer fires batches of up to 4,096 records.
-    let max_message_bytes = (batch * (size as u64 + 96) + (64 << 10)).max(DEFAULT_MAX_MESSAGE_BYTES);
-    let configs = [
-        (weir_broker::topic_config::MESSAGE_TYPE.to_string(), "DELAY".to_string()),
-        ("max.message.bytes".to_string(), max_message_bytes.to_string()),
-    ];
-    raw_protocol::create_topic(&mut admin, TOPIC, args.partitions, &configs, None)?;
-    let partitions: Vec<i32> = (0..args.partitions).collect();
+    let mut bench = Bench::start(args)?;
     // Let the broker settle after start-up before its "before" RSS.
     std::thread::sleep(Duration::from_secs(1));
-    let pid = server.pid();
-    let point = |start_ms: i64| -> anyhow::Result<Point> {
-        Ok(Point {
-            at_s: (now_ms() - start_ms) as f64 / 1e3,
-            rss: rss_bytes(pid).context("cannot read the broker's RSS from /proc")?,
-            gauges: gauges(server.admin),
-        })
-    };
     let before_ms = now_ms();
-    let mut before = point(before_ms)?;
-    let disk_before = TimerDisk::of(server.data_dir());
-    let mut sampler = Sampler::start(pid, server.admin);
+    let mut before = bench.point(before_ms)?;
+    let disk_before = TimerDisk::of(bench.server.data_dir());
+    let mut sampler = Sampler::start(bench.server.pid(), bench.server.admin);
 
     // 1. Schedule.
-    let schedule = Schedule {
-        messages,
-        size,
-        start_ms: now_ms(),
-        delay_ms: delay.as_millis() as i64,
-        window_ms: window.as_millis().max(1) as i64,
-        batch,
-        partitions: args.partitions,
-        sorted: args.sorted,
-    };
-    let (first_due, last_due) = (schedule.first_due_ms(), schedule.last_due_ms());
-    before.at_s = (before_ms - schedule.start_ms) as f64 / 1e3;
-    let scheduling_from = sampler.now();
-    // The sampler's clock less the run's (seconds after the start of scheduling).
-    let sampling_offset_s = scheduling_from - (now_ms() - schedule.start_ms) as f64 / 1e3;
-    let cpu_before = server.cpu_seconds()?;
-    let started = Instant::now();
-    let latency = send_all(server.addr, &schedule, args.connections)?;
-    let scheduled_in = started.elapsed().as_secs_f64();
-    let schedule_cpu = server.cpu_seconds()? - cpu_before;
-    let scheduled_at = now_ms();
-    let done_before_first_due = scheduled_at < first_due;
-    let all_pending = point(schedule.start_ms)?;
-    let disk_all_pending = TimerDisk::of(server.data_dir());
-    let peak_scheduling = sampler.peak(scheduling_from, sampler.now());
-    let schedule_report = ScheduleReport {
-        messages,
-        requests: schedule.requests(),
-        seconds: scheduled_in,
-        msgs_per_s: messages as f64 / scheduled_in,
-        latency_ms: Latency::of(&latency),
-        broker_cpu_us_per_msg: schedule_cpu * 1e6 / messages as f64,
-        done_before_first_due,
-    };
-    println!(
-        "scheduled {messages} messages in {scheduled_in:.2} s: {:.0} msg/s, Produce p50 {:.2} ms p99 {:.2} ms, \
-         broker {:.1} µs/msg; {:.1} s before the first delivery time",
-        schedule_report.msgs_per_s,
-        schedule_report.latency_ms.as_ref().map_or(f64::NAN, |l| l.p50),
-        schedule_report.latency_ms.as_ref().map_or(f64::NAN, |l| l.p99),
-        schedule_report.broker_cpu_us_per_msg,
-        (first_due - scheduled_at) as f64 / 1e3,
-    );
-    if done_before_first_due {
-        // Nothing may have fired yet: every record went to the timer, none to the topic.
-        let offsets = raw_protocol::latest_offsets(&mut admin, TOPIC, &partitions)?;
-        let early: i64 = offsets.iter().sum();
-        if early != 0 && now_ms() < first_due {
-            bail!("{TOPIC} holds {early} records before the first delivery time");
-        }
-    } else {
-        println!(
-            "warning: scheduling ended {:.1} s after the first delivery time: the 'all pending' figures are taken \
-             with some messages fired; raise --delay",
-            (scheduled_at - first_due) as f64 / 1e3
-        );
-    }
+    let scheduled = bench.schedule(&sampler)?;
+    before.at_s = (before_ms - scheduled.schedule.start_ms) as f64 / 1e3;
+    scheduled.print();
+    bench.check_scheduled_in_time(&scheduled)?;
 
     // 2. Fire: a consumer tails the topic while the broker fires; then the topic is read back.
-    let tail = Tail::start(server.addr, &partitions, messages)?;
-    let wait = Duration::from_millis(u64::try_from(first_due - now_ms() - 50).unwrap_or(0));
-    std::thread::sleep(wait);
-    let first_due_point = point(schedule.start_ms)?;
-    let firing_from = sampler.now();
-    let fire_cpu_before = server.cpu_seconds()?;
-    let fire_started = Instant::now();
-    let (mut last_total, mut last_growth, mut last_progress) = (0, Instant::now(), Instant::now());
-    let all_in_at = loop {
-        let total: i64 = raw_protocol::latest_offsets(&mut admin, TOPIC, &partitions)?.iter().sum();
-        if total >= messages as i64 {
-            break now_ms();
-        }
-        if total > last_total {
-            (last_total, last_growth) = (total, Instant::now());
-        }
-        let now = now_ms();
-        if now > last_due && last_growth.elapsed() >= STALL_LIMIT {
-            tail.stop();
-            bail!(
-                "{TOPIC} holds {total} of the {messages} messages, {:.0} s after the last delivery time, and \
-                 gained none in {} s: the timer stopped firing",
-                (now - last_due) as f64 / 1e3,
-                STALL_LIMIT.as_secs()
-            );
-        }
-        if now > last_due && last_progress.elapsed() >= PROGRESS_EVERY {
-            last_progress = Instant::now();
-            println!(
-                "  {total} of {messages} messages in {TOPIC}, {:.0} s after the last delivery time",
-                (now - last_due) as f64 / 1e3
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let fire_seconds = fire_started.elapsed().as_secs_f64();
-    let fire_cpu = server.cpu_seconds()? - fire_cpu_before;
-    let peak_firing = sampler.peak(firing_from, sampler.now());
-    println!(
-        "every message is in {TOPIC} {:.2} s after the last delivery time ({fire_seconds:.1} s of firing, broker \
-         {:.1} µs/msg)",
-        (all_in_at - last_due) as f64 / 1e3,
-        fire_cpu * 1e6 / messages as f64
-    );
-    std::thread::sleep(SETTLE);
-    let total: i64 = raw_protocol::latest_offsets(&mut admin, TOPIC, &partitions)?.iter().sum();
-    if total != messages as i64 {
-        tail.stop();
-        bail!("{TOPIC} holds {total} records {} s after it held all {messages}: some fired twice", SETTLE.as_secs());
-    }
-    let after_fired = point(schedule.start_ms)?;
-    let disk_after_fired = TimerDisk::of(server.data_dir());
-    let mut seen = tail.finish()?;
-    let dues_and_lateness = read_back(server.addr, &partitions, &schedule)?;
-    println!("read back: every message fired exactly once, in its partition, intact, none early");
+    let (fired, tail) = bench.fire(&scheduled, &sampler)?;
+    let mut settled = bench.settle_and_read_back(tail, &scheduled.schedule)?;
     sampler.stop();
-    let peak_sampled = sampler.peak(0.0, f64::MAX);
-    let peak_hwm = weir_proc::memory(Pid::Of(pid)).and_then(|m| m.resident_peak_bytes);
-
-    let mut lateness: Vec<i64> = dues_and_lateness.iter().map(|(_, lateness)| *lateness).collect();
-    let seconds_of_window = by_second(&schedule, &dues_and_lateness);
-    let fire = FireReport {
-        lateness_ms: Lateness::of(&mut lateness).context("nothing fired")?,
-        seen_lateness_ms: Lateness::of(&mut seen),
-        worst_seconds: worst_seconds(&seconds_of_window, WORST_SECONDS),
-        seconds_of_window,
-        slot_starts_s: slot_starts(&schedule),
-        seconds: fire_seconds,
-        broker_cpu_us_per_msg: fire_cpu * 1e6 / messages as f64,
-        last_in_topic_after_ms: all_in_at - last_due,
-    };
-    let most_in_memory = sampler.most_in_memory().map(|p| Point { at_s: p.at_s - sampling_offset_s, ..p });
-    let bytes_per_message_in_memory = most_in_memory.and_then(|p| {
-        let in_memory = p.gauges?.in_memory;
-        (in_memory > 0).then(|| (p.rss as f64 - before.rss as f64) / in_memory as f64)
-    });
-    let memory = MemoryReport {
-        before,
-        all_pending,
-        first_due: first_due_point,
-        most_in_memory,
-        bytes_per_message_in_memory,
-        after_fired,
-        peak_scheduling,
-        peak_firing,
-        peak_sampled,
-        peak_hwm,
-    };
+    let memory = memory_report(before, &scheduled, &fired, &settled, &sampler, bench.server.pid());
+    let fire = fire_report(&scheduled, &fired, &mut settled)?;
+    let plan = bench.plan;
     let report = Report {
-        kafka: server.addr.to_string(),
-        messages,
-        size,
+        kafka: bench.server.addr.to_string(),
+        messages: plan.messages,
+        size: plan.size,
         partitions: args.partitions,
-        delay_s: delay.as_secs_f64(),
-        window_s: window.as_secs_f64(),
-        batch,
+        delay_s: plan.delay.as_secs_f64(),
+        window_s: plan.window.as_secs_f64(),
+        batch: plan.batch,
         connections: args.connections,
-        schedule: schedule_report,
+        schedule: scheduled.report,
         fire,
         memory,
-        disk: DiskReport { before: disk_before, all_pending: disk_all_pending, after_fired: disk_after_fired },
+        disk: DiskReport {
+            before: disk_before,
+            all_pending: scheduled.disk_all_pending,
+            after_fired: settled.disk_after_fired,
+        },
     };
     print_report(&report);
     if let Some(path) = &args.json {
@@ -759,6 +597,333 @@ pub fn run(args: &TimerBenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The run's sizes: the command line's, else the defaults (the `--quick` ones smaller).
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    messages: u64,
+    size: usize,
+    delay: Duration,
+    window: Duration,
+    /// Records per Produce request; never more than the messages.
+    batch: u64,
+}
+
+impl Plan {
+    fn of(args: &TimerBenchArgs) -> anyhow::Result<Plan> {
+        let messages = args.messages.unwrap_or(if args.quick { 20_000 } else { 1_000_000 });
+        let size = usize::try_from(args.size).ok().filter(|&s| s <= 1 << 20).context("--size must be at most 1 MiB")?;
+        Ok(Plan {
+            messages,
+            size,
+            delay: args.delay.unwrap_or(Duration::from_secs(if args.quick { 3 } else { 20 })),
+            window: args.window.unwrap_or(Duration::from_secs(if args.quick { 4 } else { 40 })),
+            batch: u64::from(args.batch).min(messages),
+        })
+    }
+
+    /// The schedule of a run whose scheduling starts at `start_ms`, which the delivery times
+    /// count from.
+    fn schedule(&self, args: &TimerBenchArgs, start_ms: i64) -> Schedule {
+        Schedule {
+            messages: self.messages,
+            size: self.size,
+            start_ms,
+            delay_ms: self.delay.as_millis() as i64,
+            window_ms: self.window.as_millis().max(1) as i64,
+            batch: self.batch,
+            partitions: args.partitions,
+            sorted: args.sorted,
+        }
+    }
+}
+
+/// What every step of the run shares: the broker under test, its DELAY topic already created.
+struct Bench<'a> {
+    args: &'a TimerBenchArgs,
+    plan: Plan,
+    server: Server,
+    /// Watches the topic's end offsets (the senders, the tail and the read-back have their own
+    /// connections).
+    admin: KafkaClient,
+    partitions: Vec<i32>,
+}
+
+/// What scheduling measured, and when the messages are due (what the firing is timed against).
+struct Scheduled {
+    schedule: Schedule,
+    first_due_ms: i64,
+    last_due_ms: i64,
+    /// When the last Produce was answered, ms since the epoch.
+    done_ms: i64,
+    report: ScheduleReport,
+    all_pending: Point,
+    disk_all_pending: TimerDisk,
+    peak_rss: Option<u64>,
+    /// The sampler's clock less the run's (seconds after the start of scheduling).
+    sampling_offset_s: f64,
+}
+
+impl Scheduled {
+    fn print(&self) {
+        let report = &self.report;
+        let (messages, scheduled_in) = (report.messages, report.seconds);
+        println!(
+            "scheduled {messages} messages in {scheduled_in:.2} s: {:.0} msg/s, Produce p50 {:.2} ms p99 {:.2} ms, \
+             broker {:.1} µs/msg; {:.1} s before the first delivery time",
+            report.msgs_per_s,
+            report.latency_ms.as_ref().map_or(f64::NAN, |l| l.p50),
+            report.latency_ms.as_ref().map_or(f64::NAN, |l| l.p99),
+            report.broker_cpu_us_per_msg,
+            (self.first_due_ms - self.done_ms) as f64 / 1e3,
+        );
+    }
+}
+
+/// What the firing measured, from the first delivery time until the topic held every message.
+struct Fired {
+    /// The broker at the first delivery time, before any message fired.
+    first_due: Point,
+    seconds: f64,
+    broker_cpu_seconds: f64,
+    peak_rss: Option<u64>,
+    /// When the topic held every message, ms since the epoch.
+    all_in_ms: i64,
+}
+
+/// The run's end: the broker once every message has fired, and what the read-back found.
+struct Settled {
+    after_fired: Point,
+    disk_after_fired: TimerDisk,
+    /// The tailing consumer's lateness of each record, ms.
+    seen: Vec<i64>,
+    /// (delivery time, lateness) of every message, as the read-back checked them.
+    dues_and_lateness: Vec<(i64, i64)>,
+}
+
+impl<'a> Bench<'a> {
+    /// Starts the broker (with the admin listener: it serves the timer's gauges on /metrics) and
+    /// creates the DELAY topic.
+    fn start(args: &'a TimerBenchArgs) -> anyhow::Result<Bench<'a>> {
+        let plan = Plan::of(args)?;
+        let Plan { messages, size, delay, window, batch } = plan;
+        let server = Server::start_with_admin("weir-bench-timer-", &args.settings, args.data_dir.as_deref())?;
+        println!(
+            "weir bench timer: broker at {} (pid {}); {messages} messages of {size} bytes to a DELAY topic of {} \
+             partitions, due uniformly in +{:.1} s .. +{:.1} s, scheduled by {} connection(s) of {batch} records/request",
+            server.addr,
+            server.pid(),
+            args.partitions,
+            delay.as_secs_f64(),
+            (delay + window).as_secs_f64(),
+            args.connections,
+        );
+        let mut admin = raw_protocol::connect(server.addr)?;
+        // Room for a request's batch (each record is its body, its key, its header and ~30 bytes),
+        // and never less than the default: the timer fires batches of up to 4,096 records.
+        let max_message_bytes = (batch * (size as u64 + 96) + (64 << 10)).max(DEFAULT_MAX_MESSAGE_BYTES);
+        let configs = [
+            (weir_broker::topic_config::MESSAGE_TYPE.to_string(), "DELAY".to_string()),
+            ("max.message.bytes".to_string(), max_message_bytes.to_string()),
+        ];
+        raw_protocol::create_topic(&mut admin, TOPIC, args.partitions, &configs, None)?;
+        let partitions = (0..args.partitions).collect();
+        Ok(Bench { args, plan, server, admin, partitions })
+    }
+
+    /// The broker's RSS and the timer's gauges now, `at_s` counted from `start_ms`.
+    fn point(&self, start_ms: i64) -> anyhow::Result<Point> {
+        Ok(Point {
+            at_s: (now_ms() - start_ms) as f64 / 1e3,
+            rss: rss_bytes(self.server.pid()).context("cannot read the broker's RSS from /proc")?,
+            gauges: gauges(self.server.admin),
+        })
+    }
+
+    /// Sends every message (timed, with the broker's CPU), then takes the "all pending" figures.
+    /// The delivery times are computed before the clock starts: they take a pass over the
+    /// messages that is no part of scheduling.
+    fn schedule(&self, sampler: &Sampler) -> anyhow::Result<Scheduled> {
+        let schedule = self.plan.schedule(self.args, now_ms());
+        let (first_due_ms, last_due_ms) = (schedule.first_due_ms(), schedule.last_due_ms());
+        let scheduling_from = sampler.now();
+        let sampling_offset_s = scheduling_from - (now_ms() - schedule.start_ms) as f64 / 1e3;
+        let cpu_before = self.server.cpu_seconds()?;
+        let started = Instant::now();
+        let latency = send_all(self.server.addr, &schedule, self.args.connections)?;
+        let scheduled_in = started.elapsed().as_secs_f64();
+        let schedule_cpu = self.server.cpu_seconds()? - cpu_before;
+        let done_ms = now_ms();
+        let all_pending = self.point(schedule.start_ms)?;
+        let disk_all_pending = TimerDisk::of(self.server.data_dir());
+        let peak_rss = sampler.peak(scheduling_from, sampler.now());
+        let messages = self.plan.messages;
+        let report = ScheduleReport {
+            messages,
+            requests: schedule.requests(),
+            seconds: scheduled_in,
+            msgs_per_s: messages as f64 / scheduled_in,
+            latency_ms: Latency::of(&latency),
+            broker_cpu_us_per_msg: schedule_cpu * 1e6 / messages as f64,
+            done_before_first_due: done_ms < first_due_ms,
+        };
+        Ok(Scheduled {
+            schedule,
+            first_due_ms,
+            last_due_ms,
+            done_ms,
+            report,
+            all_pending,
+            disk_all_pending,
+            peak_rss,
+            sampling_offset_s,
+        })
+    }
+
+    /// Fails if a message reached the topic before the first delivery time; warns when
+    /// scheduling ran past it, as the "all pending" figures then miss what had fired.
+    fn check_scheduled_in_time(&mut self, scheduled: &Scheduled) -> anyhow::Result<()> {
+        if scheduled.report.done_before_first_due {
+            // Nothing may have fired yet: every record went to the timer, none to the topic.
+            let offsets = raw_protocol::latest_offsets(&mut self.admin, TOPIC, &self.partitions)?;
+            let early: i64 = offsets.iter().sum();
+            if early != 0 && now_ms() < scheduled.first_due_ms {
+                bail!("{TOPIC} holds {early} records before the first delivery time");
+            }
+        } else {
+            println!(
+                "warning: scheduling ended {:.1} s after the first delivery time: the 'all pending' figures are taken \
+                 with some messages fired; raise --delay",
+                (scheduled.done_ms - scheduled.first_due_ms) as f64 / 1e3
+            );
+        }
+        Ok(())
+    }
+
+    /// Starts the tailing consumer, waits for the first delivery time, then times the firing
+    /// (with the broker's CPU) until the topic holds every message. Fails if the topic stops
+    /// growing for [`STALL_LIMIT`] after the last delivery time. Returns the running tail.
+    fn fire(&mut self, scheduled: &Scheduled, sampler: &Sampler) -> anyhow::Result<(Fired, Tail)> {
+        let (messages, last_due) = (self.plan.messages, scheduled.last_due_ms);
+        let tail = Tail::start(self.server.addr, &self.partitions, messages)?;
+        let wait = Duration::from_millis(u64::try_from(scheduled.first_due_ms - now_ms() - 50).unwrap_or(0));
+        std::thread::sleep(wait);
+        let first_due = self.point(scheduled.schedule.start_ms)?;
+        let firing_from = sampler.now();
+        let cpu_before = self.server.cpu_seconds()?;
+        let started = Instant::now();
+        let (mut last_total, mut last_growth, mut last_progress) = (0, Instant::now(), Instant::now());
+        let all_in_ms = loop {
+            let total: i64 = raw_protocol::latest_offsets(&mut self.admin, TOPIC, &self.partitions)?.iter().sum();
+            if total >= messages as i64 {
+                break now_ms();
+            }
+            if total > last_total {
+                (last_total, last_growth) = (total, Instant::now());
+            }
+            let now = now_ms();
+            if now > last_due && last_growth.elapsed() >= STALL_LIMIT {
+                tail.stop();
+                bail!(
+                    "{TOPIC} holds {total} of the {messages} messages, {:.0} s after the last delivery time, and \
+                     gained none in {} s: the timer stopped firing",
+                    (now - last_due) as f64 / 1e3,
+                    STALL_LIMIT.as_secs()
+                );
+            }
+            if now > last_due && last_progress.elapsed() >= PROGRESS_EVERY {
+                last_progress = Instant::now();
+                println!(
+                    "  {total} of {messages} messages in {TOPIC}, {:.0} s after the last delivery time",
+                    (now - last_due) as f64 / 1e3
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        let broker_cpu_seconds = self.server.cpu_seconds()? - cpu_before;
+        let peak_rss = sampler.peak(firing_from, sampler.now());
+        println!(
+            "every message is in {TOPIC} {:.2} s after the last delivery time ({seconds:.1} s of firing, broker \
+             {:.1} µs/msg)",
+            (all_in_ms - last_due) as f64 / 1e3,
+            broker_cpu_seconds * 1e6 / messages as f64
+        );
+        Ok((Fired { first_due, seconds, broker_cpu_seconds, peak_rss, all_in_ms }, tail))
+    }
+
+    /// Once the topic has held every message: fails unless it still holds exactly that many
+    /// after [`SETTLE`] (a message fired twice shows up late), takes the "after" figures, and
+    /// checks every fired record against the schedule.
+    fn settle_and_read_back(&mut self, tail: Tail, schedule: &Schedule) -> anyhow::Result<Settled> {
+        let messages = self.plan.messages;
+        std::thread::sleep(SETTLE);
+        let total: i64 = raw_protocol::latest_offsets(&mut self.admin, TOPIC, &self.partitions)?.iter().sum();
+        if total != messages as i64 {
+            tail.stop();
+            bail!(
+                "{TOPIC} holds {total} records {} s after it held all {messages}: some fired twice",
+                SETTLE.as_secs()
+            );
+        }
+        let after_fired = self.point(schedule.start_ms)?;
+        let disk_after_fired = TimerDisk::of(self.server.data_dir());
+        let seen = tail.finish()?;
+        let dues_and_lateness = read_back(self.server.addr, &self.partitions, schedule)?;
+        println!("read back: every message fired exactly once, in its partition, intact, none early");
+        Ok(Settled { after_fired, disk_after_fired, seen, dues_and_lateness })
+    }
+}
+
+/// The broker's memory over the run. `sampler` has stopped, so its peak is the whole run's;
+/// its samples are on its own clock and are moved to the run's (seconds after scheduling began).
+fn memory_report(
+    before: Point,
+    scheduled: &Scheduled,
+    fired: &Fired,
+    settled: &Settled,
+    sampler: &Sampler,
+    pid: u32,
+) -> MemoryReport {
+    let peak_sampled = sampler.peak(0.0, f64::MAX);
+    let peak_hwm = weir_proc::memory(Pid::Of(pid)).and_then(|m| m.resident_peak_bytes);
+    let most_in_memory = sampler.most_in_memory().map(|p| Point { at_s: p.at_s - scheduled.sampling_offset_s, ..p });
+    let bytes_per_message_in_memory = most_in_memory.and_then(|p| {
+        let in_memory = p.gauges?.in_memory;
+        (in_memory > 0).then(|| (p.rss as f64 - before.rss as f64) / in_memory as f64)
+    });
+    MemoryReport {
+        before,
+        all_pending: scheduled.all_pending,
+        first_due: fired.first_due,
+        most_in_memory,
+        bytes_per_message_in_memory,
+        after_fired: settled.after_fired,
+        peak_scheduling: scheduled.peak_rss,
+        peak_firing: fired.peak_rss,
+        peak_sampled,
+        peak_hwm,
+    }
+}
+
+/// The lateness figures of the firing, from the read-back's and the tailing consumer's (which
+/// it sorts); fails if nothing fired.
+fn fire_report(scheduled: &Scheduled, fired: &Fired, settled: &mut Settled) -> anyhow::Result<FireReport> {
+    let schedule = &scheduled.schedule;
+    let dues_and_lateness = &settled.dues_and_lateness;
+    let mut lateness: Vec<i64> = dues_and_lateness.iter().map(|(_, lateness)| *lateness).collect();
+    let seconds_of_window = by_second(schedule, dues_and_lateness);
+    Ok(FireReport {
+        lateness_ms: Lateness::of(&mut lateness).context("nothing fired")?,
+        seen_lateness_ms: Lateness::of(&mut settled.seen),
+        worst_seconds: worst_seconds(&seconds_of_window, WORST_SECONDS),
+        seconds_of_window,
+        slot_starts_s: slot_starts(schedule),
+        seconds: fired.seconds,
+        broker_cpu_us_per_msg: fired.broker_cpu_seconds * 1e6 / schedule.messages as f64,
+        last_in_topic_after_ms: fired.all_in_ms - scheduled.last_due_ms,
+    })
 }
 
 /// Schedules every message of `schedule` with Kafka Produce (acks=all, no producer id), over

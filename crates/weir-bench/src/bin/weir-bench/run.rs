@@ -132,6 +132,30 @@ struct Shared {
 }
 
 impl Shared {
+    /// Before any thread starts: the epoch unset, `producers_running` at every producer, and a
+    /// drain's expected count already in `acked_final` (no producer acknowledges it).
+    fn new(spec: &PhaseSpec) -> Shared {
+        Shared {
+            epoch: OnceLock::new(),
+            ready: AtomicUsize::new(0),
+            go: AtomicBool::new(false),
+            abort: AtomicBool::new(false),
+            producers_running: AtomicU32::new(spec.producers),
+            acked_final: AtomicU64::new(match spec.consumer {
+                ConsumerMode::Drain { messages } => messages,
+                _ => 0,
+            }),
+            sent: AtomicU64::new(0),
+            acked_msgs: AtomicU64::new(0),
+            acked_bytes: AtomicU64::new(0),
+            received_msgs: AtomicU64::new(0),
+            received_bytes: AtomicU64::new(0),
+            claimed: AtomicU64::new(0),
+            problems: Mutex::new(Vec::new()),
+            notes: Mutex::new(Vec::new()),
+        }
+    }
+
     fn now_ns(&self) -> u64 {
         self.epoch.get().map_or(0, |epoch| u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
@@ -250,30 +274,54 @@ struct ConsumerStats {
 }
 
 pub fn run_phase(spec: &PhaseSpec) -> anyhow::Result<PhaseOutcome> {
+    let shared = Arc::new(Shared::new(spec));
+    let warmup_ns = u64::try_from(spec.warmup.as_nanos()).unwrap_or(u64::MAX);
+    let threads = run_threads(spec, &shared, warmup_ns);
+    let (broker, broker_rss) = match threads.broker.transpose() {
+        Ok(Some((usage, rss))) => (Some(usage), rss),
+        Ok(None) => (None, Vec::new()),
+        Err(e) => {
+            shared.note(format!("cannot read the broker's /proc figures: {e}"));
+            (None, Vec::new())
+        }
+    };
+
+    let mut outcome = PhaseOutcome {
+        produced: Flow::new(warmup_ns),
+        consumed: Flow::new(warmup_ns),
+        broker,
+        broker_rss,
+        client: threads.client.ok().map(|(usage, _)| usage),
+        ..PhaseOutcome::default()
+    };
+    outcome.add_producers(threads.producers, &shared);
+    outcome.complete = spec.consumer == ConsumerMode::None;
+    if let Some(stats) = threads.consumer {
+        outcome.add_consumer(stats, &shared);
+    }
+    outcome.end_ns = outcome.produced.last_ns.max(outcome.consumed.last_ns);
+    outcome.problems = shared.problems.lock().map(|p| p.clone()).unwrap_or_default();
+    outcome.notes = shared.notes.lock().map(|p| p.clone()).unwrap_or_default();
+    Ok(outcome)
+}
+
+/// What a thread of the phase returned: its stats, or the error it failed with, or its panic.
+type Joined<T> = std::thread::Result<anyhow::Result<T>>;
+
+/// What the phase's threads returned, and what the monitor measured meanwhile.
+struct Threads {
+    producers: Vec<Joined<ProducerStats>>,
+    consumer: Option<Joined<ConsumerStats>>,
+    broker: Option<Sampled>,
+    client: Sampled,
+}
+
+/// Starts the producer threads and the consumer thread, sets the epoch once every one has
+/// its client set up (connecting is not timed), and monitors them until all have finished.
+fn run_threads(spec: &PhaseSpec, shared: &Arc<Shared>, warmup_ns: u64) -> Threads {
     let has_consumer = spec.consumer != ConsumerMode::None;
     let threads = spec.producers as usize + usize::from(has_consumer);
-    let shared = Arc::new(Shared {
-        epoch: OnceLock::new(),
-        ready: AtomicUsize::new(0),
-        go: AtomicBool::new(false),
-        abort: AtomicBool::new(false),
-        producers_running: AtomicU32::new(spec.producers),
-        acked_final: AtomicU64::new(match spec.consumer {
-            ConsumerMode::Drain { messages } => messages,
-            _ => 0,
-        }),
-        sent: AtomicU64::new(0),
-        acked_msgs: AtomicU64::new(0),
-        acked_bytes: AtomicU64::new(0),
-        received_msgs: AtomicU64::new(0),
-        received_bytes: AtomicU64::new(0),
-        claimed: AtomicU64::new(0),
-        problems: Mutex::new(Vec::new()),
-        notes: Mutex::new(Vec::new()),
-    });
-    let warmup_ns = u64::try_from(spec.warmup.as_nanos()).unwrap_or(u64::MAX);
-
-    let (producer_stats, consumer_stats, usage) = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         let producers: Vec<_> = (0..spec.producers)
             .map(|index| {
                 let shared = shared.clone();
@@ -304,63 +352,50 @@ pub fn run_phase(spec: &PhaseSpec) -> anyhow::Result<PhaseOutcome> {
         }
         shared.epoch.get_or_init(Instant::now);
         shared.go.store(true, Ordering::SeqCst);
-        let usage = monitor(spec, &shared, || {
+        let (broker, client) = monitor(spec, shared, || {
             handles.iter().all(|h| h.is_finished()) && consumer.as_ref().is_none_or(|c| c.is_finished())
         });
-        let producer_stats: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
-        let consumer_stats = consumer.map(|c| c.join());
-        (producer_stats, consumer_stats, usage)
-    });
-    let (broker, client) = usage;
-    let (broker, broker_rss) = match broker.transpose() {
-        Ok(Some((usage, rss))) => (Some(usage), rss),
-        Ok(None) => (None, Vec::new()),
-        Err(e) => {
-            shared.note(format!("cannot read the broker's /proc figures: {e}"));
-            (None, Vec::new())
-        }
-    };
+        let producers = handles.into_iter().map(|h| h.join()).collect();
+        let consumer = consumer.map(|c| c.join());
+        Threads { producers, consumer, broker, client }
+    })
+}
 
-    let mut outcome = PhaseOutcome {
-        produced: Flow::new(warmup_ns),
-        consumed: Flow::new(warmup_ns),
-        broker,
-        broker_rss,
-        client: client.ok().map(|(usage, _)| usage),
-        ..PhaseOutcome::default()
-    };
-    for stats in producer_stats {
-        match stats {
-            Ok(Ok(stats)) => {
-                outcome.produced.merge(&stats.produced);
-                outcome.publish.merge(&stats.publish);
-                outcome.series.merge(&stats.series);
-                outcome.acked_total += stats.acked;
-                outcome.produce_errors += stats.errors;
+impl PhaseOutcome {
+    /// Merges what the producers measured; one that failed or panicked leaves a problem
+    /// instead, which fails the phase.
+    fn add_producers(&mut self, producers: Vec<Joined<ProducerStats>>, shared: &Shared) {
+        for stats in producers {
+            match stats {
+                Ok(Ok(stats)) => {
+                    self.produced.merge(&stats.produced);
+                    self.publish.merge(&stats.publish);
+                    self.series.merge(&stats.series);
+                    self.acked_total += stats.acked;
+                    self.produce_errors += stats.errors;
+                }
+                Ok(Err(e)) => shared.problem(format!("producer: {e:#}")),
+                Err(_) => shared.problem("a producer thread panicked".into()),
             }
-            Ok(Err(e)) => shared.problem(format!("producer: {e:#}")),
-            Err(_) => shared.problem("a producer thread panicked".into()),
         }
     }
-    outcome.complete = !has_consumer;
-    if let Some(stats) = consumer_stats {
-        match stats {
+
+    /// Merges what the consumer measured; only a consumer that finished says whether the
+    /// phase is complete (one that failed leaves a problem instead).
+    fn add_consumer(&mut self, consumer: Joined<ConsumerStats>, shared: &Shared) {
+        match consumer {
             Ok(Ok(stats)) => {
-                outcome.consumed.merge(&stats.consumed);
-                outcome.e2e.merge(&stats.e2e);
-                outcome.series.merge(&stats.series);
-                outcome.received_total = stats.received;
-                outcome.consume_errors = stats.errors;
-                outcome.complete = stats.complete;
+                self.consumed.merge(&stats.consumed);
+                self.e2e.merge(&stats.e2e);
+                self.series.merge(&stats.series);
+                self.received_total = stats.received;
+                self.consume_errors = stats.errors;
+                self.complete = stats.complete;
             }
             Ok(Err(e)) => shared.problem(format!("consumer: {e:#}")),
             Err(_) => shared.problem("the consumer thread panicked".into()),
         }
     }
-    outcome.end_ns = outcome.produced.last_ns.max(outcome.consumed.last_ns);
-    outcome.problems = shared.problems.lock().map(|p| p.clone()).unwrap_or_default();
-    outcome.notes = shared.notes.lock().map(|p| p.clone()).unwrap_or_default();
-    Ok(outcome)
 }
 
 type Sampled = std::io::Result<(ProcessUsage, Vec<(u64, u64)>)>;
