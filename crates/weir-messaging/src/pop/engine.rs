@@ -92,6 +92,11 @@ impl PopEngine {
             return Ok(Err(refused));
         }
         self.renewals.release(key, offset);
+        // A receive parked on this queue sleeps until the expiry it last saw: one sooner now
+        // (a failed consume's back-off) must wake it, or the message waits out the long poll.
+        if let Some(partition) = self.messaging.broker.partition(&key.topic, key.partition) {
+            partition.wake_waiters();
+        }
         Ok(Ok(renewed))
     }
 
@@ -277,6 +282,34 @@ mod tests {
         let deliveries = polling.await.expect("join").expect("receive");
         assert_eq!(offsets(&deliveries), [(0, 1)]);
         assert!(appended.elapsed() < Duration::from_secs(10), "woken by the append, not by the deadline");
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn given_a_parked_receive_when_a_delivery_is_made_visible_sooner_it_returns_it_then() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (broker, messaging) = open(dir.path()).await;
+        let engine = Arc::new(engine(&messaging));
+        let key = QueueKey::new("g", TOPIC, 0);
+        append(&broker, &[(None, None)]).await;
+        let first = engine.receive(request(&broker, &key)).await.expect("receive");
+        assert_eq!(offsets(&first), [(0, 1)]);
+
+        // Parked until the delivery's expiry (60 s) or its deadline (30 s).
+        let polling = {
+            let (engine, request) =
+                (engine.clone(), ReceiveRequest { long_polling: Duration::from_secs(30), ..request(&broker, &key) });
+            tokio::spawn(async move { engine.receive(request).await })
+        };
+        while partition(&broker).live_waiters() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // The consumer failed it: back in 200 ms.
+        let changed = tokio::time::Instant::now();
+        engine.change_invisible(&key, 0, first[0].nonce, Duration::from_millis(200)).expect("io").expect("changed");
+        let again = polling.await.expect("join").expect("receive");
+        assert_eq!(offsets(&again), [(0, 2)]);
+        assert!(changed.elapsed() < Duration::from_secs(10), "woken for the new expiry, not at the deadline");
         broker.begin_shutdown();
     }
 
