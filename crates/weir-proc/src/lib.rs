@@ -10,7 +10,7 @@
 /// Clock ticks per second of `/proc/<pid>/stat` times: `USER_HZ`, which Linux fixes at 100 for
 /// user space on every architecture it still supports (the kernel's `HZ` may differ; the values
 /// are scaled). Reading it with `sysconf(_SC_CLK_TCK)` would need `unsafe` and a libc call.
-pub const USER_HZ: f64 = 100.0;
+pub(crate) const USER_HZ: f64 = 100.0;
 
 /// Which process: this one, or another by pid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,11 +31,11 @@ impl Pid {
 /// The fields of `/proc/<pid>/stat` used here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
-    pub utime_ticks: u64,
-    pub stime_ticks: u64,
+    pub(crate) utime_ticks: u64,
+    pub(crate) stime_ticks: u64,
     pub threads: u64,
     /// When the process started, in ticks after boot.
-    pub start_ticks: u64,
+    pub(crate) start_ticks: u64,
 }
 
 impl Stat {
@@ -48,7 +48,7 @@ impl Stat {
 /// `pid (comm) state ppid ...`: the command name may hold spaces and parentheses, so fields are
 /// counted from the last `)`. After it, field 3 (state) is index 0; utime is field 14, stime 15,
 /// num_threads 20 and starttime 22 (proc(5)).
-pub fn parse_stat(text: &str) -> Option<Stat> {
+pub(crate) fn parse_stat(text: &str) -> Option<Stat> {
     let after = &text[text.rfind(')')? + 1..];
     let fields: Vec<&str> = after.split_whitespace().collect();
     let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
@@ -66,7 +66,7 @@ pub fn cpu_seconds(pid: Pid) -> Option<f64> {
 }
 
 /// A `Vm*:` line of a `/proc/<pid>/status` text in bytes: `VmRSS:     1964 kB` → 1964 × 1024.
-pub fn parse_status_bytes(text: &str, field: &str) -> Option<u64> {
+pub(crate) fn parse_status_bytes(text: &str, field: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.split(':').next() == Some(field))?;
     let mut words = line[field.len() + 1..].split_whitespace();
     let kib: u64 = words.next()?.parse().ok()?;
@@ -84,7 +84,7 @@ pub struct Memory {
     pub virtual_bytes: Option<u64>,
 }
 
-pub fn parse_memory(text: &str) -> Memory {
+pub(crate) fn parse_memory(text: &str) -> Memory {
     Memory {
         resident_bytes: parse_status_bytes(text, "VmRSS"),
         resident_peak_bytes: parse_status_bytes(text, "VmHWM"),
@@ -105,7 +105,7 @@ pub fn open_fds(pid: Pid) -> Option<u64> {
 }
 
 /// The soft limit of `Max open files` in a `/proc/<pid>/limits` text; `None` if unlimited.
-pub fn parse_max_open_files(text: &str) -> Option<u64> {
+pub(crate) fn parse_max_open_files(text: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("Max open files"))?;
     line["Max open files".len()..].split_whitespace().next()?.parse().ok()
 }
@@ -115,7 +115,7 @@ pub fn max_fds(pid: Pid) -> Option<u64> {
 }
 
 /// `btime 1795975519` of a `/proc/stat` text: boot time in Unix seconds.
-pub fn parse_boot_time(text: &str) -> Option<u64> {
+pub(crate) fn parse_boot_time(text: &str) -> Option<u64> {
     text.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse().ok())
 }
 
