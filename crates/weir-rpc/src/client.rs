@@ -68,7 +68,7 @@ struct Inner {
 impl RpcClient {
     /// # Panics
     /// If `config` is unusable (no in-flight slot, a frame limit below
-    /// [`MIN_MAX_FRAME_BYTES`](crate::MIN_MAX_FRAME_BYTES)).
+    /// `MIN_MAX_FRAME_BYTES`).
     pub fn new(config: ClientConfig) -> RpcClient {
         frame::check_max_frame_bytes(config.max_frame_bytes);
         assert!(config.max_in_flight_per_peer > 0, "max_in_flight_per_peer must be positive");

@@ -100,7 +100,7 @@ impl fmt::Display for CallPhase {
 }
 
 /// A handler's failure, sent to the caller as its [`RpcErrorKind::Remote`] message (cut to
-/// [`MAX_ERROR_MESSAGE_BYTES`](crate::MAX_ERROR_MESSAGE_BYTES) on the wire).
+/// `MAX_ERROR_MESSAGE_BYTES` on the wire).
 ///
 /// Failures the caller must act on in detail (not the controller; which one is) belong in the
 /// method's response body; this is for a request that could not be handled at all.

@@ -29,18 +29,18 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 /// The version this crate writes, and the only one it reads.
-pub const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 1;
 /// The versions a server answers, as its error frame for any other names them.
-pub const SUPPORTED_VERSIONS: &[u8] = &[VERSION];
+pub(crate) const SUPPORTED_VERSIONS: &[u8] = &[VERSION];
 
 /// The default limit on a frame's length field: 16 MiB holds a Raft snapshot chunk or a batch
 /// of log entries with room to spare, and bounds what one call can make a peer allocate.
-pub const DEFAULT_MAX_FRAME_BYTES: u32 = 16 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_FRAME_BYTES: u32 = 16 * 1024 * 1024;
 /// The smallest limit a client or server may be configured with: an error frame with the
 /// longest message ([`MAX_ERROR_MESSAGE_BYTES`]) must always fit.
-pub const MIN_MAX_FRAME_BYTES: u32 = 8 * 1024;
+pub(crate) const MIN_MAX_FRAME_BYTES: u32 = 8 * 1024;
 /// Error messages are cut to this many bytes (at a character boundary) on the wire.
-pub const MAX_ERROR_MESSAGE_BYTES: usize = 4 * 1024;
+pub(crate) const MAX_ERROR_MESSAGE_BYTES: usize = 4 * 1024;
 
 /// Asserts that a configured frame limit is usable.
 ///
@@ -253,7 +253,7 @@ pub(crate) async fn skip<R: AsyncRead + Unpin>(reader: &mut R, header_length: u3
 #[derive(Debug)]
 pub(crate) struct OutFrame {
     pub correlation_id: u64,
-    pub head: Bytes,
+    pub(crate) head: Bytes,
     pub body: Bytes,
     /// The server's in-flight slot of the request this answers: held until the frame is
     /// written, so queued responses count against the limit too.
@@ -311,7 +311,7 @@ impl OutFrame {
     }
 
     /// Every byte of the frame, for writes that cannot take two buffers.
-    pub fn to_bytes(&self) -> Bytes {
+    pub(crate) fn to_bytes(&self) -> Bytes {
         let mut all = BytesMut::with_capacity(self.head.len() + self.body.len());
         all.put_slice(&self.head);
         all.put_slice(&self.body);

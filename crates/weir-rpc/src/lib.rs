@@ -18,7 +18,7 @@
 //! `length` counts everything after itself and is at most the receiver's `max_frame_bytes`
 //! (16 MiB by default). The header after it is always 12 bytes; a response or an error has a
 //! method length of 0. An error frame's body is a one-byte code and a UTF-8 message of at most
-//! [`MAX_ERROR_MESSAGE_BYTES`]: 0x01 the handler failed, 0x02 the response is over the
+//! `MAX_ERROR_MESSAGE_BYTES`: 0x01 the handler failed, 0x02 the response is over the
 //! server's limit; and, with the high bit that says the sender closes the connection after
 //! this frame, 0x81 the request is over the limit, 0x82 unsupported version, 0x83 malformed,
 //! 0x84 refused (too many connections, shutting down). Correlation id 0 is never a call's: an
@@ -32,11 +32,11 @@
 //!   calls on the connection are sound. A request over the client's own limit fails before
 //!   anything is sent; a response over the server's limit becomes a `TooLarge` error.
 //! - **Versioning.** A frame of another version gets a version-1 error frame naming the
-//!   versions spoken ([`SUPPORTED_VERSIONS`]), then the connection closes. `length` and
+//!   versions spoken (`SUPPORTED_VERSIONS`), then the connection closes. `length` and
 //!   `version` keep their place in every version, so this works whatever the peer speaks.
 //! - **Isolation.** Garbage or a truncated frame closes that connection only; the server keeps
 //!   serving the others. A closing server reads and drops the connection's input for a moment
-//!   ([`LINGER`]) so that its error frame is not lost to a TCP reset.
+//!   (`LINGER`) so that its error frame is not lost to a TCP reset.
 //! - **Concurrency, bounded.** A connection's requests are handled concurrently, each in its own
 //!   task, at most `max_in_flight_per_connection` at once (answers not yet written included);
 //!   the next request is not read until a slot frees, so a client that never reads its answers
@@ -82,6 +82,5 @@ mod server;
 
 pub use client::{ClientConfig, RpcClient};
 pub use error::{CallPhase, RemoteError, RpcError, RpcErrorKind};
-pub use frame::{DEFAULT_MAX_FRAME_BYTES, MAX_ERROR_MESSAGE_BYTES, MIN_MAX_FRAME_BYTES, SUPPORTED_VERSIONS, VERSION};
 pub use json::{decode_json, encode_json};
-pub use server::{serve, BoxFuture, Handler, ServerConfig, LINGER};
+pub use server::{serve, BoxFuture, Handler, ServerConfig};

@@ -44,7 +44,7 @@ pub trait Handler: Send + Sync + 'static {
 /// before closing is not lost to a TCP reset: Linux resets a connection closed with unread
 /// input, and the peer may then lose what it had not read yet. One second is many round trips
 /// on the networks a cluster runs on.
-pub const LINGER: Duration = Duration::from_secs(1);
+pub(crate) const LINGER: Duration = Duration::from_secs(1);
 
 /// Limits of a server. Every one of them is a bound on memory or tasks a peer can make it use.
 #[derive(Debug, Clone)]
@@ -102,7 +102,7 @@ enum Stage {
 /// `write_timeout` after that is dropped as it is.
 ///
 /// # Panics
-/// If `config` is unusable (a zero limit, `max_frame_bytes` below [`frame::MIN_MAX_FRAME_BYTES`]).
+/// If `config` is unusable (a zero limit, `max_frame_bytes` below `frame::MIN_MAX_FRAME_BYTES`).
 pub async fn serve(
     listener: TcpListener,
     handler: Arc<dyn Handler>,
