@@ -20,27 +20,27 @@ use crate::error::BatchError;
 
 pub const BASE_OFFSET_AT: usize = 0;
 pub const LENGTH_AT: usize = 8;
-pub const PARTITION_LEADER_EPOCH_AT: usize = 12;
+pub(crate) const PARTITION_LEADER_EPOCH_AT: usize = 12;
 pub const MAGIC_AT: usize = 16;
 pub const CRC_AT: usize = 17;
 pub const ATTRIBUTES_AT: usize = 21;
 pub const LAST_OFFSET_DELTA_AT: usize = 23;
-pub const BASE_TIMESTAMP_AT: usize = 27;
-pub const MAX_TIMESTAMP_AT: usize = 35;
-pub const PRODUCER_ID_AT: usize = 43;
-pub const PRODUCER_EPOCH_AT: usize = 51;
-pub const BASE_SEQUENCE_AT: usize = 53;
+pub(crate) const BASE_TIMESTAMP_AT: usize = 27;
+pub(crate) const MAX_TIMESTAMP_AT: usize = 35;
+pub(crate) const PRODUCER_ID_AT: usize = 43;
+pub(crate) const PRODUCER_EPOCH_AT: usize = 51;
+pub(crate) const BASE_SEQUENCE_AT: usize = 53;
 pub const RECORDS_COUNT_AT: usize = 57;
 /// Bytes of the fixed batch header; records follow.
 pub const HEADER_BYTES: usize = 61;
 /// baseOffset + batchLength: the bytes not counted by `batchLength`.
-pub const LOG_OVERHEAD: usize = 12;
-pub const MAGIC_V2: i8 = 2;
+pub(crate) const LOG_OVERHEAD: usize = 12;
+pub(crate) const MAGIC_V2: i8 = 2;
 
 const ATTR_COMPRESSION_MASK: i16 = 0x07;
 const ATTR_TIMESTAMP_TYPE_LOG_APPEND: i16 = 0x08;
-pub const ATTR_TRANSACTIONAL: i16 = 0x10;
-pub const ATTR_CONTROL: i16 = 0x20;
+pub(crate) const ATTR_TRANSACTIONAL: i16 = 0x10;
+pub(crate) const ATTR_CONTROL: i16 = 0x20;
 
 /// How the timestamps of a batch were set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +65,7 @@ pub enum Compression {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchHeader {
     pub base_offset: i64,
-    pub batch_length: i32,
+    pub(crate) batch_length: i32,
     pub partition_leader_epoch: i32,
     pub magic: i8,
     pub crc: u32,
@@ -141,7 +141,7 @@ impl BatchHeader {
         }
     }
 
-    pub fn is_transactional(&self) -> bool {
+    pub(crate) fn is_transactional(&self) -> bool {
         self.attributes & ATTR_TRANSACTIONAL != 0
     }
 
@@ -155,12 +155,12 @@ impl BatchHeader {
 pub struct BatchesSummary {
     pub batch_count: u32,
     /// Sum of `lastOffsetDelta + 1`: how many offsets the batches will take.
-    pub offset_count: u64,
+    pub(crate) offset_count: u64,
     pub record_count: u64,
     /// The largest maxTimestamp of the batches (CreateTime as the producer sent it).
     pub max_timestamp: i64,
     /// The first batch's maxTimestamp (used to decide time-based segment rolls, as Kafka does).
-    pub first_max_timestamp: i64,
+    pub(crate) first_max_timestamp: i64,
 }
 
 /// Checks that `bytes` is a sequence of whole, intact v2 batches, none larger than
@@ -304,7 +304,7 @@ pub fn assign_offsets(
 
 /// The type of a transaction marker (the key of a control batch's record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControlType {
+pub(crate) enum ControlType {
     Abort,
     Commit,
     /// A control record this version does not know (e.g. leader-change records of KRaft).
@@ -313,7 +313,7 @@ pub enum ControlType {
 
 /// Reads the control type of a control batch (uncompressed, as Kafka writes them): the key of
 /// its first record is `version: i16, type: i16`. `None` if the bytes do not hold one.
-pub fn control_type(batch: &[u8]) -> Option<ControlType> {
+pub(crate) fn control_type(batch: &[u8]) -> Option<ControlType> {
     let header = BatchHeader::parse(batch)?;
     if !header.is_control() || header.compression() != Some(Compression::None) {
         return None;

@@ -32,9 +32,9 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
 }
 
 /// Per-partition offsets keyed by (topic, partition).
-pub type OffsetMap = BTreeMap<(String, i32), i64>;
+pub(crate) type OffsetMap = BTreeMap<(String, i32), i64>;
 
-pub fn write_offsets(path: &Path, offsets: &OffsetMap) -> Result<()> {
+pub(crate) fn write_offsets(path: &Path, offsets: &OffsetMap) -> Result<()> {
     let mut text = format!("0\n{}\n", offsets.len());
     for ((topic, partition), offset) in offsets {
         text.push_str(&format!("{topic} {partition} {offset}\n"));
@@ -44,7 +44,7 @@ pub fn write_offsets(path: &Path, offsets: &OffsetMap) -> Result<()> {
 
 /// Reads a checkpoint; a missing file is empty. A malformed file is an error naming it (it was
 /// written atomically, so malformed means something other than Weir wrote it).
-pub fn read_offsets(path: &Path) -> Result<OffsetMap> {
+pub(crate) fn read_offsets(path: &Path) -> Result<OffsetMap> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(OffsetMap::new()),

@@ -31,8 +31,8 @@ pub struct EpochEntry {
 }
 
 /// OffsetForLeaderEpoch's "undefined": no such epoch is known.
-pub const UNDEFINED_EPOCH: i32 = -1;
-pub const UNDEFINED_OFFSET: i64 = -1;
+pub(crate) const UNDEFINED_EPOCH: i32 = -1;
+pub(crate) const UNDEFINED_OFFSET: i64 = -1;
 
 pub(crate) struct LeaderEpochCache {
     path: PathBuf,

@@ -29,13 +29,13 @@ pub mod leader_epoch;
 pub mod log;
 pub mod manager;
 pub mod offset_index;
-pub mod producer_state;
+pub(crate) mod producer_state;
 pub mod records;
 mod segment;
 pub mod sync;
 pub mod testing;
 pub mod time_index;
-pub mod txn_index;
+pub(crate) mod txn_index;
 
 pub use batch::{BatchHeader, Compression, TimestampType};
 pub use checkpoint::{fsync_dir, write_atomically};
@@ -47,7 +47,7 @@ pub use file_slice::FileSlice;
 pub use leader_epoch::EpochEntry;
 pub use log::{AppendInfo, Log, LogStats, OpenOptions, ReadResult, RetentionOutcome, TimestampOffset};
 pub use manager::{LogManager, ManagerOptions, TopicPartition};
-pub use producer_state::{ProducerError, ProducerStateManager};
+pub use producer_state::ProducerError;
 pub use txn_index::AbortedTxn;
 
 #[cfg(test)]

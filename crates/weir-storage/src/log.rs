@@ -134,7 +134,7 @@ pub struct LogStats {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RetentionOutcome {
     pub deleted_segments: usize,
-    pub deleted_bytes: u64,
+    pub(crate) deleted_bytes: u64,
 }
 
 /// `latest_leader_epoch` before the cache is seeded.
@@ -1333,7 +1333,7 @@ impl Log {
     }
 
     /// The first offset of the oldest open transaction, if any.
-    pub fn first_unstable_offset(&self) -> Option<i64> {
+    pub(crate) fn first_unstable_offset(&self) -> Option<i64> {
         if !self.transactions_seen.load(Ordering::Acquire) {
             return None;
         }

@@ -54,12 +54,12 @@ impl TopicPartition {
         TopicPartition { topic: topic.into(), partition }
     }
 
-    pub fn dir_name(&self) -> String {
+    pub(crate) fn dir_name(&self) -> String {
         format!("{}-{}", self.topic, self.partition)
     }
 
     /// Parses a log directory name. Topic names may contain `-`, so the partition is after the last one.
-    pub fn parse_dir_name(name: &str) -> Option<TopicPartition> {
+    pub(crate) fn parse_dir_name(name: &str) -> Option<TopicPartition> {
         let (topic, partition) = name.rsplit_once('-')?;
         let partition: i32 = partition.parse().ok().filter(|p| *p >= 0)?;
         (!topic.is_empty()).then(|| TopicPartition::new(topic, partition))

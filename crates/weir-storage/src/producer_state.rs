@@ -25,10 +25,9 @@ use crate::txn_index::AbortedTxn;
 
 /// How many batches per producer are remembered for duplicate detection (Kafka's constant;
 /// clients keep at most five requests in flight per partition with idempotence).
-pub const BATCHES_REMEMBERED: usize = 5;
-pub const NO_PRODUCER_ID: i64 = -1;
-pub const NO_PRODUCER_EPOCH: i16 = -1;
-pub const SNAPSHOT_SUFFIX: &str = ".snapshot";
+pub(crate) const BATCHES_REMEMBERED: usize = 5;
+pub(crate) const NO_PRODUCER_ID: i64 = -1;
+pub(crate) const SNAPSHOT_SUFFIX: &str = ".snapshot";
 const SNAPSHOT_MAGIC: &[u8; 4] = b"WPS1";
 
 /// Why an idempotent or transactional batch was refused. Each maps to one Kafka error code.
@@ -49,23 +48,23 @@ pub enum ProducerError {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchMetadata {
-    pub first_seq: i32,
-    pub last_seq: i32,
+pub(crate) struct BatchMetadata {
+    pub(crate) first_seq: i32,
+    pub(crate) last_seq: i32,
     pub first_offset: i64,
     pub last_offset: i64,
     pub timestamp: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProducerEntry {
+pub(crate) struct ProducerEntry {
     pub epoch: i16,
     /// Oldest first; at most [`BATCHES_REMEMBERED`].
     pub batches: VecDeque<BatchMetadata>,
     /// Wall-clock time of the producer's last append, for expiry.
-    pub last_timestamp_ms: i64,
+    pub(crate) last_timestamp_ms: i64,
     /// First offset of the producer's open transaction, if one is open in this partition.
-    pub txn_first_offset: Option<i64>,
+    pub(crate) txn_first_offset: Option<i64>,
 }
 
 impl ProducerEntry {
@@ -76,7 +75,7 @@ impl ProducerEntry {
 
 /// What [`ProducerStateManager::check`] decided for a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProducerCheck {
+pub(crate) enum ProducerCheck {
     /// Not from an idempotent producer, or new and in sequence: append it.
     Append,
     /// Already in the log at these offsets: do not append again.
@@ -98,7 +97,7 @@ fn last_sequence(header: &BatchHeader) -> i32 {
 }
 
 #[derive(Debug, Default)]
-pub struct ProducerStateManager {
+pub(crate) struct ProducerStateManager {
     producers: HashMap<i64, ProducerEntry>,
     /// Open transactions by first offset (for the last stable offset).
     ongoing: BTreeMap<i64, i64>,
@@ -109,6 +108,7 @@ impl ProducerStateManager {
         ProducerStateManager::default()
     }
 
+    #[cfg(test)]
     pub fn producer(&self, producer_id: i64) -> Option<&ProducerEntry> {
         self.producers.get(&producer_id)
     }
@@ -117,12 +117,8 @@ impl ProducerStateManager {
         self.producers.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.producers.is_empty()
-    }
-
     /// The first offset of the oldest open transaction, if any (bounds the last stable offset).
-    pub fn first_unstable_offset(&self) -> Option<i64> {
+    pub(crate) fn first_unstable_offset(&self) -> Option<i64> {
         self.ongoing.keys().next().copied()
     }
 
@@ -330,7 +326,7 @@ impl ProducerStateManager {
 
     /// Loads the newest intact snapshot at or below `max_offset`, deleting snapshots above it
     /// (they describe data that recovery truncated). Returns the state and its offset.
-    pub fn load_snapshot(dir: &Path, max_offset: i64) -> Result<Option<(ProducerStateManager, i64)>> {
+    pub(crate) fn load_snapshot(dir: &Path, max_offset: i64) -> Result<Option<(ProducerStateManager, i64)>> {
         let mut offsets = snapshot_offsets(dir)?;
         offsets.sort_unstable();
         for offset in offsets.iter().filter(|o| **o > max_offset) {

@@ -87,7 +87,7 @@ enum IndexFiles {
 /// What a recovery scan found.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RecoveryOutcome {
-    pub truncated_bytes: u64,
+    pub(crate) truncated_bytes: u64,
     pub next_offset: Option<i64>,
 }
 

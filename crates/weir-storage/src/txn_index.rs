@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use crate::checkpoint::write_atomically;
 use crate::error::{IoContext, Result};
 
-pub const TXN_INDEX_FILE: &str = "aborted-transactions.txnindex";
+pub(crate) const TXN_INDEX_FILE: &str = "aborted-transactions.txnindex";
 const ENTRY_BYTES: usize = 34;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +55,7 @@ impl AbortedTxn {
 
 /// Holds no file descriptor between calls (a broker has one per partition, and aborts are
 /// rare), and creates its file only at the first abort.
-pub struct TxnIndex {
+pub(crate) struct TxnIndex {
     path: PathBuf,
     entries: Vec<AbortedTxn>,
 }
@@ -78,6 +78,7 @@ impl TxnIndex {
         Ok(TxnIndex { path, entries: kept })
     }
 
+    #[cfg(test)]
     pub fn entries(&self) -> &[AbortedTxn] {
         &self.entries
     }
@@ -111,7 +112,7 @@ impl TxnIndex {
     }
 
     /// Drops entries wholly below `log_start` (retention removed their data).
-    pub fn prune(&mut self, log_start: i64) -> Result<()> {
+    pub(crate) fn prune(&mut self, log_start: i64) -> Result<()> {
         let before = self.entries.len();
         self.entries.retain(|e| e.last_offset >= log_start);
         if self.entries.len() != before {
