@@ -50,7 +50,7 @@ struct Inner {
 }
 
 #[derive(Clone)]
-pub struct RaftLogStore {
+pub(crate) struct RaftLogStore {
     inner: Arc<Inner>,
 }
 

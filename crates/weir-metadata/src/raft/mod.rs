@@ -4,7 +4,7 @@
 //! One Raft entry carries one [`MetadataCommand`]: the records of one controller decision,
 //! applied together. A single node is a quorum of one voter, with the same code path.
 //!
-//! Code map: [`log_store`] keeps the Raft log on the storage engine, [`state_machine`] applies
+//! Code map: `log_store` keeps the Raft log on the storage engine, `state_machine` applies
 //! committed commands to the `MetadataState` and publishes it, [`network`] carries Raft
 //! messages over the process's transport.
 //!
@@ -16,9 +16,9 @@
 // openraft's `StorageError` and `RaftError` are large, and its traits return them by value.
 #![allow(clippy::result_large_err)]
 
-pub mod log_store;
+pub(crate) mod log_store;
 pub mod network;
-pub mod state_machine;
+pub(crate) mod state_machine;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
@@ -94,7 +94,7 @@ pub struct QuorumStatus {
     pub voters: BTreeSet<NodeId>,
     pub learners: BTreeSet<NodeId>,
     /// On the leader: how long since a majority last acknowledged it.
-    pub millis_since_quorum_ack: Option<u64>,
+    pub(crate) millis_since_quorum_ack: Option<u64>,
     /// On the leader: the last log index each other voter and learner is known to hold.
     #[serde(default)]
     pub replication: BTreeMap<NodeId, Option<u64>>,

@@ -24,10 +24,10 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// The RPC methods of the quorum.
 /// What every Raft method's name starts with.
-pub const METHOD_PREFIX: &str = "raft.";
-pub const APPEND_ENTRIES: &str = "raft.append_entries";
-pub const VOTE: &str = "raft.vote";
-pub const INSTALL_SNAPSHOT: &str = "raft.install_snapshot";
+pub(crate) const METHOD_PREFIX: &str = "raft.";
+pub(crate) const APPEND_ENTRIES: &str = "raft.append_entries";
+pub(crate) const VOTE: &str = "raft.vote";
+pub(crate) const INSTALL_SNAPSHOT: &str = "raft.install_snapshot";
 
 /// Why a message did not get an answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -69,7 +69,7 @@ impl RaftTransport for NoPeers {
 }
 
 #[derive(Clone)]
-pub struct Network {
+pub(crate) struct Network {
     transport: Arc<dyn RaftTransport>,
     /// The longest a message waits for its answer, unless openraft gives a shorter deadline.
     timeout: Duration,

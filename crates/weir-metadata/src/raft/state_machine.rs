@@ -38,7 +38,7 @@ struct Applied {
     membership: StoredMembership<NodeId, BasicNode>,
 }
 
-pub struct MetadataStateMachine {
+pub(crate) struct MetadataStateMachine {
     dir: PathBuf,
     applied: Applied,
     publish: watch::Sender<Arc<MetadataState>>,
@@ -81,7 +81,7 @@ fn write_snapshot(dir: &Path, stored: &StoredSnapshot) -> StoreResult<Vec<u8>> {
 }
 
 /// Builds a snapshot from a copy of the state taken when openraft asked for a builder.
-pub struct SnapshotBuilder {
+pub(crate) struct SnapshotBuilder {
     dir: PathBuf,
     applied: Applied,
     id: u64,
