@@ -165,7 +165,7 @@ pub fn decide_fence(state: &MetadataState, config: &ControllerConfig, id: i32) -
 }
 
 /// May a replica outside the ISR lead this topic's partitions (`unclean.leader.election.enable`)?
-pub type UncleanPolicy<'a> = &'a dyn Fn(&TopicMetadata) -> bool;
+pub(crate) type UncleanPolicy<'a> = &'a dyn Fn(&TopicMetadata) -> bool;
 
 /// The partition changes when `broker` stops (fenced, re-registered, shut down): where it leads,
 /// another in-sync replica on an unfenced broker takes over (the broker leaves the ISR), or,
@@ -173,7 +173,11 @@ pub type UncleanPolicy<'a> = &'a dyn Fn(&TopicMetadata) -> bool;
 /// nobody (the ISR keeps its last member, as Kafka does, so it can lead again). Where it
 /// follows, it leaves the ISR, so that `acks=all` writes stop waiting for it; the last member
 /// of an ISR stays.
-pub fn leaderless_changes(state: &MetadataState, broker: i32, unclean: UncleanPolicy<'_>) -> Vec<MetadataRecord> {
+pub(crate) fn leaderless_changes(
+    state: &MetadataState,
+    broker: i32,
+    unclean: UncleanPolicy<'_>,
+) -> Vec<MetadataRecord> {
     let live = |b: &i32| *b != broker && state.brokers.get(b).is_some_and(|r| !r.fenced);
     let mut out = Vec::new();
     for topic in state.topics.values() {
@@ -217,7 +221,7 @@ pub fn leaderless_changes(state: &MetadataState, broker: i32, unclean: UncleanPo
 /// The partition changes when `broker` is unfenced: it leads where nobody does and it is in
 /// sync, or, where the topic allows unclean elections and no in-sync replica is alive, as the
 /// ISR's only member.
-pub fn leader_changes_on_unfence(
+pub(crate) fn leader_changes_on_unfence(
     state: &MetadataState,
     broker: i32,
     unclean: UncleanPolicy<'_>,

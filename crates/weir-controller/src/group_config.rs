@@ -30,7 +30,7 @@ pub const MAX_DELIVERY_ATTEMPTS: &str = "max.delivery.attempts";
 pub const RETRY_BACKOFF: &str = "retry.backoff";
 
 /// Every group setting and its default.
-pub const GROUP_CONFIGS: &[(&str, &str)] = &[
+pub(crate) const GROUP_CONFIGS: &[(&str, &str)] = &[
     (FIFO, "false"),
     (BROADCAST, "false"),
     (MAX_DELIVERY_ATTEMPTS, "17"),
@@ -39,9 +39,9 @@ pub const GROUP_CONFIGS: &[(&str, &str)] = &[
 ];
 
 /// The largest `max.delivery.attempts`.
-pub const MAX_DELIVERY_ATTEMPTS_LIMIT: u32 = 10_000;
+pub(crate) const MAX_DELIVERY_ATTEMPTS_LIMIT: u32 = 10_000;
 /// The longest wait before a redelivery (RocketMQ's delay messages go no further by default).
-pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The most steps a customized back-off may list.
 const MAX_BACKOFF_STEPS: usize = 100;
 
@@ -243,7 +243,7 @@ pub fn describe(overrides: &BTreeMap<String, String>) -> Vec<GroupConfigEntry> {
 }
 
 /// The longest group name settings are kept for (RocketMQ's limit).
-pub const MAX_GROUP_NAME_CHARS: usize = 255;
+pub(crate) const MAX_GROUP_NAME_CHARS: usize = 255;
 
 /// Decides a change of `group`'s settings: `edit` applied to its overrides in `state`. With
 /// `create`, a group that has settings already is refused ([`ErrorKind::GroupExists`]). The

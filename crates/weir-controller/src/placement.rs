@@ -2,7 +2,7 @@
 //! Kafka places them. Replica `i` of partition `p` goes to broker
 //! `brokers[(start + p + i) % n]`, so leaders (replica 0) spread one per broker in turn and no
 //! partition has two replicas on one broker. When brokers have racks, the list is in Kafka's
-//! rack-alternating order ([`placement_order`]), so consecutive brokers (the leaders of
+//! rack-alternating order (`placement_order`), so consecutive brokers (the leaders of
 //! successive partitions, and a partition's replicas when the racks are balanced) are in
 //! different racks.
 //!
@@ -18,7 +18,7 @@ use weir_metadata::MetadataState;
 /// rack; else the first broker (by id) of each rack (by name), then the second of each, and so
 /// on, as Kafka's rack-aware assignment orders them. A broker without a rack counts as one of
 /// the rack "".
-pub fn placement_order(brokers: &[(i32, Option<String>)]) -> Vec<i32> {
+pub(crate) fn placement_order(brokers: &[(i32, Option<String>)]) -> Vec<i32> {
     let mut ids: Vec<i32> = brokers.iter().map(|(id, _)| *id).collect();
     ids.sort_unstable();
     if brokers.iter().all(|(_, rack)| rack.is_none()) {
@@ -62,7 +62,7 @@ pub(crate) fn test_broker(id: i32, fenced: bool) -> weir_metadata::BrokerRegistr
 
 /// Replica lists for partitions `first..first + count`, `replication_factor` replicas each, on
 /// `brokers` (sorted ids, at least `replication_factor` of them; the caller checks).
-pub fn assign_replicas(
+pub(crate) fn assign_replicas(
     first: i32,
     count: i32,
     replication_factor: usize,
@@ -77,7 +77,7 @@ pub fn assign_replicas(
 }
 
 /// Checks that `replication_factor` replicas can be placed on `brokers`.
-pub fn check_replication_factor(replication_factor: i16, brokers: &[i32]) -> Result<usize, BrokerError> {
+pub(crate) fn check_replication_factor(replication_factor: i16, brokers: &[i32]) -> Result<usize, BrokerError> {
     if replication_factor < 1 {
         return Err(BrokerError::new(ErrorKind::InvalidReplicationFactor, "Replication factor must be larger than 0."));
     }
@@ -97,7 +97,7 @@ pub fn check_replication_factor(replication_factor: i16, brokers: &[i32]) -> Res
 
 /// Checks a manual assignment: every partition names the same number of distinct, existing
 /// brokers. Returns the replication factor.
-pub fn check_manual_assignment(assignments: &[Vec<i32>], brokers: &[i32]) -> Result<i16, BrokerError> {
+pub(crate) fn check_manual_assignment(assignments: &[Vec<i32>], brokers: &[i32]) -> Result<i16, BrokerError> {
     let invalid = |why: String| Err(BrokerError::new(ErrorKind::InvalidReplicaAssignment, why));
     let Some(first) = assignments.first() else { return invalid("The replica assignment is empty.".into()) };
     for (index, replicas) in assignments.iter().enumerate() {

@@ -6,7 +6,7 @@ use weir_metadata::{MetadataRecord, MetadataState};
 use crate::Decision;
 
 /// How many producer ids one metadata record reserves.
-pub const PRODUCER_ID_BLOCK: i64 = 1000;
+pub(crate) const PRODUCER_ID_BLOCK: i64 = 1000;
 
 /// Decides the next block of producer ids (for whichever broker asked): the answer is the first
 /// id of the block and how many it holds.

@@ -143,7 +143,7 @@ fn first_live(state: &MetadataState, candidates: &[i32]) -> Option<i32> {
 
 /// The record completing the reassignment of `index` once its ISR is `isr`, if that completes
 /// it (the controller commits it instead of the plain ISR change).
-pub fn completion_with_isr(
+pub(crate) fn completion_with_isr(
     state: &MetadataState,
     topic: &TopicMetadata,
     index: i32,

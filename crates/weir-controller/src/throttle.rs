@@ -33,8 +33,8 @@ use crate::topic_config::{ConfigEdit, ConfigOp};
 pub const LEADER_RATE: &str = "leader.replication.throttled.rate";
 pub const FOLLOWER_RATE: &str = "follower.replication.throttled.rate";
 
-pub const LEADER_REPLICAS: &str = "leader.replication.throttled.replicas";
-pub const FOLLOWER_REPLICAS: &str = "follower.replication.throttled.replicas";
+pub(crate) const LEADER_REPLICAS: &str = "leader.replication.throttled.replicas";
+pub(crate) const FOLLOWER_REPLICAS: &str = "follower.replication.throttled.replicas";
 
 /// The broker configs that can change while the cluster runs (the others are static).
 pub const DYNAMIC_BROKER_CONFIGS: &[&str] = &[LEADER_RATE, FOLLOWER_RATE];

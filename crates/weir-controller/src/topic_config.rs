@@ -10,7 +10,7 @@ use weir_storage::config::TOPIC_CONFIG_NAMES;
 use weir_storage::{Compression, LogConfig, StorageError};
 
 /// Topic configs the broker itself interprets.
-pub const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[
+pub(crate) const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[
     ("min.insync.replicas", "1"),
     ("compression.type", "producer"),
     ("unclean.leader.election.enable", "false"),
@@ -32,11 +32,11 @@ pub const MESSAGE_TYPE: &str = "message.type";
 
 /// How far ahead a delayed message of the topic may be scheduled, in milliseconds (default 7
 /// days); a later delivery time is refused.
-pub const MESSAGE_DELAY_MAX_MS: &str = "message.delay.max.ms";
+pub(crate) const MESSAGE_DELAY_MAX_MS: &str = "message.delay.max.ms";
 
 /// The longest `message.delay.max.ms` accepted: a year. The timer store keeps a scheduled
 /// message on disk until it is due, so this bounds how long that may be.
-pub const MESSAGE_DELAY_MAX_MS_LIMIT: i64 = 366 * 24 * 3600 * 1000;
+pub(crate) const MESSAGE_DELAY_MAX_MS_LIMIT: i64 = 366 * 24 * 3600 * 1000;
 
 /// A topic's `message.delay.max.ms`.
 pub fn message_delay_max_ms(broker_defaults: &BTreeMap<String, String>, overrides: &BTreeMap<String, String>) -> i64 {
@@ -88,7 +88,7 @@ pub fn message_type(overrides: &BTreeMap<String, String>) -> MessageType {
 /// Topic configs Kafka 3.x deprecated but still accepts: Weir accepts and describes them too, so
 /// tools and tests that set them keep working, and they change nothing (message format v2 is
 /// the only format stored; timestamps are not checked against the broker's clock).
-pub const DEPRECATED_TOPIC_CONFIGS: &[&str] =
+pub(crate) const DEPRECATED_TOPIC_CONFIGS: &[&str] =
     &["message.format.version", "message.downconversion.enable", "message.timestamp.difference.max.ms"];
 
 /// A topic's `compression.type`: keep what the producer sent, or store every batch with one codec
@@ -370,7 +370,7 @@ pub fn throttled_replicas(
     (parse(crate::throttle::LEADER_REPLICAS), parse(crate::throttle::FOLLOWER_REPLICAS))
 }
 
-pub fn unclean_leader_election(
+pub(crate) fn unclean_leader_election(
     broker_defaults: &BTreeMap<String, String>,
     overrides: &BTreeMap<String, String>,
 ) -> bool {
