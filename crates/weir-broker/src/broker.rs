@@ -127,7 +127,7 @@ pub struct Broker {
     /// Counters and gauges of the request paths (see `metrics`); the rest is read at scrape time.
     pub metrics: BrokerMetrics,
     /// The replication throttles' budgets (see [`crate::throttle`]).
-    pub replication_quotas: crate::throttle::ReplicationQuotas,
+    pub(crate) replication_quotas: crate::throttle::ReplicationQuotas,
     /// Where the append path hands a DELAY topic's records that are not due yet: the
     /// messaging layer's timer, once it has opened (see [`crate::delayed`]).
     delayed: OnceLock<Arc<dyn DelayedRecords>>,
@@ -175,7 +175,7 @@ impl Broker {
     }
 
     /// The metadata offset the partitions were last brought in line with.
-    pub fn reconciled_offset(&self) -> i64 {
+    pub(crate) fn reconciled_offset(&self) -> i64 {
         *lock(&self.reconciled)
     }
 
@@ -190,7 +190,7 @@ impl Broker {
     }
 
     /// This node's view of itself, for `weir cluster info` and `GET /v1/cluster`.
-    pub fn node_status(&self) -> NodeStatus {
+    pub(crate) fn node_status(&self) -> NodeStatus {
         NodeStatus {
             node_id: self.config.node_id,
             broker: self.config.roles.broker,
@@ -951,10 +951,10 @@ pub struct PendingAppends {
 
 /// How long `acks=all` waits for the ISR unless the front-end says (Kafka's default
 /// `request.timeout.ms`).
-pub const DEFAULT_PRODUCE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_PRODUCE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl PendingAppends {
-    /// How long `acks=all` waits for the in-sync replicas (default [`DEFAULT_PRODUCE_TIMEOUT`]).
+    /// How long `acks=all` waits for the in-sync replicas (default `DEFAULT_PRODUCE_TIMEOUT`).
     pub fn with_timeout(mut self, timeout: Duration) -> PendingAppends {
         self.timeout = timeout;
         self

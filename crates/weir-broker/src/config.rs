@@ -1,6 +1,6 @@
 //! Broker settings, named as Kafka names them wherever a Kafka user would look for them.
 //!
-//! Every setting is declared once in [`SETTINGS`] (name, default, meaning); `weir.example.toml`
+//! Every setting is declared once in `SETTINGS` (name, default, meaning); `weir.example.toml`
 //! documents the same list and a test keeps the two in step. Values arrive as strings (from the
 //! TOML file, flattened to dotted names, then from `--set name=value`) and are parsed here, so a
 //! bad value is rejected at start-up with a message that names the setting.
@@ -53,9 +53,10 @@ pub fn setting_names() -> impl Iterator<Item = &'static str> {
         .chain(ALIASES.iter().map(|(alias, _, _)| *alias))
 }
 
-pub struct Setting {
+pub(crate) struct Setting {
     pub name: &'static str,
     pub default: &'static str,
+    #[expect(dead_code, reason = "the setting's meaning, for whoever reads SETTINGS; no code reads it")]
     pub doc: &'static str,
 }
 
@@ -65,7 +66,7 @@ const fn s(name: &'static str, default: &'static str, doc: &'static str) -> Sett
 
 /// Broker-level settings. `log.*` and `message.max.bytes` are the defaults of the topic configs
 /// they map to (see [`TOPIC_DEFAULT_SETTINGS`]).
-pub const SETTINGS: &[Setting] = &[
+pub(crate) const SETTINGS: &[Setting] = &[
     s("node.id", "0", "This node's id: in Metadata responses, and as a voter of the metadata quorum."),
     s(
         "process.roles",
@@ -243,13 +244,13 @@ pub struct BrokerConfig {
     /// empty: this node alone, a quorum of one.
     pub voters: BTreeMap<i32, (String, u16)>,
     /// The CONTROLLER listener: the quorum's messages and the cluster's internal requests.
-    pub controller_listen: Option<SocketAddr>,
+    pub(crate) controller_listen: Option<SocketAddr>,
     pub rack: Option<String>,
     /// KIP-392: consumers that say their `client.rack` read from an in-sync replica there.
-    pub rack_aware_reads: bool,
-    pub broker_heartbeat_interval_ms: u64,
-    pub broker_session_timeout_ms: u64,
-    pub quorum_election_timeout_ms: u64,
+    pub(crate) rack_aware_reads: bool,
+    pub(crate) broker_heartbeat_interval_ms: u64,
+    pub(crate) broker_session_timeout_ms: u64,
+    pub(crate) quorum_election_timeout_ms: u64,
     pub quorum_request_timeout_ms: u64,
     /// The Kafka (PLAINTEXT) listener; `None` on a controller-only node, which serves no
     /// Kafka clients.
@@ -294,15 +295,15 @@ pub struct BrokerConfig {
     pub transaction_state_partitions: i32,
     pub offsets_topic_replication_factor: i16,
     pub transaction_state_replication_factor: i16,
-    pub replica_lag_time_max_ms: u64,
-    pub replica_fetch_max_bytes: i32,
-    pub replica_fetch_wait_max_ms: u64,
-    pub auto_leader_rebalance_enable: bool,
-    pub leader_imbalance_check_interval_seconds: u64,
-    pub leader_imbalance_per_broker_percentage: u32,
+    pub(crate) replica_lag_time_max_ms: u64,
+    pub(crate) replica_fetch_max_bytes: i32,
+    pub(crate) replica_fetch_wait_max_ms: u64,
+    pub(crate) auto_leader_rebalance_enable: bool,
+    pub(crate) leader_imbalance_check_interval_seconds: u64,
+    pub(crate) leader_imbalance_per_broker_percentage: u32,
     pub offsets_retention_ms: i64,
     pub offsets_retention_check_interval_ms: u64,
-    pub metadata_snapshot_interval: u64,
+    pub(crate) metadata_snapshot_interval: u64,
     pub retention_check_interval_ms: u64,
     pub flush_check_interval_ms: u64,
     pub checkpoint_interval_ms: u64,
@@ -687,7 +688,7 @@ impl BrokerConfig {
     }
 
     /// The quorum's voters: the configured ones, or this node alone.
-    pub fn quorum_voters(&self) -> BTreeMap<i32, (String, u16)> {
+    pub(crate) fn quorum_voters(&self) -> BTreeMap<i32, (String, u16)> {
         if self.voters.is_empty() {
             let local = self.controller_listen.map(|a| (a.ip().to_string(), a.port())).unwrap_or_default();
             [(self.node_id, local)].into_iter().collect()
@@ -766,7 +767,7 @@ impl BrokerConfig {
     }
 
     /// The broker-level default of every topic config, as a LogConfig.
-    pub fn default_log_config(&self) -> LogConfig {
+    pub(crate) fn default_log_config(&self) -> LogConfig {
         // Validated in from_settings, so this cannot fail; fall back to Kafka's defaults anyway.
         crate::topic_config::log_config(&self.topic_defaults, &BTreeMap::new()).unwrap_or_default()
     }

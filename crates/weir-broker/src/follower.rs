@@ -8,7 +8,7 @@
 //! the follower knows (a stale one is refused) and the epoch of its last batch, so the leader
 //! can answer with a diverging epoch when their logs differ (KIP-320 / KIP-595's truncation in
 //! the fetch path): the follower then truncates to where they agree and fetches again. Records
-//! are appended with the leader's offsets and epochs ([`Broker::append_as_follower`]).
+//! are appended with the leader's offsets and epochs (`Broker::append_as_follower`).
 //!
 //! What crosses the wire is a front-end's: followers speak Kafka's Fetch to the leader's Kafka
 //! listener (so the leader serves them with the consumers' zero-copy path), which `weir-kafka`
@@ -393,7 +393,7 @@ fn apply_partition(broker: &Broker, partition: &Partition, data: LeaderPartition
 
 /// A partition this broker follows, and where its leader is.
 #[derive(Clone)]
-pub struct Followed {
+pub(crate) struct Followed {
     pub partition: Arc<Partition>,
     pub leader: i32,
     pub leader_epoch: i32,
@@ -401,7 +401,7 @@ pub struct Followed {
 
 impl Broker {
     /// The partitions this broker holds a replica of and another broker leads.
-    pub fn followed_partitions(&self) -> Vec<Followed> {
+    pub(crate) fn followed_partitions(&self) -> Vec<Followed> {
         let me = self.config.node_id;
         self.partitions()
             .into_iter()
@@ -417,7 +417,7 @@ impl Broker {
     /// and epochs, fsyncs them with `flush=sync` (a replica's position counts only once it is
     /// as durable as the topic promises), and takes the leader's high watermark as far as the
     /// log reaches. Blocking.
-    pub fn append_as_follower(
+    pub(crate) fn append_as_follower(
         &self,
         partition: &Partition,
         records: &[u8],
@@ -447,7 +447,7 @@ impl Broker {
     /// Cuts a follower's log back to `offset`, where it diverges from the leader's, but never
     /// below the high watermark it learned: an acknowledged record is never removed. Returns
     /// the new log end. Blocking.
-    pub fn truncate_follower(&self, partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
+    pub(crate) fn truncate_follower(&self, partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
         // Under the state: a replica that became the leader meanwhile must not cut its log.
         partition.write_as_follower(|| Self::truncate_diverged(partition, offset))
     }
@@ -476,7 +476,7 @@ impl Broker {
 
     /// Empties a follower's log and starts it at `offset`: it fell behind the leader's log start
     /// (retention deleted what it lacks). Blocking.
-    pub fn restart_follower_at(&self, partition: &Partition, offset: i64) -> Result<(), BrokerError> {
+    pub(crate) fn restart_follower_at(&self, partition: &Partition, offset: i64) -> Result<(), BrokerError> {
         tracing::warn!(topic = %partition.topic, partition = partition.index, offset, "follower behind the leader's log start: starting over there");
         partition.write_as_follower(|| Ok(partition.log.truncate_fully_and_start_at(offset)?))
     }

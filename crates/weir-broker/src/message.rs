@@ -29,11 +29,11 @@ pub mod headers {
     /// The id the producer gave the message.
     pub const MESSAGE_ID: &str = "weir.message-id";
     /// When the producer created the message, in milliseconds since the epoch (decimal).
-    pub const BORN_TIMESTAMP: &str = "weir.born-timestamp";
+    pub(crate) const BORN_TIMESTAMP: &str = "weir.born-timestamp";
     /// The producer's host.
-    pub const BORN_HOST: &str = "weir.born-host";
+    pub(crate) const BORN_HOST: &str = "weir.born-host";
     /// The FIFO message group.
-    pub const MESSAGE_GROUP: &str = "weir.message-group";
+    pub(crate) const MESSAGE_GROUP: &str = "weir.message-group";
     /// When the message is to become visible, in milliseconds since the epoch (decimal).
     pub const DELIVERY_TIMESTAMP: &str = "weir.delivery-timestamp";
     /// A dead letter's original topic, partition (queue) and offset there.
@@ -46,9 +46,9 @@ pub mod headers {
 
 /// The user properties under which RocketMQ clients see a dead letter's origin (RocketMQ's own
 /// names for them).
-pub mod dead_letter_properties {
+pub(crate) mod dead_letter_properties {
     pub const ORIGIN_TOPIC: &str = "DLQ_ORIGIN_TOPIC";
-    pub const ORIGIN_MESSAGE_ID: &str = "DLQ_ORIGIN_MESSAGE_ID";
+    pub(crate) const ORIGIN_MESSAGE_ID: &str = "DLQ_ORIGIN_MESSAGE_ID";
 }
 
 /// A message as every front-end sees it.
@@ -166,10 +166,10 @@ pub fn derived_message_id(topic: &str, partition: i32, offset: i64) -> String {
 }
 
 /// Longest message id a lookup takes: RocketMQ's are 32 (4.x) or 34 (5.x) hex digits.
-pub const MESSAGE_ID_LEN_MAX: usize = 64;
+pub(crate) const MESSAGE_ID_LEN_MAX: usize = 64;
 
 /// Whether `id` can be a message id: hex digits, as every RocketMQ client and Weir itself make
-/// them, at most [`MESSAGE_ID_LEN_MAX`].
+/// them, at most `MESSAGE_ID_LEN_MAX`.
 pub fn is_message_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= MESSAGE_ID_LEN_MAX && id.bytes().all(|b| b.is_ascii_hexdigit())
 }

@@ -41,7 +41,7 @@ impl Broker {
         };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let logs = open_logs(&config, &clock)?;
-        let cluster = Cluster::new(config.broker_session_timeout_ms);
+        let cluster = Cluster::new();
         let (quorum, alone) = start_quorum(&config, &cluster, internal_listener.is_some(), &clock)?;
         // The server answers Raft messages at once, the rest once the broker is open.
         let opened: Arc<OnceLock<Weak<Broker>>> = Arc::new(OnceLock::new());

@@ -228,7 +228,7 @@ impl Partition {
     }
 
     /// `Some(message.delay.max.ms)` on a DELAY topic.
-    pub fn delay_max_ms(&self) -> Option<i64> {
+    pub(crate) fn delay_max_ms(&self) -> Option<i64> {
         Some(self.delay_max_ms.load(Ordering::Relaxed)).filter(|ms| *ms > 0)
     }
 
@@ -241,13 +241,13 @@ impl Partition {
     }
 
     /// Leading: is what this broker sends `replica` of this partition throttled?
-    pub fn throttles_for_leader(&self, state: &PartitionState, replica: i32) -> bool {
+    pub(crate) fn throttles_for_leader(&self, state: &PartitionState, replica: i32) -> bool {
         let lists = lock(&self.throttled_replicas);
         crate::throttle::is_throttled(state, self.index, replica, &lists.0, self.local_broker)
     }
 
     /// Following: is what this broker fetches for this partition throttled?
-    pub fn throttled_as_follower(&self) -> bool {
+    pub(crate) fn throttled_as_follower(&self) -> bool {
         let state = self.state();
         let lists = lock(&self.throttled_replicas);
         crate::throttle::is_throttled(&state, self.index, self.local_broker, &lists.1, self.local_broker)

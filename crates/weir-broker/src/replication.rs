@@ -136,7 +136,7 @@ pub(crate) const INTERNAL_REPLICATION_TIMEOUT: Duration = Duration::from_secs(5)
 
 impl Partition {
     /// More than one replica: the high watermark follows the ISR, not the local log.
-    pub fn is_replicated(&self) -> bool {
+    pub(crate) fn is_replicated(&self) -> bool {
         self.state().replicas.len() > 1
     }
 
@@ -326,7 +326,7 @@ impl Partition {
     /// Waits until the ISR has every offset below `end_offset`, written by this broker as leader
     /// at `leader_epoch` (`acks=all`). Fails when leadership moves first, when the ISR is below
     /// `min.insync.replicas` once it has it, or at `deadline`.
-    pub async fn wait_replicated(
+    pub(crate) async fn wait_replicated(
         &self,
         end_offset: i64,
         leader_epoch: i32,
@@ -402,7 +402,7 @@ impl Partition {
     }
 
     /// The highest high watermark a leader told this broker (as a follower, in this process).
-    pub fn known_high_watermark(&self) -> i64 {
+    pub(crate) fn known_high_watermark(&self) -> i64 {
         weir_storage::sync::lock(&self.replication).known_high_watermark
     }
 }

@@ -13,7 +13,7 @@ use crate::metadata::MetadataState;
 
 /// This broker's two budgets, with the rates the metadata gives it.
 #[derive(Debug, Default)]
-pub struct ReplicationQuotas {
+pub(crate) struct ReplicationQuotas {
     /// What this broker, leading, sends to throttled followers.
     pub leader: Quota,
     /// What this broker, following, fetches for its throttled replicas.
@@ -30,7 +30,7 @@ impl ReplicationQuotas {
 /// A byte budget that refills at a rate (a token bucket holding at most one second of it).
 /// Without a rate it is never exceeded.
 #[derive(Debug)]
-pub struct Quota {
+pub(crate) struct Quota {
     bucket: Mutex<Bucket>,
 }
 
@@ -49,15 +49,11 @@ impl Default for Quota {
 }
 
 impl Quota {
-    pub fn set_rate(&self, rate: Option<u64>) {
+    pub(crate) fn set_rate(&self, rate: Option<u64>) {
         let mut bucket = lock(&self.bucket);
         if bucket.rate != rate {
             *bucket = Bucket { rate, tokens: rate.unwrap_or(0) as f64, refilled: Instant::now() };
         }
-    }
-
-    pub fn rate(&self) -> Option<u64> {
-        lock(&self.bucket).rate
     }
 
     /// Is the budget spent (throttled replicas must wait)?

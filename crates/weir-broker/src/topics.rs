@@ -103,16 +103,6 @@ impl Broker {
         }
     }
 
-    /// [`Broker::ensure_internal_topic`] from blocking code.
-    pub fn ensure_internal_topic_blocking(
-        self: &Arc<Self>,
-        name: &str,
-        partitions: i32,
-        configs: BTreeMap<String, String>,
-    ) -> Result<TopicMetadata, BrokerError> {
-        crate::runtime::block_on(self.ensure_internal_topic(name, partitions, configs))?
-    }
-
     /// Deletes a topic by name or id.
     pub async fn delete_topic(
         self: &Arc<Self>,

@@ -27,7 +27,7 @@ use crate::error::{BrokerError, ErrorKind};
 /// What crosses the wire: the answer, and the metadata offset the asking node must have applied
 /// to see the decision's effects.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ControlResponse {
+pub(crate) struct ControlResponse {
     pub applied_offset: i64,
     pub answer: Result<ControlAnswer, BrokerError>,
 }
@@ -79,7 +79,7 @@ impl Broker {
 
     /// [`Broker::control`] from blocking code (a `spawn_blocking` thread or a worker thread of
     /// a multi-threaded runtime).
-    pub fn control_blocking(self: &Arc<Self>, request: ControlRequest) -> Result<ControlAnswer, BrokerError> {
+    pub(crate) fn control_blocking(self: &Arc<Self>, request: ControlRequest) -> Result<ControlAnswer, BrokerError> {
         crate::runtime::block_on(self.control(request))?
     }
 

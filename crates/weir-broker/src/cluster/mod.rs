@@ -8,7 +8,7 @@
 //!   Raft messages, control requests forwarded to the active controller ([`control`]), and the
 //!   methods other parts of the broker register ([`Cluster::register_service`]), such as the
 //!   transaction coordinator's markers to partitions led elsewhere.
-//! - Each broker **registers** with the controller and **heartbeats** ([`lifecycle`]); the
+//! - Each broker **registers** with the controller and **heartbeats** (`lifecycle`); the
 //!   controller fences a broker whose session times out and unfences it once it heartbeats
 //!   again and has applied the metadata up to its registration ([`controller`], which runs the
 //!   decisions of the `weir-controller` crate). A fenced
@@ -23,7 +23,7 @@
 
 pub mod control;
 pub mod controller;
-pub mod lifecycle;
+pub(crate) mod lifecycle;
 pub mod rpc;
 pub(crate) mod server;
 pub mod standing;
@@ -42,7 +42,7 @@ use uuid::Uuid;
 use weir_rpc::{Handler, RpcClient};
 use weir_storage::sync::{lock, read, write};
 
-pub use standing::Lifecycle;
+pub(crate) use standing::Lifecycle;
 pub use status::{ClusterStatus, NodeInfo, QuorumMembership};
 pub use weir_controller::brokers::Sessions;
 pub use weir_controller::request::{ControlAnswer, ControlRequest, HeartbeatAnswer};
@@ -52,9 +52,9 @@ pub use weir_rpc::{decode_json, encode_json, BoxFuture as RpcFuture, Handler as 
 /// RPC method names of the cluster's own requests (Raft's are in `metadata::raft::network`).
 pub mod methods {
     /// A [`ControlRequest`](super::ControlRequest) for the active controller.
-    pub const CONTROL: &str = "control";
+    pub(crate) const CONTROL: &str = "control";
     /// What a node knows of itself, for `weir cluster info` (see `NodeStatus`).
-    pub const NODE_STATUS: &str = "cluster.node_status";
+    pub(crate) const NODE_STATUS: &str = "cluster.node_status";
 }
 
 /// The cluster side of a broker: the internal RPC client, the services it serves, this
@@ -66,7 +66,7 @@ pub struct Cluster {
     /// Methods served over the internal RPC besides Raft's and the control requests, by the
     /// prefix before their first `.` (`txn` for `txn.write_markers`).
     services: RwLock<HashMap<String, Arc<dyn Handler>>>,
-    pub lifecycle: Lifecycle,
+    pub(crate) lifecycle: Lifecycle,
     pub sessions: Mutex<Sessions>,
     /// Stops the RPC server; the task ends when it has drained.
     pub(crate) server: Mutex<Option<rpc::ServerHandle>>,
@@ -75,12 +75,12 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub(crate) fn new(session_timeout_ms: u64) -> Cluster {
+    pub(crate) fn new() -> Cluster {
         Cluster {
             rpc: RpcClient::new(weir_rpc::ClientConfig::default()),
             incarnation: Uuid::new_v4(),
             services: RwLock::new(HashMap::new()),
-            lifecycle: Lifecycle::new(session_timeout_ms),
+            lifecycle: Lifecycle::new(),
             sessions: Mutex::new(Sessions::default()),
             server: Mutex::new(None),
             next_voter: AtomicUsize::new(0),

@@ -1,6 +1,6 @@
 //! The broker's standing with the controller, as its last answers left it: whether it may lead,
 //! and how long ago a heartbeat was acknowledged. The rounds that update it are
-//! [`lifecycle`](super::lifecycle)'s.
+//! `lifecycle`'s.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -11,8 +11,7 @@ use weir_storage::sync::lock;
 use crate::error::{BrokerError, ErrorKind};
 
 /// The broker's own view of its standing with the controller.
-pub struct Lifecycle {
-    session_timeout: Duration,
+pub(crate) struct Lifecycle {
     state: Mutex<Standing>,
     /// `!fenced` of the last answer, once there is one: read by every client append, so an
     /// atomic rather than the mutex. Written only together with `state`.
@@ -31,9 +30,8 @@ struct Standing {
 }
 
 impl Lifecycle {
-    pub(crate) fn new(session_timeout_ms: u64) -> Lifecycle {
+    pub(crate) fn new() -> Lifecycle {
         Lifecycle {
-            session_timeout: Duration::from_millis(session_timeout_ms),
             state: Mutex::new(Standing { fenced: true, last_ack: None }),
             may_lead: AtomicBool::new(false),
             registration_failing: AtomicBool::new(false),
@@ -53,18 +51,12 @@ impl Lifecycle {
     }
 
     /// How long ago the controller last acknowledged a heartbeat; `None` before the first.
-    pub fn since_last_ack(&self) -> Option<Duration> {
+    pub(crate) fn since_last_ack(&self) -> Option<Duration> {
         lock(&self.state).last_ack.map(|at| at.elapsed())
     }
 
-    /// True when no heartbeat was acknowledged for a session timeout (the controller has
-    /// probably fenced this broker, or lost its majority).
-    pub fn out_of_touch(&self) -> bool {
-        self.since_last_ack().is_none_or(|since| since > self.session_timeout)
-    }
-
     /// Ok while the broker may lead; the error a write gets otherwise.
-    pub fn check_may_lead(&self, node_id: i32) -> Result<(), BrokerError> {
+    pub(crate) fn check_may_lead(&self, node_id: i32) -> Result<(), BrokerError> {
         if self.may_lead() {
             return Ok(());
         }

@@ -203,7 +203,7 @@ pub struct PartitionMetrics {
     /// Bytes of record batches appended by producers (as stored).
     pub bytes_in: Counter,
     /// Records appended by producers (the batches' record counts).
-    pub messages_in: Counter,
+    pub(crate) messages_in: Counter,
     /// Bytes of record batches put into Fetch responses.
     pub bytes_out: Counter,
 }

@@ -12,10 +12,10 @@ use super::text::{Exposition, Kind};
 
 /// What one scrape read; `None` where a source was missing or unreadable.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct ProcessStats {
+pub(crate) struct ProcessStats {
     pub cpu_seconds: Option<f64>,
-    pub resident_memory_bytes: Option<u64>,
-    pub virtual_memory_bytes: Option<u64>,
+    pub(crate) resident_memory_bytes: Option<u64>,
+    pub(crate) virtual_memory_bytes: Option<u64>,
     pub threads: Option<u64>,
     pub open_fds: Option<u64>,
     pub max_fds: Option<u64>,

@@ -88,7 +88,7 @@ impl Display for Value {
 }
 
 /// Label name and value; any `Display` value (strings, integers) is escaped as it is written.
-pub type Label<'a> = (&'a str, &'a dyn Display);
+pub(crate) type Label<'a> = (&'a str, &'a dyn Display);
 
 /// Writes label values with `\`, `"` and line feed escaped.
 struct Escaped<'a>(&'a mut String);
@@ -136,7 +136,7 @@ impl Exposition {
     }
 
     /// A sample named `name` + `suffix` (`_sum`, `_count`, `_bucket`).
-    pub fn sample_suffixed(&mut self, name: &str, suffix: &str, labels: &[Label<'_>], value: impl Into<Value>) {
+    pub(crate) fn sample_suffixed(&mut self, name: &str, suffix: &str, labels: &[Label<'_>], value: impl Into<Value>) {
         debug_assert!(
             self.current.is_some_and(|(family, kind)| family == name && kind.suffixes().contains(&suffix)),
             "sample {name}{suffix} outside its family"
