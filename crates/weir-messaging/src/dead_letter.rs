@@ -24,7 +24,7 @@ pub use weir_controller::topics::DEAD_LETTER_PREFIX;
 
 /// The dead-letter topic of `group`: `%DLQ%<group>`, with each character a topic name cannot
 /// hold replaced by `_`.
-pub fn dead_letter_topic(group: &str) -> String {
+pub(crate) fn dead_letter_topic(group: &str) -> String {
     let safe: String =
         group.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
     let mut name = format!("{DEAD_LETTER_PREFIX}{safe}");
@@ -33,7 +33,7 @@ pub fn dead_letter_topic(group: &str) -> String {
 }
 
 /// The dead letter of `record`, read from `topic`-`partition`, after `attempts` deliveries.
-pub fn dead_letter_record(topic: &str, partition: i32, record: &Record, attempts: u32, now_ms: i64) -> Record {
+pub(crate) fn dead_letter_record(topic: &str, partition: i32, record: &Record, attempts: u32, now_ms: i64) -> Record {
     let mut letter = Record::new(now_ms, record.key.clone(), record.value.clone());
     letter.headers = record.headers.iter().filter(|h| !is_origin_header(&h.name)).cloned().collect();
     let text = |value: String| Some(Bytes::from(value));
@@ -58,7 +58,7 @@ fn is_origin_header(name: &str) -> bool {
 
 /// Moves `record` of `topic`-`partition` to the dead-letter topic of `group` after `attempts`
 /// deliveries; returns its offset there. The caller then marks the original done.
-pub async fn dead_letter(
+pub(crate) async fn dead_letter(
     broker: &Arc<Broker>,
     group: &str,
     topic: &str,

@@ -20,7 +20,7 @@
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
-pub mod dead_letter;
+pub(crate) mod dead_letter;
 pub mod half;
 pub mod message_index;
 mod metrics;
@@ -46,11 +46,11 @@ pub struct Messaging {
     /// Delayed messages until they are due; they fire once [`Messaging::start`] is called.
     pub timer: Arc<TimerStore>,
     /// RocketMQ transactional messages until decided.
-    pub half: Arc<HalfStore>,
+    pub(crate) half: Arc<HalfStore>,
     /// Each group's invisible-time consumption of the partitions this broker leads.
-    pub pop: Arc<PopStore>,
+    pub(crate) pop: Arc<PopStore>,
     /// Messages by key and id, for queries; kept up to date once [`Messaging::start`] is called.
-    pub message_index: MessageIndex,
+    pub(crate) message_index: MessageIndex,
 }
 
 impl Messaging {

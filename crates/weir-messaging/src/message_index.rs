@@ -1,19 +1,19 @@
 //! An index of messages by key and message id, per partition, for queries (RocketMQ's
 //! IndexFile): which offsets hold a message with key K, or with id I.
 //!
-//! A background thread ([`MessageIndex::start`]) tails every local partition of the topics with
+//! A background thread (`MessageIndex::start`) tails every local partition of the topics with
 //! `message.index.enable` (leaders and followers alike, so a new leader can answer at once),
 //! from where it stopped up to the high watermark, and records for each message a 64-bit hash
 //! of each of its keys (`weir.key` headers), of its message id (`weir.message-id`) and of its
 //! tag (`weir.tag`), with its offset and timestamp. Messages are queryable a moment after they
 //! are committed. The tag entries are RocketMQ's ConsumeQueue tag codes: a receive with a tag
-//! filter reads only the batches holding a matching message ([`MessageIndex::tagged_offsets`]).
+//! filter reads only the batches holding a matching message (`MessageIndex::tagged_offsets`).
 //!
 //! Layout, under `<data>/message-index/<topic>-<partition>/`: entries collect in memory until
-//! [`CHUNK_ENTRIES`] of them, then are sorted by hash and written as one immutable chunk file
+//! `CHUNK_ENTRIES` of them, then are sorted by hash and written as one immutable chunk file
 //! named by the offsets it covers (written to a temporary name, then renamed), with the topic
 //! id, the offset and time range it covers and a CRC of its entries. A lookup binary-searches
-//! each chunk. The index is bounded: a partition keeps at most [`MAX_CHUNKS`] chunks (the
+//! each chunk. The index is bounded: a partition keeps at most `MAX_CHUNKS` chunks (the
 //! oldest go first), and chunks wholly below the log start offset are deleted.
 //!
 //! Invariants and recovery: the chunks of a partition cover contiguous offset ranges from the
@@ -45,11 +45,11 @@ use weir_broker::message::headers;
 use weir_broker::partition::Partition;
 
 /// The directory under the data directory.
-pub const INDEX_DIR: &str = "message-index";
+pub(crate) const INDEX_DIR: &str = "message-index";
 /// Entries per chunk file (24 bytes each: a chunk is at most 384 KiB plus its header).
-pub const CHUNK_ENTRIES: usize = 16_384;
+pub(crate) const CHUNK_ENTRIES: usize = 16_384;
 /// Chunks a partition keeps at most: about 4 million entries, 96 MiB.
-pub const MAX_CHUNKS: usize = 256;
+pub(crate) const MAX_CHUNKS: usize = 256;
 /// How often the indexer looks for new messages.
 const PASS_INTERVAL: Duration = Duration::from_millis(200);
 /// Bytes of log one read takes, and one partition's share of one pass (so a partition with a
@@ -375,7 +375,7 @@ type SharedIndex = Arc<Mutex<PartitionIndex>>;
 
 /// Every partition's index, and the thread that keeps them up to date.
 #[derive(Debug)]
-pub struct MessageIndex {
+pub(crate) struct MessageIndex {
     root: PathBuf,
     /// By (topic, partition).
     partitions: Mutex<HashMap<(String, i32), SharedIndex>>,
@@ -493,7 +493,7 @@ impl MessageIndex {
     /// matching message below it and at or after `from` is among the offsets, or past the
     /// last of them when `limit` cut the list short). `None` without an index of the
     /// partition. Candidates share a hash, not necessarily the tag: the caller checks them.
-    pub fn tagged_offsets(
+    pub(crate) fn tagged_offsets(
         &self,
         topic: &str,
         partition: i32,

@@ -7,14 +7,14 @@
 //!   sweep that appends committed messages, checks open transactions and rolls back those
 //!   checked too often. How to reach a producer is a front-end's ([`TransactionChecker`]: the
 //!   RocketMQ front-end owns the producers' Telemetry streams);
-//! - this module: [`HalfStore`], the messages and their state on disk.
+//! - this module: `HalfStore`, the messages and their state on disk.
 //!
 //! - **Bodies:** `<data>/half/log/`, a log of the storage engine local to this broker: the
 //!   message as it will be appended, acknowledged as durably as the broker's `flush.policy`
 //!   promises.
 //! - **State:** `<data>/half/journal.jsonl`: one JSON line per change (added, checked,
 //!   committing, done), written before the call is answered; start-up replays it, ignoring a
-//!   torn last line. When it passes [`COMPACT_AFTER_BYTES`] it is rewritten with only what is
+//!   torn last line. When it passes `COMPACT_AFTER_BYTES` it is rewritten with only what is
 //!   pending (a new file, fsynced, renamed over the old one).
 //! - **Commit** writes `committing` first, then appends the message to its topic, then `done`.
 //!   A crash in between leaves it `committing`: it is appended again at start-up (or by the
@@ -39,10 +39,10 @@ use weir_storage::{Clock, DeletionQueue, FlushPolicy, Log, LogConfig, OpenOption
 use weir_broker::{BrokerError, ErrorKind};
 
 /// The journal is rewritten once it is this large.
-pub const COMPACT_AFTER_BYTES: u64 = 16 << 20;
+pub(crate) const COMPACT_AFTER_BYTES: u64 = 16 << 20;
 
 /// Most half messages pending on one broker; a transactional send beyond gets an error.
-pub const MAX_PENDING: usize = 1_000_000;
+pub(crate) const MAX_PENDING: usize = 1_000_000;
 
 /// One open transaction's message.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -53,7 +53,7 @@ pub struct Pending {
     /// How many times the producer was asked.
     pub checks: u32,
     /// When to ask it (next).
-    pub check_at_ms: i64,
+    pub(crate) check_at_ms: i64,
     /// Committed by the producer, not yet appended to its topic.
     #[serde(default)]
     pub committing: bool,
@@ -72,11 +72,11 @@ enum Line {
 pub enum Decision {
     /// Rolled back: the message is gone.
     RolledBack,
-    /// Committed: append `record` to `topic`, then call [`HalfStore::done`] with `offset`.
+    /// Committed: append `record` to `topic`, then call `HalfStore::done` with `offset`.
     Commit { offset: i64, topic: String, record: Record },
 }
 
-pub struct HalfStore {
+pub(crate) struct HalfStore {
     dir: PathBuf,
     log: Log,
     deletion_queue: Arc<DeletionQueue>,
@@ -111,7 +111,7 @@ fn rand_u64() -> u64 {
 }
 
 /// The offset a transaction id names (`None` for one this store did not make).
-pub fn offset_of(transaction_id: &str) -> Option<i64> {
+pub(crate) fn offset_of(transaction_id: &str) -> Option<i64> {
     if transaction_id.len() != 32 || !transaction_id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
@@ -271,7 +271,7 @@ impl HalfStore {
     }
 
     /// Open transactions due for a check at `now_ms` (not committing), oldest first.
-    pub fn due_checks(&self, now_ms: i64, limit: usize) -> Vec<(i64, Pending)> {
+    pub(crate) fn due_checks(&self, now_ms: i64, limit: usize) -> Vec<(i64, Pending)> {
         lock(&self.inner)
             .pending
             .iter()
@@ -283,7 +283,7 @@ impl HalfStore {
 
     /// Committed transactions whose message is not in its topic yet and that nobody is
     /// appending: the caller now is (then [`HalfStore::done`] or [`HalfStore::release`]).
-    pub fn claim_committing(&self) -> Vec<(i64, Pending)> {
+    pub(crate) fn claim_committing(&self) -> Vec<(i64, Pending)> {
         let mut inner = lock(&self.inner);
         let claimed: Vec<(i64, Pending)> = inner
             .pending
@@ -321,7 +321,7 @@ impl HalfStore {
     }
 
     /// How many transactions are open.
-    pub fn pending_count(&self) -> usize {
+    pub(crate) fn pending_count(&self) -> usize {
         lock(&self.inner).pending.len()
     }
 
@@ -337,7 +337,7 @@ impl HalfStore {
     }
 
     /// Trims the log below the oldest pending message; flushes on the `interval` policy.
-    pub fn maintain(&self) {
+    pub(crate) fn maintain(&self) {
         let min = lock(&self.inner).pending.keys().next().copied().unwrap_or_else(|| self.log.log_end_offset());
         if min > self.log.log_start_offset() {
             if let Err(e) = self.log.delete_records_before(min).and_then(|_| self.log.apply_retention()) {

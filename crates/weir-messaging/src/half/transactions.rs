@@ -1,4 +1,4 @@
-//! Transactional messages over the [`HalfStore`]: a front-end prepares a message (stored
+//! Transactional messages over the `HalfStore`: a front-end prepares a message (stored
 //! invisible, answered with its transaction id) and ends its transaction (committed: appended to
 //! its topic; rolled back: gone). A transaction left open is checked with a producer of its
 //! topic: the first check comes after the message's own recovery time, else
@@ -24,7 +24,7 @@ use weir_broker::{Broker, BrokerError, ErrorKind};
 use crate::Messaging;
 
 /// How often open transactions are looked at.
-pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Most transactions checked in one sweep; the rest wait for the next.
 const CHECKS_PER_SWEEP_MAX: usize = 1024;
@@ -67,8 +67,8 @@ pub struct TransactionalMessages {
 }
 
 impl TransactionalMessages {
-    /// Starts the sweep over the half messages ([`Messaging::half`]); it runs every
-    /// [`SWEEP_INTERVAL`] until the broker shuts down, the first time at once (committed
+    /// Starts the sweep over the half messages (`Messaging::half`); it runs every
+    /// `SWEEP_INTERVAL` until the broker shuts down, the first time at once (committed
     /// messages a crash left unappended go to their topics now). Call within a tokio runtime.
     pub fn start(messaging: &Arc<Messaging>) -> Arc<TransactionalMessages> {
         let broker = &messaging.broker;

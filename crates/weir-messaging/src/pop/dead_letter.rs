@@ -16,12 +16,12 @@ use weir_broker::{BrokerError, ErrorKind};
 use crate::Messaging;
 
 /// How often every queue is looked at.
-pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Moves the messages of `key` that used up their `max_attempts` deliveries to the dead
 /// letters; returns how many moved. A message that cannot be moved now (the dead-letter topic's
 /// leader is away) stays in flight and is tried again later.
-pub async fn move_exhausted(messaging: &Arc<Messaging>, key: &QueueKey, max_attempts: u32) -> usize {
+pub(crate) async fn move_exhausted(messaging: &Arc<Messaging>, key: &QueueKey, max_attempts: u32) -> usize {
     let mut moved = 0;
     for (offset, inflight) in messaging.pop.exhausted(key, messaging.broker.now_ms(), max_attempts) {
         match move_one(messaging, key, offset, inflight).await {

@@ -1,6 +1,6 @@
 //! The invisible-time engine: what a front-end calls to consume by invisible time (receive,
 //! ack, change of invisible time, giving up on a message), and the tasks that keep the state
-//! moving without a call: the dead-letter sweep ([`super::dead_letter`]), the renewer of held
+//! moving without a call: the dead-letter sweep (`super::dead_letter`), the renewer of held
 //! messages ([`super::renew`]) and the progress mirror ([`super::progress`]).
 //!
 //! A front-end names a delivery by (queue, offset, nonce) and presents it to its clients as it
@@ -28,7 +28,7 @@ pub struct PopEngine {
 }
 
 impl PopEngine {
-    /// The engine over the queue states ([`Messaging::pop`]), with its tasks started; they end
+    /// The engine over the queue states (`Messaging::pop`), with its tasks started; they end
     /// when the broker shuts down. Call within a tokio runtime.
     pub fn start(messaging: &Arc<Messaging>, groups: &Arc<GroupCoordinator>) -> Arc<PopEngine> {
         let renewals = Arc::new(Renewals::default());

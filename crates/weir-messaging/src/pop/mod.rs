@@ -6,20 +6,20 @@
 //! - [`engine`]: [`PopEngine`], what front-ends call (receive, ack, change of invisible time,
 //!   giving up) and the tasks it starts;
 //! - [`receive`]: which messages a receive picks, with long polling; [`filter`]: by tag;
-//! - [`state`]: one queue's state for one group ([`QueueState`], FIFO parking included);
-//! - [`dead_letter`]: exhausted messages to the dead letters, on receive and every second;
+//! - [`state`]: one queue's state for one group (`QueueState`, FIFO parking included);
+//! - `dead_letter`: exhausted messages to the dead letters, on receive and every second;
 //! - [`renew`]: held messages kept invisible while their client lives;
 //! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
 //! - [`reset`]: a group's position moved from outside;
-//! - [`store`]: [`PopStore`], every queue state and the journal that keeps them.
+//! - [`store`]: `PopStore`, every queue state and the journal that keeps them.
 //!
-//! The state of each (group, topic, partition) is a [`QueueState`]. It lives on the broker
+//! The state of each (group, topic, partition) is a `QueueState`. It lives on the broker
 //! leading the partition and is durable in a journal in the data directory ([`DIR`]): every
 //! change appends what changed (the queue's position and the in-flight entries set or
 //! removed) as one JSON line before the call is answered, so a line stays small however many
 //! messages are out or waiting, and a `kill -9` loses nothing acknowledged (the page cache keeps the write; a power cut may
 //! undo the last second's acks, which then come back as redeliveries, never as losses). When
-//! the journal grows past [`COMPACT_AFTER_BYTES`], the states are written to a snapshot and
+//! the journal grows past `COMPACT_AFTER_BYTES`, the states are written to a snapshot and
 //! the journal starts again. Start-up reads the snapshot, then the journal; a torn last line
 //! (a crash mid-write) is ignored, which only redelivers.
 //!
@@ -30,7 +30,7 @@
 //! `kafka-consumer-groups.sh --reset-offsets` move it: [`reset`] does it where each partition
 //! is led.
 
-pub mod dead_letter;
+pub(crate) mod dead_letter;
 pub mod engine;
 pub mod filter;
 pub mod progress;
@@ -43,5 +43,6 @@ pub mod store;
 pub use engine::{HandleResult, PopEngine};
 pub use filter::TagFilter;
 pub use receive::{Delivery, ReceiveRequest};
-pub use state::{HandleError, Inflight, QueueState};
+pub use state::HandleError;
+pub(crate) use state::{Inflight, QueueState};
 pub use store::*;

@@ -1,9 +1,9 @@
 //! Groups' invisible-time progress as Kafka committed offsets, so that Kafka's tools and `weir
 //! group describe` show how far a RocketMQ consumer group got, and its lag.
 //!
-//! Every [`INTERVAL`], each queue's done-below offset (every message before it acked or
+//! Every `INTERVAL`, each queue's done-below offset (every message before it acked or
 //! filtered out) that moved is committed for its group as a standalone commit (generation -1,
-//! metadata [`METADATA`]), as `kafka-consumer-groups.sh` commits. The invisible-time state stays
+//! metadata `METADATA`), as `kafka-consumer-groups.sh` commits. The invisible-time state stays
 //! the truth for its consumers; the commit only mirrors it. A group that also has Kafka members
 //! refuses standalone commits: it is skipped until it has none. In a cluster, a group
 //! coordinated by another broker is skipped too (not yet forwarded).
@@ -17,10 +17,10 @@ use crate::Messaging;
 use weir_coordinators::group::{CommitParams, GroupCoordinator, OffsetToCommit};
 
 /// How often progress is committed.
-pub const INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const INTERVAL: Duration = Duration::from_secs(5);
 /// The commit metadata that tells these commits apart (named when RocketMQ was the only
 /// protocol consuming by invisible time; kept so that existing commits still read as these).
-pub const METADATA: &str = "rocketmq";
+pub(crate) const METADATA: &str = "rocketmq";
 
 /// Starts the committer; it ends when the broker shuts down (or it or the coordinator is
 /// dropped).
@@ -46,7 +46,11 @@ pub(crate) fn start(messaging: &Arc<Messaging>, groups: &Arc<GroupCoordinator>) 
 
 /// Commits every queue's progress that moved since it was last committed (`committed`, which
 /// it updates).
-pub async fn commit_moved(groups: &Arc<GroupCoordinator>, store: &PopStore, committed: &mut HashMap<QueueKey, i64>) {
+pub(crate) async fn commit_moved(
+    groups: &Arc<GroupCoordinator>,
+    store: &PopStore,
+    committed: &mut HashMap<QueueKey, i64>,
+) {
     let mut by_group: BTreeMap<String, Vec<(QueueKey, i64)>> = BTreeMap::new();
     for (key, done_below) in store.progress() {
         // A broadcasting consumer's own progress is no group's.

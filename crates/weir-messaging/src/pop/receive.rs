@@ -7,8 +7,8 @@
 //! time ran out (one delivery attempt higher), then new ones from the group's position,
 //! skipping what the [`TagFilter`] filters out; with nothing to hand out it waits for an
 //! append, for an in-flight message to become visible again, or for its deadline. Messages that
-//! used up their deliveries go to the dead letters first ([`super::dead_letter`]). Receives of
-//! one queue for one group take turns ([`ReceiveTurns`]), so two consumers never get the same
+//! used up their deliveries go to the dead letters first (`super::dead_letter`). Receives of
+//! one queue for one group take turns (`ReceiveTurns`), so two consumers never get the same
 //! message at once.
 //!
 //! New messages are read in growing steps ([`FIRST_READ_BYTES`], four times more each step, at
@@ -107,7 +107,7 @@ pub struct Delivery {
 
 /// Receives take turns per queue and group.
 #[derive(Default)]
-pub struct ReceiveTurns(Mutex<HashMap<QueueKey, Arc<tokio::sync::Mutex<()>>>>);
+pub(crate) struct ReceiveTurns(Mutex<HashMap<QueueKey, Arc<tokio::sync::Mutex<()>>>>);
 
 impl ReceiveTurns {
     fn of(&self, key: &QueueKey) -> Arc<tokio::sync::Mutex<()>> {

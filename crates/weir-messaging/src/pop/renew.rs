@@ -9,7 +9,7 @@
 //! shortly before it runs out, keeping its receipt valid. Renewal stops when the message is
 //! acked or its invisible duration changed, when the client says it terminates or stops calling
 //! for [`CALLER_SILENCE_MS_MAX`](weir_coordinators::group::clients::CALLER_SILENCE_MS_MAX), and after
-//! [`MAX_RENEWAL`] in all: then the message comes back after its current slice, as any unacked
+//! `MAX_RENEWAL` in all: then the message comes back after its current slice, as any unacked
 //! one. Renewals live in memory: after a restart, a message held by a client comes back when
 //! its last slice ends.
 
@@ -28,7 +28,7 @@ use weir_coordinators::group::GroupCoordinator;
 /// names none.
 pub const DEFAULT_SLICE: Duration = Duration::from_secs(60);
 /// The longest a message is renewed for (RocketMQ's proxy stops after 3 hours).
-pub const MAX_RENEWAL: Duration = Duration::from_secs(3 * 3600);
+pub(crate) const MAX_RENEWAL: Duration = Duration::from_secs(3 * 3600);
 /// How often the renewer looks.
 const TICK: Duration = Duration::from_millis(250);
 
@@ -42,7 +42,7 @@ struct Renewal {
 
 /// The messages being renewed, by queue and offset.
 #[derive(Debug, Default)]
-pub struct Renewals {
+pub(crate) struct Renewals {
     held: Mutex<HashMap<(QueueKey, i64), Renewal>>,
 }
 

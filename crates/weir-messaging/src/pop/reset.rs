@@ -4,7 +4,7 @@
 //! internal RPC (`pop.reset`).
 //!
 //! A reset needs no pause of the group's consumers, as in RocketMQ: a receive racing it hands out
-//! nothing of what it read before the reset (see [`super::state::QueueState::resets`]), and the
+//! nothing of what it read before the reset (see `super::state::QueueState::resets`), and the
 //! handles of earlier deliveries go stale.
 
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! The invisible-time state of one queue (partition) for one group: which offsets are out with
 //! a consumer, until when, and how often they were delivered.
 //!
-//! Invariants (checked by [`QueueState::check`] in debug builds and by the property tests):
+//! Invariants (checked by `QueueState::check` in debug builds and by the property tests):
 //! - `done_below <= next`;
 //! - every in-flight offset is in `done_below..next`, and `done_below` is the smallest of them
 //!   when there is one (else `next`);
@@ -21,9 +21,9 @@ use std::collections::BTreeMap;
 
 /// One delivered, unacknowledged message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Inflight {
+pub(crate) struct Inflight {
     /// When it becomes visible again (milliseconds since the epoch).
-    pub visible_at_ms: i64,
+    pub(crate) visible_at_ms: i64,
     /// How many times it was delivered (1 on the first delivery).
     pub attempt: u32,
     /// The delivery's nonce: a receipt handle names it, so a handle from an earlier delivery
@@ -36,17 +36,17 @@ pub struct Inflight {
 }
 
 /// A parked FIFO message's `visible_at_ms`: never, until released.
-pub const PARKED: i64 = i64::MAX;
+pub(crate) const PARKED: i64 = i64::MAX;
 
 /// The hash of a message group that FIFO consumption orders by (FNV-1a: stable across builds).
 /// Two groups of one hash are ordered together, which costs parallelism, never order.
-pub fn group_hash(group: &[u8]) -> u64 {
+pub(crate) fn group_hash(group: &[u8]) -> u64 {
     group.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 impl Inflight {
     /// A FIFO message waiting for the one before it in its group.
-    pub fn is_parked(&self) -> bool {
+    pub(crate) fn is_parked(&self) -> bool {
         self.attempt == 0 && self.visible_at_ms == PARKED
     }
 }
@@ -61,13 +61,13 @@ pub enum HandleError {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct QueueState {
+pub(crate) struct QueueState {
     /// Every offset below is done.
-    pub done_below: i64,
+    pub(crate) done_below: i64,
     /// The first offset never examined: where the next read of new messages starts. It only
     /// grows, except by a reset.
     pub next: i64,
-    pub inflight: BTreeMap<i64, Inflight>,
+    pub(crate) inflight: BTreeMap<i64, Inflight>,
     /// How often this state was reset ([`QueueState::reset_to`]) since the broker started.
     /// A receive reads the state, reads the log, then updates the state; one whose state was
     /// reset in between hands out nothing from what it read. Not kept on disk: it only has
@@ -78,7 +78,7 @@ pub struct QueueState {
 
 impl QueueState {
     /// A queue whose consumption starts at `offset`.
-    pub fn starting_at(offset: i64) -> QueueState {
+    pub(crate) fn starting_at(offset: i64) -> QueueState {
         QueueState { done_below: offset, next: offset, inflight: BTreeMap::new(), resets: 0 }
     }
 
@@ -114,19 +114,26 @@ impl QueueState {
     }
 
     /// When the next in-flight message becomes visible again, if any is in flight.
-    pub fn next_expiry_ms(&self) -> Option<i64> {
+    pub(crate) fn next_expiry_ms(&self) -> Option<i64> {
         self.inflight.values().map(|i| i.visible_at_ms).min()
     }
 
     /// Records a delivery of `offset`: a first one (it must be at or after `next`, which moves
     /// past it) or a redelivery of an in-flight offset (its attempt counts up).
+    #[cfg(test)]
     pub fn deliver(&mut self, offset: i64, visible_at_ms: i64, nonce: u64) -> Inflight {
         self.deliver_in_group(offset, visible_at_ms, nonce, None)
     }
 
     /// [`QueueState::deliver`] of a message of FIFO group `group` (a first delivery; a
     /// redelivery keeps the group it had).
-    pub fn deliver_in_group(&mut self, offset: i64, visible_at_ms: i64, nonce: u64, group: Option<u64>) -> Inflight {
+    pub(crate) fn deliver_in_group(
+        &mut self,
+        offset: i64,
+        visible_at_ms: i64,
+        nonce: u64,
+        group: Option<u64>,
+    ) -> Inflight {
         let (attempt, group) = match self.inflight.get(&offset) {
             Some(previous) => (previous.attempt + 1, previous.group),
             None => {
@@ -158,12 +165,12 @@ impl QueueState {
     }
 
     /// How many FIFO messages are parked.
-    pub fn parked_count(&self) -> usize {
+    pub(crate) fn parked_count(&self) -> usize {
         self.inflight.values().filter(|i| i.is_parked()).count()
     }
 
     /// The groups with an active message.
-    pub fn active_groups(&self) -> std::collections::HashSet<u64> {
+    pub(crate) fn active_groups(&self) -> std::collections::HashSet<u64> {
         self.inflight.values().filter(|i| !i.is_parked()).filter_map(|i| i.group).collect()
     }
 
@@ -186,7 +193,7 @@ impl QueueState {
 
     /// Everything below `offset` was examined and not delivered (filtered out, or no message):
     /// the next read starts there.
-    pub fn skip_to(&mut self, offset: i64) {
+    pub(crate) fn skip_to(&mut self, offset: i64) {
         if offset > self.next {
             self.next = offset;
             self.settle();
@@ -238,7 +245,7 @@ impl QueueState {
 
     /// The log lost everything below `log_start` (retention, DeleteRecords): those offsets are
     /// done, delivered or not.
-    pub fn truncate_below(&mut self, log_start: i64) {
+    pub(crate) fn truncate_below(&mut self, log_start: i64) {
         if log_start > self.done_below {
             let gone: Vec<Option<u64>> =
                 self.inflight.range(..log_start).map(|(_, i)| i.group).filter(Option::is_some).collect();

@@ -1,4 +1,4 @@
-//! [`PopStore`]: every queue state and the journal that keeps them (see the module above).
+//! `PopStore`: every queue state and the journal that keeps them (see the module above).
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -16,16 +16,16 @@ use weir_broker::error::{BrokerError, ErrorKind};
 pub const DIR: &str = "rocketmq-pop";
 
 /// The journal is compacted into a snapshot once it is this large.
-pub const COMPACT_AFTER_BYTES: u64 = 64 << 20;
+pub(crate) const COMPACT_AFTER_BYTES: u64 = 64 << 20;
 
 /// Most messages one queue may have in flight (delivered, not done) for one group; a receive
 /// beyond it gets only redeliveries. Bounds the state whatever consumers do.
-pub const MAX_INFLIGHT_PER_QUEUE: usize = 4096;
+pub(crate) const MAX_INFLIGHT_PER_QUEUE: usize = 4096;
 
 /// Most FIFO messages one queue may hold waiting behind their group's active message, for one
 /// group. Past it, the rest of the queue waits too: a message is never skipped. 65,536 entries
 /// of about 60 bytes: 4 MiB at most per queue and group.
-pub const MAX_PARKED_PER_QUEUE: usize = 65_536;
+pub(crate) const MAX_PARKED_PER_QUEUE: usize = 65_536;
 
 /// Which queue of which group (and, in a broadcasting group, of which consumer).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -102,7 +102,7 @@ impl Change {
 }
 
 /// Every queue state of this broker, and the journal that keeps them.
-pub struct PopStore {
+pub(crate) struct PopStore {
     dir: PathBuf,
     inner: Mutex<Inner>,
 }
@@ -254,7 +254,7 @@ impl PopStore {
     }
 
     /// Whether any queue of `group` has a state here (the group consumes by invisible time).
-    pub fn has_group(&self, group: &str) -> bool {
+    pub(crate) fn has_group(&self, group: &str) -> bool {
         lock(&self.inner).queues.keys().any(|k| k.group == group)
     }
 
@@ -264,7 +264,7 @@ impl PopStore {
     }
 
     /// When the next in-flight message of `key` becomes visible again (without copying the state).
-    pub fn next_expiry_ms(&self, key: &QueueKey) -> Option<i64> {
+    pub(crate) fn next_expiry_ms(&self, key: &QueueKey) -> Option<i64> {
         lock(&self.inner).queues.get(key).and_then(QueueState::next_expiry_ms)
     }
 
@@ -275,7 +275,7 @@ impl PopStore {
 
     /// The queues with a message whose invisible time ran out after at least `min_attempts`
     /// deliveries (the smallest `max.delivery.attempts` of any group to look at).
-    pub fn queues_with_expired(&self, now_ms: i64, min_attempts: u32) -> Vec<QueueKey> {
+    pub(crate) fn queues_with_expired(&self, now_ms: i64, min_attempts: u32) -> Vec<QueueKey> {
         lock(&self.inner)
             .queues
             .iter()
@@ -290,7 +290,7 @@ impl PopStore {
     }
 
     /// The delivery of `offset` in flight for `key`, if there is one.
-    pub fn get_inflight(&self, key: &QueueKey, offset: i64) -> Option<Inflight> {
+    pub(crate) fn get_inflight(&self, key: &QueueKey, offset: i64) -> Option<Inflight> {
         lock(&self.inner).queues.get(key).and_then(|q| q.inflight.get(&offset).copied())
     }
 

@@ -4,7 +4,7 @@
 //!
 //! - **The timer log** (`<data>/timer/log/`) is a log of the storage engine, local to this
 //!   broker: each scheduled message is a record as it will be appended to its topic, plus the
-//!   headers [`headers::TARGET_TOPIC`] (and [`headers::TARGET_PARTITION`] when the producer
+//!   headers `headers::TARGET_TOPIC` (and `headers::TARGET_PARTITION` when the producer
 //!   chose one), with its due time in `weir.delivery-timestamp`. A schedule is acknowledged once
 //!   it is in this log as durably as the broker's `flush.policy` promises (the page cache, which
 //!   survives `kill -9`, by default).
@@ -51,9 +51,9 @@ pub mod headers {
     /// The prefix of the timer's headers.
     pub const PREFIX: &str = "weir.timer.";
     /// The topic the message goes to.
-    pub const TARGET_TOPIC: &str = "weir.timer.topic";
+    pub(crate) const TARGET_TOPIC: &str = "weir.timer.topic";
     /// The partition the producer chose, when it chose one (decimal).
-    pub const TARGET_PARTITION: &str = "weir.timer.partition";
+    pub(crate) const TARGET_PARTITION: &str = "weir.timer.partition";
 }
 
 /// The segment size of the holding logs: what was dealt with stays on disk until its whole
@@ -147,7 +147,7 @@ pub struct TimerStats {
     /// Messages recalled before they came due.
     pub recalled: AtomicU64,
     /// The largest lateness of a fired message so far (firing time less due time), ms.
-    pub lateness_ms_max: AtomicI64,
+    pub(crate) lateness_ms_max: AtomicI64,
 }
 
 pub struct TimerStore {
@@ -585,7 +585,7 @@ impl TimerStore {
     }
 }
 
-/// A producer's batches for a DELAY topic, split by [`split_delayed`].
+/// A producer's batches for a DELAY topic, split by `split_delayed`.
 #[derive(Debug)]
 pub struct Split {
     /// The records whose delivery time is to come, for the timer.
@@ -624,7 +624,7 @@ impl weir_broker::delayed::DelayedRecords for Diversion {
     }
 }
 
-pub fn split_delayed(batches: &[u8], now_ms: i64, max_delay_ms: i64) -> Result<Option<Split>, BrokerError> {
+pub(crate) fn split_delayed(batches: &[u8], now_ms: i64, max_delay_ms: i64) -> Result<Option<Split>, BrokerError> {
     let decoded =
         records::decode_batches(batches).map_err(|e| BrokerError::new(ErrorKind::InvalidRecord, e.to_string()))?;
     let refuse = |message: String| Err(BrokerError::new(ErrorKind::InvalidRecord, message));

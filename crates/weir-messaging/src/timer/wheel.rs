@@ -19,7 +19,7 @@
 //!
 //! These are asserted in debug builds by `Wheel::check_invariants` after every change: no
 //! key waiting in memory is at or below `fired` (else it would be handed out again, or skipped
-//! by a restart), `fired` never goes back, a key handed to [`Wheel::fired`] was above it, and
+//! by a restart), `fired` never goes back, a key handed to `Wheel::fired` was above it, and
 //! every key in memory belongs to a loaded slot (so none fires, and moves `fired`, before the
 //! rest of its slot's file is read).
 
@@ -63,7 +63,7 @@ struct Slot {
 }
 
 #[derive(Debug)]
-pub struct Wheel {
+pub(crate) struct Wheel {
     dir: PathBuf,
     /// Every slot with an entry not fired yet, by start.
     slots: BTreeMap<i64, Slot>,
@@ -84,13 +84,14 @@ fn slot_of(due_ms: i64) -> i64 {
 impl Wheel {
     /// Opens the slot files in `dir`; everything at or below `fired` is done. Loads the slots
     /// due by `now_ms` + [`LOOKAHEAD_MS`].
+    #[cfg(test)]
     pub fn open(dir: &Path, fired: Key, now_ms: i64) -> io::Result<Wheel> {
         Ok(Self::open_noting(dir, fired, now_ms, i64::MAX)?.0)
     }
 
     /// [`Wheel::open`], also returning the offsets at or above `from` that the files hold: a
     /// log tail indexed again after a crash must not add them twice.
-    pub fn open_noting(dir: &Path, fired: Key, now_ms: i64, from: i64) -> io::Result<(Wheel, HashSet<i64>)> {
+    pub(crate) fn open_noting(dir: &Path, fired: Key, now_ms: i64, from: i64) -> io::Result<(Wheel, HashSet<i64>)> {
         let mut noted = HashSet::new();
         fs::create_dir_all(dir)?;
         let mut slots = BTreeMap::new();
@@ -179,7 +180,7 @@ impl Wheel {
     /// changes nothing (the near entries are a set). None fires in between: a slot is loaded
     /// [`LOOKAHEAD_MS`] before it starts, and a due time already past was raised into a slot
     /// loaded before.
-    pub fn begin_advance(&mut self, now_ms: i64) -> Vec<(i64, PathBuf)> {
+    pub(crate) fn begin_advance(&mut self, now_ms: i64) -> Vec<(i64, PathBuf)> {
         let horizon = slot_of(now_ms.saturating_add(LOOKAHEAD_MS)) + SLOT_MS;
         if horizon <= self.loaded_until {
             return Vec::new();
@@ -199,7 +200,7 @@ impl Wheel {
     /// The entries added to them meanwhile leave memory too (they are in the files, and come
     /// back with the next load): a key fired from a slot whose file was not read would move the
     /// fired mark past that file's entries, which would then never fire.
-    pub fn abort_advance(&mut self, slots: &[(i64, PathBuf)]) {
+    pub(crate) fn abort_advance(&mut self, slots: &[(i64, PathBuf)]) {
         if let Some(first) = slots.iter().map(|(slot, _)| *slot).min() {
             self.loaded_until = self.loaded_until.min(first);
             drop(self.near.split_off(&(self.loaded_until, i64::MIN)));
@@ -237,23 +238,25 @@ impl Wheel {
     }
 
     /// The first at most `limit` keys due at `now_ms`, in order.
+    #[cfg(test)]
     pub fn due(&self, now_ms: i64, limit: usize) -> Vec<Key> {
         self.due_where(now_ms, limit, |_| true)
     }
 
     /// [`Wheel::due`] of the keys `wanted` takes (the others wait for a retry).
-    pub fn due_where(&self, now_ms: i64, limit: usize, wanted: impl Fn(&Key) -> bool) -> Vec<Key> {
+    pub(crate) fn due_where(&self, now_ms: i64, limit: usize, wanted: impl Fn(&Key) -> bool) -> Vec<Key> {
         self.near.iter().take_while(|(due, _)| *due <= now_ms).filter(|k| wanted(k)).take(limit).copied().collect()
     }
 
     /// When the wheel next has something to do: the first near key, or the load of the next
     /// far slot.
-    pub fn next_wake_ms(&self) -> Option<i64> {
+    #[cfg(test)]
+    pub(crate) fn next_wake_ms(&self) -> Option<i64> {
         self.next_wake_ms_where(|_| true)
     }
 
     /// [`Wheel::next_wake_ms`] counting only the near keys `wanted` takes.
-    pub fn next_wake_ms_where(&self, wanted: impl Fn(&Key) -> bool) -> Option<i64> {
+    pub(crate) fn next_wake_ms_where(&self, wanted: impl Fn(&Key) -> bool) -> Option<i64> {
         let near = self.near.iter().find(|k| wanted(k)).map(|(due, _)| *due);
         let far = self.slots.range(self.loaded_until..).next().map(|(slot, _)| slot - LOOKAHEAD_MS);
         near.into_iter().chain(far).min()
@@ -346,7 +349,7 @@ impl Wheel {
     }
 
     /// The largest key fired.
-    pub fn fired_through(&self) -> Key {
+    pub(crate) fn fired_through(&self) -> Key {
         self.fired
     }
 
@@ -354,7 +357,7 @@ impl Wheel {
     /// the log may go. Every entry not fired belongs to a slot of `slots`, whose `min_offset`
     /// (not raised as its entries fire) is at or below the entry's, so this looks at the slots
     /// only, never at the entries in memory.
-    pub fn min_pending_offset(&self) -> Option<i64> {
+    pub(crate) fn min_pending_offset(&self) -> Option<i64> {
         self.slots.values().map(|s| s.min_offset).min()
     }
 
@@ -371,7 +374,7 @@ impl Wheel {
 }
 
 /// The entries of the slot files `paths`, as one set (built in bulk from sorted entries).
-pub fn load_slots(slots: &[(i64, PathBuf)]) -> io::Result<BTreeSet<Key>> {
+pub(crate) fn load_slots(slots: &[(i64, PathBuf)]) -> io::Result<BTreeSet<Key>> {
     let mut entries = Vec::new();
     for (_, path) in slots {
         entries.extend(read_slot(path)?);
