@@ -172,6 +172,22 @@ mod tests {
         }
     }
 
+    /// A receive of `key` with a 30 s long poll, returned once it is parked (registered with
+    /// the partition, so that whatever wakes it comes after).
+    async fn park_receive(
+        engine: &Arc<PopEngine>,
+        broker: &Arc<Broker>,
+        key: &QueueKey,
+    ) -> tokio::task::JoinHandle<Result<Vec<Delivery>, BrokerError>> {
+        let (engine, request) =
+            (engine.clone(), ReceiveRequest { long_polling: Duration::from_secs(30), ..request(broker, key) });
+        let polling = tokio::spawn(async move { engine.receive(request).await });
+        while partition(broker).live_waiters() == 0 {
+            tokio::task::yield_now().await;
+        }
+        polling
+    }
+
     fn offsets(deliveries: &[Delivery]) -> Vec<(i64, u32)> {
         deliveries.iter().map(|d| (d.record.offset, d.attempt)).collect()
     }
@@ -268,15 +284,8 @@ mod tests {
         assert!(engine.receive(waited).await.expect("receive").is_empty());
         assert!(started.elapsed() >= Duration::from_millis(100), "an empty long poll waits out its time");
 
-        let polling = {
-            let (engine, request) =
-                (engine.clone(), ReceiveRequest { long_polling: Duration::from_secs(30), ..request(&broker, &key) });
-            tokio::spawn(async move { engine.receive(request).await })
-        };
-        // The poll is parked once it registered with the partition; then the append wakes it.
-        while partition(&broker).live_waiters() == 0 {
-            tokio::task::yield_now().await;
-        }
+        // Then the append wakes it.
+        let polling = park_receive(&engine, &broker, &key).await;
         let appended = tokio::time::Instant::now();
         append(&broker, &[(None, None)]).await;
         let deliveries = polling.await.expect("join").expect("receive");
@@ -296,14 +305,7 @@ mod tests {
         assert_eq!(offsets(&first), [(0, 1)]);
 
         // Parked until the delivery's expiry (60 s) or its deadline (30 s).
-        let polling = {
-            let (engine, request) =
-                (engine.clone(), ReceiveRequest { long_polling: Duration::from_secs(30), ..request(&broker, &key) });
-            tokio::spawn(async move { engine.receive(request).await })
-        };
-        while partition(&broker).live_waiters() == 0 {
-            tokio::task::yield_now().await;
-        }
+        let polling = park_receive(&engine, &broker, &key).await;
         // The consumer failed it: back in 200 ms.
         let changed = tokio::time::Instant::now();
         engine.change_invisible(&key, 0, first[0].nonce, Duration::from_millis(200)).expect("io").expect("changed");
