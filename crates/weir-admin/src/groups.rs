@@ -179,7 +179,7 @@ pub async fn describe(
     let mut offsets: BTreeMap<(String, i32), GroupOffset> = BTreeMap::new();
     for c in committed {
         let e = offset_row(&mut offsets, &c.topic, c.partition);
-        e.committed_offset = Some(c.offset);
+        e.committed_offset = c.offset;
         e.metadata = Some(c.metadata);
     }
     let kafka_members = described.members.len();
@@ -363,7 +363,7 @@ pub async fn alter_configs(
 async fn simple_commit(core: &Core, group: &str, offsets: Vec<OffsetToCommit>) -> Result<(), ApiError> {
     let params = CommitParams {
         group_id: group.to_string(),
-        generation_id: -1,
+        generation_id: None,
         member_id: String::new(),
         group_instance_id: None,
         offsets,
@@ -389,7 +389,7 @@ async fn simple_commit(core: &Core, group: &str, offsets: Vec<OffsetToCommit>) -
 }
 
 fn to_commit(topic: String, partition: i32, offset: i64, metadata: Option<String>) -> OffsetToCommit {
-    OffsetToCommit { topic, partition, offset, leader_epoch: -1, metadata }
+    OffsetToCommit { topic, partition, offset, leader_epoch: None, metadata }
 }
 
 /// `POST /v1/groups/{group}/offsets`.
@@ -439,7 +439,7 @@ pub async fn reset_offsets(
         .await
         .map_err(|code| coordinator_error(code, &group))?
         .into_iter()
-        .map(|c| ((c.topic, c.partition), c.offset))
+        .filter_map(|c| Some(((c.topic, c.partition), c.offset?)))
         .collect();
     let selectors = match request.topics {
         Some(topics) if topics.is_empty() => return Err(ApiError::invalid("`topics` is empty")),

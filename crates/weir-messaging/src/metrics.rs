@@ -160,12 +160,12 @@ mod tests {
         let group = "billing \"east\"\\prod\n2";
         let commit = CommitParams {
             group_id: group.into(),
-            generation_id: -1,
+            generation_id: None,
             member_id: String::new(),
             group_instance_id: None,
             offsets: vec![
-                OffsetToCommit { topic: "orders".into(), partition: 0, offset: 1, leader_epoch: -1, metadata: None },
-                OffsetToCommit { topic: "gone".into(), partition: 0, offset: 9, leader_epoch: -1, metadata: None },
+                OffsetToCommit { topic: "orders".into(), partition: 0, offset: 1, leader_epoch: None, metadata: None },
+                OffsetToCommit { topic: "gone".into(), partition: 0, offset: 9, leader_epoch: None, metadata: None },
             ],
         };
         let results = groups.commit_offsets(commit).await;

@@ -507,7 +507,7 @@ impl GroupCoordinator {
     ) -> Vec<PartitionResult> {
         let params = CommitParams {
             group_id: group_id.to_string(),
-            generation_id: -1,
+            generation_id: None,
             member_id: String::new(),
             group_instance_id: None,
             offsets,
@@ -516,16 +516,16 @@ impl GroupCoordinator {
     }
 
     /// Checks a transactional commit's member as an OffsetCommit would (TxnOffsetCommit v3+
-    /// carries the generation and member id); a generation of -1 is accepted, as older clients
-    /// send no member.
+    /// carries the generation and member id); a commit without generation is accepted, as
+    /// older clients send no member.
     pub fn validate_transactional_commit(
         &self,
         group_id: &str,
-        generation_id: i32,
+        generation_id: Option<i32>,
         member_id: &str,
         group_instance_id: Option<&str>,
     ) -> Result<(), ErrorKind> {
-        if generation_id < 0 {
+        if generation_id.is_none() {
             return Ok(());
         }
         let now = self.now_ms();
@@ -587,7 +587,7 @@ impl GroupCoordinator {
                     ),
                     // A group that does not exist takes only simple commits (it is created by
                     // the first one); a generation means a member of a group that is gone.
-                    None if params.generation_id < 0 => Group::new(group_id.to_string(), now).validate_commit(
+                    None if params.generation_id.is_none() => Group::new(group_id.to_string(), now).validate_commit(
                         params.generation_id,
                         &params.member_id,
                         params.group_instance_id.as_deref(),
@@ -647,7 +647,7 @@ impl GroupCoordinator {
         results
     }
 
-    /// OffsetFetch: the listed partitions (offset -1 where nothing is committed), or every
+    /// OffsetFetch: the listed partitions (without offset where nothing is committed), or every
     /// committed partition of the group with `None`.
     pub async fn fetch_offsets(
         &self,
@@ -664,14 +664,19 @@ impl GroupCoordinator {
             Some(c) => FetchedOffset {
                 topic,
                 partition,
-                offset: c.offset,
+                offset: Some(c.offset),
                 leader_epoch: c.leader_epoch,
                 metadata: c.metadata.clone(),
                 error: None,
             },
-            None => {
-                FetchedOffset { topic, partition, offset: -1, leader_epoch: -1, metadata: String::new(), error: None }
-            }
+            None => FetchedOffset {
+                topic,
+                partition,
+                offset: None,
+                leader_epoch: None,
+                metadata: String::new(),
+                error: None,
+            },
         };
         Ok(match partitions {
             Some(list) => list

@@ -133,8 +133,8 @@ pub struct JoinGroupResult {
     pub error: Option<ErrorKind>,
     /// The member's id: generated for a new member (also with MEMBER_ID_REQUIRED).
     pub member_id: String,
-    /// -1 with an error.
-    pub generation_id: i32,
+    /// `None` with an error.
+    pub generation_id: Option<i32>,
     pub protocol_type: Option<String>,
     pub protocol_name: Option<String>,
     /// Empty with an error.
@@ -149,7 +149,7 @@ impl JoinGroupResult {
         JoinGroupResult {
             error: Some(code),
             member_id: member_id.into(),
-            generation_id: -1,
+            generation_id: None,
             protocol_type: None,
             protocol_name: None,
             leader_id: String::new(),
@@ -221,9 +221,10 @@ pub struct MemberLeaveResult {
 #[derive(Debug, Clone)]
 pub struct CommitParams {
     pub group_id: String,
-    /// -1 with an empty member id: a "simple" commit (standalone consumer), allowed only while
-    /// the group is Empty.
-    pub generation_id: i32,
+    /// The committing member's generation. `None` with an empty member id is a "simple" commit:
+    /// a standalone consumer's, outside the group's generations, allowed only while the group
+    /// is Empty. `None` with a member id fails as a stale generation would.
+    pub generation_id: Option<i32>,
     pub member_id: String,
     pub group_instance_id: Option<String>,
     pub offsets: Vec<OffsetToCommit>,
@@ -234,8 +235,8 @@ pub struct OffsetToCommit {
     pub topic: String,
     pub partition: i32,
     pub offset: i64,
-    /// -1 when unknown.
-    pub leader_epoch: i32,
+    /// The leader epoch the consumer read the offset at, when it knows it.
+    pub leader_epoch: Option<i32>,
     /// `None` is stored as the empty string, as Kafka does.
     pub metadata: Option<String>,
 }
@@ -248,13 +249,14 @@ pub struct PartitionResult {
     pub error: Option<ErrorKind>,
 }
 
-/// A committed offset as OffsetFetch returns it; offset -1 when none is committed.
+/// A committed offset as OffsetFetch returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FetchedOffset {
     pub topic: String,
     pub partition: i32,
-    pub offset: i64,
-    pub leader_epoch: i32,
+    /// `None` when nothing is committed (then `leader_epoch` is `None` and `metadata` empty).
+    pub offset: Option<i64>,
+    pub leader_epoch: Option<i32>,
     pub metadata: String,
     pub error: Option<ErrorKind>,
 }

@@ -39,6 +39,8 @@ use super::state::CommittedOffset;
 const KEY_OFFSET: u8 = 1;
 const KEY_GROUP: u8 = 2;
 const VALUE_VERSION: u8 = 0;
+/// An unknown leader epoch in an offset value (Kafka's `NO_PARTITION_LEADER_EPOCH`).
+const UNKNOWN_LEADER_EPOCH: i32 = -1;
 
 /// How much one read asks for while loading.
 const LOAD_READ_BYTES: u64 = 1024 * 1024;
@@ -126,7 +128,7 @@ pub(crate) fn offset_value(offset: &CommittedOffset) -> Bytes {
     let mut buf = BytesMut::with_capacity(1 + 8 + 4 + 8 + 4 + offset.metadata.len());
     buf.put_u8(VALUE_VERSION);
     buf.put_i64(offset.offset);
-    buf.put_i32(offset.leader_epoch);
+    buf.put_i32(offset.leader_epoch.unwrap_or(UNKNOWN_LEADER_EPOCH));
     buf.put_i64(offset.commit_timestamp_ms);
     put_str(&mut buf, &offset.metadata);
     buf.freeze()
@@ -140,7 +142,7 @@ pub(crate) fn decode_offset_value(mut buf: &[u8]) -> Result<CommittedOffset, Str
     }
     need(buf, 8 + 4 + 8, "offset value")?;
     let offset = buf.get_i64();
-    let leader_epoch = buf.get_i32();
+    let leader_epoch = Some(buf.get_i32()).filter(|&epoch| epoch != UNKNOWN_LEADER_EPOCH);
     let commit_timestamp_ms = buf.get_i64();
     let metadata = get_str(&mut buf, "metadata")?;
     Ok(CommittedOffset { offset, leader_epoch, metadata, commit_timestamp_ms })
@@ -283,11 +285,15 @@ mod tests {
     fn values_round_trip() {
         let committed = CommittedOffset {
             offset: 42,
-            leader_epoch: 7,
+            leader_epoch: Some(7),
             metadata: "meta".into(),
             commit_timestamp_ms: 1_700_000_000_000,
         };
         assert_eq!(decode_offset_value(&offset_value(&committed)).unwrap(), committed);
+        let unknown_epoch = CommittedOffset { leader_epoch: None, ..committed };
+        let value = offset_value(&unknown_epoch);
+        assert_eq!(value[9..13], (-1i32).to_be_bytes(), "an unknown epoch is stored as -1");
+        assert_eq!(decode_offset_value(&value).unwrap(), unknown_epoch);
         for protocol_name in [None, Some("range".to_string())] {
             let record =
                 GroupRecord { generation: 5, protocol_type: "consumer".into(), protocol_name, timestamp_ms: 123 };
@@ -298,7 +304,7 @@ mod tests {
     #[test]
     fn unknown_value_versions_are_refused() {
         let committed =
-            CommittedOffset { offset: 1, leader_epoch: -1, metadata: String::new(), commit_timestamp_ms: 0 };
+            CommittedOffset { offset: 1, leader_epoch: None, metadata: String::new(), commit_timestamp_ms: 0 };
         let mut value = offset_value(&committed).to_vec();
         value[0] = 1;
         assert!(decode_offset_value(&value).unwrap_err().contains("version"));

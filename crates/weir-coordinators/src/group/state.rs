@@ -52,7 +52,7 @@ pub(crate) struct Limits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CommittedOffset {
     pub offset: i64,
-    pub leader_epoch: i32,
+    pub leader_epoch: Option<i32>,
     pub metadata: String,
     pub commit_timestamp_ms: i64,
 }
@@ -363,7 +363,7 @@ impl Group {
         JoinGroupResult {
             error: None,
             member_id: member_id.to_string(),
-            generation_id: self.generation,
+            generation_id: Some(self.generation),
             protocol_type: self.protocol_type.clone(),
             protocol_name: self.protocol_name.clone(),
             leader_id: self.leader.clone().unwrap_or_default(),
@@ -764,7 +764,7 @@ impl Group {
                 let _ = reply.send(JoinGroupResult {
                     error: None,
                     member_id: new_member_id,
-                    generation_id: self.generation,
+                    generation_id: Some(self.generation),
                     protocol_type: self.protocol_type.clone(),
                     protocol_name: self.protocol_name.clone(),
                     leader_id: current_leader,
@@ -935,11 +935,11 @@ impl Group {
         LeaveGroupResult { error: None, members: results }
     }
 
-    /// Kafka's `validateOffsetCommit` plus its state rules. A commit with generation -1 and no
-    /// member id is a "simple" commit, allowed only while the group has no members.
+    /// Kafka's `validateOffsetCommit` plus its state rules. A commit without generation, member
+    /// id or instance id is a "simple" commit, allowed only while the group has no members.
     pub fn validate_commit(
         &mut self,
-        generation_id: i32,
+        generation_id: Option<i32>,
         member_id: &str,
         group_instance_id: Option<&str>,
         now_ms: i64,
@@ -947,9 +947,9 @@ impl Group {
         if self.state == GroupState::Dead {
             return Err(ErrorKind::CoordinatorNotAvailable);
         }
-        if generation_id >= 0 || !member_id.is_empty() || group_instance_id.is_some() {
+        if generation_id.is_some() || !member_id.is_empty() || group_instance_id.is_some() {
             self.validate_current_member(member_id, group_instance_id)?;
-            if generation_id != self.generation {
+            if generation_id != Some(self.generation) {
                 return Err(ErrorKind::WrongGeneration);
             }
         } else if self.state != GroupState::Empty {

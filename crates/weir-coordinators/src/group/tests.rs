@@ -125,6 +125,11 @@ async fn finish<T>(handle: JoinHandle<T>) -> T {
     tokio::time::timeout(WAIT, handle).await.expect("request completes").unwrap()
 }
 
+/// The generation a successful join hands out.
+fn generation_of(joined: &JoinGroupResult) -> i32 {
+    joined.generation_id.expect("a successful join has a generation")
+}
+
 /// KIP-394: the first join only hands out a member id.
 async fn member_id(groups: &Arc<GroupCoordinator>, group: &str) -> String {
     let result = groups.join_group(join_params(group, "", None)).await;
@@ -160,12 +165,12 @@ async fn rebalance(
     for handle in handles {
         results.push(finish(handle).await);
     }
-    let generation = results[0].generation_id;
+    let generation = generation_of(&results[0]);
     let leader = results[0].leader_id.clone();
     for (member, result) in members.iter().zip(&results) {
         assert_eq!(result.error, None, "{member}");
         assert_eq!(&result.member_id, member);
-        assert_eq!(result.generation_id, generation);
+        assert_eq!(result.generation_id, Some(generation));
         assert_eq!(result.leader_id, leader);
         assert_eq!(result.protocol_name.as_deref(), Some("range"));
         if *member == leader {
@@ -240,7 +245,7 @@ async fn given_three_members_when_a_fourth_joins_and_one_leaves_then_each_change
         let (next, leader) = rebalance(&groups, g, &members, std::slice::from_ref(&new)).await;
         members.push(new);
         let joined = finish(joining).await;
-        assert_eq!(joined.generation_id, next);
+        assert_eq!(joined.generation_id, Some(next));
         assert_eq!(next, generation + 1);
         assert_eq!(leader, a, "the leader stays while it rejoins");
         generation = next;
@@ -255,7 +260,7 @@ async fn given_three_members_when_a_fourth_joins_and_one_leaves_then_each_change
     let d = member_id(&groups, g).await;
     let joining = spawn_join_first(&groups, join_params(g, &d, None)).await;
     let (next, leader) = rebalance(&groups, g, &members, std::slice::from_ref(&d)).await;
-    assert_eq!(finish(joining).await.generation_id, next);
+    assert_eq!(finish(joining).await.generation_id, Some(next));
     assert_eq!(next, generation + 1);
     generation = next;
     members.push(d.clone());
@@ -293,7 +298,7 @@ async fn given_a_silent_member_when_its_session_expires_then_it_is_removed_and_t
     let b = member_id(&groups, g).await;
     let short = |m: &str| JoinGroupParams { session_timeout_ms: 1000, ..join_params(g, m, None) };
     // a forms generation 1 alone; then both join generation 2.
-    assert_eq!(finish(spawn_join(&groups, short(&a))).await.generation_id, 1);
+    assert_eq!(finish(spawn_join(&groups, short(&a))).await.generation_id, Some(1));
     let members = vec![a.clone(), b.clone()];
     let handles = vec![spawn_join_first(&groups, short(&b)).await, spawn_join(&groups, short(&a))];
     let mut generation = 0;
@@ -301,7 +306,7 @@ async fn given_a_silent_member_when_its_session_expires_then_it_is_removed_and_t
     for h in handles {
         let r = finish(h).await;
         assert_eq!(r.error, None);
-        generation = r.generation_id;
+        generation = generation_of(&r);
         leader = r.leader_id;
     }
     sync_all(&groups, g, generation, &leader, &members).await;
@@ -320,7 +325,7 @@ async fn given_a_silent_member_when_its_session_expires_then_it_is_removed_and_t
     assert!(started.elapsed() >= Duration::from_millis(800), "expired after {:?}", started.elapsed());
     assert_eq!(heartbeat(&groups, g, generation, &b).await, Err(ErrorKind::UnknownMember));
     let r = finish(spawn_join(&groups, short(&a))).await;
-    assert_eq!(r.generation_id, generation + 1);
+    assert_eq!(r.generation_id, Some(generation + 1));
     assert_eq!(r.leader_id, a);
     assert_eq!(r.members.len(), 1);
     groups.check_invariants();
@@ -338,8 +343,8 @@ async fn given_a_rebalance_when_a_member_does_not_rejoin_in_time_then_it_is_remo
     let jb = spawn_join_first(&groups, quick(&b)).await;
     let ja = spawn_join(&groups, quick(&a));
     let (ra, rb) = (finish(ja).await, finish(jb).await);
-    assert_eq!(ra.generation_id, 2);
-    assert_eq!(rb.generation_id, 2);
+    assert_eq!(ra.generation_id, Some(2));
+    assert_eq!(rb.generation_id, Some(2));
     let members = vec![a.clone(), b.clone()];
     sync_all(&groups, g, 2, &ra.leader_id, &members).await;
 
@@ -350,8 +355,8 @@ async fn given_a_rebalance_when_a_member_does_not_rejoin_in_time_then_it_is_remo
     let ja = spawn_join(&groups, quick(&a));
     let (ra, rc) = (finish(ja).await, finish(jc).await);
     assert!(started.elapsed() >= Duration::from_millis(250), "waited {:?}", started.elapsed());
-    assert_eq!(ra.generation_id, 3);
-    assert_eq!(rc.generation_id, 3);
+    assert_eq!(ra.generation_id, Some(3));
+    assert_eq!(rc.generation_id, Some(3));
     let leader_result = if ra.leader_id == a { &ra } else { &rc };
     let mut seen: Vec<String> = leader_result.members.iter().map(|m| m.member_id.clone()).collect();
     seen.sort();
@@ -377,7 +382,7 @@ async fn given_a_static_member_when_it_restarts_unchanged_then_no_rebalance_and_
     let ja = spawn_join(&groups, join_params(g, &a, Some("instance-a")));
     let (ra, rb) = (finish(ja).await, finish(jb).await);
     assert_eq!((ra.error, rb.error), (None, None));
-    let generation = ra.generation_id;
+    let generation = generation_of(&ra);
     assert_eq!(ra.leader_id, a);
     let members = vec![a.clone(), b.clone()];
     sync_all(&groups, g, generation, &a, &members).await;
@@ -387,7 +392,7 @@ async fn given_a_static_member_when_it_restarts_unchanged_then_no_rebalance_and_
     assert_eq!(restarted.error, None);
     let a2 = restarted.member_id.clone();
     assert_ne!(a2, a);
-    assert_eq!(restarted.generation_id, generation, "no new generation");
+    assert_eq!(restarted.generation_id, Some(generation), "no new generation");
     assert_eq!(restarted.leader_id, a, "told the old leader id, so it does not assign");
     assert_eq!(describe(&groups, g).await.state, GroupState::Stable);
     let mut sync = SyncGroupParams {
@@ -416,14 +421,14 @@ async fn given_a_static_member_when_it_restarts_unchanged_then_no_rebalance_and_
     assert_eq!(groups.sync_group(sync).await.error, Some(ErrorKind::FencedInstance));
     let commit = CommitParams {
         group_id: g.into(),
-        generation_id: generation,
+        generation_id: Some(generation),
         member_id: a.clone(),
         group_instance_id: Some("instance-a".into()),
         offsets: vec![OffsetToCommit {
             topic: TOPIC.into(),
             partition: 0,
             offset: 1,
-            leader_epoch: -1,
+            leader_epoch: None,
             metadata: None,
         }],
     };
@@ -441,8 +446,8 @@ async fn given_a_static_member_when_it_restarts_unchanged_then_no_rebalance_and_
     assert_eq!(heartbeat(&groups, g, generation, &b).await, Err(ErrorKind::RebalanceInProgress));
     let rb = finish(spawn_join(&groups, join_params(g, &b, None))).await;
     let ra3 = finish(ja3).await;
-    assert_eq!(rb.generation_id, generation + 1);
-    assert_eq!(ra3.generation_id, generation + 1);
+    assert_eq!(rb.generation_id, Some(generation + 1));
+    assert_eq!(ra3.generation_id, Some(generation + 1));
     groups.check_invariants();
 }
 
@@ -464,17 +469,26 @@ async fn fencing_and_validation_errors_follow_kafkas_rules() {
 
     let a = member_id(&groups, g).await;
     let ra = finish(spawn_join(&groups, join_params(g, &a, None))).await;
-    let generation = ra.generation_id;
+    let generation = generation_of(&ra);
 
     // While CompletingRebalance: commits are refused, heartbeats accepted.
-    let commit = |generation_id: i32, member_id: &str| CommitParams {
+    let commit = |generation_id: Option<i32>, member_id: &str| CommitParams {
         group_id: g.into(),
         generation_id,
         member_id: member_id.into(),
         group_instance_id: None,
-        offsets: vec![OffsetToCommit { topic: TOPIC.into(), partition: 0, offset: 5, leader_epoch: 3, metadata: None }],
+        offsets: vec![OffsetToCommit {
+            topic: TOPIC.into(),
+            partition: 0,
+            offset: 5,
+            leader_epoch: Some(3),
+            metadata: None,
+        }],
     };
-    assert_eq!(groups.commit_offsets(commit(generation, &a)).await[0].error, Some(ErrorKind::RebalanceInProgress));
+    assert_eq!(
+        groups.commit_offsets(commit(Some(generation), &a)).await[0].error,
+        Some(ErrorKind::RebalanceInProgress)
+    );
     assert_eq!(heartbeat(&groups, g, generation, &a).await, Ok(()));
     sync_all(&groups, g, generation, &a, std::slice::from_ref(&a)).await;
 
@@ -493,10 +507,16 @@ async fn fencing_and_validation_errors_follow_kafkas_rules() {
         assignments: Vec::new(),
     };
     assert_eq!(groups.sync_group(wrong_type).await.error, Some(ErrorKind::InconsistentGroupProtocol));
-    assert_eq!(groups.commit_offsets(commit(generation + 1, &a)).await[0].error, Some(ErrorKind::WrongGeneration));
-    assert_eq!(groups.commit_offsets(commit(generation, "nobody")).await[0].error, Some(ErrorKind::UnknownMember));
     assert_eq!(
-        groups.commit_offsets(commit(-1, "")).await[0].error,
+        groups.commit_offsets(commit(Some(generation + 1), &a)).await[0].error,
+        Some(ErrorKind::WrongGeneration)
+    );
+    assert_eq!(
+        groups.commit_offsets(commit(Some(generation), "nobody")).await[0].error,
+        Some(ErrorKind::UnknownMember)
+    );
+    assert_eq!(
+        groups.commit_offsets(commit(None, "")).await[0].error,
         Some(ErrorKind::UnknownMember),
         "simple commit to a live group"
     );
@@ -505,10 +525,10 @@ async fn fencing_and_validation_errors_follow_kafkas_rules() {
             topic: "missing".into(),
             partition: 0,
             offset: 1,
-            leader_epoch: -1,
+            leader_epoch: None,
             metadata: None,
         }],
-        ..commit(generation, &a)
+        ..commit(Some(generation), &a)
     };
     assert_eq!(groups.commit_offsets(unknown_topic).await[0].error, Some(ErrorKind::UnknownTopicOrPartition));
     let big = CommitParams {
@@ -516,16 +536,16 @@ async fn fencing_and_validation_errors_follow_kafkas_rules() {
             topic: TOPIC.into(),
             partition: 1,
             offset: 1,
-            leader_epoch: -1,
+            leader_epoch: None,
             metadata: Some("x".repeat(OFFSET_METADATA_MAX_BYTES + 1)),
         }],
-        ..commit(generation, &a)
+        ..commit(Some(generation), &a)
     };
     assert_eq!(groups.commit_offsets(big).await[0].error, Some(ErrorKind::OffsetMetadataTooLarge));
-    assert_eq!(groups.commit_offsets(commit(generation, &a)).await[0].error, None);
+    assert_eq!(groups.commit_offsets(commit(Some(generation), &a)).await[0].error, None);
     let fetched = groups.fetch_offsets(g, Some(vec![(TOPIC.into(), 0), (TOPIC.into(), 1)])).await.unwrap();
-    assert_eq!((fetched[0].offset, fetched[0].leader_epoch), (5, 3));
-    assert_eq!(fetched[1].offset, -1, "nothing committed");
+    assert_eq!((fetched[0].offset, fetched[0].leader_epoch), (Some(5), Some(3)));
+    assert_eq!((fetched[1].offset, fetched[1].leader_epoch), (None, None), "nothing committed");
 
     // group.max.size = 2: a third member is turned away.
     let b = member_id(&groups, g).await;
@@ -545,10 +565,10 @@ async fn fencing_and_validation_errors_follow_kafkas_rules() {
     let jx = spawn_join_first(&groups, join_params(f, &x, None)).await;
     let rs = finish(spawn_join(&groups, join_params(f, &s1.member_id, Some("s1")))).await;
     let rx = finish(jx).await;
-    assert_eq!((rs.error, rx.error, rs.generation_id), (None, None, 2));
+    assert_eq!((rs.error, rx.error, rs.generation_id), (None, None, Some(2)));
     sync_all(&groups, f, 2, &rs.leader_id, &[s1.member_id.clone(), x.clone()]).await;
     let restarted = groups.join_group(join_params(f, "", Some("s1"))).await;
-    assert_eq!((restarted.error, restarted.generation_id), (None, 2));
+    assert_eq!((restarted.error, restarted.generation_id), (None, Some(2)));
     assert_eq!(groups.join_group(join_params(f, "", Some("s2"))).await.error, Some(ErrorKind::GroupFull));
 
     // Leaving with a wrong instance id, or an unknown member, fails per member.
@@ -593,11 +613,11 @@ async fn given_waiting_joins_when_the_coordinator_shuts_down_then_they_return() 
         let jc = spawn_join_first(&groups, join_params("h", &c, None)).await;
         let jb = spawn_join(&groups, join_params("h", &b, None));
         let (rb2, rc) = (finish(jb).await, finish(jc).await);
-        assert_eq!(rb2.generation_id, rb.generation_id + 1);
+        assert_eq!(generation_of(&rb2), generation_of(&rb) + 1);
         let follower = if rb2.leader_id == b { c } else { b };
-        spawn_sync(&groups, "h", rc.generation_id, &follower, Vec::new())
+        spawn_sync(&groups, "h", generation_of(&rc), &follower, Vec::new())
     };
-    sync_all(&groups, g, ra.generation_id, &a, std::slice::from_ref(&a)).await;
+    sync_all(&groups, g, generation_of(&ra), &a, std::slice::from_ref(&a)).await;
     let b = member_id(&groups, g).await;
     let waiting = spawn_join(&groups, join_params(g, &b, None));
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -631,13 +651,13 @@ async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_
     let g = "consumers";
     let a = member_id(&groups, g).await;
     let ra = finish(spawn_join(&groups, join_params(g, &a, None))).await;
-    sync_all(&groups, g, ra.generation_id, &a, std::slice::from_ref(&a)).await;
+    sync_all(&groups, g, generation_of(&ra), &a, std::slice::from_ref(&a)).await;
     let offsets: Vec<OffsetToCommit> = (0..4)
         .map(|p| OffsetToCommit {
             topic: TOPIC.into(),
             partition: p,
             offset: 100 + i64::from(p),
-            leader_epoch: 7,
+            leader_epoch: Some(7),
             metadata: Some(format!("meta-{p}")),
         })
         .collect();
@@ -656,14 +676,14 @@ async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_
     // A standalone consumer's simple commits to a group without members.
     let simple = CommitParams {
         group_id: "standalone".into(),
-        generation_id: -1,
+        generation_id: None,
         member_id: String::new(),
         group_instance_id: None,
         offsets: vec![OffsetToCommit {
             topic: "other".into(),
             partition: 2,
             offset: 9,
-            leader_epoch: -1,
+            leader_epoch: None,
             metadata: None,
         }],
     };
@@ -671,7 +691,7 @@ async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_
 
     // A group whose offsets are deleted must stay deleted.
     let doomed = CommitParams { group_id: "doomed".into(), ..commit.clone() };
-    let doomed = CommitParams { generation_id: -1, member_id: String::new(), ..doomed };
+    let doomed = CommitParams { generation_id: None, member_id: String::new(), ..doomed };
     assert!(groups.commit_offsets(doomed).await.iter().all(|r| r.error.is_none()));
     let deleted = groups.delete_groups(vec!["doomed".into()]).await;
     assert_eq!(deleted, vec![("doomed".to_string(), None)]);
@@ -679,7 +699,7 @@ async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_
     let before_consumers = groups.fetch_offsets(g, None).await.unwrap();
     let before_standalone = groups.fetch_offsets("standalone", None).await.unwrap();
     assert_eq!(before_consumers.len(), 4);
-    assert_eq!(before_consumers[0].offset, 555);
+    assert_eq!(before_consumers[0].offset, Some(555));
     assert_eq!(before_consumers[1].metadata, "meta-1");
     assert_eq!(before_standalone.len(), 1);
 
@@ -705,10 +725,10 @@ async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_
     assert_eq!((description.state, description.protocol_type.as_str()), (GroupState::Empty, "consumer"));
 
     // The restarted group continues its generations; the old member id is unknown.
-    assert_eq!(heartbeat(&groups, g, ra.generation_id, &a).await, Err(ErrorKind::UnknownMember));
+    assert_eq!(heartbeat(&groups, g, generation_of(&ra), &a).await, Err(ErrorKind::UnknownMember));
     let b = member_id(&groups, g).await;
     let rb = finish(spawn_join(&groups, join_params(g, &b, None))).await;
-    assert_eq!(rb.generation_id, ra.generation_id + 1);
+    assert_eq!(generation_of(&rb), generation_of(&ra) + 1);
     groups.check_invariants();
 }
 
@@ -719,15 +739,15 @@ async fn delete_groups_and_offset_delete_follow_kafkas_rules() {
     let g = "g";
     let a = member_id(&groups, g).await;
     let ra = finish(spawn_join(&groups, join_params(g, &a, None))).await;
-    sync_all(&groups, g, ra.generation_id, &a, std::slice::from_ref(&a)).await;
+    sync_all(&groups, g, generation_of(&ra), &a, std::slice::from_ref(&a)).await;
     let commit = CommitParams {
         group_id: g.into(),
         generation_id: ra.generation_id,
         member_id: a.clone(),
         group_instance_id: None,
         offsets: vec![
-            OffsetToCommit { topic: TOPIC.into(), partition: 0, offset: 1, leader_epoch: -1, metadata: None },
-            OffsetToCommit { topic: "other".into(), partition: 0, offset: 2, leader_epoch: -1, metadata: None },
+            OffsetToCommit { topic: TOPIC.into(), partition: 0, offset: 1, leader_epoch: None, metadata: None },
+            OffsetToCommit { topic: "other".into(), partition: 0, offset: 2, leader_epoch: None, metadata: None },
         ],
     };
     assert!(groups.commit_offsets(commit).await.iter().all(|r| r.error.is_none()));
@@ -757,14 +777,14 @@ async fn delete_groups_and_offset_delete_follow_kafkas_rules() {
     // Deleting all offsets of an Empty group deletes the group.
     let simple = CommitParams {
         group_id: "s".into(),
-        generation_id: -1,
+        generation_id: None,
         member_id: String::new(),
         group_instance_id: None,
         offsets: vec![OffsetToCommit {
             topic: TOPIC.into(),
             partition: 3,
             offset: 1,
-            leader_epoch: -1,
+            leader_epoch: None,
             metadata: None,
         }],
     };
@@ -787,10 +807,10 @@ async fn given_an_empty_group_when_its_offsets_outlive_the_retention_then_they_e
     let (_broker, groups) = open(dir.path(), &[("offsets.retention.minutes", "1")]).await;
     let commit = |group: &str, partition: i32| CommitParams {
         group_id: group.into(),
-        generation_id: -1,
+        generation_id: None,
         member_id: String::new(),
         group_instance_id: None,
-        offsets: vec![OffsetToCommit { topic: TOPIC.into(), partition, offset: 1, leader_epoch: -1, metadata: None }],
+        offsets: vec![OffsetToCommit { topic: TOPIC.into(), partition, offset: 1, leader_epoch: None, metadata: None }],
     };
     groups.commit_offsets(commit("old", 0)).await;
     let now = weir_broker::Broker::now_ms(&_broker);
@@ -800,7 +820,7 @@ async fn given_an_empty_group_when_its_offsets_outlive_the_retention_then_they_e
     // A group with members keeps its offsets however old.
     let a = member_id(&groups, "live").await;
     let ra = finish(spawn_join(&groups, join_params("live", &a, None))).await;
-    sync_all(&groups, "live", ra.generation_id, &a, std::slice::from_ref(&a)).await;
+    sync_all(&groups, "live", generation_of(&ra), &a, std::slice::from_ref(&a)).await;
     let member_commit = CommitParams { generation_id: ra.generation_id, member_id: a.clone(), ..commit("live", 1) };
     groups.commit_offsets(member_commit).await;
 
@@ -830,19 +850,19 @@ async fn given_a_group_rebalancing_when_a_follower_never_syncs_then_it_is_remove
     assert_eq!(ra.generation_id, rb.generation_id);
     let (leader, follower) = if ra.leader_id == a { (a.clone(), b.clone()) } else { (b.clone(), a.clone()) };
     let assignments = vec![(leader.clone(), Bytes::from_static(b"l")), (follower.clone(), Bytes::from_static(b"f"))];
-    let synced = finish(spawn_sync(&groups, g, ra.generation_id, &leader, assignments)).await;
+    let synced = finish(spawn_sync(&groups, g, generation_of(&ra), &leader, assignments)).await;
     assert_eq!(synced.assignment, Bytes::from_static(b"l"));
     // The follower never syncs: after the rebalance timeout it is removed and the group
     // rebalances without it.
     let started = std::time::Instant::now();
     loop {
-        if heartbeat(&groups, g, ra.generation_id, &leader).await == Err(ErrorKind::RebalanceInProgress) {
+        if heartbeat(&groups, g, generation_of(&ra), &leader).await == Err(ErrorKind::RebalanceInProgress) {
             break;
         }
         assert!(started.elapsed() < WAIT);
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    assert_eq!(heartbeat(&groups, g, ra.generation_id, &follower).await, Err(ErrorKind::UnknownMember));
+    assert_eq!(heartbeat(&groups, g, generation_of(&ra), &follower).await, Err(ErrorKind::UnknownMember));
     let r = finish(spawn_join(&groups, quick(&leader))).await;
     assert_eq!(r.members.len(), 1);
 }

@@ -67,8 +67,27 @@ pub struct PendingOffset {
     pub topic: String,
     pub partition: i32,
     pub offset: i64,
-    pub leader_epoch: i32,
+    /// The leader epoch the consumer read the offset at, when it knows it.
+    #[serde(with = "stored_leader_epoch")]
+    pub leader_epoch: Option<i32>,
     pub metadata: Option<String>,
+}
+
+/// A pending offset's leader epoch as `__transaction_state` records and the coordinators' RPC
+/// carry it: -1 when unknown, so that records written before it was an `Option` still load and
+/// brokers of either version understand each other.
+mod stored_leader_epoch {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    const UNKNOWN: i32 = -1;
+
+    pub fn serialize<S: Serializer>(epoch: &Option<i32>, serializer: S) -> Result<S::Ok, S::Error> {
+        epoch.unwrap_or(UNKNOWN).serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i32>, D::Error> {
+        Ok(Some(i32::deserialize(deserializer)?).filter(|&epoch| epoch != UNKNOWN))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -656,5 +675,22 @@ impl ShardOwner for TxnCoordinator {
     fn unload_shard(&self, index: i32) {
         let count = self.partition_count();
         lock(&self.state).retain(|id, _| count > 0 && crate::group::partition_for(id, count) != index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_offset_stores_an_unknown_leader_epoch_as_minus_one() {
+        let pending =
+            |leader_epoch| PendingOffset { topic: "t".into(), partition: 0, offset: 5, leader_epoch, metadata: None };
+        let unknown = serde_json::to_string(&pending(None)).unwrap();
+        assert_eq!(unknown, r#"{"topic":"t","partition":0,"offset":5,"leader_epoch":-1,"metadata":null}"#);
+        assert_eq!(serde_json::from_str::<PendingOffset>(&unknown).unwrap(), pending(None));
+        let known = serde_json::to_string(&pending(Some(3))).unwrap();
+        assert!(known.contains(r#""leader_epoch":3"#), "{known}");
+        assert_eq!(serde_json::from_str::<PendingOffset>(&known).unwrap(), pending(Some(3)));
     }
 }

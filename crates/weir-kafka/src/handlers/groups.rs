@@ -37,6 +37,7 @@ use kafka_protocol::ResponseError;
 use weir_coordinators::group::OFFSETS_TOPIC;
 use weir_coordinators::txn::TRANSACTION_STATE_TOPIC;
 
+use super::{commit_generation, committed_leader_epoch};
 use crate::context::{Client, Ctx};
 use crate::errors::{code_of, kafka_error};
 
@@ -204,7 +205,7 @@ pub async fn join_group(ctx: &Ctx, client: &Client, req: JoinGroupRequest) -> Jo
     };
     JoinGroupResponse::default()
         .with_error_code(code(result.error))
-        .with_generation_id(result.generation_id)
+        .with_generation_id(result.generation_id.unwrap_or(-1))
         .with_protocol_type(protocol_type)
         .with_protocol_name(protocol_name)
         .with_leader(s(result.leader_id))
@@ -286,14 +287,14 @@ pub async fn offset_commit(ctx: &Ctx, client: &Client, req: OffsetCommitRequest)
                 partition: p.partition_index,
                 offset: p.committed_offset,
                 // Leader epochs exist from v6.
-                leader_epoch: if client.version >= 6 { p.committed_leader_epoch } else { -1 },
+                leader_epoch: if client.version >= 6 { committed_leader_epoch(p.committed_leader_epoch) } else { None },
                 metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
             });
         }
     }
     let params = CommitParams {
         group_id: req.group_id.to_string(),
-        generation_id: req.generation_id_or_member_epoch,
+        generation_id: commit_generation(req.generation_id_or_member_epoch),
         member_id: req.member_id.to_string(),
         group_instance_id: req.group_instance_id.map(|i| i.to_string()),
         offsets,
@@ -341,8 +342,8 @@ pub async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -
             .map(|(topic, partition)| FetchedOffset {
                 topic,
                 partition,
-                offset: -1,
-                leader_epoch: -1,
+                offset: None,
+                leader_epoch: None,
                 metadata: String::new(),
                 error: Some(error),
             })
@@ -353,12 +354,12 @@ pub async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -
         |f| {
             let p = OffsetFetchResponsePartition::default()
                 .with_partition_index(f.partition)
-                .with_committed_offset(f.offset)
+                .with_committed_offset(f.offset.unwrap_or(-1))
                 .with_metadata(Some(s(f.metadata)))
                 .with_error_code(code(f.error));
             // Leader epochs exist from v5.
             if version >= 5 {
-                p.with_committed_leader_epoch(f.leader_epoch)
+                p.with_committed_leader_epoch(f.leader_epoch.unwrap_or(-1))
             } else {
                 p
             }
@@ -371,8 +372,8 @@ pub async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -
 fn partition_v8(f: FetchedOffset) -> OffsetFetchResponsePartitions {
     OffsetFetchResponsePartitions::default()
         .with_partition_index(f.partition)
-        .with_committed_offset(f.offset)
-        .with_committed_leader_epoch(f.leader_epoch)
+        .with_committed_offset(f.offset.unwrap_or(-1))
+        .with_committed_leader_epoch(f.leader_epoch.unwrap_or(-1))
         .with_metadata(Some(s(f.metadata)))
         .with_error_code(code(f.error))
 }
@@ -550,6 +551,7 @@ mod tests {
             let first = join_group(ctx, &client(join_version), join_request(group, "")).await;
             let first = round_trip(&first, join_version);
             assert_eq!(first.error_code, ResponseError::MemberIdRequired.code());
+            assert_eq!(first.generation_id, -1, "no generation yet");
             member_id = first.member_id.to_string();
         }
         let joined = join_group(ctx, &client(join_version), join_request(group, &member_id)).await;
@@ -655,6 +657,9 @@ mod tests {
                     let response = round_trip(&offset_fetch(&ctx, &client(version), request).await, version);
                     let partitions = &response.topics[0].partitions;
                     assert_eq!(partitions[1].committed_offset, -1);
+                    if version >= 5 {
+                        assert_eq!(partitions[1].committed_leader_epoch, -1);
+                    }
                     let p = &partitions[0];
                     (p.committed_offset, p.metadata.clone(), p.committed_leader_epoch)
                 };

@@ -35,6 +35,18 @@ pub(crate) mod authorized_operations {
     pub const TOPIC: i32 = READ | WRITE | CREATE | DELETE | ALTER | DESCRIBE | DESCRIBE_CONFIGS | ALTER_CONFIGS;
 }
 
+/// The generation of an OffsetCommit or TxnOffsetCommit: a negative one (Kafka's clients send
+/// -1) commits from outside the group's generations.
+pub(crate) fn commit_generation(generation: i32) -> Option<i32> {
+    (generation >= 0).then_some(generation)
+}
+
+/// The leader epoch of a committed offset: -1 is unknown (Kafka's
+/// `OffsetAndMetadata.ofSentinel`); any other value is stored, and fetched back, as sent.
+pub(crate) fn committed_leader_epoch(epoch: i32) -> Option<i32> {
+    (epoch != -1).then_some(epoch)
+}
+
 /// A response's optional error message.
 pub(crate) fn message(text: impl Into<String>) -> Option<StrBytes> {
     Some(StrBytes::from_string(text.into()))

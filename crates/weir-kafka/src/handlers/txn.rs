@@ -17,6 +17,7 @@ use kafka_protocol::ResponseError;
 use weir_broker::BrokerError;
 use weir_coordinators::txn::{PendingOffset, ProducerIdentity};
 
+use super::{commit_generation, committed_leader_epoch};
 use crate::context::{Client, Ctx};
 use crate::errors;
 
@@ -92,7 +93,7 @@ pub async fn txn_offset_commit(ctx: &Ctx, client: &Client, request: TxnOffsetCom
                 topic: topic.name.to_string(),
                 partition: p.partition_index,
                 offset: p.committed_offset,
-                leader_epoch: if client.version >= 2 { p.committed_leader_epoch } else { -1 },
+                leader_epoch: if client.version >= 2 { committed_leader_epoch(p.committed_leader_epoch) } else { None },
                 metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
             });
         }
@@ -102,7 +103,7 @@ pub async fn txn_offset_commit(ctx: &Ctx, client: &Client, request: TxnOffsetCom
         ctx.groups
             .validate_transactional_commit(
                 &group,
-                request.generation_id,
+                commit_generation(request.generation_id),
                 request.member_id.as_str(),
                 request.group_instance_id.as_ref().map(|i| i.as_str()),
             )

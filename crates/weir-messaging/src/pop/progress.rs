@@ -68,13 +68,13 @@ pub(crate) async fn commit_moved(
                 topic: key.topic.clone(),
                 partition: key.partition,
                 offset: *offset,
-                leader_epoch: -1,
+                leader_epoch: None,
                 metadata: Some(METADATA.to_string()),
             })
             .collect();
         let params = CommitParams {
             group_id: group.clone(),
-            generation_id: -1,
+            generation_id: None,
             member_id: String::new(),
             group_instance_id: None,
             offsets,
