@@ -366,7 +366,7 @@ async fn offset_at_here(broker: &Arc<Broker>, topic: &str, index: i32, timestamp
     tokio::task::spawn_blocking(move || -> Result<i64, ApiError> {
         let hw = partition.log.high_watermark();
         let found = broker.list_offset(&partition, OffsetQuery::AtTimestamp(timestamp), Isolation::HighWatermark)?;
-        Ok(if found.offset == -1 { hw } else { found.offset })
+        Ok(found.map_or(hw, |found| found.offset))
     })
     .await
     .map_err(|e| ApiError::internal(format!("offset lookup failed: {e}")))?

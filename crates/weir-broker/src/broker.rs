@@ -75,11 +75,12 @@ pub enum OffsetQuery {
     AtTimestamp(i64),
 }
 
-/// What ListOffsets resolves a query to; offset -1 when no record matches.
+/// What ListOffsets resolves a query to (when a record matches, or for `Latest`/`Earliest`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OffsetAnswer {
-    /// The found record's timestamp; -1 for `Latest` and `Earliest`.
-    pub timestamp: i64,
+    /// The found record's timestamp; `None` for `Latest` and `Earliest`, which find an offset,
+    /// not a record.
+    pub timestamp: Option<i64>,
     pub offset: i64,
     /// The leader epoch the offset belongs to, when the log knows it.
     pub leader_epoch: Option<i32>,
@@ -822,20 +823,20 @@ impl Broker {
         partition: &Partition,
         query: OffsetQuery,
         isolation: Isolation,
-    ) -> Result<OffsetAnswer, BrokerError> {
+    ) -> Result<Option<OffsetAnswer>, BrokerError> {
         let log = &partition.log;
         let end = match isolation {
             Isolation::HighWatermark => log.high_watermark(),
             Isolation::Committed => log.last_stable_offset(),
         };
         let found = match query {
-            OffsetQuery::Latest => Some((-1, end)),
-            OffsetQuery::Earliest => Some((-1, log.log_start_offset())),
+            OffsetQuery::Latest => Some((None, end)),
+            OffsetQuery::Earliest => Some((None, log.log_start_offset())),
             OffsetQuery::MaxTimestamp => {
-                log.max_timestamp_offset()?.map(|f| (f.timestamp, f.offset)).filter(|(_, offset)| *offset < end)
+                log.max_timestamp_offset()?.map(|f| (Some(f.timestamp), f.offset)).filter(|(_, offset)| *offset < end)
             }
             OffsetQuery::AtTimestamp(t) if t >= 0 => {
-                log.offset_for_timestamp(t)?.map(|f| (f.timestamp, f.offset)).filter(|(_, offset)| *offset < end)
+                log.offset_for_timestamp(t)?.map(|f| (Some(f.timestamp), f.offset)).filter(|(_, offset)| *offset < end)
             }
             OffsetQuery::AtTimestamp(t) => {
                 return Err(BrokerError::new(
@@ -846,9 +847,9 @@ impl Broker {
         };
         Ok(match found {
             Some((timestamp, offset)) => {
-                OffsetAnswer { timestamp, offset, leader_epoch: log.epoch_for_offset(offset)? }
+                Some(OffsetAnswer { timestamp, offset, leader_epoch: log.epoch_for_offset(offset)? })
             }
-            None => OffsetAnswer { timestamp: -1, offset: -1, leader_epoch: None },
+            None => None,
         })
     }
 

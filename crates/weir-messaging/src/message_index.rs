@@ -665,8 +665,11 @@ impl Messaging {
                 weir_broker::broker::OffsetQuery::AtTimestamp(range.0.max(0)),
                 weir_broker::fetch::Isolation::HighWatermark,
             )?;
-            let (mut next, end) = (start.offset, partition.log.high_watermark());
-            'read: while next >= 0 && next < end && found.len() < max {
+            let end = partition.log.high_watermark();
+            // No record at or after the range's start: nothing of this partition is in it.
+            let Some(start) = start else { continue };
+            let mut next = start.offset;
+            'read: while next < end && found.len() < max {
                 let (records, after) = self.broker.read_records(partition, next, READ_BYTES)?;
                 for record in records {
                     if record.timestamp > range.1 {

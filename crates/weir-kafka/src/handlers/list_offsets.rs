@@ -58,11 +58,13 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsRequest) -> 
                             partition.check_leader_epoch(leader_epoch(p.current_leader_epoch))?;
                             broker.list_offset(&partition, query(p.timestamp), isolation)
                         });
+                        // Kafka's -1 for "none": no timestamp, no matching record, no epoch.
                         match answer {
-                            Ok(a) => base
-                                .with_timestamp(a.timestamp)
+                            Ok(Some(a)) => base
+                                .with_timestamp(a.timestamp.unwrap_or(-1))
                                 .with_offset(a.offset)
                                 .with_leader_epoch(if with_epochs { a.leader_epoch.unwrap_or(-1) } else { -1 }),
+                            Ok(None) => base,
                             Err(e) => base.with_error_code(errors::code(&e)),
                         }
                     })
