@@ -16,7 +16,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod group;
-pub mod metrics;
+mod metrics;
 mod shards;
 pub mod txn;
 

@@ -42,12 +42,12 @@ pub(crate) struct Shards<T> {
 }
 
 impl<T> Shards<T> {
-    pub fn new(topic: &'static str) -> Shards<T> {
+    pub(crate) fn new(topic: &'static str) -> Shards<T> {
         Shards { topic, states: RwLock::new(HashMap::new()) }
     }
 
     /// The loaded shard `index`, or why this broker cannot serve it.
-    pub fn get(&self, index: i32) -> Result<Arc<T>, BrokerError> {
+    pub(crate) fn get(&self, index: i32) -> Result<Arc<T>, BrokerError> {
         match read(&self.states).get(&index) {
             Some(ShardState::Loaded(shard)) => Ok(shard.clone()),
             Some(ShardState::Loading) => Err(BrokerError::new(
@@ -92,7 +92,7 @@ impl<T> Shards<T> {
     }
 
     /// Every loaded shard, by partition.
-    pub fn loaded(&self) -> BTreeMap<i32, Arc<T>> {
+    pub(crate) fn loaded(&self) -> BTreeMap<i32, Arc<T>> {
         read(&self.states)
             .iter()
             .filter_map(|(index, state)| match state {

@@ -19,17 +19,17 @@ use weir_storage::sync::lock;
 
 /// A client not heard from for this long is gone. RocketMQ clients heartbeat every 10 s, so
 /// this is three heartbeats missed.
-pub const CLIENT_SILENCE_MS_MAX: i64 = 30_000;
+pub(crate) const CLIENT_SILENCE_MS_MAX: i64 = 30_000;
 
 /// A client not heard from in any call for this long is gone for what it holds: the renewal of
-/// its messages stops and they come back to the group. Longer than [`CLIENT_SILENCE_MS_MAX`]: a
+/// its messages stops and they come back to the group. Longer than `CLIENT_SILENCE_MS_MAX`: a
 /// consumer busy with a slow message must not lose it to a missed heartbeat or two (RocketMQ's
 /// proxy waits as long).
 pub const CALLER_SILENCE_MS_MAX: i64 = 60_000;
 
 /// Most clients one broker remembers, as consumers and as callers each; past it, the longest
 /// silent one is forgotten first. A bound on what misbehaving clients can make the broker keep.
-pub const CLIENTS_MAX: usize = 65_536;
+pub(crate) const CLIENTS_MAX: usize = 65_536;
 
 /// What kind of consumer a client says it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -39,17 +39,6 @@ pub enum ClientKind {
     PullConsumer,
     /// Not said yet (known only from a receive).
     Consumer,
-}
-
-impl ClientKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClientKind::SimpleConsumer => "SimpleConsumer",
-            ClientKind::PushConsumer => "PushConsumer",
-            ClientKind::PullConsumer => "PullConsumer",
-            ClientKind::Consumer => "Consumer",
-        }
-    }
 }
 
 /// One connected consumer of a group.
@@ -161,7 +150,7 @@ impl ConnectedClients {
         lock(&self.last_call_ms).remove(client_id);
     }
 
-    /// The consumers of `group` heard from within [`CLIENT_SILENCE_MS_MAX`] of `now_ms`, by
+    /// The consumers of `group` heard from within `CLIENT_SILENCE_MS_MAX` of `now_ms`, by
     /// client id.
     pub fn of_group(&self, group: &str, now_ms: i64) -> Vec<ConnectedClient> {
         let mut groups = lock(&self.groups);
@@ -169,7 +158,7 @@ impl ConnectedClients {
         groups.get(group).map(|clients| clients.values().cloned().collect()).unwrap_or_default()
     }
 
-    /// The groups with a consumer heard from within [`CLIENT_SILENCE_MS_MAX`], sorted.
+    /// The groups with a consumer heard from within `CLIENT_SILENCE_MS_MAX`, sorted.
     pub fn groups(&self, now_ms: i64) -> Vec<String> {
         let mut groups = lock(&self.groups);
         Self::forget_silent(&mut groups, now_ms);

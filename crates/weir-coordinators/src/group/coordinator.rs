@@ -500,7 +500,7 @@ impl GroupCoordinator {
     /// Stores the offsets a transaction committed (TxnOffsetCommit, materialized when EndTxn
     /// commits): the member was checked when the offsets were sent, so the group's current
     /// generation is not checked again. Blocking.
-    pub fn commit_transaction_offsets_blocking(
+    pub(crate) fn commit_transaction_offsets_blocking(
         &self,
         group_id: &str,
         offsets: Vec<super::OffsetToCommit>,
@@ -819,7 +819,7 @@ impl GroupCoordinator {
 
     /// Every live group's state and committed offsets, sorted by group id: a copy taken under
     /// the groups mutex (in-memory work only), for metrics.
-    pub fn committed_offsets(&self) -> Vec<GroupOffsets> {
+    pub(crate) fn committed_offsets(&self) -> Vec<GroupOffsets> {
         let groups = self.groups();
         let mut out: Vec<GroupOffsets> = groups
             .values()
@@ -918,7 +918,7 @@ impl GroupCoordinator {
     /// Deletes committed offsets of Empty groups that have not been committed (nor the group
     /// been non-empty) for `offsets.retention.minutes`, and Empty groups left with nothing.
     /// Blocking (appends tombstones).
-    pub fn expire_offsets_blocking(&self) {
+    pub(crate) fn expire_offsets_blocking(&self) {
         self.expire_offsets_at(self.now_ms());
     }
 

@@ -1,7 +1,7 @@
 //! Consumer groups: the classic group protocol's coordinator and the committed-offset store.
 //!
 //! Code map:
-//! - [`coordinator`]: [`GroupCoordinator`], the entry point. Holds every group under one mutex,
+//! - `coordinator`: [`GroupCoordinator`], the entry point. Holds every group under one mutex,
 //!   runs the timers (join phase, session expiry, pending syncs, offset retention), and does the
 //!   log appends outside that mutex.
 //! - `state`: one group's state machine (Kafka's `GroupMetadata` plus the per-group parts of its
@@ -25,7 +25,7 @@
 //! type and generation intact.
 
 pub mod clients;
-pub mod coordinator;
+mod coordinator;
 mod offsets;
 mod state;
 #[cfg(test)]
@@ -39,11 +39,11 @@ pub use weir_broker::error::ErrorKind;
 /// The internal topic holding committed offsets and group records.
 pub use weir_broker::metadata::OFFSETS_TOPIC;
 /// Longest commit metadata string accepted (Kafka's `offset.metadata.max.bytes` default).
-pub const OFFSET_METADATA_MAX_BYTES: usize = 4096;
+pub(crate) const OFFSET_METADATA_MAX_BYTES: usize = 4096;
 /// A joining member that never completes its first join is removed after this long (Kafka's
 /// `GroupCoordinator.NewMemberJoinTimeoutMs`): its socket is muted while the join waits, so a
 /// disconnect cannot be noticed otherwise.
-pub const NEW_MEMBER_JOIN_TIMEOUT_MS: i64 = 300_000;
+pub(crate) const NEW_MEMBER_JOIN_TIMEOUT_MS: i64 = 300_000;
 
 /// A group's state, with Kafka's names (ListGroups and DescribeGroups send them as strings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,7 +86,7 @@ impl GroupState {
 
 /// The `__consumer_offsets` partition that owns `group_id`: `abs(String.hashCode) % partitions`,
 /// as Kafka computes it (Java's hash over UTF-16 code units; `abs(i32::MIN)` is 0).
-pub fn partition_for(group_id: &str, partitions: i32) -> i32 {
+pub(crate) fn partition_for(group_id: &str, partitions: i32) -> i32 {
     assert!(partitions > 0, "the offsets topic has at least one partition");
     let hash = group_id.encode_utf16().fold(0i32, |h, unit| h.wrapping_mul(31).wrapping_add(i32::from(unit)));
     let abs = if hash == i32::MIN { 0 } else { hash.abs() };
@@ -145,7 +145,7 @@ pub struct JoinGroupResult {
 }
 
 impl JoinGroupResult {
-    pub fn error(member_id: impl Into<String>, code: ErrorKind) -> JoinGroupResult {
+    pub(crate) fn error(member_id: impl Into<String>, code: ErrorKind) -> JoinGroupResult {
         JoinGroupResult {
             error: Some(code),
             member_id: member_id.into(),
@@ -181,7 +181,7 @@ pub struct SyncGroupResult {
 }
 
 impl SyncGroupResult {
-    pub fn error(code: ErrorKind) -> SyncGroupResult {
+    pub(crate) fn error(code: ErrorKind) -> SyncGroupResult {
         SyncGroupResult { error: Some(code), protocol_type: None, protocol_name: None, assignment: Bytes::new() }
     }
 }
@@ -271,11 +271,11 @@ pub struct GroupListing {
 
 /// A group's committed offsets, copied for metrics (consumer lag is computed from them).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupOffsets {
-    pub group_id: String,
-    pub state: GroupState,
+pub(crate) struct GroupOffsets {
+    pub(crate) group_id: String,
+    pub(crate) state: GroupState,
     /// (topic, partition, committed offset), sorted.
-    pub offsets: Vec<(String, i32, i64)>,
+    pub(crate) offsets: Vec<(String, i32, i64)>,
 }
 
 #[derive(Debug, Clone)]

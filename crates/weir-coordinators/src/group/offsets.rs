@@ -55,10 +55,10 @@ pub(crate) enum RecordKey {
 /// What a group record keeps of a group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GroupRecord {
-    pub generation: i32,
-    pub protocol_type: String,
-    pub protocol_name: Option<String>,
-    pub timestamp_ms: i64,
+    pub(crate) generation: i32,
+    pub(crate) protocol_type: String,
+    pub(crate) protocol_name: Option<String>,
+    pub(crate) timestamp_ms: i64,
 }
 
 fn put_str(buf: &mut BytesMut, s: &str) {
@@ -185,8 +185,8 @@ pub(crate) fn decode_group_value(mut buf: &[u8]) -> Result<GroupRecord, String> 
 /// What the log says about one group.
 #[derive(Debug, Default)]
 pub(crate) struct LoadedGroup {
-    pub record: Option<GroupRecord>,
-    pub offsets: HashMap<(String, i32), CommittedOffset>,
+    pub(crate) record: Option<GroupRecord>,
+    pub(crate) offsets: HashMap<(String, i32), CommittedOffset>,
 }
 
 /// Replays one partition of `__consumer_offsets` into `groups`. Blocking. Records that cannot be

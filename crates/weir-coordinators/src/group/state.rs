@@ -45,28 +45,28 @@ pub(crate) type SyncTx = oneshot::Sender<SyncGroupResult>;
 /// The broker settings a group obeys.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
-    pub initial_rebalance_delay_ms: i64,
-    pub max_size: usize,
+    pub(crate) initial_rebalance_delay_ms: i64,
+    pub(crate) max_size: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CommittedOffset {
-    pub offset: i64,
-    pub leader_epoch: Option<i32>,
-    pub metadata: String,
-    pub commit_timestamp_ms: i64,
+    pub(crate) offset: i64,
+    pub(crate) leader_epoch: Option<i32>,
+    pub(crate) metadata: String,
+    pub(crate) commit_timestamp_ms: i64,
 }
 
 pub(crate) struct Member {
-    pub member_id: String,
-    pub group_instance_id: Option<String>,
-    pub client_id: String,
-    pub client_host: String,
-    pub session_timeout_ms: i32,
-    pub rebalance_timeout_ms: i32,
-    pub protocol_type: String,
-    pub protocols: Vec<Protocol>,
-    pub assignment: Bytes,
+    pub(crate) member_id: String,
+    pub(crate) group_instance_id: Option<String>,
+    pub(crate) client_id: String,
+    pub(crate) client_host: String,
+    pub(crate) session_timeout_ms: i32,
+    pub(crate) rebalance_timeout_ms: i32,
+    pub(crate) protocol_type: String,
+    pub(crate) protocols: Vec<Protocol>,
+    pub(crate) assignment: Bytes,
     join_waiter: Option<JoinTx>,
     sync_waiter: Option<SyncTx>,
     /// Added in the current rebalance and not yet given a generation. A new member cannot
@@ -145,13 +145,13 @@ pub(crate) enum SyncOutcome {
 }
 
 pub(crate) struct Group {
-    pub id: String,
-    pub state: GroupState,
+    pub(crate) id: String,
+    pub(crate) state: GroupState,
     /// Set by the first member to join; kept while Empty (ListGroups shows it).
-    pub protocol_type: Option<String>,
+    pub(crate) protocol_type: Option<String>,
     /// The protocol selected for the current generation; `None` while Empty.
-    pub protocol_name: Option<String>,
-    pub generation: i32,
+    pub(crate) protocol_name: Option<String>,
+    pub(crate) generation: i32,
     leader: Option<String>,
     /// By member id (so the leader's member list comes out in a stable order).
     members: BTreeMap<String, Member>,
@@ -174,16 +174,16 @@ pub(crate) struct Group {
     /// Topics the members subscribe to (consumer protocol), for OffsetDelete; `None` when
     /// unknown (then every topic counts as subscribed).
     subscribed_topics: Option<HashSet<String>>,
-    pub offsets: HashMap<(String, i32), CommittedOffset>,
+    pub(crate) offsets: HashMap<(String, i32), CommittedOffset>,
     /// When the group last became Empty: committed offsets of an Empty group expire
     /// `offsets.retention.minutes` after this or their commit, whichever is later.
-    pub empty_since_ms: i64,
+    pub(crate) empty_since_ms: i64,
     /// A group record of this group is in the log (deleting the group needs a tombstone).
-    pub persisted: bool,
+    pub(crate) persisted: bool,
 }
 
 impl Group {
-    pub fn new(id: String, now_ms: i64) -> Group {
+    pub(crate) fn new(id: String, now_ms: i64) -> Group {
         Group {
             id,
             state: GroupState::Empty,
@@ -207,7 +207,7 @@ impl Group {
     }
 
     /// A group as the log left it: Empty, its members gone.
-    pub fn from_loaded(id: String, loaded: LoadedGroup) -> Group {
+    pub(crate) fn from_loaded(id: String, loaded: LoadedGroup) -> Group {
         let mut group = Group::new(id, 0);
         if let Some(record) = loaded.record {
             group.generation = record.generation;
@@ -222,7 +222,7 @@ impl Group {
     }
 
     /// The record stored when a rebalance completes.
-    pub fn record(&self, now_ms: i64) -> GroupRecord {
+    pub(crate) fn record(&self, now_ms: i64) -> GroupRecord {
         GroupRecord {
             generation: self.generation,
             protocol_type: self.protocol_type.clone().unwrap_or_default(),
@@ -232,22 +232,22 @@ impl Group {
     }
 
     /// Nothing left to keep: no members, no pending members, no offsets.
-    pub fn is_vacant(&self) -> bool {
+    pub(crate) fn is_vacant(&self) -> bool {
         self.state == GroupState::Empty
             && self.members.is_empty()
             && self.pending_members.is_empty()
             && self.offsets.is_empty()
     }
 
-    pub fn has_members(&self) -> bool {
+    pub(crate) fn has_members(&self) -> bool {
         !self.members.is_empty()
     }
 
-    pub fn is_consumer_group(&self) -> bool {
+    pub(crate) fn is_consumer_group(&self) -> bool {
         self.protocol_type.as_deref() == Some("consumer")
     }
 
-    pub fn is_subscribed_to(&self, topic: &str) -> bool {
+    pub(crate) fn is_subscribed_to(&self, topic: &str) -> bool {
         self.subscribed_topics.as_ref().is_none_or(|topics| topics.contains(topic))
     }
 
@@ -603,7 +603,7 @@ impl Group {
 
     /// JoinGroup (Kafka's `handleJoinGroup` once the group exists). The reply goes to `reply`,
     /// at once or when the join phase completes.
-    pub fn join(&mut self, params: JoinGroupParams, reply: JoinTx, now_ms: i64, limits: &Limits) {
+    pub(crate) fn join(&mut self, params: JoinGroupParams, reply: JoinTx, now_ms: i64, limits: &Limits) {
         // A restarting static member takes its own place back, so it never counts as one more.
         let known_instance =
             params.group_instance_id.as_ref().is_some_and(|instance| self.static_members.contains_key(instance));
@@ -786,7 +786,7 @@ impl Group {
 
     /// SyncGroup. A follower's reply waits for the leader's assignment; the leader's
     /// assignment must be stored before anyone gets it ([`SyncOutcome::Store`]).
-    pub fn sync(&mut self, params: SyncGroupParams, reply: SyncTx, now_ms: i64) -> SyncOutcome {
+    pub(crate) fn sync(&mut self, params: SyncGroupParams, reply: SyncTx, now_ms: i64) -> SyncOutcome {
         let fail = |reply: SyncTx, code| {
             let _ = reply.send(SyncGroupResult::error(code));
             SyncOutcome::Done
@@ -845,7 +845,7 @@ impl Group {
 
     /// The group record of `generation` was stored (or not): hand out the assignment and become
     /// Stable, unless the group moved on meanwhile (then its members were already told).
-    pub fn complete_sync(
+    pub(crate) fn complete_sync(
         &mut self,
         generation: i32,
         assignments: &HashMap<String, Bytes>,
@@ -871,7 +871,7 @@ impl Group {
         self.poll(now_ms, limits);
     }
 
-    pub fn heartbeat(&mut self, params: &HeartbeatParams, now_ms: i64) -> Result<(), ErrorKind> {
+    pub(crate) fn heartbeat(&mut self, params: &HeartbeatParams, now_ms: i64) -> Result<(), ErrorKind> {
         if self.state == GroupState::Dead {
             return Err(ErrorKind::CoordinatorNotAvailable);
         }
@@ -898,7 +898,7 @@ impl Group {
         }
     }
 
-    pub fn leave(&mut self, leaving: Vec<LeavingMember>, now_ms: i64, limits: &Limits) -> LeaveGroupResult {
+    pub(crate) fn leave(&mut self, leaving: Vec<LeavingMember>, now_ms: i64, limits: &Limits) -> LeaveGroupResult {
         if self.state == GroupState::Dead {
             return LeaveGroupResult { error: Some(ErrorKind::CoordinatorNotAvailable), members: Vec::new() };
         }
@@ -937,7 +937,7 @@ impl Group {
 
     /// Kafka's `validateOffsetCommit` plus its state rules. A commit without generation, member
     /// id or instance id is a "simple" commit, allowed only while the group has no members.
-    pub fn validate_commit(
+    pub(crate) fn validate_commit(
         &mut self,
         generation_id: Option<i32>,
         member_id: &str,
@@ -970,7 +970,7 @@ impl Group {
         }
     }
 
-    pub fn describe(&self) -> GroupDescription {
+    pub(crate) fn describe(&self) -> GroupDescription {
         let stable = self.state == GroupState::Stable;
         let protocol = if stable { self.protocol_name.clone().unwrap_or_default() } else { String::new() };
         GroupDescription {
@@ -999,7 +999,7 @@ impl Group {
     /// Runs whatever is due at `now_ms`: forgotten pending members, expired sessions, members
     /// that never synced, the end of the join phase. Call after every change and on timer
     /// ticks; cheap when nothing is due.
-    pub fn poll(&mut self, now_ms: i64, limits: &Limits) {
+    pub(crate) fn poll(&mut self, now_ms: i64, limits: &Limits) {
         let forgotten: Vec<String> = self
             .pending_members
             .iter()
@@ -1049,14 +1049,14 @@ impl Group {
     }
 
     /// The next time `poll` has something to do, if any.
-    pub fn next_deadline_ms(&self) -> Option<i64> {
+    pub(crate) fn next_deadline_ms(&self) -> Option<i64> {
         let sessions = self.members.values().filter(|m| m.can_expire()).map(|m| m.session_deadline_ms);
         let join = if self.state == GroupState::PreparingRebalance { self.join_deadline_ms } else { None };
         sessions.chain(self.pending_members.values().copied()).chain(join).chain(self.sync_deadline_ms).min()
     }
 
     /// Answers every waiting request with `code` (broker shutdown).
-    pub fn fail_waiters(&mut self, code: ErrorKind) {
+    pub(crate) fn fail_waiters(&mut self, code: ErrorKind) {
         for member in self.members.values_mut() {
             member.reply_join(JoinGroupResult::error(member.member_id.clone(), code));
             member.reply_sync(SyncGroupResult::error(code));
@@ -1065,7 +1065,7 @@ impl Group {
 
     /// Asserts the invariants of the module doc. Run by the coordinator whenever it lets go of
     /// the groups in debug builds (see `coordinator::Groups`).
-    pub fn check_invariants(&self) {
+    pub(crate) fn check_invariants(&self) {
         assert_eq!(self.leader.is_some(), !self.members.is_empty(), "leader iff members in {}", self.id);
         if let Some(leader) = &self.leader {
             assert!(self.members.contains_key(leader), "leader {leader} is a member");

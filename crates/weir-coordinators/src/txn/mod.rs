@@ -81,11 +81,11 @@ mod stored_leader_epoch {
 
     const UNKNOWN: i32 = -1;
 
-    pub fn serialize<S: Serializer>(epoch: &Option<i32>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(epoch: &Option<i32>, serializer: S) -> Result<S::Ok, S::Error> {
         epoch.unwrap_or(UNKNOWN).serialize(serializer)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i32>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i32>, D::Error> {
         Ok(Some(i32::deserialize(deserializer)?).filter(|&epoch| epoch != UNKNOWN))
     }
 }
@@ -99,10 +99,10 @@ pub struct TxnMetadata {
     pub state: TxnState,
     pub partitions: BTreeSet<(String, i32)>,
     /// Offsets by group, stored when the transaction commits.
-    pub pending_offsets: BTreeMap<String, Vec<PendingOffset>>,
+    pub(crate) pending_offsets: BTreeMap<String, Vec<PendingOffset>>,
     /// When the open transaction began (ms), for the timeout.
     pub started_ms: i64,
-    pub updated_ms: i64,
+    pub(crate) updated_ms: i64,
 }
 
 /// A transaction's identity as a request states it.
@@ -553,7 +553,7 @@ impl TxnCoordinator {
     }
 
     /// Aborts transactions open longer than their timeout. Blocking.
-    pub fn abort_timed_out(&self) -> Result<(), BrokerError> {
+    pub(crate) fn abort_timed_out(&self) -> Result<(), BrokerError> {
         let now = self.broker.now_ms();
         let expired: Vec<TxnMetadata> = lock(&self.state)
             .values()

@@ -30,10 +30,10 @@ const OFFSET_COMMIT: &str = "txn.offset_commit";
 /// The markers that end one transaction, for a set of partitions.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Markers {
-    pub producer_id: i64,
-    pub producer_epoch: i16,
-    pub commit: bool,
-    pub partitions: Vec<(String, i32)>,
+    pub(crate) producer_id: i64,
+    pub(crate) producer_epoch: i16,
+    pub(crate) commit: bool,
+    pub(crate) partitions: Vec<(String, i32)>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
