@@ -22,7 +22,12 @@ use crate::dispatch::{self, Reply};
 use crate::frame::{self, FrameError};
 use crate::zero_copy;
 
-pub async fn serve_connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr, shutdown: watch::Receiver<bool>) {
+pub(crate) async fn serve_connection(
+    ctx: Arc<Ctx>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) {
     let _ = stream.set_nodelay(true);
     let queued = ctx.broker.config.queued_requests_per_connection;
     let (read_half, write_half) = stream.into_split();

@@ -10,15 +10,15 @@ use weir_coordinators::txn::TxnCoordinator;
 
 /// Slots of the Kafka request metrics, indexed by API key. Kafka's keys are below 100 today; a
 /// key at or above this is counted as an unknown API.
-pub const API_SLOTS: usize = 128;
+pub(crate) const API_SLOTS: usize = 128;
 
 /// Shared by all connections.
 pub struct Ctx {
-    pub broker: Arc<Broker>,
-    pub groups: Arc<GroupCoordinator>,
-    pub txns: Arc<TxnCoordinator>,
+    pub(crate) broker: Arc<Broker>,
+    pub(crate) groups: Arc<GroupCoordinator>,
+    pub(crate) txns: Arc<TxnCoordinator>,
     /// The `protocol="kafka"` rows of the broker's request and connection metrics.
-    pub metrics: Arc<ProtocolMetrics>,
+    pub(crate) metrics: Arc<ProtocolMetrics>,
 }
 
 impl Ctx {
@@ -36,10 +36,10 @@ impl Ctx {
 
 /// The client behind one request.
 #[derive(Debug, Clone)]
-pub struct Client {
+pub(crate) struct Client {
     /// The request's API version.
-    pub version: i16,
-    pub client_id: String,
+    pub(crate) version: i16,
+    pub(crate) client_id: String,
     /// The peer's IP address, as DescribeGroups reports it.
-    pub host: String,
+    pub(crate) host: String,
 }

@@ -24,10 +24,10 @@ pub(crate) fn api_metrics(metrics: &ProtocolMetrics, api_key: ApiKey) -> Option<
 
 /// The rest of a request's work, run after the connection has moved on to its next request.
 /// Resolves to the response, `None` when none is due, or an error that closes the connection.
-pub type Deferred = Pin<Box<dyn Future<Output = Result<Option<ResponseFrame>, FrameError>> + Send>>;
+pub(crate) type Deferred = Pin<Box<dyn Future<Output = Result<Option<ResponseFrame>, FrameError>> + Send>>;
 
 /// What handling a request produced. Responses go out in request order either way.
-pub enum Reply {
+pub(crate) enum Reply {
     /// The response, or `None` when none is due (Produce with acks=0).
     Now(Option<ResponseFrame>),
     /// A produce whose batches are written but whose fsync (`flush.policy=sync`) is still to
@@ -41,7 +41,7 @@ pub enum Reply {
 /// The time measured runs from here (the request was read and its turn on the connection has
 /// come) to the response being encoded, before it is written: for Fetch it includes the
 /// long-poll wait, for JoinGroup the wait for the other members, for Produce the fsync.
-pub async fn handle(ctx: &Ctx, host: &str, frame: Bytes) -> Result<Reply, FrameError> {
+pub(crate) async fn handle(ctx: &Ctx, host: &str, frame: Bytes) -> Result<Reply, FrameError> {
     let started = Instant::now();
     let known = frame::peek_prefix(&frame).ok().and_then(|p| ApiKey::try_from(p.api_key).ok());
     let Some((key, metrics)) = known.and_then(|key| api_metrics(&ctx.metrics, key).map(|m| (key, m))) else {

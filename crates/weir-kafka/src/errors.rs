@@ -74,12 +74,12 @@ pub fn kafka_error(kind: ErrorKind) -> ResponseError {
 }
 
 /// The Kafka error code of a core error, as a response carries it.
-pub fn code(error: &BrokerError) -> i16 {
+pub(crate) fn code(error: &BrokerError) -> i16 {
     kafka_error(error.kind).code()
 }
 
 /// The error code of an optional error kind (`None`: success, code 0).
-pub fn code_of(kind: Option<ErrorKind>) -> i16 {
+pub(crate) fn code_of(kind: Option<ErrorKind>) -> i16 {
     kind.map_or(0, |k| kafka_error(k).code())
 }
 

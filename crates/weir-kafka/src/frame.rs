@@ -37,7 +37,7 @@ pub enum FrameError {
 
 /// Reads one frame's bytes (without the size prefix). `Ok(None)` is a clean end of stream at a
 /// frame boundary.
-pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R, max: usize) -> Result<Option<Bytes>, FrameError> {
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R, max: usize) -> Result<Option<Bytes>, FrameError> {
     let mut size = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -71,7 +71,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R, max: usize) -> Res
 pub struct RequestPrefix {
     pub api_key: i16,
     pub version: i16,
-    pub correlation_id: i32,
+    pub(crate) correlation_id: i32,
 }
 
 pub fn peek_prefix(frame: &Bytes) -> Result<RequestPrefix, FrameError> {
@@ -100,7 +100,7 @@ pub fn decode_body<T: Decodable>(body: &mut Bytes, api_key: ApiKey, version: i16
 }
 
 /// A piece of a response on the wire.
-pub enum Chunk {
+pub(crate) enum Chunk {
     Bytes(Bytes),
     /// Record data sent straight from the segment file.
     File(FileSlice),
@@ -108,23 +108,7 @@ pub enum Chunk {
 
 /// A whole response frame, size prefix included.
 pub struct ResponseFrame {
-    pub chunks: Vec<Chunk>,
-}
-
-impl ResponseFrame {
-    pub fn len(&self) -> usize {
-        self.chunks
-            .iter()
-            .map(|c| match c {
-                Chunk::Bytes(b) => b.len(),
-                Chunk::File(f) => f.len as usize,
-            })
-            .sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+    pub(crate) chunks: Vec<Chunk>,
 }
 
 /// Encodes `[size][response header][body]` into one buffer.

@@ -2,22 +2,22 @@
 //! schemas from the `kafka-protocol` crate. It is a thin adapter: decode a request, call the
 //! broker core (`weir-broker`), encode the response.
 //!
-//! Layout: [`server`] accepts, [`connection`] reads frames ahead and writes responses in order,
-//! [`dispatch`] routes a frame to its handler in [`handlers`], [`zero_copy`] sends fetched
+//! Layout: `server` accepts, `connection` reads frames ahead and writes responses in order,
+//! `dispatch` routes a frame to its handler in `handlers`, [`zero_copy`] sends fetched
 //! record data with `sendfile`. [`versions`] is the single list of supported APIs.
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
-pub mod connection;
-pub mod context;
-pub mod dispatch;
+mod connection;
+mod context;
+mod dispatch;
 pub mod errors;
 pub mod frame;
-pub mod handlers;
+mod handlers;
 pub mod replica_fetcher;
-pub mod server;
+mod server;
 pub mod versions;
 pub mod zero_copy;
 
-pub use context::{Client, Ctx};
+pub use context::Ctx;
 pub use server::serve;

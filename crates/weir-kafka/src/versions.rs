@@ -56,7 +56,7 @@ pub fn supported(key: ApiKey) -> Option<VersionRange> {
 }
 
 /// Every implemented API with its range, in API key order.
-pub fn all() -> Vec<(ApiKey, VersionRange)> {
+pub(crate) fn all() -> Vec<(ApiKey, VersionRange)> {
     let mut out: Vec<(ApiKey, VersionRange)> =
         IMPLEMENTED.iter().filter_map(|(k, _, _)| supported(*k).map(|r| (*k, r))).collect();
     out.sort_by_key(|(k, _)| *k as i16);

@@ -4,7 +4,7 @@
 //! partition's `records` field holds a 16-byte placeholder: a per-process random nonce and the
 //! index of the file range it stands for. The encoded buffer (headers only, small) is then cut
 //! at each placeholder, the placeholder's length prefix is re-encoded for the real length, and
-//! the file range is spliced in as a [`Chunk::File`]. The writer sends bytes chunks with
+//! the file range is spliced in as a `Chunk::File`. The writer sends bytes chunks with
 //! `write_all` and file chunks with `sendfile`, so record data never enters user space.
 
 use std::hash::{BuildHasher, Hasher};
@@ -18,7 +18,7 @@ use weir_storage::FileSlice;
 
 use crate::frame::{Chunk, ResponseFrame};
 
-pub const PLACEHOLDER_LEN: usize = 16;
+pub(crate) const PLACEHOLDER_LEN: usize = 16;
 
 fn nonce() -> u64 {
     static NONCE: OnceLock<u64> = OnceLock::new();
@@ -94,7 +94,11 @@ fn length_prefix(len: usize, compact: bool) -> Bytes {
 /// Writes a whole response. With `use_sendfile` false, file chunks are read into memory and
 /// written like bytes (the comparison path for benchmarks, and for sockets sendfile cannot
 /// serve).
-pub async fn write_response(out: &mut OwnedWriteHalf, frame: ResponseFrame, use_sendfile: bool) -> std::io::Result<()> {
+pub(crate) async fn write_response(
+    out: &mut OwnedWriteHalf,
+    frame: ResponseFrame,
+    use_sendfile: bool,
+) -> std::io::Result<()> {
     for chunk in frame.chunks {
         match chunk {
             Chunk::Bytes(bytes) => out.write_all(&bytes).await?,

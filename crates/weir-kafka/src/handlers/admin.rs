@@ -69,7 +69,7 @@ fn config_type(name: &str) -> i8 {
     }
 }
 
-pub async fn create_topics(ctx: &Ctx, client: &Client, request: CreateTopicsRequest) -> CreateTopicsResponse {
+pub(crate) async fn create_topics(ctx: &Ctx, client: &Client, request: CreateTopicsRequest) -> CreateTopicsResponse {
     let broker = &ctx.broker;
     let mut results = Vec::with_capacity(request.topics.len());
     let mut topics = Vec::new();
@@ -134,7 +134,7 @@ pub async fn create_topics(ctx: &Ctx, client: &Client, request: CreateTopicsRequ
     CreateTopicsResponse::default().with_topics(results)
 }
 
-pub async fn delete_topics(ctx: &Ctx, client: &Client, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
+pub(crate) async fn delete_topics(ctx: &Ctx, client: &Client, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
     let targets: Vec<(Option<String>, Option<uuid::Uuid>)> = if client.version >= 6 {
         request
             .topics
@@ -167,7 +167,7 @@ pub async fn delete_topics(ctx: &Ctx, client: &Client, request: DeleteTopicsRequ
     DeleteTopicsResponse::default().with_responses(responses)
 }
 
-pub async fn create_partitions(
+pub(crate) async fn create_partitions(
     ctx: &Ctx,
     _client: &Client,
     request: CreatePartitionsRequest,
@@ -191,7 +191,11 @@ pub async fn create_partitions(
     CreatePartitionsResponse::default().with_results(results)
 }
 
-pub async fn describe_configs(ctx: &Ctx, client: &Client, request: DescribeConfigsRequest) -> DescribeConfigsResponse {
+pub(crate) async fn describe_configs(
+    ctx: &Ctx,
+    client: &Client,
+    request: DescribeConfigsRequest,
+) -> DescribeConfigsResponse {
     let broker = &ctx.broker;
     let mut results = Vec::with_capacity(request.resources.len());
     for resource in request.resources {
@@ -300,7 +304,7 @@ fn configs_are_static<'a>(resource_type: i8, mut names: impl Iterator<Item = &'a
     }
 }
 
-pub async fn alter_configs(ctx: &Ctx, _client: &Client, request: AlterConfigsRequest) -> AlterConfigsResponse {
+pub(crate) async fn alter_configs(ctx: &Ctx, _client: &Client, request: AlterConfigsRequest) -> AlterConfigsResponse {
     use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
     let mut responses = Vec::with_capacity(request.resources.len());
     for resource in request.resources {
@@ -334,7 +338,7 @@ pub async fn alter_configs(ctx: &Ctx, _client: &Client, request: AlterConfigsReq
     AlterConfigsResponse::default().with_responses(responses)
 }
 
-pub async fn incremental_alter_configs(
+pub(crate) async fn incremental_alter_configs(
     ctx: &Ctx,
     _client: &Client,
     request: IncrementalAlterConfigsRequest,
@@ -391,7 +395,11 @@ pub async fn incremental_alter_configs(
     IncrementalAlterConfigsResponse::default().with_responses(responses)
 }
 
-pub async fn delete_records(ctx: &Ctx, _client: &Client, request: DeleteRecordsRequest) -> DeleteRecordsResponse {
+pub(crate) async fn delete_records(
+    ctx: &Ctx,
+    _client: &Client,
+    request: DeleteRecordsRequest,
+) -> DeleteRecordsResponse {
     let broker = ctx.broker.clone();
     let topics = tokio::task::spawn_blocking(move || {
         request
@@ -424,7 +432,11 @@ pub async fn delete_records(ctx: &Ctx, _client: &Client, request: DeleteRecordsR
     DeleteRecordsResponse::default().with_topics(topics)
 }
 
-pub async fn describe_cluster(ctx: &Ctx, _client: &Client, request: DescribeClusterRequest) -> DescribeClusterResponse {
+pub(crate) async fn describe_cluster(
+    ctx: &Ctx,
+    _client: &Client,
+    request: DescribeClusterRequest,
+) -> DescribeClusterResponse {
     // endpoint_type 1 = brokers, 2 = controllers (KIP-919, for clients of controllers; brokers
     // answer with the brokers).
     let operations = if request.include_cluster_authorized_operations {
@@ -456,7 +468,11 @@ pub async fn describe_cluster(ctx: &Ctx, _client: &Client, request: DescribeClus
 /// term, committed offset and how far each voter and observer has the log, as the leader knows
 /// it. Any node answers (asking the leader when it is not the leader itself), as KRaft brokers
 /// forward it to the controller. The fetch timestamps are not tracked: -1.
-pub async fn describe_quorum(ctx: &Ctx, _client: &Client, request: DescribeQuorumRequest) -> DescribeQuorumResponse {
+pub(crate) async fn describe_quorum(
+    ctx: &Ctx,
+    _client: &Client,
+    request: DescribeQuorumRequest,
+) -> DescribeQuorumResponse {
     use kafka_protocol::messages::describe_quorum_response::{PartitionData, ReplicaState, TopicData};
     const METADATA_TOPIC: &str = "__cluster_metadata";
     let asks_for_the_log = request.topics.len() == 1
@@ -499,7 +515,7 @@ pub async fn describe_quorum(ctx: &Ctx, _client: &Client, request: DescribeQuoru
         .with_partitions(vec![partition])])
 }
 
-pub async fn describe_log_dirs(
+pub(crate) async fn describe_log_dirs(
     ctx: &Ctx,
     _client: &Client,
     request: DescribeLogDirsRequest,
@@ -531,7 +547,7 @@ pub async fn describe_log_dirs(
 
 /// ElectLeaders (KIP-460, `kafka-leader-election.sh`, AdminClient.electLeaders): preferred or
 /// unclean elections, decided by the controller. v0 has no election type (preferred).
-pub async fn elect_leaders(ctx: &Ctx, client: &Client, request: ElectLeadersRequest) -> ElectLeadersResponse {
+pub(crate) async fn elect_leaders(ctx: &Ctx, client: &Client, request: ElectLeadersRequest) -> ElectLeadersResponse {
     use kafka_protocol::messages::elect_leaders_response::{PartitionResult, ReplicaElectionResult};
     use weir_broker::cluster::election::ElectionType;
     let kind = match (client.version, request.election_type) {
@@ -576,7 +592,7 @@ pub async fn elect_leaders(ctx: &Ctx, client: &Client, request: ElectLeadersRequ
 /// AdminClient.alterPartitionReassignments): start, replace or (no replicas) cancel the
 /// reassignment of each partition, decided by the controller. v1 can refuse a change of the
 /// replication factor (KIP-860); v0 always allows it, as Kafka did.
-pub async fn alter_partition_reassignments(
+pub(crate) async fn alter_partition_reassignments(
     ctx: &Ctx,
     client: &Client,
     request: AlterPartitionReassignmentsRequest,
@@ -627,7 +643,7 @@ pub async fn alter_partition_reassignments(
 /// ListPartitionReassignments (KIP-455, `kafka-reassign-partitions.sh --verify`,
 /// AdminClient.listPartitionReassignments): the reassignments in progress, of the partitions
 /// asked for or of all.
-pub async fn list_partition_reassignments(
+pub(crate) async fn list_partition_reassignments(
     ctx: &Ctx,
     _client: &Client,
     request: ListPartitionReassignmentsRequest,

@@ -16,11 +16,11 @@ fn api_keys() -> Vec<ApiVersion> {
         .collect()
 }
 
-pub async fn handle(_ctx: &Ctx, _client: &Client, _request: ApiVersionsRequest) -> ApiVersionsResponse {
+pub(crate) async fn handle(_ctx: &Ctx, _client: &Client, _request: ApiVersionsRequest) -> ApiVersionsResponse {
     ApiVersionsResponse::default().with_api_keys(api_keys())
 }
 
 /// The v0 answer to an ApiVersions request of a version this broker does not know.
-pub fn unsupported_version_response() -> ApiVersionsResponse {
+pub(crate) fn unsupported_version_response() -> ApiVersionsResponse {
     ApiVersionsResponse::default().with_error_code(ResponseError::UnsupportedVersion.code()).with_api_keys(api_keys())
 }

@@ -37,7 +37,7 @@ struct Wanted {
     target: Result<usize, ResponseError>,
 }
 
-pub async fn handle(
+pub(crate) async fn handle(
     ctx: &Ctx,
     client: &Client,
     correlation_id: i32,

@@ -110,7 +110,11 @@ fn requested_partitions(topics: impl IntoIterator<Item = (TopicName, Vec<i32>)>)
 
 // ----- FindCoordinator ---------------------------------------------------------------------
 
-pub async fn find_coordinator(ctx: &Ctx, client: &Client, req: FindCoordinatorRequest) -> FindCoordinatorResponse {
+pub(crate) async fn find_coordinator(
+    ctx: &Ctx,
+    client: &Client,
+    req: FindCoordinatorRequest,
+) -> FindCoordinatorResponse {
     if client.version >= 4 {
         let mut coordinators = Vec::with_capacity(req.coordinator_keys.len());
         for key in req.coordinator_keys {
@@ -166,7 +170,7 @@ async fn coordinator_of(
 
 // ----- membership --------------------------------------------------------------------------
 
-pub async fn join_group(ctx: &Ctx, client: &Client, req: JoinGroupRequest) -> JoinGroupResponse {
+pub(crate) async fn join_group(ctx: &Ctx, client: &Client, req: JoinGroupRequest) -> JoinGroupResponse {
     let version = client.version;
     let params = JoinGroupParams {
         group_id: req.group_id.to_string(),
@@ -214,7 +218,7 @@ pub async fn join_group(ctx: &Ctx, client: &Client, req: JoinGroupRequest) -> Jo
         .with_members(members)
 }
 
-pub async fn sync_group(ctx: &Ctx, client: &Client, req: SyncGroupRequest) -> SyncGroupResponse {
+pub(crate) async fn sync_group(ctx: &Ctx, client: &Client, req: SyncGroupRequest) -> SyncGroupResponse {
     let params = SyncGroupParams {
         group_id: req.group_id.to_string(),
         generation_id: req.generation_id,
@@ -233,7 +237,7 @@ pub async fn sync_group(ctx: &Ctx, client: &Client, req: SyncGroupRequest) -> Sy
     }
 }
 
-pub async fn heartbeat(ctx: &Ctx, _client: &Client, req: HeartbeatRequest) -> HeartbeatResponse {
+pub(crate) async fn heartbeat(ctx: &Ctx, _client: &Client, req: HeartbeatRequest) -> HeartbeatResponse {
     let params = HeartbeatParams {
         group_id: req.group_id.to_string(),
         generation_id: req.generation_id,
@@ -244,7 +248,7 @@ pub async fn heartbeat(ctx: &Ctx, _client: &Client, req: HeartbeatRequest) -> He
     HeartbeatResponse::default().with_error_code(code(result.err()))
 }
 
-pub async fn leave_group(ctx: &Ctx, client: &Client, req: LeaveGroupRequest) -> LeaveGroupResponse {
+pub(crate) async fn leave_group(ctx: &Ctx, client: &Client, req: LeaveGroupRequest) -> LeaveGroupResponse {
     let members = if client.version >= 3 {
         req.members
             .into_iter()
@@ -278,7 +282,7 @@ pub async fn leave_group(ctx: &Ctx, client: &Client, req: LeaveGroupRequest) -> 
 
 // ----- offsets -----------------------------------------------------------------------------
 
-pub async fn offset_commit(ctx: &Ctx, client: &Client, req: OffsetCommitRequest) -> OffsetCommitResponse {
+pub(crate) async fn offset_commit(ctx: &Ctx, client: &Client, req: OffsetCommitRequest) -> OffsetCommitResponse {
     let mut offsets = Vec::new();
     for topic in &req.topics {
         for p in &topic.partitions {
@@ -310,7 +314,7 @@ pub async fn offset_commit(ctx: &Ctx, client: &Client, req: OffsetCommitRequest)
     OffsetCommitResponse::default().with_topics(topics)
 }
 
-pub async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -> OffsetFetchResponse {
+pub(crate) async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -> OffsetFetchResponse {
     let version = client.version;
     if version >= 8 {
         let mut groups = Vec::with_capacity(req.groups.len());
@@ -378,7 +382,7 @@ fn partition_v8(f: FetchedOffset) -> OffsetFetchResponsePartitions {
         .with_error_code(code(f.error))
 }
 
-pub async fn offset_delete(ctx: &Ctx, _client: &Client, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+pub(crate) async fn offset_delete(ctx: &Ctx, _client: &Client, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
     let partitions: Vec<(String, i32)> =
         req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.to_string(), p.partition_index))).collect();
     match ctx.groups.delete_offsets(req.group_id.to_string(), partitions).await {
@@ -395,7 +399,7 @@ pub async fn offset_delete(ctx: &Ctx, _client: &Client, req: OffsetDeleteRequest
 
 // ----- administration ----------------------------------------------------------------------
 
-pub async fn list_groups(ctx: &Ctx, client: &Client, req: ListGroupsRequest) -> ListGroupsResponse {
+pub(crate) async fn list_groups(ctx: &Ctx, client: &Client, req: ListGroupsRequest) -> ListGroupsResponse {
     let states: Vec<GroupState> = req.states_filter.iter().filter_map(|name| GroupState::parse(name)).collect();
     // A filter naming only unknown states matches no group.
     if !req.states_filter.is_empty() && states.is_empty() {
@@ -422,7 +426,7 @@ pub async fn list_groups(ctx: &Ctx, client: &Client, req: ListGroupsRequest) -> 
     }
 }
 
-pub async fn describe_groups(ctx: &Ctx, client: &Client, req: DescribeGroupsRequest) -> DescribeGroupsResponse {
+pub(crate) async fn describe_groups(ctx: &Ctx, client: &Client, req: DescribeGroupsRequest) -> DescribeGroupsResponse {
     let version = client.version;
     let ids: Vec<String> = req.groups.iter().map(|g| g.to_string()).collect();
     let authorized_operations = if version >= 3 && req.include_authorized_operations {
@@ -462,7 +466,7 @@ pub async fn describe_groups(ctx: &Ctx, client: &Client, req: DescribeGroupsRequ
     DescribeGroupsResponse::default().with_groups(groups)
 }
 
-pub async fn delete_groups(ctx: &Ctx, _client: &Client, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
+pub(crate) async fn delete_groups(ctx: &Ctx, _client: &Client, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
     let ids: Vec<String> = req.groups_names.iter().map(|g| g.to_string()).collect();
     let results = ctx
         .groups

@@ -32,7 +32,7 @@ fn leader_epoch(epoch: i32) -> Option<i32> {
     (epoch >= 0).then_some(epoch)
 }
 
-pub async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsRequest) -> ListOffsetsResponse {
+pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsRequest) -> ListOffsetsResponse {
     let broker = ctx.broker.clone();
     // Leader epochs exist from v4 (the encoder refuses fields a version does not have).
     let with_epochs = client.version >= 4;
@@ -78,7 +78,7 @@ pub async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsRequest) -> 
     ListOffsetsResponse::default().with_topics(topics)
 }
 
-pub async fn offset_for_leader_epoch(
+pub(crate) async fn offset_for_leader_epoch(
     ctx: &Ctx,
     _client: &Client,
     request: OffsetForLeaderEpochRequest,

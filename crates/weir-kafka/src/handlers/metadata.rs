@@ -16,7 +16,7 @@ use crate::context::{Client, Ctx};
 use crate::errors::kafka_error;
 use crate::handlers::authorized_operations;
 
-pub async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest) -> MetadataResponse {
+pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest) -> MetadataResponse {
     let broker = &ctx.broker;
     let config = &broker.config;
     // v0 has no flag and always auto-creates; v4+ says whether the client wants it.

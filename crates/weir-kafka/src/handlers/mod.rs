@@ -28,11 +28,11 @@ pub(crate) mod authorized_operations {
     const ALTER_CONFIGS: i32 = 1 << 11;
     const IDEMPOTENT_WRITE: i32 = 1 << 12;
 
-    pub const NOT_REQUESTED: i32 = i32::MIN;
+    pub(crate) const NOT_REQUESTED: i32 = i32::MIN;
     /// Kafka's supported operations of the CLUSTER resource (token operations belong to users).
-    pub const CLUSTER: i32 =
+    pub(crate) const CLUSTER: i32 =
         CREATE | ALTER | DESCRIBE | CLUSTER_ACTION | DESCRIBE_CONFIGS | ALTER_CONFIGS | IDEMPOTENT_WRITE;
-    pub const TOPIC: i32 = READ | WRITE | CREATE | DELETE | ALTER | DESCRIBE | DESCRIBE_CONFIGS | ALTER_CONFIGS;
+    pub(crate) const TOPIC: i32 = READ | WRITE | CREATE | DELETE | ALTER | DESCRIBE | DESCRIBE_CONFIGS | ALTER_CONFIGS;
 }
 
 /// The generation of an OffsetCommit or TxnOffsetCommit: a negative one (Kafka's clients send

@@ -25,7 +25,7 @@ use crate::handlers::message;
 /// Writes the request's batches; the returned future waits until they are durable as promised
 /// and builds the response. `body` is the request's frame after the header, which `request` was
 /// decoded from: the batches are written from it in place (see [`take_record_sets`]).
-pub async fn handle(
+pub(crate) async fn handle(
     ctx: &Ctx,
     client: &Client,
     mut request: ProduceRequest,

@@ -10,7 +10,11 @@ use kafka_protocol::ResponseError;
 use crate::context::{Client, Ctx};
 use crate::errors::kafka_error;
 
-pub async fn init_producer_id(ctx: &Ctx, _client: &Client, request: InitProducerIdRequest) -> InitProducerIdResponse {
+pub(crate) async fn init_producer_id(
+    ctx: &Ctx,
+    _client: &Client,
+    request: InitProducerIdRequest,
+) -> InitProducerIdResponse {
     let failed = |code: ResponseError| {
         InitProducerIdResponse::default()
             .with_error_code(code.code())

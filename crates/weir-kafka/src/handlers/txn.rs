@@ -38,7 +38,7 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(BrokerError::internal(e.to_string())))
 }
 
-pub async fn add_partitions(
+pub(crate) async fn add_partitions(
     ctx: &Ctx,
     _client: &Client,
     request: AddPartitionsToTxnRequest,
@@ -76,14 +76,22 @@ pub async fn add_partitions(
     AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(topics)
 }
 
-pub async fn add_offsets(ctx: &Ctx, _client: &Client, request: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
+pub(crate) async fn add_offsets(
+    ctx: &Ctx,
+    _client: &Client,
+    request: AddOffsetsToTxnRequest,
+) -> AddOffsetsToTxnResponse {
     let who = ProducerIdentity { producer_id: request.producer_id.0, producer_epoch: request.producer_epoch };
     let (txns, txn_id, group) = (ctx.txns.clone(), request.transactional_id.to_string(), request.group_id.to_string());
     let result = blocking(move || txns.add_offsets(&txn_id, who, &group)).await;
     AddOffsetsToTxnResponse::default().with_error_code(code(&result))
 }
 
-pub async fn txn_offset_commit(ctx: &Ctx, client: &Client, request: TxnOffsetCommitRequest) -> TxnOffsetCommitResponse {
+pub(crate) async fn txn_offset_commit(
+    ctx: &Ctx,
+    client: &Client,
+    request: TxnOffsetCommitRequest,
+) -> TxnOffsetCommitResponse {
     let who = ProducerIdentity { producer_id: request.producer_id.0, producer_epoch: request.producer_epoch };
     let group = request.group_id.to_string();
     let mut offsets = Vec::new();
@@ -146,14 +154,14 @@ pub async fn txn_offset_commit(ctx: &Ctx, client: &Client, request: TxnOffsetCom
     TxnOffsetCommitResponse::default().with_topics(topics)
 }
 
-pub async fn end_txn(ctx: &Ctx, _client: &Client, request: EndTxnRequest) -> EndTxnResponse {
+pub(crate) async fn end_txn(ctx: &Ctx, _client: &Client, request: EndTxnRequest) -> EndTxnResponse {
     let who = ProducerIdentity { producer_id: request.producer_id.0, producer_epoch: request.producer_epoch };
     let (txns, txn_id, commit) = (ctx.txns.clone(), request.transactional_id.to_string(), request.committed);
     let result = blocking(move || txns.end_txn(&txn_id, who, commit)).await;
     EndTxnResponse::default().with_error_code(code(&result))
 }
 
-pub async fn describe_transactions(
+pub(crate) async fn describe_transactions(
     ctx: &Ctx,
     _client: &Client,
     request: DescribeTransactionsRequest,
@@ -193,7 +201,7 @@ pub async fn describe_transactions(
     DescribeTransactionsResponse::default().with_transaction_states(states)
 }
 
-pub async fn list_transactions(
+pub(crate) async fn list_transactions(
     ctx: &Ctx,
     _client: &Client,
     request: ListTransactionsRequest,
