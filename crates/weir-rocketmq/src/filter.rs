@@ -9,7 +9,7 @@ use crate::status::status;
 
 /// The filter `expression` asks for (every message when there is none), or the status
 /// refusing it.
-pub fn parse(expression: Option<&proto::FilterExpression>) -> Result<TagFilter, proto::Status> {
+pub(crate) fn parse(expression: Option<&proto::FilterExpression>) -> Result<TagFilter, proto::Status> {
     let Some(expression) = expression else { return Ok(TagFilter::All) };
     match FilterType::try_from(expression.r#type) {
         Ok(FilterType::Sql) => {

@@ -10,16 +10,16 @@
 //! renewals, transaction checks) is the core's messaging ([`weir_messaging`]): this
 //! crate owns no state beyond its connections, no periodic task and no file.
 //!
-//! - [`service`]: the calls, one method each;
-//! - [`route`]: topic routes (which queue is where) and the endpoints in them;
-//! - [`send`]: SendMessage, messages to records (a message group's queue led by another broker
+//! - `service`: the calls, one method each;
+//! - `route`: topic routes (which queue is where) and the endpoints in them;
+//! - `send`: SendMessage, messages to records (a message group's queue led by another broker
 //!   gets its messages through the core's `Broker::append_at_leader`);
-//! - [`receive`]: ReceiveMessage's answers and receipt handles, over the core's
-//!   invisible-time engine ([`weir_messaging::pop`]), with [`filter`] for tag expressions;
-//! - [`transaction`]: EndTransaction, and the producers' streams the core checks open
+//! - `receive`: ReceiveMessage's answers and receipt handles, over the core's
+//!   invisible-time engine ([`weir_messaging::pop`]), with `filter` for tag expressions;
+//! - `transaction`: EndTransaction, and the producers' streams the core checks open
 //!   transactions through;
-//! - [`recall`]: RecallMessage, delayed messages taken back before they are due;
-//! - [`telemetry`]: the bidirectional Telemetry stream, where the client's settings meet the
+//! - `recall`: RecallMessage, delayed messages taken back before they are due;
+//! - `telemetry`: the bidirectional Telemetry stream, where the client's settings meet the
 //!   server's.
 
 #![deny(unsafe_code)]
@@ -31,15 +31,15 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
-pub mod filter;
-pub mod recall;
-pub mod receive;
-pub mod route;
-pub mod send;
-pub mod service;
+mod filter;
+mod recall;
+mod receive;
+mod route;
+mod send;
+mod service;
 pub mod status;
-pub mod telemetry;
-pub mod transaction;
+mod telemetry;
+mod transaction;
 
 /// The protocol's messages and the service trait, generated from `proto/` at build time.
 #[allow(clippy::all, clippy::unwrap_used, missing_docs)]

@@ -17,25 +17,25 @@ use crate::status::{self, status};
 
 /// A recall handle's parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecallHandle {
+pub(crate) struct RecallHandle {
     /// The broker whose timer store keeps the message.
-    pub node: i32,
+    pub(crate) node: i32,
     /// Its offset in that store's log.
-    pub offset: i64,
+    pub(crate) offset: i64,
     /// Its delivery time, ms since the epoch.
-    pub due_ms: i64,
+    pub(crate) due_ms: i64,
 }
 
 impl RecallHandle {
     /// The handle's text; [`RecallHandle::decode`] gives this handle back (asserted in debug
     /// builds: a handle that does not round-trip could never recall its message).
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let text = format!("r1.{}.{}.{}", self.node, self.offset, self.due_ms);
         debug_assert_eq!(RecallHandle::decode(&text), Some(*self), "recall handle {text:?} does not round-trip");
         text
     }
 
-    pub fn decode(text: &str) -> Option<RecallHandle> {
+    pub(crate) fn decode(text: &str) -> Option<RecallHandle> {
         let mut parts = text.strip_prefix("r1.")?.split('.');
         let node = parts.next()?.parse().ok().filter(|n: &i32| *n >= 0)?;
         let offset = parts.next()?.parse().ok().filter(|o: &i64| *o >= 0)?;
@@ -48,7 +48,10 @@ impl RecallHandle {
 }
 
 /// Recalls the message `request` names: its message id, or the status refusing it.
-pub async fn recall(messaging: &Messaging, request: &RecallMessageRequest) -> Result<String, crate::proto::Status> {
+pub(crate) async fn recall(
+    messaging: &Messaging,
+    request: &RecallMessageRequest,
+) -> Result<String, crate::proto::Status> {
     let broker = messaging.broker();
     let topic = request.topic.as_ref().map(|t| t.name.as_str()).unwrap_or_default();
     if topic.is_empty() {

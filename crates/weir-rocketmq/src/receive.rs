@@ -19,22 +19,22 @@ use crate::status::{self, status};
 
 /// A receipt handle's parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Handle {
-    pub partition: i32,
-    pub offset: i64,
-    pub nonce: u64,
+pub(crate) struct Handle {
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) nonce: u64,
 }
 
 impl Handle {
     /// The handle's text; [`Handle::decode`] gives this handle back (asserted in debug builds:
     /// a handle that does not round-trip would make its message unackable).
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let text = format!("w1.{}.{}.{:016x}", self.partition, self.offset, self.nonce);
         debug_assert_eq!(Handle::decode(&text), Some(*self), "receipt handle {text:?} does not round-trip");
         text
     }
 
-    pub fn decode(text: &str) -> Option<Handle> {
+    pub(crate) fn decode(text: &str) -> Option<Handle> {
         let mut parts = text.strip_prefix("w1.")?.split('.');
         let partition = parts.next()?.parse().ok().filter(|p: &i32| *p >= 0)?;
         let offset = parts.next()?.parse().ok().filter(|o: &i64| *o >= 0)?;
@@ -48,7 +48,7 @@ impl Handle {
 }
 
 /// The status of a refused ack or change.
-pub fn handle_status(error: HandleError) -> proto::Status {
+pub(crate) fn handle_status(error: HandleError) -> proto::Status {
     match error {
         HandleError::NotInFlight => status(
             Code::InvalidReceiptHandle,
@@ -62,23 +62,23 @@ pub fn handle_status(error: HandleError) -> proto::Status {
 }
 
 /// A receive's answer of only `status`.
-pub fn status_response(status: proto::Status) -> ReceiveMessageResponse {
+pub(crate) fn status_response(status: proto::Status) -> ReceiveMessageResponse {
     ReceiveMessageResponse { content: Some(Content::Status(status)) }
 }
 
 /// The answer of a receive that found nothing before its deadline.
-pub fn not_found() -> Vec<ReceiveMessageResponse> {
+pub(crate) fn not_found() -> Vec<ReceiveMessageResponse> {
     vec![status_response(status(Code::MessageNotFound, "no new message"))]
 }
 
 /// A protobuf timestamp of milliseconds since the epoch.
-pub fn timestamp(ms: i64) -> prost_types::Timestamp {
+pub(crate) fn timestamp(ms: i64) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: ms.div_euclid(1000), nanos: (ms.rem_euclid(1000) * 1_000_000) as i32 }
 }
 
 /// The answer of a receive of `key` that handed out `deliveries` (not empty), each invisible
 /// for `invisible`.
-pub fn found(
+pub(crate) fn found(
     broker: &Broker,
     key: &QueueKey,
     invisible: Duration,

@@ -9,7 +9,7 @@ use weir_broker::topic_config::{self, MessageType};
 use crate::proto::{self, Address, AddressScheme, Endpoints, Permission, Resource};
 
 /// The endpoints of `host:port`, with the scheme RocketMQ clients resolve them by.
-pub fn endpoints(host: &str, port: u16) -> Endpoints {
+pub(crate) fn endpoints(host: &str, port: u16) -> Endpoints {
     let scheme = match host.parse::<IpAddr>() {
         Ok(IpAddr::V4(_)) => AddressScheme::IPv4,
         Ok(IpAddr::V6(_)) => AddressScheme::IPv6,
@@ -19,7 +19,7 @@ pub fn endpoints(host: &str, port: u16) -> Endpoints {
 }
 
 /// The message types a topic takes, as its queues show them.
-pub fn accepted_types(topic: &TopicMetadata) -> Vec<i32> {
+pub(crate) fn accepted_types(topic: &TopicMetadata) -> Vec<i32> {
     let kind = match topic_config::message_type(&topic.configs) {
         MessageType::Normal => proto::MessageType::Normal,
         MessageType::Fifo => proto::MessageType::Fifo,
@@ -30,7 +30,7 @@ pub fn accepted_types(topic: &TopicMetadata) -> Vec<i32> {
 }
 
 /// The name RocketMQ clients know broker `id` by (they group queues by it).
-pub fn broker_name(id: i32) -> String {
+pub(crate) fn broker_name(id: i32) -> String {
     format!("weir-{id}")
 }
 
@@ -38,7 +38,7 @@ pub fn broker_name(id: i32) -> String {
 /// with no leader right now, or led by a broker without a RocketMQ listener, is left out: a
 /// client cannot reach it, and the next route (clients refresh every 30 s, and at once after a
 /// failure) shows it again.
-pub fn queues(metadata: &MetadataState, topic: &TopicMetadata) -> Vec<proto::MessageQueue> {
+pub(crate) fn queues(metadata: &MetadataState, topic: &TopicMetadata) -> Vec<proto::MessageQueue> {
     let types = accepted_types(topic);
     let mut queues = Vec::with_capacity(topic.assignments.len());
     for (index, state) in topic.assignments.iter().enumerate() {

@@ -23,7 +23,7 @@ use crate::status;
 
 /// The longest tag, key, message group or property accepted (RocketMQ's proxies allow far
 /// less in a property; this bounds what one message can make the broker store in headers).
-pub const MAX_PROPERTY_CHARS: usize = 16 * 1024;
+pub(crate) const MAX_PROPERTY_CHARS: usize = 16 * 1024;
 
 /// One message of a request, validated, with the partition it goes to.
 struct Placed {
@@ -34,7 +34,7 @@ struct Placed {
 /// Refuses what RocketMQ refuses before a message is stored. `topic_type` is the topic's
 /// `message.type`: as RocketMQ's proxy does by default, a message of another type is refused
 /// (clients check too, but not all of them: the Rust client does not).
-pub fn validate(
+pub(crate) fn validate(
     message: &proto::Message,
     max_body_bytes: usize,
     topic_type: MessageType,
@@ -179,13 +179,13 @@ fn check_type(
 }
 
 /// Milliseconds since the epoch of a protobuf timestamp.
-pub fn timestamp_ms(t: &prost_types::Timestamp) -> i64 {
+pub(crate) fn timestamp_ms(t: &prost_types::Timestamp) -> i64 {
     t.seconds.saturating_mul(1000).saturating_add(i64::from(t.nanos / 1_000_000))
 }
 
 /// Chooses partitions for messages without a group, in turn.
 #[derive(Default)]
-pub struct RoundRobin(AtomicU32);
+pub(crate) struct RoundRobin(AtomicU32);
 
 impl RoundRobin {
     fn next(&self, count: usize) -> usize {
@@ -194,20 +194,20 @@ impl RoundRobin {
 }
 
 /// Where the messages of one topic go.
-pub struct Target<'a> {
-    pub topic: &'a str,
+pub(crate) struct Target<'a> {
+    pub(crate) topic: &'a str,
     /// The topic's partition count.
-    pub count: i32,
+    pub(crate) count: i32,
     /// This broker's partitions of the topic, by index (`None`: hosted elsewhere).
-    pub partitions: &'a [Option<Arc<Partition>>],
+    pub(crate) partitions: &'a [Option<Arc<Partition>>],
     /// The indexes of those this broker leads.
-    pub led: &'a [i32],
+    pub(crate) led: &'a [i32],
 }
 
 /// Appends the validated `messages` of one topic (request order) and answers one entry per
 /// message. Messages without a group go to a queue this broker leads, in turn; a message
 /// group's queue led elsewhere gets its messages forwarded to its leader.
-pub async fn append(
+pub(crate) async fn append(
     messaging: &Arc<Messaging>,
     target: Target<'_>,
     messages: Vec<(usize, Message)>,

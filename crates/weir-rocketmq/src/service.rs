@@ -28,12 +28,12 @@ use crate::transaction::Producers;
 use crate::{route, telemetry};
 
 /// The body limit RocketMQ's brokers and clients default to.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+pub(crate) const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 
 /// What a record batch needs beyond a body: the batch and record headers and the message's
 /// system and user properties as record headers. A topic's `max.message.bytes` less this is
 /// the largest body it takes.
-pub const PROPERTY_ALLOWANCE_BYTES: usize = 64 << 10;
+pub(crate) const PROPERTY_ALLOWANCE_BYTES: usize = 64 << 10;
 
 /// The calls this front-end counts, in metrics order.
 const OPERATIONS: [&str; 16] = [

@@ -12,19 +12,19 @@ pub fn code_name(code: i32) -> String {
 }
 
 /// `OK`.
-pub fn ok() -> Status {
+pub(crate) fn ok() -> Status {
     Status { code: Code::Ok as i32, message: "OK".into() }
 }
 
 /// A status with `code` and a message for people.
-pub fn status(code: Code, message: impl Into<String>) -> Status {
+pub(crate) fn status(code: Code, message: impl Into<String>) -> Status {
     Status { code: code as i32, message: message.into() }
 }
 
 /// The status of a call answered per entry (a send of several messages, an ack of several
 /// handles): OK when every entry is, the entries' status when all failed (the first's), else
 /// `MULTIPLE_RESULTS` saying what to look at.
-pub fn overall<'a>(entries: impl IntoIterator<Item = &'a Status>, what_failed: &str) -> Status {
+pub(crate) fn overall<'a>(entries: impl IntoIterator<Item = &'a Status>, what_failed: &str) -> Status {
     let (mut total, mut failed, mut first) = (0, 0, None);
     for entry in entries {
         total += 1;
@@ -41,14 +41,14 @@ pub fn overall<'a>(entries: impl IntoIterator<Item = &'a Status>, what_failed: &
 }
 
 /// The status a client gets for a core error.
-pub fn of_error(error: &BrokerError) -> Status {
+pub(crate) fn of_error(error: &BrokerError) -> Status {
     status(code_of(error.kind), error.message.clone())
 }
 
 /// The RocketMQ code for each kind. RocketMQ's clients retry a send on another queue whatever
 /// the code, and a receive after a back-off, so what matters is that the code names the cause:
 /// a missing topic, a bad request, a body too large, or the server's side.
-pub fn code_of(kind: ErrorKind) -> Code {
+pub(crate) fn code_of(kind: ErrorKind) -> Code {
     use ErrorKind::*;
     match kind {
         UnknownTopicOrPartition | UnknownTopicId => Code::TopicNotFound,

@@ -14,10 +14,10 @@ use crate::proto::{
 use crate::status;
 
 /// How long a consumer's receive waits for messages (the client adds its request timeout).
-pub const LONG_POLLING_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const LONG_POLLING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Messages a push consumer asks for in one receive.
-pub const RECEIVE_BATCH_SIZE: i32 = 32;
+pub(crate) const RECEIVE_BATCH_SIZE: i32 = 32;
 
 fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
@@ -26,7 +26,7 @@ fn duration(d: Duration) -> prost_types::Duration {
 /// What the server answers to a client's settings. `max_body_bytes` is the largest body the
 /// client's topics take; `group` holds the settings of a consumer's group (FIFO delivery, the
 /// attempts and the redelivery back-off).
-pub fn answer(client: &proto::Settings, max_body_bytes: usize, group: GroupSettings) -> TelemetryCommand {
+pub(crate) fn answer(client: &proto::Settings, max_body_bytes: usize, group: GroupSettings) -> TelemetryCommand {
     let pub_sub = match &client.pub_sub {
         Some(PubSub::Publishing(publishing)) => Some(PubSub::Publishing(Publishing {
             topics: publishing.topics.clone(),

@@ -31,7 +31,7 @@ struct ProducerStream {
 
 /// The producers connected to this broker, by client id: who can be asked about a transaction.
 #[derive(Default)]
-pub struct Producers {
+pub(crate) struct Producers {
     streams: Mutex<HashMap<String, ProducerStream>>,
     generations: AtomicU64,
     turn: AtomicU32,
@@ -40,14 +40,14 @@ pub struct Producers {
 impl Producers {
     /// `client` publishes `topics` and listens on `commands`; returns the registration's
     /// generation, for [`Producers::gone`].
-    pub fn register(&self, client: &str, topics: Vec<String>, commands: TelemetrySender) -> u64 {
+    pub(crate) fn register(&self, client: &str, topics: Vec<String>, commands: TelemetrySender) -> u64 {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         lock(&self.streams).insert(client.to_string(), ProducerStream { generation, topics, commands });
         generation
     }
 
     /// The stream of registration `generation` of `client` ended.
-    pub fn gone(&self, client: &str, generation: u64) {
+    pub(crate) fn gone(&self, client: &str, generation: u64) {
         let mut streams = lock(&self.streams);
         if streams.get(client).is_some_and(|s| s.generation == generation) {
             streams.remove(client);
@@ -84,7 +84,7 @@ impl TransactionChecker for Producers {
 }
 
 /// EndTransaction.
-pub async fn end(transactions: &TransactionalMessages, request: &proto::EndTransactionRequest) -> proto::Status {
+pub(crate) async fn end(transactions: &TransactionalMessages, request: &proto::EndTransactionRequest) -> proto::Status {
     let commit = match proto::TransactionResolution::try_from(request.resolution) {
         Ok(proto::TransactionResolution::Commit) => true,
         Ok(proto::TransactionResolution::Rollback) => false,
