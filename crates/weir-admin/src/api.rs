@@ -29,7 +29,7 @@ pub struct ErrorDetail {
 
 /// `/health` and `/ready`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Status {
+pub(crate) struct Status {
     /// `ok` (live), `ready`, `starting` or `shutting_down`.
     pub status: String,
 }
@@ -37,7 +37,7 @@ pub struct Status {
 // ----- broker --------------------------------------------------------------------------------
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BrokerInfo {
+pub(crate) struct BrokerInfo {
     pub node_id: i32,
     pub cluster_id: String,
     /// Weir's version.
@@ -54,7 +54,7 @@ pub struct BrokerInfo {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Listeners {
+pub(crate) struct Listeners {
     /// The bound Kafka listener.
     pub kafka: String,
     /// What Metadata tells Kafka clients to connect to.
@@ -447,7 +447,7 @@ pub struct FoundMessages {
 
 /// `GET /v1/topics/{topic}/partitions/{partition}/records`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PartitionRecords {
+pub(crate) struct PartitionRecords {
     pub topic: String,
     pub partition: i32,
     pub encoding: Encoding,
@@ -579,7 +579,7 @@ pub enum TopicSelector {
 }
 
 impl TopicSelector {
-    pub fn topic(&self) -> &str {
+    pub(crate) fn topic(&self) -> &str {
         match self {
             TopicSelector::All(topic) | TopicSelector::Some { topic, .. } => topic,
         }

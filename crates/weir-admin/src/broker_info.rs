@@ -7,7 +7,7 @@ use crate::api::{BrokerInfo, ConfigEntry, Configs, Listeners};
 use crate::error::ApiError;
 use crate::SharedState;
 
-pub async fn info(State(state): State<SharedState>) -> Result<Json<BrokerInfo>, ApiError> {
+pub(crate) async fn info(State(state): State<SharedState>) -> Result<Json<BrokerInfo>, ApiError> {
     let core = state.core()?;
     let broker = &core.broker;
     let config = &broker.config;
@@ -30,7 +30,7 @@ pub async fn info(State(state): State<SharedState>) -> Result<Json<BrokerInfo>, 
 }
 
 /// Every broker setting with its value; `static` when set explicitly, else `default`.
-pub async fn configs(State(state): State<SharedState>) -> Result<Json<Configs>, ApiError> {
+pub(crate) async fn configs(State(state): State<SharedState>) -> Result<Json<Configs>, ApiError> {
     let core = state.core()?;
     let configs = core
         .broker

@@ -19,20 +19,20 @@ use crate::SharedState;
 
 /// Answers within about a second even when nodes are down: they are listed as unreachable
 /// (see `weir_broker::cluster::status`).
-pub async fn info(State(state): State<SharedState>) -> Result<Json<ClusterStatus>, ApiError> {
+pub(crate) async fn info(State(state): State<SharedState>) -> Result<Json<ClusterStatus>, ApiError> {
     let core = state.core()?;
     Ok(Json(core.broker.cluster_status().await))
 }
 
 /// `GET /v1/reassignments`: the partition reassignments in progress.
-pub async fn reassignments(State(state): State<SharedState>) -> Result<Json<Reassignments>, ApiError> {
+pub(crate) async fn reassignments(State(state): State<SharedState>) -> Result<Json<Reassignments>, ApiError> {
     let core = state.core()?;
     Ok(Json(Reassignments { reassignments: core.broker.list_partition_reassignments(None) }))
 }
 
 /// `POST /v1/reassignments`: starts, replaces or cancels reassignments (Kafka's plan format).
 /// 200 with one result per partition; a partition's error does not fail the others.
-pub async fn reassign(
+pub(crate) async fn reassign(
     State(state): State<SharedState>,
     JsonBody(plan): JsonBody<ReassignmentPlan>,
 ) -> Result<Json<ReassignmentResults>, ApiError> {
@@ -62,7 +62,7 @@ pub async fn reassign(
 }
 
 /// `GET /v1/replication-throttle`: the cluster-wide follower rate (both are set together here).
-pub async fn throttle(State(state): State<SharedState>) -> Result<Json<ReplicationThrottle>, ApiError> {
+pub(crate) async fn throttle(State(state): State<SharedState>) -> Result<Json<ReplicationThrottle>, ApiError> {
     let core = state.core()?;
     let every = core.broker.dynamic_broker_configs("");
     let rate = every.get(throttle::FOLLOWER_RATE).or_else(|| every.get(throttle::LEADER_RATE));
@@ -71,7 +71,7 @@ pub async fn throttle(State(state): State<SharedState>) -> Result<Json<Replicati
 }
 
 /// `PUT /v1/replication-throttle`: sets (or, with `null`, removes) both cluster-wide rates.
-pub async fn set_throttle(
+pub(crate) async fn set_throttle(
     State(state): State<SharedState>,
     JsonBody(request): JsonBody<ReplicationThrottle>,
 ) -> Result<Json<ReplicationThrottle>, ApiError> {

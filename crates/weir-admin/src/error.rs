@@ -12,45 +12,45 @@ use weir_broker::{BrokerError, ErrorKind};
 use crate::api::{ErrorBody, ErrorDetail};
 
 #[derive(Debug, Clone)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: String,
-    pub message: String,
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) code: String,
+    pub(crate) message: String,
 }
 
 impl ApiError {
     /// An error of the core's kind; its name and status follow from the kind.
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> ApiError {
         ApiError { status: status_for(kind), code: error_name(kind), message: message.into() }
     }
 
     /// An error outside the core's vocabulary (no such endpoint, wrong method).
-    pub fn http(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn http(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
         ApiError { status, code: code.to_string(), message: message.into() }
     }
 
     /// 400 INVALID_REQUEST: a malformed body, query parameter or path.
-    pub fn invalid(message: impl Into<String>) -> ApiError {
+    pub(crate) fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(ErrorKind::InvalidRequest, message)
     }
 
-    pub fn unknown_topic(topic: &str) -> ApiError {
+    pub(crate) fn unknown_topic(topic: &str) -> ApiError {
         ApiError::new(ErrorKind::UnknownTopicOrPartition, format!("topic '{topic}' does not exist"))
     }
 
-    pub fn unknown_partition(topic: &str, partition: i32) -> ApiError {
+    pub(crate) fn unknown_partition(topic: &str, partition: i32) -> ApiError {
         ApiError::new(ErrorKind::UnknownTopicOrPartition, format!("topic '{topic}' has no partition {partition}"))
     }
 
-    pub fn unknown_group(group: &str) -> ApiError {
+    pub(crate) fn unknown_group(group: &str) -> ApiError {
         ApiError::new(ErrorKind::UnknownGroup, format!("group '{group}' does not exist"))
     }
 
-    pub fn internal(message: impl Into<String>) -> ApiError {
+    pub(crate) fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(ErrorKind::Internal, message)
     }
 
-    pub fn detail(&self) -> ErrorDetail {
+    pub(crate) fn detail(&self) -> ErrorDetail {
         ErrorDetail { code: self.code.clone(), message: self.message.clone() }
     }
 }
@@ -74,7 +74,7 @@ impl IntoResponse for ApiError {
 /// mapping in `weir_kafka::errors`, so that the names read the same as the Kafka clients'.
 /// Kafka has no code for a group that already exists (the Kafka front-end answers
 /// INVALID_REQUEST, as only this API creates groups): here it has its own name.
-pub fn error_name(kind: ErrorKind) -> String {
+pub(crate) fn error_name(kind: ErrorKind) -> String {
     match kind {
         ErrorKind::GroupExists => "GROUP_ALREADY_EXISTS".to_string(),
         kind => weir_kafka::errors::error_name(i32::from(weir_kafka::errors::kafka_error(kind).code())),
@@ -85,7 +85,7 @@ pub fn error_name(kind: ErrorKind) -> String {
 /// wrong, 409 for a conflict with the current state, 413 for size limits, 429 for quotas, 503
 /// for what is retriable once the broker (or the partition's leader) is ready, 504 for what the
 /// metadata quorum did not commit in time, 500 for the rest.
-pub fn status_for(kind: ErrorKind) -> StatusCode {
+pub(crate) fn status_for(kind: ErrorKind) -> StatusCode {
     use ErrorKind as K;
     match kind {
         K::UnknownTopicOrPartition | K::UnknownTopicId | K::UnknownGroup => StatusCode::NOT_FOUND,

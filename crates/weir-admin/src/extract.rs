@@ -14,7 +14,7 @@ use weir_broker::ErrorKind;
 use crate::error::ApiError;
 
 /// A JSON body. The Content-Type is not checked, so `curl -d '{...}'` works.
-pub struct JsonBody<T>(pub T);
+pub(crate) struct JsonBody<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
@@ -32,7 +32,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 }
 
 /// Path parameters.
-pub struct PathParams<T>(pub T);
+pub(crate) struct PathParams<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathParams<T> {
     type Rejection = ApiError;
@@ -46,7 +46,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
 }
 
 /// Query parameters by name.
-pub struct QueryParams(pub HashMap<String, String>);
+pub(crate) struct QueryParams(pub HashMap<String, String>);
 
 impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
     type Rejection = ApiError;
@@ -60,12 +60,12 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
 }
 
 impl QueryParams {
-    pub fn get(&self, name: &str) -> Option<&str> {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.0.get(name).map(String::as_str)
     }
 
     /// Parses `name` if present; a value that does not parse is 400 naming the parameter.
-    pub fn parse<T: FromStr>(&self, name: &str, expected: &str) -> Result<Option<T>, ApiError> {
+    pub(crate) fn parse<T: FromStr>(&self, name: &str, expected: &str) -> Result<Option<T>, ApiError> {
         match self.get(name) {
             None => Ok(None),
             Some(text) => text
@@ -77,7 +77,7 @@ impl QueryParams {
     }
 
     /// As [`QueryParams::parse`], with a default and an inclusive range.
-    pub fn parse_in<T: FromStr + PartialOrd + std::fmt::Display + Copy>(
+    pub(crate) fn parse_in<T: FromStr + PartialOrd + std::fmt::Display + Copy>(
         &self,
         name: &str,
         default: T,

@@ -141,8 +141,8 @@ struct AppendCall {
 /// topic stamps LogAppendTime.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub(crate) struct Appended {
-    pub first_offset: i64,
-    pub log_append_time_ms: Option<i64>,
+    pub(crate) first_offset: i64,
+    pub(crate) log_append_time_ms: Option<i64>,
 }
 
 /// Appends `batch` with acks=all, here or at the leader.
@@ -164,20 +164,20 @@ async fn append_here(broker: &Broker, partition: Arc<Partition>, batch: BytesMut
 /// A consume of some partitions of one topic, as the broker hosting them runs it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct ConsumeCall {
-    pub topic: String,
+    pub(crate) topic: String,
     /// Partition and where to start: an offset, `earliest` or `latest`.
-    pub positions: Vec<(i32, String)>,
-    pub max_records: usize,
-    pub max_bytes: u64,
-    pub timeout_ms: u64,
-    pub encoding: Encoding,
+    pub(crate) positions: Vec<(i32, String)>,
+    pub(crate) max_records: usize,
+    pub(crate) max_bytes: u64,
+    pub(crate) timeout_ms: u64,
+    pub(crate) encoding: Encoding,
 }
 
 /// What a consume returned: the records, and a position per partition asked for, in order.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Consumed {
-    pub records: Vec<ConsumedRecord>,
-    pub positions: Vec<PartitionPosition>,
+    pub(crate) records: Vec<ConsumedRecord>,
+    pub(crate) positions: Vec<PartitionPosition>,
 }
 
 /// Runs `request` at broker `leader`.

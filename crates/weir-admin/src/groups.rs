@@ -94,7 +94,7 @@ fn decode_assignment(protocol_type: &str, bytes: &Bytes) -> Vec<TopicPartitions>
 
 /// `GET /v1/groups`: the groups of every broker's coordinator (each lists its own, as Kafka's
 /// ListGroups does; this node asks the others and merges).
-pub async fn list(
+pub(crate) async fn list(
     State(state): State<SharedState>,
     headers: HeaderMap,
     query: QueryParams,
@@ -162,7 +162,7 @@ pub async fn list(
     Ok(Json(GroupList { groups }))
 }
 
-pub async fn describe(
+pub(crate) async fn describe(
     State(state): State<SharedState>,
     PathParams(group): PathParams<String>,
 ) -> Result<Json<GroupDescription>, ApiError> {
@@ -303,7 +303,7 @@ fn config_entries(overrides: &BTreeMap<String, String>) -> Vec<ConfigEntry> {
 }
 
 /// `POST /v1/groups`: gives a group settings; 409 when it has some already.
-pub async fn create(
+pub(crate) async fn create(
     State(state): State<SharedState>,
     JsonBody(request): JsonBody<CreateGroup>,
 ) -> Result<(StatusCode, Json<CreatedGroup>), ApiError> {
@@ -332,7 +332,7 @@ pub async fn create(
 
 /// `GET /v1/groups/{group}/configs`: the settings in force (the defaults for any group
 /// without settings, known or not).
-pub async fn configs(
+pub(crate) async fn configs(
     State(state): State<SharedState>,
     PathParams(group): PathParams<String>,
 ) -> Result<Json<Configs>, ApiError> {
@@ -342,7 +342,7 @@ pub async fn configs(
 
 /// `PATCH /v1/groups/{group}/configs`: sets and deletes settings, creating the group's
 /// settings when it has none.
-pub async fn alter_configs(
+pub(crate) async fn alter_configs(
     State(state): State<SharedState>,
     PathParams(group): PathParams<String>,
     JsonBody(request): JsonBody<AlterConfigs>,
@@ -393,7 +393,7 @@ fn to_commit(topic: String, partition: i32, offset: i64, metadata: Option<String
 }
 
 /// `POST /v1/groups/{group}/offsets`.
-pub async fn commit(
+pub(crate) async fn commit(
     State(state): State<SharedState>,
     PathParams(group): PathParams<String>,
     JsonBody(request): JsonBody<CommitOffsets>,
@@ -421,7 +421,7 @@ pub async fn commit(
 }
 
 /// `POST /v1/groups/{group}/reset-offsets`.
-pub async fn reset_offsets(
+pub(crate) async fn reset_offsets(
     State(state): State<SharedState>,
     PathParams(group): PathParams<String>,
     JsonBody(request): JsonBody<ResetOffsets>,
@@ -562,7 +562,7 @@ async fn apply_reset(core: &Core, group: &str, changes: &[OffsetChange]) -> Resu
     Ok(())
 }
 
-pub async fn delete(
+pub(crate) async fn delete(
     State(state): State<SharedState>,
     PathParams(group): PathParams<String>,
 ) -> Result<Json<DeletedGroup>, ApiError> {

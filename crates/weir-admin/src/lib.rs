@@ -5,9 +5,9 @@
 //!
 //! Like the Kafka front-end it is a thin adapter: parse the request, call the broker core
 //! (`weir-broker`), write the answer. Every failure is Kafka's error code under its Kafka name
-//! with a fitting HTTP status ([`error`]).
+//! with a fitting HTTP status (`error`).
 //!
-//! Layout: [`api`] the JSON bodies (shared with the CLI), [`error`] the error mapping,
+//! Layout: [`api`] the JSON bodies (shared with the CLI), `error` the error mapping,
 //! `probes` (`/health`, `/ready`, `/metrics`), `broker_info`, `cluster`, `topics`, `groups`,
 //! `records` (produce and consume over HTTP), [`partitioner`] (Kafka's murmur2 key partitioner).
 //!
@@ -25,7 +25,7 @@
 pub mod api;
 mod broker_info;
 mod cluster;
-pub mod error;
+mod error;
 mod extract;
 pub mod forward;
 mod groups;
@@ -111,7 +111,7 @@ impl AdminState {
 type SharedState = Arc<AdminState>;
 
 /// Every endpoint. See `docs/admin-api.md`.
-pub fn router(state: SharedState) -> Router {
+pub(crate) fn router(state: SharedState) -> Router {
     Router::new()
         .route("/health", get(probes::health))
         .route("/ready", get(probes::ready))

@@ -46,7 +46,7 @@ enum Wanted {
     Time,
 }
 
-pub async fn query(
+pub(crate) async fn query(
     State(state): State<SharedState>,
     PathParams(topic): PathParams<String>,
     headers: HeaderMap,
@@ -99,7 +99,7 @@ pub async fn query(
 }
 
 /// `GET /v1/topics/{topic}/messages/{id}`: the message with this id, or 404 `MESSAGE_NOT_FOUND`.
-pub async fn by_id(
+pub(crate) async fn by_id(
     State(state): State<SharedState>,
     PathParams((topic, id)): PathParams<(String, String)>,
     headers: HeaderMap,

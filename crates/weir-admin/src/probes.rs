@@ -13,12 +13,12 @@ use crate::SharedState;
 const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// 200 while the process serves HTTP at all, recovering or not.
-pub async fn health() -> Json<Status> {
+pub(crate) async fn health() -> Json<Status> {
     Json(Status { status: "ok".into() })
 }
 
 /// 200 once the broker has recovered and serves; 503 while it starts or shuts down.
-pub async fn ready(State(state): State<SharedState>) -> Response {
+pub(crate) async fn ready(State(state): State<SharedState>) -> Response {
     let (status, text) = match state.core.get() {
         None => (StatusCode::SERVICE_UNAVAILABLE, "starting"),
         Some(core) if core.broker.is_shutting_down() => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
@@ -27,7 +27,7 @@ pub async fn ready(State(state): State<SharedState>) -> Response {
     (status, Json(Status { status: text.into() })).into_response()
 }
 
-pub async fn metrics(State(state): State<SharedState>) -> Result<Response, ApiError> {
+pub(crate) async fn metrics(State(state): State<SharedState>) -> Result<Response, ApiError> {
     let core = state.core()?;
     let (broker, groups, messaging) = (core.broker.clone(), core.groups.clone(), core.messaging.clone());
     // Rendering may read log sizes and offsets: off the async workers. The layers above the

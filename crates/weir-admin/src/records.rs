@@ -66,7 +66,7 @@ fn encode_batch(records: &[Record]) -> Result<BytesMut, ApiError> {
 /// `POST /v1/topics/{topic}/records`. One batch per partition; each partition's append succeeds
 /// or fails as a whole. 200 when at least one partition took its records (a failed one reports
 /// its `error` on each of its records), else the first failure's error.
-pub async fn produce(
+pub(crate) async fn produce(
     State(state): State<SharedState>,
     PathParams(topic): PathParams<String>,
     JsonBody(request): JsonBody<ProduceRequest>,
@@ -360,7 +360,7 @@ fn unread(index: i32, offset: &str, error: &ApiError) -> PartitionPosition {
 }
 
 /// `GET /v1/topics/{topic}/partitions/{partition}/records?offset=N&max_records=M&...`.
-pub async fn consume_partition(
+pub(crate) async fn consume_partition(
     State(state): State<SharedState>,
     PathParams((topic, partition)): PathParams<(String, String)>,
     query: QueryParams,
@@ -392,7 +392,7 @@ pub async fn consume_partition(
 
 /// `GET /v1/topics/{topic}/records?offsets=0:15,1:earliest&...`: several partitions in one
 /// long poll (every partition from `earliest` without `offsets`).
-pub async fn consume_topic(
+pub(crate) async fn consume_topic(
     State(state): State<SharedState>,
     PathParams(topic): PathParams<String>,
     query: QueryParams,

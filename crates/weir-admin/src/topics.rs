@@ -46,7 +46,7 @@ fn topic_error(topic: &str, e: BrokerError) -> ApiError {
     }
 }
 
-pub async fn list(State(state): State<SharedState>) -> Result<Json<TopicList>, ApiError> {
+pub(crate) async fn list(State(state): State<SharedState>) -> Result<Json<TopicList>, ApiError> {
     let core = state.core()?;
     let topics = core
         .broker
@@ -63,7 +63,7 @@ pub async fn list(State(state): State<SharedState>) -> Result<Json<TopicList>, A
     Ok(Json(TopicList { topics }))
 }
 
-pub async fn describe(
+pub(crate) async fn describe(
     State(state): State<SharedState>,
     PathParams(name): PathParams<String>,
 ) -> Result<Json<TopicDescription>, ApiError> {
@@ -86,7 +86,7 @@ async fn describe_topic(broker: &std::sync::Arc<Broker>, topic: &TopicMetadata) 
     }
 }
 
-pub async fn create(
+pub(crate) async fn create(
     State(state): State<SharedState>,
     JsonBody(request): JsonBody<CreateTopic>,
 ) -> Result<(StatusCode, Json<CreatedTopic>), ApiError> {
@@ -122,7 +122,7 @@ pub async fn create(
     ))
 }
 
-pub async fn delete(
+pub(crate) async fn delete(
     State(state): State<SharedState>,
     PathParams(name): PathParams<String>,
 ) -> Result<Json<DeletedTopic>, ApiError> {
@@ -131,7 +131,7 @@ pub async fn delete(
     Ok(Json(DeletedTopic { name: deleted.name, id: deleted.id.to_string() }))
 }
 
-pub async fn configs(
+pub(crate) async fn configs(
     State(state): State<SharedState>,
     PathParams(name): PathParams<String>,
 ) -> Result<Json<Configs>, ApiError> {
@@ -160,7 +160,7 @@ pub(crate) fn edit_of(request: &AlterConfigs) -> Result<ConfigEdit, ApiError> {
 
 /// Incremental: `set` adds or replaces overrides, `delete` removes them; the other overrides
 /// stay. Answers the configs in force afterwards (with `validate_only`, as they would be).
-pub async fn alter_configs(
+pub(crate) async fn alter_configs(
     State(state): State<SharedState>,
     PathParams(name): PathParams<String>,
     JsonBody(request): JsonBody<AlterConfigs>,
@@ -186,7 +186,7 @@ pub async fn alter_configs(
     Ok(Json(Configs { configs: config_entries(broker, &overrides) }))
 }
 
-pub async fn partitions(
+pub(crate) async fn partitions(
     State(state): State<SharedState>,
     PathParams(name): PathParams<String>,
 ) -> Result<Json<Vec<PartitionInfo>>, ApiError> {
@@ -195,7 +195,7 @@ pub async fn partitions(
     Ok(Json(crate::forward::partition_infos(&core.broker, &topic.name).await))
 }
 
-pub async fn create_partitions(
+pub(crate) async fn create_partitions(
     State(state): State<SharedState>,
     PathParams(name): PathParams<String>,
     JsonBody(request): JsonBody<CreatePartitions>,
