@@ -181,21 +181,21 @@ both modes.";
 pub struct ReplicationBenchArgs {
     /// How many times each case runs, interleaved (medians are reported).
     #[arg(long, default_value_t = 3)]
-    pub rounds: u32,
+    pub(crate) rounds: u32,
 
     /// After the produce cases: move a partition holding this many bytes from node 1 to node 2,
     /// unthrottled and then under --move-throttle, and report each copy's rate. 0 skips it.
     #[arg(long, value_name = "BYTES", value_parser = parse_size_or_zero, default_value = "256M")]
-    pub move_bytes: u64,
+    pub(crate) move_bytes: u64,
 
     /// The replication throttle of the throttled move, bytes per second.
     #[arg(long, value_name = "BYTES_PER_SEC", value_parser = parse_size, default_value = "32M")]
-    pub move_throttle: u64,
+    pub(crate) move_throttle: u64,
 
     /// The load of each case: `weir bench produce`'s options (--bootstrap, --replicas and
     /// --acks are set per case). Give --duration or --bytes to keep the cases short.
     #[command(flatten)]
-    pub produce: ProduceBenchArgs,
+    pub(crate) produce: ProduceBenchArgs,
 }
 
 #[derive(Debug, Args)]
@@ -203,163 +203,163 @@ pub struct RocketMqBenchArgs {
     /// Messages per send case (the gRPC case's are then received). [default: 100000, or 2000
     /// with --quick]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub messages: Option<u64>,
+    pub(crate) messages: Option<u64>,
 
     /// Bytes of each message body (record value).
     #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1024")]
-    pub size: u64,
+    pub(crate) size: u64,
 
     /// Requests in flight: senders, each with one request outstanding, and gRPC receivers.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub concurrency: u32,
+    pub(crate) concurrency: u32,
 
     /// Partitions (RocketMQ message queues) of each topic.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=1024))]
-    pub partitions: i32,
+    pub(crate) partitions: i32,
 
     /// HTTP/2 connections the gRPC senders and receivers share.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub grpc_connections: u32,
+    pub(crate) grpc_connections: u32,
 
     /// Records per request of the batched Kafka send case; 0 or 1 leaves the case out.
     #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
-    pub kafka_batch: u32,
+    pub(crate) kafka_batch: u32,
 
     /// Slices the send cases take turns in. [default: 3, or 1 with --quick]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub rounds: Option<u32>,
+    pub(crate) rounds: Option<u32>,
 
     /// A setting of the broker, like `weir server --set`; repeatable.
     #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting)]
-    pub settings: Vec<(String, String)>,
+    pub(crate) settings: Vec<(String, String)>,
 
     /// Where the broker's temporary data directory goes. [default: the system temp dir]
     #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
+    pub(crate) data_dir: Option<PathBuf>,
 
     /// Tiny volumes (a few seconds), for CI: checks that everything works, the figures mean little.
     #[arg(long)]
-    pub quick: bool,
+    pub(crate) quick: bool,
 
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 pub struct TimerBenchArgs {
     /// Messages to schedule. [default: 1000000, or 20000 with --quick]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub messages: Option<u64>,
+    pub(crate) messages: Option<u64>,
 
     /// Bytes of each message body (record value).
     #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "100")]
-    pub size: u64,
+    pub(crate) size: u64,
 
     /// Seconds from the start of scheduling to the first delivery time; scheduling must be done
     /// by then. [default: 20, or 3 with --quick]
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
-    pub delay: Option<Duration>,
+    pub(crate) delay: Option<Duration>,
 
     /// Seconds over which the delivery times spread, uniformly, after --delay. [default: 40, or
     /// 4 with --quick]
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
-    pub window: Option<Duration>,
+    pub(crate) window: Option<Duration>,
 
     /// Partitions of the DELAY topic.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=1024))]
-    pub partitions: i32,
+    pub(crate) partitions: i32,
 
     /// Connections that schedule, each with one Produce request outstanding.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub connections: u32,
+    pub(crate) connections: u32,
 
     /// Records per Produce request (one batch, one partition).
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub batch: u32,
+    pub(crate) batch: u32,
 
     /// Send the messages in the order they are due (delivery times evenly spaced in send order)
     /// instead of with random delivery times.
     #[arg(long)]
-    pub sorted: bool,
+    pub(crate) sorted: bool,
 
     /// Instead of the timer: transactional sends (SendMessage of a TRANSACTION message, then
     /// EndTransaction COMMIT) against normal gRPC sends, side by side, on the RocketMQ
     /// front-end. --messages per case [default: 20000, or 1000 with --quick], --size,
     /// --concurrency and --rounds apply.
     #[arg(long)]
-    pub transactions: bool,
+    pub(crate) transactions: bool,
 
     /// With --transactions: senders, each with one call outstanding (they share one HTTP/2
     /// connection).
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub concurrency: u32,
+    pub(crate) concurrency: u32,
 
     /// With --transactions: slices the two cases take turns in. [default: 3, or 1 with --quick]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub rounds: Option<u32>,
+    pub(crate) rounds: Option<u32>,
 
     /// A setting of the broker, like `weir server --set`; repeatable.
     #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting)]
-    pub settings: Vec<(String, String)>,
+    pub(crate) settings: Vec<(String, String)>,
 
     /// Where the broker's temporary data directory goes. [default: the system temp dir]
     #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
+    pub(crate) data_dir: Option<PathBuf>,
 
     /// A tiny run (seconds), for CI: checks that everything works, the figures mean little.
     #[arg(long)]
-    pub quick: bool,
+    pub(crate) quick: bool,
 
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 pub struct MetadataBenchArgs {
     /// Topics to create on each setup.
     #[arg(long, default_value_t = 500)]
-    pub topics: usize,
+    pub(crate) topics: usize,
 
     /// Partitions of each topic.
     #[arg(long, default_value_t = 3)]
-    pub partitions: i32,
+    pub(crate) partitions: i32,
 
     /// Nodes of the cluster (every one a voter and a broker).
     #[arg(long, default_value_t = 3)]
-    pub nodes: usize,
+    pub(crate) nodes: usize,
 
     /// Skip killing the controller.
     #[arg(long)]
-    pub no_failover: bool,
+    pub(crate) no_failover: bool,
 
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 pub struct FetchBenchArgs {
     /// Bytes of record batches to produce and then fetch per round. [default: 1G, or 64M with --quick]
     #[arg(long, value_name = "N", value_parser = parse_size)]
-    pub bytes: Option<u64>,
+    pub(crate) bytes: Option<u64>,
 
     /// partition_max_bytes and max_bytes of each Fetch request.
     #[arg(long, value_name = "N", value_parser = parse_size, default_value = "1M")]
-    pub fetch_bytes: u64,
+    pub(crate) fetch_bytes: u64,
 
     /// Rounds per mode (alternating). [default: 3]
     #[arg(long, default_value_t = 3)]
-    pub rounds: u32,
+    pub(crate) rounds: u32,
 
     /// A small run (seconds), for CI.
     #[arg(long)]
-    pub quick: bool,
+    pub(crate) quick: bool,
 
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 }
 
 const PRODUCE_LONG_ABOUT: &str = "\
@@ -398,72 +398,72 @@ MB/s and broker CPU.";
 pub struct ProduceBenchArgs {
     /// A running broker to measure, HOST:PORT. [default: start a `weir server` child]
     #[arg(long, value_name = "HOST:PORT")]
-    pub bootstrap: Option<String>,
+    pub(crate) bootstrap: Option<String>,
 
     /// The --bootstrap broker's process id, for its CPU and RSS from /proc.
     #[arg(long, value_name = "PID", requires = "bootstrap")]
-    pub broker_pid: Option<u32>,
+    pub(crate) broker_pid: Option<u32>,
 
     /// A setting of the child broker, like `weir server --set`; repeatable.
     #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting, conflicts_with = "bootstrap")]
-    pub settings: Vec<(String, String)>,
+    pub(crate) settings: Vec<(String, String)>,
 
     /// Where the child broker's temporary data directory goes. [default: the system temp dir]
     #[arg(long, value_name = "DIR", conflicts_with = "bootstrap")]
-    pub data_dir: Option<PathBuf>,
+    pub(crate) data_dir: Option<PathBuf>,
 
     /// Partitions of the benchmark's topic.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=100_000))]
-    pub partitions: i32,
+    pub(crate) partitions: i32,
 
     /// A config of the benchmark's topic, e.g. flush.policy=sync; repeatable.
     #[arg(long, value_name = "NAME=VALUE", value_parser = parse_setting)]
-    pub topic_config: Vec<(String, String)>,
+    pub(crate) topic_config: Vec<(String, String)>,
 
     /// The replicas of every partition, leader first (node ids, e.g. 1,2,3): the topic is
     /// created with this assignment instead of one replica. The --bootstrap broker should lead.
     #[arg(long, value_name = "IDS", value_delimiter = ',')]
-    pub replicas: Vec<i32>,
+    pub(crate) replicas: Vec<i32>,
 
     /// Bytes of each message value (no key).
     #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1024")]
-    pub size: u64,
+    pub(crate) size: u64,
 
     /// Bytes of each partition's record batch in a request (as many values as fit).
     #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1M")]
-    pub batch_bytes: u64,
+    pub(crate) batch_bytes: u64,
 
     /// Connections, each with its own thread (and a reader thread).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub connections: u32,
+    pub(crate) connections: u32,
 
     /// Produce requests outstanding per connection.
     #[arg(long, value_name = "K", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub in_flight: u32,
+    pub(crate) in_flight: u32,
 
     /// acks of the Produce requests: 1, all (or -1), or 0.
     #[arg(long, value_name = "ACKS", value_parser = parse_acks, default_value = "1")]
-    pub acks: i16,
+    pub(crate) acks: i16,
 
     /// Stop after this many bytes of values (all connections). [default: 1G, or no limit with --duration]
     #[arg(long, value_name = "N", value_parser = parse_size)]
-    pub bytes: Option<u64>,
+    pub(crate) bytes: Option<u64>,
 
     /// Stop sending after this many seconds.
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
-    pub duration: Option<Duration>,
+    pub(crate) duration: Option<Duration>,
 
     /// Then read everything back with Fetch over one connection and report that too.
     #[arg(long)]
-    pub consume: bool,
+    pub(crate) consume: bool,
 
     /// Leave the topic on the --bootstrap broker at the end.
     #[arg(long)]
-    pub keep_topic: bool,
+    pub(crate) keep_topic: bool,
 
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 }
 
 fn parse_acks(text: &str) -> Result<i16, String> {
@@ -482,27 +482,27 @@ pub struct StorageBenchArgs {
     /// created it. Put it on the disk you want to measure: a tmpfs makes fsync free. [default:
     /// ./bench-data, or the system temp dir if that cannot be created]
     #[arg(long, value_name = "PATH")]
-    pub dir: Option<PathBuf>,
+    pub(crate) dir: Option<PathBuf>,
 
     /// Bytes written by each flush=none run, each plain-write reference run and the warm-up; the
     /// most each sync run writes. Plain bytes or with a binary suffix: 512K, 64M, 1G (also KiB, MiB, GiB).
     /// [default: 1G, or 16M with --quick]
     #[arg(long, value_name = "N", value_parser = parse_size)]
-    pub bytes: Option<u64>,
+    pub(crate) bytes: Option<u64>,
 
     /// Time limit of each sync run and of the fdatasync-per-16-KiB reference, in seconds (a run
     /// also stops at --bytes). [default: 3, or 0.25 with --quick]
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
-    pub sync_seconds: Option<Duration>,
+    pub(crate) sync_seconds: Option<Duration>,
 
     /// A tiny run that takes a few seconds: checks that everything works (CI), the figures mean
     /// little.
     #[arg(long)]
-    pub quick: bool,
+    pub(crate) quick: bool,
 
     /// Also write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 }
 
 /// Parses a byte count: digits with an optional K/M/G suffix (powers of 1024; `KiB` etc. too).

@@ -59,7 +59,7 @@ struct ModeResult {
     rounds_mb_per_s: Vec<f64>,
 }
 
-pub fn run(args: &FetchBenchArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &FetchBenchArgs) -> anyhow::Result<()> {
     let bytes = args.bytes.unwrap_or(if args.quick { 64 << 20 } else { 1 << 30 });
     let fetch_bytes = i32::try_from(args.fetch_bytes).context("--fetch-bytes must be below 2 GiB")?;
     let rounds = if args.quick { args.rounds.min(2) } else { args.rounds }.max(1);

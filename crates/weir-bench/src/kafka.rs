@@ -12,16 +12,16 @@ use clap::Subcommand;
 use crate::cli::BenchCommand;
 
 /// The file name of the benchmark binary, in the same directory as `weir`.
-pub const BENCH_BINARY: &str = "weir-bench";
+pub(crate) const BENCH_BINARY: &str = "weir-bench";
 
 #[derive(Debug, clap::Args)]
 pub struct KafkaBenchArgs {
     /// Everything after `kafka` goes to weir-bench unchanged.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0.., value_name = "ARGS")]
-    pub args: Vec<OsString>,
+    pub(crate) args: Vec<OsString>,
 }
 
-pub fn run(args: &KafkaBenchArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &KafkaBenchArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the path of this executable")?;
     let bench = bench_path(&exe);
     if bench.is_file() {

@@ -205,7 +205,7 @@ fn measure(args: &MetadataBenchArgs, nodes: usize) -> anyhow::Result<SetupResult
     })
 }
 
-pub fn run(args: &MetadataBenchArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &MetadataBenchArgs) -> anyhow::Result<()> {
     if args.nodes < 2 {
         bail!("--nodes must be at least 2 (the cluster measured beside the single node)");
     }

@@ -359,7 +359,7 @@ pub(crate) struct Report {
     consume: Option<ConsumeReport>,
 }
 
-pub fn run(args: &ProduceBenchArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &ProduceBenchArgs) -> anyhow::Result<()> {
     let size = usize::try_from(args.size).ok().filter(|&s| s <= 64 << 20).context("--size must be at most 64 MiB")?;
     if args.batch_bytes > 1 << 30 {
         bail!("--batch-bytes must be at most 1 GiB");

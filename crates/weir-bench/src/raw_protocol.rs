@@ -18,35 +18,35 @@ use weir_harness::kafka_client::{self, create_topics_request, fetch_partition, f
 pub use weir_proc::Pid;
 
 /// What the benchmarks call themselves in request headers.
-pub const CLIENT_ID: &str = "weir-bench";
+pub(crate) const CLIENT_ID: &str = "weir-bench";
 /// Reads and writes of the benchmarks' connections give up after this: a hung broker fails the
 /// run instead of hanging it.
-pub const IO_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the benchmark's own broker may take to print its listening line.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A benchmark's connection to the broker.
-pub fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
+pub(crate) fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
     Ok(Client::connect(addr, CLIENT_ID, IO_TIMEOUT)?)
 }
 
 /// `weir server` (this binary) as a child process in its own scratch data directory, on
 /// 127.0.0.1 port 0; killed on drop.
-pub struct Server {
+pub(crate) struct Server {
     child: Child,
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// The RocketMQ gRPC listener, when started with [`Server::start_with_rocketmq`].
-    pub rocketmq: Option<SocketAddr>,
+    pub(crate) rocketmq: Option<SocketAddr>,
     /// The admin HTTP listener, when started with [`Server::start_with_admin`] or
     /// [`Server::start_with_rocketmq`].
-    pub admin: Option<SocketAddr>,
+    pub(crate) admin: Option<SocketAddr>,
     dir: tempfile::TempDir,
 }
 
 impl Server {
     /// Starts the broker with `settings` (`--set NAME=VALUE` each) in a fresh directory named
     /// `prefix*` under `parent` (the system temp dir if `None`), and waits for its listening line.
-    pub fn start(prefix: &str, settings: &[(String, String)], parent: Option<&Path>) -> anyhow::Result<Server> {
+    pub(crate) fn start(prefix: &str, settings: &[(String, String)], parent: Option<&Path>) -> anyhow::Result<Server> {
         Server::start_listening(prefix, "127.0.0.1:0", settings, parent)
     }
 
@@ -54,7 +54,7 @@ impl Server {
     /// address is in `rocketmq`. The admin listener is on too (port 0), because the RocketMQ line
     /// comes before the admin line: the wait for both is the wait for the RocketMQ one. These
     /// two settings win over `settings`.
-    pub fn start_with_rocketmq(
+    pub(crate) fn start_with_rocketmq(
         prefix: &str,
         settings: &[(String, String)],
         parent: Option<&Path>,
@@ -71,7 +71,7 @@ impl Server {
 
     /// [`Server::start`] with the admin HTTP listener on (127.0.0.1 port 0, winning over
     /// `settings`), for its `/metrics`; its address is in `admin`.
-    pub fn start_with_admin(
+    pub(crate) fn start_with_admin(
         prefix: &str,
         settings: &[(String, String)],
         parent: Option<&Path>,
@@ -82,7 +82,7 @@ impl Server {
     }
 
     /// [`Server::start`] with `listeners` of its own (a cluster node's CONTROLLER listener).
-    pub fn start_listening(
+    pub(crate) fn start_listening(
         prefix: &str,
         listeners: &str,
         settings: &[(String, String)],
@@ -124,23 +124,23 @@ impl Server {
     }
 
     /// SIGKILL, as a crash would, and reap it.
-    pub fn kill(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn kill(&mut self) -> anyhow::Result<()> {
         self.child.kill().context("cannot kill the broker")?;
         self.child.wait().context("cannot reap the broker")?;
         Ok(())
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// The broker's data directory (removed when this is dropped).
-    pub fn data_dir(&self) -> &Path {
+    pub(crate) fn data_dir(&self) -> &Path {
         self.dir.path()
     }
 
     /// User + system CPU seconds of the broker so far.
-    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+    pub(crate) fn cpu_seconds(&self) -> anyhow::Result<f64> {
         cpu_seconds(Pid::Of(self.pid()))
     }
 }
@@ -153,17 +153,17 @@ impl Drop for Server {
 }
 
 /// User + system CPU seconds of `pid` so far, all threads together.
-pub fn cpu_seconds(pid: Pid) -> anyhow::Result<f64> {
+pub(crate) fn cpu_seconds(pid: Pid) -> anyhow::Result<f64> {
     weir_proc::cpu_seconds(pid).with_context(|| format!("cannot read the CPU time of {pid:?} from /proc"))
 }
 
 /// The name of a Kafka error code, for messages: `NOT_LEADER_OR_FOLLOWER (6)`.
-pub fn error_name(code: i16) -> String {
+pub(crate) fn error_name(code: i16) -> String {
     format!("{} ({code})", weir_kafka::errors::error_name(i32::from(code)))
 }
 
 /// CreateTopics of one topic with replication factor 1; fails unless the broker created it.
-pub fn create_topic(
+pub(crate) fn create_topic(
     client: &mut Client,
     name: &str,
     partitions: i32,
@@ -187,7 +187,7 @@ pub fn create_topic(
 }
 
 /// DeleteTopics of one topic.
-pub fn delete_topic(client: &mut Client, name: &str) -> anyhow::Result<()> {
+pub(crate) fn delete_topic(client: &mut Client, name: &str) -> anyhow::Result<()> {
     let request = DeleteTopicsRequest::default()
         .with_topics(vec![DeleteTopicState::default().with_name(Some(topic_name(name)))])
         .with_timeout_ms(kafka_client::REQUEST_TIMEOUT_MS);
@@ -199,7 +199,7 @@ pub fn delete_topic(client: &mut Client, name: &str) -> anyhow::Result<()> {
 }
 
 /// The latest offsets (ListOffsets at -1: the high watermark) of `partitions` of `topic`.
-pub fn latest_offsets(client: &mut Client, topic: &str, partitions: &[i32]) -> anyhow::Result<Vec<i64>> {
+pub(crate) fn latest_offsets(client: &mut Client, topic: &str, partitions: &[i32]) -> anyhow::Result<Vec<i64>> {
     let request =
         ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
             .with_name(topic_name(topic))
@@ -229,16 +229,16 @@ pub fn latest_offsets(client: &mut Client, topic: &str, partitions: &[i32]) -> a
 /// What [`fetch_all`] received: record batch bytes (protocol bytes, not values) and offsets, in
 /// how many Fetch requests.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Fetched {
-    pub bytes: u64,
-    pub records: u64,
-    pub requests: u64,
+pub(crate) struct Fetched {
+    pub(crate) bytes: u64,
+    pub(crate) records: u64,
+    pub(crate) requests: u64,
 }
 
 /// Reads `start..end` of every `(partition, start, end)` of `topic` with Fetch requests over
 /// `client`, each asking every unfinished partition for up to `partition_max_bytes`. The client
 /// only walks the batch headers to find the next offset; nothing is decoded or checked further.
-pub fn fetch_all(
+pub(crate) fn fetch_all(
     client: &mut Client,
     topic: &str,
     ranges: &[(i32, i64, i64)],
@@ -294,7 +294,7 @@ pub fn fetch_all(
 
 /// Polls `latest_offsets` until their sum reaches `expected` or `timeout` passes; returns the
 /// last offsets seen.
-pub fn wait_for_offsets(
+pub(crate) fn wait_for_offsets(
     client: &mut Client,
     topic: &str,
     partitions: &[i32],

@@ -70,7 +70,7 @@ fn with_retries<T>(mut attempt: impl FnMut() -> anyhow::Result<T>) -> anyhow::Re
     }
 }
 
-pub fn run(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &ReplicationBenchArgs) -> anyhow::Result<()> {
     let produce: &ProduceBenchArgs = &args.produce;
     let size =
         usize::try_from(produce.size).ok().filter(|&s| s <= 64 << 20).context("--size must be at most 64 MiB")?;

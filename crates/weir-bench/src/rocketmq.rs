@@ -284,7 +284,7 @@ struct Bench<'a> {
     size: usize,
 }
 
-pub fn run(args: &RocketMqBenchArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &RocketMqBenchArgs) -> anyhow::Result<()> {
     let size = usize::try_from(args.size)
         .ok()
         .filter(|&s| s <= MAX_SIZE)

@@ -23,12 +23,12 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A client of one HTTP/2 connection; clones share it, as the calls of a RocketMQ client share
 /// its connection to an endpoint.
-pub type Client = MessagingServiceClient<InterceptedService<Channel, Headers>>;
+pub(crate) type Client = MessagingServiceClient<InterceptedService<Channel, Headers>>;
 
 /// The headers RocketMQ 5 clients send with every call. Weir's front-end needs none of them;
 /// they are sent so that the calls cost what a real client's cost.
 #[derive(Clone)]
-pub struct Headers {
+pub(crate) struct Headers {
     client_id: AsciiMetadataValue,
 }
 
@@ -44,7 +44,7 @@ impl Interceptor for Headers {
 }
 
 /// Opens an HTTP/2 connection to the RocketMQ listener at `addr`.
-pub async fn connect(addr: SocketAddr, client_id: &str) -> anyhow::Result<Client> {
+pub(crate) async fn connect(addr: SocketAddr, client_id: &str) -> anyhow::Result<Client> {
     let channel = Endpoint::from_shared(format!("http://{addr}"))?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(10))
@@ -59,7 +59,7 @@ pub async fn connect(addr: SocketAddr, client_id: &str) -> anyhow::Result<Client
 }
 
 /// `NAME (code)` of a RocketMQ status code, for messages: `TOPIC_NOT_FOUND (40402)`.
-pub fn code_name(code: i32) -> String {
+pub(crate) fn code_name(code: i32) -> String {
     format!("{} ({code})", weir_rocketmq::status::code_name(code))
 }
 
@@ -77,7 +77,7 @@ fn resource(name: &str) -> Option<Resource> {
 }
 
 /// The message queues of `topic`, from QueryRoute.
-pub async fn query_route(client: &mut Client, topic: &str) -> anyhow::Result<Vec<MessageQueue>> {
+pub(crate) async fn query_route(client: &mut Client, topic: &str) -> anyhow::Result<Vec<MessageQueue>> {
     let request = QueryRouteRequest { topic: resource(topic), endpoints: None };
     let response = client.query_route(request).await.context("QueryRoute")?.into_inner();
     check(&format!("QueryRoute of {topic}"), response.status.as_ref())?;
@@ -90,7 +90,7 @@ fn now() -> prost_types::Timestamp {
 }
 
 /// A normal message as a producer makes it: a unique id, a tag, born now here.
-pub fn message(topic: &str, message_id: String, tag: &str, body: Vec<u8>) -> Message {
+pub(crate) fn message(topic: &str, message_id: String, tag: &str, body: Vec<u8>) -> Message {
     Message {
         topic: resource(topic),
         user_properties: Default::default(),
@@ -108,7 +108,7 @@ pub fn message(topic: &str, message_id: String, tag: &str, body: Vec<u8>) -> Mes
 }
 
 /// SendMessage of one message; fails unless the broker stored it under its id.
-pub async fn send(client: &mut Client, message: Message) -> anyhow::Result<()> {
+pub(crate) async fn send(client: &mut Client, message: Message) -> anyhow::Result<()> {
     let id = message.system_properties.as_ref().map(|s| s.message_id.clone()).unwrap_or_default();
     let request = SendMessageRequest { messages: vec![message] };
     let response = client.send_message(request).await.context("SendMessage")?.into_inner();
@@ -127,14 +127,14 @@ pub async fn send(client: &mut Client, message: Message) -> anyhow::Result<()> {
 }
 
 /// What a SimpleConsumer's receive asks for.
-pub struct Receive<'a> {
-    pub group: &'a str,
-    pub queue: &'a MessageQueue,
+pub(crate) struct Receive<'a> {
+    pub(crate) group: &'a str,
+    pub(crate) queue: &'a MessageQueue,
     /// A tag expression (`hit`, `a || b`); `None` takes every message.
-    pub tags: Option<&'a str>,
-    pub batch_size: i32,
-    pub invisible: Duration,
-    pub long_polling: Duration,
+    pub(crate) tags: Option<&'a str>,
+    pub(crate) batch_size: i32,
+    pub(crate) invisible: Duration,
+    pub(crate) long_polling: Duration,
 }
 
 fn duration(d: Duration) -> prost_types::Duration {
@@ -144,7 +144,7 @@ fn duration(d: Duration) -> prost_types::Duration {
 /// ReceiveMessage: the messages the broker hands out (none when the long poll ended empty,
 /// MESSAGE_NOT_FOUND). The stream must open with a status; any status but OK and
 /// MESSAGE_NOT_FOUND is an error, and so is a message after MESSAGE_NOT_FOUND.
-pub async fn receive(client: &mut Client, receive: &Receive<'_>) -> anyhow::Result<Vec<Message>> {
+pub(crate) async fn receive(client: &mut Client, receive: &Receive<'_>) -> anyhow::Result<Vec<Message>> {
     let request = ReceiveMessageRequest {
         group: resource(receive.group),
         message_queue: Some(receive.queue.clone()),
@@ -190,7 +190,7 @@ pub async fn receive(client: &mut Client, receive: &Receive<'_>) -> anyhow::Resu
 
 /// AckMessage of `messages` (received from `topic` for `group`) in one request; fails unless
 /// every entry is acknowledged.
-pub async fn ack(client: &mut Client, group: &str, topic: &str, messages: &[Message]) -> anyhow::Result<()> {
+pub(crate) async fn ack(client: &mut Client, group: &str, topic: &str, messages: &[Message]) -> anyhow::Result<()> {
     let entries = messages
         .iter()
         .map(|m| {

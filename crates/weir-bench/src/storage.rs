@@ -215,7 +215,7 @@ struct Ratios {
     sync_64_vs_1_appender_target: f64,
 }
 
-pub fn run(args: &StorageBenchArgs) -> Result<()> {
+pub(crate) fn run(args: &StorageBenchArgs) -> Result<()> {
     let settings = Settings {
         bytes: args.bytes.unwrap_or(if args.quick { QUICK_BYTES } else { DEFAULT_BYTES }),
         sync_time: args.sync_seconds.unwrap_or(if args.quick { QUICK_SYNC_TIME } else { DEFAULT_SYNC_TIME }),

@@ -551,7 +551,7 @@ struct Report {
 /// The steps share the broker and the sampler, which runs from before scheduling until the
 /// read-back so that its peaks and gauges cover the whole run; each step takes its figures at
 /// its own point of it.
-pub fn run(args: &TimerBenchArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &TimerBenchArgs) -> anyhow::Result<()> {
     let mut bench = Bench::start(args)?;
     // Let the broker settle after start-up before its "before" RSS.
     std::thread::sleep(Duration::from_secs(1));

@@ -169,7 +169,7 @@ struct Report {
     ratios: Ratios,
 }
 
-pub fn run(args: &TimerBenchArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &TimerBenchArgs) -> anyhow::Result<()> {
     let messages = args.messages.unwrap_or(if args.quick { 1_000 } else { 20_000 });
     let size = usize::try_from(args.size).ok().filter(|&s| s <= 1 << 20).context("--size must be at most 1 MiB")?;
     let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 }).min(u32::try_from(messages).unwrap_or(u32::MAX));
