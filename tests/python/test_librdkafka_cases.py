@@ -66,8 +66,10 @@ def hundred_with_every_tenth_keyless():
 def test_keyless_records_in_one_batch_fail_alone_with_record_errors(broker, closer):
     admin = c_admin(broker.bootstrap)
     topic = c_create_topic(admin, unique("compacted-batch"), config={"cleanup.policy": "compact"})
-    # One batch for all 100: they are produced at once and linger long enough to share it.
-    producer = closer.add(c_producer(broker.bootstrap, {"linger.ms": 500, "batch.num.messages": 1000}))
+    # One batch for all 100: they linger until flush() sends them at once (librdkafka's flush
+    # overrides linger.ms), however long producing them takes on a loaded machine. With 500 ms,
+    # a loaded CI machine once split them over two batches.
+    producer = closer.add(c_producer(broker.bootstrap, {"linger.ms": 10_000, "batch.num.messages": 1000}))
     reports = produce_collecting(producer, topic, hundred_with_every_tenth_keyless())
     invalid = [i for i, err in enumerate(reports) if err is not None and err.code() == KafkaError.INVALID_RECORD]
     others = [err for i, err in enumerate(reports) if i % 10 != 0]
