@@ -295,6 +295,8 @@ async fn long_poll(
                 return Err(e.into());
             }
             let Some(slice) = fetched.slice else { continue };
+            // A read that returned records found the partition's offsets too.
+            let Some(offsets) = fetched.offsets else { continue };
             read_any = true;
             let (topic, index, from) = (position.partition.topic.clone(), position.partition.index, position.offset);
             let (records, next) = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
@@ -313,7 +315,7 @@ async fn long_poll(
             for batch in records.into_iter().filter(|b| !b.header.is_control()) {
                 let timestamp_type = batch.header.timestamp_type();
                 for record in batch.records {
-                    if record.offset < position.offset || record.offset >= fetched.high_watermark {
+                    if record.offset < position.offset || record.offset >= offsets.high_watermark {
                         continue;
                     }
                     if out.len() >= limits.max_records {

@@ -293,18 +293,18 @@ impl Broker {
     }
 
     /// The broker Kafka clients are told is the controller: this one, when it is a live
-    /// broker, else any live broker; -1 when none is. Every broker forwards metadata changes to
+    /// broker, else any live broker; `None` when none is. Every broker forwards metadata changes to
     /// the active controller, so, as KRaft brokers do, a broker names one that is surely alive
     /// rather than the active controller: a client keeps the id it was told until it refreshes
     /// its metadata, and one told of a controller that then died would send its admin requests
     /// nowhere until then.
-    pub fn controller_for_clients(&self) -> i32 {
+    pub fn controller_for_clients(&self) -> Option<i32> {
         let live = self.live_brokers();
         let me = self.config.node_id;
         if self.config.roles.broker && live.iter().any(|b| b.id == me) {
-            return me;
+            return Some(me);
         }
-        live.first().map_or(-1, |b| b.id)
+        live.first().map(|b| b.id)
     }
 
     /// The active controller's node id, if the quorum has one.

@@ -66,15 +66,33 @@ pub struct FetchRequest {
     pub client_rack: Option<String>,
 }
 
-/// What a fetch found in one partition, in request order.
-#[derive(Debug, Clone)]
-pub struct FetchedPartition {
-    /// Why nothing was read (offset out of range, fenced epoch, ...); the offsets below are
-    /// still the partition's, or -1 if it could not be read at all.
-    pub error: Option<BrokerError>,
+/// A partition's offsets, as a fetch found them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionOffsets {
     pub high_watermark: i64,
     pub last_stable_offset: i64,
     pub log_start_offset: i64,
+}
+
+impl PartitionOffsets {
+    fn of(partition: &Partition) -> PartitionOffsets {
+        let log = &partition.log;
+        PartitionOffsets {
+            high_watermark: log.high_watermark(),
+            last_stable_offset: log.last_stable_offset(),
+            log_start_offset: log.log_start_offset(),
+        }
+    }
+}
+
+/// What a fetch found in one partition, in request order.
+#[derive(Debug, Clone)]
+pub struct FetchedPartition {
+    /// Why nothing was read (offset out of range, fenced epoch, ...).
+    pub error: Option<BrokerError>,
+    /// The partition's offsets, also with an error; `None` when the partition could not be
+    /// read at all (it is not hosted here).
+    pub offsets: Option<PartitionOffsets>,
     /// Whole batches from the batch that holds the wanted offset; `None` when there is nothing
     /// (yet) at or after it below the bound.
     pub slice: Option<FileSlice>,
@@ -91,15 +109,9 @@ pub struct FetchedPartition {
 
 impl FetchedPartition {
     fn failed(error: BrokerError, partition: Option<&Partition>) -> FetchedPartition {
-        let (high_watermark, last_stable_offset, log_start_offset) = match partition {
-            Some(p) => (p.log.high_watermark(), p.log.last_stable_offset(), p.log.log_start_offset()),
-            None => (-1, -1, -1),
-        };
         FetchedPartition {
             error: Some(error),
-            high_watermark,
-            last_stable_offset,
-            log_start_offset,
+            offsets: partition.map(PartitionOffsets::of),
             slice: None,
             aborted: None,
             diverging_epoch: None,
@@ -111,9 +123,7 @@ impl FetchedPartition {
     fn diverged(partition: &Partition, diverging: (i32, i64)) -> FetchedPartition {
         FetchedPartition {
             error: None,
-            high_watermark: partition.log.high_watermark(),
-            last_stable_offset: partition.log.last_stable_offset(),
-            log_start_offset: partition.log.log_start_offset(),
+            offsets: Some(PartitionOffsets::of(partition)),
             slice: None,
             aborted: None,
             diverging_epoch: Some(diverging),
@@ -276,9 +286,7 @@ impl Broker {
                     });
                     out.push(FetchedPartition {
                         error: None,
-                        high_watermark: log.high_watermark(),
-                        last_stable_offset: log.last_stable_offset(),
-                        log_start_offset: log.log_start_offset(),
+                        offsets: Some(PartitionOffsets::of(partition)),
                         slice,
                         aborted,
                         diverging_epoch: None,

@@ -68,9 +68,9 @@ pub struct FetchFrom {
     pub current_leader_epoch: i32,
     /// The follower's log end.
     pub fetch_offset: i64,
-    /// The epoch of the follower's last batch (-1 for an empty log): how the leader tells it
-    /// has diverged.
-    pub last_fetched_epoch: i32,
+    /// The epoch of the follower's last batch (`None` for an empty log): how the leader tells
+    /// it has diverged.
+    pub last_fetched_epoch: Option<i32>,
     pub log_start_offset: i64,
     /// Most record bytes for this partition.
     pub max_bytes: i32,
@@ -90,21 +90,21 @@ pub struct LeaderPartition {
     pub topic: String,
     pub partition: i32,
     pub error: Option<LeaderError>,
-    /// -1 when the leader does not say.
-    pub high_watermark: i64,
-    /// -1 when the leader does not say.
-    pub log_start_offset: i64,
+    /// `None` when the leader does not say.
+    pub high_watermark: Option<i64>,
+    /// `None` when the leader does not say.
+    pub log_start_offset: Option<i64>,
     /// Where the logs diverge, when they do: the leader's end of that epoch.
     pub diverging: Option<DivergingEpoch>,
     /// Whole batches, or a trailing partial one (cut by the byte limit).
     pub records: Bytes,
 }
 
-/// Where a follower's log and the leader's part: `epoch` (-1 when the leader has none in
+/// Where a follower's log and the leader's part: `epoch` (`None` when the leader has none in
 /// common with the follower) ends at `end_offset` on the leader.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DivergingEpoch {
-    pub epoch: i32,
+    pub epoch: Option<i32>,
     pub end_offset: i64,
 }
 
@@ -261,7 +261,7 @@ fn fetch_request(broker: &Broker, followed: &[Followed]) -> FollowerFetch {
                 partition: f.partition.index,
                 current_leader_epoch: f.leader_epoch,
                 fetch_offset: log.log_end_offset(),
-                last_fetched_epoch: log.latest_leader_epoch().ok().flatten().unwrap_or(-1),
+                last_fetched_epoch: log.latest_leader_epoch().ok().flatten(),
                 log_start_offset: log.log_start_offset(),
                 max_bytes: broker.config.replica_fetch_max_bytes,
             }
@@ -350,28 +350,33 @@ fn apply_partition(broker: &Broker, partition: &Partition, data: LeaderPartition
         None => {}
         Some(LeaderError::OffsetOutOfRange) => {
             let fetch_offset = partition.log.log_end_offset();
-            if data.log_start_offset >= 0 && fetch_offset < data.log_start_offset {
-                broker.restart_follower_at(partition, data.log_start_offset).map_err(|e| e.to_string())?;
-            } else if data.high_watermark >= 0 {
+            match (data.log_start_offset, data.high_watermark) {
+                (Some(log_start), _) if fetch_offset < log_start => {
+                    broker.restart_follower_at(partition, log_start).map_err(|e| e.to_string())?;
+                }
                 // Past the leader's log end (it lost a tail in an unclean election):
                 // truncate to what it acknowledged.
-                broker.truncate_follower(partition, data.high_watermark).map_err(|e| e.to_string())?;
+                (_, Some(high_watermark)) => {
+                    broker.truncate_follower(partition, high_watermark).map_err(|e| e.to_string())?;
+                }
+                _ => {}
             }
             return Ok(());
         }
         Some(LeaderError::Other(error)) => return Err(format!("the leader answered {error}")),
     }
     if let Some(diverging) = data.diverging {
-        let target = if diverging.epoch < 0 {
-            partition.known_high_watermark()
-        } else {
-            let (my_epoch, my_end) = partition.log.end_offset_for_epoch(diverging.epoch).map_err(|e| e.to_string())?;
-            if my_epoch == diverging.epoch {
-                my_end.min(diverging.end_offset)
-            } else {
-                // This log lacks the leader's epoch: go back to the end of the last epoch it
-                // has below it, and compare again at the next fetch.
-                my_end
+        let target = match diverging.epoch {
+            None => partition.known_high_watermark(),
+            Some(epoch) => {
+                let (my_epoch, my_end) = partition.log.end_offset_for_epoch(epoch).map_err(|e| e.to_string())?;
+                if my_epoch == epoch {
+                    my_end.min(diverging.end_offset)
+                } else {
+                    // This log lacks the leader's epoch: go back to the end of the last epoch it
+                    // has below it, and compare again at the next fetch.
+                    my_end
+                }
             }
         };
         let epoch_of = |p: &Partition| p.log.latest_leader_epoch().ok().flatten();
@@ -379,7 +384,7 @@ fn apply_partition(broker: &Broker, partition: &Partition, data: LeaderPartition
         broker.truncate_follower(partition, target.max(0)).map_err(|e| e.to_string())?;
         if (partition.log.log_end_offset(), epoch_of(partition)) == before {
             return Err(format!(
-                "diverged at epoch {} (leader's end {}), but nothing below the learned high watermark may be cut",
+                "diverged at epoch {:?} (leader's end {}), but nothing below the learned high watermark may be cut",
                 diverging.epoch, diverging.end_offset
             ));
         }
@@ -421,7 +426,7 @@ impl Broker {
         &self,
         partition: &Partition,
         records: &[u8],
-        leader_high_watermark: i64,
+        leader_high_watermark: Option<i64>,
     ) -> Result<Option<AppendInfo>, BrokerError> {
         if partition.state().leader == self.config.node_id {
             return Err(BrokerError::new(
@@ -440,7 +445,9 @@ impl Broker {
             }
             Some(info)
         };
-        partition.follow_high_watermark(leader_high_watermark);
+        if let Some(leader_high_watermark) = leader_high_watermark {
+            partition.follow_high_watermark(leader_high_watermark);
+        }
         Ok(info)
     }
 

@@ -261,7 +261,7 @@ async fn a_fetch_parks_until_an_append_and_returns_empty_at_its_deadline() {
     let woken =
         tokio::time::timeout(Duration::from_secs(30), parked).await.expect("woken, not timed out").unwrap().unwrap();
     let slice = woken[0].slice.as_ref().expect("the appended batch");
-    assert_eq!((slice.first_offset, slice.next_offset, woken[0].high_watermark), (0, 1, 1));
+    assert_eq!((slice.first_offset, slice.next_offset, woken[0].offsets.map(|o| o.high_watermark)), (0, 1, Some(1)));
     assert_eq!(partition.metrics.bytes_out.get(), slice.len, "what a fetch returns counts as bytes out");
 
     // A leader epoch newer than the partition's is an error of that partition, answered at once.

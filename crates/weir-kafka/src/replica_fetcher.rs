@@ -63,7 +63,7 @@ fn fetch_request(fetch: &FollowerFetch) -> FetchRequest {
                 .with_partition(from.partition)
                 .with_current_leader_epoch(from.current_leader_epoch)
                 .with_fetch_offset(from.fetch_offset)
-                .with_last_fetched_epoch(from.last_fetched_epoch)
+                .with_last_fetched_epoch(from.last_fetched_epoch.unwrap_or(-1))
                 .with_log_start_offset(from.log_start_offset)
                 .with_partition_max_bytes(from.max_bytes),
         );
@@ -107,10 +107,13 @@ fn answer_of(response: FetchResponse) -> LeaderAnswer {
                     topic: name.clone(),
                     partition: data.partition_index,
                     error,
-                    high_watermark: data.high_watermark,
-                    log_start_offset: data.log_start_offset,
-                    diverging: (diverging.epoch >= 0 || diverging.end_offset >= 0)
-                        .then_some(DivergingEpoch { epoch: diverging.epoch, end_offset: diverging.end_offset }),
+                    // Kafka's -1: the leader does not say.
+                    high_watermark: (data.high_watermark >= 0).then_some(data.high_watermark),
+                    log_start_offset: (data.log_start_offset >= 0).then_some(data.log_start_offset),
+                    diverging: (diverging.epoch >= 0 || diverging.end_offset >= 0).then_some(DivergingEpoch {
+                        epoch: (diverging.epoch >= 0).then_some(diverging.epoch),
+                        end_offset: diverging.end_offset,
+                    }),
                     records: data.records.unwrap_or_default(),
                 }
             })

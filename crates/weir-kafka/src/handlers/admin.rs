@@ -448,7 +448,7 @@ pub(crate) async fn describe_cluster(
         .with_cluster_authorized_operations(operations)
         .with_endpoint_type(request.endpoint_type)
         .with_cluster_id(str(ctx.broker.cluster_id()))
-        .with_controller_id(BrokerId(ctx.broker.controller_for_clients()))
+        .with_controller_id(BrokerId(ctx.broker.controller_for_clients().unwrap_or(-1)))
         .with_brokers(
             ctx.broker
                 .live_brokers()

@@ -220,10 +220,12 @@ fn fetched_partition(
         None => Bytes::new(),
     };
     let error_code = fetched.error.as_ref().map_or(0, |e| kafka_error(e.kind).code());
+    // Kafka's -1 for offsets a partition that could not be read does not have.
+    let offsets = fetched.offsets;
     data.with_error_code(error_code)
-        .with_high_watermark(fetched.high_watermark)
-        .with_last_stable_offset(fetched.last_stable_offset)
-        .with_log_start_offset(if version >= 5 { fetched.log_start_offset } else { -1 })
+        .with_high_watermark(offsets.map_or(-1, |o| o.high_watermark))
+        .with_last_stable_offset(offsets.map_or(-1, |o| o.last_stable_offset))
+        .with_log_start_offset(offsets.filter(|_| version >= 5).map_or(-1, |o| o.log_start_offset))
         .with_aborted_transactions(fetched.aborted.map(|list| {
             list.into_iter()
                 .map(|t| {

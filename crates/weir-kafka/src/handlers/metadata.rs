@@ -80,7 +80,7 @@ pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest)
         .collect();
     let mut response = MetadataResponse::default().with_brokers(brokers).with_topics(topics);
     if client.version >= 1 {
-        response = response.with_controller_id(BrokerId(broker.controller_for_clients()));
+        response = response.with_controller_id(BrokerId(broker.controller_for_clients().unwrap_or(-1)));
     }
     if client.version >= 2 {
         response = response.with_cluster_id(Some(StrBytes::from_string(broker.cluster_id())));
