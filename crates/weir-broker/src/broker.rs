@@ -28,7 +28,7 @@ use crate::config::BrokerConfig;
 use crate::delayed::DelayedRecords;
 use crate::error::{BrokerError, ErrorKind, RecordError};
 use crate::metadata::raft::{Quorum, QuorumStatus};
-use crate::metadata::{legacy, BrokerRegistration, MetadataRecord, MetadataState, PartitionState};
+use crate::metadata::{legacy, BrokerRegistration, MetadataRecord, MetadataState, PartitionState, TopicMetadata};
 use crate::metrics::counted::BrokerMetrics;
 use crate::partition::{Isolation, Partition, TopicPartitions};
 use crate::runtime::block_on;
@@ -440,7 +440,24 @@ impl Broker {
     fn reconcile(&self, state: &MetadataState) -> Result<(), BrokerError> {
         let mut topics = write(&self.partitions);
         // Deletions first: a topic deleted and created again under the same name reuses the dir.
-        // Partitions never shrink, so a topic is either kept whole or deleted whole.
+        self.drop_deleted_topics(&mut topics, state)?;
+        self.replication_quotas.update(state, self.config.node_id);
+        self.drop_moved_replicas(&mut topics, state)?;
+        self.delete_stray_logs(state)?;
+        for topic in state.topics.values() {
+            self.reconcile_topic(&mut topics, topic)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the topics the state no longer has (or has under another id, or with fewer
+    /// partitions: partitions never shrink, so a topic is either kept whole or deleted whole),
+    /// and their logs.
+    fn drop_deleted_topics(
+        &self,
+        topics: &mut HashMap<String, TopicPartitions>,
+        state: &MetadataState,
+    ) -> Result<(), BrokerError> {
         let stale: Vec<String> = topics
             .iter()
             .filter(|(name, list)| {
@@ -458,25 +475,34 @@ impl Broker {
                 }
             }
         }
-        let node = self.config.node_id;
-        self.replication_quotas.update(state, node);
-        // A replica that a reassignment moved away: this broker no longer hosts the partition.
-        // (Partitions of an old data directory, not assigned yet, have no replicas: kept.)
-        let moved_away = |tp: &TopicPartition| {
-            state
-                .topic(&tp.topic)
-                .and_then(|t| t.partition(tp.partition))
-                .is_some_and(|p| !p.replicas.is_empty() && !p.replicas.contains(&node))
-        };
+        Ok(())
+    }
+
+    /// Whether a reassignment moved `tp`'s replicas away from this broker. (Partitions of an old
+    /// data directory, not assigned yet, have no replicas: kept.)
+    fn moved_away(&self, state: &MetadataState, tp: &TopicPartition) -> bool {
+        state
+            .topic(&tp.topic)
+            .and_then(|t| t.partition(tp.partition))
+            .is_some_and(|p| !p.replicas.is_empty() && !p.replicas.contains(&self.config.node_id))
+    }
+
+    /// Drops the replicas a reassignment moved away: this broker no longer hosts them.
+    fn drop_moved_replicas(
+        &self,
+        topics: &mut HashMap<String, TopicPartitions>,
+        state: &MetadataState,
+    ) -> Result<(), BrokerError> {
+        let tp_of = |p: &Partition| TopicPartition::new(p.topic.clone(), p.index);
         for list in topics.values_mut() {
-            if !list.iter().flatten().any(|p| moved_away(&TopicPartition::new(p.topic.clone(), p.index))) {
+            if !list.iter().flatten().any(|p| self.moved_away(state, &tp_of(p))) {
                 continue;
             }
             let mut kept: Vec<Option<Arc<Partition>>> = list.to_vec();
             for slot in kept.iter_mut() {
                 let Some(partition) = slot.as_ref() else { continue };
-                let tp = TopicPartition::new(partition.topic.clone(), partition.index);
-                if moved_away(&tp) {
+                let tp = tp_of(partition);
+                if self.moved_away(state, &tp) {
                     tracing::info!(partition = %tp, "deleting the local replica: the partition was reassigned away");
                     partition.stop_waits();
                     self.logs.delete(&tp)?;
@@ -485,68 +511,69 @@ impl Broker {
             }
             *list = kept.into();
         }
+        Ok(())
+    }
+
+    /// Deletes the logs no topic owns, and those of partitions moved away while this broker
+    /// was down (Kafka's stray logs).
+    fn delete_stray_logs(&self, state: &MetadataState) -> Result<(), BrokerError> {
         for (tp, _) in self.logs.logs() {
             let known = state.topic(&tp.topic).is_some_and(|t| tp.partition < t.partitions);
             if !known {
                 tracing::warn!(partition = %tp, "deleting a log that no topic owns");
                 self.logs.delete(&tp)?;
-            } else if moved_away(&tp) {
-                // Moved away while this broker was down (Kafka's stray logs).
+            } else if self.moved_away(state, &tp) {
                 tracing::warn!(partition = %tp, "deleting a stray log: this broker holds no replica of the partition");
                 self.logs.delete(&tp)?;
             }
         }
-        for topic in state.topics.values() {
-            let config = topic_config::log_config(&self.config.topic_defaults, &topic.configs)
-                .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
-            let min_insync = topic_config::min_insync_replicas(&self.config.topic_defaults, &topic.configs);
-            let compression = topic_config::compression(&self.config.topic_defaults, &topic.configs);
-            let delay_max_ms = (topic_config::message_type(&topic.configs) == topic_config::MessageType::Delay)
-                .then(|| topic_config::message_delay_max_ms(&self.config.topic_defaults, &topic.configs));
-            let throttled = topic_config::throttled_replicas(&self.config.topic_defaults, &topic.configs);
-            let existing: &[Option<Arc<Partition>>] = topics.get(&topic.name).map_or(&[], |list| list);
-            for partition in existing.iter().flatten() {
-                if *partition.log.config() != config {
-                    partition.log.set_config(config.clone());
-                }
-                partition.set_min_insync_replicas(min_insync);
-                partition.set_compression(compression);
-                partition.set_delay_max_ms(delay_max_ms);
-                partition.set_throttled_replicas(throttled.clone());
-                if let Some(state) = topic.partition(partition.index) {
-                    if *state != *partition.state() {
-                        partition.set_state(state.clone());
-                    }
+        Ok(())
+    }
+
+    /// Brings `topic`'s partitions here in line with the state: its configs and each
+    /// partition's state on those it has, and the partitions it hosts and lacks opened.
+    fn reconcile_topic(
+        &self,
+        topics: &mut HashMap<String, TopicPartitions>,
+        topic: &TopicMetadata,
+    ) -> Result<(), BrokerError> {
+        let settings = TopicSettings::of(&self.config, topic)?;
+        let existing: &[Option<Arc<Partition>>] = topics.get(&topic.name).map_or(&[], |list| list);
+        for partition in existing.iter().flatten() {
+            if *partition.log.config() != settings.log {
+                partition.log.set_config(settings.log.clone());
+            }
+            settings.apply(partition);
+            if let Some(state) = topic.partition(partition.index) {
+                if *state != *partition.state() {
+                    partition.set_state(state.clone());
                 }
             }
-            // This broker hosts the partitions it holds a replica of.
-            let hosted = |index: i32| topic.partition(index).is_some_and(|p| p.replicas.contains(&node));
-            let missing =
-                (0..topic.partitions).any(|i| hosted(i) && existing.get(i as usize).is_none_or(|p| p.is_none()));
-            if existing.len() == topic.partitions.max(0) as usize && !missing {
+        }
+        // This broker hosts the partitions it holds a replica of.
+        let node = self.config.node_id;
+        let hosted = |index: i32| topic.partition(index).is_some_and(|p| p.replicas.contains(&node));
+        let missing = (0..topic.partitions).any(|i| hosted(i) && existing.get(i as usize).is_none_or(|p| p.is_none()));
+        if existing.len() == topic.partitions.max(0) as usize && !missing {
+            return Ok(());
+        }
+        let mut list: Vec<Option<Arc<Partition>>> = existing.to_vec();
+        list.resize(topic.partitions.max(0) as usize, None);
+        for index in 0..topic.partitions {
+            let slot = &mut list[index as usize];
+            if slot.is_some() || !hosted(index) {
                 continue;
             }
-            let mut list: Vec<Option<Arc<Partition>>> = existing.to_vec();
-            list.resize(topic.partitions.max(0) as usize, None);
-            for index in 0..topic.partitions {
-                let slot = &mut list[index as usize];
-                if slot.is_some() || !hosted(index) {
-                    continue;
-                }
-                let log = self.logs.get_or_create(&TopicPartition::new(topic.name.clone(), index), config.clone())?;
-                if *log.config() != config {
-                    log.set_config(config.clone());
-                }
-                let state = topic.partition(index).cloned().unwrap_or_else(|| PartitionState::new(Vec::new()));
-                let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal, node, state);
-                partition.set_min_insync_replicas(min_insync);
-                partition.set_compression(compression);
-                partition.set_delay_max_ms(delay_max_ms);
-                partition.set_throttled_replicas(throttled.clone());
-                *slot = Some(Arc::new(partition));
+            let log = self.logs.get_or_create(&TopicPartition::new(topic.name.clone(), index), settings.log.clone())?;
+            if *log.config() != settings.log {
+                log.set_config(settings.log.clone());
             }
-            topics.insert(topic.name.clone(), list.into());
+            let state = topic.partition(index).cloned().unwrap_or_else(|| PartitionState::new(Vec::new()));
+            let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal, node, state);
+            settings.apply(&partition);
+            *slot = Some(Arc::new(partition));
         }
+        topics.insert(topic.name.clone(), list.into());
         Ok(())
     }
 
@@ -1112,6 +1139,38 @@ fn reject_keyless_records(records: &[u8]) -> Result<(), AppendError> {
     );
     error.record_errors = keyless;
     Err(AppendError::Refused(error))
+}
+
+/// What a topic's configs set on each of its partitions here, resolved once per reconciliation.
+struct TopicSettings {
+    log: weir_storage::LogConfig,
+    min_insync: i64,
+    compression: TopicCompression,
+    delay_max_ms: Option<i64>,
+    throttled: (crate::throttle::ThrottledReplicas, crate::throttle::ThrottledReplicas),
+}
+
+impl TopicSettings {
+    fn of(config: &BrokerConfig, topic: &TopicMetadata) -> Result<TopicSettings, BrokerError> {
+        let (defaults, configs) = (&config.topic_defaults, &topic.configs);
+        Ok(TopicSettings {
+            log: topic_config::log_config(defaults, configs)
+                .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?,
+            min_insync: topic_config::min_insync_replicas(defaults, configs),
+            compression: topic_config::compression(defaults, configs),
+            delay_max_ms: (topic_config::message_type(configs) == topic_config::MessageType::Delay)
+                .then(|| topic_config::message_delay_max_ms(defaults, configs)),
+            throttled: topic_config::throttled_replicas(defaults, configs),
+        })
+    }
+
+    /// Sets everything but the log config (which a new log is created with).
+    fn apply(&self, partition: &Partition) {
+        partition.set_min_insync_replicas(self.min_insync);
+        partition.set_compression(self.compression);
+        partition.set_delay_max_ms(self.delay_max_ms);
+        partition.set_throttled_replicas(self.throttled.clone());
+    }
 }
 
 /// An answer of the wrong shape from the controller: a bug (or mismatched versions).

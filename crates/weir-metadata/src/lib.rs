@@ -373,17 +373,16 @@ impl MetadataState {
                     tracing::warn!(offset, topic = %name, "metadata: skipping create of an existing topic");
                     return;
                 }
-                self.topics.insert(
-                    name.clone(),
-                    TopicMetadata {
-                        name: name.clone(),
-                        id: *id,
-                        partitions: *partitions,
-                        configs: configs.clone(),
-                        internal: *internal,
-                        assignments: partition_states(*partitions, 0, assignments),
-                    },
-                );
+                let assignments = partition_states(*partitions, 0, assignments);
+                let topic = TopicMetadata {
+                    name: name.clone(),
+                    id: *id,
+                    partitions: *partitions,
+                    configs: configs.clone(),
+                    internal: *internal,
+                    assignments,
+                };
+                self.topics.insert(name.clone(), topic);
             }
             MetadataRecord::DeleteTopic { name, id } => {
                 if self.topics.get(name).is_some_and(|t| t.id == *id) {
@@ -400,39 +399,8 @@ impl MetadataState {
                 }
                 _ => tracing::warn!(offset, topic = %name, "metadata: skipping invalid partition increase"),
             },
-            MetadataRecord::PartitionChange { topic, id, partition, replicas, isr, leader } => {
-                let Some(state) = self.partition_mut(topic, *id, *partition) else {
-                    tracing::warn!(offset, topic = %topic, partition, "metadata: skipping a change of an unknown partition");
-                    return;
-                };
-                if let Some(replicas) = replicas {
-                    state.replicas = replicas.clone();
-                }
-                if let Some(isr) = isr {
-                    state.isr = isr.clone();
-                }
-                if let Some(leader) = leader {
-                    if *leader != state.leader {
-                        state.leader = *leader;
-                        state.leader_epoch += 1;
-                    }
-                }
-                state.partition_epoch += 1;
-            }
-            MetadataRecord::PartitionReassignment { topic, id, partition, replicas, isr, leader, adding, removing } => {
-                let Some(state) = self.partition_mut(topic, *id, *partition) else {
-                    tracing::warn!(offset, topic = %topic, partition, "metadata: skipping a reassignment of an unknown partition");
-                    return;
-                };
-                state.replicas = replicas.clone();
-                state.isr = isr.clone();
-                state.adding_replicas = adding.clone();
-                state.removing_replicas = removing.clone();
-                if *leader != state.leader {
-                    state.leader = *leader;
-                    state.leader_epoch += 1;
-                }
-                state.partition_epoch += 1;
+            MetadataRecord::PartitionChange { .. } | MetadataRecord::PartitionReassignment { .. } => {
+                self.apply_partition_record(offset, record)
             }
             MetadataRecord::RestoreLegacy { state } => {
                 if !self.cluster_id.is_empty() || !self.topics.is_empty() {
@@ -491,6 +459,45 @@ impl MetadataState {
                 }
             }
         }
+    }
+
+    /// A change of one partition's replicas, ISR or leader ([`MetadataRecord::PartitionChange`],
+    /// [`MetadataRecord::PartitionReassignment`]): a new leader starts a new leader epoch, and
+    /// every change a new partition epoch.
+    fn apply_partition_record(&mut self, offset: i64, record: &MetadataRecord) {
+        let (topic, id, partition) = match record {
+            MetadataRecord::PartitionChange { topic, id, partition, .. }
+            | MetadataRecord::PartitionReassignment { topic, id, partition, .. } => (topic, *id, *partition),
+            _ => return,
+        };
+        let Some(state) = self.partition_mut(topic, id, partition) else {
+            tracing::warn!(offset, topic = %topic, partition, "metadata: skipping a change of an unknown partition");
+            return;
+        };
+        let leader = match record {
+            MetadataRecord::PartitionChange { replicas, isr, leader, .. } => {
+                if let Some(replicas) = replicas {
+                    state.replicas = replicas.clone();
+                }
+                if let Some(isr) = isr {
+                    state.isr = isr.clone();
+                }
+                *leader
+            }
+            MetadataRecord::PartitionReassignment { replicas, isr, leader, adding, removing, .. } => {
+                state.replicas = replicas.clone();
+                state.isr = isr.clone();
+                state.adding_replicas = adding.clone();
+                state.removing_replicas = removing.clone();
+                Some(*leader)
+            }
+            _ => None,
+        };
+        if let Some(leader) = leader.filter(|leader| *leader != state.leader) {
+            state.leader = leader;
+            state.leader_epoch += 1;
+        }
+        state.partition_epoch += 1;
     }
 }
 

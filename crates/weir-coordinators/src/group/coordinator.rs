@@ -70,6 +70,29 @@ pub struct GroupCoordinator {
     pub clients: super::clients::ConnectedClients,
 }
 
+/// The offsets of `known` (indexes into `params.offsets`) as they are stored, with the time of
+/// the commit; one whose metadata is too large is refused in `results` instead.
+fn offsets_to_store(
+    params: &CommitParams,
+    known: &[usize],
+    now: i64,
+    results: &mut [PartitionResult],
+) -> Vec<(usize, CommittedOffset)> {
+    let mut stored = Vec::with_capacity(known.len());
+    for &i in known {
+        let o = &params.offsets[i];
+        let metadata = o.metadata.clone().unwrap_or_default();
+        if metadata.len() > OFFSET_METADATA_MAX_BYTES {
+            results[i].error = Some(ErrorKind::OffsetMetadataTooLarge);
+            continue;
+        }
+        let committed =
+            CommittedOffset { offset: o.offset, leader_epoch: o.leader_epoch, metadata, commit_timestamp_ms: now };
+        stored.push((i, committed));
+    }
+    stored
+}
+
 /// The error a client sees when an append to `__consumer_offsets` fails (Kafka's mapping:
 /// retriable coordinator errors for storage trouble, so clients retry or rediscover).
 fn append_error_kind(e: &BrokerError, too_large: ErrorKind) -> ErrorKind {
@@ -567,55 +590,14 @@ impl GroupCoordinator {
         };
         let _writer = lock(&target.writer);
         let now = self.now_ms();
-        let validation = {
-            let mut groups = self.groups();
-            if !validate {
-                if self.is_active() {
-                    Ok(())
-                } else {
-                    Err(ErrorKind::CoordinatorNotAvailable)
-                }
-            } else if !self.is_active() {
-                Err(ErrorKind::CoordinatorNotAvailable)
-            } else {
-                match groups.get_mut(group_id) {
-                    Some(group) => group.validate_commit(
-                        params.generation_id,
-                        &params.member_id,
-                        params.group_instance_id.as_deref(),
-                        now,
-                    ),
-                    // A group that does not exist takes only simple commits (it is created by
-                    // the first one); a generation means a member of a group that is gone.
-                    None if params.generation_id.is_none() => Group::new(group_id.to_string(), now).validate_commit(
-                        params.generation_id,
-                        &params.member_id,
-                        params.group_instance_id.as_deref(),
-                        now,
-                    ),
-                    None => Err(ErrorKind::WrongGeneration),
-                }
-            }
-        };
+        let validation = self.validate_commit_params(&params, validate, now);
         if let Err(code) = validation {
             for &i in &known {
                 results[i].error = Some(code);
             }
             return results;
         }
-        let mut stored: Vec<(usize, CommittedOffset)> = Vec::with_capacity(known.len());
-        for &i in &known {
-            let o = &params.offsets[i];
-            let metadata = o.metadata.clone().unwrap_or_default();
-            if metadata.len() > OFFSET_METADATA_MAX_BYTES {
-                results[i].error = Some(ErrorKind::OffsetMetadataTooLarge);
-                continue;
-            }
-            stored.push((
-                i,
-                CommittedOffset { offset: o.offset, leader_epoch: o.leader_epoch, metadata, commit_timestamp_ms: now },
-            ));
-        }
+        let stored = offsets_to_store(&params, &known, now, &mut results);
         if stored.is_empty() {
             return results;
         }
@@ -645,6 +627,30 @@ impl GroupCoordinator {
             group.offsets.insert((o.topic.clone(), o.partition), committed);
         }
         results
+    }
+
+    /// Whether the group takes this commit now: the coordinator is active and, with
+    /// `validate`, the member and generation are the group's (a simple commit, without a
+    /// generation, to a group that does not exist creates it).
+    fn validate_commit_params(&self, params: &CommitParams, validate: bool, now: i64) -> Result<(), ErrorKind> {
+        if !self.is_active() {
+            return Err(ErrorKind::CoordinatorNotAvailable);
+        }
+        if !validate {
+            return Ok(());
+        }
+        let group_id = params.group_id.as_str();
+        let mut groups = self.groups();
+        let validate_in = |group: &mut Group| {
+            group.validate_commit(params.generation_id, &params.member_id, params.group_instance_id.as_deref(), now)
+        };
+        match groups.get_mut(group_id) {
+            Some(group) => validate_in(group),
+            // A group that does not exist takes only simple commits (it is created by the first
+            // one); a generation means a member of a group that is gone.
+            None if params.generation_id.is_none() => validate_in(&mut Group::new(group_id.to_string(), now)),
+            None => Err(ErrorKind::WrongGeneration),
+        }
     }
 
     /// OffsetFetch: the listed partitions (without offset where nothing is committed), or every

@@ -131,104 +131,32 @@ fn fifo_group(request: &ReceiveRequest, record: &Record) -> Option<u64> {
 
 /// One pass of a receive: what it hands out now (maybe nothing). Blocking.
 pub(crate) fn receive_once(messaging: &Messaging, request: &ReceiveRequest) -> Result<Vec<Delivery>, BrokerError> {
-    let (broker, store) = (&messaging.broker, &messaging.pop);
     let partition = &request.partition;
     let log_start = partition.log.log_start_offset();
-    let now = broker.now_ms();
+    let now = messaging.broker.now_ms();
     let start = || QueueState::starting_at(log_start);
-    let state = store.get(&request.key).unwrap_or_else(start);
+    let state = messaging.pop.get(&request.key).unwrap_or_else(start);
 
     // Messages whose invisible time ran out, then new ones.
-    let mut picked: Vec<(Record, bool)> = Vec::new();
-    // In flight, but compacted away since: done, or it would stay in flight for ever.
-    let mut vanished = Vec::new();
-    for (offset, _) in state.expired(now, request.batch, request.max_attempts) {
-        match broker.read_record(partition, offset)? {
-            Some(record) => picked.push((record, true)),
-            None => vanished.push(offset),
-        }
-    }
-    let mut examined_to = state.next.max(log_start);
-    let parked = state.parked_count();
-    let delivered = state.inflight.len() - parked;
-    let room = request.batch.saturating_sub(picked.len()).min(MAX_INFLIGHT_PER_QUEUE.saturating_sub(delivered));
-    // FIFO: a new message of a group with an active one is parked, not delivered; it takes
-    // room in the state (up to MAX_PARKED_PER_QUEUE) but not in the batch. `busy` predicts it
-    // (the update decides).
-    let mut park_room = MAX_PARKED_PER_QUEUE.saturating_sub(parked);
-    let mut busy = if request.fifo { state.active_groups() } else { Default::default() };
-    let mut deliverable = |record: &Record| fifo_group(request, record).is_none_or(|group| busy.insert(group));
+    let mut pass = Pass::new(request, &state, log_start);
+    pass.pick_expired(messaging, &state, now)?;
+    let room = pass.room(&state);
     // A tag filter reads only the batches the message index names (when it covers what is next).
     let indexed = match &request.filter {
         TagFilter::Tags(tags) if room > 0 => {
-            messaging.message_index.tagged_offsets(&partition.topic, partition.index, tags, examined_to, room)
+            messaging.message_index.tagged_offsets(&partition.topic, partition.index, tags, pass.examined_to, room)
         }
         _ => None,
     };
-    if let Some((offsets, indexed_to)) = indexed.filter(|(_, indexed_to)| *indexed_to > examined_to) {
-        let (mut batch, mut batch_end): (Vec<Record>, i64) = (Vec::new(), i64::MIN);
-        for offset in &offsets {
-            if *offset >= batch_end {
-                (batch, batch_end) = broker.read_records(partition, *offset, 1)?;
-            }
-            // A hash matched; the tag itself must too.
-            if let Some(record) = batch.iter().find(|r| r.offset == *offset && request.filter.matches(r)) {
-                deliverable(record);
-                picked.push((record.clone(), false));
-            }
-        }
-        // With a full list, what lies past its last offset is yet to be looked at.
-        examined_to = match offsets.last() {
-            Some(last) if offsets.len() >= room => last + 1,
-            _ => indexed_to,
-        };
-    } else if room > 0 {
-        // Read in growing steps until the batch is full: a receive of 32 small messages must
-        // not copy and decode megabytes of the queue (the first step is what they take, about).
-        let mut taken = 0;
-        let mut step = FIRST_READ_BYTES;
-        let mut read_bytes = 0;
-        // No room left to remember a waiting FIFO message: the rest of the queue waits too.
-        let mut parking_full = false;
-        while taken < room && read_bytes < READ_BYTES && !parking_full {
-            let (records, end) = broker.read_records(partition, examined_to, step)?;
-            if end <= examined_to {
-                break; // nothing more below the high watermark
-            }
-            read_bytes += step;
-            for record in records {
-                if taken == room {
-                    examined_to = record.offset;
-                    break;
-                }
-                let offset = record.offset;
-                if request.filter.matches(&record) {
-                    if deliverable(&record) {
-                        taken += 1;
-                    } else if park_room == 0 {
-                        examined_to = offset;
-                        parking_full = true;
-                        break;
-                    } else {
-                        park_room -= 1;
-                    }
-                    picked.push((record, false));
-                }
-                examined_to = offset + 1;
-            }
-            if parking_full {
-                break;
-            }
-            if taken < room {
-                // Everything read was examined, up to the end of its last batch.
-                examined_to = examined_to.max(end);
-            }
-            step = (step * 4).min(READ_BYTES);
-        }
+    match indexed.filter(|(_, indexed_to)| *indexed_to > pass.examined_to) {
+        Some((offsets, indexed_to)) => pass.pick_indexed(messaging, &offsets, indexed_to, room)?,
+        None if room > 0 => pass.pick_scanned(messaging, room)?,
+        None => {}
     }
 
     let visible_at = now + request.invisible.as_millis() as i64;
-    let result = store.update(&request.key, start, |q| {
+    let Pass { picked, vanished, examined_to, .. } = pass;
+    let result = messaging.pop.update(&request.key, start, |q| {
         if q.resets != state.resets {
             // Reset since it was read: what was read is no longer what the group has next.
             return Ok::<_, ()>(Vec::new());
@@ -237,28 +165,170 @@ pub(crate) fn receive_once(messaging: &Messaging, request: &ReceiveRequest) -> R
         for offset in &vanished {
             q.forget(*offset);
         }
-        let mut deliveries = Vec::with_capacity(picked.len());
-        for (record, redelivery) in picked {
-            // The state may have moved since it was read (an ack of a redelivery candidate).
-            let in_flight = q.inflight.contains_key(&record.offset);
-            if redelivery != in_flight || (!redelivery && record.offset < q.next) {
-                continue;
-            }
-            let group = if redelivery { None } else { fifo_group(request, &record) };
-            if let Some(group) = group.filter(|g| q.is_active(*g)) {
-                q.park(record.offset, group);
-                continue;
-            }
-            let nonce = rand::random::<u64>();
-            let inflight = q.deliver_in_group(record.offset, visible_at, nonce, group);
-            deliveries.push(Delivery { record, attempt: inflight.attempt, nonce });
-        }
+        let deliveries = deliver(q, request, picked, visible_at);
         q.skip_to(examined_to);
         Ok::<_, ()>(deliveries)
     })?;
     let deliveries = result.unwrap_or_default();
     check_deliveries(log_start, &deliveries);
     Ok(deliveries)
+}
+
+/// Hands out what a pass picked, against the state as it is now (it may have moved since the
+/// pass read it: an ack of a redelivery candidate): a FIFO message of a group with an active
+/// one is parked instead.
+fn deliver(
+    q: &mut QueueState,
+    request: &ReceiveRequest,
+    picked: Vec<(Record, bool)>,
+    visible_at: i64,
+) -> Vec<Delivery> {
+    let mut deliveries = Vec::with_capacity(picked.len());
+    for (record, redelivery) in picked {
+        let in_flight = q.inflight.contains_key(&record.offset);
+        if redelivery != in_flight || (!redelivery && record.offset < q.next) {
+            continue;
+        }
+        let group = if redelivery { None } else { fifo_group(request, &record) };
+        if let Some(group) = group.filter(|g| q.is_active(*g)) {
+            q.park(record.offset, group);
+            continue;
+        }
+        let nonce = rand::random::<u64>();
+        let inflight = q.deliver_in_group(record.offset, visible_at, nonce, group);
+        deliveries.push(Delivery { record, attempt: inflight.attempt, nonce });
+    }
+    deliveries
+}
+
+/// What one receive pass picked from a queue, before the queue's state is updated.
+struct Pass<'a> {
+    request: &'a ReceiveRequest,
+    /// The records to hand out, each with whether it is a redelivery.
+    picked: Vec<(Record, bool)>,
+    /// In flight, but compacted away since: done, or it would stay in flight for ever.
+    vanished: Vec<i64>,
+    /// Every offset below this was looked at: the group's next offset after the pass.
+    examined_to: i64,
+    /// FIFO: a new message of a group with an active one is parked, not delivered; it takes
+    /// room in the state (up to MAX_PARKED_PER_QUEUE) but not in the batch. `busy` predicts it
+    /// (the update decides).
+    busy: std::collections::HashSet<u64>,
+    park_room: usize,
+}
+
+impl<'a> Pass<'a> {
+    fn new(request: &'a ReceiveRequest, state: &QueueState, log_start: i64) -> Pass<'a> {
+        Pass {
+            request,
+            picked: Vec::new(),
+            vanished: Vec::new(),
+            examined_to: state.next.max(log_start),
+            busy: if request.fifo { state.active_groups() } else { Default::default() },
+            park_room: MAX_PARKED_PER_QUEUE.saturating_sub(state.parked_count()),
+        }
+    }
+
+    /// The messages whose invisible time ran out.
+    fn pick_expired(&mut self, messaging: &Messaging, state: &QueueState, now: i64) -> Result<(), BrokerError> {
+        let request = self.request;
+        for (offset, _) in state.expired(now, request.batch, request.max_attempts) {
+            match messaging.broker.read_record(&request.partition, offset)? {
+                Some(record) => self.picked.push((record, true)),
+                None => self.vanished.push(offset),
+            }
+        }
+        Ok(())
+    }
+
+    /// How many new messages may go out: what the batch has left, within the queue's limit of
+    /// messages in flight.
+    fn room(&self, state: &QueueState) -> usize {
+        let delivered = state.inflight.len() - state.parked_count();
+        self.request.batch.saturating_sub(self.picked.len()).min(MAX_INFLIGHT_PER_QUEUE.saturating_sub(delivered))
+    }
+
+    /// Whether `record` may go out now (not a FIFO message behind an active one of its group);
+    /// marks its group active.
+    fn deliverable(&mut self, record: &Record) -> bool {
+        fifo_group(self.request, record).is_none_or(|group| self.busy.insert(group))
+    }
+
+    /// The messages of the tagged `offsets` the message index found (up to `indexed_to`).
+    fn pick_indexed(
+        &mut self,
+        messaging: &Messaging,
+        offsets: &[i64],
+        indexed_to: i64,
+        room: usize,
+    ) -> Result<(), BrokerError> {
+        let (broker, request) = (&messaging.broker, self.request);
+        let (mut batch, mut batch_end): (Vec<Record>, i64) = (Vec::new(), i64::MIN);
+        for offset in offsets {
+            if *offset >= batch_end {
+                (batch, batch_end) = broker.read_records(&request.partition, *offset, 1)?;
+            }
+            // A hash matched; the tag itself must too.
+            if let Some(record) = batch.iter().find(|r| r.offset == *offset && request.filter.matches(r)) {
+                self.deliverable(record);
+                self.picked.push((record.clone(), false));
+            }
+        }
+        // With a full list, what lies past its last offset is yet to be looked at.
+        self.examined_to = match offsets.last() {
+            Some(last) if offsets.len() >= room => last + 1,
+            _ => indexed_to,
+        };
+        Ok(())
+    }
+
+    /// New messages read from the log in growing steps until the batch is full: a receive of
+    /// 32 small messages must not copy and decode megabytes of the queue (the first step is
+    /// what they take, about).
+    fn pick_scanned(&mut self, messaging: &Messaging, room: usize) -> Result<(), BrokerError> {
+        let (broker, request) = (&messaging.broker, self.request);
+        let mut taken = 0;
+        let mut step = FIRST_READ_BYTES;
+        let mut read_bytes = 0;
+        // No room left to remember a waiting FIFO message: the rest of the queue waits too.
+        let mut parking_full = false;
+        while taken < room && read_bytes < READ_BYTES && !parking_full {
+            let (records, end) = broker.read_records(&request.partition, self.examined_to, step)?;
+            if end <= self.examined_to {
+                break; // nothing more below the high watermark
+            }
+            read_bytes += step;
+            for record in records {
+                if taken == room {
+                    self.examined_to = record.offset;
+                    break;
+                }
+                let offset = record.offset;
+                if request.filter.matches(&record) {
+                    if self.deliverable(&record) {
+                        taken += 1;
+                    } else if self.park_room == 0 {
+                        self.examined_to = offset;
+                        parking_full = true;
+                        break;
+                    } else {
+                        self.park_room -= 1;
+                    }
+                    self.picked.push((record, false));
+                }
+                self.examined_to = offset + 1;
+            }
+            if parking_full {
+                break;
+            }
+            if taken < room {
+                // Everything read was examined, up to the end of its last batch.
+                self.examined_to = self.examined_to.max(end);
+            }
+            step = (step * 4).min(READ_BYTES);
+        }
+        Ok(())
+    }
 }
 
 /// What one pass hands out (debug builds): each offset at most once, never below the log start,

@@ -150,6 +150,9 @@ pub struct TimerStats {
     pub(crate) lateness_ms_max: AtomicI64,
 }
 
+/// The due messages of a firing round by target (topic, partition): indexes into the round.
+type Routes = BTreeMap<(String, i32), Vec<usize>>;
+
 pub struct TimerStore {
     dir: PathBuf,
     log: Log,
@@ -453,8 +456,29 @@ impl TimerStore {
         };
         let now = broker.now_ms();
         let mut outcomes = vec![Outcome::Retry; due.len()];
+        let (groups, fired) = self.route_fired(broker, due, &recalled, records, now, &mut outcomes);
+        for ((topic, partition), indexes) in groups {
+            self.append_fired(broker, &topic, partition, &indexes, &fired, &mut outcomes).await;
+        }
+        outcomes
+    }
+
+    /// Where each message of `due` goes, read back as `records` (those not recalled, in
+    /// order): its target topic and partition (the record made ready to append: its own
+    /// headers removed, stamped `now`), or its outcome in `outcomes` (recalled, gone from the
+    /// log, or its topic gone). Returns the indexes into `due` by (topic, partition), and the
+    /// records by index.
+    fn route_fired(
+        &self,
+        broker: &Broker,
+        due: &[Key],
+        recalled: &[bool],
+        records: Vec<Option<Record>>,
+        now: i64,
+        outcomes: &mut [Outcome],
+    ) -> (Routes, Vec<Option<Record>>) {
         // (topic, partition) → the indexes of its records in `due`.
-        let mut groups: BTreeMap<(String, i32), Vec<usize>> = BTreeMap::new();
+        let mut groups = Routes::new();
         let mut fired_records: Vec<Option<Record>> = Vec::with_capacity(due.len());
         let mut records = records.into_iter();
         for index in 0..due.len() {
@@ -493,45 +517,54 @@ impl TimerStore {
             }
             fired_records.push(Some(record));
         }
-        for ((topic, partition), indexes) in groups {
-            // Batches the topic takes: half its max.message.bytes (room for the batch's own
-            // framing), at most FIRE_BATCH_BYTES.
-            let batch_bytes =
-                max_message_bytes(broker, &topic).map_or(FIRE_BATCH_BYTES, |max| (max / 2).min(FIRE_BATCH_BYTES));
-            let mut start = 0;
-            while start < indexes.len() {
-                let mut end = start;
-                let mut bytes = 0;
-                while end < indexes.len()
-                    && (end == start || bytes + record_bytes(&fired_records[indexes[end]]) <= batch_bytes)
-                {
-                    bytes += record_bytes(&fired_records[indexes[end]]);
-                    end += 1;
-                }
-                let chunk: Vec<Record> = indexes[start..end].iter().filter_map(|i| fired_records[*i].clone()).collect();
-                let appended = match records::encode_batch(&chunk, &BatchOptions::default()) {
-                    Ok(batch) => broker.append_at_leader(&topic, partition, batch).await,
-                    Err(e) => Err(BrokerError::new(ErrorKind::InvalidRecord, e.to_string())),
-                };
-                let outcome = match appended {
-                    Ok(_) => Outcome::Appended,
-                    // The topic will never take it (its limits changed since it was scheduled).
-                    Err(e) if is_permanent(&e) => {
-                        tracing::warn!(topic, partition, count = end - start, error = %e,
-                            "timer store: dropping due messages their topic refuses");
-                        self.stats.dropped.fetch_add((end - start) as u64, Ordering::Relaxed);
-                        Outcome::Dropped
-                    }
-                    Err(e) => {
-                        tracing::warn!(topic, partition, error = %e, "timer store: cannot append due messages yet");
-                        Outcome::Retry
-                    }
-                };
-                indexes[start..end].iter().for_each(|i| outcomes[*i] = outcome);
-                start = end;
+        (groups, fired_records)
+    }
+
+    /// Appends the due messages `indexes` (into `fired`) to `topic`-`partition`, in batches the
+    /// topic takes, and records each one's outcome.
+    async fn append_fired(
+        &self,
+        broker: &Arc<Broker>,
+        topic: &str,
+        partition: i32,
+        indexes: &[usize],
+        fired: &[Option<Record>],
+        outcomes: &mut [Outcome],
+    ) {
+        // Batches the topic takes: half its max.message.bytes (room for the batch's own
+        // framing), at most FIRE_BATCH_BYTES.
+        let batch_bytes =
+            max_message_bytes(broker, topic).map_or(FIRE_BATCH_BYTES, |max| (max / 2).min(FIRE_BATCH_BYTES));
+        let mut start = 0;
+        while start < indexes.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < indexes.len() && (end == start || bytes + record_bytes(&fired[indexes[end]]) <= batch_bytes) {
+                bytes += record_bytes(&fired[indexes[end]]);
+                end += 1;
             }
+            let chunk: Vec<Record> = indexes[start..end].iter().filter_map(|i| fired[*i].clone()).collect();
+            let appended = match records::encode_batch(&chunk, &BatchOptions::default()) {
+                Ok(batch) => broker.append_at_leader(topic, partition, batch).await,
+                Err(e) => Err(BrokerError::new(ErrorKind::InvalidRecord, e.to_string())),
+            };
+            let outcome = match appended {
+                Ok(_) => Outcome::Appended,
+                // The topic will never take it (its limits changed since it was scheduled).
+                Err(e) if is_permanent(&e) => {
+                    tracing::warn!(topic, partition, count = end - start, error = %e,
+                        "timer store: dropping due messages their topic refuses");
+                    self.stats.dropped.fetch_add((end - start) as u64, Ordering::Relaxed);
+                    Outcome::Dropped
+                }
+                Err(e) => {
+                    tracing::warn!(topic, partition, error = %e, "timer store: cannot append due messages yet");
+                    Outcome::Retry
+                }
+            };
+            indexes[start..end].iter().for_each(|i| outcomes[*i] = outcome);
+            start = end;
         }
-        outcomes
     }
 
     /// Where a due message of `topic` goes: the producer's partition, else the partitions this
