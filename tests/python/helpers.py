@@ -374,3 +374,32 @@ def http(method, url, body=None, timeout=30):
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null")
+
+
+# ----- how long acknowledgements stop after a fault ------------------------------------------
+
+FLOWING_GAP_S = 0.3
+
+
+def acks_flowing(times, now):
+    """Whether the acknowledgement times of the last second up to `now` leave no gap over
+    FLOWING_GAP_S (a partition that recovered from a fault, or never stopped)."""
+    recent = [t for t in times if now - 1.0 < t <= now]
+    edges = [now - 1.0] + recent + [now]
+    return len(recent) >= 3 and all(b - a <= FLOWING_GAP_S for a, b in zip(edges, edges[1:]))
+
+
+def ack_stall(times, fault_at, horizon=30.0):
+    """The longest time without an acknowledgement from `fault_at` on (within `horizon`), i.e.
+    how long the fault stopped the partition; None when none came since. Acks just after the
+    fault may answer requests served before it, so the first ack after it is no measure."""
+    after = [t for t in times if t > fault_at]
+    if not after:
+        return None
+    longest, previous = 0.0, fault_at
+    for t in after:
+        longest = max(longest, t - previous)
+        previous = t
+        if t > fault_at + horizon:
+            break
+    return longest

@@ -28,7 +28,7 @@ from kafka.admin import NewTopic as KpNewTopic
 from kafka.protocol.find_coordinator import FindCoordinatorRequest
 from kafka.protocol.metadata import MetadataRequest
 
-from helpers import c_consumer, c_producer, kp_admin, read_isolated, unique
+from helpers import ack_stall, acks_flowing, c_consumer, c_producer, kp_admin, read_isolated, unique
 
 LAG_TIME_MS = 1500
 REPLICATION_SETTINGS = {"replica.lag.time.max.ms": str(LAG_TIME_MS), "replica.fetch.wait.max.ms": "200"}
@@ -350,6 +350,10 @@ class Workload:
                             self.epochs.setdefault((p, epoch), set()).add(leader)
             time.sleep(0.1)
 
+    def times_of(self, partition):
+        with self.lock:
+            return list(self.ack_times[partition])
+
     def acked_count(self):
         with self.lock:
             return len(self.acked)
@@ -385,7 +389,9 @@ def test_acknowledged_writes_survive_rounds_of_kills_freezes_restarts_and_contro
     workload = Workload(cluster, topic)
     workload.start()
     rng = random.Random(int(os.environ.get("WEIR_FAULT_SEED", "14")))
-    recoveries = []  # seconds from a leader's kill -9 to the next ack on its partition
+    # How long each kill -9 stopped the acknowledgements of each partition (`ack_stall`), by
+    # the victim's part in it: "led", "followed", and the same when it was the controller.
+    stalls = collections.defaultdict(list)
     actions = []
     started = time.monotonic()
     try:
@@ -398,10 +404,7 @@ def test_acknowledged_writes_survive_rounds_of_kills_freezes_restarts_and_contro
                 victim = states[p][0]
                 killed_at = time.monotonic()
                 cluster.node(victim).kill9()
-                workload.cluster.wait(
-                    lambda: any(t > killed_at for t in workload.ack_times[p]), 40, f"an ack on partition {p}"
-                )
-                recoveries.append(min(t for t in workload.ack_times[p] if t > killed_at) - killed_at)
+                record_stalls(workload, states, victim, killed_at, stalls, "")
                 cluster.node(victim).start()
             elif kind == "freeze-follower":
                 p = rng.randrange(FAULT_PARTITIONS)
@@ -415,7 +418,9 @@ def test_acknowledged_writes_survive_rounds_of_kills_freezes_restarts_and_contro
                 cluster.node(victim).restart()
             else:
                 victim = controller_of(cluster)
+                killed_at = time.monotonic()
                 cluster.node(victim).kill9()
+                record_stalls(workload, states, victim, killed_at, stalls, "controller ")
                 cluster.node(victim).start()
             actions.append((kind, victim))
             wait_progress(workload)
@@ -471,14 +476,34 @@ def test_acknowledged_writes_survive_rounds_of_kills_freezes_restarts_and_contro
     split = {k: v for k, v in workload.epochs.items() if len(v) > 1}
     assert not split, f"two brokers led in one epoch: {split}"
 
-    recoveries.sort()
+    stall_text = "; ".join(
+        f"{kind} p50 {percentile(v, 50):.2f}s max {max(v):.2f}s ({len(v)})" for kind, v in sorted(stalls.items())
+    )
     figure(
         f"{FAULT_ROUNDS} rounds in {elapsed:.0f}s: {len(workload.acked)} acknowledged, "
         f"{len(workload.failed)} failed sends, {len(implicit)} acknowledged implicitly (no offset), "
-        f"{len(workload.consumed)} consumed; leader kill -9 to next ack "
-        f"p50 {percentile(recoveries, 50):.2f}s p99 {percentile(recoveries, 99):.2f}s max {recoveries[-1]:.2f}s; "
-        f"actions {dict(collections.Counter(kind for kind, _ in actions))}"
+        f"{len(workload.consumed)} consumed; acknowledgements stopped by a kill -9 on partitions the victim "
+        f"{stall_text}; actions {dict(collections.Counter(kind for kind, _ in actions))}"
     )
+
+
+def record_stalls(workload, states, victim, killed_at, stalls, prefix):
+    """Waits until every partition acknowledges again after the kill of `victim`, and records
+    how long each stopped, under "led" or "followed" (prefixed)."""
+    def resumed():
+        now = time.monotonic()
+        since = [[t for t in workload.times_of(p) if t > killed_at] for p in range(FAULT_PARTITIONS)]
+        return now - killed_at > 1.0 and all(acks_flowing(times, now) for times in since)
+
+    workload.cluster.wait(
+        resumed,
+        40,
+        "acknowledgements on every partition",
+        interval=0.1,
+    )
+    for p, (leader, _, _) in states.items():
+        stall = ack_stall(workload.times_of(p), killed_at)
+        stalls[prefix + ("led" if leader == victim else "followed")].append(stall)
 
 
 def percentile(values, q):

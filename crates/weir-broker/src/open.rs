@@ -81,6 +81,9 @@ impl Broker {
         self.follow_metadata();
         if self.config.roles.controller {
             self.run_controller();
+            if self.config.is_cluster() {
+                self.run_leader_watch();
+            }
         }
         if self.config.roles.broker {
             self.run_isr_checks();

@@ -5,7 +5,7 @@
 //! broker fenced by the tick) is run once per entry against the state the previous one left.
 //!
 //! Also here: the controller's periodic tick (the cluster's first record, fencing brokers whose
-//! sessions expired, completing reassignments, the leader balance) and the broker-side calls
+//! sessions expired or whose processes are gone (`liveness`), completing reassignments, the leader balance) and the broker-side calls
 //! that ask the controller for something.
 
 use std::collections::BTreeMap;
@@ -280,7 +280,7 @@ impl Broker {
     }
 
     /// Commits the fencing of broker `id` with the leader changes it implies.
-    fn fence(&self, held: &MutexGuard<'_, ()>, id: i32, why: &str) -> Result<(), BrokerError> {
+    pub(crate) fn fence(&self, held: &MutexGuard<'_, ()>, id: i32, why: &str) -> Result<(), BrokerError> {
         let partitions = self.settle(held, brokers::decide_fence(&self.metadata(), &self.controller_config(), id))?;
         tracing::warn!(broker = id, partitions, "broker fenced: {why}");
         Ok(())
@@ -316,8 +316,10 @@ impl Broker {
         self.rebalance_leaders_if_due(&held)
     }
 
-    /// Runs [`Broker::controller_tick`] until shutdown.
+    /// Runs [`Broker::controller_tick`] until shutdown, and keeps the liveness watches of the
+    /// brokers in line with the metadata while this node leads the quorum.
     pub(crate) fn run_controller(self: &Arc<Self>) {
+        self.every(super::liveness::SYNC_INTERVAL, |broker| async move { broker.sync_broker_watches() });
         self.every(tick_interval(self.config.broker_session_timeout_ms), |broker| async move {
             match tokio::task::spawn_blocking(move || broker.controller_tick()).await {
                 Ok(Ok(())) => {}

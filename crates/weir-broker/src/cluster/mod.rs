@@ -14,6 +14,9 @@
 //!   decisions of the `weir-controller` crate). A fenced
 //!   broker leads nothing: its partitions have no leader (or another in-sync replica leads),
 //!   and it refuses writes until it is unfenced.
+//! - A broker whose process dies is fenced at once, and a controller whose process dies is
+//!   replaced as soon as the other voters may vote: its closed sockets say so ([`liveness`]).
+//!   A frozen or cut-off node still costs its session timeout (or an election timeout).
 //! - Any node can describe the whole cluster ([`status`]): it asks every node for its own
 //!   status, all at once and with a short timeout, and adds what its metadata says of each.
 //!
@@ -24,6 +27,7 @@
 pub mod control;
 pub mod controller;
 pub(crate) mod lifecycle;
+pub(crate) mod liveness;
 pub mod rpc;
 pub(crate) mod server;
 pub mod standing;
@@ -55,6 +59,9 @@ pub mod methods {
     pub(crate) const CONTROL: &str = "control";
     /// What a node knows of itself, for `weir cluster info` (see `NodeStatus`).
     pub(crate) const NODE_STATUS: &str = "cluster.node_status";
+    /// A call the node holds open, so that the caller learns at once when its process is gone
+    /// (see `liveness`).
+    pub(crate) const LIVENESS: &str = "cluster.liveness";
 }
 
 /// The cluster side of a broker: the internal RPC client, the services it serves, this
@@ -68,6 +75,8 @@ pub struct Cluster {
     services: RwLock<HashMap<String, Arc<dyn Handler>>>,
     pub(crate) lifecycle: Lifecycle,
     pub sessions: Mutex<Sessions>,
+    /// On the active controller: the watches that tell at once when a broker's process is gone.
+    pub(crate) watches: Mutex<liveness::BrokerWatches>,
     /// Stops the RPC server; the task ends when it has drained.
     pub(crate) server: Mutex<Option<rpc::ServerHandle>>,
     /// Turns through the voters while this node knows no controller.
@@ -82,6 +91,7 @@ impl Cluster {
             services: RwLock::new(HashMap::new()),
             lifecycle: Lifecycle::new(),
             sessions: Mutex::new(Sessions::default()),
+            watches: Mutex::new(liveness::BrokerWatches::default()),
             server: Mutex::new(None),
             next_voter: AtomicUsize::new(0),
         }

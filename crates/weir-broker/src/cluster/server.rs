@@ -53,6 +53,7 @@ impl Handler for InternalHandler {
             return Box::pin(async { Err(RemoteError::new("the node is starting: its broker is not open yet")) });
         };
         match method {
+            methods::LIVENESS => Box::pin(super::liveness::hold(broker.shutdown_signal())),
             methods::CONTROL => Box::pin(async move {
                 let request = weir_rpc::decode_json(methods::CONTROL, &body)?;
                 let answer = broker.serve_control(request).await;

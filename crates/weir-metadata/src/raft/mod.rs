@@ -23,8 +23,8 @@ pub(crate) mod state_machine;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, Config, Raft, SnapshotPolicy};
@@ -104,7 +104,12 @@ pub struct QuorumStatus {
 #[derive(Clone)]
 pub struct RaftMessages {
     raft: Raft<MetadataRaft>,
+    leader_contact: LeaderContact,
 }
+
+/// When this voter last took an AppendEntries from a leader: openraft's leader lease runs from
+/// then, and it does not say so itself.
+type LeaderContact = Arc<Mutex<Option<Instant>>>;
 
 impl RaftMessages {
     /// Whether `method` of the internal RPC is a Raft message.
@@ -114,7 +119,11 @@ impl RaftMessages {
 
     /// Answers the Raft message `method` with its JSON `body`; the error says why it could not.
     pub async fn handle(&self, method: &str, body: &[u8]) -> Result<Vec<u8>, String> {
-        network::handle(&self.raft, method, body).await
+        let (answer, leader_heard) = network::handle(&self.raft, method, body).await?;
+        if leader_heard {
+            *weir_storage::sync::lock(&self.leader_contact) = Some(Instant::now());
+        }
+        Ok(answer)
     }
 }
 
@@ -124,9 +133,18 @@ pub struct Quorum {
     node_id: NodeId,
     commit_timeout: Duration,
     election_timeout: Duration,
+    /// openraft's leader lease (its `election_timeout_max`): a voter refuses candidates until
+    /// this long after it last heard the leader.
+    leader_lease: Duration,
+    leader_contact: LeaderContact,
     log: RaftLogStore,
     state: watch::Receiver<Arc<MetadataState>>,
 }
+
+/// How long after the lost leader's lease a voter stands in for it: the other voters heard the
+/// leader last a little later or earlier than this one (its heartbeats leave one by one, and
+/// this machine may be busy), and a vote asked within their lease is refused.
+const LEASE_MARGIN: Duration = Duration::from_millis(150);
 
 impl Quorum {
     /// Opens the quorum's log and state machine in `dir`, starts Raft, and at the first start of
@@ -152,6 +170,7 @@ impl Quorum {
             .map_err(|e| BrokerError::internal(format!("opening the metadata quorum: {e}")))??
         };
         let election = config.election_timeout_ms.max(10);
+        let leader_lease = Duration::from_millis(election * 3 / 2);
         let raft_config = Config {
             cluster_name: "weir-metadata".to_string(),
             // openraft also bounds each AppendEntries call by this interval, so it must leave a
@@ -162,7 +181,7 @@ impl Quorum {
             // openraft's leader lease is this maximum: voters refuse a candidate until it has
             // passed since they last heard the leader. Twice the minimum made a failover take
             // about 3.5 election timeouts; half as much again, about 2.9 (docs/performance.md).
-            election_timeout_max: election * 3 / 2,
+            election_timeout_max: leader_lease.as_millis() as u64,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_interval),
             // Keep a snapshot's worth of entries for voters a little behind.
             max_in_snapshot_log_to_keep: config.snapshot_interval,
@@ -179,6 +198,8 @@ impl Quorum {
             node_id: config.node_id,
             commit_timeout: Duration::from_millis(config.commit_timeout_ms.max(1)),
             election_timeout: Duration::from_millis(election),
+            leader_lease,
+            leader_contact: LeaderContact::default(),
             log,
             state,
         };
@@ -221,7 +242,7 @@ impl Quorum {
     /// What answers the Raft messages other voters send this one (the `raft.*` methods of the
     /// internal RPC): served as soon as the quorum runs, before the broker exists.
     pub fn messages(&self) -> RaftMessages {
-        RaftMessages { raft: self.raft.clone() }
+        RaftMessages { raft: self.raft.clone(), leader_contact: self.leader_contact.clone() }
     }
 
     /// Stands for election now rather than after an election timeout (a quorum of one elects
@@ -230,6 +251,28 @@ impl Quorum {
         if let Err(e) = self.raft.trigger().elect().await {
             tracing::debug!(error = %e, "metadata quorum: election not triggered");
         }
+    }
+
+    /// The leader `lost` is known to be gone (its process closed its connections and its port
+    /// refuses new ones): rather than wait out an election timeout, which may fire before the
+    /// other voters' leases pass and be refused, stand for election as soon as they will vote:
+    /// once the lease has passed since this voter last heard the leader. Only one voter stands,
+    /// the lowest id among the others, so that two survivors do not split the vote; if it is
+    /// gone too, the election timeouts elect someone as they would have.
+    pub async fn stand_in_for_lost_leader(&self, lost: NodeId) {
+        let first_other = self.voters().into_iter().find(|id| *id != lost);
+        if first_other != Some(self.node_id) {
+            return;
+        }
+        let heard = *weir_storage::sync::lock(&self.leader_contact);
+        let since = heard.map_or(self.leader_lease, |at| at.elapsed());
+        tokio::time::sleep((self.leader_lease + LEASE_MARGIN).saturating_sub(since)).await;
+        let leader = self.leader();
+        if leader.is_some_and(|l| l != lost) {
+            return;
+        }
+        tracing::info!(lost, "metadata quorum: the active controller's process is gone; standing for election");
+        self.elect_now().await;
     }
 
     /// Commits `records` as one entry; returns its index once it is committed and applied here.

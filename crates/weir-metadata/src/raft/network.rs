@@ -150,8 +150,9 @@ impl RaftNetwork<MetadataRaft> for Peer {
 }
 
 /// Answers one Raft message from a peer: the JSON of openraft's result, or why the request
-/// could not be read.
-pub async fn handle(raft: &openraft::Raft<MetadataRaft>, method: &str, body: &[u8]) -> Result<Vec<u8>, String> {
+/// could not be read; and whether it came from a leader this voter follows (an AppendEntries
+/// it did not refuse for a higher vote), which renews that leader's lease here.
+pub async fn handle(raft: &openraft::Raft<MetadataRaft>, method: &str, body: &[u8]) -> Result<(Vec<u8>, bool), String> {
     fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
         serde_json::to_vec(value).map_err(|e| format!("cannot encode the answer: {e}"))
     }
@@ -159,9 +160,13 @@ pub async fn handle(raft: &openraft::Raft<MetadataRaft>, method: &str, body: &[u
         serde_json::from_slice(body).map_err(|e| format!("{method}: cannot decode the request: {e}"))
     }
     match method {
-        APPEND_ENTRIES => encode(&raft.append_entries(decode(method, body)?).await),
-        VOTE => encode(&raft.vote(decode(method, body)?).await),
-        INSTALL_SNAPSHOT => encode(&raft.install_snapshot(decode(method, body)?).await),
+        APPEND_ENTRIES => {
+            let answer = raft.append_entries(decode(method, body)?).await;
+            let heard = matches!(&answer, Ok(response) if !matches!(response, AppendEntriesResponse::HigherVote(_)));
+            Ok((encode(&answer)?, heard))
+        }
+        VOTE => Ok((encode(&raft.vote(decode(method, body)?).await)?, false)),
+        INSTALL_SNAPSHOT => Ok((encode(&raft.install_snapshot(decode(method, body)?).await)?, false)),
         other => Err(format!("unknown Raft method {other:?}")),
     }
 }
