@@ -417,7 +417,8 @@ def test_acknowledged_writes_survive_rounds_of_kills_freezes_restarts_and_contro
                 victim = rng.choice(cluster.ids())
                 cluster.node(victim).restart()
             else:
-                victim = controller_of(cluster)
+                # Right after a restart the quorum may be electing: wait for its leader.
+                victim = cluster.wait(lambda: controller_of(cluster), 30, "an active controller", interval=0.2)
                 killed_at = time.monotonic()
                 cluster.node(victim).kill9()
                 record_stalls(workload, states, victim, killed_at, stalls, "controller ")

@@ -27,6 +27,10 @@ pub enum BenchCommand {
     /// how soon every node sees a new topic, and controller failover time.
     #[command(long_about = METADATA_LONG_ABOUT)]
     Metadata(MetadataBenchArgs),
+    /// How long acknowledgements stop when a node of a 3-node cluster dies (kill -9), on the
+    /// partitions it led and those it followed, and when it was also the active controller.
+    #[command(long_about = FAILOVER_LONG_ABOUT)]
+    Failover(FailoverBenchArgs),
     /// What replication costs a producer: produce MB/s and latency with 1 replica / acks=1,
     /// 3 replicas / acks=1 and 3 replicas / acks=all on a 3-node cluster, side by side.
     Replication(ReplicationBenchArgs),
@@ -43,6 +47,21 @@ pub enum BenchCommand {
     #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
     Kafka(crate::kafka::KafkaBenchArgs),
 }
+
+const FAILOVER_LONG_ABOUT: &str = "\
+How long acknowledgements stop when a node dies: a cluster of 3 combined nodes (this binary, on
+127.0.0.1, with the default timings), a topic of --partitions partitions with replication factor 3
+and min.insync.replicas=2, and one writer per partition producing one batch at a time with
+acks=all to its leader (looking the leader up again after any failure).
+
+Each round gives every partition back to its preferred leader, kills with SIGKILL a node that leads
+two partitions and is not the active controller, waits until every partition acknowledges again,
+restarts it, and does the same with the active controller. A stall is the longest time without an
+acknowledgement after the kill; it is reported (p50, p99, max) by the dead node's part: the
+partitions it led and those it followed, and the same when it was the controller.
+
+With --compare the same runs again with controller.liveness.watch.enable=false: only the session
+and election timeouts tell that a node died, as in Kafka.";
 
 const METADATA_LONG_ABOUT: &str = "\
 How fast metadata changes are decided, committed and seen: one `weir server` node and a cluster
@@ -312,6 +331,25 @@ pub struct TimerBenchArgs {
     pub(crate) quick: bool,
 
     /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct FailoverBenchArgs {
+    /// Rounds, each killing a node that is not the controller and then the controller.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) rounds: u32,
+
+    /// Partitions of the topic (each node leads a third of them).
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(i32).range(3..=300))]
+    pub(crate) partitions: i32,
+
+    /// Also run with controller.liveness.watch.enable=false (the timeouts alone), side by side.
+    #[arg(long)]
+    pub(crate) compare: bool,
+
+    /// Also write the stalls as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub(crate) json: Option<PathBuf>,
 }

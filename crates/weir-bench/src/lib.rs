@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+mod failover;
 mod fetch;
 mod kafka;
 mod metadata;
@@ -40,6 +41,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Fetch(args) => fetch::run(&args),
         BenchCommand::Produce(args) => produce::run(&args),
         BenchCommand::Kafka(args) => kafka::run(&args),
+        BenchCommand::Failover(args) => failover::run(&args),
         BenchCommand::Metadata(args) => metadata::run(&args),
         BenchCommand::Replication(args) => replication::run(&args),
         BenchCommand::RocketMq(args) => rocketmq::run(&args),

@@ -41,6 +41,10 @@ pub(crate) struct Server {
     /// [`Server::start_with_rocketmq`].
     pub(crate) admin: Option<SocketAddr>,
     dir: tempfile::TempDir,
+    /// How it was started, for [`Server::restart`].
+    listeners: String,
+    settings: Vec<(String, String)>,
+    wait_for: WaitFor,
 }
 
 impl Server {
@@ -108,9 +112,39 @@ impl Server {
             None => builder.tempdir(),
         }
         .context("cannot create the broker's data directory")?;
+        let (child, addresses) = Server::launch(dir.path(), listeners, settings, wait_for)?;
+        Ok(Server {
+            child,
+            addr: addresses.kafka,
+            rocketmq: addresses.rocketmq,
+            admin: addresses.admin,
+            dir,
+            listeners: listeners.to_string(),
+            settings: settings.to_vec(),
+            wait_for,
+        })
+    }
+
+    /// Starts the broker again in its data directory with its settings (after [`Server::kill`]),
+    /// and waits for its listening line; a port 0 listener gets a new port.
+    pub(crate) fn restart(&mut self) -> anyhow::Result<()> {
+        let (child, addresses) = Server::launch(self.dir.path(), &self.listeners, &self.settings, self.wait_for)?;
+        self.child = child;
+        self.addr = addresses.kafka;
+        self.rocketmq = addresses.rocketmq;
+        self.admin = addresses.admin;
+        Ok(())
+    }
+
+    fn launch(
+        dir: &Path,
+        listeners: &str,
+        settings: &[(String, String)],
+        wait_for: WaitFor,
+    ) -> anyhow::Result<(Child, address_lines::Addresses)> {
         let exe = std::env::current_exe()?;
         let mut command = Command::new(exe);
-        command.args(["server", "--listen", listeners, "--data-dir"]).arg(dir.path());
+        command.args(["server", "--listen", listeners, "--data-dir"]).arg(dir);
         // No RocketMQ listener unless a setting asks for one: benchmarks run brokers side by side.
         command.args(["--set", "rocketmq.listeners="]);
         for (name, value) in settings {
@@ -118,9 +152,8 @@ impl Server {
         }
         // openraft reports every failed call to a killed voter, which `bench metadata` makes on purpose.
         command.env("RUST_LOG", "warn,openraft=off").stderr(Stdio::inherit());
-        let (child, addresses) = address_lines::spawn_and_wait(&mut command, wait_for, STARTUP_TIMEOUT)
-            .map_err(|e| anyhow::anyhow!("{e}; see its errors above"))?;
-        Ok(Server { child, addr: addresses.kafka, rocketmq: addresses.rocketmq, admin: addresses.admin, dir })
+        address_lines::spawn_and_wait(&mut command, wait_for, STARTUP_TIMEOUT)
+            .map_err(|e| anyhow::anyhow!("{e}; see its errors above"))
     }
 
     /// SIGKILL, as a crash would, and reap it.

@@ -101,6 +101,11 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "1000",
         "A quorum voter that hears from no leader this long (up to half as long again, at random) stands for election.",
     ),
+    s(
+        "controller.liveness.watch.enable",
+        "true",
+        "Tell a dead process from a silent one by its closed connections and refused port: the active controller fences a broker whose process is gone at once, and a voter stands in for a controller whose process is gone as soon as the others may vote. false waits for broker.session.timeout.ms and the election timeout, as Kafka does.",
+    ),
     s("controller.quorum.request.timeout.ms", "2000", "How long an internal request between nodes may take."),
     s("log.dirs", "./data", "The data directory: partition logs, metadata log, checkpoints."),
     s(
@@ -250,6 +255,8 @@ pub struct BrokerConfig {
     pub(crate) rack_aware_reads: bool,
     pub(crate) broker_heartbeat_interval_ms: u64,
     pub(crate) broker_session_timeout_ms: u64,
+    /// `controller.liveness.watch.enable` (see `cluster::liveness`).
+    pub(crate) liveness_watch: bool,
     pub(crate) quorum_election_timeout_ms: u64,
     pub quorum_request_timeout_ms: u64,
     /// The Kafka (PLAINTEXT) listener; `None` on a controller-only node, which serves no
@@ -606,6 +613,7 @@ impl BrokerConfig {
             rack_aware_reads: parse_replica_selector(values.get("replica.selector.class"))?,
             broker_heartbeat_interval_ms: values.num("broker.heartbeat.interval.ms", 1)?,
             broker_session_timeout_ms: values.num("broker.session.timeout.ms", 1)?,
+            liveness_watch: values.bool("controller.liveness.watch.enable")?,
             quorum_election_timeout_ms: values.num("controller.quorum.election.timeout.ms", 10)?,
             quorum_request_timeout_ms: values.num("controller.quorum.request.timeout.ms", 1)?,
             listen: listeners.listen,

@@ -81,7 +81,7 @@ impl Broker {
         self.follow_metadata();
         if self.config.roles.controller {
             self.run_controller();
-            if self.config.is_cluster() {
+            if self.config.is_cluster() && self.config.liveness_watch {
                 self.run_leader_watch();
             }
         }

@@ -319,7 +319,9 @@ impl Broker {
     /// Runs [`Broker::controller_tick`] until shutdown, and keeps the liveness watches of the
     /// brokers in line with the metadata while this node leads the quorum.
     pub(crate) fn run_controller(self: &Arc<Self>) {
-        self.every(super::liveness::SYNC_INTERVAL, |broker| async move { broker.sync_broker_watches() });
+        if self.config.liveness_watch {
+            self.every(super::liveness::SYNC_INTERVAL, |broker| async move { broker.sync_broker_watches() });
+        }
         self.every(tick_interval(self.config.broker_session_timeout_ms), |broker| async move {
             match tokio::task::spawn_blocking(move || broker.controller_tick()).await {
                 Ok(Ok(())) => {}
