@@ -17,7 +17,8 @@
 //!   imply;
 //! - [`isr`]: a leader's ISR proposals (AlterPartition);
 //! - [`election`]: preferred and unclean elections, and the leader balance;
-//! - [`reassignment`]: moving partitions between brokers;
+//! - [`reassignment`]: moving partitions between brokers; [`reassignment_plan`]: plans for
+//!   moving replicas off brokers or balancing them (proposals only);
 //! - [`topic_config`], [`group_config`], [`throttle`]: what each kind of config means, how a
 //!   change is checked and decided;
 //! - [`producer_ids`]: blocks of producer ids.
@@ -38,6 +39,7 @@ pub mod isr;
 pub mod placement;
 pub mod producer_ids;
 pub mod reassignment;
+pub mod reassignment_plan;
 pub mod request;
 pub mod throttle;
 pub mod topic_config;

@@ -37,6 +37,8 @@ pub mod status;
 pub use weir_controller::election;
 /// Reassignments' targets and results, decided by the controller (`weir-controller`).
 pub use weir_controller::reassignment;
+/// Plans for moving replicas off brokers or balancing them (the admin API's `--generate`).
+pub use weir_controller::reassignment_plan;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
