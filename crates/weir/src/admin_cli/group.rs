@@ -108,8 +108,9 @@ pub struct ResetArgs {
     /// To the high watermark (skip everything not yet consumed).
     #[arg(long, group = "to")]
     pub to_latest: bool,
-    /// To the first record at or after this time, in ms since the epoch.
-    #[arg(long, value_name = "MS", group = "to")]
+    /// To the first record at or after this time: 2026-12-01T00:00:00Z, -1h, -30m, or ms
+    /// since the epoch (`--to-datetime` is the same).
+    #[arg(long, value_name = "TIME", group = "to", alias = "to-datetime", value_parser = super::time::parse_time_arg)]
     pub to_timestamp: Option<i64>,
     /// To this offset (it must lie between the log start and the high watermark).
     #[arg(long, value_name = "OFFSET", group = "to")]

@@ -35,11 +35,13 @@ pub struct QueryArgs {
     /// The message with this id.
     #[arg(long)]
     pub id: Option<String>,
-    /// Only messages stored at or after this time, in ms since the epoch.
-    #[arg(long, value_name = "MS")]
+    /// Only messages stored at or after this time: 2026-12-01T00:00:00Z, -1h, -30m, or ms
+    /// since the epoch.
+    #[arg(long, value_name = "TIME", value_parser = super::time::parse_time_arg)]
     pub begin: Option<i64>,
-    /// Only messages stored at or before this time, in ms since the epoch.
-    #[arg(long, value_name = "MS")]
+    /// Only messages stored at or before this time: 2026-12-01T00:00:00Z, -1h, -30m, or ms
+    /// since the epoch.
+    #[arg(long, value_name = "TIME", value_parser = super::time::parse_time_arg)]
     pub end: Option<i64>,
     /// At most this many messages.
     #[arg(long, value_name = "N", default_value = "64")]

@@ -13,6 +13,7 @@ pub mod group;
 pub mod message;
 pub mod partition;
 pub mod produce;
+pub mod time;
 pub mod topic;
 
 use std::io::{self, Write};
@@ -34,7 +35,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// The flags every client command takes (also after the subcommand: they are global).
 #[derive(Debug, Clone, Args)]
 pub struct Connection {
-    /// The broker's admin HTTP API.
+    /// The broker's admin HTTP API: `http://host:port`, or `host:port` (http is assumed).
     #[arg(long, value_name = "URL", env = "WEIR_ADMIN", default_value = DEFAULT_ADMIN, global = true)]
     pub admin: String,
 
@@ -63,6 +64,17 @@ pub fn failure_code(e: &anyhow::Error) -> Option<&str> {
     e.downcast_ref::<ApiFailure>().map(|f| f.code.as_str())
 }
 
+/// The base URL of `--admin`: `host:port` gets `http://` (the admin API speaks plain HTTP
+/// only); another scheme is refused rather than sent where it would fail obscurely.
+fn admin_base(admin: &str) -> anyhow::Result<String> {
+    let admin = admin.trim();
+    let with_scheme = if admin.contains("://") { admin.to_string() } else { format!("http://{admin}") };
+    match with_scheme.strip_prefix("http://").map(|rest| rest.trim_end_matches('/')) {
+        Some(host) if !host.is_empty() => Ok(format!("http://{host}")),
+        _ => anyhow::bail!("--admin {admin:?}: expected host:port or an http:// URL such as {DEFAULT_ADMIN}"),
+    }
+}
+
 /// A blocking client of the admin API.
 pub struct AdminClient {
     base: String,
@@ -85,10 +97,7 @@ pub fn segment(text: &str) -> String {
 
 impl AdminClient {
     pub fn new(connection: &Connection) -> anyhow::Result<AdminClient> {
-        let base = connection.admin.trim_end_matches('/').to_string();
-        if !base.starts_with("http://") {
-            anyhow::bail!("--admin {base:?}: expected an http:// URL such as {DEFAULT_ADMIN}");
-        }
+        let base = admin_base(&connection.admin)?;
         let config =
             ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(REQUEST_TIMEOUT)).build();
         Ok(AdminClient { base, agent: ureq::Agent::new_with_config(config) })
@@ -298,6 +307,16 @@ mod tests {
         assert_eq!(segment("my group/1"), "my%20group%2F1");
         assert_eq!(segment(".."), "%2E%2E");
         assert_eq!(segment("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn admin_addresses_without_a_scheme_are_http() {
+        assert_eq!(admin_base("127.0.0.1:9644").expect("host:port"), "http://127.0.0.1:9644");
+        assert_eq!(admin_base("http://node2:9644/").expect("a URL"), "http://node2:9644");
+        assert_eq!(admin_base(" localhost:1 ").expect("trimmed"), "http://localhost:1");
+        assert!(admin_base("https://node2:9644").is_err(), "no TLS in this client");
+        assert!(admin_base("http://").is_err());
+        assert!(admin_base("").is_err());
     }
 
     #[test]
