@@ -229,6 +229,19 @@ pub struct PartitionInfo {
     /// The offset the next record appended gets.
     pub log_end_offset: i64,
     pub size_bytes: u64,
+    /// Each follower's lag as the leader sees it; empty when the leader did not answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replica_lags: Vec<ReplicaLag>,
+}
+
+/// How far a follower trails its leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaLag {
+    pub replica: i32,
+    /// The leader's log end minus the follower's; `null` until it fetched from this leader.
+    pub offsets_behind: Option<i64>,
+    /// Milliseconds since the follower last reached the leader's log end.
+    pub caught_up_ms_ago: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -693,4 +706,154 @@ mod tests {
         assert_eq!(selectors[0].topic(), "a");
         assert_eq!(selectors[1], TopicSelector::Some { topic: "b".into(), partitions: vec![1] });
     }
+}
+
+// ----- operations: health, elections, trimming, plans, decommissioning ------------------------
+
+/// `GET /v1/cluster/health`: what needs an operator's attention. `healthy` is true when every
+/// list but `draining_brokers` is empty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterHealth {
+    pub healthy: bool,
+    /// Registered brokers the controller fenced (stopped, or missing their heartbeats).
+    pub fenced_brokers: Vec<i32>,
+    /// Unfenced brokers that did not answer for their followers' lag.
+    pub unanswered_brokers: Vec<i32>,
+    /// Partitions with no leader: nobody can read or write them.
+    pub leaderless: Vec<PartitionHealth>,
+    /// Partitions whose ISR is smaller than their replica list.
+    pub under_replicated: Vec<PartitionHealth>,
+    /// Partitions whose ISR is smaller than their `min.insync.replicas`: `acks=all` producers
+    /// are refused.
+    pub under_min_isr: Vec<PartitionHealth>,
+    /// Followers that have not caught up with their leader for more than the leader's
+    /// `replica.lag.time.max.ms` (they leave the ISR, or have left it).
+    pub lagging_followers: Vec<LaggingFollower>,
+    /// Brokers a reassignment is moving replicas off (a decommission in progress): how many
+    /// replicas each still holds and how many are moving away.
+    pub draining_brokers: Vec<DrainingBroker>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionHealth {
+    pub topic: String,
+    pub partition: i32,
+    pub leader: i32,
+    pub replicas: Vec<i32>,
+    pub isr: Vec<i32>,
+    /// The topic's `min.insync.replicas`.
+    pub min_insync_replicas: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaggingFollower {
+    pub topic: String,
+    pub partition: i32,
+    pub leader: i32,
+    #[serde(flatten)]
+    pub lag: ReplicaLag,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainingBroker {
+    pub broker: i32,
+    /// Partitions with a replica on it (those being moved off included).
+    pub replicas: usize,
+    /// Of those, the ones a reassignment is removing.
+    pub moving_off: usize,
+}
+
+/// `POST /v1/elections`: Kafka's ElectLeaders. `partitions: null` elects over every partition;
+/// an entry without `partition` stands for every partition of its topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElectLeaders {
+    /// `preferred` (give partitions back to their first replica) or `unclean` (a leader for
+    /// leaderless partitions, out of the ISR if need be: records may be lost).
+    #[serde(rename = "type")]
+    pub election: String,
+    #[serde(default)]
+    pub partitions: Option<Vec<PartitionSelector>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionSelector {
+    pub topic: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<i32>,
+}
+
+/// One result per partition asked for (with `partitions: null`, per partition that changed or
+/// could not). `ELECTION_NOT_NEEDED` means the wanted leader leads already.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElectionResults {
+    pub results: Vec<ElectionResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElectionResult {
+    pub topic: String,
+    pub partition: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
+}
+
+/// `POST /v1/topics/{topic}/delete-records`: Kafka's DeleteRecords. Exactly one of `offset`
+/// (records before it; -1 is the high watermark) and `before_ms` (records before the first one
+/// stamped at or after this time) is given; `partitions` absent means every partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteRecords {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<Vec<i32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedRecords {
+    pub topic: String,
+    pub results: Vec<DeletedRecordsResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedRecordsResult {
+    pub partition: i32,
+    /// The new log start offset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_watermark: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
+}
+
+/// `POST /v1/reassignments/generate`: a plan, not executed. Either `remove_brokers` (move every
+/// replica off them) or `balance` (spread replicas and preferred leaders); `topics` limits the
+/// partitions moved (all when absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GeneratePlan {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove_brokers: Vec<i32>,
+    #[serde(default)]
+    pub balance: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topics: Option<Vec<String>>,
+}
+
+/// What `kafka-reassign-partitions.sh --generate` prints: the current replicas of the
+/// partitions the plan moves (to go back) and the proposed ones (to execute).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GeneratedPlan {
+    pub current: ReassignmentPlan,
+    pub proposed: ReassignmentPlan,
+}
+
+/// `POST /v1/brokers/{id}/decommission`: the plan moving everything off the broker, started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decommission {
+    pub broker: i32,
+    pub plan: GeneratedPlan,
+    /// One result per partition of the plan.
+    pub results: Vec<ReassignmentResult>,
 }

@@ -8,7 +8,7 @@
 //! had come over HTTP. Lists (groups, partitions) ask every broker and merge.
 //!
 //! The methods (`admin.append`, `admin.consume`, `admin.partitions`, `admin.offset_at`,
-//! `admin.http`, `admin.group_clients`) are served by every broker, whether its own HTTP
+//! `admin.http`, `admin.group_clients`, `admin.lagging_followers`, `admin.delete_records`) are served by every broker, whether its own HTTP
 //! listener is on or not: [`register`] is called when the node starts. Errors cross the wire
 //! with their HTTP status and name, so a client hears the leader's answer as it is.
 
@@ -29,11 +29,12 @@ use std::collections::{BTreeMap, HashMap};
 use tower::ServiceExt as _;
 use weir_broker::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
 use weir_broker::fetch::Isolation;
+use weir_broker::replication::FollowerLag;
 use weir_broker::{Acks, Broker, ErrorKind, OffsetQuery, Partition};
 use weir_coordinators::group::clients::ConnectedClient;
 use weir_coordinators::group::OFFSETS_TOPIC;
 
-use crate::api::{ConsumedRecord, Encoding, PartitionInfo, PartitionPosition};
+use crate::api::{ConsumedRecord, Encoding, LaggingFollower, PartitionInfo, PartitionPosition, ReplicaLag};
 use crate::error::ApiError;
 use crate::{AdminState, SharedState};
 
@@ -44,6 +45,8 @@ const PARTITIONS: &str = "admin.partitions";
 const OFFSET_AT: &str = "admin.offset_at";
 const HTTP: &str = "admin.http";
 const GROUP_CLIENTS: &str = "admin.group_clients";
+const LAGGING_FOLLOWERS: &str = "admin.lagging_followers";
+const DELETE_RECORDS: &str = "admin.delete_records";
 /// Marks a request another node forwarded: it is answered here, never forwarded again (two
 /// nodes whose metadata disagree for a moment must not bounce it between them).
 const FORWARDED: &str = "x-weir-forwarded";
@@ -239,6 +242,12 @@ impl AdminService {
                 };
                 encode_json(&method, &result.map_err(WireError::from))
             }
+            LAGGING_FOLLOWERS => encode_json(&method, &Ok::<_, WireError>(local_lagging_followers(&broker))),
+            DELETE_RECORDS => {
+                let (topic, index, point): (String, i32, TrimPoint) = decode_json(&method, &body)?;
+                let result = delete_records_here(&broker, &topic, index, point).await;
+                encode_json(&method, &result.map_err(WireError::from))
+            }
             CONSUME => {
                 let request: ConsumeCall = decode_json(&method, &body)?;
                 let result = crate::records::consume_here(&broker, request).await;
@@ -293,7 +302,12 @@ fn partition_info(p: &Partition) -> PartitionInfo {
         high_watermark: log.high_watermark(),
         log_end_offset: log.log_end_offset(),
         size_bytes: log.size_bytes(),
+        replica_lags: p.follower_lags().into_iter().map(replica_lag).collect(),
     }
+}
+
+fn replica_lag(lag: FollowerLag) -> ReplicaLag {
+    ReplicaLag { replica: lag.replica, offsets_behind: lag.offsets_behind, caught_up_ms_ago: lag.caught_up_ms_ago }
 }
 
 /// Every partition of `topic`, by index: as its leader says (this broker, or each leader over
@@ -342,6 +356,7 @@ pub(crate) async fn partition_infos(broker: &Arc<Broker>, topic: &str) -> Vec<Pa
                     high_watermark: -1,
                     log_end_offset: -1,
                     size_bytes: 0,
+                    replica_lags: Vec::new(),
                 })
             })
         })
@@ -370,6 +385,106 @@ async fn offset_at_here(broker: &Arc<Broker>, topic: &str, index: i32, timestamp
     })
     .await
     .map_err(|e| ApiError::internal(format!("offset lookup failed: {e}")))?
+}
+
+// ----- health and trimming -------------------------------------------------------------------
+
+/// The followers of partitions this broker leads that have not caught up for more than its
+/// `replica.lag.time.max.ms`.
+fn local_lagging_followers(broker: &Broker) -> Vec<LaggingFollower> {
+    let lag_ms_max = broker.config.replica_lag_time_max_ms;
+    let metadata = broker.metadata();
+    let mut out = Vec::new();
+    for topic in metadata.topics.values() {
+        for index in 0..topic.partitions {
+            let Some(partition) = broker.partition(&topic.name, index) else { continue };
+            for lag in partition.follower_lags().into_iter().filter(|l| l.caught_up_ms_ago > lag_ms_max) {
+                out.push(LaggingFollower {
+                    topic: topic.name.clone(),
+                    partition: index,
+                    leader: broker.config.node_id,
+                    lag: replica_lag(lag),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Every live broker's lagging followers (each leader knows its own), and the live brokers that
+/// did not answer.
+pub(crate) async fn lagging_followers(broker: &Arc<Broker>) -> (Vec<LaggingFollower>, Vec<i32>) {
+    let mut lagging = local_lagging_followers(broker);
+    let others: Vec<i32> =
+        broker.live_brokers().into_iter().map(|b| b.id).filter(|id| *id != broker.config.node_id).collect();
+    let timeout = rpc_timeout(broker, Duration::ZERO);
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in others.iter().copied() {
+        let broker = broker.clone();
+        tasks.spawn(async move {
+            (id, call::<_, Vec<LaggingFollower>>(&broker, id, LAGGING_FOLLOWERS, &(), timeout).await)
+        });
+    }
+    let mut answered = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let Ok((id, answer)) = joined else { continue };
+        match answer {
+            Ok(remote) => {
+                answered.push(id);
+                lagging.extend(remote);
+            }
+            Err(e) => tracing::info!(broker = id, error = %e.message, "cannot read a broker's follower lags"),
+        }
+    }
+    lagging.sort_by(|a, b| (&a.topic, a.partition, a.lag.replica).cmp(&(&b.topic, b.partition, b.lag.replica)));
+    let unanswered = others.into_iter().filter(|id| !answered.contains(id)).collect();
+    (lagging, unanswered)
+}
+
+/// Where DeleteRecords cuts a partition.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) enum TrimPoint {
+    /// Before this offset (-1: the high watermark).
+    Offset(i64),
+    /// Before the first record stamped at or after this time (everything, if none is).
+    Before(i64),
+}
+
+/// Deletes the records of `topic`-`index` before `point` at its leader, here or there; answers
+/// the new log start offset.
+pub(crate) async fn delete_records(
+    broker: &Arc<Broker>,
+    topic: &str,
+    index: i32,
+    point: TrimPoint,
+) -> Result<i64, ApiError> {
+    match locate(broker, topic, index)? {
+        Location::Here(_) => delete_records_here(broker, topic, index, point).await,
+        Location::Leader(leader) => {
+            call(broker, leader, DELETE_RECORDS, &(topic, index, point), rpc_timeout(broker, Duration::ZERO)).await
+        }
+    }
+}
+
+/// Only the leader trims: its log start offset is what followers and consumers learn.
+async fn delete_records_here(broker: &Arc<Broker>, topic: &str, index: i32, point: TrimPoint) -> Result<i64, ApiError> {
+    let partition = broker.require_partition(topic, index)?;
+    partition.check_local_leader()?;
+    // Reads the time index and moves segments: off the async workers.
+    let broker = broker.clone();
+    tokio::task::spawn_blocking(move || -> Result<i64, ApiError> {
+        let offset = match point {
+            TrimPoint::Offset(offset) => offset,
+            TrimPoint::Before(timestamp) => {
+                let found =
+                    broker.list_offset(&partition, OffsetQuery::AtTimestamp(timestamp), Isolation::HighWatermark)?;
+                found.map_or_else(|| partition.log.high_watermark(), |found| found.offset)
+            }
+        };
+        Ok(broker.delete_records(&partition, offset)?)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("delete records failed: {e}")))?
 }
 
 // ----- requests about a group ----------------------------------------------------------------

@@ -8,7 +8,8 @@
 //! with a fitting HTTP status (`error`).
 //!
 //! Layout: [`api`] the JSON bodies (shared with the CLI), `error` the error mapping,
-//! `probes` (`/health`, `/ready`, `/metrics`), `broker_info`, `cluster`, `topics`, `groups`,
+//! `probes` (`/health`, `/ready`, `/metrics`), `broker_info`, `cluster`, `operations` (health,
+//! elections, DeleteRecords, reassignment plans, decommissioning), `topics`, `groups`,
 //! `records` (produce and consume over HTTP), [`partitioner`] (Kafka's murmur2 key partitioner).
 //!
 //! Architecture invariant: every change goes through `Broker` and `GroupCoordinator` (appends,
@@ -30,6 +31,7 @@ mod extract;
 pub mod forward;
 mod groups;
 mod messages;
+mod operations;
 /// Kafka's murmur2 key partitioner, which lives in the core (RocketMQ sends with a message
 /// group use it too).
 pub use weir_broker::partitioner;
@@ -119,6 +121,11 @@ pub(crate) fn router(state: SharedState) -> Router {
         .route("/v1/broker", get(broker_info::info))
         .route("/v1/broker/configs", get(broker_info::configs))
         .route("/v1/cluster", get(cluster::info))
+        .route("/v1/cluster/health", get(operations::health))
+        .route("/v1/elections", post(operations::elect))
+        .route("/v1/reassignments/generate", post(operations::generate_plan))
+        .route("/v1/brokers/{id}/decommission", post(operations::decommission))
+        .route("/v1/topics/{topic}/delete-records", post(operations::delete_records))
         .route("/v1/reassignments", get(cluster::reassignments).post(cluster::reassign))
         .route("/v1/replication-throttle", get(cluster::throttle).put(cluster::set_throttle))
         .route("/v1/topics", get(topics::list).post(topics::create))

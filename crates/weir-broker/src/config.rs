@@ -302,7 +302,9 @@ pub struct BrokerConfig {
     pub transaction_state_partitions: i32,
     pub offsets_topic_replication_factor: i16,
     pub transaction_state_replication_factor: i16,
-    pub(crate) replica_lag_time_max_ms: u64,
+    /// `replica.lag.time.max.ms`: a follower not caught up for longer leaves the ISR (read by
+    /// the admin API's health report too).
+    pub replica_lag_time_max_ms: u64,
     pub(crate) replica_fetch_max_bytes: i32,
     pub(crate) replica_fetch_wait_max_ms: u64,
     pub(crate) auto_leader_rebalance_enable: bool,

@@ -54,6 +54,18 @@ struct Follower {
     last_fetch_leader_end: i64,
 }
 
+/// How far one follower trails the leader, as the leader sees it (for `weir topic describe` and
+/// `weir cluster health`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FollowerLag {
+    pub replica: i32,
+    /// The leader's log end minus the follower's; `None` until it fetched from this leadership.
+    pub offsets_behind: Option<i64>,
+    /// Milliseconds since its log end last reached the leader's (Kafka's lastCaughtUpTimeMs): the
+    /// follower leaves the ISR once this passes `replica.lag.time.max.ms`.
+    pub caught_up_ms_ago: u64,
+}
+
 /// An ISR change proposed to the controller, not yet seen in the committed metadata.
 #[derive(Debug, Clone)]
 struct PendingIsr {
@@ -177,6 +189,32 @@ impl Partition {
         }
         self.maybe_advance_high_watermark();
         self.wake_waiters();
+    }
+
+    /// Each follower's lag, in replica order, when this broker leads the partition; empty
+    /// otherwise (a follower does not know the others' positions).
+    pub fn follower_lags(&self) -> Vec<FollowerLag> {
+        let state = self.state();
+        if state.leader != self.local_broker {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let leader_end = self.log.log_end_offset();
+        let replication = weir_storage::sync::lock(&self.replication);
+        if replication.leading_epoch != Some(state.leader_epoch) {
+            return Vec::new();
+        }
+        state
+            .replicas
+            .iter()
+            .filter_map(|id| replication.followers.get(id).map(|f| (*id, f)))
+            .map(|(replica, f)| FollowerLag {
+                replica,
+                offsets_behind: (f.log_end >= 0).then(|| (leader_end - f.log_end).max(0)),
+                caught_up_ms_ago: u64::try_from(now.saturating_duration_since(f.last_caught_up).as_millis())
+                    .unwrap_or(u64::MAX),
+            })
+            .collect()
     }
 
     /// This broker's own position in the ISR: its log end, or with `flush=sync` what is on disk.

@@ -38,7 +38,10 @@ fn topic_commands_create_list_describe_alter_and_delete() {
     let text = described.ok();
     assert!(text.starts_with("Topic: orders\n"), "{text}");
     assert!(text.contains("Partitions: 3   Replication factor: 1"), "{text}");
-    assert!(text.contains("PARTITION  LEADER  REPLICAS  LOG-START  HIGH-WATERMARK  LOG-END  SIZE"), "{text}");
+    assert!(
+        text.contains("PARTITION  LEADER  REPLICAS  ISR  REPLICA-LAG  LOG-START  HIGH-WATERMARK  LOG-END  SIZE"),
+        "{text}"
+    );
     let config_line = text.lines().find(|l| l.starts_with("retention.ms")).expect("the override is shown");
     assert_eq!(config_line.split_whitespace().collect::<Vec<_>>(), ["retention.ms", "60000", "topic"]);
     assert!(!text.contains("cleanup.policy"), "defaults only with --all-configs: {text}");

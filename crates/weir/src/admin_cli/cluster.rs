@@ -1,11 +1,19 @@
-//! `weir cluster info`.
+//! `weir cluster info|health|decommission`.
 
 use std::io::Write;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use weir_admin::api::{ClusterStatus, NodeInfo, QuorumMembership};
+use weir_admin::api::{
+    ClusterHealth, ClusterStatus, Decommission, GeneratePlan, GeneratedPlan, NodeInfo, PartitionHealth,
+    QuorumMembership, ReplicationThrottle,
+};
 
 use super::{print_json, AdminClient, Connection, Table};
+
+/// `weir cluster health`'s exit status when the cluster is unhealthy: apart from 1, which says
+/// the question could not be asked (no answer, a bad flag), so a script can tell the two.
+pub const UNHEALTHY_EXIT: i32 = 2;
 
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
@@ -20,12 +28,35 @@ pub enum ClusterCommand {
     /// The nodes with their roles, the controller, which brokers are fenced, and how far each
     /// node has applied the metadata (unreachable nodes included, after at most a second).
     Info,
+    /// What needs attention: fenced brokers, leaderless, under-replicated and under-min-ISR
+    /// partitions, followers lagging more than replica.lag.time.max.ms, draining brokers.
+    /// Exits 0 when healthy, 2 when not (1 when it cannot tell).
+    Health,
+    /// Move every replica off a broker (a throttled reassignment) so that it can be stopped
+    /// and removed; `weir cluster health` shows it draining meanwhile.
+    Decommission(DecommissionArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DecommissionArgs {
+    /// The broker to empty.
+    pub broker: i32,
+    /// Bytes per second the copying may take, cluster-wide; stays set until `weir partition
+    /// throttle --clear`.
+    #[arg(long, value_name = "BYTES_PER_SEC")]
+    pub throttle: Option<u64>,
+    /// Wait until the broker holds no replica and nothing is under-replicated.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up (exit 1) after this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub timeout: u64,
 }
 
 pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
     let client = AdminClient::new(&args.connection)?;
     let mut out = std::io::stdout().lock();
-    match args.command {
+    match &args.command {
         ClusterCommand::Info => {
             let cluster: ClusterStatus = client.get("/v1/cluster", &[])?;
             if args.connection.json {
@@ -33,8 +64,133 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             }
             write_info(&mut out, &cluster)?;
         }
+        ClusterCommand::Health => {
+            let health: ClusterHealth = client.get("/v1/cluster/health", &[])?;
+            if args.connection.json {
+                print_json(&mut out, &health)?;
+            } else {
+                write_health(&mut out, &health)?;
+            }
+            if !health.healthy {
+                out.flush()?;
+                std::process::exit(UNHEALTHY_EXIT);
+            }
+        }
+        ClusterCommand::Decommission(decommission) => {
+            run_decommission(&client, &mut out, decommission, args.connection.json)?
+        }
     }
     Ok(())
+}
+
+/// `rpk cluster health`'s layout: one line per kind of trouble, its count and its members.
+fn write_health(out: &mut impl Write, health: &ClusterHealth) -> anyhow::Result<()> {
+    let ids = |list: &[i32]| list.iter().map(i32::to_string).collect::<Vec<_>>().join(" ");
+    let partitions = |list: &[PartitionHealth]| {
+        list.iter().map(|p| format!("{}-{}", p.topic, p.partition)).collect::<Vec<_>>().join(" ")
+    };
+    let lagging: Vec<String> = health
+        .lagging_followers
+        .iter()
+        .map(|f| {
+            let behind = f.lag.offsets_behind.map_or_else(|| "?".to_string(), |n| n.to_string());
+            format!(
+                "{}-{}:{} ({behind} behind leader {}, caught up {} ms ago)",
+                f.topic, f.partition, f.lag.replica, f.leader, f.lag.caught_up_ms_ago
+            )
+        })
+        .collect();
+    let draining: Vec<String> = health
+        .draining_brokers
+        .iter()
+        .map(|d| format!("{} ({} replicas, {} moving off)", d.broker, d.replicas, d.moving_off))
+        .collect();
+    let rows = [
+        ("Fenced brokers", health.fenced_brokers.len(), ids(&health.fenced_brokers)),
+        ("Unanswered brokers", health.unanswered_brokers.len(), ids(&health.unanswered_brokers)),
+        ("Leaderless partitions", health.leaderless.len(), partitions(&health.leaderless)),
+        ("Under-replicated partitions", health.under_replicated.len(), partitions(&health.under_replicated)),
+        ("Under min ISR partitions", health.under_min_isr.len(), partitions(&health.under_min_isr)),
+        ("Lagging followers", lagging.len(), lagging.join(" ")),
+        ("Draining brokers", draining.len(), draining.join(" ")),
+    ];
+    let mut table = Table::new(&["CHECK", "COUNT", "WHICH"]);
+    for (label, count, which) in rows {
+        table.row(vec![label.to_string(), count.to_string(), if which.is_empty() { "-".into() } else { which }]);
+    }
+    writeln!(out, "Healthy: {}", health.healthy)?;
+    table.write(out)?;
+    Ok(())
+}
+
+fn run_decommission(
+    client: &AdminClient,
+    out: &mut impl Write,
+    args: &DecommissionArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    if let Some(rate) = args.throttle {
+        let _: ReplicationThrottle =
+            client.put("/v1/replication-throttle", &ReplicationThrottle { bytes_per_second: Some(rate) })?;
+    }
+    let started: Decommission = client.post(&format!("/v1/brokers/{}/decommission", args.broker), &())?;
+    let failed: Vec<String> = started
+        .results
+        .iter()
+        .filter_map(|r| r.error.as_ref().map(|e| format!("{}-{}: {} ({})", r.topic, r.partition, e.message, e.code)))
+        .collect();
+    if json {
+        print_json(out, &started)?;
+    } else {
+        writeln!(
+            out,
+            "moving {} partitions off broker {}; `weir cluster health` shows it draining",
+            started.plan.proposed.partitions.len(),
+            args.broker
+        )?;
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("{} moves were refused: {}", failed.len(), failed.join("; "));
+    }
+    if args.wait {
+        out.flush()?;
+        wait_drained(client, args.broker, Duration::from_secs(args.timeout))?;
+        if !json {
+            writeln!(
+                out,
+                "broker {} holds no replica and nothing is under-replicated: it can be stopped and removed",
+                args.broker
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Polls until no reassignment moves replicas off `broker`, no partition has a replica on it
+/// (a topic created meanwhile may have put one there: the plan says so), and nothing is
+/// under-replicated.
+fn wait_drained(client: &AdminClient, broker: i32, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let ask = GeneratePlan { remove_brokers: vec![broker], ..GeneratePlan::default() };
+    loop {
+        let health: ClusterHealth = client.get("/v1/cluster/health", &[])?;
+        let left: GeneratedPlan = client.post("/v1/reassignments/generate", &ask)?;
+        let draining = health.draining_brokers.iter().find(|d| d.broker == broker).map_or(0, |d| d.moving_off);
+        let still_there = left.proposed.partitions.len();
+        let under = health.under_replicated.len();
+        if draining == 0 && still_there == 0 && under == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "after {} s broker {broker} is not empty yet: {draining} replicas moving off, {still_there} partitions \
+                 not moving, {under} partitions under-replicated (run `weir cluster decommission {broker}` again for \
+                 partitions placed on it since)",
+                timeout.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 fn write_info(out: &mut impl Write, cluster: &ClusterStatus) -> anyhow::Result<()> {

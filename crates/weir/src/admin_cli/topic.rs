@@ -5,8 +5,8 @@ use std::io::Write;
 
 use clap::{Args, Subcommand};
 use weir_admin::api::{
-    AlterConfigs, Configs, CreatePartitions, CreateTopic, CreatedTopic, DeletedTopic, PartitionCount, TopicDescription,
-    TopicList,
+    AlterConfigs, Configs, CreatePartitions, CreateTopic, CreatedTopic, DeletedTopic, PartitionCount, PartitionInfo,
+    ReplicaLag, TopicDescription, TopicList,
 };
 
 use super::{human_bytes, parse_key_value, print_json, segment, AdminClient, Connection, Table};
@@ -172,13 +172,25 @@ fn write_description(out: &mut impl Write, topic: &TopicDescription, all_configs
         human_bytes(topic.size_bytes)
     )?;
     writeln!(out)?;
-    let mut table = Table::new(&["PARTITION", "LEADER", "REPLICAS", "LOG-START", "HIGH-WATERMARK", "LOG-END", "SIZE"]);
+    let mut table = Table::new(&[
+        "PARTITION",
+        "LEADER",
+        "REPLICAS",
+        "ISR",
+        "REPLICA-LAG",
+        "LOG-START",
+        "HIGH-WATERMARK",
+        "LOG-END",
+        "SIZE",
+    ]);
+    let list = |ids: &[i32]| ids.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
     for p in &topic.partitions {
-        let replicas: Vec<String> = p.replicas.iter().map(i32::to_string).collect();
         table.row(vec![
             p.partition.to_string(),
             p.leader.to_string(),
-            replicas.join(","),
+            list(&p.replicas),
+            list(&p.isr),
+            replica_lags(p),
             p.log_start_offset.to_string(),
             p.high_watermark.to_string(),
             p.log_end_offset.to_string(),
@@ -198,6 +210,16 @@ fn write_description(out: &mut impl Write, topic: &TopicDescription, all_configs
     }
     table.write(out)?;
     Ok(())
+}
+
+/// Each follower's offsets behind the leader, `2:0,3:15`; `?` for one that has not fetched from
+/// this leader yet; `-` when the partition has no follower or its leader did not answer.
+fn replica_lags(p: &PartitionInfo) -> String {
+    if p.replica_lags.is_empty() {
+        return "-".to_string();
+    }
+    let lag = |l: &ReplicaLag| format!("{}:{}", l.replica, l.offsets_behind.map_or("?".to_string(), |n| n.to_string()));
+    p.replica_lags.iter().map(lag).collect::<Vec<_>>().join(",")
 }
 
 fn alter(client: &AdminClient, out: &mut impl Write, a: &AlterArgs, json: bool) -> anyhow::Result<()> {

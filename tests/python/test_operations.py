@@ -1,0 +1,275 @@
+"""The everyday operator tasks through the `weir` CLI and the admin API, against a real
+four-node cluster (three combined nodes and broker-only node 4), shared by the module's tests:
+`weir cluster health`, `weir topic describe`'s ISR and replica lag, `weir partition elect`,
+`weir partition trim`, `weir partition reassign --generate` and `weir cluster decommission`.
+
+Each command is asked of a node that is not the partition's leader (or not the controller), so
+what the CLI shows is what the cluster says, not what one node happens to host. The tests run
+in file order: the one that stops broker 4 brings it back, and decommissioning it comes last.
+Every wait is bounded.
+"""
+
+import json
+import subprocess
+import time
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from cluster import Cluster
+from conftest import _ALL_BROKERS, weir_bin
+from helpers import c_consumer, c_producer, http, unique
+from test_replication import REPLICATION_SETTINGS, create_replicated, partition_states, produce
+
+UNHEALTHY_EXIT = 2
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("weir-ops"), voters=3, brokers=1, settings=REPLICATION_SETTINGS)
+    _ALL_BROKERS.extend(c.nodes.values())
+    try:
+        c.start()
+        c.wait_formed()
+        yield c
+    finally:
+        c.cleanup()
+        for node in c.nodes.values():
+            _ALL_BROKERS.remove(node)
+
+
+def weir(cluster, *args, via=2, admin=None, timeout=90):
+    """Runs the CLI against node `via`'s admin API; returns the CompletedProcess."""
+    env = {"WEIR_ADMIN": admin or cluster.node(via).admin_url(), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([str(weir_bin()), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def health(cluster, via=3):
+    status, body = http("GET", f"{cluster.node(via).admin_url()}/v1/cluster/health")
+    assert status == 200, body
+    return body
+
+
+def wait_healthy(cluster, timeout=40):
+    return cluster.wait(lambda: health(cluster)["healthy"] and health(cluster), timeout, "a healthy cluster")
+
+
+def describe(cluster, topic, via=1):
+    status, body = http("GET", f"{cluster.node(via).admin_url()}/v1/topics/{topic}")
+    assert status == 200, body
+    return body
+
+
+def replicas_on(cluster, broker):
+    """Every partition (of every topic) with a replica on `broker`, as node 1's metadata says."""
+    status, listed = http("GET", f"{cluster.node(1).admin_url()}/v1/topics")
+    assert status == 200, listed
+    found = []
+    for t in listed["topics"]:
+        for p in describe(cluster, t["name"])["partitions"]:
+            if broker in p["replicas"]:
+                found.append((t["name"], p["partition"]))
+    return found
+
+
+def test_a_healthy_cluster_reports_nothing_and_exits_0_and_admin_needs_no_scheme(four):
+    """`weir cluster health` over `--admin host:port` (no http://): Healthy: true, every check
+    at 0, exit 0; the JSON says the same."""
+    topic = unique("healthy")
+    create_replicated(four, topic, partitions=2, rf=3)
+    wait_healthy(four)
+    address = four.node(2).admin_url().removeprefix("http://")
+    shown = weir(four, "cluster", "health", "--admin", address)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("Healthy: true\n"), shown.stdout
+    rows = [line.split() for line in shown.stdout.splitlines()[2:]]
+    assert len(rows) == 7 and all("0" in row and row[-1] == "-" for row in rows), shown.stdout
+    as_json = json.loads(weir(four, "cluster", "health", "--json").stdout)
+    assert as_json["healthy"] is True and as_json["fenced_brokers"] == [] and as_json["lagging_followers"] == []
+    bad = weir(four, "cluster", "health", "--admin", "https://127.0.0.1:1")
+    assert bad.returncode == 1 and "expected host:port" in bad.stderr, bad.stderr
+
+
+def test_topic_describe_shows_the_isr_and_each_followers_lag(four):
+    """Three replicas on 1, 2, 3 led by 1, asked of node 4 (which hosts none): the ISR and each
+    follower's offsets behind the leader, 0 once they caught up."""
+    topic = unique("lag")
+    create_replicated(four, topic, assignment=[[1, 2, 3]])
+    reports = produce(four.bootstrap(), topic, [f"m{i}".encode() for i in range(50)])
+    assert all(err is None for err, _ in reports.values())
+
+    def caught_up():
+        [p] = describe(four, topic, via=4)["partitions"]
+        lags = {lag["replica"]: lag["offsets_behind"] for lag in p["replica_lags"]}
+        return lags == {2: 0, 3: 0} and p
+
+    p = four.wait(caught_up, 20, "followers caught up")
+    assert sorted(p["isr"]) == [1, 2, 3] and p["log_end_offset"] == 50, p
+    assert all(lag["caught_up_ms_ago"] < 15_000 for lag in p["replica_lags"]), p
+    shown = weir(four, "topic", "describe", topic, via=4)
+    assert shown.returncode == 0, shown.stderr
+    header, row = [line.split() for line in shown.stdout.splitlines() if line.startswith(("PARTITION", "0 "))]
+    assert header[:5] == ["PARTITION", "LEADER", "REPLICAS", "ISR", "REPLICA-LAG"], header
+    assert row[:5] == ["0", "1", "1,2,3", "1,2,3", "2:0,3:0"], row
+
+
+def test_preferred_and_unclean_elections(four):
+    """The preferred replica changes (a reassignment to the same brokers in another order), so
+    a preferred election moves the leadership to it; a second one is not needed; an unclean
+    election of a led partition is not needed either; an unknown partition is an error."""
+    topic = unique("elect")
+    create_replicated(four, topic, assignment=[[1, 2, 3]])
+    status, body = http(
+        "POST",
+        f"{four.node(1).admin_url()}/v1/reassignments",
+        {"version": 1, "partitions": [{"topic": topic, "partition": 0, "replicas": [2, 1, 3]}]},
+    )
+    assert status == 200 and "error" not in body["results"][0], body
+    four.wait(lambda: describe(four, topic)["partitions"][0]["replicas"] == [2, 1, 3], 15, "the new order")
+    assert describe(four, topic)["partitions"][0]["leader"] == 1
+
+    elected = weir(four, "partition", "elect", "--topic", topic, "--partition", "0", via=3)
+    assert elected.returncode == 0, elected.stderr
+    assert "elected broker 2" in elected.stdout, elected.stdout
+    four.wait(lambda: partition_states(four, topic)[0][0] == 2, 15, "broker 2 leading")
+
+    again = weir(four, "partition", "elect", "--topic", topic, "--json", via=3)
+    assert again.returncode == 0, again.stderr
+    [result] = json.loads(again.stdout)["results"]
+    assert result["error"]["code"] == "ELECTION_NOT_NEEDED", result
+    unclean = weir(four, "partition", "elect", "--unclean", "--topic", topic, "--json")
+    assert json.loads(unclean.stdout)["results"][0]["error"]["code"] == "ELECTION_NOT_NEEDED", unclean.stdout
+    missing = weir(four, "partition", "elect", "--topic", topic, "--partition", "7")
+    assert missing.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in missing.stderr, missing.stderr
+
+
+def test_trim_deletes_records_before_an_offset_then_before_a_time(four):
+    """Ten records, the first five stamped two hours ago: trimming to offset 3 through a node
+    that does not lead moves the log start to 3; `--before -1h` then to 5 (the first record
+    stamped within the hour); consumers from the earliest offset start there. An offset past
+    the high watermark is refused, and a bad time is refused before anything is sent."""
+    topic = unique("trim")
+    create_replicated(four, topic, assignment=[[3, 1]])
+    now_ms = int(time.time() * 1000)
+    producer = c_producer(four.bootstrap(), {"acks": "all"})
+    for i in range(10):
+        stamp = now_ms - 2 * 3600 * 1000 if i < 5 else now_ms
+        producer.produce(topic, f"r{i}".encode(), partition=0, timestamp=stamp)
+    assert producer.flush(30) == 0
+
+    by_offset = weir(four, "partition", "trim", "--topic", topic, "--offset", "3", via=2)
+    assert by_offset.returncode == 0, by_offset.stderr
+    assert by_offset.stdout.splitlines()[1].split()[:4] == [topic, "0", "3", "trimmed"], by_offset.stdout
+    by_time = weir(four, "partition", "trim", "--topic", topic, "--before", "-1h", "--json", via=2)
+    assert by_time.returncode == 0, by_time.stderr
+    assert json.loads(by_time.stdout)["results"] == [{"partition": 0, "low_watermark": 5}], by_time.stdout
+    consumer = c_consumer(four.bootstrap())
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        assert (low, high) == (5, 10)
+    finally:
+        consumer.close()
+
+    too_far = weir(four, "partition", "trim", "--topic", topic, "--offset", "99")
+    assert too_far.returncode == 1 and "OFFSET_OUT_OF_RANGE" in too_far.stdout + too_far.stderr, too_far
+    bad_time = weir(four, "partition", "trim", "--topic", topic, "--before", "yesterday")
+    assert bad_time.returncode != 0 and "2026-12-01T00:00:00Z" in bad_time.stderr, bad_time.stderr
+    older = weir(four, "partition", "trim", "--topic", topic, "--before", "2020-01-01T00:00:00Z", "--json")
+    assert json.loads(older.stdout)["results"][0]["low_watermark"] == 5, "nothing that old is left"
+
+
+def test_generated_plans_move_nothing_until_executed(four, tmp_path):
+    """`--generate --remove-brokers 1 --topics T` proposes replicas without broker 1 and starts
+    nothing; `--balance` over a topic piled on brokers 1 and 2 spreads it to 3 and 4, and the
+    written plan, executed with --plan --wait, lands where it said."""
+    topic = unique("plan")
+    create_replicated(four, topic, assignment=[[1, 2]] * 4)
+    removed = weir(four, "partition", "reassign", "--generate", "--remove-brokers", "1", "--topics", topic)
+    assert removed.returncode == 0, removed.stderr
+    lines = removed.stdout.splitlines()
+    assert lines[0] == "Current partition replica assignment" and lines[3].startswith("Proposed"), removed.stdout
+    current, proposed = json.loads(lines[1]), json.loads(lines[4])
+    assert [p["replicas"] for p in current["partitions"]] == [[1, 2]] * 4
+    assert all(1 not in p["replicas"] and 2 in p["replicas"] for p in proposed["partitions"]), proposed
+    assert [p["replicas"] for p in describe(four, topic)["partitions"]] == [[1, 2]] * 4, "nothing moved"
+
+    plan_file = tmp_path / "balance.json"
+    balanced = weir(four, "partition", "reassign", "--generate", "--balance", "--topics", topic, "--output", str(plan_file))
+    assert balanced.returncode == 0, balanced.stderr
+    plan = json.loads(plan_file.read_text())
+    targets = {p["partition"]: p["replicas"] for p in plan["partitions"]}
+    used = {b for replicas in targets.values() for b in replicas}
+    assert used & {3, 4} and all(len(r) == 2 for r in targets.values()), plan
+    executed = weir(four, "partition", "reassign", "--plan", str(plan_file), "--wait", "--timeout", "60")
+    assert executed.returncode == 0, executed.stderr
+    now = {p["partition"]: p["replicas"] for p in describe(four, topic)["partitions"]}
+    assert all(now[p] == replicas for p, replicas in targets.items()), (now, targets)
+    refused = weir(four, "partition", "reassign", "--generate", "--remove-brokers", "9")
+    assert refused.returncode == 1 and "broker 9" in refused.stderr, refused.stderr
+
+
+def test_a_stopped_broker_shows_as_fenced_with_its_partitions_under_replicated(four):
+    """Broker 4 stops: health lists it fenced, its partitions under-replicated and, with
+    min.insync.replicas=3, under min ISR, and its followers lagging; the CLI exits 2. Back, the
+    cluster is healthy again."""
+    topic = unique("down")
+    create_replicated(four, topic, assignment=[[1, 4, 2]], config={"min.insync.replicas": "3"})
+    wait_healthy(four)
+    four.node(4).stop()
+    try:
+
+        def reported():
+            h = health(four)
+            names = lambda kind: {(p["topic"], p["partition"]) for p in h[kind]}  # noqa: E731
+            lagging = {(f["topic"], f["replica"]) for f in h["lagging_followers"]}
+            return (
+                4 in h["fenced_brokers"]
+                and (topic, 0) in names("under_replicated")
+                and (topic, 0) in names("under_min_isr")
+                and (topic, 4) in lagging
+                and h
+            )
+
+        h = four.wait(reported, 30, "broker 4 reported down")
+        assert h["healthy"] is False and h["leaderless"] == [], h
+        shown = weir(four, "cluster", "health")
+        assert shown.returncode == UNHEALTHY_EXIT, (shown.returncode, shown.stderr)
+        assert shown.stdout.startswith("Healthy: false\n") and f"{topic}-0" in shown.stdout, shown.stdout
+    finally:
+        four.start([4])
+    wait_healthy(four, timeout=60)
+
+
+def test_decommissioning_a_broker_drains_it_under_a_throttle_then_reports_it_removable(four):
+    """Partitions with replicas on broker 4 and data in them: `weir cluster decommission 4`
+    under a tight throttle starts the moves and health shows broker 4 draining; the throttle
+    lifted, `--wait` (safe to repeat) reports the broker removable once nothing is on it and
+    nothing is under-replicated, and every record is still there."""
+    topic = unique("drain")
+    create_replicated(four, topic, assignment=[[4, 1], [2, 4], [4, 3]])
+    values = [(b"x" * 2000) + str(i).encode() for i in range(300)]
+    for partition in range(3):
+        reports = produce(four.bootstrap(), topic, values, partition=partition)
+        assert all(err is None for err, _ in reports.values())
+
+    started = weir(four, "cluster", "decommission", "4", "--throttle", "20000", via=1)
+    assert started.returncode == 0, started.stderr
+    assert "off broker 4" in started.stdout, started.stdout
+    draining = [d for d in health(four)["draining_brokers"] if d["broker"] == 4]
+    assert draining and draining[0]["moving_off"] >= 3, health(four)
+    shown = weir(four, "cluster", "health")
+    assert "Draining brokers" in shown.stdout and "4 (" in shown.stdout, shown.stdout
+
+    assert weir(four, "partition", "throttle", "--clear").returncode == 0
+    done = weir(four, "cluster", "decommission", "4", "--wait", "--timeout", "90", via=3, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "broker 4 holds no replica and nothing is under-replicated" in done.stdout, done.stdout
+    assert replicas_on(four, 4) == []
+    h = health(four)
+    assert h["under_replicated"] == [] and h["draining_brokers"] == [], h
+    for partition in range(3):
+        status, body = http(
+            "GET",
+            f"{four.node(2).admin_url()}/v1/topics/{topic}/partitions/{partition}/records?offset=0&max_records=1000",
+        )
+        assert status == 200 and len(body["records"]) == 300, (partition, status, len(body.get("records", [])))
