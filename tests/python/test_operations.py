@@ -1,7 +1,9 @@
 """The everyday operator tasks through the `weir` CLI and the admin API, against a real
 four-node cluster (three combined nodes and broker-only node 4), shared by the module's tests:
 `weir cluster health`, `weir topic describe`'s ISR and replica lag, `weir partition elect`,
-`weir partition trim`, `weir partition reassign --generate` and `weir cluster decommission`.
+`weir partition trim`, `weir partition reassign --generate`, `weir cluster config` (with
+confluent-kafka's IncrementalAlterConfigs and DescribeConfigs on the same configs) and
+`weir cluster decommission`.
 
 Each command is asked of a node that is not the partition's leader (or not the controller), so
 what the CLI shows is what the cluster says, not what one node happens to host. The tests run
@@ -15,6 +17,7 @@ import time
 
 import pytest
 from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, ResourceType
 
 from cluster import Cluster
 from conftest import _ALL_BROKERS, weir_bin
@@ -206,6 +209,50 @@ def test_generated_plans_move_nothing_until_executed(four, tmp_path):
     assert all(now[p] == replicas for p, replicas in targets.items()), (now, targets)
     refused = weir(four, "partition", "reassign", "--generate", "--remove-brokers", "9")
     assert refused.returncode == 1 and "broker 9" in refused.stderr, refused.stderr
+
+
+def broker_config(admin, broker, name):
+    """(value, source) of a broker config as DescribeConfigs of broker `broker` says."""
+    resource = ConfigResource(ResourceType.BROKER, str(broker))
+    entry = admin.describe_configs([resource])[resource].result(timeout=30)[name]
+    return entry.value, ConfigSource(getattr(entry.source, "value", entry.source))
+
+
+def test_dynamic_broker_configs_through_the_cli_and_kafkas_incremental_alter_configs(four):
+    """A cluster-wide rate set with the CLI is what DescribeConfigs of broker 2 reports (as the
+    dynamic default); one set on broker 3 with IncrementalAlterConfigs is what `weir cluster
+    config get --broker 3` reports, and only for broker 3; deleting both brings the defaults
+    back. A static config and an unregistered broker are refused with a clear error."""
+    rate = "follower.replication.throttled.rate"
+    admin = AdminClient({"bootstrap.servers": four.bootstrap()})
+    try:
+        set_all = weir(four, "cluster", "config", "set", f"{rate}=7000000")
+        assert set_all.returncode == 0, set_all.stderr
+        assert [rate, "7000000", "cluster"] in [line.split() for line in set_all.stdout.splitlines()], set_all.stdout
+        assert broker_config(admin, 2, rate) == ("7000000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)
+
+        on_three = ConfigResource(
+            ResourceType.BROKER,
+            "3",
+            incremental_configs=[ConfigEntry(rate, "5000", incremental_operation=AlterConfigOpType.SET)],
+        )
+        admin.incremental_alter_configs([on_three])[on_three].result(timeout=30)
+        three = json.loads(weir(four, "cluster", "config", "get", "--broker", "3", "--json").stdout)["configs"]
+        assert {"name": rate, "value": "5000", "source": "broker"} in three, three
+        two = json.loads(weir(four, "cluster", "config", "get", "--broker", "2", "--json").stdout)["configs"]
+        assert {"name": rate, "value": "7000000", "source": "cluster"} in two, two
+        assert broker_config(admin, 3, rate) == ("5000", ConfigSource.DYNAMIC_BROKER_CONFIG)
+
+        static = weir(four, "cluster", "config", "set", "num.partitions=3")
+        assert static.returncode == 1 and "cannot change while the broker runs" in static.stderr, static.stderr
+        nobody = weir(four, "cluster", "config", "get", "--broker", "9")
+        assert nobody.returncode == 1 and "broker 9 is not registered" in nobody.stderr, nobody.stderr
+    finally:
+        assert weir(four, "cluster", "config", "delete", rate, "--broker", "3").returncode == 0
+        cleared = weir(four, "cluster", "config", "delete", rate, "--json")
+    assert cleared.returncode == 0, cleared.stderr
+    assert {"name": rate, "value": str(2**63 - 1), "source": "default"} in json.loads(cleared.stdout)["configs"]
+    assert broker_config(admin, 3, rate)[1] == ConfigSource.DEFAULT_CONFIG
 
 
 def test_a_stopped_broker_shows_as_fenced_with_its_partitions_under_replicated(four):

@@ -26,6 +26,7 @@
 pub mod api;
 mod broker_info;
 mod cluster;
+mod dynamic_configs;
 mod error;
 mod extract;
 pub mod forward;
@@ -122,6 +123,7 @@ pub(crate) fn router(state: SharedState) -> Router {
         .route("/v1/broker/configs", get(broker_info::configs))
         .route("/v1/cluster", get(cluster::info))
         .route("/v1/cluster/health", get(operations::health))
+        .route("/v1/cluster/configs", get(dynamic_configs::get).patch(dynamic_configs::alter))
         .route("/v1/elections", post(operations::elect))
         .route("/v1/reassignments/generate", post(operations::generate_plan))
         .route("/v1/brokers/{id}/decommission", post(operations::decommission))

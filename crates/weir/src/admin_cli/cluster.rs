@@ -1,15 +1,15 @@
-//! `weir cluster info|health|decommission`.
+//! `weir cluster info|health|decommission|config`.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use weir_admin::api::{
-    ClusterHealth, ClusterStatus, Decommission, GeneratePlan, GeneratedPlan, NodeInfo, PartitionHealth,
-    QuorumMembership, ReplicationThrottle,
+    AlterConfigs, ClusterHealth, ClusterStatus, Configs, Decommission, GeneratePlan, GeneratedPlan, NodeInfo,
+    PartitionHealth, QuorumMembership, ReplicationThrottle,
 };
 
-use super::{print_json, AdminClient, Connection, Table};
+use super::{parse_key_value, print_json, AdminClient, Connection, Table};
 
 /// `weir cluster health`'s exit status when the cluster is unhealthy: apart from 1, which says
 /// the question could not be asked (no answer, a bad flag), so a script can tell the two.
@@ -35,6 +35,49 @@ pub enum ClusterCommand {
     /// Move every replica off a broker (a throttled reassignment) so that it can be stopped
     /// and removed; `weir cluster health` shows it draining meanwhile.
     Decommission(DecommissionArgs),
+    /// The dynamic broker configs (those that change while the cluster runs, kept in the
+    /// metadata): cluster-wide, or one broker's with --broker.
+    Config(ConfigArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    #[command(subcommand)]
+    pub command: ConfigCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Every dynamic config in force, and where its value comes from (broker, cluster, default).
+    Get(ConfigTarget),
+    /// Set dynamic configs: NAME=VALUE ...
+    Set(SetConfigArgs),
+    /// Remove dynamic configs: a broker's fall back to the cluster's, the cluster's to Kafka's
+    /// defaults.
+    Delete(DeleteConfigArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigTarget {
+    /// This broker's own configs. [default: the cluster-wide ones]
+    #[arg(long, value_name = "ID")]
+    pub broker: Option<i32>,
+}
+
+#[derive(Debug, Args)]
+pub struct SetConfigArgs {
+    #[arg(required = true, value_name = "NAME=VALUE", value_parser = parse_key_value)]
+    pub configs: Vec<(String, String)>,
+    #[command(flatten)]
+    pub target: ConfigTarget,
+}
+
+#[derive(Debug, Args)]
+pub struct DeleteConfigArgs {
+    #[arg(required = true, value_name = "NAME")]
+    pub names: Vec<String>,
+    #[command(flatten)]
+    pub target: ConfigTarget,
 }
 
 #[derive(Debug, Args)]
@@ -76,10 +119,38 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
                 std::process::exit(UNHEALTHY_EXIT);
             }
         }
+        ClusterCommand::Config(config) => run_config(&client, &mut out, &config.command, args.connection.json)?,
         ClusterCommand::Decommission(decommission) => {
             run_decommission(&client, &mut out, decommission, args.connection.json)?
         }
     }
+    Ok(())
+}
+
+fn run_config(client: &AdminClient, out: &mut impl Write, command: &ConfigCommand, json: bool) -> anyhow::Result<()> {
+    let path = |target: &ConfigTarget| match target.broker {
+        Some(id) => format!("/v1/cluster/configs?broker={id}"),
+        None => "/v1/cluster/configs".to_string(),
+    };
+    let configs: Configs = match command {
+        ConfigCommand::Get(target) => client.get(&path(target), &[])?,
+        ConfigCommand::Set(set) => {
+            let request = AlterConfigs { set: set.configs.iter().cloned().collect(), ..AlterConfigs::default() };
+            client.patch(&path(&set.target), &request)?
+        }
+        ConfigCommand::Delete(delete) => {
+            let request = AlterConfigs { delete: delete.names.clone(), ..AlterConfigs::default() };
+            client.patch(&path(&delete.target), &request)?
+        }
+    };
+    if json {
+        return print_json(out, &configs);
+    }
+    let mut table = Table::new(&["CONFIG", "VALUE", "SOURCE"]);
+    for c in configs.configs {
+        table.row(vec![c.name, c.value, c.source]);
+    }
+    table.write(out)?;
     Ok(())
 }
 
