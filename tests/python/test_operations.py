@@ -181,6 +181,32 @@ def test_trim_deletes_records_before_an_offset_then_before_a_time(four):
     assert json.loads(older.stdout)["results"][0]["low_watermark"] == 5, "nothing that old is left"
 
 
+def test_human_times_in_consume_and_group_reset_offsets(four):
+    """Four records stamped two hours ago, then three now, over two partitions' worth of
+    topic: `weir consume --from-time -1h` prints only the three new ones, and `weir group
+    reset-offsets --to-datetime` with an RFC 3339 time an hour ago commits the first new
+    offset."""
+    topic = unique("times")
+    create_replicated(four, topic, assignment=[[2, 3]])
+    now_ms = int(time.time() * 1000)
+    producer = c_producer(four.bootstrap(), {"acks": "all"})
+    for i in range(7):
+        producer.produce(topic, f"v{i}".encode(), partition=0, timestamp=now_ms - 7_200_000 if i < 4 else now_ms)
+    assert producer.flush(30) == 0
+
+    consumed = weir(four, "consume", topic, "--from-time", "-1h", "--max-messages", "3", "--timeout", "10", "--json")
+    assert consumed.returncode == 0, consumed.stderr
+    records = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert [(r["offset"], r["value"]) for r in records] == [(4, "v4"), (5, "v5"), (6, "v6")], records
+
+    group = unique("g")
+    hour_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    reset = weir(four, "group", "reset-offsets", group, "--topic", topic, "--to-datetime", hour_ago, "--json")
+    assert reset.returncode == 0, reset.stderr
+    described = json.loads(weir(four, "group", "describe", group, "--json").stdout)
+    assert [(o["partition"], o["committed_offset"]) for o in described["offsets"]] == [(0, 4)], described
+
+
 def test_generated_plans_move_nothing_until_executed(four, tmp_path):
     """`--generate --remove-brokers 1 --topics T` proposes replicas without broker 1 and starts
     nothing; `--balance` over a topic piled on brokers 1 and 2 spreads it to 3 and 4, and the

@@ -857,3 +857,18 @@ pub struct Decommission {
     /// One result per partition of the plan.
     pub results: Vec<ReassignmentResult>,
 }
+
+/// `GET /v1/topics/{topic}/offsets?timestamp=MS`: per partition, the first offset stamped at or
+/// after the time (the high watermark where none is), as Kafka's ListOffsets by timestamp.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffsetsAtTime {
+    pub topic: String,
+    pub timestamp: i64,
+    pub offsets: Vec<PartitionOffset>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionOffset {
+    pub partition: i32,
+    pub offset: i64,
+}

@@ -128,6 +128,7 @@ pub(crate) fn router(state: SharedState) -> Router {
         .route("/v1/reassignments/generate", post(operations::generate_plan))
         .route("/v1/brokers/{id}/decommission", post(operations::decommission))
         .route("/v1/topics/{topic}/delete-records", post(operations::delete_records))
+        .route("/v1/topics/{topic}/offsets", get(operations::offsets_at_time))
         .route("/v1/reassignments", get(cluster::reassignments).post(cluster::reassign))
         .route("/v1/replication-throttle", get(cluster::throttle).put(cluster::set_throttle))
         .route("/v1/topics", get(topics::list).post(topics::create))

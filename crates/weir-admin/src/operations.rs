@@ -1,6 +1,6 @@
 //! The everyday operator tasks (`rpk`'s and `kafka-*.sh`'s): the cluster's health, leader
-//! elections, trimming partitions (DeleteRecords), generating reassignment plans and
-//! decommissioning a broker. Every node answers for the whole cluster: the metadata is the
+//! elections, trimming partitions (DeleteRecords), offsets by time, generating reassignment
+//! plans and decommissioning a broker. Every node answers for the whole cluster: the metadata is the
 //! same everywhere, what only a leader knows (its followers' lag, where to trim) is asked of
 //! it (`forward`), and changes go to the active controller through `Broker`.
 
@@ -15,11 +15,11 @@ use weir_broker::{Broker, ErrorKind};
 
 use crate::api::{
     ClusterHealth, Decommission, DeleteRecords, DeletedRecords, DeletedRecordsResult, DrainingBroker, ElectLeaders,
-    ElectionResult, ElectionResults, GeneratePlan, GeneratedPlan, PartitionHealth, PlannedPartition, ReassignmentPlan,
-    ReassignmentResult,
+    ElectionResult, ElectionResults, GeneratePlan, GeneratedPlan, OffsetsAtTime, PartitionHealth, PartitionOffset,
+    PlannedPartition, ReassignmentPlan, ReassignmentResult,
 };
 use crate::error::ApiError;
-use crate::extract::{JsonBody, PathParams};
+use crate::extract::{JsonBody, PathParams, QueryParams};
 use crate::forward::{self, TrimPoint};
 use crate::topics::require_topic;
 use crate::SharedState;
@@ -169,6 +169,27 @@ pub(crate) async fn delete_records(
         });
     }
     Ok(Json(DeletedRecords { topic: topic.name, results }))
+}
+
+/// `GET /v1/topics/{topic}/offsets?timestamp=MS`: where each partition reaches that time,
+/// asked of its leader (what `weir consume --from-time` starts at).
+pub(crate) async fn offsets_at_time(
+    State(state): State<SharedState>,
+    PathParams(name): PathParams<String>,
+    query: QueryParams,
+) -> Result<Json<OffsetsAtTime>, ApiError> {
+    let core = state.core()?;
+    let broker = &core.broker;
+    let topic = require_topic(broker, &name)?;
+    let Some(timestamp) = query.parse::<i64>("timestamp", "milliseconds since the epoch")? else {
+        return Err(ApiError::invalid("give ?timestamp=MS"));
+    };
+    let mut offsets = Vec::with_capacity(usize::try_from(topic.partitions).unwrap_or(0));
+    for partition in 0..topic.partitions {
+        let offset = forward::offset_at(broker, &topic.name, partition, timestamp).await?;
+        offsets.push(PartitionOffset { partition, offset });
+    }
+    Ok(Json(OffsetsAtTime { topic: topic.name, timestamp, offsets }))
 }
 
 /// `POST /v1/reassignments/generate`: a plan, not executed.

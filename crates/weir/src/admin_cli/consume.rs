@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use weir_admin::api::{
-    CommitOffset, CommitOffsets, CommittedOffsets, ConsumedRecord, Encoding, GroupDescription, PartitionPosition,
-    TopicDescription, TopicRecords,
+    CommitOffset, CommitOffsets, CommittedOffsets, ConsumedRecord, Encoding, GroupDescription, OffsetsAtTime,
+    PartitionPosition, TopicDescription, TopicRecords,
 };
 
 use super::{failure_code, print_json, segment, AdminClient, Connection};
@@ -36,8 +36,13 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub partition: Option<i32>,
     /// Where to start: an offset (with --partition), `earliest` or `latest`.
-    #[arg(long, conflicts_with_all = ["group", "from_beginning"])]
+    #[arg(long, conflicts_with_all = ["group", "from_beginning", "from_time"])]
     pub offset: Option<String>,
+    /// Start at the first record stamped at or after this time: 2026-12-01T00:00:00Z, -1h,
+    /// -30m, or ms since the epoch.
+    #[arg(long, value_name = "TIME", conflicts_with_all = ["group", "from_beginning"],
+          value_parser = super::time::parse_time_arg, allow_hyphen_values = true)]
+    pub from_time: Option<i64>,
     /// Start from this group's committed offsets and commit what was printed (the group must
     /// have no members).
     #[arg(long)]
@@ -90,6 +95,17 @@ fn starting_cursors(client: &AdminClient, args: &ConsumeArgs) -> anyhow::Result<
             None => anyhow::bail!("topic '{}' has no partition {p}", args.topic),
         },
     };
+    if let Some(timestamp) = args.from_time {
+        let path = format!("/v1/topics/{}/offsets", segment(&args.topic));
+        let at: OffsetsAtTime = client.get(&path, &[("timestamp", timestamp.to_string())])?;
+        let wanted = |p: i32| partitions.iter().any(|info| info.partition == p);
+        return Ok(at
+            .offsets
+            .into_iter()
+            .filter(|o| wanted(o.partition))
+            .map(|o| Cursor { partition: o.partition, offset: o.offset.to_string(), committed: None })
+            .collect());
+    }
     let reset = if args.from_beginning { "earliest" } else { "latest" };
     if let Some(offset) = &args.offset {
         let numeric = offset.parse::<i64>().is_ok();
