@@ -16,7 +16,7 @@ import subprocess
 import time
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, ResourceType
 
 from cluster import Cluster
@@ -279,6 +279,38 @@ def test_dynamic_broker_configs_through_the_cli_and_kafkas_incremental_alter_con
     assert cleared.returncode == 0, cleared.stderr
     assert {"name": rate, "value": str(2**63 - 1), "source": "default"} in json.loads(cleared.stdout)["configs"]
     assert broker_config(admin, 3, rate)[1] == ConfigSource.DEFAULT_CONFIG
+
+
+def test_a_topic_default_set_at_run_time_applies_to_topics_without_an_override(four):
+    """`message.max.bytes` set cluster-wide while the cluster runs: the topic's effective
+    `max.message.bytes` follows (DescribeConfigs of the topic and of broker 1 say so), the
+    leader refuses a record above it, and deleting it brings the old limit back. A value the
+    topic config could not take is refused."""
+    topic = unique("dyn")
+    create_replicated(four, topic, assignment=[[1, 2]])
+    big = [b"y" * 5000]
+    admin = AdminClient({"bootstrap.servers": four.bootstrap()})
+
+    def effective(via):
+        configs = {c["name"]: c for c in describe(four, topic, via=via)["configs"]}
+        return configs["max.message.bytes"]["value"]
+
+    try:
+        set_small = weir(four, "cluster", "config", "set", "message.max.bytes=2000")
+        assert set_small.returncode == 0, set_small.stderr
+        assert ["message.max.bytes", "2000", "cluster"] in [line.split() for line in set_small.stdout.splitlines()]
+        four.wait(lambda: all(effective(n) == "2000" for n in (1, 2, 3, 4)), 15, "every node applied it")
+        assert broker_config(admin, 1, "message.max.bytes") == ("2000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)
+        [(err, _)] = produce(four.bootstrap(), topic, big, retries=0).values()
+        assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE, err
+        bad = weir(four, "cluster", "config", "set", "log.retention.ms=soon")
+        assert bad.returncode == 1 and "INVALID_CONFIG" in bad.stderr, bad.stderr
+    finally:
+        cleared = weir(four, "cluster", "config", "delete", "message.max.bytes")
+    assert cleared.returncode == 0, cleared.stderr
+    four.wait(lambda: effective(1) == "1048588", 15, "the static default back")
+    [(err, _)] = produce(four.bootstrap(), topic, big, retries=0).values()
+    assert err is None, err
 
 
 def test_a_stopped_broker_shows_as_fenced_with_its_partitions_under_replicated(four):

@@ -2,12 +2,15 @@
 //! while the cluster runs (Kafka's IncrementalAlterConfigs on the BROKER resource, the same
 //! metadata). Without `broker` it is the cluster-wide default (Kafka's resource `""`); with
 //! it, that broker's own values, which win over the default. Which configs are dynamic and how
-//! a change is checked is the controller's (`weir_broker::throttle`).
+//! a change is checked is the controller's (`weir_broker::throttle`): the replication
+//! throttles' rates and the `log.*` topic defaults, which every broker applies to its topics
+//! when it applies the change (`Broker::topic_defaults`).
 
 use axum::extract::State;
 use axum::Json;
-use weir_broker::throttle::{DYNAMIC_BROKER_CONFIGS, UNLIMITED};
+use weir_broker::throttle::{is_dynamic, DYNAMIC_BROKER_CONFIGS, UNLIMITED};
 use weir_broker::topic_config::ConfigEdit;
+use weir_broker::topic_config::TOPIC_DEFAULT_SETTINGS;
 use weir_broker::{Broker, ErrorKind};
 
 use crate::api::{AlterConfigs, ConfigEntry, Configs};
@@ -26,17 +29,26 @@ fn resource(broker: &Broker, query: &QueryParams) -> Result<String, ApiError> {
 }
 
 /// Every dynamic config of `resource` with the value in force and where it comes from:
-/// `broker` (this broker's own), `cluster` (the cluster-wide default) or `default`.
+/// `broker` (this broker's own), `cluster` (the cluster-wide default), `static` (the broker's
+/// settings; topic defaults only) or `default`. The throttles' rates come first, then the topic
+/// defaults by their broker names (`log.retention.ms`).
 fn entries(broker: &Broker, resource: &str) -> Vec<ConfigEntry> {
     let own = if resource.is_empty() { Default::default() } else { broker.dynamic_broker_configs(resource) };
     let every = broker.dynamic_broker_configs("");
-    DYNAMIC_BROKER_CONFIGS
-        .iter()
-        .map(|name| {
-            let (value, source) = match (own.get(*name), every.get(*name)) {
+    let rates = DYNAMIC_BROKER_CONFIGS.iter().map(|name| (*name, UNLIMITED.to_string(), "default"));
+    let topic_defaults = TOPIC_DEFAULT_SETTINGS.iter().filter(|(name, _, _)| is_dynamic(name)).map(
+        |(name, topic, default)| match broker.config.topic_defaults.get(*topic) {
+            Some(set) => (*name, set.clone(), "static"),
+            None => (*name, default.to_string(), "default"),
+        },
+    );
+    rates
+        .chain(topic_defaults)
+        .map(|(name, fallback, fallback_source)| {
+            let (value, source) = match (own.get(name), every.get(name)) {
                 (Some(v), _) => (v.clone(), "broker"),
                 (_, Some(v)) => (v.clone(), "cluster"),
-                _ => (UNLIMITED.to_string(), "default"),
+                _ => (fallback, fallback_source),
             };
             ConfigEntry { name: name.to_string(), value, source: source.to_string() }
         })

@@ -57,8 +57,9 @@ fn partition_health(broker: &Broker, metadata: &MetadataState) -> ClusterHealth 
         draining_brokers: Vec::new(),
     };
     let mut draining: std::collections::BTreeMap<i32, DrainingBroker> = std::collections::BTreeMap::new();
+    let defaults = broker.topic_defaults();
     for topic in metadata.topics.values() {
-        let min_isr = topic_config::min_insync_replicas(&broker.config.topic_defaults, &topic.configs);
+        let min_isr = topic_config::min_insync_replicas(&defaults, &topic.configs);
         for (index, p) in topic.assignments.iter().enumerate() {
             if p.replicas.is_empty() {
                 continue;

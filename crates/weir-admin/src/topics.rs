@@ -26,7 +26,7 @@ pub(crate) fn source_name(source: ConfigSource) -> &'static str {
 }
 
 fn config_entries(broker: &Broker, overrides: &BTreeMap<String, String>) -> Vec<ConfigEntry> {
-    topic_config::describe(&broker.config.topic_defaults, overrides)
+    topic_config::describe(&broker.topic_defaults(), overrides)
         .into_iter()
         .map(|e| ConfigEntry { name: e.name, value: e.value, source: source_name(e.source).to_string() })
         .collect()

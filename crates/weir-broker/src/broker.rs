@@ -15,7 +15,7 @@
 //! and forwarding to other brokers (`forward.rs`). Below it are only the partition, its
 //! replication state, the metrics it counts, the throttles' budgets and the cluster's state.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -444,8 +444,14 @@ impl Broker {
         self.replication_quotas.update(state, self.config.node_id);
         self.drop_moved_replicas(&mut topics, state)?;
         self.delete_stray_logs(state)?;
+        // Dynamic topic defaults (`log.retention.ms` set at run time) apply from here on.
+        let defaults = topic_config::effective_defaults(
+            &self.config.topic_defaults,
+            &state.broker_configs,
+            Some(self.config.node_id),
+        );
         for topic in state.topics.values() {
-            self.reconcile_topic(&mut topics, topic)?;
+            self.reconcile_topic(&mut topics, topic, &defaults)?;
         }
         Ok(())
     }
@@ -536,8 +542,9 @@ impl Broker {
         &self,
         topics: &mut HashMap<String, TopicPartitions>,
         topic: &TopicMetadata,
+        defaults: &BTreeMap<String, String>,
     ) -> Result<(), BrokerError> {
-        let settings = TopicSettings::of(&self.config, topic)?;
+        let settings = TopicSettings::of(defaults, topic)?;
         let existing: &[Option<Arc<Partition>>] = topics.get(&topic.name).map_or(&[], |list| list);
         for partition in existing.iter().flatten() {
             if *partition.log.config() != settings.log {
@@ -1151,8 +1158,9 @@ struct TopicSettings {
 }
 
 impl TopicSettings {
-    fn of(config: &BrokerConfig, topic: &TopicMetadata) -> Result<TopicSettings, BrokerError> {
-        let (defaults, configs) = (&config.topic_defaults, &topic.configs);
+    /// `defaults`: the topic defaults in force on this broker (static and dynamic).
+    fn of(defaults: &BTreeMap<String, String>, topic: &TopicMetadata) -> Result<TopicSettings, BrokerError> {
+        let configs = &topic.configs;
         Ok(TopicSettings {
             log: topic_config::log_config(defaults, configs)
                 .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?,

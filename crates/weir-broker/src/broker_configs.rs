@@ -1,5 +1,5 @@
-//! Dynamic broker configs on this broker (the replication throttles' rates, today): read from
-//! the applied metadata, changed through the controller. What they mean and how a change is
+//! Dynamic broker configs on this broker (the replication throttles' rates and the `log.*`
+//! topic defaults): read from the applied metadata, changed through the controller. What they mean and how a change is
 //! decided is the controller's ([`weir_controller::throttle`]); the budgets they set are
 //! [`crate::throttle`]'s.
 
@@ -26,6 +26,17 @@ impl Broker {
     /// The dynamic configs of `resource` (`""` or a broker id).
     pub fn dynamic_broker_configs(&self, resource: &str) -> BTreeMap<String, String> {
         self.metadata().broker_configs.get(resource).cloned().unwrap_or_default()
+    }
+
+    /// The topic defaults in force on this broker (by topic config name): its settings', then
+    /// the dynamic ones of the cluster and of this broker. What a topic's effective configs are
+    /// read against; `config.topic_defaults` alone misses what changed at run time.
+    pub fn topic_defaults(&self) -> BTreeMap<String, String> {
+        crate::topic_config::effective_defaults(
+            &self.config.topic_defaults,
+            &self.metadata().broker_configs,
+            Some(self.config.node_id),
+        )
     }
 
     pub(crate) fn decide_alter_broker_configs(

@@ -200,30 +200,9 @@ pub(crate) const SETTINGS: &[Setting] = &[
     s("num.recovery.threads.per.data.dir", "2", "Threads recovering logs at start-up."),
 ];
 
-/// Broker-level defaults of topic configs: (broker name, topic name, default). A topic's own
-/// config overrides these.
-pub const TOPIC_DEFAULT_SETTINGS: &[(&str, &str, &str)] = &[
-    ("log.segment.bytes", "segment.bytes", "1073741824"),
-    ("log.roll.ms", "segment.ms", "604800000"),
-    ("log.roll.jitter.ms", "segment.jitter.ms", "0"),
-    ("log.index.size.max.bytes", "segment.index.bytes", "10485760"),
-    ("log.index.interval.bytes", "index.interval.bytes", "4096"),
-    ("message.max.bytes", "max.message.bytes", "1048588"),
-    ("log.message.timestamp.type", "message.timestamp.type", "CreateTime"),
-    ("log.flush.policy", "flush.policy", "none"),
-    ("log.flush.interval.messages", "flush.messages", "9223372036854775807"),
-    ("log.flush.interval.ms", "flush.ms", "9223372036854775807"),
-    ("log.retention.ms", "retention.ms", "604800000"),
-    ("log.retention.bytes", "retention.bytes", "-1"),
-    ("log.cleanup.policy", "cleanup.policy", "delete"),
-    ("log.cleaner.delete.retention.ms", "delete.retention.ms", "86400000"),
-    ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms", "0"),
-    ("log.cleaner.min.cleanable.ratio", "min.cleanable.dirty.ratio", "0.5"),
-    ("log.segment.delete.delay.ms", "file.delete.delay.ms", "60000"),
-    ("min.insync.replicas", "min.insync.replicas", "1"),
-    ("compression.type", "compression.type", "producer"),
-    ("unclean.leader.election.enable", "unclean.leader.election.enable", "false"),
-];
+/// Broker-level defaults of topic configs: where they are defined (the controller checks the
+/// dynamic ones).
+pub use crate::topic_config::TOPIC_DEFAULT_SETTINGS;
 
 /// Kafka's coarser aliases: (alias, canonical name, multiplier to the canonical unit).
 pub const ALIASES: &[(&str, &str, i64)] = &[

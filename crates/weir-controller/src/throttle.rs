@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use weir_error::{BrokerError, ErrorKind};
 use weir_metadata::{MetadataRecord, MetadataState, PartitionState};
 
-use crate::topic_config::{ConfigEdit, ConfigOp};
+use crate::topic_config::{self, ConfigEdit, ConfigOp};
 
 pub const LEADER_RATE: &str = "leader.replication.throttled.rate";
 pub const FOLLOWER_RATE: &str = "follower.replication.throttled.rate";
@@ -36,8 +36,16 @@ pub const FOLLOWER_RATE: &str = "follower.replication.throttled.rate";
 pub(crate) const LEADER_REPLICAS: &str = "leader.replication.throttled.replicas";
 pub(crate) const FOLLOWER_REPLICAS: &str = "follower.replication.throttled.replicas";
 
-/// The broker configs that can change while the cluster runs (the others are static).
+/// The replication throttles' rates: dynamic broker configs, as are the topic defaults of
+/// [`topic_config::TOPIC_DEFAULT_SETTINGS`] (see [`is_dynamic`]).
 pub const DYNAMIC_BROKER_CONFIGS: &[&str] = &[LEADER_RATE, FOLLOWER_RATE];
+
+/// Whether broker config `name` can change while the cluster runs: a replication throttle's
+/// rate, or a topic default such as `log.retention.ms` (Kafka's dynamic log configs). The
+/// others are static.
+pub fn is_dynamic(name: &str) -> bool {
+    DYNAMIC_BROKER_CONFIGS.contains(&name) || topic_config::dynamic_topic_default(name).is_some()
+}
 
 /// Kafka's default for both rates: no limit.
 pub const UNLIMITED: u64 = i64::MAX as u64;
@@ -93,15 +101,22 @@ pub fn is_throttled(
         && (partition.adding_replicas.contains(&replica) || listed.contains(index, listed_broker))
 }
 
-/// Checks dynamic broker configs: only the names above, each a byte rate.
+/// Checks dynamic broker configs: the rates are byte rates; a topic default must be a value
+/// the topic config could take.
 pub fn validate(configs: &BTreeMap<String, String>) -> Result<(), BrokerError> {
     for (name, value) in configs {
-        if !DYNAMIC_BROKER_CONFIGS.contains(&name.as_str()) {
+        if let Some(topic_name) = topic_config::dynamic_topic_default(name) {
+            let as_topic = BTreeMap::from([(topic_name.to_string(), value.clone())]);
+            topic_config::validate(&as_topic)
+                .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, format!("{name}={value:?}: {}", e.message)))?;
+            continue;
+        }
+        if !is_dynamic(name) {
             return Err(BrokerError::new(
                 ErrorKind::InvalidConfig,
                 format!(
                     "{name} cannot change while the broker runs: set it in weir.toml or with --set and restart (dynamic \
-                     broker configs: {})",
+                     broker configs: {} and the log.* topic defaults such as log.retention.ms)",
                     DYNAMIC_BROKER_CONFIGS.join(", ")
                 ),
             ));
@@ -188,6 +203,10 @@ mod tests {
         assert!(bad(LEADER_RATE, "-1"));
         assert!(bad(LEADER_RATE, "fast"));
         assert!(!bad(FOLLOWER_RATE, "10485760"));
+        assert!(!bad("log.retention.ms", "3600000"), "topic defaults are dynamic");
+        assert!(bad("log.retention.ms", "soon"), "and checked as the topic config would be");
+        assert!(bad("unclean.leader.election.enable", "true"), "the controller reads this one at start");
+        assert!(is_dynamic("min.insync.replicas") && !is_dynamic("num.partitions"));
     }
 
     #[test]

@@ -9,6 +9,66 @@ use std::collections::BTreeMap;
 use weir_storage::config::TOPIC_CONFIG_NAMES;
 use weir_storage::{Compression, LogConfig, StorageError};
 
+/// Broker-level defaults of topic configs: (broker name, topic name, default). A topic's own
+/// config overrides these. Each can also be set while the cluster runs, cluster-wide or per
+/// broker, as a dynamic broker config ([`effective_defaults`]), but
+/// `unclean.leader.election.enable`: the controller reads it from its own settings.
+pub const TOPIC_DEFAULT_SETTINGS: &[(&str, &str, &str)] = &[
+    ("log.segment.bytes", "segment.bytes", "1073741824"),
+    ("log.roll.ms", "segment.ms", "604800000"),
+    ("log.roll.jitter.ms", "segment.jitter.ms", "0"),
+    ("log.index.size.max.bytes", "segment.index.bytes", "10485760"),
+    ("log.index.interval.bytes", "index.interval.bytes", "4096"),
+    ("message.max.bytes", "max.message.bytes", "1048588"),
+    ("log.message.timestamp.type", "message.timestamp.type", "CreateTime"),
+    ("log.flush.policy", "flush.policy", "none"),
+    ("log.flush.interval.messages", "flush.messages", "9223372036854775807"),
+    ("log.flush.interval.ms", "flush.ms", "9223372036854775807"),
+    ("log.retention.ms", "retention.ms", "604800000"),
+    ("log.retention.bytes", "retention.bytes", "-1"),
+    ("log.cleanup.policy", "cleanup.policy", "delete"),
+    ("log.cleaner.delete.retention.ms", "delete.retention.ms", "86400000"),
+    ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms", "0"),
+    ("log.cleaner.min.cleanable.ratio", "min.cleanable.dirty.ratio", "0.5"),
+    ("log.segment.delete.delay.ms", "file.delete.delay.ms", "60000"),
+    ("min.insync.replicas", "min.insync.replicas", "1"),
+    ("compression.type", "compression.type", "producer"),
+    ("unclean.leader.election.enable", "unclean.leader.election.enable", "false"),
+];
+
+/// Topic defaults that cannot change while the cluster runs (see [`TOPIC_DEFAULT_SETTINGS`]).
+const STATIC_TOPIC_DEFAULTS: &[&str] = &["unclean.leader.election.enable"];
+
+/// The topic config that the dynamic broker config `broker_name` sets the default of
+/// (`log.retention.ms` → `retention.ms`), if it is one that may change at run time.
+pub fn dynamic_topic_default(broker_name: &str) -> Option<&'static str> {
+    TOPIC_DEFAULT_SETTINGS
+        .iter()
+        .find(|(b, _, _)| *b == broker_name && !STATIC_TOPIC_DEFAULTS.contains(b))
+        .map(|(_, topic_name, _)| *topic_name)
+}
+
+/// The topic defaults in force (by topic config name) on broker `node`: those of its settings
+/// (`static_defaults`), overlaid by the dynamic broker configs (`dynamic`, by resource) of the
+/// whole cluster (`""`) and then of the broker itself, Kafka's order. `node: None` is the
+/// cluster-wide view.
+pub fn effective_defaults(
+    static_defaults: &BTreeMap<String, String>,
+    dynamic: &BTreeMap<String, BTreeMap<String, String>>,
+    node: Option<i32>,
+) -> BTreeMap<String, String> {
+    let mut defaults = static_defaults.clone();
+    let own = node.and_then(|id| dynamic.get(&id.to_string()));
+    for layer in [dynamic.get(""), own].into_iter().flatten() {
+        for (name, value) in layer {
+            if let Some(topic_name) = dynamic_topic_default(name) {
+                defaults.insert(topic_name.to_string(), value.clone());
+            }
+        }
+    }
+    defaults
+}
+
 /// Topic configs the broker itself interprets.
 pub(crate) const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[
     ("min.insync.replicas", "1"),
@@ -433,6 +493,29 @@ fn source_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dynamic_defaults_overlay_the_static_ones_cluster_then_broker() {
+        let static_defaults = BTreeMap::from([("retention.ms".to_string(), "1000".to_string())]);
+        let mut dynamic = BTreeMap::new();
+        dynamic.insert(
+            String::new(),
+            BTreeMap::from([
+                ("log.retention.ms".to_string(), "2000".to_string()),
+                ("log.segment.bytes".to_string(), "4096".to_string()),
+                ("unclean.leader.election.enable".to_string(), "true".to_string()),
+                ("follower.replication.throttled.rate".to_string(), "10".to_string()),
+            ]),
+        );
+        dynamic.insert("2".to_string(), BTreeMap::from([("log.retention.ms".to_string(), "3000".to_string())]));
+        let on_one = effective_defaults(&static_defaults, &dynamic, Some(1));
+        assert_eq!(on_one.get("retention.ms").map(String::as_str), Some("2000"));
+        assert_eq!(on_one.get("segment.bytes").map(String::as_str), Some("4096"));
+        assert_eq!(on_one.len(), 2, "neither the static-only default nor a rate is a topic default: {on_one:?}");
+        let on_two = effective_defaults(&static_defaults, &dynamic, Some(2));
+        assert_eq!(on_two.get("retention.ms").map(String::as_str), Some("3000"), "the broker's own wins");
+        assert_eq!(effective_defaults(&static_defaults, &BTreeMap::new(), None), static_defaults);
+    }
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()

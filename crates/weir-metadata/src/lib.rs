@@ -243,7 +243,8 @@ pub struct MetadataState {
     /// Every broker that registered with the controller, by id.
     #[serde(default)]
     pub brokers: BTreeMap<i32, BrokerRegistration>,
-    /// Dynamic broker configs (the replication throttles, `weir_broker::throttle`) by resource:
+    /// Dynamic broker configs (the replication throttles, `weir_broker::throttle`, and the
+    /// `log.*` topic defaults) by resource:
     /// `""` for every broker, or a broker id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub broker_configs: BTreeMap<String, BTreeMap<String, String>>,

@@ -109,7 +109,7 @@ pub(crate) async fn create_topics(ctx: &Ctx, client: &Client, request: CreateTop
         let result = CreatableTopicResult::default().with_name(topic_name(&name));
         results.push(match outcome {
             Ok(created) => {
-                let configs = topic_config::describe(&broker.config.topic_defaults, &created.topic.configs)
+                let configs = topic_config::describe(&broker.topic_defaults(), &created.topic.configs)
                     .into_iter()
                     .map(|e| {
                         CreatableTopicConfigs::default()
@@ -207,7 +207,7 @@ pub(crate) async fn describe_configs(
             .with_resource_name(resource.resource_name.clone());
         let entries: Vec<(String, String, i8)> = match resource.resource_type {
             RESOURCE_TOPIC => match broker.metadata().topic(&name) {
-                Some(topic) => topic_config::describe(&broker.config.topic_defaults, &topic.configs)
+                Some(topic) => topic_config::describe(&broker.topic_defaults(), &topic.configs)
                     .into_iter()
                     .map(|e| (e.name, e.value, source_code(e.source)))
                     .collect(),
@@ -226,22 +226,28 @@ pub(crate) async fn describe_configs(
                     ));
                     continue;
                 }
+                // A dynamic value (this broker's own, else the cluster-wide one) wins over the
+                // static one, as in Kafka.
+                let own = broker.dynamic_broker_configs(&broker.config.node_id.to_string());
+                let every = broker.dynamic_broker_configs("");
+                let dynamic = |name: &str| match (own.get(name), every.get(name)) {
+                    (Some(v), _) => Some((v.clone(), SOURCE_DYNAMIC_BROKER)),
+                    (_, Some(v)) => Some((v.clone(), SOURCE_DYNAMIC_DEFAULT_BROKER)),
+                    _ => None,
+                };
                 let mut entries: Vec<(String, String, i8)> = broker
                     .config
                     .describe()
                     .into_iter()
-                    .map(|(n, v, explicit)| (n, v, if explicit { SOURCE_STATIC_BROKER } else { SOURCE_DEFAULT }))
+                    .map(|(n, v, explicit)| {
+                        let static_source = if explicit { SOURCE_STATIC_BROKER } else { SOURCE_DEFAULT };
+                        let (v, source) = dynamic(&n).unwrap_or((v, static_source));
+                        (n, v, source)
+                    })
                     .collect();
-                // The dynamic ones: this broker's own value, else the cluster-wide one.
-                let own = broker.dynamic_broker_configs(&broker.config.node_id.to_string());
-                let every = broker.dynamic_broker_configs("");
                 for name in throttle::DYNAMIC_BROKER_CONFIGS {
-                    let entry = match (own.get(*name), every.get(*name)) {
-                        (Some(v), _) => (v.clone(), SOURCE_DYNAMIC_BROKER),
-                        (_, Some(v)) => (v.clone(), SOURCE_DYNAMIC_DEFAULT_BROKER),
-                        _ => (throttle::UNLIMITED.to_string(), SOURCE_DEFAULT),
-                    };
-                    entries.push((name.to_string(), entry.0, entry.1));
+                    let (v, source) = dynamic(name).unwrap_or((throttle::UNLIMITED.to_string(), SOURCE_DEFAULT));
+                    entries.push((name.to_string(), v, source));
                 }
                 entries
             }
@@ -268,10 +274,7 @@ pub(crate) async fn describe_configs(
                 let entry = DescribeConfigsResourceResult::default()
                     .with_name(str(n.clone()))
                     .with_value(Some(str(v)))
-                    .with_read_only(
-                        resource.resource_type == RESOURCE_BROKER
-                            && !throttle::DYNAMIC_BROKER_CONFIGS.contains(&n.as_str()),
-                    )
+                    .with_read_only(resource.resource_type == RESOURCE_BROKER && !throttle::is_dynamic(&n))
                     .with_config_source(source)
                     .with_synonyms(synonyms);
                 if client.version >= 3 {
@@ -287,16 +290,16 @@ pub(crate) async fn describe_configs(
 }
 
 /// The error for a resource whose configs cannot change: anything but topics and the dynamic
-/// broker configs (the replication throttles).
+/// broker configs (the replication throttles and the topic defaults).
 fn configs_are_static<'a>(resource_type: i8, mut names: impl Iterator<Item = &'a str>) -> Option<BrokerError> {
     match resource_type {
         RESOURCE_TOPIC => None,
-        RESOURCE_BROKER if names.all(|n| throttle::DYNAMIC_BROKER_CONFIGS.contains(&n)) => None,
+        RESOURCE_BROKER if names.all(throttle::is_dynamic) => None,
         RESOURCE_BROKER => Some(BrokerError::new(
             ErrorKind::InvalidRequest,
             format!(
-                "Broker configs are static in Weir: set them in weir.toml or with --set and restart (the dynamic ones \
-                 are {}).",
+                "This broker config is static in Weir: set it in weir.toml or with --set and restart (the dynamic ones \
+                 are {} and the log.* topic defaults such as log.retention.ms).",
                 throttle::DYNAMIC_BROKER_CONFIGS.join(", ")
             ),
         )),
