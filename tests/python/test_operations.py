@@ -48,6 +48,7 @@ def weir(cluster, *args, via=2, admin=None, timeout=90):
 
 
 def health(cluster, via=3):
+    """`GET /v1/cluster/health` of node `via`."""
     status, body = http("GET", f"{cluster.node(via).admin_url()}/v1/cluster/health")
     assert status == 200, body
     return body
@@ -63,13 +64,13 @@ def describe(cluster, topic, via=1):
     return body
 
 
-def replicas_on(cluster, broker):
-    """Every partition (of every topic) with a replica on `broker`, as node 1's metadata says."""
-    status, listed = http("GET", f"{cluster.node(1).admin_url()}/v1/topics")
+def replicas_on(cluster, broker, via=1):
+    """Every partition (of every topic) with a replica on `broker`, as node `via`'s metadata says."""
+    status, listed = http("GET", f"{cluster.node(via).admin_url()}/v1/topics")
     assert status == 200, listed
     found = []
     for t in listed["topics"]:
-        for p in describe(cluster, t["name"])["partitions"]:
+        for p in describe(cluster, t["name"], via=via)["partitions"]:
             if broker in p["replicas"]:
                 found.append((t["name"], p["partition"]))
     return found
@@ -82,8 +83,12 @@ def test_a_healthy_cluster_reports_nothing_and_exits_0_and_admin_needs_no_scheme
     create_replicated(four, topic, partitions=2, rf=3)
     wait_healthy(four)
     address = four.node(2).admin_url().removeprefix("http://")
-    shown = weir(four, "cluster", "health", "--admin", address)
-    assert shown.returncode == 0, shown.stderr
+    # Node 2 may apply the last ISR change a moment after node 3 did.
+    shown = four.wait(
+        lambda: (lambda run: run.returncode == 0 and run)(weir(four, "cluster", "health", "--admin", address)),
+        15,
+        "node 2 reporting healthy",
+    )
     assert shown.stdout.startswith("Healthy: true\n"), shown.stdout
     rows = [line.split() for line in shown.stdout.splitlines()[2:]]
     assert len(rows) == 7 and all("0" in row and row[-1] == "-" for row in rows), shown.stdout
@@ -231,8 +236,13 @@ def test_generated_plans_move_nothing_until_executed(four, tmp_path):
     assert used & {3, 4} and all(len(r) == 2 for r in targets.values()), plan
     executed = weir(four, "partition", "reassign", "--plan", str(plan_file), "--wait", "--timeout", "60")
     assert executed.returncode == 0, executed.stderr
-    now = {p["partition"]: p["replicas"] for p in describe(four, topic)["partitions"]}
-    assert all(now[p] == replicas for p, replicas in targets.items()), (now, targets)
+    executed_via = 2  # --wait polled node 2; ask it, not a node that may apply the end a moment later
+
+    def landed():
+        now = {p["partition"]: p["replicas"] for p in describe(four, topic, via=executed_via)["partitions"]}
+        return all(now[p] == replicas for p, replicas in targets.items())
+
+    assert landed(), (describe(four, topic, via=executed_via)["partitions"], targets)
     refused = weir(four, "partition", "reassign", "--generate", "--remove-brokers", "9")
     assert refused.returncode == 1 and "broker 9" in refused.stderr, refused.stderr
 
@@ -263,8 +273,13 @@ def test_dynamic_broker_configs_through_the_cli_and_kafkas_incremental_alter_con
             incremental_configs=[ConfigEntry(rate, "5000", incremental_operation=AlterConfigOpType.SET)],
         )
         admin.incremental_alter_configs([on_three])[on_three].result(timeout=30)
-        three = json.loads(weir(four, "cluster", "config", "get", "--broker", "3", "--json").stdout)["configs"]
-        assert {"name": rate, "value": "5000", "source": "broker"} in three, three
+
+        def on_three_says():
+            listed = json.loads(weir(four, "cluster", "config", "get", "--broker", "3", "--json").stdout)["configs"]
+            return {"name": rate, "value": "5000", "source": "broker"} in listed
+
+        # Node 2, asked here, applies the change a moment after the broker that answered it.
+        four.wait(on_three_says, 15, "node 2 showing broker 3's own rate")
         two = json.loads(weir(four, "cluster", "config", "get", "--broker", "2", "--json").stdout)["configs"]
         assert {"name": rate, "value": "7000000", "source": "cluster"} in two, two
         assert broker_config(admin, 3, rate) == ("5000", ConfigSource.DYNAMIC_BROKER_CONFIG)
@@ -278,7 +293,7 @@ def test_dynamic_broker_configs_through_the_cli_and_kafkas_incremental_alter_con
         cleared = weir(four, "cluster", "config", "delete", rate, "--json")
     assert cleared.returncode == 0, cleared.stderr
     assert {"name": rate, "value": str(2**63 - 1), "source": "default"} in json.loads(cleared.stdout)["configs"]
-    assert broker_config(admin, 3, rate)[1] == ConfigSource.DEFAULT_CONFIG
+    four.wait(lambda: broker_config(admin, 3, rate)[1] == ConfigSource.DEFAULT_CONFIG, 15, "broker 3 back to default")
 
 
 def test_a_topic_default_set_at_run_time_applies_to_topics_without_an_override(four):
@@ -301,16 +316,19 @@ def test_a_topic_default_set_at_run_time_applies_to_topics_without_an_override(f
         assert ["message.max.bytes", "2000", "cluster"] in [line.split() for line in set_small.stdout.splitlines()]
         four.wait(lambda: all(effective(n) == "2000" for n in (1, 2, 3, 4)), 15, "every node applied it")
         assert broker_config(admin, 1, "message.max.bytes") == ("2000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)
-        [(err, _)] = produce(four.bootstrap(), topic, big, retries=0).values()
-        assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE, err
+        # The leader applies the new default as it reconciles, a moment after its metadata.
+        def refused():
+            [(err, _)] = produce(four.bootstrap(), topic, big, retries=0).values()
+            return err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE
+
+        four.wait(refused, 15, "a 5000-byte record refused")
         bad = weir(four, "cluster", "config", "set", "log.retention.ms=soon")
         assert bad.returncode == 1 and "INVALID_CONFIG" in bad.stderr, bad.stderr
     finally:
         cleared = weir(four, "cluster", "config", "delete", "message.max.bytes")
     assert cleared.returncode == 0, cleared.stderr
     four.wait(lambda: effective(1) == "1048588", 15, "the static default back")
-    [(err, _)] = produce(four.bootstrap(), topic, big, retries=0).values()
-    assert err is None, err
+    four.wait(lambda: [e for e, _ in produce(four.bootstrap(), topic, big, retries=0).values()] == [None], 15, "accepted")
 
 
 def test_a_stopped_broker_shows_as_fenced_with_its_partitions_under_replicated(four):
@@ -360,16 +378,19 @@ def test_decommissioning_a_broker_drains_it_under_a_throttle_then_reports_it_rem
     started = weir(four, "cluster", "decommission", "4", "--throttle", "20000", via=1)
     assert started.returncode == 0, started.stderr
     assert "off broker 4" in started.stdout, started.stdout
-    draining = [d for d in health(four)["draining_brokers"] if d["broker"] == 4]
-    assert draining and draining[0]["moving_off"] >= 3, health(four)
-    shown = weir(four, "cluster", "health")
-    assert "Draining brokers" in shown.stdout and "4 (" in shown.stdout, shown.stdout
+    # Asked of node 1, which answered the decommission once it had applied the moves.
+    draining = [d for d in health(four, via=1)["draining_brokers"] if d["broker"] == 4]
+    assert draining and draining[0]["moving_off"] >= 3, health(four, via=1)
+    shown = weir(four, "cluster", "health", via=1)
+    assert shown.returncode == UNHEALTHY_EXIT, "the copies are under-replicated meanwhile"
+    draining_row = next(line for line in shown.stdout.splitlines() if line.startswith("Draining brokers"))
+    assert draining_row.split()[2:4] == ["1", "4"], shown.stdout
 
     assert weir(four, "partition", "throttle", "--clear").returncode == 0
     done = weir(four, "cluster", "decommission", "4", "--wait", "--timeout", "90", via=3, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "broker 4 holds no replica and nothing is under-replicated" in done.stdout, done.stdout
-    assert replicas_on(four, 4) == []
+    assert replicas_on(four, 4, via=3) == []
     h = health(four)
     assert h["under_replicated"] == [] and h["draining_brokers"] == [], h
     for partition in range(3):
