@@ -19,12 +19,15 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, ResourceType
 
+from kafka.protocol.admin import DeleteRecordsRequest
+
 from cluster import Cluster
 from conftest import _ALL_BROKERS, weir_bin
 from helpers import c_consumer, c_producer, http, unique
 from test_replication import REPLICATION_SETTINGS, create_replicated, partition_states, produce
 
 UNHEALTHY_EXIT = 2
+NOT_LEADER_OR_FOLLOWER = 6
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +213,25 @@ def test_human_times_in_consume_and_group_reset_offsets(four):
     assert reset.returncode == 0, reset.stderr
     described = json.loads(weir(four, "group", "describe", group, "--json").stdout)
     assert [(o["partition"], o["committed_offset"]) for o in described["offsets"]] == [(0, 4)], described
+
+
+def test_delete_records_sent_to_a_follower_is_refused_and_trims_nothing(four):
+    """Kafka's DeleteRecords sent to a follower gets NOT_LEADER_OR_FOLLOWER (a client then
+    asks the leader), and the partition keeps its records (it used to trim the follower's own
+    log and answer success)."""
+    topic = unique("follower-trim")
+    create_replicated(four, topic, assignment=[[1, 2]])
+    reports = produce(four.bootstrap(), topic, [f"r{i}".encode() for i in range(5)])
+    assert all(err is None for err, _ in reports.values())
+    raw = four.raw(2)
+    try:
+        request = DeleteRecordsRequest[0](topics=[(topic, [(0, 3)])], timeout_ms=10_000)
+        [(_, [(partition, low_watermark, error_code)])] = raw.request(request).topics
+    finally:
+        raw.close()
+    assert (partition, error_code) == (0, NOT_LEADER_OR_FOLLOWER), (partition, low_watermark, error_code)
+    [info] = describe(four, topic, via=2)["partitions"]
+    assert info["log_start_offset"] == 0 and info["log_end_offset"] == 5, info
 
 
 def test_generated_plans_move_nothing_until_executed(four, tmp_path):

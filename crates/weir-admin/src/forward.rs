@@ -466,10 +466,10 @@ pub(crate) async fn delete_records(
     }
 }
 
-/// Only the leader trims: its log start offset is what followers and consumers learn.
+/// Only the leader trims (`Broker::delete_records` checks): its log start offset is what
+/// followers and consumers learn.
 async fn delete_records_here(broker: &Arc<Broker>, topic: &str, index: i32, point: TrimPoint) -> Result<i64, ApiError> {
     let partition = broker.require_partition(topic, index)?;
-    partition.check_local_leader()?;
     // Reads the time index and moves segments: off the async workers.
     let broker = broker.clone();
     tokio::task::spawn_blocking(move || -> Result<i64, ApiError> {

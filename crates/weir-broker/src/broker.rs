@@ -896,8 +896,11 @@ impl Broker {
     }
 
     /// DeleteRecords: moves the log start offset to `offset` (-1: the high watermark).
-    /// Returns the new low watermark.
+    /// Returns the new low watermark. Only the leader trims (NOT_LEADER elsewhere, as in
+    /// Kafka): followers learn the log start from it, and a follower that trimmed its own log
+    /// would hold less than the leader says it has.
     pub fn delete_records(&self, partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
+        partition.check_local_leader()?;
         let log = &partition.log;
         let target = if offset == -1 { log.high_watermark() } else { offset };
         if target < 0 || target > log.high_watermark() {
