@@ -152,6 +152,10 @@ def test_preferred_and_unclean_elections(four):
     assert json.loads(unclean.stdout)["results"][0]["error"]["code"] == "ELECTION_NOT_NEEDED", unclean.stdout
     missing = weir(four, "partition", "elect", "--topic", topic, "--partition", "7")
     assert missing.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in missing.stderr, missing.stderr
+    elections = f"{four.node(1).admin_url()}/v1/elections"
+    for bad in ({"type": "dirty"}, {"type": "preferred", "partition": 0}):
+        status, body = http("POST", elections, bad)
+        assert (status, body["error"]["code"]) == (400, "INVALID_REQUEST"), (bad, status, body)
 
 
 def test_trim_deletes_records_before_an_offset_then_before_a_time(four):

@@ -766,6 +766,7 @@ pub struct DrainingBroker {
 /// `POST /v1/elections`: Kafka's ElectLeaders. `partitions: null` elects over every partition;
 /// an entry without `partition` stands for every partition of its topic.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ElectLeaders {
     /// `preferred` (give partitions back to their first replica) or `unclean` (a leader for
     /// leaderless partitions, out of the ISR if need be: records may be lost).
@@ -776,6 +777,7 @@ pub struct ElectLeaders {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PartitionSelector {
     pub topic: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -803,6 +805,7 @@ pub struct ElectionResult {
 /// (records before it; -1 is the high watermark) and `before_ms` (records before the first one
 /// stamped at or after this time) is given; `partitions` absent means every partition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DeleteRecords {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partitions: Option<Vec<i32>>,
@@ -832,6 +835,7 @@ pub struct DeletedRecordsResult {
 /// replica off them) or `balance` (spread replicas and preferred leaders); `topics` limits the
 /// partitions moved (all when absent).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GeneratePlan {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remove_brokers: Vec<i32>,

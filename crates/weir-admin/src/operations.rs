@@ -4,6 +4,8 @@
 //! same everywhere, what only a leader knows (its followers' lag, where to trim) is asked of
 //! it (`forward`), and changes go to the active controller through `Broker`.
 
+use std::collections::BTreeMap;
+
 use axum::extract::State;
 use axum::Json;
 use weir_broker::cluster::election::ElectionType;
@@ -56,7 +58,7 @@ fn partition_health(broker: &Broker, metadata: &MetadataState) -> ClusterHealth 
         lagging_followers: Vec::new(),
         draining_brokers: Vec::new(),
     };
-    let mut draining: std::collections::BTreeMap<i32, DrainingBroker> = std::collections::BTreeMap::new();
+    let mut draining: BTreeMap<i32, DrainingBroker> = BTreeMap::new();
     let defaults = broker.topic_defaults();
     for topic in metadata.topics.values() {
         let min_isr = topic_config::min_insync_replicas(&defaults, &topic.configs);
