@@ -41,11 +41,11 @@ pub enum Command {
     Consume(crate::admin_cli::consume::ConsumeArgs),
     /// Find messages by key, message id or time (admin HTTP API).
     Message(crate::admin_cli::message::MessageArgs),
-    /// The cluster's nodes, roles, controller, fenced brokers and metadata offsets (admin HTTP
-    /// API).
+    /// The cluster's nodes and health, decommissioning a broker, dynamic broker configs (admin
+    /// HTTP API).
     Cluster(crate::admin_cli::cluster::ClusterArgs),
-    /// Move partitions between brokers (reassignments, with a replication throttle) and list
-    /// the moves in progress (admin HTTP API).
+    /// Move partitions between brokers (plans, reassignments, a replication throttle), elect
+    /// leaders, delete old records (admin HTTP API).
     Partition(crate::admin_cli::partition::PartitionArgs),
 }
 

@@ -31,8 +31,9 @@ pub struct PartitionArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum PartitionCommand {
-    /// Start the moves of a plan (Kafka's reassignment JSON), or cancel them (--cancel). New
-    /// replicas copy the data, join the ISR, then the old ones are dropped.
+    /// Start the moves of a plan (Kafka's reassignment JSON), cancel them (--cancel), or print
+    /// a plan (--generate). New replicas copy the data, join the ISR, then the old ones are
+    /// dropped.
     Reassign(ReassignArgs),
     /// The reassignments in progress: replicas, and those being added and removed.
     Reassignments,
