@@ -148,6 +148,10 @@ def test_preferred_and_unclean_elections(four):
     assert again.returncode == 0, again.stderr
     [result] = json.loads(again.stdout)["results"]
     assert result["error"]["code"] == "ELECTION_NOT_NEEDED", result
+    wait_healthy(four)  # every preferred replica in sync: an election over all partitions has no failure
+    everywhere = weir(four, "partition", "elect", "--json")
+    assert everywhere.returncode == 0, everywhere.stderr
+    assert all(r["topic"] != topic for r in json.loads(everywhere.stdout)["results"]), "led by its preferred already"
     unclean = weir(four, "partition", "elect", "--unclean", "--topic", topic, "--json")
     assert json.loads(unclean.stdout)["results"][0]["error"]["code"] == "ELECTION_NOT_NEEDED", unclean.stdout
     missing = weir(four, "partition", "elect", "--topic", topic, "--partition", "7")
@@ -175,7 +179,7 @@ def test_trim_deletes_records_before_an_offset_then_before_a_time(four):
     by_offset = weir(four, "partition", "trim", "--topic", topic, "--offset", "3", via=2)
     assert by_offset.returncode == 0, by_offset.stderr
     assert by_offset.stdout.splitlines()[1].split()[:4] == [topic, "0", "3", "trimmed"], by_offset.stdout
-    by_time = weir(four, "partition", "trim", "--topic", topic, "--before", "-1h", "--json", via=2)
+    by_time = weir(four, "partition", "trim", "--topic", topic, "--partition", "0", "--before", "-1h", "--json", via=2)
     assert by_time.returncode == 0, by_time.stderr
     assert json.loads(by_time.stdout)["results"] == [{"partition": 0, "low_watermark": 5}], by_time.stdout
     consumer = c_consumer(four.bootstrap())
