@@ -27,6 +27,7 @@ use crate::cluster::{Cluster, ControlAnswer, ControlRequest};
 use crate::config::BrokerConfig;
 use crate::delayed::DelayedRecords;
 use crate::error::{BrokerError, ErrorKind, RecordError};
+use crate::followed::FollowedPartitions;
 use crate::metadata::raft::{Quorum, QuorumStatus};
 use crate::metadata::{legacy, BrokerRegistration, MetadataRecord, MetadataState, PartitionState, TopicMetadata};
 use crate::metrics::counted::BrokerMetrics;
@@ -110,14 +111,18 @@ pub struct Broker {
     pub(crate) quorum: Quorum,
     /// The controller: one metadata decision at a time (validate, propose, apply).
     controller: Mutex<()>,
-    /// The applied offset of the state the partitions were last reconciled with; held while
-    /// reconciling, so reconciliations happen one at a time and in order.
-    reconciled: Mutex<i64>,
+    /// The state the partitions were last reconciled with (`None` before the first
+    /// reconciliation); held while reconciling, so reconciliations happen one at a time and in
+    /// order, and each one works on what changed since this state.
+    reconciled: Mutex<Option<Arc<MetadataState>>>,
     /// Every open partition, by topic name, indexed by partition number (Kafka partitions run
     /// from 0 without gaps and never shrink). A topic's list is replaced as a whole when it
     /// grows, so the request paths resolve a topic once and index into it without the lock.
     /// Partitions this broker does not host (their replicas are elsewhere) are `None`.
     partitions: RwLock<HashMap<String, TopicPartitions>>,
+    /// The partitions this broker follows, by leader (what the replica fetchers fetch); changed
+    /// with `partitions`, under its write lock (taken after it).
+    followed: RwLock<FollowedPartitions>,
     shutdown_tx: watch::Sender<bool>,
     producer_ids: Mutex<ProducerIdBlock>,
     /// The cluster side: internal RPC, lifecycle, the controller's sessions.
@@ -160,8 +165,9 @@ impl Broker {
             reconciled_tx,
             quorum,
             controller: Mutex::new(()),
-            reconciled: Mutex::new(-1),
+            reconciled: Mutex::new(None),
             partitions: RwLock::new(HashMap::new()),
+            followed: RwLock::new(FollowedPartitions::default()),
             shutdown_tx,
             producer_ids: Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             cluster,
@@ -177,7 +183,7 @@ impl Broker {
 
     /// The metadata offset the partitions were last brought in line with.
     pub(crate) fn reconciled_offset(&self) -> i64 {
-        *lock(&self.reconciled)
+        lock(&self.reconciled).as_ref().map_or(-1, |state| state.applied_offset)
     }
 
     /// The Kafka port clients are told (the bound one when the listener asked for port 0).
@@ -366,6 +372,16 @@ impl Broker {
         read(&self.partitions).get(topic).cloned()
     }
 
+    /// The leaders this broker follows some partition of.
+    pub(crate) fn followed_leaders(&self) -> Vec<i32> {
+        read(&self.followed).leaders()
+    }
+
+    /// The partitions `leader` leads and this broker follows, by topic and index.
+    pub(crate) fn followed_from(&self, leader: i32) -> Vec<Arc<Partition>> {
+        read(&self.followed).of_leader(leader)
+    }
+
     /// Every partition, sorted by topic and index.
     pub fn partitions(&self) -> Vec<Arc<Partition>> {
         let topics = read(&self.partitions);
@@ -423,35 +439,64 @@ impl Broker {
 
     /// Brings the partitions in line with `state` unless a state at or past it was reconciled
     /// already, then makes it the metadata readers see. Blocking.
+    ///
+    /// The work is proportional to what changed since the state reconciled last (the topics
+    /// whose `Arc` differs, see `MetadataState::topics`), not to every partition: a cluster
+    /// with 15,000 partitions creates a topic as fast as one with 15. The first reconciliation
+    /// of a process looks at everything, and deletes the logs no partition owns.
     pub(crate) fn reconcile_to(&self, state: Arc<MetadataState>) -> Result<(), BrokerError> {
         let mut reconciled = lock(&self.reconciled);
-        if state.applied_offset < *reconciled {
+        let previous = reconciled.clone();
+        if previous.as_ref().is_some_and(|p| state.applied_offset < p.applied_offset) {
             return Ok(());
         }
-        self.reconcile(&state)?;
-        *reconciled = state.applied_offset;
+        self.reconcile(previous.as_deref(), &state)?;
+        *reconciled = Some(state.clone());
         *write(&self.metadata) = state.clone();
         self.reconciled_tx.send_replace(state);
         Ok(())
     }
 
     /// Makes the partition logs match `state`: opens logs of new partitions, applies changed
-    /// configs, deletes logs of deleted topics (and orphans left by a crash mid-delete).
-    fn reconcile(&self, state: &MetadataState) -> Result<(), BrokerError> {
+    /// configs, deletes logs of deleted topics (and, the first time, orphans left by a crash
+    /// mid-delete and replicas moved away while this broker was down). With `previous` (the
+    /// state the partitions match now) only the topics that differ from it are looked at.
+    fn reconcile(&self, previous: Option<&MetadataState>, state: &MetadataState) -> Result<(), BrokerError> {
         let mut topics = write(&self.partitions);
+        let changed: Vec<String> = match previous {
+            // A change of the dynamic broker configs (the topic defaults) reaches every topic.
+            Some(previous) if previous.broker_configs == state.broker_configs => changed_topics(previous, state),
+            _ => {
+                let every: std::collections::BTreeSet<&String> = topics.keys().chain(state.topics.keys()).collect();
+                every.into_iter().cloned().collect()
+            }
+        };
         // Deletions first: a topic deleted and created again under the same name reuses the dir.
-        self.drop_deleted_topics(&mut topics, state)?;
+        self.drop_deleted_topics(&mut topics, state, &changed)?;
         self.replication_quotas.update(state, self.config.node_id);
-        self.drop_moved_replicas(&mut topics, state)?;
-        self.delete_stray_logs(state)?;
+        self.drop_moved_replicas(&mut topics, state, &changed)?;
+        if previous.is_none() {
+            self.delete_stray_logs(state)?;
+        }
         // Dynamic topic defaults (`log.retention.ms` set at run time) apply from here on.
         let defaults = topic_config::effective_defaults(
             &self.config.topic_defaults,
             &state.broker_configs,
             Some(self.config.node_id),
         );
-        for topic in state.topics.values() {
-            self.reconcile_topic(&mut topics, topic, &defaults)?;
+        let mut followed = write(&self.followed);
+        for name in &changed {
+            if let Some(topic) = state.topic(name) {
+                self.reconcile_topic(&mut topics, topic, &defaults)?;
+            }
+            followed.forget_topic(name);
+            for partition in topics.get(name).iter().flat_map(|list| list.iter().flatten()) {
+                followed.add(partition);
+            }
+        }
+        if cfg!(debug_assertions) {
+            check_reconciled(&topics, state, self.config.node_id);
+            followed.check(topics.values().flat_map(|list| list.iter().flatten()));
         }
         Ok(())
     }
@@ -463,9 +508,11 @@ impl Broker {
         &self,
         topics: &mut HashMap<String, TopicPartitions>,
         state: &MetadataState,
+        changed: &[String],
     ) -> Result<(), BrokerError> {
-        let stale: Vec<String> = topics
+        let stale: Vec<String> = changed
             .iter()
+            .filter_map(|name| topics.get_key_value(name))
             .filter(|(name, list)| {
                 !state.topic(name).is_some_and(|t| {
                     list.len() <= t.partitions.max(0) as usize && list.iter().flatten().all(|p| p.topic_id == t.id)
@@ -498,9 +545,11 @@ impl Broker {
         &self,
         topics: &mut HashMap<String, TopicPartitions>,
         state: &MetadataState,
+        changed: &[String],
     ) -> Result<(), BrokerError> {
         let tp_of = |p: &Partition| TopicPartition::new(p.topic.clone(), p.index);
-        for list in topics.values_mut() {
+        for name in changed {
+            let Some(list) = topics.get_mut(name) else { continue };
             if !list.iter().flatten().any(|p| self.moved_away(state, &tp_of(p))) {
                 continue;
             }
@@ -1149,6 +1198,45 @@ fn reject_keyless_records(records: &[u8]) -> Result<(), AppendError> {
     );
     error.record_errors = keyless;
     Err(AppendError::Refused(error))
+}
+
+/// The names of the topics `state` adds, removes or changes against `previous`: those whose
+/// `Arc` is not the one `previous` holds. This is exact because `previous` holds its topics:
+/// `apply` changes a topic through `Arc::make_mut`, which copies a topic another state shares
+/// into a new `Arc`, so a topic that changed since `previous` cannot have kept its pointer
+/// (see `MetadataState::topics`). A pointer comparison and a lookup per topic.
+fn changed_topics(previous: &MetadataState, state: &MetadataState) -> Vec<String> {
+    let added_or_changed = state
+        .topics
+        .iter()
+        .filter(|(name, topic)| previous.topics.get(*name).is_none_or(|old| !Arc::ptr_eq(old, topic)))
+        .map(|(name, _)| name);
+    let removed = previous.topics.keys().filter(|name| !state.topics.contains_key(*name));
+    added_or_changed.chain(removed).cloned().collect()
+}
+
+/// The partitions match `state` after a reconciliation: every partition with a replica on
+/// `node` is open here with the state's replicas, leader and epochs, and nothing else is open.
+/// Checked after every reconciliation in debug builds; it looks at every partition, so an
+/// incremental reconciliation that missed a change fails here.
+fn check_reconciled(topics: &HashMap<String, TopicPartitions>, state: &MetadataState, node: i32) {
+    for (name, topic) in &state.topics {
+        let open: &[Option<Arc<Partition>>] = topics.get(name).map_or(&[], |list| list);
+        for (index, expected) in topic.assignments.iter().enumerate() {
+            let hosted = expected.replicas.contains(&node);
+            match open.get(index).and_then(|p| p.as_ref()) {
+                Some(partition) => {
+                    assert!(hosted || expected.replicas.is_empty(), "{name}-{index} is open here but not hosted");
+                    assert_eq!(partition.topic_id, topic.id, "{name}-{index}: open under another topic id");
+                    assert_eq!(*partition.state(), *expected, "{name}-{index}: state not reconciled");
+                }
+                None => assert!(!hosted, "{name}-{index} is hosted here but not open"),
+            }
+        }
+    }
+    for name in topics.keys() {
+        assert!(state.topics.contains_key(name), "topic {name} is open here but deleted");
+    }
 }
 
 /// What a topic's configs set on each of its partitions here, resolved once per reconciliation.

@@ -17,7 +17,7 @@
 //! fetchers follow the metadata: a new leader starts a fetcher, and one whose partitions all
 //! moved away ends.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -129,8 +129,7 @@ pub fn spawn(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>) -> JoinH
         let mut shutdown = broker.shutdown_signal();
         let mut fetchers: HashMap<i32, JoinHandle<()>> = HashMap::new();
         loop {
-            let leaders: std::collections::BTreeSet<i32> =
-                broker.followed_partitions().iter().map(|f| f.leader).collect();
+            let leaders = broker.followed_leaders();
             fetchers.retain(|_, task| !task.is_finished());
             for leader in leaders {
                 fetchers
@@ -157,7 +156,7 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
         if broker.is_shutting_down() {
             return;
         }
-        let followed: Vec<Followed> = broker.followed_partitions().into_iter().filter(|f| f.leader == leader).collect();
+        let followed = broker.followed_from(leader);
         if followed.is_empty() {
             tracing::info!(leader, "replica fetcher stopped: no partition to follow from this leader");
             return;
@@ -178,8 +177,8 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
             },
         };
         // A reassignment's copy pauses while this follower's throttle budget is spent.
-        let followed: Vec<Followed> = if broker.replication_quotas.follower.exceeded() {
-            followed.into_iter().filter(|f| !f.partition.throttled_as_follower()).collect()
+        let followed: Vec<Arc<Partition>> = if broker.replication_quotas.follower.exceeded() {
+            followed.into_iter().filter(|p| !p.throttled_as_follower()).collect()
         } else {
             followed
         };
@@ -188,11 +187,13 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
             tokio::time::sleep(BACKOFF / 10).await;
             continue;
         }
-        let throttled: Vec<PartitionKey> = followed
-            .iter()
-            .filter(|f| f.partition.throttled_as_follower())
-            .map(|f| (f.partition.topic.clone(), f.partition.index))
-            .collect();
+        // Counted only under a follower throttle: an idle round over thousands of partitions
+        // should not look up each one's throttle to count nothing.
+        let throttled: Vec<PartitionKey> = if broker.replication_quotas.follower.is_limited() {
+            followed.iter().filter(|p| p.throttled_as_follower()).map(|p| (p.topic.clone(), p.index)).collect()
+        } else {
+            Vec::new()
+        };
         let request = fetch_request(&broker, &followed);
         let wait = Duration::from_millis(broker.config.replica_fetch_wait_max_ms)
             + Duration::from_millis(broker.config.quorum_request_timeout_ms);
@@ -209,21 +210,17 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
         if !throttled.is_empty() {
             broker.replication_quotas.follower.record(throttled_bytes(&response, &throttled));
         }
-        let by_name: BTreeMap<(String, i32), Arc<Partition>> =
-            followed.iter().map(|f| ((f.partition.topic.clone(), f.partition.index), f.partition.clone())).collect();
         let broker2 = broker.clone();
-        let keys: Vec<(String, i32)> = by_name.keys().cloned().collect();
-        let applied = tokio::task::spawn_blocking(move || apply_response(&broker2, &by_name, response)).await;
+        let fetched = followed.len();
+        let applied = tokio::task::spawn_blocking(move || apply_response(&broker2, &followed, response)).await;
         match applied {
             Ok(Ok(stuck)) => {
-                for key in keys.iter().filter(|k| !stuck.iter().any(|(s, _)| s == *k)) {
-                    stalls.fine(key);
-                }
+                stalls.fine_but(&stuck);
                 // A stuck partition makes the leader answer at once (no long poll): pause
                 // briefly so that the fetcher does not spin, and longer when nothing moved.
                 let pause = match stuck.len() {
                     0 => None,
-                    n if n == keys.len() => Some(BACKOFF),
+                    n if n == fetched => Some(BACKOFF),
                     _ => Some(BACKOFF / 10),
                 };
                 for (key, why) in stuck {
@@ -250,16 +247,17 @@ async fn within<T>(limit: Duration, work: impl std::future::Future<Output = Resu
     tokio::time::timeout(limit, work).await.unwrap_or_else(|_| Err(format!("no answer within {limit:?}")))
 }
 
-/// A fetch of every followed partition, from its log end.
-fn fetch_request(broker: &Broker, followed: &[Followed]) -> FollowerFetch {
+/// A fetch of every followed partition, from its log end, at the leader epoch this broker
+/// knows.
+fn fetch_request(broker: &Broker, followed: &[Arc<Partition>]) -> FollowerFetch {
     let partitions = followed
         .iter()
-        .map(|f| {
-            let log = &f.partition.log;
+        .map(|partition| {
+            let log = &partition.log;
             FetchFrom {
-                topic: f.partition.topic.clone(),
-                partition: f.partition.index,
-                current_leader_epoch: f.leader_epoch,
+                topic: partition.topic.clone(),
+                partition: partition.index,
+                current_leader_epoch: partition.leader_epoch(),
                 fetch_offset: log.log_end_offset(),
                 last_fetched_epoch: log.latest_leader_epoch().ok().flatten(),
                 log_start_offset: log.log_start_offset(),
@@ -292,16 +290,19 @@ fn throttled_bytes(response: &LeaderAnswer, throttled: &[PartitionKey]) -> u64 {
 /// progress and why. Blocking.
 fn apply_response(
     broker: &Broker,
-    partitions: &BTreeMap<(String, i32), Arc<Partition>>,
+    fetched: &[Arc<Partition>],
     response: LeaderAnswer,
 ) -> Result<Vec<(PartitionKey, String)>, String> {
     if let Some(why) = response.refused {
         return Err(format!("the leader refused the fetch: {why}"));
     }
+    // Borrowed keys: a round over thousands of idle partitions allocates no name per partition.
+    let partitions: HashMap<(&str, i32), &Arc<Partition>> =
+        fetched.iter().map(|p| ((p.topic.as_str(), p.index), p)).collect();
     let mut stuck = Vec::new();
     for data in response.partitions {
+        let Some(partition) = partitions.get(&(data.topic.as_str(), data.partition)) else { continue };
         let key = (data.topic.clone(), data.partition);
-        let Some(partition) = partitions.get(&key) else { continue };
         if let Err(why) = apply_partition(broker, partition, data) {
             stuck.push((key, why));
         }
@@ -339,6 +340,12 @@ impl Stalls {
 
     fn fine(&mut self, key: &(String, i32)) {
         self.since.remove(key);
+    }
+
+    /// A round went through: every partition made progress but the `stuck` ones. Looks at
+    /// the problems on record only, not at every partition of the round.
+    fn fine_but(&mut self, stuck: &[(PartitionKey, String)]) {
+        self.since.retain(|key, _| key.1 < 0 || stuck.iter().any(|(s, _)| s == key));
     }
 }
 
@@ -396,28 +403,7 @@ fn apply_partition(broker: &Broker, partition: &Partition, data: LeaderPartition
     Ok(())
 }
 
-/// A partition this broker follows, and where its leader is.
-#[derive(Clone)]
-pub(crate) struct Followed {
-    pub partition: Arc<Partition>,
-    pub leader: i32,
-    pub leader_epoch: i32,
-}
-
 impl Broker {
-    /// The partitions this broker holds a replica of and another broker leads.
-    pub(crate) fn followed_partitions(&self) -> Vec<Followed> {
-        let me = self.config.node_id;
-        self.partitions()
-            .into_iter()
-            .filter_map(|partition| {
-                let state = partition.state();
-                (state.leader != me && state.leader != crate::metadata::NO_LEADER && state.replicas.contains(&me))
-                    .then(|| Followed { leader: state.leader, leader_epoch: state.leader_epoch, partition })
-            })
-            .collect()
-    }
-
     /// Writes the leader's batches to a partition this broker follows, keeping their offsets
     /// and epochs, fsyncs them with `flush=sync` (a replica's position counts only once it is
     /// as durable as the topic promises), and takes the leader's high watermark as far as the

@@ -16,6 +16,7 @@ pub mod delayed;
 /// Weir's error vocabulary (the `weir-error` crate), where the core's callers have always found it.
 pub use weir_error as error;
 pub mod fetch;
+mod followed;
 pub mod follower;
 pub mod forward;
 pub mod group_config;

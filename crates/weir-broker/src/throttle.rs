@@ -56,6 +56,12 @@ impl Quota {
         }
     }
 
+    /// Does a rate limit this budget at all? Without one nothing is throttled, and callers need
+    /// not count what throttled replicas transfer.
+    pub(crate) fn is_limited(&self) -> bool {
+        lock(&self.bucket).rate.is_some()
+    }
+
     /// Is the budget spent (throttled replicas must wait)?
     pub fn exceeded(&self) -> bool {
         let mut bucket = lock(&self.bucket);

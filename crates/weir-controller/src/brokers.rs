@@ -266,14 +266,14 @@ mod tests {
         let id = Uuid::new_v4();
         state.topics.insert(
             "t".into(),
-            TopicMetadata {
+            std::sync::Arc::new(TopicMetadata {
                 name: "t".into(),
                 id,
                 partitions: partitions.len() as i32,
                 configs: Default::default(),
                 internal: false,
                 assignments: partitions,
-            },
+            }),
         );
         for b in 1..=3 {
             state.brokers.insert(b, crate::placement::test_broker(b, fenced.contains(&b)));

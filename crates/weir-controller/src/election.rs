@@ -166,7 +166,7 @@ mod tests {
             internal: false,
             assignments: partitions,
         };
-        state.topics.insert("t".into(), topic);
+        state.topics.insert("t".into(), std::sync::Arc::new(topic));
         for id in 1..=3 {
             let registration = BrokerRegistration {
                 id,

@@ -301,7 +301,7 @@ mod tests {
 
     fn applied(topic: &TopicMetadata, record: &MetadataRecord) -> PartitionState {
         let mut state = cluster(&[], &[]);
-        state.topics.insert(topic.name.clone(), topic.clone());
+        state.topics.insert(topic.name.clone(), std::sync::Arc::new(topic.clone()));
         state.apply(1, record);
         state.check_invariants();
         state.topic("t").and_then(|t| t.partition(0)).cloned().expect("the partition")

@@ -26,7 +26,7 @@
 //! entries never show as results. The invariants are asserted in debug builds by
 //! `PartitionIndex::check_invariants` after every change of a partition's index.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -403,24 +403,23 @@ impl MessageIndex {
 
     /// One round over the partitions: indexes what is new in each, drops the indexes of
     /// partitions that are gone.
+    ///
+    /// It walks the indexed topics, not every partition: it runs five times a second, and a
+    /// broker of 15,000 partitions, none of them indexed, should not look at each of them to
+    /// find nothing to do.
     fn pass(&self, broker: &Broker) {
         let metadata = broker.metadata();
-        let mut live = Vec::new();
-        for partition in broker.partitions() {
-            let Some(topic) = metadata.topic(&partition.topic) else { continue };
-            if !weir_broker::topic_config::message_index(&broker.config.topic_defaults, &topic.configs) {
-                continue;
-            }
-            live.push((partition.topic.clone(), partition.index));
-            let index = match self.partition_index(&partition, topic.id) {
-                Ok(index) => index,
-                Err(e) => {
-                    tracing::warn!(topic = %partition.topic, partition = partition.index, error = %e, "message index: cannot open");
-                    continue;
-                }
-            };
-            if let Err(e) = index_new_records(broker, &partition, &index) {
-                tracing::warn!(topic = %partition.topic, partition = partition.index, error = %e, "message index: indexing failed");
+        let mut live = HashSet::new();
+        let defaults = &broker.config.topic_defaults;
+        let indexed = metadata
+            .topics
+            .values()
+            .filter(|topic| weir_broker::topic_config::message_index(defaults, &topic.configs))
+            .filter_map(|topic| Some((topic, broker.topic_partitions(&topic.name)?)));
+        for (topic, partitions) in indexed {
+            for partition in partitions.iter().flatten() {
+                self.index_partition(broker, partition, topic.id);
+                live.insert((partition.topic.clone(), partition.index));
             }
         }
         let gone: Vec<(String, i32)> = {
@@ -435,6 +434,20 @@ impl MessageIndex {
             // The topic was deleted, or stopped being indexed, or moved away: its index would
             // only be stale. (Opening it again rebuilds it from the log.)
             let _ = fs::remove_dir_all(self.root.join(format!("{topic}-{index}")));
+        }
+    }
+
+    /// Indexes what is new in one partition of an indexed topic.
+    fn index_partition(&self, broker: &Broker, partition: &Partition, topic_id: Uuid) {
+        let index = match self.partition_index(partition, topic_id) {
+            Ok(index) => index,
+            Err(e) => {
+                tracing::warn!(topic = %partition.topic, partition = partition.index, error = %e, "message index: cannot open");
+                return;
+            }
+        };
+        if let Err(e) = index_new_records(broker, partition, &index) {
+            tracing::warn!(topic = %partition.topic, partition = partition.index, error = %e, "message index: indexing failed");
         }
     }
 

@@ -17,6 +17,7 @@ pub mod legacy;
 pub mod raft;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -234,7 +235,14 @@ impl TopicMetadata {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MetadataState {
     pub cluster_id: String,
-    pub topics: BTreeMap<String, TopicMetadata>,
+    /// Each topic behind its own `Arc`, so that a copy of the state (one per applied batch, which
+    /// the broker keeps as the state readers see) shares every topic a change did not touch:
+    /// copying costs one pointer per topic, not one allocation per partition, and a reader can
+    /// tell an untouched topic from a changed one with `Arc::ptr_eq` (how the broker reconciles
+    /// only what changed). `apply` changes a topic through `Arc::make_mut`, which copies that
+    /// topic alone when another state still shares it.
+    #[serde(with = "shared_topics")]
+    pub topics: BTreeMap<String, Arc<TopicMetadata>>,
     /// Offset of the last applied record; -1 before the first.
     pub applied_offset: i64,
     /// The first producer id not yet reserved.
@@ -251,6 +259,32 @@ pub struct MetadataState {
     /// Consumer groups' settings (overrides only), by group; groups without any are absent.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// `MetadataState::topics` in JSON as a plain map of topics: snapshots keep the format they
+/// had before the topics were shared (serde's own `Arc` support would need its `rc` feature,
+/// and a rebuild of every crate that uses serde, for these few lines).
+mod shared_topics {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::TopicMetadata;
+
+    pub(super) fn serialize<S: Serializer>(
+        topics: &BTreeMap<String, Arc<TopicMetadata>>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(topics.iter().map(|(name, topic)| (name, &**topic)))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<String, Arc<TopicMetadata>>, D::Error> {
+        let topics = BTreeMap::<String, TopicMetadata>::deserialize(deserializer)?;
+        Ok(topics.into_iter().map(|(name, topic)| (name, Arc::new(topic))).collect())
+    }
 }
 
 /// A broker as the controller knows it: where clients reach it, and whether it may lead.
@@ -280,11 +314,11 @@ impl MetadataState {
     }
 
     pub fn topic(&self, name: &str) -> Option<&TopicMetadata> {
-        self.topics.get(name)
+        self.topics.get(name).map(|t| &**t)
     }
 
     pub fn topic_by_id(&self, id: Uuid) -> Option<&TopicMetadata> {
-        self.topics.values().find(|t| t.id == id)
+        self.topics.values().find(|t| t.id == id).map(|t| &**t)
     }
 
     /// True when some partition has no replicas assigned (a data directory written before
@@ -299,6 +333,7 @@ impl MetadataState {
     /// topic has one (possibly unassigned) entry per partition.
     pub(crate) fn upgrade_loaded(&mut self) {
         for topic in self.topics.values_mut() {
+            let topic = Arc::make_mut(topic);
             topic.assignments.resize(topic.partitions.max(0) as usize, PartitionState::unassigned());
         }
     }
@@ -349,7 +384,8 @@ impl MetadataState {
 
     fn partition_mut(&mut self, topic: &str, id: Uuid, partition: i32) -> Option<&mut PartitionState> {
         let topic = self.topics.get_mut(topic).filter(|t| t.id == id)?;
-        topic.assignments.get_mut(usize::try_from(partition).ok()?)
+        let index = usize::try_from(partition).ok().filter(|i| *i < topic.assignments.len())?;
+        Arc::make_mut(topic).assignments.get_mut(index)
     }
 
     /// Applies the record at `offset`. A record that does not fit the state (which validation
@@ -383,7 +419,7 @@ impl MetadataState {
                     internal: *internal,
                     assignments,
                 };
-                self.topics.insert(name.clone(), topic);
+                self.topics.insert(name.clone(), Arc::new(topic));
             }
             MetadataRecord::DeleteTopic { name, id } => {
                 if self.topics.get(name).is_some_and(|t| t.id == *id) {
@@ -394,6 +430,7 @@ impl MetadataState {
             }
             MetadataRecord::CreatePartitions { name, id, partitions, assignments } => match self.topics.get_mut(name) {
                 Some(topic) if topic.id == *id && *partitions >= topic.partitions => {
+                    let topic = Arc::make_mut(topic);
                     let added = partition_states(*partitions, topic.partitions, assignments);
                     topic.assignments.extend(added);
                     topic.partitions = *partitions;
@@ -416,6 +453,7 @@ impl MetadataState {
             }
             MetadataRecord::AssignLegacyPartitions { broker } => {
                 for topic in self.topics.values_mut() {
+                    let topic = Arc::make_mut(topic);
                     topic.assignments.resize(topic.partitions.max(0) as usize, PartitionState::unassigned());
                     for state in topic.assignments.iter_mut().filter(|s| s.replicas.is_empty()) {
                         *state = PartitionState::new(vec![*broker]);
@@ -423,7 +461,7 @@ impl MetadataState {
                 }
             }
             MetadataRecord::SetTopicConfigs { name, id, configs } => match self.topics.get_mut(name) {
-                Some(topic) if topic.id == *id => topic.configs = configs.clone(),
+                Some(topic) if topic.id == *id => Arc::make_mut(topic).configs = configs.clone(),
                 _ => tracing::warn!(offset, topic = %name, "metadata: skipping configs of an unknown topic"),
             },
             MetadataRecord::SetBrokerConfigs { resource, configs } => {
@@ -517,6 +555,45 @@ fn partition_states(count: i32, first: i32, assignments: &[Vec<i32>]) -> Vec<Par
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn create(name: &str, partitions: i32) -> MetadataRecord {
+        MetadataRecord::CreateTopic {
+            name: name.into(),
+            id: Uuid::new_v4(),
+            partitions,
+            configs: BTreeMap::new(),
+            internal: false,
+            assignments: vec![vec![1, 2]; partitions as usize],
+        }
+    }
+
+    #[test]
+    fn a_copy_shares_every_topic_a_change_did_not_touch() {
+        let mut state = MetadataState::new();
+        state.apply(0, &create("a", 2));
+        state.apply(1, &create("b", 2));
+        let before = state.clone();
+        let b_id = state.topic("b").map(|t| t.id).unwrap_or_default();
+        let change = MetadataRecord::PartitionChange {
+            topic: "b".into(),
+            id: b_id,
+            partition: 1,
+            replicas: None,
+            isr: Some(vec![1]),
+            leader: None,
+        };
+        state.apply(2, &change);
+        state.apply(3, &create("c", 1));
+        assert!(Arc::ptr_eq(&before.topics["a"], &state.topics["a"]), "untouched: shared");
+        assert!(!Arc::ptr_eq(&before.topics["b"], &state.topics["b"]), "changed: a topic of its own");
+        assert_eq!(before.topics["b"].assignments[1].isr, vec![1, 2], "the earlier copy did not change");
+        assert_eq!(state.topics["b"].assignments[1].isr, vec![1]);
+        // Snapshots keep their JSON: topics by name, each a plain object.
+        let json = serde_json::to_value(&state).unwrap_or_default();
+        assert_eq!(json["topics"]["a"]["partitions"], 2, "{json}");
+        let back: MetadataState = serde_json::from_value(json).unwrap_or_default();
+        assert_eq!(back, state);
+    }
 
     #[test]
     fn apply_is_deterministic_and_skips_invalid_records() {
