@@ -10,6 +10,7 @@
 
 pub mod broker;
 mod broker_configs;
+mod capacity;
 pub mod cluster;
 pub mod config;
 pub mod delayed;

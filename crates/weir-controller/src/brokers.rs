@@ -330,6 +330,7 @@ mod tests {
             offsets_topic_replication_factor: 3,
             transaction_state_replication_factor: 3,
             topic_defaults: Default::default(),
+            replica_capacity: None,
         }
     }
 

@@ -13,6 +13,7 @@
 //! Code map:
 //! - [`request`]: what can be asked of the controller ([`ControlRequest`]) and its answers;
 //! - [`topics`]: topics, partitions and topic configs; [`placement`]: where replicas go;
+//!   [`capacity`]: how many replicas a broker can hold open, and the refusal past it;
 //! - [`brokers`]: registrations, heartbeats, sessions, fencing and the leader changes they
 //!   imply;
 //! - [`isr`]: a leader's ISR proposals (AlterPartition);
@@ -33,6 +34,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod brokers;
+pub mod capacity;
 pub mod election;
 pub mod group_config;
 pub mod isr;
@@ -86,6 +88,9 @@ pub struct ControllerConfig {
     pub transaction_state_replication_factor: i16,
     /// The broker-wide defaults of topic configs, by topic config name.
     pub topic_defaults: BTreeMap<String, String>,
+    /// How many partition replicas a broker can hold open (`None`: no limit known); creations
+    /// past it are refused (see [`capacity`]).
+    pub replica_capacity: Option<capacity::ReplicaCapacity>,
 }
 
 /// Where a decision's randomness comes from.

@@ -11,7 +11,7 @@ use weir_metadata::{
 };
 
 use crate::topic_config::{self, ConfigEdit};
-use crate::{placement, ControllerConfig, Decision, Entropy};
+use crate::{capacity, placement, ControllerConfig, Decision, Entropy};
 
 /// Longest legal topic name (Kafka's limit, which keeps `<topic>-<partition>` a valid file name).
 pub const MAX_TOPIC_NAME_LEN: usize = 249;
@@ -166,6 +166,7 @@ fn validate_new_topic(
         assignments
     };
     topic_config::validate(&topic.configs).map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
+    capacity::check_capacity(state, &assignments, config.replica_capacity.as_ref())?;
     Ok(assignments)
 }
 
@@ -308,6 +309,7 @@ pub fn decide_create_partitions(
             placement::assign_replicas(topic.partitions, added, rf, &brokers, start)
         }
     };
+    capacity::check_capacity(state, &assignments, config.replica_capacity.as_ref())?;
     if validate_only {
         return Ok(Decision::nothing(()));
     }
@@ -367,6 +369,7 @@ mod tests {
             offsets_topic_replication_factor: 3,
             transaction_state_replication_factor: 3,
             topic_defaults: BTreeMap::new(),
+            replica_capacity: None,
         }
     }
 

@@ -1,6 +1,7 @@
-//! What Linux's `/proc` says about a process: CPU time, memory, threads, open file descriptors
-//! and start time. One parser of `/proc/<pid>/{stat,status,fd,limits}` and `/proc/stat` for the
-//! broker's process metrics and the benchmarks (which read the broker's and their own).
+//! What Linux's `/proc` says about a process: CPU time, memory, memory maps, threads, open file
+//! descriptors and start time. One parser of `/proc/<pid>/{stat,status,fd,limits,maps}`,
+//! `/proc/stat` and `/proc/sys/vm/max_map_count` for the broker's process metrics and the
+//! benchmarks (which read the broker's and their own).
 //!
 //! Every reader returns `None` when the file is missing or does not parse (another OS, a process
 //! that exited): callers leave the figure out rather than fail.
@@ -114,6 +115,18 @@ pub fn max_fds(pid: Pid) -> Option<u64> {
     parse_max_open_files(&std::fs::read_to_string(pid.path("limits")).ok()?)
 }
 
+/// Memory maps of the process (lines of `/proc/<pid>/maps`): what `vm.max_map_count` limits.
+pub fn memory_maps(pid: Pid) -> Option<u64> {
+    let text = std::fs::read_to_string(pid.path("maps")).ok()?;
+    Some(text.lines().count() as u64)
+}
+
+/// The most memory maps a process may have (`/proc/sys/vm/max_map_count`, 65,530 unless the
+/// machine raised it).
+pub fn max_memory_maps() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count").ok()?.trim().parse().ok()
+}
+
 /// `btime 1795975519` of a `/proc/stat` text: boot time in Unix seconds.
 pub(crate) fn parse_boot_time(text: &str) -> Option<u64> {
     text.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse().ok())
@@ -168,6 +181,9 @@ mod tests {
         assert!(memory(by_pid).and_then(|m| m.resident_bytes).is_some_and(|b| b > 0));
         assert!(open_fds(Pid::SelfProcess).is_some_and(|n| n >= 3), "stdin, stdout and stderr at least");
         assert!(max_fds(Pid::SelfProcess) >= open_fds(Pid::SelfProcess));
+        // The executable, the heap and the stack at least; never more than the machine allows.
+        let maps = memory_maps(by_pid).expect("own maps");
+        assert!(maps >= 3 && max_memory_maps().is_none_or(|max| maps <= max), "{maps} maps");
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
         assert!(start_time_seconds(&stat).is_some_and(|t| t <= now + 1.0 && t > now - 86_400.0 * 365.0));
     }

@@ -52,6 +52,7 @@ impl Broker {
             offsets_topic_replication_factor: config.offsets_topic_replication_factor,
             transaction_state_replication_factor: config.transaction_state_replication_factor,
             topic_defaults: config.topic_defaults.clone(),
+            replica_capacity: crate::capacity::replica_capacity(),
         }
     }
 
