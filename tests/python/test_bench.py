@@ -1,9 +1,12 @@
-"""Smoke test of scripts/bench-kafka.py: a tiny run prints sane numbers (no performance claims)."""
+"""Smoke tests of the benchmarks: scripts/bench-kafka.py and `weir bench partitions` print sane
+numbers on a tiny run (no performance claims)."""
 
 import json
 import pathlib
 import subprocess
 import sys
+
+from conftest import weir_bin
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench-kafka.py"
 
@@ -38,3 +41,25 @@ def test_bench_text_with_acks_all(broker):
                for line in lines), out
     assert any(line.startswith("consume") and "MB/s" in line and "500 records" in line for line in lines), out
     assert any(line.startswith("broker peak RSS (VmHWM):") for line in lines), out
+
+
+def test_bench_partitions_quick(tmp_path):
+    """`weir bench partitions` on a tiny scale: three real nodes grown to 30 and 60 partitions
+    (topics of 3, replication factor 3). Every figure it reports must be there and sane."""
+    report_path = tmp_path / "partitions.json"
+    cmd = [str(weir_bin()), "bench", "partitions", "--counts", "30,60", "--per-topic", "3",
+           "--settle", "0.5", "--idle", "1", "--json", str(report_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    (run,) = json.loads(report_path.read_text())
+    assert [step["partitions"] for step in run["steps"]] == [30, 60]
+    for step in run["steps"]:
+        assert step["created"] == 30 and 0 < step["seconds"] < 60 and step["partitions_per_s"] > 0
+        assert len(step["nodes"]) == 3
+        for node in step["nodes"]:
+            # 60 partitions x 3 replicas on 3 nodes: each node holds up to 60 open segments.
+            assert 0 <= node["idle_cpu_percent"] < 200
+            assert 1 < node["rss_mib"] < 4096
+            assert node["open_files"] >= step["partitions"], node
+            assert node["memory_maps"] >= 2 * step["partitions"], node
+    assert "| 60 |" in proc.stdout, proc.stdout

@@ -34,6 +34,10 @@ pub enum BenchCommand {
     /// What replication costs a producer: produce MB/s and latency with 1 replica / acks=1,
     /// 3 replicas / acks=1 and 3 replicas / acks=all on a 3-node cluster, side by side.
     Replication(ReplicationBenchArgs),
+    /// What the partition count costs a cluster: creation rate, and each node's idle CPU, RSS,
+    /// open files and memory maps at each count, optionally beside a baseline binary.
+    #[command(long_about = PARTITIONS_LONG_ABOUT)]
+    Partitions(PartitionsBenchArgs),
     /// The RocketMQ 5 gRPC front-end against the Kafka one on the same broker: send, receive
     /// and receive with a tag filter, side by side in one run.
     #[command(name = "rocketmq", long_about = ROCKETMQ_LONG_ABOUT)]
@@ -76,6 +80,21 @@ with every partition led: how soon a change is visible everywhere. Finally, on a
 more, it kills the active controller with SIGKILL and retries CreateTopics through a survivor
 until one succeeds: the time the cluster needs to elect a new controller and decide again (the
 election timeout is the default `controller.quorum.election.timeout.ms`).";
+
+const PARTITIONS_LONG_ABOUT: &str = "\
+What a cluster's partition count costs. It starts --nodes combined nodes (process.roles
+broker,controller; this binary, or --baseline's, on 127.0.0.1, each in its own temporary data
+directory) and grows them through each of --counts partitions: topics of --per-topic partitions
+with --replication-factor replicas, created with CreateTopics (one topic per request, from
+--concurrency clients at once) through a node that is not the active controller.
+
+At each count it reports the creation rate of the partitions created since the previous count,
+and over the last tenth of them (how fast creation is at this count). Then, after --settle
+seconds, nothing is produced or consumed for --idle seconds: each node's CPU over that window
+(user + system, /proc/<pid>/stat, in % of one core), its RSS, open files (/proc/<pid>/fd) and
+memory maps (/proc/<pid>/maps) at its end. With --baseline BIN the whole run is made first on a
+cluster of that binary (another build of weir), then on this one, and both are printed side by
+side. --json FILE writes all of it.";
 
 const ROCKETMQ_LONG_ABOUT: &str = "\
 What a message costs through the RocketMQ 5 gRPC front-end (apache.rocketmq.v2.MessagingService)
@@ -371,6 +390,47 @@ pub struct MetadataBenchArgs {
     /// Skip killing the controller.
     #[arg(long)]
     pub(crate) no_failover: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct PartitionsBenchArgs {
+    /// Partition counts to grow the cluster to, in increasing order, each a multiple of
+    /// --per-topic.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', default_values_t = [3000, 15000])]
+    pub(crate) counts: Vec<usize>,
+
+    /// Partitions of each topic created.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub(crate) per_topic: usize,
+
+    /// Replicas of each partition.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub(crate) replication_factor: i16,
+
+    /// Nodes of the cluster (every one a voter and a broker).
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=9))]
+    pub(crate) nodes: u64,
+
+    /// CreateTopics requests in flight at once (one per client connection).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub(crate) concurrency: usize,
+
+    /// Seconds between the last creation and the idle window (followers start fetching).
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds, default_value = "5")]
+    pub(crate) settle: Duration,
+
+    /// Seconds of the idle window over which each node's CPU is measured.
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds, default_value = "10")]
+    pub(crate) idle: Duration,
+
+    /// Another `weir` binary (the build a change is measured against) to run the same steps on
+    /// first, on a cluster of its own.
+    #[arg(long, value_name = "BIN")]
+    pub(crate) baseline: Option<PathBuf>,
 
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
@@ -690,6 +750,33 @@ pub(crate) mod tests {
                 .expect("valid command line");
         let Command::Bench(BenchCommand::Timer(args)) = txn.command else { panic!("not bench timer") };
         assert_eq!((args.transactions, args.concurrency, args.rounds), (true, 4, Some(2)));
+    }
+
+    #[test]
+    fn bench_partitions_parses_its_flags() {
+        let cli = Cli::try_parse_from([
+            "weir",
+            "bench",
+            "partitions",
+            "--counts",
+            "30,60",
+            "--per-topic",
+            "3",
+            "--idle",
+            "0.5",
+            "--baseline",
+            "/tmp/weir-base",
+        ])
+        .expect("valid command line");
+        let Command::Bench(BenchCommand::Partitions(args)) = cli.command else { panic!("not bench partitions") };
+        assert_eq!((args.counts, args.per_topic, args.nodes), (vec![30, 60], 3, 3));
+        assert_eq!((args.idle, args.settle), (Duration::from_millis(500), Duration::from_secs(5)));
+        assert_eq!(args.baseline, Some(PathBuf::from("/tmp/weir-base")));
+        let defaults = Cli::try_parse_from(["weir", "bench", "partitions"]).expect("valid command line");
+        let Command::Bench(BenchCommand::Partitions(args)) = defaults.command else { panic!("not bench partitions") };
+        assert_eq!((args.counts, args.replication_factor, args.concurrency), (vec![3000, 15000], 3, 4));
+        assert!(Cli::try_parse_from(["weir", "bench", "partitions", "--nodes", "0"]).is_err());
+        assert!(Cli::try_parse_from(["weir", "bench", "partitions", "--idle", "0"]).is_err());
     }
 
     #[test]

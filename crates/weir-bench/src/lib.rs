@@ -4,7 +4,7 @@
 //! runs as a child; it measures any Kafka-compatible broker through librdkafka.
 //!
 //! Code map: [`cli`] (every command's flags and long help), one module per command
-//! (`storage`, `fetch`, `produce`, `kafka`, `metadata`, `replication`, `rocketmq`, `timer` and
+//! (`storage`, `fetch`, `produce`, `kafka`, `metadata`, `partitions`, `replication`, `rocketmq`, `timer` and
 //! its `--transactions` variant `transactions`), and what several share: `raw_protocol` (a
 //! broker child, admin calls and Fetch loops on top of `weir_harness::kafka_client`) and
 //! `rocketmq_client` (the RocketMQ 5 gRPC calls).
@@ -22,6 +22,7 @@ mod failover;
 mod fetch;
 mod kafka;
 mod metadata;
+mod partitions;
 mod produce;
 mod raw_protocol;
 mod replication;
@@ -43,6 +44,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Kafka(args) => kafka::run(&args),
         BenchCommand::Failover(args) => failover::run(&args),
         BenchCommand::Metadata(args) => metadata::run(&args),
+        BenchCommand::Partitions(args) => partitions::run(&args),
         BenchCommand::Replication(args) => replication::run(&args),
         BenchCommand::RocketMq(args) => rocketmq::run(&args),
         BenchCommand::Timer(args) if args.transactions => transactions::run(&args),

@@ -33,13 +33,23 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 pub(crate) fn start(nodes: usize, partitions: i32, extra: &[(&str, &str)]) -> anyhow::Result<Setup> {
+    start_binary(nodes, partitions, extra, None)
+}
+
+/// [`start`] with the nodes running `exe` (`None`: this binary).
+pub(crate) fn start_binary(
+    nodes: usize,
+    partitions: i32,
+    extra: &[(&str, &str)],
+    exe: Option<&std::path::Path>,
+) -> anyhow::Result<Setup> {
     let mut settings = vec![
         ("admin.listeners".to_string(), String::new()),
         ("offsets.topic.num.partitions".to_string(), partitions.to_string()),
     ];
     settings.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     if nodes == 1 {
-        let server = Server::start("weir-bench-metadata-", &settings, None)?;
+        let server = Server::start_binary("weir-bench-metadata-", "127.0.0.1:0", &settings, exe)?;
         return Ok(Setup { label: "1 node".into(), nodes: vec![server] });
     }
     let ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<_>>()?;
@@ -53,7 +63,10 @@ pub(crate) fn start(nodes: usize, partitions: i32, extra: &[(&str, &str)]) -> an
             let mut settings = settings.clone();
             settings.push(("node.id".into(), (i + 1).to_string()));
             let listeners = format!("PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:{port}");
-            std::thread::spawn(move || Server::start_listening("weir-bench-metadata-", &listeners, &settings, None))
+            let exe = exe.map(|e| e.to_path_buf());
+            std::thread::spawn(move || {
+                Server::start_binary("weir-bench-metadata-", &listeners, &settings, exe.as_deref())
+            })
         })
         .collect();
     let mut servers = Vec::with_capacity(nodes);
@@ -81,7 +94,7 @@ fn knows(client: &mut Client, topic: &str, partitions: i32) -> anyhow::Result<bo
 }
 
 /// The id of the broker Metadata names as the controller (the active one when it is a broker).
-fn controller_id(addr: SocketAddr) -> anyhow::Result<i32> {
+pub(crate) fn controller_id(addr: SocketAddr) -> anyhow::Result<i32> {
     let mut client = raw_protocol::connect(addr)?;
     Ok(metadata(&mut client, None)?.controller_id.0)
 }

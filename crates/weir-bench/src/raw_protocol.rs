@@ -45,6 +45,8 @@ pub(crate) struct Server {
     listeners: String,
     settings: Vec<(String, String)>,
     wait_for: WaitFor,
+    /// The `weir` binary it runs (`None`: this one).
+    exe: Option<std::path::PathBuf>,
 }
 
 impl Server {
@@ -66,7 +68,7 @@ impl Server {
         let mut all = settings.to_vec();
         all.push(("rocketmq.listeners".into(), "127.0.0.1:0".into()));
         all.push(("admin.listeners".into(), "127.0.0.1:0".into()));
-        let server = Server::spawn(prefix, "127.0.0.1:0", &all, parent, WaitFor::KafkaAndAdmin)?;
+        let server = Server::spawn(prefix, "127.0.0.1:0", &all, parent, WaitFor::KafkaAndAdmin, None)?;
         if server.rocketmq.is_none() {
             bail!("`weir server` printed no RocketMQ line before its admin line");
         }
@@ -82,7 +84,7 @@ impl Server {
     ) -> anyhow::Result<Server> {
         let mut all = settings.to_vec();
         all.push(("admin.listeners".into(), "127.0.0.1:0".into()));
-        Server::spawn(prefix, "127.0.0.1:0", &all, parent, WaitFor::KafkaAndAdmin)
+        Server::spawn(prefix, "127.0.0.1:0", &all, parent, WaitFor::KafkaAndAdmin, None)
     }
 
     /// [`Server::start`] with `listeners` of its own (a cluster node's CONTROLLER listener).
@@ -92,7 +94,18 @@ impl Server {
         settings: &[(String, String)],
         parent: Option<&Path>,
     ) -> anyhow::Result<Server> {
-        Server::spawn(prefix, listeners, settings, parent, WaitFor::Kafka)
+        Server::spawn(prefix, listeners, settings, parent, WaitFor::Kafka, None)
+    }
+
+    /// [`Server::start_listening`] of another `weir` binary (`None`: this one), e.g. the build
+    /// a change is measured against.
+    pub(crate) fn start_binary(
+        prefix: &str,
+        listeners: &str,
+        settings: &[(String, String)],
+        exe: Option<&Path>,
+    ) -> anyhow::Result<Server> {
+        Server::spawn(prefix, listeners, settings, None, WaitFor::Kafka, exe)
     }
 
     fn spawn(
@@ -101,6 +114,7 @@ impl Server {
         settings: &[(String, String)],
         parent: Option<&Path>,
         wait_for: WaitFor,
+        exe: Option<&Path>,
     ) -> anyhow::Result<Server> {
         let builder = {
             let mut b = tempfile::Builder::new();
@@ -112,7 +126,8 @@ impl Server {
             None => builder.tempdir(),
         }
         .context("cannot create the broker's data directory")?;
-        let (child, addresses) = Server::launch(dir.path(), listeners, settings, wait_for)?;
+        let exe = exe.map(Path::to_path_buf);
+        let (child, addresses) = Server::launch(exe.as_deref(), dir.path(), listeners, settings, wait_for)?;
         Ok(Server {
             child,
             addr: addresses.kafka,
@@ -122,13 +137,15 @@ impl Server {
             listeners: listeners.to_string(),
             settings: settings.to_vec(),
             wait_for,
+            exe,
         })
     }
 
     /// Starts the broker again in its data directory with its settings (after [`Server::kill`]),
     /// and waits for its listening line; a port 0 listener gets a new port.
     pub(crate) fn restart(&mut self) -> anyhow::Result<()> {
-        let (child, addresses) = Server::launch(self.dir.path(), &self.listeners, &self.settings, self.wait_for)?;
+        let (child, addresses) =
+            Server::launch(self.exe.as_deref(), self.dir.path(), &self.listeners, &self.settings, self.wait_for)?;
         self.child = child;
         self.addr = addresses.kafka;
         self.rocketmq = addresses.rocketmq;
@@ -137,12 +154,16 @@ impl Server {
     }
 
     fn launch(
+        exe: Option<&Path>,
         dir: &Path,
         listeners: &str,
         settings: &[(String, String)],
         wait_for: WaitFor,
     ) -> anyhow::Result<(Child, address_lines::Addresses)> {
-        let exe = std::env::current_exe()?;
+        let exe = match exe {
+            Some(exe) => exe.to_path_buf(),
+            None => std::env::current_exe()?,
+        };
         let mut command = Command::new(exe);
         command.args(["server", "--listen", listeners, "--data-dir"]).arg(dir);
         // No RocketMQ listener unless a setting asks for one: benchmarks run brokers side by side.
