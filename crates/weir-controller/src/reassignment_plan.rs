@@ -273,14 +273,14 @@ mod tests {
         for (name, assignments) in topics {
             state.topics.insert(
                 name.to_string(),
-                TopicMetadata {
+                std::sync::Arc::new(TopicMetadata {
                     name: name.to_string(),
                     id: Uuid::new_v4(),
                     partitions: assignments.len() as i32,
                     configs: Default::default(),
                     internal: false,
                     assignments: assignments.iter().map(|r| PartitionState::new(r.clone())).collect(),
-                },
+                }),
             );
         }
         state
