@@ -37,7 +37,7 @@ pub(crate) struct Status {
 // ----- broker --------------------------------------------------------------------------------
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct BrokerInfo {
+pub struct BrokerInfo {
     pub node_id: i32,
     pub cluster_id: String,
     /// Weir's version.
@@ -54,7 +54,7 @@ pub(crate) struct BrokerInfo {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Listeners {
+pub struct Listeners {
     /// The bound Kafka listener.
     pub kafka: String,
     /// What Metadata tells Kafka clients to connect to.
@@ -674,6 +674,16 @@ pub struct CommittedOffsets {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeletedGroup {
     pub group_id: String,
+}
+
+/// `DELETE /v1/groups/{group}/offsets?topic=T`: the committed offsets of one topic removed
+/// (Kafka's OffsetDelete).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeletedOffsets {
+    pub group_id: String,
+    pub topic: String,
+    /// The topic's partitions whose offsets are gone (those without any included).
+    pub partitions: Vec<i32>,
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use weir_broker::topic_config::{ConfigEdit, ConfigOp};
 
 use crate::api::{
     AlterConfigs, CommitOffsets, CommittedOffsets, ConfigEntry, Configs, CreateGroup, CreatedGroup, DeletedGroup,
-    GroupDescription, GroupList, GroupMember, GroupOffset, GroupSummary, OffsetChange, ResetOffsets,
+    DeletedOffsets, GroupDescription, GroupList, GroupMember, GroupOffset, GroupSummary, OffsetChange, ResetOffsets,
     ResetOffsetsResult, ResetTo, TopicPartitions, TopicSelector,
 };
 use crate::error::ApiError;
@@ -573,6 +573,32 @@ pub(crate) async fn delete(
         Some((_, Some(code))) => Err(coordinator_error(code, &group)),
         None => Err(ApiError::internal("the coordinator returned no result")),
     }
+}
+
+/// `DELETE /v1/groups/{group}/offsets?topic=T`: the group's committed offsets of one topic,
+/// as Kafka's OffsetDelete removes them: refused while members subscribe to the topic.
+pub(crate) async fn delete_offsets(
+    State(state): State<SharedState>,
+    PathParams(group): PathParams<String>,
+    query: QueryParams,
+) -> Result<Json<DeletedOffsets>, ApiError> {
+    let core = state.core()?;
+    let name = query.get("topic").filter(|t| !t.is_empty());
+    let name = name.ok_or_else(|| ApiError::invalid("name the topic whose offsets to delete: ?topic=NAME"))?;
+    let topic = require_topic(&core.broker, name)?;
+    let partitions: Vec<(String, i32)> = (0..topic.partitions).map(|p| (topic.name.clone(), p)).collect();
+    let results =
+        core.groups.delete_offsets(group.clone(), partitions).await.map_err(|code| coordinator_error(code, &group))?;
+    if let Some(code) = results.iter().find_map(|r| r.error) {
+        return Err(match code {
+            ErrorKind::GroupSubscribedToTopic => ApiError::new(
+                code,
+                format!("group '{group}' has members subscribed to topic '{}'; stop them first", topic.name),
+            ),
+            other => ApiError::new(other, format!("group '{group}', topic '{}': {other}", topic.name)),
+        });
+    }
+    Ok(Json(DeletedOffsets { group_id: group, topic: topic.name, partitions: (0..topic.partitions).collect() }))
 }
 
 #[cfg(test)]

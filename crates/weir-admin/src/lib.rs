@@ -146,7 +146,7 @@ pub(crate) fn router(state: SharedState) -> Router {
             // Answered by the group's coordinator, wherever it is.
             Router::new()
                 .route("/v1/groups/{group}", get(groups::describe).delete(groups::delete))
-                .route("/v1/groups/{group}/offsets", post(groups::commit))
+                .route("/v1/groups/{group}/offsets", post(groups::commit).delete(groups::delete_offsets))
                 .route("/v1/groups/{group}/reset-offsets", post(groups::reset_offsets))
                 .route_layer(axum::middleware::from_fn_with_state(state.clone(), forward::at_coordinator)),
         )

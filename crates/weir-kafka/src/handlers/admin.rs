@@ -27,6 +27,8 @@ use crate::handlers::{authorized_operations, message};
 /// DescribeConfigs/AlterConfigs resource types.
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
+/// KIP-848's group resource: a group's settings (Weir's RocketMQ consumer settings).
+const RESOURCE_GROUP: i8 = 32;
 
 /// DescribeConfigs config sources.
 const SOURCE_DYNAMIC_TOPIC: i8 = 1;
@@ -34,6 +36,7 @@ const SOURCE_DYNAMIC_BROKER: i8 = 2;
 const SOURCE_DYNAMIC_DEFAULT_BROKER: i8 = 3;
 const SOURCE_STATIC_BROKER: i8 = 4;
 const SOURCE_DEFAULT: i8 = 5;
+const SOURCE_DYNAMIC_GROUP: i8 = 8;
 
 fn str(s: impl Into<String>) -> StrBytes {
     StrBytes::from_string(s.into())
@@ -251,6 +254,11 @@ pub(crate) async fn describe_configs(
                 }
                 entries
             }
+            // Any group has settings (the defaults, until some are set), as the admin API shows.
+            RESOURCE_GROUP => weir_broker::group_config::describe(&broker.group_configs(&name).unwrap_or_default())
+                .into_iter()
+                .map(|e| (e.name, e.value, if e.overridden { SOURCE_DYNAMIC_GROUP } else { SOURCE_DEFAULT }))
+                .collect(),
             other => {
                 results.push(
                     base.with_error_code(ResponseError::InvalidRequest.code())
