@@ -32,8 +32,17 @@ fn main() -> anyhow::Result<()> {
         Command::Group(args) => admin_cli::finish(admin_cli::group::run(&args)),
         Command::Produce(args) => admin_cli::finish(admin_cli::produce::run(&args)),
         Command::Consume(args) => admin_cli::finish(admin_cli::consume::run(&args)),
-        Command::Message(args) => admin_cli::finish(admin_cli::message::run(&args)),
-        Command::Cluster(args) => admin_cli::finish(admin_cli::cluster::run(&args)),
-        Command::Partition(args) => admin_cli::finish(admin_cli::partition::run(&args)),
+        Command::Message(args) => admin_cli::finish(
+            admin_cli::require_admin_api(&args.connection, "message", admin_cli::MESSAGE_NEEDS_ADMIN)
+                .and_then(|()| admin_cli::message::run(&args)),
+        ),
+        Command::Cluster(args) => admin_cli::finish(
+            admin_cli::require_admin_api(&args.connection, "cluster", admin_cli::CLUSTER_NEEDS_ADMIN)
+                .and_then(|()| admin_cli::cluster::run(&args)),
+        ),
+        Command::Partition(args) => admin_cli::finish(
+            admin_cli::require_admin_api(&args.connection, "partition", admin_cli::PARTITION_NEEDS_ADMIN)
+                .and_then(|()| admin_cli::partition::run(&args)),
+        ),
     }
 }

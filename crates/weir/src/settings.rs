@@ -32,8 +32,9 @@ pub const NOT_SETTINGS: &[&str] = &[
     "WEIR_CONFIG",
     "WEIR_LISTEN",
     "WEIR_DATA_DIR",
-    // The client commands' `--admin`.
+    // The client commands' `--admin` and `--bootstrap`.
     "WEIR_ADMIN",
+    "WEIR_BOOTSTRAP",
     // scripts/test and the Python client tests (tests/python/conftest.py).
     "WEIR_TEST_THREADS",
     "WEIR_BIN",

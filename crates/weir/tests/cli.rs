@@ -314,8 +314,8 @@ fn group_commands_follow_a_consumer_group() {
     let input: String = (0..6).map(|i| format!("t{i}\n")).collect();
     server.weir(&["produce", "tasks", "--partition", "0"], &input).ok();
 
-    // A group consumer starts where nothing is committed (--from-beginning), commits what it
-    // printed, and the next one resumes there.
+    // A group member starts where nothing is committed (--from-beginning), commits what it
+    // printed and leaves, and the next member resumes there.
     let first = server.weir(&["consume", "tasks", "--group", "crew", "--from-beginning", "--max-messages", "4"], "");
     assert_eq!(first.ok().lines().count(), 4);
     let second = server.weir(&["consume", "tasks", "--group", "crew", "--timeout", "1", "--json"], "");
@@ -325,7 +325,7 @@ fn group_commands_follow_a_consumer_group() {
     let listed = server.weir(&["group", "list"], "");
     assert_eq!(
         listed.ok().lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).collect::<Vec<_>>(),
-        vec![vec!["GROUP", "STATE", "PROTOCOL-TYPE"], vec!["crew", "Empty"],]
+        vec![vec!["GROUP", "STATE", "PROTOCOL-TYPE"], vec!["crew", "Empty", "consumer"],]
     );
     assert_eq!(
         server.weir(&["group", "list", "--state", "Stable", "--json"], "").json_lines(),
@@ -334,7 +334,7 @@ fn group_commands_follow_a_consumer_group() {
 
     let described = server.weir(&["group", "describe", "crew"], "");
     let text = described.ok();
-    assert!(text.starts_with("Group: crew\nState: Empty   Protocol: -   Members: 0   Total lag: 0\n"), "{text}");
+    assert!(text.starts_with("Group: crew\nState: Empty   Protocol: consumer   Members: 0   Total lag: 0\n"), "{text}");
     let row = |text: &str, topic_partition: &str| -> Vec<String> {
         text.lines()
             .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())

@@ -2,12 +2,12 @@
 //!
 //! It reads all partitions (or `--partition`) in one long poll per request
 //! (`GET /v1/topics/{topic}/records?offsets=...`), rotating which partition is read first so
-//! none starves. With `--group` it starts from the group's committed offsets and, after
-//! printing each response, commits the offset after the last record printed, as a standalone
-//! consumer does (so the group must have no members).
+//! none starves. With `--group`, or with `--bootstrap`, it speaks the Kafka protocol instead
+//! ([`kafka::consume`]): a group's member must join, heartbeat and leave, which only the Kafka
+//! protocol can do.
 //!
 //! It ends with "consumed N record(s)" on stderr however it ends: `--max-messages`, `--timeout`,
-//! or Ctrl-C. A Ctrl-C waits until the response being printed (and committed) is done, so the
+//! or Ctrl-C. A Ctrl-C waits until the response being printed is done, so the
 //! count is exactly what was printed, then exits with status 130, as a shell expects.
 
 use std::collections::{HashMap, HashSet};
@@ -18,14 +18,13 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use weir_admin::api::{
-    CommitOffset, CommitOffsets, CommittedOffsets, ConsumedRecord, Encoding, GroupDescription, OffsetsAtTime,
-    PartitionPosition, TopicDescription, TopicRecords,
+    BrokerInfo, ConsumedRecord, Encoding, OffsetsAtTime, PartitionPosition, TopicDescription, TopicRecords,
 };
 
-use super::{failure_code, print_json, segment, AdminClient, Connection};
+use super::{kafka, print_json, segment, AdminClient, Connection};
 
 /// Records asked for per request.
-const RECORDS_PER_REQUEST: u64 = 500;
+pub(crate) const RECORDS_PER_REQUEST: u64 = 500;
 /// Longest long poll per request when no --timeout bounds it.
 const POLL_MS_MAX: u64 = 30_000;
 
@@ -43,8 +42,10 @@ pub struct ConsumeArgs {
     #[arg(long, value_name = "TIME", conflicts_with_all = ["group", "from_beginning"],
           value_parser = super::time::parse_time_arg, allow_hyphen_values = true)]
     pub from_time: Option<i64>,
-    /// Start from this group's committed offsets and commit what was printed (the group must
-    /// have no members).
+    /// Consume as a member of this consumer group: share the topic's partitions with the
+    /// group's other consumers, start where the group committed and commit what was printed.
+    /// Speaks the Kafka protocol: to --bootstrap, or to the Kafka listener the admin API
+    /// advertises.
     #[arg(long)]
     pub group: Option<String>,
     /// Start at the earliest offset (where the group has committed nothing, with --group).
@@ -81,8 +82,12 @@ struct Cursor {
     partition: i32,
     /// An offset, or `earliest`/`latest` until the first answer gives a number.
     offset: String,
-    /// The offset committed for the group (to commit only what moved).
-    committed: Option<i64>,
+}
+
+/// The Kafka listener the broker behind the admin API advertises to clients.
+fn advertised_kafka_listener(client: &AdminClient) -> anyhow::Result<String> {
+    let info: BrokerInfo = client.get("/v1/broker", &[])?;
+    Ok(info.listeners.kafka_advertised)
 }
 
 /// Where each partition starts.
@@ -103,7 +108,7 @@ fn starting_cursors(client: &AdminClient, args: &ConsumeArgs) -> anyhow::Result<
             .offsets
             .into_iter()
             .filter(|o| wanted(o.partition))
-            .map(|o| Cursor { partition: o.partition, offset: o.offset.to_string(), committed: None })
+            .map(|o| Cursor { partition: o.partition, offset: o.offset.to_string() })
             .collect());
     }
     let reset = if args.from_beginning { "earliest" } else { "latest" };
@@ -115,48 +120,9 @@ fn starting_cursors(client: &AdminClient, args: &ConsumeArgs) -> anyhow::Result<
         if !numeric && offset != "earliest" && offset != "latest" {
             anyhow::bail!("--offset {offset:?}: expected an offset, earliest or latest");
         }
-        return Ok(partitions
-            .iter()
-            .map(|p| Cursor { partition: p.partition, offset: offset.clone(), committed: None })
-            .collect());
+        return Ok(partitions.iter().map(|p| Cursor { partition: p.partition, offset: offset.clone() }).collect());
     }
-    let Some(group) = &args.group else {
-        return Ok(partitions
-            .iter()
-            .map(|p| Cursor { partition: p.partition, offset: reset.into(), committed: None })
-            .collect());
-    };
-    let committed: HashMap<i32, i64> = match client
-        .get::<GroupDescription>(&format!("/v1/groups/{}", segment(group)), &[])
-    {
-        Ok(description) => {
-            if description.state != "Empty" {
-                anyhow::bail!(
-                    "group '{group}' has active members (state {}); `weir consume --group` commits as a standalone consumer and needs the group to have none (NON_EMPTY_GROUP)",
-                    description.state
-                );
-            }
-            description
-                .offsets
-                .iter()
-                .filter(|o| o.topic == args.topic)
-                .filter_map(|o| o.committed_offset.map(|c| (o.partition, c)))
-                .collect()
-        }
-        Err(e) if failure_code(&e) == Some("GROUP_ID_NOT_FOUND") => HashMap::new(),
-        Err(e) => return Err(e),
-    };
-    Ok(partitions
-        .iter()
-        .map(|p| match committed.get(&p.partition) {
-            // A committed offset that retention has passed (or beyond the log) restarts at the
-            // reset position, as a Kafka consumer's auto.offset.reset does.
-            Some(&c) if c >= p.log_start_offset && c <= p.log_end_offset => {
-                Cursor { partition: p.partition, offset: c.to_string(), committed: Some(c) }
-            }
-            _ => Cursor { partition: p.partition, offset: reset.into(), committed: None },
-        })
-        .collect())
+    Ok(partitions.iter().map(|p| Cursor { partition: p.partition, offset: reset.into() }).collect())
 }
 
 /// A record as `--json` prints it: the API's record with its topic first.
@@ -167,7 +133,12 @@ struct JsonRecord<'a> {
     record: &'a ConsumedRecord,
 }
 
-fn write_record(out: &mut impl Write, topic: &str, record: &ConsumedRecord, json: bool) -> anyhow::Result<()> {
+pub(crate) fn write_record(
+    out: &mut impl Write,
+    topic: &str,
+    record: &ConsumedRecord,
+    json: bool,
+) -> anyhow::Result<()> {
     if json {
         return print_json(out, &JsonRecord { topic, record });
     }
@@ -184,13 +155,15 @@ fn write_record(out: &mut impl Write, topic: &str, record: &ConsumedRecord, json
 
 /// How far a run got: what a Ctrl-C reports.
 #[derive(Default)]
-struct Progress {
+pub(crate) struct Progress {
     /// Records printed so far.
-    printed: AtomicU64,
+    pub(crate) printed: AtomicU64,
     /// Held while a response is printed and committed.
     busy: Mutex<()>,
     /// The run has ended and said so itself (set under `busy`).
-    finished: AtomicBool,
+    pub(crate) finished: AtomicBool,
+    /// Ctrl-C was pressed: a run that must leave a group stops, leaves and exits itself.
+    pub(crate) interrupted: AtomicBool,
 }
 
 impl Progress {
@@ -234,7 +207,7 @@ fn report_on_interrupt(progress: Arc<Progress>) {
 
 /// How long the next request may wait for records: at most until the idle timeout runs out (a
 /// last poll without waiting at 0).
-fn poll_ms(timeout: Option<Duration>, last_record_at: Instant) -> u64 {
+pub(crate) fn poll_ms(timeout: Option<Duration>, last_record_at: Instant) -> u64 {
     match timeout {
         Some(timeout) => {
             let left = timeout.saturating_sub(last_record_at.elapsed());
@@ -259,28 +232,16 @@ fn report_unreadable(positions: &[PartitionPosition], unreadable: &mut HashSet<i
     }
 }
 
-/// Commits the group's offsets of the cursors that moved since their last commit.
-fn commit_moved(client: &AdminClient, group: &str, topic: &str, cursors: &mut [Cursor]) -> anyhow::Result<()> {
-    let moved: Vec<CommitOffset> = cursors
-        .iter_mut()
-        .filter_map(|c| {
-            let offset = c.offset.parse::<i64>().ok()?;
-            if c.committed == Some(offset) {
-                return None;
-            }
-            c.committed = Some(offset);
-            Some(CommitOffset { topic: topic.to_string(), partition: c.partition, offset, metadata: None })
-        })
-        .collect();
-    if !moved.is_empty() {
-        let _: CommittedOffsets =
-            client.post(&format!("/v1/groups/{}/offsets", segment(group)), &CommitOffsets { offsets: moved })?;
-    }
-    Ok(())
-}
-
 pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
+    if let Some(bootstrap) = &args.connection.bootstrap {
+        return kafka::consume::run(args, bootstrap);
+    }
     let client = AdminClient::new(&args.connection)?;
+    if args.group.is_some() {
+        // Group membership is Kafka's protocol: the admin API says where its listener is.
+        let bootstrap = advertised_kafka_listener(&client)?;
+        return kafka::consume::run(args, &bootstrap);
+    }
     let json = args.connection.json;
     // Human output always decodes as text; --encoding only changes the JSON.
     let encoding = if json { args.encoding } else { Encoding::Utf8 };
@@ -339,9 +300,6 @@ pub fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
             if let Some(n) = next.get(&cursor.partition) {
                 cursor.offset = n.to_string();
             }
-        }
-        if let Some(group) = &args.group {
-            commit_moved(&client, group, &args.topic, &mut cursors)?;
         }
         drop(busy);
         if stopped_early {

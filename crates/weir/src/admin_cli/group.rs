@@ -1,14 +1,15 @@
-//! `weir group list|describe|create|alter|reset-offsets|delete`.
+//! `weir group list|describe|create|alter|reset-offsets|delete|delete-offsets`.
 
 use std::io::Write;
 
 use clap::{ArgGroup, Args, Subcommand};
 use weir_admin::api::{
-    AlterConfigs, ConfigEntry, Configs, CreateGroup, CreatedGroup, DeletedGroup, GroupDescription, GroupList,
-    ResetOffsets, ResetOffsetsResult, ResetTo, TopicSelector,
+    AlterConfigs, ConfigEntry, Configs, CreateGroup, CreatedGroup, DeletedGroup, DeletedOffsets, GroupDescription,
+    GroupList, ResetOffsets, ResetOffsetsResult, ResetTo, TopicSelector,
 };
 use weir_broker::group_config;
 
+use super::kafka::groups::KafkaGroups;
 use super::{or_dash, parse_key_value, print_json, segment, AdminClient, Connection, Table};
 
 #[derive(Debug, Args)]
@@ -35,6 +36,56 @@ pub enum GroupCommand {
     ResetOffsets(ResetArgs),
     /// Delete a group and its committed offsets (only while it has no members).
     Delete(GroupName),
+    /// Delete a group's committed offsets of one topic (Kafka's OffsetDelete: refused while
+    /// members subscribe to it).
+    DeleteOffsets(DeleteOffsetsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DeleteOffsetsArgs {
+    pub group: String,
+    /// The topic whose committed offsets go.
+    #[arg(long)]
+    pub topic: String,
+}
+
+/// Where the group commands get their answers: the admin API, or Kafka's group requests with
+/// `--bootstrap` (`kafka::groups`). Both answer with the admin API's types, which one printing
+/// code shows.
+pub trait GroupSource {
+    fn list(&mut self, states: &[String]) -> anyhow::Result<GroupList>;
+    fn describe(&mut self, group: &str) -> anyhow::Result<GroupDescription>;
+    fn create(&mut self, request: &CreateGroup) -> anyhow::Result<CreatedGroup>;
+    fn alter_configs(&mut self, group: &str, request: &AlterConfigs) -> anyhow::Result<Configs>;
+    fn reset_offsets(&mut self, group: &str, request: &ResetOffsets) -> anyhow::Result<ResetOffsetsResult>;
+    fn delete(&mut self, group: &str) -> anyhow::Result<DeletedGroup>;
+    fn delete_offsets(&mut self, group: &str, topic: &str) -> anyhow::Result<DeletedOffsets>;
+}
+
+impl GroupSource for AdminClient {
+    fn list(&mut self, states: &[String]) -> anyhow::Result<GroupList> {
+        let query: Vec<(&str, String)> = if states.is_empty() { Vec::new() } else { vec![("state", states.join(","))] };
+        self.get("/v1/groups", &query)
+    }
+    fn describe(&mut self, group: &str) -> anyhow::Result<GroupDescription> {
+        self.get(&format!("/v1/groups/{}", segment(group)), &[])
+    }
+    fn create(&mut self, request: &CreateGroup) -> anyhow::Result<CreatedGroup> {
+        self.post("/v1/groups", request)
+    }
+    fn alter_configs(&mut self, group: &str, request: &AlterConfigs) -> anyhow::Result<Configs> {
+        self.patch(&format!("/v1/groups/{}/configs", segment(group)), request)
+    }
+    fn reset_offsets(&mut self, group: &str, request: &ResetOffsets) -> anyhow::Result<ResetOffsetsResult> {
+        self.post(&format!("/v1/groups/{}/reset-offsets", segment(group)), request)
+    }
+    fn delete(&mut self, group: &str) -> anyhow::Result<DeletedGroup> {
+        AdminClient::delete(self, &format!("/v1/groups/{}", segment(group)))
+    }
+    fn delete_offsets(&mut self, group: &str, topic: &str) -> anyhow::Result<DeletedOffsets> {
+        let path = format!("/v1/groups/{}/offsets?topic={}", segment(group), segment(topic));
+        AdminClient::delete(self, &path)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -139,14 +190,16 @@ fn parse_topic_selector(text: &str) -> Result<TopicSelector, String> {
 }
 
 pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
-    let client = AdminClient::new(&args.connection)?;
+    let mut client: Box<dyn GroupSource> = match &args.connection.bootstrap {
+        Some(bootstrap) => Box::new(KafkaGroups::connect(bootstrap)?),
+        None => Box::new(AdminClient::new(&args.connection)?),
+    };
+    let client = client.as_mut();
     let json = args.connection.json;
     let mut out = std::io::stdout().lock();
     match &args.command {
         GroupCommand::List(a) => {
-            let query: Vec<(&str, String)> =
-                if a.states.is_empty() { Vec::new() } else { vec![("state", a.states.join(","))] };
-            let list: GroupList = client.get("/v1/groups", &query)?;
+            let list = client.list(&a.states)?;
             if json {
                 return print_json(&mut out, &list);
             }
@@ -157,14 +210,14 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
             table.write(&mut out)?;
         }
         GroupCommand::Describe(a) => {
-            let group: GroupDescription = client.get(&format!("/v1/groups/{}", segment(&a.group)), &[])?;
+            let group = client.describe(&a.group)?;
             if json {
                 return print_json(&mut out, &group);
             }
             write_description(&mut out, &group)?;
         }
         GroupCommand::Create(a) => {
-            let created: CreatedGroup = client.post("/v1/groups", &create_request(a))?;
+            let created = client.create(&create_request(a))?;
             if json {
                 return print_json(&mut out, &created);
             }
@@ -181,7 +234,7 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
                 delete: a.delete.clone(),
                 validate_only: a.validate_only,
             };
-            let configs: Configs = client.patch(&format!("/v1/groups/{}/configs", segment(&a.group)), &request)?;
+            let configs = client.alter_configs(&a.group, &request)?;
             if json {
                 return print_json(&mut out, &configs);
             }
@@ -195,19 +248,31 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
                 to: reset_to(a)?,
                 dry_run: a.dry_run,
             };
-            let result: ResetOffsetsResult =
-                client.post(&format!("/v1/groups/{}/reset-offsets", segment(&a.group)), &request)?;
+            let result = client.reset_offsets(&a.group, &request)?;
             if json {
                 return print_json(&mut out, &result);
             }
             write_reset(&mut out, &result)?;
         }
         GroupCommand::Delete(a) => {
-            let deleted: DeletedGroup = client.delete(&format!("/v1/groups/{}", segment(&a.group)))?;
+            let deleted = client.delete(&a.group)?;
             if json {
                 return print_json(&mut out, &deleted);
             }
             writeln!(out, "deleted group '{}'", deleted.group_id)?;
+        }
+        GroupCommand::DeleteOffsets(a) => {
+            let deleted = client.delete_offsets(&a.group, &a.topic)?;
+            if json {
+                return print_json(&mut out, &deleted);
+            }
+            writeln!(
+                out,
+                "deleted the committed offsets of group '{}' for topic '{}' ({} partition(s))",
+                deleted.group_id,
+                deleted.topic,
+                deleted.partitions.len()
+            )?;
         }
     }
     Ok(())

@@ -10,6 +10,7 @@
 pub mod cluster;
 pub mod consume;
 pub mod group;
+pub mod kafka;
 pub mod message;
 pub mod partition;
 pub mod produce;
@@ -39,9 +40,34 @@ pub struct Connection {
     #[arg(long, value_name = "URL", env = "WEIR_ADMIN", default_value = DEFAULT_ADMIN, global = true)]
     pub admin: String,
 
+    /// Speak the Kafka protocol to these brokers instead of the admin API, for a cluster whose
+    /// admin port is closed (host:port[,host:port], as rpk's --brokers and Kafka's
+    /// --bootstrap-server). The topic, group, produce and consume commands take it.
+    #[arg(long, value_name = "HOST:PORT[,...]", env = "WEIR_BOOTSTRAP", global = true)]
+    pub bootstrap: Option<String>,
+
     /// Print JSON (one object per line) instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+/// Why the commands that `--bootstrap` does not serve need the admin API.
+pub const MESSAGE_NEEDS_ADMIN: &str =
+    "finding messages by key, message id or time reads Weir's message index, which the Kafka protocol has no request for";
+pub const CLUSTER_NEEDS_ADMIN: &str = "the metadata quorum's voters, roles and offsets and the fenced brokers are \
+     Weir's own state; Kafka's DescribeCluster and DescribeQuorum carry only part of it";
+pub const PARTITION_NEEDS_ADMIN: &str = "reassignment plans, their progress and the replication throttle go \
+     through Weir's own reassignment API";
+
+/// Refuses `--bootstrap` for a command that only the admin API can serve, saying why.
+pub fn require_admin_api(connection: &Connection, command: &str, why: &str) -> anyhow::Result<()> {
+    if connection.bootstrap.is_some() {
+        anyhow::bail!(
+            "`weir {command}` needs the admin HTTP API (--admin or WEIR_ADMIN, default {DEFAULT_ADMIN}): {why}; \
+             --bootstrap (WEIR_BOOTSTRAP) serves only the topic, group, produce and consume commands"
+        );
+    }
+    Ok(())
 }
 
 /// An error answer of the admin API.

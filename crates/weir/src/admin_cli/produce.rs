@@ -22,12 +22,12 @@ use serde::Serialize;
 use weir_admin::api::{Configs, Encoding, Headers, ProduceRecord, ProduceRequest, ProduceResponse};
 use weir_admin::BODY_BYTES_MAX;
 
-use super::{parse_key_value, print_json, segment, AdminClient, Connection};
+use super::{kafka, parse_key_value, print_json, segment, AdminClient, Connection};
 
 /// How long to wait for more lines before sending what has been read.
 const LINGER: Duration = Duration::from_millis(5);
 /// Bytes of a RecordBatch v2 besides its records: the header, baseOffset to recordsCount.
-const BATCH_OVERHEAD_BYTES: u64 = 61;
+pub(crate) const BATCH_OVERHEAD_BYTES: u64 = 61;
 /// Most bytes a record adds to a batch besides its key, value and headers: its length,
 /// attributes, timestamp delta, offset delta, key length, value length and header count, each
 /// varint at its widest (5 + 1 + 10 + 5 + 5 + 5 + 5). For a 1.5 KB line the true overhead is
@@ -73,7 +73,7 @@ fn trim_line(mut line: Vec<u8>) -> Vec<u8> {
 }
 
 /// (key, value) of a line.
-fn split_line<'a>(line: &'a [u8], separator: Option<&[u8]>) -> (Option<&'a [u8]>, &'a [u8]) {
+pub(crate) fn split_line<'a>(line: &'a [u8], separator: Option<&[u8]>) -> (Option<&'a [u8]>, &'a [u8]) {
     let Some(separator) = separator.filter(|s| !s.is_empty()) else { return (None, line) };
     match line.windows(separator.len()).position(|w| w == separator) {
         Some(at) => (Some(&line[..at]), &line[at + separator.len()..]),
@@ -89,6 +89,9 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<()> {
     let (lines_tx, lines) = mpsc::sync_channel::<anyhow::Result<Vec<u8>>>(LINES_READ_AHEAD);
     std::thread::spawn(move || read_lines(lines_tx));
 
+    if let Some(bootstrap) = &args.connection.bootstrap {
+        return run_over_kafka(args, bootstrap, lines);
+    }
     let mut sender = Sender::new(args)?;
     let mut pending: Vec<Vec<u8>> = Vec::with_capacity(batch);
     let mut pending_bytes = 0;
@@ -143,6 +146,64 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `weir produce --bootstrap`: the same reading of stdin, sent as Kafka batches.
+fn run_over_kafka(
+    args: &ProduceArgs,
+    bootstrap: &str,
+    lines: mpsc::Receiver<anyhow::Result<Vec<u8>>>,
+) -> anyhow::Result<()> {
+    let mut sender = kafka::produce::KafkaSender::connect(args, bootstrap)?;
+    let mut out = std::io::stdout().lock();
+    let batch = args.batch as usize;
+    loop {
+        let (pending, end, failure) = next_lines(&lines, batch);
+        if let Err(e) = sender.send(&pending, &mut out) {
+            return Err(sender.partial(e));
+        }
+        if let Some(e) = failure {
+            return Err(sender.partial(e));
+        }
+        if end {
+            break;
+        }
+    }
+    if !args.connection.json {
+        writeln!(out, "produced {} record(s) to '{}'", sender.produced, args.topic)?;
+    }
+    Ok(())
+}
+
+/// The lines of one request: a first one waited for, then those that follow within
+/// [`LINGER`], up to `batch` lines or what one request can carry. Also whether stdin ended,
+/// and a failure to read it (after the lines read before it).
+fn next_lines(
+    lines: &mpsc::Receiver<anyhow::Result<Vec<u8>>>,
+    batch: usize,
+) -> (Vec<Vec<u8>>, bool, Option<anyhow::Error>) {
+    let mut pending = Vec::new();
+    let mut bytes = 0;
+    match lines.recv() {
+        Ok(Ok(line)) => {
+            bytes += line.len();
+            pending.push(line);
+        }
+        Ok(Err(e)) => return (pending, true, Some(e)),
+        Err(_) => return (pending, true, None),
+    }
+    while pending.len() < batch && bytes < BODY_BYTES_MAX {
+        match lines.recv_timeout(LINGER) {
+            Ok(Ok(line)) => {
+                bytes += line.len();
+                pending.push(line);
+            }
+            Ok(Err(e)) => return (pending, true, Some(e)),
+            Err(mpsc::RecvTimeoutError::Timeout) => break,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return (pending, true, None),
+        }
+    }
+    (pending, false, None)
+}
+
 /// Feeds stdin's lines (without terminators) to `lines` until the end, a read error, or a line
 /// too long for any request.
 fn read_lines(lines: mpsc::SyncSender<anyhow::Result<Vec<u8>>>) {
@@ -167,7 +228,7 @@ fn read_lines(lines: mpsc::SyncSender<anyhow::Result<Vec<u8>>>) {
 }
 
 /// The most bytes a record adds to a RecordBatch v2 (uncompressed, as the admin API writes it).
-fn record_bytes_max(key: Option<&[u8]>, value: &[u8], headers: &[(String, String)]) -> u64 {
+pub(crate) fn record_bytes_max(key: Option<&[u8]>, value: &[u8], headers: &[(String, String)]) -> u64 {
     let header_bytes: u64 = headers.iter().map(|(n, v)| (n.len() + v.len()) as u64 + HEADER_OVERHEAD_BYTES_MAX).sum();
     RECORD_OVERHEAD_BYTES_MAX + key.map_or(0, |k| k.len() as u64) + value.len() as u64 + header_bytes
 }

@@ -9,6 +9,7 @@ use weir_admin::api::{
     ReplicaLag, TopicDescription, TopicList,
 };
 
+use super::kafka::topics::KafkaTopics;
 use super::{human_bytes, parse_key_value, print_json, segment, AdminClient, Connection, Table};
 
 #[derive(Debug, Args)]
@@ -92,8 +93,45 @@ pub struct AlterArgs {
     pub validate_only: bool,
 }
 
+/// Where the topic commands get their answers: the admin API, or Kafka's admin requests
+/// with `--bootstrap` (`kafka::topics`). Both answer with the admin API's types, which one
+/// printing code shows.
+pub trait TopicSource {
+    fn create(&mut self, request: &CreateTopic) -> anyhow::Result<CreatedTopic>;
+    fn list(&mut self) -> anyhow::Result<TopicList>;
+    fn describe(&mut self, name: &str) -> anyhow::Result<TopicDescription>;
+    fn delete(&mut self, name: &str) -> anyhow::Result<DeletedTopic>;
+    fn alter_configs(&mut self, name: &str, request: &AlterConfigs) -> anyhow::Result<Configs>;
+    fn create_partitions(&mut self, name: &str, request: &CreatePartitions) -> anyhow::Result<PartitionCount>;
+}
+
+impl TopicSource for AdminClient {
+    fn create(&mut self, request: &CreateTopic) -> anyhow::Result<CreatedTopic> {
+        self.post("/v1/topics", request)
+    }
+    fn list(&mut self) -> anyhow::Result<TopicList> {
+        self.get("/v1/topics", &[])
+    }
+    fn describe(&mut self, name: &str) -> anyhow::Result<TopicDescription> {
+        self.get(&format!("/v1/topics/{}", segment(name)), &[])
+    }
+    fn delete(&mut self, name: &str) -> anyhow::Result<DeletedTopic> {
+        AdminClient::delete(self, &format!("/v1/topics/{}", segment(name)))
+    }
+    fn alter_configs(&mut self, name: &str, request: &AlterConfigs) -> anyhow::Result<Configs> {
+        self.patch(&format!("/v1/topics/{}/configs", segment(name)), request)
+    }
+    fn create_partitions(&mut self, name: &str, request: &CreatePartitions) -> anyhow::Result<PartitionCount> {
+        self.post(&format!("/v1/topics/{}/partitions", segment(name)), request)
+    }
+}
+
 pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
-    let client = AdminClient::new(&args.connection)?;
+    let mut client: Box<dyn TopicSource> = match &args.connection.bootstrap {
+        Some(bootstrap) => Box::new(KafkaTopics::connect(bootstrap)?),
+        None => Box::new(AdminClient::new(&args.connection)?),
+    };
+    let client = client.as_mut();
     let json = args.connection.json;
     let mut out = std::io::stdout().lock();
     match &args.command {
@@ -113,7 +151,7 @@ pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
                     .collect(),
                 validate_only: a.validate_only,
             };
-            let created: CreatedTopic = client.post("/v1/topics", &request)?;
+            let created = client.create(&request)?;
             if json {
                 return print_json(&mut out, &created);
             }
@@ -128,7 +166,7 @@ pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
             }
         }
         TopicCommand::List(a) => {
-            let mut list: TopicList = client.get("/v1/topics", &[])?;
+            let mut list = client.list()?;
             if a.exclude_internal {
                 list.topics.retain(|t| !t.internal);
             }
@@ -143,20 +181,20 @@ pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
             table.write(&mut out)?;
         }
         TopicCommand::Describe(a) => {
-            let topic: TopicDescription = client.get(&format!("/v1/topics/{}", segment(&a.name)), &[])?;
+            let topic = client.describe(&a.name)?;
             if json {
                 return print_json(&mut out, &topic);
             }
             write_description(&mut out, &topic, a.all_configs)?;
         }
         TopicCommand::Delete(a) => {
-            let deleted: DeletedTopic = client.delete(&format!("/v1/topics/{}", segment(&a.name)))?;
+            let deleted = client.delete(&a.name)?;
             if json {
                 return print_json(&mut out, &deleted);
             }
             writeln!(out, "deleted topic '{}'", deleted.name)?;
         }
-        TopicCommand::Alter(a) => alter(&client, &mut out, a, json)?,
+        TopicCommand::Alter(a) => alter(client, &mut out, a, json)?,
     }
     Ok(())
 }
@@ -222,11 +260,10 @@ fn replica_lags(p: &PartitionInfo) -> String {
     p.replica_lags.iter().map(lag).collect::<Vec<_>>().join(",")
 }
 
-fn alter(client: &AdminClient, out: &mut impl Write, a: &AlterArgs, json: bool) -> anyhow::Result<()> {
+fn alter(client: &mut dyn TopicSource, out: &mut impl Write, a: &AlterArgs, json: bool) -> anyhow::Result<()> {
     if a.set.is_empty() && a.delete.is_empty() && a.partitions.is_none() {
         anyhow::bail!("nothing to alter: give --set NAME=VALUE, --delete NAME or --partitions N");
     }
-    let path = format!("/v1/topics/{}", segment(&a.name));
     let mut done = Vec::new();
     let mut results = BTreeMap::new();
     if !a.set.is_empty() || !a.delete.is_empty() {
@@ -235,7 +272,7 @@ fn alter(client: &AdminClient, out: &mut impl Write, a: &AlterArgs, json: bool) 
             delete: a.delete.clone(),
             validate_only: a.validate_only,
         };
-        let configs: Configs = client.patch(&format!("{path}/configs"), &request)?;
+        let configs = client.alter_configs(&a.name, &request)?;
         for (name, value) in &a.set {
             done.push(format!("set {name}={value}"));
         }
@@ -246,7 +283,7 @@ fn alter(client: &AdminClient, out: &mut impl Write, a: &AlterArgs, json: bool) 
     }
     if let Some(count) = a.partitions {
         let request = CreatePartitions { count, validate_only: a.validate_only };
-        let grown: PartitionCount = client.post(&format!("{path}/partitions"), &request)?;
+        let grown = client.create_partitions(&a.name, &request)?;
         done.push(format!("{} partitions", grown.partitions));
         results.insert("partitions", serde_json::to_value(grown)?);
     }
