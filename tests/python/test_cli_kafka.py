@@ -246,3 +246,24 @@ def test_delete_offsets_is_refused_while_a_member_subscribes_to_the_topic(broker
             assert done.returncode == 1 and "GROUP_SUBSCRIBED_TO_TOPIC" in done.stderr, (path, done.stderr)
     finally:
         member.close()
+
+
+def test_one_bootstrap_node_reaches_every_leader_and_the_coordinator_of_a_cluster(cluster):
+    """Partitions led by three brokers and a group coordinated by whichever one holds its
+    __consumer_offsets partition: each command given one node finds the rest itself."""
+    topic, group = unique("rf3"), unique("g")
+    node = {i: cluster.node(i).bootstrap for i in (1, 2, 3)}
+    weir("topic", "create", topic, "--partitions", "3", "--replication-factor", "3", bootstrap=node[1])
+    leaders = cluster.wait_topic(topic, 3)
+    assert sorted(leaders.values()) == [1, 2, 3], leaders
+    lines = [f"v{i}" for i in range(30)]
+    weir("produce", topic, bootstrap=node[2], stdin="\n".join(lines) + "\n")
+    consumed = json_lines(weir("consume", topic, "--group", group, "--from-beginning", "--max-messages", "30",
+                               "--timeout", "10", "--json", bootstrap=node[3]).stdout)
+    assert sorted(r["value"] for r in consumed) == sorted(lines)
+    assert {r["partition"] for r in consumed} == {0, 1, 2}
+    desc = json_lines(weir("group", "describe", group, "--json", bootstrap=node[1]).stdout)[0]
+    assert desc["total_lag"] == 0 and sum(o["committed_offset"] for o in desc["offsets"]) == 30, desc
+    described = json_lines(weir("topic", "describe", topic, "--json", bootstrap=node[2]).stdout)[0]
+    assert {p["partition"]: p["leader"] for p in described["partitions"]} == leaders, described
+    assert all(sorted(p["isr"]) == [1, 2, 3] for p in described["partitions"]), described
