@@ -267,3 +267,34 @@ def test_one_bootstrap_node_reaches_every_leader_and_the_coordinator_of_a_cluste
     described = json_lines(weir("topic", "describe", topic, "--json", bootstrap=node[2]).stdout)[0]
     assert {p["partition"]: p["leader"] for p in described["partitions"]} == leaders, described
     assert all(sorted(p["isr"]) == [1, 2, 3] for p in described["partitions"]), described
+
+
+def test_group_describe_lists_rocketmq_consumers_with_their_subscriptions(broker):
+    """As `mqadmin consumerConnection`: each connected RocketMQ consumer with its host, type,
+    language, version, and each subscribed topic with its filter expression."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
+
+    topic, group = unique("rmq-conn"), unique("g")
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=1)
+    config = ClientConfiguration(broker.rocketmq_endpoint, Credentials(), request_timeout=10)
+    consumer = SimpleConsumer(config, group, {topic: FilterExpression("TagA || TagB")}, await_duration=1)
+    consumer.startup()
+    try:
+        def described():
+            done = weir("group", "describe", group, "--json", admin=broker.admin_url(), check=False)
+            members = json_lines(done.stdout)[0]["members"] if done.returncode == 0 else []
+            return members if members and members[0].get("subscriptions") else None
+
+        [member] = wait_until(described, what="the consumer's subscription is known")
+        assert member["client_type"] == "SimpleConsumer", member
+        assert member["language"] == "PYTHON" and member["version"], member
+        assert member["subscriptions"] == {topic: "TagA || TagB"}, member
+        assert member["client_host"].startswith("127.0.0.1:"), member
+        table = weir("group", "describe", group, admin=broker.admin_url()).stdout
+        header = next(line for line in table.splitlines() if line.startswith("CLIENT-ID"))
+        assert header.split() == ["CLIENT-ID", "HOST", "TYPE", "LANGUAGE", "VERSION", "SUBSCRIPTIONS"], table
+        row = next(line for line in table.splitlines() if line.startswith(member["client_id"]))
+        assert row.split()[2:4] == ["SimpleConsumer", "PYTHON"], table
+        assert row.endswith(f"{topic} (TagA || TagB)"), table
+    finally:
+        consumer.shutdown()

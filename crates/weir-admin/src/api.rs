@@ -550,7 +550,7 @@ pub struct CreatedGroup {
     pub validate_only: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct GroupMember {
     pub member_id: String,
     pub group_instance_id: Option<String>,
@@ -558,6 +558,19 @@ pub struct GroupMember {
     pub client_host: String,
     /// Decoded for `consumer` groups while Stable; empty otherwise.
     pub assignment: Vec<TopicPartitions>,
+    /// A RocketMQ consumer's kind (`SimpleConsumer`, `PushConsumer`, `PullConsumer`, or
+    /// `Consumer` until it says); absent for members of the group protocol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_type: Option<String>,
+    /// A RocketMQ consumer's language (`JAVA`, `PYTHON`, ...) and client version, once it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// A RocketMQ consumer's subscription: topic → filter expression (`*`, `TagA || TagB`),
+    /// as `mqadmin consumerConnection` lists it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub subscriptions: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

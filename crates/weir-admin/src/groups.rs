@@ -197,6 +197,7 @@ pub(crate) async fn describe(
             client_id: m.client_id,
             client_host: m.client_host,
             assignment,
+            ..GroupMember::default()
         });
     }
     members.extend(invisible_time_members(&core.broker, &connected, &mut offsets));
@@ -257,12 +258,17 @@ fn invisible_time_members(
             }
             assignment.push(TopicPartitions { topic: topic.clone(), partitions: (0..meta.partitions).collect() });
         }
+        let said = |text: &String| (!text.is_empty()).then(|| text.clone());
         members.push(GroupMember {
             member_id: c.client_id.clone(),
             group_instance_id: None,
             client_id: c.client_id.clone(),
             client_host: c.host.clone(),
             assignment,
+            client_type: Some(c.kind.as_str().to_string()),
+            language: said(&c.language),
+            version: said(&c.version),
+            subscriptions: c.subscriptions.clone(),
         });
     }
     members

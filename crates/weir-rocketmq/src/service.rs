@@ -295,6 +295,25 @@ impl Service {
 }
 
 /// The kind of consumer a client type is; `None` for producers and types not known.
+/// A consumer's subscription as it said it: (topic, filter expression), `*` for none.
+fn subscription_of(subscription: &crate::proto::Subscription) -> Vec<(String, String)> {
+    subscription
+        .subscriptions
+        .iter()
+        .filter_map(|entry| {
+            let topic = entry.topic.as_ref()?.name.clone();
+            let expression = entry.expression.as_ref().map(|e| e.expression.clone()).filter(|e| !e.is_empty());
+            Some((topic, expression.unwrap_or_else(|| "*".to_string())))
+        })
+        .collect()
+}
+
+/// (language, version) of a client's user agent, the language as RocketMQ names it (`JAVA`).
+fn agent_of(agent: &crate::proto::Ua) -> (String, String) {
+    let language = crate::proto::Language::try_from(agent.language).map_or("UNKNOWN", |l| l.as_str_name());
+    (language.to_string(), agent.version.clone())
+}
+
 fn consumer_kind(client_type: i32) -> Option<ClientKind> {
     match ClientType::try_from(client_type).ok()? {
         ClientType::SimpleConsumer | ClientType::LiteSimpleConsumer => Some(ClientKind::SimpleConsumer),
@@ -602,11 +621,11 @@ impl MessagingService for Service {
                         let max_body = publishing_limit(&broker, &settings);
                         let group = match &settings.pub_sub {
                             Some(crate::proto::settings::PubSub::Subscription(s)) => s.group.as_ref().map(|g| {
-                                let topics = s.subscriptions.iter().filter_map(|e| e.topic.as_ref());
                                 let said = Heard {
                                     host: host.as_deref(),
                                     kind: settings.client_type.and_then(consumer_kind),
-                                    subscription: Some(topics.map(|t| t.name.clone()).collect()),
+                                    subscription: Some(subscription_of(s)),
+                                    agent: settings.user_agent.as_ref().map(agent_of),
                                     topic: None,
                                 };
                                 groups.clients.heard(&g.name, &client, broker.now_ms(), said);

@@ -41,6 +41,18 @@ pub enum ClientKind {
     Consumer,
 }
 
+impl ClientKind {
+    /// The name `weir group describe` shows: RocketMQ's client type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientKind::SimpleConsumer => "SimpleConsumer",
+            ClientKind::PushConsumer => "PushConsumer",
+            ClientKind::PullConsumer => "PullConsumer",
+            ClientKind::Consumer => "Consumer",
+        }
+    }
+}
+
 /// One connected consumer of a group.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ConnectedClient {
@@ -50,6 +62,15 @@ pub struct ConnectedClient {
     pub kind: ClientKind,
     /// The topics it subscribes to or received from.
     pub topics: BTreeSet<String>,
+    /// Its subscription as it said it: topic → filter expression (`*`, `TagA || TagB`, or a
+    /// SQL92 expression), what `mqadmin consumerConnection` lists. Empty until it says.
+    #[serde(default)]
+    pub subscriptions: BTreeMap<String, String>,
+    /// The client's language and version (its user agent), empty until it says.
+    #[serde(default)]
+    pub language: String,
+    #[serde(default)]
+    pub version: String,
     pub last_heard_ms: i64,
 }
 
@@ -58,8 +79,11 @@ pub struct ConnectedClient {
 pub struct Heard<'a> {
     pub host: Option<&'a str>,
     pub kind: Option<ClientKind>,
-    /// Its whole subscription (replaces what was known), from its settings.
-    pub subscription: Option<Vec<String>>,
+    /// Its whole subscription, (topic, filter expression) (replaces what was known), from its
+    /// settings.
+    pub subscription: Option<Vec<(String, String)>>,
+    /// Its user agent: (language, version).
+    pub agent: Option<(String, String)>,
     /// One topic it received from (added to what is known).
     pub topic: Option<&'a str>,
 }
@@ -93,6 +117,9 @@ impl ConnectedClients {
                 host: String::new(),
                 kind: ClientKind::Consumer,
                 topics: BTreeSet::new(),
+                subscriptions: BTreeMap::new(),
+                language: String::new(),
+                version: String::new(),
                 last_heard_ms: now_ms,
             }
         });
@@ -103,8 +130,13 @@ impl ConnectedClients {
         if let Some(kind) = said.kind {
             client.kind = kind;
         }
-        if let Some(topics) = said.subscription {
-            client.topics = topics.into_iter().collect();
+        if let Some(subscription) = said.subscription {
+            client.topics = subscription.iter().map(|(topic, _)| topic.clone()).collect();
+            client.subscriptions = subscription.into_iter().collect();
+        }
+        if let Some((language, version)) = said.agent {
+            client.language = language;
+            client.version = version;
         }
         if let Some(topic) = said.topic {
             if !client.topics.contains(topic) {
@@ -201,7 +233,8 @@ mod tests {
         let clients = ConnectedClients::default();
         clients.heard("g", "c1", 1_000, Heard { kind: Some(ClientKind::SimpleConsumer), ..Heard::default() });
         clients.heard("g", "c1", 2_000, Heard { host: Some("10.0.0.1:5000"), topic: Some("t"), ..Heard::default() });
-        clients.heard("g", "c2", 2_000, Heard { subscription: Some(vec!["a".into(), "b".into()]), ..Heard::default() });
+        let subscription = Some(vec![("a".into(), "*".into()), ("b".into(), "TagA || TagB".into())]);
+        clients.heard("g", "c2", 2_000, Heard { subscription, ..Heard::default() });
         clients.heard("h", "c1", 2_000, Heard::default());
         let g = clients.of_group("g", 3_000);
         assert_eq!(g.len(), 2);
@@ -210,6 +243,18 @@ mod tests {
             ("c1", "10.0.0.1:5000", ClientKind::SimpleConsumer, 1, 2_000)
         );
         assert_eq!(g[1].topics.iter().map(String::as_str).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(g[1].subscriptions["b"], "TagA || TagB", "the expression as the client said it");
+        let agent = Some(("PYTHON".to_string(), "5.0.5".to_string()));
+        clients.heard(
+            "g",
+            "c2",
+            2_000,
+            Heard { agent, subscription: Some(vec![("a".into(), "*".into())]), ..Heard::default() },
+        );
+        let g = clients.of_group("g", 3_000);
+        assert_eq!((g[1].language.as_str(), g[1].version.as_str()), ("PYTHON", "5.0.5"));
+        assert_eq!(g[1].subscriptions.keys().collect::<Vec<_>>(), ["a"], "a new subscription replaces the old");
+        assert_eq!(g[1].topics.len(), 1);
         assert_eq!(clients.groups(3_000), ["g", "h"]);
 
         clients.gone("c1");

@@ -5,7 +5,7 @@ use std::io::Write;
 use clap::{ArgGroup, Args, Subcommand};
 use weir_admin::api::{
     AlterConfigs, ConfigEntry, Configs, CreateGroup, CreatedGroup, DeletedGroup, DeletedOffsets, GroupDescription,
-    GroupList, ResetOffsets, ResetOffsetsResult, ResetTo, TopicSelector,
+    GroupList, GroupMember, ResetOffsets, ResetOffsetsResult, ResetTo, TopicSelector,
 };
 use weir_broker::group_config;
 
@@ -370,22 +370,37 @@ fn write_description(out: &mut impl Write, group: &GroupDescription) -> anyhow::
     let unlisted: Vec<_> = group.members.iter().filter(|m| !owners.contains(&m.member_id)).collect();
     if !unlisted.is_empty() {
         writeln!(out)?;
-        let mut table = Table::new(&["CONSUMER-ID", "HOST", "CLIENT-ID", "TOPICS"]);
-        for m in unlisted {
-            let topics: Vec<&str> = m.assignment.iter().map(|tp| tp.topic.as_str()).collect();
-            table.row(vec![
-                m.member_id.clone(),
-                if m.client_host.is_empty() { "-".into() } else { m.client_host.clone() },
-                m.client_id.clone(),
-                if topics.is_empty() { "-".into() } else { topics.join(",") },
-            ]);
-        }
-        table.write(out)?;
+        write_connections(out, &unlisted)?;
     }
     if !group.configs.is_empty() {
         writeln!(out)?;
         write_configs(out, &group.configs)?;
     }
+    Ok(())
+}
+
+/// The consumers that receive by invisible time (RocketMQ's), as `mqadmin consumerConnection`
+/// lists them: who, from where, what kind, language and version, and each subscription with
+/// its filter expression (or the topics it received from, before it said its subscription).
+fn write_connections(out: &mut impl Write, members: &[&GroupMember]) -> anyhow::Result<()> {
+    let mut table = Table::new(&["CLIENT-ID", "HOST", "TYPE", "LANGUAGE", "VERSION", "SUBSCRIPTIONS"]);
+    let shown = |text: &Option<String>| text.clone().filter(|t| !t.is_empty()).unwrap_or_else(|| "-".into());
+    for m in members {
+        let subscriptions: Vec<String> = if m.subscriptions.is_empty() {
+            m.assignment.iter().map(|tp| tp.topic.clone()).collect()
+        } else {
+            m.subscriptions.iter().map(|(topic, expression)| format!("{topic} ({expression})")).collect()
+        };
+        table.row(vec![
+            m.client_id.clone(),
+            if m.client_host.is_empty() { "-".into() } else { m.client_host.clone() },
+            shown(&m.client_type),
+            shown(&m.language),
+            shown(&m.version),
+            if subscriptions.is_empty() { "-".into() } else { subscriptions.join(", ") },
+        ]);
+    }
+    table.write(out)?;
     Ok(())
 }
 

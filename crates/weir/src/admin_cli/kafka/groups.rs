@@ -218,6 +218,7 @@ impl GroupSource for KafkaGroups {
                 client_id: m.client_id.to_string(),
                 client_host: m.client_host.to_string(),
                 assignment,
+                ..GroupMember::default()
             });
         }
         let topics: BTreeSet<String> = offsets.keys().map(|(t, _)| t.clone()).collect();
