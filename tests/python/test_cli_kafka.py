@@ -298,3 +298,49 @@ def test_group_describe_lists_rocketmq_consumers_with_their_subscriptions(broker
         assert row.endswith(f"{topic} (TagA || TagB)"), table
     finally:
         consumer.shutdown()
+
+
+def test_dead_letters_are_resent_to_the_partition_they_died_in(broker):
+    """A RocketMQ group gives up on two messages (one delivery allowed); `weir group
+    resend-dead-letters` appends them to their topic again, without the headers that said where
+    they died, and a second resend from where the first ended finds nothing."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
+
+    topic, group = unique("rmq-dead"), unique("g")
+    admin_url = broker.admin_url()
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=2)
+    weir("group", "create", group, "--max-delivery-attempts", "1", admin=admin_url)
+    producer = c_producer(broker.bootstrap)
+    c_produce(producer, topic, [{"value": b"poison-0", "partition": 0}, {"value": b"poison-1", "partition": 1}])
+    config = ClientConfiguration(broker.rocketmq_endpoint, Credentials(), request_timeout=10)
+    consumer = SimpleConsumer(config, group, {topic: FilterExpression("*")}, await_duration=1)
+    consumer.startup()
+    dead_letters = f"%DLQ%{group}"
+    try:
+        got = []
+        wait_until(lambda: got.extend(consumer.receive(16, 1)) or len(got) >= 2, what="both delivered once")
+
+        def dead():
+            done = weir("topic", "describe", dead_letters, "--json", bootstrap=broker.bootstrap, check=False)
+            return done.returncode == 0 and json_lines(done.stdout)[0]["partitions"][0]["high_watermark"] == 2
+
+        wait_until(dead, what="both dead-lettered after their one delivery")
+    finally:
+        consumer.shutdown()
+
+    out = weir("group", "resend-dead-letters", group, admin=admin_url).stdout
+    assert out.splitlines()[0] == f"resent 2 dead letter(s) of group '{group}': 2 to '{topic}'", out
+    assert out.splitlines()[-1].endswith("the next resend begins at --from-offset 2"), out
+    records = json_lines(weir("consume", topic, "--from-beginning", "--max-messages", "4", "--timeout", "10",
+                              "--json", bootstrap=broker.bootstrap).stdout)
+    again = [r for r in records if r["offset"] >= 1]
+    assert sorted((r["partition"], r["value"]) for r in again) == [(0, "poison-0"), (1, "poison-1")], records
+    assert not any(name.startswith("weir.origin") or name == "weir.delivery-attempts"
+                   for r in again for name, _ in r["headers"]), again
+    none = json_lines(weir("group", "resend-dead-letters", group, "--from-offset", "2", "--json",
+                           admin=admin_url).stdout)[0]
+    assert none["resent"] == {} and none["next_offset"] == 2, none
+    over_kafka = weir("group", "resend-dead-letters", group, bootstrap=broker.bootstrap, check=False)
+    assert over_kafka.returncode == 1 and "admin HTTP API" in over_kafka.stderr, over_kafka.stderr
+    unknown = weir("group", "resend-dead-letters", unique("never"), admin=admin_url, check=False)
+    assert unknown.returncode == 1 and "has no dead letters" in unknown.stderr, unknown.stderr

@@ -689,6 +689,22 @@ pub struct DeletedGroup {
     pub group_id: String,
 }
 
+/// `POST /v1/groups/{group}/dead-letters/resend`: the group's dead letters (`%DLQ%<group>`)
+/// back to the topics they died in.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResendDeadLetters {
+    /// The first dead letter's offset. Default: the oldest kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_offset: Option<i64>,
+    /// At most this many. Default (and most): 100,000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<usize>,
+}
+
+/// The answer: the core's own type, serialized as it is.
+pub use weir_messaging::dead_letter::{Resent as ResentDeadLetters, SkippedLetter};
+
 /// `DELETE /v1/groups/{group}/offsets?topic=T`: the committed offsets of one topic removed
 /// (Kafka's OffsetDelete).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -574,6 +574,28 @@ pub(crate) async fn at_coordinator(
     }
 }
 
+/// Middleware of `/v1/groups/{group}/dead-letters/...`: answered by the broker that leads the
+/// group's dead-letter partition (the handler says if there is none).
+pub(crate) async fn at_dead_letter_leader(
+    State(state): State<SharedState>,
+    Path(params): Path<HashMap<String, String>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.headers().contains_key(FORWARDED) {
+        return next.run(request).await;
+    }
+    let (Ok(core), Some(group)) = (state.core(), params.get("group")) else { return next.run(request).await };
+    let topic = weir_messaging::dead_letter::dead_letter_topic(group);
+    match locate(&core.broker, &topic, 0) {
+        Ok(Location::Leader(leader)) => {
+            forward_http(&core.broker, leader, request).await.unwrap_or_else(IntoResponse::into_response)
+        }
+        // Here, or nowhere: the handler answers (no dead letters, no leader).
+        _ => next.run(request).await,
+    }
+}
+
 /// `GET` of `path_and_query` at every other live broker's admin API (as a forwarded request,
 /// so each answers for itself only), decoded; brokers that fail are logged and left out.
 pub(crate) async fn ask_every_broker<T: DeserializeOwned>(broker: &Arc<Broker>, path_and_query: &str) -> Vec<T> {

@@ -32,8 +32,8 @@ use weir_broker::topic_config::{ConfigEdit, ConfigOp};
 
 use crate::api::{
     AlterConfigs, CommitOffsets, CommittedOffsets, ConfigEntry, Configs, CreateGroup, CreatedGroup, DeletedGroup,
-    DeletedOffsets, GroupDescription, GroupList, GroupMember, GroupOffset, GroupSummary, OffsetChange, ResetOffsets,
-    ResetOffsetsResult, ResetTo, TopicPartitions, TopicSelector,
+    DeletedOffsets, GroupDescription, GroupList, GroupMember, GroupOffset, GroupSummary, OffsetChange,
+    ResendDeadLetters, ResentDeadLetters, ResetOffsets, ResetOffsetsResult, ResetTo, TopicPartitions, TopicSelector,
 };
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathParams, QueryParams};
@@ -579,6 +579,23 @@ pub(crate) async fn delete(
         Some((_, Some(code))) => Err(coordinator_error(code, &group)),
         None => Err(ApiError::internal("the coordinator returned no result")),
     }
+}
+
+/// `POST /v1/groups/{group}/dead-letters/resend`: answered where the dead-letter partition is
+/// led (the route's middleware forwards it there).
+pub(crate) async fn resend_dead_letters(
+    State(state): State<SharedState>,
+    PathParams(group): PathParams<String>,
+    JsonBody(request): JsonBody<ResendDeadLetters>,
+) -> Result<Json<ResentDeadLetters>, ApiError> {
+    let core = state.core()?;
+    let max = request.max.unwrap_or(weir_messaging::dead_letter::RESEND_MAX);
+    if max == 0 {
+        return Err(ApiError::invalid("`max` is 0: nothing to resend"));
+    }
+    let resent =
+        weir_messaging::dead_letter::resend_dead_letters(&core.broker, &group, request.from_offset, max).await?;
+    Ok(Json(resent))
 }
 
 /// `DELETE /v1/groups/{group}/offsets?topic=T`: the group's committed offsets of one topic,

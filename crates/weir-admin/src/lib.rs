@@ -142,6 +142,12 @@ pub(crate) fn router(state: SharedState) -> Router {
         .route("/v1/groups", get(groups::list).post(groups::create))
         // Group settings are cluster metadata: any broker answers, the controller decides.
         .route("/v1/groups/{group}/configs", get(groups::configs).patch(groups::alter_configs))
+        // Answered where the group's dead-letter partition is led.
+        .route(
+            "/v1/groups/{group}/dead-letters/resend",
+            post(groups::resend_dead_letters)
+                .route_layer(axum::middleware::from_fn_with_state(state.clone(), forward::at_dead_letter_leader)),
+        )
         .merge(
             // Answered by the group's coordinator, wherever it is.
             Router::new()

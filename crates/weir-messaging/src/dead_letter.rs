@@ -9,6 +9,11 @@
 //! when the original had only a derived one) plus the headers `weir.origin-topic`,
 //! `weir.origin-partition`, `weir.origin-offset` and `weir.delivery-attempts`; its timestamp is
 //! when it died.
+//!
+//! An operator resends dead letters to their topics once the cause is fixed
+//! ([`resend_dead_letters`], `weir group resend-dead-letters`): each becomes the message it was
+//! (without the origin headers), appended anew to its origin partition, so the group's
+//! consumers receive it again as a first delivery.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,7 +29,7 @@ pub use weir_controller::topics::DEAD_LETTER_PREFIX;
 
 /// The dead-letter topic of `group`: `%DLQ%<group>`, with each character a topic name cannot
 /// hold replaced by `_`.
-pub(crate) fn dead_letter_topic(group: &str) -> String {
+pub fn dead_letter_topic(group: &str) -> String {
     let safe: String =
         group.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
     let mut name = format!("{DEAD_LETTER_PREFIX}{safe}");
@@ -73,6 +78,127 @@ pub(crate) async fn dead_letter(
     let offset = broker.append_at_leader(&dead_letters, 0, batch).await?;
     tracing::info!(group, topic, partition, offset = record.offset, attempts, dead_letters, "dead-lettered a message");
     Ok(offset)
+}
+
+/// Most dead letters one resend reads: a call stays bounded; `next_offset` says where the next
+/// one goes on.
+pub const RESEND_MAX: usize = 100_000;
+/// Bytes of the dead-letter log read per step.
+const RESEND_READ_BYTES: u64 = 1 << 20;
+
+/// What a resend did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Resent {
+    pub dead_letter_topic: String,
+    /// The first dead letter's offset considered, and where a next resend would begin.
+    pub from_offset: i64,
+    pub next_offset: i64,
+    /// Dead letters resent, by the topic they went back to.
+    pub resent: BTreeMap<String, u64>,
+    /// Dead letters that could not go back (their topic is gone, or they name none).
+    pub skipped: Vec<SkippedLetter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SkippedLetter {
+    pub offset: i64,
+    pub reason: String,
+}
+
+/// The message a dead letter was, to append to its origin again: `(topic, partition, record)`,
+/// stamped `now_ms`, without the headers that said where it died; `Err` says why it cannot go
+/// back.
+fn resent_record(broker: &Broker, letter: &Record, now_ms: i64) -> Result<(String, i32, Record), String> {
+    let text = |name: &str| {
+        letter.header(name).and_then(|h| h.value.as_ref()).map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let topic = text(headers::ORIGIN_TOPIC).ok_or("it names no origin topic")?;
+    let partitions = broker
+        .metadata()
+        .topic(&topic)
+        .map(|t| t.partitions)
+        .ok_or_else(|| format!("its topic '{topic}' no longer exists"))?;
+    // Its own partition: a FIFO message group's queue stays the same.
+    let partition =
+        text(headers::ORIGIN_PARTITION).and_then(|p| p.parse::<i32>().ok()).filter(|p| (0..partitions).contains(p));
+    let partition = partition.ok_or_else(|| format!("its partition of '{topic}' no longer exists"))?;
+    let mut record = Record::new(now_ms, letter.key.clone(), letter.value.clone());
+    record.headers = letter.headers.iter().filter(|h| !is_origin_header(&h.name)).cloned().collect();
+    Ok((topic, partition, record))
+}
+
+/// Resends `group`'s dead letters from `from` (default: the oldest kept) to the high
+/// watermark, at most `max`, each to the partition it died in; returns what went where and
+/// where a next resend would begin. Runs where the dead-letter partition is led (else
+/// NOT_LEADER_OR_FOLLOWER); the appends go to each origin partition's leader with acks=all,
+/// one batch per origin partition and step, in dead-letter order.
+pub async fn resend_dead_letters(
+    broker: &Arc<Broker>,
+    group: &str,
+    from: Option<i64>,
+    max: usize,
+) -> Result<Resent, BrokerError> {
+    let topic = dead_letter_topic(group);
+    let partition = broker.partition(&topic, 0).ok_or_else(|| {
+        BrokerError::new(
+            ErrorKind::UnknownTopicOrPartition,
+            format!("group '{group}' has no dead letters (no topic {topic})"),
+        )
+    })?;
+    partition.check_local_leader()?;
+    let (start, end) = (partition.log.log_start_offset(), partition.log.high_watermark());
+    let from = from.unwrap_or(start);
+    if from < start || from > end {
+        return Err(BrokerError::new(
+            ErrorKind::OffsetOutOfRange,
+            format!(
+                "offset {from} is out of range for {topic}: its dead letters are at offsets {start} to {}",
+                end - 1
+            ),
+        ));
+    }
+    let max = max.min(RESEND_MAX);
+    let mut done = Resent {
+        dead_letter_topic: topic,
+        from_offset: from,
+        next_offset: from,
+        resent: BTreeMap::new(),
+        skipped: Vec::new(),
+    };
+    let mut seen = 0;
+    while done.next_offset < end && seen < max {
+        let (broker2, partition2, at) = (broker.clone(), partition.clone(), done.next_offset);
+        let (letters, next) =
+            tokio::task::spawn_blocking(move || broker2.read_records(&partition2, at, RESEND_READ_BYTES))
+                .await
+                .map_err(|e| BrokerError::internal(format!("reading the dead letters: {e}")))??;
+        let now_ms = broker.now_ms();
+        let mut batches: BTreeMap<(String, i32), Vec<Record>> = BTreeMap::new();
+        let mut last = next;
+        for letter in letters.into_iter().filter(|l| l.offset < end) {
+            if seen == max {
+                last = letter.offset;
+                break;
+            }
+            seen += 1;
+            match resent_record(broker, &letter, now_ms) {
+                Ok((topic, partition, record)) => batches.entry((topic, partition)).or_default().push(record),
+                Err(reason) => done.skipped.push(SkippedLetter { offset: letter.offset, reason }),
+            }
+        }
+        for ((topic, index), records) in batches {
+            let batch = records::encode_batch(&records, &BatchOptions::default())
+                .map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
+            broker.append_at_leader(&topic, index, batch).await?;
+            *done.resent.entry(topic).or_default() += records.len() as u64;
+        }
+        done.next_offset = last;
+        if next <= at {
+            break; // nothing readable: the high watermark is where it was read
+        }
+    }
+    tracing::info!(group, resent = ?done.resent, skipped = done.skipped.len(), "resent dead letters");
+    Ok(done)
 }
 
 /// The dead-letter topic of `group`, created if needed.

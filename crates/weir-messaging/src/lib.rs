@@ -20,7 +20,7 @@
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
-pub(crate) mod dead_letter;
+pub mod dead_letter;
 pub mod half;
 pub mod message_index;
 mod metrics;

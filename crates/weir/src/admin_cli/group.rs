@@ -5,7 +5,8 @@ use std::io::Write;
 use clap::{ArgGroup, Args, Subcommand};
 use weir_admin::api::{
     AlterConfigs, ConfigEntry, Configs, CreateGroup, CreatedGroup, DeletedGroup, DeletedOffsets, GroupDescription,
-    GroupList, GroupMember, ResetOffsets, ResetOffsetsResult, ResetTo, TopicSelector,
+    GroupList, GroupMember, ResendDeadLetters, ResentDeadLetters, ResetOffsets, ResetOffsetsResult, ResetTo,
+    TopicSelector,
 };
 use weir_broker::group_config;
 
@@ -39,6 +40,21 @@ pub enum GroupCommand {
     /// Delete a group's committed offsets of one topic (Kafka's OffsetDelete: refused while
     /// members subscribe to it).
     DeleteOffsets(DeleteOffsetsArgs),
+    /// Send a group's dead letters (its topic %DLQ%<group>) back to the topics they died in,
+    /// where its consumers receive them again as first deliveries.
+    ResendDeadLetters(ResendArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ResendArgs {
+    pub group: String,
+    /// The first dead letter's offset in %DLQ%<group> (a previous resend prints where the next
+    /// begins). [default: the oldest kept]
+    #[arg(long, value_name = "OFFSET")]
+    pub from_offset: Option<i64>,
+    /// At most this many. [default and most: 100000]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -60,6 +76,7 @@ pub trait GroupSource {
     fn reset_offsets(&mut self, group: &str, request: &ResetOffsets) -> anyhow::Result<ResetOffsetsResult>;
     fn delete(&mut self, group: &str) -> anyhow::Result<DeletedGroup>;
     fn delete_offsets(&mut self, group: &str, topic: &str) -> anyhow::Result<DeletedOffsets>;
+    fn resend_dead_letters(&mut self, group: &str, request: &ResendDeadLetters) -> anyhow::Result<ResentDeadLetters>;
 }
 
 impl GroupSource for AdminClient {
@@ -85,6 +102,9 @@ impl GroupSource for AdminClient {
     fn delete_offsets(&mut self, group: &str, topic: &str) -> anyhow::Result<DeletedOffsets> {
         let path = format!("/v1/groups/{}/offsets?topic={}", segment(group), segment(topic));
         AdminClient::delete(self, &path)
+    }
+    fn resend_dead_letters(&mut self, group: &str, request: &ResendDeadLetters) -> anyhow::Result<ResentDeadLetters> {
+        self.post(&format!("/v1/groups/{}/dead-letters/resend", segment(group)), request)
     }
 }
 
@@ -261,6 +281,17 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<()> {
             }
             writeln!(out, "deleted group '{}'", deleted.group_id)?;
         }
+        GroupCommand::ResendDeadLetters(a) => {
+            let request = ResendDeadLetters {
+                from_offset: a.from_offset,
+                max: a.max.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            };
+            let resent = client.resend_dead_letters(&a.group, &request)?;
+            if json {
+                return print_json(&mut out, &resent);
+            }
+            write_resent(&mut out, &a.group, &resent)?;
+        }
         GroupCommand::DeleteOffsets(a) => {
             let deleted = client.delete_offsets(&a.group, &a.topic)?;
             if json {
@@ -376,6 +407,22 @@ fn write_description(out: &mut impl Write, group: &GroupDescription) -> anyhow::
         writeln!(out)?;
         write_configs(out, &group.configs)?;
     }
+    Ok(())
+}
+
+fn write_resent(out: &mut impl Write, group: &str, resent: &ResentDeadLetters) -> anyhow::Result<()> {
+    let total: u64 = resent.resent.values().sum();
+    let topics: Vec<String> = resent.resent.iter().map(|(topic, n)| format!("{n} to '{topic}'")).collect();
+    let to = if topics.is_empty() { String::new() } else { format!(": {}", topics.join(", ")) };
+    writeln!(out, "resent {total} dead letter(s) of group '{group}'{to}")?;
+    for skipped in &resent.skipped {
+        writeln!(out, "skipped the dead letter at offset {}: {}", skipped.offset, skipped.reason)?;
+    }
+    writeln!(
+        out,
+        "read {} from offset {} to {}; the next resend begins at --from-offset {}",
+        resent.dead_letter_topic, resent.from_offset, resent.next_offset, resent.next_offset
+    )?;
     Ok(())
 }
 

@@ -18,8 +18,8 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use weir_admin::api::{
     AlterConfigs, ConfigEntry, Configs, CreateGroup, CreatedGroup, DeletedGroup, DeletedOffsets, GroupDescription,
-    GroupList, GroupMember, GroupOffset, GroupSummary, OffsetChange, ResetOffsets, ResetOffsetsResult, ResetTo,
-    TopicPartitions, TopicSelector,
+    GroupList, GroupMember, GroupOffset, GroupSummary, OffsetChange, ResendDeadLetters, ResentDeadLetters,
+    ResetOffsets, ResetOffsetsResult, ResetTo, TopicPartitions, TopicSelector,
 };
 use weir_client::Cluster;
 
@@ -255,6 +255,13 @@ impl GroupSource for KafkaGroups {
 
     fn alter_configs(&mut self, _: &str, _: &AlterConfigs) -> anyhow::Result<Configs> {
         anyhow::bail!("`weir group alter`: {SETTINGS_NEED_ADMIN}")
+    }
+
+    fn resend_dead_letters(&mut self, _: &str, _: &ResendDeadLetters) -> anyhow::Result<ResentDeadLetters> {
+        anyhow::bail!(
+            "`weir group resend-dead-letters` needs the admin HTTP API: the broker that leads the dead-letter \
+             topic resends them, which no Kafka request asks for; run it with --admin instead of --bootstrap"
+        )
     }
 
     fn reset_offsets(&mut self, group: &str, request: &ResetOffsets) -> anyhow::Result<ResetOffsetsResult> {
