@@ -45,6 +45,19 @@ impl ClientError {
         ClientError::Kafka { code, message: message.into() }
     }
 
+    /// Whether the broker could not be reached or stopped answering (or is no longer in the
+    /// cluster's metadata): asking the cluster again, elsewhere, may do, unlike for an answer.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Connect { .. }
+                | ClientError::Closed
+                | ClientError::Timeout
+                | ClientError::Io(_)
+                | ClientError::Unavailable(_)
+        )
+    }
+
     /// The Kafka error code, if the broker answered with one.
     pub fn kafka_code(&self) -> Option<i16> {
         match self {

@@ -17,7 +17,7 @@ use kafka_protocol::messages::FetchRequest;
 use weir_admin::api::{ConsumedRecord, Encoding, Headers};
 use weir_broker::storage::batch::TimestampType;
 use weir_broker::storage::records;
-use weir_client::Cluster;
+use weir_client::{ClientError, Cluster};
 
 use super::member::{Member, Standing};
 use super::{codes, describe_code, failure, list_offsets, topic_layout, topic_name, TopicLayout, EARLIEST, LATEST};
@@ -28,6 +28,8 @@ const FETCH_WAIT: Duration = Duration::from_millis(500);
 /// Bytes asked per partition and per Fetch.
 const PARTITION_BYTES_MAX: i32 = 1 << 20;
 const FETCH_BYTES_MAX: i32 = 16 << 20;
+/// How long a member retries joining again while brokers are replaced.
+const RESTART_WAIT_MAX: Duration = Duration::from_secs(60);
 /// A Ctrl-C lets the loop commit and leave for this long before the process ends anyway.
 const INTERRUPT_WAIT_MAX: Duration = Duration::from_secs(5);
 
@@ -50,10 +52,13 @@ pub fn run(args: &ConsumeArgs, bootstrap: &str) -> anyhow::Result<()> {
     let progress = Arc::new(Progress::default());
     watch_interrupt(progress.clone());
     let mut member = match &args.group {
-        Some(group) => Some(Member::join(&mut cluster, group, &args.topic)?),
+        Some(group) => Some(Member::new(&mut cluster, group, &args.topic)?),
         None => None,
     };
-    let mut positions = starting_positions(&mut cluster, &layout, args, member.as_ref())?;
+    let mut positions = match &mut member {
+        Some(member) => restart(&mut cluster, member, &mut layout, args)?,
+        None => starting_positions(&mut cluster, &layout, args, None)?,
+    };
     let json = args.connection.json;
     let encoding = if json { args.encoding } else { Encoding::Utf8 };
     let mut out = std::io::stdout().lock();
@@ -88,7 +93,7 @@ pub fn run(args: &ConsumeArgs, bootstrap: &str) -> anyhow::Result<()> {
             last_record_at = Instant::now();
         }
         if let Some(member) = &mut member {
-            if let Err(e) = keep_membership(&mut cluster, member, &layout, args, &mut positions) {
+            if let Err(e) = keep_membership(&mut cluster, member, &mut layout, args, &mut positions) {
                 break Err(e);
             }
         }
@@ -119,7 +124,7 @@ pub fn run(args: &ConsumeArgs, bootstrap: &str) -> anyhow::Result<()> {
 fn keep_membership(
     cluster: &mut Cluster,
     member: &mut Member,
-    layout: &TopicLayout,
+    layout: &mut TopicLayout,
     args: &ConsumeArgs,
     positions: &mut Vec<Position>,
 ) -> anyhow::Result<()> {
@@ -131,10 +136,48 @@ fn keep_membership(
         // Committing may be refused once the generation is over: the next owner then
         // starts from the last commit that was accepted, and prints again what followed.
         let _ = commit_moved(cluster, member, positions);
-        member.rejoin(cluster)?;
-        *positions = starting_positions(cluster, layout, args, Some(member))?;
+        *positions = restart(cluster, member, layout, args)?;
     }
     Ok(())
+}
+
+/// Joins again and finds where the partitions now owned start. While a broker that died is
+/// being replaced (the coordinator, or a leader asked for offsets), that is tried again for
+/// up to [`RESTART_WAIT_MAX`].
+fn restart(
+    cluster: &mut Cluster,
+    member: &mut Member,
+    layout: &mut TopicLayout,
+    args: &ConsumeArgs,
+) -> anyhow::Result<Vec<Position>> {
+    let deadline = Instant::now() + RESTART_WAIT_MAX;
+    loop {
+        let attempt = member.rejoin(cluster).and_then(|()| {
+            *layout = topic_layout(cluster, &args.topic)?;
+            starting_positions(cluster, layout, args, Some(member))
+        });
+        match attempt {
+            Err(e) if is_transient(&e) && Instant::now() < deadline => {
+                member.find_coordinator_again();
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Whether `e` says a broker is gone or moving rather than that the request is wrong.
+fn is_transient(e: &anyhow::Error) -> bool {
+    let transient_codes = [
+        "NOT_COORDINATOR",
+        "COORDINATOR_NOT_AVAILABLE",
+        "COORDINATOR_LOAD_IN_PROGRESS",
+        "NOT_LEADER_OR_FOLLOWER",
+        "LEADER_NOT_AVAILABLE",
+        "REBALANCE_IN_PROGRESS",
+    ];
+    e.downcast_ref::<ClientError>().is_some_and(ClientError::is_unreachable)
+        || crate::admin_cli::failure_code(e).is_some_and(|code| transient_codes.contains(&code))
 }
 
 /// Commits the positions that moved since their last commit.
@@ -248,7 +291,23 @@ fn fetch(
                     })
                     .collect(),
             )]);
-        let (_, response) = cluster.send_to(leader, 4..=12, &request).map_err(failure)?;
+        let response = match cluster.send_to(leader, 4..=12, &request) {
+            Ok((_, response)) => response,
+            // A leader that stopped answering: its partitions get another leader, which the
+            // next Metadata names; the others are read meanwhile.
+            Err(e) if e.is_unreachable() => {
+                for &i in &indexes {
+                    if unreadable.insert(positions[i].partition) {
+                        eprintln!("partition {}: leader {leader} unreachable: {e} (retrying)", positions[i].partition);
+                    }
+                }
+                stale = true;
+                // Not at once again: the cluster needs a moment to name another leader.
+                std::thread::sleep(wait);
+                continue;
+            }
+            Err(e) => return Err(failure(e)),
+        };
         super::check(response.error_code, None, || format!("fetching from broker {leader}"))?;
         for data in response.responses.iter().flat_map(|t| &t.partitions) {
             let Some(position) = positions.iter_mut().find(|p| p.partition == data.partition_index) else { continue };

@@ -46,8 +46,11 @@ const ASSIGNOR: &str = "range";
 /// Newest consumer-protocol version this decoder knows; newer ones only append fields, so
 /// they decode at this version.
 const CONSUMER_PROTOCOL_VERSION_MAX: i16 = 3;
-/// Joins answered REBALANCE_IN_PROGRESS or MEMBER_ID_REQUIRED before giving up.
-const JOIN_ATTEMPTS_MAX: u32 = 20;
+/// How long joining may take before the command gives up: the coordinator's rebalance timeout,
+/// plus a broker session timeout for a coordinator that died to be replaced.
+const JOIN_WAIT_MAX: Duration = Duration::from_secs(45);
+/// The pause before asking again a coordinator that is loading, moving or gone.
+const COORDINATOR_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// What a heartbeat or a commit says of the membership.
 #[derive(Debug, PartialEq, Eq)]
@@ -74,10 +77,10 @@ pub struct Member {
 }
 
 impl Member {
-    /// Finds the coordinator and joins; returns once assigned (possibly nothing).
-    pub fn join(cluster: &mut Cluster, group: &str, topic: &str) -> anyhow::Result<Member> {
+    /// A member of `group` about to join (with [`Member::rejoin`]), its coordinator found.
+    pub fn new(cluster: &mut Cluster, group: &str, topic: &str) -> anyhow::Result<Member> {
         let coordinator = cluster.coordinator(group).map_err(failure)?;
-        let mut member = Member {
+        let member = Member {
             group: group.to_string(),
             topic: topic.to_string(),
             coordinator,
@@ -87,16 +90,22 @@ impl Member {
             assigned: Vec::new(),
             last_heartbeat: Instant::now(),
         };
-        member.rejoin(cluster)?;
         Ok(member)
+    }
+
+    /// The coordinator is to be found again before the next join (it did not answer).
+    pub fn find_coordinator_again(&mut self) {
+        self.coordinator_moved = true;
     }
 
     /// JoinGroup then SyncGroup, again until a generation is complete.
     pub fn rejoin(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
-        if std::mem::take(&mut self.coordinator_moved) {
-            self.coordinator = cluster.coordinator(&self.group).map_err(failure)?;
-        }
-        for _ in 0..JOIN_ATTEMPTS_MAX {
+        let deadline = Instant::now() + JOIN_WAIT_MAX;
+        while Instant::now() < deadline {
+            if std::mem::take(&mut self.coordinator_moved) {
+                std::thread::sleep(COORDINATOR_RETRY_PAUSE);
+                self.coordinator = cluster.coordinator(&self.group).map_err(failure)?;
+            }
             let Some(joined) = self.join_once(cluster)? else { continue };
             if let Some(assigned) = self.sync(cluster, joined)? {
                 self.assigned = assigned;
@@ -104,7 +113,30 @@ impl Member {
                 return Ok(());
             }
         }
-        anyhow::bail!("group '{}' kept rebalancing: joined {JOIN_ATTEMPTS_MAX} times without an assignment", self.group)
+        anyhow::bail!(
+            "could not join group '{}' within {} s: it kept rebalancing or had no coordinator",
+            self.group,
+            JOIN_WAIT_MAX.as_secs()
+        )
+    }
+
+    /// Sends `request` to the coordinator; `None` when it does not answer (its broker died or
+    /// is unreachable): the group then moves to another broker, found again before the next
+    /// join.
+    fn ask_coordinator<R: kafka_protocol::protocol::Request>(
+        &mut self,
+        cluster: &mut Cluster,
+        versions: std::ops::RangeInclusive<i16>,
+        request: &R,
+    ) -> anyhow::Result<Option<R::Response>> {
+        match cluster.send_to(self.coordinator, versions, request) {
+            Ok((_, response)) => Ok(Some(response)),
+            Err(e) if e.is_unreachable() => {
+                self.coordinator_moved = true;
+                Ok(None)
+            }
+            Err(e) => Err(failure(e)),
+        }
     }
 
     /// One JoinGroup; `None` when it must be sent again (a member id was handed out, or the
@@ -119,7 +151,7 @@ impl Member {
             .with_protocols(vec![JoinGroupRequestProtocol::default()
                 .with_name(StrBytes::from_static_str(ASSIGNOR))
                 .with_metadata(subscription(&self.topic)?)]);
-        let (_, response) = cluster.send_to(self.coordinator, 4..=9, &request).map_err(failure)?;
+        let Some(response) = self.ask_coordinator(cluster, 4..=9, &request)? else { return Ok(None) };
         match response.error_code {
             codes::MEMBER_ID_REQUIRED => {
                 self.member_id = response.member_id.to_string();
@@ -130,8 +162,8 @@ impl Member {
                 return Ok(None);
             }
             codes::REBALANCE_IN_PROGRESS => return Ok(None),
-            codes::NOT_COORDINATOR | codes::COORDINATOR_NOT_AVAILABLE => {
-                self.coordinator = cluster.coordinator(&self.group).map_err(failure)?;
+            codes::NOT_COORDINATOR | codes::COORDINATOR_NOT_AVAILABLE | codes::COORDINATOR_LOAD_IN_PROGRESS => {
+                self.coordinator_moved = true;
                 return Ok(None);
             }
             _ => {}
@@ -154,9 +186,13 @@ impl Member {
             .with_generation_id(self.generation)
             .with_member_id(StrBytes::from_string(self.member_id.clone()))
             .with_assignments(assignments);
-        let (_, response) = cluster.send_to(self.coordinator, 0..=5, &request).map_err(failure)?;
+        let Some(response) = self.ask_coordinator(cluster, 0..=5, &request)? else { return Ok(None) };
         match response.error_code {
             codes::REBALANCE_IN_PROGRESS => return Ok(None),
+            codes::NOT_COORDINATOR | codes::COORDINATOR_NOT_AVAILABLE | codes::COORDINATOR_LOAD_IN_PROGRESS => {
+                self.coordinator_moved = true;
+                return Ok(None);
+            }
             codes::UNKNOWN_MEMBER_ID | codes::ILLEGAL_GENERATION => {
                 self.member_id.clear();
                 return Ok(None);
@@ -183,7 +219,9 @@ impl Member {
         let counts: BTreeMap<String, i32> = metadata
             .topics
             .iter()
-            .filter(|t| t.error_code == 0)
+            // A topic answered with an error but its partitions (one without a leader during a
+            // failover) still has them all: leaving it out would assign nothing.
+            .filter(|t| t.error_code != codes::UNKNOWN_TOPIC_OR_PARTITION && !t.partitions.is_empty())
             .filter_map(|t| t.name.as_ref().map(|n| (n.to_string(), t.partitions.len() as i32)))
             .collect();
         let plan = range_assign(subscriptions, &counts);
@@ -205,7 +243,7 @@ impl Member {
             .with_group_id(GroupId(StrBytes::from_string(self.group.clone())))
             .with_generation_id(self.generation)
             .with_member_id(StrBytes::from_string(self.member_id.clone()));
-        let (_, response) = cluster.send_to(self.coordinator, 0..=4, &request).map_err(failure)?;
+        let Some(response) = self.ask_coordinator(cluster, 0..=4, &request)? else { return Ok(Standing::Rejoin) };
         self.last_heartbeat = Instant::now();
         self.standing(response.error_code, "heartbeat")
     }
@@ -221,7 +259,7 @@ impl Member {
             // The group moved to another coordinator (a broker stopped or lost the group's
             // partition): its new coordinator knows the members from the log, and a rebalance
             // follows there.
-            codes::NOT_COORDINATOR | codes::COORDINATOR_NOT_AVAILABLE => {
+            codes::NOT_COORDINATOR | codes::COORDINATOR_NOT_AVAILABLE | codes::COORDINATOR_LOAD_IN_PROGRESS => {
                 self.coordinator_moved = true;
                 Ok(Standing::Rejoin)
             }
@@ -268,7 +306,7 @@ impl Member {
                     })
                     .collect(),
             )]);
-        let (_, response) = cluster.send_to(self.coordinator, 2..=8, &request).map_err(failure)?;
+        let Some(response) = self.ask_coordinator(cluster, 2..=8, &request)? else { return Ok(Standing::Rejoin) };
         let code = response.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).find(|&c| c != 0);
         self.standing(code.unwrap_or(0), "commit")
     }
