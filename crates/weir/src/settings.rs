@@ -50,8 +50,6 @@ pub const NOT_SETTINGS: &[&str] = &[
     // tests/python/test_replication.py's fault test: its round count (the long run) and seed.
     "WEIR_FAULT_ROUNDS",
     "WEIR_FAULT_SEED",
-    // tests/python/test_cli_kafka.py's failover test, known to fail at times (off unless set).
-    "WEIR_CLI_FAILOVER_TEST",
     // The broker's process id in docs/performance.md's commands.
     "WEIR_PID",
 ];
