@@ -50,6 +50,8 @@ pub const NOT_SETTINGS: &[&str] = &[
     // tests/python/test_replication.py's fault test: its round count (the long run) and seed.
     "WEIR_FAULT_ROUNDS",
     "WEIR_FAULT_SEED",
+    // tests/python/test_failover.py: its rounds of kills (the long run).
+    "WEIR_FAILOVER_ROUNDS",
     // The broker's process id in docs/performance.md's commands.
     "WEIR_PID",
 ];
