@@ -171,30 +171,22 @@ def test_a_dead_process_costs_seconds_and_a_frozen_one_its_session_timeout(clust
     results = {"led": [], "followed": [], "controller led": [], "controller followed": []}
     try:
         for _ in range(ROUNDS):
-            # A broker that is not the controller, leading some partitions.
-            before = balance_leaders(cluster, topic)
-            controller = cluster.active_controller()
-            victim = next(n for n in cluster.ids() if n != controller and n in before.values())
-            fault_at = time.monotonic()
-            cluster.node(victim).kill9()
-            led, followed = stalls(acks, before, victim, fault_at)
-            results["led"] += led
-            results["followed"] += followed
-            cluster.node(victim).start()
-
-            # The active controller, leading some partitions too.
-            before = balance_leaders(cluster, topic)
-            victim = cluster.active_controller()
-            fault_at = time.monotonic()
-            cluster.node(victim).kill9()
-            led, followed = stalls(acks, before, victim, fault_at)
-            results["controller led"] += led
-            results["controller followed"] += followed
-            cluster.node(victim).start()
+            # A broker that is not the controller, then the active controller, each leading two.
+            for prefix in ["", "controller "]:
+                before = balance_leaders(cluster, topic)
+                controller = cluster.wait(cluster.active_controller, 30, "an active controller", interval=0.2)
+                others = [n for n in cluster.ids() if n != controller and n in before.values()]
+                victim = controller if prefix else others[0]
+                fault_at = time.monotonic()
+                cluster.node(victim).kill9()
+                led, followed = stalls(acks, before, victim, fault_at)
+                results[prefix + "led"] += led
+                results[prefix + "followed"] += followed
+                cluster.node(victim).start()
 
         # A frozen broker: no socket closes, so only its session timeout fences it.
         before = balance_leaders(cluster, topic)
-        controller = cluster.active_controller()
+        controller = cluster.wait(cluster.active_controller, 30, "an active controller", interval=0.2)
         victim = next(n for n in cluster.ids() if n != controller and n in before.values())
         fault_at = time.monotonic()
         cluster.node(victim).pause()

@@ -11,16 +11,16 @@
 //!
 //! **API boundary:** nothing here knows the broker's internals; only the Kafka wire format.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::fetch_request::FetchPartition;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
+use kafka_protocol::protocol::{Request, StrBytes};
 
 /// Why a request got no decodable response.
 #[derive(Debug, thiserror::Error)]
@@ -45,16 +45,10 @@ pub enum ClientError {
 }
 
 impl From<std::io::Error> for ClientError {
-    /// Sorts an I/O error of the connection into what it says about the broker.
+    /// Sorts an I/O error of the connection into what it says about the broker, as
+    /// `weir_client` does.
     fn from(e: std::io::Error) -> ClientError {
-        match e.kind() {
-            ErrorKind::UnexpectedEof
-            | ErrorKind::ConnectionReset
-            | ErrorKind::ConnectionAborted
-            | ErrorKind::BrokenPipe => ClientError::Closed,
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => ClientError::Timeout,
-            _ => ClientError::Io(e),
-        }
+        ClientError::from(weir_client::ClientError::from(e))
     }
 }
 
@@ -63,79 +57,46 @@ impl From<std::io::Error> for ClientError {
 /// encoded frame many times patches it here.
 pub const CORRELATION_ID_AT: std::ops::Range<usize> = 8..12;
 
-fn api_key<R: Request>() -> Result<ApiKey, ClientError> {
-    ApiKey::try_from(R::KEY).map_err(|_| ClientError::Encode(format!("unknown API key {}", R::KEY)))
+impl From<weir_client::ClientError> for ClientError {
+    /// The framing errors of `weir_client::wire`, which this client shares.
+    fn from(e: weir_client::ClientError) -> ClientError {
+        use weir_client::ClientError as Wire;
+        match e {
+            Wire::Closed => ClientError::Closed,
+            Wire::Timeout => ClientError::Timeout,
+            Wire::Io(e) => ClientError::Io(e),
+            Wire::Encode(message) => ClientError::Encode(message),
+            other => ClientError::Decode(other.to_string()),
+        }
+    }
 }
 
 /// A whole request frame, `[i32 size][request header][body]`, of `request` at `version`, ready to
-/// write to the socket. `client_id` goes into the header (header v0, ControlledShutdown v0's,
-/// has none).
+/// write to the socket (`weir_client::wire`'s framing). `client_id` goes into the header
+/// (header v0, ControlledShutdown v0's, has none).
 pub fn encode_request<R: Request>(
     version: i16,
     correlation_id: i32,
     client_id: &'static str,
     request: &R,
 ) -> Result<BytesMut, ClientError> {
-    let key = api_key::<R>()?;
-    let header_version = key.request_header_version(version);
-    let mut header = RequestHeader::default()
-        .with_request_api_key(R::KEY)
-        .with_request_api_version(version)
-        .with_correlation_id(correlation_id);
-    if header_version >= 1 {
-        header = header.with_client_id(Some(StrBytes::from_static_str(client_id)));
-    }
-    let mut frame = BytesMut::new();
-    frame.put_i32(0);
-    header
-        .encode(&mut frame, header_version)
-        .map_err(|e| ClientError::Encode(format!("{key:?} v{version} header: {e:#}")))?;
-    request.encode(&mut frame, version).map_err(|e| ClientError::Encode(format!("{key:?} v{version}: {e:#}")))?;
-    let size = i32::try_from(frame.len() - 4)
-        .map_err(|_| ClientError::Encode(format!("{key:?} v{version}: a frame of {} bytes", frame.len())))?;
-    frame[..4].copy_from_slice(&size.to_be_bytes());
-    Ok(frame)
+    Ok(weir_client::wire::encode_request(version, correlation_id, client_id, request)?)
 }
 
-/// Reads one response frame and returns it without its size prefix. A frame too short to hold
-/// a correlation id is a decode error, read no further.
+/// Reads one response frame and returns it without its size prefix; a size too short for a
+/// correlation id, or over `weir_client::wire::RESPONSE_BYTES_MAX`, is a decode error.
 pub fn read_frame(stream: &mut impl Read) -> Result<Bytes, ClientError> {
-    let mut size = [0u8; 4];
-    stream.read_exact(&mut size)?;
-    let size = i32::from_be_bytes(size);
-    let Some(size) = usize::try_from(size).ok().filter(|&s| s >= 4) else {
-        return Err(ClientError::Decode(format!("response frame size {size}")));
-    };
-    let mut frame = vec![0u8; size];
-    stream.read_exact(&mut frame)?;
-    Ok(Bytes::from(frame))
+    Ok(weir_client::wire::read_frame(stream)?)
 }
 
 /// Decodes a response frame (without its size prefix): the header's correlation id must be
 /// `correlation_id` and the body must decode at `version` with no bytes left over.
 pub fn decode_response<R: Request>(
-    mut frame: Bytes,
+    frame: Bytes,
     version: i16,
     correlation_id: i32,
 ) -> Result<R::Response, ClientError> {
-    let key = api_key::<R>().map_err(|e| ClientError::Decode(e.to_string()))?;
-    let header = ResponseHeader::decode(&mut frame, key.response_header_version(version))
-        .map_err(|e| ClientError::Decode(format!("{key:?} v{version} response header: {e:#}")))?;
-    if header.correlation_id != correlation_id {
-        return Err(ClientError::Decode(format!(
-            "{key:?} v{version}: correlation id {} where {correlation_id} was expected",
-            header.correlation_id
-        )));
-    }
-    let response = R::Response::decode(&mut frame, version)
-        .map_err(|e| ClientError::Decode(format!("{key:?} v{version} response body: {e:#}")))?;
-    if frame.has_remaining() {
-        return Err(ClientError::Decode(format!(
-            "{key:?} v{version}: {} bytes after the response body",
-            frame.remaining()
-        )));
-    }
-    Ok(response)
+    Ok(weir_client::wire::decode_response::<R>(frame, version, correlation_id)?)
 }
 
 /// A TCP connection to a broker without Nagle's delay, whose reads and writes (and the connect
@@ -289,6 +250,8 @@ pub fn fetch_partition(partition: i32, offset: i64, partition_max_bytes: i32) ->
 
 #[cfg(test)]
 mod tests {
+    use std::io::ErrorKind;
+
     use super::*;
 
     #[test]
@@ -300,35 +263,6 @@ mod tests {
             let size = i32::from_be_bytes(frame[..4].try_into().expect("4 bytes"));
             assert_eq!(size as usize, frame.len() - 4);
         }
-    }
-
-    #[test]
-    fn a_response_decodes_only_with_its_correlation_id_and_nothing_left_over() {
-        let mut frame = BytesMut::new();
-        ResponseHeader::default().with_correlation_id(7).encode(&mut frame, 0).expect("header");
-        ApiVersionsResponse::default().encode(&mut frame, 0).expect("body");
-        let frame = frame.freeze();
-        assert!(decode_response::<ApiVersionsRequest>(frame.clone(), 0, 7).is_ok());
-        let wrong_id = decode_response::<ApiVersionsRequest>(frame.clone(), 0, 8);
-        assert!(matches!(wrong_id, Err(ClientError::Decode(_))), "{wrong_id:?}");
-        let mut longer = BytesMut::from(&frame[..]);
-        longer.put_u8(0);
-        let trailing = decode_response::<ApiVersionsRequest>(longer.freeze(), 0, 7);
-        assert!(matches!(trailing, Err(ClientError::Decode(ref why)) if why.contains("1 bytes after")), "{trailing:?}");
-    }
-
-    #[test]
-    fn frames_too_short_for_a_correlation_id_are_refused_unread() {
-        for size in [-1i32, 0, 3] {
-            let mut bytes = size.to_be_bytes().to_vec();
-            bytes.extend_from_slice(&[0; 8]);
-            let read = read_frame(&mut &bytes[..]);
-            assert!(matches!(read, Err(ClientError::Decode(_))), "size {size}: {read:?}");
-        }
-        let whole = read_frame(&mut &[0, 0, 0, 4, 1, 2, 3, 4][..]).expect("a 4-byte frame");
-        assert_eq!(&whole[..], &[1, 2, 3, 4]);
-        let cut = read_frame(&mut &[0, 0, 0, 8, 1, 2][..]);
-        assert!(matches!(cut, Err(ClientError::Closed)), "a stream that ends inside a frame: {cut:?}");
     }
 
     #[test]
