@@ -52,7 +52,7 @@ pub(crate) fn run(args: &FailoverBenchArgs) -> anyhow::Result<()> {
     let settings: &[bool] = if args.compare { &[true, false] } else { &[true] };
     let mut report = BTreeMap::new();
     for &watch in settings {
-        let label = if watch { "liveness watch (default)" } else { "session timeout only" };
+        let label = if watch { "liveness watch" } else { "session timeout only" };
         println!("{label}: {} rounds on 3 nodes, {} partitions", args.rounds, args.partitions);
         let stalls = measure(args, watch)?;
         print_stalls(&stalls);

@@ -17,7 +17,7 @@ fn failover_bench_kills_a_broker_and_the_controller_and_every_partition_recovers
     assert!(output.status.success(), "weir bench failover failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(json.path()).expect("read the JSON")).expect("JSON");
-    let stalls = &report["liveness watch (default)"];
+    let stalls = &report["liveness watch"];
     let count = |kind: &str| stalls[kind].as_array().map_or(0, Vec::len);
     // 3 partitions, each node leading one: one led and two followed per kill.
     assert_eq!((count("led"), count("followed")), (1, 2), "{stdout}");
