@@ -30,10 +30,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from helpers import ack_stall, acks_flowing, c_consumer, c_producer, unique
 
-# Weir's default timings, against cluster.py's short test ones, and the liveness watch on (off by
-# default for now: docs/cluster.md).
+# Weir's default timings, against cluster.py's short test ones (the liveness watch is on by
+# default).
 DEFAULT_TIMINGS = {
-    "controller.liveness.watch.enable": "true",
     "broker.heartbeat.interval.ms": "2000",
     "broker.session.timeout.ms": "9000",
     "controller.quorum.election.timeout.ms": "1000",

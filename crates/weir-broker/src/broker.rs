@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::sync::{watch, Notify};
@@ -137,6 +137,9 @@ pub struct Broker {
     /// Where the append path hands a DELAY topic's records that are not due yet: the
     /// messaging layer's timer, once it has opened (see [`crate::delayed`]).
     delayed: OnceLock<Arc<dyn DelayedRecords>>,
+    /// When this broker saw each fenced broker fenced (a transition from unfenced in the
+    /// states it reconciled): see [`Broker::brokers_for_clients`].
+    fenced_since: Mutex<HashMap<i32, Instant>>,
 }
 
 pub(crate) fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
@@ -174,6 +177,7 @@ impl Broker {
             replication_quotas: Default::default(),
             internal_address,
             metrics: BrokerMetrics::default(),
+            fenced_since: Mutex::new(HashMap::new()),
         })
     }
 
@@ -293,9 +297,44 @@ impl Broker {
         self.reconciled_tx.subscribe()
     }
 
-    /// The registered brokers clients may use (unfenced), by id: Metadata's broker list.
+    /// The registered brokers that may lead (unfenced), by id.
     pub fn live_brokers(&self) -> Vec<BrokerRegistration> {
         self.metadata().brokers.values().filter(|b| !b.fenced).cloned().collect()
+    }
+
+    /// The brokers Metadata and DescribeCluster list, by id: the live ones, and those fenced
+    /// less than `broker.session.timeout.ms` ago (they lead nothing, and clients only connect to
+    /// a broker they need).
+    ///
+    /// Why not only the live ones, as KRaft lists: librdkafka (2.10 and later) tears down its
+    /// handle of a broker that leaves the list, and a coordinator request waiting for that
+    /// broker then waits forever (confluentinc/librdkafka#5511). With the liveness watch a dead
+    /// coordinator is fenced within milliseconds, often before the client, told of it by a
+    /// FindCoordinator a moment earlier, has found it gone and asked again; listing it for a
+    /// session timeout more gives the client that time, and keeps the broker list changing no
+    /// sooner than Kafka's timeouts make it change.
+    pub fn brokers_for_clients(&self) -> Vec<BrokerRegistration> {
+        let grace = Duration::from_millis(self.config.broker_session_timeout_ms);
+        let fenced_since = lock(&self.fenced_since);
+        self.metadata()
+            .brokers
+            .values()
+            .filter(|b| !b.fenced || fenced_since.get(&b.id).is_some_and(|since| since.elapsed() < grace))
+            .cloned()
+            .collect()
+    }
+
+    /// Records when brokers became fenced between `previous` and `state`, and forgets those
+    /// unfenced or gone.
+    fn note_fenced(&self, previous: Option<&MetadataState>, state: &MetadataState) {
+        let mut fenced_since = lock(&self.fenced_since);
+        fenced_since.retain(|id, _| state.brokers.get(id).is_some_and(|b| b.fenced));
+        let Some(previous) = previous else { return };
+        for b in state.brokers.values().filter(|b| b.fenced) {
+            if previous.brokers.get(&b.id).is_some_and(|before| !before.fenced) {
+                fenced_since.entry(b.id).or_insert_with(Instant::now);
+            }
+        }
     }
 
     /// The broker Kafka clients are told is the controller: this one, when it is a live
@@ -451,6 +490,7 @@ impl Broker {
             return Ok(());
         }
         self.reconcile(previous.as_deref(), &state)?;
+        self.note_fenced(previous.as_deref(), &state);
         *reconciled = Some(state.clone());
         *write(&self.metadata) = state.clone();
         self.reconciled_tx.send_replace(state);

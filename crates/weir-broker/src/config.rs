@@ -103,8 +103,8 @@ pub(crate) const SETTINGS: &[Setting] = &[
     ),
     s(
         "controller.liveness.watch.enable",
-        "false",
-        "Tell a dead process from a silent one by its closed connections and refused port: the active controller fences a broker whose process is gone at once, and a voter stands in for a controller whose process is gone as soon as the others may vote. Off by default until two races it exposes are fixed (docs/cluster.md); off waits for broker.session.timeout.ms and the election timeout, as Kafka does.",
+        "true",
+        "Tell a dead process from a silent one by its closed connections and refused port: the active controller fences a broker whose process is gone at once, and a voter stands in for a controller whose process is gone as soon as the others may vote. Off waits for broker.session.timeout.ms and the election timeout, as Kafka does.",
     ),
     s("controller.quorum.request.timeout.ms", "2000", "How long an internal request between nodes may take."),
     s("log.dirs", "./data", "The data directory: partition logs, metadata log, checkpoints."),

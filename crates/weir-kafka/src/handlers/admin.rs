@@ -462,7 +462,7 @@ pub(crate) async fn describe_cluster(
         .with_controller_id(BrokerId(ctx.broker.controller_for_clients().unwrap_or(-1)))
         .with_brokers(
             ctx.broker
-                .live_brokers()
+                .brokers_for_clients()
                 .into_iter()
                 .map(|b| {
                     DescribeClusterBroker::default()

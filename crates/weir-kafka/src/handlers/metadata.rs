@@ -65,10 +65,10 @@ pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest)
             }
         }
     }
-    // Every live broker of the cluster, each with its advertised listener (KRaft lists the
-    // unfenced ones).
+    // Every live broker of the cluster, and those fenced a moment ago, each with its advertised
+    // listener (see `Broker::brokers_for_clients`).
     let brokers = broker
-        .live_brokers()
+        .brokers_for_clients()
         .into_iter()
         .map(|b| {
             MetadataResponseBroker::default()
