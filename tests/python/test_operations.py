@@ -2,8 +2,8 @@
 four-node cluster (three combined nodes and broker-only node 4), shared by the module's tests:
 `weir cluster health`, `weir topic describe`'s ISR and replica lag, `weir partition elect`,
 `weir partition trim`, `weir partition reassign --generate`, `weir cluster config` (with
-confluent-kafka's IncrementalAlterConfigs and DescribeConfigs on the same configs) and
-`weir cluster decommission`.
+confluent-kafka's IncrementalAlterConfigs and DescribeConfigs on the same configs),
+`weir cluster decommission` and `weir cluster unregister`.
 
 Each command is asked of a node that is not the partition's leader (or not the controller), so
 what the CLI shows is what the cluster says, not what one node happens to host. The tests run
@@ -393,11 +393,12 @@ def test_a_stopped_broker_shows_as_fenced_with_its_partitions_under_replicated(f
     wait_healthy(four, timeout=60)
 
 
-def test_decommissioning_a_broker_drains_it_under_a_throttle_then_reports_it_removable(four):
+def test_decommissioning_a_broker_drains_it_under_a_throttle_then_it_is_removed(four):
     """Partitions with replicas on broker 4 and data in them: `weir cluster decommission 4`
     under a tight throttle starts the moves and health shows broker 4 draining; the throttle
     lifted, `--wait` (safe to repeat) reports the broker removable once nothing is on it and
-    nothing is under-replicated, and every record is still there."""
+    nothing is under-replicated, and every record is still there. Stopped, `weir cluster
+    unregister 4` removes it and the cluster is healthy again."""
     topic = unique("drain")
     create_replicated(four, topic, assignment=[[4, 1], [2, 4], [4, 3]])
     values = [(b"x" * 2000) + str(i).encode() for i in range(300)]
@@ -429,3 +430,21 @@ def test_decommissioning_a_broker_drains_it_under_a_throttle_then_reports_it_rem
             f"{four.node(2).admin_url()}/v1/topics/{topic}/partitions/{partition}/records?offset=0&max_records=1000",
         )
         assert status == 200 and len(body["records"]) == 300, (partition, status, len(body.get("records", [])))
+
+    # Removing it (kafka-cluster.sh unregister): refused while it runs, and for a voter; once it
+    # is stopped, it leaves the cluster and the health report.
+    running = weir(four, "cluster", "unregister", "4", via=1)
+    assert running.returncode == 1 and "broker 4 is running" in running.stderr, running.stderr
+    voter = weir(four, "cluster", "unregister", "2", via=1)
+    assert voter.returncode == 1 and "voter of the metadata quorum" in voter.stderr, voter.stderr
+    four.node(4).stop()
+    four.wait(lambda: 4 in health(four)["fenced_brokers"], 30, "broker 4 fenced")
+    assert weir(four, "cluster", "health", via=1).returncode == UNHEALTHY_EXIT
+    removed = weir(four, "cluster", "unregister", "4", via=2)
+    assert removed.returncode == 0 and "broker 4 unregistered" in removed.stdout, removed.stderr
+    h = wait_healthy(four)
+    assert h["fenced_brokers"] == [], h
+    status, info = http("GET", f"{four.node(3).admin_url()}/v1/cluster")
+    assert status == 200 and [n["id"] for n in info["nodes"]] == [1, 2, 3], info
+    again = weir(four, "cluster", "unregister", "4", via=3)
+    assert again.returncode == 1 and "no broker 4 is registered" in again.stderr, again.stderr

@@ -901,6 +901,12 @@ pub struct Decommission {
     pub results: Vec<ReassignmentResult>,
 }
 
+/// `DELETE /v1/brokers/{id}`: the broker unregistered (Kafka's UnregisterBroker).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnregisteredBroker {
+    pub broker: i32,
+}
+
 /// `GET /v1/topics/{topic}/offsets?timestamp=MS`: per partition, the first offset stamped at or
 /// after the time (the high watermark where none is), as Kafka's ListOffsets by timestamp.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

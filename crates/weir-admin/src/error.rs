@@ -127,6 +127,7 @@ pub(crate) fn status_for(kind: ErrorKind) -> StatusCode {
         | K::NotAttempted
         | K::UnsupportedFormat => StatusCode::BAD_REQUEST,
         K::TopicDeletionDisabled => StatusCode::FORBIDDEN,
+        K::BrokerNotRegistered => StatusCode::NOT_FOUND,
         K::ElectionNotNeeded | K::NoReassignmentInProgress => StatusCode::CONFLICT,
         K::PreferredLeaderNotAvailable | K::EligibleLeadersNotAvailable => StatusCode::SERVICE_UNAVAILABLE,
         K::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,

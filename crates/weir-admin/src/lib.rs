@@ -48,7 +48,7 @@ use std::time::Instant;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 use weir_broker::{Broker, ErrorKind};
@@ -126,6 +126,7 @@ pub(crate) fn router(state: SharedState) -> Router {
         .route("/v1/cluster/configs", get(dynamic_configs::get).patch(dynamic_configs::alter))
         .route("/v1/elections", post(operations::elect))
         .route("/v1/reassignments/generate", post(operations::generate_plan))
+        .route("/v1/brokers/{id}", delete(operations::unregister))
         .route("/v1/brokers/{id}/decommission", post(operations::decommission))
         .route("/v1/topics/{topic}/delete-records", post(operations::delete_records))
         .route("/v1/topics/{topic}/offsets", get(operations::offsets_at_time))

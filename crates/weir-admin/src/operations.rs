@@ -18,7 +18,7 @@ use weir_broker::{Broker, ErrorKind};
 use crate::api::{
     ClusterHealth, Decommission, DeleteRecords, DeletedRecords, DeletedRecordsResult, DrainingBroker, ElectLeaders,
     ElectionResult, ElectionResults, GeneratePlan, GeneratedPlan, OffsetsAtTime, PartitionHealth, PartitionOffset,
-    PlannedPartition, ReassignmentPlan, ReassignmentResult,
+    PlannedPartition, ReassignmentPlan, ReassignmentResult, UnregisteredBroker,
 };
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathParams, QueryParams};
@@ -225,6 +225,18 @@ fn generated(metadata: &MetadataState, goal: &PlanGoal, topics: Option<&[String]
         allow_replication_factor_change: false,
     };
     Ok(GeneratedPlan { current: plan_of(|m| &m.current), proposed: plan_of(|m| &m.proposed) })
+}
+
+/// `DELETE /v1/brokers/{id}`: unregisters a broker that was decommissioned and stopped
+/// (Kafka's UnregisterBroker): it leaves `GET /v1/cluster` and the health report. Refused (400)
+/// while it runs or holds a replica; 404 when no broker has the id.
+pub(crate) async fn unregister(
+    State(state): State<SharedState>,
+    PathParams(id): PathParams<i32>,
+) -> Result<Json<UnregisteredBroker>, ApiError> {
+    let core = state.core()?;
+    core.broker.unregister_broker(id).await?;
+    Ok(Json(UnregisteredBroker { broker: id }))
 }
 
 /// `POST /v1/brokers/{id}/decommission`: plans the moves of every replica off the broker and

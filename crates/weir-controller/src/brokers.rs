@@ -154,6 +154,49 @@ pub fn decide_heartbeat(
     Decision::nothing(HeartbeatAnswer { must_register: false, fenced: registration.fenced })
 }
 
+/// Decides the unregistration of broker `id` (Kafka's UnregisterBroker), for a broker that was
+/// decommissioned and stopped: refused while it is unfenced (its process would only register
+/// again) or still holds a replica (the partition would stay under-replicated for good).
+/// `voter`: the node is a voter of the metadata quorum, which stays.
+pub fn decide_unregister(state: &MetadataState, id: i32, voter: bool) -> Result<Decision<()>, BrokerError> {
+    let Some(broker) = state.brokers.get(&id) else {
+        return Err(BrokerError::new(ErrorKind::BrokerNotRegistered, format!("no broker {id} is registered")));
+    };
+    if voter {
+        return Err(BrokerError::new(
+            ErrorKind::InvalidRequest,
+            format!("broker {id} is a voter of the metadata quorum (controller.quorum.voters); only a broker-only node can be unregistered"),
+        ));
+    }
+    if !broker.fenced {
+        return Err(BrokerError::new(
+            ErrorKind::InvalidRequest,
+            format!("broker {id} is running (not fenced): stop it first, or it registers again"),
+        ));
+    }
+    let holding: Vec<String> = state
+        .topics
+        .values()
+        .flat_map(|t| {
+            t.assignments
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.replicas.contains(&id))
+                .map(move |(index, _)| format!("{}-{index}", t.name))
+        })
+        .collect();
+    if let Some(first) = holding.first() {
+        return Err(BrokerError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "broker {id} still holds {} replica(s) (first: {first}); `weir cluster decommission {id}` moves them off first",
+                holding.len()
+            ),
+        ));
+    }
+    Ok(Decision { records: vec![MetadataRecord::UnregisterBroker { id }], answer: () })
+}
+
 /// Decides the fencing of broker `id` with the leader changes it implies; the answer is how
 /// many partitions change.
 pub fn decide_fence(state: &MetadataState, config: &ControllerConfig, id: i32) -> Decision<usize> {
@@ -319,6 +362,30 @@ mod tests {
         let state = state_with(vec![moving], &[]);
         let changes = leaderless_changes(&state, 1, &|_| true);
         assert!(matches!(&changes[0], MetadataRecord::PartitionChange { leader: Some(NO_LEADER), .. }), "{changes:?}");
+    }
+
+    #[test]
+    fn only_a_stopped_broker_without_replicas_is_unregistered() {
+        // Broker 1 holds t-0; broker 3 holds nothing; both fenced; broker 2 runs.
+        let state = state_with(vec![PartitionState::new(vec![1, 2])], &[1, 3]);
+        let refused = |id: i32, voter: bool| match decide_unregister(&state, id, voter) {
+            Err(e) => (e.kind, e.message),
+            Ok(d) => panic!("broker {id} unregistered: {:?}", d.records),
+        };
+        assert_eq!(refused(9, false).0, ErrorKind::BrokerNotRegistered);
+        let (kind, message) = refused(2, false);
+        assert!(kind == ErrorKind::InvalidRequest && message.contains("running"), "{message}");
+        let (kind, message) = refused(1, false);
+        assert!(kind == ErrorKind::InvalidRequest && message.contains("t-0"), "{message}");
+        let (kind, message) = refused(3, true);
+        assert!(kind == ErrorKind::InvalidRequest && message.contains("voter"), "{message}");
+
+        let decision = decide_unregister(&state, 3, false).expect("a fenced, empty broker-only node");
+        let mut after = state.clone();
+        for (record, offset) in decision.records.iter().zip(10..) {
+            after.apply(offset, record);
+        }
+        assert!(!after.brokers.contains_key(&3) && after.brokers.len() == 2, "{:?}", after.brokers.keys());
     }
 
     fn config() -> ControllerConfig {

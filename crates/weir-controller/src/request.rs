@@ -80,6 +80,10 @@ pub enum ControlRequest {
         targets: Vec<crate::reassignment::ReassignmentTarget>,
         allow_replication_factor_change: bool,
     },
+    /// Remove a stopped broker that holds no replica (Kafka's UnregisterBroker).
+    UnregisterBroker {
+        id: i32,
+    },
 }
 
 impl ControlRequest {
@@ -99,6 +103,7 @@ impl ControlRequest {
             ControlRequest::AlterReassignments { .. } => "reassign partitions",
             ControlRequest::AlterBrokerConfigs { .. } => "alter broker configs",
             ControlRequest::AlterGroupConfigs { .. } => "alter group configs",
+            ControlRequest::UnregisterBroker { .. } => "unregister a broker",
         }
     }
 }

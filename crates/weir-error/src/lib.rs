@@ -134,6 +134,10 @@ pub enum ErrorKind {
     /// This broker is not the group's coordinator (any more): find it again.
     NotCoordinator,
 
+    // ----- the cluster -------------------------------------------------------------------------
+    /// No broker is registered under this id (Kafka's BROKER_ID_NOT_REGISTERED).
+    BrokerNotRegistered,
+
     // ----- everything else -------------------------------------------------------------------
     /// The request itself is wrong (a field out of range, a missing value).
     InvalidRequest,
@@ -236,6 +240,7 @@ impl ErrorKind {
             CoordinatorNotAvailable => "coordinator not available",
             CoordinatorLoadInProgress => "coordinator loading",
             NotCoordinator => "not the coordinator",
+            BrokerNotRegistered => "broker not registered",
             InvalidRequest => "invalid request",
             Throttled => "throttled",
             Unavailable => "unavailable",

@@ -139,6 +139,7 @@ async fn route(
         ApiKey::DescribeCluster => call!(DescribeClusterRequest, admin::describe_cluster),
         ApiKey::DescribeQuorum => call!(DescribeQuorumRequest, admin::describe_quorum),
         ApiKey::ElectLeaders => call!(ElectLeadersRequest, admin::elect_leaders),
+        ApiKey::UnregisterBroker => call!(UnregisterBrokerRequest, admin::unregister_broker),
         ApiKey::AlterPartitionReassignments => {
             call!(AlterPartitionReassignmentsRequest, admin::alter_partition_reassignments)
         }
@@ -371,6 +372,7 @@ error_codes! {
         r.responses.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
     };
     ListPartitionReassignmentsResponse => |r, c| c.count(r.error_code);
+    UnregisterBrokerResponse => |r, c| c.count(r.error_code);
     DescribeLogDirsResponse => |r, c| {
         c.count(r.error_code);
         r.results.iter().for_each(|d| c.count(d.error_code));

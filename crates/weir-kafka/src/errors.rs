@@ -65,6 +65,7 @@ pub fn kafka_error(kind: ErrorKind) -> ResponseError {
         K::CoordinatorLoadInProgress => E::CoordinatorLoadInProgress,
         K::NotCoordinator => E::NotCoordinator,
         K::InvalidRequest => E::InvalidRequest,
+        K::BrokerNotRegistered => E::BrokerIdNotRegistered,
         K::Throttled => E::ThrottlingQuotaExceeded,
         K::Unavailable => E::BrokerNotAvailable,
         K::NotController => E::NotController,

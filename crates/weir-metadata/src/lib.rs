@@ -135,6 +135,11 @@ pub enum MetadataRecord {
     UnfenceBroker {
         id: i32,
     },
+    /// The broker is removed from the cluster (Kafka's UnregisterBroker): a fenced broker that
+    /// holds no replica. If its process starts again, it registers anew.
+    UnregisterBroker {
+        id: i32,
+    },
 }
 
 /// `leader` of a partition that has none (its replicas are all offline, or it is unassigned).
@@ -495,6 +500,11 @@ impl MetadataState {
                 match self.brokers.get_mut(id) {
                     Some(broker) => broker.fenced = fenced,
                     None => tracing::warn!(offset, broker = id, "metadata: skipping the fencing of an unknown broker"),
+                }
+            }
+            MetadataRecord::UnregisterBroker { id } => {
+                if self.brokers.remove(id).is_none() {
+                    tracing::warn!(offset, broker = id, "metadata: skipping the unregistration of an unknown broker");
                 }
             }
         }

@@ -65,6 +65,7 @@ pub(crate) fn code_of(kind: ErrorKind) -> Code {
         NotEnoughReplicas | NotEnoughReplicasAfterAppend => Code::SlavePersistenceTimeout,
         Corrupt | InvalidRecord | InvalidTimestamp | UnsupportedFormat => Code::MessageCorrupted,
         InvalidRequest
+        | BrokerNotRegistered
         | InvalidConfig
         | InvalidPartitionCount
         | InvalidReplicationFactor

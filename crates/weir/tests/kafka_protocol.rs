@@ -643,6 +643,15 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
             expect_code("top level", response.error_code, code::NONE)?;
             ensure!(response.topics.is_empty(), "nothing moves on one node: {:?}", response.topics);
         }
+        ApiKey::UnregisterBroker => {
+            // An id nobody registered is unknown; the only broker, a running voter, stays.
+            let unknown = call(client, version, &UnregisterBrokerRequest::default().with_broker_id(BrokerId(42)))?;
+            expect_code("unknown broker", unknown.error_code, code::BROKER_ID_NOT_REGISTERED)?;
+            let itself = call(client, version, &UnregisterBrokerRequest::default().with_broker_id(BrokerId(0)))?;
+            expect_code("the running broker", itself.error_code, code::INVALID_REQUEST)?;
+            let message = itself.error_message.as_ref().map(|m| m.to_string()).unwrap_or_default();
+            ensure!(message.contains("broker 0"), "the refusal says why: {message:?}");
+        }
         // ----- groups -----
         ApiKey::FindCoordinator => {
             let group = unique("conformance-find");

@@ -125,6 +125,9 @@ impl Broker {
             ControlRequest::AlterReassignments { targets, allow_replication_factor_change } => self
                 .decide_alter_reassignments(held, targets, allow_replication_factor_change)
                 .map(ControlAnswer::Reassigned),
+            ControlRequest::UnregisterBroker { id } => {
+                self.decide_unregister_broker(held, id).map(|()| ControlAnswer::Done)
+            }
         }
     }
 
@@ -213,6 +216,19 @@ impl Broker {
 
     /// A broker (re)registers. One that does not vote follows the metadata log as a Raft
     /// learner, which the quorum adds first.
+    /// Removes a decommissioned, stopped broker: its registration, and its place as a learner
+    /// of the metadata quorum (the controller stops sending it the log).
+    fn decide_unregister_broker(&self, held: &MutexGuard<'_, ()>, id: i32) -> Result<(), BrokerError> {
+        let voter = u64::try_from(id).is_ok_and(|node| self.quorum.voters().contains(&node));
+        let decision = brokers::decide_unregister(&self.metadata(), id, voter)?;
+        self.settle(held, decision)?;
+        if let Ok(node) = u64::try_from(id) {
+            block_on(self.quorum.remove_learner(node))??;
+        }
+        tracing::info!(broker = id, "broker unregistered");
+        Ok(())
+    }
+
     fn decide_register_broker(
         &self,
         held: &MutexGuard<'_, ()>,
@@ -426,6 +442,15 @@ impl Broker {
     }
 
     // ----- asking the controller ---------------------------------------------------------------
+
+    /// Has the active controller unregister broker `id` (Kafka's UnregisterBroker): a stopped
+    /// broker that holds no replica leaves the cluster.
+    pub async fn unregister_broker(self: &Arc<Self>, id: i32) -> Result<(), BrokerError> {
+        match self.control(ControlRequest::UnregisterBroker { id }).await? {
+            ControlAnswer::Done => Ok(()),
+            other => Err(BrokerError::internal(format!("the controller answered UnregisterBroker with {other:?}"))),
+        }
+    }
 
     /// Has the active controller elect leaders of `kind` for `partitions` (every partition when
     /// `None`): one result per partition asked for, or per partition that changed.

@@ -556,6 +556,21 @@ pub(crate) async fn describe_log_dirs(
         .with_usable_bytes(-1)])
 }
 
+/// UnregisterBroker (`kafka-cluster.sh unregister`, Admin.unregisterBroker): removes a stopped
+/// broker that holds no replica, decided by the controller (see `brokers::decide_unregister`).
+pub(crate) async fn unregister_broker(
+    ctx: &Ctx,
+    _client: &Client,
+    request: UnregisterBrokerRequest,
+) -> UnregisterBrokerResponse {
+    match ctx.broker.unregister_broker(request.broker_id.0).await {
+        Ok(()) => UnregisterBrokerResponse::default(),
+        Err(e) => UnregisterBrokerResponse::default()
+            .with_error_code(errors::kafka_error(e.kind).code())
+            .with_error_message(Some(str(e.message))),
+    }
+}
+
 /// ElectLeaders (KIP-460, `kafka-leader-election.sh`, AdminClient.electLeaders): preferred or
 /// unclean elections, decided by the controller. v0 has no election type (preferred).
 pub(crate) async fn elect_leaders(ctx: &Ctx, client: &Client, request: ElectLeadersRequest) -> ElectLeadersResponse {

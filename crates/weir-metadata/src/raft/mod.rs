@@ -376,6 +376,29 @@ impl Quorum {
         }
     }
 
+    /// Removes a learner (a broker-only node unregistered for good): the leader stops
+    /// replicating the metadata log to it. Nothing to do for a node the membership lacks.
+    pub async fn remove_learner(&self, id: NodeId) -> Result<(), BrokerError> {
+        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
+        if membership.voter_ids().any(|v| v == id) {
+            return Err(BrokerError::new(
+                ErrorKind::InvalidRequest,
+                format!("node {id} is a voter of the metadata quorum, not a learner"),
+            ));
+        }
+        if membership.get_node(&id).is_none() {
+            return Ok(());
+        }
+        let remove = self.raft.change_membership(openraft::ChangeMembers::RemoveNodes(BTreeSet::from([id])), false);
+        match tokio::time::timeout(self.commit_timeout, remove).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(BrokerError::new(ErrorKind::NotController, format!("cannot remove learner {id}: {e}"))),
+            Err(_) => {
+                Err(BrokerError::new(ErrorKind::TimedOut, format!("removing learner {id} did not commit in time")))
+            }
+        }
+    }
+
     /// What this node's Raft reports: its role, term, applied and last log index.
     pub fn status(&self) -> QuorumStatus {
         let metrics = self.raft.metrics().borrow().clone();

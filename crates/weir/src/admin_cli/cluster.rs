@@ -1,4 +1,4 @@
-//! `weir cluster info|health|decommission|config`.
+//! `weir cluster info|health|decommission|unregister|config`.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use weir_admin::api::{
     AlterConfigs, ClusterHealth, ClusterStatus, Configs, Decommission, GeneratePlan, GeneratedPlan, NodeInfo,
-    PartitionHealth, QuorumMembership, ReplicationThrottle,
+    PartitionHealth, QuorumMembership, ReplicationThrottle, UnregisteredBroker,
 };
 
 use super::{parse_key_value, print_json, AdminClient, Connection, Table};
@@ -35,6 +35,10 @@ pub enum ClusterCommand {
     /// Move every replica off a broker (a throttled reassignment) so that it can be stopped
     /// and removed; `weir cluster health` shows it draining meanwhile.
     Decommission(DecommissionArgs),
+    /// Remove a decommissioned broker once its process is stopped (Kafka's `kafka-cluster.sh
+    /// unregister`): it leaves `weir cluster info` and the health report. Refused while it runs
+    /// or holds a replica; if it starts again, it registers anew.
+    Unregister(UnregisterArgs),
     /// The dynamic broker configs (those that change while the cluster runs, kept in the
     /// metadata): cluster-wide, or one broker's with --broker.
     Config(ConfigArgs),
@@ -81,6 +85,12 @@ pub struct DeleteConfigArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct UnregisterArgs {
+    /// The broker to remove.
+    pub broker: i32,
+}
+
+#[derive(Debug, Args)]
 pub struct DecommissionArgs {
     /// The broker to empty.
     pub broker: i32,
@@ -122,6 +132,14 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Config(config) => run_config(&client, &mut out, &config.command, args.connection.json)?,
         ClusterCommand::Decommission(decommission) => {
             run_decommission(&client, &mut out, decommission, args.connection.json)?
+        }
+        ClusterCommand::Unregister(unregister) => {
+            let removed: UnregisteredBroker = client.delete(&format!("/v1/brokers/{}", unregister.broker))?;
+            if args.connection.json {
+                print_json(&mut out, &removed)?;
+            } else {
+                writeln!(out, "broker {} unregistered", removed.broker)?;
+            }
         }
     }
     Ok(())
@@ -229,8 +247,9 @@ fn run_decommission(
         if !json {
             writeln!(
                 out,
-                "broker {} holds no replica and nothing is under-replicated: it can be stopped and removed",
-                args.broker
+                "broker {} holds no replica and nothing is under-replicated: it can be stopped, then removed with \
+                 `weir cluster unregister {}`",
+                args.broker, args.broker
             )?;
         }
     }
