@@ -393,6 +393,39 @@ def test_a_stopped_broker_shows_as_fenced_with_its_partitions_under_replicated(f
     wait_healthy(four, timeout=60)
 
 
+def test_turning_unclean_leader_election_on_at_run_time_elects_an_out_of_sync_replica(four):
+    """A partition on brokers 4 and 3: broker 3 stops (the ISR is [4]), then broker 4, and
+    broker 3 comes back out of sync: the partition has no leader. `weir cluster config set
+    unclean.leader.election.enable=true` makes broker 3 its leader at once, and it takes writes
+    again; with the config deleted, broker 4 comes back as a follower."""
+    topic = unique("unclean")
+    create_replicated(four, topic, assignment=[[4, 3]])
+    wait_healthy(four)
+    four.node(3).stop()
+    try:
+        four.wait(lambda: partition_states(four, topic, via=1)[0][2] == [4], 30, "ISR [4]")
+        four.node(4).stop()
+    finally:
+        four.start([3])
+    try:
+        four.wait(lambda: 3 not in health(four, via=1)["fenced_brokers"], 30, "broker 3 back")
+        time.sleep(1.0)  # a moment for anything that would elect it anyway (nothing should)
+        assert partition_states(four, topic, via=1)[0][0] == -1, partition_states(four, topic, via=1)
+        turned_on = weir(four, "cluster", "config", "set", "unclean.leader.election.enable=true", via=1)
+        assert turned_on.returncode == 0, turned_on.stderr
+        four.wait(lambda: partition_states(four, topic, via=2)[0][:3:2] == (3, [3]), 15, "broker 3 leading")
+        four.wait(
+            lambda: [e for e, _ in produce(four.bootstrap([1, 2, 3]), topic, [b"after"], retries=0).values()] == [None],
+            15,
+            "a write to the new leader",
+        )
+    finally:
+        cleared = weir(four, "cluster", "config", "delete", "unclean.leader.election.enable", via=1)
+        four.start([4])
+    assert cleared.returncode == 0, cleared.stderr
+    wait_healthy(four, timeout=60)
+
+
 def test_decommissioning_a_broker_drains_it_under_a_throttle_then_it_is_removed(four):
     """Partitions with replicas on broker 4 and data in them: `weir cluster decommission 4`
     under a tight throttle starts the moves and health shows broker 4 draining; the throttle

@@ -50,6 +50,7 @@ impl Broker {
         if !records.is_empty() {
             self.commit(held, records)?;
             tracing::info!(resource = %resource, "altered dynamic broker configs");
+            self.elect_where_unclean_allowed(held)?;
         }
         Ok(())
     }

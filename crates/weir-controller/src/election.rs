@@ -75,6 +75,24 @@ fn elect(
     }
 }
 
+/// The leaderless partitions of the topics that allow unclean elections
+/// (`unclean.leader.election.enable`): what to elect once that setting turns on, as Kafka does,
+/// rather than leave them offline until a replica of their ISR comes back.
+pub fn unclean_candidates(state: &MetadataState, config: &crate::ControllerConfig) -> Vec<(String, i32)> {
+    state
+        .topics
+        .values()
+        .filter(|t| crate::unclean_allowed(config, t))
+        .flat_map(|t| {
+            t.assignments
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.leader == weir_metadata::NO_LEADER)
+                .map(|(index, _)| (t.name.clone(), index as i32))
+        })
+        .collect()
+}
+
 /// Elects leaders of `kind` for `partitions` (all partitions when `None`, reporting only those
 /// that changed or could not): one result per partition, and the leader changes, committed
 /// together.

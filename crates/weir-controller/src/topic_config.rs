@@ -11,8 +11,8 @@ use weir_storage::{Compression, LogConfig, StorageError};
 
 /// Broker-level defaults of topic configs: (broker name, topic name, default). A topic's own
 /// config overrides these. Each can also be set while the cluster runs, cluster-wide or per
-/// broker, as a dynamic broker config ([`effective_defaults`]), but
-/// `unclean.leader.election.enable`: the controller reads it from its own settings.
+/// broker, as a dynamic broker config ([`effective_defaults`]); the controller, which alone
+/// reads `unclean.leader.election.enable`, takes the cluster-wide value.
 pub const TOPIC_DEFAULT_SETTINGS: &[(&str, &str, &str)] = &[
     ("log.segment.bytes", "segment.bytes", "1073741824"),
     ("log.roll.ms", "segment.ms", "604800000"),
@@ -36,16 +36,10 @@ pub const TOPIC_DEFAULT_SETTINGS: &[(&str, &str, &str)] = &[
     ("unclean.leader.election.enable", "unclean.leader.election.enable", "false"),
 ];
 
-/// Topic defaults that cannot change while the cluster runs (see [`TOPIC_DEFAULT_SETTINGS`]).
-const STATIC_TOPIC_DEFAULTS: &[&str] = &["unclean.leader.election.enable"];
-
 /// The topic config that the dynamic broker config `broker_name` sets the default of
 /// (`log.retention.ms` → `retention.ms`), if it is one that may change at run time.
 pub fn dynamic_topic_default(broker_name: &str) -> Option<&'static str> {
-    TOPIC_DEFAULT_SETTINGS
-        .iter()
-        .find(|(b, _, _)| *b == broker_name && !STATIC_TOPIC_DEFAULTS.contains(b))
-        .map(|(_, topic_name, _)| *topic_name)
+    TOPIC_DEFAULT_SETTINGS.iter().find(|(b, _, _)| *b == broker_name).map(|(_, topic_name, _)| *topic_name)
 }
 
 /// The topic defaults in force (by topic config name) on broker `node`: those of its settings
@@ -414,8 +408,6 @@ fn parse_bool(value: &str) -> Option<bool> {
     }
 }
 
-/// `unclean.leader.election.enable` of a topic: may a replica outside the ISR lead when no
-/// in-sync replica is alive (losing what only the ISR had)?
 /// A topic's `leader.replication.throttled.replicas` and
 /// `follower.replication.throttled.replicas`.
 pub fn throttled_replicas(
@@ -430,6 +422,8 @@ pub fn throttled_replicas(
     (parse(crate::throttle::LEADER_REPLICAS), parse(crate::throttle::FOLLOWER_REPLICAS))
 }
 
+/// `unclean.leader.election.enable` of a topic: may a replica outside the ISR lead when no
+/// in-sync replica is alive (losing what only the ISR had)?
 pub(crate) fn unclean_leader_election(
     broker_defaults: &BTreeMap<String, String>,
     overrides: &BTreeMap<String, String>,

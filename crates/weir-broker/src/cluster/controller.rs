@@ -51,7 +51,12 @@ impl Broker {
             delete_topic_enable: config.delete_topic_enable,
             offsets_topic_replication_factor: config.offsets_topic_replication_factor,
             transaction_state_replication_factor: config.transaction_state_replication_factor,
-            topic_defaults: config.topic_defaults.clone(),
+            // The cluster-wide dynamic defaults count (unclean.leader.election.enable among them).
+            topic_defaults: topic_config::effective_defaults(
+                &config.topic_defaults,
+                &self.metadata().broker_configs,
+                None,
+            ),
             replica_capacity: crate::capacity::replica_capacity(),
         }
     }
@@ -208,14 +213,31 @@ impl Broker {
         self.settle(held, decision)?;
         if changed {
             tracing::info!(topic = %name, "altered topic configs");
+            self.elect_where_unclean_allowed(held)?;
         }
+        Ok(())
+    }
+
+    /// After a config change: the leaderless partitions whose topic now allows unclean
+    /// elections get a leader from their live replicas (Kafka does the same when
+    /// `unclean.leader.election.enable` turns on).
+    pub(crate) fn elect_where_unclean_allowed(&self, held: &MutexGuard<'_, ()>) -> Result<(), BrokerError> {
+        let candidates = election::unclean_candidates(&self.metadata(), &self.controller_config());
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let results = self.decide_elect_leaders(held, ElectionType::Unclean, Some(candidates))?;
+        let elected = results.iter().filter(|(_, _, outcome)| outcome.is_ok()).count();
+        tracing::warn!(
+            partitions = elected,
+            left_offline = results.len() - elected,
+            "unclean.leader.election.enable turned on: elected leaders outside the ISR"
+        );
         Ok(())
     }
 
     // ----- brokers -----------------------------------------------------------------------------
 
-    /// A broker (re)registers. One that does not vote follows the metadata log as a Raft
-    /// learner, which the quorum adds first.
     /// Removes a decommissioned, stopped broker: its registration, and its place as a learner
     /// of the metadata quorum (the controller stops sending it the log).
     fn decide_unregister_broker(&self, held: &MutexGuard<'_, ()>, id: i32) -> Result<(), BrokerError> {
@@ -229,6 +251,8 @@ impl Broker {
         Ok(())
     }
 
+    /// A broker (re)registers. One that does not vote follows the metadata log as a Raft
+    /// learner, which the quorum adds first.
     fn decide_register_broker(
         &self,
         held: &MutexGuard<'_, ()>,
