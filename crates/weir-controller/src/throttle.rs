@@ -205,7 +205,8 @@ mod tests {
         assert!(!bad(FOLLOWER_RATE, "10485760"));
         assert!(!bad("log.retention.ms", "3600000"), "topic defaults are dynamic");
         assert!(bad("log.retention.ms", "soon"), "and checked as the topic config would be");
-        assert!(bad("unclean.leader.election.enable", "true"), "the controller reads this one at start");
+        assert!(!bad("unclean.leader.election.enable", "true"), "dynamic, as in Kafka");
+        assert!(bad("unclean.leader.election.enable", "maybe"));
         assert!(is_dynamic("min.insync.replicas") && !is_dynamic("num.partitions"));
     }
 

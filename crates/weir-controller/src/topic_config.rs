@@ -505,7 +505,8 @@ mod tests {
         let on_one = effective_defaults(&static_defaults, &dynamic, Some(1));
         assert_eq!(on_one.get("retention.ms").map(String::as_str), Some("2000"));
         assert_eq!(on_one.get("segment.bytes").map(String::as_str), Some("4096"));
-        assert_eq!(on_one.len(), 2, "neither the static-only default nor a rate is a topic default: {on_one:?}");
+        assert_eq!(on_one.get("unclean.leader.election.enable").map(String::as_str), Some("true"));
+        assert_eq!(on_one.len(), 3, "a rate is not a topic default: {on_one:?}");
         let on_two = effective_defaults(&static_defaults, &dynamic, Some(2));
         assert_eq!(on_two.get("retention.ms").map(String::as_str), Some("3000"), "the broker's own wins");
         assert_eq!(effective_defaults(&static_defaults, &BTreeMap::new(), None), static_defaults);
