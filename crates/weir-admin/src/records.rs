@@ -286,6 +286,7 @@ async fn long_poll(
             replica_id: None,
             follower_reads: false,
             client_rack: None,
+            session_heartbeat: None,
         };
         let fetched = broker.fetch(request).await?;
         let mut out = Vec::new();

@@ -134,6 +134,9 @@ pub struct Broker {
     pub metrics: BrokerMetrics,
     /// The replication throttles' budgets (see [`crate::throttle`]).
     pub(crate) replication_quotas: crate::throttle::ReplicationQuotas,
+    /// Followers' last fetches through a fetch session, for the ISR checks (see
+    /// [`crate::watch::FollowerHeartbeats`]).
+    pub follower_heartbeats: crate::watch::FollowerHeartbeats,
     /// Where the append path hands a DELAY topic's records that are not due yet: the
     /// messaging layer's timer, once it has opened (see [`crate::delayed`]).
     delayed: OnceLock<Arc<dyn DelayedRecords>>,
@@ -175,6 +178,7 @@ impl Broker {
             producer_ids: Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             cluster,
             replication_quotas: Default::default(),
+            follower_heartbeats: Default::default(),
             internal_address,
             metrics: BrokerMetrics::default(),
             fenced_since: Mutex::new(HashMap::new()),
@@ -998,7 +1002,10 @@ impl Broker {
                 format!("Cannot delete records before {target}: the high watermark is {}", log.high_watermark()),
             ));
         }
-        Ok(log.delete_records_before(target)?)
+        let low_watermark = log.delete_records_before(target)?;
+        // Fetch sessions report a moved log start (KIP-227).
+        partition.wake_waiters();
+        Ok(low_watermark)
     }
 
     /// Every partition's size (DescribeLogDirs).

@@ -173,6 +173,11 @@ pub(crate) const SETTINGS: &[Setting] = &[
     s("replica.fetch.max.bytes", "1048576", "Bytes a follower asks for per partition in one fetch from its leader."),
     s("replica.fetch.wait.max.ms", "500", "How long a follower's fetch waits at the leader for new data."),
     s(
+        "max.incremental.fetch.session.cache.slots",
+        "1000",
+        "Incremental fetch sessions (KIP-227) the broker keeps for consumers and followers; 0 declines them.",
+    ),
+    s(
         "auto.leader.rebalance.enable",
         "true",
         "The controller gives partitions back to their preferred replica when a broker leads too few of them.",
@@ -286,6 +291,9 @@ pub struct BrokerConfig {
     pub replica_lag_time_max_ms: u64,
     pub(crate) replica_fetch_max_bytes: i32,
     pub(crate) replica_fetch_wait_max_ms: u64,
+    /// `max.incremental.fetch.session.cache.slots`: the most fetch sessions kept (read by the
+    /// Kafka front-end, which keeps them).
+    pub fetch_session_cache_slots: usize,
     pub(crate) auto_leader_rebalance_enable: bool,
     pub(crate) leader_imbalance_check_interval_seconds: u64,
     pub(crate) leader_imbalance_per_broker_percentage: u32,
@@ -631,6 +639,7 @@ impl BrokerConfig {
             replica_lag_time_max_ms: values.num("replica.lag.time.max.ms", 10)?,
             replica_fetch_max_bytes: values.num("replica.fetch.max.bytes", 1024)?,
             replica_fetch_wait_max_ms: values.num("replica.fetch.wait.max.ms", 0)?,
+            fetch_session_cache_slots: values.num("max.incremental.fetch.session.cache.slots", 0)?,
             auto_leader_rebalance_enable: values.bool("auto.leader.rebalance.enable")?,
             leader_imbalance_check_interval_seconds: values.num("leader.imbalance.check.interval.seconds", 1)?,
             leader_imbalance_per_broker_percentage: values.num("leader.imbalance.per.broker.percentage", 0)?,

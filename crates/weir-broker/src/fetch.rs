@@ -64,6 +64,9 @@ pub struct FetchRequest {
     /// The consumer's rack (`client.rack`): with `replica.selector.class` rack-aware, the leader
     /// points it to an in-sync replica in that rack.
     pub client_rack: Option<String>,
+    /// A follower's fetch through a fetch session: the session's previous fetch, which read
+    /// only the partitions that changed (see [`crate::watch::FollowerHeartbeats`]).
+    pub session_heartbeat: Option<std::time::Instant>,
 }
 
 /// A partition's offsets, as a fetch found them.
@@ -249,7 +252,9 @@ impl Broker {
                     }
                 }
                 if wanted.offset <= log.log_end_offset() && wanted.offset >= log.log_start_offset() {
-                    if let Some(proposal) = partition.record_follower_fetch(replica, wanted.offset) {
+                    if let Some(proposal) =
+                        partition.record_follower_fetch(replica, wanted.offset, request.session_heartbeat)
+                    {
                         proposals.push((partition.clone(), proposal));
                     }
                 }

@@ -41,7 +41,7 @@ impl Broker {
         let interval = (lag / 2).clamp(Duration::from_millis(10), Duration::from_secs(5));
         self.every(interval, move |broker| async move {
             for partition in broker.partitions() {
-                if let Some(proposal) = partition.isr_to_shrink(lag) {
+                if let Some(proposal) = partition.isr_to_shrink(lag, |id| broker.follower_heartbeats.last(id)) {
                     broker.send_isr_proposal(partition, proposal);
                 }
             }

@@ -37,6 +37,7 @@ pub mod replication;
 pub mod runtime;
 pub mod throttle;
 mod topics;
+pub mod watch;
 /// What topic configs mean and how they are checked (the controller's, `weir-controller`).
 pub use weir_controller::topic_config;
 

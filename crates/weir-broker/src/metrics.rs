@@ -130,7 +130,7 @@ fn render_requests(out: &mut Exposition, protocols: &[Arc<ProtocolMetrics>]) {
 
 fn render_connections(out: &mut Exposition, protocols: &[Arc<ProtocolMetrics>]) {
     type Read = fn(&ConnectionMetrics) -> i64;
-    let families: [(&'static str, Kind, &str, Read); 4] = [
+    let families: [(&'static str, Kind, &str, Read); 5] = [
         ("weir_connections_open", Kind::Gauge, "Open client connections, by protocol.", |c| c.open.get()),
         ("weir_connections_accepted_total", Kind::Counter, "Client connections accepted, by protocol.", |c| {
             c.accepted.get() as i64
@@ -147,6 +147,12 @@ fn render_connections(out: &mut Exposition, protocols: &[Arc<ProtocolMetrics>]) 
             "Requests read from their connections and not yet answered (queued, being handled or being written), \
              by protocol.",
             |c| c.requests_in_flight.get(),
+        ),
+        (
+            "weir_fetch_sessions",
+            Kind::Gauge,
+            "Incremental fetch sessions (KIP-227) in the session cache, by protocol.",
+            |c| c.fetch_sessions.get(),
         ),
     ];
     for (name, kind, help, read) in families {

@@ -14,6 +14,7 @@ use crate::metrics::counted::PartitionMetrics;
 use crate::replication::ReplicaState;
 use crate::throttle::ThrottledReplicas;
 use crate::topic_config::TopicCompression;
+use crate::watch::PartitionWatch;
 use weir_storage::sync::{lock, read, write};
 
 /// Where a read of a partition stops (a fetch's, a ListOffsets').
@@ -53,6 +54,10 @@ pub struct Partition {
     /// Fetches parked until new data is visible. Each holds its own `Notify`; an append wakes
     /// all of them (a fetch over many partitions registers the same `Notify` in each).
     waiters: Mutex<Vec<Weak<Notify>>>,
+    /// Fetch sessions watching the partition, each with its slot for it (see `watch`): marked
+    /// whenever the waiters are woken. Unlike a waiter, a watch stays until it is removed or
+    /// dropped.
+    watchers: Mutex<Vec<(Weak<PartitionWatch>, u32)>>,
     /// Followers' positions and the pending ISR change when this broker leads; the learned
     /// high watermark when it follows (see `replication`).
     pub(crate) replication: Mutex<ReplicaState>,
@@ -106,6 +111,7 @@ impl Partition {
             throttled_replicas: Mutex::new(Default::default()),
             metrics: PartitionMetrics::default(),
             waiters: Mutex::new(Vec::new()),
+            watchers: Mutex::new(Vec::new()),
             replication: Mutex::new(ReplicaState::new()),
             closing: std::sync::atomic::AtomicBool::new(false),
         };
@@ -278,7 +284,8 @@ impl Partition {
         lock(&self.waiters).iter().filter(|w| w.strong_count() > 0).count()
     }
 
-    /// Wakes every registered waiter; each re-registers if it still has to wait.
+    /// Wakes every registered waiter; each re-registers if it still has to wait. Marks the
+    /// partition's slot in every watch on it.
     pub fn wake_waiters(&self) {
         let waiters = std::mem::take(&mut *lock(&self.waiters));
         for waiter in waiters {
@@ -286,5 +293,24 @@ impl Partition {
                 waiter.notify_one();
             }
         }
+        let watchers: Vec<(Arc<PartitionWatch>, u32)> =
+            lock(&self.watchers).iter().filter_map(|(w, slot)| Some((w.upgrade()?, *slot))).collect();
+        for (watch, slot) in watchers {
+            watch.mark(slot);
+        }
+    }
+
+    /// Marks `slot` of `watch` at each change of the partition from now on (see
+    /// [`crate::watch`]), until [`Partition::unwatch`] or the watch is dropped.
+    pub fn watch(&self, watch: &Arc<PartitionWatch>, slot: u32) {
+        let mut watchers = lock(&self.watchers);
+        watchers.retain(|(w, _)| w.strong_count() > 0);
+        watchers.push((Arc::downgrade(watch), slot));
+    }
+
+    /// Stops marking `slot` of `watch`.
+    pub fn unwatch(&self, watch: &Arc<PartitionWatch>, slot: u32) {
+        let target = Arc::downgrade(watch);
+        lock(&self.watchers).retain(|(w, s)| w.strong_count() > 0 && !(w.ptr_eq(&target) && *s == slot));
     }
 }

@@ -54,6 +54,22 @@ struct Follower {
     last_fetch_leader_end: i64,
 }
 
+impl Follower {
+    /// The follower as it stands after its fetch session's fetches up to `heartbeat` (see
+    /// [`crate::watch::FollowerHeartbeats`]): each session fetch that did not read this
+    /// partition was a fetch at `log_end`, the leader's end unmoved since `last_fetch`, and
+    /// counts as Kafka's fetch-state update would (caught up if it was then).
+    fn after_session_fetches(mut self, heartbeat: Option<Instant>) -> Follower {
+        if let Some(at) = heartbeat.filter(|at| *at > self.last_fetch) {
+            if self.log_end >= 0 && self.log_end >= self.last_fetch_leader_end {
+                self.last_caught_up = self.last_caught_up.max(at);
+            }
+            self.last_fetch = at;
+        }
+        self
+    }
+}
+
 /// How far one follower trails the leader, as the leader sees it (for `weir topic describe` and
 /// `weir cluster health`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,7 +288,14 @@ impl Partition {
     /// A follower fetched from `fetch_offset` (its log end) under the current leadership:
     /// record its position, move the high watermark, and return the ISR to propose if it
     /// should join. Called by the leader's fetch path once the fetch's epoch was checked.
-    pub(crate) fn record_follower_fetch(&self, replica: i32, fetch_offset: i64) -> Option<IsrProposal> {
+    /// `session_heartbeat`: the follower's previous fetch through its fetch session, which did
+    /// not read this partition if it is later than the last one that did.
+    pub(crate) fn record_follower_fetch(
+        &self,
+        replica: i32,
+        fetch_offset: i64,
+        session_heartbeat: Option<Instant>,
+    ) -> Option<IsrProposal> {
         let state = self.state();
         if state.leader != self.local_broker || !state.replicas.contains(&replica) {
             return None;
@@ -290,6 +313,7 @@ impl Partition {
                 last_fetch: now,
                 last_fetch_leader_end: -1,
             });
+            *follower = follower.after_session_fetches(session_heartbeat);
             if fetch_offset >= leader_end {
                 follower.last_caught_up = follower.last_caught_up.max(now);
             } else if fetch_offset >= follower.last_fetch_leader_end {
@@ -313,7 +337,12 @@ impl Partition {
     }
 
     /// The ISR without the followers that have not caught up for `lag`, if any should go.
-    pub(crate) fn isr_to_shrink(&self, lag: Duration) -> Option<IsrProposal> {
+    /// `heartbeat`: each follower's last fetch through its fetch session.
+    pub(crate) fn isr_to_shrink(
+        &self,
+        lag: Duration,
+        heartbeat: impl Fn(i32) -> Option<Instant>,
+    ) -> Option<IsrProposal> {
         let state = self.state();
         if state.leader != self.local_broker || state.isr.len() <= 1 {
             return None;
@@ -330,7 +359,10 @@ impl Partition {
         }
         let lagging = |id: &i32| {
             *id != self.local_broker
-                && replication.followers.get(id).is_none_or(|f| now.saturating_duration_since(f.last_caught_up) > lag)
+                && replication.followers.get(id).is_none_or(|f| {
+                    let f = f.after_session_fetches(heartbeat(*id));
+                    now.saturating_duration_since(f.last_caught_up) > lag
+                })
         };
         let isr: Vec<i32> = state.isr.iter().copied().filter(|id| !lagging(id)).collect();
         if isr.len() == state.isr.len() {
@@ -503,11 +535,11 @@ mod tests {
         let p = led_partition(dir.path(), &[1, 2, 3]);
         append(&p, 10);
         assert_eq!(p.log.high_watermark(), 0, "followers' positions are unknown: nothing is acknowledged");
-        assert_eq!(p.record_follower_fetch(2, 10), None);
+        assert_eq!(p.record_follower_fetch(2, 10, None), None);
         assert_eq!(p.log.high_watermark(), 0, "follower 3 has not fetched yet");
-        assert_eq!(p.record_follower_fetch(3, 4), None);
+        assert_eq!(p.record_follower_fetch(3, 4, None), None);
         assert_eq!(p.log.high_watermark(), 4);
-        p.record_follower_fetch(3, 10);
+        p.record_follower_fetch(3, 10, None);
         assert_eq!(p.log.high_watermark(), 10);
         append(&p, 5);
         assert_eq!(p.log.high_watermark(), 10, "the leader's own append does not count for the others");
@@ -523,15 +555,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = led_partition(dir.path(), &[1, 2]);
         append(&p, 10);
-        p.record_follower_fetch(2, 10);
+        p.record_follower_fetch(2, 10, None);
         assert_eq!(p.log.high_watermark(), 10);
-        assert_eq!(p.record_follower_fetch(3, 5), None, "below the high watermark: not in sync yet");
-        let proposal = p.record_follower_fetch(3, 10).expect("caught up: propose it");
+        assert_eq!(p.record_follower_fetch(3, 5, None), None, "below the high watermark: not in sync yet");
+        let proposal = p.record_follower_fetch(3, 10, None).expect("caught up: propose it");
         assert_eq!((proposal.isr.clone(), proposal.leader, proposal.partition_epoch), (vec![1, 2, 3], 1, 0));
-        assert_eq!(p.record_follower_fetch(3, 10), None, "one proposal in flight at a time");
+        assert_eq!(p.record_follower_fetch(3, 10, None), None, "one proposal in flight at a time");
         // While pending, the joining replica counts for the high watermark (the maximal ISR).
         append(&p, 5);
-        p.record_follower_fetch(2, 15);
+        p.record_follower_fetch(2, 15, None);
         assert_eq!(p.log.high_watermark(), 10, "replica 3 is at 10");
         // The committed ISR settles the proposal.
         let mut committed = (*p.state()).clone();
@@ -548,8 +580,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = led_partition(dir.path(), &[1, 2, 3]);
         append(&p, 10);
-        p.record_follower_fetch(2, 10);
-        p.record_follower_fetch(3, 4);
+        p.record_follower_fetch(2, 10, None);
+        p.record_follower_fetch(3, 4, None);
         weir_storage::sync::lock(&p.replication).check_leader_high_watermark(1, &[1, 2, 3], 4, 10, 10);
     }
 
@@ -560,7 +592,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = led_partition(dir.path(), &[1, 2]);
         append(&p, 10);
-        p.record_follower_fetch(2, 10);
+        p.record_follower_fetch(2, 10, None);
         weir_storage::sync::lock(&p.replication).check_leader_high_watermark(1, &[1, 2], 10, 8, 10);
     }
 
@@ -579,12 +611,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = led_partition(dir.path(), &[1, 2, 3]);
         append(&p, 10);
-        p.record_follower_fetch(2, 10);
-        p.record_follower_fetch(3, 3);
-        assert_eq!(p.isr_to_shrink(Duration::from_secs(60)), None, "nobody is late by a minute");
+        p.record_follower_fetch(2, 10, None);
+        p.record_follower_fetch(3, 3, None);
+        assert_eq!(p.isr_to_shrink(Duration::from_secs(60), |_| None), None, "nobody is late by a minute");
         std::thread::sleep(Duration::from_millis(30));
-        p.record_follower_fetch(2, 10);
-        let proposal = p.isr_to_shrink(Duration::from_millis(20)).expect("follower 3 is late");
+        p.record_follower_fetch(2, 10, None);
+        let proposal = p.isr_to_shrink(Duration::from_millis(20), |_| None).expect("follower 3 is late");
         assert_eq!(proposal.isr, vec![1, 2]);
         // Until the change is committed, follower 3 still holds the high watermark.
         assert_eq!(p.log.high_watermark(), 3);
@@ -605,7 +637,7 @@ mod tests {
             )
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
-        p.record_follower_fetch(2, 4);
+        p.record_follower_fetch(2, 4, None);
         waiting.await.unwrap().unwrap();
 
         append(&p, 1);

@@ -244,6 +244,7 @@ async fn a_fetch_parks_until_an_append_and_returns_empty_at_its_deadline() {
         replica_id: None,
         follower_reads: false,
         client_rack: None,
+        session_heartbeat: None,
     };
 
     let started = std::time::Instant::now();

@@ -19,6 +19,9 @@ pub struct Ctx {
     pub(crate) txns: Arc<TxnCoordinator>,
     /// The `protocol="kafka"` rows of the broker's request and connection metrics.
     pub(crate) metrics: Arc<ProtocolMetrics>,
+    /// Incremental fetch sessions (KIP-227): Kafka protocol state, kept by id for all
+    /// connections (see `fetch_session`).
+    pub(crate) fetch_sessions: Arc<crate::fetch_session::SessionCache>,
 }
 
 impl Ctx {
@@ -26,7 +29,11 @@ impl Ctx {
     /// with zero requests, so they show from the start.
     pub fn new(broker: Arc<Broker>, groups: Arc<GroupCoordinator>, txns: Arc<TxnCoordinator>) -> Ctx {
         let metrics = broker.metrics.register_protocol("kafka", API_SLOTS, crate::errors::error_name);
-        let ctx = Ctx { broker, groups, txns, metrics };
+        let fetch_sessions = Arc::new(crate::fetch_session::SessionCache::new(
+            broker.config.fetch_session_cache_slots,
+            Some(metrics.clone()),
+        ));
+        let ctx = Ctx { broker, groups, txns, metrics, fetch_sessions };
         for (api_key, _) in crate::versions::all() {
             crate::dispatch::api_metrics(&ctx.metrics, api_key);
         }

@@ -12,6 +12,7 @@ mod connection;
 mod context;
 mod dispatch;
 pub mod errors;
+mod fetch_session;
 pub mod frame;
 mod handlers;
 pub mod replica_fetcher;

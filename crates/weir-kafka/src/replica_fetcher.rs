@@ -2,9 +2,17 @@
 //! wire side of the core's follower (`weir_broker::follower`), a [`ReplicaTransport`] that sends
 //! Fetch v12 to the leader's Kafka listener, naming this broker as the replica. The leader then
 //! serves it with the consumers' read path, file ranges sent with `sendfile`.
+//!
+//! Each connection keeps a fetch session (KIP-227) with the leader: the first fetch names every
+//! partition and opens it, later ones name only the partitions whose fetch position changed
+//! (and those no longer followed, as forgotten), and the leader answers only for partitions
+//! with something new. An idle follower's fetch is then a few dozen bytes whatever it follows.
+//! A refused session (unknown, wrong epoch) is dropped and the next fetch opens a new one.
+
+use std::collections::{BTreeMap, HashMap};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic, ReplicaState};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic, ForgottenTopic, ReplicaState};
 use kafka_protocol::messages::{
     ApiKey, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseHeader, TopicName,
 };
@@ -13,8 +21,8 @@ use kafka_protocol::ResponseError;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use weir_broker::follower::{
-    DivergingEpoch, FollowerFetch, LeaderAnswer, LeaderError, LeaderPartition, ReplicaConnection, ReplicaTransport,
-    TransportFuture,
+    DivergingEpoch, FetchFrom, FollowerFetch, LeaderAnswer, LeaderError, LeaderPartition, ReplicaConnection,
+    ReplicaTransport, TransportFuture,
 };
 
 /// The Fetch version followers send: the first with diverging epochs, and topics by name.
@@ -30,7 +38,8 @@ impl ReplicaTransport for KafkaReplicaTransport {
         Box::pin(async move {
             let stream = TcpStream::connect(&addr).await.map_err(|e| e.to_string())?;
             let _ = stream.set_nodelay(true);
-            Ok(Box::new(Connection { stream, correlation_id: 0 }) as Box<dyn ReplicaConnection>)
+            Ok(Box::new(Connection { stream, correlation_id: 0, session: FetchSession::default() })
+                as Box<dyn ReplicaConnection>)
         })
     }
 }
@@ -39,6 +48,88 @@ impl ReplicaTransport for KafkaReplicaTransport {
 struct Connection {
     stream: TcpStream,
     correlation_id: i32,
+    session: FetchSession,
+}
+
+/// The follower's side of its fetch session with the leader.
+#[derive(Debug, Default)]
+struct FetchSession {
+    /// 0: none; the next fetch is a full one that asks for a session.
+    id: i32,
+    /// The epoch of the next incremental fetch.
+    epoch: i32,
+    /// What the leader holds for each partition of the session: the last position sent.
+    sent: HashMap<(String, i32), FetchFrom>,
+}
+
+impl FetchSession {
+    /// The request for `fetch`: full when there is no session, else the partitions whose
+    /// position changed and those no longer fetched. Records what the leader will hold.
+    fn request(&mut self, fetch: &FollowerFetch) -> FetchRequest {
+        let full = self.id == 0;
+        let mut named: Vec<&FetchFrom> = Vec::new();
+        let mut fetched: HashMap<(&str, i32), ()> =
+            HashMap::with_capacity(if full { 0 } else { fetch.partitions.len() });
+        if full {
+            self.sent.clear();
+        }
+        for from in &fetch.partitions {
+            if !full {
+                fetched.insert((from.topic.as_str(), from.partition), ());
+            }
+            let key = (from.topic.clone(), from.partition);
+            match self.sent.get(&key) {
+                Some(sent) if sent == from && !full => {}
+                _ => {
+                    named.push(from);
+                    self.sent.insert(key, from.clone());
+                }
+            }
+        }
+        let mut forgotten: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        if !full {
+            self.sent.retain(|(topic, partition), _| {
+                let keep = fetched.contains_key(&(topic.as_str(), *partition));
+                if !keep {
+                    forgotten.entry(topic.clone()).or_default().push(*partition);
+                }
+                keep
+            });
+        }
+        let (id, epoch) = if full { (0, 0) } else { (self.id, self.epoch) };
+        fetch_request(fetch, &named, id, epoch).with_forgotten_topics_data(
+            forgotten
+                .into_iter()
+                .map(|(topic, partitions)| {
+                    ForgottenTopic::default()
+                        .with_topic(TopicName(StrBytes::from_string(topic)))
+                        .with_partitions(partitions)
+                })
+                .collect(),
+        )
+    }
+
+    /// Takes in the leader's answer to a request of this session: a new session's id, or the
+    /// next epoch; a refused session is dropped (the next fetch opens another).
+    fn answered(&mut self, response: &FetchResponse) {
+        if response.error_code != 0 || response.session_id == 0 {
+            *self = FetchSession::default();
+        } else if self.id == response.session_id {
+            self.epoch = next_epoch(self.epoch);
+        } else {
+            self.id = response.session_id;
+            self.epoch = 1;
+        }
+    }
+}
+
+/// Kafka's `FetchMetadata.nextEpoch` for an open session.
+fn next_epoch(epoch: i32) -> i32 {
+    if epoch == i32::MAX {
+        1
+    } else {
+        epoch + 1
+    }
 }
 
 impl ReplicaConnection for Connection {
@@ -46,18 +137,26 @@ impl ReplicaConnection for Connection {
         Box::pin(async move {
             self.correlation_id = self.correlation_id.wrapping_add(1);
             let client_id = format!("weir-replica-fetcher-{}", request.replica);
+            let fetch = self.session.request(request);
             let response =
-                exchange(&mut self.stream, &client_id, self.correlation_id, &fetch_request(request), request.max_bytes)
-                    .await?;
+                match exchange(&mut self.stream, &client_id, self.correlation_id, &fetch, request.max_bytes).await {
+                    Ok(response) => response,
+                    Err(e) => {
+                        // The connection is dropped, and its session with it.
+                        self.session = FetchSession::default();
+                        return Err(e);
+                    }
+                };
+            self.session.answered(&response);
             Ok(answer_of(response))
         })
     }
 }
 
-/// The Fetch request of `fetch`.
-fn fetch_request(fetch: &FollowerFetch) -> FetchRequest {
-    let mut topics: std::collections::BTreeMap<&str, Vec<FetchPartition>> = std::collections::BTreeMap::new();
-    for from in &fetch.partitions {
+/// The Fetch request of `fetch` naming `partitions`, in session `session_id` at `epoch`.
+fn fetch_request(fetch: &FollowerFetch, partitions: &[&FetchFrom], session_id: i32, epoch: i32) -> FetchRequest {
+    let mut topics: BTreeMap<&str, Vec<FetchPartition>> = BTreeMap::new();
+    for from in partitions {
         topics.entry(from.topic.as_str()).or_default().push(
             FetchPartition::default()
                 .with_partition(from.partition)
@@ -83,8 +182,8 @@ fn fetch_request(fetch: &FollowerFetch) -> FetchRequest {
         .with_min_bytes(1)
         .with_max_bytes(fetch.max_bytes)
         .with_isolation_level(0)
-        .with_session_id(0)
-        .with_session_epoch(-1)
+        .with_session_id(session_id)
+        .with_session_epoch(epoch)
         .with_topics(topics)
 }
 

@@ -194,6 +194,8 @@ pub struct ConnectionMetrics {
     pub refused: Counter,
     /// Requests read and not yet answered, over all connections.
     pub requests_in_flight: Gauge,
+    /// Incremental fetch sessions (Kafka's KIP-227) held for the protocol's clients.
+    pub fetch_sessions: Gauge,
 }
 
 /// Traffic counters of one partition, kept on the [`Partition`] itself so that the produce

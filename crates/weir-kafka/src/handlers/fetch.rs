@@ -1,14 +1,20 @@
-//! Fetch: long polling (the core's `Broker::fetch`) and zero copy.
+//! Fetch: long polling (the core's `Broker::fetch`), zero copy and incremental fetch sessions.
 //!
 //! The handler resolves the requested partitions, lets the core read them (parking until
 //! `min_bytes` are there or `max_wait_ms` passes), and encodes the response with a placeholder
 //! where each file range goes; `zero_copy` sends the ranges with `sendfile`.
 //!
-//! Fetch sessions (KIP-227) are declined: a request to open one (epoch 0) is answered with
-//! session id 0, which tells the client to keep sending full fetch requests; a request naming a
-//! session gets FETCH_SESSION_ID_NOT_FOUND.
+//! Fetch sessions (KIP-227, Fetch v7+) are granted as Kafka grants them (see `fetch_session`
+//! for the rules): a request at epoch 0 opens one if the cache has room, and later requests
+//! name only what changed. A session's fetch reads the partitions its request names and those
+//! its watch marked changed, answers with the ones that have something new, and when there is
+//! nothing parks on the session's watch (one `Notify`), not on every partition: an idle session
+//! costs the same at 10 partitions as at 10,000. Sessionless requests (epoch -1) read every
+//! partition they name, as before.
 
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_response::{
@@ -20,12 +26,14 @@ use kafka_protocol::ResponseError;
 use uuid::Uuid;
 use weir_broker::fetch::{FetchPartition, FetchRequest as CoreFetch, FetchedPartition, Isolation};
 use weir_broker::metrics::OperationMetrics;
-use weir_broker::partition;
+use weir_broker::partition::{self, Partition, TopicPartitions};
 use weir_broker::Broker;
+use weir_storage::sync::lock;
 use weir_storage::FileSlice;
 
 use crate::context::{Client, Ctx};
 use crate::errors::kafka_error;
+use crate::fetch_session::{Found, Position, Session, TopicRef, FINAL_EPOCH, INITIAL_EPOCH};
 use crate::frame::{self, FrameError, ResponseFrame};
 use crate::zero_copy;
 
@@ -45,14 +53,41 @@ pub(crate) async fn handle(
 ) -> Result<ResponseFrame, FrameError> {
     let version = client.version;
     let metrics = crate::dispatch::api_metrics(&ctx.metrics, ApiKey::Fetch);
-    if version >= 7 && request.session_id != 0 {
-        return refuse_session(metrics, version, correlation_id);
-    }
-
     // A follower replicating from this leader names itself: the replica id (v15+: in the
     // replica state); consumers send -1.
     let replica_id = if version >= 15 { request.replica_state.replica_id.0 } else { request.replica_id.0 };
     let replica_id = (replica_id >= 0).then_some(replica_id);
+
+    if version >= 7 {
+        let sessions = &ctx.fetch_sessions;
+        let uses_topic_ids = version >= 13;
+        let now = Instant::now();
+        match request.session_epoch {
+            FINAL_EPOCH => {
+                if request.session_id != 0 {
+                    sessions.remove(request.session_id);
+                }
+            }
+            INITIAL_EPOCH => {
+                if request.session_id != 0 {
+                    sessions.remove(request.session_id);
+                }
+                let size = request.topics.iter().map(|t| t.partitions.len()).sum();
+                if let Some(session) = sessions.create(replica_id.is_some(), uses_topic_ids, size, now) {
+                    let turn = Turn { ctx, metrics, version, correlation_id, replica_id, full: true };
+                    return turn.fetch(&request, session).await;
+                }
+            }
+            epoch => match sessions.take_turn(request.session_id, epoch, uses_topic_ids, now) {
+                Ok(session) => {
+                    let turn = Turn { ctx, metrics, version, correlation_id, replica_id, full: false };
+                    return turn.fetch(&request, session).await;
+                }
+                Err(code) => return refuse_session(metrics, version, correlation_id, code),
+            },
+        }
+    }
+
     let Resolved { topics, wanted, reads } = resolve(&ctx.broker, &request, version, replica_id);
     // A partition that failed already answers the fetch: no waiting (as Kafka does).
     let any_failed = wanted.iter().any(|w| w.target.is_err());
@@ -64,17 +99,8 @@ pub(crate) async fn handle(
 
     // Build the response with a placeholder where each file range goes.
     let mut files = Vec::new();
-    let mut responses: Vec<FetchableTopicResponse> = topics
-        .iter()
-        .map(|(name, id)| {
-            // v13+ identifies topics by id only, earlier versions by name only.
-            if version >= 13 {
-                FetchableTopicResponse::default().with_topic_id(*id)
-            } else {
-                FetchableTopicResponse::default().with_topic(name.clone())
-            }
-        })
-        .collect();
+    let mut responses: Vec<FetchableTopicResponse> =
+        topics.iter().map(|(name, id)| topic_response(version, name.clone(), *id)).collect();
     // Error codes are counted as the response is built (the write may still fail).
     let mut errors = metrics.map(|m| m.error_counter());
     for w in wanted.iter() {
@@ -94,7 +120,27 @@ pub(crate) async fn handle(
     }
     drop(errors);
     let response = FetchResponse::default().with_session_id(0).with_responses(responses);
-    let encoded = frame::encode_response(ApiKey::Fetch, version, correlation_id, &response)?;
+    send(version, correlation_id, &response, files)
+}
+
+/// The response's entry for a topic: v13+ identifies topics by id only, earlier versions by
+/// name only.
+fn topic_response(version: i16, name: TopicName, id: Uuid) -> FetchableTopicResponse {
+    if version >= 13 {
+        FetchableTopicResponse::default().with_topic_id(id)
+    } else {
+        FetchableTopicResponse::default().with_topic(name)
+    }
+}
+
+/// Encodes `response` and splices the file ranges in.
+fn send(
+    version: i16,
+    correlation_id: i32,
+    response: &FetchResponse,
+    files: Vec<FileSlice>,
+) -> Result<ResponseFrame, FrameError> {
+    let encoded = frame::encode_response(ApiKey::Fetch, version, correlation_id, response)?;
     zero_copy::splice_files(encoded, files, version >= 12).map_err(|reason| FrameError::Encode {
         api_key: ApiKey::Fetch,
         version,
@@ -102,17 +148,298 @@ pub(crate) async fn handle(
     })
 }
 
-/// Fetch sessions are declined (see the module header): a request naming one gets
-/// FETCH_SESSION_ID_NOT_FOUND, and the client falls back to full fetch requests.
+/// One fetch through a session.
+struct Turn<'a> {
+    ctx: &'a Ctx,
+    metrics: Option<&'a OperationMetrics>,
+    version: i16,
+    correlation_id: i32,
+    replica_id: Option<i32>,
+    /// A full request (epoch 0): every partition is read and answered.
+    full: bool,
+}
+
+/// A session partition's read: what the core found, or the error it gets without a read.
+type SlotRead = Result<FetchedPartition, ResponseError>;
+
+impl Turn<'_> {
+    async fn fetch(self, request: &FetchRequest, session: Arc<Session>) -> Result<ResponseFrame, FrameError> {
+        let broker = &self.ctx.broker;
+        let mut candidates = self.apply(request, &session);
+        let heartbeat = self.replica_id.and_then(|replica| broker.follower_heartbeats.last(replica));
+        if let Some(replica) = self.replica_id {
+            // Before the watch is drained: a change after this is read at the next fetch.
+            broker.follower_heartbeats.beat(replica, Instant::now());
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(request.max_wait_ms.max(0) as u64);
+        let max_bytes = if request.max_bytes <= 0 { i32::MAX as u64 } else { request.max_bytes as u64 };
+        let min_bytes = request.min_bytes.max(0) as u64;
+        // The latest read of each slot, in the order first read.
+        let mut reads: Vec<(u32, SlotRead)> = Vec::new();
+        let mut read_at: HashMap<u32, usize> = HashMap::new();
+        loop {
+            candidates.extend(session.watch.drain());
+            candidates.extend(lock(&session.partitions).unresolved());
+            let mut seen = HashSet::new();
+            candidates.retain(|slot| seen.insert(*slot));
+            if !candidates.is_empty() {
+                let bytes: u64 = reads.iter().map(|(_, r)| r.as_ref().map_or(0, FetchedPartition::bytes)).sum();
+                let fresh = self
+                    .read(
+                        request,
+                        &session,
+                        std::mem::take(&mut candidates),
+                        max_bytes.saturating_sub(bytes),
+                        heartbeat,
+                    )
+                    .await?;
+                for (slot, read) in fresh {
+                    match read_at.get(&slot) {
+                        Some(&at) => reads[at].1 = read,
+                        None => {
+                            read_at.insert(slot, reads.len());
+                            reads.push((slot, read));
+                        }
+                    }
+                }
+            }
+            let bytes: u64 = reads.iter().map(|(_, r)| r.as_ref().map_or(0, FetchedPartition::bytes)).sum();
+            // A failed partition, or a follower that must truncate first, answers at once.
+            let failed = reads.iter().any(|(_, r)| match r {
+                Err(_) => true,
+                Ok(f) => f.error.is_some() || f.diverging_epoch.is_some() || f.preferred_read_replica.is_some(),
+            });
+            if bytes >= min_bytes || failed || tokio::time::Instant::now() >= deadline || broker.is_shutting_down() {
+                break;
+            }
+            broker.wait_for_change(&session.watch, deadline).await;
+        }
+        self.answer(request, &session, reads)
+    }
+
+    /// Brings the session in line with the request (its partitions added or updated, then the
+    /// forgotten ones removed); returns the slots to read: those the request named, or every
+    /// one for a full request.
+    fn apply(&self, request: &FetchRequest, session: &Session) -> Vec<u32> {
+        let state = self.ctx.broker.metadata();
+        let mut partitions = lock(&session.partitions);
+        let mut named = Vec::new();
+        for topic in &request.topics {
+            let (key, name) = if session.uses_topic_ids {
+                (TopicRef::Id(topic.topic_id), state.topic_by_id(topic.topic_id).map(|t| t.name.clone()))
+            } else {
+                let name = topic.topic.to_string();
+                (TopicRef::Name(name.clone()), Some(name))
+            };
+            for p in &topic.partitions {
+                let position = Position {
+                    fetch_offset: p.fetch_offset,
+                    max_bytes: p.partition_max_bytes,
+                    current_leader_epoch: p.current_leader_epoch,
+                    last_fetched_epoch: p.last_fetched_epoch,
+                };
+                named.push(partitions.upsert((key.clone(), p.partition), name.clone(), position));
+            }
+        }
+        for topic in &request.forgotten_topics_data {
+            let key = if session.uses_topic_ids {
+                TopicRef::Id(topic.topic_id)
+            } else {
+                TopicRef::Name(topic.topic.to_string())
+            };
+            for index in &topic.partitions {
+                if let Some((slot, Some(partition))) = partitions.forget(&(key.clone(), *index)) {
+                    partition.unwatch(&session.watch, slot);
+                }
+            }
+        }
+        self.ctx.fetch_sessions.resize(session.id, partitions.len());
+        if self.full {
+            return partitions.all();
+        }
+        named.retain(|slot| partitions.slot(*slot).is_some());
+        named
+    }
+
+    /// Reads `slots` once (no waiting), each from the position the session holds; resolves
+    /// (and watches) their partitions first, so that a change after the read marks them.
+    async fn read(
+        &self,
+        request: &FetchRequest,
+        session: &Session,
+        slots: Vec<u32>,
+        max_bytes: u64,
+        heartbeat: Option<Instant>,
+    ) -> Result<Vec<(u32, SlotRead)>, FrameError> {
+        let broker = &self.ctx.broker;
+        let mut out: Vec<(u32, SlotRead)> = Vec::with_capacity(slots.len());
+        let mut core = Vec::new();
+        let mut core_slots = Vec::new();
+        {
+            let state = broker.metadata();
+            let mut topics: HashMap<String, Option<TopicPartitions>> = HashMap::new();
+            let mut partitions = lock(&session.partitions);
+            for slot in slots {
+                let Some(entry) = partitions.slot_mut(slot) else { continue };
+                if entry.topic_name.is_none() {
+                    if let TopicRef::Id(id) = &entry.key.0 {
+                        entry.topic_name = state.topic_by_id(*id).map(|t| t.name.clone());
+                    }
+                }
+                let (index, position) = (entry.key.1, entry.position);
+                let Some(name) = entry.topic_name.clone() else {
+                    out.push((slot, Err(ResponseError::UnknownTopicId)));
+                    continue;
+                };
+                let list = topics.entry(name.clone()).or_insert_with(|| broker.topic_partitions(&name));
+                let current: Option<Arc<Partition>> =
+                    list.as_deref().and_then(|list| partition::by_index(list, index)).cloned();
+                let unchanged = match (&entry.partition, &current) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if !unchanged {
+                    if let Some(p) = &current {
+                        p.watch(&session.watch, slot);
+                    }
+                    if let Some(old) = partitions.resolve(slot, current.clone()) {
+                        old.unwatch(&session.watch, slot);
+                    }
+                }
+                let Some(partition) = current else {
+                    out.push((slot, Err(kafka_error(broker.absent_partition_error(&name, index).kind))));
+                    continue;
+                };
+                core.push(FetchPartition {
+                    partition,
+                    offset: position.fetch_offset,
+                    max_bytes: position.max_bytes.max(0) as u64,
+                    current_leader_epoch: (position.current_leader_epoch >= 0).then_some(position.current_leader_epoch),
+                    last_fetched_epoch: (self.replica_id.is_some()
+                        && self.version >= 12
+                        && position.last_fetched_epoch >= 0)
+                        .then_some(position.last_fetched_epoch),
+                });
+                core_slots.push(slot);
+            }
+        }
+        if core.is_empty() {
+            return Ok(out);
+        }
+        let mut fetch = core_fetch(request, self.version, core, true, self.replica_id);
+        fetch.max_bytes = max_bytes;
+        fetch.min_bytes = 0;
+        fetch.session_heartbeat = heartbeat;
+        let found = self.ctx.broker.fetch(fetch).await.map_err(|e| FrameError::Io(std::io::Error::other(e)))?;
+        out.extend(core_slots.into_iter().zip(found.into_iter().map(Ok)));
+        Ok(out)
+    }
+
+    /// The answer: every partition read for a full request; for an incremental one, those with
+    /// something new (see `fetch_session`). A partition that may still have something to say
+    /// (an error, records after what was sent) stays marked, so the next fetch reads it again,
+    /// as Kafka, which reads every partition each time, would.
+    fn answer(
+        &self,
+        request: &FetchRequest,
+        session: &Session,
+        reads: Vec<(u32, SlotRead)>,
+    ) -> Result<ResponseFrame, FrameError> {
+        let version = self.version;
+        let mut files = Vec::new();
+        let mut responses: Vec<FetchableTopicResponse> = Vec::new();
+        let mut topic_at: HashMap<TopicRef, usize> = HashMap::new();
+        let mut errors = self.metrics.map(|m| m.error_counter());
+        let mut again = Vec::new();
+        {
+            let mut partitions = lock(&session.partitions);
+            for (slot, read) in reads {
+                let found = match &read {
+                    Err(_) => Found {
+                        high_watermark: -1,
+                        last_stable_offset: -1,
+                        log_start_offset: -1,
+                        has_error: true,
+                        ..Found::default()
+                    },
+                    Ok(f) => Found {
+                        high_watermark: f.offsets.map_or(-1, |o| o.high_watermark),
+                        last_stable_offset: f.offsets.map_or(-1, |o| o.last_stable_offset),
+                        log_start_offset: f.offsets.map_or(-1, |o| o.log_start_offset),
+                        has_records: f.slice.is_some(),
+                        has_error: f.error.is_some(),
+                        diverging: f.diverging_epoch.is_some(),
+                        preferred_replica: f.preferred_read_replica.is_some(),
+                    },
+                };
+                let respond = partitions.must_respond(slot, found) || self.full;
+                let Some(entry) = partitions.slot(slot) else { continue };
+                if found.has_error
+                    || found.has_records
+                    || self.has_more(request, entry.partition.as_deref(), entry.position.fetch_offset)
+                {
+                    again.push(slot);
+                }
+                if !respond {
+                    continue;
+                }
+                let topic = entry.key.0.clone();
+                let at = *topic_at.entry(topic.clone()).or_insert_with(|| {
+                    let (name, id) = match &topic {
+                        TopicRef::Name(name) => (name.clone(), Uuid::nil()),
+                        TopicRef::Id(id) => (entry.topic_name.clone().unwrap_or_default(), *id),
+                    };
+                    responses.push(topic_response(version, TopicName(StrBytes::from_string(name)), id));
+                    responses.len() - 1
+                });
+                let data = PartitionData::default().with_partition_index(entry.key.1);
+                let data = match read {
+                    Err(code) => failed_partition(data, code),
+                    Ok(f) => fetched_partition(data, f, version, &mut files),
+                };
+                if let Some(errors) = &mut errors {
+                    errors.count(data.error_code);
+                }
+                responses[at].partitions.push(data);
+            }
+        }
+        drop(errors);
+        for slot in again {
+            session.watch.mark(slot);
+        }
+        let response = FetchResponse::default().with_session_id(session.id).with_responses(responses);
+        send(version, self.correlation_id, &response, files)
+    }
+
+    /// Whether `partition` has records at or after `fetch_offset` that this reader may read
+    /// (up to the log end for a follower, the high watermark or last stable offset for a
+    /// consumer) and a read did not return: the byte limits left it out.
+    fn has_more(&self, request: &FetchRequest, partition: Option<&Partition>, fetch_offset: i64) -> bool {
+        let Some(partition) = partition else { return false };
+        let log = &partition.log;
+        let bound = match (self.replica_id, request.isolation_level) {
+            (Some(_), _) => log.log_end_offset(),
+            (None, 1) => log.last_stable_offset(),
+            (None, _) => log.high_watermark(),
+        };
+        bound > fetch_offset
+    }
+}
+
+/// A request for a session that is not there (or at the wrong epoch, or with topic ids where
+/// the session has names): the top-level error, session id 0, no partitions; the client opens
+/// a new session.
 fn refuse_session(
     metrics: Option<&OperationMetrics>,
     version: i16,
     correlation_id: i32,
+    error: ResponseError,
 ) -> Result<ResponseFrame, FrameError> {
     if let Some(metrics) = metrics {
-        metrics.count_errors([i32::from(ResponseError::FetchSessionIdNotFound.code())]);
+        metrics.count_errors([i32::from(error.code())]);
     }
-    let response = FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code());
+    let response = FetchResponse::default().with_error_code(error.code());
     let encoded = frame::encode_response(ApiKey::Fetch, version, correlation_id, &response)?;
     Ok(ResponseFrame { chunks: vec![frame::Chunk::Bytes(encoded.freeze())] })
 }
@@ -191,6 +518,7 @@ fn core_fetch(
         // KIP-392: consumers from v11 may read from a follower, which the leader names by rack.
         follower_reads: version >= 11 && replica_id.is_none(),
         client_rack: (version >= 11 && !request.rack_id.is_empty()).then(|| request.rack_id.to_string()),
+        session_heartbeat: None,
     }
 }
 
