@@ -57,6 +57,12 @@ pub struct FollowerFetch {
     /// Most record bytes in the answer, all partitions together.
     pub max_bytes: i32,
     pub partitions: Vec<FetchFrom>,
+    /// Which list of partitions this is: the same generation means the same partitions in the
+    /// same order as the fetch before, with only the `touched` ones possibly moved.
+    pub generation: u64,
+    /// Indexes in `partitions` whose position may have changed since the previous fetch of
+    /// this generation; `None`: any may have.
+    pub touched: Option<Vec<usize>>,
 }
 
 /// Where to fetch one partition from.
@@ -146,21 +152,60 @@ pub fn spawn(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>) -> JoinH
     })
 }
 
+/// How long a fetcher keeps its list of partitions and their positions without looking at
+/// every partition again: it rebuilds it at once on a metadata change, and this often anyway
+/// (a follower's log start moved by its own retention is seen then).
+const PLAN_REFRESH: Duration = Duration::from_secs(10);
+
+/// What a fetcher fetches: its partitions and their positions, kept between rounds so that an
+/// idle round does not look at every partition (see [`FollowerFetch::touched`]).
+struct Plan {
+    partitions: Arc<Vec<Arc<Partition>>>,
+    fetch: FollowerFetch,
+    /// Index in `partitions` by topic and partition.
+    index: HashMap<(String, i32), usize>,
+    built: Instant,
+}
+
 /// Replicates every partition `leader` leads and this broker follows, until there is none.
 async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, leader: i32) {
     let mut connection: Option<Box<dyn ReplicaConnection>> = None;
     let mut stalls = Stalls::default();
     let whole_connection = (String::new(), -1);
+    let mut metadata = broker.subscribe_metadata();
+    let mut plan: Option<Plan> = None;
+    let mut generation: u64 = 0;
     tracing::info!(leader, "replica fetcher started");
     loop {
         if broker.is_shutting_down() {
             return;
         }
-        let followed = broker.followed_from(leader);
-        if followed.is_empty() {
-            tracing::info!(leader, "replica fetcher stopped: no partition to follow from this leader");
-            return;
+        // A throttled follower decides per round which partitions it fetches: no plan kept.
+        let limited = broker.replication_quotas.follower.is_limited();
+        let stale = match &plan {
+            None => true,
+            Some(plan) => limited || metadata.has_changed().unwrap_or(true) || plan.built.elapsed() >= PLAN_REFRESH,
+        };
+        if stale {
+            metadata.borrow_and_update();
+            let followed = broker.followed_from(leader);
+            if followed.is_empty() {
+                tracing::info!(leader, "replica fetcher stopped: no partition to follow from this leader");
+                return;
+            }
+            // A reassignment's copy pauses while this follower's throttle budget is spent.
+            let followed: Vec<Arc<Partition>> = if broker.replication_quotas.follower.exceeded() {
+                followed.into_iter().filter(|p| !p.throttled_as_follower()).collect()
+            } else {
+                followed
+            };
+            generation += 1;
+            let mut fetch = fetch_request(&broker, &followed);
+            fetch.generation = generation;
+            let index = followed.iter().enumerate().map(|(i, p)| ((p.topic.clone(), p.index), i)).collect();
+            plan = Some(Plan { partitions: Arc::new(followed), fetch, index, built: Instant::now() });
         }
+        let Some(current) = plan.as_mut() else { continue };
         let Some(addr) = broker.metadata().brokers.get(&leader).map(|b| format!("{}:{}", b.host, b.port)) else {
             tokio::time::sleep(BACKOFF).await;
             continue;
@@ -176,28 +221,27 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
                 }
             },
         };
-        // A reassignment's copy pauses while this follower's throttle budget is spent.
-        let followed: Vec<Arc<Partition>> = if broker.replication_quotas.follower.exceeded() {
-            followed.into_iter().filter(|p| !p.throttled_as_follower()).collect()
-        } else {
-            followed
-        };
-        if followed.is_empty() {
+        if current.partitions.is_empty() {
             connection = Some(stream);
+            plan = None;
             tokio::time::sleep(BACKOFF / 10).await;
             continue;
         }
         // Counted only under a follower throttle: an idle round over thousands of partitions
         // should not look up each one's throttle to count nothing.
-        let throttled: Vec<PartitionKey> = if broker.replication_quotas.follower.is_limited() {
-            followed.iter().filter(|p| p.throttled_as_follower()).map(|p| (p.topic.clone(), p.index)).collect()
+        let throttled: Vec<PartitionKey> = if limited {
+            current
+                .partitions
+                .iter()
+                .filter(|p| p.throttled_as_follower())
+                .map(|p| (p.topic.clone(), p.index))
+                .collect()
         } else {
             Vec::new()
         };
-        let request = fetch_request(&broker, &followed);
         let wait = Duration::from_millis(broker.config.replica_fetch_wait_max_ms)
             + Duration::from_millis(broker.config.quorum_request_timeout_ms);
-        let response = match within(wait, stream.fetch(&request)).await {
+        let response = match within(wait, stream.fetch(&current.fetch)).await {
             Ok(response) => response,
             Err(e) => {
                 stalls.stuck(leader, whole_connection.clone(), &format!("fetch from {addr} failed: {e}"));
@@ -210,9 +254,22 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
         if !throttled.is_empty() {
             broker.replication_quotas.follower.record(throttled_bytes(&response, &throttled));
         }
+        // The partitions the answer names are the ones whose position may move now.
+        let touched: Vec<usize> = response
+            .partitions
+            .iter()
+            .filter_map(|p| current.index.get(&(p.topic.clone(), p.partition)).copied())
+            .collect();
         let broker2 = broker.clone();
+        let followed = current.partitions.clone();
         let fetched = followed.len();
         let applied = tokio::task::spawn_blocking(move || apply_response(&broker2, &followed, response)).await;
+        for &i in &touched {
+            if let Some(partition) = current.partitions.get(i) {
+                current.fetch.partitions[i] = fetch_from(&broker, partition);
+            }
+        }
+        current.fetch.touched = Some(touched);
         match applied {
             Ok(Ok(stuck)) => {
                 stalls.fine_but(&stuck);
@@ -236,6 +293,7 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
             }
             Err(e) => {
                 tracing::error!(leader, error = %e, "replica fetcher: applying a response failed");
+                plan = None;
                 tokio::time::sleep(BACKOFF).await;
             }
         }
@@ -250,26 +308,27 @@ async fn within<T>(limit: Duration, work: impl std::future::Future<Output = Resu
 /// A fetch of every followed partition, from its log end, at the leader epoch this broker
 /// knows.
 fn fetch_request(broker: &Broker, followed: &[Arc<Partition>]) -> FollowerFetch {
-    let partitions = followed
-        .iter()
-        .map(|partition| {
-            let log = &partition.log;
-            FetchFrom {
-                topic: partition.topic.clone(),
-                partition: partition.index,
-                current_leader_epoch: partition.leader_epoch(),
-                fetch_offset: log.log_end_offset(),
-                last_fetched_epoch: log.latest_leader_epoch().ok().flatten(),
-                log_start_offset: log.log_start_offset(),
-                max_bytes: broker.config.replica_fetch_max_bytes,
-            }
-        })
-        .collect();
     FollowerFetch {
         replica: broker.config.node_id,
         max_wait_ms: broker.config.replica_fetch_wait_max_ms,
         max_bytes: RESPONSE_MAX_BYTES,
-        partitions,
+        partitions: followed.iter().map(|partition| fetch_from(broker, partition)).collect(),
+        generation: 0,
+        touched: None,
+    }
+}
+
+/// Where to fetch `partition` from now: its log end, at the leader epoch this broker knows.
+fn fetch_from(broker: &Broker, partition: &Partition) -> FetchFrom {
+    let log = &partition.log;
+    FetchFrom {
+        topic: partition.topic.clone(),
+        partition: partition.index,
+        current_leader_epoch: partition.leader_epoch(),
+        fetch_offset: log.log_end_offset(),
+        last_fetched_epoch: log.latest_leader_epoch().ok().flatten(),
+        log_start_offset: log.log_start_offset(),
+        max_bytes: broker.config.replica_fetch_max_bytes,
     }
 }
 
@@ -295,6 +354,10 @@ fn apply_response(
 ) -> Result<Vec<(PartitionKey, String)>, String> {
     if let Some(why) = response.refused {
         return Err(format!("the leader refused the fetch: {why}"));
+    }
+    // An idle round through a fetch session answers nothing: no map of every partition then.
+    if response.partitions.is_empty() {
+        return Ok(Vec::new());
     }
     // Borrowed keys: a round over thousands of idle partitions allocates no name per partition.
     let partitions: HashMap<(&str, i32), &Arc<Partition>> =

@@ -58,8 +58,13 @@ struct FetchSession {
     id: i32,
     /// The epoch of the next incremental fetch.
     epoch: i32,
-    /// What the leader holds for each partition of the session: the last position sent.
-    sent: HashMap<(String, i32), FetchFrom>,
+    /// What the leader holds for each partition of the session, by topic (looked up by `&str`,
+    /// so an idle round allocates nothing per partition): the last position sent.
+    sent: HashMap<String, HashMap<i32, FetchFrom>>,
+    /// Partitions in `sent`.
+    len: usize,
+    /// The generation of the last fetch's list (see [`FollowerFetch::generation`]).
+    generation: u64,
 }
 
 impl FetchSession {
@@ -67,34 +72,53 @@ impl FetchSession {
     /// position changed and those no longer fetched. Records what the leader will hold.
     fn request(&mut self, fetch: &FollowerFetch) -> FetchRequest {
         let full = self.id == 0;
-        let mut named: Vec<&FetchFrom> = Vec::new();
-        let mut fetched: HashMap<(&str, i32), ()> =
-            HashMap::with_capacity(if full { 0 } else { fetch.partitions.len() });
         if full {
             self.sent.clear();
+            self.len = 0;
         }
-        for from in &fetch.partitions {
-            if !full {
-                fetched.insert((from.topic.as_str(), from.partition), ());
-            }
-            let key = (from.topic.clone(), from.partition);
-            match self.sent.get(&key) {
-                Some(sent) if sent == from && !full => {}
-                _ => {
+        // The same list as last time: only the touched partitions may have moved, and none
+        // was dropped. An idle round looks at none.
+        let same_list = !full && self.generation == fetch.generation;
+        self.generation = fetch.generation;
+        let candidates: Box<dyn Iterator<Item = &FetchFrom>> = match (&fetch.touched, same_list) {
+            (Some(touched), true) => Box::new(touched.iter().filter_map(|i| fetch.partitions.get(*i))),
+            _ => Box::new(fetch.partitions.iter()),
+        };
+        let mut named: Vec<&FetchFrom> = Vec::new();
+        for from in candidates {
+            let topic = match self.sent.get_mut(from.topic.as_str()) {
+                Some(topic) => topic,
+                None => self.sent.entry(from.topic.clone()).or_default(),
+            };
+            match topic.get_mut(&from.partition) {
+                Some(sent) if sent == from => {}
+                Some(sent) => {
+                    *sent = from.clone();
                     named.push(from);
-                    self.sent.insert(key, from.clone());
+                }
+                None => {
+                    topic.insert(from.partition, from.clone());
+                    self.len += 1;
+                    named.push(from);
                 }
             }
         }
+        // Every partition of `fetch` is in `sent` now: more there means some were dropped.
         let mut forgotten: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-        if !full {
-            self.sent.retain(|(topic, partition), _| {
-                let keep = fetched.contains_key(&(topic.as_str(), *partition));
-                if !keep {
-                    forgotten.entry(topic.clone()).or_default().push(*partition);
-                }
-                keep
-            });
+        if !same_list && self.len > fetch.partitions.len() {
+            let fetched: std::collections::HashSet<(&str, i32)> =
+                fetch.partitions.iter().map(|p| (p.topic.as_str(), p.partition)).collect();
+            for (topic, partitions) in &mut self.sent {
+                partitions.retain(|partition, _| {
+                    let keep = fetched.contains(&(topic.as_str(), *partition));
+                    if !keep {
+                        forgotten.entry(topic.clone()).or_default().push(*partition);
+                    }
+                    keep
+                });
+            }
+            self.sent.retain(|_, partitions| !partitions.is_empty());
+            self.len = fetch.partitions.len();
         }
         let (id, epoch) = if full { (0, 0) } else { (self.id, self.epoch) };
         fetch_request(fetch, &named, id, epoch).with_forgotten_topics_data(
@@ -260,4 +284,82 @@ async fn exchange(
         tracing::debug!(left = buf.remaining(), "replica fetcher: bytes after the fetch response");
     }
     Ok(response)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn from(topic: &str, partition: i32, fetch_offset: i64) -> FetchFrom {
+        FetchFrom {
+            topic: topic.into(),
+            partition,
+            current_leader_epoch: 0,
+            fetch_offset,
+            last_fetched_epoch: None,
+            log_start_offset: 0,
+            max_bytes: 1024,
+        }
+    }
+
+    fn fetch(partitions: Vec<FetchFrom>) -> FollowerFetch {
+        FollowerFetch { replica: 2, max_wait_ms: 500, max_bytes: 1 << 20, partitions, generation: 0, touched: None }
+    }
+
+    fn named(request: &FetchRequest) -> Vec<(String, i32, i64)> {
+        let mut out: Vec<(String, i32, i64)> = request
+            .topics
+            .iter()
+            .flat_map(|t| t.partitions.iter().map(move |p| (t.topic.to_string(), p.partition, p.fetch_offset)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn the_follower_names_only_changed_partitions_once_a_session_is_open() {
+        let mut session = FetchSession::default();
+        let all = fetch(vec![from("a", 0, 5), from("a", 1, 0), from("b", 0, 9)]);
+        let first = session.request(&all);
+        assert_eq!((first.session_id, first.session_epoch), (0, 0), "no session yet: a full fetch opens one");
+        assert_eq!(named(&first).len(), 3);
+        session.answered(&FetchResponse::default().with_session_id(77));
+        let idle = session.request(&all);
+        assert_eq!((idle.session_id, idle.session_epoch), (77, 1));
+        assert!(named(&idle).is_empty(), "nothing changed: nothing named");
+        session.answered(&FetchResponse::default().with_session_id(77));
+        let moved = session.request(&fetch(vec![from("a", 0, 8), from("b", 0, 9)]));
+        assert_eq!(moved.session_epoch, 2);
+        assert_eq!(named(&moved), vec![("a".to_string(), 0, 8)]);
+        let forgotten: Vec<(String, Vec<i32>)> =
+            moved.forgotten_topics_data.iter().map(|t| (t.topic.to_string(), t.partitions.clone())).collect();
+        assert_eq!(forgotten, vec![("a".to_string(), vec![1])]);
+        // The leader lost the session: the next fetch is a full one again.
+        session.answered(&FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code()));
+        let again = session.request(&fetch(vec![from("a", 0, 8), from("b", 0, 9)]));
+        assert_eq!((again.session_id, again.session_epoch), (0, 0));
+        assert_eq!(named(&again).len(), 2);
+    }
+
+    #[test]
+    fn with_the_same_list_only_the_touched_partitions_are_compared() {
+        let mut session = FetchSession::default();
+        let mut list = fetch(vec![from("a", 0, 5), from("a", 1, 0)]);
+        list.generation = 1;
+        session.request(&list);
+        session.answered(&FetchResponse::default().with_session_id(9));
+        list.partitions[1].fetch_offset = 3;
+        list.touched = Some(vec![1]);
+        assert_eq!(named(&session.request(&list)), vec![("a".to_string(), 1, 3)]);
+        session.answered(&FetchResponse::default().with_session_id(9));
+        list.touched = Some(Vec::new());
+        assert!(named(&session.request(&list)).is_empty(), "an idle round names nothing");
+        // A new list is compared whole.
+        list.generation = 2;
+        list.touched = None;
+        list.partitions[0].fetch_offset = 6;
+        session.answered(&FetchResponse::default().with_session_id(9));
+        assert_eq!(named(&session.request(&list)), vec![("a".to_string(), 0, 6)]);
+    }
 }

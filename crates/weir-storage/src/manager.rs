@@ -310,13 +310,17 @@ impl LogManager {
 
     /// One round of scheduled work; the scheduler thread calls this, tests may call it directly.
     pub fn run_maintenance(&self, retention: bool) -> Result<()> {
-        for (tp, log) in self.logs() {
+        // The logs without their names (a log names itself by its directory when it fails): this
+        // runs every second, and a name copied per partition per second was most of an idle
+        // node's cost here at 15,000 partitions.
+        let logs: Vec<Arc<Log>> = read(&self.logs).values().cloned().collect();
+        for log in logs {
             if let Err(e) = log.flush_if_due() {
-                tracing::error!(partition = %tp, error = %e, "flush failed");
+                tracing::error!(partition = %log.dir().display(), error = %e, "flush failed");
             }
             if retention {
                 if let Err(e) = log.apply_retention() {
-                    tracing::error!(partition = %tp, error = %e, "retention failed");
+                    tracing::error!(partition = %log.dir().display(), error = %e, "retention failed");
                 }
                 log.expire_producers(self.options.producer_id_expiration_ms);
             }
