@@ -78,7 +78,7 @@ impl FetchSession {
         }
         // The same list as last time: only the touched partitions may have moved, and none
         // was dropped. An idle round looks at none.
-        let same_list = !full && self.generation == fetch.generation;
+        let same_list = !full && self.generation == fetch.generation && fetch.touched.is_some();
         self.generation = fetch.generation;
         let candidates: Box<dyn Iterator<Item = &FetchFrom>> = match (&fetch.touched, same_list) {
             (Some(touched), true) => Box::new(touched.iter().filter_map(|i| fetch.partitions.get(*i))),
