@@ -622,6 +622,35 @@ mod tests {
         assert_eq!(p.log.high_watermark(), 3);
     }
 
+    #[test]
+    fn a_caught_up_follower_that_names_nothing_stays_in_the_isr_while_its_session_fetches() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = led_partition(dir.path(), &[1, 2, 3]);
+        append(&p, 10);
+        p.record_follower_fetch(2, 10, None);
+        p.record_follower_fetch(3, 10, None);
+        std::thread::sleep(Duration::from_millis(30));
+        // Nothing changed, so neither names the partition again; only 2's session fetches.
+        let beat = Instant::now();
+        let proposal = p.isr_to_shrink(Duration::from_millis(20), |id| (id == 2).then_some(beat));
+        assert_eq!(proposal.map(|p| p.isr), Some(vec![1, 2]), "3 went silent; 2 is caught up and fetching");
+
+        // An append after the follower's last session fetch: it was caught up until then, so it
+        // is not late yet, though its last real read of the partition is.
+        let dir2 = tempfile::tempdir().unwrap();
+        let q = led_partition(dir2.path(), &[1, 2]);
+        append(&q, 10);
+        q.record_follower_fetch(2, 10, None);
+        std::thread::sleep(Duration::from_millis(30));
+        let beat = Instant::now();
+        append(&q, 1);
+        assert_eq!(q.isr_to_shrink(Duration::from_millis(20), |_| Some(beat)), None);
+        assert!(q.isr_to_shrink(Duration::from_millis(20), |_| None).is_some(), "without the session it is late");
+        // Its next fetch reads the partition; the session fetch before it counts as caught up.
+        assert_eq!(q.record_follower_fetch(2, 11, Some(beat)), None);
+        assert_eq!(q.log.high_watermark(), 11);
+    }
+
     #[tokio::test]
     async fn acks_all_waits_for_the_isr_and_fails_when_leadership_moves() {
         let dir = tempfile::tempdir().unwrap();
