@@ -54,7 +54,7 @@ impl IndexFile {
             Some(bytes) => (bytes as usize / entry_bytes).max(entries) * entry_bytes,
             None => entries * entry_bytes,
         };
-        index.remap(target)?;
+        index.map(&file, target)?;
         Ok(index)
     }
 
@@ -64,13 +64,19 @@ impl IndexFile {
         self.mmap = None;
         let file =
             OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&self.path).at(&self.path)?;
+        self.map(&file, length)
+    }
+
+    /// Resizes `file` (this index's, open read-write) and maps it; the old mapping must be gone.
+    fn map(&mut self, file: &std::fs::File, length: usize) -> Result<()> {
+        debug_assert!(self.mmap.is_none(), "{}: mapped twice", self.path.display());
         file.set_len(length as u64).at(&self.path)?;
         if length > 0 {
             // SAFETY: the mapping is of a file this process owns inside its data directory, opened
-            // read-write; nothing else truncates it while mapped (we drop the mapping above before
+            // read-write; nothing else truncates it while mapped (the mapping is dropped before
             // every set_len). Other processes modifying it is outside the data directory contract.
             #[allow(unsafe_code)]
-            let mmap = unsafe { MmapMut::map_mut(&file) }.at(&self.path)?;
+            let mmap = unsafe { MmapMut::map_mut(file) }.at(&self.path)?;
             // The file is preallocated and mostly a hole. Without this, every write fault in a
             // fresh page makes the kernel read ahead (zero-fill) the pages after it too: with a
             // thousand partitions that was most of the broker's CPU, and resident memory the

@@ -40,6 +40,11 @@ pub(crate) struct LeaderEpochCache {
 }
 
 impl LeaderEpochCache {
+    /// The empty cache of a log created just now: no checkpoint to read.
+    pub(crate) fn empty(dir: &Path) -> LeaderEpochCache {
+        LeaderEpochCache { path: dir.join(CHECKPOINT_FILE), entries: Vec::new() }
+    }
+
     /// Loads the checkpoint in `dir`; a missing file gives an empty cache (the log then seeds it
     /// from its first batch, see [`LeaderEpochCache::seed`]).
     pub(crate) fn load(dir: &Path) -> Result<LeaderEpochCache> {

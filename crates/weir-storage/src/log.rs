@@ -216,7 +216,67 @@ impl Log {
         }
         let now = clock.now_ms();
         let bases = prepare_directory(dir)?;
-        let log = Log {
+        let epochs = LeaderEpochCache::load(dir)?;
+        let log = Log::new(dir, config, clock, deletion_queue, epochs, now);
+        log.load_segments(&bases, options, now)?;
+        log.rebuild_producer_state()?;
+        log.load_leader_epochs()?;
+        log.check_invariants();
+        Ok(log)
+    }
+
+    /// Creates a brand-new, empty log in `dir`, which must not exist yet (its parent must).
+    /// Nothing is read: a directory made just now holds no segment, checkpoint, snapshot or
+    /// transaction index, so the probes [`Log::open`] makes for them (three directory listings
+    /// and two failing opens) are skipped. That makes a new log a `mkdir`, one `open` for the
+    /// `.log` and an `open`, `ftruncate` and `mmap` for each index.
+    ///
+    /// Nothing is fsynced either: the caller ([`crate::LogManager::get_or_create_many`]) makes
+    /// the directory of every log it creates durable, with its files, before any of them is
+    /// used, one journal commit for all of them instead of two fsyncs per log. A crash before
+    /// that leaves either no directory or one with some of the files, which [`Log::open`]
+    /// recovers as an empty log at the next start.
+    pub(crate) fn create(
+        dir: &Path,
+        config: LogConfig,
+        clock: Arc<dyn Clock>,
+        deletion_queue: Arc<DeletionQueue>,
+    ) -> Result<Log> {
+        std::fs::create_dir(dir).at(dir)?;
+        let now = clock.now_ms();
+        let log = Log::new(dir, config, clock, deletion_queue, LeaderEpochCache::empty(dir), now);
+        let config = log.config();
+        let segment = Segment::create_in_new_dir(
+            dir,
+            0,
+            config.segment_index_bytes,
+            log.roll_jitter(&config, 0),
+            now,
+            &log.stats.index_rebuilds,
+        )?;
+        write(&log.segments).insert(0, Arc::new(segment));
+        *lock(&log.aborted) = Some(TxnIndex::empty(dir));
+        {
+            // An empty log has no epoch to seed from: `load_leader_epochs` of an empty log.
+            let mut epochs = lock(&log.leader_epochs);
+            epochs.seeded = true;
+        }
+        log.latest_leader_epoch.store(UNDEFINED_EPOCH, Ordering::Release);
+        log.check_invariants();
+        Ok(log)
+    }
+
+    /// A log with no segment yet, every offset 0: [`Log::open`] loads its segments into it,
+    /// [`Log::create`] makes the first one.
+    fn new(
+        dir: &Path,
+        config: LogConfig,
+        clock: Arc<dyn Clock>,
+        deletion_queue: Arc<DeletionQueue>,
+        epochs: LeaderEpochCache,
+        now: i64,
+    ) -> Log {
+        Log {
             dir: dir.to_path_buf(),
             config: RwLock::new(Arc::new(config)),
             clock,
@@ -239,15 +299,10 @@ impl Log {
             producers: Mutex::new(ProducerStateManager::new()),
             transactions_seen: AtomicBool::new(false),
             aborted: Mutex::new(None),
-            leader_epochs: Mutex::new(EpochState { cache: LeaderEpochCache::load(dir)?, seeded: false, pending: None }),
+            leader_epochs: Mutex::new(EpochState { cache: epochs, seeded: false, pending: None }),
             latest_leader_epoch: AtomicI32::new(EPOCHS_NOT_SEEDED),
             stats: LogStats::default(),
-        };
-        log.load_segments(&bases, options, now)?;
-        log.rebuild_producer_state()?;
-        log.load_leader_epochs()?;
-        log.check_invariants();
-        Ok(log)
+        }
     }
 
     /// Trims a leader-epoch checkpoint to the recovered log (a crash can leave it longer or

@@ -120,15 +120,42 @@ impl Segment {
         now_ms: i64,
         index_rebuilds: &Arc<AtomicU64>,
     ) -> Result<Segment> {
+        Segment::create_with(dir, base_offset, index_bytes, roll_jitter_ms, now_ms, index_rebuilds, true)
+    }
+
+    /// [`Segment::create`] in a directory made just now, where no stale index file of an
+    /// earlier life of this base offset can be: none is looked for.
+    pub(crate) fn create_in_new_dir(
+        dir: &Path,
+        base_offset: i64,
+        index_bytes: u64,
+        roll_jitter_ms: u64,
+        now_ms: i64,
+        index_rebuilds: &Arc<AtomicU64>,
+    ) -> Result<Segment> {
+        Segment::create_with(dir, base_offset, index_bytes, roll_jitter_ms, now_ms, index_rebuilds, false)
+    }
+
+    fn create_with(
+        dir: &Path,
+        base_offset: i64,
+        index_bytes: u64,
+        roll_jitter_ms: u64,
+        now_ms: i64,
+        index_rebuilds: &Arc<AtomicU64>,
+        may_have_stale_indexes: bool,
+    ) -> Result<Segment> {
         let path = dir.join(file_name(base_offset, ".log"));
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).at(&path)?;
         let segment =
             Segment::new(dir, base_offset, file, 0, true, index_bytes, roll_jitter_ms, now_ms, index_rebuilds);
         {
             let mut state = segment.lock();
-            // Stale index files from an earlier life of this base offset must not survive.
-            for p in [segment.index_path(), segment.time_index_path()] {
-                let _ = std::fs::remove_file(&p);
+            if may_have_stale_indexes {
+                // Stale index files from an earlier life of this base offset must not survive.
+                for p in [segment.index_path(), segment.time_index_path()] {
+                    let _ = std::fs::remove_file(&p);
+                }
             }
             segment.load_indexes(&mut state)?;
             state.next_offset = Some(base_offset);

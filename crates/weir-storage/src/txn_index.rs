@@ -61,6 +61,12 @@ pub(crate) struct TxnIndex {
 }
 
 impl TxnIndex {
+    /// The empty index of a partition created just now: no file to read (it is made at the
+    /// first abort).
+    pub fn empty(dir: &Path) -> TxnIndex {
+        TxnIndex { path: dir.join(TXN_INDEX_FILE), entries: Vec::new() }
+    }
+
     /// Opens the index of the partition in `dir`, keeping entries that end before `log_end`
     /// (a torn last entry, or entries past a truncated log end, are dropped).
     pub fn open(dir: &Path, log_end: i64) -> Result<TxnIndex> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use weir_storage::testing::{batch, BatchSpec};
-use weir_storage::{Clock, Log, LogManager, ManagerOptions, ManualClock, StorageError, TopicPartition};
+use weir_storage::{Clock, Log, LogManager, ManagerOptions, ManualClock, OpenOptions, StorageError, TopicPartition};
 
 fn options(dir: &std::path::Path, clock: &Arc<ManualClock>) -> ManagerOptions {
     let mut options = ManagerOptions::new(dir);
@@ -373,4 +373,109 @@ fn given_a_cleaner_sleeping_off_its_io_limit_when_shutting_down_should_return_pr
     let took = started.elapsed();
     assert!(took < Duration::from_secs(2), "shutdown waited {took:?} for a throttled cleaner");
     assert_eq!(t.log.size_bytes(), t.bytes_before, "the interrupted pass changed nothing");
+}
+
+/// What a reader sees of an empty log: every offset, and the leader epochs.
+fn empty_log_view(log: &Log) -> (i64, i64, i64, i64, Option<i32>) {
+    (
+        log.log_start_offset(),
+        log.log_end_offset(),
+        log.high_watermark(),
+        log.recovery_point(),
+        log.latest_leader_epoch().expect("epochs"),
+    )
+}
+
+#[test]
+fn given_a_topic_created_at_once_when_written_and_reopened_should_keep_every_partition() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let cfg = config(&[("segment.bytes", "4096")]);
+    let existing = TopicPartition::new("old", 0);
+    let wanted: Vec<(TopicPartition, weir_storage::LogConfig)> =
+        (0..10).map(|p| (TopicPartition::new("batch", p), cfg.clone())).collect();
+    {
+        let manager = LogManager::open(options(dir.path(), &clock)).expect("open");
+        let old = manager.get_or_create(&existing, cfg.clone()).expect("create one");
+        // An existing log comes back as it is; a partition named twice is made once.
+        let mut asked = wanted.clone();
+        asked.push((existing.clone(), cfg.clone()));
+        asked.push((TopicPartition::new("batch", 3), cfg.clone()));
+        let logs = manager.get_or_create_many(asked).expect("create many");
+        assert_eq!(logs.len(), 12);
+        assert!(Arc::ptr_eq(&logs[10], &old));
+        assert!(Arc::ptr_eq(&logs[11], &logs[3]));
+        // A new log reads as one `Log::open` makes in an empty directory.
+        let reference = open(&dir.path().join("reference"), cfg.clone(), Arc::clone(&clock), OpenOptions::default());
+        for ((tp, _), log) in wanted.iter().zip(&logs) {
+            assert_eq!(manager.get(tp).map(|l| Arc::as_ptr(&l)), Some(Arc::as_ptr(log)));
+            assert_eq!(empty_log_view(log), empty_log_view(&reference), "{tp}");
+            for file in ["00000000000000000000.log", "00000000000000000000.index", "00000000000000000000.timeindex"] {
+                assert!(log.dir().join(file).exists(), "{tp}: {file} missing");
+            }
+        }
+        for (p, log) in logs.iter().take(10).enumerate() {
+            log.assign_leader_epoch(3).expect("epoch");
+            for _ in 0..=p {
+                log.append(&mut records(1, 100, T0, p as u8), 3).expect("append");
+            }
+            log.flush().expect("flush");
+            assert_eq!(log.leader_epoch_entries().expect("epochs").len(), 1);
+        }
+        // No shutdown: the next open recovers as after a crash.
+    }
+    let manager = LogManager::open(options(dir.path(), &clock)).expect("reopen");
+    for (p, (tp, _)) in wanted.iter().enumerate() {
+        let log = manager.get(tp).unwrap_or_else(|| panic!("{tp} lost"));
+        assert_eq!(log.log_end_offset(), p as i64 + 1, "{tp}");
+        assert_eq!(read_all(&log, 0).len(), p + 1, "{tp}");
+        assert_eq!(log.latest_leader_epoch().expect("epochs"), Some(3), "{tp}");
+    }
+    manager.shutdown().expect("shutdown");
+}
+
+#[test]
+fn given_partition_dirs_a_crash_left_without_files_when_reopened_should_open_empty_logs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(T0));
+    let cfg = config(&[]);
+    {
+        let manager = LogManager::open(options(dir.path(), &clock)).expect("open");
+        manager.shutdown().expect("shutdown");
+    }
+    // A crash during a creation: one directory made and empty, one with its `.log` only, one
+    // with a `.log` and an `.index` cut short of its preallocated size. Unclean: no marker.
+    std::fs::remove_file(dir.path().join(".weir_clean_shutdown")).expect("unclean");
+    let bare = dir.path().join("half-0");
+    std::fs::create_dir(&bare).expect("mkdir");
+    let log_only = dir.path().join("half-1");
+    std::fs::create_dir(&log_only).expect("mkdir");
+    std::fs::write(log_only.join("00000000000000000000.log"), b"").expect("log file");
+    let short_index = dir.path().join("half-2");
+    std::fs::create_dir(&short_index).expect("mkdir");
+    std::fs::write(short_index.join("00000000000000000000.log"), b"").expect("log file");
+    std::fs::write(short_index.join("00000000000000000000.index"), [0u8; 8]).expect("index file");
+    let manager = LogManager::open(options(dir.path(), &clock)).expect("reopen");
+    for p in 0..3 {
+        let tp = TopicPartition::new("half", p);
+        let log = manager.get(&tp).unwrap_or_else(|| panic!("{tp} not loaded"));
+        assert_eq!((log.log_start_offset(), log.log_end_offset()), (0, 0), "{tp}");
+        log.append(&mut records(2, 50, T0, 1), 0).expect("append");
+        assert_eq!(read_all(&log, 0).len(), 1, "{tp}");
+        // Asking for it again gives the loaded log, not a new one.
+        let again = manager.get_or_create_many(vec![(tp.clone(), cfg.clone())]).expect("get");
+        assert!(Arc::ptr_eq(&again[0], &log), "{tp}");
+    }
+    // A directory on disk the manager has not loaded (a creation that failed half-way while
+    // the process kept running) is opened, not refused.
+    let stray = dir.path().join("late-0");
+    std::fs::create_dir(&stray).expect("mkdir");
+    let logs = manager
+        .get_or_create_many(vec![(TopicPartition::new("late", 0), cfg.clone()), (TopicPartition::new("late", 1), cfg)])
+        .expect("create over a leftover directory");
+    for log in &logs {
+        assert_eq!(log.log_end_offset(), 0);
+        log.append(&mut records(1, 50, T0, 2), 0).expect("append");
+    }
+    manager.shutdown().expect("shutdown");
 }
