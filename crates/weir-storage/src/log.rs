@@ -228,8 +228,8 @@ impl Log {
     /// Creates a brand-new, empty log in `dir`, which must not exist yet (its parent must).
     /// Nothing is read: a directory made just now holds no segment, checkpoint, snapshot or
     /// transaction index, so the probes [`Log::open`] makes for them (three directory listings
-    /// and two failing opens) are skipped. That makes a new log a `mkdir`, one `open` for the
-    /// `.log` and an `open`, `ftruncate` and `mmap` for each index.
+    /// and two failing opens) are skipped, and the segment's indexes are made on first use
+    /// (see `Segment::create_in_new_dir`). That makes a new log a `mkdir` and one `open`.
     ///
     /// Nothing is fsynced either: the caller ([`crate::LogManager::get_or_create_many`]) makes
     /// the directory of every log it creates durable, with its files, before any of them is

@@ -271,9 +271,9 @@ impl LogManager {
     /// writes to) a partition whose directory a power failure could take back. The logs are
     /// made first, then each new directory and the data directory are fsynced: the first
     /// fsync commits the file system's journal with every `mkdir` and file of the batch in it,
-    /// so the others find nothing left to write. Creating 10 partitions cost 20 journal commits
-    /// one after the other (an fsync of the data directory and one of the partition's in
-    /// `Log::open`), about 2 ms each on the test VM; now it costs one.
+    /// so the others find nothing left to write. Creating 10 partitions cost 20 fsyncs one
+    /// after the other (the data directory's and the partition's, in `Log::open`); now the
+    /// batch costs one journal commit.
     ///
     /// Only one creation runs at a time (`creating`), but the map's write lock is taken only to
     /// insert the new logs, so readers and appends are not held up by the file I/O.

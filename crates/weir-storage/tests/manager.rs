@@ -410,9 +410,9 @@ fn given_a_topic_created_at_once_when_written_and_reopened_should_keep_every_par
         for ((tp, _), log) in wanted.iter().zip(&logs) {
             assert_eq!(manager.get(tp).map(|l| Arc::as_ptr(&l)), Some(Arc::as_ptr(log)));
             assert_eq!(empty_log_view(log), empty_log_view(&reference), "{tp}");
-            for file in ["00000000000000000000.log", "00000000000000000000.index", "00000000000000000000.timeindex"] {
-                assert!(log.dir().join(file).exists(), "{tp}: {file} missing");
-            }
+            // The indexes are made on first use.
+            assert!(log.dir().join("00000000000000000000.log").exists(), "{tp}: .log missing");
+            assert!(!log.dir().join("00000000000000000000.index").exists(), "{tp}: .index made early");
         }
         for (p, log) in logs.iter().take(10).enumerate() {
             log.assign_leader_epoch(3).expect("epoch");
@@ -421,7 +421,14 @@ fn given_a_topic_created_at_once_when_written_and_reopened_should_keep_every_par
             }
             log.flush().expect("flush");
             assert_eq!(log.leader_epoch_entries().expect("epochs").len(), 1);
+            for file in ["00000000000000000000.index", "00000000000000000000.timeindex"] {
+                assert!(log.dir().join(file).exists(), "{file} not made by the first append");
+            }
         }
+        // A log never written to shuts down and reopens without index files.
+        let idle = manager.get_or_create(&TopicPartition::new("idle", 0), cfg.clone()).expect("create idle");
+        assert_eq!(idle.read(0, 1024, i64::MAX).expect("read empty").slice.map(|_| ()), None);
+        idle.close().expect("close idle");
         // No shutdown: the next open recovers as after a crash.
     }
     let manager = LogManager::open(options(dir.path(), &clock)).expect("reopen");
@@ -431,6 +438,9 @@ fn given_a_topic_created_at_once_when_written_and_reopened_should_keep_every_par
         assert_eq!(read_all(&log, 0).len(), p + 1, "{tp}");
         assert_eq!(log.latest_leader_epoch().expect("epochs"), Some(3), "{tp}");
     }
+    let idle = manager.get(&TopicPartition::new("idle", 0)).expect("idle log lost");
+    idle.append(&mut records(1, 100, T0, 9), 0).expect("append to the idle log");
+    assert_eq!(read_all(&idle, 0).len(), 1);
     manager.shutdown().expect("shutdown");
 }
 
