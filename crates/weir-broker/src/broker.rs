@@ -528,11 +528,17 @@ impl Broker {
             &state.broker_configs,
             Some(self.config.node_id),
         );
-        let mut followed = write(&self.followed);
+        let mut to_open = Vec::new();
         for name in &changed {
             if let Some(topic) = state.topic(name) {
-                self.reconcile_topic(&mut topics, topic, &defaults)?;
+                if let Some(opening) = self.reconcile_topic(&mut topics, topic, &defaults)? {
+                    to_open.push(opening);
+                }
             }
+        }
+        self.open_partitions(&mut topics, to_open)?;
+        let mut followed = write(&self.followed);
+        for name in &changed {
             followed.forget_topic(name);
             for partition in topics.get(name).iter().flat_map(|list| list.iter().flatten()) {
                 followed.add(partition);
@@ -630,13 +636,14 @@ impl Broker {
     }
 
     /// Brings `topic`'s partitions here in line with the state: its configs and each
-    /// partition's state on those it has, and the partitions it hosts and lacks opened.
-    fn reconcile_topic(
+    /// partition's state on those it has. Returns what it still lacks, the partitions it hosts
+    /// and has not opened, for [`Broker::open_partitions`].
+    fn reconcile_topic<'a>(
         &self,
         topics: &mut HashMap<String, TopicPartitions>,
-        topic: &TopicMetadata,
+        topic: &'a TopicMetadata,
         defaults: &BTreeMap<String, String>,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<Option<TopicOpening<'a>>, BrokerError> {
         let settings = TopicSettings::of(defaults, topic)?;
         let existing: &[Option<Arc<Partition>>] = topics.get(&topic.name).map_or(&[], |list| list);
         for partition in existing.iter().flatten() {
@@ -653,27 +660,48 @@ impl Broker {
         // This broker hosts the partitions it holds a replica of.
         let node = self.config.node_id;
         let hosted = |index: i32| topic.partition(index).is_some_and(|p| p.replicas.contains(&node));
-        let missing = (0..topic.partitions).any(|i| hosted(i) && existing.get(i as usize).is_none_or(|p| p.is_none()));
-        if existing.len() == topic.partitions.max(0) as usize && !missing {
-            return Ok(());
+        let missing: Vec<i32> = (0..topic.partitions)
+            .filter(|i| hosted(*i) && existing.get(*i as usize).is_none_or(|p| p.is_none()))
+            .collect();
+        if existing.len() == topic.partitions.max(0) as usize && missing.is_empty() {
+            return Ok(None);
         }
-        let mut list: Vec<Option<Arc<Partition>>> = existing.to_vec();
-        list.resize(topic.partitions.max(0) as usize, None);
-        for index in 0..topic.partitions {
-            let slot = &mut list[index as usize];
-            if slot.is_some() || !hosted(index) {
-                continue;
+        Ok(Some(TopicOpening { topic, settings, missing }))
+    }
+
+    /// Opens the partitions `openings` lack, the logs of all of them made at once (one
+    /// journal commit for a whole metadata change, see `LogManager::get_or_create_many`), and
+    /// puts them in `topics`.
+    fn open_partitions(
+        &self,
+        topics: &mut HashMap<String, TopicPartitions>,
+        openings: Vec<TopicOpening<'_>>,
+    ) -> Result<(), BrokerError> {
+        let wanted: Vec<(TopicPartition, weir_storage::LogConfig)> = openings
+            .iter()
+            .flat_map(|o| {
+                o.missing.iter().map(|i| (TopicPartition::new(o.topic.name.clone(), *i), o.settings.log.clone()))
+            })
+            .collect();
+        let mut logs = self.logs.get_or_create_many(wanted)?.into_iter();
+        let node = self.config.node_id;
+        for TopicOpening { topic, settings, missing } in openings {
+            let existing: &[Option<Arc<Partition>>] = topics.get(&topic.name).map_or(&[], |list| list);
+            let mut list: Vec<Option<Arc<Partition>>> = existing.to_vec();
+            list.resize(topic.partitions.max(0) as usize, None);
+            for index in missing {
+                let log = logs.next().expect("one log for each partition asked");
+                if *log.config() != settings.log {
+                    log.set_config(settings.log.clone());
+                }
+                let state = topic.partition(index).cloned().unwrap_or_else(|| PartitionState::new(Vec::new()));
+                let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal, node, state);
+                settings.apply(&partition);
+                list[index as usize] = Some(Arc::new(partition));
             }
-            let log = self.logs.get_or_create(&TopicPartition::new(topic.name.clone(), index), settings.log.clone())?;
-            if *log.config() != settings.log {
-                log.set_config(settings.log.clone());
-            }
-            let state = topic.partition(index).cloned().unwrap_or_else(|| PartitionState::new(Vec::new()));
-            let partition = Partition::new(topic.name.clone(), topic.id, index, log, topic.internal, node, state);
-            settings.apply(&partition);
-            *slot = Some(Arc::new(partition));
+            topics.insert(topic.name.clone(), list.into());
         }
-        topics.insert(topic.name.clone(), list.into());
+        debug_assert!(logs.next().is_none(), "a log opened for no partition");
         Ok(())
     }
 
@@ -1284,6 +1312,14 @@ fn check_reconciled(topics: &HashMap<String, TopicPartitions>, state: &MetadataS
     for name in topics.keys() {
         assert!(state.topics.contains_key(name), "topic {name} is open here but deleted");
     }
+}
+
+/// A topic whose partition list here changes: it grew, or some partitions it gives this
+/// broker are not open yet (`missing`, ascending).
+struct TopicOpening<'a> {
+    topic: &'a TopicMetadata,
+    settings: TopicSettings,
+    missing: Vec<i32>,
 }
 
 /// What a topic's configs set on each of its partitions here, resolved once per reconciliation.
