@@ -285,11 +285,11 @@ fn local_partition_infos(broker: &Broker, topic: &str, led_only: bool) -> Vec<Pa
     (0..count)
         .filter_map(|index| broker.partition(topic, index))
         .filter(|p| !led_only || p.state().leader == broker.config.node_id)
-        .map(|p| partition_info(&p))
+        .map(|p| partition_info(broker, &p))
         .collect()
 }
 
-fn partition_info(p: &Partition) -> PartitionInfo {
+fn partition_info(broker: &Broker, p: &Partition) -> PartitionInfo {
     let log = &p.log;
     let state = p.state();
     PartitionInfo {
@@ -302,7 +302,7 @@ fn partition_info(p: &Partition) -> PartitionInfo {
         high_watermark: log.high_watermark(),
         log_end_offset: log.log_end_offset(),
         size_bytes: log.size_bytes(),
-        replica_lags: p.follower_lags().into_iter().map(replica_lag).collect(),
+        replica_lags: p.follower_lags(|id| broker.follower_heartbeats.last(id)).into_iter().map(replica_lag).collect(),
     }
 }
 
@@ -398,7 +398,11 @@ fn local_lagging_followers(broker: &Broker) -> Vec<LaggingFollower> {
     for topic in metadata.topics.values() {
         for index in 0..topic.partitions {
             let Some(partition) = broker.partition(&topic.name, index) else { continue };
-            for lag in partition.follower_lags().into_iter().filter(|l| l.caught_up_ms_ago > lag_ms_max) {
+            for lag in partition
+                .follower_lags(|id| broker.follower_heartbeats.last(id))
+                .into_iter()
+                .filter(|l| l.caught_up_ms_ago > lag_ms_max)
+            {
                 out.push(LaggingFollower {
                     topic: topic.name.clone(),
                     partition: index,

@@ -208,8 +208,10 @@ impl Partition {
     }
 
     /// Each follower's lag, in replica order, when this broker leads the partition; empty
-    /// otherwise (a follower does not know the others' positions).
-    pub fn follower_lags(&self) -> Vec<FollowerLag> {
+    /// otherwise (a follower does not know the others' positions). `heartbeat`: each
+    /// follower's last fetch through its fetch session (`Broker::follower_heartbeats`), which
+    /// counts for the partitions it did not name, as in the ISR check.
+    pub fn follower_lags(&self, heartbeat: impl Fn(i32) -> Option<Instant>) -> Vec<FollowerLag> {
         let state = self.state();
         if state.leader != self.local_broker {
             return Vec::new();
@@ -223,7 +225,7 @@ impl Partition {
         state
             .replicas
             .iter()
-            .filter_map(|id| replication.followers.get(id).map(|f| (*id, f)))
+            .filter_map(|id| replication.followers.get(id).map(|f| (*id, f.after_session_fetches(heartbeat(*id)))))
             .map(|(replica, f)| FollowerLag {
                 replica,
                 offsets_behind: (f.log_end >= 0).then(|| (leader_end - f.log_end).max(0)),
