@@ -217,6 +217,9 @@ impl Broker {
         let mut out = Vec::with_capacity(request.partitions.len());
         let mut seen = Vec::with_capacity(request.partitions.len());
         let mut proposals = Vec::new();
+        // A follower's broker may join ISRs only while unfenced (one just fenced, or back and
+        // catching up with the metadata, still fetches).
+        let may_join = request.replica_id.is_some_and(|r| self.metadata().brokers.get(&r).is_some_and(|b| !b.fenced));
         for wanted in &request.partitions {
             let partition = &wanted.partition;
             let log = &partition.log;
@@ -253,7 +256,7 @@ impl Broker {
                 }
                 if wanted.offset <= log.log_end_offset() && wanted.offset >= log.log_start_offset() {
                     if let Some(proposal) =
-                        partition.record_follower_fetch(replica, wanted.offset, request.session_heartbeat)
+                        partition.record_follower_fetch(replica, wanted.offset, request.session_heartbeat, may_join)
                     {
                         proposals.push((partition.clone(), proposal));
                     }

@@ -291,12 +291,15 @@ impl Partition {
     /// record its position, move the high watermark, and return the ISR to propose if it
     /// should join. Called by the leader's fetch path once the fetch's epoch was checked.
     /// `session_heartbeat`: the follower's previous fetch through its fetch session, which did
-    /// not read this partition if it is later than the last one that did.
+    /// not read this partition if it is later than the last one that did. `may_join`: the
+    /// follower's broker is unfenced (Kafka proposes only eligible replicas; the controller
+    /// refuses a fenced one, and a pending proposal would hold the high watermark meanwhile).
     pub(crate) fn record_follower_fetch(
         &self,
         replica: i32,
         fetch_offset: i64,
         session_heartbeat: Option<Instant>,
+        may_join: bool,
     ) -> Option<IsrProposal> {
         let state = self.state();
         if state.leader != self.local_broker || !state.replicas.contains(&replica) {
@@ -324,7 +327,8 @@ impl Partition {
             follower.log_end = fetch_offset;
             follower.last_fetch = now;
             follower.last_fetch_leader_end = leader_end;
-            let joins = !state.isr.contains(&replica)
+            let joins = may_join
+                && !state.isr.contains(&replica)
                 && replication.pending_isr.is_none()
                 && fetch_offset >= self.log.high_watermark()
                 && fetch_offset >= replication.epoch_start_offset;
@@ -537,11 +541,11 @@ mod tests {
         let p = led_partition(dir.path(), &[1, 2, 3]);
         append(&p, 10);
         assert_eq!(p.log.high_watermark(), 0, "followers' positions are unknown: nothing is acknowledged");
-        assert_eq!(p.record_follower_fetch(2, 10, None), None);
+        assert_eq!(p.record_follower_fetch(2, 10, None, true), None);
         assert_eq!(p.log.high_watermark(), 0, "follower 3 has not fetched yet");
-        assert_eq!(p.record_follower_fetch(3, 4, None), None);
+        assert_eq!(p.record_follower_fetch(3, 4, None, true), None);
         assert_eq!(p.log.high_watermark(), 4);
-        p.record_follower_fetch(3, 10, None);
+        p.record_follower_fetch(3, 10, None, true);
         assert_eq!(p.log.high_watermark(), 10);
         append(&p, 5);
         assert_eq!(p.log.high_watermark(), 10, "the leader's own append does not count for the others");
@@ -557,15 +561,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = led_partition(dir.path(), &[1, 2]);
         append(&p, 10);
-        p.record_follower_fetch(2, 10, None);
+        p.record_follower_fetch(2, 10, None, true);
         assert_eq!(p.log.high_watermark(), 10);
-        assert_eq!(p.record_follower_fetch(3, 5, None), None, "below the high watermark: not in sync yet");
-        let proposal = p.record_follower_fetch(3, 10, None).expect("caught up: propose it");
+        assert_eq!(p.record_follower_fetch(3, 5, None, true), None, "below the high watermark: not in sync yet");
+        assert_eq!(p.record_follower_fetch(3, 10, None, false), None, "a fenced broker is not proposed");
+        let proposal = p.record_follower_fetch(3, 10, None, true).expect("caught up: propose it");
         assert_eq!((proposal.isr.clone(), proposal.leader, proposal.partition_epoch), (vec![1, 2, 3], 1, 0));
-        assert_eq!(p.record_follower_fetch(3, 10, None), None, "one proposal in flight at a time");
+        assert_eq!(p.record_follower_fetch(3, 10, None, true), None, "one proposal in flight at a time");
         // While pending, the joining replica counts for the high watermark (the maximal ISR).
         append(&p, 5);
-        p.record_follower_fetch(2, 15, None);
+        p.record_follower_fetch(2, 15, None, true);
         assert_eq!(p.log.high_watermark(), 10, "replica 3 is at 10");
         // The committed ISR settles the proposal.
         let mut committed = (*p.state()).clone();
@@ -582,8 +587,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = led_partition(dir.path(), &[1, 2, 3]);
         append(&p, 10);
-        p.record_follower_fetch(2, 10, None);
-        p.record_follower_fetch(3, 4, None);
+        p.record_follower_fetch(2, 10, None, true);
+        p.record_follower_fetch(3, 4, None, true);
         weir_storage::sync::lock(&p.replication).check_leader_high_watermark(1, &[1, 2, 3], 4, 10, 10);
     }
 
@@ -594,7 +599,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = led_partition(dir.path(), &[1, 2]);
         append(&p, 10);
-        p.record_follower_fetch(2, 10, None);
+        p.record_follower_fetch(2, 10, None, true);
         weir_storage::sync::lock(&p.replication).check_leader_high_watermark(1, &[1, 2], 10, 8, 10);
     }
 
@@ -613,11 +618,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = led_partition(dir.path(), &[1, 2, 3]);
         append(&p, 10);
-        p.record_follower_fetch(2, 10, None);
-        p.record_follower_fetch(3, 3, None);
+        p.record_follower_fetch(2, 10, None, true);
+        p.record_follower_fetch(3, 3, None, true);
         assert_eq!(p.isr_to_shrink(Duration::from_secs(60), |_| None), None, "nobody is late by a minute");
         std::thread::sleep(Duration::from_millis(30));
-        p.record_follower_fetch(2, 10, None);
+        p.record_follower_fetch(2, 10, None, true);
         let proposal = p.isr_to_shrink(Duration::from_millis(20), |_| None).expect("follower 3 is late");
         assert_eq!(proposal.isr, vec![1, 2]);
         // Until the change is committed, follower 3 still holds the high watermark.
@@ -629,8 +634,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = led_partition(dir.path(), &[1, 2, 3]);
         append(&p, 10);
-        p.record_follower_fetch(2, 10, None);
-        p.record_follower_fetch(3, 10, None);
+        p.record_follower_fetch(2, 10, None, true);
+        p.record_follower_fetch(3, 10, None, true);
         std::thread::sleep(Duration::from_millis(30));
         // Nothing changed, so neither names the partition again; only 2's session fetches.
         let beat = Instant::now();
@@ -642,14 +647,14 @@ mod tests {
         let dir2 = tempfile::tempdir().unwrap();
         let q = led_partition(dir2.path(), &[1, 2]);
         append(&q, 10);
-        q.record_follower_fetch(2, 10, None);
+        q.record_follower_fetch(2, 10, None, true);
         std::thread::sleep(Duration::from_millis(30));
         let beat = Instant::now();
         append(&q, 1);
         assert_eq!(q.isr_to_shrink(Duration::from_millis(20), |_| Some(beat)), None);
         assert!(q.isr_to_shrink(Duration::from_millis(20), |_| None).is_some(), "without the session it is late");
         // Its next fetch reads the partition; the session fetch before it counts as caught up.
-        assert_eq!(q.record_follower_fetch(2, 11, Some(beat)), None);
+        assert_eq!(q.record_follower_fetch(2, 11, Some(beat), true), None);
         assert_eq!(q.log.high_watermark(), 11);
     }
 
@@ -668,7 +673,7 @@ mod tests {
             )
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
-        p.record_follower_fetch(2, 4, None);
+        p.record_follower_fetch(2, 4, None, true);
         waiting.await.unwrap().unwrap();
 
         append(&p, 1);
