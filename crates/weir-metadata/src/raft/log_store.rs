@@ -68,6 +68,9 @@ impl RaftLogStore {
             file_delete_delay_ms: 0,
             retention_ms: -1,
             retention_bytes: -1,
+            // One entry is one batch: the log takes any entry the quorum lets through
+            // (`MAX_ENTRY_BYTES`, with room for its JSON envelope), never refuses one midway.
+            max_message_bytes: 2 * super::MAX_ENTRY_BYTES as u64,
             ..LogConfig::default()
         };
         // Small: always recovered fully rather than trusting a clean-shutdown marker.

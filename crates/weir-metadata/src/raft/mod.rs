@@ -66,6 +66,11 @@ openraft::declare_raft_types!(
         R = CommandResult,
 );
 
+/// The largest metadata change one log entry may carry, encoded. A fencing of a broker holding
+/// 15,000 replicas is about 2 MiB; the internal RPC carries frames of up to 16 MiB, so an
+/// AppendEntries call always has room for one entry (see `network::MAX_APPEND_BYTES`).
+pub const MAX_ENTRY_BYTES: usize = 8 << 20;
+
 /// How the quorum runs.
 #[derive(Debug, Clone)]
 pub struct QuorumConfig {
@@ -280,7 +285,21 @@ impl Quorum {
     /// A proposal not committed within the commit timeout fails with `TimedOut` (it may still
     /// be committed later, when the majority is back).
     pub async fn propose(&self, records: Vec<MetadataRecord>) -> Result<u64, BrokerError> {
-        let write = self.raft.client_write(MetadataCommand { records });
+        // An entry the log or a follower could not take would stop the quorum on every node
+        // that tried to write it: refuse it here, before it is in any log.
+        let command = MetadataCommand { records };
+        let size = serde_json::to_vec(&command).map(|v| v.len()).unwrap_or(usize::MAX);
+        if size > MAX_ENTRY_BYTES {
+            return Err(BrokerError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "a metadata change of {size} bytes ({} records) is larger than one entry of the metadata log may \
+                     be ({MAX_ENTRY_BYTES} bytes): make it in smaller steps",
+                    command.records.len()
+                ),
+            ));
+        }
+        let write = self.raft.client_write(command);
         let Ok(written) = tokio::time::timeout(self.commit_timeout, write).await else {
             return Err(BrokerError::new(
                 ErrorKind::TimedOut,

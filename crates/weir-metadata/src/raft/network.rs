@@ -8,7 +8,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -67,6 +69,10 @@ impl RaftTransport for NoPeers {
         Box::pin(async move { Err(TransportError::Unreachable(format!("no transport to voter {target}"))) })
     }
 }
+
+/// The most entry bytes one AppendEntries call carries (the internal RPC's frames go to 16 MiB;
+/// one entry is at most `MAX_ENTRY_BYTES`, so one always fits).
+const MAX_APPEND_BYTES: usize = 12 << 20;
 
 #[derive(Clone)]
 pub(crate) struct Network {
@@ -128,6 +134,17 @@ impl RaftNetwork<MetadataRaft> for Peer {
         request: AppendEntriesRequest<MetadataRaft>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        // Entries of up to MAX_ENTRY_BYTES each: several large ones (a follower catching up
+        // over fencings of big brokers) would not fit one frame. openraft then sends fewer.
+        let entries = request.entries.len();
+        if entries > 1 {
+            let size: usize =
+                request.entries.iter().map(|e| serde_json::to_vec(e).map_or(usize::MAX, |v| v.len())).sum();
+            if size > MAX_APPEND_BYTES {
+                let fit = (entries as u64 * MAX_APPEND_BYTES as u64 / size.max(1) as u64).clamp(1, entries as u64 - 1);
+                return Err(PayloadTooLarge::new_entries_hint(fit).into());
+            }
+        }
         self.send(APPEND_ENTRIES, &request, &option).await
     }
 

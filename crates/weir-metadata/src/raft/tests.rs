@@ -120,3 +120,35 @@ async fn the_log_store_truncates_purges_and_reopens_by_raft_index() {
     assert_eq!(state.last_log_id.map(|l| l.index), Some(21));
     assert_eq!(reopened.try_get_log_entries(0..100).await.unwrap().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_larger_than_one_entry_may_be_is_refused_and_the_quorum_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let quorum = started(dir.path(), 1000).await;
+    // Over 1 MiB (Kafka's max.message.bytes, which once bounded the metadata log's batches and
+    // stopped the quorum) but within an entry: committed.
+    let wide = |name: String| match create(&name) {
+        MetadataRecord::CreateTopic { name, id, partitions, internal, assignments, .. } => {
+            MetadataRecord::CreateTopic {
+                name,
+                id,
+                partitions,
+                configs: BTreeMap::from([("weir.test.padding".to_string(), "x".repeat(4000))]),
+                internal,
+                assignments,
+            }
+        }
+        other => other,
+    };
+    // About 4 KiB a topic.
+    let big: Vec<MetadataRecord> = (0..400).map(|i| wide(format!("big-{i}"))).collect();
+    let index = quorum.propose(big).await.expect("a change of about 1.6 MiB fits one entry");
+    assert_eq!(quorum.applied().applied_offset, index as i64);
+    // Past MAX_ENTRY_BYTES: refused before it is in the log, and the quorum still commits.
+    let huge: Vec<MetadataRecord> = (0..3000).map(|i| wide(format!("huge-{i}"))).collect();
+    let refused = quorum.propose(huge).await.expect_err("too large for one entry");
+    assert_eq!(refused.kind, ErrorKind::InvalidRequest, "{refused}");
+    assert!(refused.message.contains("smaller steps"), "{}", refused.message);
+    quorum.propose(vec![create("after")]).await.expect("the quorum carries on");
+    assert!(quorum.applied().topic("after").is_some());
+}
