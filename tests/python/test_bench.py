@@ -61,5 +61,6 @@ def test_bench_partitions_quick(tmp_path):
             assert 0 <= node["idle_cpu_percent"] < 200
             assert 1 < node["rss_mib"] < 4096
             assert node["open_files"] >= step["partitions"], node
-            assert node["memory_maps"] >= 2 * step["partitions"], node
+            # Indexes are mapped once a partition is used: these idle ones map none.
+            assert 0 < node["memory_maps"] < 2 * step["partitions"] + 1000, node
     assert "| 60 |" in proc.stdout, proc.stdout

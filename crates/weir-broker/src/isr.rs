@@ -35,13 +35,20 @@ impl Broker {
     }
 
     /// Checks the ISRs of the partitions this broker leads every half `replica.lag.time.max.ms`
-    /// and proposes to drop followers that fell behind, until shutdown.
+    /// and proposes to drop followers that fell behind, or to add one that caught up without a
+    /// fetch proposing it (see `Partition::isr_to_expand`), until shutdown.
     pub(crate) fn run_isr_checks(self: &Arc<Self>) {
         let lag = Duration::from_millis(self.config.replica_lag_time_max_ms);
         let interval = (lag / 2).clamp(Duration::from_millis(10), Duration::from_secs(5));
         self.every(interval, move |broker| async move {
+            let metadata = broker.metadata();
+            let unfenced = |id: i32| metadata.brokers.get(&id).is_some_and(|b| !b.fenced);
             for partition in broker.partitions() {
-                if let Some(proposal) = partition.isr_to_shrink(lag, |id| broker.follower_heartbeats.last(id)) {
+                let heartbeat = |id| broker.follower_heartbeats.last(id);
+                let proposal = partition
+                    .isr_to_shrink(lag, heartbeat)
+                    .or_else(|| partition.isr_to_expand(lag, heartbeat, unfenced));
+                if let Some(proposal) = proposal {
                     broker.send_isr_proposal(partition, proposal);
                 }
             }

@@ -377,6 +377,49 @@ impl Partition {
         Some(self.propose(&mut replication, &state, isr))
     }
 
+    /// A follower outside the ISR that has caught up (at or past the high watermark and the
+    /// start of this leadership), still fetches, and may join (`eligible`: its broker is
+    /// unfenced), when the fetch that took it there did not propose it: its broker was fenced
+    /// then, or the controller refused or lost the proposal. Through a fetch session a caught-up
+    /// follower of an idle partition names it no more, so no later fetch would propose it
+    /// (Kafka re-reads every session partition on each fetch instead). The periodic check asks.
+    pub(crate) fn isr_to_expand(
+        &self,
+        lag: Duration,
+        heartbeat: impl Fn(i32) -> Option<Instant>,
+        eligible: impl Fn(i32) -> bool,
+    ) -> Option<IsrProposal> {
+        let state = self.state();
+        if state.leader != self.local_broker || state.isr.len() >= state.replicas.len() {
+            return None;
+        }
+        let now = Instant::now();
+        let mut replication = weir_storage::sync::lock(&self.replication);
+        if replication.leading_epoch != Some(state.leader_epoch) {
+            return None;
+        }
+        if let Some(pending) = &replication.pending_isr {
+            if now.saturating_duration_since(pending.sent) < PENDING_ISR_PATIENCE {
+                return None;
+            }
+        }
+        let high_watermark = self.log.high_watermark();
+        let joining = state.replicas.iter().copied().find(|id| {
+            *id != self.local_broker
+                && !state.isr.contains(id)
+                && eligible(*id)
+                && replication.followers.get(id).is_some_and(|f| {
+                    let f = f.after_session_fetches(heartbeat(*id));
+                    f.log_end >= high_watermark
+                        && f.log_end >= replication.epoch_start_offset
+                        && now.saturating_duration_since(f.last_fetch) <= lag
+                })
+        })?;
+        let mut isr = state.isr.clone();
+        isr.push(joining);
+        Some(self.propose(&mut replication, &state, isr))
+    }
+
     fn propose(&self, replication: &mut ReplicaState, state: &PartitionState, isr: Vec<i32>) -> IsrProposal {
         replication.pending_isr =
             Some(PendingIsr { isr: isr.clone(), partition_epoch: state.partition_epoch, sent: Instant::now() });
@@ -554,6 +597,26 @@ mod tests {
         let alone = led_partition(dir2.path(), &[1]);
         append(&alone, 3);
         assert_eq!(alone.log.high_watermark(), 3);
+    }
+
+    #[test]
+    fn a_caught_up_follower_whose_fetch_could_not_propose_it_is_proposed_by_the_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = led_partition(dir.path(), &[1, 2]);
+        append(&p, 10);
+        p.record_follower_fetch(2, 10, None, true);
+        // Replica 3 catches up while its broker is fenced: its fetch proposes nothing, and
+        // through a fetch session no later fetch names the idle partition.
+        assert_eq!(p.record_follower_fetch(3, 10, None, false), None);
+        let lag = Duration::from_secs(10);
+        assert_eq!(p.isr_to_expand(lag, |_| None, |_| false), None, "still fenced");
+        let proposal = p.isr_to_expand(lag, |_| None, |_| true).expect("unfenced and caught up");
+        assert_eq!(proposal.isr, vec![1, 2, 3]);
+        assert_eq!(p.isr_to_expand(lag, |_| None, |_| true), None, "one proposal in flight at a time");
+        p.drop_pending_isr(&proposal);
+        // A follower that stopped fetching is not brought back.
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(p.isr_to_expand(Duration::from_millis(1), |_| None, |_| true), None, "no recent fetch");
     }
 
     #[test]
