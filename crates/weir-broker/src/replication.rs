@@ -354,15 +354,7 @@ impl Partition {
             return None;
         }
         let now = Instant::now();
-        let mut replication = weir_storage::sync::lock(&self.replication);
-        if replication.leading_epoch != Some(state.leader_epoch) {
-            return None;
-        }
-        if let Some(pending) = &replication.pending_isr {
-            if now.saturating_duration_since(pending.sent) < PENDING_ISR_PATIENCE {
-                return None;
-            }
-        }
+        let mut replication = self.replication_for_check(&state, now)?;
         let lagging = |id: &i32| {
             *id != self.local_broker
                 && replication.followers.get(id).is_none_or(|f| {
@@ -394,15 +386,7 @@ impl Partition {
             return None;
         }
         let now = Instant::now();
-        let mut replication = weir_storage::sync::lock(&self.replication);
-        if replication.leading_epoch != Some(state.leader_epoch) {
-            return None;
-        }
-        if let Some(pending) = &replication.pending_isr {
-            if now.saturating_duration_since(pending.sent) < PENDING_ISR_PATIENCE {
-                return None;
-            }
-        }
+        let mut replication = self.replication_for_check(&state, now)?;
         let high_watermark = self.log.high_watermark();
         let joining = state.replicas.iter().copied().find(|id| {
             *id != self.local_broker
@@ -418,6 +402,24 @@ impl Partition {
         let mut isr = state.isr.clone();
         isr.push(joining);
         Some(self.propose(&mut replication, &state, isr))
+    }
+
+    /// The replication state for a periodic ISR check of leadership `state`: `None` when this
+    /// leadership's positions are not there yet, or a proposal is in flight and not overdue.
+    fn replication_for_check(
+        &self,
+        state: &PartitionState,
+        now: Instant,
+    ) -> Option<std::sync::MutexGuard<'_, ReplicaState>> {
+        let replication = weir_storage::sync::lock(&self.replication);
+        if replication.leading_epoch != Some(state.leader_epoch) {
+            return None;
+        }
+        let waiting = replication
+            .pending_isr
+            .as_ref()
+            .is_some_and(|pending| now.saturating_duration_since(pending.sent) < PENDING_ISR_PATIENCE);
+        (!waiting).then_some(replication)
     }
 
     fn propose(&self, replication: &mut ReplicaState, state: &PartitionState, isr: Vec<i32>) -> IsrProposal {
