@@ -403,3 +403,12 @@ def ack_stall(times, fault_at, horizon=30.0):
         if t > fault_at + horizon:
             break
     return longest
+
+
+def metric(broker, name):
+    """A label-less sample of the broker's /metrics."""
+    with urllib.request.urlopen(f"{broker.admin_url()}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} is not in /metrics")

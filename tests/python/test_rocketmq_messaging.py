@@ -16,7 +16,6 @@ import math
 import subprocess
 import threading
 import time
-import urllib.request
 import uuid
 
 import grpc
@@ -29,7 +28,7 @@ from rocketmq.grpc_protocol import definition_pb2 as d
 from rocketmq.v5.exception import BadRequestException, NotFoundException
 
 from conftest import weir_bin
-from helpers import c_admin, c_create_topic, c_producer, http, rec_from_confluent, unique
+from helpers import c_admin, c_create_topic, c_producer, http, metric, rec_from_confluent, unique
 from test_rocketmq import METADATA, Recorder, headers_of, message, producer_for, push_consumer, send_all, simple_consumer
 
 DAY_MS = 86_400_000
@@ -300,15 +299,6 @@ def test_delayed_messages_survive_kill_9_and_those_due_meanwhile_are_delivered_o
 
 
 # -- recalling a delayed message (RecallMessage) -------------------------------------------------
-
-
-def metric(broker, name):
-    """A label-less sample of the broker's /metrics."""
-    with urllib.request.urlopen(f"{broker.admin_url()}/metrics", timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} is not in /metrics")
 
 
 def test_a_recalled_delayed_message_is_never_delivered_while_the_others_are(broker):

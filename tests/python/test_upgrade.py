@@ -7,28 +7,34 @@ committed offsets and transactions read as before, through real clients.
 """
 
 import shutil
+import time
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource
 
 from conftest import _ALL_BROKERS, Broker
-from helpers import TIMEOUT_S, c_admin, c_consumer, c_produce, c_producer, c_read_partition
+from helpers import TIMEOUT_S, c_admin, c_consumer, c_produce, c_producer, c_read_partition, metric
 
 FIXTURE = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "weir-0.1-data"
 ASSIGNING = "assigning the partitions of an older data directory"
 
 
-@pytest.fixture
-def upgraded(tmp_path):
-    broker = Broker(tmp_path / "upgraded", settings={"offsets.topic.num.partitions": "1"}, name="upgraded")
+def upgrade(tmp_path, fixture, settings):
+    """Today's broker started on a copy of `fixture`; stopped and forgotten at the end."""
+    broker = Broker(tmp_path / "upgraded", settings=settings, name="upgraded")
     shutil.rmtree(broker.data_dir)
-    shutil.copytree(FIXTURE, broker.data_dir)
+    shutil.copytree(fixture, broker.data_dir)
     _ALL_BROKERS.append(broker)
     broker.start()
     yield broker
     broker.cleanup()
     _ALL_BROKERS.remove(broker)
+
+
+@pytest.fixture
+def upgraded(tmp_path):
+    yield from upgrade(tmp_path, FIXTURE, {"offsets.topic.num.partitions": "1"})
 
 
 def test_an_older_data_directory_keeps_its_topics_records_offsets_and_transactions(upgraded, closer):
@@ -81,3 +87,55 @@ def test_an_older_data_directory_is_assigned_once_and_restarts_like_any_other(up
     assert ASSIGNING not in upgraded.log_since(mark)
     metadata = c_admin(upgraded.bootstrap).list_topics(timeout=TIMEOUT_S)
     assert metadata.topics["legacy-orders"].partitions[2].leader == 0
+
+
+# -- the messaging state of commit 17ed087 (fixtures/weir-17ed087-messaging-data) --------------
+
+MESSAGING_FIXTURE = FIXTURE.parent / "weir-17ed087-messaging-data"
+# When the fixture's far delayed messages come due (its README).
+FAR_DUE_S = 1_822_241_142
+
+
+@pytest.fixture
+def upgraded_messaging(tmp_path):
+    settings = {"offsets.topic.num.partitions": "1", "transaction.state.log.num.partitions": "1"}
+    yield from upgrade(tmp_path, MESSAGING_FIXTURE, settings)
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_an_older_timer_store_moves_into_its_replicated_topic_and_each_message_fires_once(upgraded_messaging):
+    broker = upgraded_messaging
+    legacy = broker.data_dir / "timer" / "log"
+    wait_until(lambda: not legacy.exists(), 30, "the local timer store moved into __delayed_messages")
+    # Due while the broker was down: each fires once at start-up; the recalled one never.
+    want = sorted([f"due-{i}".encode() for i in range(5)] + [b"kafka-due-0", b"kafka-due-1"])
+    fired = c_read_partition(broker.bootstrap, "legacy-delay", 0, len(want))
+    assert sorted(r.value for r in fired) == want
+    far_pending = time.time() < FAR_DUE_S
+    if far_pending:
+        # far-0 and far-1 still wait (far-recalled does not); the metric counts them once moved.
+        wait_until(lambda: metric(broker, "weir_timer_messages_pending") == 2, 15, "two far messages pending")
+    # A kill -9 and a restart neither moves them again nor fires anything twice.
+    broker.kill9()
+    broker.start()
+    if far_pending:
+        wait_until(lambda: metric(broker, "weir_timer_messages_pending") == 2, 15, "two far messages pending")
+    again = c_read_partition(broker.bootstrap, "legacy-delay", 0, len(want) + (0 if far_pending else 2))
+    values = sorted(r.value for r in again)
+    assert len(values) == len(set(values)), f"fired twice: {values}"
+    assert b"due-recalled" not in values and b"far-recalled" not in values
+    # And the partition holds exactly those: nothing fired twice or late after the restart.
+    time.sleep(2)
+    consumer = c_consumer(broker.bootstrap)
+    try:
+        _, end = consumer.get_watermark_offsets(TopicPartition("legacy-delay", 0), timeout=TIMEOUT_S)
+    finally:
+        consumer.close()
+    assert end == len(values)
+    assert not legacy.exists()

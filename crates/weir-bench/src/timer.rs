@@ -345,7 +345,8 @@ impl DiskUsage {
     }
 }
 
-/// The timer store's directory: its log and its wheel's slot files.
+/// The timer store on disk: its shards' logs (the partitions of `__delayed_messages`) and the
+/// slot files of their wheels.
 #[derive(Debug, Default, Clone, Copy, Serialize)]
 struct TimerDisk {
     log: DiskUsage,
@@ -355,12 +356,23 @@ struct TimerDisk {
 
 impl TimerDisk {
     fn of(data_dir: &Path) -> TimerDisk {
-        let dir = data_dir.join(weir_messaging::timer::TimerStore::DIR);
-        TimerDisk {
-            log: DiskUsage::of(&dir.join("log")),
-            wheel: DiskUsage::of(&dir.join("wheel")),
-            total: DiskUsage::of(&dir),
+        let mut log = DiskUsage::default();
+        let prefix = format!("{}-", weir_messaging::timer::TOPIC);
+        for entry in std::fs::read_dir(data_dir).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let shard = DiskUsage::of(&entry.path());
+                log.apparent_bytes += shard.apparent_bytes;
+                log.allocated_bytes += shard.allocated_bytes;
+                log.files += shard.files;
+            }
         }
+        let wheel = DiskUsage::of(&data_dir.join(weir_messaging::timer::Timer::DIR));
+        let total = DiskUsage {
+            apparent_bytes: log.apparent_bytes + wheel.apparent_bytes,
+            allocated_bytes: log.allocated_bytes + wheel.allocated_bytes,
+            files: log.files + wheel.files,
+        };
+        TimerDisk { log, wheel, total }
     }
 }
 

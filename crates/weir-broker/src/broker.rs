@@ -884,21 +884,38 @@ impl Broker {
     pub fn append_internal_blocking(
         &self,
         partition: &Partition,
-        mut records: BytesMut,
+        records: BytesMut,
     ) -> Result<AppendInfo, BrokerError> {
+        let (info, leader_epoch) = Self::write_as_internal(partition, records)?;
+        partition.log.sync_to(info.last_offset + 1)?;
+        if partition.is_replicated() {
+            // The broker's own records count once the ISR has them, as an acks=all write.
+            let deadline = tokio::time::Instant::now() + crate::replication::INTERNAL_REPLICATION_TIMEOUT;
+            crate::runtime::block_on(partition.wait_replicated(info.last_offset + 1, leader_epoch, deadline))??;
+        }
+        Ok(info)
+    }
+
+    /// The local write of the broker's own records, as the partition's leader: the offsets
+    /// written and the leader epoch they carry. Blocking.
+    fn write_as_internal(partition: &Partition, mut records: BytesMut) -> Result<(AppendInfo, i32), BrokerError> {
         let state = partition.check_local_leader()?;
         let info = partition.write_as_leader(state.leader_epoch, || {
             partition.log.append(&mut records, state.leader_epoch).map_err(BrokerError::from)
         })?;
-        partition.log.sync_to(info.last_offset + 1)?;
         partition.maybe_advance_high_watermark();
         partition.wake_waiters();
-        if partition.is_replicated() {
-            // The broker's own records count once the ISR has them, as an acks=all write.
-            let deadline = tokio::time::Instant::now() + crate::replication::INTERNAL_REPLICATION_TIMEOUT;
-            crate::runtime::block_on(partition.wait_replicated(info.last_offset + 1, state.leader_epoch, deadline))??;
-        }
-        Ok(info)
+        Ok((info, state.leader_epoch))
+    }
+
+    /// The first half of [`Broker::append_internal_blocking`], for an owner that must do
+    /// something under its own lock together with the local write (the timer indexes what it
+    /// appends): writes `records` to the local log of `partition`, which this broker must lead,
+    /// and returns at once. The write counts once [`InternalWrite::durable`] returns. Blocking
+    /// (a local write).
+    pub fn write_internal(&self, partition: &Arc<Partition>, records: BytesMut) -> Result<InternalWrite, BrokerError> {
+        let (info, leader_epoch) = Self::write_as_internal(partition, records)?;
+        Ok(InternalWrite { partition: partition.clone(), info, leader_epoch })
     }
 
     /// Reads whole batches from `offset`, up to the high watermark. Blocking (reads headers
@@ -1093,6 +1110,34 @@ impl Broker {
 
     /// How long a shut-down waits for requests in progress.
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+}
+
+/// A write of the broker's own records ([`Broker::write_internal`]) not yet known to count.
+#[must_use = "a write counts only once durable() returns"]
+pub struct InternalWrite {
+    partition: Arc<Partition>,
+    pub info: AppendInfo,
+    leader_epoch: i32,
+}
+
+impl InternalWrite {
+    /// Waits until the write is as durable as the partition's flush policy promises and, when
+    /// the partition is replicated, until its ISR has it (as an `acks=all` write).
+    pub async fn durable(self) -> Result<AppendInfo, BrokerError> {
+        let partition = self.partition.clone();
+        let end = self.info.last_offset + 1;
+        if partition.log.config().flush == FlushPolicy::Sync {
+            let log_partition = partition.clone();
+            tokio::task::spawn_blocking(move || log_partition.log.sync_to(end))
+                .await
+                .map_err(|e| BrokerError::internal(e.to_string()))??;
+        }
+        if partition.is_replicated() {
+            let deadline = tokio::time::Instant::now() + crate::replication::INTERNAL_REPLICATION_TIMEOUT;
+            partition.wait_replicated(end, self.leader_epoch, deadline).await?;
+        }
+        Ok(self.info)
+    }
 }
 
 /// A produce request's appends, written but not necessarily durable yet (see

@@ -166,6 +166,21 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "Replicas of each __transaction_state partition (fewer while fewer brokers are registered).",
     ),
     s(
+        "messaging.state.topic.num.partitions",
+        "16",
+        "Partitions of the messaging layer's internal topics (__delayed_messages, the timer store).",
+    ),
+    s(
+        "messaging.state.topic.replication.factor",
+        "3",
+        "Replicas of each partition of the messaging layer's internal topics (fewer while fewer brokers are registered).",
+    ),
+    s(
+        "messaging.state.topic.min.isr",
+        "2",
+        "min.insync.replicas of the messaging layer's internal topics (at most their replication factor).",
+    ),
+    s(
         "replica.lag.time.max.ms",
         "30000",
         "A follower that has not caught up with the leader's log end for this long leaves the ISR.",
@@ -286,6 +301,10 @@ pub struct BrokerConfig {
     pub transaction_state_partitions: i32,
     pub offsets_topic_replication_factor: i16,
     pub transaction_state_replication_factor: i16,
+    /// `messaging.state.topic.*`: the messaging layer's internal topics (the timer store's).
+    pub messaging_state_partitions: i32,
+    pub messaging_state_replication_factor: i16,
+    pub messaging_state_min_isr: i16,
     /// `replica.lag.time.max.ms`: a follower not caught up for longer leaves the ISR (read by
     /// the admin API's health report too).
     pub replica_lag_time_max_ms: u64,
@@ -636,6 +655,9 @@ impl BrokerConfig {
             transaction_state_partitions: values.num("transaction.state.log.num.partitions", 1)?,
             offsets_topic_replication_factor: values.num("offsets.topic.replication.factor", 1)?,
             transaction_state_replication_factor: values.num("transaction.state.log.replication.factor", 1)?,
+            messaging_state_partitions: values.num("messaging.state.topic.num.partitions", 1)?,
+            messaging_state_replication_factor: values.num("messaging.state.topic.replication.factor", 1)?,
+            messaging_state_min_isr: values.num("messaging.state.topic.min.isr", 1)?,
             replica_lag_time_max_ms: values.num("replica.lag.time.max.ms", 10)?,
             replica_fetch_max_bytes: values.num("replica.fetch.max.bytes", 1024)?,
             replica_fetch_wait_max_ms: values.num("replica.fetch.wait.max.ms", 0)?,

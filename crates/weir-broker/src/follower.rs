@@ -463,6 +463,22 @@ fn apply_partition(broker: &Broker, partition: &Partition, data: LeaderPartition
     let records = data.records;
     let whole = weir_storage::batch::whole_batches_len(&records);
     broker.append_as_follower(partition, &records[..whole], data.high_watermark).map_err(|e| e.to_string())?;
+    if let Some(leader_log_start) = data.log_start_offset {
+        follow_log_start(partition, leader_log_start).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Moves a follower's log start up to the leader's, as far as the high watermark it learned:
+/// what DeleteRecords or an owner's trimming (the timer's) removed at the leader is gone here
+/// too, so a failover never brings it back. Retention runs on each replica by itself; this
+/// only catches up with a leader that went further.
+fn follow_log_start(partition: &Partition, leader_log_start: i64) -> Result<(), BrokerError> {
+    let log = &partition.log;
+    let target = leader_log_start.min(partition.known_high_watermark()).min(log.log_end_offset());
+    if target > log.log_start_offset() {
+        log.delete_records_before(target)?;
+    }
     Ok(())
 }
 

@@ -396,6 +396,7 @@ mod tests {
             delete_topic_enable: true,
             offsets_topic_replication_factor: 3,
             transaction_state_replication_factor: 3,
+            messaging_state_replication_factor: 3,
             topic_defaults: Default::default(),
             replica_capacity: None,
         }

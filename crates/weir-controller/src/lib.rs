@@ -86,6 +86,8 @@ pub struct ControllerConfig {
     pub offsets_topic_replication_factor: i16,
     /// `transaction.state.log.replication.factor`.
     pub transaction_state_replication_factor: i16,
+    /// `messaging.state.topic.replication.factor`: the messaging layer's internal topics'.
+    pub messaging_state_replication_factor: i16,
     /// The broker-wide defaults of topic configs, by topic config name.
     pub topic_defaults: BTreeMap<String, String>,
     /// How many partition replicas a broker can hold open (`None`: no limit known); creations

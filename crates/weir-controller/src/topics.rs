@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 use weir_error::{BrokerError, ErrorKind};
 use weir_metadata::{
-    MetadataRecord, MetadataState, PartitionState, TopicMetadata, OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC,
+    MetadataRecord, MetadataState, PartitionState, TopicMetadata, DELAYED_MESSAGES_TOPIC, OFFSETS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
 };
 
 use crate::topic_config::{self, ConfigEdit};
@@ -196,9 +197,17 @@ pub fn decide_ensure_internal(
     let wanted = match name {
         TRANSACTION_STATE_TOPIC => config.transaction_state_replication_factor,
         OFFSETS_TOPIC => config.offsets_topic_replication_factor,
+        DELAYED_MESSAGES_TOPIC => config.messaging_state_replication_factor,
         _ => config.default_replication_factor,
     };
     let rf = (wanted.max(1) as usize).min(brokers.len());
+    // A min ISR above the replicas the topic got would refuse every write: capped at them.
+    let mut configs = configs;
+    if let Some(min_isr) = configs.get_mut("min.insync.replicas") {
+        if min_isr.parse::<usize>().is_ok_and(|m| m > rf) {
+            *min_isr = rf.to_string();
+        }
+    }
     let start = entropy.below(brokers.len());
     let record = MetadataRecord::CreateTopic {
         name: name.to_string(),
@@ -368,6 +377,7 @@ mod tests {
             delete_topic_enable: true,
             offsets_topic_replication_factor: 3,
             transaction_state_replication_factor: 3,
+            messaging_state_replication_factor: 3,
             topic_defaults: BTreeMap::new(),
             replica_capacity: None,
         }

@@ -17,7 +17,7 @@
 
 pub mod group;
 mod metrics;
-mod shards;
+pub mod shards;
 pub mod txn;
 
 pub use group::GroupCoordinator;

@@ -36,18 +36,18 @@ enum ShardState<T> {
 }
 
 /// The shards of one coordinator: `T` is what it keeps per loaded partition.
-pub(crate) struct Shards<T> {
+pub struct Shards<T> {
     topic: &'static str,
     states: RwLock<HashMap<i32, ShardState<T>>>,
 }
 
 impl<T> Shards<T> {
-    pub(crate) fn new(topic: &'static str) -> Shards<T> {
+    pub fn new(topic: &'static str) -> Shards<T> {
         Shards { topic, states: RwLock::new(HashMap::new()) }
     }
 
     /// The loaded shard `index`, or why this broker cannot serve it.
-    pub(crate) fn get(&self, index: i32) -> Result<Arc<T>, BrokerError> {
+    pub fn get(&self, index: i32) -> Result<Arc<T>, BrokerError> {
         match read(&self.states).get(&index) {
             Some(ShardState::Loaded(shard)) => Ok(shard.clone()),
             Some(ShardState::Loading) => Err(BrokerError::new(
@@ -92,7 +92,7 @@ impl<T> Shards<T> {
     }
 
     /// Every loaded shard, by partition.
-    pub(crate) fn loaded(&self) -> BTreeMap<i32, Arc<T>> {
+    pub fn loaded(&self) -> BTreeMap<i32, Arc<T>> {
         read(&self.states)
             .iter()
             .filter_map(|(index, state)| match state {
@@ -104,7 +104,7 @@ impl<T> Shards<T> {
 }
 
 /// A coordinator whose state is sharded over the partitions of an internal topic.
-pub(crate) trait ShardOwner: Send + Sync + 'static {
+pub trait ShardOwner: Send + Sync + 'static {
     type Shard: Send + Sync + 'static;
 
     fn shards(&self) -> &Shards<Self::Shard>;
@@ -130,7 +130,7 @@ fn led_here(broker: &Broker, topic: &str) -> BTreeMap<i32, Arc<Partition>> {
 
 /// Loads the shards this broker now leads and unloads those it no longer leads. Blocking.
 /// Returns false when a load failed (to be tried again).
-pub(crate) fn reconcile_blocking<O: ShardOwner>(broker: &Broker, owner: &O) -> bool {
+pub fn reconcile_blocking<O: ShardOwner>(broker: &Broker, owner: &O) -> bool {
     let shards = owner.shards();
     let wanted = led_here(broker, shards.topic);
     let lost: Vec<i32> = read(&shards.states).keys().filter(|index| !wanted.contains_key(index)).copied().collect();
@@ -162,7 +162,7 @@ pub(crate) fn reconcile_blocking<O: ShardOwner>(broker: &Broker, owner: &O) -> b
 
 /// Runs [`reconcile_blocking`] after every metadata change this broker applies, until the broker
 /// shuts down or the owner is dropped.
-pub(crate) fn spawn_watcher<O: ShardOwner>(broker: &Arc<Broker>, owner: Weak<O>) {
+pub fn spawn_watcher<O: ShardOwner>(broker: &Arc<Broker>, owner: Weak<O>) {
     let mut changes = broker.subscribe_metadata();
     let mut shutdown = broker.shutdown_signal();
     let broker = Arc::downgrade(broker);

@@ -38,13 +38,14 @@ use weir_coordinators::group::GroupCoordinator;
 use crate::half::{HalfStore, TransactionalMessages};
 use crate::message_index::MessageIndex;
 use crate::pop::{PopEngine, PopStore};
-use crate::timer::TimerStore;
+use crate::timer::Timer;
 
 /// The messaging stores of one broker.
 pub struct Messaging {
     pub(crate) broker: Arc<Broker>,
-    /// Delayed messages until they are due; they fire once [`Messaging::start`] is called.
-    pub timer: Arc<TimerStore>,
+    /// Delayed messages until they are due, in `__delayed_messages`; the shards this broker
+    /// leads load and fire once [`Messaging::start`] is called.
+    pub timer: Arc<Timer>,
     /// RocketMQ transactional messages until decided.
     pub(crate) half: Arc<HalfStore>,
     /// Each group's invisible-time consumption of the partitions this broker leads.
@@ -64,23 +65,25 @@ impl Messaging {
         let clock = broker.clock();
         let messaging = Arc::new(Messaging {
             broker: broker.clone(),
-            timer: Arc::new(TimerStore::open(data_dir, log_config.clone(), clock.clone())?),
+            timer: Arc::new(Timer::new(broker)),
             half: Arc::new(HalfStore::open(data_dir, log_config, clock)?),
             pop: Arc::new(PopStore::open(&data_dir.join(pop::DIR))?),
             message_index: MessageIndex::new(data_dir),
         });
         broker
             .set_delayed_records(Arc::new(timer::Diversion { timer: messaging.timer.clone(), clock: broker.clock() }));
-        timer::recall::register(&messaging);
+        timer::register(broker, &messaging.timer);
         pop::reset::register(&messaging);
         Ok(messaging)
     }
 
-    /// Starts the message indexer and the timer's firing (delayed messages that came due
-    /// while the broker was down fire now). Call within a tokio runtime, once.
+    /// Starts the message indexer and the timer's shards (delayed messages that came due
+    /// while their shard had no leader fire now), and moves the local timer store of an
+    /// earlier version into `__delayed_messages`. Call within a tokio runtime, once.
     pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
         MessageIndex::start(self)?;
         self.timer.start(&self.broker);
+        timer::migrate::spawn(&self.broker, &self.timer);
         Ok(())
     }
 

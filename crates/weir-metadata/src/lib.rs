@@ -26,6 +26,9 @@ use uuid::Uuid;
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
 /// The internal topic of transactions' states (Kafka's name).
 pub const TRANSACTION_STATE_TOPIC: &str = "__transaction_state";
+/// The internal topic of delayed messages until they are due: the timer store, sharded by
+/// partition (Weir's; RocketMQ keeps its timer log in `rmq_sys_wheel_timer`).
+pub const DELAYED_MESSAGES_TOPIC: &str = "__delayed_messages";
 
 /// One change to the cluster's metadata.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -271,7 +271,7 @@ pub(crate) async fn append(
     }
 }
 
-/// Hands delayed messages to the timer store; their offsets in the answer are the timer log's.
+/// Hands delayed messages to the timer store; their offsets in the answer are their shard's.
 async fn schedule(
     messaging: &Messaging,
     topic: &str,
@@ -282,16 +282,13 @@ async fn schedule(
     let records: Vec<Record> = delayed.iter().map(|(_, m)| m.to_record(now)).collect();
     let placed: Vec<Placed> = delayed.into_iter().map(|(index, message)| Placed { index, message }).collect();
     match messaging.timer.schedule(topic, None, records).await {
-        Ok(first_offset) => {
-            succeed(entries, &placed, first_offset);
+        Ok(scheduled) => {
+            succeed(entries, &placed, scheduled.first_offset);
             // Each can be recalled until it is due: the handle says where it waits.
             for (position, p) in placed.iter().enumerate() {
                 let due_ms = p.message.delivery_timestamp_ms.unwrap_or_default();
-                let handle = RecallHandle {
-                    node: messaging.broker().config.node_id,
-                    offset: first_offset + position as i64,
-                    due_ms,
-                };
+                let handle =
+                    RecallHandle { shard: scheduled.shard, offset: scheduled.first_offset + position as i64, due_ms };
                 entries[p.index].recall_handle = handle.encode();
             }
         }

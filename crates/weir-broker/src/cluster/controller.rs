@@ -51,6 +51,7 @@ impl Broker {
             delete_topic_enable: config.delete_topic_enable,
             offsets_topic_replication_factor: config.offsets_topic_replication_factor,
             transaction_state_replication_factor: config.transaction_state_replication_factor,
+            messaging_state_replication_factor: config.messaging_state_replication_factor,
             // The cluster-wide dynamic defaults count (unclean.leader.election.enable among them).
             topic_defaults: topic_config::effective_defaults(
                 &config.topic_defaults,

@@ -47,7 +47,7 @@ const TIMER_TICK_MAX_MS: i64 = 1000;
 /// `max.message.bytes` (1 MiB by default); a larger commit becomes several batches of one append.
 const BATCH_BYTES_MAX: usize = 256 * 1024;
 
-pub(crate) struct OffsetsPartition {
+pub struct OffsetsPartition {
     partition: Arc<Partition>,
     /// Held across validate → append → apply (see the module doc).
     writer: Mutex<()>,

@@ -126,7 +126,7 @@ pub struct TxnCoordinator {
 }
 
 /// A loaded partition of `__transaction_state`.
-pub(crate) struct TxnShard {
+pub struct TxnShard {
     partition: Arc<Partition>,
 }
 

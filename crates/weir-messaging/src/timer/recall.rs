@@ -2,13 +2,13 @@
 //! taken out of the timer store and never appended to its topic.
 //!
 //! A recall is a durable note, not an edit of the wheel: far slot files are never rewritten.
-//! The note is the message's wheel key, appended to `<timer dir>/recalled` (16 bytes, as in a
-//! slot file) before the recall is acknowledged, as durably as the flush policy promises.
-//! When the key comes due, firing finds it recalled and settles it without appending anything.
+//! The note (the message's offset, in a record of its shard's log, see [`super::shard`]) is in
+//! the shard's ISR, as durably as the flush policy promises, before the recall is
+//! acknowledged; a new leader of the shard reads it back. When the key comes due, firing finds
+//! it recalled and settles it without appending anything.
 //!
-//! A delayed message waits in the timer store of the broker that took it; a recall that comes
-//! to another broker goes there over the internal RPC (`timer.recall`,
-//! [`Messaging::recall_delayed`]).
+//! A recall handle names the shard, so a recall that comes to any broker goes to the one
+//! leading the shard now ([`super::Timer::recall`]), whichever broker took the message.
 //!
 //! **Invariant:** a recall and the firing of the same message never both succeed. Firing
 //! claims the keys it takes (`firing`) under the wheel's lock, and a recall decides under the
@@ -18,31 +18,16 @@
 //! relies on it), and no key that fired (appended or dropped) is among the recalled.
 
 use std::collections::BTreeSet;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
-use std::time::Duration;
-
-use bytes::Bytes;
+use std::sync::Arc;
 
 use weir_storage::sync::lock;
-use weir_storage::FlushPolicy;
 
-use super::wheel::{decode_entry, encode_entry, Key, ENTRY_BYTES};
-use super::{due_ms, headers, io_error, read_at, TimerStore};
-use weir_broker::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
+use super::shard::{note, TimerShard, NOTE_RECALLED};
+use super::wheel::Key;
+use super::{due_ms, headers, read_at};
 use weir_broker::message::headers::MESSAGE_ID;
-use weir_broker::BrokerError;
-
-use crate::Messaging;
-
-const SERVICE: &str = "timer";
-const RECALL: &str = "timer.recall";
-
-/// The recall file is rewritten with only the live notes once it holds this many more.
-const COMPACT_SLACK: u64 = 1024;
+use weir_broker::{Broker, BrokerError};
 
 /// What a recall did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -60,33 +45,17 @@ pub enum Recall {
 }
 
 /// The recalled keys not settled yet, and the keys a firing round has claimed.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Recalls {
-    path: PathBuf,
     recalled: BTreeSet<Key>,
     /// The keys of the firing round in progress, in order (as the wheel hands them out).
     firing: Vec<Key>,
-    /// Notes in the file, live or not.
-    file_entries: u64,
 }
 
 impl Recalls {
-    /// Reads the notes in `dir` of keys not fired (above `fired`).
-    pub(super) fn open(dir: &Path, fired: Key) -> io::Result<Recalls> {
-        let path = dir.join("recalled");
-        let mut bytes = Vec::new();
-        match File::open(&path) {
-            Ok(mut file) => {
-                file.read_to_end(&mut bytes)?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        // A torn last note (a crash mid-write) belongs to a recall never acknowledged.
-        let recalled: BTreeSet<Key> =
-            bytes.chunks_exact(ENTRY_BYTES).map(decode_entry).filter(|key| *key > fired).collect();
-        let file_entries = (bytes.len() / ENTRY_BYTES) as u64;
-        Ok(Recalls { path, recalled, firing: Vec::new(), file_entries })
+    /// The recalls a shard's log holds for messages still pending.
+    pub(super) fn new(recalled: BTreeSet<Key>) -> Recalls {
+        Recalls { recalled, firing: Vec::new() }
     }
 
     /// How many recalled messages have not come due yet.
@@ -123,208 +92,93 @@ impl Recalls {
         }
         assert!(
             self.firing.windows(2).all(|w| w[0] < w[1]),
-            "{}: the keys of a firing round are out of order: {:?}",
-            self.path.display(),
+            "the keys of a firing round are out of order: {:?}",
             self.firing
         );
         if let Some(both) = fired.iter().find(|key| self.recalled.contains(key)) {
-            panic!("{}: message {both:?} was both recalled and fired", self.path.display());
+            panic!("message {both:?} was both recalled and fired");
         }
-    }
-
-    /// Notes `key` as recalled, durably as `flush` promises.
-    fn note(&mut self, key: Key, flush: FlushPolicy) -> io::Result<()> {
-        let mut file = OpenOptions::new().create(true).append(true).open(&self.path)?;
-        file.write_all(&encode_entry(key))?;
-        if flush == FlushPolicy::Sync {
-            file.sync_data()?;
-        }
-        self.file_entries += 1;
-        self.recalled.insert(key);
-        Ok(())
-    }
-
-    /// Rewrites the file with the live notes only, once it holds many settled ones.
-    pub(super) fn compact(&mut self) -> io::Result<()> {
-        if self.file_entries <= self.recalled.len() as u64 * 2 + COMPACT_SLACK {
-            return Ok(());
-        }
-        let bytes: Vec<u8> = self.recalled.iter().flat_map(|key| encode_entry(*key)).collect();
-        weir_storage::write_atomically(&self.path, &bytes).map_err(io::Error::other)?;
-        self.file_entries = self.recalled.len() as u64;
-        Ok(())
     }
 }
 
-impl TimerStore {
-    /// Recalls the message of `topic` scheduled at `offset` of the timer log, due at `due_ms`
-    /// (what [`TimerStore::schedule`] answered and the message's delivery time): it will not
-    /// be delivered.
-    pub async fn recall(self: &Arc<Self>, topic: &str, due_ms: i64, offset: i64) -> Result<Recall, BrokerError> {
-        let (store, topic) = (self.clone(), topic.to_string());
-        tokio::task::spawn_blocking(move || store.recall_blocking(&topic, due_ms, offset))
-            .await
-            .map_err(|e| BrokerError::internal(e.to_string()))?
-    }
-
-    fn recall_blocking(&self, topic: &str, due: i64, offset: i64) -> Result<Recall, BrokerError> {
-        if offset < self.log.log_start_offset() || offset >= self.log.log_end_offset() {
-            return Ok(Recall::NotPending);
-        }
-        // The handle must name this message: its topic and its delivery time.
-        let Some(record) = read_at(&self.log, &[offset])?.into_iter().next().flatten() else {
-            return Ok(Recall::NotPending);
-        };
-        let header = |name: &str| record.headers.iter().rev().find(|h| h.name == name).and_then(|h| h.value.as_deref());
-        if due_ms(&record) != Some(due) {
-            return Ok(Recall::NotPending);
-        }
-        if header(headers::TARGET_TOPIC) != Some(topic.as_bytes()) {
-            return Ok(Recall::OtherTopic);
-        }
-        let message_id = header(MESSAGE_ID).map(|id| String::from_utf8_lossy(id).into_owned());
-        let key = (due, offset);
-        let wheel = lock(&self.wheel);
-        let mut recalls = lock(&self.recalls);
-        if recalls.firing.binary_search(&key).is_ok() {
-            return Ok(Recall::Delivering);
-        }
-        if !wheel.is_pending(key) {
-            return Ok(Recall::NotPending);
-        }
-        if !recalls.is_recalled(&key) {
-            recalls.note(key, self.log.config().flush).map_err(|e| io_error("write", &recalls.path, e))?;
-            self.stats.recalled.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(topic, offset, due, "timer store: recalled a delayed message");
-        }
-        Ok(Recall::Recalled { message_id })
-    }
-}
-
-/// What `timer.recall` asks.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct RecallRequest {
-    topic: String,
-    due_ms: i64,
-    offset: i64,
-}
-
-struct TimerService {
-    timer: Weak<TimerStore>,
-}
-
-impl RpcHandler for TimerService {
-    fn handle(&self, method: &str, body: Bytes) -> RpcFuture<'static, Result<Bytes, RemoteError>> {
-        let timer = self.timer.upgrade();
-        let method = method.to_string();
-        Box::pin(async move {
-            let timer = timer.ok_or_else(|| RemoteError::new("the broker is shutting down"))?;
-            if method != RECALL {
-                return Err(RemoteError::unknown_method(&method));
-            }
-            let request: RecallRequest = decode_json(&method, &body)?;
-            let answer = timer.recall(&request.topic, request.due_ms, request.offset).await;
-            encode_json(&method, &answer)
-        })
-    }
-}
-
-/// Serves `timer.recall` on this broker's internal RPC.
-pub fn register(messaging: &Arc<Messaging>) {
-    let service = Arc::new(TimerService { timer: Arc::downgrade(&messaging.timer) });
-    messaging.broker.cluster.register_service(SERVICE, service);
-}
-
-impl Messaging {
-    /// Recalls a delayed message kept by broker `node` (this one, or another over the internal
-    /// RPC): see [`TimerStore::recall`].
-    pub async fn recall_delayed(
-        &self,
-        node: i32,
+impl TimerShard {
+    /// Recalls the message of `topic` scheduled at `offset` of this shard, due at `due_ms`.
+    pub(super) async fn recall(
+        self: &Arc<Self>,
+        broker: &Arc<Broker>,
         topic: &str,
         due_ms: i64,
         offset: i64,
     ) -> Result<Recall, BrokerError> {
-        if node == self.broker.config.node_id {
-            return self.timer.recall(topic, due_ms, offset).await;
+        let (shard, broker, topic) = (self.clone(), broker.clone(), topic.to_string());
+        let decided = tokio::task::spawn_blocking(move || shard.recall_blocking(&broker, &topic, due_ms, offset))
+            .await
+            .map_err(|e| BrokerError::internal(e.to_string()))??;
+        match decided {
+            (recall, Some(write)) => {
+                write.durable().await?;
+                self.stats().recalled.fetch_add(1, Ordering::Relaxed);
+                Ok(recall)
+            }
+            (recall, None) => Ok(recall),
         }
-        let request = RecallRequest { topic: topic.to_string(), due_ms, offset };
-        let body = encode_json(RECALL, &request).map_err(|e| BrokerError::internal(e.message().to_string()))?;
-        let timeout = Duration::from_millis(self.broker.config.quorum_request_timeout_ms);
-        let answer = self.broker.call_broker(node, RECALL, body, timeout).await?;
-        decode_json::<Result<Recall, BrokerError>>(RECALL, &answer)
-            .map_err(|e| BrokerError::internal(e.message().to_string()))?
+    }
+
+    /// Decides a recall; the note to wait for, when one was written.
+    fn recall_blocking(
+        &self,
+        broker: &Broker,
+        topic: &str,
+        due: i64,
+        offset: i64,
+    ) -> Result<(Recall, Option<weir_broker::broker::InternalWrite>), BrokerError> {
+        let log = &self.partition.log;
+        if offset < log.log_start_offset() || offset >= log.log_end_offset() {
+            return Ok((Recall::NotPending, None));
+        }
+        // The handle must name this message: its topic and its delivery time.
+        let Some(record) = read_at(log, &[offset])?.into_iter().next().flatten() else {
+            return Ok((Recall::NotPending, None));
+        };
+        if record.headers.iter().any(|h| h.name == headers::NOTE) {
+            return Ok((Recall::NotPending, None));
+        }
+        let header = |name: &str| record.headers.iter().rev().find(|h| h.name == name).and_then(|h| h.value.as_deref());
+        if due_ms(&record) != Some(due) {
+            return Ok((Recall::NotPending, None));
+        }
+        if header(headers::TARGET_TOPIC) != Some(topic.as_bytes()) {
+            return Ok((Recall::OtherTopic, None));
+        }
+        let message_id = header(MESSAGE_ID).map(|id| String::from_utf8_lossy(id).into_owned());
+        let wheel = lock(&self.wheel);
+        // Its key in the wheel: its (due, offset), or the raised one a late message got.
+        let Some(key) = wheel.pending_key_of(due, offset) else {
+            return Ok((Recall::NotPending, None));
+        };
+        let mut recalls = lock(&self.recalls);
+        if recalls.firing.binary_search(&key).is_ok() {
+            return Ok((Recall::Delivering, None));
+        }
+        if recalls.is_recalled(&key) {
+            return Ok((Recall::Recalled { message_id }, None));
+        }
+        let write = broker.write_internal(&self.partition, note(NOTE_RECALLED, key))?;
+        recalls.recalled.insert(key);
+        tracing::debug!(topic, offset, due, "timer store: recalled a delayed message");
+        Ok((Recall::Recalled { message_id }, Some(write)))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-    use weir_storage::records::{Header, Record};
-    use weir_storage::{Clock, LogConfig, SystemClock};
-
     use super::*;
-    use weir_broker::message::headers::DELIVERY_TIMESTAMP;
-
-    fn delayed(due: i64, id: &'static str) -> Record {
-        let mut record = Record::new(1, None, Some(Bytes::from_static(b"body")));
-        record.headers.push(Header::new(DELIVERY_TIMESTAMP, Some(Bytes::from(due.to_string()))));
-        record.headers.push(Header::new(MESSAGE_ID, Some(Bytes::from_static(id.as_bytes()))));
-        record
-    }
-
-    #[tokio::test]
-    async fn a_recall_takes_a_pending_message_out_for_good_and_names_it_exactly() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let open =
-            || Arc::new(TimerStore::open(dir.path(), LogConfig::default(), Arc::new(SystemClock)).expect("open"));
-        let now = SystemClock.now_ms();
-        let (near, far) = (now + 2_000, now + 3_600_000);
-        {
-            let store = open();
-            store
-                .schedule("t", None, vec![delayed(near, "A"), delayed(far, "B"), delayed(far, "C")])
-                .await
-                .expect("schedule");
-            assert_eq!(store.pending().0, 3);
-            // Not this message: another topic, another due time, an offset never given.
-            assert_eq!(store.recall("u", near, 0).await.expect("recall"), Recall::OtherTopic);
-            assert_eq!(store.recall("t", near + 1, 0).await.expect("recall"), Recall::NotPending);
-            assert_eq!(store.recall("t", near, 99).await.expect("recall"), Recall::NotPending);
-            // In memory (due in 2 s) and on disk (in an hour): both recalled, twice alike.
-            let a = Recall::Recalled { message_id: Some("A".into()) };
-            assert_eq!(store.recall("t", near, 0).await.expect("recall"), a);
-            assert_eq!(store.recall("t", near, 0).await.expect("recall"), a);
-            let b = Recall::Recalled { message_id: Some("B".into()) };
-            assert_eq!(store.recall("t", far, 1).await.expect("recall"), b);
-            assert_eq!(store.pending().0, 1);
-            assert_eq!(store.stats.recalled.load(Ordering::Relaxed), 2);
-        }
-        // Noted durably: still recalled after a reopen.
-        let store = open();
-        assert_eq!(store.pending().0, 1);
-        assert!(lock(&store.recalls).is_recalled(&(near, 0)));
-        // A firing round that claimed C: too late to recall it; settled, it is not pending.
-        lock(&store.recalls).claim(&[(far, 2)]);
-        assert_eq!(store.recall("t", far, 2).await.expect("recall"), Recall::Delivering);
-        lock(&store.recalls).settle(&[]);
-        {
-            let mut wheel = lock(&store.wheel);
-            wheel.advance(far).expect("advance");
-            wheel.fired(&[(near, 0), (far, 1), (far, 2)], (far, 2)).expect("fired");
-        }
-        lock(&store.recalls).settle(&[(near, 0), (far, 1)]);
-        assert_eq!(store.recall("t", far, 2).await.expect("recall"), Recall::NotPending);
-        assert_eq!(store.pending().0, 0);
-    }
 
     #[cfg(debug_assertions)]
     #[test]
     #[should_panic(expected = "both recalled and fired")]
     fn a_message_both_recalled_and_fired_is_caught() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut recalls = Recalls::open(dir.path(), (i64::MIN, i64::MIN)).expect("open");
-        recalls.note((1_000, 7), FlushPolicy::None).expect("note");
+        let recalls = Recalls::new(BTreeSet::from([(1_000, 7)]));
         recalls.check_invariants(&[(1_000, 7)]);
     }
 
@@ -332,27 +186,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "out of order")]
     fn a_round_claimed_out_of_order_is_caught() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut recalls = Recalls::open(dir.path(), (i64::MIN, i64::MIN)).expect("open");
+        let mut recalls = Recalls::default();
         recalls.claim(&[(2_000, 1), (1_000, 2)]);
-    }
-
-    #[test]
-    fn the_recall_file_keeps_only_live_notes_once_compacted() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut recalls = Recalls::open(dir.path(), (i64::MIN, i64::MIN)).expect("open");
-        for offset in 0..(COMPACT_SLACK as i64 + 20) {
-            recalls.note((1_000, offset), FlushPolicy::Sync).expect("note");
-        }
-        let settled: Vec<Key> = (0..(COMPACT_SLACK as i64 + 15)).map(|offset| (1_000, offset)).collect();
-        recalls.settle(&settled);
-        recalls.compact().expect("compact");
-        assert_eq!(recalls.file_entries, 5);
-        // A torn note (a crash mid-write) and notes of what fired are left out on reading.
-        let mut file = OpenOptions::new().append(true).open(dir.path().join("recalled")).expect("file");
-        file.write_all(&[1, 2, 3]).expect("torn");
-        let reread = Recalls::open(dir.path(), (1_000, COMPACT_SLACK as i64 + 16)).expect("reopen");
-        let live: Vec<i64> = reread.recalled.iter().map(|(_, offset)| offset - COMPACT_SLACK as i64).collect();
-        assert_eq!(live, vec![17, 18, 19]);
     }
 }

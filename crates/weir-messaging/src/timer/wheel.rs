@@ -237,6 +237,15 @@ impl Wheel {
         }
     }
 
+    /// The key of the entry for `offset` due at `due_ms`, if it waits: (due, offset), or the
+    /// key [`Wheel::add`] raised it to when it came due already (in memory then: due at once).
+    pub(crate) fn pending_key_of(&self, due_ms: i64, offset: i64) -> Option<Key> {
+        if self.is_pending((due_ms, offset)) {
+            return Some((due_ms, offset));
+        }
+        self.near.iter().find(|key| key.1 == offset && key.0 > due_ms).copied()
+    }
+
     /// The first at most `limit` keys due at `now_ms`, in order.
     #[cfg(test)]
     pub fn due(&self, now_ms: i64, limit: usize) -> Vec<Key> {

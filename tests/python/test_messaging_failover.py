@@ -1,0 +1,182 @@
+"""RocketMQ's messaging state survives the loss of a broker (three nodes, replication factor 3,
+`min.insync.replicas=2`, a `kill -9` of one node that is never restarted).
+
+The timer store lives in the replicated internal topic `__delayed_messages`: a delayed message
+is acknowledged once its shard's ISR has it, the broker leading the shard fires it, and a new
+leader takes over with what is pending and what was recalled.
+"""
+
+import math
+import time
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+from helpers import c_consume, c_consumer, unique
+
+DURABLE = {"default.replication.factor": "3", "min.insync.replicas": "2"}
+TIMER_TOPIC = "__delayed_messages"
+
+
+def create_delay_topic(cluster, partitions):
+    name = unique("rmq-delay-ha")
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap()})
+    topic = NewTopic(name, partitions, 3, config={"message.type": "DELAY", "min.insync.replicas": "2"})
+    admin.create_topics([topic])[name].result(timeout=30)
+    cluster.wait_topic(name, partitions)
+    return name
+
+
+def shard_leaders(cluster, via):
+    """{shard: leader} of the timer store's topic, as node `via` sees it."""
+    md = AdminClient({"bootstrap.servers": cluster.node(via).bootstrap}).list_topics(TIMER_TOPIC, timeout=10)
+    return {p: m.leader for p, m in md.topics[TIMER_TOPIC].partitions.items()}
+
+
+def shard_of(handle):
+    """The timer shard a recall handle names (`r2.<shard>.<offset>.<due>`)."""
+    assert handle.startswith("r2."), handle
+    return int(handle.split(".")[1])
+
+
+def read_all(bootstrap, topic, partitions, want, timeout=60):
+    consumer = c_consumer(bootstrap)
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        records = c_consume(consumer, want, timeout=timeout)
+        # Then nothing more for a while: a duplicate would show here.
+        quiet_until = time.monotonic() + 3
+        while time.monotonic() < quiet_until:
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                records.append(msg)
+        return records
+    finally:
+        consumer.close()
+
+
+def test_delayed_messages_and_recalls_survive_the_loss_of_the_broker_leading_their_shards(cluster_factory):
+    cluster = cluster_factory(settings=DURABLE)
+    partitions = 4
+    name = create_delay_topic(cluster, partitions)
+    access = 1
+    config = ClientConfiguration(cluster.node(access).rocketmq_endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, [name])
+    producer.startup()
+    due_s = math.ceil(time.time() + 12)
+    receipts = []
+    try:
+        for i in range(40):
+            m = Message()
+            m.topic, m.body, m.delivery_timestamp = name, f"delayed-{i}".encode(), due_s
+            receipts.append((m.body, producer.send(m)))
+        # Recalled before the loss: the note is in the shard's ISR.
+        recalled_before = [r for body, r in receipts[:3]]
+        for receipt in recalled_before:
+            assert producer.recall_message(name, receipt.recall_handle) == receipt.message_id
+    finally:
+        producer.shutdown()
+    shards = {shard_of(r.recall_handle) for _, r in receipts}
+    leaders = shard_leaders(cluster, access)
+    # The victim: the node leading the most of the shards that hold these messages.
+    victim = max(cluster.ids(), key=lambda n: sum(1 for s in shards if leaders[s] == n))
+    held_by_victim = [body for body, r in receipts if leaders[shard_of(r.recall_handle)] == victim]
+    assert held_by_victim, f"node {victim} leads none of the shards {shards}: {leaders}"
+    cluster.node(victim).kill9()
+    survivors = [n for n in cluster.ids() if n != victim]
+    survivor = survivors[0]
+    cluster.wait(
+        lambda: all(leaders_now.get(s, -1) in survivors for s in shards)
+        if (leaders_now := shard_leaders(cluster, survivor))
+        else False,
+        30,
+        "the dead node's timer shards led by the survivors",
+        interval=0.2,
+    )
+    # A recall handle keeps working after the broker that took the message (and led its shard)
+    # is gone: through a survivor, to the shard's new leader.
+    recalled_after = next(r for body, r in receipts[3:] if body in held_by_victim)
+    config = ClientConfiguration(cluster.node(survivor).rocketmq_endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, [name])
+    producer.startup()
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                assert producer.recall_message(name, recalled_after.recall_handle) == recalled_after.message_id
+                break
+            except AssertionError:
+                raise
+            except Exception:  # noqa: BLE001 - the shard's new leader may still be loading it
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        producer.shutdown()
+    assert time.time() < due_s, "the kill and the recall came before the messages were due"
+    recalled = {r.message_id for r in recalled_before + [recalled_after]}
+    want = sorted(body for body, r in receipts if r.message_id not in recalled)
+    time.sleep(max(0.0, due_s - time.time()))
+    bootstrap = ",".join(cluster.node(n).bootstrap for n in survivors)
+    records = read_all(bootstrap, name, partitions, len(want))
+    got = sorted(r.value for r in records)
+    assert got == want, (
+        f"{len(got)} delivered, {len(want)} wanted; missing {sorted(set(want) - set(got))[:5]}, "
+        f"duplicated {[b for b in set(got) if got.count(b) > 1][:5]}"
+    )
+
+
+def timer_shard_of(topic, partition, count):
+    """The timer shard of a target partition: what `shard_of` in timer/mod.rs computes (FNV-1a
+    over the topic's bytes and the partition, big endian)."""
+    h = 0x811C9DC5
+    for byte in topic.encode() + partition.to_bytes(4, "big", signed=True):
+        h ^= byte
+        h = (h * 0x01000193) & 0xFFFFFFFF
+    return h % count
+
+
+def test_a_timer_shard_leader_killed_while_it_fires_loses_nothing_and_repeats_only_its_last_moments(cluster_factory):
+    """Messages due over two seconds; the broker leading their shard is killed in the middle of
+    them. Every message is delivered; those fired in the last moments before the kill (after
+    the last fired note, written at most every 100 ms) may be delivered twice: the window the
+    docs give, measured here."""
+    from confluent_kafka import Producer
+
+    cluster = cluster_factory(settings=DURABLE)
+    # The timer's topic exists once something was scheduled.
+    warm = create_delay_topic(cluster, 1)
+    warm_producer = Producer({"bootstrap.servers": cluster.bootstrap(), "enable.idempotence": False})
+    warm_producer.produce(warm, value=b"warm", partition=0, headers=[("weir.delivery-timestamp", str(int(time.time() * 1000) + 1000).encode())])
+    assert warm_producer.flush(30) == 0
+    leaders = shard_leaders(cluster, 1)
+    # A topic whose partition is led elsewhere than its timer shard: only the timer's leader
+    # dies (a few tries: placement picks the leader).
+    for _ in range(10):
+        name = create_delay_topic(cluster, 1)
+        victim = leaders[timer_shard_of(name, 0, len(leaders))]
+        md = AdminClient({"bootstrap.servers": cluster.bootstrap()}).list_topics(name, timeout=10)
+        if md.topics[name].partitions[0].leader != victim:
+            break
+    else:
+        raise AssertionError("every topic made was led by its timer shard's leader")
+    others = [n for n in cluster.ids() if n != victim]
+    count, spread_ms = 300, 2000
+    start_ms = int(time.time() * 1000) + 4000
+    producer = Producer({"bootstrap.servers": cluster.bootstrap(), "enable.idempotence": False, "linger.ms": 5})
+    for i in range(count):
+        due = start_ms + i * spread_ms // count
+        producer.produce(name, value=f"m-{i}".encode(), partition=0, headers=[("weir.delivery-timestamp", str(due).encode())])
+    assert producer.flush(30) == 0
+    time.sleep(max(0.0, (start_ms + spread_ms / 2) / 1000 - time.time()))
+    cluster.node(victim).kill9()
+    bootstrap = ",".join(cluster.node(n).bootstrap for n in others)
+    records = read_all(bootstrap, name, 1, count, timeout=60)
+    values = [r.value for r in records]
+    missing = {f"m-{i}".encode() for i in range(count)} - set(values)
+    assert not missing, f"lost {len(missing)}: {sorted(missing)[:5]}"
+    duplicates = len(values) - len(set(values))
+    print(f"FIGURE timer failover: {duplicates} of {count} delivered twice (messages due every {spread_ms / count:.1f} ms)")
+    # 100 ms of firings (about 15 here) and a round in flight; far from every message.
+    assert duplicates <= 60, f"{duplicates} delivered twice"
