@@ -180,3 +180,54 @@ def test_a_timer_shard_leader_killed_while_it_fires_loses_nothing_and_repeats_on
     print(f"FIGURE timer failover: {duplicates} of {count} delivered twice (messages due every {spread_ms / count:.1f} ms)")
     # 100 ms of firings (about 15 here) and a round in flight; far from every message.
     assert duplicates <= 60, f"{duplicates} delivered twice"
+
+
+def test_open_transactions_survive_the_loss_of_the_broker_leading_their_shards(cluster_factory):
+    """Transactional messages sent through one node, whose producer leaves undecided; the node
+    leading their `__half_messages` shards is killed. A producer of the topic on a surviving
+    node answers the check-back with COMMIT: every message is delivered, once."""
+    from rocketmq import TransactionChecker, TransactionResolution
+
+    class Resolve(TransactionChecker):
+        def __init__(self, resolution):
+            self.resolution = resolution
+
+        def check(self, message):
+            return self.resolution
+
+    settings = dict(DURABLE, **{"transaction.check.interval.ms": "1000", "transaction.check.max": "60"})
+    cluster = cluster_factory(settings=settings)
+    name = unique("rmq-tx-ha")
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap()})
+    admin.create_topics([NewTopic(name, 2, 3, config={"message.type": "TRANSACTION", "min.insync.replicas": "2"})])[name].result(timeout=30)
+    cluster.wait_topic(name, 2)
+    config = ClientConfiguration(cluster.node(1).rocketmq_endpoint, Credentials(), request_timeout=10)
+    undecided = Producer(config, [name], checker=Resolve(TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED))
+    undecided.startup()
+    shards = set()
+    try:
+        for i in range(20):
+            m = Message()
+            m.topic, m.body = name, f"tx-{i}".encode()
+            tx = undecided.begin_transaction()
+            receipt = undecided.send(m, tx)
+            assert receipt.transaction_id.startswith("H"), receipt.transaction_id
+            shards.add(int(receipt.transaction_id[1:].split(".")[0]))
+    finally:
+        undecided.shutdown()
+    md = AdminClient({"bootstrap.servers": cluster.bootstrap()}).list_topics("__half_messages", timeout=10)
+    leaders = {p: m.leader for p, m in md.topics["__half_messages"].partitions.items()}
+    victim = max(cluster.ids(), key=lambda n: sum(1 for s in shards if leaders[s] == n))
+    assert any(leaders[s] == victim for s in shards)
+    cluster.node(victim).kill9()
+    survivors = [n for n in cluster.ids() if n != victim]
+    config = ClientConfiguration(cluster.node(survivors[0]).rocketmq_endpoint, Credentials(), request_timeout=10)
+    deciding = Producer(config, [name], checker=Resolve(TransactionResolution.COMMIT))
+    deciding.startup()
+    try:
+        bootstrap = ",".join(cluster.node(n).bootstrap for n in survivors)
+        records = read_all(bootstrap, name, 2, 20, timeout=90)
+    finally:
+        deciding.shutdown()
+    got = sorted(r.value for r in records)
+    assert got == sorted(f"tx-{i}".encode() for i in range(20)), got

@@ -98,7 +98,11 @@ FAR_DUE_S = 1_822_241_142
 
 @pytest.fixture
 def upgraded_messaging(tmp_path):
-    settings = {"offsets.topic.num.partitions": "1", "transaction.state.log.num.partitions": "1"}
+    settings = {
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.num.partitions": "1",
+        "transaction.check.interval.ms": "1000",
+    }
     yield from upgrade(tmp_path, MESSAGING_FIXTURE, settings)
 
 
@@ -107,6 +111,16 @@ def wait_until(predicate, timeout, what):
     while not predicate():
         assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
         time.sleep(0.1)
+
+
+def end_offset_after_a_while(broker, topic):
+    """Partition 0's end offset, two seconds from now (time for what should not come to come)."""
+    time.sleep(2)
+    consumer = c_consumer(broker.bootstrap)
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)[1]
+    finally:
+        consumer.close()
 
 
 def test_an_older_timer_store_moves_into_its_replicated_topic_and_each_message_fires_once(upgraded_messaging):
@@ -131,11 +145,28 @@ def test_an_older_timer_store_moves_into_its_replicated_topic_and_each_message_f
     assert len(values) == len(set(values)), f"fired twice: {values}"
     assert b"due-recalled" not in values and b"far-recalled" not in values
     # And the partition holds exactly those: nothing fired twice or late after the restart.
-    time.sleep(2)
-    consumer = c_consumer(broker.bootstrap)
-    try:
-        _, end = consumer.get_watermark_offsets(TopicPartition("legacy-delay", 0), timeout=TIMEOUT_S)
-    finally:
-        consumer.close()
-    assert end == len(values)
+    assert end_offset_after_a_while(broker, "legacy-delay") == len(values)
     assert not legacy.exists()
+
+
+def test_older_half_messages_move_into_their_replicated_topic_and_a_producers_check_back_commits_them(upgraded_messaging):
+    """The fixture's three undecided half messages are checked with a producer of their topic
+    after the upgrade (their old transaction ids name nothing now); its COMMIT delivers each
+    once."""
+    from rocketmq import ClientConfiguration, Credentials, Producer, TransactionChecker, TransactionResolution
+
+    class Commit(TransactionChecker):
+        def check(self, message):
+            return TransactionResolution.COMMIT
+
+    broker = upgraded_messaging
+    wait_until(lambda: not (broker.data_dir / "half").exists(), 30, "the local half messages moved into __half_messages")
+    config = ClientConfiguration(broker.rocketmq_endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, ["legacy-txn-rmq"], checker=Commit())
+    producer.startup()
+    try:
+        records = c_read_partition(broker.bootstrap, "legacy-txn-rmq", 0, 3, timeout=60)
+    finally:
+        producer.shutdown()
+    assert sorted(r.value for r in records) == [b"half-0", b"half-1", b"half-2"]
+    assert end_offset_after_a_while(broker, "legacy-txn-rmq") == 3, "each committed once"

@@ -168,7 +168,7 @@ pub(crate) const SETTINGS: &[Setting] = &[
     s(
         "messaging.state.topic.num.partitions",
         "16",
-        "Partitions of the messaging layer's internal topics (__delayed_messages, the timer store).",
+        "Partitions of the messaging layer's internal topics (__delayed_messages, __half_messages).",
     ),
     s(
         "messaging.state.topic.replication.factor",

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 use weir_error::{BrokerError, ErrorKind};
 use weir_metadata::{
-    MetadataRecord, MetadataState, PartitionState, TopicMetadata, DELAYED_MESSAGES_TOPIC, OFFSETS_TOPIC,
-    TRANSACTION_STATE_TOPIC,
+    MetadataRecord, MetadataState, PartitionState, TopicMetadata, DELAYED_MESSAGES_TOPIC, HALF_MESSAGES_TOPIC,
+    OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC,
 };
 
 use crate::topic_config::{self, ConfigEdit};
@@ -197,7 +197,7 @@ pub fn decide_ensure_internal(
     let wanted = match name {
         TRANSACTION_STATE_TOPIC => config.transaction_state_replication_factor,
         OFFSETS_TOPIC => config.offsets_topic_replication_factor,
-        DELAYED_MESSAGES_TOPIC => config.messaging_state_replication_factor,
+        DELAYED_MESSAGES_TOPIC | HALF_MESSAGES_TOPIC => config.messaging_state_replication_factor,
         _ => config.default_replication_factor,
     };
     let rf = (wanted.max(1) as usize).min(brokers.len());

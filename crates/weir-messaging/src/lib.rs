@@ -25,17 +25,17 @@ pub mod half;
 pub mod message_index;
 mod metrics;
 pub mod pop;
+mod state_topic;
 #[cfg(test)]
 mod testing;
 pub mod timer;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use weir_broker::{Broker, BrokerError, ErrorKind};
+use weir_broker::{Broker, BrokerError};
 use weir_coordinators::group::GroupCoordinator;
 
-use crate::half::{HalfStore, TransactionalMessages};
+use crate::half::TransactionalMessages;
 use crate::message_index::MessageIndex;
 use crate::pop::{PopEngine, PopStore};
 use crate::timer::Timer;
@@ -46,8 +46,9 @@ pub struct Messaging {
     /// Delayed messages until they are due, in `__delayed_messages`; the shards this broker
     /// leads load and fire once [`Messaging::start`] is called.
     pub timer: Arc<Timer>,
-    /// RocketMQ transactional messages until decided.
-    pub(crate) half: Arc<HalfStore>,
+    /// RocketMQ transactional messages until decided, in `__half_messages`; the shards this
+    /// broker leads load and are swept once [`Messaging::start`] is called.
+    pub(crate) half: Arc<TransactionalMessages>,
     /// Each group's invisible-time consumption of the partitions this broker leads.
     pub(crate) pop: Arc<PopStore>,
     /// Messages by key and id, for queries; kept up to date once [`Messaging::start`] is called.
@@ -58,32 +59,33 @@ impl Messaging {
     /// Opens the stores in the broker's data directory, puts the timer in the append path and
     /// serves the internal RPCs of the stores. Blocking (recovers the stores' files).
     pub fn open(broker: &Arc<Broker>) -> Result<Arc<Messaging>, BrokerError> {
-        let config = &broker.config;
-        let data_dir = &config.data_dir;
-        let log_config = weir_broker::topic_config::log_config(&config.topic_defaults, &BTreeMap::new())
-            .map_err(|e| BrokerError::new(ErrorKind::InvalidConfig, e.message))?;
-        let clock = broker.clock();
+        let data_dir = &broker.config.data_dir;
         let messaging = Arc::new(Messaging {
             broker: broker.clone(),
             timer: Arc::new(Timer::new(broker)),
-            half: Arc::new(HalfStore::open(data_dir, log_config, clock)?),
+            half: Arc::new(TransactionalMessages::new(broker)),
             pop: Arc::new(PopStore::open(&data_dir.join(pop::DIR))?),
             message_index: MessageIndex::new(data_dir),
         });
         broker
             .set_delayed_records(Arc::new(timer::Diversion { timer: messaging.timer.clone(), clock: broker.clock() }));
         timer::register(broker, &messaging.timer);
+        half::register(broker, &messaging.half);
         pop::reset::register(&messaging);
         Ok(messaging)
     }
 
-    /// Starts the message indexer and the timer's shards (delayed messages that came due
-    /// while their shard had no leader fire now), and moves the local timer store of an
-    /// earlier version into `__delayed_messages`. Call within a tokio runtime, once.
+    /// Starts the message indexer, the timer's shards (delayed messages that came due while
+    /// their shard had no leader fire now) and the half messages' shards with their sweep
+    /// (transactions are checked through the checkers front-ends register, here or on other
+    /// brokers), and moves the local stores of an earlier version into their topics. Call
+    /// within a tokio runtime, once.
     pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
         MessageIndex::start(self)?;
         self.timer.start(&self.broker);
         timer::migrate::spawn(&self.broker, &self.timer);
+        self.half.start(&self.broker);
+        half::migrate::spawn(&self.broker, &self.half);
         Ok(())
     }
 
@@ -104,6 +106,6 @@ impl Engines {
     /// Starts the engines' tasks; they end when the broker shuts down. Call within a tokio
     /// runtime, once per broker.
     pub fn start(messaging: &Arc<Messaging>, groups: &Arc<GroupCoordinator>) -> Engines {
-        Engines { pop: PopEngine::start(messaging, groups), transactions: TransactionalMessages::start(messaging) }
+        Engines { pop: PopEngine::start(messaging, groups), transactions: messaging.half.clone() }
     }
 }

@@ -29,6 +29,9 @@ pub const TRANSACTION_STATE_TOPIC: &str = "__transaction_state";
 /// The internal topic of delayed messages until they are due: the timer store, sharded by
 /// partition (Weir's; RocketMQ keeps its timer log in `rmq_sys_wheel_timer`).
 pub const DELAYED_MESSAGES_TOPIC: &str = "__delayed_messages";
+/// The internal topic of RocketMQ's transactional (half) messages until decided (Weir's;
+/// RocketMQ keeps them in `RMQ_SYS_TRANS_HALF_TOPIC`).
+pub const HALF_MESSAGES_TOPIC: &str = "__half_messages";
 
 /// One change to the cluster's metadata.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

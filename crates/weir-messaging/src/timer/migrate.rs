@@ -15,7 +15,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use weir_broker::{Broker, BrokerError, ErrorKind};
 use weir_storage::records::Record;
@@ -26,8 +25,6 @@ use super::{due_ms, holding_log_config, read_at, read_from, target_of, Timer};
 
 /// How many messages one schedule of the migration carries at most.
 const BATCH: usize = 256;
-/// How long to wait before trying again when the store's topic is not ready.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(serde::Deserialize)]
 struct Checkpoint {
@@ -111,29 +108,10 @@ pub(crate) fn spawn(broker: &Arc<Broker>, timer: &Arc<Timer>) {
     if !has_legacy_store(&broker.config.data_dir) {
         return;
     }
-    let (broker, timer) = (Arc::downgrade(broker), timer.clone());
-    tokio::spawn(async move {
-        loop {
-            let Some(broker) = broker.upgrade() else { return };
-            if broker.is_shutting_down() {
-                return;
-            }
-            match migrate(&broker, &timer).await {
-                Ok(moved) => {
-                    tracing::info!(
-                        moved,
-                        "timer store: moved the local store of an earlier version into {}",
-                        super::TOPIC
-                    );
-                    return;
-                }
-                Err(e) => {
-                    tracing::info!(error = %e, "timer store: cannot move the local store of an earlier version yet")
-                }
-            }
-            drop(broker);
-            tokio::time::sleep(RETRY_AFTER).await;
-        }
+    let timer = timer.clone();
+    crate::state_topic::spawn_migration(broker, "timer store", move |broker| {
+        let timer = timer.clone();
+        async move { migrate(&broker, &timer).await }
     });
 }
 

@@ -48,6 +48,8 @@ use weir_storage::records::{self, BatchOptions, Header, Record};
 use weir_storage::sync::lock;
 use weir_storage::{Clock, Log, LogConfig};
 
+use crate::state_topic;
+
 pub use recall::Recall;
 use shard::TimerShard;
 use weir_broker::message::headers::DELIVERY_TIMESTAMP;
@@ -65,10 +67,6 @@ pub mod headers {
     pub(crate) const NOTE: &str = "weir.timer.note";
 }
 
-/// The segment size of the holding logs: what was dealt with stays on disk until its whole
-/// segment has.
-const TIMER_SEGMENT_BYTES: u64 = 64 << 20;
-
 /// The config of a broker-local log that holds messages until they are dealt with (the timer
 /// store's, the half messages'), from the broker's default topic config (its flush policy
 /// applies): kept until dealt with, not by age or size (the owner trims it below what is
@@ -78,7 +76,7 @@ pub(crate) fn holding_log_config(mut config: LogConfig) -> LogConfig {
     config.retention_ms = -1;
     config.retention_bytes = -1;
     config.max_message_bytes = config.max_message_bytes.max(8 << 20);
-    config.segment_bytes = config.segment_bytes.min(TIMER_SEGMENT_BYTES);
+    config.segment_bytes = config.segment_bytes.min(state_topic::SEGMENT_BYTES);
     config.segment_ms = config.segment_ms.min(3_600_000);
     config
 }
@@ -172,11 +170,6 @@ pub fn due_ms(record: &Record) -> Option<i64> {
 /// The timer store's topic.
 pub const TOPIC: &str = weir_broker::metadata::DELAYED_MESSAGES_TOPIC;
 
-/// How long a schedule or a recall waits for its shard to have a leader that has loaded it.
-const SHARD_WAIT: Duration = Duration::from_secs(10);
-/// How long it waits between two tries meanwhile.
-const SHARD_RETRY: Duration = Duration::from_millis(50);
-
 /// Where a scheduled message waits: its shard and its offset there (what a recall names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scheduled {
@@ -199,31 +192,6 @@ pub(crate) fn shards_dir(data_dir: &Path) -> PathBuf {
     data_dir.join(Timer::DIR).join("shards")
 }
 
-/// Errors that mean "this shard is not served right now, try again shortly".
-fn is_transient(error: &BrokerError) -> bool {
-    matches!(
-        error.kind,
-        ErrorKind::NotCoordinator
-            | ErrorKind::CoordinatorLoadInProgress
-            | ErrorKind::CoordinatorNotAvailable
-            | ErrorKind::NotLeader
-            | ErrorKind::LeaderNotAvailable
-            | ErrorKind::Unavailable
-            | ErrorKind::UnknownTopicOrPartition
-    )
-}
-
-/// The shard of `topic`-`partition` among `count`: stable, so one partition's delayed messages
-/// fire in order from one place.
-fn shard_of(topic: &str, partition: i32, count: i32) -> i32 {
-    let mut hash: u32 = 0x811c_9dc5;
-    for byte in topic.as_bytes().iter().chain(&partition.to_be_bytes()) {
-        hash ^= u32::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
-    (hash % count.max(1) as u32) as i32
-}
-
 impl Timer {
     /// The directory under the data directory (the broker-local store of earlier versions
     /// was there too).
@@ -242,26 +210,7 @@ impl Timer {
     /// Loads the shards this broker leads, now and whenever leadership moves. Call within a
     /// tokio runtime, once.
     pub(crate) fn start(self: &Arc<Self>, broker: &Arc<Broker>) {
-        weir_coordinators::shards::spawn_watcher(broker, Arc::downgrade(self));
-        // The shards led already (a restart) load now, not at the next metadata change; a
-        // load that fails is tried again each second.
-        let (broker, timer) = (Arc::downgrade(broker), Arc::downgrade(self));
-        tokio::spawn(async move {
-            loop {
-                let (Some(broker), Some(timer)) = (broker.upgrade(), timer.upgrade()) else { return };
-                if broker.is_shutting_down() {
-                    return;
-                }
-                let loaded = tokio::task::spawn_blocking(move || {
-                    weir_coordinators::shards::reconcile_blocking(&broker, &*timer)
-                })
-                .await;
-                if matches!(loaded, Ok(true)) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
+        state_topic::start_shards(broker, self);
     }
 
     /// How many messages wait in the shards this broker leads (recalled ones not counted), and
@@ -272,28 +221,6 @@ impl Timer {
 
     fn broker(&self) -> Result<Arc<Broker>, BrokerError> {
         self.broker.upgrade().ok_or_else(|| BrokerError::internal("the broker is shutting down"))
-    }
-
-    /// The store's topic, created (through the controller) at the first use.
-    async fn topic_partitions(&self, broker: &Arc<Broker>) -> Result<i32, BrokerError> {
-        if let Some(topic) = broker.metadata().topic(TOPIC) {
-            return Ok(topic.partitions);
-        }
-        let config = &broker.config;
-        let configs: BTreeMap<String, String> = [
-            ("cleanup.policy", "delete".to_string()),
-            ("retention.ms", "-1".to_string()),
-            ("retention.bytes", "-1".to_string()),
-            ("max.message.bytes", (8 << 20).to_string()),
-            ("segment.bytes", TIMER_SEGMENT_BYTES.to_string()),
-            ("segment.ms", "3600000".to_string()),
-            ("min.insync.replicas", config.messaging_state_min_isr.to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        let topic = broker.ensure_internal_topic(TOPIC, config.messaging_state_partitions, configs).await?;
-        Ok(topic.partitions)
     }
 
     /// Keeps `records` (each with its due time in `weir.delivery-timestamp`) until they are due,
@@ -330,21 +257,20 @@ impl Timer {
             batch.extend_from_slice(&one);
         }
         let broker = self.broker()?;
-        let count = self.topic_partitions(&broker).await?;
+        let count = state_topic::partitions(&broker, TOPIC).await?;
         let key = partition.unwrap_or_else(|| self.round_robin.fetch_add(1, Ordering::Relaxed) as i32);
-        let shard = shard_of(topic, key, count);
+        let shard = state_topic::shard_of(topic, key, count);
         let request = service::ScheduleRequest { shard, dues };
-        let first_offset = self
-            .at_shard(&broker, shard, |timer, node| {
-                let (request, batch) = (request.clone(), batch.clone());
-                async move {
-                    match node {
-                        None => timer.schedule_here(request, batch).await,
-                        Some(node) => service::call_schedule(&*timer.broker()?, node, &request, &batch).await,
-                    }
+        let first_offset = state_topic::at_leader(&broker, TOPIC, shard, |node| {
+            let (request, batch, broker) = (request.clone(), batch.clone(), broker.clone());
+            async move {
+                match node {
+                    None => self.schedule_here(request, batch).await,
+                    Some(node) => service::call_schedule(&broker, node, &request, &batch).await,
                 }
-            })
-            .await?;
+            }
+        })
+        .await?;
         Ok(Scheduled { shard, first_offset })
     }
 
@@ -356,43 +282,6 @@ impl Timer {
     ) -> Result<i64, BrokerError> {
         let shard = self.shards.get(request.shard)?;
         shard.schedule(batch, request.dues).await
-    }
-
-    /// Runs `call` where shard `index` is led: with `None` here, with `Some(node)` for another
-    /// broker, trying again while the shard has no leader that has loaded it, up to
-    /// [`SHARD_WAIT`].
-    async fn at_shard<T, F, Fut>(self: &Arc<Self>, broker: &Arc<Broker>, index: i32, call: F) -> Result<T, BrokerError>
-    where
-        F: Fn(Arc<Timer>, Option<i32>) -> Fut,
-        Fut: std::future::Future<Output = Result<T, BrokerError>>,
-    {
-        let deadline = tokio::time::Instant::now() + SHARD_WAIT;
-        loop {
-            let leader = broker.metadata().topic(TOPIC).and_then(|t| t.partition(index)).map_or(-1, |p| p.leader);
-            let result = if leader < 0 {
-                Err(BrokerError::new(
-                    ErrorKind::CoordinatorNotAvailable,
-                    format!("{TOPIC}-{index} has no leader right now"),
-                ))
-            } else if leader == broker.config.node_id {
-                call(self.clone(), None).await
-            } else {
-                call(self.clone(), Some(leader)).await
-            };
-            match result {
-                Err(e) if is_transient(&e) && tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(SHARD_RETRY).await;
-                }
-                // Past the wait a client sees a retriable error, whatever kept the shard away.
-                Err(e) if is_transient(&e) => {
-                    return Err(BrokerError::new(
-                        ErrorKind::NotEnoughReplicas,
-                        format!("the timer store's {TOPIC}-{index} is not available: {}", e.message),
-                    ))
-                }
-                other => return other,
-            }
-        }
     }
 
     /// Recalls the message of `topic` scheduled at `offset` of shard `shard`, due at `due_ms`
@@ -407,12 +296,12 @@ impl Timer {
     ) -> Result<Recall, BrokerError> {
         let broker = self.broker()?;
         let request = service::RecallRequest { shard, topic: topic.to_string(), due_ms, offset };
-        self.at_shard(&broker, shard, |timer, node| {
-            let request = request.clone();
+        state_topic::at_leader(&broker, TOPIC, shard, |node| {
+            let (request, broker) = (request.clone(), broker.clone());
             async move {
                 match node {
-                    None => timer.recall_here(&request).await,
-                    Some(node) => service::call_recall(&*timer.broker()?, node, &request).await,
+                    None => self.recall_here(&request).await,
+                    Some(node) => service::call_recall(&broker, node, &request).await,
                 }
             }
         })

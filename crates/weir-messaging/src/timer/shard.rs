@@ -154,21 +154,7 @@ pub(super) fn load(
     }
     let dir = root.join(format!("{index}.{epoch}"));
     let now = broker.now_ms();
-    let mut all = Vec::new();
-    let mut from = partition.log.log_start_offset();
-    while from < partition.log.log_end_offset() {
-        let read = broker.read_to_log_end(&partition, from, 4 << 20)?;
-        let Some(slice) = read.slice else { break };
-        let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
-        let batches =
-            records::decode_batches(&bytes).map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
-        let next = batches.last().map_or(from, |b| b.header.next_offset());
-        all.extend(batches.into_iter().flat_map(|b| b.records).filter(|r| r.offset >= from));
-        if next <= from {
-            break;
-        }
-        from = next;
-    }
+    let all = crate::state_topic::read_log(broker, &partition)?;
     let replayed = replay(all, now);
     let fired = replayed.fired.unwrap_or((i64::MIN, i64::MIN));
     let mut wheel = Wheel::open_noting(&dir, fired, now, i64::MAX).map_err(|e| io_error("open", &dir, e))?.0;
