@@ -145,6 +145,17 @@ pub struct Broker {
     fenced_since: Mutex<HashMap<i32, Instant>>,
 }
 
+/// Whether the transactional batch `header` belongs to one of the `aborted` transactions: its
+/// producer's, begun at or before the batch and ended by a marker after it (Kafka's
+/// read_committed rule; a producer has one transaction open at a time in a partition).
+fn is_aborted(aborted: &[weir_storage::AbortedTxn], header: &weir_storage::BatchHeader) -> bool {
+    aborted.iter().any(|txn| {
+        txn.producer_id == header.producer_id
+            && txn.first_offset <= header.base_offset
+            && header.base_offset <= txn.last_offset
+    })
+}
+
 pub(crate) fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
     BrokerError::new(ErrorKind::Storage, format!("{context}: {e}"))
 }
@@ -931,40 +942,50 @@ impl Broker {
         Ok(log.read_with(offset, max_bytes, log.high_watermark(), min_one_batch)?)
     }
 
-    /// The record at `offset` of `partition`, if the log still has it below the high
-    /// watermark. Blocking.
+    /// The record at `offset` of `partition`, if the log still has it below the last stable
+    /// offset and it is committed: `None` for a record of an aborted transaction, of one
+    /// still open, or of a control batch, as [`Broker::read_records`]. Blocking.
     pub fn read_record(
         &self,
         partition: &Partition,
         offset: i64,
     ) -> Result<Option<weir_storage::records::Record>, BrokerError> {
-        if offset < partition.log.log_start_offset() || offset >= partition.log.high_watermark() {
+        if offset < partition.log.log_start_offset() || offset >= partition.log.last_stable_offset() {
             return Ok(None);
         }
         let (records, _) = self.read_records(partition, offset, 1)?;
         Ok(records.into_iter().find(|r| r.offset == offset))
     }
 
-    /// Reads the records of `partition` from `offset` on, up to the high watermark and about
-    /// `max_bytes`: whole batches, control batches left out (at least one batch when there is
-    /// one). Returns them and the offset after the last batch read (where the next read
-    /// starts; `offset` when nothing was there). Blocking.
+    /// Reads the committed records of `partition` from `offset` on, as a Kafka read_committed
+    /// consumer sees them: up to the last stable offset (nothing of a transaction still open,
+    /// nor anything after its first record) and about `max_bytes` of whole batches (at least
+    /// one batch when there is one), leaving out control batches (transaction markers) and
+    /// the batches of aborted transactions. Returns them and the offset after the last batch
+    /// read, left out or not (where the next read starts; `offset` when nothing was there), so
+    /// a reader that moves on to it steps over aborted records and markers. What the broker's
+    /// own consumers (RocketMQ's receive, the message index, dead-letter resends) read: a
+    /// record of an aborted or open transaction must never reach them. Blocking.
     pub fn read_records(
         &self,
         partition: &Partition,
         offset: i64,
         max_bytes: u64,
     ) -> Result<(Vec<weir_storage::records::Record>, i64), BrokerError> {
-        let read = self.read(partition, offset, max_bytes, true)?;
+        let log = &partition.log;
+        let read = log.read_with(offset, max_bytes, log.last_stable_offset(), true)?;
         let Some(slice) = read.slice else { return Ok((Vec::new(), offset)) };
+        // The aborted transactions of what was read, as a read_committed fetch lists them.
+        let aborted = log.aborted_transactions(slice.first_offset, slice.next_offset);
         let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
         let batches = weir_storage::records::decode_batches(&bytes)
             .map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
         let mut end = offset;
         let mut out = Vec::new();
         for batch in batches {
-            end = end.max(batch.header.next_offset());
-            if batch.header.is_control() {
+            let header = &batch.header;
+            end = end.max(header.next_offset());
+            if header.is_control() || (header.is_transactional() && is_aborted(&aborted, header)) {
                 continue;
             }
             out.extend(batch.records.into_iter().filter(|r| r.offset >= offset));

@@ -557,8 +557,10 @@ impl MessageIndex {
     }
 }
 
-/// Reads `partition` from where its index stopped up to the high watermark (at most a pass's
-/// share) and indexes what it finds. Blocking.
+/// Reads `partition` from where its index stopped up to the last stable offset (at most a
+/// pass's share) and indexes what it finds: committed records only, so a query by key or id
+/// never finds a record of an aborted transaction, and one of an open transaction only once
+/// it commits (the index waits at the last stable offset until then). Blocking.
 fn index_new_records(broker: &Broker, partition: &Partition, index: &Mutex<PartitionIndex>) -> Result<(), BrokerError> {
     let log = &partition.log;
     let mut budget = PASS_BYTES_PER_PARTITION;
@@ -567,7 +569,7 @@ fn index_new_records(broker: &Broker, partition: &Partition, index: &Mutex<Parti
         index.follow_log(log.log_start_offset(), log.log_end_offset());
         index.next
     };
-    while budget > 0 && next < log.high_watermark() {
+    while budget > 0 && next < log.last_stable_offset() {
         let (records, end) = broker.read_records(partition, next, READ_BYTES)?;
         if end <= next {
             break;
@@ -676,9 +678,10 @@ impl Messaging {
             let start = self.broker.list_offset(
                 partition,
                 weir_broker::broker::OffsetQuery::AtTimestamp(range.0.max(0)),
-                weir_broker::fetch::Isolation::HighWatermark,
+                weir_broker::fetch::Isolation::Committed,
             )?;
-            let end = partition.log.high_watermark();
+            // Committed records only (`read_records` stops at the last stable offset too).
+            let end = partition.log.last_stable_offset();
             // No record at or after the range's start: nothing of this partition is in it.
             let Some(start) = start else { continue };
             let mut next = start.offset;

@@ -141,7 +141,7 @@ impl BatchHeader {
         }
     }
 
-    pub(crate) fn is_transactional(&self) -> bool {
+    pub fn is_transactional(&self) -> bool {
         self.attributes & ATTR_TRANSACTIONAL != 0
     }
 
