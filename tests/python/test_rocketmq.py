@@ -125,6 +125,47 @@ def test_a_one_mebibyte_body_with_every_byte_value_arrives_intact(broker):
     assert got.value == body
 
 
+def test_a_topic_created_with_a_message_type_takes_a_one_mebibyte_body_unless_its_size_was_set(broker):
+    """`weir topic create --message-type` makes a RocketMQ topic: it takes RocketMQ's 4 MiB bodies
+    (as topics RocketMQ clients create do), so a 1 MiB body goes through and is received intact.
+    A `max.message.bytes` given at creation is kept, by the CLI and by the admin API alike."""
+    topic, small, api_topic, group = unique("rmq-typed"), unique("rmq-typed-small"), unique("rmq-typed-api"), unique("g")
+    env = {**os.environ, "WEIR_ADMIN": broker.admin_url()}
+
+    def weir(*args):
+        done = subprocess.run([str(weir_bin()), *args], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, f"weir {' '.join(args)}: {done.stderr}"
+
+    def max_message_bytes(name):
+        status, answer = http("GET", f"{broker.admin_url()}/v1/topics/{name}/configs")
+        assert status == 200, answer
+        [entry] = [c for c in answer["configs"] if c["name"] == "max.message.bytes"]
+        return entry["value"], entry["source"]
+
+    weir("topic", "create", topic, "--partitions", "1", "--message-type", "NORMAL")
+    weir("topic", "create", small, "--partitions", "1", "--message-type", "FIFO", "--config", "max.message.bytes=2000000")
+    status, created = http("POST", f"{broker.admin_url()}/v1/topics", {"name": api_topic, "configs": {"message.type": "DELAY"}})
+    assert status == 201, created
+    assert max_message_bytes(topic) == (str((4 << 20) + (64 << 10)), "topic")
+    assert max_message_bytes(api_topic) == (str((4 << 20) + (64 << 10)), "topic")
+    assert max_message_bytes(small) == ("2000000", "topic"), "the user's own limit is kept"
+
+    body = bytes(range(256)) * 4096
+    producer = producer_for(broker, [topic])
+    try:
+        receipt = producer.send(message(topic, body, tag="big"))
+    finally:
+        producer.shutdown()
+    consumer = simple_consumer(broker, group, topic)
+    try:
+        [got] = receive_all(consumer, 1)
+        consumer.ack(got)
+    finally:
+        consumer.shutdown()
+    assert (got.message_id, got.tag, len(got.body)) == (receipt.message_id, "big", 1 << 20)
+    assert got.body == body
+
+
 def test_messages_of_one_group_share_a_queue_and_its_record_key(broker):
     topic = unique("rmq-groups")
     # Message groups are FIFO messages: the topic must take them (the client checks the route).

@@ -84,6 +84,21 @@ pub const MESSAGE_INDEX: &str = "message.index.enable";
 /// RocketMQ clients as the queues' accepted message types).
 pub const MESSAGE_TYPE: &str = "message.type";
 
+/// The `max.message.bytes` of a topic made for RocketMQ: its 4 MiB body limit (what RocketMQ's
+/// brokers and clients default to) plus room for the batch and record headers and the
+/// message's properties (the front-end takes 64 KiB of it for those).
+pub const ROCKETMQ_MAX_MESSAGE_BYTES: u64 = (4 << 20) + (64 << 10);
+
+/// The configs a new topic gets from `configs`: a topic created with a `message.type` is one
+/// for RocketMQ, and takes RocketMQ's 4 MiB bodies unless `max.message.bytes` was set, as a
+/// topic RocketMQ clients create does; any other topic keeps Kafka's defaults.
+pub fn with_rocketmq_defaults(mut configs: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    if configs.contains_key(MESSAGE_TYPE) {
+        configs.entry("max.message.bytes".to_string()).or_insert_with(|| ROCKETMQ_MAX_MESSAGE_BYTES.to_string());
+    }
+    configs
+}
+
 /// How far ahead a delayed message of the topic may be scheduled, in milliseconds (default 7
 /// days); a later delivery time is refused.
 pub(crate) const MESSAGE_DELAY_MAX_MS: &str = "message.delay.max.ms";

@@ -98,11 +98,12 @@ pub fn decide_create(
     let partitions = assignments.len() as i32;
     let replication_factor = assignments.first().map_or(0, |r| r.len() as i16);
     let id = if validate_only { Uuid::nil() } else { entropy.topic_id() };
+    let configs = topic_config::with_rocketmq_defaults(topic.configs.clone());
     let created = TopicMetadata {
         name: topic.name.clone(),
         id,
         partitions,
-        configs: topic.configs.clone(),
+        configs: configs.clone(),
         internal: false,
         assignments: assignments.iter().cloned().map(PartitionState::new).collect(),
     };
@@ -113,7 +114,7 @@ pub fn decide_create(
             name: topic.name.clone(),
             id,
             partitions,
-            configs: topic.configs.clone(),
+            configs,
             // Only the broker creates internal topics (decide_ensure_internal).
             internal: false,
             assignments,
@@ -407,6 +408,31 @@ mod tests {
             state.apply(offset as i64, record);
         }
         state
+    }
+
+    #[test]
+    fn a_topic_created_with_a_message_type_takes_rocketmq_bodies_unless_its_size_was_set() {
+        let state = cluster(&[1, 2], &[]);
+        let create = |name: &str, configs: &[(&str, &str)]| {
+            let topic = NewTopic {
+                configs: configs.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
+                ..new_topic(name)
+            };
+            let decided = decide_create(&state, &config(), &mut Fixed(0), &topic, false).expect("created");
+            let [MetadataRecord::CreateTopic { configs, .. }] = decided.records.as_slice() else {
+                panic!("{:?}", decided.records)
+            };
+            assert_eq!(configs, &decided.answer.topic.configs, "the answer shows what is committed");
+            configs.get("max.message.bytes").cloned()
+        };
+        let rocketmq = topic_config::ROCKETMQ_MAX_MESSAGE_BYTES.to_string();
+        assert_eq!(create("fifo", &[("message.type", "FIFO")]), Some(rocketmq));
+        assert_eq!(
+            create("small", &[("message.type", "NORMAL"), ("max.message.bytes", "2000")]),
+            Some("2000".into()),
+            "the user's own limit is kept"
+        );
+        assert_eq!(create("kafka", &[]), None, "a Kafka topic keeps the broker's default");
     }
 
     #[test]

@@ -35,6 +35,12 @@ pub(crate) const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 /// the largest body it takes.
 pub(crate) const PROPERTY_ALLOWANCE_BYTES: usize = 64 << 10;
 
+// Topics created with a message type (by the CLI, the admin API, Kafka's CreateTopics) get
+// their `max.message.bytes` from the controller: the same as the topics created here.
+const _: () = assert!(
+    DEFAULT_MAX_BODY_BYTES + PROPERTY_ALLOWANCE_BYTES == weir_broker::topic_config::ROCKETMQ_MAX_MESSAGE_BYTES as usize
+);
+
 /// The calls this front-end counts, in metrics order.
 const OPERATIONS: [&str; 16] = [
     "QueryRoute",
