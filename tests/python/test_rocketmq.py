@@ -557,6 +557,7 @@ def test_group_settings_from_the_http_api_reach_consumers_in_their_settings(brok
     assert status == 200, described
     assert {c["name"]: c["source"] for c in described["configs"]} == {
         "consume.fifo": "default", "consume.broadcast": "default", "max.delivery.attempts": "group", "retry.backoff": "group",
+        "consume.from.where": "default", "consume.timestamp": "default",
     }
 
 

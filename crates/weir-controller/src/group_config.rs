@@ -28,6 +28,15 @@ pub const MAX_DELIVERY_ATTEMPTS: &str = "max.delivery.attempts";
 /// The wait before each redelivery after a failed consume: a list of durations, the n-th before
 /// delivery attempt n + 1 (the last repeats), or `exponential:INITIAL,MAX,MULTIPLIER`.
 pub const RETRY_BACKOFF: &str = "retry.backoff";
+/// Where the group starts on a queue it has no position on yet (RocketMQ's `ConsumeFromWhere`):
+/// `CONSUME_FROM_FIRST_OFFSET` (the oldest message the queue still has), `CONSUME_FROM_LAST_OFFSET`
+/// (the queue's end: only messages sent after its first receive) or `CONSUME_FROM_TIMESTAMP`
+/// (the first message stored at or after [`CONSUME_TIMESTAMP`]).
+pub const CONSUME_FROM_WHERE: &str = "consume.from.where";
+/// With `CONSUME_FROM_TIMESTAMP`: milliseconds since the epoch, or `-DURATION` for that long
+/// before the group's first receive of the queue (RocketMQ's `consumeTimestamp`, half an hour
+/// back by default).
+pub const CONSUME_TIMESTAMP: &str = "consume.timestamp";
 
 /// Every group setting and its default.
 pub(crate) const GROUP_CONFIGS: &[(&str, &str)] = &[
@@ -36,6 +45,11 @@ pub(crate) const GROUP_CONFIGS: &[(&str, &str)] = &[
     (MAX_DELIVERY_ATTEMPTS, "17"),
     // RocketMQ's delay levels 3 to 18, the back-off of its consumers' retries.
     (RETRY_BACKOFF, "1s,5s,10s,30s,1m,2m,3m,4m,5m,6m,7m,8m,9m,10m,20m,30m,1h,2h"),
+    // Weir's own default: RocketMQ 5's pop consumption starts a new group at a queue's last
+    // message unless the queue's messages from offset 0 are all still in memory (then at the
+    // first), so it depends on the broker's cache; the oldest message loses nothing.
+    (CONSUME_FROM_WHERE, "CONSUME_FROM_FIRST_OFFSET"),
+    (CONSUME_TIMESTAMP, "-30m"),
 ];
 
 /// The largest `max.delivery.attempts`.
@@ -116,6 +130,60 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     count.checked_mul(millis_per).map(Duration::from_millis).ok_or_else(|| format!("{text:?} is too long"))
 }
 
+/// Where a group starts on a queue it has no position on yet ([`CONSUME_FROM_WHERE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumeFrom {
+    /// The oldest message the queue still has.
+    FirstOffset,
+    /// The queue's end when the group first receives from it: only later messages.
+    LastOffset,
+    /// The first message stored at or after this time (ms since the epoch); the queue's end
+    /// when there is none.
+    Timestamp(StartTime),
+}
+
+/// The time of [`ConsumeFrom::Timestamp`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartTime {
+    /// Milliseconds since the epoch.
+    At(i64),
+    /// This many milliseconds before the group's first receive of the queue.
+    Before(i64),
+}
+
+impl StartTime {
+    /// The time in ms since the epoch, for a first receive at `now_ms`.
+    pub fn at(self, now_ms: i64) -> i64 {
+        match self {
+            StartTime::At(ms) => ms,
+            StartTime::Before(ms) => now_ms.saturating_sub(ms).max(0),
+        }
+    }
+}
+
+fn check_consume_from(value: &str) -> Result<(), String> {
+    match value.trim().to_ascii_uppercase().as_str() {
+        "CONSUME_FROM_FIRST_OFFSET" | "CONSUME_FROM_LAST_OFFSET" | "CONSUME_FROM_TIMESTAMP" => Ok(()),
+        _ => Err("it is CONSUME_FROM_FIRST_OFFSET, CONSUME_FROM_LAST_OFFSET or CONSUME_FROM_TIMESTAMP (RocketMQ's \
+             ConsumeFromWhere)"
+            .into()),
+    }
+}
+
+fn parse_start_time(value: &str) -> Result<StartTime, String> {
+    let value = value.trim();
+    if let Some(before) = value.strip_prefix('-') {
+        let before = parse_duration(before)?;
+        return i64::try_from(before.as_millis())
+            .map(StartTime::Before)
+            .map_err(|_| format!("{value:?} is too long ago"));
+    }
+    match value.parse::<i64>() {
+        Ok(ms) if ms >= 0 => Ok(StartTime::At(ms)),
+        _ => Err("it is milliseconds since the epoch, or -DURATION (such as -30m) before the first receive".into()),
+    }
+}
+
 /// A group's settings in force: its overrides over the defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupSettings {
@@ -123,6 +191,7 @@ pub struct GroupSettings {
     pub broadcast: bool,
     pub max_delivery_attempts: u32,
     pub retry_backoff: RetryBackoff,
+    pub consume_from: ConsumeFrom,
 }
 
 impl Default for GroupSettings {
@@ -146,8 +215,20 @@ impl GroupSettings {
             retry_backoff: RetryBackoff::parse(value(RETRY_BACKOFF))
                 .or_else(|_| RetryBackoff::parse(default_value(RETRY_BACKOFF)))
                 .unwrap_or(RetryBackoff::Customized(vec![Duration::from_secs(1)])),
+            consume_from: consume_from(value(CONSUME_FROM_WHERE), value(CONSUME_TIMESTAMP))
+                .unwrap_or(ConsumeFrom::FirstOffset),
         }
     }
+}
+
+/// The [`ConsumeFrom`] of a `consume.from.where` and a `consume.timestamp`.
+fn consume_from(from_where: &str, timestamp: &str) -> Result<ConsumeFrom, String> {
+    check_consume_from(from_where)?;
+    Ok(match from_where.trim().to_ascii_uppercase().as_str() {
+        "CONSUME_FROM_LAST_OFFSET" => ConsumeFrom::LastOffset,
+        "CONSUME_FROM_TIMESTAMP" => ConsumeFrom::Timestamp(parse_start_time(timestamp)?),
+        _ => ConsumeFrom::FirstOffset,
+    })
 }
 
 fn default_of(name: &str) -> &'static str {
@@ -185,6 +266,8 @@ pub fn validate(configs: &BTreeMap<String, String>) -> Result<(), String> {
             FIFO | BROADCAST => parse_bool(value).map(|_| ()).ok_or_else(|| format!("{name} is true or false")),
             MAX_DELIVERY_ATTEMPTS => parse_attempts(value).map(|_| ()),
             RETRY_BACKOFF => RetryBackoff::parse(value).map(|_| ()),
+            CONSUME_FROM_WHERE => check_consume_from(value),
+            CONSUME_TIMESTAMP => parse_start_time(value).map(|_| ()),
             _ => return Err(unknown_config(name)),
         };
         problem.map_err(|reason| format!("Invalid value {value} for group config {name}: {reason}"))?;
@@ -293,6 +376,24 @@ mod tests {
         assert_eq!(settings.retry_backoff.delay(2), Duration::from_secs(5));
         assert_eq!(settings.retry_backoff.delay(18), Duration::from_secs(7200));
         assert_eq!(settings.retry_backoff.delay(100), Duration::from_secs(7200), "the last wait repeats");
+        assert_eq!(settings.consume_from, ConsumeFrom::FirstOffset);
+    }
+
+    #[test]
+    fn where_a_new_group_starts_is_read_from_consume_from_where_and_its_timestamp() {
+        let from = |pairs: &[(&str, &str)]| GroupSettings::from_configs(&map(pairs)).consume_from;
+        assert_eq!(from(&[(CONSUME_FROM_WHERE, "CONSUME_FROM_LAST_OFFSET")]), ConsumeFrom::LastOffset);
+        assert_eq!(from(&[(CONSUME_FROM_WHERE, "consume_from_first_offset")]), ConsumeFrom::FirstOffset);
+        let half_an_hour_back = from(&[(CONSUME_FROM_WHERE, "CONSUME_FROM_TIMESTAMP")]);
+        assert_eq!(half_an_hour_back, ConsumeFrom::Timestamp(StartTime::Before(1_800_000)), "RocketMQ's default");
+        let at = from(&[(CONSUME_FROM_WHERE, "CONSUME_FROM_TIMESTAMP"), (CONSUME_TIMESTAMP, "1700000000000")]);
+        assert_eq!(at, ConsumeFrom::Timestamp(StartTime::At(1_700_000_000_000)));
+        assert_eq!(StartTime::Before(1_000).at(5_000), 4_000);
+        assert_eq!(StartTime::Before(10_000).at(5_000), 0, "never before the epoch");
+        for (name, value) in [(CONSUME_FROM_WHERE, "CONSUME_FROM_MIDDLE"), (CONSUME_TIMESTAMP, "yesterday")] {
+            let error = validate(&map(&[(name, value)])).expect_err(value);
+            assert!(error.contains(name), "{error}");
+        }
     }
 
     #[test]

@@ -165,6 +165,7 @@ impl Service {
         Ok(ReceiveRequest {
             max_attempts: settings.max_delivery_attempts,
             fifo: settings.fifo,
+            start: settings.consume_from,
             key: self.queue_key(group, topic.name.clone(), queue.id, client),
             partition,
             filter,

@@ -143,6 +143,7 @@ mod tests {
                 max: Duration::from_secs(4),
                 multiplier: 2.0,
             },
+            ..GroupSettings::default()
         };
         let Some(telemetry_command::Command::Settings(answer)) = super::answer(&consumer, 1, group).command else {
             panic!("no settings in the answer")

@@ -168,6 +168,7 @@ mod tests {
             long_polling: Duration::ZERO,
             max_attempts: 16,
             fifo: false,
+            start: weir_broker::group_config::ConsumeFrom::FirstOffset,
             hold_for: None,
         }
     }
@@ -230,6 +231,28 @@ mod tests {
         let back = engine.receive(request(&broker, &key)).await.expect("receive");
         assert_eq!(offsets(&back), [(1, 2)], "visible at once after a change to zero");
         assert_ne!(back[0].nonce, renewed);
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn given_a_new_group_from_the_last_offset_when_received_only_later_messages_go_out() {
+        use weir_broker::group_config::ConsumeFrom;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (broker, messaging) = open(dir.path()).await;
+        let engine = engine(&messaging);
+        let key = QueueKey::new("late", TOPIC, 0);
+        append(&broker, &[(None, None); 3]).await;
+        let last = || ReceiveRequest { start: ConsumeFrom::LastOffset, ..request(&broker, &key) };
+
+        assert!(engine.receive(last()).await.expect("receive").is_empty(), "nothing old");
+        append(&broker, &[(None, None); 2]).await;
+        let got = engine.receive(last()).await.expect("receive");
+        assert_eq!(offsets(&got), [(3, 1), (4, 1)], "the position was taken at the first receive");
+
+        // Another group, without the setting, starts at the oldest message.
+        let other = QueueKey::new("first", TOPIC, 0);
+        let got = engine.receive(request(&broker, &other)).await.expect("receive");
+        assert_eq!(got.len(), 5, "the default is the oldest message");
         broker.begin_shutdown();
     }
 

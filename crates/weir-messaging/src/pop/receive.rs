@@ -28,6 +28,9 @@ use super::filter::TagFilter;
 use crate::pop::state::group_hash;
 use crate::pop::{QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE, MAX_PARKED_PER_QUEUE};
 use crate::Messaging;
+use weir_broker::broker::OffsetQuery;
+use weir_broker::fetch::Isolation;
+use weir_broker::group_config::ConsumeFrom;
 use weir_broker::{BrokerError, Partition};
 
 /// The longest a receive waits for messages.
@@ -71,6 +74,9 @@ pub struct ReceiveRequest {
     /// The group's `consume.fifo`: messages of one message group go out one at a time, in
     /// order (see [`super::state`]).
     pub fifo: bool,
+    /// The group's `consume.from.where`: where it starts on this queue when it has no state
+    /// for it yet (a new group, or a new broadcasting consumer).
+    pub start: ConsumeFrom,
     /// The client the deliveries are held for: their invisible time is renewed, one
     /// `invisible` at a time, while it lives ([`super::renew`], a push consumer's receive).
     /// `None`: they come back after `invisible`.
@@ -134,8 +140,17 @@ pub(crate) fn receive_once(messaging: &Messaging, request: &ReceiveRequest) -> R
     let partition = &request.partition;
     let log_start = partition.log.log_start_offset();
     let now = messaging.broker.now_ms();
-    let start = || QueueState::starting_at(log_start);
-    let state = messaging.pop.get(&request.key).unwrap_or_else(start);
+    // A queue the group has no state for starts where its `consume.from.where` says, decided
+    // once: the update below stores this very state, so a message appended between the two
+    // reads of the state is not skipped by a later "latest".
+    let (state, fresh) = match messaging.pop.get(&request.key) {
+        Some(state) => (state, None),
+        None => {
+            let fresh = QueueState::starting_at(first_offset(messaging, request, log_start, now)?);
+            (fresh.clone(), Some(fresh))
+        }
+    };
+    let start = || fresh.unwrap_or_else(|| QueueState::starting_at(log_start));
 
     // Messages whose invisible time ran out, then new ones.
     let mut pass = Pass::new(request, &state, log_start);
@@ -172,6 +187,31 @@ pub(crate) fn receive_once(messaging: &Messaging, request: &ReceiveRequest) -> R
     let deliveries = result.unwrap_or_default();
     check_deliveries(log_start, &deliveries);
     Ok(deliveries)
+}
+
+/// Where a group without state for the queue starts (its `consume.from.where`): the oldest
+/// offset, the last stable offset (nothing of a transaction still open is skipped: its records
+/// lie at or after it), or the first offset at or after a time (the last stable offset when no
+/// record is that late). Blocking.
+fn first_offset(
+    messaging: &Messaging,
+    request: &ReceiveRequest,
+    log_start: i64,
+    now_ms: i64,
+) -> Result<i64, BrokerError> {
+    let partition = &request.partition;
+    let offset = match request.start {
+        ConsumeFrom::FirstOffset => log_start,
+        ConsumeFrom::LastOffset => partition.log.last_stable_offset(),
+        ConsumeFrom::Timestamp(time) => {
+            let query = OffsetQuery::AtTimestamp(time.at(now_ms));
+            match messaging.broker.list_offset(partition, query, Isolation::Committed)? {
+                Some(found) => found.offset,
+                None => partition.log.last_stable_offset(),
+            }
+        }
+    };
+    Ok(offset.max(log_start))
 }
 
 /// Hands out what a pass picked, against the state as it is now (it may have moved since the
