@@ -84,6 +84,28 @@ def test_a_new_group_from_the_last_offset_gets_only_what_is_sent_after_its_first
         consumer.shutdown()
 
 
+def test_a_position_taken_from_the_last_offset_survives_kill_9(broker_factory):
+    """The first receive's position is journalled at once: what is sent after it, while no
+    consumer runs, is the group's after a crash and a restart (not skipped by a new "latest")."""
+    broker = broker_factory()
+    topic, group = new_topic(broker, "rmq-from-last-crash"), unique("g")
+    send(broker, topic, "old-0", "old-1")
+    weir(broker, "group", "create", group, "--config", "consume.from.where=CONSUME_FROM_LAST_OFFSET")
+    consumer = simple_consumer(broker, group, topic, await_s=1)
+    try:
+        assert receive_for(consumer, 2) == [], "nothing old"
+    finally:
+        consumer.shutdown()
+    send(broker, topic, "meanwhile-0", "meanwhile-1")
+    broker.kill9()
+    broker.start()
+    consumer = simple_consumer(broker, group, topic, await_s=1)
+    try:
+        assert receive_for(consumer, 15, want=2) == ["meanwhile-0", "meanwhile-1"]
+    finally:
+        consumer.shutdown()
+
+
 def test_a_new_group_from_a_timestamp_starts_at_the_first_message_stored_at_or_after_it(broker):
     topic = new_topic(broker, "rmq-from-time")
     send(broker, topic, "before-0", "before-1")

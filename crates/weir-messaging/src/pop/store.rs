@@ -168,7 +168,9 @@ impl PopStore {
 
     /// Runs `change` on the state of `key` (made with `start` the first time) and makes the new
     /// state durable before returning what `change` returned. A `change` that returns `Err`
-    /// must leave the state as it found it: nothing is written then.
+    /// must leave the state as it found it: nothing is written then. A state made by `start`
+    /// is written even when `change` leaves it as it is: where a group starts on a queue
+    /// (`consume.from.where`, maybe the queue's end then) must survive a restart.
     pub fn update<R, E>(
         &self,
         key: &QueueKey,
@@ -176,10 +178,11 @@ impl PopStore {
         change: impl FnOnce(&mut QueueState) -> Result<R, E>,
     ) -> Result<Result<R, E>, BrokerError> {
         let mut inner = lock(&self.inner);
+        let started = !inner.queues.contains_key(key);
         let state = inner.queues.entry(key.clone()).or_insert_with(start);
         let before = state.clone();
         let result = change(state);
-        if result.is_err() || *state == before {
+        if result.is_err() || (*state == before && !started) {
             return Ok(result);
         }
         let line = ChangeLine { key: key.clone(), change: Change::between(&before, state) };
@@ -362,6 +365,17 @@ mod tests {
         drop(store);
         let store = PopStore::open(dir.path()).expect("reopen again");
         assert!(store.get(&key(0)).expect("queue 0").inflight.is_empty());
+    }
+
+    #[test]
+    fn a_new_state_is_journalled_even_when_the_update_leaves_it_as_started() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = PopStore::open(dir.path()).expect("open");
+            let _ = store.update(&key(0), || QueueState::starting_at(42), |_| Ok::<_, ()>(()));
+        }
+        let store = PopStore::open(dir.path()).expect("reopen");
+        assert_eq!(store.get(&key(0)).map(|q| (q.done_below, q.next)), Some((42, 42)));
     }
 
     #[test]
