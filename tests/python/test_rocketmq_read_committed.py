@@ -9,7 +9,7 @@ offset, reaches the end of the log).
 import time
 
 from helpers import TIMEOUT_S, c_admin, c_create_topic, c_producer, http, unique
-from test_rocketmq import find, simple_consumer, wait_found
+from test_rocketmq import Recorder, find, push_consumer, simple_consumer, wait_found
 
 
 def txn_producer(bootstrap):
@@ -135,3 +135,29 @@ def test_a_message_id_of_an_aborted_record_is_not_found(broker):
     aborted_id = kept.message_id[:-16] + f"{0:016X}"
     status, missing = http("GET", f"{broker.admin_url()}/v1/topics/{topic}/messages/{aborted_id}")
     assert (status, missing["error"]["code"]) == (404, "MESSAGE_NOT_FOUND"), missing
+
+
+def test_a_push_consumer_gets_committed_records_only(broker):
+    """A PushConsumer receives through the same engine: the records of an aborted transaction
+    never reach its listener, those of the committed one do, once each."""
+    topic, group = unique("rmq-rc-push"), unique("g")
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=1)
+    aborting, committing = txn_producer(broker.bootstrap), txn_producer(broker.bootstrap)
+    aborting.begin_transaction()
+    produce(aborting, topic, "aborted", 10)
+    aborting.flush(TIMEOUT_S)
+    aborting.abort_transaction(TIMEOUT_S)
+    committing.begin_transaction()
+    produce(committing, topic, "committed", 3)
+    committing.commit_transaction(TIMEOUT_S)
+
+    log = []
+    consumer = push_consumer(broker, group, topic, Recorder("c", log))
+    try:
+        deadline = time.monotonic() + 30
+        while len(log) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)  # nothing more comes
+    finally:
+        consumer.shutdown()
+    assert sorted(body.decode() for _, body, _, _ in log) == [f"committed-{i}" for i in range(3)], log
