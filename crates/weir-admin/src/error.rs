@@ -100,6 +100,9 @@ pub(crate) fn status_for(kind: ErrorKind) -> StatusCode {
         | K::MemberIdRequired
         | K::InconsistentGroupProtocol
         | K::GroupFull
+        | K::FencedMemberEpoch
+        | K::StaleMemberEpoch
+        | K::UnreleasedInstanceId
         | K::OutOfOrderSequence
         | K::InvalidProducerEpoch
         | K::UnknownProducer
@@ -119,6 +122,7 @@ pub(crate) fn status_for(kind: ErrorKind) -> StatusCode {
         | K::InvalidGroupId
         | K::InvalidCommitOffsetSize
         | K::InvalidSessionTimeout
+        | K::UnsupportedAssignor
         | K::InvalidTransactionTimeout
         | K::OffsetMetadataTooLarge
         | K::OffsetOutOfRange

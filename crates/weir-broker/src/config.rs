@@ -154,6 +154,21 @@ pub(crate) const SETTINGS: &[Setting] = &[
     s("group.max.session.timeout.ms", "1800000", "Largest session timeout a group member may ask for."),
     s("group.initial.rebalance.delay.ms", "3000", "Wait this long for more members when a group forms."),
     s("group.max.size", "1000", "Most members in one consumer group."),
+    s(
+        "group.consumer.heartbeat.interval.ms",
+        "5000",
+        "Consumer protocol (KIP-848): how often members heartbeat, as the broker tells them.",
+    ),
+    s(
+        "group.consumer.session.timeout.ms",
+        "45000",
+        "Consumer protocol: a member without a heartbeat for this long is removed from its group.",
+    ),
+    s(
+        "group.consumer.assignors",
+        "uniform,range",
+        "Consumer protocol: the server-side assignors members may choose; the first is the default.",
+    ),
     s("offsets.topic.num.partitions", "50", "Partitions of the internal __consumer_offsets topic."),
     s(
         "offsets.topic.replication.factor",
@@ -297,6 +312,10 @@ pub struct BrokerConfig {
     /// How many checks a transaction gets before it is rolled back (`transaction.check.max`).
     pub transaction_check_max: u32,
     pub group_max_size: usize,
+    pub group_consumer_heartbeat_interval_ms: i32,
+    pub group_consumer_session_timeout_ms: i32,
+    /// Known assignor names, in the configured order (the first is the default).
+    pub group_consumer_assignors: Vec<String>,
     pub offsets_topic_partitions: i32,
     pub transaction_state_partitions: i32,
     pub offsets_topic_replication_factor: i16,
@@ -472,6 +491,22 @@ struct Merged {
 
 /// Every broker setting's value by name; each reader names the setting in its error.
 struct Values(BTreeMap<String, String>);
+
+/// `group.consumer.assignors`: a non-empty list of the assignors this broker has.
+fn parse_assignors(value: &str) -> Result<Vec<String>, ConfigError> {
+    let names: Vec<String> = value.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
+    if names.is_empty() {
+        return Err(invalid("group.consumer.assignors", value, "must name at least one assignor"));
+    }
+    if let Some(unknown) = names.iter().find(|n| !matches!(n.as_str(), "uniform" | "range")) {
+        return Err(invalid(
+            "group.consumer.assignors",
+            value,
+            format!("unknown assignor {unknown}; known: uniform, range"),
+        ));
+    }
+    Ok(names)
+}
 
 impl Values {
     fn get(&self, name: &str) -> &str {
@@ -651,6 +686,9 @@ impl BrokerConfig {
             transaction_check_interval_ms: values.num("transaction.check.interval.ms", 100)?,
             transaction_check_max: values.num("transaction.check.max", 1)?,
             group_max_size: values.num("group.max.size", 1)?,
+            group_consumer_heartbeat_interval_ms: values.num("group.consumer.heartbeat.interval.ms", 1)?,
+            group_consumer_session_timeout_ms: values.num("group.consumer.session.timeout.ms", 1)?,
+            group_consumer_assignors: parse_assignors(values.get("group.consumer.assignors"))?,
             offsets_topic_partitions: values.num("offsets.topic.num.partitions", 1)?,
             transaction_state_partitions: values.num("transaction.state.log.num.partitions", 1)?,
             offsets_topic_replication_factor: values.num("offsets.topic.replication.factor", 1)?,

@@ -125,6 +125,16 @@ pub enum ErrorKind {
     InvalidSessionTimeout,
     /// The group has `group.max.size` members already.
     GroupFull,
+    /// Consumer protocol (KIP-848): the member's epoch is not its current one; it must rejoin
+    /// with epoch 0, giving up its partitions.
+    FencedMemberEpoch,
+    /// Consumer protocol: an offset commit names an epoch other than the member's current one.
+    StaleMemberEpoch,
+    /// Consumer protocol: a static member's `group.instance.id` is still held by a member that
+    /// has not left.
+    UnreleasedInstanceId,
+    /// Consumer protocol: the member asked for a server-side assignor the broker lacks.
+    UnsupportedAssignor,
     OffsetMetadataTooLarge,
     InvalidCommitOffsetSize,
     /// The coordinator is starting, stopping or cannot write: retry.
@@ -235,6 +245,10 @@ impl ErrorKind {
             InconsistentGroupProtocol => "inconsistent group protocol",
             InvalidSessionTimeout => "invalid session timeout",
             GroupFull => "group full",
+            FencedMemberEpoch => "fenced member epoch",
+            StaleMemberEpoch => "stale member epoch",
+            UnreleasedInstanceId => "unreleased instance id",
+            UnsupportedAssignor => "unsupported assignor",
             OffsetMetadataTooLarge => "offset metadata too large",
             InvalidCommitOffsetSize => "invalid commit offset size",
             CoordinatorNotAvailable => "coordinator not available",

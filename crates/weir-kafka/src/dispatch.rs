@@ -158,6 +158,10 @@ async fn route(
         ApiKey::ListGroups => call!(ListGroupsRequest, groups::list_groups),
         ApiKey::DescribeGroups => call!(DescribeGroupsRequest, groups::describe_groups),
         ApiKey::DeleteGroups => call!(DeleteGroupsRequest, groups::delete_groups),
+        ApiKey::ConsumerGroupHeartbeat => {
+            call!(ConsumerGroupHeartbeatRequest, handlers::consumer_groups::heartbeat)
+        }
+        ApiKey::ConsumerGroupDescribe => call!(ConsumerGroupDescribeRequest, handlers::consumer_groups::describe),
         // versions::supported() admitted only the keys above.
         other => return Err(FrameError::UnsupportedVersion { api_key: other, version, correlation_id }),
     };
@@ -404,6 +408,8 @@ error_codes! {
     ListGroupsResponse => |r, c| c.count(r.error_code);
     DescribeGroupsResponse => |r, c| r.groups.iter().for_each(|g| c.count(g.error_code));
     DeleteGroupsResponse => |r, c| r.results.iter().for_each(|g| c.count(g.error_code));
+    ConsumerGroupHeartbeatResponse => |r, c| c.count(r.error_code);
+    ConsumerGroupDescribeResponse => |r, c| r.groups.iter().for_each(|g| c.count(g.error_code));
 }
 
 /// `fault.produce.response.drop.every=N` (tests only; 0, the default, is off): every Nth produce

@@ -97,7 +97,11 @@ pub(crate) fn code_of(kind: ErrorKind) -> Code {
         | MemberIdRequired
         | FencedInstance
         | InconsistentGroupProtocol
-        | GroupFull => Code::BadRequest,
+        | GroupFull
+        | FencedMemberEpoch
+        | StaleMemberEpoch
+        | UnreleasedInstanceId
+        | UnsupportedAssignor => Code::BadRequest,
         CoordinatorNotAvailable | CoordinatorLoadInProgress | NotCoordinator | Unavailable | NotController => {
             Code::InternalServerError
         }

@@ -32,6 +32,7 @@ use weir_broker::internal_records::encode_batch;
 use weir_broker::partition::Partition;
 use weir_storage::sync::lock;
 
+use super::consumer::ConsumerLimits;
 use super::offsets::{self, LoadedGroup};
 use super::state::{CommittedOffset, Group, Limits, SyncOutcome};
 use super::{
@@ -54,8 +55,10 @@ pub struct OffsetsPartition {
 }
 
 pub struct GroupCoordinator {
-    broker: Arc<Broker>,
+    pub(super) broker: Arc<Broker>,
     limits: Limits,
+    /// The consumer protocol's settings (KIP-848).
+    pub(super) consumer_limits: ConsumerLimits,
     session_timeout_ms_min: i32,
     session_timeout_ms_max: i32,
     offsets_retention_ms: i64,
@@ -64,7 +67,7 @@ pub struct GroupCoordinator {
     /// The `__consumer_offsets` partitions this broker coordinates.
     shards: Shards<OffsetsPartition>,
     /// Wakes the timer task when a deadline may have moved earlier.
-    timer_wake: Arc<Notify>,
+    pub(super) timer_wake: Arc<Notify>,
     shut_down: AtomicBool,
     /// The groups' consumers that receive by invisible time and talk to this broker.
     pub clients: super::clients::ConnectedClients,
@@ -194,6 +197,12 @@ impl GroupCoordinator {
                 initial_rebalance_delay_ms: i64::try_from(config.group_initial_rebalance_delay_ms).unwrap_or(i64::MAX),
                 max_size: config.group_max_size,
             },
+            consumer_limits: ConsumerLimits {
+                session_timeout_ms: config.group_consumer_session_timeout_ms,
+                heartbeat_interval_ms: config.group_consumer_heartbeat_interval_ms,
+                max_size: config.group_max_size,
+                assignors: config.group_consumer_assignors.clone(),
+            },
             session_timeout_ms_min: config.group_min_session_timeout_ms,
             session_timeout_ms_max: config.group_max_session_timeout_ms,
             offsets_retention_ms: config.offsets_retention_ms,
@@ -251,15 +260,15 @@ impl GroupCoordinator {
         tracing::info!("group coordinator stopped");
     }
 
-    fn groups(&self) -> Groups<'_> {
+    pub(super) fn groups(&self) -> Groups<'_> {
         Groups(lock(&self.groups))
     }
 
-    fn is_active(&self) -> bool {
+    pub(super) fn is_active(&self) -> bool {
         !self.shut_down.load(Ordering::SeqCst) && !self.broker.is_shutting_down()
     }
 
-    fn now_ms(&self) -> i64 {
+    pub(super) fn now_ms(&self) -> i64 {
         self.broker.now_ms()
     }
 
@@ -279,7 +288,7 @@ impl GroupCoordinator {
     }
 
     /// Checks that this broker coordinates `group_id` (with `groups` held, see the module doc).
-    fn check_coordinator(&self, group_id: &str) -> Result<(), ErrorKind> {
+    pub(super) fn check_coordinator(&self, group_id: &str) -> Result<(), ErrorKind> {
         self.shard_of(group_id).map(|_| ())
     }
 
@@ -801,6 +810,7 @@ impl GroupCoordinator {
                 group_id: g.id.clone(),
                 protocol_type: g.protocol_type.clone().unwrap_or_default(),
                 state: g.state,
+                group_type: if g.consumer.is_some() { super::GROUP_TYPE_CONSUMER } else { super::GROUP_TYPE_CLASSIC },
             })
             .collect();
         listed.sort_by(|a, b| a.group_id.cmp(&b.group_id));
@@ -817,6 +827,7 @@ impl GroupCoordinator {
             .map(|id| match (groups.get(id), self.check_coordinator(id)) {
                 _ if !active => GroupDescription { error: Some(ErrorKind::CoordinatorNotAvailable), ..dead_group(id) },
                 (_, Err(kind)) => GroupDescription { error: Some(kind), ..dead_group(id) },
+                (Some(group), Ok(())) if group.consumer.is_some() => self.describe_consumer_as_classic(group),
                 (Some(group), Ok(())) => group.describe(),
                 (None, Ok(())) => dead_group(id),
             })
@@ -1017,7 +1028,7 @@ impl GroupCoordinator {
 
 /// The groups, locked. In debug builds every group's invariants are checked when the lock is
 /// let go, so a state machine step that breaks one fails where it happened, in any test.
-struct Groups<'a>(MutexGuard<'a, HashMap<String, Group>>);
+pub(super) struct Groups<'a>(MutexGuard<'a, HashMap<String, Group>>);
 
 impl std::ops::Deref for Groups<'_> {
     type Target = HashMap<String, Group>;
@@ -1050,6 +1061,7 @@ fn dead_group(id: &str) -> GroupDescription {
         protocol_type: String::new(),
         protocol_data: String::new(),
         members: Vec::new(),
+        consumer: None,
     }
 }
 

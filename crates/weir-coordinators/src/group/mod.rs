@@ -24,12 +24,17 @@
 //! members rejoin, as after a coordinator move in Kafka), with its committed offsets, protocol
 //! type and generation intact.
 
+mod assignor;
 pub mod clients;
+mod consumer;
+mod consumer_api;
 mod coordinator;
 mod offsets;
 mod state;
 #[cfg(test)]
 mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 
@@ -57,6 +62,10 @@ pub enum GroupState {
     Stable,
     /// Being deleted, or never existed (DescribeGroups of an unknown group).
     Dead,
+    /// Consumer protocol: the target assignment is behind the group epoch.
+    Assigning,
+    /// Consumer protocol: some member has not reached the target assignment yet.
+    Reconciling,
 }
 
 impl GroupState {
@@ -67,6 +76,8 @@ impl GroupState {
             GroupState::CompletingRebalance => "CompletingRebalance",
             GroupState::Stable => "Stable",
             GroupState::Dead => "Dead",
+            GroupState::Assigning => "Assigning",
+            GroupState::Reconciling => "Reconciling",
         }
     }
 
@@ -78,6 +89,8 @@ impl GroupState {
             GroupState::CompletingRebalance,
             GroupState::Stable,
             GroupState::Dead,
+            GroupState::Assigning,
+            GroupState::Reconciling,
         ]
         .into_iter()
         .find(|s| s.as_str().eq_ignore_ascii_case(name))
@@ -267,6 +280,86 @@ pub struct GroupListing {
     /// Empty for a group that only ever had simple commits.
     pub protocol_type: String,
     pub state: GroupState,
+    /// "consumer" for a group of the consumer protocol (KIP-848), else "classic".
+    pub group_type: &'static str,
+}
+
+/// GroupType names of ListGroups v5 and DescribeGroups.
+pub const GROUP_TYPE_CLASSIC: &str = "classic";
+pub const GROUP_TYPE_CONSUMER: &str = "consumer";
+
+/// A ConsumerGroupHeartbeat (KIP-848). Fields that are `None` are unchanged since the last
+/// heartbeat.
+#[derive(Debug, Clone)]
+pub struct ConsumerHeartbeatParams {
+    pub group_id: String,
+    /// Empty only in a v0 join, where the broker generates it.
+    pub member_id: String,
+    /// 0 joins, -1 leaves, -2 leaves for a restart (static members), else the member's epoch.
+    pub member_epoch: i32,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    /// -1 when unchanged.
+    pub rebalance_timeout_ms: i32,
+    pub subscribed_topic_names: Option<Vec<String>>,
+    pub subscribed_topic_regex: Option<String>,
+    pub server_assignor: Option<String>,
+    /// The partitions the member holds, when it reports them.
+    pub owned: Option<BTreeMap<uuid::Uuid, BTreeSet<i32>>>,
+    pub client_id: String,
+    pub client_host: String,
+    /// The request's version (v0 lets the broker generate member ids).
+    pub version: i16,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConsumerHeartbeatResult {
+    pub error: Option<ErrorKind>,
+    pub member_id: Option<String>,
+    pub member_epoch: i32,
+    pub heartbeat_interval_ms: i32,
+    /// The member's whole assignment, when it changed (or the member asked with its owned
+    /// partitions); `None` means unchanged.
+    pub assignment: Option<BTreeMap<uuid::Uuid, BTreeSet<i32>>>,
+}
+
+impl ConsumerHeartbeatResult {
+    pub(crate) fn error(code: ErrorKind) -> ConsumerHeartbeatResult {
+        ConsumerHeartbeatResult {
+            error: Some(code),
+            member_id: None,
+            member_epoch: -1,
+            heartbeat_interval_ms: 0,
+            assignment: None,
+        }
+    }
+}
+
+/// ConsumerGroupDescribe's view of a group.
+#[derive(Debug, Clone)]
+pub struct ConsumerGroupDescription {
+    pub group_id: String,
+    pub error: Option<ErrorKind>,
+    pub state: GroupState,
+    pub group_epoch: i32,
+    pub assignment_epoch: i32,
+    pub assignor_name: String,
+    pub members: Vec<ConsumerMemberDescription>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConsumerMemberDescription {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub member_epoch: i32,
+    pub client_id: String,
+    pub client_host: String,
+    pub subscribed_topic_names: Vec<String>,
+    pub subscribed_topic_regex: Option<String>,
+    /// (topic id, topic name, partitions).
+    pub assignment: Vec<(uuid::Uuid, String, Vec<i32>)>,
+    pub target_assignment: Vec<(uuid::Uuid, String, Vec<i32>)>,
 }
 
 /// A group's committed offsets, copied for metrics (consumer lag is computed from them).
@@ -288,6 +381,8 @@ pub struct GroupDescription {
     /// The selected protocol while Stable, else empty.
     pub protocol_data: String,
     pub members: Vec<MemberDescription>,
+    /// A consumer-protocol group's epochs and assignments (KIP-848); `None` for classic groups.
+    pub consumer: Option<ConsumerGroupDescription>,
 }
 
 #[derive(Debug, Clone)]

@@ -32,6 +32,7 @@ use kafka_protocol::protocol::Decodable;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
+use super::consumer::ConsumerGroup;
 use super::offsets::{GroupRecord, LoadedGroup};
 use super::{
     ErrorKind, GroupDescription, GroupState, HeartbeatParams, JoinGroupParams, JoinGroupResult, JoinedMember,
@@ -180,6 +181,10 @@ pub(crate) struct Group {
     pub(crate) empty_since_ms: i64,
     /// A group record of this group is in the log (deleting the group needs a tombstone).
     pub(crate) persisted: bool,
+    /// Set while the group is a consumer-protocol group (KIP-848): its members, epochs and
+    /// assignment. Then the classic fields above have no members, and `state` mirrors the
+    /// consumer group's state (see `sync_consumer_state`).
+    pub(crate) consumer: Option<ConsumerGroup>,
 }
 
 impl Group {
@@ -203,6 +208,7 @@ impl Group {
             offsets: HashMap::new(),
             empty_since_ms: now_ms,
             persisted: false,
+            consumer: None,
         }
     }
 
@@ -235,12 +241,13 @@ impl Group {
     pub(crate) fn is_vacant(&self) -> bool {
         self.state == GroupState::Empty
             && self.members.is_empty()
+            && self.consumer.as_ref().is_none_or(ConsumerGroup::is_empty)
             && self.pending_members.is_empty()
             && self.offsets.is_empty()
     }
 
     pub(crate) fn has_members(&self) -> bool {
-        !self.members.is_empty()
+        !self.members.is_empty() || self.consumer.as_ref().is_some_and(|c| !c.is_empty())
     }
 
     pub(crate) fn is_consumer_group(&self) -> bool {
@@ -248,7 +255,23 @@ impl Group {
     }
 
     pub(crate) fn is_subscribed_to(&self, topic: &str) -> bool {
+        if let Some(consumer) = &self.consumer {
+            return consumer.subscribed_names().contains(topic);
+        }
         self.subscribed_topics.as_ref().is_none_or(|topics| topics.contains(topic))
+    }
+
+    /// Makes `state` follow the consumer group's (after any change to it).
+    pub(crate) fn sync_consumer_state(&mut self, now_ms: i64) {
+        if let Some(consumer) = &self.consumer {
+            let state = consumer.state();
+            if state == GroupState::Empty && self.state != GroupState::Empty {
+                self.empty_since_ms = now_ms;
+            }
+            if self.state != GroupState::Dead {
+                self.state = state;
+            }
+        }
     }
 
     fn num_awaiting_join(&self) -> usize {
@@ -286,7 +309,7 @@ impl Group {
     /// means the last members to rejoin are the ones turned away when the limit was lowered.
     fn accept_joining_member(&self, member_id: &str, max_size: usize) -> bool {
         match self.state {
-            GroupState::Empty | GroupState::Dead => true,
+            GroupState::Empty | GroupState::Dead | GroupState::Assigning | GroupState::Reconciling => true,
             GroupState::PreparingRebalance => {
                 self.members.get(member_id).is_some_and(Member::awaiting_join) || self.num_awaiting_join() < max_size
             }
@@ -604,6 +627,17 @@ impl Group {
     /// JoinGroup (Kafka's `handleJoinGroup` once the group exists). The reply goes to `reply`,
     /// at once or when the join phase completes.
     pub(crate) fn join(&mut self, params: JoinGroupParams, reply: JoinTx, now_ms: i64, limits: &Limits) {
+        if let Some(consumer) = &self.consumer {
+            if !consumer.is_empty() {
+                // Kafka answers a classic member of a (non-empty) consumer group so.
+                let _ = reply.send(JoinGroupResult::error(params.member_id, ErrorKind::InconsistentGroupProtocol));
+                return;
+            }
+            // An empty consumer group becomes a classic group again (migration policy
+            // `bidirectional`), keeping its committed offsets.
+            self.consumer = None;
+            self.state = GroupState::Empty;
+        }
         // A restarting static member takes its own place back, so it never counts as one more.
         let known_instance =
             params.group_instance_id.as_ref().is_some_and(|instance| self.static_members.contains_key(instance));
@@ -692,7 +726,7 @@ impl Group {
                     let why = if is_leader { "the leader rejoined" } else { "a member's metadata changed" };
                     self.maybe_prepare_rebalance(now_ms, limits, why);
                 }
-                GroupState::Empty | GroupState::Dead => {
+                GroupState::Empty | GroupState::Dead | GroupState::Assigning | GroupState::Reconciling => {
                     let _ = reply.send(error(ErrorKind::UnknownMember));
                 }
             }
@@ -806,7 +840,9 @@ impl Group {
             return fail(reply, ErrorKind::InconsistentGroupProtocol);
         }
         match self.state {
-            GroupState::Empty | GroupState::Dead => fail(reply, ErrorKind::UnknownMember),
+            GroupState::Empty | GroupState::Dead | GroupState::Assigning | GroupState::Reconciling => {
+                fail(reply, ErrorKind::UnknownMember)
+            }
             GroupState::PreparingRebalance => fail(reply, ErrorKind::RebalanceInProgress),
             GroupState::CompletingRebalance => {
                 self.pending_sync.remove(&params.member_id);
@@ -880,7 +916,9 @@ impl Group {
         let generation = self.generation;
         let Some(member) = self.members.get_mut(&params.member_id) else { return Err(ErrorKind::UnknownMember) };
         match state {
-            GroupState::Empty | GroupState::Dead => Err(ErrorKind::UnknownMember),
+            GroupState::Empty | GroupState::Dead | GroupState::Assigning | GroupState::Reconciling => {
+                Err(ErrorKind::UnknownMember)
+            }
             // Consumers may heartbeat as soon as their JoinGroup returns.
             GroupState::CompletingRebalance => {
                 member.touch(now_ms);
@@ -947,6 +985,10 @@ impl Group {
         if self.state == GroupState::Dead {
             return Err(ErrorKind::CoordinatorNotAvailable);
         }
+        if let Some(consumer) = &self.consumer {
+            // The consumer protocol: the generation is the member's epoch (OffsetCommit v9).
+            return consumer.validate_commit(member_id, generation_id);
+        }
         if generation_id.is_some() || !member_id.is_empty() || group_instance_id.is_some() {
             self.validate_current_member(member_id, group_instance_id)?;
             if generation_id != Some(self.generation) {
@@ -967,6 +1009,8 @@ impl Group {
             // The member has the new generation but no assignment yet.
             GroupState::CompletingRebalance => Err(ErrorKind::RebalanceInProgress),
             GroupState::Dead => Err(ErrorKind::CoordinatorNotAvailable),
+            // Consumer-protocol states: handled above.
+            GroupState::Assigning | GroupState::Reconciling => Err(ErrorKind::UnknownMember),
         }
     }
 
@@ -978,6 +1022,7 @@ impl Group {
             error: None,
             state: self.state,
             protocol_type: self.protocol_type.clone().unwrap_or_default(),
+            consumer: None,
             protocol_data: protocol.clone(),
             members: self
                 .members
@@ -1000,6 +1045,11 @@ impl Group {
     /// that never synced, the end of the join phase. Call after every change and on timer
     /// ticks; cheap when nothing is due.
     pub(crate) fn poll(&mut self, now_ms: i64, limits: &Limits) {
+        if let Some(consumer) = &mut self.consumer {
+            consumer.poll(now_ms);
+            self.sync_consumer_state(now_ms);
+            return;
+        }
         let forgotten: Vec<String> = self
             .pending_members
             .iter()
@@ -1050,6 +1100,9 @@ impl Group {
 
     /// The next time `poll` has something to do, if any.
     pub(crate) fn next_deadline_ms(&self) -> Option<i64> {
+        if let Some(consumer) = &self.consumer {
+            return consumer.next_deadline_ms();
+        }
         let sessions = self.members.values().filter(|m| m.can_expire()).map(|m| m.session_deadline_ms);
         let join = if self.state == GroupState::PreparingRebalance { self.join_deadline_ms } else { None };
         sessions.chain(self.pending_members.values().copied()).chain(join).chain(self.sync_deadline_ms).min()
@@ -1066,6 +1119,10 @@ impl Group {
     /// Asserts the invariants of the module doc. Run by the coordinator whenever it lets go of
     /// the groups in debug builds (see `coordinator::Groups`).
     pub(crate) fn check_invariants(&self) {
+        if let Some(consumer) = &self.consumer {
+            consumer.check_invariants();
+            assert!(self.members.is_empty(), "a consumer group has no classic members");
+        }
         assert_eq!(self.leader.is_some(), !self.members.is_empty(), "leader iff members in {}", self.id);
         if let Some(leader) = &self.leader {
             assert!(self.members.contains_key(leader), "leader {leader} is a member");

@@ -717,8 +717,18 @@ async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_
     assert_eq!(
         listed,
         vec![
-            GroupListing { group_id: g.into(), protocol_type: "consumer".into(), state: GroupState::Empty },
-            GroupListing { group_id: "standalone".into(), protocol_type: String::new(), state: GroupState::Empty },
+            GroupListing {
+                group_id: g.into(),
+                protocol_type: "consumer".into(),
+                state: GroupState::Empty,
+                group_type: "classic",
+            },
+            GroupListing {
+                group_id: "standalone".into(),
+                protocol_type: String::new(),
+                state: GroupState::Empty,
+                group_type: "classic",
+            },
         ]
     );
     let description = describe(&groups, g).await;

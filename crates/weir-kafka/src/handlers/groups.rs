@@ -405,19 +405,24 @@ pub(crate) async fn list_groups(ctx: &Ctx, client: &Client, req: ListGroupsReque
     if !req.states_filter.is_empty() && states.is_empty() {
         return ListGroupsResponse::default();
     }
+    // v5 (KIP-848): GroupType "classic" or "consumer", ignoring case; an empty filter is all.
+    let types: Vec<String> = req.types_filter.iter().map(|t| t.to_lowercase()).collect();
     match ctx.groups.list_groups(&states).await {
         Ok(groups) => {
             let groups = groups
                 .into_iter()
+                .filter(|g| types.is_empty() || types.iter().any(|t| t == g.group_type))
                 .map(|g| {
-                    let listed = ListedGroup::default()
+                    let mut listed = ListedGroup::default()
                         .with_group_id(GroupId(s(g.group_id)))
                         .with_protocol_type(s(g.protocol_type));
                     if client.version >= 4 {
-                        listed.with_group_state(s(g.state.as_str()))
-                    } else {
-                        listed
+                        listed = listed.with_group_state(s(g.state.as_str()));
                     }
+                    if client.version >= 5 {
+                        listed = listed.with_group_type(s(g.group_type));
+                    }
+                    listed
                 })
                 .collect();
             ListGroupsResponse::default().with_groups(groups)

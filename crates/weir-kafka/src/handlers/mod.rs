@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod api_versions;
+pub mod consumer_groups;
 pub mod fetch;
 pub mod groups;
 pub mod list_offsets;
@@ -32,6 +33,8 @@ pub(crate) mod authorized_operations {
     /// Kafka's supported operations of the CLUSTER resource (token operations belong to users).
     pub(crate) const CLUSTER: i32 =
         CREATE | ALTER | DESCRIBE | CLUSTER_ACTION | DESCRIBE_CONFIGS | ALTER_CONFIGS | IDEMPOTENT_WRITE;
+    /// Kafka's supported operations of the GROUP resource.
+    pub(crate) const GROUP: i32 = READ | DELETE | DESCRIBE;
     pub(crate) const TOPIC: i32 = READ | WRITE | CREATE | DELETE | ALTER | DESCRIBE | DESCRIBE_CONFIGS | ALTER_CONFIGS;
 }
 

@@ -1,0 +1,759 @@
+//! One group of the consumer group protocol (KIP-848): the broker computes the assignment and
+//! hands it out incrementally through ConsumerGroupHeartbeat. Pure and synchronous like
+//! `state` (the classic machine): time and the topics' metadata are passed in.
+//!
+//! Epochs:
+//! - the group epoch goes up whenever what the assignment depends on changes (a member joins or
+//!   leaves, a subscription, rack or assignor changes, a subscribed topic gains partitions);
+//! - the target assignment is recomputed, at the next heartbeat, when the group epoch is ahead
+//!   of the assignment epoch, which then catches up;
+//! - each member moves to the assignment epoch on its own: first it gives up (revokes) the
+//!   partitions the target takes from it, then it gets the target's partitions that no other
+//!   member still holds.
+//!
+//! Invariants (checked by `check_invariants`):
+//! - no partition is held (assigned or being revoked) by two members at once: a partition is
+//!   handed to a member only once its previous holder acknowledged giving it up;
+//! - a member's epoch never exceeds the assignment epoch, which never exceeds the group epoch;
+//! - `static_members` maps each instance id to the member holding it, and only those.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use uuid::Uuid;
+
+use super::assignor::{self, Assignment, MemberSpec, TopicSpec};
+use super::{
+    ConsumerGroupDescription, ConsumerHeartbeatParams, ConsumerHeartbeatResult, ConsumerMemberDescription, ErrorKind,
+    GroupState,
+};
+
+/// Member epoch of a leave request; of a static member leaving for a restart.
+pub(crate) const LEAVE_EPOCH: i32 = -1;
+pub(crate) const STATIC_LEAVE_EPOCH: i32 = -2;
+
+/// The broker settings a consumer group obeys.
+#[derive(Debug, Clone)]
+pub(crate) struct ConsumerLimits {
+    pub(crate) session_timeout_ms: i32,
+    pub(crate) heartbeat_interval_ms: i32,
+    pub(crate) max_size: usize,
+    /// `group.consumer.assignors`; the first is the default.
+    pub(crate) assignors: Vec<String>,
+}
+
+/// A topic as the consumer group sees it (from the cluster metadata).
+#[derive(Debug, Clone)]
+pub(crate) struct TopicInfo {
+    pub(crate) name: String,
+    pub(crate) spec: TopicSpec,
+}
+
+/// The topics a heartbeat may involve, by id: those the group's subscriptions name or match.
+pub(crate) type Catalog = BTreeMap<Uuid, TopicInfo>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MemberState {
+    /// At its epoch's assignment, or waiting for nothing.
+    Stable,
+    /// Must give up `revoking` (acknowledged by a heartbeat that no longer owns them) before it
+    /// moves to the assignment epoch.
+    UnrevokedPartitions,
+    /// At the assignment epoch, but some target partitions are still held by other members.
+    UnreleasedPartitions,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ConsumerMember {
+    pub(crate) member_id: String,
+    pub(crate) instance_id: Option<String>,
+    rack_id: Option<String>,
+    client_id: String,
+    client_host: String,
+    rebalance_timeout_ms: i32,
+    subscribed_topic_names: Vec<String>,
+    subscribed_topic_regex: Option<String>,
+    server_assignor: Option<String>,
+    pub(crate) member_epoch: i32,
+    previous_member_epoch: i32,
+    state: MemberState,
+    /// What the member has been told it owns.
+    pub(crate) assigned: Assignment,
+    /// Taken from it, not yet acknowledged; still its own until then.
+    revoking: Assignment,
+    session_deadline_ms: i64,
+    /// While partitions are being revoked: fenced if they are not by then.
+    revocation_deadline_ms: Option<i64>,
+    /// A static member that left for a restart (epoch -2): keeps its assignment for a while.
+    left_temporarily: bool,
+    /// (epoch, assignment) last sent, so an unchanged assignment is not sent again.
+    sent: Option<(i32, Assignment)>,
+}
+
+impl ConsumerMember {
+    fn holds(&self, topic: &Uuid, partition: i32) -> bool {
+        self.assigned.get(topic).is_some_and(|p| p.contains(&partition))
+            || self.revoking.get(topic).is_some_and(|p| p.contains(&partition))
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConsumerGroup {
+    pub(crate) group_epoch: i32,
+    pub(crate) assignment_epoch: i32,
+    pub(crate) members: BTreeMap<String, ConsumerMember>,
+    static_members: HashMap<String, String>,
+    target: BTreeMap<String, Assignment>,
+    /// Partition counts of the subscribed topics when the target was computed: a change bumps
+    /// the group epoch.
+    subscribed_metadata: BTreeMap<Uuid, i32>,
+    /// The assignor of the current target.
+    assignor: String,
+}
+
+fn minus(a: &Assignment, b: &Assignment) -> Assignment {
+    let mut out = Assignment::new();
+    for (topic, partitions) in a {
+        let rest: BTreeSet<i32> = match b.get(topic) {
+            Some(other) => partitions.difference(other).copied().collect(),
+            None => partitions.clone(),
+        };
+        if !rest.is_empty() {
+            out.insert(*topic, rest);
+        }
+    }
+    out
+}
+
+fn intersect(a: &Assignment, b: &Assignment) -> Assignment {
+    let mut out = Assignment::new();
+    for (topic, partitions) in a {
+        if let Some(other) = b.get(topic) {
+            let both: BTreeSet<i32> = partitions.intersection(other).copied().collect();
+            if !both.is_empty() {
+                out.insert(*topic, both);
+            }
+        }
+    }
+    out
+}
+
+fn is_subset(a: &Assignment, b: &Assignment) -> bool {
+    minus(a, b).is_empty()
+}
+
+/// Compiles a subscription pattern: it must match a whole topic name, as Java's
+/// `Pattern.matcher().matches()` does.
+pub(crate) fn compile_regex(pattern: &str) -> Result<regex::Regex, ErrorKind> {
+    regex::Regex::new(&format!("^(?:{pattern})$")).map_err(|_| ErrorKind::InvalidRequest)
+}
+
+impl ConsumerGroup {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Kafka's consumer group states: Empty, Assigning (the target lags the group epoch),
+    /// Reconciling (some member is not at the target yet), Stable.
+    pub(crate) fn state(&self) -> GroupState {
+        if self.members.is_empty() {
+            GroupState::Empty
+        } else if self.assignment_epoch < self.group_epoch {
+            GroupState::Assigning
+        } else if self
+            .members
+            .values()
+            .any(|m| m.member_epoch != self.assignment_epoch || m.state != MemberState::Stable)
+        {
+            GroupState::Reconciling
+        } else {
+            GroupState::Stable
+        }
+    }
+
+    /// Every topic name the members subscribe to, and their patterns, with `extra` (the
+    /// subscription of the heartbeat being handled): what the catalog must cover.
+    pub(crate) fn subscriptions<'a>(
+        &'a self,
+        extra: &'a ConsumerHeartbeatParams,
+    ) -> (BTreeSet<&'a str>, BTreeSet<&'a str>) {
+        let mut names: BTreeSet<&str> = BTreeSet::new();
+        let mut patterns: BTreeSet<&str> = BTreeSet::new();
+        for m in self.members.values() {
+            names.extend(m.subscribed_topic_names.iter().map(String::as_str));
+            patterns.extend(m.subscribed_topic_regex.as_deref());
+        }
+        names.extend(extra.subscribed_topic_names.iter().flatten().map(String::as_str));
+        patterns.extend(extra.subscribed_topic_regex.as_deref());
+        (names, patterns)
+    }
+
+    /// The topic ids a member subscribes to (names that exist, and names its pattern matches).
+    fn member_topics(member: &ConsumerMember, catalog: &Catalog) -> BTreeSet<Uuid> {
+        let regex = member.subscribed_topic_regex.as_deref().and_then(|p| compile_regex(p).ok());
+        catalog
+            .iter()
+            .filter(|(_, t)| {
+                member.subscribed_topic_names.contains(&t.name) || regex.as_ref().is_some_and(|r| r.is_match(&t.name))
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    fn bump(&mut self, why: &str) {
+        self.group_epoch += 1;
+        tracing::debug!(epoch = self.group_epoch, why, "consumer group epoch bumped");
+    }
+
+    /// The assignor the members asked for most (ties to the configured order); the default
+    /// when none asked.
+    fn pick_assignor(&self, limits: &ConsumerLimits) -> String {
+        let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
+        for m in self.members.values() {
+            if let Some(a) = m.server_assignor.as_deref() {
+                *votes.entry(a).or_default() += 1;
+            }
+        }
+        limits
+            .assignors
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, a)| (votes.get(a.as_str()).copied().unwrap_or(0), std::cmp::Reverse(*i)))
+            .map(|(_, a)| a.clone())
+            .unwrap_or_else(|| assignor::UNIFORM.to_string())
+    }
+
+    /// Bumps the group epoch once if `changed` or the subscribed topics' partition counts
+    /// changed, then recomputes the target assignment if it is behind the group epoch.
+    fn refresh_target(&mut self, catalog: &Catalog, limits: &ConsumerLimits, mut changed: bool) {
+        let mut metadata = BTreeMap::new();
+        let mut specs: BTreeMap<String, MemberSpec> = BTreeMap::new();
+        for (id, m) in &self.members {
+            let subscribed = Self::member_topics(m, catalog);
+            for t in &subscribed {
+                metadata.insert(*t, catalog[t].spec.partitions);
+            }
+            let current = self.target.get(id).cloned().unwrap_or_default();
+            specs.insert(id.clone(), MemberSpec { subscribed, rack: m.rack_id.clone(), current });
+        }
+        if metadata != self.subscribed_metadata {
+            self.subscribed_metadata = metadata.clone();
+            changed = true;
+        }
+        if changed {
+            self.bump("members, subscriptions or subscribed topics changed");
+        }
+        if self.assignment_epoch >= self.group_epoch {
+            return;
+        }
+        let topics: BTreeMap<Uuid, TopicSpec> = metadata.keys().map(|t| (*t, catalog[t].spec.clone())).collect();
+        let name = self.pick_assignor(limits);
+        let target = assignor::assign(&name, &specs, &topics).unwrap_or_else(|| assignor::uniform(&specs, &topics));
+        self.target = target;
+        self.assignor = name;
+        self.assignment_epoch = self.group_epoch;
+    }
+
+    /// Moves `member_id` towards the target (Kafka's `CurrentAssignmentBuilder`). `owned` is
+    /// what the member reported holding, if it did.
+    fn reconcile(&mut self, member_id: &str, owned: Option<&Assignment>, now_ms: i64) {
+        let Some(member) = self.members.get(member_id) else { return };
+        if member.left_temporarily {
+            return;
+        }
+        let mut member = member.clone();
+        if member.state == MemberState::UnrevokedPartitions {
+            let acknowledged = owned.is_some_and(|o| intersect(o, &member.revoking).is_empty());
+            if !acknowledged {
+                return;
+            }
+            member.revoking.clear();
+            member.revocation_deadline_ms = None;
+            member.state = MemberState::Stable;
+        }
+        let target = self.target.get(member_id).cloned().unwrap_or_default();
+        if member.member_epoch != self.assignment_epoch || member.state == MemberState::Stable {
+            let kept = intersect(&member.assigned, &target);
+            let revoke = minus(&member.assigned, &target);
+            if !revoke.is_empty() {
+                member.assigned = kept;
+                member.revoking = revoke;
+                member.state = MemberState::UnrevokedPartitions;
+                member.revocation_deadline_ms = Some(now_ms + i64::from(member.rebalance_timeout_ms.max(0)));
+                self.members.insert(member_id.to_string(), member);
+                return;
+            }
+        }
+        // Take every target partition no other member holds.
+        let wanted = minus(&target, &member.assigned);
+        let mut unreleased = false;
+        for (topic, partitions) in &wanted {
+            for p in partitions {
+                let held = self.members.values().any(|o| o.member_id != member_id && o.holds(topic, *p));
+                if held {
+                    unreleased = true;
+                } else {
+                    member.assigned.entry(*topic).or_default().insert(*p);
+                }
+            }
+        }
+        if member.member_epoch != self.assignment_epoch {
+            member.previous_member_epoch = member.member_epoch;
+            member.member_epoch = self.assignment_epoch;
+        }
+        member.state = if unreleased { MemberState::UnreleasedPartitions } else { MemberState::Stable };
+        self.members.insert(member_id.to_string(), member);
+    }
+
+    fn remove_member(&mut self, member_id: &str, why: &str) {
+        if let Some(m) = self.members.remove(member_id) {
+            if let Some(instance) = &m.instance_id {
+                if self.static_members.get(instance).map(String::as_str) == Some(member_id) {
+                    self.static_members.remove(instance);
+                }
+            }
+            self.target.remove(member_id);
+            tracing::info!(member = member_id, why, "consumer group member removed");
+            self.bump(why);
+        }
+    }
+
+    /// ConsumerGroupHeartbeat, after the coordinator checked it is the coordinator and built the
+    /// catalog of the topics the subscriptions involve.
+    pub(crate) fn heartbeat(
+        &mut self,
+        params: &ConsumerHeartbeatParams,
+        catalog: &Catalog,
+        now_ms: i64,
+        limits: &ConsumerLimits,
+    ) -> ConsumerHeartbeatResult {
+        let fail = |code| ConsumerHeartbeatResult::error(code);
+        let epoch = params.member_epoch;
+        if let Some(a) = params.server_assignor.as_deref() {
+            if !limits.assignors.iter().any(|x| x == a) {
+                return fail(ErrorKind::UnsupportedAssignor);
+            }
+        }
+        if let Some(pattern) = params.subscribed_topic_regex.as_deref() {
+            if compile_regex(pattern).is_err() {
+                return fail(ErrorKind::InvalidRequest);
+            }
+        }
+        if epoch == LEAVE_EPOCH || epoch == STATIC_LEAVE_EPOCH {
+            return self.leave(params, epoch, now_ms);
+        }
+        let mut changed = false;
+        let member_id = if epoch == 0 {
+            match self.join(params, limits, now_ms) {
+                Ok((id, new)) => {
+                    changed = new;
+                    id
+                }
+                Err(code) => return fail(code),
+            }
+        } else {
+            let Some(member) = self.members.get(&params.member_id) else { return fail(ErrorKind::UnknownMember) };
+            if let Some(instance) = params.instance_id.as_deref() {
+                if self.static_members.get(instance) != Some(&params.member_id) {
+                    return fail(ErrorKind::FencedInstance);
+                }
+            }
+            let owned_ok = params.owned.as_ref().is_some_and(|o| is_subset(o, &member.assigned));
+            let current = epoch == member.member_epoch;
+            let lost_response = epoch == member.previous_member_epoch && owned_ok;
+            if epoch > member.member_epoch || !(current || lost_response) || member.left_temporarily {
+                return fail(ErrorKind::FencedMemberEpoch);
+            }
+            params.member_id.clone()
+        };
+        // Subscription, rack and assignor changes (null fields mean unchanged).
+        if let Some(member) = self.members.get_mut(&member_id) {
+            member.session_deadline_ms = now_ms + i64::from(limits.session_timeout_ms);
+            member.client_id = params.client_id.clone();
+            member.client_host = params.client_host.clone();
+            if params.rebalance_timeout_ms > 0 {
+                member.rebalance_timeout_ms = params.rebalance_timeout_ms;
+            }
+            if let Some(names) = &params.subscribed_topic_names {
+                let mut names = names.clone();
+                names.sort();
+                names.dedup();
+                if names != member.subscribed_topic_names {
+                    member.subscribed_topic_names = names;
+                    changed = true;
+                }
+            }
+            if params.subscribed_topic_regex.is_some() && params.subscribed_topic_regex != member.subscribed_topic_regex
+            {
+                member.subscribed_topic_regex = params.subscribed_topic_regex.clone();
+                changed = true;
+            }
+            if params.rack_id.is_some() && params.rack_id != member.rack_id {
+                member.rack_id = params.rack_id.clone();
+                changed = true;
+            }
+            if params.server_assignor.is_some() && params.server_assignor != member.server_assignor {
+                member.server_assignor = params.server_assignor.clone();
+                changed = true;
+            }
+        }
+        self.refresh_target(catalog, limits, changed);
+        self.reconcile(&member_id, params.owned.as_ref(), now_ms);
+        let full = epoch == 0 || params.owned.is_some();
+        let Some(member) = self.members.get_mut(&member_id) else { return fail(ErrorKind::UnknownMember) };
+        let now_sent = (member.member_epoch, member.assigned.clone());
+        let assignment = if full || member.sent.as_ref() != Some(&now_sent) {
+            member.sent = Some(now_sent);
+            Some(member.assigned.clone())
+        } else {
+            None
+        };
+        ConsumerHeartbeatResult {
+            error: None,
+            member_id: Some(member_id),
+            member_epoch: member.member_epoch,
+            heartbeat_interval_ms: limits.heartbeat_interval_ms,
+            assignment,
+        }
+    }
+
+    /// A heartbeat with epoch 0: a new member, a member rejoining after it was fenced (it gave
+    /// up its partitions), or a static member coming back. Returns the member id.
+    /// Returns the member id and whether the member is new to the group.
+    fn join(
+        &mut self,
+        params: &ConsumerHeartbeatParams,
+        limits: &ConsumerLimits,
+        now_ms: i64,
+    ) -> Result<(String, bool), ErrorKind> {
+        if params.rebalance_timeout_ms <= 0 {
+            return Err(ErrorKind::InvalidRequest);
+        }
+        let has_subscription = params.subscribed_topic_names.is_some() || params.subscribed_topic_regex.is_some();
+        let member_id = if params.member_id.is_empty() {
+            if params.version >= 1 {
+                // v1: the client generates its member id (KIP-1082).
+                return Err(ErrorKind::InvalidRequest);
+            }
+            Uuid::new_v4().to_string()
+        } else {
+            params.member_id.clone()
+        };
+        if let Some(instance) = params.instance_id.as_deref() {
+            if let Some(holder) = self.static_members.get(instance).cloned() {
+                let gone = self.members.get(&holder).is_none_or(|m| m.left_temporarily);
+                if holder != member_id && !gone {
+                    return Err(ErrorKind::UnreleasedInstanceId);
+                }
+                if holder != member_id {
+                    // The restarted static member takes its predecessor's place and partitions.
+                    if let Some(mut old) = self.members.remove(&holder) {
+                        old.member_id = member_id.clone();
+                        old.left_temporarily = false;
+                        old.sent = None;
+                        if let Some(t) = self.target.remove(&holder) {
+                            self.target.insert(member_id.clone(), t);
+                        }
+                        self.members.insert(member_id.clone(), old);
+                    }
+                    self.static_members.insert(instance.to_string(), member_id.clone());
+                    return Ok((member_id, false));
+                }
+            }
+        }
+        if let Some(member) = self.members.get_mut(&member_id) {
+            // Rejoining with epoch 0 (after FENCED_MEMBER_EPOCH): it dropped everything.
+            member.assigned.clear();
+            member.revoking.clear();
+            member.revocation_deadline_ms = None;
+            member.state = MemberState::Stable;
+            member.member_epoch = 0;
+            member.previous_member_epoch = 0;
+            member.sent = None;
+            member.left_temporarily = false;
+            return Ok((member_id, false));
+        }
+        if !has_subscription {
+            return Err(ErrorKind::InvalidRequest);
+        }
+        if self.members.len() >= limits.max_size {
+            return Err(ErrorKind::GroupFull);
+        }
+        let member = ConsumerMember {
+            member_id: member_id.clone(),
+            instance_id: params.instance_id.clone(),
+            rack_id: None,
+            client_id: params.client_id.clone(),
+            client_host: params.client_host.clone(),
+            rebalance_timeout_ms: params.rebalance_timeout_ms,
+            subscribed_topic_names: Vec::new(),
+            subscribed_topic_regex: None,
+            server_assignor: None,
+            member_epoch: 0,
+            previous_member_epoch: 0,
+            state: MemberState::Stable,
+            assigned: Assignment::new(),
+            revoking: Assignment::new(),
+            session_deadline_ms: now_ms + i64::from(limits.session_timeout_ms),
+            revocation_deadline_ms: None,
+            left_temporarily: false,
+            sent: None,
+        };
+        if let Some(instance) = &params.instance_id {
+            self.static_members.insert(instance.clone(), member_id.clone());
+        }
+        self.members.insert(member_id.clone(), member);
+        Ok((member_id, true))
+    }
+
+    fn leave(&mut self, params: &ConsumerHeartbeatParams, epoch: i32, now_ms: i64) -> ConsumerHeartbeatResult {
+        let member_id = match params.instance_id.as_deref().and_then(|i| self.static_members.get(i)) {
+            Some(holder) if params.member_id.is_empty() || *holder == params.member_id => holder.clone(),
+            Some(_) => return ConsumerHeartbeatResult::error(ErrorKind::FencedInstance),
+            None => params.member_id.clone(),
+        };
+        let Some(member) = self.members.get_mut(&member_id) else {
+            return ConsumerHeartbeatResult::error(ErrorKind::UnknownMember);
+        };
+        if epoch == STATIC_LEAVE_EPOCH && member.instance_id.is_some() {
+            // Keeps its partitions for its successor until the session times out.
+            member.left_temporarily = true;
+            member.session_deadline_ms = member.session_deadline_ms.max(now_ms);
+        } else {
+            self.remove_member(&member_id, "the member left the group");
+        }
+        ConsumerHeartbeatResult {
+            error: None,
+            member_id: Some(member_id),
+            member_epoch: epoch,
+            heartbeat_interval_ms: 0,
+            assignment: None,
+        }
+    }
+
+    /// An offset commit's (or fetch's) member check: the member exists and names its current
+    /// epoch. Without member (an admin's commit) only while the group has no members.
+    pub(crate) fn validate_commit(&self, member_id: &str, member_epoch: Option<i32>) -> Result<(), ErrorKind> {
+        if member_id.is_empty() && member_epoch.is_none_or(|e| e < 0) {
+            return if self.members.is_empty() { Ok(()) } else { Err(ErrorKind::UnknownMember) };
+        }
+        let member = self.members.get(member_id).ok_or(ErrorKind::UnknownMember)?;
+        if member_epoch != Some(member.member_epoch) {
+            return Err(ErrorKind::StaleMemberEpoch);
+        }
+        Ok(())
+    }
+
+    /// Removes members whose session expired and fences members that did not revoke in time.
+    pub(crate) fn poll(&mut self, now_ms: i64) {
+        let expired: Vec<String> =
+            self.members.values().filter(|m| m.session_deadline_ms <= now_ms).map(|m| m.member_id.clone()).collect();
+        for id in expired {
+            self.remove_member(&id, "session timeout expired");
+        }
+        let slow: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| m.revocation_deadline_ms.is_some_and(|d| d <= now_ms))
+            .map(|m| m.member_id.clone())
+            .collect();
+        for id in slow {
+            self.remove_member(&id, "did not revoke its partitions within the rebalance timeout");
+        }
+    }
+
+    pub(crate) fn next_deadline_ms(&self) -> Option<i64> {
+        self.members.values().flat_map(|m| std::iter::once(m.session_deadline_ms).chain(m.revocation_deadline_ms)).min()
+    }
+
+    /// Topic names of an assignment, through the catalog (ids it does not know are skipped).
+    fn named(a: &Assignment, name_of: &dyn Fn(Uuid) -> Option<String>) -> Vec<(Uuid, String, Vec<i32>)> {
+        a.iter().filter_map(|(t, ps)| name_of(*t).map(|n| (*t, n, ps.iter().copied().collect()))).collect()
+    }
+
+    pub(crate) fn describe(
+        &self,
+        group_id: &str,
+        name_of: &dyn Fn(Uuid) -> Option<String>,
+    ) -> ConsumerGroupDescription {
+        ConsumerGroupDescription {
+            group_id: group_id.to_string(),
+            error: None,
+            state: self.state(),
+            group_epoch: self.group_epoch,
+            assignment_epoch: self.assignment_epoch,
+            assignor_name: self.assignor.clone(),
+            members: self
+                .members
+                .values()
+                .map(|m| ConsumerMemberDescription {
+                    member_id: m.member_id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    rack_id: m.rack_id.clone(),
+                    member_epoch: m.member_epoch,
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    subscribed_topic_names: m.subscribed_topic_names.clone(),
+                    subscribed_topic_regex: m.subscribed_topic_regex.clone(),
+                    assignment: Self::named(&m.assigned, name_of),
+                    target_assignment: Self::named(
+                        &self.target.get(&m.member_id).cloned().unwrap_or_default(),
+                        name_of,
+                    ),
+                })
+                .collect(),
+        }
+    }
+
+    /// Topic names the members subscribe to by name (OffsetDelete's check; patterns are not
+    /// expanded here, so a group subscribing by pattern protects no topic by name).
+    pub(crate) fn subscribed_names(&self) -> BTreeSet<String> {
+        self.members.values().flat_map(|m| m.subscribed_topic_names.iter().cloned()).collect()
+    }
+
+    pub(crate) fn check_invariants(&self) {
+        assert!(self.assignment_epoch <= self.group_epoch, "assignment epoch ahead of group epoch");
+        let mut held: BTreeSet<(Uuid, i32)> = BTreeSet::new();
+        for m in self.members.values() {
+            assert!(m.member_epoch <= self.assignment_epoch, "{} epoch ahead", m.member_id);
+            for a in [&m.assigned, &m.revoking] {
+                for (t, ps) in a {
+                    for p in ps {
+                        assert!(held.insert((*t, *p)), "{t}:{p} held twice ({})", m.member_id);
+                    }
+                }
+            }
+        }
+        for (instance, id) in &self.static_members {
+            let m = self.members.get(id).expect("static member exists");
+            assert_eq!(m.instance_id.as_deref(), Some(instance.as_str()));
+        }
+        let statics = self.members.values().filter(|m| m.instance_id.is_some()).count();
+        assert_eq!(statics, self.static_members.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> ConsumerLimits {
+        ConsumerLimits {
+            session_timeout_ms: 45_000,
+            heartbeat_interval_ms: 5_000,
+            max_size: 10,
+            assignors: vec!["uniform".into(), "range".into()],
+        }
+    }
+
+    fn catalog(partitions: i32) -> (Uuid, Catalog) {
+        let id = Uuid::from_u128(42);
+        let info = TopicInfo { name: "t".into(), spec: TopicSpec { partitions, racks: vec![] } };
+        (id, BTreeMap::from([(id, info)]))
+    }
+
+    fn hb(member: &str, epoch: i32, owned: Option<Assignment>) -> ConsumerHeartbeatParams {
+        ConsumerHeartbeatParams {
+            group_id: "g".into(),
+            member_id: member.into(),
+            member_epoch: epoch,
+            instance_id: None,
+            rack_id: None,
+            rebalance_timeout_ms: 30_000,
+            subscribed_topic_names: if epoch == 0 { Some(vec!["t".into()]) } else { None },
+            subscribed_topic_regex: None,
+            server_assignor: None,
+            owned,
+            client_id: "c".into(),
+            client_host: "/h".into(),
+            version: 1,
+        }
+    }
+
+    fn count(a: &Option<Assignment>) -> usize {
+        a.as_ref().map_or(0, |a| a.values().map(BTreeSet::len).sum())
+    }
+
+    #[test]
+    fn second_member_gets_partitions_only_after_the_first_revokes_them() {
+        let (_, cat) = catalog(4);
+        let mut g = ConsumerGroup::default();
+        let l = limits();
+        let a = g.heartbeat(&hb("a", 0, None), &cat, 0, &l);
+        assert_eq!((a.member_epoch, count(&a.assignment)), (1, 4));
+        let owned_a = a.assignment.clone();
+        let b = g.heartbeat(&hb("b", 0, None), &cat, 10, &l);
+        // Everything is still a's: b is at the new epoch but waits.
+        assert_eq!((b.member_epoch, count(&b.assignment)), (2, 0));
+        g.check_invariants();
+        // a is asked to give up two partitions, at its old epoch.
+        let a2 = g.heartbeat(&hb("a", 1, owned_a), &cat, 20, &l);
+        assert_eq!((a2.member_epoch, count(&a2.assignment)), (1, 2));
+        let b2 = g.heartbeat(&hb("b", 2, None), &cat, 30, &l);
+        assert!(b2.assignment.is_none(), "nothing released yet");
+        // a acknowledges; then b gets them.
+        let a3 = g.heartbeat(&hb("a", 1, a2.assignment.clone()), &cat, 40, &l);
+        assert_eq!(a3.member_epoch, 2);
+        let b3 = g.heartbeat(&hb("b", 2, None), &cat, 50, &l);
+        assert_eq!(count(&b3.assignment), 2);
+        assert_eq!(g.state(), GroupState::Stable);
+        g.check_invariants();
+    }
+
+    #[test]
+    fn errors_for_unknown_fenced_and_unreleased_members() {
+        let (_, cat) = catalog(2);
+        let mut g = ConsumerGroup::default();
+        let l = limits();
+        assert_eq!(g.heartbeat(&hb("x", 3, None), &cat, 0, &l).error, Some(ErrorKind::UnknownMember));
+        g.heartbeat(&hb("a", 0, None), &cat, 0, &l);
+        assert_eq!(g.heartbeat(&hb("a", 7, None), &cat, 0, &l).error, Some(ErrorKind::FencedMemberEpoch));
+        let mut s = hb("s1", 0, None);
+        s.instance_id = Some("i".into());
+        assert!(g.heartbeat(&s, &cat, 0, &l).error.is_none());
+        let mut s2 = hb("s2", 0, None);
+        s2.instance_id = Some("i".into());
+        assert_eq!(g.heartbeat(&s2, &cat, 0, &l).error, Some(ErrorKind::UnreleasedInstanceId));
+        // After a temporary leave the successor takes over.
+        let mut leave = hb("s1", STATIC_LEAVE_EPOCH, None);
+        leave.instance_id = Some("i".into());
+        assert_eq!(g.heartbeat(&leave, &cat, 0, &l).member_epoch, STATIC_LEAVE_EPOCH);
+        assert!(g.heartbeat(&s2, &cat, 0, &l).error.is_none());
+        let mut bad = hb("z", 0, None);
+        bad.server_assignor = Some("sticky".into());
+        assert_eq!(g.heartbeat(&bad, &cat, 0, &l).error, Some(ErrorKind::UnsupportedAssignor));
+        g.check_invariants();
+    }
+
+    #[test]
+    fn expired_and_slow_members_are_removed() {
+        let (_, cat) = catalog(2);
+        let mut g = ConsumerGroup::default();
+        let l = limits();
+        g.heartbeat(&hb("a", 0, None), &cat, 0, &l);
+        g.poll(44_999);
+        assert_eq!(g.members.len(), 1);
+        g.poll(45_000);
+        assert!(g.is_empty());
+        // A member that never acknowledges a revocation is fenced at its rebalance timeout.
+        let a = g.heartbeat(&hb("a", 0, None), &cat, 50_000, &l);
+        g.heartbeat(&hb("b", 0, None), &cat, 50_000, &l);
+        let a2 = g.heartbeat(&hb("a", a.member_epoch, a.assignment), &cat, 51_000, &l);
+        assert_eq!(count(&a2.assignment), 1);
+        g.heartbeat(&hb("b", 4, None), &cat, 60_000, &l);
+        g.poll(81_000);
+        assert!(!g.members.contains_key("a"));
+        g.check_invariants();
+    }
+
+    #[test]
+    fn commits_need_the_current_epoch() {
+        let (_, cat) = catalog(1);
+        let mut g = ConsumerGroup::default();
+        assert_eq!(g.validate_commit("", None), Ok(()));
+        g.heartbeat(&hb("a", 0, None), &cat, 0, &limits());
+        assert_eq!(g.validate_commit("a", Some(1)), Ok(()));
+        assert_eq!(g.validate_commit("a", Some(0)), Err(ErrorKind::StaleMemberEpoch));
+        assert_eq!(g.validate_commit("b", Some(1)), Err(ErrorKind::UnknownMember));
+        assert_eq!(g.validate_commit("", None), Err(ErrorKind::UnknownMember));
+    }
+}

@@ -1,0 +1,212 @@
+//! The coordinator's entry points for the consumer group protocol (KIP-848):
+//! ConsumerGroupHeartbeat, ConsumerGroupDescribe, and DescribeGroups of a consumer group. The
+//! group's rules live in `consumer`; here are the coordinator checks (ownership, activity), the
+//! topic catalog built from the cluster metadata, and the bridge to the classic group record
+//! the group shares (committed offsets, ListGroups, deletion).
+//!
+//! Same concurrency contract as `coordinator`: everything runs under the `groups` mutex,
+//! in memory only. Membership is not written to `__consumer_offsets`: after a coordinator move
+//! the members' next heartbeat gets UNKNOWN_MEMBER_ID and they rejoin with epoch 0 (committed
+//! offsets are durable as for classic groups).
+
+use std::collections::{BTreeSet, HashMap};
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition as AssignedPartition;
+use kafka_protocol::messages::{ConsumerProtocolAssignment, ConsumerProtocolSubscription, TopicName};
+use kafka_protocol::protocol::{Encodable, StrBytes};
+use uuid::Uuid;
+use weir_broker::metadata::MetadataState;
+
+use super::assignor::TopicSpec;
+use super::consumer::{compile_regex, Catalog, ConsumerGroup, TopicInfo};
+use super::coordinator::GroupCoordinator;
+use super::state::Group;
+use super::{
+    ConsumerGroupDescription, ConsumerHeartbeatParams, ConsumerHeartbeatResult, ErrorKind, GroupDescription,
+    GroupState, MemberDescription,
+};
+
+/// The topics named in `names` or matched by one of `patterns` (internal topics only by name),
+/// with their partitions' replica racks.
+pub(super) fn catalog(metadata: &MetadataState, names: &BTreeSet<&str>, patterns: &BTreeSet<&str>) -> Catalog {
+    let regexes: Vec<regex::Regex> = patterns.iter().filter_map(|p| compile_regex(p).ok()).collect();
+    let racks: HashMap<i32, &str> =
+        metadata.brokers.values().filter_map(|b| b.rack.as_deref().map(|r| (b.id, r))).collect();
+    let mut out = Catalog::new();
+    for (name, topic) in &metadata.topics {
+        let named = names.contains(name.as_str());
+        if !named && (topic.internal || !regexes.iter().any(|r| r.is_match(name))) {
+            continue;
+        }
+        let partition_racks = if racks.is_empty() {
+            Vec::new()
+        } else {
+            topic
+                .assignments
+                .iter()
+                .map(|p| p.replicas.iter().filter_map(|b| racks.get(b).map(|r| r.to_string())).collect())
+                .collect()
+        };
+        out.insert(
+            topic.id,
+            TopicInfo { name: name.clone(), spec: TopicSpec { partitions: topic.partitions, racks: partition_racks } },
+        );
+    }
+    out
+}
+
+impl GroupCoordinator {
+    /// ConsumerGroupHeartbeat: join, heartbeat, acknowledge revocations, leave.
+    pub async fn consumer_heartbeat(&self, params: ConsumerHeartbeatParams) -> ConsumerHeartbeatResult {
+        if params.group_id.is_empty() {
+            return ConsumerHeartbeatResult::error(ErrorKind::InvalidGroupId);
+        }
+        let metadata = self.broker.metadata();
+        let result = {
+            let mut groups = self.groups();
+            if !self.is_active() {
+                return ConsumerHeartbeatResult::error(ErrorKind::CoordinatorNotAvailable);
+            }
+            if let Err(kind) = self.check_coordinator(&params.group_id) {
+                return ConsumerHeartbeatResult::error(kind);
+            }
+            let now = self.now_ms();
+            match groups.get(&params.group_id) {
+                Some(g) if g.state == GroupState::Dead => {
+                    return ConsumerHeartbeatResult::error(ErrorKind::CoordinatorNotAvailable);
+                }
+                // A running classic group does not take consumer-protocol members: Kafka's
+                // GROUP_ID_NOT_FOUND ("not a consumer group") when it cannot convert it.
+                Some(g) if g.consumer.is_none() && g.has_members() => {
+                    return ConsumerHeartbeatResult::error(ErrorKind::UnknownGroup);
+                }
+                Some(g) if g.consumer.is_some() => {}
+                _ if params.member_epoch != 0 => return ConsumerHeartbeatResult::error(ErrorKind::UnknownMember),
+                _ => {}
+            }
+            let group =
+                groups.entry(params.group_id.clone()).or_insert_with(|| Group::new(params.group_id.clone(), now));
+            if group.consumer.is_none() {
+                // A new group, or an empty classic group (with its committed offsets) that
+                // becomes a consumer group.
+                group.consumer = Some(ConsumerGroup::default());
+                group.protocol_type = Some("consumer".to_string());
+                group.protocol_name = None;
+            }
+            let result = match group.consumer.as_mut() {
+                Some(consumer) => {
+                    let (names, patterns) = consumer.subscriptions(&params);
+                    let catalog = catalog(&metadata, &names, &patterns);
+                    consumer.heartbeat(&params, &catalog, now, &self.consumer_limits)
+                }
+                None => ConsumerHeartbeatResult::error(ErrorKind::Internal),
+            };
+            group.sync_consumer_state(now);
+            if group.is_vacant() && !group.persisted {
+                groups.remove(&params.group_id);
+            }
+            result
+        };
+        self.timer_wake.notify_one();
+        result
+    }
+
+    /// ConsumerGroupDescribe, in request order: GROUP_ID_NOT_FOUND for a group that does not
+    /// exist or is a classic group.
+    pub async fn consumer_group_describe(&self, group_ids: &[String]) -> Vec<ConsumerGroupDescription> {
+        let metadata = self.broker.metadata();
+        let name_of = |id: Uuid| metadata.topic_by_id(id).map(|t| t.name.clone());
+        let groups = self.groups();
+        let active = self.is_active();
+        group_ids
+            .iter()
+            .map(|id| {
+                let error = |kind| ConsumerGroupDescription {
+                    group_id: id.clone(),
+                    error: Some(kind),
+                    state: GroupState::Dead,
+                    group_epoch: 0,
+                    assignment_epoch: 0,
+                    assignor_name: String::new(),
+                    members: Vec::new(),
+                };
+                if !active {
+                    return error(ErrorKind::CoordinatorNotAvailable);
+                }
+                if let Err(kind) = self.check_coordinator(id) {
+                    return error(kind);
+                }
+                match groups.get(id).and_then(|g| g.consumer.as_ref()) {
+                    Some(consumer) => consumer.describe(id, &name_of),
+                    None => error(ErrorKind::UnknownGroup),
+                }
+            })
+            .collect()
+    }
+
+    /// DescribeGroups of a consumer group, as Kafka answers it: protocol type "consumer", the
+    /// consumer group's state, the assignor as protocol, and each member's subscription and
+    /// assignment in the classic consumer protocol's encoding.
+    pub(super) fn describe_consumer_as_classic(&self, group: &Group) -> GroupDescription {
+        let metadata = self.broker.metadata();
+        let name_of = |id: Uuid| metadata.topic_by_id(id).map(|t| t.name.clone());
+        let Some(consumer) = group.consumer.as_ref() else { return group.describe() };
+        let described = consumer.describe(&group.id, &name_of);
+        let members = described
+            .members
+            .iter()
+            .map(|m| MemberDescription {
+                member_id: m.member_id.clone(),
+                group_instance_id: m.instance_id.clone(),
+                client_id: m.client_id.clone(),
+                client_host: m.client_host.clone(),
+                metadata: encode_subscription(&m.subscribed_topic_names, m.rack_id.as_deref()),
+                assignment: encode_assignment(&m.assignment),
+            })
+            .collect();
+        GroupDescription {
+            group_id: group.id.clone(),
+            error: None,
+            state: described.state,
+            protocol_type: "consumer".to_string(),
+            protocol_data: described.assignor_name.clone(),
+            members,
+            consumer: Some(described),
+        }
+    }
+}
+
+/// A ConsumerProtocolSubscription (v3, with the rack), as a classic consumer would send it.
+fn encode_subscription(topics: &[String], rack: Option<&str>) -> Bytes {
+    let version = 3;
+    let subscription = ConsumerProtocolSubscription::default()
+        .with_topics(topics.iter().map(|t| StrBytes::from_string(t.clone())).collect())
+        .with_rack_id(rack.map(|r| StrBytes::from_string(r.to_string())));
+    let mut buf = BytesMut::new();
+    buf.extend_from_slice(&i16::to_be_bytes(version));
+    match subscription.encode(&mut buf, version) {
+        Ok(()) => buf.freeze(),
+        Err(_) => Bytes::new(),
+    }
+}
+
+/// A ConsumerProtocolAssignment (v0), as a classic leader would send it.
+fn encode_assignment(assignment: &[(Uuid, String, Vec<i32>)]) -> Bytes {
+    let version = 0;
+    let partitions = assignment
+        .iter()
+        .map(|(_, name, ps)| {
+            AssignedPartition::default()
+                .with_topic(TopicName(StrBytes::from_string(name.clone())))
+                .with_partitions(ps.clone())
+        })
+        .collect();
+    let assignment = ConsumerProtocolAssignment::default().with_assigned_partitions(partitions);
+    let mut buf = BytesMut::new();
+    buf.extend_from_slice(&i16::to_be_bytes(version));
+    match assignment.encode(&mut buf, version) {
+        Ok(()) => buf.freeze(),
+        Err(_) => Bytes::new(),
+    }
+}

@@ -1,0 +1,265 @@
+"""The consumer group protocol (KIP-848, `group.protocol=consumer`): the broker assigns the
+partitions through ConsumerGroupHeartbeat, incrementally, with librdkafka as the client.
+
+Every broker here runs with a short consumer session timeout, so a dead member is noticed in a
+few seconds; every wait is bounded."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, TopicPartition
+
+
+from helpers import c_admin, c_consumer, c_create_topic, c_produce, c_producer, unique
+
+SESSION_MS = 3000
+SETTINGS = {
+    "group.consumer.session.timeout.ms": str(SESSION_MS),
+    "group.consumer.heartbeat.interval.ms": "300",
+}
+WAIT_S = 25
+
+
+@pytest.fixture
+def kip848(broker_factory):
+    return broker_factory(settings=SETTINGS)
+
+
+def new_consumer(bootstrap, group, name, conf=None):
+    base = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "group.protocol": "consumer",
+        "client.id": name,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "socket.connection.setup.timeout.ms": 10000,
+    }
+    base.update(conf or {})
+    return Consumer(base)
+
+
+def owned(consumer, topic=None):
+    return sorted((tp.topic, tp.partition) for tp in consumer.assignment() if topic is None or tp.topic == topic)
+
+
+def drive(consumers, done, timeout=WAIT_S, what="assignment"):
+    """Polls every consumer (discarding messages, failing on errors) until `done()` is true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for c in consumers:
+            msg = c.poll(0.05)
+            if msg is not None and msg.error() and msg.error().code() != KafkaError._PARTITION_EOF:
+                raise AssertionError(f"consumer error: {msg.error()}")
+        if done():
+            return
+    raise AssertionError(f"timed out waiting for {what}: " + "; ".join(str(owned(c)) for c in consumers))
+
+
+def exact_cover(consumers, topic, partitions):
+    """Each partition owned by exactly one consumer."""
+    seen = [p for c in consumers for (_, p) in owned(c, topic)]
+    return sorted(seen) == list(range(partitions))
+
+
+def test_members_share_the_partitions_and_rebalance_as_they_join_and_leave(kip848, closer):
+    topic, group = unique("kip"), unique("g")
+    c_create_topic(c_admin(kip848.bootstrap), topic, partitions=6)
+    a = closer.add(new_consumer(kip848.bootstrap, group, "a"))
+    a.subscribe([topic])
+    drive([a], lambda: exact_cover([a], topic, 6))
+    b = closer.add(new_consumer(kip848.bootstrap, group, "b"))
+    b.subscribe([topic])
+    drive([a, b], lambda: exact_cover([a, b], topic, 6) and len(owned(b)) == 3, what="a 3/3 split")
+    # Uniform and sticky: a kept three of its own partitions.
+    assert len(owned(a)) == 3
+    c = closer.add(new_consumer(kip848.bootstrap, group, "c"))
+    c.subscribe([topic])
+    drive([a, b, c], lambda: exact_cover([a, b, c], topic, 6) and all(len(owned(x)) == 2 for x in (a, b, c)))
+    c.close()
+    drive([a, b], lambda: exact_cover([a, b], topic, 6), what="c's partitions handed back")
+    assert sorted(len(owned(x)) for x in (a, b)) == [3, 3]
+
+
+DYING_MEMBER = textwrap.dedent(
+    """
+    import sys, time
+    from confluent_kafka import Consumer
+    c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2], "group.protocol": "consumer",
+                  "client.id": "doomed", "enable.auto.commit": False})
+    c.subscribe([sys.argv[3]])
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        c.poll(0.1)
+        if c.assignment():
+            print("assigned", len(c.assignment()), flush=True)
+    """
+)
+
+
+def test_a_killed_member_is_removed_after_the_session_timeout(kip848, closer):
+    topic, group = unique("kip"), unique("g")
+    c_create_topic(c_admin(kip848.bootstrap), topic, partitions=4)
+    a = closer.add(new_consumer(kip848.bootstrap, group, "a"))
+    a.subscribe([topic])
+    drive([a], lambda: exact_cover([a], topic, 4))
+    child = subprocess.Popen(
+        [sys.executable, "-c", DYING_MEMBER, kip848.bootstrap, group, topic], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        drive([a], lambda: len(owned(a)) == 2, what="the child taking two partitions")
+        child.kill()
+        child.wait(10)
+        killed_at = time.monotonic()
+        drive([a], lambda: len(owned(a)) == 4, timeout=SESSION_MS / 1000 + 15, what="the dead member's partitions")
+        waited = time.monotonic() - killed_at
+        # Not before the session ran out (minus a heartbeat of slack), but soon after.
+        assert waited >= SESSION_MS / 1000 - 0.6, waited
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+
+
+def test_commits_are_read_back_and_resumed_from(kip848, closer):
+    topic, group = unique("kip"), unique("g")
+    c_create_topic(c_admin(kip848.bootstrap), topic, partitions=2)
+    producer = c_producer(kip848.bootstrap)
+    c_produce(producer, topic, [{"key": f"k{i}".encode(), "value": f"v{i}".encode()} for i in range(20)], partition=0)
+    c_produce(producer, topic, [{"key": f"k{i}".encode(), "value": f"w{i}".encode()} for i in range(10)], partition=1)
+    a = closer.add(new_consumer(kip848.bootstrap, group, "a"))
+    a.subscribe([topic])
+    got = []
+    deadline = time.monotonic() + WAIT_S
+    while len(got) < 30 and time.monotonic() < deadline:
+        msg = a.poll(0.2)
+        if msg is not None and not msg.error():
+            got.append(msg)
+    assert len(got) == 30
+    # Commit part of each partition: the member epoch goes as the generation (OffsetCommit v9).
+    a.commit(offsets=[TopicPartition(topic, 0, 12), TopicPartition(topic, 1, 4)], asynchronous=False)
+    committed = {tp.partition: tp.offset for tp in a.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], 10)}
+    assert committed == {0: 12, 1: 4}
+    a.close()
+    b = closer.add(new_consumer(kip848.bootstrap, group, "b"))
+    b.subscribe([topic])
+    resumed = []
+    deadline = time.monotonic() + WAIT_S
+    while len(resumed) < 14 and time.monotonic() < deadline:
+        msg = b.poll(0.2)
+        if msg is not None and not msg.error():
+            resumed.append((msg.partition(), msg.offset()))
+    assert sorted(resumed) == sorted([(0, o) for o in range(12, 20)] + [(1, o) for o in range(4, 10)])
+
+
+def test_range_assignor_gives_co_partitioned_ranges(kip848, closer):
+    t1, t2, group = unique("kipa"), unique("kipb"), unique("g")
+    admin = c_admin(kip848.bootstrap)
+    c_create_topic(admin, t1, partitions=4)
+    c_create_topic(admin, t2, partitions=4)
+    conf = {"group.remote.assignor": "range"}
+    a = closer.add(new_consumer(kip848.bootstrap, group, "a", conf))
+    b = closer.add(new_consumer(kip848.bootstrap, group, "b", conf))
+    a.subscribe([t1, t2])
+    b.subscribe([t1, t2])
+    drive([a, b], lambda: exact_cover([a, b], t1, 4) and exact_cover([a, b], t2, 4) and len(owned(a)) == 4)
+    for c in (a, b):
+        p1 = [p for _, p in owned(c, t1)]
+        p2 = [p for _, p in owned(c, t2)]
+        # Range: consecutive partitions, the same numbers of both topics.
+        assert p1 == p2 and p1 in ([0, 1], [2, 3]), (p1, p2)
+    described = admin.describe_consumer_groups([group])[group].result(10)
+    assert described.partition_assignor == "range"
+
+
+def test_an_unknown_assignor_is_refused(kip848, closer):
+    topic, group = unique("kip"), unique("g")
+    c_create_topic(c_admin(kip848.bootstrap), topic, partitions=1)
+    a = closer.add(new_consumer(kip848.bootstrap, group, "a", {"group.remote.assignor": "sticky"}))
+    a.subscribe([topic])
+    deadline = time.monotonic() + WAIT_S
+    error = None
+    while error is None and time.monotonic() < deadline:
+        msg = a.poll(0.2)
+        if msg is not None and msg.error():
+            error = msg.error()
+    # librdkafka makes UNSUPPORTED_ASSIGNOR fatal, as the Java client does.
+    assert error is not None and error.code() == KafkaError._FATAL and "assignor" in error.str(), error
+    assert not a.assignment()
+
+
+def test_regex_subscription_follows_matching_topics(kip848, closer):
+    prefix, group = unique("kipre"), unique("g")
+    admin = c_admin(kip848.bootstrap)
+    c_create_topic(admin, f"{prefix}-one", partitions=2)
+    c_create_topic(admin, f"{prefix}-two", partitions=2)
+    c_create_topic(admin, f"other-{prefix}", partitions=2)
+    a = closer.add(new_consumer(kip848.bootstrap, group, "a", {"topic.metadata.refresh.interval.ms": 1000}))
+    a.subscribe([f"^{prefix}-.*"])
+    drive([a], lambda: len(owned(a)) == 4)
+    assert {t for t, _ in owned(a)} == {f"{prefix}-one", f"{prefix}-two"}
+    # A new matching topic is picked up.
+    c_create_topic(admin, f"{prefix}-three", partitions=1)
+    drive([a], lambda: len(owned(a)) == 5, what="the new matching topic")
+
+
+def test_groups_are_listed_and_described_with_their_type(kip848, closer):
+    topic, group = unique("kip"), unique("g")
+    admin = c_admin(kip848.bootstrap)
+    c_create_topic(admin, topic, partitions=3)
+    a = closer.add(new_consumer(kip848.bootstrap, group, "a"))
+    a.subscribe([topic])
+    drive([a], lambda: exact_cover([a], topic, 3))
+    listed = {g.group_id: g for g in admin.list_consumer_groups().result(10).valid}
+    assert group in listed
+    assert str(listed[group].type).endswith("CONSUMER"), listed[group].type
+    described = admin.describe_consumer_groups([group])[group].result(10)
+    assert str(described.type).endswith("CONSUMER"), described.type
+    assert len(described.members) == 1
+    assert described.members[0].client_id == "a"
+    assert sorted(tp.partition for tp in described.members[0].assignment.topic_partitions) == [0, 1, 2]
+    assert str(described.state).endswith("STABLE"), described.state
+
+
+def test_classic_and_consumer_members_do_not_mix_in_a_running_group(kip848, closer):
+    topic, group = unique("kip"), unique("g")
+    c_create_topic(c_admin(kip848.bootstrap), topic, partitions=2)
+    a = closer.add(new_consumer(kip848.bootstrap, group, "a"))
+    a.subscribe([topic])
+    drive([a], lambda: exact_cover([a], topic, 2))
+    classic = closer.add(c_consumer(kip848.bootstrap, group=group))
+    classic.subscribe([topic])
+    deadline = time.monotonic() + WAIT_S
+    error = None
+    while error is None and time.monotonic() < deadline:
+        a.poll(0.02)
+        msg = classic.poll(0.1)
+        if msg is not None and msg.error():
+            error = msg.error()
+    assert error is not None and error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL, error
+    assert exact_cover([a], topic, 2)
+
+
+def test_an_empty_classic_group_becomes_a_consumer_group_with_its_offsets(kip848, closer):
+    topic, group = unique("kip"), unique("g")
+    c_create_topic(c_admin(kip848.bootstrap), topic, partitions=1)
+    c_produce(c_producer(kip848.bootstrap), topic, [{"value": f"v{i}".encode()} for i in range(10)], partition=0)
+    classic = closer.add(c_consumer(kip848.bootstrap, group=group))
+    classic.subscribe([topic])
+    deadline = time.monotonic() + WAIT_S
+    while not classic.assignment() and time.monotonic() < deadline:
+        classic.poll(0.1)
+    classic.commit(offsets=[TopicPartition(topic, 0, 6)], asynchronous=False)
+    classic.close()
+    a = closer.add(new_consumer(kip848.bootstrap, group, "a"))
+    a.subscribe([topic])
+    first = None
+    deadline = time.monotonic() + WAIT_S
+    while first is None and time.monotonic() < deadline:
+        msg = a.poll(0.2)
+        if msg is not None and not msg.error():
+            first = msg.offset()
+    assert first == 6
