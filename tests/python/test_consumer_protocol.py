@@ -11,6 +11,7 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 
 from helpers import c_admin, c_consumer, c_create_topic, c_produce, c_producer, unique
@@ -263,3 +264,75 @@ def test_an_empty_classic_group_becomes_a_consumer_group_with_its_offsets(kip848
         if msg is not None and not msg.error():
             first = msg.offset()
     assert first == 6
+
+
+def find_coordinator(cluster, group, via):
+    from kafka.protocol.find_coordinator import FindCoordinatorRequest
+
+    client = cluster.raw(via, timeout=5)
+    try:
+        response = client.request(FindCoordinatorRequest[1](coordinator_key=group, coordinator_type=0), timeout=5)
+    finally:
+        client.close()
+    return response.coordinator_id if response.error_code == 0 else None
+
+
+def test_the_group_carries_on_when_its_coordinator_is_killed(cluster_factory, closer):
+    """Three nodes; the group's coordinator is killed with -9. The committed offsets are at the
+    new coordinator, which hands every partition out again, and consumption goes on."""
+    from confluent_kafka.admin import NewTopic
+
+    cluster = cluster_factory(voters=3, settings=SETTINGS)
+    topic, group = unique("kipfo"), unique("g")
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap()})
+    admin.create_topics([NewTopic(topic, num_partitions=4, replication_factor=3)])[topic].result(30)
+    cluster.wait_topic(topic, 4)
+    producer = closer.add(c_producer(cluster.bootstrap(), {"acks": "all"}))
+    c_produce(producer, topic, [{"value": f"a{i}".encode(), "partition": i % 4} for i in range(40)])
+    a = closer.add(new_consumer(cluster.bootstrap(), group, "a"))
+    b = closer.add(new_consumer(cluster.bootstrap(), group, "b"))
+    a.subscribe([topic])
+    b.subscribe([topic])
+    seen = {}
+    deadline = time.monotonic() + 40
+    while sum(seen.values(), 0) < 40 and time.monotonic() < deadline:
+        for c in (a, b):
+            msg = c.poll(0.05)
+            if msg is not None and not msg.error():
+                seen[msg.partition()] = seen.get(msg.partition(), 0) + 1
+    assert sum(seen.values()) == 40
+    drive([a, b], lambda: exact_cover([a, b], topic, 4) and owned(a) and owned(b), timeout=40)
+    commits = {p: 10 - p for p in range(4)}  # a commit per partition, by its current owner
+    for c in (a, b):
+        mine = [TopicPartition(topic, p, commits[p]) for _, p in owned(c, topic)]
+        c.commit(offsets=mine, asynchronous=False)
+    coordinator = cluster.wait(lambda: find_coordinator(cluster, group, 1), 20, "the group coordinator")
+    cluster.node(coordinator).kill9()
+    survivors = [i for i in cluster.ids() if i != coordinator]
+    survivor_admin = AdminClient({"bootstrap.servers": cluster.bootstrap(survivors)})
+
+    def assigned_again():
+        for c in (a, b):
+            c.poll(0.05)
+        if find_coordinator(cluster, group, survivors[0]) not in survivors:
+            return None
+        try:
+            described = survivor_admin.describe_consumer_groups([group])[group].result(5)
+        except Exception:
+            return None
+        parts = sorted(tp.partition for m in described.members for tp in m.assignment.topic_partitions)
+        return described if parts == [0, 1, 2, 3] and len(described.members) == 2 else None
+
+    cluster.wait(assigned_again, 45, "every partition assigned by the new coordinator", interval=0.1)
+    result = survivor_admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
+    assert {tp.partition: tp.offset for tp in result.topic_partitions if tp.topic == topic} == commits
+    # Consumption goes on: new records reach the members.
+    c_produce(producer, topic, [{"value": f"b{i}".encode(), "partition": i % 4} for i in range(8)])
+    later = set()
+    deadline = time.monotonic() + 40
+    while len(later) < 8 and time.monotonic() < deadline:
+        for c in (a, b):
+            msg = c.poll(0.05)
+            if msg is not None and not msg.error() and msg.value().startswith(b"b"):
+                later.add(msg.value())
+    assert len(later) == 8
