@@ -19,6 +19,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::assignor::{self, Assignment, MemberSpec, TopicSpec};
@@ -51,7 +53,7 @@ pub(crate) struct TopicInfo {
 /// The topics a heartbeat may involve, by id: those the group's subscriptions name or match.
 pub(crate) type Catalog = BTreeMap<Uuid, TopicInfo>;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 enum MemberState {
     /// At its epoch's assignment, or waiting for nothing.
     Stable,
@@ -108,6 +110,40 @@ pub(crate) struct ConsumerGroup {
     subscribed_metadata: BTreeMap<Uuid, i32>,
     /// The assignor of the current target.
     assignor: String,
+    /// The group record last written to `__consumer_offsets` (see `offsets`): a heartbeat that
+    /// changes the group writes it again before it is answered.
+    pub(crate) persisted_value: Option<Bytes>,
+}
+
+/// What `__consumer_offsets` keeps of a consumer group: everything but the timers (sessions
+/// restart when the group is loaded) and what was last sent to each member.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ConsumerGroupSnapshot {
+    group_epoch: i32,
+    assignment_epoch: i32,
+    assignor: String,
+    subscribed_metadata: BTreeMap<Uuid, i32>,
+    target: BTreeMap<String, Assignment>,
+    members: Vec<MemberSnapshot>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct MemberSnapshot {
+    member_id: String,
+    instance_id: Option<String>,
+    rack_id: Option<String>,
+    client_id: String,
+    client_host: String,
+    rebalance_timeout_ms: i32,
+    subscribed_topic_names: Vec<String>,
+    subscribed_topic_regex: Option<String>,
+    server_assignor: Option<String>,
+    member_epoch: i32,
+    previous_member_epoch: i32,
+    state: MemberState,
+    assigned: Assignment,
+    revoking: Assignment,
+    left_temporarily: bool,
 }
 
 fn minus(a: &Assignment, b: &Assignment) -> Assignment {
@@ -148,6 +184,97 @@ pub(crate) fn compile_regex(pattern: &str) -> Result<regex::Regex, ErrorKind> {
 }
 
 impl ConsumerGroup {
+    pub(crate) fn snapshot(&self) -> ConsumerGroupSnapshot {
+        ConsumerGroupSnapshot {
+            group_epoch: self.group_epoch,
+            assignment_epoch: self.assignment_epoch,
+            assignor: self.assignor.clone(),
+            subscribed_metadata: self.subscribed_metadata.clone(),
+            target: self.target.clone(),
+            members: self
+                .members
+                .values()
+                .map(|m| MemberSnapshot {
+                    member_id: m.member_id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    rack_id: m.rack_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    subscribed_topic_names: m.subscribed_topic_names.clone(),
+                    subscribed_topic_regex: m.subscribed_topic_regex.clone(),
+                    server_assignor: m.server_assignor.clone(),
+                    member_epoch: m.member_epoch,
+                    previous_member_epoch: m.previous_member_epoch,
+                    state: m.state,
+                    assigned: m.assigned.clone(),
+                    revoking: m.revoking.clone(),
+                    left_temporarily: m.left_temporarily,
+                })
+                .collect(),
+        }
+    }
+
+    /// The group as its record left it, loaded by a (new) coordinator at `now_ms`: every
+    /// member's session starts again, as does the rebalance timeout of a member revoking.
+    /// A record that breaks an invariant (only by a bug) loads as an empty group, whose
+    /// members then rejoin.
+    pub(crate) fn from_snapshot(
+        snapshot: ConsumerGroupSnapshot,
+        value: Bytes,
+        now_ms: i64,
+        limits: &ConsumerLimits,
+    ) -> ConsumerGroup {
+        let mut group = ConsumerGroup {
+            group_epoch: snapshot.group_epoch,
+            assignment_epoch: snapshot.assignment_epoch,
+            assignor: snapshot.assignor,
+            subscribed_metadata: snapshot.subscribed_metadata,
+            target: snapshot.target,
+            persisted_value: Some(value),
+            ..ConsumerGroup::default()
+        };
+        for m in snapshot.members {
+            if let Some(instance) = &m.instance_id {
+                group.static_members.insert(instance.clone(), m.member_id.clone());
+            }
+            let revocation_deadline_ms =
+                (!m.revoking.is_empty()).then(|| now_ms + i64::from(m.rebalance_timeout_ms.max(0)));
+            group.members.insert(
+                m.member_id.clone(),
+                ConsumerMember {
+                    member_id: m.member_id,
+                    instance_id: m.instance_id,
+                    rack_id: m.rack_id,
+                    client_id: m.client_id,
+                    client_host: m.client_host,
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    subscribed_topic_names: m.subscribed_topic_names,
+                    subscribed_topic_regex: m.subscribed_topic_regex,
+                    server_assignor: m.server_assignor,
+                    member_epoch: m.member_epoch,
+                    previous_member_epoch: m.previous_member_epoch,
+                    state: m.state,
+                    assigned: m.assigned,
+                    revoking: m.revoking,
+                    session_deadline_ms: now_ms + i64::from(limits.session_timeout_ms),
+                    revocation_deadline_ms,
+                    left_temporarily: m.left_temporarily,
+                    sent: None,
+                },
+            );
+        }
+        if let Some(violation) = group.invariant_violation() {
+            tracing::error!(violation, "a stored consumer group breaks an invariant; loading it empty");
+            return ConsumerGroup {
+                group_epoch: group.group_epoch,
+                assignment_epoch: group.assignment_epoch.min(group.group_epoch),
+                ..ConsumerGroup::default()
+            };
+        }
+        group
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.members.is_empty()
     }
@@ -610,25 +737,42 @@ impl ConsumerGroup {
         self.members.values().flat_map(|m| m.subscribed_topic_names.iter().cloned()).collect()
     }
 
+    /// Asserts the invariants of the module doc.
     pub(crate) fn check_invariants(&self) {
-        assert!(self.assignment_epoch <= self.group_epoch, "assignment epoch ahead of group epoch");
+        if let Some(violation) = self.invariant_violation() {
+            panic!("consumer group invariant broken: {violation}");
+        }
+    }
+
+    fn invariant_violation(&self) -> Option<String> {
+        if self.assignment_epoch > self.group_epoch {
+            return Some("assignment epoch ahead of group epoch".into());
+        }
         let mut held: BTreeSet<(Uuid, i32)> = BTreeSet::new();
         for m in self.members.values() {
-            assert!(m.member_epoch <= self.assignment_epoch, "{} epoch ahead", m.member_id);
+            if m.member_epoch > self.assignment_epoch {
+                return Some(format!("{} epoch ahead", m.member_id));
+            }
             for a in [&m.assigned, &m.revoking] {
                 for (t, ps) in a {
                     for p in ps {
-                        assert!(held.insert((*t, *p)), "{t}:{p} held twice ({})", m.member_id);
+                        if !held.insert((*t, *p)) {
+                            return Some(format!("{t}:{p} held twice ({})", m.member_id));
+                        }
                     }
                 }
             }
         }
         for (instance, id) in &self.static_members {
-            let m = self.members.get(id).expect("static member exists");
-            assert_eq!(m.instance_id.as_deref(), Some(instance.as_str()));
+            if self.members.get(id).and_then(|m| m.instance_id.as_deref()) != Some(instance.as_str()) {
+                return Some(format!("static member {instance} maps to {id}, which does not hold it"));
+            }
         }
         let statics = self.members.values().filter(|m| m.instance_id.is_some()).count();
-        assert_eq!(statics, self.static_members.len());
+        if statics != self.static_members.len() {
+            return Some("static members out of step".into());
+        }
+        None
     }
 }
 

@@ -10,6 +10,7 @@
 //! offsets are durable as for classic groups).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition as AssignedPartition;
@@ -17,10 +18,12 @@ use kafka_protocol::messages::{ConsumerProtocolAssignment, ConsumerProtocolSubsc
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use uuid::Uuid;
 use weir_broker::metadata::MetadataState;
+use weir_storage::sync::lock;
 
 use super::assignor::TopicSpec;
 use super::consumer::{compile_regex, Catalog, ConsumerGroup, TopicInfo};
-use super::coordinator::GroupCoordinator;
+use super::coordinator::{append_error_kind, GroupCoordinator};
+use super::offsets;
 use super::state::Group;
 use super::{
     ConsumerGroupDescription, ConsumerHeartbeatParams, ConsumerHeartbeatResult, ErrorKind, GroupDescription,
@@ -57,13 +60,27 @@ pub(super) fn catalog(metadata: &MetadataState, names: &BTreeSet<&str>, patterns
 }
 
 impl GroupCoordinator {
-    /// ConsumerGroupHeartbeat: join, heartbeat, acknowledge revocations, leave.
-    pub async fn consumer_heartbeat(&self, params: ConsumerHeartbeatParams) -> ConsumerHeartbeatResult {
+    /// ConsumerGroupHeartbeat: join, heartbeat, acknowledge revocations, leave. A heartbeat that
+    /// changes the group is answered once the group's record is fsynced.
+    pub async fn consumer_heartbeat(self: &Arc<Self>, params: ConsumerHeartbeatParams) -> ConsumerHeartbeatResult {
         if params.group_id.is_empty() {
             return ConsumerHeartbeatResult::error(ErrorKind::InvalidGroupId);
         }
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.consumer_heartbeat_blocking(params))
+            .await
+            .unwrap_or_else(|_| ConsumerHeartbeatResult::error(ErrorKind::Internal))
+    }
+
+    fn consumer_heartbeat_blocking(&self, params: ConsumerHeartbeatParams) -> ConsumerHeartbeatResult {
+        let target = match self.shard_of(&params.group_id) {
+            Ok(target) => target,
+            Err(kind) => return ConsumerHeartbeatResult::error(kind),
+        };
+        // Held through the append, so records of the group reach the log in state order.
+        let _writer = lock(&target.writer);
         let metadata = self.broker.metadata();
-        let result = {
+        let (result, record) = {
             let mut groups = self.groups();
             if !self.is_active() {
                 return ConsumerHeartbeatResult::error(ErrorKind::CoordinatorNotAvailable);
@@ -103,12 +120,28 @@ impl GroupCoordinator {
                 None => ConsumerHeartbeatResult::error(ErrorKind::Internal),
             };
             group.sync_consumer_state(now);
-            if group.is_vacant() && !group.persisted {
+            let record = group.consumer.as_ref().and_then(|c| {
+                let value = offsets::consumer_group_value(&c.snapshot());
+                (c.persisted_value.as_ref() != Some(&value)).then_some(value)
+            });
+            let stored = group.consumer.as_ref().is_some_and(|c| c.persisted_value.is_some());
+            if group.is_vacant() && !group.persisted && !stored {
                 groups.remove(&params.group_id);
+                (result, None)
+            } else {
+                (result, record)
             }
-            result
         };
         self.timer_wake.notify_one();
+        let Some(value) = record else { return result };
+        let entry = (offsets::consumer_group_key(&params.group_id), Some(value.clone()));
+        if let Err(e) = self.append(&target, std::slice::from_ref(&entry)) {
+            tracing::error!(group = %params.group_id, error = %e, "cannot store the consumer group record");
+            return ConsumerHeartbeatResult::error(append_error_kind(&e, ErrorKind::Internal));
+        }
+        if let Some(consumer) = self.groups().get_mut(&params.group_id).and_then(|g| g.consumer.as_mut()) {
+            consumer.persisted_value = Some(value);
+        }
         result
     }
 

@@ -32,7 +32,7 @@ use weir_broker::internal_records::encode_batch;
 use weir_broker::partition::Partition;
 use weir_storage::sync::lock;
 
-use super::consumer::ConsumerLimits;
+use super::consumer::{ConsumerGroup, ConsumerLimits};
 use super::offsets::{self, LoadedGroup};
 use super::state::{CommittedOffset, Group, Limits, SyncOutcome};
 use super::{
@@ -51,7 +51,7 @@ const BATCH_BYTES_MAX: usize = 256 * 1024;
 pub struct OffsetsPartition {
     partition: Arc<Partition>,
     /// Held across validate → append → apply (see the module doc).
-    writer: Mutex<()>,
+    pub(super) writer: Mutex<()>,
 }
 
 pub struct GroupCoordinator {
@@ -98,7 +98,7 @@ fn offsets_to_store(
 
 /// The error a client sees when an append to `__consumer_offsets` fails (Kafka's mapping:
 /// retriable coordinator errors for storage trouble, so clients retry or rediscover).
-fn append_error_kind(e: &BrokerError, too_large: ErrorKind) -> ErrorKind {
+pub(super) fn append_error_kind(e: &BrokerError, too_large: ErrorKind) -> ErrorKind {
     match e.kind {
         ErrorKind::UnknownTopicOrPartition | ErrorKind::NotEnoughReplicas | ErrorKind::NotEnoughReplicasAfterAppend => {
             ErrorKind::CoordinatorNotAvailable
@@ -147,9 +147,19 @@ impl ShardOwner for GroupCoordinator {
         let mut loaded: HashMap<String, LoadedGroup> = HashMap::new();
         let records = offsets::load_partition(&self.broker, &partition, &mut loaded)?;
         let count = loaded.len();
+        let now = self.now_ms();
         let mut groups = self.groups();
-        for (id, group) in loaded {
-            groups.insert(id.clone(), Group::from_loaded(id, group));
+        for (id, mut group) in loaded {
+            let consumer = group.consumer.take();
+            let mut group = Group::from_loaded(id.clone(), group);
+            if let Some(snapshot) = consumer {
+                // A consumer-protocol group carries on with its members, epochs and assignment.
+                let value = offsets::consumer_group_value(&snapshot);
+                group.consumer = Some(ConsumerGroup::from_snapshot(snapshot, value, now, &self.consumer_limits));
+                group.protocol_type = Some("consumer".to_string());
+                group.sync_consumer_state(now);
+            }
+            groups.insert(id, group);
         }
         drop(groups);
         tracing::debug!(
@@ -279,7 +289,7 @@ impl GroupCoordinator {
 
     /// The shard holding `group_id`, if this broker coordinates the group; else the error its
     /// client gets (it then looks for the coordinator again, or retries).
-    fn shard_of(&self, group_id: &str) -> Result<Arc<OffsetsPartition>, ErrorKind> {
+    pub(super) fn shard_of(&self, group_id: &str) -> Result<Arc<OffsetsPartition>, ErrorKind> {
         let count = self.partition_count();
         if count == 0 {
             return Err(ErrorKind::CoordinatorNotAvailable);
@@ -315,7 +325,11 @@ impl GroupCoordinator {
 
     /// Appends `entries` to the group's partition and waits for the fsync. The caller holds the
     /// partition's writer lock.
-    fn append(&self, target: &OffsetsPartition, entries: &[(Bytes, Option<Bytes>)]) -> Result<(), BrokerError> {
+    pub(super) fn append(
+        &self,
+        target: &OffsetsPartition,
+        entries: &[(Bytes, Option<Bytes>)],
+    ) -> Result<(), BrokerError> {
         let now = self.now_ms();
         let mut records = bytes::BytesMut::new();
         let mut chunk_start = 0;
@@ -895,6 +909,9 @@ impl GroupCoordinator {
             }
             if group.persisted {
                 entries.push((offsets::group_key(group_id), None));
+            }
+            if group.consumer.as_ref().is_some_and(|c| c.persisted_value.is_some()) {
+                entries.push((offsets::consumer_group_key(group_id), None));
             }
         }
         let appended = if entries.is_empty() { Ok(()) } else { self.append(&target, &entries) };

@@ -12,6 +12,7 @@
 //! ```text
 //! offset key: u8 1 | u32 len | group id | u32 len | topic | i32 partition
 //! group key:  u8 2 | u32 len | group id
+//! consumer group key: u8 3 | u32 len | group id
 //! ```
 //! Values start with a version byte (0 today). A value of a version this code does not know is
 //! skipped with an error in the log rather than guessed at:
@@ -20,10 +21,15 @@
 //!                  | u32 len | metadata
 //! group value v0:  u8 0 | i32 generation | u32 len | protocol type
 //!                  | i32 len (-1: none) | protocol name | i64 timestamp ms (when written)
+//! consumer group value v0: u8 0 | JSON of the group's state (`ConsumerGroupSnapshot`)
 //! ```
-//! Integers are big-endian, strings UTF-8. Group membership is deliberately absent: after a
-//! restart the members rejoin, so only what outlives them is kept (offsets, protocol type,
-//! generation).
+//! The consumer group record (KIP-848 groups) holds the whole group: epochs, the target
+//! assignment, every member with its subscription, epoch and assignment. It is rewritten (and
+//! fsynced) whenever a heartbeat changes any of that, before the heartbeat is answered, so a new
+//! coordinator carries the group on where the old one left it.
+//! Integers are big-endian, strings UTF-8. Classic group membership is deliberately absent:
+//! after a restart the members rejoin, so only what outlives them is kept (offsets, protocol
+//! type, generation).
 
 use std::collections::HashMap;
 
@@ -34,10 +40,12 @@ use weir_broker::error::BrokerError;
 use weir_broker::internal_records;
 use weir_broker::partition::Partition;
 
+use super::consumer::ConsumerGroupSnapshot;
 use super::state::CommittedOffset;
 
 const KEY_OFFSET: u8 = 1;
 const KEY_GROUP: u8 = 2;
+const KEY_CONSUMER_GROUP: u8 = 3;
 const VALUE_VERSION: u8 = 0;
 /// An unknown leader epoch in an offset value (Kafka's `NO_PARTITION_LEADER_EPOCH`).
 const UNKNOWN_LEADER_EPOCH: i32 = -1;
@@ -50,6 +58,7 @@ const LOAD_READ_BYTES: u64 = 1024 * 1024;
 pub(crate) enum RecordKey {
     Offset { group: String, topic: String, partition: i32 },
     Group { group: String },
+    ConsumerGroup { group: String },
 }
 
 /// What a group record keeps of a group.
@@ -105,6 +114,30 @@ pub(crate) fn group_key(group: &str) -> Bytes {
     buf.freeze()
 }
 
+pub(crate) fn consumer_group_key(group: &str) -> Bytes {
+    let mut buf = BytesMut::with_capacity(1 + 4 + group.len());
+    buf.put_u8(KEY_CONSUMER_GROUP);
+    put_str(&mut buf, group);
+    buf.freeze()
+}
+
+pub(crate) fn consumer_group_value(snapshot: &ConsumerGroupSnapshot) -> Bytes {
+    let mut buf = BytesMut::with_capacity(256);
+    buf.put_u8(VALUE_VERSION);
+    // Serializing plain data (strings, numbers, maps with string keys) cannot fail.
+    buf.extend_from_slice(&serde_json::to_vec(snapshot).unwrap_or_default());
+    buf.freeze()
+}
+
+pub(crate) fn decode_consumer_group_value(mut buf: &[u8]) -> Result<ConsumerGroupSnapshot, String> {
+    need(buf, 1, "value version")?;
+    let version = buf.get_u8();
+    if version != VALUE_VERSION {
+        return Err(format!("unknown consumer group value version {version}"));
+    }
+    serde_json::from_slice(buf).map_err(|e| format!("bad consumer group value: {e}"))
+}
+
 pub(crate) fn decode_key(mut buf: &[u8]) -> Result<RecordKey, String> {
     need(buf, 1, "key kind")?;
     let kind = buf.get_u8();
@@ -116,6 +149,7 @@ pub(crate) fn decode_key(mut buf: &[u8]) -> Result<RecordKey, String> {
             RecordKey::Offset { group, topic, partition: buf.get_i32() }
         }
         KEY_GROUP => RecordKey::Group { group: get_str(&mut buf, "group id")? },
+        KEY_CONSUMER_GROUP => RecordKey::ConsumerGroup { group: get_str(&mut buf, "group id")? },
         other => return Err(format!("unknown key kind {other}")),
     };
     if !buf.is_empty() {
@@ -187,6 +221,8 @@ pub(crate) fn decode_group_value(mut buf: &[u8]) -> Result<GroupRecord, String> 
 pub(crate) struct LoadedGroup {
     pub(crate) record: Option<GroupRecord>,
     pub(crate) offsets: HashMap<(String, i32), CommittedOffset>,
+    /// A consumer-protocol group's last state.
+    pub(crate) consumer: Option<ConsumerGroupSnapshot>,
 }
 
 /// Replays one partition of `__consumer_offsets` into `groups`. Blocking. Records that cannot be
@@ -218,7 +254,7 @@ pub(crate) fn load_partition(
         }
         offset = slice.next_offset;
     }
-    groups.retain(|_, g| g.record.is_some() || !g.offsets.is_empty());
+    groups.retain(|_, g| g.record.is_some() || !g.offsets.is_empty() || g.consumer.is_some());
     Ok(records_read)
 }
 
@@ -262,6 +298,17 @@ fn apply_record(
             Some(value) => match decode_group_value(value) {
                 Ok(decoded) => groups.entry(group).or_default().record = Some(decoded),
                 Err(e) => tracing::error!(record = %at(), error = %e, "skipping an undecodable group record"),
+            },
+        },
+        RecordKey::ConsumerGroup { group } => match record.value.as_deref() {
+            None => {
+                if let Some(entry) = groups.get_mut(&group) {
+                    entry.consumer = None;
+                }
+            }
+            Some(value) => match decode_consumer_group_value(value) {
+                Ok(decoded) => groups.entry(group).or_default().consumer = Some(decoded),
+                Err(e) => tracing::error!(record = %at(), error = %e, "skipping an undecodable consumer group record"),
             },
         },
     }

@@ -876,3 +876,62 @@ async fn given_a_group_rebalancing_when_a_follower_never_syncs_then_it_is_remove
     let r = finish(spawn_join(&groups, quick(&leader))).await;
     assert_eq!(r.members.len(), 1);
 }
+
+fn consumer_heartbeat(group: &str, member: &str, epoch: i32) -> ConsumerHeartbeatParams {
+    ConsumerHeartbeatParams {
+        group_id: group.into(),
+        member_id: member.into(),
+        member_epoch: epoch,
+        instance_id: None,
+        rack_id: None,
+        rebalance_timeout_ms: if epoch == 0 { 30_000 } else { -1 },
+        subscribed_topic_names: (epoch == 0).then(|| vec![TOPIC.to_string()]),
+        subscribed_topic_regex: None,
+        server_assignor: None,
+        owned: None,
+        client_id: "c".into(),
+        client_host: "/127.0.0.1".into(),
+        version: 1,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_consumer_protocol_group_when_the_broker_crashes_then_it_carries_on_with_its_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, groups) = open(dir.path(), &[]).await;
+    let g = "kip848";
+    let a = groups.consumer_heartbeat(consumer_heartbeat(g, "a", 0)).await;
+    assert_eq!((a.error, a.member_epoch), (None, 1));
+    let b = groups.consumer_heartbeat(consumer_heartbeat(g, "b", 0)).await;
+    assert_eq!((b.error, b.member_epoch), (None, 2));
+    // a gives up half of its partitions, then b gets them.
+    let mut a_hb = consumer_heartbeat(g, "a", 1);
+    a_hb.owned = a.assignment.clone();
+    let a2 = groups.consumer_heartbeat(a_hb.clone()).await;
+    a_hb.owned = a2.assignment.clone();
+    let a3 = groups.consumer_heartbeat(a_hb).await;
+    assert_eq!(a3.member_epoch, 2);
+    let b2 = groups.consumer_heartbeat(consumer_heartbeat(g, "b", 2)).await;
+    assert_eq!(b2.assignment.as_ref().map(|x| x.values().map(|p| p.len()).sum::<usize>()), Some(2));
+    let before = groups.consumer_group_describe(&[g.to_string()]).await;
+    assert_eq!(before[0].state, GroupState::Stable);
+
+    drop(groups);
+    drop(broker);
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), copy.path());
+    let (_broker, groups) = open(copy.path(), &[]).await;
+
+    let after = groups.consumer_group_describe(&[g.to_string()]).await;
+    assert_eq!((after[0].group_epoch, after[0].assignment_epoch), (2, 2));
+    let members = |d: &ConsumerGroupDescription| {
+        d.members.iter().map(|m| (m.member_id.clone(), m.member_epoch, m.assignment.clone())).collect::<Vec<_>>()
+    };
+    assert_eq!(members(&after[0]), members(&before[0]));
+    // The members heartbeat at their epochs as if nothing happened.
+    let b3 = groups.consumer_heartbeat(consumer_heartbeat(g, "b", 2)).await;
+    assert_eq!((b3.error, b3.member_epoch), (None, 2));
+    let listed = groups.list_groups(&[]).await.unwrap();
+    assert!(listed.iter().any(|l| l.group_id == g && l.group_type == GROUP_TYPE_CONSUMER));
+    groups.check_invariants();
+}
