@@ -342,3 +342,35 @@ def test_the_group_carries_on_when_its_coordinator_is_killed(cluster_factory, cl
     # The members were never fenced: the same partitions, none lost.
     assert not lost, lost
     assert {name: owned(c, topic) for name, c in (("a", a), ("b", b))} == before
+
+
+def test_uniform_assigns_each_partition_to_a_member_on_its_replicas_rack(cluster_factory, closer):
+    """Three brokers on three racks, one partition on each; members with client.rack join one
+    after another, and each ends up with the partition whose replica is on its rack."""
+    from kafka.admin import NewTopic as KpNewTopic
+
+    from helpers import kp_admin
+
+    cluster = cluster_factory(voters=3, settings=SETTINGS, start=False)
+    for node_id, node in cluster.nodes.items():
+        node.settings["broker.rack"] = f"rack-{node_id}"
+    cluster.start()
+    cluster.wait_formed()
+    topic, group = unique("kiprack"), unique("g")
+    admin = kp_admin(cluster.bootstrap())
+    try:
+        admin.create_topics(
+            [KpNewTopic(topic, num_partitions=-1, replication_factor=-1, replica_assignments={0: [1], 1: [2], 2: [3]})],
+            timeout_ms=30000,
+        )
+    finally:
+        admin.close()
+    cluster.wait_topic(topic, 3)
+    members = []
+    for node_id in (1, 2, 3):
+        c = closer.add(new_consumer(cluster.bootstrap(), group, f"m{node_id}", {"client.rack": f"rack-{node_id}"}))
+        c.subscribe([topic])
+        members.append(c)
+        drive(members, lambda: exact_cover(members, topic, 3) and all(owned(m) for m in members), timeout=40)
+    # Partition p has its replica on node p + 1, in rack-(p + 1).
+    assert [owned(m, topic) for m in members] == [[(topic, 0)], [(topic, 1)], [(topic, 2)]]

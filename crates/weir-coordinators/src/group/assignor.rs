@@ -71,7 +71,9 @@ fn count(assignment: &Assignment) -> usize {
 
 /// Uniform: spreads all subscribed partitions as evenly as possible over the members.
 ///
-/// 1. Each member keeps the current partitions it is still subscribed to, up to its quota:
+/// 1. Each member keeps the current partitions it is still subscribed to (but, when racks are
+///    known, not a partition with no replica on its rack that another subscriber's rack has),
+///    up to its quota:
 ///    ⌊T/N⌋ each, and ⌊T/N⌋ + 1 for the first T mod N members that have that many (T = the
 ///    partitions its subscribed topics hold between all members subscribed to them, so for
 ///    equal subscriptions this is the exact balanced share).
@@ -112,7 +114,16 @@ pub(crate) fn uniform(
         for (topic, partitions) in &member.current {
             for p in partitions {
                 let key = (*topic, *p);
-                if eligible.get(&key).is_some_and(|e| e.contains(&id)) && !taken.contains(&key) {
+                let Some(subscribers) = eligible.get(&key) else { continue };
+                if !subscribers.contains(&id) || taken.contains(&key) {
+                    continue;
+                }
+                // Rack-aware: a partition read across racks goes to a subscriber on its rack.
+                let spec = &topics[topic];
+                let elsewhere = member.rack.is_some()
+                    && !spec.on_rack(*p, member.rack.as_deref())
+                    && subscribers.iter().any(|other| spec.on_rack(*p, members[other.as_str()].rack.as_deref()));
+                if !elsewhere {
                     own.push(key);
                 }
             }
@@ -303,6 +314,32 @@ mod tests {
         let result = uniform(&members, &topics);
         assert_eq!(result["x"][&topic], [1, 3].into());
         assert_eq!(result["y"][&topic], [0, 2].into());
+    }
+
+    #[test]
+    fn uniform_moves_a_partition_to_its_rack_when_a_member_there_joins() {
+        let topic = Uuid::from_u128(9);
+        let racks = (0..3).map(|p| [format!("r{p}")].into()).collect();
+        let topics = BTreeMap::from([(topic, TopicSpec { partitions: 3, racks })]);
+        let member = |rack: &str, current: &[i32]| MemberSpec {
+            subscribed: [topic].into(),
+            rack: Some(rack.into()),
+            current: if current.is_empty() {
+                Assignment::new()
+            } else {
+                [(topic, current.iter().copied().collect())].into()
+            },
+        };
+        // a (r0) held everything; b (r1) and c (r2) join.
+        let members = BTreeMap::from([
+            ("a".to_string(), member("r0", &[0, 1, 2])),
+            ("b".to_string(), member("r1", &[])),
+            ("c".to_string(), member("r2", &[])),
+        ]);
+        let result = uniform(&members, &topics);
+        assert_eq!(result["a"][&topic], [0].into());
+        assert_eq!(result["b"][&topic], [1].into());
+        assert_eq!(result["c"][&topic], [2].into());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Consumer groups: the classic group protocol's coordinator and the committed-offset store.
+//! Consumer groups: the classic group protocol's coordinator, the consumer group protocol's
+//! (KIP-848), and the committed-offset store.
 //!
 //! Code map:
 //! - `coordinator`: [`GroupCoordinator`], the entry point. Holds every group under one mutex,
@@ -9,6 +10,10 @@
 //! - [`clients`]: consumers that receive by invisible time (RocketMQ's) instead of joining:
 //!   who is connected, for describing a group.
 //! - `offsets`: the on-disk encoding of `__consumer_offsets` records and their loading at start-up.
+//! - `consumer`: one consumer-protocol group's state machine (epochs, target assignment,
+//!   incremental reconciliation), kept in the classic `Group` record it shares offsets with;
+//!   `consumer_api`: the coordinator's entry points for it; `assignor`: the server-side
+//!   `uniform` and `range` assignors.
 //!
 //! The group protocol is carried by the clients: the broker picks a protocol every member
 //! supports, elects a leader, hands the leader the members' metadata and hands every member the
@@ -20,9 +25,11 @@
 //!
 //! Durability contract: a committed offset, a group deletion and the group record written when a
 //! rebalance completes are acknowledged only after their append to `__consumer_offsets` is
-//! fsynced. Group membership itself is not persisted: after a restart every group is Empty (its
-//! members rejoin, as after a coordinator move in Kafka), with its committed offsets, protocol
-//! type and generation intact.
+//! fsynced. Classic group membership itself is not persisted: after a restart every classic group
+//! is Empty (its members rejoin, as after a coordinator move in Kafka), with its committed
+//! offsets, protocol type and generation intact. A consumer-protocol group is persisted whole
+//! (one record, rewritten by every heartbeat that changes it, before the answer), so its members
+//! carry on at their epochs.
 
 mod assignor;
 pub mod clients;
