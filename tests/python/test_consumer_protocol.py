@@ -4,6 +4,7 @@ partitions through ConsumerGroupHeartbeat, incrementally, with librdkafka as the
 Every broker here runs with a short consumer session timeout, so a dead member is noticed in a
 few seconds; every wait is bounded."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -374,3 +375,50 @@ def test_uniform_assigns_each_partition_to_a_member_on_its_replicas_rack(cluster
         drive(members, lambda: exact_cover(members, topic, 3) and all(owned(m) for m in members), timeout=40)
     # Partition p has its replica on node p + 1, in rack-(p + 1).
     assert [owned(m, topic) for m in members] == [[(topic, 0)], [(topic, 1)], [(topic, 2)]]
+
+
+def test_the_admin_api_and_the_cli_show_members_assignments_and_epochs(kip848, closer):
+    from conftest import weir_bin
+    from helpers import http
+
+    topic, group = unique("kip"), unique("g")
+    c_create_topic(c_admin(kip848.bootstrap), topic, partitions=4)
+    a = closer.add(new_consumer(kip848.bootstrap, group, "a"))
+    b = closer.add(new_consumer(kip848.bootstrap, group, "b"))
+    a.subscribe([topic])
+    b.subscribe([topic])
+    drive([a, b], lambda: exact_cover([a, b], topic, 4) and owned(a) and owned(b))
+    a.commit(offsets=[TopicPartition(topic, p, 0) for _, p in owned(a, topic)], asynchronous=False)
+
+    def stable():
+        for c in (a, b):
+            c.poll(0.05)
+        status, body = http("GET", f"{kip848.admin_url()}/v1/groups/{group}")
+        return body if status == 200 and body["state"] == "Stable" else None
+
+    deadline = time.monotonic() + WAIT_S
+    body = None
+    while body is None and time.monotonic() < deadline:
+        body = stable()
+    assert body is not None, "the group never showed Stable in the admin API"
+    assert body["protocol_type"] == "consumer" and body["protocol"] == "uniform"
+    assert body["group_epoch"] == body["assignment_epoch"] >= 2
+    by_client = {m["client_id"]: m for m in body["members"]}
+    assert set(by_client) == {"a", "b"}
+    assert all(m["member_epoch"] == body["assignment_epoch"] for m in body["members"])
+    assert sorted(p for m in body["members"] for tp in m["assignment"] for p in tp["partitions"]) == [0, 1, 2, 3]
+    # Every partition row names its owner; lag is computed for the committed ones.
+    assert all(o["member_id"] for o in body["offsets"])
+    env = {k: v for k, v in os.environ.items() if k not in ("WEIR_BOOTSTRAP", "WEIR_ADMIN")}
+    env["WEIR_ADMIN"] = kip848.admin_url()
+    described = subprocess.run(
+        [str(weir_bin()), "group", "describe", group], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert described.returncode == 0, described.stderr
+    assert "Protocol: consumer (uniform)" in described.stdout
+    assert f"Assignment epoch: {body['assignment_epoch']}" in described.stdout
+    listed = subprocess.run(
+        [str(weir_bin()), "group", "list", "--json"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert group in listed.stdout

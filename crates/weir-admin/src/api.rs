@@ -526,6 +526,12 @@ pub struct GroupDescription {
     /// `retry.backoff`), each with source `group` (set for it) or `default`.
     #[serde(default)]
     pub configs: Vec<ConfigEntry>,
+    /// A consumer-protocol group's (KIP-848) epochs: the group epoch and the target
+    /// assignment's; absent for classic groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_epoch: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment_epoch: Option<i32>,
 }
 
 /// `POST /v1/groups`: a consumer group with settings (RocketMQ's subscription group). Groups
@@ -553,6 +559,9 @@ pub struct CreatedGroup {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct GroupMember {
     pub member_id: String,
+    /// A consumer-protocol member's epoch; absent for classic members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_epoch: Option<i32>,
     pub group_instance_id: Option<String>,
     pub client_id: String,
     pub client_host: String,

@@ -182,6 +182,12 @@ pub(crate) async fn describe(
         e.committed_offset = c.offset;
         e.metadata = Some(c.metadata);
     }
+    let epochs = described.consumer.as_ref().map(|c| (c.group_epoch, c.assignment_epoch));
+    let member_epochs: HashMap<String, i32> = described
+        .consumer
+        .iter()
+        .flat_map(|c| c.members.iter().map(|m| (m.member_id.clone(), m.member_epoch)))
+        .collect();
     let kafka_members = described.members.len();
     let mut members = Vec::with_capacity(kafka_members + connected.len());
     for m in described.members {
@@ -192,6 +198,7 @@ pub(crate) async fn describe(
             }
         }
         members.push(GroupMember {
+            member_epoch: member_epochs.get(&m.member_id).copied(),
             member_id: m.member_id,
             group_instance_id: m.group_instance_id,
             client_id: m.client_id,
@@ -220,6 +227,8 @@ pub(crate) async fn describe(
         offsets: offsets.into_values().collect(),
         total_lag,
         configs: config_entries(&settings.unwrap_or_default()),
+        group_epoch: epochs.map(|e| e.0),
+        assignment_epoch: epochs.map(|e| e.1),
     }))
 }
 
@@ -269,6 +278,7 @@ fn invisible_time_members(
             language: said(&c.language),
             version: said(&c.version),
             subscriptions: c.subscriptions.clone(),
+            member_epoch: None,
         });
     }
     members

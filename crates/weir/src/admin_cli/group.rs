@@ -368,6 +368,15 @@ fn write_description(out: &mut impl Write, group: &GroupDescription) -> anyhow::
         group.members.len(),
         group.total_lag
     )?;
+    if let (Some(group_epoch), Some(assignment_epoch)) = (group.group_epoch, group.assignment_epoch) {
+        // A consumer-protocol group (KIP-848): its epochs and each member's.
+        let members: Vec<String> =
+            group.members.iter().filter_map(|m| m.member_epoch.map(|e| format!("{}={e}", m.member_id))).collect();
+        writeln!(out, "Group epoch: {group_epoch}   Assignment epoch: {assignment_epoch}")?;
+        if !members.is_empty() {
+            writeln!(out, "Member epochs: {}", members.join(", "))?;
+        }
+    }
     writeln!(out)?;
     let member = |id: &Option<String>| group.members.iter().find(|m| Some(&m.member_id) == id.as_ref());
     let mut table = Table::new(&[

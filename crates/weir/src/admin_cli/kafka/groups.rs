@@ -246,6 +246,10 @@ impl GroupSource for KafkaGroups {
             offsets: offsets.into_values().collect(),
             total_lag,
             configs: self.settings(group)?,
+            // DescribeGroups carries no epochs (ConsumerGroupDescribe would); the admin API
+            // shows them.
+            group_epoch: None,
+            assignment_epoch: None,
         })
     }
 
