@@ -422,3 +422,55 @@ def test_the_admin_api_and_the_cli_show_members_assignments_and_epochs(kip848, c
     )
     assert listed.returncode == 0, listed.stderr
     assert group in listed.stdout
+
+
+def test_a_static_member_restarting_takes_its_partitions_back(kip848, closer):
+    """group.instance.id: a closing static member leaves with epoch -2, keeping its partitions
+    for its successor, which gets exactly them; the other member never does."""
+    topic, group = unique("kip"), unique("g")
+    c_create_topic(c_admin(kip848.bootstrap), topic, partitions=4)
+    a = new_consumer(kip848.bootstrap, group, "a", {"group.instance.id": "static-a"})
+    b = closer.add(new_consumer(kip848.bootstrap, group, "b"))
+    a.subscribe([topic])
+    b.subscribe([topic])
+    drive([a, b], lambda: exact_cover([a, b], topic, 4) and len(owned(a)) == 2)
+    had = owned(a, topic)
+    a.close()
+    a2 = closer.add(new_consumer(kip848.bootstrap, group, "a2", {"group.instance.id": "static-a"}))
+    a2.subscribe([topic])
+    b_saw = set()
+
+    def back():
+        b_saw.update(owned(b, topic))
+        return owned(a2, topic) == had
+
+    drive([a2, b], back, what="the successor taking the static member's partitions")
+    assert not (b_saw & set(had)), (b_saw, had)
+
+
+def test_offsets_sent_in_a_transaction_use_the_member_epoch(kip848, closer):
+    """Consume-transform-produce with a KIP-848 consumer: TxnOffsetCommit carries the member id
+    and epoch (consumer_group_metadata) and the offsets are committed with the transaction."""
+    src, dst, group = unique("kipsrc"), unique("kipdst"), unique("g")
+    admin = c_admin(kip848.bootstrap)
+    c_create_topic(admin, src, partitions=1)
+    c_create_topic(admin, dst, partitions=1)
+    c_produce(c_producer(kip848.bootstrap), src, [{"value": f"v{i}".encode()} for i in range(5)], partition=0)
+    consumer = closer.add(new_consumer(kip848.bootstrap, group, "a"))
+    consumer.subscribe([src])
+    got = []
+    deadline = time.monotonic() + WAIT_S
+    while len(got) < 5 and time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is not None and not msg.error():
+            got.append(msg)
+    assert len(got) == 5
+    producer = c_producer(kip848.bootstrap, {"transactional.id": unique("tx")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for msg in got:
+        producer.produce(dst, value=msg.value().upper(), partition=0)
+    producer.send_offsets_to_transaction([TopicPartition(src, 0, 5)], consumer.consumer_group_metadata(), 30)
+    producer.commit_transaction(30)
+    committed = consumer.committed([TopicPartition(src, 0)], 10)
+    assert committed[0].offset == 5
