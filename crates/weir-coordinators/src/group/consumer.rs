@@ -310,7 +310,7 @@ impl ConsumerGroup {
             patterns.extend(m.subscribed_topic_regex.as_deref());
         }
         names.extend(extra.subscribed_topic_names.iter().flatten().map(String::as_str));
-        patterns.extend(extra.subscribed_topic_regex.as_deref());
+        patterns.extend(extra.subscribed_topic_regex.as_deref().filter(|p| !p.is_empty()));
         (names, patterns)
     }
 
@@ -460,7 +460,7 @@ impl ConsumerGroup {
                 return fail(ErrorKind::UnsupportedAssignor);
             }
         }
-        if let Some(pattern) = params.subscribed_topic_regex.as_deref() {
+        if let Some(pattern) = params.subscribed_topic_regex.as_deref().filter(|p| !p.is_empty()) {
             if compile_regex(pattern).is_err() {
                 return fail(ErrorKind::InvalidRequest);
             }
@@ -509,10 +509,13 @@ impl ConsumerGroup {
                     changed = true;
                 }
             }
-            if params.subscribed_topic_regex.is_some() && params.subscribed_topic_regex != member.subscribed_topic_regex
-            {
-                member.subscribed_topic_regex = params.subscribed_topic_regex.clone();
-                changed = true;
+            // An empty pattern clears the member's (it subscribes by names only).
+            if let Some(pattern) = &params.subscribed_topic_regex {
+                let pattern = (!pattern.is_empty()).then(|| pattern.clone());
+                if pattern != member.subscribed_topic_regex {
+                    member.subscribed_topic_regex = pattern;
+                    changed = true;
+                }
             }
             if params.rack_id.is_some() && params.rack_id != member.rack_id {
                 member.rack_id = params.rack_id.clone();
@@ -555,7 +558,8 @@ impl ConsumerGroup {
         if params.rebalance_timeout_ms <= 0 {
             return Err(ErrorKind::InvalidRequest);
         }
-        let has_subscription = params.subscribed_topic_names.is_some() || params.subscribed_topic_regex.is_some();
+        let has_subscription = params.subscribed_topic_names.is_some()
+            || params.subscribed_topic_regex.as_deref().is_some_and(|p| !p.is_empty());
         let member_id = if params.member_id.is_empty() {
             if params.version >= 1 {
                 // v1: the client generates its member id (KIP-1082).

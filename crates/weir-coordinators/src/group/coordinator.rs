@@ -1003,6 +1003,10 @@ impl GroupCoordinator {
                     if emptied && group.persisted && !group.has_members() {
                         entries.push((offsets::group_key(&group.id), None));
                     }
+                    let consumer_stored = group.consumer.as_ref().is_some_and(|c| c.persisted_value.is_some());
+                    if emptied && consumer_stored && !group.has_members() {
+                        entries.push((offsets::consumer_group_key(&group.id), None));
+                    }
                     if !keys.is_empty() || emptied {
                         expired.push((group.id.clone(), keys));
                     }

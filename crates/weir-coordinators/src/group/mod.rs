@@ -309,6 +309,7 @@ pub struct ConsumerHeartbeatParams {
     /// -1 when unchanged.
     pub rebalance_timeout_ms: i32,
     pub subscribed_topic_names: Option<Vec<String>>,
+    /// `Some("")` clears the member's pattern.
     pub subscribed_topic_regex: Option<String>,
     pub server_assignor: Option<String>,
     /// The partitions the member holds, when it reports them.

@@ -47,7 +47,8 @@ pub(crate) async fn heartbeat(
         rack_id: req.rack_id.map(|r| r.to_string()),
         rebalance_timeout_ms: req.rebalance_timeout_ms,
         subscribed_topic_names: req.subscribed_topic_names.map(|n| n.into_iter().map(|t| t.to_string()).collect()),
-        subscribed_topic_regex: req.subscribed_topic_regex.map(|r| r.to_string()).filter(|r| !r.is_empty()),
+        // Empty clears the member's pattern (the coordinator's rule).
+        subscribed_topic_regex: req.subscribed_topic_regex.map(|r| r.to_string()),
         server_assignor: req.server_assignor.map(|a| a.to_string()),
         owned,
         client_id: client.client_id.clone(),
