@@ -894,6 +894,70 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_response_is_forgiven_and_a_rejoin_starts_over() {
+        let (_, cat) = catalog(2);
+        let mut g = ConsumerGroup::default();
+        let l = limits();
+        let a = g.heartbeat(&hb("a", 0, None), &cat, 0, &l);
+        assert_eq!(a.member_epoch, 1);
+        g.heartbeat(&hb("b", 0, None), &cat, 0, &l);
+        // a is told to revoke one partition, then moves to epoch 2...
+        let a2 = g.heartbeat(&hb("a", 1, a.assignment.clone()), &cat, 0, &l);
+        let a3 = g.heartbeat(&hb("a", 1, a2.assignment.clone()), &cat, 0, &l);
+        assert_eq!(a3.member_epoch, 2);
+        // ...but that response was lost: a heartbeat at epoch 1 owning a subset is accepted.
+        let again = g.heartbeat(&hb("a", 1, a2.assignment.clone()), &cat, 0, &l);
+        assert_eq!((again.error, again.member_epoch), (None, 2));
+        // Epoch 1 owning more than it has is fenced; a rejoin with epoch 0 starts over.
+        assert_eq!(
+            g.heartbeat(&hb("a", 1, a.assignment.clone()), &cat, 0, &l).error,
+            Some(ErrorKind::FencedMemberEpoch)
+        );
+        let rejoined = g.heartbeat(&hb("a", 0, None), &cat, 0, &l);
+        assert_eq!(rejoined.error, None);
+        assert_eq!(count(&rejoined.assignment), 1);
+        g.check_invariants();
+    }
+
+    #[test]
+    fn an_empty_pattern_clears_the_members_regex() {
+        let (_, cat) = catalog(2);
+        let mut g = ConsumerGroup::default();
+        let l = limits();
+        let mut join = hb("a", 0, None);
+        join.subscribed_topic_names = None;
+        join.subscribed_topic_regex = Some("t.*".into());
+        let a = g.heartbeat(&join, &cat, 0, &l);
+        assert_eq!(count(&a.assignment), 2);
+        let mut clear = hb("a", a.member_epoch, a.assignment.clone());
+        clear.subscribed_topic_regex = Some(String::new());
+        let cleared = g.heartbeat(&clear, &cat, 0, &l);
+        // Subscribed to nothing now: everything is to be revoked.
+        assert_eq!(count(&cleared.assignment), 0);
+        let mut bad = hb("b", 0, None);
+        bad.subscribed_topic_regex = Some("(".into());
+        assert_eq!(g.heartbeat(&bad, &cat, 0, &l).error, Some(ErrorKind::InvalidRequest));
+        g.check_invariants();
+    }
+
+    #[test]
+    fn a_snapshot_loads_back_to_the_same_group() {
+        let (_, cat) = catalog(3);
+        let mut g = ConsumerGroup::default();
+        let l = limits();
+        let a = g.heartbeat(&hb("a", 0, None), &cat, 0, &l);
+        g.heartbeat(&hb("b", 0, None), &cat, 0, &l);
+        g.heartbeat(&hb("a", 1, a.assignment), &cat, 0, &l);
+        let snapshot = g.snapshot();
+        let loaded = ConsumerGroup::from_snapshot(snapshot.clone(), Bytes::new(), 1_000, &l);
+        assert_eq!(loaded.snapshot(), snapshot);
+        assert_eq!(loaded.state(), g.state());
+        // a is revoking: its rebalance timeout restarts at the load, before its session ends.
+        assert_eq!(loaded.next_deadline_ms(), Some(1_000 + 30_000));
+        loaded.check_invariants();
+    }
+
+    #[test]
     fn commits_need_the_current_epoch() {
         let (_, cat) = catalog(1);
         let mut g = ConsumerGroup::default();
