@@ -89,6 +89,31 @@ pub(crate) struct ConsumerMember {
     left_temporarily: bool,
     /// (epoch, assignment) last sent, so an unchanged assignment is not sent again.
     sent: Option<(i32, Assignment)>,
+    /// Set for a member that speaks the classic protocol (JoinGroup, SyncGroup, Heartbeat) in
+    /// this group, as after a running classic group was converted.
+    classic: Option<ClassicMember>,
+}
+
+/// What a classic-protocol member of a consumer group keeps of its JoinGroup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ClassicMember {
+    pub(crate) session_timeout_ms: i32,
+    /// Its protocols (assignors) in preference order; the first is the one it is told.
+    pub(crate) protocol_names: Vec<String>,
+}
+
+/// A classic group's member as the conversion to a consumer group takes it over.
+#[derive(Debug, Clone)]
+pub(crate) struct ClassicSeed {
+    pub(crate) member_id: String,
+    pub(crate) instance_id: Option<String>,
+    pub(crate) client_id: String,
+    pub(crate) client_host: String,
+    pub(crate) rebalance_timeout_ms: i32,
+    pub(crate) classic: ClassicMember,
+    pub(crate) subscribed: Vec<String>,
+    /// Its current assignment, by topic name.
+    pub(crate) assigned: Vec<(String, Vec<i32>)>,
 }
 
 impl ConsumerMember {
@@ -144,6 +169,8 @@ struct MemberSnapshot {
     assigned: Assignment,
     revoking: Assignment,
     left_temporarily: bool,
+    #[serde(default)]
+    classic: Option<ClassicMember>,
 }
 
 fn minus(a: &Assignment, b: &Assignment) -> Assignment {
@@ -210,6 +237,7 @@ impl ConsumerGroup {
                     assigned: m.assigned.clone(),
                     revoking: m.revoking.clone(),
                     left_temporarily: m.left_temporarily,
+                    classic: m.classic.clone(),
                 })
                 .collect(),
         }
@@ -240,6 +268,7 @@ impl ConsumerGroup {
             }
             let revocation_deadline_ms =
                 (!m.revoking.is_empty()).then(|| now_ms + i64::from(m.rebalance_timeout_ms.max(0)));
+            let session_ms = m.classic.as_ref().map_or(limits.session_timeout_ms, |c| c.session_timeout_ms);
             group.members.insert(
                 m.member_id.clone(),
                 ConsumerMember {
@@ -257,10 +286,11 @@ impl ConsumerGroup {
                     state: m.state,
                     assigned: m.assigned,
                     revoking: m.revoking,
-                    session_deadline_ms: now_ms + i64::from(limits.session_timeout_ms),
+                    session_deadline_ms: now_ms + i64::from(session_ms),
                     revocation_deadline_ms,
                     left_temporarily: m.left_temporarily,
                     sent: None,
+                    classic: m.classic,
                 },
             );
         }
@@ -478,7 +508,9 @@ impl ConsumerGroup {
                 Err(code) => return fail(code),
             }
         } else {
-            let Some(member) = self.members.get(&params.member_id) else { return fail(ErrorKind::UnknownMember) };
+            let Some(member) = self.members.get(&params.member_id).filter(|m| m.classic.is_none()) else {
+                return fail(ErrorKind::UnknownMember);
+            };
             if let Some(instance) = params.instance_id.as_deref() {
                 if self.static_members.get(instance) != Some(&params.member_id) {
                     return fail(ErrorKind::FencedInstance);
@@ -628,6 +660,7 @@ impl ConsumerGroup {
             revocation_deadline_ms: None,
             left_temporarily: false,
             sent: None,
+            classic: None,
         };
         if let Some(instance) = &params.instance_id {
             self.static_members.insert(instance.clone(), member_id.clone());
@@ -659,6 +692,197 @@ impl ConsumerGroup {
             heartbeat_interval_ms: 0,
             assignment: None,
         }
+    }
+
+    /// Takes over a Stable classic group's members (Kafka 4's migration, policy
+    /// `bidirectional`): each keeps its assignment at the classic generation, which becomes the
+    /// group and assignment epoch; the members then reconcile like any other.
+    pub(crate) fn from_classic(
+        generation: i32,
+        seeds: Vec<ClassicSeed>,
+        catalog: &Catalog,
+        now_ms: i64,
+    ) -> ConsumerGroup {
+        let by_name: HashMap<&str, Uuid> = catalog.iter().map(|(id, t)| (t.name.as_str(), *id)).collect();
+        let mut group = ConsumerGroup {
+            group_epoch: generation,
+            assignment_epoch: generation,
+            assignor: assignor::UNIFORM.to_string(),
+            ..ConsumerGroup::default()
+        };
+        for seed in seeds {
+            let mut assigned = Assignment::new();
+            for (topic, partitions) in &seed.assigned {
+                if let Some(id) = by_name.get(topic.as_str()) {
+                    for p in partitions {
+                        // A partition two classic members both claim (a leader's bug) stays
+                        // with the first; the second is told to rejoin and gets its share.
+                        if !group.members.values().any(|m| m.holds(id, *p)) {
+                            assigned.entry(*id).or_default().insert(*p);
+                        }
+                    }
+                }
+            }
+            if let Some(instance) = &seed.instance_id {
+                group.static_members.insert(instance.clone(), seed.member_id.clone());
+            }
+            group.target.insert(seed.member_id.clone(), assigned.clone());
+            let mut subscribed = seed.subscribed;
+            subscribed.sort();
+            subscribed.dedup();
+            group.members.insert(
+                seed.member_id.clone(),
+                ConsumerMember {
+                    member_id: seed.member_id,
+                    instance_id: seed.instance_id,
+                    rack_id: None,
+                    client_id: seed.client_id,
+                    client_host: seed.client_host,
+                    rebalance_timeout_ms: seed.rebalance_timeout_ms,
+                    subscribed_topic_names: subscribed,
+                    subscribed_topic_regex: None,
+                    server_assignor: None,
+                    member_epoch: generation,
+                    previous_member_epoch: generation,
+                    state: MemberState::Stable,
+                    assigned,
+                    revoking: Assignment::new(),
+                    session_deadline_ms: now_ms + i64::from(seed.classic.session_timeout_ms),
+                    revocation_deadline_ms: None,
+                    left_temporarily: false,
+                    sent: None,
+                    classic: Some(seed.classic),
+                },
+            );
+        }
+        group
+    }
+
+    /// Topic names and patterns of every member, owned (for building a catalog).
+    pub(crate) fn subscribed_sets(&self) -> (BTreeSet<String>, BTreeSet<String>) {
+        let names = self.members.values().flat_map(|m| m.subscribed_topic_names.iter().cloned()).collect();
+        let patterns = self.members.values().filter_map(|m| m.subscribed_topic_regex.clone()).collect();
+        (names, patterns)
+    }
+
+    /// Whether a classic member must rejoin: it is not at the target yet, or holds partitions
+    /// it has not been told about.
+    fn classic_needs_rejoin(&self, member: &ConsumerMember) -> bool {
+        member.member_epoch != self.assignment_epoch
+            || member.state != MemberState::Stable
+            || member.sent.as_ref().is_none_or(|(e, a)| *e != member.member_epoch || *a != member.assigned)
+    }
+
+    /// JoinGroup of a classic member into this consumer group: answered at once, with the
+    /// member's epoch as generation and no member list (the broker assigns). `subscribed` and
+    /// `owned` come from its subscription metadata; an eager member owns nothing when it joins.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn classic_join(
+        &mut self,
+        member_id: &str,
+        params: &super::JoinGroupParams,
+        subscribed: Vec<String>,
+        owned: Assignment,
+        catalog: &Catalog,
+        now_ms: i64,
+        limits: &ConsumerLimits,
+    ) -> Result<(i32, String), ErrorKind> {
+        let mut changed = false;
+        match self.members.get(member_id) {
+            Some(m) if m.classic.is_none() => return Err(ErrorKind::UnknownMember),
+            Some(_) => {}
+            None => {
+                if self.members.len() >= limits.max_size {
+                    return Err(ErrorKind::GroupFull);
+                }
+                self.members.insert(
+                    member_id.to_string(),
+                    ConsumerMember {
+                        member_id: member_id.to_string(),
+                        instance_id: None,
+                        rack_id: None,
+                        client_id: params.client_id.clone(),
+                        client_host: params.client_host.clone(),
+                        rebalance_timeout_ms: params.rebalance_timeout_ms,
+                        subscribed_topic_names: Vec::new(),
+                        subscribed_topic_regex: None,
+                        server_assignor: None,
+                        member_epoch: 0,
+                        previous_member_epoch: 0,
+                        state: MemberState::Stable,
+                        assigned: Assignment::new(),
+                        revoking: Assignment::new(),
+                        session_deadline_ms: now_ms,
+                        revocation_deadline_ms: None,
+                        left_temporarily: false,
+                        sent: None,
+                        classic: None,
+                    },
+                );
+                changed = true;
+            }
+        }
+        let mut subscribed = subscribed;
+        subscribed.sort();
+        subscribed.dedup();
+        if let Some(m) = self.members.get_mut(member_id) {
+            m.classic = Some(ClassicMember {
+                session_timeout_ms: params.session_timeout_ms,
+                protocol_names: params.protocols.iter().map(|p| p.name.clone()).collect(),
+            });
+            m.session_deadline_ms = now_ms + i64::from(params.session_timeout_ms);
+            m.rebalance_timeout_ms = params.rebalance_timeout_ms;
+            if m.subscribed_topic_names != subscribed {
+                m.subscribed_topic_names = subscribed;
+                changed = true;
+            }
+            // What it says it still owns is all it holds (an eager member gave everything up).
+            m.assigned = intersect(&m.assigned, &owned);
+            m.revoking = intersect(&m.revoking, &owned);
+            if m.revoking.is_empty() {
+                m.revocation_deadline_ms = None;
+            }
+        }
+        self.refresh_target(catalog, limits, changed);
+        self.reconcile(member_id, Some(&owned), now_ms);
+        let Some(m) = self.members.get(member_id) else { return Err(ErrorKind::UnknownMember) };
+        let protocol = params.protocols.first().map(|p| p.name.clone()).unwrap_or_default();
+        Ok((m.member_epoch, protocol))
+    }
+
+    /// SyncGroup of a classic member: its assignment of the generation it joined.
+    pub(crate) fn classic_sync(&mut self, member_id: &str, generation: i32) -> Result<Assignment, ErrorKind> {
+        let m = self.members.get_mut(member_id).filter(|m| m.classic.is_some()).ok_or(ErrorKind::UnknownMember)?;
+        if generation != m.member_epoch {
+            return Err(ErrorKind::WrongGeneration);
+        }
+        m.sent = Some((m.member_epoch, m.assigned.clone()));
+        Ok(m.assigned.clone())
+    }
+
+    /// Heartbeat of a classic member: REBALANCE_IN_PROGRESS when it must rejoin to move on.
+    pub(crate) fn classic_heartbeat(&mut self, member_id: &str, generation: i32, now_ms: i64) -> Result<(), ErrorKind> {
+        let m = self.members.get_mut(member_id).filter(|m| m.classic.is_some()).ok_or(ErrorKind::UnknownMember)?;
+        if generation != m.member_epoch {
+            return Err(ErrorKind::WrongGeneration);
+        }
+        let session = m.classic.as_ref().map_or(0, |c| c.session_timeout_ms);
+        m.session_deadline_ms = now_ms + i64::from(session);
+        self.reconcile(member_id, None, now_ms);
+        match self.members.get(member_id) {
+            Some(m) if self.classic_needs_rejoin(m) => Err(ErrorKind::RebalanceInProgress),
+            Some(_) => Ok(()),
+            None => Err(ErrorKind::UnknownMember),
+        }
+    }
+
+    /// LeaveGroup of a classic member.
+    pub(crate) fn classic_leave(&mut self, member_id: &str) -> Result<(), ErrorKind> {
+        if self.members.get(member_id).is_none_or(|m| m.classic.is_none()) {
+            return Err(ErrorKind::UnknownMember);
+        }
+        self.remove_member(member_id, "the member left the group");
+        Ok(())
     }
 
     /// An offset commit's (or fetch's) member check: the member exists and names its current
@@ -955,6 +1179,55 @@ mod tests {
         // a is revoking: its rebalance timeout restarts at the load, before its session ends.
         assert_eq!(loaded.next_deadline_ms(), Some(1_000 + 30_000));
         loaded.check_invariants();
+    }
+
+    #[test]
+    fn a_converted_classic_member_revokes_through_rejoins_before_the_new_member_gets_partitions() {
+        let (t, cat) = catalog(4);
+        let l = limits();
+        let seed = ClassicSeed {
+            member_id: "c1".into(),
+            instance_id: None,
+            client_id: "c".into(),
+            client_host: "/h".into(),
+            rebalance_timeout_ms: 30_000,
+            classic: ClassicMember { session_timeout_ms: 10_000, protocol_names: vec!["cooperative-sticky".into()] },
+            subscribed: vec!["t".into()],
+            assigned: vec![("t".into(), vec![0, 1, 2, 3])],
+        };
+        let mut g = ConsumerGroup::from_classic(5, vec![seed], &cat, 0);
+        assert_eq!(g.state(), GroupState::Stable);
+        let m = g.heartbeat(&hb("m", 0, None), &cat, 0, &l);
+        assert_eq!((m.member_epoch, count(&m.assignment)), (6, 0));
+        assert_eq!(g.classic_heartbeat("c1", 5, 0), Err(ErrorKind::RebalanceInProgress));
+        let join = crate::group::JoinGroupParams {
+            group_id: "g".into(),
+            member_id: "c1".into(),
+            group_instance_id: None,
+            client_id: "c".into(),
+            client_host: "/h".into(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 30_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![],
+            require_known_member_id: false,
+            reason: None,
+        };
+        let all: Assignment = [(t, (0..4).collect())].into();
+        // Still owning everything: it is told its kept half at its old generation.
+        let (generation, _) = g.classic_join("c1", &join, vec!["t".into()], all, &cat, 0, &l).unwrap();
+        assert_eq!(generation, 5);
+        let kept = g.classic_sync("c1", 5).unwrap();
+        assert_eq!(kept.values().map(BTreeSet::len).sum::<usize>(), 2);
+        assert!(g.heartbeat(&hb("m", 6, None), &cat, 0, &l).assignment.is_none(), "nothing released yet");
+        // It rejoins owning only the kept half: the other half goes to m.
+        let (generation, _) = g.classic_join("c1", &join, vec!["t".into()], kept.clone(), &cat, 0, &l).unwrap();
+        assert_eq!(generation, 6);
+        assert_eq!(g.classic_sync("c1", 6).unwrap(), kept);
+        assert_eq!(g.classic_heartbeat("c1", 6, 0), Ok(()));
+        assert_eq!(count(&g.heartbeat(&hb("m", 6, None), &cat, 0, &l).assignment), 2);
+        assert_eq!(g.state(), GroupState::Stable);
+        g.check_invariants();
     }
 
     #[test]

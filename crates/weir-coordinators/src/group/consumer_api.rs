@@ -9,7 +9,7 @@
 //! the members' next heartbeat gets UNKNOWN_MEMBER_ID and they rejoin with epoch 0 (committed
 //! offsets are durable as for classic groups).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -24,10 +24,11 @@ use super::assignor::TopicSpec;
 use super::consumer::{compile_regex, Catalog, ConsumerGroup, TopicInfo};
 use super::coordinator::{append_error_kind, GroupCoordinator};
 use super::offsets;
-use super::state::Group;
+use super::state::{decode_subscription, Group};
 use super::{
     ConsumerGroupDescription, ConsumerHeartbeatParams, ConsumerHeartbeatResult, ErrorKind, GroupDescription,
-    GroupState, MemberDescription,
+    GroupState, HeartbeatParams, JoinGroupParams, JoinGroupResult, LeaveGroupResult, LeavingMember, MemberDescription,
+    MemberLeaveResult, SyncGroupParams, SyncGroupResult,
 };
 
 /// The topics named in `names` or matched by one of `patterns` (internal topics only by name),
@@ -93,17 +94,32 @@ impl GroupCoordinator {
                 Some(g) if g.state == GroupState::Dead => {
                     return ConsumerHeartbeatResult::error(ErrorKind::CoordinatorNotAvailable);
                 }
-                // A running classic group does not take consumer-protocol members: Kafka's
-                // GROUP_ID_NOT_FOUND ("not a consumer group") when it cannot convert it.
-                Some(g) if g.consumer.is_none() && g.has_members() => {
-                    return ConsumerHeartbeatResult::error(ErrorKind::UnknownGroup);
+                Some(g) if g.consumer.is_none() && g.has_members() && params.member_epoch != 0 => {
+                    return ConsumerHeartbeatResult::error(ErrorKind::UnknownMember);
                 }
+                Some(g) if g.consumer.is_none() && g.has_members() => {}
                 Some(g) if g.consumer.is_some() => {}
                 _ if params.member_epoch != 0 => return ConsumerHeartbeatResult::error(ErrorKind::UnknownMember),
                 _ => {}
             }
             let group =
                 groups.entry(params.group_id.clone()).or_insert_with(|| Group::new(params.group_id.clone(), now));
+            if group.consumer.is_none() && group.has_members() {
+                // A running classic group converts (Kafka 4's `group.consumer.migration.policy`
+                // bidirectional) when Stable; otherwise Kafka's GROUP_ID_NOT_FOUND ("not a
+                // consumer group"), and the member retries.
+                let Some((generation, seeds)) = group.take_members_for_migration() else {
+                    return ConsumerHeartbeatResult::error(ErrorKind::UnknownGroup);
+                };
+                let names: BTreeSet<&str> = seeds
+                    .iter()
+                    .flat_map(|s| s.subscribed.iter().chain(s.assigned.iter().map(|(t, _)| t)).map(String::as_str))
+                    .collect();
+                let catalog = catalog(&metadata, &names, &BTreeSet::new());
+                tracing::info!(group = %params.group_id, members = seeds.len(), generation, "converting a classic group to the consumer protocol");
+                group.consumer = Some(ConsumerGroup::from_classic(generation, seeds, &catalog, now));
+                group.protocol_name = None;
+            }
             if group.consumer.is_none() {
                 // A new group, or an empty classic group (with its committed offsets) that
                 // becomes a consumer group.
@@ -207,6 +223,118 @@ impl GroupCoordinator {
             members,
             consumer: Some(described),
         }
+    }
+}
+
+impl GroupCoordinator {
+    /// JoinGroup of a classic member into a consumer group with members: answered at once (the
+    /// broker assigns), with the member's epoch as generation.
+    pub(super) fn classic_join_in_consumer_group(
+        &self,
+        group: &mut Group,
+        params: JoinGroupParams,
+        now: i64,
+    ) -> JoinGroupResult {
+        let member_id = if params.member_id.is_empty() {
+            format!("{}-{}", params.group_instance_id.as_deref().unwrap_or(&params.client_id), Uuid::new_v4())
+        } else {
+            params.member_id.clone()
+        };
+        let decoded = params.protocols.first().and_then(|p| decode_subscription(&p.metadata));
+        let Some((subscribed, owned_names)) = decoded.filter(|_| params.protocol_type == "consumer") else {
+            return JoinGroupResult::error(params.member_id.clone(), ErrorKind::InconsistentGroupProtocol);
+        };
+        let Some(consumer) = group.consumer.as_mut() else {
+            return JoinGroupResult::error(member_id, ErrorKind::Internal);
+        };
+        let metadata = self.broker.metadata();
+        let (mut names, patterns) = consumer.subscribed_sets();
+        names.extend(subscribed.iter().cloned());
+        let names_ref: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        let patterns_ref: BTreeSet<&str> = patterns.iter().map(String::as_str).collect();
+        let catalog = catalog(&metadata, &names_ref, &patterns_ref);
+        let mut owned: BTreeMap<Uuid, BTreeSet<i32>> = BTreeMap::new();
+        for (topic, partitions) in owned_names {
+            if let Some(t) = metadata.topic(&topic) {
+                owned.entry(t.id).or_default().extend(partitions);
+            }
+        }
+        let result =
+            consumer.classic_join(&member_id, &params, subscribed, owned, &catalog, now, &self.consumer_limits);
+        group.sync_consumer_state(now);
+        match result {
+            Ok((generation, protocol)) => JoinGroupResult {
+                error: None,
+                member_id,
+                generation_id: Some(generation),
+                protocol_type: Some("consumer".to_string()),
+                protocol_name: Some(protocol),
+                // Nobody leads: the broker assigns, so no member gets the member list.
+                leader_id: String::new(),
+                skip_assignment: false,
+                members: Vec::new(),
+            },
+            Err(kind) => JoinGroupResult::error(member_id, kind),
+        }
+    }
+
+    pub(super) fn classic_sync_in_consumer_group(
+        &self,
+        group: &mut Group,
+        params: &SyncGroupParams,
+    ) -> SyncGroupResult {
+        let Some(consumer) = group.consumer.as_mut() else { return SyncGroupResult::error(ErrorKind::UnknownMember) };
+        match consumer.classic_sync(&params.member_id, params.generation_id) {
+            Ok(assignment) => {
+                let metadata = self.broker.metadata();
+                let named: Vec<(Uuid, String, Vec<i32>)> = assignment
+                    .iter()
+                    .filter_map(|(id, ps)| {
+                        metadata.topic_by_id(*id).map(|t| (*id, t.name.clone(), ps.iter().copied().collect()))
+                    })
+                    .collect();
+                SyncGroupResult {
+                    error: None,
+                    protocol_type: Some("consumer".to_string()),
+                    protocol_name: params.protocol_name.clone(),
+                    assignment: encode_assignment(&named),
+                }
+            }
+            Err(kind) => SyncGroupResult::error(kind),
+        }
+    }
+
+    pub(super) fn classic_heartbeat_in_consumer_group(
+        &self,
+        group: &mut Group,
+        params: &HeartbeatParams,
+        now: i64,
+    ) -> Result<(), ErrorKind> {
+        let consumer = group.consumer.as_mut().ok_or(ErrorKind::UnknownMember)?;
+        let result = consumer.classic_heartbeat(&params.member_id, params.generation_id, now);
+        group.sync_consumer_state(now);
+        result
+    }
+
+    pub(super) fn classic_leave_in_consumer_group(
+        &self,
+        group: &mut Group,
+        members: Vec<LeavingMember>,
+        now: i64,
+    ) -> LeaveGroupResult {
+        let Some(consumer) = group.consumer.as_mut() else {
+            return LeaveGroupResult { error: Some(ErrorKind::UnknownMember), members: Vec::new() };
+        };
+        let results = members
+            .into_iter()
+            .map(|m| MemberLeaveResult {
+                error: consumer.classic_leave(&m.member_id).err(),
+                member_id: m.member_id,
+                group_instance_id: m.group_instance_id,
+            })
+            .collect();
+        group.sync_consumer_state(now);
+        LeaveGroupResult { error: None, members: results }
     }
 }
 

@@ -375,6 +375,15 @@ impl GroupCoordinator {
             }
             let now = self.now_ms();
             let group_id = params.group_id.clone();
+            if let Some(group) =
+                groups.get_mut(&group_id).filter(|g| g.consumer.as_ref().is_some_and(|c| !c.is_empty()))
+            {
+                // A classic member of a consumer group (one converted from classic).
+                let result = self.classic_join_in_consumer_group(group, params, now);
+                drop(groups);
+                self.timer_wake.notify_one();
+                return result;
+            }
             if !groups.contains_key(&group_id) {
                 if !member_id.is_empty() {
                     return JoinGroupResult::error(member_id, ErrorKind::UnknownMember);
@@ -411,6 +420,9 @@ impl GroupCoordinator {
             let now = self.now_ms();
             match groups.get_mut(&group_id) {
                 None => return SyncGroupResult::error(ErrorKind::UnknownMember),
+                Some(group) if group.consumer.as_ref().is_some_and(|c| !c.is_empty()) => {
+                    return self.classic_sync_in_consumer_group(group, &params);
+                }
                 Some(group) => group.sync(params, reply, now),
             }
         };
@@ -472,6 +484,9 @@ impl GroupCoordinator {
         let now = self.now_ms();
         match groups.get_mut(&params.group_id) {
             None => Err(ErrorKind::UnknownMember),
+            Some(group) if group.consumer.as_ref().is_some_and(|c| !c.is_empty()) => {
+                self.classic_heartbeat_in_consumer_group(group, &params, now)
+            }
             Some(group) => group.heartbeat(&params, now),
         }
     }
@@ -502,6 +517,9 @@ impl GroupCoordinator {
                         })
                         .collect(),
                 },
+                Some(group) if group.consumer.as_ref().is_some_and(|c| !c.is_empty()) => {
+                    self.classic_leave_in_consumer_group(group, members, now)
+                }
                 Some(group) => {
                     let result = group.leave(members, now, &self.limits);
                     if group.is_vacant() && !group.persisted {

@@ -32,7 +32,7 @@ use kafka_protocol::protocol::Decodable;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::consumer::ConsumerGroup;
+use super::consumer::{ClassicMember, ClassicSeed, ConsumerGroup};
 use super::offsets::{GroupRecord, LoadedGroup};
 use super::{
     ErrorKind, GroupDescription, GroupState, HeartbeatParams, JoinGroupParams, JoinGroupResult, JoinedMember,
@@ -259,6 +259,41 @@ impl Group {
             return consumer.subscribed_names().contains(topic);
         }
         self.subscribed_topics.as_ref().is_none_or(|topics| topics.contains(topic))
+    }
+
+    /// Hands a Stable classic group of consumers over to the consumer protocol: its members,
+    /// each with its subscription and current assignment, and the generation. `None` (and the
+    /// group untouched) unless it is Stable, of protocol type `consumer`, and every member's
+    /// subscription and assignment decode.
+    pub(crate) fn take_members_for_migration(&mut self) -> Option<(i32, Vec<ClassicSeed>)> {
+        if self.state != GroupState::Stable || !self.is_consumer_group() || !self.pending_sync.is_empty() {
+            return None;
+        }
+        let protocol = self.protocol_name.clone()?;
+        let mut seeds = Vec::with_capacity(self.members.len());
+        for m in self.members.values() {
+            let (subscribed, _) = decode_subscription(&m.metadata_for(&protocol))?;
+            let assigned = decode_assignment(&m.assignment)?;
+            seeds.push(ClassicSeed {
+                member_id: m.member_id.clone(),
+                instance_id: m.group_instance_id.clone(),
+                client_id: m.client_id.clone(),
+                client_host: m.client_host.clone(),
+                rebalance_timeout_ms: m.rebalance_timeout_ms,
+                classic: ClassicMember {
+                    session_timeout_ms: m.session_timeout_ms,
+                    protocol_names: m.protocols.iter().map(|p| p.name.clone()).collect(),
+                },
+                subscribed,
+                assigned,
+            });
+        }
+        self.members.clear();
+        self.static_members.clear();
+        self.leader = None;
+        self.pending_members.clear();
+        self.sync_deadline_ms = None;
+        Some((self.generation, seeds))
     }
 
     /// Makes `state` follow the consumer group's (after any change to it).
@@ -1143,4 +1178,36 @@ impl Group {
             }
         }
     }
+}
+
+/// Partitions by topic name, as the classic consumer protocol's bytes carry them.
+pub(crate) type NamedPartitions = Vec<(String, Vec<i32>)>;
+
+/// A ConsumerProtocolSubscription (any version): its topics and, from v1, the partitions the
+/// member owns (by topic name).
+pub(crate) fn decode_subscription(metadata: &Bytes) -> Option<(Vec<String>, NamedPartitions)> {
+    let mut buf = metadata.clone();
+    if buf.len() < 2 {
+        return None;
+    }
+    let version = buf.get_i16().clamp(0, 3);
+    let subscription = ConsumerProtocolSubscription::decode(&mut buf, version).ok()?;
+    let topics = subscription.topics.iter().map(|t| t.to_string()).collect();
+    let owned = subscription.owned_partitions.iter().map(|tp| (tp.topic.to_string(), tp.partitions.clone())).collect();
+    Some((topics, owned))
+}
+
+/// A ConsumerProtocolAssignment (any version: they all start with v0's layout), by topic name.
+/// Empty bytes are an empty assignment.
+pub(crate) fn decode_assignment(assignment: &Bytes) -> Option<NamedPartitions> {
+    let mut buf = assignment.clone();
+    if buf.is_empty() {
+        return Some(Vec::new());
+    }
+    if buf.len() < 2 {
+        return None;
+    }
+    buf.advance(2);
+    let decoded = kafka_protocol::messages::ConsumerProtocolAssignment::decode(&mut buf, 0).ok()?;
+    Some(decoded.assigned_partitions.iter().map(|tp| (tp.topic.to_string(), tp.partitions.clone())).collect())
 }
