@@ -147,6 +147,8 @@ const GROUP_APIS: &[ApiKey] = &[
     ApiKey::ListGroups,
     ApiKey::DeleteGroups,
     ApiKey::OffsetDelete,
+    ApiKey::ConsumerGroupHeartbeat,
+    ApiKey::ConsumerGroupDescribe,
 ];
 
 /// What the per-version cases share.
@@ -267,6 +269,27 @@ fn every_version_of_every_advertised_group_api_answers() {
 }
 
 /// One minimal valid request of `key` at `version` and the checks on its response.
+/// A KIP-848 member joining `group` (subscribed to the fixture's topic) at `version`; returns
+/// its member id and epoch. v0 lets the broker name the member; v1 names it here.
+fn consumer_join(client: &mut Client, fx: &Fixture, group: &str, version: i16) -> Result<(String, i32), String> {
+    let member = if version >= 1 { uuid::Uuid::new_v4().to_string() } else { String::new() };
+    let request = ConsumerGroupHeartbeatRequest::default()
+        .with_group_id(group_id(group))
+        .with_member_id(s(&member))
+        .with_member_epoch(0)
+        .with_rebalance_timeout_ms(30_000)
+        .with_subscribed_topic_names(Some(vec![topic_name(&fx.topic)]));
+    let response = call(client, version, &request)?;
+    expect_code("join", response.error_code, code::NONE)?;
+    let id = response.member_id.map(|m| m.to_string()).unwrap_or_default();
+    ensure!(!id.is_empty() && (version == 0 || id == member), "member id {id:?}");
+    ensure!(response.member_epoch >= 1, "epoch {}", response.member_epoch);
+    let assignment = response.assignment.ok_or("no assignment")?;
+    let ids: Vec<uuid::Uuid> = assignment.topic_partitions.iter().map(|t| t.topic_id).collect();
+    ensure!(ids == vec![fx.topic_id], "assigned topics {ids:?}");
+    Ok((id, response.member_epoch))
+}
+
 fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i16) -> CaseResult {
     match key {
         ApiKey::ApiVersions => {
@@ -785,6 +808,34 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
             let response = call(client, version, &ListGroupsRequest::default())?;
             expect_code("top level", response.error_code, code::NONE)?;
             ensure!(response.groups.iter().any(|g| g.group_id.0.as_str() == group), "{group} is not listed");
+        }
+        ApiKey::ConsumerGroupHeartbeat => {
+            let group = unique("conformance-consumer-heartbeat");
+            let (member, epoch) = consumer_join(client, fx, &group, version)?;
+            let leave = ConsumerGroupHeartbeatRequest::default()
+                .with_group_id(group_id(&group))
+                .with_member_id(s(&member))
+                .with_member_epoch(-1)
+                .with_rebalance_timeout_ms(-1);
+            let response = call(client, version, &leave)?;
+            expect_code("leave", response.error_code, code::NONE)?;
+            ensure!(response.member_epoch == -1, "leave epoch {} (was {epoch})", response.member_epoch);
+        }
+        ApiKey::ConsumerGroupDescribe => {
+            let group = unique("conformance-consumer-describe");
+            let (member, epoch) = consumer_join(client, fx, &group, 1)?;
+            let request = ConsumerGroupDescribeRequest::default().with_group_ids(vec![group_id(&group)]);
+            let response = call(client, version, &request)?;
+            let g = response.groups.first().ok_or("no group in the response")?;
+            expect_code("group", g.error_code, code::NONE)?;
+            ensure!(
+                g.group_epoch == epoch && g.assignment_epoch == epoch,
+                "epochs {} {}",
+                g.group_epoch,
+                g.assignment_epoch
+            );
+            ensure!(g.members.len() == 1 && g.members[0].member_id.as_str() == member, "members {:?}", g.members);
+            ensure!(g.members[0].member_epoch == epoch, "member epoch {}", g.members[0].member_epoch);
         }
         ApiKey::DeleteGroups => {
             let group = unique("conformance-delete-group");

@@ -11,6 +11,11 @@
 //!   partitions the target takes from it, then it gets the target's partitions that no other
 //!   member still holds.
 //!
+//! Classic members (a converted classic group's, or classic consumers joining later) are
+//! members like the others, driven through `classic_join`, `classic_sync` and
+//! `classic_heartbeat`: they acknowledge revocations by rejoining with what they still own, and
+//! are told to rejoin (REBALANCE_IN_PROGRESS) whenever their assignment must change.
+//!
 //! Invariants (checked by `check_invariants`):
 //! - no partition is held (assigned or being revoked) by two members at once: a partition is
 //!   handed to a member only once its previous holder acknowledged giving it up;
