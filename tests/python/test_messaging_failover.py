@@ -3,7 +3,9 @@
 
 The timer store lives in the replicated internal topic `__delayed_messages`: a delayed message
 is acknowledged once its shard's ISR has it, the broker leading the shard fires it, and a new
-leader takes over with what is pending and what was recalled.
+leader takes over with what is pending and what was recalled. Half messages live in
+`__half_messages` the same way, and what consumers received and acknowledged in
+`__share_group_state`, written by the broker leading each queue before it answers.
 """
 
 import math
@@ -11,7 +13,7 @@ import time
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from rocketmq import ClientConfiguration, Credentials, Message, Producer
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 
 from helpers import c_consume, c_consumer, unique
 
@@ -231,3 +233,119 @@ def test_open_transactions_survive_the_loss_of_the_broker_leading_their_shards(c
         deciding.shutdown()
     got = sorted(r.value for r in records)
     assert got == sorted(f"tx-{i}".encode() for i in range(20)), got
+
+
+def state_shard_of(group, topic, partition, count):
+    """The `__share_group_state` shard of a group's queue: what `QueueId::shard` computes
+    (FNV-1a over group, NUL, topic and the partition, big endian)."""
+    return timer_shard_of(f"{group}\0{topic}", partition, count)
+
+
+def leaders_of(cluster, topic, via=None):
+    ids = [via] if via else cluster.ids()
+    for node in ids:
+        try:
+            md = AdminClient({"bootstrap.servers": cluster.node(node).bootstrap}).list_topics(topic, timeout=10)
+            return {p: m.leader for p, m in md.topics[topic].partitions.items()}
+        except Exception:  # noqa: BLE001 - a node that is down: ask the next
+            continue
+    raise AssertionError(f"no node describes {topic}")
+
+
+def receive_for(consumer, want, invisible_s, timeout):
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        try:
+            got += consumer.receive(32, invisible_s)
+        except Exception:  # noqa: BLE001 - a receive during the failover fails; the next goes on
+            time.sleep(0.5)
+    return got
+
+
+def ack_failover_setup(cluster_factory):
+    cluster = cluster_factory(settings=DURABLE)
+    name, group = unique("rmq-ack-ha"), unique("g-ack-ha")
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap()})
+    admin.create_topics([NewTopic(name, 1, 3, config={"message.type": "NORMAL", "min.insync.replicas": "2"})])[name].result(timeout=30)
+    cluster.wait_topic(name, 1)
+    config = ClientConfiguration(cluster.node(1).rocketmq_endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, [name])
+    producer.startup()
+    try:
+        for i in range(40):
+            m = Message()
+            m.topic, m.body = name, f"m-{i}".encode()
+            producer.send(m)
+    finally:
+        producer.shutdown()
+    return cluster, name, group
+
+
+def test_acks_and_delivery_counts_survive_the_loss_of_the_broker_leading_the_queue(cluster_factory):
+    """A consumer receives 40 messages and acks 30 through the broker leading their queue,
+    which is then killed: the new leader hands out the 10 unacked ones again after their
+    invisible time, as second deliveries, and none of the acked ones."""
+    cluster, name, group = ack_failover_setup(cluster_factory)
+    victim = leaders_of(cluster, name)[0]
+    survivor = next(n for n in cluster.ids() if n != victim)
+    config = ClientConfiguration(cluster.node(survivor).rocketmq_endpoint, Credentials(), request_timeout=10)
+    consumer = SimpleConsumer(config, group, {name: FilterExpression("*")}, await_duration=1)
+    consumer.startup()
+    try:
+        got = receive_for(consumer, 40, 8, 30)
+        assert sorted(m.body for m in got) == sorted(f"m-{i}".encode() for i in range(40))
+        acked = {m.body for m in got[:30]}
+        for m in got[:30]:
+            consumer.ack(m)
+        cluster.node(victim).kill9()
+        again = receive_for(consumer, 10, 30, 60)
+        # Then nothing more for a while: an acked message, or a second copy, would show here.
+        again += receive_for(consumer, 100, 30, 4)
+    finally:
+        consumer.shutdown()
+    bodies = sorted(m.body for m in again)
+    assert not acked & set(bodies), f"acked messages delivered again: {sorted(acked & set(bodies))}"
+    assert bodies == sorted({m.body for m in got[30:]}), bodies
+    assert all(m.delivery_attempt == 2 for m in again), [(m.body, m.delivery_attempt) for m in again]
+
+
+def test_acks_go_on_through_the_loss_of_the_broker_leading_the_queues_state_shard(cluster_factory):
+    """The broker leading the queue's `__share_group_state` shard (not the queue) is killed
+    between two rounds of acks: acks answered OK on either side of it are never undone."""
+    cluster, name, _ = ack_failover_setup(cluster_factory)
+    queue_leader = leaders_of(cluster, name)[0]
+    config = ClientConfiguration(cluster.node(queue_leader).rocketmq_endpoint, Credentials(), request_timeout=10)
+    # A first receive makes the state topic; then a group whose shard another broker leads.
+    warm = SimpleConsumer(config, unique("g-warm"), {name: FilterExpression("*")}, await_duration=1)
+    warm.startup()
+    try:
+        assert receive_for(warm, 1, 1, 30)
+    finally:
+        warm.shutdown()
+    shards = leaders_of(cluster, "__share_group_state")
+    group = next(g for g in (unique("g-ack-ha") for _ in range(100))
+                 if shards[state_shard_of(g, name, 0, len(shards))] not in (queue_leader, -1))
+    shard_leader = shards[state_shard_of(group, name, 0, len(shards))]
+    consumer = SimpleConsumer(config, group, {name: FilterExpression("*")}, await_duration=1)
+    consumer.startup()
+    try:
+        got = receive_for(consumer, 40, 8, 30)
+        assert len(got) == 40
+        for m in got[:20]:
+            consumer.ack(m)
+        cluster.node(shard_leader).kill9()
+        acked_after = set()
+        for m in got[20:30]:
+            try:
+                consumer.ack(m)
+                acked_after.add(m.body)
+            except Exception:  # noqa: BLE001 - an ack refused during the failover comes back
+                pass
+        acked = {m.body for m in got[:20]} | acked_after
+        again = receive_for(consumer, 40 - len(acked), 30, 60)
+        again += receive_for(consumer, 100, 30, 4)
+    finally:
+        consumer.shutdown()
+    bodies = [m.body for m in again]
+    assert not acked & set(bodies), f"acked messages delivered again: {sorted(acked & set(bodies))}"
+    assert sorted(bodies) == sorted({m.body for m in got} - acked), bodies

@@ -170,3 +170,48 @@ def test_older_half_messages_move_into_their_replicated_topic_and_a_producers_ch
         producer.shutdown()
     assert sorted(r.value for r in records) == [b"half-0", b"half-1", b"half-2"]
     assert end_offset_after_a_while(broker, "legacy-txn-rmq") == 3, "each committed once"
+
+
+def test_an_older_invisible_time_store_moves_into_its_replicated_topic_with_acks_and_delivery_counts(upgraded_messaging):
+    """The fixture's group acked pop-0..9 and held pop-10..14 (long visible again since):
+    after the move the group gets pop-10..19 only, the held ones as second deliveries."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
+
+    broker = upgraded_messaging
+    legacy = broker.data_dir / "rocketmq-pop"
+    wait_until(lambda: not legacy.exists(), 30, "the local invisible-time store moved into __share_group_state")
+    config = ClientConfiguration(broker.rocketmq_endpoint, Credentials(), request_timeout=10)
+
+    def receive(want):
+        consumer = SimpleConsumer(config, "legacy-pop-group", {"legacy-pop": FilterExpression("*")}, await_duration=1)
+        consumer.startup()
+        try:
+            got, deadline = [], time.monotonic() + 30
+            while len(got) < want and time.monotonic() < deadline:
+                got += consumer.receive(32, 5)
+            # Nothing more comes: what was acked stays acked.
+            got += consumer.receive(32, 5)
+            return consumer, got
+        except BaseException:
+            consumer.shutdown()
+            raise
+
+    consumer, got = receive(10)
+    try:
+        attempts = {m.body.decode(): m.delivery_attempt for m in got}
+        assert sorted(attempts) == sorted(f"pop-{i}" for i in range(10, 20)), f"got {sorted(attempts)}"
+        assert all(attempts[f"pop-{i}"] == 2 for i in range(10, 15)), f"delivery counts kept: {attempts}"
+        assert all(attempts[f"pop-{i}"] == 1 for i in range(15, 20)), attempts
+        for message in got[:5]:
+            consumer.ack(message)
+        acked = {m.body for m in got[:5]}
+    finally:
+        consumer.shutdown()
+    # A kill -9 and a restart keep the acks made after the move too.
+    broker.kill9()
+    broker.start()
+    consumer, again = receive(5)
+    consumer.shutdown()
+    bodies = sorted(m.body for m in again)
+    assert not acked & set(bodies), f"acked ones came back: {bodies}"
+    assert len(bodies) == 5, bodies

@@ -8,7 +8,7 @@ use uuid::Uuid;
 use weir_error::{BrokerError, ErrorKind};
 use weir_metadata::{
     MetadataRecord, MetadataState, PartitionState, TopicMetadata, DELAYED_MESSAGES_TOPIC, HALF_MESSAGES_TOPIC,
-    OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC,
+    OFFSETS_TOPIC, SHARE_GROUP_STATE_TOPIC, TRANSACTION_STATE_TOPIC,
 };
 
 use crate::topic_config::{self, ConfigEdit};
@@ -198,7 +198,9 @@ pub fn decide_ensure_internal(
     let wanted = match name {
         TRANSACTION_STATE_TOPIC => config.transaction_state_replication_factor,
         OFFSETS_TOPIC => config.offsets_topic_replication_factor,
-        DELAYED_MESSAGES_TOPIC | HALF_MESSAGES_TOPIC => config.messaging_state_replication_factor,
+        DELAYED_MESSAGES_TOPIC | HALF_MESSAGES_TOPIC | SHARE_GROUP_STATE_TOPIC => {
+            config.messaging_state_replication_factor
+        }
         _ => config.default_replication_factor,
     };
     let rf = (wanted.max(1) as usize).min(brokers.len());

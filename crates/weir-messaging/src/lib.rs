@@ -4,10 +4,10 @@
 //!
 //! - [`Messaging`]: the stores, open for as long as the broker is, each in its own directory
 //!   under the data directory (the same files as before they moved here): delayed messages
-//!   ([`timer`], `timer/`), half messages ([`half`], `half/`), invisible-time state ([`pop`],
-//!   `rocketmq-pop/`) and the message index ([`message_index`], `message-index/`). Opening it
+//!   (`__delayed_messages`, [`timer`]), half messages (`__half_messages`, [`half`]),
+//!   invisible-time state (`__share_group_state`, [`pop`]) and the message index ([`message_index`], `message-index/`). Opening it
 //!   installs the timer in the data path's append (a DELAY topic's records that are not due
-//!   go there) and serves the internal RPCs other brokers call (`timer.recall`, `pop.reset`).
+//!   go there) and serves the internal RPCs other brokers call (`timer.*`, `half.*`, `pop.*`).
 //! - [`Engines`]: what runs on its own for a protocol that needs it (the binary starts them
 //!   with the RocketMQ listener): invisible-time consumption ([`pop::PopEngine`]: receives,
 //!   the dead-letter sweep, the renewer, the progress mirror) and transactional messages
@@ -51,6 +51,8 @@ pub struct Messaging {
     pub(crate) half: Arc<TransactionalMessages>,
     /// Each group's invisible-time consumption of the partitions this broker leads.
     pub(crate) pop: Arc<PopStore>,
+    /// The shards of `__share_group_state` this broker leads (whoever's engines use them).
+    pub(crate) pop_states: Arc<pop::shard::StateShards>,
     /// Messages by key and id, for queries; kept up to date once [`Messaging::start`] is called.
     pub(crate) message_index: MessageIndex,
 }
@@ -60,11 +62,13 @@ impl Messaging {
     /// serves the internal RPCs of the stores. Blocking (recovers the stores' files).
     pub fn open(broker: &Arc<Broker>) -> Result<Arc<Messaging>, BrokerError> {
         let data_dir = &broker.config.data_dir;
+        let pop_states = Arc::new(pop::shard::StateShards::new(broker));
         let messaging = Arc::new(Messaging {
             broker: broker.clone(),
             timer: Arc::new(Timer::new(broker)),
             half: Arc::new(TransactionalMessages::new(broker)),
-            pop: Arc::new(PopStore::open(&data_dir.join(pop::DIR))?),
+            pop: Arc::new(PopStore::new(broker, &pop_states, data_dir)),
+            pop_states,
             message_index: MessageIndex::new(data_dir),
         });
         broker
@@ -76,7 +80,8 @@ impl Messaging {
     }
 
     /// Starts the message indexer, the timer's shards (delayed messages that came due while
-    /// their shard had no leader fire now) and the half messages' shards with their sweep
+    /// their shard had no leader fire now), the invisible-time state's shards and the half
+    /// messages' shards with their sweep
     /// (transactions are checked through the checkers front-ends register, here or on other
     /// brokers), and moves the local stores of an earlier version into their topics. Call
     /// within a tokio runtime, once.
@@ -86,6 +91,8 @@ impl Messaging {
         timer::migrate::spawn(&self.broker, &self.timer);
         self.half.start(&self.broker);
         half::migrate::spawn(&self.broker, &self.half);
+        self.pop_states.start(&self.broker);
+        pop::migrate::spawn(&self.broker, &self.pop, &self.pop_states);
         Ok(())
     }
 

@@ -19,7 +19,7 @@ fn render_messaging(out: &mut Exposition, messaging: &Messaging) {
     use std::sync::atomic::Ordering::Relaxed;
     let (pending, in_memory) = messaging.timer.pending();
     let stats = &messaging.timer.stats;
-    let gauges: [(&str, Kind, &str, u64); 8] = [
+    let gauges: [(&str, Kind, &str, u64); 10] = [
         ("weir_timer_messages_pending", Kind::Gauge, "Delayed messages waiting in the timer store.", pending),
         (
             "weir_timer_messages_in_memory",
@@ -62,6 +62,18 @@ fn render_messaging(out: &mut Exposition, messaging: &Messaging) {
             Kind::Gauge,
             "RocketMQ transactional (half) messages neither committed nor rolled back.",
             messaging.half.pending_count() as u64,
+        ),
+        (
+            "weir_pop_queue_states",
+            Kind::Gauge,
+            "Invisible-time queue states (group, partition, broadcasting consumer) loaded for the partitions this broker leads.",
+            messaging.pop.len() as u64,
+        ),
+        (
+            "weir_pop_state_shard_queues",
+            Kind::Gauge,
+            "Queues whose invisible-time state the partitions of __share_group_state this broker leads hold.",
+            messaging.pop_states.queue_count() as u64,
         ),
     ];
     for (name, kind, help, value) in gauges {

@@ -19,6 +19,17 @@ const SHARD_RETRY: Duration = Duration::from_millis(50);
 /// segment has.
 pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
 
+/// How long a call to the broker leading a shard may take: an `acks=all` write that waits for
+/// the ISR, and then some.
+pub(crate) fn rpc_timeout(broker: &Broker) -> Duration {
+    Duration::from_millis(broker.config.quorum_request_timeout_ms) + Duration::from_secs(10)
+}
+
+/// A remote broker's failure to answer, as an error of this one.
+pub(crate) fn remote_failure(e: weir_broker::cluster::RemoteError) -> BrokerError {
+    BrokerError::internal(e.message().to_string())
+}
+
 /// The partitions of state topic `name`, created (through the controller) at the first use:
 /// kept until their owner trims them (no retention by age or size), one record of a 4 MiB body
 /// with its headers fits, small segments rolled hourly.

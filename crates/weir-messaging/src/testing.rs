@@ -29,3 +29,17 @@ pub(crate) async fn open_with_topic(settings: BTreeMap<String, String>, topic: &
     broker.create_topics(vec![topic], false).await.pop().expect("a result").expect("created");
     (broker, messaging)
 }
+
+/// [`open_with_topic`] in `dir`, with two shards of `__share_group_state` whose loading has
+/// started (made at the first queue's load), as the engine's tests need.
+pub(crate) async fn open_with_state_shards(dir: &std::path::Path, topic: &str) -> (Arc<Broker>, Arc<Messaging>) {
+    let settings = [
+        ("log.dirs".to_string(), dir.display().to_string()),
+        ("messaging.state.topic.num.partitions".to_string(), "2".to_string()),
+    ]
+    .into_iter()
+    .collect();
+    let (broker, messaging) = open_with_topic(settings, topic).await;
+    messaging.pop_states.start(&broker);
+    (broker, messaging)
+}

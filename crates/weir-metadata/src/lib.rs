@@ -32,6 +32,9 @@ pub const DELAYED_MESSAGES_TOPIC: &str = "__delayed_messages";
 /// The internal topic of RocketMQ's transactional (half) messages until decided (Weir's;
 /// RocketMQ keeps them in `RMQ_SYS_TRANS_HALF_TOPIC`).
 pub const HALF_MESSAGES_TOPIC: &str = "__half_messages";
+/// The internal topic of invisible-time consumption's state (Kafka's name, of share groups'
+/// state; RocketMQ keeps its POP state in `rmq_sys_REVIVE_LOG` and checkpoints).
+pub const SHARE_GROUP_STATE_TOPIC: &str = "__share_group_state";
 
 /// One change to the cluster's metadata.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

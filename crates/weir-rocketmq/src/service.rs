@@ -176,17 +176,41 @@ impl Service {
         })
     }
 
-    /// Acks one entry.
-    fn ack(&self, group: &str, topic: &str, handle: &str, client: &str) -> Status {
-        let Some(handle) = Handle::decode(handle) else {
-            return status(Code::InvalidReceiptHandle, format!("{handle:?} is not a receipt handle of this broker"));
-        };
-        let key = self.queue_key(group.to_string(), topic.to_string(), handle.partition, client);
-        match self.engines.pop.ack(&key, handle.offset, handle.nonce) {
-            Ok(Ok(())) => status::ok(),
-            Ok(Err(e)) => receive::handle_status(e),
-            Err(e) => status::of_error(&e),
+    /// Acks the entries of one request, together (their state writes go out as one).
+    async fn ack<'h>(
+        &self,
+        group: &str,
+        topic: &str,
+        handles: impl Iterator<Item = &'h str>,
+        client: &str,
+    ) -> Vec<Status> {
+        let mut statuses: Vec<Option<Status>> = Vec::new();
+        let mut acks = Vec::new();
+        for handle in handles {
+            match Handle::decode(handle) {
+                Some(handle) => {
+                    let key = self.queue_key(group.to_string(), topic.to_string(), handle.partition, client);
+                    acks.push((key, handle.offset, handle.nonce));
+                    statuses.push(None);
+                }
+                None => statuses.push(Some(status(
+                    Code::InvalidReceiptHandle,
+                    format!("{handle:?} is not a receipt handle of this broker"),
+                ))),
+            }
         }
+        let mut results = self.engines.pop.ack_many(&acks).await.into_iter();
+        statuses
+            .into_iter()
+            .map(|decided| {
+                decided.unwrap_or_else(|| match results.next() {
+                    Some(Ok(Ok(()))) => status::ok(),
+                    Some(Ok(Err(e))) => receive::handle_status(e),
+                    Some(Err(e)) => status::of_error(&e),
+                    None => status(Code::InternalServerError, "no ack result"),
+                })
+            })
+            .collect()
     }
 
     /// Counts a call of `operation` (an index into [`OPERATIONS`]) that took since `started` and
@@ -506,13 +530,16 @@ impl MessagingService for Service {
                 entries: vec![],
             },
             (Ok(group), Some(topic)) => {
+                let statuses =
+                    self.ack(&group, topic, request.entries.iter().map(|e| e.receipt_handle.as_str()), &client).await;
                 let entries: Vec<AckMessageResultEntry> = request
                     .entries
                     .iter()
-                    .map(|e| AckMessageResultEntry {
+                    .zip(statuses)
+                    .map(|(e, status)| AckMessageResultEntry {
                         message_id: e.message_id.clone(),
                         receipt_handle: e.receipt_handle.clone(),
-                        status: Some(self.ack(&group, topic, &e.receipt_handle, &client)),
+                        status: Some(status),
                     })
                     .collect();
                 let overall = status::overall(entries.iter().filter_map(|e| e.status.as_ref()), "some acks failed");
@@ -684,7 +711,7 @@ impl MessagingService for Service {
         let started = Instant::now();
         let client = self.client_of(&request);
         let request = request.into_inner();
-        let response = match self.change_invisible(&request, &client) {
+        let response = match self.change_invisible(&request, &client).await {
             Ok(handle) => ChangeInvisibleDurationResponse { status: Some(status::ok()), receipt_handle: handle },
             Err(refused) => ChangeInvisibleDurationResponse { status: Some(refused), receipt_handle: String::new() },
         };
@@ -743,7 +770,7 @@ impl Service {
     }
 
     /// Gives the delivery a new invisible time; returns its new receipt handle.
-    fn change_invisible(&self, request: &ChangeInvisibleDurationRequest, client: &str) -> Result<String, Status> {
+    async fn change_invisible(&self, request: &ChangeInvisibleDurationRequest, client: &str) -> Result<String, Status> {
         let (key, handle) =
             self.handled_queue(request.group.as_ref(), request.topic.as_ref(), &request.receipt_handle, client)?;
         let invisible = request
@@ -754,7 +781,7 @@ impl Service {
             .ok_or_else(|| {
                 status(Code::IllegalInvisibleTime, "the invisible duration is missing, negative or over 12 h")
             })?;
-        match self.engines.pop.change_invisible(&key, handle.offset, handle.nonce, invisible) {
+        match self.engines.pop.change_invisible(&key, handle.offset, handle.nonce, invisible).await {
             Ok(Ok(renewed)) => Ok(Handle { nonce: renewed, ..handle }.encode()),
             Ok(Err(e)) => Err(receive::handle_status(e)),
             Err(e) => Err(status::of_error(&e)),

@@ -12,8 +12,8 @@
 //! to try again).
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
+use crate::state_topic::{remote_failure, rpc_timeout};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use weir_broker::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
 use weir_broker::{Broker, BrokerError, ErrorKind};
@@ -110,23 +110,14 @@ pub(crate) fn register(broker: &Arc<Broker>, transactions: &Arc<TransactionalMes
     broker.cluster.register_service(SERVICE, Arc::new(HalfService { transactions: Arc::downgrade(transactions) }));
 }
 
-/// How long a call may take: an `acks=all` write that waits for the ISR, and then some.
-fn timeout(broker: &Broker) -> Duration {
-    Duration::from_millis(broker.config.quorum_request_timeout_ms) + Duration::from_secs(10)
-}
-
-fn internal(e: RemoteError) -> BrokerError {
-    BrokerError::internal(e.message().to_string())
-}
-
 pub(crate) async fn call_prepare(
     broker: &Broker,
     node: i32,
     request: &PrepareRequest,
     record: &Record,
 ) -> Result<(i64, String), BrokerError> {
-    let answer = broker.call_broker(node, PREPARE, encode_with_record(request, record)?, timeout(broker)).await?;
-    decode_json::<Result<(i64, String), BrokerError>>(PREPARE, &answer).map_err(internal)?
+    let answer = broker.call_broker(node, PREPARE, encode_with_record(request, record)?, rpc_timeout(broker)).await?;
+    decode_json::<Result<(i64, String), BrokerError>>(PREPARE, &answer).map_err(remote_failure)?
 }
 
 pub(crate) async fn call_end(
@@ -134,9 +125,9 @@ pub(crate) async fn call_end(
     node: i32,
     request: &EndRequest,
 ) -> Result<Option<BrokerError>, BrokerError> {
-    let body = encode_json(END, request).map_err(internal)?;
-    let answer = broker.call_broker(node, END, body, timeout(broker)).await?;
-    decode_json::<Result<Option<BrokerError>, BrokerError>>(END, &answer).map_err(internal)?
+    let body = encode_json(END, request).map_err(remote_failure)?;
+    let answer = broker.call_broker(node, END, body, rpc_timeout(broker)).await?;
+    decode_json::<Result<Option<BrokerError>, BrokerError>>(END, &answer).map_err(remote_failure)?
 }
 
 pub(crate) async fn call_check(
@@ -145,8 +136,8 @@ pub(crate) async fn call_check(
     pending: &Pending,
     record: &Record,
 ) -> Result<CheckSent, BrokerError> {
-    let answer = broker.call_broker(node, CHECK, encode_with_record(pending, record)?, timeout(broker)).await?;
-    decode_json::<Result<CheckSent, BrokerError>>(CHECK, &answer).map_err(internal)?
+    let answer = broker.call_broker(node, CHECK, encode_with_record(pending, record)?, rpc_timeout(broker)).await?;
+    decode_json::<Result<CheckSent, BrokerError>>(CHECK, &answer).map_err(remote_failure)?
 }
 
 #[cfg(test)]

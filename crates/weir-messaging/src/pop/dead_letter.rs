@@ -61,7 +61,8 @@ async fn move_one(
         Some(record) => {
             crate::dead_letter::dead_letter(broker, &key.group, &key.topic, key.partition, &record, inflight.attempt)
                 .await?;
-            store.update(key, || QueueState::starting_at(0), |q| q.ack(offset, inflight.nonce))?.ok();
+            let (_, durable) = store.update(key, || QueueState::starting_at(0), |q| q.ack(offset, inflight.nonce))?;
+            durable.wait().await?;
             if inflight.group.is_some() {
                 // The next message of its FIFO group may go out now.
                 partition.wake_waiters();
@@ -69,16 +70,15 @@ async fn move_one(
         }
         // Compacted or deleted away meanwhile: nothing to keep.
         None => {
-            store
-                .update(
-                    key,
-                    || QueueState::starting_at(0),
-                    |q| {
-                        q.forget(offset);
-                        Ok::<_, ()>(())
-                    },
-                )?
-                .ok();
+            let (_, durable) = store.update(
+                key,
+                || QueueState::starting_at(0),
+                |q| {
+                    q.forget(offset);
+                    Ok::<_, ()>(())
+                },
+            )?;
+            durable.wait().await?;
         }
     }
     Ok(())
@@ -115,6 +115,10 @@ pub(crate) async fn give_up(
     offset: i64,
     nonce: u64,
 ) -> Result<Result<(), HandleError>, BrokerError> {
+    if messaging.broker.partition(&key.topic, key.partition).is_none() {
+        return Ok(Err(HandleError::NotInFlight));
+    }
+    messaging.pop.load(key).await?;
     let inflight = match messaging.pop.get_inflight(key, offset) {
         Some(inflight) if inflight.nonce == nonce => inflight,
         Some(_) => return Ok(Err(HandleError::Stale)),

@@ -53,37 +53,94 @@ impl PopEngine {
         Ok(deliveries)
     }
 
+    /// Whether this broker hosts the partition of `key` (a handle naming another is none of
+    /// its deliveries).
+    fn hosts(&self, key: &QueueKey) -> bool {
+        self.messaging.broker.partition(&key.topic, key.partition).is_some()
+    }
+
     /// The delivery `nonce` of `offset` in `key` is done with.
-    pub fn ack(&self, key: &QueueKey, offset: i64, nonce: u64) -> HandleResult<()> {
-        // A queue without a state has nothing in flight; asking `update` would make it one.
-        if !self.messaging.pop.contains(key) {
-            return Ok(Err(HandleError::NotInFlight));
-        }
-        let acked = match self.messaging.pop.update(key, || QueueState::starting_at(0), |q| q.ack(offset, nonce))? {
-            Ok(acked) => acked,
-            Err(refused) => return Ok(Err(refused)),
-        };
-        self.renewals.release(key, offset);
-        if acked.group.is_some() {
-            // The next message of its FIFO group may go out now: wake the receives.
-            if let Some(partition) = self.messaging.broker.partition(&key.topic, key.partition) {
-                partition.wake_waiters();
+    pub async fn ack(&self, key: &QueueKey, offset: i64, nonce: u64) -> HandleResult<()> {
+        let mut results = self.ack_many(&[(key.clone(), offset, nonce)]).await;
+        results.pop().unwrap_or_else(|| Err(BrokerError::internal("no ack result")))
+    }
+
+    /// Several acks ([`PopEngine::ack`]) made together: their writes go to the state shards as
+    /// one. One result per ack, in order.
+    pub async fn ack_many(&self, acks: &[(QueueKey, i64, u64)]) -> Vec<HandleResult<()>> {
+        let store = &self.messaging.pop;
+        let mut made = Vec::with_capacity(acks.len());
+        for (key, offset, nonce) in acks {
+            if !self.hosts(key) {
+                made.push(Ok(Err(HandleError::NotInFlight)));
+                continue;
             }
+            if let Err(e) = store.load(key).await {
+                made.push(Err(e));
+                continue;
+            }
+            // A queue without a state has nothing in flight; asking `update` would make it one.
+            if !store.contains(key) {
+                made.push(Ok(Err(HandleError::NotInFlight)));
+                continue;
+            }
+            made.push(store.update(key, || QueueState::starting_at(0), |q| q.ack(*offset, *nonce)).map(
+                |(acked, durable)| match acked {
+                    Ok(acked) => Ok((acked, durable)),
+                    Err(refused) => Err(refused),
+                },
+            ));
         }
-        Ok(Ok(()))
+        let mut results = Vec::with_capacity(acks.len());
+        for ((key, offset, _), made) in acks.iter().zip(made) {
+            let (acked, durable) = match made {
+                Ok(Ok(made)) => made,
+                Ok(Err(refused)) => {
+                    results.push(Ok(Err(refused)));
+                    continue;
+                }
+                Err(e) => {
+                    results.push(Err(e));
+                    continue;
+                }
+            };
+            if let Err(e) = durable.wait().await {
+                results.push(Err(e));
+                continue;
+            }
+            self.renewals.release(key, *offset);
+            if acked.group.is_some() {
+                // The next message of its FIFO group may go out now: wake the receives.
+                if let Some(partition) = self.messaging.broker.partition(&key.topic, key.partition) {
+                    partition.wake_waiters();
+                }
+            }
+            results.push(Ok(Ok(())));
+        }
+        results
     }
 
     /// The delivery `nonce` of `offset` in `key` becomes visible `invisible` from now instead
     /// (a failed consume's back-off: the client decides its time now, so it is renewed no
     /// more). Returns the delivery's new nonce: the old one goes stale.
-    pub fn change_invisible(&self, key: &QueueKey, offset: i64, nonce: u64, invisible: Duration) -> HandleResult<u64> {
+    pub async fn change_invisible(
+        &self,
+        key: &QueueKey,
+        offset: i64,
+        nonce: u64,
+        invisible: Duration,
+    ) -> HandleResult<u64> {
         debug_assert!(invisible <= receive::MAX_INVISIBLE, "invisible {invisible:?}");
+        if !self.hosts(key) {
+            return Ok(Err(HandleError::NotInFlight));
+        }
+        self.messaging.pop.load(key).await?;
         if !self.messaging.pop.contains(key) {
             return Ok(Err(HandleError::NotInFlight));
         }
         let visible_at = self.messaging.broker.now_ms() + invisible.as_millis() as i64;
         let renewed = rand::random::<u64>();
-        let changed = self.messaging.pop.update(
+        let (changed, durable) = self.messaging.pop.update(
             key,
             || QueueState::starting_at(0),
             |q| q.change_invisible(offset, nonce, visible_at, renewed),
@@ -91,6 +148,7 @@ impl PopEngine {
         if let Err(refused) = changed {
             return Ok(Err(refused));
         }
+        durable.wait().await?;
         self.renewals.release(key, offset);
         // A receive parked on this queue sleeps until the expiry it last saw: one sooner now
         // (a failed consume's back-off) must wake it, or the message waits out the long poll.
@@ -127,8 +185,7 @@ mod tests {
     const TOPIC: &str = "t";
 
     async fn open(dir: &Path) -> (Arc<Broker>, Arc<Messaging>) {
-        let settings = [("log.dirs".to_string(), dir.display().to_string())].into_iter().collect();
-        crate::testing::open_with_topic(settings, TOPIC).await
+        crate::testing::open_with_state_shards(dir, TOPIC).await
     }
 
     /// The engine without its tasks: the tests drive every step.
@@ -194,11 +251,14 @@ mod tests {
     }
 
     /// Makes the delivery of `offset` visible again now, as if its invisible time ran out.
-    fn expire(messaging: &Messaging, key: &QueueKey, offset: i64) {
+    async fn expire(messaging: &Messaging, key: &QueueKey, offset: i64) {
         let nonce = messaging.pop.get_inflight(key, offset).expect("in flight").nonce;
-        let expired =
-            messaging.pop.update(key, || QueueState::starting_at(0), |q| q.change_invisible(offset, nonce, 0, nonce));
-        assert!(matches!(expired, Ok(Ok(_))), "{expired:?}");
+        let (expired, durable) = messaging
+            .pop
+            .update(key, || QueueState::starting_at(0), |q| q.change_invisible(offset, nonce, 0, nonce))
+            .expect("update");
+        assert!(expired.is_ok(), "{expired:?}");
+        durable.wait().await.expect("durable");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,19 +275,20 @@ mod tests {
         assert_eq!(offsets(&second), [(2, 1)], "what is in flight is not handed out again");
         assert!(engine.receive(request(&broker, &key)).await.expect("receive").is_empty());
 
-        expire(&messaging, &key, 0);
+        expire(&messaging, &key, 0).await;
         let again = engine.receive(request(&broker, &key)).await.expect("receive");
         assert_eq!(offsets(&again), [(0, 2)], "back one attempt higher");
         assert_ne!(again[0].nonce, first[0].nonce, "a new delivery, a new nonce");
-        assert_eq!(engine.ack(&key, 0, first[0].nonce).expect("io"), Err(HandleError::Stale));
-        assert_eq!(engine.ack(&key, 0, again[0].nonce).expect("io"), Ok(()));
-        assert_eq!(engine.ack(&key, 0, again[0].nonce).expect("io"), Err(HandleError::NotInFlight));
+        assert_eq!(engine.ack(&key, 0, first[0].nonce).await.expect("io"), Err(HandleError::Stale));
+        assert_eq!(engine.ack(&key, 0, again[0].nonce).await.expect("io"), Ok(()));
+        assert_eq!(engine.ack(&key, 0, again[0].nonce).await.expect("io"), Err(HandleError::NotInFlight));
         let other = QueueKey::new("nobody", TOPIC, 0);
-        assert_eq!(engine.ack(&other, 0, 1).expect("io"), Err(HandleError::NotInFlight));
+        assert_eq!(engine.ack(&other, 0, 1).await.expect("io"), Err(HandleError::NotInFlight));
         assert!(!messaging.pop.contains(&other), "a refused ack makes no state");
 
-        let renewed = engine.change_invisible(&key, 1, first[1].nonce, Duration::ZERO).expect("io").expect("changed");
-        assert_eq!(engine.ack(&key, 1, first[1].nonce).expect("io"), Err(HandleError::Stale));
+        let renewed =
+            engine.change_invisible(&key, 1, first[1].nonce, Duration::ZERO).await.expect("io").expect("changed");
+        assert_eq!(engine.ack(&key, 1, first[1].nonce).await.expect("io"), Err(HandleError::Stale));
         let back = engine.receive(request(&broker, &key)).await.expect("receive");
         assert_eq!(offsets(&back), [(1, 2)], "visible at once after a change to zero");
         assert_ne!(back[0].nonce, renewed);
@@ -268,7 +329,7 @@ mod tests {
         let deliveries = engine.receive(ReceiveRequest { filter, ..request(&broker, &key) }).await.expect("receive");
         assert_eq!(offsets(&deliveries), [(0, 1), (3, 1)]);
         for delivery in &deliveries {
-            assert_eq!(engine.ack(&key, delivery.record.offset, delivery.nonce).expect("io"), Ok(()));
+            assert_eq!(engine.ack(&key, delivery.record.offset, delivery.nonce).await.expect("io"), Ok(()));
         }
         let state = messaging.pop.get(&key).expect("state");
         assert_eq!((state.done_below, state.next), (4, 4), "what the filter skipped is done for the group");
@@ -287,10 +348,10 @@ mod tests {
         let first = engine.receive(fifo()).await.expect("receive");
         assert_eq!(offsets(&first), [(0, 1), (2, 1)], "one message of each group");
         assert!(engine.receive(fifo()).await.expect("receive").is_empty(), "1 and 3 wait behind 0");
-        assert_eq!(engine.ack(&key, 0, first[0].nonce).expect("io"), Ok(()));
+        assert_eq!(engine.ack(&key, 0, first[0].nonce).await.expect("io"), Ok(()));
         let second = engine.receive(fifo()).await.expect("receive");
         assert_eq!(offsets(&second), [(1, 1)], "the next of g1, and only it");
-        assert_eq!(engine.ack(&key, 1, second[0].nonce).expect("io"), Ok(()));
+        assert_eq!(engine.ack(&key, 1, second[0].nonce).await.expect("io"), Ok(()));
         assert_eq!(offsets(&engine.receive(fifo()).await.expect("receive")), [(3, 1)]);
         broker.begin_shutdown();
     }
@@ -331,7 +392,11 @@ mod tests {
         let polling = park_receive(&engine, &broker, &key).await;
         // The consumer failed it: back in 200 ms.
         let changed = tokio::time::Instant::now();
-        engine.change_invisible(&key, 0, first[0].nonce, Duration::from_millis(200)).expect("io").expect("changed");
+        engine
+            .change_invisible(&key, 0, first[0].nonce, Duration::from_millis(200))
+            .await
+            .expect("io")
+            .expect("changed");
         let again = polling.await.expect("join").expect("receive");
         assert_eq!(offsets(&again), [(0, 2)]);
         assert!(changed.elapsed() < Duration::from_secs(10), "woken for the new expiry, not at the deadline");
@@ -349,7 +414,7 @@ mod tests {
 
         let first = engine.receive(once()).await.expect("receive");
         assert_eq!(offsets(&first), [(0, 1), (1, 1)]);
-        expire(&messaging, &key, 0);
+        expire(&messaging, &key, 0).await;
         assert!(engine.receive(once()).await.expect("receive").is_empty(), "not delivered a second time");
         let dead_letters = broker.require_partition(&crate::dead_letter::dead_letter_topic("g"), 0).expect("created");
         assert_eq!(dead_letters.log.log_end_offset(), 1);

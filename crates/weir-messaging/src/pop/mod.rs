@@ -11,20 +11,20 @@
 //! - [`renew`]: held messages kept invisible while their client lives;
 //! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
 //! - [`reset`]: a group's position moved from outside;
-//! - [`store`]: `PopStore`, every queue state and the journal that keeps them.
+//! - [`store`]: `PopStore`, the states of the queues this broker leads, loaded from and
+//!   written through to their shards; [`shard`]: the shards of `__share_group_state` this
+//!   broker leads; [`lines`]: what is written there; `migrate`: the move of an earlier
+//!   version's local store.
 //!
-//! The state of each (group, topic, partition) is a `QueueState`. It lives on the broker
-//! leading the partition and is durable in a journal in the data directory ([`DIR`]): every
-//! change appends what changed (the queue's position and the in-flight entries set or
-//! removed) as one JSON line before the call is answered, so a line stays small however many
-//! messages are out or waiting, and a `kill -9` loses nothing acknowledged (the page cache keeps the write; a power cut may
-//! undo the last second's acks, which then come back as redeliveries, never as losses). When
-//! the journal grows past `COMPACT_AFTER_BYTES`, the states are written to a snapshot and
-//! the journal starts again. Start-up reads the snapshot, then the journal; a torn last line
-//! (a crash mid-write) is ignored, which only redelivers.
-//!
-//! What is not kept: a partition whose leadership moves starts, on its new leader, from the
-//! group's state there (none yet: the log start). Replicating the state is left for later.
+//! The state of each (group, topic, partition) is a `QueueState`. The engine runs on the
+//! broker leading the partition, and the state is durable in the replicated internal topic
+//! `__share_group_state` (Kafka's name for share groups' state; `messaging.state.topic.*`
+//! settings): every change is written there, as what changed (the queue's position and the
+//! in-flight entries set or removed), before the call is answered, so the loss of a broker
+//! loses no ack, no delivery count and no invisible time it answered for (as durably as the
+//! flush policy promises). A new leader of the partition loads the state from its shard and
+//! carries on; the load fences the old leader's engine (by leader epoch), so a deposed leader
+//! cannot write over its successor.
 //!
 //! A group's position can be moved from outside, as RocketMQ's `resetOffsetByTime` and Kafka's
 //! `kafka-consumer-groups.sh --reset-offsets` move it: [`reset`] does it where each partition
@@ -33,10 +33,14 @@
 pub(crate) mod dead_letter;
 pub mod engine;
 pub mod filter;
+pub(crate) mod lines;
+pub(crate) mod migrate;
 pub mod progress;
 pub mod receive;
 pub mod renew;
 pub mod reset;
+pub(crate) mod service;
+pub(crate) mod shard;
 pub mod state;
 pub mod store;
 

@@ -26,7 +26,7 @@ use weir_storage::sync::lock;
 
 use super::filter::TagFilter;
 use crate::pop::state::group_hash;
-use crate::pop::{QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE, MAX_PARKED_PER_QUEUE};
+use crate::pop::{Durable, QueueKey, QueueState, MAX_INFLIGHT_PER_QUEUE, MAX_PARKED_PER_QUEUE};
 use crate::Messaging;
 use weir_broker::broker::OffsetQuery;
 use weir_broker::fetch::Isolation;
@@ -135,8 +135,12 @@ fn fifo_group(request: &ReceiveRequest, record: &Record) -> Option<u64> {
     weir_broker::message::fifo_group(record).map(group_hash)
 }
 
-/// One pass of a receive: what it hands out now (maybe nothing). Blocking.
-pub(crate) fn receive_once(messaging: &Messaging, request: &ReceiveRequest) -> Result<Vec<Delivery>, BrokerError> {
+/// One pass of a receive: what it hands out now (maybe nothing), once the write of its state
+/// is durable. The queue must be loaded. Blocking.
+pub(crate) fn receive_once(
+    messaging: &Messaging,
+    request: &ReceiveRequest,
+) -> Result<(Vec<Delivery>, Durable), BrokerError> {
     let partition = &request.partition;
     let log_start = partition.log.log_start_offset();
     let now = messaging.broker.now_ms();
@@ -171,7 +175,7 @@ pub(crate) fn receive_once(messaging: &Messaging, request: &ReceiveRequest) -> R
 
     let visible_at = now + request.invisible.as_millis() as i64;
     let Pass { picked, vanished, examined_to, .. } = pass;
-    let result = messaging.pop.update(&request.key, start, |q| {
+    let (result, durable) = messaging.pop.update(&request.key, start, |q| {
         if q.resets != state.resets {
             // Reset since it was read: what was read is no longer what the group has next.
             return Ok::<_, ()>(Vec::new());
@@ -186,7 +190,7 @@ pub(crate) fn receive_once(messaging: &Messaging, request: &ReceiveRequest) -> R
     })?;
     let deliveries = result.unwrap_or_default();
     check_deliveries(log_start, &deliveries);
-    Ok(deliveries)
+    Ok((deliveries, durable))
 }
 
 /// Where a group without state for the queue starts (its `consume.from.where`): the oldest
@@ -407,13 +411,18 @@ pub(crate) async fn receive(
         // Register first: an append between the read and the wait still wakes this one.
         let waiter = Arc::new(Notify::new());
         request.partition.register_waiter(&waiter);
+        // The queue's state, loaded again when its partition's leadership moved.
+        messaging.pop.load(&request.key).await?;
         // Messages out of deliveries go to the dead letters before anything is handed out.
         super::dead_letter::move_exhausted(messaging, &request.key, request.max_attempts).await;
         let pass = {
             let (messaging, request) = (messaging.clone(), request.clone());
             tokio::task::spawn_blocking(move || receive_once(&messaging, &request)).await
         };
-        let deliveries = pass.map_err(|e| BrokerError::internal(e.to_string()))??;
+        let (deliveries, durable) = pass.map_err(|e| BrokerError::internal(e.to_string()))??;
+        // Handed out only once the shard has them: else a failover could hand them out again
+        // as first deliveries, or not remember they are out.
+        durable.wait().await?;
         if !deliveries.is_empty() {
             return Ok(deliveries);
         }

@@ -61,7 +61,7 @@ impl Messaging {
         let mut reset = 0;
         for (leader, positions) in by_leader {
             reset += if leader == self.broker.config.node_id {
-                self.reset_queues_here(group, topic, &positions)?
+                self.reset_queues_here(group, topic, &positions).await?
             } else {
                 let request = ResetRequest { group: group.to_string(), topic: topic.to_string(), positions };
                 let body = encode_json(RESET, &request).map_err(|e| BrokerError::internal(e.message().to_string()))?;
@@ -75,7 +75,12 @@ impl Messaging {
     }
 
     /// [`Messaging::reset_queues`] of partitions this broker leads.
-    fn reset_queues_here(&self, group: &str, topic: &str, positions: &[(i32, i64)]) -> Result<usize, BrokerError> {
+    async fn reset_queues_here(
+        &self,
+        group: &str,
+        topic: &str,
+        positions: &[(i32, i64)],
+    ) -> Result<usize, BrokerError> {
         let create = !self.broker.group_settings(group).broadcast
             && (self.pop.has_group(group) || self.broker.group_configs(group).is_some());
         let mut reset = 0;
@@ -87,7 +92,7 @@ impl Messaging {
                 )
             })?;
             here.check_local_leader()?;
-            reset += self.pop.reset(group, topic, partition, offset, create)?;
+            reset += self.pop.reset(group, topic, partition, offset, create).await?;
             // Long polls of the queue look again, from the new position.
             here.wake_waiters();
         }
@@ -108,17 +113,30 @@ impl RpcHandler for PopService {
         let method = method.to_string();
         Box::pin(async move {
             let messaging = messaging.ok_or_else(|| RemoteError::new("the broker is shutting down"))?;
-            if method != RESET {
-                return Err(RemoteError::unknown_method(&method));
+            match method.as_str() {
+                RESET => {
+                    let request: ResetRequest = decode_json(&method, &body)?;
+                    let answer = messaging.reset_queues_here(&request.group, &request.topic, &request.positions).await;
+                    encode_json(&method, &answer)
+                }
+                super::service::TAKE_OVER => {
+                    let request: super::service::TakeOverRequest = decode_json(&method, &body)?;
+                    let answer =
+                        messaging.pop_states.take_over_here(request.shard, &request.queue, request.epoch).await;
+                    encode_json(&method, &answer)
+                }
+                super::service::WRITE => {
+                    let request: super::service::WriteRequest = decode_json(&method, &body)?;
+                    let answer = messaging.pop_states.write_here(request.shard, request.lines).await;
+                    encode_json(&method, &answer)
+                }
+                _ => Err(RemoteError::unknown_method(&method)),
             }
-            let request: ResetRequest = decode_json(&method, &body)?;
-            let answer = messaging.reset_queues_here(&request.group, &request.topic, &request.positions);
-            encode_json(&method, &answer)
         })
     }
 }
 
-/// Serves `pop.reset` on this broker's internal RPC.
+/// Serves `pop.reset`, `pop.take_over` and `pop.write` on this broker's internal RPC.
 pub fn register(messaging: &Arc<Messaging>) {
     let service = Arc::new(PopService { messaging: Arc::downgrade(messaging) });
     messaging.broker.cluster.register_service(SERVICE, service);

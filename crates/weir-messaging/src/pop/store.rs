@@ -1,22 +1,38 @@
-//! `PopStore`: every queue state and the journal that keeps them (see the module above).
+//! `PopStore`: the engine's side of the invisible-time state. It holds the states of the
+//! queues this broker's partitions lead, as loaded from their shards of `__share_group_state`
+//! ([`super::shard`]), and writes every change through to its shard before the engine answers.
+//!
+//! - **Loading.** A queue ([`super::lines::QueueId`]: a group's queue, with each broadcasting
+//!   consumer's state of it) is loaded before its first use and again whenever its partition's
+//!   leader epoch changed ([`PopStore::load`]); the load fences the previous leader's engine.
+//! - **Writing.** [`PopStore::update`] changes a state in memory, under one lock, and queues
+//!   what changed ([`super::lines::Change`]) for its shard; one writer task per shard sends the
+//!   queued lines in order, many at a time (group commit), and acknowledges each once the
+//!   shard's ISR has it ([`Durable`]). Callers answer only after that.
+//! - **Failures.** A line that could not be written (or was fenced) drops its queue's states
+//!   from memory, and lines queued after it for that queue are not sent: the queue is loaded
+//!   again, as durable as it is, at its next use. Memory is never behind what was answered.
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
 
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::lines::{Change, QueueId, StateLine};
+use super::shard::{StateShards, TOPIC};
 use super::state::{Inflight, QueueState};
 use weir_storage::sync::lock;
 
 use weir_broker::error::{BrokerError, ErrorKind};
+use weir_broker::Broker;
 
-/// The directory of the store, under the data directory (named when the RocketMQ front-end
-/// kept it, so existing data directories keep their state).
+/// The directory of the broker-local store of earlier versions, under the data directory
+/// (moved into `__share_group_state` at the first start, see `super::migrate`).
 pub const DIR: &str = "rocketmq-pop";
 
-/// The journal is compacted into a snapshot once it is this large.
-pub(crate) const COMPACT_AFTER_BYTES: u64 = 64 << 20;
+/// Most lines one write of a shard's writer carries.
+const WRITE_BATCH: usize = 4096;
 
 /// Most messages one queue may have in flight (delivered, not done) for one group; a receive
 /// beyond it gets only redeliveries. Bounds the state whatever consumers do.
@@ -46,214 +62,279 @@ impl QueueKey {
     }
 }
 
-/// A journal line: a queue's whole state (snapshots, and journals of older versions) ...
-#[derive(serde::Serialize, serde::Deserialize)]
-struct FullLine {
-    #[serde(rename = "q")]
-    key: QueueKey,
-    #[serde(rename = "s")]
-    state: QueueState,
-}
+/// A change made in memory, durable once [`Durable::wait`] says so.
+#[must_use = "a change counts only once durable"]
+pub(crate) struct Durable(Option<oneshot::Receiver<Result<(), BrokerError>>>);
 
-/// ... or what one change did to it. (Two types tried in turn, not one untagged enum: serde's
-/// untagged enums cannot read the in-flight map's integer keys.)
-#[derive(serde::Serialize, serde::Deserialize)]
-struct ChangeLine {
-    #[serde(rename = "q")]
-    key: QueueKey,
-    #[serde(rename = "d")]
-    change: Change,
-}
-
-/// What one update did to a queue's state.
-#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-struct Change {
-    done_below: i64,
-    next: i64,
-    /// In-flight entries added or changed.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    set: Vec<(i64, Inflight)>,
-    /// In-flight entries gone.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    removed: Vec<i64>,
-}
-
-impl Change {
-    /// What turned `before` into `after`.
-    fn between(before: &QueueState, after: &QueueState) -> Change {
-        let set = after
-            .inflight
-            .iter()
-            .filter(|(offset, inflight)| before.inflight.get(offset) != Some(inflight))
-            .map(|(o, i)| (*o, *i))
-            .collect();
-        let removed = before.inflight.keys().filter(|o| !after.inflight.contains_key(o)).copied().collect();
-        Change { done_below: after.done_below, next: after.next, set, removed }
+impl Durable {
+    /// Nothing to wait for (nothing changed).
+    pub(crate) fn none() -> Durable {
+        Durable(None)
     }
 
-    fn apply(self, state: &mut QueueState) {
-        for offset in self.removed {
-            state.inflight.remove(&offset);
+    /// Waits until the change is in its shard's ISR; an error means it may be lost (and the
+    /// queue is loaded again at its next use).
+    pub(crate) async fn wait(self) -> Result<(), BrokerError> {
+        match self.0 {
+            None => Ok(()),
+            Some(rx) => rx.await.unwrap_or_else(|_| Err(BrokerError::internal("the state writer stopped"))),
         }
-        state.inflight.extend(self.set);
-        state.done_below = self.done_below;
-        state.next = self.next;
     }
 }
 
-/// Every queue state of this broker, and the journal that keeps them.
+/// A line waiting for its shard's writer.
+struct Queued {
+    id: QueueId,
+    /// The load of the queue it was made in ([`Loaded::load`]).
+    load: u64,
+    line: StateLine,
+    done: oneshot::Sender<Result<(), BrokerError>>,
+}
+
+/// A queue loaded here.
+#[derive(Clone)]
+struct Loaded {
+    /// The leader epoch of its partition when it was loaded.
+    epoch: i32,
+    /// Which load this is (each load of any queue gets the next number).
+    load: u64,
+    writer: mpsc::UnboundedSender<Queued>,
+}
+
+/// The invisible-time states of the queues this broker leads (see the module above).
 pub(crate) struct PopStore {
-    dir: PathBuf,
+    broker: Weak<Broker>,
+    states: Arc<StateShards>,
     inner: Mutex<Inner>,
+    writers: Mutex<HashMap<i32, mpsc::UnboundedSender<Queued>>>,
+    shard_count: tokio::sync::OnceCell<i32>,
+    /// False while an earlier version's local store is being moved: nothing loads meanwhile.
+    ready: watch::Sender<bool>,
 }
 
+#[derive(Default)]
 struct Inner {
+    loaded: HashMap<QueueId, Loaded>,
     queues: HashMap<QueueKey, QueueState>,
-    journal: File,
-    journal_bytes: u64,
+    loads: u64,
 }
 
-fn storage_error(what: &str, path: &Path, e: std::io::Error) -> BrokerError {
-    BrokerError::new(ErrorKind::Storage, format!("cannot {what} {}: {e}", path.display()))
+fn not_loaded(key: &QueueKey) -> BrokerError {
+    BrokerError::new(
+        ErrorKind::NotLeader,
+        format!("the state of group {} on {}-{} is being loaded again; retry", key.group, key.topic, key.partition),
+    )
 }
 
 impl PopStore {
-    const SNAPSHOT: &'static str = "snapshot.jsonl";
-    const JOURNAL: &'static str = "journal.jsonl";
-
-    /// Opens (or creates) the store in `dir`, reading back every state. Blocking.
-    pub fn open(dir: &Path) -> Result<PopStore, BrokerError> {
-        fs::create_dir_all(dir).map_err(|e| storage_error("create", dir, e))?;
-        let mut queues = HashMap::new();
-        for name in [Self::SNAPSHOT, Self::JOURNAL] {
-            let path = dir.join(name);
-            let file = match File::open(&path) {
-                Ok(file) => file,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(storage_error("open", &path, e)),
-            };
-            for (number, line) in BufReader::new(file).split(b'\n').enumerate() {
-                let line = line.map_err(|e| storage_error("read", &path, e))?;
-                let parsed = serde_json::from_slice::<ChangeLine>(&line)
-                    .map(|ChangeLine { key, change }| change.apply(queues.entry(key).or_default()))
-                    .or_else(|_| {
-                        serde_json::from_slice::<FullLine>(&line).map(|FullLine { key, state }| {
-                            queues.insert(key, state);
-                        })
-                    });
-                match parsed {
-                    Ok(()) => {}
-                    Err(e) if !line.is_empty() => {
-                        tracing::warn!(file = %path.display(), line = number + 1, error = %e, "skipping a torn or corrupt POP state line");
-                    }
-                    Err(_) => {}
-                }
-            }
+    /// The store of `broker`, over the state shards `states`; it waits for the move of an
+    /// earlier version's store in `data_dir` (if there is one) before it loads anything.
+    pub(crate) fn new(broker: &Arc<Broker>, states: &Arc<StateShards>, data_dir: &Path) -> PopStore {
+        let (ready, _) = watch::channel(!data_dir.join(DIR).is_dir());
+        PopStore {
+            broker: Arc::downgrade(broker),
+            states: states.clone(),
+            inner: Mutex::new(Inner::default()),
+            writers: Mutex::new(HashMap::new()),
+            shard_count: tokio::sync::OnceCell::new(),
+            ready,
         }
-        let journal_path = dir.join(Self::JOURNAL);
-        let journal = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&journal_path)
-            .map_err(|e| storage_error("open", &journal_path, e))?;
-        let journal_bytes = journal.metadata().map(|m| m.len()).unwrap_or(0);
-        // A torn last line must not glue onto the next write.
-        let mut store = Inner { queues, journal, journal_bytes };
-        if journal_bytes > 0 {
-            store.journal.write_all(b"\n").map_err(|e| storage_error("write", &journal_path, e))?;
-            store.journal_bytes += 1;
-        }
-        Ok(PopStore { dir: dir.to_path_buf(), inner: Mutex::new(store) })
     }
 
-    /// Runs `change` on the state of `key` (made with `start` the first time) and makes the new
-    /// state durable before returning what `change` returned. A `change` that returns `Err`
-    /// must leave the state as it found it: nothing is written then. A state made by `start`
-    /// is written even when `change` leaves it as it is: where a group starts on a queue
-    /// (`consume.from.where`, maybe the queue's end then) must survive a restart.
-    pub fn update<R, E>(
+    fn broker(&self) -> Result<Arc<Broker>, BrokerError> {
+        self.broker.upgrade().ok_or_else(|| BrokerError::internal("the broker is shutting down"))
+    }
+
+    /// The earlier version's store was moved (or there was none): queues may load.
+    pub(crate) fn set_ready(&self) {
+        self.ready.send_replace(true);
+    }
+
+    pub(crate) async fn shard_count(&self, broker: &Arc<Broker>) -> Result<i32, BrokerError> {
+        self.shard_count.get_or_try_init(|| crate::state_topic::partitions(broker, TOPIC)).await.copied()
+    }
+
+    /// The writer of shard `index`, started at its first use. Call within a tokio runtime.
+    fn writer(self: &Arc<Self>, index: i32) -> mpsc::UnboundedSender<Queued> {
+        let mut writers = lock(&self.writers);
+        if let Some(writer) = writers.get(&index).filter(|w| !w.is_closed()) {
+            return writer.clone();
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(Arc::downgrade(self), index, rx));
+        writers.insert(index, tx.clone());
+        tx
+    }
+
+    /// Loads the queue of `key` (every consumer's state of it) from its shard unless it is
+    /// loaded already for the current leader epoch of its partition, which this broker must
+    /// lead.
+    pub(crate) async fn load(self: &Arc<Self>, key: &QueueKey) -> Result<(), BrokerError> {
+        let broker = self.broker()?;
+        let partition = broker.partition(&key.topic, key.partition).ok_or_else(|| {
+            BrokerError::new(
+                ErrorKind::NotLeader,
+                format!("broker {} does not host {}-{}", broker.config.node_id, key.topic, key.partition),
+            )
+        })?;
+        partition.check_local_leader()?;
+        let epoch = partition.leader_epoch();
+        let id = key.id();
+        if lock(&self.inner).loaded.get(&id).is_some_and(|l| l.epoch == epoch) {
+            return Ok(());
+        }
+        let mut ready = self.ready.subscribe();
+        if !*ready.borrow() {
+            ready
+                .wait_for(|ready| *ready)
+                .await
+                .map_err(|_| BrokerError::internal("the invisible-time store was dropped"))?;
+        }
+        let count = self.shard_count(&broker).await?;
+        let shard = id.shard(count);
+        let writer = self.writer(shard);
+        let states = crate::state_topic::at_leader(&broker, TOPIC, shard, |node| {
+            let (broker, id) = (broker.clone(), id.clone());
+            async move {
+                match node {
+                    None => self.states.take_over_here(shard, &id, epoch).await,
+                    Some(node) => {
+                        let request = super::service::TakeOverRequest { shard, queue: id, epoch };
+                        super::service::call_take_over(&broker, node, &request).await
+                    }
+                }
+            }
+        })
+        .await?;
+        let mut inner = lock(&self.inner);
+        if inner.loaded.get(&id).is_some_and(|l| l.epoch >= epoch) {
+            return Ok(()); // loaded meanwhile
+        }
+        // What a receive read before the load must not be handed out after it (as after a
+        // reset): each state counts one reset more than the one it replaces.
+        let old: HashMap<QueueKey, u64> = inner
+            .queues
+            .iter()
+            .filter(|(k, _)| k.group == id.group && k.topic == id.topic && k.partition == id.partition)
+            .map(|(k, s)| (k.clone(), s.resets))
+            .collect();
+        for key in old.keys() {
+            inner.queues.remove(key);
+        }
+        inner.loads += 1;
+        let load = inner.loads;
+        inner.loaded.insert(id, Loaded { epoch, load, writer });
+        for (key, mut state) in states {
+            state.resets = old.get(&key).map_or(0, |r| r + 1);
+            inner.queues.insert(key, state);
+        }
+        Ok(())
+    }
+
+    /// Runs `change` on the state of `key` (made with `start` the first time), whose queue must
+    /// be loaded ([`PopStore::load`]), and returns what `change` returned with the write to
+    /// wait for before answering. A `change` that returns `Err` must leave the state as it
+    /// found it: nothing is written then. A state made by `start` is written even when `change`
+    /// leaves it as it is: where a group starts on a queue (`consume.from.where`, maybe the
+    /// queue's end then) must outlive this broker.
+    pub(crate) fn update<R, E>(
         &self,
         key: &QueueKey,
         start: impl FnOnce() -> QueueState,
         change: impl FnOnce(&mut QueueState) -> Result<R, E>,
-    ) -> Result<Result<R, E>, BrokerError> {
+    ) -> Result<(Result<R, E>, Durable), BrokerError> {
+        let broker = self.broker()?;
+        let epoch = broker.partition(&key.topic, key.partition).map(|p| p.leader_epoch());
         let mut inner = lock(&self.inner);
+        let loaded = match inner.loaded.get(&key.id()) {
+            Some(loaded) if Some(loaded.epoch) == epoch => loaded.clone(),
+            _ => return Err(not_loaded(key)),
+        };
         let started = !inner.queues.contains_key(key);
         let state = inner.queues.entry(key.clone()).or_insert_with(start);
         let before = state.clone();
         let result = change(state);
         if result.is_err() || (*state == before && !started) {
-            return Ok(result);
+            return Ok((result, Durable::none()));
         }
-        let line = ChangeLine { key: key.clone(), change: Change::between(&before, state) };
-        let mut bytes = serde_json::to_vec(&line).map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
-        bytes.push(b'\n');
-        if let Err(e) = self.journal(&mut inner, &bytes) {
-            // Not durable: the caller must not answer as if it were, and memory must agree
-            // with the journal.
-            inner.queues.insert(key.clone(), before);
-            return Err(e);
-        }
-        Ok(result)
-    }
-
-    /// Appends `bytes` (whole lines) to the journal, and compacts it when it grew too large.
-    fn journal(&self, inner: &mut Inner, bytes: &[u8]) -> Result<(), BrokerError> {
-        inner.journal.write_all(bytes).map_err(|e| storage_error("write", &self.dir.join(Self::JOURNAL), e))?;
-        inner.journal_bytes += bytes.len() as u64;
-        if inner.journal_bytes > COMPACT_AFTER_BYTES {
-            if let Err(e) = self.compact(inner) {
-                tracing::warn!(error = %e, "cannot compact the POP journal; it keeps growing");
+        let line = StateLine::change(key.clone(), loaded.epoch, Change::between(&before, state));
+        let (done, waited) = oneshot::channel();
+        if loaded.writer.send(Queued { id: key.id(), load: loaded.load, line, done }).is_err() {
+            // Not written: memory must agree with the shard.
+            if started {
+                inner.queues.remove(key);
+            } else {
+                inner.queues.insert(key.clone(), before);
             }
+            return Err(BrokerError::internal("the state writer stopped"));
         }
-        Ok(())
+        Ok((result, Durable(Some(waited))))
     }
 
     /// Moves every state of `group` for `topic`-`partition` (each broadcasting consumer's too)
     /// to start at `offset` ([`QueueState::reset_to`]); with `create`, a group without one for
-    /// this queue gets one (clustering), so its first receive starts there too. Durable (as
-    /// far as the journal is) before it returns; returns how many states it set.
-    pub fn reset(
-        &self,
+    /// this queue gets one (clustering), so its first receive starts there too. Durable before
+    /// it returns; returns how many states it set.
+    pub(crate) async fn reset(
+        self: &Arc<Self>,
         group: &str,
         topic: &str,
         partition: i32,
         offset: i64,
         create: bool,
     ) -> Result<usize, BrokerError> {
-        let mut inner = lock(&self.inner);
-        let mut keys: Vec<QueueKey> = inner
-            .queues
-            .keys()
-            .filter(|k| k.group == group && k.topic == topic && k.partition == partition)
-            .cloned()
-            .collect();
-        if keys.is_empty() && create {
-            keys.push(QueueKey::new(group, topic, partition));
-        }
-        let mut bytes = Vec::new();
-        let mut before = Vec::with_capacity(keys.len());
-        for key in keys {
-            let state = inner.queues.entry(key.clone()).or_default();
-            before.push((key.clone(), state.clone()));
-            state.reset_to(offset);
-            // The whole (empty) state: smaller than a change listing every entry removed.
-            let line = FullLine { key, state: state.clone() };
-            serde_json::to_writer(&mut bytes, &line)
-                .map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
-            bytes.push(b'\n');
-        }
-        let count = before.len();
-        if count == 0 {
-            return Ok(0);
-        }
-        if let Err(e) = self.journal(&mut inner, &bytes) {
-            for (key, state) in before {
-                inner.queues.insert(key, state);
+        let base = QueueKey::new(group, topic, partition);
+        self.load(&base).await?;
+        let broker = self.broker()?;
+        let epoch = broker.partition(topic, partition).map(|p| p.leader_epoch());
+        let mut waits = Vec::new();
+        {
+            let mut inner = lock(&self.inner);
+            let loaded = match inner.loaded.get(&base.id()) {
+                Some(loaded) if Some(loaded.epoch) == epoch => loaded.clone(),
+                _ => return Err(not_loaded(&base)),
+            };
+            let mut keys: Vec<QueueKey> = inner
+                .queues
+                .keys()
+                .filter(|k| k.group == group && k.topic == topic && k.partition == partition)
+                .cloned()
+                .collect();
+            if keys.is_empty() && create {
+                keys.push(base.clone());
             }
-            return Err(e);
+            for key in keys {
+                let state = inner.queues.entry(key.clone()).or_default();
+                state.reset_to(offset);
+                // The whole (empty) state: smaller than a change listing every entry removed.
+                let line = StateLine::whole(key.clone(), loaded.epoch, state.clone());
+                let (done, waited) = oneshot::channel();
+                if loaded.writer.send(Queued { id: key.id(), load: loaded.load, line, done }).is_err() {
+                    return Err(BrokerError::internal("the state writer stopped"));
+                }
+                waits.push(Durable(Some(waited)));
+            }
+        }
+        let count = waits.len();
+        for wait in waits {
+            wait.wait().await?;
         }
         Ok(count)
+    }
+
+    /// Drops the states of `id` if they are still those of load `load`: a line of theirs was
+    /// not written.
+    fn forget(&self, id: &QueueId, load: u64) {
+        let mut inner = lock(&self.inner);
+        if inner.loaded.get(id).is_some_and(|l| l.load == load) {
+            inner.loaded.remove(id);
+            inner.queues.retain(|k, _| !(k.group == id.group && k.topic == id.topic && k.partition == id.partition));
+        }
+    }
+
+    /// Whether `id` is still loaded as load `load`.
+    fn is_current(&self, id: &QueueId, load: u64) -> bool {
+        lock(&self.inner).loaded.get(id).is_some_and(|l| l.load == load)
     }
 
     /// Whether any queue of `group` has a state here (the group consumes by invisible time).
@@ -302,155 +383,213 @@ impl PopStore {
         lock(&self.inner).queues.get(key).cloned()
     }
 
-    /// Writes every state to a new snapshot (fsynced, then renamed over the old one) and empties
-    /// the journal.
-    fn compact(&self, inner: &mut Inner) -> Result<(), BrokerError> {
-        let tmp = self.dir.join("snapshot.jsonl.tmp");
-        let mut out = std::io::BufWriter::new(File::create(&tmp).map_err(|e| storage_error("create", &tmp, e))?);
-        let mut keys: Vec<&QueueKey> = inner.queues.keys().collect();
-        keys.sort();
-        for key in keys {
-            let line = FullLine { key: key.clone(), state: inner.queues[key].clone() };
-            serde_json::to_writer(&mut out, &line).map_err(|e| BrokerError::new(ErrorKind::Internal, e.to_string()))?;
-            out.write_all(b"\n").map_err(|e| storage_error("write", &tmp, e))?;
+    /// How many queue states are loaded here.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.inner).queues.len()
+    }
+}
+
+/// Sends the lines queued for shard `index`, in order and many at a time, until the store is
+/// dropped.
+async fn write_loop(store: Weak<PopStore>, index: i32, mut queued: mpsc::UnboundedReceiver<Queued>) {
+    while let Some(first) = queued.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < WRITE_BATCH {
+            match queued.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
         }
-        let file = out.into_inner().map_err(|e| storage_error("write", &tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| storage_error("sync", &tmp, e))?;
-        let snapshot = self.dir.join(Self::SNAPSHOT);
-        fs::rename(&tmp, &snapshot).map_err(|e| storage_error("rename", &snapshot, e))?;
-        weir_storage::fsync_dir(&self.dir)
-            .map_err(|e| BrokerError::new(ErrorKind::Storage, format!("cannot sync {}: {e}", self.dir.display())))?;
-        let journal = self.dir.join(Self::JOURNAL);
-        inner.journal.set_len(0).map_err(|e| storage_error("truncate", &journal, e))?;
-        inner.journal_bytes = 0;
-        Ok(())
+        let Some(store) = store.upgrade() else { return };
+        let Ok(broker) = store.broker() else { return };
+        // Lines of a queue dropped since (one of its lines failed) are not sent: what follows a
+        // lost change must not be applied without it.
+        let (live, stale): (Vec<Queued>, Vec<Queued>) =
+            batch.into_iter().partition(|q| store.is_current(&q.id, q.load));
+        for q in stale {
+            let _ = q.done.send(Err(BrokerError::new(ErrorKind::NotLeader, "the queue's state is being loaded again")));
+        }
+        if live.is_empty() {
+            continue;
+        }
+        let lines: Vec<StateLine> = live.iter().map(|q| q.line.clone()).collect();
+        let written = crate::state_topic::at_leader(&broker, TOPIC, index, |node| {
+            let (broker, lines, states) = (broker.clone(), lines.clone(), store.states.clone());
+            async move {
+                match node {
+                    None => states.write_here(index, lines).await,
+                    Some(node) => {
+                        let request = super::service::WriteRequest { shard: index, lines };
+                        super::service::call_write(&broker, node, &request).await
+                    }
+                }
+            }
+        })
+        .await;
+        match written {
+            Ok(accepted) if accepted.len() == live.len() => {
+                for (q, ok) in live.into_iter().zip(accepted) {
+                    if ok {
+                        let _ = q.done.send(Ok(()));
+                    } else {
+                        store.forget(&q.id, q.load);
+                        let _ = q.done.send(Err(BrokerError::new(
+                            ErrorKind::NotLeader,
+                            format!("a newer leader of {}-{} took the queue over", q.id.topic, q.id.partition),
+                        )));
+                    }
+                }
+            }
+            other => {
+                let error = match other {
+                    Err(e) => e,
+                    Ok(_) => BrokerError::internal("the state shard answered for other lines than it was sent"),
+                };
+                tracing::warn!(shard = index, error = %error, "invisible-time state: cannot write; the queues load again");
+                for q in live {
+                    store.forget(&q.id, q.load);
+                    let _ = q.done.send(Err(error.clone()));
+                }
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    //! The store over a real broker's state shards in a temporary directory. A failover is
+    //! played by a second store over the same shards (a new engine), and by loading a shard
+    //! again from its log (a new shard leader).
+
     use super::*;
     use crate::pop::HandleError;
+    use crate::Messaging;
 
     fn key(partition: i32) -> QueueKey {
         QueueKey::new("g", "t", partition)
     }
 
-    #[test]
-    fn states_survive_a_reopen_and_a_torn_last_line() {
+    async fn open(dir: &Path) -> (Arc<Broker>, Arc<Messaging>) {
+        crate::testing::open_with_state_shards(dir, "t").await
+    }
+
+    async fn update<R: std::fmt::Debug, E: std::fmt::Debug>(
+        store: &PopStore,
+        key: &QueueKey,
+        change: impl FnOnce(&mut QueueState) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let (result, durable) = store.update(key, || QueueState::starting_at(0), change).expect("update");
+        durable.wait().await.expect("durable");
+        result
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_one_engine_wrote_a_new_engine_and_a_new_shard_leader_load() {
         let dir = tempfile::tempdir().expect("tempdir");
-        {
-            let store = PopStore::open(dir.path()).expect("open");
-            let _ = store.update(&key(0), || QueueState::starting_at(0), |q| Ok::<_, ()>(q.deliver(0, 10, 1)));
-            let _ = store.update(&key(0), || QueueState::starting_at(0), |q| Ok::<_, ()>(q.deliver(1, 10, 2)));
-            let _ = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(0, 1));
-            let _ = store.update(
-                &key(1),
-                || QueueState::starting_at(5),
-                |q| {
-                    q.skip_to(9);
-                    Ok::<_, ()>(())
-                },
-            );
+        let (broker, messaging) = open(dir.path()).await;
+        let store = &messaging.pop;
+        store.load(&key(0)).await.expect("load");
+        update(store, &key(0), |q| Ok::<_, ()>(q.deliver(0, 10, 1))).await.expect("deliver");
+        update(store, &key(0), |q| Ok::<_, ()>(q.deliver(1, 10, 2))).await.expect("deliver");
+        update(store, &key(0), |q| q.ack(0, 1)).await.expect("ack");
+        let broadcast = QueueKey { consumer: Some("c1".into()), ..key(0) };
+        update(store, &broadcast, |q| {
+            q.skip_to(9);
+            Ok::<_, ()>(())
+        })
+        .await
+        .expect("skip");
+        assert_eq!(
+            update(store, &key(0), |q| q.ack(3, 1)).await,
+            Err(HandleError::NotInFlight),
+            "a refused change writes nothing"
+        );
+
+        let again = Arc::new(PopStore::new(&broker, &messaging.pop_states, dir.path()));
+        again.load(&key(0)).await.expect("load");
+        let q0 = again.get(&key(0)).expect("queue 0");
+        assert_eq!((q0.inflight.keys().copied().collect::<Vec<_>>(), q0.next), (vec![1], 2));
+        assert_eq!(again.get(&broadcast).map(|q| q.next), Some(9), "every consumer's state loads with the queue");
+
+        // A new leader of the shard replays its log.
+        let count = again.shard_count(&broker).await.expect("count");
+        let index = key(0).id().shard(count);
+        let partition = broker.require_partition(TOPIC, index).expect("shard partition");
+        let replayed = super::super::shard::tests::load(&broker, index, partition);
+        assert_eq!(replayed.get(&key(0).id()).map(|q| q.states[&None].clone()), Some(q0));
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_state_is_written_even_when_the_update_leaves_it_as_started() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (broker, messaging) = open(dir.path()).await;
+        messaging.pop.load(&key(0)).await.expect("load");
+        let (_, durable) =
+            messaging.pop.update(&key(0), || QueueState::starting_at(42), |_| Ok::<_, ()>(())).expect("update");
+        durable.wait().await.expect("durable");
+        let again = Arc::new(PopStore::new(&broker, &messaging.pop_states, dir.path()));
+        again.load(&key(0)).await.expect("load");
+        assert_eq!(again.get(&key(0)).map(|q| (q.done_below, q.next)), Some((42, 42)));
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deposed_engine_is_fenced_and_drops_its_states() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (broker, messaging) = open(dir.path()).await;
+        let store = &messaging.pop;
+        store.load(&key(0)).await.expect("load");
+        update(store, &key(0), |q| Ok::<_, ()>(q.deliver(0, 10, 1))).await.expect("deliver");
+        // A later leader of the partition took the queue over.
+        let count = store.shard_count(&broker).await.expect("count");
+        let epoch = broker.require_partition("t", 0).expect("partition").leader_epoch();
+        messaging.pop_states.take_over_here(key(0).id().shard(count), &key(0).id(), epoch + 1).await.expect("took");
+        let (acked, durable) = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(0, 1)).expect("update");
+        assert!(acked.is_ok(), "in memory, the ack is made");
+        assert!(durable.wait().await.is_err(), "the write of a deposed engine is refused");
+        assert!(!store.contains(&key(0)), "and its states are dropped");
+        assert!(store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(0, 1)).is_err(), "until loaded");
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reset_moves_every_consumers_state_of_the_queue() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (broker, messaging) = open(dir.path()).await;
+        let store = &messaging.pop;
+        let broadcast = QueueKey { consumer: Some("c1".into()), ..key(0) };
+        store.load(&key(0)).await.expect("load");
+        for k in [key(0), broadcast.clone()] {
+            update(store, &k, |q| Ok::<_, ()>(q.deliver(5, 10, 1))).await.expect("deliver");
         }
-        let mut journal = OpenOptions::new().append(true).open(dir.path().join("journal.jsonl")).expect("journal");
-        journal.write_all(br#"{"q":{"group":"g","topic":"t","part"#).expect("torn write");
-        let store = PopStore::open(dir.path()).expect("reopen");
-        let q0 = store.get(&key(0)).expect("queue 0");
-        assert_eq!(q0.inflight.keys().copied().collect::<Vec<_>>(), vec![1]);
-        assert_eq!(q0.next, 2);
-        assert_eq!(store.get(&key(1)).map(|q| q.next), Some(9));
-        // The torn line does not corrupt what follows it.
-        let _ = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(1, 2));
-        drop(store);
-        let store = PopStore::open(dir.path()).expect("reopen again");
-        assert!(store.get(&key(0)).expect("queue 0").inflight.is_empty());
+        assert_eq!(store.reset("g", "t", 0, 2, false).await.expect("reset"), 2, "the group's and c1's");
+        for k in [key(0), broadcast] {
+            let q = store.get(&k).expect("state");
+            assert_eq!((q.done_below, q.next, q.inflight.len(), q.resets), (2, 2, 0, 1), "{k:?}");
+        }
+        assert_eq!(store.reset("other", "t", 0, 9, false).await.expect("reset"), 0, "no state, none made");
+        assert_eq!(store.reset("other", "t", 0, 9, true).await.expect("reset"), 1);
+        assert!(store.has_group("other") && !store.has_group("nobody"));
+        let again = Arc::new(PopStore::new(&broker, &messaging.pop_states, dir.path()));
+        again.load(&key(0)).await.expect("load");
+        assert_eq!(again.get(&key(0)).map(|q| (q.done_below, q.next, q.inflight.len())), Some((2, 2, 0)));
+        broker.begin_shutdown();
     }
 
     #[test]
-    fn a_new_state_is_journalled_even_when_the_update_leaves_it_as_started() {
+    fn the_local_store_of_an_earlier_version_reads_with_its_torn_last_line_skipped() {
         let dir = tempfile::tempdir().expect("tempdir");
-        {
-            let store = PopStore::open(dir.path()).expect("open");
-            let _ = store.update(&key(0), || QueueState::starting_at(42), |_| Ok::<_, ()>(()));
-        }
-        let store = PopStore::open(dir.path()).expect("reopen");
-        assert_eq!(store.get(&key(0)).map(|q| (q.done_below, q.next)), Some((42, 42)));
-    }
-
-    #[test]
-    fn a_change_is_journalled_as_what_changed_and_an_older_full_state_line_still_reads() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        {
-            let store = PopStore::open(dir.path()).expect("open");
-            for offset in 0..1000 {
-                let _ = store.update(&key(0), || QueueState::starting_at(0), |q| Ok::<_, ()>(q.deliver(offset, 10, 1)));
-            }
-            let before = fs::metadata(dir.path().join("journal.jsonl")).map(|m| m.len()).unwrap_or(0);
-            let _ = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(500, 1));
-            let line = fs::metadata(dir.path().join("journal.jsonl")).map(|m| m.len()).unwrap_or(0) - before;
-            assert!(line < 200, "an ack with 1000 messages out wrote {line} bytes");
-        }
-        // Weir 0.2 wrote whole states; such a line is read, and later changes apply over it.
-        let old = br#"{"q":{"group":"g","topic":"t","partition":1},"s":{"done_below":3,"next":5,"inflight":{"4":{"visible_at_ms":9,"attempt":2,"nonce":7}}}}"#;
-        let mut journal = OpenOptions::new().append(true).open(dir.path().join("journal.jsonl")).expect("journal");
-        journal.write_all(old).expect("old line");
-        journal.write_all(b"\n").expect("newline");
-        drop(journal);
-        let store = PopStore::open(dir.path()).expect("reopen");
-        let q0 = store.get(&key(0)).expect("queue 0");
-        assert_eq!((q0.inflight.len(), q0.done_below, q0.next), (999, 0, 1000));
-        assert!(!q0.inflight.contains_key(&500));
-        let q1 = store.get(&key(1)).expect("queue 1");
-        assert_eq!((q1.done_below, q1.next, q1.inflight.get(&4).map(|i| i.attempt)), (3, 5, Some(2)));
-    }
-
-    #[test]
-    fn a_reset_moves_every_consumers_state_of_the_queue_and_survives_a_reopen() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        {
-            let store = PopStore::open(dir.path()).expect("open");
-            let broadcast = QueueKey { consumer: Some("c1".into()), ..key(0) };
-            for k in [key(0), broadcast.clone(), key(1)] {
-                let _ = store.update(&k, || QueueState::starting_at(0), |q| Ok::<_, ()>(q.deliver(5, 10, 1)));
-            }
-            assert_eq!(store.reset("g", "t", 0, 2, false).expect("reset"), 2, "the group's and c1's");
-            for k in [key(0), broadcast] {
-                let q = store.get(&k).expect("state");
-                assert_eq!((q.done_below, q.next, q.inflight.len(), q.resets), (2, 2, 0, 1), "{k:?}");
-            }
-            assert_eq!(store.get(&key(1)).map(|q| q.inflight.len()), Some(1), "another partition");
-            assert_eq!(store.reset("other", "t", 0, 9, false).expect("reset"), 0, "no state, none made");
-            assert_eq!(store.reset("other", "t", 0, 9, true).expect("reset"), 1);
-            assert!(store.has_group("other") && !store.has_group("nobody"));
-        }
-        let store = PopStore::open(dir.path()).expect("reopen");
-        assert_eq!(store.get(&key(0)).map(|q| (q.done_below, q.next, q.inflight.len())), Some((2, 2, 0)));
-        assert_eq!(store.get(&QueueKey::new("other", "t", 0)).map(|q| q.next), Some(9));
-    }
-
-    #[test]
-    fn a_refused_change_writes_nothing() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = PopStore::open(dir.path()).expect("open");
-        let refused = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(3, 1)).expect("no I/O error");
-        assert_eq!(refused, Err(HandleError::NotInFlight));
-        assert_eq!(fs::metadata(dir.path().join("journal.jsonl")).map(|m| m.len()).ok(), Some(0));
-    }
-
-    #[test]
-    fn compaction_keeps_every_state() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = PopStore::open(dir.path()).expect("open");
-        for p in 0..3 {
-            let _ = store.update(&key(p), || QueueState::starting_at(0), |q| Ok::<_, ()>(q.deliver(0, 1, 1)));
-        }
-        store.compact(&mut lock(&store.inner)).expect("compact");
-        assert_eq!(fs::metadata(dir.path().join("journal.jsonl")).map(|m| m.len()).ok(), Some(0));
-        let _ = store.update(&key(0), || QueueState::starting_at(0), |q| q.ack(0, 1));
-        drop(store);
-        let store = PopStore::open(dir.path()).expect("reopen");
-        assert!(store.get(&key(0)).expect("queue 0").inflight.is_empty());
-        assert_eq!(store.get(&key(2)).map(|q| q.inflight.len()), Some(1));
+        let snapshot = br#"{"q":{"group":"g","topic":"t","partition":1},"s":{"done_below":3,"next":5,"inflight":{"4":{"visible_at_ms":9,"attempt":2,"nonce":7}}}}"#;
+        std::fs::write(dir.path().join("snapshot.jsonl"), [&snapshot[..], b"\n"].concat()).expect("snapshot");
+        let journal = concat!(
+            r#"{"q":{"group":"g","topic":"t","partition":1},"d":{"done_below":5,"next":6,"set":[[5,{"visible_at_ms":1,"attempt":1,"nonce":8}]],"removed":[4]}}"#,
+            "\n",
+            r#"{"q":{"group":"g","topic":"t","part"#
+        );
+        std::fs::write(dir.path().join("journal.jsonl"), journal).expect("journal");
+        let queues = crate::pop::migrate::read_legacy(dir.path()).expect("read");
+        let q = &queues.0[&key(1).id()].states[&None];
+        assert_eq!((q.done_below, q.next, q.inflight.keys().copied().collect::<Vec<_>>()), (5, 6, vec![5]));
     }
 }

@@ -7,8 +7,8 @@
 //! or the shard's error (NOT_COORDINATOR and its kin send the caller to try again).
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
+use crate::state_topic::rpc_timeout;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use weir_broker::cluster::{decode_json, encode_json, RemoteError, RpcFuture, RpcHandler};
 use weir_broker::{Broker, BrokerError, ErrorKind};
@@ -90,25 +90,20 @@ pub(crate) fn register(broker: &Arc<Broker>, timer: &Arc<Timer>) {
     broker.cluster.register_service(SERVICE, Arc::new(TimerService { timer: Arc::downgrade(timer) }));
 }
 
-/// How long a call may take: an `acks=all` write that waits for the ISR, and then some.
-fn timeout(broker: &Broker) -> Duration {
-    Duration::from_millis(broker.config.quorum_request_timeout_ms) + Duration::from_secs(10)
-}
-
 pub(crate) async fn call_schedule(
     broker: &Broker,
     node: i32,
     request: &ScheduleRequest,
     batch: &[u8],
 ) -> Result<i64, BrokerError> {
-    let answer = broker.call_broker(node, SCHEDULE, encode_schedule(request, batch)?, timeout(broker)).await?;
+    let answer = broker.call_broker(node, SCHEDULE, encode_schedule(request, batch)?, rpc_timeout(broker)).await?;
     decode_json::<Result<i64, BrokerError>>(SCHEDULE, &answer)
         .map_err(|e| BrokerError::internal(e.message().to_string()))?
 }
 
 pub(crate) async fn call_recall(broker: &Broker, node: i32, request: &RecallRequest) -> Result<Recall, BrokerError> {
     let body = encode_json(RECALL, request).map_err(|e| BrokerError::internal(e.message().to_string()))?;
-    let answer = broker.call_broker(node, RECALL, body, timeout(broker)).await?;
+    let answer = broker.call_broker(node, RECALL, body, rpc_timeout(broker)).await?;
     decode_json::<Result<Recall, BrokerError>>(RECALL, &answer)
         .map_err(|e| BrokerError::internal(e.message().to_string()))?
 }
