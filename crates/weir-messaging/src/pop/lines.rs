@@ -54,7 +54,9 @@ pub(crate) struct Change {
 }
 
 impl Change {
-    /// What turned `before` into `after`.
+    /// What turned `before` into `after` (the store takes what a change touched instead,
+    /// `QueueState::take_change`).
+    #[cfg(test)]
     pub(crate) fn between(before: &QueueState, after: &QueueState) -> Change {
         let set = after
             .inflight

@@ -74,12 +74,35 @@ pub(crate) struct QueueState {
     /// to tell apart two moments of one process.
     #[serde(skip)]
     pub resets: u64,
+    /// The in-flight offsets changed since the store last took them ([`QueueState::take_change`]):
+    /// what a change writes, without comparing the whole state with a copy of it.
+    #[serde(skip)]
+    pub(crate) touched: Touched,
 }
+
+/// Offsets whose in-flight entry was set or removed. Never part of a state's value: two states
+/// that differ only in it are equal.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Touched(pub(crate) Vec<i64>);
+
+impl PartialEq for Touched {
+    fn eq(&self, _: &Touched) -> bool {
+        true
+    }
+}
+
+impl Eq for Touched {}
 
 impl QueueState {
     /// A queue whose consumption starts at `offset`.
     pub(crate) fn starting_at(offset: i64) -> QueueState {
-        QueueState { done_below: offset, next: offset, inflight: BTreeMap::new(), resets: 0 }
+        QueueState {
+            done_below: offset,
+            next: offset,
+            inflight: BTreeMap::new(),
+            resets: 0,
+            touched: Touched::default(),
+        }
     }
 
     /// Starts consumption again at `offset` (RocketMQ's reset of a group's offset): nothing is
@@ -144,6 +167,7 @@ impl QueueState {
         };
         let inflight = Inflight { visible_at_ms, attempt, nonce, group };
         self.inflight.insert(offset, inflight);
+        self.touched.0.push(offset);
         self.settle();
         inflight
     }
@@ -155,6 +179,7 @@ impl QueueState {
         debug_assert!(self.is_active(group), "parking {offset} of a group with no active message");
         self.next = self.next.max(offset + 1);
         self.inflight.insert(offset, Inflight { visible_at_ms: PARKED, attempt: 0, nonce: 0, group: Some(group) });
+        self.touched.0.push(offset);
         self.settle();
     }
 
@@ -183,8 +208,9 @@ impl QueueState {
         }
         let next = self.inflight.iter_mut().find(|(_, i)| i.group == Some(group) && i.is_parked());
         match next {
-            Some((_, parked)) => {
+            Some((offset, parked)) => {
                 parked.visible_at_ms = 0;
+                self.touched.0.push(*offset);
                 true
             }
             None => false,
@@ -204,6 +230,7 @@ impl QueueState {
     pub fn ack(&mut self, offset: i64, nonce: u64) -> Result<Inflight, HandleError> {
         let inflight = self.check_handle(offset, nonce)?;
         self.inflight.remove(&offset);
+        self.touched.0.push(offset);
         self.release_next(inflight.group);
         self.settle();
         Ok(inflight)
@@ -222,6 +249,7 @@ impl QueueState {
         inflight.visible_at_ms = visible_at_ms;
         inflight.nonce = renewed;
         self.inflight.insert(offset, inflight);
+        self.touched.0.push(offset);
         Ok(inflight)
     }
 
@@ -238,6 +266,7 @@ impl QueueState {
     /// An in-flight message the log no longer has (compaction removed its record): done.
     pub fn forget(&mut self, offset: i64) {
         if let Some(gone) = self.inflight.remove(&offset) {
+            self.touched.0.push(offset);
             self.release_next(gone.group);
             self.settle();
         }
@@ -249,7 +278,9 @@ impl QueueState {
         if log_start > self.done_below {
             let gone: Vec<Option<u64>> =
                 self.inflight.range(..log_start).map(|(_, i)| i.group).filter(Option::is_some).collect();
-            self.inflight.retain(|offset, _| *offset >= log_start);
+            let kept = self.inflight.split_off(&log_start);
+            self.touched.0.extend(self.inflight.keys());
+            self.inflight = kept;
             for group in gone {
                 self.release_next(group);
             }
@@ -257,6 +288,22 @@ impl QueueState {
             self.done_below = log_start;
             self.settle();
         }
+    }
+
+    /// What changed since the last call (or since the state was made): the position, and the
+    /// in-flight entries touched, as they are now.
+    pub(crate) fn take_change(&mut self) -> super::lines::Change {
+        let mut touched = std::mem::take(&mut self.touched.0);
+        touched.sort_unstable();
+        touched.dedup();
+        let (mut set, mut removed) = (Vec::new(), Vec::new());
+        for offset in touched {
+            match self.inflight.get(&offset) {
+                Some(inflight) => set.push((offset, *inflight)),
+                None => removed.push(offset),
+            }
+        }
+        super::lines::Change { done_below: self.done_below, next: self.next, set, removed }
     }
 
     fn settle(&mut self) {

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::lines::{Change, QueueId, StateLine};
+use super::lines::{QueueId, StateLine};
 use super::shard::{StateShards, TOPIC};
 use super::state::{Inflight, QueueState};
 use weir_storage::sync::lock;
@@ -252,20 +252,32 @@ impl PopStore {
         };
         let started = !inner.queues.contains_key(key);
         let state = inner.queues.entry(key.clone()).or_insert_with(start);
-        let before = state.clone();
+        // What a change wrote is what it touched (not a comparison with a copy: a queue may
+        // have thousands of messages out); debug builds check that it is all that changed.
+        let before = cfg!(debug_assertions).then(|| state.clone());
+        let position = (state.done_below, state.next);
+        state.touched.0.clear();
         let result = change(state);
-        if result.is_err() || (*state == before && !started) {
+        if result.is_err() {
+            state.touched.0.clear();
             return Ok((result, Durable::none()));
         }
-        let line = StateLine::change(key.clone(), loaded.epoch, Change::between(&before, state));
+        if state.touched.0.is_empty() && (state.done_below, state.next) == position && !started {
+            return Ok((result, Durable::none()));
+        }
+        let change = state.take_change();
+        if let Some(before) = before {
+            let mut replayed = before;
+            change.clone().apply(&mut replayed);
+            debug_assert_eq!(&replayed, state, "a change of {key:?} that its touched offsets do not describe");
+        }
+        let line = StateLine::change(key.clone(), loaded.epoch, change);
         let (done, waited) = oneshot::channel();
         if loaded.writer.send(Queued { id: key.id(), load: loaded.load, line, done }).is_err() {
-            // Not written: memory must agree with the shard.
-            if started {
-                inner.queues.remove(key);
-            } else {
-                inner.queues.insert(key.clone(), before);
-            }
+            // Not written: memory must agree with the shard, so the queue loads again.
+            let id = key.id();
+            inner.loaded.remove(&id);
+            inner.queues.retain(|k, _| !(k.group == id.group && k.topic == id.topic && k.partition == id.partition));
             return Err(BrokerError::internal("the state writer stopped"));
         }
         Ok((result, Durable(Some(waited))))
