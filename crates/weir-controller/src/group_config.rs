@@ -195,8 +195,11 @@ pub struct GroupSettings {
 }
 
 impl Default for GroupSettings {
+    /// The settings of a group without overrides: parsed once (each receive and ack of a
+    /// group without settings asks for them).
     fn default() -> GroupSettings {
-        GroupSettings::from_configs(&BTreeMap::new())
+        static DEFAULT: std::sync::OnceLock<GroupSettings> = std::sync::OnceLock::new();
+        DEFAULT.get_or_init(|| GroupSettings::from_configs(&BTreeMap::new())).clone()
     }
 }
 

@@ -97,7 +97,7 @@ fn decode_batch(header: BatchHeader, body: &[u8]) -> Result<DecodedBatch, BatchE
     let count = usize::try_from(header.records_count).map_err(|_| corrupt("negative record count"))?;
     // Every record takes at least 7 bytes: a count beyond that is a lie, not an allocation.
     let mut records = Vec::with_capacity(count.min(raw.len() / 7 + 1));
-    let mut cursor = Cursor { bytes: &raw, at: 0 };
+    let mut cursor = Cursor { bytes: raw, at: 0 };
     for n in 0..count {
         let record = cursor
             .record(&header)
@@ -140,12 +140,13 @@ fn compress(compression: Compression, raw: &[u8]) -> Result<BytesMut, BatchError
     Ok(out)
 }
 
-struct Cursor<'a> {
-    bytes: &'a [u8],
+/// Reads the fields of records; the byte fields it returns are slices of `bytes` (no copy).
+struct Cursor {
+    bytes: Bytes,
     at: usize,
 }
 
-impl Cursor<'_> {
+impl Cursor {
     fn varlong(&mut self) -> Result<i64, String> {
         let mut raw: u64 = 0;
         for i in 0..10 {
@@ -175,26 +176,39 @@ impl Cursor<'_> {
         match self.varint()? {
             -1 => Ok(None),
             n if n < 0 => Err(format!("negative length {n}")),
-            n => Ok(Some(Bytes::copy_from_slice(self.take(n as usize)?))),
+            n => {
+                let start = self.at;
+                self.take(n as usize)?;
+                Ok(Some(self.bytes.slice(start..self.at)))
+            }
         }
     }
 
     fn record(&mut self, header: &BatchHeader) -> Result<Record, String> {
         let length = usize::try_from(self.varint()?).map_err(|_| "negative record length")?;
         let end = self.at.checked_add(length).filter(|end| *end <= self.bytes.len()).ok_or("record past the batch")?;
-        self.take(1)?; // attributes: unused
-        let timestamp_delta = self.varlong()?;
-        let offset_delta = self.varint()?;
-        let key = self.nullable()?;
-        let value = self.nullable()?;
-        let count = usize::try_from(self.varint()?).map_err(|_| "negative header count")?;
+        // One copy of the record, whose key, value and header values are slices of it: one
+        // allocation a record instead of one a field, and a record kept (the timer keeps
+        // some in memory) does not keep its whole batch alive.
+        let mut fields = Cursor { bytes: Bytes::copy_from_slice(&self.bytes[self.at..end]), at: 0 };
+        self.at = end;
+        fields.take(1)?; // attributes: unused
+        let timestamp_delta = fields.varlong()?;
+        let offset_delta = fields.varint()?;
+        let key = fields.nullable()?;
+        let value = fields.nullable()?;
+        let count = usize::try_from(fields.varint()?).map_err(|_| "negative header count")?;
         let mut headers = Vec::with_capacity(count.min(length / 2 + 1));
         for _ in 0..count {
-            let name = self.nullable()?.ok_or("a header without a name")?;
-            let value = self.nullable()?;
-            headers.push(Header { name: String::from_utf8_lossy(&name).into_owned(), value });
+            let name = fields.nullable()?.ok_or("a header without a name")?;
+            let value = fields.nullable()?;
+            let name = match std::str::from_utf8(&name) {
+                Ok(name) => name.to_owned(),
+                Err(_) => String::from_utf8_lossy(&name).into_owned(),
+            };
+            headers.push(Header { name, value });
         }
-        if self.at != end {
+        if fields.at != length {
             return Err(format!("record length {length} does not match its fields"));
         }
         let timestamp = match header.timestamp_type() {

@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::lines::{QueueId, StateLine};
+use std::borrow::Cow;
+
+use super::lines::StateLine;
 use super::shard::{StateShards, TOPIC};
 use super::state::{Inflight, QueueState};
 use weir_storage::sync::lock;
@@ -84,7 +86,8 @@ impl Durable {
 
 /// A line waiting for its shard's writer.
 struct Queued {
-    id: QueueId,
+    /// Its queue ([`queue_of`]).
+    id: QueueKey,
     /// The load of the queue it was made in ([`Loaded::load`]).
     load: u64,
     line: StateLine,
@@ -114,9 +117,25 @@ pub(crate) struct PopStore {
 
 #[derive(Default)]
 struct Inner {
-    loaded: HashMap<QueueId, Loaded>,
+    /// By queue ([`queue_of`]).
+    loaded: HashMap<QueueKey, Loaded>,
     queues: HashMap<QueueKey, QueueState>,
     loads: u64,
+}
+
+/// The queue a state belongs to, as `Inner::loaded` names it: the clustering state's key (the
+/// key itself for that state: no copy on the paths every ack takes).
+fn queue_of(key: &QueueKey) -> Cow<'_, QueueKey> {
+    if key.consumer.is_none() {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(QueueKey { consumer: None, ..key.clone() })
+    }
+}
+
+/// Whether `key` is a state of queue `queue` (a [`queue_of`]).
+fn of_queue(key: &QueueKey, queue: &QueueKey) -> bool {
+    key.partition == queue.partition && key.group == queue.group && key.topic == queue.topic
 }
 
 fn not_loaded(key: &QueueKey) -> BrokerError {
@@ -179,10 +198,12 @@ impl PopStore {
         })?;
         partition.check_local_leader()?;
         let epoch = partition.leader_epoch();
-        let id = key.id();
-        if lock(&self.inner).loaded.get(&id).is_some_and(|l| l.epoch == epoch) {
+        let queue = queue_of(key);
+        if lock(&self.inner).loaded.get(&*queue).is_some_and(|l| l.epoch == epoch) {
             return Ok(());
         }
+        let queue = queue.into_owned();
+        let id = key.id();
         let mut ready = self.ready.subscribe();
         if !*ready.borrow() {
             ready
@@ -207,23 +228,19 @@ impl PopStore {
         })
         .await?;
         let mut inner = lock(&self.inner);
-        if inner.loaded.get(&id).is_some_and(|l| l.epoch >= epoch) {
+        if inner.loaded.get(&queue).is_some_and(|l| l.epoch >= epoch) {
             return Ok(()); // loaded meanwhile
         }
         // What a receive read before the load must not be handed out after it (as after a
         // reset): each state counts one reset more than the one it replaces.
-        let old: HashMap<QueueKey, u64> = inner
-            .queues
-            .iter()
-            .filter(|(k, _)| k.group == id.group && k.topic == id.topic && k.partition == id.partition)
-            .map(|(k, s)| (k.clone(), s.resets))
-            .collect();
+        let old: HashMap<QueueKey, u64> =
+            inner.queues.iter().filter(|(k, _)| of_queue(k, &queue)).map(|(k, s)| (k.clone(), s.resets)).collect();
         for key in old.keys() {
             inner.queues.remove(key);
         }
         inner.loads += 1;
         let load = inner.loads;
-        inner.loaded.insert(id, Loaded { epoch, load, writer });
+        inner.loaded.insert(queue, Loaded { epoch, load, writer });
         for (key, mut state) in states {
             state.resets = old.get(&key).map_or(0, |r| r + 1);
             inner.queues.insert(key, state);
@@ -246,7 +263,7 @@ impl PopStore {
         let broker = self.broker()?;
         let epoch = broker.partition(&key.topic, key.partition).map(|p| p.leader_epoch());
         let mut inner = lock(&self.inner);
-        let loaded = match inner.loaded.get(&key.id()) {
+        let loaded = match inner.loaded.get(&*queue_of(key)) {
             Some(loaded) if Some(loaded.epoch) == epoch => loaded.clone(),
             _ => return Err(not_loaded(key)),
         };
@@ -273,11 +290,12 @@ impl PopStore {
         }
         let line = StateLine::change(key.clone(), loaded.epoch, change);
         let (done, waited) = oneshot::channel();
-        if loaded.writer.send(Queued { id: key.id(), load: loaded.load, line, done }).is_err() {
+        let queue = queue_of(key).into_owned();
+        if let Err(unsent) = loaded.writer.send(Queued { id: queue, load: loaded.load, line, done }) {
             // Not written: memory must agree with the shard, so the queue loads again.
-            let id = key.id();
-            inner.loaded.remove(&id);
-            inner.queues.retain(|k, _| !(k.group == id.group && k.topic == id.topic && k.partition == id.partition));
+            let queue = unsent.0.id;
+            inner.loaded.remove(&queue);
+            inner.queues.retain(|k, _| !of_queue(k, &queue));
             return Err(BrokerError::internal("the state writer stopped"));
         }
         Ok((result, Durable(Some(waited))))
@@ -302,7 +320,7 @@ impl PopStore {
         let mut waits = Vec::new();
         {
             let mut inner = lock(&self.inner);
-            let loaded = match inner.loaded.get(&base.id()) {
+            let loaded = match inner.loaded.get(&base) {
                 Some(loaded) if Some(loaded.epoch) == epoch => loaded.clone(),
                 _ => return Err(not_loaded(&base)),
             };
@@ -321,7 +339,7 @@ impl PopStore {
                 // The whole (empty) state: smaller than a change listing every entry removed.
                 let line = StateLine::whole(key.clone(), loaded.epoch, state.clone());
                 let (done, waited) = oneshot::channel();
-                if loaded.writer.send(Queued { id: key.id(), load: loaded.load, line, done }).is_err() {
+                if loaded.writer.send(Queued { id: base.clone(), load: loaded.load, line, done }).is_err() {
                     return Err(BrokerError::internal("the state writer stopped"));
                 }
                 waits.push(Durable(Some(waited)));
@@ -336,17 +354,17 @@ impl PopStore {
 
     /// Drops the states of `id` if they are still those of load `load`: a line of theirs was
     /// not written.
-    fn forget(&self, id: &QueueId, load: u64) {
+    fn forget(&self, queue: &QueueKey, load: u64) {
         let mut inner = lock(&self.inner);
-        if inner.loaded.get(id).is_some_and(|l| l.load == load) {
-            inner.loaded.remove(id);
-            inner.queues.retain(|k, _| !(k.group == id.group && k.topic == id.topic && k.partition == id.partition));
+        if inner.loaded.get(queue).is_some_and(|l| l.load == load) {
+            inner.loaded.remove(queue);
+            inner.queues.retain(|k, _| !of_queue(k, queue));
         }
     }
 
     /// Whether `id` is still loaded as load `load`.
-    fn is_current(&self, id: &QueueId, load: u64) -> bool {
-        lock(&self.inner).loaded.get(id).is_some_and(|l| l.load == load)
+    fn is_current(&self, queue: &QueueKey, load: u64) -> bool {
+        lock(&self.inner).loaded.get(queue).is_some_and(|l| l.load == load)
     }
 
     /// Whether any queue of `group` has a state here (the group consumes by invisible time).
