@@ -40,7 +40,7 @@ pub mod reset;
 pub mod state;
 pub mod store;
 
-pub use engine::{HandleResult, PopEngine};
+pub use engine::{HandleResult, PopEngine, QueuePosition};
 pub use filter::TagFilter;
 pub use receive::{Delivery, ReceiveRequest};
 pub use state::HandleError;
