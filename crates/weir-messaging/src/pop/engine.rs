@@ -32,10 +32,24 @@ pub struct QueuePosition {
 /// it durable.
 pub type HandleResult<T> = Result<Result<T, HandleError>, BrokerError>;
 
+impl Messaging {
+    /// Where the group of `key` is on its queue (on this broker); `None` when it has no state
+    /// here.
+    pub fn queue_position(&self, key: &QueueKey) -> Option<QueuePosition> {
+        self.pop.get(key).map(|q| QueuePosition {
+            done_below: q.done_below,
+            next: q.next,
+            in_flight: q.inflight.values().filter(|i| i.attempt > 0).count(),
+        })
+    }
+}
+
 pub struct PopEngine {
     messaging: Arc<Messaging>,
     turns: ReceiveTurns,
     renewals: Arc<Renewals>,
+    /// The delivery limit of each group's last receive, for the dead-letter sweep.
+    limits: Arc<super::dead_letter::AttemptLimits>,
 }
 
 impl PopEngine {
@@ -45,8 +59,9 @@ impl PopEngine {
         let renewals = Arc::new(Renewals::default());
         renewals.start(messaging, groups);
         super::progress::start(messaging, groups);
-        super::dead_letter::start_sweep(messaging);
-        Arc::new(PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals })
+        let limits = Arc::new(super::dead_letter::AttemptLimits::default());
+        super::dead_letter::start_sweep(messaging, limits.clone());
+        Arc::new(PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals, limits })
     }
 
     /// A receive with long polling (see [`super::receive`]): what it hands out, empty when
@@ -54,6 +69,7 @@ impl PopEngine {
     /// lives.
     pub async fn receive(&self, request: ReceiveRequest) -> Result<Vec<Delivery>, BrokerError> {
         let (key, slice, hold_for) = (request.key.clone(), request.invisible, request.hold_for.clone());
+        self.limits.note(&key.group, request.max_attempts);
         let deliveries = receive::receive(&self.messaging, &self.turns, request).await?;
         if let Some(client) = hold_for {
             let now = self.messaging.broker.now_ms();
@@ -66,11 +82,7 @@ impl PopEngine {
 
     /// Where the group of `key` is on its queue; `None` when it has no state there.
     pub fn position(&self, key: &QueueKey) -> Option<QueuePosition> {
-        self.messaging.pop.get(key).map(|q| QueuePosition {
-            done_below: q.done_below,
-            next: q.next,
-            in_flight: q.inflight.values().filter(|i| i.attempt > 0).count(),
-        })
+        self.messaging.queue_position(key)
     }
 
     /// The (topic, partition) queues `group` has a state for on this broker (clustering only).
@@ -184,7 +196,12 @@ mod tests {
 
     /// The engine without its tasks: the tests drive every step.
     fn engine(messaging: &Arc<Messaging>) -> PopEngine {
-        PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals: Arc::default() }
+        PopEngine {
+            messaging: messaging.clone(),
+            turns: ReceiveTurns::default(),
+            renewals: Arc::default(),
+            limits: Arc::default(),
+        }
     }
 
     fn partition(broker: &Broker) -> Arc<Partition> {

@@ -192,6 +192,7 @@ impl GroupSource for KafkaGroups {
                 lag: None,
                 member_id: None,
                 metadata: None,
+                in_flight: None,
             });
         };
         for ((topic, partition), (offset, metadata)) in &committed {
