@@ -233,7 +233,8 @@ pub(crate) async fn alter_offsets(
             .filter(|p| p.start_offset >= 0 && meta.is_some_and(|t| t.partition(p.partition_index).is_some()))
             .map(|p| (p.partition_index, p.start_offset))
             .collect();
-        let moved = if valid.is_empty() { Ok(0) } else { engines.messaging.reset_queues(&group, &name, &valid).await };
+        let moved =
+            if valid.is_empty() { Ok(0) } else { engines.messaging.reset_share_queues(&group, &name, &valid).await };
         let partitions = topic
             .partitions
             .iter()
