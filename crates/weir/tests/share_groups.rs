@@ -237,3 +237,40 @@ fn given_an_empty_share_group_its_start_offset_is_altered_and_deleted() {
         listed.groups.iter().map(|g| (g.group_id.as_str(), g.group_type.as_str())).collect();
     assert_eq!(groups, [(group, "share")]);
 }
+
+#[test]
+fn given_a_share_group_a_consumer_protocol_member_is_refused_and_given_a_consumer_group_a_share_member_is() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 1, &[]);
+    const GROUP_ID_NOT_FOUND: i16 = 69;
+    let consumer_join = |client: &mut Client, group: &str| {
+        let request = ConsumerGroupHeartbeatRequest::default()
+            .with_group_id(group_id(group))
+            .with_member_id(s(&uuid::Uuid::new_v4().to_string()))
+            .with_member_epoch(0)
+            .with_rebalance_timeout_ms(30_000)
+            .with_subscribed_topic_names(Some(vec![TopicName(s(TOPIC))]));
+        client.send(1, &request).expect("ConsumerGroupHeartbeat").error_code
+    };
+    let share_join = |client: &mut Client, group: &str| {
+        let request = ShareGroupHeartbeatRequest::default()
+            .with_group_id(group_id(group))
+            .with_member_id(s(&uuid::Uuid::new_v4().to_string()))
+            .with_member_epoch(0)
+            .with_subscribed_topic_names(Some(vec![TopicName(s(TOPIC))]));
+        client.send(1, &request).expect("ShareGroupHeartbeat").error_code
+    };
+
+    join(&mut client, "sharing", topic_id);
+    assert_eq!(consumer_join(&mut client, "sharing"), GROUP_ID_NOT_FOUND, "a share group is no consumer group");
+    assert_eq!(consumer_join(&mut client, "consuming"), code::NONE);
+    assert_eq!(share_join(&mut client, "consuming"), GROUP_ID_NOT_FOUND, "a consumer group is no share group");
+    assert_eq!(share_join(&mut client, "sharing"), code::NONE, "a second share member is welcome");
+
+    let described = client
+        .send(5, &DescribeGroupsRequest::default().with_groups(vec![group_id("sharing")]))
+        .expect("DescribeGroups");
+    let g = &described.groups[0];
+    assert_eq!((g.protocol_type.as_str(), g.group_state.as_str(), g.members.len()), ("share", "Stable", 2));
+}
