@@ -274,3 +274,27 @@ fn given_a_share_group_a_consumer_protocol_member_is_refused_and_given_a_consume
     let g = &described.groups[0];
     assert_eq!((g.protocol_type.as_str(), g.group_state.as_str(), g.members.len()), ("share", "Stable", 2));
 }
+
+#[test]
+fn given_a_lock_that_ran_out_its_holder_can_no_longer_acknowledge_the_record() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 1, &[]);
+    client.produce_ok(TOPIC, 0, batch(&[Message::new("k", "v", 1_000)]));
+    let group = "slow";
+    set_group_configs(
+        &mut client,
+        group,
+        &[("share.auto.offset.reset", "earliest"), ("share.record.lock.duration.ms", "1000")],
+    );
+    let mut a = join(&mut client, group, topic_id);
+    let acquired = Instant::now();
+    assert_eq!(fetch_some(&mut client, &mut a, Duration::from_secs(10)), [(0, 1)]);
+    while acquired.elapsed() < Duration::from_millis(1_200) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(acknowledge(&mut client, &mut a, 0, 0, ACCEPT), INVALID_RECORD_STATE, "the lock ran out");
+    let mut b = join(&mut client, group, topic_id);
+    assert_eq!(fetch_some(&mut client, &mut b, Duration::from_secs(10)), [(0, 2)]);
+    assert_eq!(acknowledge(&mut client, &mut b, 0, 0, ACCEPT), code::NONE);
+}

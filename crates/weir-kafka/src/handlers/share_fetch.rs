@@ -11,8 +11,8 @@
 //!
 //! Acknowledgements name records by offset, without the engine's delivery nonce: each member's
 //! receives give their deliveries the member's own nonce ([`member_nonce`]), so an ack names
-//! the member's delivery, and one of a record the member no longer holds (its lock ran out and
-//! someone else has it, or it was released) is refused with INVALID_RECORD_STATE.
+//! the member's delivery, and one of a record the member no longer holds (its lock ran out,
+//! someone else has it, it was released or it is done) is refused with INVALID_RECORD_STATE.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -127,6 +127,11 @@ async fn acknowledge(
         }
         for (i, offset) in (*first..=*last).enumerate() {
             let kind = if types.len() == 1 { types[0] } else { types[i] };
+            if kind != GAP && !engines.pop.is_held(key, offset, nonce) {
+                // Not this member's, or its lock ran out: the record is no longer acquired.
+                note(ResponseError::InvalidRecordState);
+                continue;
+            }
             let done = match kind {
                 GAP => continue,
                 ACCEPT => engines.pop.ack(key, offset, nonce),

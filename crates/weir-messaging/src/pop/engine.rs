@@ -85,6 +85,18 @@ impl PopEngine {
         self.messaging.queue_position(key)
     }
 
+    /// Whether the delivery `nonce` of `offset` in `key` is still invisible: handed out under
+    /// that nonce, and its invisible time not run out (a Kafka share consumer's acquisition
+    /// lock: once it runs out the record is available again, and its holder may no longer
+    /// acknowledge it, even before it is handed out anew).
+    pub fn is_held(&self, key: &QueueKey, offset: i64, nonce: u64) -> bool {
+        let now = self.messaging.broker.now_ms();
+        self.messaging
+            .pop
+            .get_inflight(key, offset)
+            .is_some_and(|i| i.nonce == nonce && i.attempt > 0 && i.visible_at_ms > now)
+    }
+
     /// The (topic, partition) queues `group` has a state for on this broker (clustering only).
     pub fn queues_of(&self, group: &str) -> Vec<(String, i32)> {
         let mut queues: Vec<(String, i32)> = self
