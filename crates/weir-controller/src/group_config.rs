@@ -454,6 +454,36 @@ mod tests {
     }
 
     #[test]
+    fn share_group_configs_override_the_broker_defaults_within_kafkas_bounds() {
+        let settings = GroupSettings::default();
+        assert_eq!(
+            (settings.share_record_lock_duration_ms, settings.share_delivery_count_limit, settings.share_from_earliest),
+            (None, None, false),
+            "unset: the broker's group.share.* settings, and latest"
+        );
+        let set = GroupSettings::from_configs(&map(&[
+            (SHARE_RECORD_LOCK_DURATION_MS, "2000"),
+            (SHARE_DELIVERY_COUNT_LIMIT, "3"),
+            (SHARE_AUTO_OFFSET_RESET, "EARLIEST"),
+            (SHARE_SESSION_TIMEOUT_MS, "10000"),
+        ]));
+        assert_eq!(set.share_record_lock_duration_ms, Some(2000));
+        assert_eq!(set.share_delivery_count_limit, Some(3));
+        assert_eq!(set.share_session_timeout_ms, Some(10_000));
+        assert!(set.share_from_earliest);
+        for (name, value) in [
+            (SHARE_RECORD_LOCK_DURATION_MS, "999"),
+            (SHARE_DELIVERY_COUNT_LIMIT, "1"),
+            (SHARE_DELIVERY_COUNT_LIMIT, "11"),
+            (SHARE_AUTO_OFFSET_RESET, "none"),
+            (SHARE_HEARTBEAT_INTERVAL_MS, "0"),
+        ] {
+            let error = validate(&map(&[(name, value)])).expect_err(value);
+            assert!(error.contains(name), "{error}");
+        }
+    }
+
+    #[test]
     fn a_group_without_settings_has_rocketmqs_defaults() {
         let settings = GroupSettings::default();
         assert!(!settings.fifo);
