@@ -13,7 +13,8 @@
 //! Concurrency: share groups are kept under their own mutex (`share_groups`), in memory only:
 //! after a coordinator move or a restart members rejoin with epoch 0 (their next heartbeat gets
 //! UNKNOWN_MEMBER_ID), and what they consumed is durable in the invisible-time state. Lock order:
-//! `groups`, then `share_groups`. Sessions run out lazily: every call that reads a group first
+//! `groups`, then `share_groups`; the shards are never asked with `share_groups` held. Sessions
+//! run out lazily: every call that reads a group first
 //! drops its expired members.
 
 use std::collections::BTreeSet;
@@ -106,10 +107,13 @@ impl GroupCoordinator {
         let name_of = |id: Uuid| metadata.topic_by_id(id).map(|t| t.name.clone());
         let active = self.is_active();
         let now = self.now_ms();
+        // Ownership first: `share_groups` is never held while the shards are asked.
+        let owned: Vec<Result<(), ErrorKind>> = group_ids.iter().map(|id| self.check_coordinator(id)).collect();
         let mut shares = self.share_groups();
         group_ids
             .iter()
-            .map(|id| {
+            .zip(owned)
+            .map(|(id, owned)| {
                 let error = |kind| ShareGroupDescription {
                     group_id: id.clone(),
                     error: Some(kind),
@@ -122,7 +126,7 @@ impl GroupCoordinator {
                 if !active {
                     return error(ErrorKind::CoordinatorNotAvailable);
                 }
-                if let Err(kind) = self.check_coordinator(id) {
+                if let Err(kind) = owned {
                     return error(kind);
                 }
                 match shares.get_mut(id) {
