@@ -125,6 +125,14 @@ def test_consumers_sharing_one_partition_each_get_a_record_once(share_broker):
         assert "IN-FLIGHT" in described, described
         row = next(line.split() for line in described.splitlines() if line.startswith(topic))
         assert row[1:5] == ["0", "60", "60", "0"] and row[-1] == "0", described
+        # The same over the Kafka port (ShareGroupDescribe, DescribeShareGroupOffsets).
+        env = {k: v for k, v in os.environ.items() if k != "WEIR_ADMIN"}
+        env["WEIR_BOOTSTRAP"] = share_broker.bootstrap
+        done = subprocess.run([str(weir_bin()), "group", "describe", group], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "Protocol: share (simple)   Members: 3   Total lag: 0" in done.stdout, done.stdout
+        row = next(line.split() for line in done.stdout.splitlines() if line.startswith(topic))
+        assert row[1:5] == ["0", "60", "60", "0"], done.stdout
     finally:
         for c in consumers:
             c.close()
