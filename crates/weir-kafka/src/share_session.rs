@@ -55,7 +55,8 @@ fn next(epoch: i32) -> i32 {
 impl ShareSessions {
     /// Applies one request's session part: opens, checks and advances, or closes the session of
     /// (`group`, `member`), adding `added` and dropping `forgotten`. Returns the partitions to
-    /// fetch from (none for a closing request).
+    /// fetch from; for a closing request, the partitions the session had (whose records the
+    /// member still holds are released).
     pub(crate) fn advance(
         &self,
         group: &str,
@@ -81,7 +82,7 @@ impl ShareSessions {
                 Ok(fetch)
             }
             FINAL_EPOCH => match sessions.remove(&key) {
-                Some(_) => Ok(Vec::new()),
+                Some(session) => Ok(session.partitions.into_iter().collect()),
                 None => Err(SessionError::NotFound),
             },
             _ => {
@@ -101,12 +102,14 @@ impl ShareSessions {
     }
 
     /// Whether (`group`, `member`) has a session at `epoch` (a ShareAcknowledge, which must
-    /// belong to an open session), advancing it; closing it for the final epoch.
-    pub(crate) fn acknowledge(&self, group: &str, member: &str, epoch: i32) -> Result<(), SessionError> {
+    /// belong to an open session), advancing it; closing it for the final epoch, then with the
+    /// partitions it had.
+    pub(crate) fn acknowledge(&self, group: &str, member: &str, epoch: i32) -> Result<Vec<(Uuid, i32)>, SessionError> {
         if epoch == INITIAL_EPOCH {
             return Err(SessionError::InvalidEpoch);
         }
-        self.advance(group, member, epoch, &[], &[]).map(|_| ())
+        let partitions = self.advance(group, member, epoch, &[], &[])?;
+        Ok(if epoch == FINAL_EPOCH { partitions } else { Vec::new() })
     }
 }
 
@@ -122,10 +125,10 @@ mod tests {
         assert_eq!(sessions.advance("g", "m", 0, &[(t, 0)], &[]), Ok(vec![(t, 0)]));
         assert_eq!(sessions.advance("g", "m", 2, &[], &[]), Err(SessionError::InvalidEpoch));
         assert_eq!(sessions.advance("g", "m", 1, &[(u, 1)], &[]), Ok(vec![(t, 0), (u, 1)]));
-        assert_eq!(sessions.acknowledge("g", "m", 2), Ok(()));
+        assert_eq!(sessions.acknowledge("g", "m", 2), Ok(vec![]));
         assert_eq!(sessions.advance("g", "m", 3, &[], &[(t, 0)]), Ok(vec![(u, 1)]));
         assert_eq!(sessions.acknowledge("g", "m", 0), Err(SessionError::InvalidEpoch));
-        assert_eq!(sessions.advance("g", "m", -1, &[], &[]), Ok(vec![]));
+        assert_eq!(sessions.advance("g", "m", -1, &[], &[]), Ok(vec![(u, 1)]), "closed, with what it had");
         assert_eq!(sessions.advance("g", "m", 4, &[], &[]), Err(SessionError::NotFound), "closed");
         assert_eq!(next(i32::MAX), 1);
     }

@@ -298,3 +298,26 @@ fn given_a_lock_that_ran_out_its_holder_can_no_longer_acknowledge_the_record() {
     assert_eq!(fetch_some(&mut client, &mut b, Duration::from_secs(10)), [(0, 2)]);
     assert_eq!(acknowledge(&mut client, &mut b, 0, 0, ACCEPT), code::NONE);
 }
+
+#[test]
+fn given_a_closed_share_session_what_its_member_held_is_available_again_at_once() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 1, &[]);
+    let messages: Vec<Message> = (0..2).map(|i| Message::new("k", &format!("v{i}"), 1_000 + i)).collect();
+    client.produce_ok(TOPIC, 0, batch(&messages));
+    let group = "leavers";
+    // A lock far longer than the test: only the release can bring the record back.
+    set_group_configs(
+        &mut client,
+        group,
+        &[("share.auto.offset.reset", "earliest"), ("share.record.lock.duration.ms", "600000")],
+    );
+    let mut a = join(&mut client, group, topic_id);
+    assert_eq!(fetch_some(&mut client, &mut a, Duration::from_secs(10)), [(0, 1), (1, 1)]);
+    // a closes its session accepting 0 only (as a consumer's close does): 1 goes back.
+    a.epoch = -1;
+    assert_eq!(acknowledge(&mut client, &mut a, 0, 0, ACCEPT), code::NONE);
+    let mut b = join(&mut client, group, topic_id);
+    assert_eq!(fetch(&mut client, &mut b, 0, Vec::new()), [(1, 2)]);
+}

@@ -153,6 +153,20 @@ async fn acknowledge(
     first_error
 }
 
+/// A closed share session: what the member still holds on its partitions becomes available
+/// again at once (its delivery count kept), as Kafka releases a departing consumer's records.
+async fn release_held(ctx: &Ctx, engines: &ShareEngines, group: &str, nonce: u64, partitions: &[(Uuid, i32)]) {
+    for &(topic_id, index) in partitions {
+        let Ok((name, _)) = local_partition(ctx, topic_id, index) else { continue };
+        let key = QueueKey::new(group, name, index);
+        for offset in engines.pop.held_by(&key, nonce) {
+            if let Err(e) = engines.pop.change_invisible(&key, offset, nonce, Duration::ZERO) {
+                tracing::warn!(group, offset, error = %e, "cannot release a closed share session's record");
+            }
+        }
+    }
+}
+
 /// The partition a share consumer names, led here; or the error for it (with the leader, when
 /// known).
 fn local_partition(
@@ -284,7 +298,9 @@ pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequ
         }
     }
 
-    if epoch != FINAL_EPOCH {
+    if epoch == FINAL_EPOCH {
+        release_held(ctx, engines, &group, nonce, &fetch_from).await;
+    } else {
         let max_records = if req.max_records > 0 {
             (req.max_records as usize).min(pop::receive::MAX_BATCH)
         } else {
@@ -446,9 +462,10 @@ pub(crate) async fn share_acknowledge(
     let Some(engines) = ctx.share.as_ref() else {
         return refuse(ResponseError::InvalidRequest, "this broker serves no share groups");
     };
-    if let Err(e) = ctx.share_sessions.acknowledge(&group, &member, req.share_session_epoch) {
-        return refuse(session_error(e), "share session");
-    }
+    let closed = match ctx.share_sessions.acknowledge(&group, &member, req.share_session_epoch) {
+        Ok(closed) => closed,
+        Err(e) => return refuse(session_error(e), "share session"),
+    };
     let settings = share_settings(ctx, &group);
     let nonce = member_nonce(&group, &member);
     let mut topics = Vec::with_capacity(req.topics.len());
@@ -477,6 +494,7 @@ pub(crate) async fn share_acknowledge(
         }
         topics.push(ShareAcknowledgeTopicResponse::default().with_topic_id(topic.topic_id).with_partitions(partitions));
     }
+    release_held(ctx, engines, &group, nonce, &closed).await;
     ShareAcknowledgeResponse::default().with_responses(topics)
 }
 

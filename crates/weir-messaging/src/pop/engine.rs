@@ -97,6 +97,19 @@ impl PopEngine {
             .is_some_and(|i| i.nonce == nonce && i.attempt > 0 && i.visible_at_ms > now)
     }
 
+    /// The offsets of `key` handed out under `nonce` and still invisible: what one Kafka share
+    /// consumer holds there.
+    pub fn held_by(&self, key: &QueueKey, nonce: u64) -> Vec<i64> {
+        let now = self.messaging.broker.now_ms();
+        self.messaging.pop.get(key).map_or_else(Vec::new, |q| {
+            q.inflight
+                .iter()
+                .filter(|(_, i)| i.nonce == nonce && i.attempt > 0 && i.visible_at_ms > now)
+                .map(|(offset, _)| *offset)
+                .collect()
+        })
+    }
+
     /// The (topic, partition) queues `group` has a state for on this broker (clustering only).
     pub fn queues_of(&self, group: &str) -> Vec<(String, i32)> {
         let mut queues: Vec<(String, i32)> = self
