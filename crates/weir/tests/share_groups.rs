@@ -320,4 +320,13 @@ fn given_a_closed_share_session_what_its_member_held_is_available_again_at_once(
     assert_eq!(acknowledge(&mut client, &mut a, 0, 0, ACCEPT), code::NONE);
     let mut b = join(&mut client, group, topic_id);
     assert_eq!(fetch(&mut client, &mut b, 0, Vec::new()), [(1, 2)]);
+
+    // b leaves the group without closing its session: the same.
+    let leave = ShareGroupHeartbeatRequest::default()
+        .with_group_id(group_id(group))
+        .with_member_id(s(&b.id))
+        .with_member_epoch(-1);
+    assert_eq!(client.send(1, &leave).expect("leave").error_code, code::NONE);
+    let mut c = join(&mut client, group, topic_id);
+    assert_eq!(fetch(&mut client, &mut c, 0, Vec::new()), [(1, 3)]);
 }

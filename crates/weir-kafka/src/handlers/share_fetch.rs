@@ -153,9 +153,24 @@ async fn acknowledge(
     first_error
 }
 
+/// A member leaving its share group (ShareGroupHeartbeat with epoch -1) whose share session
+/// on this broker is still open: the session closes and what the member holds is released.
+pub(crate) async fn member_left(ctx: &Ctx, group: &str, member: &str) {
+    let Some(engines) = ctx.share.as_ref() else { return };
+    if let Ok(partitions) = ctx.share_sessions.advance(group, member, FINAL_EPOCH, &[], &[]) {
+        release_held(ctx, engines, group, member_nonce(group, member), &partitions).await;
+    }
+}
+
 /// A closed share session: what the member still holds on its partitions becomes available
 /// again at once (its delivery count kept), as Kafka releases a departing consumer's records.
-async fn release_held(ctx: &Ctx, engines: &ShareEngines, group: &str, nonce: u64, partitions: &[(Uuid, i32)]) {
+pub(crate) async fn release_held(
+    ctx: &Ctx,
+    engines: &ShareEngines,
+    group: &str,
+    nonce: u64,
+    partitions: &[(Uuid, i32)],
+) {
     for &(topic_id, index) in partitions {
         let Ok((name, _)) = local_partition(ctx, topic_id, index) else { continue };
         let key = QueueKey::new(group, name, index);

@@ -52,7 +52,11 @@ pub(crate) async fn heartbeat(
         client_id: client.client_id.clone(),
         client_host: if client.host.starts_with('/') { client.host.clone() } else { format!("/{}", client.host) },
     };
+    let leaving = (req.member_epoch == -1).then(|| (req.group_id.to_string(), req.member_id.to_string()));
     let result = ctx.groups.share_heartbeat(params).await;
+    if let (Some((group, member)), None) = (leaving, result.error) {
+        super::share_fetch::member_left(ctx, &group, &member).await;
+    }
     let mut response = ShareGroupHeartbeatResponse::default()
         .with_error_code(code_of(result.error))
         .with_member_id(result.member_id.map(s))
