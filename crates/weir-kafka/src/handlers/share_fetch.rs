@@ -23,7 +23,7 @@ use kafka_protocol::messages::share_acknowledge_response::{
     LeaderIdAndEpoch as AckLeader, PartitionData as AckPartitionData, ShareAcknowledgeTopicResponse,
 };
 use kafka_protocol::messages::share_fetch_response::{
-    AcquiredRecords, LeaderIdAndEpoch, PartitionData, ShareFetchableTopicResponse,
+    AcquiredRecords, LeaderIdAndEpoch, NodeEndpoint, PartitionData, ShareFetchableTopicResponse,
 };
 use kafka_protocol::messages::{
     ShareAcknowledgeRequest, ShareAcknowledgeResponse, ShareFetchRequest, ShareFetchResponse,
@@ -359,7 +359,12 @@ pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequ
     }
 
     let mut topics: BTreeMap<Uuid, Vec<PartitionData>> = BTreeMap::new();
+    // The leaders of partitions led elsewhere, so the consumer fetches there (KIP-951).
+    let mut elsewhere: std::collections::BTreeSet<i32> = std::collections::BTreeSet::new();
     for ((topic_id, index), mut answer) in answers {
+        if answer.error == Some(ResponseError::NotLeaderOrFollower) && answer.leader.0 >= 0 {
+            elsewhere.insert(answer.leader.0);
+        }
         if answer.error.is_none() && !answer.acked && answer.deliveries.is_empty() {
             continue;
         }
@@ -387,7 +392,21 @@ pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequ
         }
         topics.entry(topic_id).or_default().push(data);
     }
+    let node_endpoints = ctx
+        .broker
+        .brokers_for_clients()
+        .into_iter()
+        .filter(|b| elsewhere.contains(&b.id))
+        .map(|b| {
+            NodeEndpoint::default()
+                .with_node_id(kafka_protocol::messages::BrokerId(b.id))
+                .with_host(s(b.host))
+                .with_port(i32::from(b.port))
+                .with_rack(b.rack.map(s))
+        })
+        .collect();
     ShareFetchResponse::default()
+        .with_node_endpoints(node_endpoints)
         .with_acquisition_lock_timeout_ms(settings.lock.as_millis().min(i32::MAX as u128) as i32)
         .with_responses(
             topics
