@@ -22,6 +22,8 @@ pub(crate) const FINAL_EPOCH: i32 = -1;
 
 /// Most share sessions kept (Kafka's `group.share.max.share.sessions` default).
 const SESSIONS_MAX: usize = 2000;
+/// Most partitions one share session fetches from: a bound on the receives of one request.
+const SESSION_PARTITIONS_MAX: usize = 10_000;
 /// A session unused this long may be evicted to make room for a new one.
 const IDLE_EVICTABLE: Duration = Duration::from_secs(120);
 
@@ -31,6 +33,8 @@ pub(crate) enum SessionError {
     NotFound,
     InvalidEpoch,
     LimitReached,
+    /// More than [`SESSION_PARTITIONS_MAX`] partitions.
+    TooManyPartitions,
 }
 
 struct Session {
@@ -77,6 +81,9 @@ impl ShareSessions {
                     }
                 }
                 let partitions: BTreeSet<(Uuid, i32)> = added.iter().copied().collect();
+                if partitions.len() > SESSION_PARTITIONS_MAX {
+                    return Err(SessionError::TooManyPartitions);
+                }
                 let fetch = partitions.iter().copied().collect();
                 sessions.insert(key, Session { next_epoch: 1, partitions, used: Instant::now() });
                 Ok(fetch)
@@ -90,12 +97,17 @@ impl ShareSessions {
                 if epoch != session.next_epoch {
                     return Err(SessionError::InvalidEpoch);
                 }
+                let mut partitions = session.partitions.clone();
+                for p in forgotten {
+                    partitions.remove(p);
+                }
+                partitions.extend(added.iter().copied());
+                if partitions.len() > SESSION_PARTITIONS_MAX {
+                    return Err(SessionError::TooManyPartitions);
+                }
+                session.partitions = partitions;
                 session.next_epoch = next(epoch);
                 session.used = Instant::now();
-                for p in forgotten {
-                    session.partitions.remove(p);
-                }
-                session.partitions.extend(added.iter().copied());
                 Ok(session.partitions.iter().copied().collect())
             }
         }

@@ -97,6 +97,7 @@ fn session_error(e: SessionError) -> ResponseError {
         SessionError::NotFound => ResponseError::ShareSessionNotFound,
         SessionError::InvalidEpoch => ResponseError::InvalidShareSessionEpoch,
         SessionError::LimitReached => ResponseError::ShareSessionLimitReached,
+        SessionError::TooManyPartitions => ResponseError::InvalidRequest,
     }
 }
 
