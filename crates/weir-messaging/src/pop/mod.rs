@@ -1,5 +1,5 @@
 //! Invisible-time consumption (RocketMQ's POP, what its SimpleConsumer and 5.x PushConsumer
-//! use; later Kafka share groups): a receive hands out messages that stay invisible to the
+//! use, and Kafka share groups' acquisition locks, KIP-932): a receive hands out messages that stay invisible to the
 //! group for a while; an ack makes them done, and one not acked in time is delivered again, one
 //! attempt higher, until the group's `max.delivery.attempts` sends it to the dead letters.
 //!

@@ -1,6 +1,6 @@
 //! A receive by invisible time: which messages of one queue go out to one group, with long
-//! polling. What each protocol calls it (RocketMQ's ReceiveMessage, later a Kafka share
-//! group's fetch) is decoded by its front-end into a [`ReceiveRequest`]; the answer is the
+//! polling. What each protocol calls it (RocketMQ's ReceiveMessage, a Kafka share group's
+//! ShareFetch) is decoded by its front-end into a [`ReceiveRequest`]; the answer is the
 //! [`Delivery`]s, each a record with its attempt and the nonce a receipt names.
 //!
 //! A receive of one queue for one group first hands out that queue's messages whose invisible
