@@ -17,37 +17,14 @@ use weir_coordinators::group::GroupCoordinator;
 
 use crate::Messaging;
 
-/// Where a group is on one queue: what a Kafka share group's offset APIs and describe show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueuePosition {
-    /// Every offset below is done (Kafka's share-partition start offset).
-    pub done_below: i64,
-    /// The first offset never handed out.
-    pub next: i64,
-    /// Records handed out and not done yet.
-    pub in_flight: usize,
-}
-
 /// A refused change of a delivery (`Err(HandleError)`), inside the result of the I/O that made
 /// it durable.
 pub type HandleResult<T> = Result<Result<T, HandleError>, BrokerError>;
 
-impl Messaging {
-    /// Where the group of `key` is on its queue (on this broker); `None` when it has no state
-    /// here.
-    pub fn queue_position(&self, key: &QueueKey) -> Option<QueuePosition> {
-        self.pop.get(key).map(|q| QueuePosition {
-            done_below: q.done_below,
-            next: q.next,
-            in_flight: q.inflight.values().filter(|i| i.attempt > 0).count(),
-        })
-    }
-}
-
 pub struct PopEngine {
-    messaging: Arc<Messaging>,
+    pub(super) messaging: Arc<Messaging>,
     turns: ReceiveTurns,
-    renewals: Arc<Renewals>,
+    pub(super) renewals: Arc<Renewals>,
     /// The delivery limit of each group's last receive, for the dead-letter sweep.
     limits: Arc<super::dead_letter::AttemptLimits>,
 }
@@ -80,50 +57,6 @@ impl PopEngine {
         Ok(deliveries)
     }
 
-    /// Where the group of `key` is on its queue; `None` when it has no state there.
-    pub fn position(&self, key: &QueueKey) -> Option<QueuePosition> {
-        self.messaging.queue_position(key)
-    }
-
-    /// Whether the delivery `nonce` of `offset` in `key` is still invisible: handed out under
-    /// that nonce, and its invisible time not run out (a Kafka share consumer's acquisition
-    /// lock: once it runs out the record is available again, and its holder may no longer
-    /// acknowledge it, even before it is handed out anew).
-    pub fn is_held(&self, key: &QueueKey, offset: i64, nonce: u64) -> bool {
-        let now = self.messaging.broker.now_ms();
-        self.messaging
-            .pop
-            .get_inflight(key, offset)
-            .is_some_and(|i| i.nonce == nonce && i.attempt > 0 && i.visible_at_ms > now)
-    }
-
-    /// The offsets of `key` handed out under `nonce` and still invisible: what one Kafka share
-    /// consumer holds there.
-    pub fn held_by(&self, key: &QueueKey, nonce: u64) -> Vec<i64> {
-        let now = self.messaging.broker.now_ms();
-        self.messaging.pop.get(key).map_or_else(Vec::new, |q| {
-            q.inflight
-                .iter()
-                .filter(|(_, i)| i.nonce == nonce && i.attempt > 0 && i.visible_at_ms > now)
-                .map(|(offset, _)| *offset)
-                .collect()
-        })
-    }
-
-    /// The (topic, partition) queues `group` has a state for on this broker (clustering only).
-    pub fn queues_of(&self, group: &str) -> Vec<(String, i32)> {
-        let mut queues: Vec<(String, i32)> = self
-            .messaging
-            .pop
-            .progress()
-            .into_iter()
-            .filter(|(key, _)| key.group == group && key.consumer.is_none())
-            .map(|(key, _)| (key.topic, key.partition))
-            .collect();
-        queues.sort();
-        queues
-    }
-
     /// The delivery `nonce` of `offset` in `key` is done with.
     pub fn ack(&self, key: &QueueKey, offset: i64, nonce: u64) -> HandleResult<()> {
         // A queue without a state has nothing in flight; asking `update` would make it one.
@@ -148,29 +81,12 @@ impl PopEngine {
     /// (a failed consume's back-off: the client decides its time now, so it is renewed no
     /// more). Returns the delivery's new nonce: the old one goes stale.
     pub fn change_invisible(&self, key: &QueueKey, offset: i64, nonce: u64, invisible: Duration) -> HandleResult<u64> {
-        self.set_invisible(key, offset, nonce, invisible, rand::random::<u64>())
-    }
-
-    /// The delivery `nonce` of `offset` in `key` stays invisible `invisible` from now, under
-    /// the same nonce (a Kafka share consumer renewing its acquisition lock: its later ack by
-    /// offset still names it).
-    pub fn extend_invisible(&self, key: &QueueKey, offset: i64, nonce: u64, invisible: Duration) -> HandleResult<()> {
-        self.set_invisible(key, offset, nonce, invisible, nonce).map(|changed| changed.map(|_| ()))
-    }
-
-    fn set_invisible(
-        &self,
-        key: &QueueKey,
-        offset: i64,
-        nonce: u64,
-        invisible: Duration,
-        renewed: u64,
-    ) -> HandleResult<u64> {
         debug_assert!(invisible <= receive::MAX_INVISIBLE, "invisible {invisible:?}");
         if !self.messaging.pop.contains(key) {
             return Ok(Err(HandleError::NotInFlight));
         }
         let visible_at = self.messaging.broker.now_ms() + invisible.as_millis() as i64;
+        let renewed = rand::random::<u64>();
         let changed = self.messaging.pop.update(
             key,
             || QueueState::starting_at(0),

@@ -11,6 +11,7 @@
 //! - [`renew`]: held messages kept invisible while their client lives;
 //! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
 //! - [`reset`]: a group's position moved from outside;
+//! - [`share`]: what Kafka share groups need beyond that (who holds a record, RENEW, positions);
 //! - [`store`]: `PopStore`, every queue state and the journal that keeps them.
 //!
 //! The state of each (group, topic, partition) is a `QueueState`. It lives on the broker
@@ -37,12 +38,14 @@ pub mod progress;
 pub mod receive;
 pub mod renew;
 pub mod reset;
+pub mod share;
 pub mod state;
 pub mod store;
 
-pub use engine::{HandleResult, PopEngine, QueuePosition};
+pub use engine::{HandleResult, PopEngine};
 pub use filter::TagFilter;
 pub use receive::{Delivery, ReceiveRequest};
+pub use share::QueuePosition;
 pub use state::HandleError;
 pub(crate) use state::{Inflight, QueueState};
 pub use store::*;
