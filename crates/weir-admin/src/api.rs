@@ -602,6 +602,10 @@ pub struct GroupOffset {
     pub member_id: Option<String>,
     /// The commit's metadata string.
     pub metadata: Option<String>,
+    /// A share group's records handed out and not yet acknowledged on this partition (from
+    /// the invisible-time state, where the partition is led by the broker answering).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<usize>,
 }
 
 /// Which partitions of a topic to reset: `"orders"` (all of them) or

@@ -182,7 +182,8 @@ pub(crate) async fn describe(
         e.committed_offset = c.offset;
         e.metadata = Some(c.metadata);
     }
-    let epochs = described.consumer.as_ref().map(|c| (c.group_epoch, c.assignment_epoch));
+    let share = share_members(core, &group, &mut offsets).await;
+    let mut epochs = described.consumer.as_ref().map(|c| (c.group_epoch, c.assignment_epoch));
     let member_epochs: HashMap<String, i32> = described
         .consumer
         .iter()
@@ -190,7 +191,12 @@ pub(crate) async fn describe(
         .collect();
     let kafka_members = described.members.len();
     let mut members = Vec::with_capacity(kafka_members + connected.len());
-    for m in described.members {
+    let classic_members = if share.is_some() { Vec::new() } else { described.members };
+    if let Some((share_members, share_epochs)) = share {
+        members.extend(share_members);
+        epochs = Some(share_epochs);
+    }
+    for m in classic_members {
         let assignment = decode_assignment(&described.protocol_type, &m.assignment);
         for tp in &assignment {
             for &partition in &tp.partitions {
@@ -246,7 +252,60 @@ fn offset_row<'a>(
         lag: None,
         member_id: None,
         metadata: None,
+        in_flight: None,
     })
+}
+
+/// A share group's members (each with its assignment and epoch) and, on every partition it
+/// consumes, its start offset (the offset below which every record is done) as the committed
+/// offset and its records in flight. `None`: not a share group.
+async fn share_members(
+    core: &Core,
+    group: &str,
+    offsets: &mut BTreeMap<(String, i32), GroupOffset>,
+) -> Option<(Vec<GroupMember>, (i32, i32))> {
+    let described = core.groups.share_group_describe(&[group.to_string()]).await.pop()?;
+    if described.error.is_some() {
+        return None;
+    }
+    let mut members = Vec::with_capacity(described.members.len());
+    let mut topics: BTreeSet<String> = BTreeSet::new();
+    for m in described.members {
+        let mut assignment = Vec::with_capacity(m.assignment.len());
+        for (_, topic, partitions) in m.assignment {
+            for &partition in &partitions {
+                // Several members may share a partition: the row names the first.
+                let row = offset_row(offsets, &topic, partition);
+                row.member_id.get_or_insert_with(|| m.member_id.clone());
+            }
+            topics.insert(topic.clone());
+            assignment.push(TopicPartitions { topic, partitions });
+        }
+        members.push(GroupMember {
+            member_id: m.member_id,
+            member_epoch: Some(m.member_epoch),
+            group_instance_id: None,
+            client_id: m.client_id,
+            client_host: m.client_host,
+            assignment,
+            ..GroupMember::default()
+        });
+    }
+    let metadata = core.broker.metadata();
+    for topic in &topics {
+        let Some(meta) = metadata.topic(topic) else { continue };
+        for partition in 0..meta.partitions {
+            offset_row(offsets, topic, partition);
+        }
+    }
+    for row in offsets.values_mut() {
+        let key = weir_messaging::pop::QueueKey::new(group, row.topic.clone(), row.partition);
+        if let Some(position) = core.messaging.queue_position(&key) {
+            row.committed_offset = Some(position.done_below);
+            row.in_flight = Some(position.in_flight);
+        }
+    }
+    Some((members, (described.group_epoch, described.assignment_epoch)))
 }
 
 /// Consumers by invisible time: each receives from every partition of its topics, so none

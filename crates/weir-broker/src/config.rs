@@ -165,6 +165,26 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "Consumer protocol: a member without a heartbeat for this long is removed from its group.",
     ),
     s(
+        "group.share.heartbeat.interval.ms",
+        "5000",
+        "Share groups (KIP-932): how often members heartbeat, as the broker tells them.",
+    ),
+    s(
+        "group.share.session.timeout.ms",
+        "45000",
+        "Share groups: a member without a heartbeat for this long is removed from its group.",
+    ),
+    s(
+        "group.share.record.lock.duration.ms",
+        "30000",
+        "Share groups: how long a fetched record stays acquired (invisible to the group) before it is redelivered.",
+    ),
+    s(
+        "group.share.delivery.count.limit",
+        "5",
+        "Share groups: deliveries of one record before it goes to the group's dead-letter topic.",
+    ),
+    s(
         "group.consumer.assignors",
         "uniform,range",
         "Consumer protocol: the server-side assignors members may choose; the first is the default.",
@@ -314,6 +334,11 @@ pub struct BrokerConfig {
     pub group_max_size: usize,
     pub group_consumer_heartbeat_interval_ms: i32,
     pub group_consumer_session_timeout_ms: i32,
+    /// Share groups (KIP-932): the `group.share.*` settings, each a group's default.
+    pub group_share_heartbeat_interval_ms: i32,
+    pub group_share_session_timeout_ms: i32,
+    pub group_share_record_lock_duration_ms: i32,
+    pub group_share_delivery_count_limit: u32,
     /// Known assignor names, in the configured order (the first is the default).
     pub group_consumer_assignors: Vec<String>,
     pub offsets_topic_partitions: i32,
@@ -688,6 +713,10 @@ impl BrokerConfig {
             group_max_size: values.num("group.max.size", 1)?,
             group_consumer_heartbeat_interval_ms: values.num("group.consumer.heartbeat.interval.ms", 1)?,
             group_consumer_session_timeout_ms: values.num("group.consumer.session.timeout.ms", 1)?,
+            group_share_heartbeat_interval_ms: values.num("group.share.heartbeat.interval.ms", 1)?,
+            group_share_session_timeout_ms: values.num("group.share.session.timeout.ms", 1)?,
+            group_share_record_lock_duration_ms: values.num("group.share.record.lock.duration.ms", 1000)?,
+            group_share_delivery_count_limit: values.num("group.share.delivery.count.limit", 1)?,
             group_consumer_assignors: parse_assignors(values.get("group.consumer.assignors"))?,
             offsets_topic_partitions: values.num("offsets.topic.num.partitions", 1)?,
             transaction_state_partitions: values.num("transaction.state.log.num.partitions", 1)?,

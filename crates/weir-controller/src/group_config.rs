@@ -38,7 +38,29 @@ pub const CONSUME_FROM_WHERE: &str = "consume.from.where";
 /// back by default).
 pub const CONSUME_TIMESTAMP: &str = "consume.timestamp";
 
-/// Every group setting and its default.
+/// Share groups (KIP-932), with Kafka's group config names: a member without a heartbeat for
+/// this long is removed (the broker's `group.share.session.timeout.ms` when unset).
+pub const SHARE_SESSION_TIMEOUT_MS: &str = "share.session.timeout.ms";
+/// How often a share group's members heartbeat (`group.share.heartbeat.interval.ms`).
+pub const SHARE_HEARTBEAT_INTERVAL_MS: &str = "share.heartbeat.interval.ms";
+/// How long a record a share consumer fetched stays acquired (invisible to the group)
+/// (`group.share.record.lock.duration.ms`).
+pub const SHARE_RECORD_LOCK_DURATION_MS: &str = "share.record.lock.duration.ms";
+/// Deliveries of one record to a share group before it goes to the group's dead letters
+/// (`group.share.delivery.count.limit`).
+pub const SHARE_DELIVERY_COUNT_LIMIT: &str = "share.delivery.count.limit";
+/// Where a share group starts on a partition it has no position on yet: `latest` (Kafka's
+/// default) or `earliest`.
+pub const SHARE_AUTO_OFFSET_RESET: &str = "share.auto.offset.reset";
+
+/// The lock duration's bounds: the invisible-time engine's (1 s to 12 h); Kafka's
+/// `group.share.min.record.lock.duration.ms` is 15 s, Weir allows shorter.
+pub const SHARE_RECORD_LOCK_DURATION_MS_RANGE: std::ops::RangeInclusive<i64> = 1_000..=43_200_000;
+/// Kafka's bounds of a share group's delivery count limit.
+pub const SHARE_DELIVERY_COUNT_LIMIT_RANGE: std::ops::RangeInclusive<u32> = 2..=10;
+
+/// Every group setting and its default (empty for a share setting whose default is the
+/// broker's `group.share.*` setting).
 pub(crate) const GROUP_CONFIGS: &[(&str, &str)] = &[
     (FIFO, "false"),
     (BROADCAST, "false"),
@@ -50,6 +72,11 @@ pub(crate) const GROUP_CONFIGS: &[(&str, &str)] = &[
     // first), so it depends on the broker's cache; the oldest message loses nothing.
     (CONSUME_FROM_WHERE, "CONSUME_FROM_FIRST_OFFSET"),
     (CONSUME_TIMESTAMP, "-30m"),
+    (SHARE_SESSION_TIMEOUT_MS, ""),
+    (SHARE_HEARTBEAT_INTERVAL_MS, ""),
+    (SHARE_RECORD_LOCK_DURATION_MS, ""),
+    (SHARE_DELIVERY_COUNT_LIMIT, ""),
+    (SHARE_AUTO_OFFSET_RESET, "latest"),
 ];
 
 /// The largest `max.delivery.attempts`.
@@ -192,6 +219,13 @@ pub struct GroupSettings {
     pub max_delivery_attempts: u32,
     pub retry_backoff: RetryBackoff,
     pub consume_from: ConsumeFrom,
+    /// Share groups: overrides of the broker's `group.share.*` defaults (`None`: the broker's).
+    pub share_session_timeout_ms: Option<i32>,
+    pub share_heartbeat_interval_ms: Option<i32>,
+    pub share_record_lock_duration_ms: Option<i64>,
+    pub share_delivery_count_limit: Option<u32>,
+    /// `share.auto.offset.reset`: `earliest` starts a new share group at the oldest record.
+    pub share_from_earliest: bool,
 }
 
 impl Default for GroupSettings {
@@ -220,6 +254,15 @@ impl GroupSettings {
                 .unwrap_or(RetryBackoff::Customized(vec![Duration::from_secs(1)])),
             consume_from: consume_from(value(CONSUME_FROM_WHERE), value(CONSUME_TIMESTAMP))
                 .unwrap_or(ConsumeFrom::FirstOffset),
+            share_session_timeout_ms: overrides.get(SHARE_SESSION_TIMEOUT_MS).and_then(|v| parse_ms(v).ok()),
+            share_heartbeat_interval_ms: overrides.get(SHARE_HEARTBEAT_INTERVAL_MS).and_then(|v| parse_ms(v).ok()),
+            share_record_lock_duration_ms: overrides
+                .get(SHARE_RECORD_LOCK_DURATION_MS)
+                .and_then(|v| parse_lock_duration(v).ok()),
+            share_delivery_count_limit: overrides
+                .get(SHARE_DELIVERY_COUNT_LIMIT)
+                .and_then(|v| parse_delivery_count_limit(v).ok()),
+            share_from_earliest: parse_offset_reset(value(SHARE_AUTO_OFFSET_RESET)).unwrap_or(false),
         }
     }
 }
@@ -253,6 +296,45 @@ fn parse_attempts(value: &str) -> Result<u32, String> {
     }
 }
 
+/// A positive number of milliseconds (a share session timeout or heartbeat interval).
+fn parse_ms(value: &str) -> Result<i32, String> {
+    match value.trim().parse::<i32>() {
+        Ok(ms) if ms > 0 => Ok(ms),
+        _ => Err("it is a positive number of milliseconds".into()),
+    }
+}
+
+fn parse_lock_duration(value: &str) -> Result<i64, String> {
+    match value.trim().parse::<i64>() {
+        Ok(ms) if SHARE_RECORD_LOCK_DURATION_MS_RANGE.contains(&ms) => Ok(ms),
+        _ => Err(format!(
+            "it is milliseconds from {} to {}",
+            SHARE_RECORD_LOCK_DURATION_MS_RANGE.start(),
+            SHARE_RECORD_LOCK_DURATION_MS_RANGE.end()
+        )),
+    }
+}
+
+fn parse_delivery_count_limit(value: &str) -> Result<u32, String> {
+    match value.trim().parse::<u32>() {
+        Ok(n) if SHARE_DELIVERY_COUNT_LIMIT_RANGE.contains(&n) => Ok(n),
+        _ => Err(format!(
+            "it is a whole number from {} to {}",
+            SHARE_DELIVERY_COUNT_LIMIT_RANGE.start(),
+            SHARE_DELIVERY_COUNT_LIMIT_RANGE.end()
+        )),
+    }
+}
+
+/// `true` for `earliest`, `false` for `latest`.
+fn parse_offset_reset(value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "earliest" => Ok(true),
+        "latest" => Ok(false),
+        _ => Err("it is latest or earliest".into()),
+    }
+}
+
 /// The message for a name no group config has: the one meant when it can be told, else the list.
 fn unknown_config(name: &str) -> String {
     let known = GROUP_CONFIGS.iter().map(|(n, _)| *n);
@@ -271,6 +353,10 @@ pub fn validate(configs: &BTreeMap<String, String>) -> Result<(), String> {
             RETRY_BACKOFF => RetryBackoff::parse(value).map(|_| ()),
             CONSUME_FROM_WHERE => check_consume_from(value),
             CONSUME_TIMESTAMP => parse_start_time(value).map(|_| ()),
+            SHARE_SESSION_TIMEOUT_MS | SHARE_HEARTBEAT_INTERVAL_MS => parse_ms(value).map(|_| ()),
+            SHARE_RECORD_LOCK_DURATION_MS => parse_lock_duration(value).map(|_| ()),
+            SHARE_DELIVERY_COUNT_LIMIT => parse_delivery_count_limit(value).map(|_| ()),
+            SHARE_AUTO_OFFSET_RESET => parse_offset_reset(value).map(|_| ()),
             _ => return Err(unknown_config(name)),
         };
         problem.map_err(|reason| format!("Invalid value {value} for group config {name}: {reason}"))?;
@@ -368,6 +454,36 @@ mod tests {
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn share_group_configs_override_the_broker_defaults_within_kafkas_bounds() {
+        let settings = GroupSettings::default();
+        assert_eq!(
+            (settings.share_record_lock_duration_ms, settings.share_delivery_count_limit, settings.share_from_earliest),
+            (None, None, false),
+            "unset: the broker's group.share.* settings, and latest"
+        );
+        let set = GroupSettings::from_configs(&map(&[
+            (SHARE_RECORD_LOCK_DURATION_MS, "2000"),
+            (SHARE_DELIVERY_COUNT_LIMIT, "3"),
+            (SHARE_AUTO_OFFSET_RESET, "EARLIEST"),
+            (SHARE_SESSION_TIMEOUT_MS, "10000"),
+        ]));
+        assert_eq!(set.share_record_lock_duration_ms, Some(2000));
+        assert_eq!(set.share_delivery_count_limit, Some(3));
+        assert_eq!(set.share_session_timeout_ms, Some(10_000));
+        assert!(set.share_from_earliest);
+        for (name, value) in [
+            (SHARE_RECORD_LOCK_DURATION_MS, "999"),
+            (SHARE_DELIVERY_COUNT_LIMIT, "1"),
+            (SHARE_DELIVERY_COUNT_LIMIT, "11"),
+            (SHARE_AUTO_OFFSET_RESET, "none"),
+            (SHARE_HEARTBEAT_INTERVAL_MS, "0"),
+        ] {
+            let error = validate(&map(&[(name, value)])).expect_err(value);
+            assert!(error.contains(name), "{error}");
+        }
     }
 
     #[test]

@@ -22,6 +22,17 @@ pub struct Ctx {
     /// Incremental fetch sessions (KIP-227): Kafka protocol state, kept by id for all
     /// connections (see `fetch_session`).
     pub(crate) fetch_sessions: Arc<crate::fetch_session::SessionCache>,
+    /// Share groups' records (KIP-932), handed out by the invisible-time engine; `None` on a
+    /// broker that started no engines (ShareFetch and ShareAcknowledge are then refused).
+    pub(crate) share: Option<ShareEngines>,
+    /// Share sessions (ShareFetch's session epochs): Kafka protocol state, like fetch sessions.
+    pub(crate) share_sessions: crate::share_session::ShareSessions,
+}
+
+/// What share groups' fetches and acknowledgements call.
+pub(crate) struct ShareEngines {
+    pub(crate) messaging: Arc<weir_messaging::Messaging>,
+    pub(crate) pop: Arc<weir_messaging::pop::PopEngine>,
 }
 
 impl Ctx {
@@ -33,11 +44,24 @@ impl Ctx {
             broker.config.fetch_session_cache_slots,
             Some(metrics.clone()),
         ));
-        let ctx = Ctx { broker, groups, txns, metrics, fetch_sessions };
+        let ctx =
+            Ctx { broker, groups, txns, metrics, fetch_sessions, share: None, share_sessions: Default::default() };
         for (api_key, _) in crate::versions::all() {
             crate::dispatch::api_metrics(&ctx.metrics, api_key);
         }
         ctx
+    }
+}
+
+impl Ctx {
+    /// Serves share groups' fetches and acknowledgements with these engines.
+    pub fn with_share_groups(
+        mut self,
+        messaging: Arc<weir_messaging::Messaging>,
+        pop: Arc<weir_messaging::pop::PopEngine>,
+    ) -> Ctx {
+        self.share = Some(ShareEngines { messaging, pop });
+        self
     }
 }
 

@@ -162,6 +162,17 @@ async fn route(
             call!(ConsumerGroupHeartbeatRequest, handlers::consumer_groups::heartbeat)
         }
         ApiKey::ConsumerGroupDescribe => call!(ConsumerGroupDescribeRequest, handlers::consumer_groups::describe),
+        ApiKey::ShareGroupHeartbeat => call!(ShareGroupHeartbeatRequest, handlers::share_groups::heartbeat),
+        ApiKey::ShareGroupDescribe => call!(ShareGroupDescribeRequest, handlers::share_groups::describe),
+        ApiKey::ShareFetch => call!(ShareFetchRequest, handlers::share_fetch::share_fetch),
+        ApiKey::ShareAcknowledge => call!(ShareAcknowledgeRequest, handlers::share_fetch::share_acknowledge),
+        ApiKey::DescribeShareGroupOffsets => {
+            call!(DescribeShareGroupOffsetsRequest, handlers::share_groups::describe_offsets)
+        }
+        ApiKey::AlterShareGroupOffsets => call!(AlterShareGroupOffsetsRequest, handlers::share_groups::alter_offsets),
+        ApiKey::DeleteShareGroupOffsets => {
+            call!(DeleteShareGroupOffsetsRequest, handlers::share_groups::delete_offsets)
+        }
         // versions::supported() admitted only the keys above.
         other => return Err(FrameError::UnsupportedVersion { api_key: other, version, correlation_id }),
     };
@@ -410,6 +421,33 @@ error_codes! {
     DeleteGroupsResponse => |r, c| r.results.iter().for_each(|g| c.count(g.error_code));
     ConsumerGroupHeartbeatResponse => |r, c| c.count(r.error_code);
     ConsumerGroupDescribeResponse => |r, c| r.groups.iter().for_each(|g| c.count(g.error_code));
+    ShareGroupHeartbeatResponse => |r, c| c.count(r.error_code);
+    ShareGroupDescribeResponse => |r, c| r.groups.iter().for_each(|g| c.count(g.error_code));
+    ShareFetchResponse => |r, c| {
+        c.count(r.error_code);
+        for p in r.responses.iter().flat_map(|t| &t.partitions) {
+            c.count(p.error_code);
+            c.count(p.acknowledge_error_code);
+        }
+    };
+    ShareAcknowledgeResponse => |r, c| {
+        c.count(r.error_code);
+        r.responses.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+    };
+    DescribeShareGroupOffsetsResponse => |r, c| {
+        for g in &r.groups {
+            c.count(g.error_code);
+            g.topics.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+        }
+    };
+    AlterShareGroupOffsetsResponse => |r, c| {
+        c.count(r.error_code);
+        r.responses.iter().flat_map(|t| &t.partitions).for_each(|p| c.count(p.error_code));
+    };
+    DeleteShareGroupOffsetsResponse => |r, c| {
+        c.count(r.error_code);
+        r.responses.iter().for_each(|t| c.count(t.error_code));
+    };
 }
 
 /// `fault.produce.response.drop.every=N` (tests only; 0, the default, is off): every Nth produce

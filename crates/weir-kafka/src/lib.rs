@@ -17,6 +17,7 @@ pub mod frame;
 mod handlers;
 pub mod replica_fetcher;
 mod server;
+mod share_session;
 pub mod versions;
 pub mod zero_copy;
 

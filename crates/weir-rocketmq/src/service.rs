@@ -173,6 +173,7 @@ impl Service {
             invisible,
             long_polling,
             hold_for: request.auto_renew.then(|| client.to_string()),
+            nonce: None,
         })
     }
 

@@ -51,16 +51,25 @@ async fn serve(mut config: BrokerConfig, started: Instant) -> anyhow::Result<()>
     let core = open_core(config).await?;
     // Other nodes' HTTP APIs read and write this broker's partitions through it.
     weir_admin::forward::register(&admin_state, &core.broker);
+    // The messaging engines (receives by invisible time, dead letters, renewals, transaction
+    // checks) run with a front-end that uses them: RocketMQ's, or Kafka's for share groups. A
+    // broker serving neither never redelivers, dead-letters or rolls back.
+    let engines = (listeners.kafka_socket.is_some() || listeners.rocketmq.is_some())
+        .then(|| weir_messaging::Engines::start(&core.messaging, &core.groups));
     // Registers the Kafka API metrics too, before anything is announced.
-    let ctx = Arc::new(Ctx::new(core.broker.clone(), core.groups.clone(), core.txns.clone()));
+    let mut kafka_ctx = Ctx::new(core.broker.clone(), core.groups.clone(), core.txns.clone());
+    if let Some(engines) = &engines {
+        kafka_ctx = kafka_ctx.with_share_groups(core.messaging.clone(), engines.pop.clone());
+    }
+    let ctx = Arc::new(kafka_ctx);
     let kafka = match (listeners.kafka_socket, listeners.kafka_addr) {
         (Some(socket), Some(addr)) => Some(serve_kafka(socket, addr, ctx, &core.broker)?),
         _ => None,
     };
     // RocketMQ clients, once the Kafka side serves: the same broker and coordinators.
-    let rocketmq = match listeners.rocketmq {
-        Some(listener) => Some(RocketMqServer::start(listener, &core)?),
-        None => None,
+    let rocketmq = match (listeners.rocketmq, &engines) {
+        (Some(listener), Some(engines)) => Some(RocketMqServer::start(listener, &core, engines)?),
+        _ => None,
     };
     // Followers replicate from their leaders with Kafka's Fetch.
     let replication = kafka.is_some().then(|| {
@@ -315,12 +324,9 @@ struct RocketMqServer {
 
 impl RocketMqServer {
     /// Serves RocketMQ clients until the broker begins shutting down.
-    fn start(listener: TcpListener, core: &Core) -> anyhow::Result<RocketMqServer> {
+    fn start(listener: TcpListener, core: &Core, engines: &weir_messaging::Engines) -> anyhow::Result<RocketMqServer> {
         let addr = listener.local_addr()?;
-        // The messaging engines RocketMQ clients need (receives by invisible time,
-        // dead letters, renewals, transaction checks) run with their front-end only, so
-        // that a broker without it never redelivers, dead-letters or rolls back.
-        let engines = weir_messaging::Engines::start(&core.messaging, &core.groups);
+        let engines = weir_messaging::Engines { pop: engines.pop.clone(), transactions: engines.transactions.clone() };
         let service =
             weir_rocketmq::Service::open(core.broker.clone(), core.groups.clone(), core.messaging.clone(), engines);
         let mut stopping = core.broker.shutdown_signal();

@@ -149,6 +149,13 @@ const GROUP_APIS: &[ApiKey] = &[
     ApiKey::OffsetDelete,
     ApiKey::ConsumerGroupHeartbeat,
     ApiKey::ConsumerGroupDescribe,
+    ApiKey::ShareGroupHeartbeat,
+    ApiKey::ShareGroupDescribe,
+    ApiKey::ShareFetch,
+    ApiKey::ShareAcknowledge,
+    ApiKey::DescribeShareGroupOffsets,
+    ApiKey::AlterShareGroupOffsets,
+    ApiKey::DeleteShareGroupOffsets,
 ];
 
 /// What the per-version cases share.
@@ -288,6 +295,56 @@ fn consumer_join(client: &mut Client, fx: &Fixture, group: &str, version: i16) -
     let ids: Vec<uuid::Uuid> = assignment.topic_partitions.iter().map(|t| t.topic_id).collect();
     ensure!(ids == vec![fx.topic_id], "assigned topics {ids:?}");
     Ok((id, response.member_epoch))
+}
+
+/// A share group member joining `group` (subscribed to the fixture's topic); returns its member
+/// id and epoch.
+fn share_join(client: &mut Client, fx: &Fixture, group: &str) -> Result<(String, i32), String> {
+    let member = uuid::Uuid::new_v4().to_string();
+    let request = ShareGroupHeartbeatRequest::default()
+        .with_group_id(group_id(group))
+        .with_member_id(s(&member))
+        .with_member_epoch(0)
+        .with_subscribed_topic_names(Some(vec![topic_name(&fx.topic)]));
+    let response = call(client, 1, &request)?;
+    expect_code("share join", response.error_code, code::NONE)?;
+    ensure!(response.member_id.as_ref().map(|m| m.as_str()) == Some(member.as_str()), "member id");
+    ensure!(response.member_epoch >= 1, "epoch {}", response.member_epoch);
+    let assignment = response.assignment.ok_or("no assignment")?;
+    let ids: Vec<uuid::Uuid> = assignment.topic_partitions.iter().map(|t| t.topic_id).collect();
+    ensure!(ids == vec![fx.topic_id], "assigned topics {ids:?}");
+    Ok((member, response.member_epoch))
+}
+
+/// A share group member's ShareGroupHeartbeat leaving `group`.
+fn share_leave(client: &mut Client, group: &str, member: &str) -> CaseResult {
+    let leave = ShareGroupHeartbeatRequest::default()
+        .with_group_id(group_id(group))
+        .with_member_id(s(member))
+        .with_member_epoch(-1);
+    let response = call(client, 1, &leave)?;
+    expect_code("share leave", response.error_code, code::NONE)?;
+    ensure!(response.member_epoch == -1, "leave epoch {}", response.member_epoch);
+    Ok(())
+}
+
+/// Opens `member`'s share session on the fixture's partition (session epoch 0).
+fn share_open_session(client: &mut Client, fx: &Fixture, group: &str, member: &str) -> CaseResult {
+    let request = ShareFetchRequest::default()
+        .with_group_id(Some(group_id(group)))
+        .with_member_id(Some(s(member)))
+        .with_share_session_epoch(0)
+        .with_max_wait_ms(0)
+        .with_max_records(10)
+        .with_topics(vec![share_fetch_request::FetchTopic::default()
+            .with_topic_id(fx.topic_id)
+            .with_partitions(vec![share_fetch_request::FetchPartition::default().with_partition_index(0)])]);
+    let response = call(client, 1, &request)?;
+    expect_code("share fetch", response.error_code, code::NONE)?;
+    for p in response.responses.iter().flat_map(|t| &t.partitions) {
+        expect_code("share fetch partition", p.error_code, code::NONE)?;
+    }
+    Ok(())
 }
 
 fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i16) -> CaseResult {
@@ -836,6 +893,120 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
             );
             ensure!(g.members.len() == 1 && g.members[0].member_id.as_str() == member, "members {:?}", g.members);
             ensure!(g.members[0].member_epoch == epoch, "member epoch {}", g.members[0].member_epoch);
+        }
+        ApiKey::ShareGroupHeartbeat => {
+            let group = unique("conformance-share-heartbeat");
+            let (member, epoch) = share_join(client, fx, &group)?;
+            let beat = ShareGroupHeartbeatRequest::default()
+                .with_group_id(group_id(&group))
+                .with_member_id(s(&member))
+                .with_member_epoch(epoch);
+            let response = call(client, version, &beat)?;
+            expect_code("heartbeat", response.error_code, code::NONE)?;
+            ensure!(response.member_epoch == epoch, "epoch {} (was {epoch})", response.member_epoch);
+            share_leave(client, &group, &member)?;
+        }
+        ApiKey::ShareGroupDescribe => {
+            let group = unique("conformance-share-describe");
+            let (member, epoch) = share_join(client, fx, &group)?;
+            let request = ShareGroupDescribeRequest::default().with_group_ids(vec![group_id(&group)]);
+            let response = call(client, version, &request)?;
+            let g = response.groups.first().ok_or("no group in the response")?;
+            expect_code("group", g.error_code, code::NONE)?;
+            ensure!(
+                g.group_epoch == epoch && g.assignment_epoch == epoch,
+                "epochs {} {}",
+                g.group_epoch,
+                g.assignment_epoch
+            );
+            ensure!(g.members.len() == 1 && g.members[0].member_id.as_str() == member, "members {:?}", g.members);
+            ensure!(g.assignor_name.as_str() == "simple", "assignor {}", g.assignor_name.as_str());
+        }
+        ApiKey::ShareFetch => {
+            let group = unique("conformance-share-fetch");
+            let (member, _) = share_join(client, fx, &group)?;
+            share_open_session(client, fx, &group, &member)?;
+            // The next epoch is 1; 5 is refused.
+            let request = ShareFetchRequest::default()
+                .with_group_id(Some(group_id(&group)))
+                .with_member_id(Some(s(&member)))
+                .with_share_session_epoch(5);
+            let response = call(client, version, &request)?;
+            expect_code("wrong epoch", response.error_code, 123)?;
+            share_leave(client, &group, &member)?;
+        }
+        ApiKey::ShareAcknowledge => {
+            let group = unique("conformance-share-ack");
+            let (member, _) = share_join(client, fx, &group)?;
+            share_open_session(client, fx, &group, &member)?;
+            let ack = |epoch| {
+                ShareAcknowledgeRequest::default()
+                    .with_group_id(Some(group_id(&group)))
+                    .with_member_id(Some(s(&member)))
+                    .with_share_session_epoch(epoch)
+            };
+            let response = call(client, version, &ack(1))?;
+            expect_code("ack", response.error_code, code::NONE)?;
+            let response = call(client, version, &ack(-1))?;
+            expect_code("closing ack", response.error_code, code::NONE)?;
+            share_leave(client, &group, &member)?;
+        }
+        ApiKey::DescribeShareGroupOffsets => {
+            let group = unique("conformance-share-offsets");
+            let (member, _) = share_join(client, fx, &group)?;
+            share_open_session(client, fx, &group, &member)?;
+            let request = DescribeShareGroupOffsetsRequest::default().with_groups(vec![
+                describe_share_group_offsets_request::DescribeShareGroupOffsetsRequestGroup::default()
+                    .with_group_id(group_id(&group))
+                    .with_topics(Some(vec![
+                        describe_share_group_offsets_request::DescribeShareGroupOffsetsRequestTopic::default()
+                            .with_topic_name(topic_name(&fx.topic))
+                            .with_partitions(vec![0]),
+                    ])),
+            ]);
+            let response = call(client, version, &request)?;
+            let g = response.groups.first().ok_or("no group")?;
+            expect_code("group", g.error_code, code::NONE)?;
+            let p = g.topics.first().and_then(|t| t.partitions.first()).ok_or("no partition")?;
+            expect_code("partition", p.error_code, code::NONE)?;
+            // A new share group starts at the end (share.auto.offset.reset latest).
+            ensure!(p.start_offset == fx.messages.len() as i64, "start offset {}", p.start_offset);
+            share_leave(client, &group, &member)?;
+        }
+        ApiKey::AlterShareGroupOffsets => {
+            let group = unique("conformance-share-alter");
+            let (member, _) = share_join(client, fx, &group)?;
+            share_open_session(client, fx, &group, &member)?;
+            let request = AlterShareGroupOffsetsRequest::default().with_group_id(group_id(&group)).with_topics(vec![
+                alter_share_group_offsets_request::AlterShareGroupOffsetsRequestTopic::default()
+                    .with_topic_name(topic_name(&fx.topic))
+                    .with_partitions(vec![
+                        alter_share_group_offsets_request::AlterShareGroupOffsetsRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_start_offset(1),
+                    ]),
+            ]);
+            let response = call(client, version, &request)?;
+            expect_code("while a member is in", response.error_code, 68)?;
+            share_leave(client, &group, &member)?;
+            let response = call(client, version, &request)?;
+            expect_code("empty group", response.error_code, code::NONE)?;
+            let p = response.responses.first().and_then(|t| t.partitions.first()).ok_or("no partition")?;
+            expect_code("partition", p.error_code, code::NONE)?;
+        }
+        ApiKey::DeleteShareGroupOffsets => {
+            let group = unique("conformance-share-delete");
+            let (member, _) = share_join(client, fx, &group)?;
+            share_open_session(client, fx, &group, &member)?;
+            share_leave(client, &group, &member)?;
+            let request = DeleteShareGroupOffsetsRequest::default()
+                .with_group_id(group_id(&group))
+                .with_topics(vec![delete_share_group_offsets_request::DeleteShareGroupOffsetsRequestTopic::default()
+                    .with_topic_name(topic_name(&fx.topic))]);
+            let response = call(client, version, &request)?;
+            expect_code("group", response.error_code, code::NONE)?;
+            let t = response.responses.first().ok_or("no topic")?;
+            expect_code("topic", t.error_code, code::NONE)?;
         }
         ApiKey::DeleteGroups => {
             let group = unique("conformance-delete-group");

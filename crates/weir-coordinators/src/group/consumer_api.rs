@@ -89,6 +89,10 @@ impl GroupCoordinator {
             if let Err(kind) = self.check_coordinator(&params.group_id) {
                 return ConsumerHeartbeatResult::error(kind);
             }
+            if self.is_share_group(&params.group_id) {
+                // Kafka: "Group X is not a consumer group."
+                return ConsumerHeartbeatResult::error(ErrorKind::UnknownGroup);
+            }
             let now = self.now_ms();
             match groups.get(&params.group_id) {
                 Some(g) if g.state == GroupState::Dead => {

@@ -64,6 +64,8 @@ pub struct GroupCoordinator {
     offsets_retention_ms: i64,
     offsets_retention_check_interval_ms: i64,
     groups: Mutex<HashMap<String, Group>>,
+    /// Kafka share groups (KIP-932), in memory (see `share_api`). Lock order: `groups` first.
+    pub(super) share_groups: Mutex<HashMap<String, super::share::ShareGroup>>,
     /// The `__consumer_offsets` partitions this broker coordinates.
     shards: Shards<OffsetsPartition>,
     /// Wakes the timer task when a deadline may have moved earlier.
@@ -219,6 +221,7 @@ impl GroupCoordinator {
             offsets_retention_check_interval_ms: i64::try_from(config.offsets_retention_check_interval_ms)
                 .unwrap_or(i64::MAX),
             groups: Mutex::new(HashMap::new()),
+            share_groups: Mutex::new(HashMap::new()),
             shards: Shards::new(OFFSETS_TOPIC),
             timer_wake: Arc::new(Notify::new()),
             shut_down: AtomicBool::new(false),
@@ -375,6 +378,10 @@ impl GroupCoordinator {
             }
             let now = self.now_ms();
             let group_id = params.group_id.clone();
+            if self.is_share_group(&group_id) {
+                // A share group's name: Kafka refuses a member of another group type.
+                return JoinGroupResult::error(member_id, ErrorKind::InconsistentGroupProtocol);
+            }
             if let Some(group) =
                 groups.get_mut(&group_id).filter(|g| g.consumer.as_ref().is_some_and(|c| !c.is_empty()))
             {
@@ -845,6 +852,11 @@ impl GroupCoordinator {
                 group_type: if g.consumer.is_some() { super::GROUP_TYPE_CONSUMER } else { super::GROUP_TYPE_CLASSIC },
             })
             .collect();
+        let shares = self.list_share_groups(states);
+        // A share group's name may also hold a RocketMQ group's mirrored offsets: listed once,
+        // as the share group.
+        listed.retain(|g| !shares.iter().any(|s| s.group_id == g.group_id));
+        listed.extend(shares);
         listed.sort_by(|a, b| a.group_id.cmp(&b.group_id));
         Ok(listed)
     }
@@ -859,6 +871,7 @@ impl GroupCoordinator {
             .map(|id| match (groups.get(id), self.check_coordinator(id)) {
                 _ if !active => GroupDescription { error: Some(ErrorKind::CoordinatorNotAvailable), ..dead_group(id) },
                 (_, Err(kind)) => GroupDescription { error: Some(kind), ..dead_group(id) },
+                _ if self.is_share_group(id) => self.describe_share_as_classic(id).unwrap_or_else(|| dead_group(id)),
                 (Some(group), Ok(())) if group.consumer.is_some() => self.describe_consumer_as_classic(group),
                 (Some(group), Ok(())) => group.describe(),
                 (None, Ok(())) => dead_group(id),
@@ -906,6 +919,18 @@ impl GroupCoordinator {
 
     fn delete_group_blocking(&self, group_id: &str) -> Result<(), ErrorKind> {
         let target = self.shard_of(group_id)?;
+        if let Some(deleted) = self.delete_share_group(group_id) {
+            deleted?;
+            // Its mirrored offsets, if any, go too; none is no error for a share group.
+            return match self.delete_group_blocking_classic(&target, group_id) {
+                Err(ErrorKind::UnknownGroup) | Ok(()) => Ok(()),
+                Err(kind) => Err(kind),
+            };
+        }
+        self.delete_group_blocking_classic(&target, group_id)
+    }
+
+    fn delete_group_blocking_classic(&self, target: &Arc<OffsetsPartition>, group_id: &str) -> Result<(), ErrorKind> {
         let _writer = lock(&target.writer);
         let mut entries: Vec<(Bytes, Option<Bytes>)> = Vec::new();
         {
@@ -932,7 +957,7 @@ impl GroupCoordinator {
                 entries.push((offsets::consumer_group_key(group_id), None));
             }
         }
-        let appended = if entries.is_empty() { Ok(()) } else { self.append(&target, &entries) };
+        let appended = if entries.is_empty() { Ok(()) } else { self.append(target, &entries) };
         let mut groups = self.groups();
         match appended {
             Ok(()) => {

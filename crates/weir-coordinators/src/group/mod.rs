@@ -14,6 +14,9 @@
 //!   incremental reconciliation), kept in the classic `Group` record it shares offsets with;
 //!   `consumer_api`: the coordinator's entry points for it; `assignor`: the server-side
 //!   `uniform` and `range` assignors.
+//! - `share`: one Kafka share group's membership and assignment (KIP-932, the `simple`
+//!   assignor); `share_api`: the coordinator's entry points for it and the one namespace of
+//!   group ids across group types.
 //!
 //! The group protocol is carried by the clients: the broker picks a protocol every member
 //! supports, elects a leader, hands the leader the members' metadata and hands every member the
@@ -37,6 +40,8 @@ mod consumer;
 mod consumer_api;
 mod coordinator;
 mod offsets;
+mod share;
+mod share_api;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -46,6 +51,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::Bytes;
 
 pub use coordinator::GroupCoordinator;
+pub use share::{
+    ShareAssignment, ShareGroupDescription, ShareHeartbeatParams, ShareHeartbeatResult, ShareMemberDescription,
+    SHARE_ASSIGNOR,
+};
+pub use share_api::GROUP_TYPE_SHARE;
 pub use weir_broker::error::ErrorKind;
 
 /// The internal topic holding committed offsets and group records.

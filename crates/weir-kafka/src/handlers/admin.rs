@@ -361,8 +361,14 @@ pub(crate) async fn incremental_alter_configs(
     const SUBTRACT: i8 = 3;
     let mut responses = Vec::with_capacity(request.resources.len());
     for resource in request.resources {
-        let outcome = match configs_are_static(resource.resource_type, resource.configs.iter().map(|c| c.name.as_str()))
-        {
+        // A group's settings (KIP-848's GROUP resource: RocketMQ's and share groups' configs).
+        let is_group = resource.resource_type == RESOURCE_GROUP;
+        let refused = if is_group {
+            None
+        } else {
+            configs_are_static(resource.resource_type, resource.configs.iter().map(|c| c.name.as_str()))
+        };
+        let outcome = match refused {
             Some(e) => Err(e),
             None => {
                 let ops: Result<Vec<ConfigOp>, BrokerError> = resource
@@ -385,6 +391,9 @@ pub(crate) async fn incremental_alter_configs(
                     .collect();
                 let name = resource.resource_name.to_string();
                 match ops {
+                    Ok(ops) if is_group => {
+                        ctx.broker.alter_group_configs(name, false, request.validate_only, ConfigEdit::Apply(ops)).await
+                    }
                     Ok(ops) if resource.resource_type == RESOURCE_BROKER => {
                         ctx.broker.alter_broker_configs(name, request.validate_only, ConfigEdit::Apply(ops)).await
                     }

@@ -10,6 +10,8 @@ pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
 pub mod producer;
+pub mod share_fetch;
+pub mod share_groups;
 pub mod txn;
 
 use kafka_protocol::protocol::StrBytes;

@@ -57,6 +57,12 @@ async fn move_one(
             .map_err(|e| BrokerError::internal(e.to_string()))??
     };
     let store = &messaging.pop;
+    // One mover at a time, and only while the delivery is still the one it was told of (one
+    // that finished just before moved it already).
+    let Some(_claim) = store.claim_dead_letter(key, offset) else { return Ok(()) };
+    if store.get_inflight(key, offset) != Some(inflight) {
+        return Ok(());
+    }
     match record {
         Some(record) => {
             crate::dead_letter::dead_letter(broker, &key.group, &key.topic, key.partition, &record, inflight.attempt)
@@ -86,7 +92,34 @@ async fn move_one(
 
 /// Sweeps every queue of this broker each [`SWEEP_INTERVAL`] until the broker shuts down (or
 /// is dropped).
-pub(crate) fn start_sweep(messaging: &Arc<Messaging>) {
+/// The delivery limit each group's receives last asked for: a Kafka share group's
+/// `share.delivery.count.limit` is not its RocketMQ `max.delivery.attempts`, and the sweep must
+/// dead-letter by the limit its consumers use.
+#[derive(Default)]
+pub(crate) struct AttemptLimits(std::sync::Mutex<std::collections::HashMap<String, u32>>);
+
+/// Groups remembered at most; past it the map starts again (a group's limit is then the
+/// setting's until its next receive).
+const ATTEMPT_LIMITS_MAX: usize = 10_000;
+
+impl AttemptLimits {
+    pub(crate) fn note(&self, group: &str, max_attempts: u32) {
+        let mut limits = weir_storage::sync::lock(&self.0);
+        if limits.get(group) == Some(&max_attempts) {
+            return;
+        }
+        if limits.len() >= ATTEMPT_LIMITS_MAX {
+            limits.clear();
+        }
+        limits.insert(group.to_string(), max_attempts);
+    }
+
+    fn of(&self, group: &str) -> Option<u32> {
+        weir_storage::sync::lock(&self.0).get(group).copied()
+    }
+}
+
+pub(crate) fn start_sweep(messaging: &Arc<Messaging>, limits: Arc<AttemptLimits>) {
     let messaging: Weak<Messaging> = Arc::downgrade(messaging);
     tokio::spawn(async move {
         let Some(mut shutdown) = messaging.upgrade().map(|m| m.broker.shutdown_signal()) else { return };
@@ -100,7 +133,9 @@ pub(crate) fn start_sweep(messaging: &Arc<Messaging>) {
             for key in messaging.pop.queues_with_expired(broker.now_ms(), 1) {
                 let leads = broker.partition(&key.topic, key.partition).is_some_and(|p| p.check_local_leader().is_ok());
                 if leads {
-                    let max_attempts = broker.group_settings(&key.group).max_delivery_attempts;
+                    let max_attempts = limits
+                        .of(&key.group)
+                        .unwrap_or_else(|| broker.group_settings(&key.group).max_delivery_attempts);
                     move_exhausted(&messaging, &key, max_attempts).await;
                 }
             }

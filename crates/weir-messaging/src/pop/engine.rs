@@ -22,9 +22,11 @@ use crate::Messaging;
 pub type HandleResult<T> = Result<Result<T, HandleError>, BrokerError>;
 
 pub struct PopEngine {
-    messaging: Arc<Messaging>,
+    pub(super) messaging: Arc<Messaging>,
     turns: ReceiveTurns,
-    renewals: Arc<Renewals>,
+    pub(super) renewals: Arc<Renewals>,
+    /// The delivery limit of each group's last receive, for the dead-letter sweep.
+    limits: Arc<super::dead_letter::AttemptLimits>,
 }
 
 impl PopEngine {
@@ -34,8 +36,9 @@ impl PopEngine {
         let renewals = Arc::new(Renewals::default());
         renewals.start(messaging, groups);
         super::progress::start(messaging, groups);
-        super::dead_letter::start_sweep(messaging);
-        Arc::new(PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals })
+        let limits = Arc::new(super::dead_letter::AttemptLimits::default());
+        super::dead_letter::start_sweep(messaging, limits.clone());
+        Arc::new(PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals, limits })
     }
 
     /// A receive with long polling (see [`super::receive`]): what it hands out, empty when
@@ -43,6 +46,7 @@ impl PopEngine {
     /// lives.
     pub async fn receive(&self, request: ReceiveRequest) -> Result<Vec<Delivery>, BrokerError> {
         let (key, slice, hold_for) = (request.key.clone(), request.invisible, request.hold_for.clone());
+        self.limits.note(&key.group, request.max_attempts);
         let deliveries = receive::receive(&self.messaging, &self.turns, request).await?;
         if let Some(client) = hold_for {
             let now = self.messaging.broker.now_ms();
@@ -190,7 +194,12 @@ mod tests {
 
     /// The engine without its tasks: the tests drive every step.
     fn engine(messaging: &Arc<Messaging>) -> PopEngine {
-        PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals: Arc::default() }
+        PopEngine {
+            messaging: messaging.clone(),
+            turns: ReceiveTurns::default(),
+            renewals: Arc::default(),
+            limits: Arc::default(),
+        }
     }
 
     fn partition(broker: &Broker) -> Arc<Partition> {
@@ -227,6 +236,7 @@ mod tests {
             fifo: false,
             start: weir_broker::group_config::ConsumeFrom::FirstOffset,
             hold_for: None,
+            nonce: None,
         }
     }
 

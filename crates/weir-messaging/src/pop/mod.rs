@@ -1,5 +1,5 @@
 //! Invisible-time consumption (RocketMQ's POP, what its SimpleConsumer and 5.x PushConsumer
-//! use; later Kafka share groups): a receive hands out messages that stay invisible to the
+//! use, and Kafka share groups' acquisition locks, KIP-932): a receive hands out messages that stay invisible to the
 //! group for a while; an ack makes them done, and one not acked in time is delivered again, one
 //! attempt higher, until the group's `max.delivery.attempts` sends it to the dead letters.
 //!
@@ -11,6 +11,7 @@
 //! - [`renew`]: held messages kept invisible while their client lives;
 //! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
 //! - [`reset`]: a group's position moved from outside;
+//! - [`share`]: what Kafka share groups need beyond that (who holds a record, RENEW, positions);
 //! - [`store`]: `PopStore`, the states of the queues this broker leads, loaded from and
 //!   written through to their shards; [`shard`]: the shards of `__share_group_state` this
 //!   broker leads; [`lines`]: what is written there; `migrate`: the move of an earlier
@@ -41,12 +42,14 @@ pub mod renew;
 pub mod reset;
 pub(crate) mod service;
 pub(crate) mod shard;
+pub mod share;
 pub mod state;
 pub mod store;
 
 pub use engine::{HandleResult, PopEngine};
 pub use filter::TagFilter;
 pub use receive::{Delivery, ReceiveRequest};
+pub use share::QueuePosition;
 pub use state::HandleError;
 pub(crate) use state::{Inflight, QueueState};
 pub use store::*;

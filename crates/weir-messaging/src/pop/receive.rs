@@ -1,6 +1,6 @@
 //! A receive by invisible time: which messages of one queue go out to one group, with long
-//! polling. What each protocol calls it (RocketMQ's ReceiveMessage, later a Kafka share
-//! group's fetch) is decoded by its front-end into a [`ReceiveRequest`]; the answer is the
+//! polling. What each protocol calls it (RocketMQ's ReceiveMessage, a Kafka share group's
+//! ShareFetch) is decoded by its front-end into a [`ReceiveRequest`]; the answer is the
 //! [`Delivery`]s, each a record with its attempt and the nonce a receipt names.
 //!
 //! A receive of one queue for one group first hands out that queue's messages whose invisible
@@ -81,6 +81,11 @@ pub struct ReceiveRequest {
     /// `invisible` at a time, while it lives ([`super::renew`], a push consumer's receive).
     /// `None`: they come back after `invisible`.
     pub hold_for: Option<String>,
+    /// The nonce each delivery of this receive gets, chosen by the caller; `None`: a random
+    /// one per delivery. A protocol whose acknowledgements name no nonce (a Kafka share
+    /// group's, by offset) gives one per consumer (a hash of its member id), so that its ack
+    /// by offset names its own delivery and another consumer's is refused as stale.
+    pub nonce: Option<u64>,
 }
 
 impl ReceiveRequest {
@@ -238,7 +243,7 @@ fn deliver(
             q.park(record.offset, group);
             continue;
         }
-        let nonce = rand::random::<u64>();
+        let nonce = request.nonce.unwrap_or_else(rand::random::<u64>);
         let inflight = q.deliver_in_group(record.offset, visible_at, nonce, group);
         deliveries.push(Delivery { record, attempt: inflight.attempt, nonce });
     }

@@ -28,6 +28,10 @@ struct ResetRequest {
     topic: String,
     /// (partition, offset) for partitions the receiving broker leads.
     positions: Vec<(i32, i64)>,
+    /// Give the group a state where it has none (a Kafka share group's offsets set before
+    /// its first fetch).
+    #[serde(default)]
+    create: bool,
 }
 
 impl Messaging {
@@ -37,6 +41,27 @@ impl Messaging {
     /// broker, or group settings); other groups are Kafka's, and keep none. Returns how many
     /// queue states were set; fails, naming the partition, when a leader is missing or refuses.
     pub async fn reset_queues(&self, group: &str, topic: &str, positions: &[(i32, i64)]) -> Result<usize, BrokerError> {
+        self.reset_queues_with(group, topic, positions, false).await
+    }
+
+    /// [`Messaging::reset_queues`] of a Kafka share group: a queue it has no state for gets
+    /// one at the position (AlterShareGroupOffsets before the first fetch).
+    pub async fn reset_share_queues(
+        &self,
+        group: &str,
+        topic: &str,
+        positions: &[(i32, i64)],
+    ) -> Result<usize, BrokerError> {
+        self.reset_queues_with(group, topic, positions, true).await
+    }
+
+    async fn reset_queues_with(
+        &self,
+        group: &str,
+        topic: &str,
+        positions: &[(i32, i64)],
+        create: bool,
+    ) -> Result<usize, BrokerError> {
         let metadata = self.broker.metadata();
         let meta = metadata.topic(topic).ok_or_else(|| {
             BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("topic '{topic}' does not exist"))
@@ -61,9 +86,9 @@ impl Messaging {
         let mut reset = 0;
         for (leader, positions) in by_leader {
             reset += if leader == self.broker.config.node_id {
-                self.reset_queues_here(group, topic, &positions).await?
+                self.reset_queues_here(group, topic, &positions, create).await?
             } else {
-                let request = ResetRequest { group: group.to_string(), topic: topic.to_string(), positions };
+                let request = ResetRequest { group: group.to_string(), topic: topic.to_string(), positions, create };
                 let body = encode_json(RESET, &request).map_err(|e| BrokerError::internal(e.message().to_string()))?;
                 let timeout = Duration::from_millis(self.broker.config.quorum_request_timeout_ms);
                 let answer = self.broker.call_broker(leader, RESET, body, timeout).await?;
@@ -80,9 +105,10 @@ impl Messaging {
         group: &str,
         topic: &str,
         positions: &[(i32, i64)],
+        create: bool,
     ) -> Result<usize, BrokerError> {
         let create = !self.broker.group_settings(group).broadcast
-            && (self.pop.has_group(group) || self.broker.group_configs(group).is_some());
+            && (create || self.pop.has_group(group) || self.broker.group_configs(group).is_some());
         let mut reset = 0;
         for &(partition, offset) in positions {
             let here = self.broker.partition(topic, partition).ok_or_else(|| {
@@ -116,7 +142,9 @@ impl RpcHandler for PopService {
             match method.as_str() {
                 RESET => {
                     let request: ResetRequest = decode_json(&method, &body)?;
-                    let answer = messaging.reset_queues_here(&request.group, &request.topic, &request.positions).await;
+                    let answer = messaging
+                        .reset_queues_here(&request.group, &request.topic, &request.positions, request.create)
+                        .await;
                     encode_json(&method, &answer)
                 }
                 super::service::TAKE_OVER => {

@@ -113,6 +113,20 @@ pub(crate) struct PopStore {
     shard_count: tokio::sync::OnceCell<i32>,
     /// False while an earlier version's local store is being moved: nothing loads meanwhile.
     ready: watch::Sender<bool>,
+    /// The deliveries being moved to the dead letters right now ([`PopStore::claim_dead_letter`]).
+    dead_lettering: Mutex<std::collections::HashSet<(QueueKey, i64)>>,
+}
+
+/// The right to move one delivery to the dead letters, until dropped.
+pub(crate) struct DeadLetterClaim<'a> {
+    store: &'a PopStore,
+    delivery: (QueueKey, i64),
+}
+
+impl Drop for DeadLetterClaim<'_> {
+    fn drop(&mut self) {
+        lock(&self.store.dead_lettering).remove(&self.delivery);
+    }
 }
 
 #[derive(Default)]
@@ -157,6 +171,7 @@ impl PopStore {
             writers: Mutex::new(HashMap::new()),
             shard_count: tokio::sync::OnceCell::new(),
             ready,
+            dead_lettering: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -365,6 +380,14 @@ impl PopStore {
     /// Whether `id` is still loaded as load `load`.
     fn is_current(&self, queue: &QueueKey, load: u64) -> bool {
         lock(&self.inner).loaded.get(queue).is_some_and(|l| l.load == load)
+    }
+
+    /// Claims the delivery of `offset` in `key` for a move to the dead letters; `None` when
+    /// someone else is moving it (the sweep, a receive, a consumer giving up): two movers
+    /// would write two dead letters.
+    pub(crate) fn claim_dead_letter(&self, key: &QueueKey, offset: i64) -> Option<DeadLetterClaim<'_>> {
+        let delivery = (key.clone(), offset);
+        lock(&self.dead_lettering).insert(delivery.clone()).then_some(DeadLetterClaim { store: self, delivery })
     }
 
     /// Whether any queue of `group` has a state here (the group consumes by invisible time).

@@ -379,19 +379,18 @@ fn write_description(out: &mut impl Write, group: &GroupDescription) -> anyhow::
     }
     writeln!(out)?;
     let member = |id: &Option<String>| group.members.iter().find(|m| Some(&m.member_id) == id.as_ref());
-    let mut table = Table::new(&[
-        "TOPIC",
-        "PARTITION",
-        "CURRENT-OFFSET",
-        "LOG-END-OFFSET",
-        "LAG",
-        "CONSUMER-ID",
-        "HOST",
-        "CLIENT-ID",
-    ]);
+    // A share group's partitions also show their records in flight (acquired, not yet
+    // acknowledged).
+    let share = group.offsets.iter().any(|o| o.in_flight.is_some());
+    let mut headers =
+        vec!["TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID", "HOST", "CLIENT-ID"];
+    if share {
+        headers.push("IN-FLIGHT");
+    }
+    let mut table = Table::new(&headers);
     for o in &group.offsets {
         let m = member(&o.member_id);
-        table.row(vec![
+        let mut row = vec![
             o.topic.clone(),
             o.partition.to_string(),
             or_dash(o.committed_offset),
@@ -400,7 +399,11 @@ fn write_description(out: &mut impl Write, group: &GroupDescription) -> anyhow::
             m.map_or("-".into(), |m| m.member_id.clone()),
             m.map_or("-".into(), |m| m.client_host.clone()),
             m.map_or("-".into(), |m| m.client_id.clone()),
-        ]);
+        ];
+        if share {
+            row.push(or_dash(o.in_flight.map(|n| n as i64)));
+        }
+        table.row(row);
     }
     table.write(out)?;
     // Members that own no row: consumers by invisible time (RocketMQ's), each of which

@@ -9,11 +9,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::describe_share_group_offsets_request::DescribeShareGroupOffsetsRequestGroup;
 use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
 use kafka_protocol::messages::offset_delete_request::{OffsetDeleteRequestPartition, OffsetDeleteRequestTopic};
 use kafka_protocol::messages::{
-    DeleteGroupsRequest, DescribeConfigsRequest, DescribeGroupsRequest, GroupId, ListGroupsRequest,
-    OffsetCommitRequest, OffsetDeleteRequest, OffsetFetchRequest,
+    DeleteGroupsRequest, DescribeConfigsRequest, DescribeGroupsRequest, DescribeShareGroupOffsetsRequest, GroupId,
+    ListGroupsRequest, OffsetCommitRequest, OffsetDeleteRequest, OffsetFetchRequest, ShareGroupDescribeRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use weir_admin::api::{
@@ -61,6 +62,52 @@ impl KafkaGroups {
             }
         }
         Ok(out)
+    }
+
+    /// A share group's members with their epochs and assignments (ShareGroupDescribe), and each
+    /// partition's start offset (DescribeShareGroupOffsets) as its committed offset; returns
+    /// the group and assignment epochs.
+    fn share(
+        &mut self,
+        coordinator: i32,
+        group: &str,
+        committed: &mut BTreeMap<(String, i32), (i64, String)>,
+        members: &mut Vec<GroupMember>,
+    ) -> anyhow::Result<(i32, i32)> {
+        let request = ShareGroupDescribeRequest::default().with_group_ids(vec![group_id(group)]);
+        let (_, response) = self.cluster.send_to(coordinator, 1..=1, &request).map_err(failure)?;
+        let Some(described) = response.groups.into_iter().next() else {
+            anyhow::bail!("the coordinator answered ShareGroupDescribe without the group");
+        };
+        check(described.error_code, described.error_message.as_ref(), || format!("share group '{group}'"))?;
+        members.clear();
+        for m in described.members {
+            members.push(GroupMember {
+                member_id: m.member_id.to_string(),
+                member_epoch: Some(m.member_epoch),
+                client_id: m.client_id.to_string(),
+                client_host: m.client_host.to_string(),
+                assignment: m
+                    .assignment
+                    .topic_partitions
+                    .iter()
+                    .map(|t| TopicPartitions { topic: t.topic_name.to_string(), partitions: t.partitions.clone() })
+                    .collect(),
+                ..GroupMember::default()
+            });
+        }
+        let request = DescribeShareGroupOffsetsRequest::default().with_groups(vec![
+            DescribeShareGroupOffsetsRequestGroup::default().with_group_id(group_id(group)).with_topics(None),
+        ]);
+        let (_, response) = self.cluster.send_to(coordinator, 0..=0, &request).map_err(failure)?;
+        for g in &response.groups {
+            for t in &g.topics {
+                for p in t.partitions.iter().filter(|p| p.error_code == 0 && p.start_offset >= 0) {
+                    committed.insert((t.topic_name.to_string(), p.partition_index), (p.start_offset, String::new()));
+                }
+            }
+        }
+        Ok((described.group_epoch, described.assignment_epoch))
     }
 
     /// The group's settings in force (DescribeConfigs of KIP-848's GROUP resource); none from a
@@ -177,11 +224,19 @@ impl GroupSource for KafkaGroups {
             anyhow::bail!("the coordinator answered DescribeGroups without the group");
         };
         check(described.error_code, described.error_message.as_ref(), || format!("group '{group}'"))?;
-        let committed = self.committed(coordinator, group)?;
+        let mut committed = self.committed(coordinator, group)?;
         if described.group_state.as_str() == "Dead" && committed.is_empty() {
             return Err(unknown_group(group));
         }
         let protocol_type = described.protocol_type.to_string();
+        // A share group (KIP-932): its members and start offsets from the share group APIs.
+        let mut share_members = Vec::new();
+        let epochs = if protocol_type == "share" {
+            committed.clear();
+            Some(self.share(coordinator, group, &mut committed, &mut share_members)?)
+        } else {
+            None
+        };
         let mut offsets: BTreeMap<(String, i32), GroupOffset> = BTreeMap::new();
         let row = |offsets: &mut BTreeMap<(String, i32), GroupOffset>, topic: &str, partition: i32| {
             offsets.entry((topic.to_string(), partition)).or_insert_with(|| GroupOffset {
@@ -192,6 +247,7 @@ impl GroupSource for KafkaGroups {
                 lag: None,
                 member_id: None,
                 metadata: None,
+                in_flight: None,
             });
         };
         for ((topic, partition), (offset, metadata)) in &committed {
@@ -202,7 +258,19 @@ impl GroupSource for KafkaGroups {
             }
         }
         let mut members = Vec::with_capacity(described.members.len());
-        for m in described.members {
+        for m in &share_members {
+            for tp in &m.assignment {
+                for &p in &tp.partitions {
+                    row(&mut offsets, &tp.topic, p);
+                    if let Some(r) = offsets.get_mut(&(tp.topic.clone(), p)) {
+                        r.member_id.get_or_insert_with(|| m.member_id.clone());
+                    }
+                }
+            }
+        }
+        let classic_members = if epochs.is_some() { Vec::new() } else { described.members };
+        members.extend(share_members);
+        for m in classic_members {
             let assignment = assignment_of(&protocol_type, &m.member_assignment);
             for tp in &assignment {
                 for &p in &tp.partitions {
@@ -246,10 +314,10 @@ impl GroupSource for KafkaGroups {
             offsets: offsets.into_values().collect(),
             total_lag,
             configs: self.settings(group)?,
-            // DescribeGroups carries no epochs (ConsumerGroupDescribe would); the admin API
-            // shows them.
-            group_epoch: None,
-            assignment_epoch: None,
+            // DescribeGroups carries no epochs (ConsumerGroupDescribe would; a share group's
+            // come from ShareGroupDescribe); the admin API shows them.
+            group_epoch: epochs.map(|e| e.0),
+            assignment_epoch: epochs.map(|e| e.1),
         })
     }
 

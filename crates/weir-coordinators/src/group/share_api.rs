@@ -1,0 +1,246 @@
+//! The coordinator's entry points for Kafka share groups (KIP-932): ShareGroupHeartbeat,
+//! ShareGroupDescribe, and what ShareFetch, ListGroups, DeleteGroups and the share offset APIs
+//! ask of a share group. The group's rules live in `share`; here are the coordinator checks
+//! (ownership, activity), the group settings, and the one namespace with the other group types:
+//! a group id names a classic, a consumer or a share group, never two at once (Kafka's rule), so
+//! a member of another type is refused while the group has members (GROUP_ID_NOT_FOUND for
+//! heartbeats, INCONSISTENT_GROUP_PROTOCOL for a classic JoinGroup).
+//!
+//! A share group and a RocketMQ group of the same name are one group: both consume through the
+//! same invisible-time state in `weir-messaging`, keyed by the group name. RocketMQ consumers
+//! never join, so they never conflict with a share group's members.
+//!
+//! Concurrency: share groups are kept under their own mutex (`share_groups`), in memory only:
+//! after a coordinator move or a restart members rejoin with epoch 0 (their next heartbeat gets
+//! UNKNOWN_MEMBER_ID), and what they consumed is durable in the invisible-time state. Lock order:
+//! `groups`, then `share_groups`; the shards are never asked with `share_groups` held. Sessions
+//! run out lazily: every call that reads a group first
+//! drops its expired members.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, MutexGuard};
+
+use uuid::Uuid;
+use weir_storage::sync::lock;
+
+use super::consumer_api::catalog;
+use super::coordinator::GroupCoordinator;
+use super::share::{ShareGroup, ShareGroupDescription, ShareHeartbeatParams, ShareHeartbeatResult, ShareLimits};
+use super::state::Group;
+use super::{ErrorKind, GroupDescription, GroupListing, GroupState, MemberDescription};
+
+/// GroupType name of a share group (ListGroups v5, DescribeGroups v6).
+pub const GROUP_TYPE_SHARE: &str = "share";
+
+/// Whether a classic or consumer group is in use: it has members, or members joining.
+pub(super) fn in_use(group: &Group) -> bool {
+    group.has_members() || !matches!(group.state, GroupState::Empty | GroupState::Dead)
+}
+
+impl GroupCoordinator {
+    pub(super) fn share_groups(&self) -> MutexGuard<'_, std::collections::HashMap<String, ShareGroup>> {
+        lock(&self.share_groups)
+    }
+
+    /// The settings `group` obeys: its `share.*` configs over the broker's `group.share.*`.
+    fn share_limits(&self, group: &str) -> ShareLimits {
+        let settings = self.broker.group_settings(group);
+        let config = &self.broker.config;
+        ShareLimits {
+            session_timeout_ms: settings.share_session_timeout_ms.unwrap_or(config.group_share_session_timeout_ms),
+            heartbeat_interval_ms: settings
+                .share_heartbeat_interval_ms
+                .unwrap_or(config.group_share_heartbeat_interval_ms),
+            max_size: config.group_max_size,
+        }
+    }
+
+    /// Whether `group_id` is a share group on this coordinator (with members or not).
+    pub(super) fn is_share_group(&self, group_id: &str) -> bool {
+        self.share_groups().contains_key(group_id)
+    }
+
+    /// ShareGroupHeartbeat: join (epoch 0), heartbeat, leave (epoch -1).
+    pub async fn share_heartbeat(self: &Arc<Self>, params: ShareHeartbeatParams) -> ShareHeartbeatResult {
+        if params.group_id.is_empty() {
+            return ShareHeartbeatResult::error(ErrorKind::InvalidGroupId);
+        }
+        let limits = self.share_limits(&params.group_id);
+        let metadata = self.broker.metadata();
+        let groups = self.groups();
+        if !self.is_active() {
+            return ShareHeartbeatResult::error(ErrorKind::CoordinatorNotAvailable);
+        }
+        if let Err(kind) = self.check_coordinator(&params.group_id) {
+            return ShareHeartbeatResult::error(kind);
+        }
+        if groups.get(&params.group_id).is_some_and(in_use) {
+            // Kafka: "Group X is not a share group."
+            return ShareHeartbeatResult::error(ErrorKind::UnknownGroup);
+        }
+        let mut shares = self.share_groups();
+        let now = self.now_ms();
+        if params.member_epoch != 0 && !shares.contains_key(&params.group_id) {
+            return ShareHeartbeatResult::error(ErrorKind::UnknownMember);
+        }
+        let group = shares.entry(params.group_id.clone()).or_default();
+        group.expire(now);
+        let mut names: BTreeSet<String> = group.subscribed_names();
+        names.extend(params.subscribed_topic_names.iter().flatten().cloned());
+        let names_ref: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        let catalog = catalog(&metadata, &names_ref, &BTreeSet::new());
+        let result = group.heartbeat(&params, &catalog, now, &limits);
+        if let Some(kind) = result.error {
+            tracing::debug!(group = %params.group_id, member = %params.member_id, ?kind, "share heartbeat refused");
+        }
+        result
+    }
+
+    /// ShareGroupDescribe, in request order: GROUP_ID_NOT_FOUND for a group that is not a share
+    /// group of this coordinator.
+    pub async fn share_group_describe(&self, group_ids: &[String]) -> Vec<ShareGroupDescription> {
+        self.describe_share_groups(group_ids)
+    }
+
+    fn describe_share_groups(&self, group_ids: &[String]) -> Vec<ShareGroupDescription> {
+        let metadata = self.broker.metadata();
+        let name_of = |id: Uuid| metadata.topic_by_id(id).map(|t| t.name.clone());
+        let active = self.is_active();
+        let now = self.now_ms();
+        // Ownership first: `share_groups` is never held while the shards are asked.
+        let owned: Vec<Result<(), ErrorKind>> = group_ids.iter().map(|id| self.check_coordinator(id)).collect();
+        let mut shares = self.share_groups();
+        group_ids
+            .iter()
+            .zip(owned)
+            .map(|(id, owned)| {
+                let error = |kind| ShareGroupDescription {
+                    group_id: id.clone(),
+                    error: Some(kind),
+                    state: GroupState::Dead,
+                    group_epoch: 0,
+                    assignment_epoch: 0,
+                    assignor_name: String::new(),
+                    members: Vec::new(),
+                };
+                if !active {
+                    return error(ErrorKind::CoordinatorNotAvailable);
+                }
+                if let Err(kind) = owned {
+                    return error(kind);
+                }
+                match shares.get_mut(id) {
+                    Some(group) => {
+                        group.expire(now);
+                        group.describe(id, &name_of)
+                    }
+                    None => error(ErrorKind::UnknownGroup),
+                }
+            })
+            .collect()
+    }
+
+    /// Whether `member_id` is a live member of share group `group_id`; `None` when this broker
+    /// does not coordinate the group (a fetch then trusts the member, as the partition's leader
+    /// need not be its coordinator).
+    pub fn share_member_known(&self, group_id: &str, member_id: &str) -> Option<bool> {
+        if self.check_coordinator(group_id).is_err() {
+            return None;
+        }
+        let now = self.now_ms();
+        let mut shares = self.share_groups();
+        Some(shares.get_mut(group_id).is_some_and(|g| {
+            g.expire(now);
+            g.has_member(member_id)
+        }))
+    }
+
+    /// The state of share group `group_id` (`None`: not a share group here), its members
+    /// dropped first when their sessions ran out.
+    pub fn share_group_state(&self, group_id: &str) -> Option<GroupState> {
+        let now = self.now_ms();
+        let mut shares = self.share_groups();
+        shares.get_mut(group_id).map(|g| {
+            g.expire(now);
+            g.state()
+        })
+    }
+
+    /// Makes `group_id` a share group, with no members, unless it is one already or another
+    /// group type uses the name (AlterShareGroupOffsets of a new group, as Kafka creates it).
+    pub fn ensure_share_group(&self, group_id: &str) -> Result<(), ErrorKind> {
+        let groups = self.groups();
+        if groups.get(group_id).is_some_and(in_use) {
+            return Err(ErrorKind::UnknownGroup);
+        }
+        self.share_groups().entry(group_id.to_string()).or_default();
+        Ok(())
+    }
+
+    /// The share groups of ListGroups, filtered by state.
+    pub(super) fn list_share_groups(&self, states: &[GroupState]) -> Vec<GroupListing> {
+        let now = self.now_ms();
+        let mut shares = self.share_groups();
+        shares
+            .iter_mut()
+            .filter_map(|(id, g)| {
+                g.expire(now);
+                let state = g.state();
+                (states.is_empty() || states.contains(&state)).then(|| GroupListing {
+                    group_id: id.clone(),
+                    protocol_type: "share".to_string(),
+                    state,
+                    group_type: GROUP_TYPE_SHARE,
+                })
+            })
+            .collect()
+    }
+
+    /// DeleteGroups of a share group: `None` when `group_id` is no share group here, else
+    /// NON_EMPTY_GROUP while it has members. Its invisible-time state is the messaging layer's.
+    pub(super) fn delete_share_group(&self, group_id: &str) -> Option<Result<(), ErrorKind>> {
+        let now = self.now_ms();
+        let mut shares = self.share_groups();
+        let group = shares.get_mut(group_id)?;
+        group.expire(now);
+        if !group.is_empty() {
+            return Some(Err(ErrorKind::GroupNotEmpty));
+        }
+        shares.remove(group_id);
+        Some(Ok(()))
+    }
+
+    /// DescribeGroups of a share group: protocol type "share", the simple assignor as protocol,
+    /// each member with its client (no classic metadata or assignment).
+    pub(super) fn describe_share_as_classic(&self, group_id: &str) -> Option<GroupDescription> {
+        let described = self.describe_share_groups(&[group_id.to_string()]);
+        let described = described.into_iter().next().filter(|d| d.error.is_none())?;
+        Some(GroupDescription {
+            group_id: group_id.to_string(),
+            error: None,
+            state: described.state,
+            protocol_type: "share".to_string(),
+            protocol_data: described.assignor_name,
+            members: described
+                .members
+                .into_iter()
+                .map(|m| MemberDescription {
+                    member_id: m.member_id,
+                    group_instance_id: None,
+                    client_id: m.client_id,
+                    client_host: m.client_host,
+                    metadata: bytes::Bytes::new(),
+                    assignment: bytes::Bytes::new(),
+                })
+                .collect(),
+            consumer: None,
+        })
+    }
+
+    /// Every share group's id, members and assignment (for the admin API).
+    pub fn share_group_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.share_groups().keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+}

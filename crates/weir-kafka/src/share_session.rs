@@ -1,0 +1,147 @@
+//! Share sessions (KIP-932): which partitions a share consumer fetches from, kept between its
+//! ShareFetch requests, and the session epoch that orders them. Kafka protocol state, like the
+//! incremental fetch sessions of `fetch_session`: the records themselves, their locks and
+//! delivery counts are the invisible-time engine's.
+//!
+//! Epochs: a request with epoch 0 opens a session (replacing the member's earlier one) with the
+//! partitions it names; each later request must carry the session's next epoch (1, 2, ...; after
+//! `i32::MAX` comes 1 again) and may add partitions or forget some; epoch -1 closes the session
+//! after its acknowledgements. A request for a session that does not exist gets
+//! SHARE_SESSION_NOT_FOUND, one with another epoch INVALID_SHARE_SESSION_EPOCH.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+use weir_storage::sync::lock;
+
+/// Epoch of a request that opens a session; of one that closes it.
+pub(crate) const INITIAL_EPOCH: i32 = 0;
+pub(crate) const FINAL_EPOCH: i32 = -1;
+
+/// Most share sessions kept (Kafka's `group.share.max.share.sessions` default).
+const SESSIONS_MAX: usize = 2000;
+/// Most partitions one share session fetches from: a bound on the receives of one request.
+const SESSION_PARTITIONS_MAX: usize = 10_000;
+/// A session unused this long may be evicted to make room for a new one.
+const IDLE_EVICTABLE: Duration = Duration::from_secs(120);
+
+/// Why a share session refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SessionError {
+    NotFound,
+    InvalidEpoch,
+    LimitReached,
+    /// More than [`SESSION_PARTITIONS_MAX`] partitions.
+    TooManyPartitions,
+}
+
+struct Session {
+    /// The epoch the next request must carry.
+    next_epoch: i32,
+    partitions: BTreeSet<(Uuid, i32)>,
+    used: Instant,
+}
+
+/// Every share session of this broker, by (group, member).
+#[derive(Default)]
+pub(crate) struct ShareSessions(Mutex<HashMap<(String, String), Session>>);
+
+fn next(epoch: i32) -> i32 {
+    if epoch == i32::MAX {
+        1
+    } else {
+        epoch + 1
+    }
+}
+
+impl ShareSessions {
+    /// Applies one request's session part: opens, checks and advances, or closes the session of
+    /// (`group`, `member`), adding `added` and dropping `forgotten`. Returns the partitions to
+    /// fetch from; for a closing request, the partitions the session had (whose records the
+    /// member still holds are released).
+    pub(crate) fn advance(
+        &self,
+        group: &str,
+        member: &str,
+        epoch: i32,
+        added: &[(Uuid, i32)],
+        forgotten: &[(Uuid, i32)],
+    ) -> Result<Vec<(Uuid, i32)>, SessionError> {
+        let mut sessions = lock(&self.0);
+        let key = (group.to_string(), member.to_string());
+        match epoch {
+            INITIAL_EPOCH => {
+                if !sessions.contains_key(&key) && sessions.len() >= SESSIONS_MAX {
+                    let now = Instant::now();
+                    sessions.retain(|_, s| now.duration_since(s.used) < IDLE_EVICTABLE);
+                    if sessions.len() >= SESSIONS_MAX {
+                        return Err(SessionError::LimitReached);
+                    }
+                }
+                let partitions: BTreeSet<(Uuid, i32)> = added.iter().copied().collect();
+                if partitions.len() > SESSION_PARTITIONS_MAX {
+                    return Err(SessionError::TooManyPartitions);
+                }
+                let fetch = partitions.iter().copied().collect();
+                sessions.insert(key, Session { next_epoch: 1, partitions, used: Instant::now() });
+                Ok(fetch)
+            }
+            FINAL_EPOCH => match sessions.remove(&key) {
+                Some(session) => Ok(session.partitions.into_iter().collect()),
+                None => Err(SessionError::NotFound),
+            },
+            _ => {
+                let session = sessions.get_mut(&key).ok_or(SessionError::NotFound)?;
+                if epoch != session.next_epoch {
+                    return Err(SessionError::InvalidEpoch);
+                }
+                let mut partitions = session.partitions.clone();
+                for p in forgotten {
+                    partitions.remove(p);
+                }
+                partitions.extend(added.iter().copied());
+                if partitions.len() > SESSION_PARTITIONS_MAX {
+                    return Err(SessionError::TooManyPartitions);
+                }
+                session.partitions = partitions;
+                session.next_epoch = next(epoch);
+                session.used = Instant::now();
+                Ok(session.partitions.iter().copied().collect())
+            }
+        }
+    }
+
+    /// Whether (`group`, `member`) has a session at `epoch` (a ShareAcknowledge, which must
+    /// belong to an open session), advancing it; closing it for the final epoch, then with the
+    /// partitions it had.
+    pub(crate) fn acknowledge(&self, group: &str, member: &str, epoch: i32) -> Result<Vec<(Uuid, i32)>, SessionError> {
+        if epoch == INITIAL_EPOCH {
+            return Err(SessionError::InvalidEpoch);
+        }
+        let partitions = self.advance(group, member, epoch, &[], &[])?;
+        Ok(if epoch == FINAL_EPOCH { partitions } else { Vec::new() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_a_session_when_requests_come_in_order_they_are_served_and_others_refused() {
+        let sessions = ShareSessions::default();
+        let (t, u) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        assert_eq!(sessions.advance("g", "m", 1, &[], &[]), Err(SessionError::NotFound));
+        assert_eq!(sessions.advance("g", "m", 0, &[(t, 0)], &[]), Ok(vec![(t, 0)]));
+        assert_eq!(sessions.advance("g", "m", 2, &[], &[]), Err(SessionError::InvalidEpoch));
+        assert_eq!(sessions.advance("g", "m", 1, &[(u, 1)], &[]), Ok(vec![(t, 0), (u, 1)]));
+        assert_eq!(sessions.acknowledge("g", "m", 2), Ok(vec![]));
+        assert_eq!(sessions.advance("g", "m", 3, &[], &[(t, 0)]), Ok(vec![(u, 1)]));
+        assert_eq!(sessions.acknowledge("g", "m", 0), Err(SessionError::InvalidEpoch));
+        assert_eq!(sessions.advance("g", "m", -1, &[], &[]), Ok(vec![(u, 1)]), "closed, with what it had");
+        assert_eq!(sessions.advance("g", "m", 4, &[], &[]), Err(SessionError::NotFound), "closed");
+        assert_eq!(next(i32::MAX), 1);
+    }
+}

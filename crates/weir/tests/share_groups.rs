@@ -1,0 +1,332 @@
+//! Kafka share groups (KIP-932) over the raw protocol, against the real `weir server`: what
+//! librdkafka's ShareConsumer cannot show (tests/python/test_share_groups.py covers the client):
+//! delivery counts as the broker sends them, an acknowledgement of a record another member
+//! holds (INVALID_RECORD_STATE), RENEW keeping a lock (KIP-1222), the share offset APIs, and
+//! the group configs set through IncrementalAlterConfigs on a GROUP resource.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::*;
+use support::*;
+
+const TOPIC: &str = "queue";
+const INVALID_RECORD_STATE: i16 = 121;
+const GROUP_RESOURCE: i8 = 32;
+const ACCEPT: i8 = 1;
+const RELEASE: i8 = 2;
+const REJECT: i8 = 3;
+const RENEW: i8 = 4;
+
+struct Member {
+    group: String,
+    id: String,
+    topic_id: uuid::Uuid,
+    /// The share session's next epoch.
+    epoch: i32,
+}
+
+fn set_group_configs(client: &mut Client, group: &str, configs: &[(&str, &str)]) {
+    let request = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        incremental_alter_configs_request::AlterConfigsResource::default()
+            .with_resource_type(GROUP_RESOURCE)
+            .with_resource_name(s(group))
+            .with_configs(
+                configs
+                    .iter()
+                    .map(|(name, value)| {
+                        incremental_alter_configs_request::AlterableConfig::default()
+                            .with_name(s(name))
+                            .with_config_operation(0)
+                            .with_value(Some(s(value)))
+                    })
+                    .collect(),
+            ),
+    ]);
+    let response = client.send(1, &request).expect("IncrementalAlterConfigs");
+    assert_eq!(response.responses[0].error_code, code::NONE, "{:?}", response.responses[0].error_message);
+}
+
+fn join(client: &mut Client, group: &str, topic_id: uuid::Uuid) -> Member {
+    let id = uuid::Uuid::new_v4().to_string();
+    let request = ShareGroupHeartbeatRequest::default()
+        .with_group_id(group_id(group))
+        .with_member_id(s(&id))
+        .with_member_epoch(0)
+        .with_subscribed_topic_names(Some(vec![TopicName(s(TOPIC))]));
+    let response = client.send(1, &request).expect("ShareGroupHeartbeat");
+    assert_eq!(response.error_code, code::NONE, "{:?}", response.error_message);
+    Member { group: group.to_string(), id, topic_id, epoch: 0 }
+}
+
+/// One ShareFetch of partition 0 (waiting up to `wait_ms`): (offset, delivery count) of each
+/// acquired record; the top-level, partition and acknowledgement errors must be none.
+fn fetch(client: &mut Client, member: &mut Member, wait_ms: i32, acks: Vec<(i64, i64, i8)>) -> Vec<(i64, i16)> {
+    let batches = acks
+        .into_iter()
+        .map(|(first, last, kind)| {
+            share_fetch_request::AcknowledgementBatch::default()
+                .with_first_offset(first)
+                .with_last_offset(last)
+                .with_acknowledge_types(vec![kind])
+        })
+        .collect();
+    let request = ShareFetchRequest::default()
+        .with_group_id(Some(group_id(&member.group)))
+        .with_member_id(Some(s(&member.id)))
+        .with_share_session_epoch(member.epoch)
+        .with_max_wait_ms(wait_ms)
+        .with_max_records(100)
+        .with_topics(vec![share_fetch_request::FetchTopic::default().with_topic_id(member.topic_id).with_partitions(
+            vec![share_fetch_request::FetchPartition::default()
+                .with_partition_index(0)
+                .with_acknowledgement_batches(batches)],
+        )]);
+    let response = client.send(1, &request).expect("ShareFetch");
+    assert_eq!(response.error_code, code::NONE, "{:?}", response.error_message);
+    member.epoch += 1;
+    let mut acquired = Vec::new();
+    for p in response.responses.iter().flat_map(|t| &t.partitions) {
+        assert_eq!((p.error_code, p.acknowledge_error_code), (code::NONE, code::NONE), "{p:?}");
+        for range in &p.acquired_records {
+            for offset in range.first_offset..=range.last_offset {
+                acquired.push((offset, range.delivery_count));
+            }
+        }
+        if !p.acquired_records.is_empty() {
+            let records = decode_records(p.records.clone().expect("records with the acquired ranges"));
+            let offsets: Vec<i64> = records.iter().map(|r| r.offset).collect();
+            let wanted: Vec<i64> = acquired.iter().map(|(o, _)| *o).collect();
+            assert_eq!(offsets, wanted, "the records are those acquired");
+        }
+    }
+    acquired
+}
+
+/// A ShareAcknowledge of partition 0; returns its partition error code.
+fn acknowledge(client: &mut Client, member: &mut Member, first: i64, last: i64, kind: i8) -> i16 {
+    let request = ShareAcknowledgeRequest::default()
+        .with_group_id(Some(group_id(&member.group)))
+        .with_member_id(Some(s(&member.id)))
+        .with_share_session_epoch(member.epoch)
+        .with_topics(vec![share_acknowledge_request::AcknowledgeTopic::default()
+            .with_topic_id(member.topic_id)
+            .with_partitions(vec![share_acknowledge_request::AcknowledgePartition::default()
+                .with_partition_index(0)
+                .with_acknowledgement_batches(vec![share_acknowledge_request::AcknowledgementBatch::default()
+                    .with_first_offset(first)
+                    .with_last_offset(last)
+                    .with_acknowledge_types(vec![kind])])])]);
+    let response = client.send(1, &request).expect("ShareAcknowledge");
+    assert_eq!(response.error_code, code::NONE, "{:?}", response.error_message);
+    member.epoch += 1;
+    response.responses[0].partitions[0].error_code
+}
+
+/// The group's start offset on partition 0 (DescribeShareGroupOffsets).
+fn start_offset(client: &mut Client, group: &str) -> i64 {
+    let request = DescribeShareGroupOffsetsRequest::default().with_groups(vec![
+        describe_share_group_offsets_request::DescribeShareGroupOffsetsRequestGroup::default()
+            .with_group_id(group_id(group))
+            .with_topics(Some(vec![
+                describe_share_group_offsets_request::DescribeShareGroupOffsetsRequestTopic::default()
+                    .with_topic_name(TopicName(s(TOPIC)))
+                    .with_partitions(vec![0]),
+            ])),
+    ]);
+    let response = client.send(0, &request).expect("DescribeShareGroupOffsets");
+    response.groups[0].topics[0].partitions[0].start_offset
+}
+
+/// Fetches until something is acquired or `timeout` passes.
+fn fetch_some(client: &mut Client, member: &mut Member, timeout: Duration) -> Vec<(i64, i16)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got = fetch(client, member, 500, Vec::new());
+        if !got.is_empty() || Instant::now() > deadline {
+            return got;
+        }
+    }
+}
+
+#[test]
+fn given_records_held_by_one_member_another_cannot_ack_them_and_renew_keeps_them_held() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 1, &[]);
+    let messages: Vec<Message> = (0..3).map(|i| Message::new("k", &format!("v{i}"), 1_000 + i)).collect();
+    client.produce_ok(TOPIC, 0, batch(&messages));
+    let group = "workers";
+    set_group_configs(
+        &mut client,
+        group,
+        &[("share.auto.offset.reset", "earliest"), ("share.record.lock.duration.ms", "2000")],
+    );
+    let mut a = join(&mut client, group, topic_id);
+    let mut b = join(&mut client, group, topic_id);
+
+    assert_eq!(fetch_some(&mut client, &mut a, Duration::from_secs(10)), [(0, 1), (1, 1), (2, 1)]);
+    assert_eq!(fetch(&mut client, &mut b, 0, Vec::new()), [], "a holds every record");
+    assert_eq!(acknowledge(&mut client, &mut b, 0, 0, ACCEPT), INVALID_RECORD_STATE, "b holds none of them");
+
+    // a renews its locks twice over more than one lock duration: they never run out.
+    let acquired = Instant::now();
+    while acquired.elapsed() < Duration::from_millis(3_000) {
+        assert_eq!(acknowledge(&mut client, &mut a, 0, 2, RENEW), code::NONE);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(fetch(&mut client, &mut b, 0, Vec::new()), [], "renewed locks still held after 3 s (lock 2 s)");
+
+    // ACCEPT 0, RELEASE 1, REJECT 2: 1 goes to b, one delivery later.
+    assert_eq!(acknowledge(&mut client, &mut a, 0, 0, ACCEPT), code::NONE);
+    assert_eq!(acknowledge(&mut client, &mut a, 1, 1, RELEASE), code::NONE);
+    assert_eq!(acknowledge(&mut client, &mut a, 2, 2, REJECT), code::NONE);
+    assert_eq!(acknowledge(&mut client, &mut a, 0, 0, ACCEPT), INVALID_RECORD_STATE, "done already");
+    assert_eq!(fetch_some(&mut client, &mut b, Duration::from_secs(10)), [(1, 2)]);
+    assert_eq!(start_offset(&mut client, group), 1, "0 is done, 1 is in flight");
+    // b accepts it with its next fetch's piggy-backed acknowledgement: everything is done.
+    assert_eq!(fetch(&mut client, &mut b, 0, vec![(1, 1, ACCEPT)]), []);
+    assert_eq!(start_offset(&mut client, group), 3);
+}
+
+#[test]
+fn given_an_empty_share_group_its_start_offset_is_altered_and_deleted() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 1, &[]);
+    let messages: Vec<Message> = (0..5).map(|i| Message::new("k", &format!("v{i}"), 1_000 + i)).collect();
+    client.produce_ok(TOPIC, 0, batch(&messages));
+    let group = "replayers";
+
+    // Before any fetch: the group starts where the offset is set (not at the end, `latest`).
+    let alter = AlterShareGroupOffsetsRequest::default().with_group_id(group_id(group)).with_topics(vec![
+        alter_share_group_offsets_request::AlterShareGroupOffsetsRequestTopic::default()
+            .with_topic_name(TopicName(s(TOPIC)))
+            .with_partitions(vec![alter_share_group_offsets_request::AlterShareGroupOffsetsRequestPartition::default(
+            )
+            .with_partition_index(0)
+            .with_start_offset(3)]),
+    ]);
+    let response = client.send(0, &alter).expect("AlterShareGroupOffsets");
+    assert_eq!(response.error_code, code::NONE);
+    assert_eq!(response.responses[0].partitions[0].error_code, code::NONE);
+    assert_eq!(start_offset(&mut client, group), 3);
+
+    let mut member = join(&mut client, group, topic_id);
+    assert_eq!(fetch_some(&mut client, &mut member, Duration::from_secs(10)), [(3, 1), (4, 1)]);
+    let response = client.send(0, &alter).expect("AlterShareGroupOffsets");
+    assert_eq!(response.error_code, 68, "NON_EMPTY_GROUP while it has a member");
+
+    let leave = ShareGroupHeartbeatRequest::default()
+        .with_group_id(group_id(group))
+        .with_member_id(s(&member.id))
+        .with_member_epoch(-1);
+    assert_eq!(client.send(1, &leave).expect("leave").error_code, code::NONE);
+    let delete = DeleteShareGroupOffsetsRequest::default()
+        .with_group_id(group_id(group))
+        .with_topics(vec![delete_share_group_offsets_request::DeleteShareGroupOffsetsRequestTopic::default()
+            .with_topic_name(TopicName(s(TOPIC)))]);
+    let response = client.send(0, &delete).expect("DeleteShareGroupOffsets");
+    assert_eq!((response.error_code, response.responses[0].error_code), (code::NONE, code::NONE));
+    assert_eq!(start_offset(&mut client, group), 5, "starts again at the end (share.auto.offset.reset latest)");
+
+    // ListGroups knows it as a share group.
+    let listed = client.send(5, &ListGroupsRequest::default().with_types_filter(vec![s("share")])).expect("ListGroups");
+    let groups: Vec<(&str, &str)> =
+        listed.groups.iter().map(|g| (g.group_id.as_str(), g.group_type.as_str())).collect();
+    assert_eq!(groups, [(group, "share")]);
+}
+
+#[test]
+fn given_a_share_group_a_consumer_protocol_member_is_refused_and_given_a_consumer_group_a_share_member_is() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 1, &[]);
+    const GROUP_ID_NOT_FOUND: i16 = 69;
+    let consumer_join = |client: &mut Client, group: &str| {
+        let request = ConsumerGroupHeartbeatRequest::default()
+            .with_group_id(group_id(group))
+            .with_member_id(s(&uuid::Uuid::new_v4().to_string()))
+            .with_member_epoch(0)
+            .with_rebalance_timeout_ms(30_000)
+            .with_subscribed_topic_names(Some(vec![TopicName(s(TOPIC))]));
+        client.send(1, &request).expect("ConsumerGroupHeartbeat").error_code
+    };
+    let share_join = |client: &mut Client, group: &str| {
+        let request = ShareGroupHeartbeatRequest::default()
+            .with_group_id(group_id(group))
+            .with_member_id(s(&uuid::Uuid::new_v4().to_string()))
+            .with_member_epoch(0)
+            .with_subscribed_topic_names(Some(vec![TopicName(s(TOPIC))]));
+        client.send(1, &request).expect("ShareGroupHeartbeat").error_code
+    };
+
+    join(&mut client, "sharing", topic_id);
+    assert_eq!(consumer_join(&mut client, "sharing"), GROUP_ID_NOT_FOUND, "a share group is no consumer group");
+    assert_eq!(consumer_join(&mut client, "consuming"), code::NONE);
+    assert_eq!(share_join(&mut client, "consuming"), GROUP_ID_NOT_FOUND, "a consumer group is no share group");
+    assert_eq!(share_join(&mut client, "sharing"), code::NONE, "a second share member is welcome");
+
+    let described = client
+        .send(5, &DescribeGroupsRequest::default().with_groups(vec![group_id("sharing")]))
+        .expect("DescribeGroups");
+    let g = &described.groups[0];
+    assert_eq!((g.protocol_type.as_str(), g.group_state.as_str(), g.members.len()), ("share", "Stable", 2));
+}
+
+#[test]
+fn given_a_lock_that_ran_out_its_holder_can_no_longer_acknowledge_the_record() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 1, &[]);
+    client.produce_ok(TOPIC, 0, batch(&[Message::new("k", "v", 1_000)]));
+    let group = "slow";
+    set_group_configs(
+        &mut client,
+        group,
+        &[("share.auto.offset.reset", "earliest"), ("share.record.lock.duration.ms", "1000")],
+    );
+    let mut a = join(&mut client, group, topic_id);
+    let acquired = Instant::now();
+    assert_eq!(fetch_some(&mut client, &mut a, Duration::from_secs(10)), [(0, 1)]);
+    while acquired.elapsed() < Duration::from_millis(1_200) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(acknowledge(&mut client, &mut a, 0, 0, ACCEPT), INVALID_RECORD_STATE, "the lock ran out");
+    let mut b = join(&mut client, group, topic_id);
+    assert_eq!(fetch_some(&mut client, &mut b, Duration::from_secs(10)), [(0, 2)]);
+    assert_eq!(acknowledge(&mut client, &mut b, 0, 0, ACCEPT), code::NONE);
+}
+
+#[test]
+fn given_a_closed_share_session_what_its_member_held_is_available_again_at_once() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 1, &[]);
+    let messages: Vec<Message> = (0..2).map(|i| Message::new("k", &format!("v{i}"), 1_000 + i)).collect();
+    client.produce_ok(TOPIC, 0, batch(&messages));
+    let group = "leavers";
+    // A lock far longer than the test: only the release can bring the record back.
+    set_group_configs(
+        &mut client,
+        group,
+        &[("share.auto.offset.reset", "earliest"), ("share.record.lock.duration.ms", "600000")],
+    );
+    let mut a = join(&mut client, group, topic_id);
+    assert_eq!(fetch_some(&mut client, &mut a, Duration::from_secs(10)), [(0, 1), (1, 1)]);
+    // a closes its session accepting 0 only (as a consumer's close does): 1 goes back.
+    a.epoch = -1;
+    assert_eq!(acknowledge(&mut client, &mut a, 0, 0, ACCEPT), code::NONE);
+    let mut b = join(&mut client, group, topic_id);
+    assert_eq!(fetch(&mut client, &mut b, 0, Vec::new()), [(1, 2)]);
+
+    // b leaves the group without closing its session: the same.
+    let leave = ShareGroupHeartbeatRequest::default()
+        .with_group_id(group_id(group))
+        .with_member_id(s(&b.id))
+        .with_member_epoch(-1);
+    assert_eq!(client.send(1, &leave).expect("leave").error_code, code::NONE);
+    let mut c = join(&mut client, group, topic_id);
+    assert_eq!(fetch(&mut client, &mut c, 0, Vec::new()), [(1, 3)]);
+}
