@@ -73,55 +73,72 @@ impl PopEngine {
     /// one. One result per ack, in order.
     pub async fn ack_many(&self, acks: &[(QueueKey, i64, u64)]) -> Vec<HandleResult<()>> {
         let store = &self.messaging.pop;
-        let mut made = Vec::with_capacity(acks.len());
-        for (key, offset, nonce) in acks {
+        // The acks of each queue, in their order: one update (and one line written) per queue.
+        let mut by_queue: Vec<(&QueueKey, Vec<usize>)> = Vec::new();
+        for (i, (key, _, _)) in acks.iter().enumerate() {
+            match by_queue.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, indices)) => indices.push(i),
+                None => by_queue.push((key, vec![i])),
+            }
+        }
+        let mut results: Vec<Option<HandleResult<()>>> = acks.iter().map(|_| None).collect();
+        let mut waiting = Vec::new();
+        for (key, indices) in by_queue {
+            let refused = |results: &mut Vec<Option<HandleResult<()>>>, outcome: &dyn Fn() -> HandleResult<()>| {
+                for &i in &indices {
+                    results[i] = Some(outcome());
+                }
+            };
             if !self.hosts(key) {
-                made.push(Ok(Err(HandleError::NotInFlight)));
+                refused(&mut results, &|| Ok(Err(HandleError::NotInFlight)));
                 continue;
             }
             if let Err(e) = store.load(key).await {
-                made.push(Err(e));
+                refused(&mut results, &|| Err(e.clone()));
                 continue;
             }
             // A queue without a state has nothing in flight; asking `update` would make it one.
             if !store.contains(key) {
-                made.push(Ok(Err(HandleError::NotInFlight)));
+                refused(&mut results, &|| Ok(Err(HandleError::NotInFlight)));
                 continue;
             }
-            made.push(store.update(key, || QueueState::starting_at(0), |q| q.ack(*offset, *nonce)).map(
-                |(acked, durable)| match acked {
-                    Ok(acked) => Ok((acked, durable)),
-                    Err(refused) => Err(refused),
-                },
-            ));
+            let updated = store.update(
+                key,
+                || QueueState::starting_at(0),
+                |q| Ok::<_, ()>(indices.iter().map(|&i| q.ack(acks[i].1, acks[i].2)).collect::<Vec<_>>()),
+            );
+            match updated {
+                // (The update never refuses as a whole: each ack has its own result.)
+                Ok((acked, durable)) => waiting.push((key, indices, acked.unwrap_or_default(), durable)),
+                Err(e) => refused(&mut results, &|| Err(e.clone())),
+            }
         }
-        let mut results = Vec::with_capacity(acks.len());
-        for ((key, offset, _), made) in acks.iter().zip(made) {
-            let (acked, durable) = match made {
-                Ok(Ok(made)) => made,
-                Ok(Err(refused)) => {
-                    results.push(Ok(Err(refused)));
-                    continue;
-                }
-                Err(e) => {
-                    results.push(Err(e));
-                    continue;
-                }
-            };
+        for (key, indices, acked, durable) in waiting {
             if let Err(e) = durable.wait().await {
-                results.push(Err(e));
+                for i in indices {
+                    results[i] = Some(Err(e.clone()));
+                }
                 continue;
             }
-            self.renewals.release(key, *offset);
-            if acked.group.is_some() {
-                // The next message of its FIFO group may go out now: wake the receives.
+            let mut wake = false;
+            for (i, acked) in indices.into_iter().zip(acked) {
+                results[i] = Some(match acked {
+                    Ok(inflight) => {
+                        self.renewals.release(key, acks[i].1);
+                        wake |= inflight.group.is_some();
+                        Ok(Ok(()))
+                    }
+                    Err(refused) => Ok(Err(refused)),
+                });
+            }
+            if wake {
+                // The next message of a FIFO group may go out now: wake the receives.
                 if let Some(partition) = self.messaging.broker.partition(&key.topic, key.partition) {
                     partition.wake_waiters();
                 }
             }
-            results.push(Ok(Ok(())));
         }
-        results
+        results.into_iter().map(|r| r.unwrap_or_else(|| Err(BrokerError::internal("no ack result")))).collect()
     }
 
     /// The delivery `nonce` of `offset` in `key` becomes visible `invisible` from now instead
@@ -302,6 +319,32 @@ mod tests {
         let back = engine.receive(request(&broker, &key)).await.expect("receive");
         assert_eq!(offsets(&back), [(1, 2)], "visible at once after a change to zero");
         assert_ne!(back[0].nonce, renewed);
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn given_acks_of_one_request_when_made_together_each_gets_its_own_result() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (broker, messaging) = open(dir.path()).await;
+        let engine = engine(&messaging);
+        let key = QueueKey::new("g", TOPIC, 0);
+        append(&broker, &[(None, None); 3]).await;
+        let got = engine.receive(request(&broker, &key)).await.expect("receive");
+        let nobody = QueueKey::new("nobody", TOPIC, 0);
+        let acks = [
+            (key.clone(), 0, got[0].nonce),
+            (key.clone(), 1, got[1].nonce ^ 1),
+            (nobody, 2, got[2].nonce),
+            (key.clone(), 2, got[2].nonce),
+            (key.clone(), 0, got[0].nonce),
+        ];
+        let results: Vec<_> = engine.ack_many(&acks).await.into_iter().map(|r| r.expect("io")).collect();
+        assert_eq!(
+            results,
+            [Ok(()), Err(HandleError::Stale), Err(HandleError::NotInFlight), Ok(()), Err(HandleError::NotInFlight)]
+        );
+        let state = messaging.pop.get(&key).expect("state");
+        assert_eq!(state.inflight.keys().copied().collect::<Vec<_>>(), [1], "only the stale one is still out");
         broker.begin_shutdown();
     }
 
