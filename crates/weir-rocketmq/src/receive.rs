@@ -93,15 +93,16 @@ pub(crate) fn found(
         let message = Message::from_record(&key.topic, key.partition, &delivery.record);
         let handle = Handle { partition: key.partition, offset: delivery.record.offset, nonce: delivery.nonce };
         responses.push(ReceiveMessageResponse {
-            content: Some(Content::Message(to_proto(&key.topic, &message, &delivery, handle, invisible, &store_host))),
+            content: Some(Content::Message(to_proto(&key.topic, message, &delivery, handle, invisible, &store_host))),
         });
     }
     responses
 }
 
+/// `message` as RocketMQ's protobuf (taken by value: its strings move, not copied).
 fn to_proto(
     topic: &str,
-    message: &Message,
+    message: Message,
     delivery: &Delivery,
     handle: Handle,
     invisible: Duration,
@@ -112,14 +113,14 @@ fn to_proto(
     let message_type =
         if message.message_group.is_some() { proto::MessageType::Fifo } else { proto::MessageType::Normal };
     let system = proto::SystemProperties {
-        tag: message.tag.clone(),
-        keys: message.keys.clone(),
-        message_id: message.id().to_string(),
+        tag: message.tag,
+        keys: message.keys,
+        message_id: message.message_id.unwrap_or_default(),
         body_digest: Some(proto::Digest { r#type: proto::DigestType::Crc32 as i32, checksum: digest }),
         body_encoding: proto::Encoding::Identity as i32,
         message_type: message_type as i32,
         born_timestamp: Some(timestamp(message.born_timestamp_ms.unwrap_or(delivery.record.timestamp))),
-        born_host: message.born_host.clone().unwrap_or_default(),
+        born_host: message.born_host.unwrap_or_default(),
         store_timestamp: Some(timestamp(delivery.record.timestamp)),
         store_host: store_host.to_string(),
         delivery_timestamp: message.delivery_timestamp_ms.map(timestamp),
@@ -131,12 +132,12 @@ fn to_proto(
             nanos: invisible.subsec_nanos() as i32,
         }),
         delivery_attempt: Some(delivery.attempt as i32),
-        message_group: message.message_group.clone(),
+        message_group: message.message_group,
         ..Default::default()
     };
     proto::Message {
         topic: Some(proto::Resource { resource_namespace: String::new(), name: topic.to_string() }),
-        user_properties: message.properties.iter().cloned().collect(),
+        user_properties: message.properties.into_iter().collect(),
         system_properties: Some(system),
         body,
     }
