@@ -124,10 +124,23 @@ run, with the same message size and the same number of requests in flight.
    `miss`. Receivers of another group with the filter expression TAG `hit` must get exactly the
    hit messages; it reports their rate and the time, next to the unfiltered receive's time of
    the whole topic (2.).
+4. Kafka share group against a classic consumer, the same topic read back twice more:
+     * a classic Kafka consumer: Fetch as in 2. over one connection, and after each Fetch an
+       OffsetCommit v8 of the partitions that moved (group weir-bench-classic, as a consumer
+       with assigned partitions commits);
+     * a share group (KIP-932, group weir-bench-share with share.auto.offset.reset=earliest,
+       set by IncrementalAlterConfigs on the GROUP resource) of --share-members members, one
+       connection each, as librdkafka's ShareConsumer drives them: ShareGroupHeartbeat v1 to
+       join and at the interval the broker asks for, then ShareFetch v1 of the assigned
+       partitions (up to 500 records, a 200 ms long poll) with the previous batch's
+       acknowledgements (ACCEPT) piggy-backed, and a ShareAcknowledge v1 of the last batch
+       before leaving. The run fails unless the members together acquire every offset of the
+       topic exactly once, each at its first delivery, with every acknowledgement accepted.
+   The ratios share group / classic consumer of messages/s and broker CPU per message follow.
 
 Figures: messages/s, request latency p50 / p99 / max (HDR histogram, from the call to its
 answer), and the broker's and this process's CPU per message (user + system from /proc), then
-the ratios gRPC / Kafka. --json FILE writes all of it.";
+the ratios gRPC / Kafka and share group / classic consumer. --json FILE writes all of it.";
 
 const TIMER_LONG_ABOUT: &str = "\
 The timer store of delayed (scheduled) messages, on one `weir server` child (this binary, on
@@ -262,6 +275,11 @@ pub struct RocketMqBenchArgs {
     /// Records per request of the batched Kafka send case; 0 or 1 leaves the case out.
     #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
     pub(crate) kafka_batch: u32,
+
+    /// Members of the Kafka share group that reads the gRPC case's topic back, one connection
+    /// each.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) share_members: u32,
 
     /// Slices the send cases take turns in. [default: 3, or 1 with --quick]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]

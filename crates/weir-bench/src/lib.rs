@@ -28,6 +28,7 @@ mod raw_protocol;
 mod replication;
 mod rocketmq;
 mod rocketmq_client;
+mod share_consumer;
 mod storage;
 mod timer;
 mod transactions;

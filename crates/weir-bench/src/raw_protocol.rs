@@ -298,6 +298,18 @@ pub(crate) fn fetch_all(
     ranges: &[(i32, i64, i64)],
     partition_max_bytes: i32,
 ) -> anyhow::Result<Fetched> {
+    fetch_all_then(client, topic, ranges, partition_max_bytes, |_, _| Ok(()))
+}
+
+/// [`fetch_all`], calling `after` after each Fetch with the partitions that moved and their new
+/// positions (a consumer's commit goes there).
+pub(crate) fn fetch_all_then(
+    client: &mut Client,
+    topic: &str,
+    ranges: &[(i32, i64, i64)],
+    partition_max_bytes: i32,
+    mut after: impl FnMut(&mut Client, &[(i32, i64)]) -> anyhow::Result<()>,
+) -> anyhow::Result<Fetched> {
     let mut positions: Vec<(i32, i64, i64)> = ranges.iter().copied().filter(|(_, start, end)| start < end).collect();
     let mut fetched = Fetched::default();
     while !positions.is_empty() {
@@ -308,7 +320,7 @@ pub(crate) fn fetch_all(
         let response = client.send(12, &request).context("Fetch")?;
         fetched.requests += 1;
         let answered: Vec<_> = response.responses.iter().flat_map(|t| &t.partitions).collect();
-        let mut progress = false;
+        let mut moved = Vec::new();
         for (p, offset, _) in positions.iter_mut() {
             let Some(partition) = answered.iter().find(|r| r.partition_index == *p) else { continue };
             if partition.error_code != 0 {
@@ -334,13 +346,14 @@ pub(crate) fn fetch_all(
             if next > *offset {
                 fetched.records += (next - *offset) as u64;
                 *offset = next;
-                progress = true;
+                moved.push((*p, next));
             }
         }
-        if !progress {
+        if moved.is_empty() {
             let stuck: Vec<String> = positions.iter().map(|(p, o, e)| format!("{topic}-{p} at {o} of {e}")).collect();
             bail!("a Fetch made no progress: {}", stuck.join(", "));
         }
+        after(client, &moved)?;
         positions.retain(|(_, offset, end)| offset < end);
     }
     Ok(fetched)

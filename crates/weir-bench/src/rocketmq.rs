@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use hdrhistogram::Histogram;
-use kafka_protocol::messages::ProduceRequest;
+use kafka_protocol::messages::{GroupId, OffsetCommitRequest, ProduceRequest};
+use kafka_protocol::protocol::StrBytes;
 use serde::Serialize;
 use weir_harness::kafka_client::{self, produce_request, Client as KafkaClient};
 use weir_rocketmq::proto::{Message, MessageQueue};
@@ -26,6 +27,7 @@ use crate::cli::RocketMqBenchArgs;
 use crate::produce::{self, Latency, PRODUCE_VERSION};
 use crate::raw_protocol::{self, Pid, Server};
 use crate::rocketmq_client::{self as grpc, Receive};
+use crate::share_consumer;
 
 const TOPIC_GRPC: &str = "bench-rocketmq-grpc";
 const TOPIC_KAFKA: &str = "bench-rocketmq-kafka";
@@ -33,6 +35,14 @@ const TOPIC_KAFKA_BATCHED: &str = "bench-rocketmq-kafka-batched";
 /// The consumer group that receives everything, and the one that receives the hits only.
 const GROUP_ALL: &str = "weir-bench-all";
 const GROUP_HIT: &str = "weir-bench-hit";
+/// The classic Kafka consumer's group (Fetch + OffsetCommit) and the share group (KIP-932).
+const GROUP_CLASSIC: &str = "weir-bench-classic";
+const GROUP_SHARE: &str = "weir-bench-share";
+/// Records a share member acquires per ShareFetch at most: librdkafka's ShareConsumer's
+/// `max.poll.records`, Kafka's default.
+const SHARE_MAX_RECORDS: i32 = 500;
+/// The OffsetCommit version the classic consumer sends (librdkafka 2.x's).
+const OFFSET_COMMIT_VERSION: i16 = 8;
 /// One message in this many carries the tag `hit`: the filter matches 1 %.
 const HIT_EVERY: u64 = 100;
 const TAG_HIT: &str = "hit";
@@ -222,6 +232,9 @@ struct Ratios {
     send_msgs_per_s_vs_batched: Option<f64>,
     receive_msgs_per_s: Option<f64>,
     receive_broker_cpu_per_msg: Option<f64>,
+    /// Share group (ShareFetch + ShareAcknowledge) / classic consumer (Fetch + OffsetCommit).
+    share_vs_classic_msgs_per_s: Option<f64>,
+    share_vs_classic_broker_cpu_per_msg: Option<f64>,
 }
 
 /// `measured / reference`, `None` unless both are finite and the reference is positive.
@@ -239,6 +252,7 @@ struct Report {
     partitions: i32,
     grpc_connections: u32,
     kafka_batch: u32,
+    share_members: u32,
     rounds: u32,
     send: Vec<Row>,
     receive: Vec<Row>,
@@ -374,6 +388,12 @@ impl Bench<'_> {
         println!("gRPC receive of {TOPIC_GRPC}: {:.0} msg/s", all.msgs_per_s());
         let hits = timed(&self.server, || self.grpc_receive(GROUP_HIT, Some(TAG_HIT), 0..sent_grpc))?;
         println!("gRPC receive of {TOPIC_GRPC} with TAG {TAG_HIT}: {:.0} msg/s delivered", hits.msgs_per_s());
+        let classic = timed(&self.server, || self.kafka_fetch_commit(sent_grpc))?;
+        println!("Kafka Fetch + OffsetCommit of {TOPIC_GRPC}: {:.0} msg/s", classic.msgs_per_s());
+        let mut admin = raw_protocol::connect(self.server.addr)?;
+        share_consumer::set_group_configs(&mut admin, GROUP_SHARE, &[("share.auto.offset.reset", "earliest")])?;
+        let shared = timed(&self.server, || self.share_consume(sent_grpc))?;
+        println!("Kafka share group ShareFetch + ShareAcknowledge of {TOPIC_GRPC}: {:.0} msg/s", shared.msgs_per_s());
 
         let send: Vec<Row> = senders.iter().zip(&sent).map(|(s, m)| m.row(s.label(), self.size)).collect();
         let receive = vec![
@@ -381,6 +401,11 @@ impl Bench<'_> {
             all.row(format!("gRPC Receive({RECEIVE_BATCH}) + Ack, {} receivers", args.concurrency), self.size),
             hits.row(
                 format!("gRPC Receive TAG {TAG_HIT} (1 in {HIT_EVERY}), {} receivers", args.concurrency),
+                self.size,
+            ),
+            classic.row("Kafka Fetch + OffsetCommit, 1 connection".to_string(), self.size),
+            shared.row(
+                format!("Kafka share group: ShareFetch({SHARE_MAX_RECORDS}) + Ack, {} members", args.share_members),
                 self.size,
             ),
         ];
@@ -404,6 +429,11 @@ impl Bench<'_> {
             send_msgs_per_s_vs_batched: send.get(2).and_then(|batched| ratio(send[0].msgs_per_s, batched.msgs_per_s)),
             receive_msgs_per_s: ratio(receive[1].msgs_per_s, receive[0].msgs_per_s),
             receive_broker_cpu_per_msg: ratio(receive[1].broker_cpu_us_per_msg, receive[0].broker_cpu_us_per_msg),
+            share_vs_classic_msgs_per_s: ratio(receive[4].msgs_per_s, receive[3].msgs_per_s),
+            share_vs_classic_broker_cpu_per_msg: ratio(
+                receive[4].broker_cpu_us_per_msg,
+                receive[3].broker_cpu_us_per_msg,
+            ),
         };
         let report = Report {
             kafka: self.server.addr.to_string(),
@@ -414,6 +444,7 @@ impl Bench<'_> {
             partitions: args.partitions,
             grpc_connections: args.grpc_connections,
             kafka_batch: args.kafka_batch,
+            share_members: args.share_members,
             rounds,
             send,
             receive,
@@ -528,6 +559,71 @@ impl Bench<'_> {
         })
     }
 
+    /// Reads the `messages` of the gRPC topic back as a classic Kafka consumer does: Fetch over
+    /// one connection, and after each Fetch an OffsetCommit (group GROUP_CLASSIC, no generation:
+    /// a consumer with assigned partitions) of the partitions that moved.
+    fn kafka_fetch_commit(&self, messages: u64) -> anyhow::Result<Done> {
+        let mut client = raw_protocol::connect(self.server.addr)?;
+        let partitions: Vec<i32> = (0..self.args.partitions).collect();
+        let ends = raw_protocol::latest_offsets(&mut client, TOPIC_GRPC, &partitions)?;
+        let ranges: Vec<(i32, i64, i64)> = partitions.iter().zip(&ends).map(|(&p, &end)| (p, 0, end)).collect();
+        let mut commits = 0u64;
+        let fetched =
+            raw_protocol::fetch_all_then(&mut client, TOPIC_GRPC, &ranges, FETCH_PARTITION_BYTES, |client, moved| {
+                commits += 1;
+                commit_offsets(client, GROUP_CLASSIC, TOPIC_GRPC, moved)
+            })?;
+        if fetched.records != messages {
+            bail!("Kafka Fetch read {} records of {TOPIC_GRPC}, but {messages} were sent", fetched.records);
+        }
+        Ok(Done {
+            messages: fetched.records,
+            requests: fetched.requests + commits,
+            latency_us: produce::latency_histogram()?,
+            until_last: None,
+        })
+    }
+
+    /// Reads the `messages` of the gRPC topic back once through share group GROUP_SHARE with
+    /// --share-members members; fails unless every offset of every partition came exactly once.
+    fn share_consume(&self, messages: u64) -> anyhow::Result<Done> {
+        let mut admin = raw_protocol::connect(self.server.addr)?;
+        let partitions: Vec<i32> = (0..self.args.partitions).collect();
+        let ends = raw_protocol::latest_offsets(&mut admin, TOPIC_GRPC, &partitions)?;
+        let mut expected: Vec<(i32, i64)> =
+            partitions.iter().zip(&ends).flat_map(|(&p, &end)| (0..end).map(move |o| (p, o))).collect();
+        if expected.len() as u64 != messages {
+            bail!("{TOPIC_GRPC} holds {} records, but {messages} were sent", expected.len());
+        }
+        let mut consumed = share_consumer::consume(
+            self.server.addr,
+            GROUP_SHARE,
+            TOPIC_GRPC,
+            self.args.share_members,
+            SHARE_MAX_RECORDS,
+            messages,
+            STALL_LIMIT,
+        )?;
+        consumed.records.sort_unstable();
+        expected.sort_unstable();
+        if let Some(pair) = consumed.records.windows(2).find(|w| w[0] == w[1]) {
+            bail!("share group {GROUP_SHARE} acquired {TOPIC_GRPC}-{} offset {} more than once", pair[0].0, pair[0].1);
+        }
+        if consumed.records != expected {
+            bail!(
+                "share group {GROUP_SHARE} acquired {} records of {TOPIC_GRPC} where {} were expected",
+                consumed.records.len(),
+                expected.len()
+            );
+        }
+        Ok(Done {
+            messages,
+            requests: consumed.requests,
+            latency_us: consumed.latency_us,
+            until_last: Some(consumed.until_last),
+        })
+    }
+
     /// Receives from the gRPC topic for `group`, filtered by `tags`, with --concurrency
     /// SimpleConsumer-style receivers, until every message of `sent` that the filter matches has
     /// come; fails unless exactly those came, each once.
@@ -608,6 +704,34 @@ fn kafka_connection(
         }
     }
     Ok(latency)
+}
+
+/// OffsetCommit of `positions` (partition, next offset) of `topic` for `group`, as a consumer
+/// with assigned partitions commits (no generation, no member); fails on any error.
+fn commit_offsets(client: &mut KafkaClient, group: &str, topic: &str, positions: &[(i32, i64)]) -> anyhow::Result<()> {
+    use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+    let request = OffsetCommitRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
+        .with_generation_id_or_member_epoch(-1)
+        .with_topics(vec![OffsetCommitRequestTopic::default()
+            .with_name(kafka_client::topic_name(topic))
+            .with_partitions(
+                positions
+                    .iter()
+                    .map(|&(p, offset)| {
+                        OffsetCommitRequestPartition::default().with_partition_index(p).with_committed_offset(offset)
+                    })
+                    .collect(),
+            )]);
+    let response = client.send(OFFSET_COMMIT_VERSION, &request).context("OffsetCommit")?;
+    if let Some(p) = response.topics.iter().flat_map(|t| &t.partitions).find(|p| p.error_code != 0) {
+        bail!(
+            "OffsetCommit of {topic}-{} for {group} failed: {}",
+            p.partition_index,
+            raw_protocol::error_name(p.error_code)
+        );
+    }
+    Ok(())
 }
 
 /// What the receivers of one receive case share.
@@ -712,7 +836,7 @@ fn print_report(report: &Report) {
         latency.as_ref().map_or_else(|| "-".to_string(), |l| format!("{:.2}", pick(l)))
     };
     let header = format!(
-        "{:<46} {:>10} {:>8} {:>8} {:>8} {:>8} {:>13} {:>13}",
+        "{:<54} {:>10} {:>8} {:>8} {:>8} {:>8} {:>13} {:>13}",
         "", "msg/s", "MB/s", "p50 ms", "p99 ms", "max ms", "broker µs/msg", "client µs/msg"
     );
     let print_rows = |title: &str, rows: &[Row]| {
@@ -720,7 +844,7 @@ fn print_report(report: &Report) {
         println!("{header}");
         for row in rows {
             println!(
-                "{:<46} {:>10.0} {:>8.1} {:>8} {:>8} {:>8} {:>13.1} {:>13.1}",
+                "{:<54} {:>10.0} {:>8.1} {:>8} {:>8} {:>8} {:>13.1} {:>13.1}",
                 row.label,
                 row.msgs_per_s,
                 row.mb_per_s,
@@ -758,6 +882,9 @@ fn print_report(report: &Report) {
     println!("receive msg/s                             {}", x(r.receive_msgs_per_s));
     println!("receive broker CPU per message            {}", x(r.receive_broker_cpu_per_msg));
     println!("filtered (1 %) / unfiltered receive time  {}", times(f.filtered_over_unfiltered_seconds));
+    println!("\nratios, Kafka share group / classic consumer (Fetch + OffsetCommit):");
+    println!("receive msg/s                             {}", x(r.share_vs_classic_msgs_per_s));
+    println!("receive broker CPU per message            {}", x(r.share_vs_classic_broker_cpu_per_msg));
 }
 
 /// A ratio with two significant digits at least: `1.57x`, `0.0036x`.

@@ -40,10 +40,14 @@ fn rocketmq_bench_quick_measures_every_case_and_checks_what_came_back() {
     }
 
     let receive = report["receive"].as_array().expect("receive rows");
-    assert_eq!(receive.len(), 3, "{report}");
-    // Kafka Fetch and the unfiltered gRPC receive read all 1,000; the filter exactly the 10 hits.
+    assert_eq!(receive.len(), 5, "{report}");
+    // Kafka Fetch, the unfiltered gRPC receive, the classic consumer and the share group read
+    // all 1,000; the filter exactly the 10 hits.
     let received: Vec<u64> = receive.iter().map(|r| r["messages"].as_u64().expect("messages")).collect();
-    assert_eq!(received, [1000, 1000, 10], "{report}");
+    assert_eq!(received, [1000, 1000, 10, 1000, 1000], "{report}");
+    let labels: Vec<&str> = receive.iter().filter_map(|r| r["label"].as_str()).collect();
+    assert_eq!(labels[3], "Kafka Fetch + OffsetCommit, 1 connection", "{report}");
+    assert!(labels[4].starts_with("Kafka share group: ShareFetch"), "{report}");
     for row in receive {
         assert!(number(row, "msgs_per_s") > 0.0 && number(row, "seconds") > 0.0, "{row}");
     }
@@ -53,7 +57,9 @@ fn rocketmq_bench_quick_measures_every_case_and_checks_what_came_back() {
     assert!(number(filter, "unfiltered_seconds") > 0.0, "{filter}");
     let ratios = &report["ratios"];
     // (The CPU ratios may be null in a run this small: /proc counts CPU time in 10 ms ticks.)
-    for key in ["send_msgs_per_s", "send_latency_p50", "send_latency_p99", "receive_msgs_per_s"] {
+    for key in
+        ["send_msgs_per_s", "send_latency_p50", "send_latency_p99", "receive_msgs_per_s", "share_vs_classic_msgs_per_s"]
+    {
         let ratio = number(ratios, key);
         assert!(ratio > 0.0 && ratio.is_finite(), "{key} = {ratio} in {ratios}");
     }
