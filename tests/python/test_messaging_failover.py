@@ -15,7 +15,9 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 
-from helpers import c_consume, c_consumer, unique
+from confluent_kafka import KafkaError
+
+from helpers import c_consumer, rec_from_confluent, unique
 
 DURABLE = {"default.replication.factor": "3", "min.insync.replicas": "2"}
 TIMER_TOPIC = "__delayed_messages"
@@ -43,16 +45,27 @@ def shard_of(handle):
 
 
 def read_all(bootstrap, topic, partitions, want, timeout=60):
+    """The topic's records until `want` distinct values came (a copy fired twice must not
+    stand in for a message not seen yet), or the timeout; then 3 s more, where a duplicate
+    would show."""
     consumer = c_consumer(bootstrap)
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        records = c_consume(consumer, want, timeout=timeout)
+        records, distinct = [], set()
+        deadline = time.monotonic() + timeout
+        while len(distinct) < want and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or (msg.error() and msg.error().code() == KafkaError._PARTITION_EOF):
+                continue
+            assert not msg.error(), msg.error()
+            records.append(rec_from_confluent(msg))
+            distinct.add(msg.value())
         # Then nothing more for a while: a duplicate would show here.
         quiet_until = time.monotonic() + 3
         while time.monotonic() < quiet_until:
             msg = consumer.poll(0.2)
             if msg is not None and not msg.error():
-                records.append(msg)
+                records.append(rec_from_confluent(msg))
         return records
     finally:
         consumer.close()
