@@ -156,6 +156,21 @@ fn is_aborted(aborted: &[weir_storage::AbortedTxn], header: &weir_storage::Batch
     })
 }
 
+/// One batch as the log stores it, with its header decoded ([`Broker::read_batches`]).
+#[derive(Debug, Clone)]
+pub struct StoredBatch {
+    pub header: weir_storage::BatchHeader,
+    /// The whole batch, header included.
+    pub bytes: bytes::Bytes,
+}
+
+impl StoredBatch {
+    /// Whether the batch holds a record at every offset of its range (none compacted away).
+    pub fn is_dense(&self) -> bool {
+        i64::from(self.header.records_count) == i64::from(self.header.last_offset_delta) + 1
+    }
+}
+
 pub(crate) fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {
     BrokerError::new(ErrorKind::Storage, format!("{context}: {e}"))
 }
@@ -972,23 +987,43 @@ impl Broker {
         offset: i64,
         max_bytes: u64,
     ) -> Result<(Vec<weir_storage::records::Record>, i64), BrokerError> {
+        let (batches, end) = self.read_batches(partition, offset, max_bytes)?;
+        let mut out = Vec::new();
+        for batch in batches {
+            let decoded = weir_storage::records::decode_batches(&batch.bytes)
+                .map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
+            out.extend(decoded.into_iter().flat_map(|b| b.records).filter(|r| r.offset >= offset));
+        }
+        Ok((out, end))
+    }
+
+    /// [`Broker::read_records`] without decoding: the committed batches as the log stores them
+    /// (control batches and the batches of aborted transactions left out; the first may begin
+    /// before `offset`), and the offset after the last batch read, left out or not. What a
+    /// reader that hands batches on whole reads (a Kafka share group's fetch). Blocking.
+    pub fn read_batches(
+        &self,
+        partition: &Partition,
+        offset: i64,
+        max_bytes: u64,
+    ) -> Result<(Vec<StoredBatch>, i64), BrokerError> {
         let log = &partition.log;
-        let read = log.read_with(offset, max_bytes, log.last_stable_offset(), true)?;
+        let read = log.read_in_memory(offset, max_bytes, log.last_stable_offset(), true)?;
         let Some(slice) = read.slice else { return Ok((Vec::new(), offset)) };
         // The aborted transactions of what was read, as a read_committed fetch lists them.
         let aborted = log.aborted_transactions(slice.first_offset, slice.next_offset);
-        let bytes = slice.read_to_vec().map_err(BrokerError::from)?;
-        let batches = weir_storage::records::decode_batches(&bytes)
-            .map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
+        let bytes = slice.into_bytes().map_err(BrokerError::from)?;
         let mut end = offset;
         let mut out = Vec::new();
-        for batch in batches {
-            let header = &batch.header;
+        for (at, header) in weir_storage::batch::headers(&bytes) {
+            let size = header.size_bytes().filter(|size| at + size <= bytes.len()).ok_or_else(|| {
+                BrokerError::new(ErrorKind::Corrupt, format!("a batch at offset {} is cut short", header.base_offset))
+            })?;
             end = end.max(header.next_offset());
-            if header.is_control() || (header.is_transactional() && is_aborted(&aborted, header)) {
+            if header.is_control() || (header.is_transactional() && is_aborted(&aborted, &header)) {
                 continue;
             }
-            out.extend(batch.records.into_iter().filter(|r| r.offset >= offset));
+            out.push(StoredBatch { bytes: bytes.slice(at..at + size), header });
         }
         Ok((out, end))
     }

@@ -43,6 +43,7 @@ pub use weir_controller::topic_config;
 
 pub use broker::{
     Acks, Broker, CreatedTopic, NewTopic, NodeStatus, OffsetAnswer, OffsetQuery, PartitionSize, PendingAppends,
+    StoredBatch,
 };
 pub use config::{BrokerConfig, ConfigError};
 pub use error::{BrokerError, ErrorKind, RecordError};

@@ -121,6 +121,7 @@ fn responses(c: &mut Criterion) {
                     len: 64 << 10,
                     first_offset: 0,
                     next_offset: 64,
+                    data: None,
                 });
                 placeholder
             } else {

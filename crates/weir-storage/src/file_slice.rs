@@ -20,6 +20,8 @@ pub struct FileSlice {
     pub first_offset: i64,
     /// The offset after the last batch in the slice.
     pub next_offset: i64,
+    /// The slice's bytes, when the read that made it has them already (`Log::read_in_memory`).
+    pub data: Option<bytes::Bytes>,
 }
 
 impl std::fmt::Debug for FileSlice {
@@ -35,6 +37,14 @@ impl std::fmt::Debug for FileSlice {
 }
 
 impl FileSlice {
+    /// The slice's bytes: those the read has (no copy), else read from the file.
+    pub fn into_bytes(self) -> Result<bytes::Bytes> {
+        match self.data {
+            Some(data) => Ok(data),
+            None => self.read_to_vec().map(bytes::Bytes::from),
+        }
+    }
+
     /// Copies the slice into memory.
     pub fn read_to_vec(&self) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; self.len as usize];

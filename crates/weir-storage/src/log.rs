@@ -912,6 +912,29 @@ impl Log {
         max_offset_exclusive: i64,
         min_one_batch: bool,
     ) -> Result<ReadResult> {
+        self.read_segments(from, max_bytes, max_offset_exclusive, min_one_batch, false)
+    }
+
+    /// [`Log::read_with`] for a reader that wants the bytes in memory (to decode them, or to
+    /// hand them on): the slice comes with its [`FileSlice::data`], read in one go.
+    pub fn read_in_memory(
+        &self,
+        from: i64,
+        max_bytes: u64,
+        max_offset_exclusive: i64,
+        min_one_batch: bool,
+    ) -> Result<ReadResult> {
+        self.read_segments(from, max_bytes, max_offset_exclusive, min_one_batch, true)
+    }
+
+    fn read_segments(
+        &self,
+        from: i64,
+        max_bytes: u64,
+        max_offset_exclusive: i64,
+        min_one_batch: bool,
+        in_memory: bool,
+    ) -> Result<ReadResult> {
         let log_start = self.log_start_offset();
         let log_end = self.log_end_offset();
         let mut result = ReadResult {
@@ -939,7 +962,7 @@ impl Log {
             if segment.base_offset() >= upper {
                 break;
             }
-            match segment.read(from, max_bytes, upper, min_one_batch)? {
+            match segment.read(from, max_bytes, upper, min_one_batch, in_memory)? {
                 SegmentRead::Slice(slice) => {
                     result.slice = Some(slice);
                     break;

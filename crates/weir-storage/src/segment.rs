@@ -689,7 +689,17 @@ impl Segment {
 
     /// Whole batches from the first batch containing an offset `>= from`, at most `max_bytes`
     /// (but at least one batch if `min_one_batch`), none with an offset `>= upper_bound`.
-    pub(crate) fn read(&self, from: i64, max_bytes: u64, upper_bound: i64, min_one_batch: bool) -> Result<SegmentRead> {
+    /// `in_memory`: the reader wants the bytes, not the file range (it decodes them): they are
+    /// read at once, `max_bytes` in one read, and the headers found in them, rather than scanned
+    /// in the file and read a second time ([`FileSlice::data`]).
+    pub(crate) fn read(
+        &self,
+        from: i64,
+        max_bytes: u64,
+        upper_bound: i64,
+        min_one_batch: bool,
+        in_memory: bool,
+    ) -> Result<SegmentRead> {
         let end = self.size();
         let Some((start, first, mut scanner)) = self.seek_batch(from, end)? else {
             return Ok(SegmentRead::NotHere);
@@ -706,15 +716,33 @@ impl Segment {
         }
         let mut len = first_size;
         let mut next_offset = first.next_offset();
+        // In memory: what may be served, read once (not when the first batch alone runs past
+        // the segment's end: the scan below reports that).
+        let mut data = None;
+        if in_memory && start + first_size <= end {
+            let mut buf = vec![0; max_bytes.max(first_size).min(end - start) as usize];
+            self.log.read_exact_at(&mut buf, start).at(&self.log_path())?;
+            data = Some(buf);
+        }
         loop {
-            let header = match scanner.next() {
-                Ok(Some((_, header))) => header,
-                Ok(None) => break,
-                // A corrupt header after whole batches ends the read there: the batches before it
-                // are served (and CRC-checked below); a read that starts at the corrupt header
-                // reports it. Failing the whole read would make intact data unreadable.
-                Err(StorageError::CorruptSegment { .. }) if len > 0 => break,
-                Err(e) => return Err(e),
+            let header = match &data {
+                // A header not whole in what was read, or of an impossible length, ends the read
+                // before it, as the scan's corrupt header does (len > 0 here).
+                Some(buf) => match buf.get(len as usize..).and_then(BatchHeader::parse) {
+                    Some(header) if header.size_bytes().is_some_and(|size| len + size as u64 <= buf.len() as u64) => {
+                        header
+                    }
+                    _ => break,
+                },
+                None => match scanner.next() {
+                    Ok(Some((_, header))) => header,
+                    Ok(None) => break,
+                    // A corrupt header after whole batches ends the read there: the batches before it
+                    // are served (and CRC-checked below); a read that starts at the corrupt header
+                    // reports it. Failing the whole read would make intact data unreadable.
+                    Err(StorageError::CorruptSegment { .. }) if len > 0 => break,
+                    Err(e) => return Err(e),
+                },
             };
             let size = header.size_bytes().unwrap_or(0) as u64;
             if header.last_offset() >= upper_bound {
@@ -743,6 +771,10 @@ impl Segment {
             }
             Err(e) => return Err(e),
         }
+        let data = data.map(|mut buf| {
+            buf.truncate(len as usize);
+            bytes::Bytes::from(buf)
+        });
         Ok(SegmentRead::Slice(FileSlice {
             file: Arc::clone(&self.log),
             path: self.log_path(),
@@ -750,6 +782,7 @@ impl Segment {
             len,
             first_offset: first.base_offset,
             next_offset,
+            data,
         }))
     }
 

@@ -95,6 +95,34 @@ proptest! {
     }
 
     #[test]
+    fn a_read_in_memory_is_the_read_of_the_file_range(
+        specs in batch_specs(),
+        segment_bytes in 2048u64..40_000,
+        probes in prop::collection::vec((any::<prop::sample::Index>(), 1u64..20_000, any::<prop::sample::Index>(), any::<bool>()), 1..40),
+    ) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let segment_bytes = segment_bytes.to_string();
+        let (log, _) = build(dir.path(), &specs, &[("segment.bytes", segment_bytes.as_str())]);
+        let end = log.log_end_offset();
+        for (from, max_bytes, upper, min_one) in probes {
+            let from = from.index(end as usize) as i64;
+            let upper = from + upper.index((end - from) as usize + 1) as i64;
+            let file = log.read_with(from, max_bytes, upper, min_one).expect("read").slice;
+            let memory = log.read_in_memory(from, max_bytes, upper, min_one).expect("read").slice;
+            let context = format!("read({from}, {max_bytes}, {upper}, {min_one})");
+            prop_assert_eq!(file.is_some(), memory.is_some(), "{}", context);
+            if let (Some(file), Some(memory)) = (file, memory) {
+                prop_assert!(file.data.is_none(), "{}", context);
+                let range = |s: &weir_storage::FileSlice| (s.position, s.len, s.first_offset, s.next_offset);
+                prop_assert_eq!(range(&file), range(&memory), "{}", context);
+                let bytes = memory.clone().into_bytes().expect("bytes");
+                prop_assert!(memory.data.is_some(), "{}: read at once", context);
+                prop_assert_eq!(&bytes[..], &file.read_to_vec().expect("bytes")[..], "{}", context);
+            }
+        }
+    }
+
+    #[test]
     fn timestamp_lookups_equal_a_naive_scan(
         specs in batch_specs(),
         interval in 0u64..4096,
