@@ -40,17 +40,89 @@ impl QueueId {
     }
 }
 
-/// What one update did to a queue's state.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+/// What one update did to a queue's state. Written as [`ChangeRuns`].
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Change {
     pub(crate) done_below: i64,
     pub(crate) next: i64,
     /// In-flight entries added or changed.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) set: Vec<(i64, Inflight)>,
     /// In-flight entries gone.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) removed: Vec<i64>,
+}
+
+/// A [`Change`] as a line holds it: consecutive offsets whose entries are alike as one run,
+/// so a receive or an ack of hundreds of messages writes a few numbers rather than an entry
+/// each. Lines of earlier versions list every entry (`set`, `removed`); both forms read.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ChangeRuns {
+    done_below: i64,
+    next: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    set: Vec<(i64, Inflight)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    removed: Vec<i64>,
+    /// (first offset, last offset, the entry each offset of the run has).
+    #[serde(rename = "set_runs", default, skip_serializing_if = "Vec::is_empty")]
+    set_runs: Vec<(i64, i64, Inflight)>,
+    /// (first offset, last offset).
+    #[serde(rename = "removed_runs", default, skip_serializing_if = "Vec::is_empty")]
+    removed_runs: Vec<(i64, i64)>,
+}
+
+impl ChangeRuns {
+    fn of(change: &Change) -> ChangeRuns {
+        let mut set_runs: Vec<(i64, i64, Inflight)> = Vec::new();
+        for (offset, inflight) in &change.set {
+            match set_runs.last_mut() {
+                Some((_, last, like)) if *last + 1 == *offset && like == inflight => *last = *offset,
+                _ => set_runs.push((*offset, *offset, *inflight)),
+            }
+        }
+        let mut removed_runs: Vec<(i64, i64)> = Vec::new();
+        for offset in &change.removed {
+            match removed_runs.last_mut() {
+                Some((_, last)) if *last + 1 == *offset => *last = *offset,
+                _ => removed_runs.push((*offset, *offset)),
+            }
+        }
+        ChangeRuns {
+            done_below: change.done_below,
+            next: change.next,
+            set: Vec::new(),
+            removed: Vec::new(),
+            set_runs,
+            removed_runs,
+        }
+    }
+}
+
+impl From<ChangeRuns> for Change {
+    fn from(runs: ChangeRuns) -> Change {
+        let ChangeRuns { done_below, next, mut set, mut removed, set_runs, removed_runs } = runs;
+        // (A run is at most what a line could name one by one: a made-up huge run is cut short
+        // rather than filling memory. No engine hands out more than this at once.)
+        const RUN_MAX: i64 = 1 << 20;
+        for (first, last, inflight) in set_runs {
+            set.extend((first..=last.min(first.saturating_add(RUN_MAX))).map(|offset| (offset, inflight)));
+        }
+        for (first, last) in removed_runs {
+            removed.extend(first..=last.min(first.saturating_add(RUN_MAX)));
+        }
+        Change { done_below, next, set, removed }
+    }
+}
+
+impl serde::Serialize for Change {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        ChangeRuns::of(self).serialize(serializer)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Change {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Change, D::Error> {
+        ChangeRuns::deserialize(deserializer).map(Change::from)
+    }
 }
 
 impl Change {
@@ -211,6 +283,26 @@ mod tests {
         assert!(queues.apply(StateLine { key: other.clone(), ..migrated }));
         assert_eq!(queues.0[&other.id()].states[&None].next, 7);
         assert!(queues.apply(StateLine::took_over(other.clone(), 1)), "a migrated queue fences nobody");
+    }
+
+    #[test]
+    fn a_change_is_written_in_runs_and_reads_back_whole() {
+        let entry = |attempt| Inflight { visible_at_ms: 10, attempt, nonce: 7, group: None };
+        let change = Change {
+            done_below: 1,
+            next: 600,
+            set: (100..600).map(|o| (o, entry(if o == 300 { 2 } else { 1 }))).collect(),
+            removed: (1..100).chain([150]).collect(),
+        };
+        let line = StateLine::change(key(None), 1, change.clone());
+        let value = encode(std::slice::from_ref(&line)).expect("encode");
+        assert!(value.len() < 400, "{} bytes: {}", value.len(), String::from_utf8_lossy(&value));
+        let read: StateLine = serde_json::from_slice(&value[..value.len() - 1]).expect("parses");
+        assert_eq!(read.change, Some(change));
+        // A line of an earlier version, every entry listed.
+        let earlier = br#"{"q":{"group":"g","topic":"t","partition":0},"e":1,"d":{"done_below":0,"next":2,"set":[[1,{"visible_at_ms":10,"attempt":1,"nonce":7}]],"removed":[0]}}"#;
+        let read: StateLine = serde_json::from_slice(earlier).expect("parses");
+        assert_eq!(read.change, Some(Change { done_below: 0, next: 2, set: vec![(1, entry(1))], removed: vec![0] }));
     }
 
     #[test]
