@@ -174,6 +174,7 @@ impl Service {
             long_polling,
             hold_for: request.auto_renew.then(|| client.to_string()),
             nonce: None,
+            whole_batches: false,
         })
     }
 

@@ -33,7 +33,7 @@ use kafka_protocol::ResponseError;
 use uuid::Uuid;
 use weir_broker::group_config::{ConsumeFrom, GroupSettings};
 use weir_broker::Partition;
-use weir_messaging::pop::{self, Delivery, HandleError, QueueKey, ReceiveRequest, TagFilter};
+use weir_messaging::pop::{self, BatchOffsets, Delivery, HandleError, QueueKey, ReceiveRequest, Received, TagFilter};
 use weir_storage::records::{encode_batch, BatchOptions, Record};
 
 use crate::context::{Client, Ctx, ShareEngines};
@@ -117,7 +117,8 @@ async fn acknowledge(
     let mut note = |e: ResponseError| {
         first_error.get_or_insert(e);
     };
-    let mut accepted = Vec::new();
+    // Every (offset, type) named, in order; whether the member holds each, asked at once.
+    let mut named: Vec<(i64, i8)> = Vec::new();
     for (first, last, types) in batches {
         let count = last.saturating_sub(*first).saturating_add(1);
         if *first < 0
@@ -129,30 +130,35 @@ async fn acknowledge(
         }
         for (i, offset) in (*first..=*last).enumerate() {
             let kind = if types.len() == 1 { types[0] } else { types[i] };
-            if kind != GAP && !engines.pop.is_held(key, offset, nonce).await {
-                // Not this member's, or its lock ran out: the record is no longer acquired.
-                note(ResponseError::InvalidRecordState);
+            if kind != GAP {
+                named.push((offset, kind));
+            }
+        }
+    }
+    let offsets: Vec<i64> = named.iter().map(|(offset, _)| *offset).collect();
+    let held = engines.pop.are_held(key, &offsets, nonce).await;
+    let mut accepted = Vec::new();
+    for ((offset, kind), held) in named.into_iter().zip(held) {
+        if !held {
+            // Not this member's, or its lock ran out: the record is no longer acquired.
+            note(ResponseError::InvalidRecordState);
+            continue;
+        }
+        let done = match kind {
+            // Together below: their state writes go out as one.
+            ACCEPT => {
+                accepted.push((key, offset, nonce));
                 continue;
             }
-            let done = match kind {
-                GAP => continue,
-                // Together below: their state writes go out as one.
-                ACCEPT => {
-                    accepted.push((key.clone(), offset, nonce));
-                    continue;
-                }
-                RELEASE => {
-                    engines.pop.change_invisible(key, offset, nonce, Duration::ZERO).await.map(|r| r.map(|_| ()))
-                }
-                REJECT => engines.pop.give_up(key, offset, nonce).await,
-                RENEW => engines.pop.extend_invisible(key, offset, nonce, lock).await,
-                _ => {
-                    note(ResponseError::InvalidRequest);
-                    continue;
-                }
-            };
-            outcome(done, &mut note);
-        }
+            RELEASE => engines.pop.change_invisible(key, offset, nonce, Duration::ZERO).await.map(|r| r.map(|_| ())),
+            REJECT => engines.pop.give_up(key, offset, nonce).await,
+            RENEW => engines.pop.extend_invisible(key, offset, nonce, lock).await,
+            _ => {
+                note(ResponseError::InvalidRequest);
+                continue;
+            }
+        };
+        outcome(done, &mut note);
     }
     for done in engines.pop.ack_many(&accepted).await {
         outcome(done, &mut note);
@@ -225,42 +231,77 @@ fn local_partition(
     }
 }
 
-/// Encodes deliveries (sorted by offset) as record batches, one per run of consecutive
-/// offsets, and the acquired ranges, one per run of consecutive offsets with one count.
-fn encode_deliveries(deliveries: &mut [Delivery]) -> (Option<Bytes>, Vec<AcquiredRecords>) {
-    deliveries.sort_by_key(|d| d.record.offset);
-    let mut bytes = BytesMut::new();
-    let mut acquired: Vec<AcquiredRecords> = Vec::new();
+/// A receive's answer for one partition: the records, and the acquired ranges, one per run of
+/// consecutive offsets with one delivery count. A batch handed out whole goes as the log
+/// stores it; the other records (redeliveries, and what went out of a batch only in part) are
+/// encoded again, one batch per run of consecutive offsets. Batches are in offset order.
+fn encode_received(received: Received) -> (Option<Bytes>, Vec<AcquiredRecords>) {
+    let Received { deliveries: mut loose, batches } = received;
+    let mut pieces: Vec<(i64, Bytes)> = Vec::new();
+    let mut ranges: Vec<(i64, i64, i16)> = Vec::new();
+    for delivery in batches {
+        let header = &delivery.batch.header;
+        if delivery.is_whole() {
+            ranges.push((header.base_offset, header.last_offset(), 1));
+            pieces.push((header.base_offset, delivery.batch.bytes));
+            continue;
+        }
+        match weir_storage::records::decode_batches(&delivery.batch.bytes) {
+            Ok(decoded) => {
+                let went_out = |offset: i64| match &delivery.offsets {
+                    BatchOffsets::Range(first, last) => (*first..=*last).contains(&offset),
+                    BatchOffsets::List(offsets) => offsets.binary_search(&offset).is_ok(),
+                };
+                let records = decoded.into_iter().flat_map(|b| b.records).filter(|r| went_out(r.offset));
+                loose.extend(records.map(|record| Delivery { record, attempt: 1, nonce: delivery.nonce }));
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot decode an acquired batch"),
+        }
+    }
+    loose.sort_by_key(|d| d.record.offset);
     let mut run: Vec<Record> = Vec::new();
-    let flush = |run: &mut Vec<Record>, bytes: &mut BytesMut| {
+    let mut flush = |run: &mut Vec<Record>| {
         if let Some(first) = run.first() {
             let options = BatchOptions { base_offset: first.offset, ..BatchOptions::default() };
             match encode_batch(run, &options) {
-                Ok(batch) => bytes.extend_from_slice(&batch),
+                Ok(batch) => pieces.push((first.offset, batch.freeze())),
                 Err(e) => tracing::warn!(error = %e, "cannot encode acquired records"),
             }
         }
         run.clear();
     };
-    for delivery in deliveries.iter() {
+    for delivery in loose {
         let offset = delivery.record.offset;
         if run.last().is_some_and(|r| r.offset + 1 != offset) {
-            flush(&mut run, &mut bytes);
+            flush(&mut run);
         }
-        run.push(delivery.record.clone());
-        let count = i16::try_from(delivery.attempt).unwrap_or(i16::MAX);
+        ranges.push((offset, offset, i16::try_from(delivery.attempt).unwrap_or(i16::MAX)));
+        run.push(delivery.record);
+    }
+    flush(&mut run);
+    pieces.sort_by_key(|(first, _)| *first);
+    ranges.sort_unstable();
+    let mut acquired: Vec<AcquiredRecords> = Vec::new();
+    for (first, last, count) in ranges {
         match acquired.last_mut() {
-            Some(last) if last.last_offset + 1 == offset && last.delivery_count == count => last.last_offset = offset,
+            Some(prev) if prev.last_offset + 1 == first && prev.delivery_count == count => prev.last_offset = last,
             _ => acquired.push(
-                AcquiredRecords::default()
-                    .with_first_offset(offset)
-                    .with_last_offset(offset)
-                    .with_delivery_count(count),
+                AcquiredRecords::default().with_first_offset(first).with_last_offset(last).with_delivery_count(count),
             ),
         }
     }
-    flush(&mut run, &mut bytes);
-    ((!bytes.is_empty()).then(|| bytes.freeze()), acquired)
+    let records = match pieces.len() {
+        0 => None,
+        1 => pieces.pop().map(|(_, bytes)| bytes),
+        _ => {
+            let mut bytes = BytesMut::with_capacity(pieces.iter().map(|(_, b)| b.len()).sum());
+            for (_, piece) in &pieces {
+                bytes.extend_from_slice(piece);
+            }
+            Some(bytes.freeze())
+        }
+    };
+    (records, acquired)
 }
 
 /// What one partition of a ShareFetch answers.
@@ -270,7 +311,7 @@ struct PartitionAnswer {
     ack_error: Option<ResponseError>,
     acked: bool,
     leader: (i32, i32),
-    deliveries: Vec<Delivery>,
+    received: Received,
 }
 
 pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequest) -> ShareFetchResponse {
@@ -353,6 +394,7 @@ pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequ
                         start: settings.start,
                         hold_for: None,
                         nonce: Some(nonce),
+                        whole_batches: true,
                     };
                     requests.push(((topic_id, index), request));
                 }
@@ -368,7 +410,7 @@ pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequ
         for (at, result) in received {
             let answer = answers.entry(at).or_default();
             match result {
-                Ok(deliveries) => answer.deliveries = deliveries,
+                Ok(received) => answer.received = received,
                 Err(error) => answer.error = Some(error),
             }
         }
@@ -381,10 +423,10 @@ pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequ
         if answer.error == Some(ResponseError::NotLeaderOrFollower) && answer.leader.0 >= 0 {
             elsewhere.insert(answer.leader.0);
         }
-        if answer.error.is_none() && !answer.acked && answer.deliveries.is_empty() {
+        if answer.error.is_none() && !answer.acked && answer.received.is_empty() {
             continue;
         }
-        let (records, acquired) = encode_deliveries(&mut answer.deliveries);
+        let (records, acquired) = encode_received(std::mem::take(&mut answer.received));
         let mut data = PartitionData::default()
             .with_partition_index(index)
             .with_error_code(answer.error.map_or(0, |e| e.code()))
@@ -441,7 +483,7 @@ async fn receive_all(
     requests: Vec<((Uuid, i32), ReceiveRequest)>,
     max_records: usize,
     wait: Duration,
-) -> Vec<((Uuid, i32), Result<Vec<Delivery>, ResponseError>)> {
+) -> Vec<((Uuid, i32), Result<Received, ResponseError>)> {
     let mut out = Vec::with_capacity(requests.len());
     let mut remaining = max_records;
     let mut pending: Vec<((Uuid, i32), ReceiveRequest)> = Vec::new();
@@ -452,13 +494,13 @@ async fn receive_all(
         }
         let batch = remaining.min(request.batch);
         let again = ReceiveRequest { batch, ..clone_request(&request) };
-        match engines.pop.receive(again).await {
-            Ok(deliveries) => {
-                remaining = remaining.saturating_sub(deliveries.len());
-                if deliveries.is_empty() {
+        match engines.pop.receive_batches(again).await {
+            Ok(received) => {
+                remaining = remaining.saturating_sub(received.len());
+                if received.is_empty() {
                     pending.push((at, request));
                 } else {
-                    out.push((at, Ok(deliveries)));
+                    out.push((at, Ok(received)));
                 }
             }
             Err(e) => out.push((at, Err(kafka_error(e.kind)))),
@@ -469,7 +511,7 @@ async fn receive_all(
         for (at, request) in pending {
             let pop = engines.pop.clone();
             let request = ReceiveRequest { long_polling: wait, ..request };
-            polls.spawn(async move { (at, pop.receive(request).await) });
+            polls.spawn(async move { (at, pop.receive_batches(request).await) });
         }
         while let Some(joined) = polls.join_next().await {
             if let Ok((at, result)) = joined {
@@ -493,6 +535,7 @@ fn clone_request(request: &ReceiveRequest) -> ReceiveRequest {
         start: request.start,
         hold_for: request.hold_for.clone(),
         nonce: request.nonce,
+        whole_batches: request.whole_batches,
     }
 }
 
@@ -565,17 +608,66 @@ mod tests {
         Delivery { record, attempt, nonce: 1 }
     }
 
+    /// A stored batch of `offsets` (consecutive or not).
+    fn stored(offsets: &[i64]) -> weir_broker::StoredBatch {
+        let records: Vec<Record> = offsets
+            .iter()
+            .map(|o| {
+                let mut record = Record::new(0, None, Some(Bytes::from_static(b"v")));
+                record.offset = *o;
+                record
+            })
+            .collect();
+        let options = BatchOptions { base_offset: offsets[0], ..BatchOptions::default() };
+        let bytes = encode_batch(&records, &options).expect("encodes").freeze();
+        let header = weir_storage::BatchHeader::parse(&bytes).expect("a header");
+        weir_broker::StoredBatch { header, bytes }
+    }
+
+    fn batch(offsets: &[i64], went_out: BatchOffsets) -> pop::BatchDelivery {
+        pop::BatchDelivery { batch: stored(offsets), offsets: went_out, nonce: 1 }
+    }
+
+    fn offsets_of(records: &Bytes) -> Vec<i64> {
+        let batches = weir_storage::records::decode_batches(records).expect("decodable");
+        batches.iter().flat_map(|b| b.records.iter().map(|r| r.offset)).collect()
+    }
+
     #[test]
     fn deliveries_are_acquired_in_ranges_of_consecutive_offsets_with_one_count() {
-        let mut deliveries = vec![delivery(5, 1), delivery(3, 1), delivery(4, 2), delivery(9, 2), delivery(10, 2)];
-        let (records, acquired) = encode_deliveries(&mut deliveries);
+        let deliveries = vec![delivery(5, 1), delivery(3, 1), delivery(4, 2), delivery(9, 2), delivery(10, 2)];
+        let (records, acquired) = encode_received(Received { deliveries, batches: Vec::new() });
         let ranges: Vec<(i64, i64, i16)> =
             acquired.iter().map(|a| (a.first_offset, a.last_offset, a.delivery_count)).collect();
         assert_eq!(ranges, [(3, 3, 1), (4, 4, 2), (5, 5, 1), (9, 10, 2)]);
         let records = records.expect("records");
-        let batches = weir_storage::records::decode_batches(&records).expect("decodable");
-        let offsets: Vec<i64> = batches.iter().flat_map(|b| b.records.iter().map(|r| r.offset)).collect();
-        assert_eq!(offsets, [3, 4, 5, 9, 10], "two batches: 3..=5 and 9..=10");
-        assert_eq!(encode_deliveries(&mut []).0, None);
+        assert_eq!(offsets_of(&records), [3, 4, 5, 9, 10], "two batches: 3..=5 and 9..=10");
+        assert_eq!(encode_received(Received::default()).0, None);
+    }
+
+    #[test]
+    fn whole_batches_go_as_stored_and_partial_ones_only_with_what_went_out() {
+        let whole = batch(&[20, 21, 22], BatchOffsets::Range(20, 22));
+        let stored_bytes = whole.batch.bytes.clone();
+        let received = Received {
+            deliveries: vec![delivery(2, 3)],
+            batches: vec![
+                whole,
+                // Begun before the receive's start: only 11 and 12 went out.
+                batch(&[10, 11, 12], BatchOffsets::Range(11, 12)),
+                // Named one by one (as a batch compaction thinned is): only 31 went out.
+                batch(&[30, 31], BatchOffsets::List(vec![31])),
+            ],
+        };
+        let (records, acquired) = encode_received(received);
+        let ranges: Vec<(i64, i64, i16)> =
+            acquired.iter().map(|a| (a.first_offset, a.last_offset, a.delivery_count)).collect();
+        assert_eq!(ranges, [(2, 2, 3), (11, 12, 1), (20, 22, 1), (31, 31, 1)]);
+        let records = records.expect("records");
+        assert_eq!(offsets_of(&records), [2, 11, 12, 20, 21, 22, 31], "in offset order, nothing that did not go out");
+        assert!(
+            records.windows(stored_bytes.len()).any(|w| w == &stored_bytes[..]),
+            "the whole batch is sent as stored"
+        );
     }
 }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::receive::{self, Delivery, ReceiveRequest, ReceiveTurns};
+use super::receive::{self, Delivery, ReceiveRequest, ReceiveTurns, Received};
 use super::renew::Renewals;
 use crate::pop::{HandleError, QueueKey, QueueState};
 use weir_broker::BrokerError;
@@ -45,16 +45,25 @@ impl PopEngine {
     /// nothing came before its deadline. Deliveries held for a client are renewed while it
     /// lives.
     pub async fn receive(&self, request: ReceiveRequest) -> Result<Vec<Delivery>, BrokerError> {
+        debug_assert!(!request.whole_batches, "a receive of whole batches is receive_batches");
+        let received = self.receive_batches(request).await?;
+        debug_assert!(received.batches.is_empty(), "whole batches to a receive of records");
+        Ok(received.deliveries)
+    }
+
+    /// [`PopEngine::receive`], with new messages handed out as whole stored batches when the
+    /// request asks for [`ReceiveRequest::whole_batches`].
+    pub async fn receive_batches(&self, request: ReceiveRequest) -> Result<Received, BrokerError> {
         let (key, slice, hold_for) = (request.key.clone(), request.invisible, request.hold_for.clone());
         self.limits.note(&key.group, request.max_attempts);
-        let deliveries = receive::receive(&self.messaging, &self.turns, request).await?;
+        let received = receive::receive(&self.messaging, &self.turns, request).await?;
         if let Some(client) = hold_for {
             let now = self.messaging.broker.now_ms();
-            for delivery in &deliveries {
-                self.renewals.hold(&key, delivery.record.offset, delivery.nonce, &client, slice, now);
+            for (offset, nonce) in received.offsets() {
+                self.renewals.hold(&key, offset, nonce, &client, slice, now);
             }
         }
-        Ok(deliveries)
+        Ok(received)
     }
 
     /// Whether this broker hosts the partition of `key` (a handle naming another is none of
@@ -71,11 +80,12 @@ impl PopEngine {
 
     /// Several acks ([`PopEngine::ack`]) made together: their writes go to the state shards as
     /// one. One result per ack, in order.
-    pub async fn ack_many(&self, acks: &[(QueueKey, i64, u64)]) -> Vec<HandleResult<()>> {
+    pub async fn ack_many<K: std::borrow::Borrow<QueueKey>>(&self, acks: &[(K, i64, u64)]) -> Vec<HandleResult<()>> {
         let store = &self.messaging.pop;
         // The acks of each queue, in their order: one update (and one line written) per queue.
         let mut by_queue: Vec<(&QueueKey, Vec<usize>)> = Vec::new();
         for (i, (key, _, _)) in acks.iter().enumerate() {
+            let key = key.borrow();
             match by_queue.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, indices)) => indices.push(i),
                 None => by_queue.push((key, vec![i])),
@@ -121,10 +131,13 @@ impl PopEngine {
                 continue;
             }
             let mut wake = false;
+            let renewed = !self.renewals.is_empty();
             for (i, acked) in indices.into_iter().zip(acked) {
                 results[i] = Some(match acked {
                     Ok(inflight) => {
-                        self.renewals.release(key, acks[i].1);
+                        if renewed {
+                            self.renewals.release(key, acks[i].1);
+                        }
                         wake |= inflight.group.is_some();
                         Ok(Ok(()))
                     }
@@ -199,7 +212,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::pop::TagFilter;
+    use crate::pop::{BatchOffsets, TagFilter};
     use weir_broker::message::Message;
     use weir_broker::{Acks, Broker, Partition};
 
@@ -254,6 +267,7 @@ mod tests {
             start: weir_broker::group_config::ConsumeFrom::FirstOffset,
             hold_for: None,
             nonce: None,
+            whole_batches: false,
         }
     }
 
@@ -319,6 +333,44 @@ mod tests {
         let back = engine.receive(request(&broker, &key)).await.expect("receive");
         assert_eq!(offsets(&back), [(1, 2)], "visible at once after a change to zero");
         assert_ne!(back[0].nonce, renewed);
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn given_whole_batches_when_received_each_goes_out_as_stored_and_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (broker, messaging) = open(dir.path()).await;
+        let engine = engine(&messaging);
+        let key = QueueKey::new("g", TOPIC, 0);
+        append(&broker, &[(None, None); 3]).await;
+        append(&broker, &[(None, None); 2]).await;
+        let whole =
+            |batch: usize| ReceiveRequest { batch, whole_batches: true, nonce: Some(7), ..request(&broker, &key) };
+
+        // A record of the first batch went out as a record first: the batch now goes from 1 on.
+        let first = engine.receive(ReceiveRequest { batch: 1, ..request(&broker, &key) }).await.expect("receive");
+        assert_eq!(offsets(&first), [(0, 1)]);
+        let rest = engine.receive_batches(whole(1)).await.expect("receive");
+        assert!(rest.deliveries.is_empty());
+        assert_eq!(rest.batches.len(), 1, "one batch fills a room of one");
+        assert_eq!(rest.batches[0].offsets, BatchOffsets::Range(1, 2));
+        assert!(!rest.batches[0].is_whole(), "offset 0 of it went out before");
+        let second = engine.receive_batches(whole(1)).await.expect("receive");
+        assert_eq!(second.batches.len(), 1);
+        assert_eq!(second.batches[0].offsets, BatchOffsets::Range(3, 4), "overfills the room: batches go whole");
+        assert!(second.batches[0].is_whole());
+        assert_eq!(second.len(), 2);
+        assert!(engine.receive_batches(whole(32)).await.expect("receive").is_empty(), "each offset once");
+
+        for offset in 1..=4 {
+            let inflight = messaging.pop.get_inflight(&key, offset).expect("in flight");
+            assert_eq!((inflight.attempt, inflight.nonce), (1, 7), "offset {offset}");
+        }
+        expire(&messaging, &key, 3).await;
+        let again = engine.receive_batches(whole(32)).await.expect("receive");
+        assert!(again.batches.is_empty(), "a redelivery is a record, not a batch");
+        assert_eq!(offsets(&again.deliveries), [(3, 2)]);
+        assert_eq!(engine.ack(&key, 4, 7).await.expect("io"), Ok(()));
         broker.begin_shutdown();
     }
 

@@ -48,7 +48,7 @@ pub mod store;
 
 pub use engine::{HandleResult, PopEngine};
 pub use filter::TagFilter;
-pub use receive::{Delivery, ReceiveRequest};
+pub use receive::{BatchDelivery, BatchOffsets, Delivery, ReceiveRequest, Received};
 pub use share::QueuePosition;
 pub use state::HandleError;
 pub(crate) use state::{Inflight, QueueState};

@@ -86,6 +86,11 @@ pub struct ReceiveRequest {
     /// group's, by offset) gives one per consumer (a hash of its member id), so that its ack
     /// by offset names its own delivery and another consumer's is refused as stale.
     pub nonce: Option<u64>,
+    /// Hand new messages on as the log stores them, a whole batch at a time
+    /// ([`Received::batches`]), not decoded: what a Kafka share group's fetch sends on as it
+    /// is. Only without a tag filter and FIFO order, which look into each message. A receive may
+    /// then hand out up to a batch more than `batch` messages, as Kafka acquires whole batches.
+    pub whole_batches: bool,
 }
 
 impl ReceiveRequest {
@@ -103,6 +108,10 @@ impl ReceiveRequest {
             self.partition.index
         );
         self.filter.check();
+        debug_assert!(
+            !self.whole_batches || (matches!(self.filter, TagFilter::All) && !self.fifo),
+            "whole batches under a tag filter or FIFO order"
+        );
     }
 }
 
@@ -114,6 +123,85 @@ pub struct Delivery {
     pub attempt: u32,
     /// Names this delivery: an ack or a change of invisible time must give it back.
     pub nonce: u64,
+}
+
+/// What a receive hands out: decoded deliveries (every one, unless the request asked for
+/// [`ReceiveRequest::whole_batches`]), and the stored batches handed out whole.
+#[derive(Debug, Default)]
+pub struct Received {
+    pub deliveries: Vec<Delivery>,
+    pub batches: Vec<BatchDelivery>,
+}
+
+impl Received {
+    pub fn is_empty(&self) -> bool {
+        self.deliveries.is_empty() && self.batches.is_empty()
+    }
+
+    /// How many messages went out.
+    pub fn len(&self) -> usize {
+        self.deliveries.len() + self.batches.iter().map(|b| b.offsets.len()).sum::<usize>()
+    }
+
+    /// Every offset handed out, with the nonce its delivery got.
+    pub fn offsets(&self) -> impl Iterator<Item = (i64, u64)> + '_ {
+        let batched = self.batches.iter().flat_map(|b| b.offsets.iter().map(move |o| (o, b.nonce)));
+        self.deliveries.iter().map(|d| (d.record.offset, d.nonce)).chain(batched)
+    }
+}
+
+/// A stored batch handed out as the log keeps it: its records at `offsets` went out for the
+/// first time (attempt 1), all under `nonce`. They are the batch's records from the receive's
+/// start on; a batch that began before it, or whose records compaction thinned, holds records
+/// that did not go out (see [`BatchDelivery::is_whole`]).
+#[derive(Debug, Clone)]
+pub struct BatchDelivery {
+    pub batch: weir_broker::StoredBatch,
+    pub offsets: BatchOffsets,
+    pub nonce: u64,
+}
+
+impl BatchDelivery {
+    /// Whether every record of the batch went out: the batch can be sent on as it is.
+    pub fn is_whole(&self) -> bool {
+        let header = &self.batch.header;
+        self.batch.is_dense()
+            && matches!(self.offsets, BatchOffsets::Range(first, last)
+                if first == header.base_offset && last == header.last_offset())
+    }
+}
+
+/// The offsets of a [`BatchDelivery`], ascending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOffsets {
+    /// Every offset of `first..=last`.
+    Range(i64, i64),
+    /// These (a batch thinned by compaction).
+    List(Vec<i64>),
+}
+
+impl BatchOffsets {
+    pub fn len(&self) -> usize {
+        match self {
+            BatchOffsets::Range(first, last) => (last - first + 1).max(0) as usize,
+            BatchOffsets::List(offsets) => offsets.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn iter(&self) -> Box<dyn Iterator<Item = i64> + '_> {
+        match self {
+            BatchOffsets::Range(first, last) => Box::new(*first..=*last),
+            BatchOffsets::List(offsets) => Box::new(offsets.iter().copied()),
+        }
+    }
+
+    fn first(&self) -> Option<i64> {
+        self.iter().next()
+    }
 }
 
 /// Receives take turns per queue and group.
@@ -145,7 +233,7 @@ fn fifo_group(request: &ReceiveRequest, record: &Record) -> Option<u64> {
 pub(crate) fn receive_once(
     messaging: &Messaging,
     request: &ReceiveRequest,
-) -> Result<(Vec<Delivery>, Durable), BrokerError> {
+) -> Result<(Received, Durable), BrokerError> {
     let partition = &request.partition;
     let log_start = partition.log.log_start_offset();
     let now = messaging.broker.now_ms();
@@ -174,28 +262,32 @@ pub(crate) fn receive_once(
     };
     match indexed.filter(|(_, indexed_to)| *indexed_to > pass.examined_to) {
         Some((offsets, indexed_to)) => pass.pick_indexed(messaging, &offsets, indexed_to, room)?,
+        None if room > 0 && request.whole_batches => pass.pick_batches(messaging, room)?,
         None if room > 0 => pass.pick_scanned(messaging, room)?,
         None => {}
     }
 
     let visible_at = now + request.invisible.as_millis() as i64;
-    let Pass { picked, vanished, examined_to, .. } = pass;
+    let Pass { picked, batches, vanished, examined_to, .. } = pass;
     let (result, durable) = messaging.pop.update(&request.key, start, |q| {
-        if q.resets != state.resets {
-            // Reset since it was read: what was read is no longer what the group has next.
-            return Ok::<_, ()>(Vec::new());
+        // Reset since it was read: what was read is no longer what the group has next. (A
+        // batch's first offset below `next` cannot be new either; only a reset moves `next`
+        // between the read and here, receives of the queue taking turns.)
+        if q.resets != state.resets || batches.iter().any(|(_, offsets)| offsets.first().is_some_and(|o| o < q.next)) {
+            return Ok::<_, ()>(Received::default());
         }
         q.truncate_below(log_start);
         for offset in &vanished {
             q.forget(*offset);
         }
         let deliveries = deliver(q, request, picked, visible_at);
+        let batches = deliver_batches(q, request, batches, visible_at);
         q.skip_to(examined_to);
-        Ok::<_, ()>(deliveries)
+        Ok::<_, ()>(Received { deliveries, batches })
     })?;
-    let deliveries = result.unwrap_or_default();
-    check_deliveries(log_start, &deliveries);
-    Ok((deliveries, durable))
+    let received = result.unwrap_or_default();
+    check_deliveries(log_start, &received);
+    Ok((received, durable))
 }
 
 /// Where a group without state for the queue starts (its `consume.from.where`): the oldest
@@ -250,11 +342,37 @@ fn deliver(
     deliveries
 }
 
+/// First deliveries of whole stored batches (a request for [`ReceiveRequest::whole_batches`]),
+/// all under one nonce. Their offsets are new (at or after `next`, checked by the caller).
+fn deliver_batches(
+    q: &mut QueueState,
+    request: &ReceiveRequest,
+    picked: Vec<(weir_broker::StoredBatch, BatchOffsets)>,
+    visible_at: i64,
+) -> Vec<BatchDelivery> {
+    if picked.is_empty() {
+        return Vec::new();
+    }
+    let nonce = request.nonce.unwrap_or_else(rand::random::<u64>);
+    let mut out = Vec::with_capacity(picked.len());
+    for (batch, offsets) in picked {
+        for offset in offsets.iter() {
+            let inflight = q.deliver_in_group(offset, visible_at, nonce, None);
+            debug_assert_eq!(inflight.attempt, 1, "offset {offset} of a batch was in flight already");
+        }
+        out.push(BatchDelivery { batch, offsets, nonce });
+    }
+    out
+}
+
 /// What one receive pass picked from a queue, before the queue's state is updated.
 struct Pass<'a> {
     request: &'a ReceiveRequest,
     /// The records to hand out, each with whether it is a redelivery.
     picked: Vec<(Record, bool)>,
+    /// The stored batches to hand out whole (new messages, [`ReceiveRequest::whole_batches`]),
+    /// each with its offsets that go out.
+    batches: Vec<(weir_broker::StoredBatch, BatchOffsets)>,
     /// In flight, but compacted away since: done, or it would stay in flight for ever.
     vanished: Vec<i64>,
     /// Every offset below this was looked at: the group's next offset after the pass.
@@ -271,6 +389,7 @@ impl<'a> Pass<'a> {
         Pass {
             request,
             picked: Vec::new(),
+            batches: Vec::new(),
             vanished: Vec::new(),
             examined_to: state.next.max(log_start),
             busy: if request.fifo { state.active_groups() } else { Default::default() },
@@ -374,25 +493,84 @@ impl<'a> Pass<'a> {
                 // Everything read was examined, up to the end of its last batch.
                 self.examined_to = self.examined_to.max(end);
             }
-            step = (step * 4).min(READ_BYTES);
+            step = next_step(step, read_bytes, taken, room);
+        }
+        Ok(())
+    }
+
+    /// New messages as whole stored batches ([`ReceiveRequest::whole_batches`]), read in
+    /// growing steps as [`Pass::pick_scanned`] reads them, until the batches taken fill `room`
+    /// (the last may overfill it). Only a batch compaction thinned is decoded, for its offsets.
+    fn pick_batches(&mut self, messaging: &Messaging, room: usize) -> Result<(), BrokerError> {
+        let (broker, request) = (&messaging.broker, self.request);
+        let mut taken = 0;
+        let mut step = FIRST_READ_BYTES;
+        let mut read_bytes = 0;
+        while taken < room && read_bytes < READ_BYTES {
+            let (batches, end) = broker.read_batches(&request.partition, self.examined_to, step)?;
+            if end <= self.examined_to {
+                break; // nothing more below the high watermark
+            }
+            read_bytes += step;
+            for batch in batches {
+                if taken >= room {
+                    break;
+                }
+                // The first batch may begin before what is left to examine.
+                let from = self.examined_to.max(batch.header.base_offset);
+                let last = batch.header.last_offset();
+                let offsets = if batch.is_dense() {
+                    BatchOffsets::Range(from, last)
+                } else {
+                    let decoded = weir_storage::records::decode_batches(&batch.bytes)
+                        .map_err(|e| BrokerError::new(weir_broker::ErrorKind::Corrupt, e.to_string()))?;
+                    let present = decoded.iter().flat_map(|b| &b.records).map(|r| r.offset).filter(|o| *o >= from);
+                    BatchOffsets::List(present.collect())
+                };
+                self.examined_to = self.examined_to.max(last + 1);
+                if !offsets.is_empty() {
+                    taken += offsets.len();
+                    self.batches.push((batch, offsets));
+                }
+            }
+            if taken < room {
+                self.examined_to = self.examined_to.max(end);
+            }
+            step = next_step(step, read_bytes, taken, room);
         }
         Ok(())
     }
 }
 
+/// The size of a scan's next read, after `read_bytes` read gave `taken` of the `room`
+/// messages it looks for: what the rest takes at the size they had so far, a quarter more for
+/// the slack; four times the last step while nothing was taken (a filter that matches little),
+/// never more than that, nor past [`READ_BYTES`] in all.
+fn next_step(step: u64, read_bytes: u64, taken: usize, room: usize) -> u64 {
+    let most = (step * 4).min(READ_BYTES.saturating_sub(read_bytes)).max(1);
+    if taken == 0 {
+        return most;
+    }
+    let left = room.saturating_sub(taken) as u64;
+    let wanted = read_bytes / taken as u64 * left;
+    (wanted + wanted / 4).clamp(FIRST_READ_BYTES / 4, most.max(FIRST_READ_BYTES / 4))
+}
+
 /// What one pass hands out (debug builds): each offset at most once, never below the log start,
 /// and every delivery counted.
-fn check_deliveries(log_start: i64, deliveries: &[Delivery]) {
+fn check_deliveries(log_start: i64, received: &Received) {
     #[cfg(debug_assertions)]
     {
         let mut offsets = std::collections::HashSet::new();
-        for delivery in deliveries {
-            debug_assert!(offsets.insert(delivery.record.offset), "offset {} handed out twice", delivery.record.offset);
-            debug_assert!(delivery.record.offset >= log_start, "offset {} below the log start", delivery.record.offset);
+        for (offset, _) in received.offsets() {
+            debug_assert!(offsets.insert(offset), "offset {offset} handed out twice");
+            debug_assert!(offset >= log_start, "offset {offset} below the log start");
+        }
+        for delivery in &received.deliveries {
             debug_assert!(delivery.attempt >= 1, "a delivery of attempt 0 (a parked message)");
         }
     }
-    let _ = (log_start, deliveries);
+    let _ = (log_start, received);
 }
 
 /// A receive with long polling: what it hands out, empty when nothing came before its
@@ -401,14 +579,14 @@ pub(crate) async fn receive(
     messaging: &Arc<Messaging>,
     turns: &ReceiveTurns,
     request: ReceiveRequest,
-) -> Result<Vec<Delivery>, BrokerError> {
+) -> Result<Received, BrokerError> {
     let broker = &messaging.broker;
     request.check();
     let turn = turns.of(&request.key);
     let deadline = tokio::time::Instant::now() + request.long_polling;
     let _turn = match tokio::time::timeout_at(deadline, turn.lock()).await {
         Ok(turn) => turn,
-        Err(_) => return Ok(Vec::new()),
+        Err(_) => return Ok(Received::default()),
     };
     let request = Arc::new(request);
     let mut shutdown = broker.shutdown_signal();
@@ -424,12 +602,12 @@ pub(crate) async fn receive(
             let (messaging, request) = (messaging.clone(), request.clone());
             tokio::task::spawn_blocking(move || receive_once(&messaging, &request)).await
         };
-        let (deliveries, durable) = pass.map_err(|e| BrokerError::internal(e.to_string()))??;
+        let (received, durable) = pass.map_err(|e| BrokerError::internal(e.to_string()))??;
         // Handed out only once the shard has them: else a failover could hand them out again
         // as first deliveries, or not remember they are out.
         durable.wait().await?;
-        if !deliveries.is_empty() {
-            return Ok(deliveries);
+        if !received.is_empty() {
+            return Ok(received);
         }
         // Wake at the next expiry too: that message is deliverable again then.
         let now = tokio::time::Instant::now();
@@ -440,13 +618,13 @@ pub(crate) async fn receive(
         });
         let wake = expiry.map_or(deadline, |e| e.min(deadline));
         if now >= deadline || *shutdown.borrow() {
-            return Ok(Vec::new());
+            return Ok(Received::default());
         }
         // Then one more pass, also at the deadline: what arrived just now is handed out.
         tokio::select! {
             _ = waiter.notified() => {}
             _ = tokio::time::sleep_until(wake) => {}
-            _ = shutdown.wait_for(|down| *down) => return Ok(Vec::new()),
+            _ = shutdown.wait_for(|down| *down) => return Ok(Received::default()),
         }
     }
 }

@@ -48,11 +48,15 @@ impl PopEngine {
         if self.messaging.pop.load(key).await.is_err() {
             return false;
         }
-        let now = self.messaging.broker.now_ms();
-        self.messaging
-            .pop
-            .get_inflight(key, offset)
-            .is_some_and(|i| i.nonce == nonce && i.attempt > 0 && i.visible_at_ms > now)
+        self.messaging.pop.held(key, nonce, self.messaging.broker.now_ms(), &[offset]) == [true]
+    }
+
+    /// [`PopEngine::is_held`] of each of `offsets`, at once.
+    pub async fn are_held(&self, key: &QueueKey, offsets: &[i64], nonce: u64) -> Vec<bool> {
+        if self.messaging.pop.load(key).await.is_err() {
+            return vec![false; offsets.len()];
+        }
+        self.messaging.pop.held(key, nonce, self.messaging.broker.now_ms(), offsets)
     }
 
     /// The offsets of `key` handed out under `nonce` and still invisible: what one Kafka share

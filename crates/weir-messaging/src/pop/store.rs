@@ -431,6 +431,21 @@ impl PopStore {
         lock(&self.inner).queues.get(key).and_then(|q| q.inflight.get(&offset).copied())
     }
 
+    /// Of `offsets` of `key`, which are in flight under `nonce` (delivered, not parked) and
+    /// still invisible at `now_ms`.
+    pub(crate) fn held(&self, key: &QueueKey, nonce: u64, now_ms: i64, offsets: &[i64]) -> Vec<bool> {
+        let inner = lock(&self.inner);
+        let state = inner.queues.get(key);
+        offsets
+            .iter()
+            .map(|offset| {
+                state
+                    .and_then(|q| q.inflight.get(offset))
+                    .is_some_and(|i| i.nonce == nonce && i.attempt > 0 && i.visible_at_ms > now_ms)
+            })
+            .collect()
+    }
+
     /// A copy of the state of `key`, if it has one.
     pub fn get(&self, key: &QueueKey) -> Option<QueueState> {
         lock(&self.inner).queues.get(key).cloned()
