@@ -165,6 +165,13 @@ pub struct StoredBatch {
 }
 
 impl StoredBatch {
+    /// Its records, decoded (decompressed as needed).
+    pub fn records(&self) -> Result<Vec<weir_storage::records::Record>, BrokerError> {
+        let decoded = weir_storage::records::decode_batches(&self.bytes)
+            .map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
+        Ok(decoded.into_iter().flat_map(|b| b.records).collect())
+    }
+
     /// Whether the batch holds a record at every offset of its range (none compacted away).
     pub fn is_dense(&self) -> bool {
         i64::from(self.header.records_count) == i64::from(self.header.last_offset_delta) + 1
@@ -990,9 +997,7 @@ impl Broker {
         let (batches, end) = self.read_batches(partition, offset, max_bytes)?;
         let mut out = Vec::new();
         for batch in batches {
-            let decoded = weir_storage::records::decode_batches(&batch.bytes)
-                .map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
-            out.extend(decoded.into_iter().flat_map(|b| b.records).filter(|r| r.offset >= offset));
+            out.extend(batch.records()?.into_iter().filter(|r| r.offset >= offset));
         }
         Ok((out, end))
     }

@@ -461,30 +461,38 @@ impl<'a> Pass<'a> {
         // No room left to remember a waiting FIFO message: the rest of the queue waits too.
         let mut parking_full = false;
         while taken < room && read_bytes < READ_BYTES && !parking_full {
-            let (records, end) = broker.read_records(&request.partition, self.examined_to, step)?;
+            let (batches, end) = broker.read_batches(&request.partition, self.examined_to, step)?;
             if end <= self.examined_to {
                 break; // nothing more below the high watermark
             }
             read_bytes += step;
-            for record in records {
+            let start = self.examined_to;
+            // Batches are decoded as they are reached: what lies past a full batch is read
+            // (the read is one copy) but never decoded.
+            'read: for batch in batches {
                 if taken == room {
-                    self.examined_to = record.offset;
                     break;
                 }
-                let offset = record.offset;
-                if request.filter.matches(&record) {
-                    if self.deliverable(&record) {
-                        taken += 1;
-                    } else if self.park_room == 0 {
-                        self.examined_to = offset;
-                        parking_full = true;
-                        break;
-                    } else {
-                        self.park_room -= 1;
+                for record in batch.records()?.into_iter().filter(|r| r.offset >= start) {
+                    if taken == room {
+                        self.examined_to = record.offset;
+                        break 'read;
                     }
-                    self.picked.push((record, false));
+                    let offset = record.offset;
+                    if request.filter.matches(&record) {
+                        if self.deliverable(&record) {
+                            taken += 1;
+                        } else if self.park_room == 0 {
+                            self.examined_to = offset;
+                            parking_full = true;
+                            break 'read;
+                        } else {
+                            self.park_room -= 1;
+                        }
+                        self.picked.push((record, false));
+                    }
+                    self.examined_to = offset + 1;
                 }
-                self.examined_to = offset + 1;
             }
             if parking_full {
                 break;
@@ -522,9 +530,7 @@ impl<'a> Pass<'a> {
                 let offsets = if batch.is_dense() {
                     BatchOffsets::Range(from, last)
                 } else {
-                    let decoded = weir_storage::records::decode_batches(&batch.bytes)
-                        .map_err(|e| BrokerError::new(weir_broker::ErrorKind::Corrupt, e.to_string()))?;
-                    let present = decoded.iter().flat_map(|b| &b.records).map(|r| r.offset).filter(|o| *o >= from);
+                    let present = batch.records()?.into_iter().map(|r| r.offset).filter(|o| *o >= from);
                     BatchOffsets::List(present.collect())
                 };
                 self.examined_to = self.examined_to.max(last + 1);
