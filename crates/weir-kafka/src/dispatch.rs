@@ -14,6 +14,7 @@ use weir_broker::metrics::{ErrorCounter, OperationMetrics, ProtocolMetrics};
 use crate::context::{Client, Ctx};
 use crate::frame::{self, FrameError, ResponseFrame};
 use crate::handlers::{self, admin, groups};
+use crate::share_versions;
 use crate::versions;
 
 /// The request metrics of `api_key` (named after the key, as Kafka names its APIs: `Produce`,
@@ -164,8 +165,32 @@ async fn route(
         ApiKey::ConsumerGroupDescribe => call!(ConsumerGroupDescribeRequest, handlers::consumer_groups::describe),
         ApiKey::ShareGroupHeartbeat => call!(ShareGroupHeartbeatRequest, handlers::share_groups::heartbeat),
         ApiKey::ShareGroupDescribe => call!(ShareGroupDescribeRequest, handlers::share_groups::describe),
-        ApiKey::ShareFetch => call!(ShareFetchRequest, handlers::share_fetch::share_fetch),
-        ApiKey::ShareAcknowledge => call!(ShareAcknowledgeRequest, handlers::share_fetch::share_acknowledge),
+        // Version 2 is read as v1 with its extra fields taken out (`share_versions`).
+        ApiKey::ShareFetch => {
+            let malformed = |reason| FrameError::Malformed { api_key, version, reason };
+            let (mut v1, extras) = share_versions::fetch_request(version, body).map_err(malformed)?;
+            let request: ShareFetchRequest = frame::decode_body(&mut v1, api_key, 1)?;
+            let response = handlers::share_fetch::share_fetch(ctx, &client, request, extras).await;
+            count_errors(&response);
+            // (A v2 answer is v1's.)
+            Some(single(frame::encode_response(api_key, 1, correlation_id, &response)?))
+        }
+        ApiKey::ShareAcknowledge => {
+            let malformed = |reason| FrameError::Malformed { api_key, version, reason };
+            let (mut v1, _renew_ack) = share_versions::acknowledge_request(version, body).map_err(malformed)?;
+            let request: ShareAcknowledgeRequest = frame::decode_body(&mut v1, api_key, 1)?;
+            let group = request.group_id.as_ref().map(|g| g.to_string()).unwrap_or_default();
+            let response = handlers::share_fetch::share_acknowledge(ctx, &client, request).await;
+            count_errors(&response);
+            let frame = frame::encode_response(api_key, 1, correlation_id, &response)?;
+            if version >= share_versions::V2 {
+                let lock_ms = handlers::share_fetch::record_lock_ms(ctx, &group);
+                let encode = |reason| FrameError::Encode { api_key, version, reason };
+                Some(single(share_versions::acknowledge_response(frame, lock_ms).map_err(encode)?))
+            } else {
+                Some(single(frame))
+            }
+        }
         ApiKey::DescribeShareGroupOffsets => {
             call!(DescribeShareGroupOffsetsRequest, handlers::share_groups::describe_offsets)
         }

@@ -18,6 +18,7 @@ mod handlers;
 pub mod replica_fetcher;
 mod server;
 mod share_session;
+mod share_versions;
 pub mod versions;
 pub mod zero_copy;
 

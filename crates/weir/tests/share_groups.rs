@@ -330,3 +330,161 @@ fn given_a_closed_share_session_what_its_member_held_is_available_again_at_once(
     let mut c = join(&mut client, group, topic_id);
     assert_eq!(fetch(&mut client, &mut c, 0, Vec::new()), [(1, 3)]);
 }
+
+/// A request frame of `api_key` at version 2, from `request` encoded at v1 with `extra` (the
+/// v2 fields) put in `at` bytes into the body: what Kafka 4.2's clients send.
+fn v2_frame<R: kafka_protocol::protocol::Encodable>(api_key: i16, request: &R, at: usize, extra: &[u8]) -> Vec<u8> {
+    use bytes::BufMut;
+    let mut body = bytes::BytesMut::new();
+    request.encode(&mut body, 1).expect("encodes");
+    let mut frame = bytes::BytesMut::new();
+    frame.put_i16(api_key);
+    frame.put_i16(2);
+    frame.put_i32(7); // correlation id
+    frame.put_i16(4);
+    frame.put_slice(b"test");
+    frame.put_u8(0); // no tagged fields
+    frame.put_slice(&body[..at]);
+    frame.put_slice(extra);
+    frame.put_slice(&body[at..]);
+    let mut out = (frame.len() as i32).to_be_bytes().to_vec();
+    out.extend_from_slice(&frame);
+    out
+}
+
+/// The body of the next response frame (after the correlation id and the header's tagged fields).
+fn response_body(client: &mut Client) -> bytes::Bytes {
+    let frame = client.read_frame().expect("a response");
+    assert_eq!(i32::from_be_bytes(frame[..4].try_into().expect("4 bytes")), 7, "correlation id");
+    assert_eq!(frame[4], 0, "no tagged fields");
+    frame.slice(5..)
+}
+
+/// A ShareFetch v2 of partition 0: its acquired (offset, count), with the acquire mode and
+/// renew flag given, the acknowledgements piggy-backed, and max_records (max_wait 500 ms
+/// unless the fetch only renews, whose fetch parameters are zero).
+fn fetch_v2(
+    client: &mut Client,
+    member: &mut Member,
+    mode: u8,
+    renew: bool,
+    max_records: i32,
+    acks: Vec<(i64, i64, i8)>,
+) -> (i16, Vec<(i64, i16)>) {
+    let batches = acks
+        .into_iter()
+        .map(|(first, last, kind)| {
+            share_fetch_request::AcknowledgementBatch::default()
+                .with_first_offset(first)
+                .with_last_offset(last)
+                .with_acknowledge_types(vec![kind])
+        })
+        .collect();
+    let (wait, max_bytes) = if renew { (0, 0) } else { (500, 1 << 20) };
+    let request = ShareFetchRequest::default()
+        .with_group_id(Some(group_id(&member.group)))
+        .with_member_id(Some(s(&member.id)))
+        .with_share_session_epoch(member.epoch)
+        .with_max_wait_ms(wait)
+        .with_max_bytes(max_bytes)
+        .with_max_records(max_records)
+        .with_topics(vec![share_fetch_request::FetchTopic::default().with_topic_id(member.topic_id).with_partitions(
+            vec![share_fetch_request::FetchPartition::default()
+                .with_partition_index(0)
+                .with_acknowledgement_batches(batches)],
+        )]);
+    // GroupId and MemberId (compact strings), then six int32 up to BatchSize.
+    let at = 1 + member.group.len() + 1 + member.id.len() + 24;
+    client.write_raw(&v2_frame(78, &request, at, &[mode, u8::from(renew)])).expect("write");
+    let mut body = response_body(client);
+    let response =
+        <ShareFetchResponse as kafka_protocol::protocol::Decodable>::decode(&mut body, 1).expect("v2 answers as v1");
+    assert!(body.is_empty(), "nothing left over");
+    if response.error_code != code::NONE {
+        return (response.error_code, Vec::new());
+    }
+    member.epoch += 1;
+    let mut acquired = Vec::new();
+    for p in response.responses.iter().flat_map(|t| &t.partitions) {
+        assert_eq!((p.error_code, p.acknowledge_error_code), (code::NONE, code::NONE), "{p:?}");
+        for range in &p.acquired_records {
+            acquired.extend((range.first_offset..=range.last_offset).map(|o| (o, range.delivery_count)));
+        }
+    }
+    (code::NONE, acquired)
+}
+
+#[test]
+fn given_kafka_4_2s_share_fetch_v2_record_limit_mode_caps_what_is_acquired_and_a_renew_only_fetch_acquires_nothing() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let versions = client.api_versions();
+    for key in [78, 79] {
+        let range = versions.api_keys.iter().find(|k| k.api_key == key).expect("listed");
+        assert_eq!((range.min_version, range.max_version), (1, 2), "API {key}");
+    }
+    let topic_id = client.create_topic(TOPIC, 1, &[]);
+    let messages: Vec<Message> = (0..5).map(|i| Message::new("k", &format!("v{i}"), 1_000 + i)).collect();
+    client.produce_ok(TOPIC, 0, batch(&messages));
+    client.produce_ok(TOPIC, 0, batch(&messages));
+    let group = "kafka-4-2";
+    set_group_configs(
+        &mut client,
+        group,
+        &[("share.auto.offset.reset", "earliest"), ("share.record.lock.duration.ms", "2000")],
+    );
+    let mut member = join(&mut client, group, topic_id);
+
+    // Record-limit mode: 2 of the first batch's 5 records, then 2 more.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut first = Vec::new();
+    while first.is_empty() && Instant::now() < deadline {
+        first = fetch_v2(&mut client, &mut member, 1, false, 2, Vec::new()).1;
+    }
+    assert_eq!(first, [(0, 1), (1, 1)], "record-limit: never more than max_records");
+    assert_eq!(fetch_v2(&mut client, &mut member, 1, false, 2, Vec::new()).1, [(2, 1), (3, 1)]);
+    // Batch-optimized mode (v1's): the rest of the batch and the whole next one, past max_records.
+    let rest = fetch_v2(&mut client, &mut member, 0, false, 2, Vec::new()).1;
+    assert_eq!(rest.iter().map(|(o, _)| *o).collect::<Vec<_>>(), [4, 5, 6, 7, 8, 9], "whole batches");
+
+    // A renew-only fetch keeps the locks and acquires nothing; one with fetch parameters is refused.
+    let renewed_at = Instant::now();
+    while renewed_at.elapsed() < Duration::from_millis(3_000) {
+        let (error, acquired) = fetch_v2(&mut client, &mut member, 0, true, 0, vec![(0, 9, RENEW)]);
+        assert_eq!((error, acquired), (code::NONE, Vec::new()));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut other = join(&mut client, group, topic_id);
+    assert_eq!(fetch(&mut client, &mut other, 0, Vec::new()), [], "renewed locks held after 3 s (lock 2 s)");
+    let (error, _) = fetch_v2(&mut client, &mut member, 0, true, 5, vec![(0, 0, RENEW)]);
+    assert_eq!(error, 42, "INVALID_REQUEST: a renew-only fetch with max_records");
+
+    // ShareAcknowledge v2 answers with the lock duration.
+    let request = ShareAcknowledgeRequest::default()
+        .with_group_id(Some(group_id(group)))
+        .with_member_id(Some(s(&member.id)))
+        .with_share_session_epoch(member.epoch)
+        .with_topics(vec![share_acknowledge_request::AcknowledgeTopic::default()
+            .with_topic_id(topic_id)
+            .with_partitions(vec![share_acknowledge_request::AcknowledgePartition::default()
+                .with_partition_index(0)
+                .with_acknowledgement_batches(vec![share_acknowledge_request::AcknowledgementBatch::default()
+                    .with_first_offset(0)
+                    .with_last_offset(9)
+                    .with_acknowledge_types(vec![ACCEPT])])])]);
+    let at = 1 + group.len() + 1 + member.id.len() + 4;
+    client.write_raw(&v2_frame(79, &request, at, &[0])).expect("write");
+    let body = response_body(&mut client);
+    // ThrottleTimeMs, ErrorCode, ErrorMessage (null: one byte), then AcquisitionLockTimeoutMs.
+    assert_eq!(i16::from_be_bytes(body[4..6].try_into().expect("2")), code::NONE);
+    assert_eq!(body[6], 0, "no error message");
+    assert_eq!(i32::from_be_bytes(body[7..11].try_into().expect("4")), 2000, "the group's lock duration");
+    let mut v1 = bytes::BytesMut::from(&body[..7]);
+    v1.extend_from_slice(&body[11..]);
+    let mut v1 = v1.freeze();
+    let response =
+        <ShareAcknowledgeResponse as kafka_protocol::protocol::Decodable>::decode(&mut v1, 1).expect("the rest is v1");
+    assert_eq!(response.responses[0].partitions[0].error_code, code::NONE, "every record accepted");
+    member.epoch += 1;
+    assert_eq!(start_offset(&mut client, group), 10, "all done");
+}

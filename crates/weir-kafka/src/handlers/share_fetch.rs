@@ -39,6 +39,7 @@ use weir_storage::records::{encode_batch, BatchOptions, Record};
 use crate::context::{Client, Ctx, ShareEngines};
 use crate::errors::kafka_error;
 use crate::share_session::{SessionError, FINAL_EPOCH, INITIAL_EPOCH};
+use crate::share_versions::{AcquireMode, FetchExtras};
 
 /// Kafka's acknowledge types.
 const GAP: i8 = 0;
@@ -246,13 +247,13 @@ fn encode_received(received: Received) -> (Option<Bytes>, Vec<AcquiredRecords>) 
             pieces.push((header.base_offset, delivery.batch.bytes));
             continue;
         }
-        match weir_storage::records::decode_batches(&delivery.batch.bytes) {
-            Ok(decoded) => {
+        match delivery.batch.records() {
+            Ok(records) => {
                 let went_out = |offset: i64| match &delivery.offsets {
                     BatchOffsets::Range(first, last) => (*first..=*last).contains(&offset),
                     BatchOffsets::List(offsets) => offsets.binary_search(&offset).is_ok(),
                 };
-                let records = decoded.into_iter().flat_map(|b| b.records).filter(|r| went_out(r.offset));
+                let records = records.into_iter().filter(|r| went_out(r.offset));
                 loose.extend(records.map(|record| Delivery { record, attempt: 1, nonce: delivery.nonce }));
             }
             Err(e) => tracing::warn!(error = %e, "cannot decode an acquired batch"),
@@ -314,7 +315,20 @@ struct PartitionAnswer {
     received: Received,
 }
 
-pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequest) -> ShareFetchResponse {
+/// A share group's record lock duration in force, in milliseconds (what ShareFetch, and
+/// ShareAcknowledge from v2 on, tell the consumer).
+pub(crate) fn record_lock_ms(ctx: &Ctx, group: &str) -> i32 {
+    share_settings(ctx, group).lock.as_millis().min(i32::MAX as u128) as i32
+}
+
+/// A ShareFetch; `extras`: what a v2 request adds (KIP-1206's acquire mode, KIP-1222's
+/// renew-only flag).
+pub(crate) async fn share_fetch(
+    ctx: &Ctx,
+    _client: &Client,
+    req: ShareFetchRequest,
+    extras: FetchExtras,
+) -> ShareFetchResponse {
     let refuse = |error: ResponseError, message: &str| {
         ShareFetchResponse::default().with_error_code(error.code()).with_error_message(Some(s(message)))
     };
@@ -338,6 +352,10 @@ pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequ
         && req.topics.iter().flat_map(|t| &t.partitions).any(|p| p.acknowledgement_batches.is_empty())
     {
         return refuse(ResponseError::InvalidRequest, "a closing share fetch only acknowledges");
+    }
+    // A renew-only fetch (KIP-1222) acquires nothing, and says so with zero fetch parameters.
+    if extras.renew_ack && (req.max_wait_ms != 0 || req.min_bytes != 0 || req.max_bytes != 0 || req.max_records != 0) {
+        return refuse(ResponseError::InvalidRequest, "a renew-only share fetch has zero fetch parameters");
     }
     let fetch_from = match ctx.share_sessions.advance(&group, &member, epoch, &added, &forgotten) {
         Ok(partitions) => partitions,
@@ -372,7 +390,7 @@ pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequ
 
     if epoch == FINAL_EPOCH {
         release_held(ctx, engines, &group, nonce, &fetch_from).await;
-    } else {
+    } else if !extras.renew_ack {
         let max_records = if req.max_records > 0 {
             (req.max_records as usize).min(pop::receive::MAX_BATCH)
         } else {
@@ -394,7 +412,8 @@ pub(crate) async fn share_fetch(ctx: &Ctx, _client: &Client, req: ShareFetchRequ
                         start: settings.start,
                         hold_for: None,
                         nonce: Some(nonce),
-                        whole_batches: true,
+                        // Record-limit mode never hands out more than max_records: by record.
+                        whole_batches: extras.acquire_mode == AcquireMode::BatchOptimized,
                     };
                     requests.push(((topic_id, index), request));
                 }
