@@ -192,7 +192,17 @@ async fn route(
             }
         }
         ApiKey::DescribeShareGroupOffsets => {
-            call!(DescribeShareGroupOffsetsRequest, handlers::share_groups::describe_offsets)
+            // v1 asks as v0 does; its answer adds each partition's lag (`share_versions`).
+            let request: DescribeShareGroupOffsetsRequest = frame::decode_body(&mut body, api_key, 0)?;
+            let response = handlers::share_groups::describe_offsets(ctx, &client, request).await;
+            count_errors(&response);
+            Some(single(if version >= 1 {
+                share_versions::describe_offsets_response(correlation_id, &response, |group, topic, partition| {
+                    handlers::share_groups::lag(ctx, group, topic, partition)
+                })
+            } else {
+                frame::encode_response(api_key, version, correlation_id, &response)?
+            }))
         }
         ApiKey::AlterShareGroupOffsets => call!(AlterShareGroupOffsetsRequest, handlers::share_groups::alter_offsets),
         ApiKey::DeleteShareGroupOffsets => {

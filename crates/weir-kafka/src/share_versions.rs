@@ -10,6 +10,10 @@
 //! So a v2 request is read by taking its new fields out and decoding the rest as v1, and a v2
 //! response is v1's encoding with the new field put in. Both requests are flexible from v0 on:
 //! strings are compact (an unsigned varint of length + 1, 0 for null).
+//!
+//! DescribeShareGroupOffsets v1 (Kafka 4.2, KIP-1226) is v0 with each partition's `Lag`
+//! (int64) after its `LeaderEpoch`: its request reads as v0's, and its answer is encoded here
+//! whole ([`describe_offsets_response`]), being short.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -120,6 +124,69 @@ pub(crate) fn acknowledge_response(frame: BytesMut, lock_timeout_ms: i32) -> Res
     Ok(out)
 }
 
+fn put_unsigned_varint(out: &mut BytesMut, mut value: u64) {
+    while value >= 0x80 {
+        out.put_u8((value as u8 & 0x7f) | 0x80);
+        value >>= 7;
+    }
+    out.put_u8(value as u8);
+}
+
+fn put_compact_string(out: &mut BytesMut, text: Option<&str>) {
+    match text {
+        None => out.put_u8(0),
+        Some(text) => {
+            put_unsigned_varint(out, text.len() as u64 + 1);
+            out.put_slice(text.as_bytes());
+        }
+    }
+}
+
+fn put_compact_array_length(out: &mut BytesMut, length: usize) {
+    put_unsigned_varint(out, length as u64 + 1);
+}
+
+/// A whole DescribeShareGroupOffsets v1 response frame (size prefix, header v1, body) of
+/// `response`, each partition's lag given by `lag(group, topic, partition)` (-1: unknown).
+pub(crate) fn describe_offsets_response(
+    correlation_id: i32,
+    response: &kafka_protocol::messages::DescribeShareGroupOffsetsResponse,
+    lag: impl Fn(&str, &str, i32) -> i64,
+) -> BytesMut {
+    let mut out = BytesMut::new();
+    out.put_i32(0); // the size, set below
+    out.put_i32(correlation_id);
+    out.put_u8(0); // the header's tagged fields
+    out.put_i32(response.throttle_time_ms);
+    put_compact_array_length(&mut out, response.groups.len());
+    for group in &response.groups {
+        put_compact_string(&mut out, Some(&group.group_id));
+        put_compact_array_length(&mut out, group.topics.len());
+        for topic in &group.topics {
+            put_compact_string(&mut out, Some(&topic.topic_name));
+            out.put_slice(topic.topic_id.as_bytes());
+            put_compact_array_length(&mut out, topic.partitions.len());
+            for partition in &topic.partitions {
+                out.put_i32(partition.partition_index);
+                out.put_i64(partition.start_offset);
+                out.put_i32(partition.leader_epoch);
+                out.put_i64(lag(&group.group_id, &topic.topic_name, partition.partition_index));
+                out.put_i16(partition.error_code);
+                put_compact_string(&mut out, partition.error_message.as_deref());
+                out.put_u8(0);
+            }
+            out.put_u8(0);
+        }
+        out.put_i16(group.error_code);
+        put_compact_string(&mut out, group.error_message.as_deref());
+        out.put_u8(0);
+    }
+    out.put_u8(0);
+    let size = (out.len() - 4) as i32;
+    out[..4].copy_from_slice(&size.to_be_bytes());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +237,47 @@ mod tests {
         bad.put_slice(&[7, 0]);
         bad.put_slice(&v1[at..]);
         assert!(fetch_request(2, bad.freeze()).is_err(), "unknown mode");
+    }
+
+    #[test]
+    fn a_v1_describe_share_group_offsets_answer_is_v0s_with_each_lag_after_the_leader_epoch() {
+        use kafka_protocol::messages::describe_share_group_offsets_response::*;
+        use kafka_protocol::messages::{ApiKey, DescribeShareGroupOffsetsResponse, TopicName};
+        let partition = |index: i32| {
+            DescribeShareGroupOffsetsResponsePartition::default()
+                .with_partition_index(index)
+                .with_start_offset(10 * i64::from(index))
+                .with_leader_epoch(3)
+        };
+        let response = DescribeShareGroupOffsetsResponse::default().with_throttle_time_ms(5).with_groups(vec![
+            DescribeShareGroupOffsetsResponseGroup::default().with_group_id(GroupId(s("g"))).with_topics(vec![
+                DescribeShareGroupOffsetsResponseTopic::default()
+                    .with_topic_name(TopicName(s("t")))
+                    .with_topic_id(uuid::Uuid::from_u128(7))
+                    .with_partitions(vec![
+                        partition(0),
+                        partition(1).with_error_code(3).with_error_message(Some(s("gone"))),
+                    ]),
+            ]),
+        ]);
+        let v1 = describe_offsets_response(9, &response, |group, topic, p| {
+            assert_eq!((group, topic), ("g", "t"));
+            100 + i64::from(p)
+        });
+        let v0 = crate::frame::encode_response(ApiKey::DescribeShareGroupOffsets, 0, 9, &response).expect("encodes");
+        assert_eq!(v1.len(), v0.len() + 2 * 8, "one lag per partition");
+        assert_eq!(i32::from_be_bytes(v1[..4].try_into().expect("4")) as usize, v1.len() - 4);
+        // Taking the lags out gives v0's bytes: each sits after a partition's first 16 bytes.
+        let first = 4 + 5 + 4 + 1 + 2 + 1 + 2 + 16 + 1;
+        // (A partition of v1: index, start offset, epoch (16), lag (8), error (2), a null
+        // message (1), no tagged fields (1).)
+        let (lag0, lag1) = (first + 16, first + 28 + 16);
+        assert_eq!(i64::from_be_bytes(v1[lag0..lag0 + 8].try_into().expect("8")), 100);
+        assert_eq!(i64::from_be_bytes(v1[lag1..lag1 + 8].try_into().expect("8")), 101);
+        let mut without = v1.to_vec();
+        without.drain(lag1..lag1 + 8);
+        without.drain(lag0..lag0 + 8);
+        assert_eq!(&without[4..], &v0[4..]);
     }
 
     #[test]

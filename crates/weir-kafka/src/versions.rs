@@ -49,13 +49,14 @@ const IMPLEMENTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ConsumerGroupHeartbeat, 0, 1),
     (ApiKey::ConsumerGroupDescribe, 0, 1),
     // Share groups (KIP-932), at Kafka 4.2's versions. ShareFetch and ShareAcknowledge v2
-    // (KIP-1206's acquire mode, KIP-1222's renew flag) are read and answered through v1's
-    // schemas (`share_versions`); RENEW (type 4) is taken in v1 too.
+    // (KIP-1206's acquire mode, KIP-1222's renew flag) and DescribeShareGroupOffsets v1 (its
+    // lag) are read and answered through the crate's earlier schemas (`share_versions`);
+    // RENEW (type 4) is taken in v1 too.
     (ApiKey::ShareGroupHeartbeat, 1, 1),
     (ApiKey::ShareGroupDescribe, 1, 1),
     (ApiKey::ShareFetch, 1, 2),
     (ApiKey::ShareAcknowledge, 1, 2),
-    (ApiKey::DescribeShareGroupOffsets, 0, 0),
+    (ApiKey::DescribeShareGroupOffsets, 0, 1),
     (ApiKey::AlterShareGroupOffsets, 0, 0),
     (ApiKey::DeleteShareGroupOffsets, 0, 0),
 ];
@@ -64,8 +65,8 @@ const IMPLEMENTED: &[(ApiKey, i16, i16)] = &[
 pub fn supported(key: ApiKey) -> Option<VersionRange> {
     IMPLEMENTED.iter().find(|(k, _, _)| *k == key).map(|(_, min, max)| {
         let ours = VersionRange { min: *min, max: *max };
-        // (Past the crate's v1, these two are read through it by `share_versions`.)
-        if matches!(key, ApiKey::ShareFetch | ApiKey::ShareAcknowledge) {
+        // (Past the crate's versions, these are read through it by `share_versions`.)
+        if matches!(key, ApiKey::ShareFetch | ApiKey::ShareAcknowledge | ApiKey::DescribeShareGroupOffsets) {
             return ours;
         }
         let range = ours.intersect(&key.valid_versions());
@@ -90,9 +91,11 @@ mod tests {
     fn every_range_is_decodable_by_the_protocol_crate() {
         for (key, min, max) in IMPLEMENTED {
             let crate_range = key.valid_versions();
-            // (Past the crate's v1, these two are read through it by `share_versions`.)
+            // (Past the crate's versions, these are read through it by `share_versions`.)
             let max = match key {
-                ApiKey::ShareFetch | ApiKey::ShareAcknowledge => &(*max).min(crate_range.max),
+                ApiKey::ShareFetch | ApiKey::ShareAcknowledge | ApiKey::DescribeShareGroupOffsets => {
+                    &(*max).min(crate_range.max)
+                }
                 _ => max,
             };
             assert!(*min >= crate_range.min && *max <= crate_range.max, "{key:?} {min}..{max} vs {crate_range}");

@@ -334,12 +334,25 @@ fn given_a_closed_share_session_what_its_member_held_is_available_again_at_once(
 /// A request frame of `api_key` at version 2, from `request` encoded at v1 with `extra` (the
 /// v2 fields) put in `at` bytes into the body: what Kafka 4.2's clients send.
 fn v2_frame<R: kafka_protocol::protocol::Encodable>(api_key: i16, request: &R, at: usize, extra: &[u8]) -> Vec<u8> {
+    raw_frame(api_key, 2, request, 1, at, extra)
+}
+
+/// A request frame of `api_key` at `version`: `request` encoded at `body_version`, with `extra`
+/// put in `at` bytes into the body.
+fn raw_frame<R: kafka_protocol::protocol::Encodable>(
+    api_key: i16,
+    version: i16,
+    request: &R,
+    body_version: i16,
+    at: usize,
+    extra: &[u8],
+) -> Vec<u8> {
     use bytes::BufMut;
     let mut body = bytes::BytesMut::new();
-    request.encode(&mut body, 1).expect("encodes");
+    request.encode(&mut body, body_version).expect("encodes");
     let mut frame = bytes::BytesMut::new();
     frame.put_i16(api_key);
-    frame.put_i16(2);
+    frame.put_i16(version);
     frame.put_i32(7); // correlation id
     frame.put_i16(4);
     frame.put_slice(b"test");
@@ -459,6 +472,9 @@ fn given_kafka_4_2s_share_fetch_v2_record_limit_mode_caps_what_is_acquired_and_a
     let (error, _) = fetch_v2(&mut client, &mut member, 0, true, 5, vec![(0, 0, RENEW)]);
     assert_eq!(error, 42, "INVALID_REQUEST: a renew-only fetch with max_records");
 
+    // DescribeShareGroupOffsets v1 (Kafka 4.2): the start offset and the lag (10 in flight).
+    assert_eq!(start_offset_and_lag(&mut client, group), (0, 10));
+
     // ShareAcknowledge v2 answers with the lock duration.
     let request = ShareAcknowledgeRequest::default()
         .with_group_id(Some(group_id(group)))
@@ -487,4 +503,28 @@ fn given_kafka_4_2s_share_fetch_v2_record_limit_mode_caps_what_is_acquired_and_a
     assert_eq!(response.responses[0].partitions[0].error_code, code::NONE, "every record accepted");
     member.epoch += 1;
     assert_eq!(start_offset(&mut client, group), 10, "all done");
+    assert_eq!(start_offset_and_lag(&mut client, group), (10, 0), "no lag");
+}
+
+/// DescribeShareGroupOffsets v1 of partition 0 of TOPIC: (start offset, lag).
+fn start_offset_and_lag(client: &mut Client, group: &str) -> (i64, i64) {
+    let request = DescribeShareGroupOffsetsRequest::default().with_groups(vec![
+        describe_share_group_offsets_request::DescribeShareGroupOffsetsRequestGroup::default()
+            .with_group_id(group_id(group))
+            .with_topics(Some(vec![
+                describe_share_group_offsets_request::DescribeShareGroupOffsetsRequestTopic::default()
+                    .with_topic_name(TopicName(s(TOPIC)))
+                    .with_partitions(vec![0]),
+            ])),
+    ]);
+    client.write_raw(&raw_frame(90, 1, &request, 0, 0, &[])).expect("write");
+    let body = response_body(client);
+    // Throttle (4), one group (1), its id, one topic (1), its name, its id (16), one partition (1),
+    // then index (4), start offset (8), leader epoch (4), lag (8), error (2).
+    let at = 4 + 1 + 1 + group.len() + 1 + 1 + TOPIC.len() + 16 + 1;
+    assert_eq!(i32::from_be_bytes(body[at..at + 4].try_into().expect("4")), 0, "partition 0");
+    let start = i64::from_be_bytes(body[at + 4..at + 12].try_into().expect("8"));
+    let lag = i64::from_be_bytes(body[at + 16..at + 24].try_into().expect("8"));
+    assert_eq!(i16::from_be_bytes(body[at + 24..at + 26].try_into().expect("2")), code::NONE);
+    (start, lag)
 }

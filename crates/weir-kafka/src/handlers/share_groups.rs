@@ -146,6 +146,19 @@ fn start_offset(ctx: &Ctx, group: &str, topic: &str, partition: i32) -> i64 {
     engines.pop.position(&QueueKey::new(group, topic, partition)).map_or(-1, |p| p.done_below)
 }
 
+/// How many records of a share partition the group is not done with (DescribeShareGroupOffsets
+/// v1's lag): those in flight, and those not yet handed out up to the last stable offset; -1
+/// when the group has no position there on this broker.
+pub(crate) fn lag(ctx: &Ctx, group: &str, topic: &str, partition: i32) -> i64 {
+    let Some(engines) = ctx.share.as_ref() else { return -1 };
+    let (Some(position), Some(log)) =
+        (engines.pop.position(&QueueKey::new(group, topic, partition)), ctx.broker.partition(topic, partition))
+    else {
+        return -1;
+    };
+    position.in_flight as i64 + (log.log.last_stable_offset() - position.next).max(0)
+}
+
 pub(crate) async fn describe_offsets(
     ctx: &Ctx,
     _client: &Client,
