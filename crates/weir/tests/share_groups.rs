@@ -60,9 +60,14 @@ fn join(client: &mut Client, group: &str, topic_id: uuid::Uuid) -> Member {
     Member { group: group.to_string(), id, topic_id, epoch: 0 }
 }
 
-/// One ShareFetch of partition 0 (waiting up to `wait_ms`): (offset, delivery count) of each
-/// acquired record; the top-level, partition and acknowledgement errors must be none.
-fn fetch(client: &mut Client, member: &mut Member, wait_ms: i32, acks: Vec<(i64, i64, i8)>) -> Vec<(i64, i16)> {
+/// A ShareFetch of partition 0 by `member`, waiting up to `wait_ms` for up to `max_records`,
+/// with `acks` (first, last, type) piggy-backed.
+fn share_fetch_request(
+    member: &Member,
+    wait_ms: i32,
+    max_records: i32,
+    acks: Vec<(i64, i64, i8)>,
+) -> ShareFetchRequest {
     let batches = acks
         .into_iter()
         .map(|(first, last, kind)| {
@@ -72,36 +77,47 @@ fn fetch(client: &mut Client, member: &mut Member, wait_ms: i32, acks: Vec<(i64,
                 .with_acknowledge_types(vec![kind])
         })
         .collect();
-    let request = ShareFetchRequest::default()
+    ShareFetchRequest::default()
         .with_group_id(Some(group_id(&member.group)))
         .with_member_id(Some(s(&member.id)))
         .with_share_session_epoch(member.epoch)
         .with_max_wait_ms(wait_ms)
-        .with_max_records(100)
+        .with_max_records(max_records)
         .with_topics(vec![share_fetch_request::FetchTopic::default().with_topic_id(member.topic_id).with_partitions(
             vec![share_fetch_request::FetchPartition::default()
                 .with_partition_index(0)
                 .with_acknowledgement_batches(batches)],
-        )]);
-    let response = client.send(1, &request).expect("ShareFetch");
-    assert_eq!(response.error_code, code::NONE, "{:?}", response.error_message);
-    member.epoch += 1;
+        )])
+}
+
+/// (offset, delivery count) of each record a ShareFetch answer acquired; its partition and
+/// acknowledgement errors must be none, and its records exactly those acquired.
+fn acquired(response: &ShareFetchResponse) -> Vec<(i64, i16)> {
     let mut acquired = Vec::new();
     for p in response.responses.iter().flat_map(|t| &t.partitions) {
         assert_eq!((p.error_code, p.acknowledge_error_code), (code::NONE, code::NONE), "{p:?}");
+        let mut here = Vec::new();
         for range in &p.acquired_records {
-            for offset in range.first_offset..=range.last_offset {
-                acquired.push((offset, range.delivery_count));
-            }
+            here.extend((range.first_offset..=range.last_offset).map(|offset| (offset, range.delivery_count)));
         }
-        if !p.acquired_records.is_empty() {
+        if !here.is_empty() {
             let records = decode_records(p.records.clone().expect("records with the acquired ranges"));
             let offsets: Vec<i64> = records.iter().map(|r| r.offset).collect();
-            let wanted: Vec<i64> = acquired.iter().map(|(o, _)| *o).collect();
+            let wanted: Vec<i64> = here.iter().map(|(o, _)| *o).collect();
             assert_eq!(offsets, wanted, "the records are those acquired");
         }
+        acquired.extend(here);
     }
     acquired
+}
+
+/// One ShareFetch of partition 0 (waiting up to `wait_ms`): (offset, delivery count) of each
+/// acquired record; the top-level, partition and acknowledgement errors must be none.
+fn fetch(client: &mut Client, member: &mut Member, wait_ms: i32, acks: Vec<(i64, i64, i8)>) -> Vec<(i64, i16)> {
+    let response = client.send(1, &share_fetch_request(member, wait_ms, 100, acks)).expect("ShareFetch");
+    assert_eq!(response.error_code, code::NONE, "{:?}", response.error_message);
+    member.epoch += 1;
+    acquired(&response)
 }
 
 /// A ShareAcknowledge of partition 0; returns its partition error code.
@@ -384,28 +400,8 @@ fn fetch_v2(
     max_records: i32,
     acks: Vec<(i64, i64, i8)>,
 ) -> (i16, Vec<(i64, i16)>) {
-    let batches = acks
-        .into_iter()
-        .map(|(first, last, kind)| {
-            share_fetch_request::AcknowledgementBatch::default()
-                .with_first_offset(first)
-                .with_last_offset(last)
-                .with_acknowledge_types(vec![kind])
-        })
-        .collect();
     let (wait, max_bytes) = if renew { (0, 0) } else { (500, 1 << 20) };
-    let request = ShareFetchRequest::default()
-        .with_group_id(Some(group_id(&member.group)))
-        .with_member_id(Some(s(&member.id)))
-        .with_share_session_epoch(member.epoch)
-        .with_max_wait_ms(wait)
-        .with_max_bytes(max_bytes)
-        .with_max_records(max_records)
-        .with_topics(vec![share_fetch_request::FetchTopic::default().with_topic_id(member.topic_id).with_partitions(
-            vec![share_fetch_request::FetchPartition::default()
-                .with_partition_index(0)
-                .with_acknowledgement_batches(batches)],
-        )]);
+    let request = share_fetch_request(member, wait, max_records, acks).with_max_bytes(max_bytes);
     // GroupId and MemberId (compact strings), then six int32 up to BatchSize.
     let at = 1 + member.group.len() + 1 + member.id.len() + 24;
     client.write_raw(&v2_frame(78, &request, at, &[mode, u8::from(renew)])).expect("write");
@@ -417,14 +413,7 @@ fn fetch_v2(
         return (response.error_code, Vec::new());
     }
     member.epoch += 1;
-    let mut acquired = Vec::new();
-    for p in response.responses.iter().flat_map(|t| &t.partitions) {
-        assert_eq!((p.error_code, p.acknowledge_error_code), (code::NONE, code::NONE), "{p:?}");
-        for range in &p.acquired_records {
-            acquired.extend((range.first_offset..=range.last_offset).map(|o| (o, range.delivery_count)));
-        }
-    }
-    (code::NONE, acquired)
+    (code::NONE, acquired(&response))
 }
 
 #[test]
