@@ -20,6 +20,11 @@ use support::*;
 
 /// The broker's list of implemented APIs, read from the source of `weir_kafka::versions` (the
 /// binary's crate is not a dependency of these tests, and a copy of the list would go stale).
+/// The APIs served at versions past what the `kafka-protocol` crate encodes (Kafka 4.2's share
+/// group versions, read through earlier schemas by weir_kafka's `share_versions`): their later
+/// versions are exercised over raw frames in `share_groups.rs`, not here.
+const PAST_THE_CRATE: &[ApiKey] = &[ApiKey::ShareFetch, ApiKey::ShareAcknowledge, ApiKey::DescribeShareGroupOffsets];
+
 fn implemented_apis() -> Vec<(ApiKey, i16, i16)> {
     let source = include_str!("../../weir-kafka/src/versions.rs");
     let table = source.split("const IMPLEMENTED").nth(1).expect("versions.rs declares IMPLEMENTED");
@@ -53,7 +58,11 @@ fn api_versions_advertises_exactly_the_implemented_versions() {
     let mut expected: Vec<(i16, i16, i16)> = implemented_apis()
         .into_iter()
         .filter_map(|(key, min, max)| {
-            // What the broker can decode: its own range within the protocol crate's.
+            // What the broker can decode: its own range within the protocol crate's (past it
+            // for the versions weir_kafka's share_versions reads through earlier schemas).
+            if PAST_THE_CRATE.contains(&key) {
+                return Some((key as i16, min, max));
+            }
             let known = key.valid_versions();
             let (min, max) = (min.max(known.min), max.min(known.max));
             (min <= max).then_some((key as i16, min, max))
@@ -69,9 +78,10 @@ fn api_versions_advertises_exactly_the_implemented_versions() {
     assert_eq!(keys.len(), got.len(), "an API is advertised twice: {got:?}");
     for (key, min, max) in &got {
         assert!(min <= max, "empty range {min}..{max} for API {key}");
-        let known =
-            ApiKey::try_from(*key).unwrap_or_else(|_| panic!("advertised unknown API key {key}")).valid_versions();
-        assert!(*min >= known.min && *max <= known.max, "API {key}: {min}..{max} outside what the protocol defines");
+        let api = ApiKey::try_from(*key).unwrap_or_else(|_| panic!("advertised unknown API key {key}"));
+        let known = api.valid_versions();
+        let max = if PAST_THE_CRATE.contains(&api) { known.max.min(*max) } else { *max };
+        assert!(*min >= known.min && max <= known.max, "API {key}: {min}..{max} outside what the protocol defines");
     }
     // What every client needs, at versions current clients use.
     for (key, version) in [
@@ -244,6 +254,8 @@ fn exercise_every_version(wanted: impl Fn(ApiKey) -> bool) {
         if !wanted(key) {
             continue;
         }
+        // (Versions the crate cannot encode are exercised in share_groups.rs, over raw frames.)
+        let max = if PAST_THE_CRATE.contains(&key) { max.min(key.valid_versions().max) } else { max };
         for version in min..=max {
             checked += 1;
             if let Err(why) = check_version(&mut client, &mut fx, key, version) {
