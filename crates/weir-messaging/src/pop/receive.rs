@@ -192,15 +192,21 @@ impl BatchOffsets {
         self.len() == 0
     }
 
-    pub fn iter(&self) -> Box<dyn Iterator<Item = i64> + '_> {
-        match self {
-            BatchOffsets::Range(first, last) => Box::new(*first..=*last),
-            BatchOffsets::List(offsets) => Box::new(offsets.iter().copied()),
-        }
+    /// The offsets, ascending (no allocation: this runs for every batch a share fetch hands out).
+    pub fn iter(&self) -> impl Iterator<Item = i64> + '_ {
+        let (range, list) = match self {
+            BatchOffsets::Range(first, last) => (*first..=*last, &[][..]),
+            #[allow(clippy::reversed_empty_ranges)]
+            BatchOffsets::List(offsets) => (1..=0, &offsets[..]),
+        };
+        range.chain(list.iter().copied())
     }
 
     fn first(&self) -> Option<i64> {
-        self.iter().next()
+        match self {
+            BatchOffsets::Range(first, _) => Some(*first),
+            BatchOffsets::List(offsets) => offsets.first().copied(),
+        }
     }
 }
 
@@ -632,5 +638,19 @@ pub(crate) async fn receive(
             _ = tokio::time::sleep_until(wake) => {}
             _ = shutdown.wait_for(|down| *down) => return Ok(Received::default()),
         }
+    }
+}
+
+#[cfg(test)]
+mod batch_offsets_tests {
+    use super::BatchOffsets;
+
+    #[test]
+    fn batch_offsets_list_what_they_name_in_order() {
+        let range = BatchOffsets::Range(4, 6);
+        assert_eq!((range.iter().collect::<Vec<_>>(), range.len(), range.first()), (vec![4, 5, 6], 3, Some(4)));
+        let list = BatchOffsets::List(vec![7, 9]);
+        assert_eq!((list.iter().collect::<Vec<_>>(), list.len(), list.first()), (vec![7, 9], 2, Some(7)));
+        assert!(BatchOffsets::List(Vec::new()).is_empty());
     }
 }
