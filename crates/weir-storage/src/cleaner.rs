@@ -551,7 +551,7 @@ fn clean_segment(pass: &Pass<'_>, old: &Arc<Segment>, is_first: bool, outcome: &
 
 fn corrupt(segment: &Segment, position: u64, reason: &str) -> StorageError {
     StorageError::CorruptSegment {
-        path: segment.log_path(),
+        path: segment.log_path().to_path_buf(),
         position,
         reason: format!("cannot compact the batch: {reason}"),
     }
@@ -634,7 +634,7 @@ impl<'s> BatchReader<'s> {
                 return Err(corrupt(self.segment, position, "batch runs past the end of the segment"));
             }
             self.buf.resize(len, 0);
-            self.segment.file().read_exact_at(&mut self.buf, position).at(&self.segment.log_path())?;
+            self.segment.file().read_exact_at(&mut self.buf, position).at(self.segment.log_path())?;
             self.start = position;
         }
         let at = (position - self.start) as usize;

@@ -862,7 +862,7 @@ impl Log {
         };
         let started = Instant::now();
         for segment in &segments {
-            segment.file().sync_data().at(&segment.log_path())?;
+            segment.file().sync_data().at(segment.log_path())?;
         }
         let elapsed = started.elapsed();
         self.stats.fsyncs.fetch_add(segments.len() as u64, Ordering::Relaxed);
@@ -1275,7 +1275,7 @@ impl Log {
                 let end = last.base_offset.checked_add(i64::from(last.last_offset_delta) + 1);
                 if end.is_none_or(|end| end > next.base_offset()) {
                     return Err(StorageError::CorruptSegment {
-                        path: segment.log_path(),
+                        path: segment.log_path().to_path_buf(),
                         position,
                         reason: format!(
                             "the last batch (base offset {}) runs into the next segment at {}",

@@ -36,6 +36,8 @@ pub(crate) fn file_name(base_offset: i64, suffix: &str) -> String {
 pub(crate) struct Segment {
     base_offset: i64,
     dir: PathBuf,
+    /// `dir`'s `<base offset>.log`, kept: reads name it in their errors.
+    log_path: PathBuf,
     log: Arc<File>,
     /// Bytes of whole batches visible to readers.
     size: AtomicU64,
@@ -101,8 +103,8 @@ pub(crate) enum SegmentRead {
 }
 
 impl Segment {
-    pub(crate) fn log_path(&self) -> PathBuf {
-        self.dir.join(file_name(self.base_offset, ".log"))
+    pub(crate) fn log_path(&self) -> &Path {
+        &self.log_path
     }
     fn index_path(&self) -> PathBuf {
         self.dir.join(file_name(self.base_offset, ".index"))
@@ -201,6 +203,7 @@ impl Segment {
         Segment {
             base_offset,
             dir: dir.to_path_buf(),
+            log_path: dir.join(file_name(base_offset, ".log")),
             log: Arc::new(file),
             size: AtomicU64::new(size),
             verified_bytes: AtomicU64::new(0),
@@ -435,7 +438,7 @@ impl Segment {
         state.index_interval_bytes = index_interval_bytes;
         self.reset_indexes(&mut state)?;
         let path = self.log_path();
-        let file_len = self.log.metadata().at(&path)?.len();
+        let file_len = self.log.metadata().at(path)?.len();
         let mut position = 0u64;
         let mut expected_min_offset = min_base_offset.max(self.base_offset);
         let mut buf = Vec::new();
@@ -443,7 +446,7 @@ impl Segment {
         let mut reason = None;
         while position < file_len {
             let header_bytes =
-                match read_span(&self.log, &path, &mut buf, &mut buf_start, position, HEADER_BYTES, file_len)? {
+                match read_span(&self.log, path, &mut buf, &mut buf_start, position, HEADER_BYTES, file_len)? {
                     Some(b) => b,
                     None => {
                         reason = Some("truncated header".to_string());
@@ -455,7 +458,7 @@ impl Segment {
                 reason = Some(format!("bad length {}", header.batch_length));
                 break;
             };
-            let Some(batch_bytes) = read_span(&self.log, &path, &mut buf, &mut buf_start, position, size, file_len)?
+            let Some(batch_bytes) = read_span(&self.log, path, &mut buf, &mut buf_start, position, size, file_len)?
             else {
                 reason = Some("truncated batch".to_string());
                 break;
@@ -503,7 +506,7 @@ impl Segment {
                 reason = reason.unwrap_or("unknown"),
                 "truncating invalid tail found by recovery"
             );
-            self.log.set_len(valid).at(&path)?;
+            self.log.set_len(valid).at(path)?;
         }
         if valid == 0 {
             state.next_offset = Some(self.base_offset);
@@ -543,7 +546,7 @@ impl Segment {
             .and_then(OffsetIndex::second_to_last_entry)
             .map_or(0, |e| u64::from(e.position));
         if previous < start {
-            let mut scanner = HeaderScanner::new(&self.log, path.clone(), previous, start).headers_only();
+            let mut scanner = HeaderScanner::new(&self.log, path, previous, start).headers_only();
             let mut largest: Option<(i64, i64)> = None;
             while let Ok(Some((_, header))) = scanner.next() {
                 if largest.is_none_or(|(max, _)| header.max_timestamp > max) {
@@ -562,7 +565,7 @@ impl Segment {
         state.bytes_since_last_index_entry = 0;
         // A clean open leaves the first batch's timestamp unknown unless it scans from 0; so does this.
         let first_batch_timestamp = state.first_batch_timestamp;
-        let mut scanner = HeaderScanner::new(&self.log, path.clone(), start, file_len).headers_only();
+        let mut scanner = HeaderScanner::new(&self.log, path, start, file_len).headers_only();
         let mut position = start;
         let mut expected_min_offset = min_base_offset.max(self.base_offset);
         let mut reason = None;
@@ -683,7 +686,7 @@ impl Segment {
     /// One batch's bytes at `position` (a control batch, say), without a CRC check.
     pub(crate) fn read_batch_unchecked(&self, position: u64, size: usize) -> Result<Vec<u8>> {
         let mut bytes = vec![0; size];
-        self.log.read_exact_at(&mut bytes, position).at(&self.log_path())?;
+        self.log.read_exact_at(&mut bytes, position).at(self.log_path())?;
         Ok(bytes)
     }
 
@@ -721,7 +724,7 @@ impl Segment {
         let mut data = None;
         if in_memory && start + first_size <= end {
             let mut buf = vec![0; max_bytes.max(first_size).min(end - start) as usize];
-            self.log.read_exact_at(&mut buf, start).at(&self.log_path())?;
+            self.log.read_exact_at(&mut buf, start).at(self.log_path())?;
             data = Some(buf);
         }
         loop {
@@ -777,7 +780,7 @@ impl Segment {
         });
         Ok(SegmentRead::Slice(FileSlice {
             file: Arc::clone(&self.log),
-            path: self.log_path(),
+            path: self.log_path().to_path_buf(),
             position: start,
             len,
             first_offset: first.base_offset,
@@ -804,12 +807,12 @@ impl Segment {
         let segment_end = self.next_offset().ok();
         let mut previous: Option<(u64, i64)> = None;
         while position < end {
-            let corrupt = |reason: String| StorageError::CorruptSegment { path: path.clone(), position, reason };
-            let header_bytes = read_span(&self.log, &path, &mut buf, &mut buf_start, position, HEADER_BYTES, file_end)?
+            let corrupt = |reason: String| StorageError::CorruptSegment { path: path.to_path_buf(), position, reason };
+            let header_bytes = read_span(&self.log, path, &mut buf, &mut buf_start, position, HEADER_BYTES, file_end)?
                 .ok_or_else(|| corrupt("truncated header".into()))?;
             let header = BatchHeader::parse(header_bytes).ok_or_else(|| corrupt("truncated header".into()))?;
             let size = header.size_bytes().ok_or_else(|| corrupt(format!("bad length {}", header.batch_length)))?;
-            let bytes = read_span(&self.log, &path, &mut buf, &mut buf_start, position, size, file_end)?
+            let bytes = read_span(&self.log, path, &mut buf, &mut buf_start, position, size, file_end)?
                 .ok_or_else(|| corrupt("batch runs past the end of the segment".into()))?;
             batch::validate_one(bytes, RECOVERY_MAX_BATCH_BYTES).map_err(|e| corrupt(e.to_string()))?;
             let first = header.base_offset;
@@ -827,7 +830,7 @@ impl Segment {
                 // checks the pair again.
                 self.verified_bytes.fetch_min(previous_position, Ordering::AcqRel);
                 return Err(StorageError::CorruptSegment {
-                    path: path.clone(),
+                    path: path.to_path_buf(),
                     position: previous_position,
                     reason: format!("the next batch starts at offset {first}, before this one ends ({previous_next})"),
                 });
@@ -868,7 +871,7 @@ impl Segment {
         let size = header.size_bytes().unwrap_or(HEADER_BYTES);
         self.ensure_verified(position + size as u64)?;
         let mut buf = vec![0u8; size];
-        self.log.read_exact_at(&mut buf, position).at(&self.log_path())?;
+        self.log.read_exact_at(&mut buf, position).at(self.log_path())?;
         Ok(buf)
     }
 
@@ -892,7 +895,7 @@ impl Segment {
         let path = self.log_path();
         let mut state = self.lock();
         self.size.store(position, Ordering::Release);
-        self.log.set_len(position).at(&path)?;
+        self.log.set_len(position).at(path)?;
         self.verified_bytes.fetch_min(position, Ordering::AcqRel);
         let (oi, ti) = self.indexes(&mut state)?;
         oi.truncate_to(header.base_offset)?;
@@ -947,7 +950,7 @@ impl Segment {
 
     /// fdatasync the log (the durability point) and flush the indexes.
     pub(crate) fn flush(&self) -> Result<()> {
-        self.log.sync_data().at(&self.log_path())?;
+        self.log.sync_data().at(self.log_path())?;
         let mut state = self.lock();
         if let Some(oi) = state.offset_index.as_mut() {
             oi.file().flush()?;
@@ -984,8 +987,8 @@ impl Segment {
     pub(crate) fn rename_to_deleted(&self) -> Result<Vec<PathBuf>> {
         let mut guard = self.lock();
         let state = &mut *guard;
-        let mut renamed = vec![with_suffix(&self.log_path(), ".deleted")];
-        std::fs::rename(self.log_path(), &renamed[0]).at(&self.log_path())?;
+        let mut renamed = vec![with_suffix(self.log_path(), ".deleted")];
+        std::fs::rename(self.log_path(), &renamed[0]).at(self.log_path())?;
         let loaded =
             [state.offset_index.as_mut().map(OffsetIndex::file), state.time_index.as_mut().map(TimeIndex::file)];
         for (path, loaded) in [self.index_path(), self.time_index_path()].into_iter().zip(loaded) {
@@ -1051,7 +1054,7 @@ fn read_span<'a>(
 /// small and only the 61 header bytes once they are large.
 pub(crate) struct HeaderScanner<'f> {
     file: &'f File,
-    path: PathBuf,
+    path: &'f Path,
     position: u64,
     end: u64,
     buf: Vec<u8>,
@@ -1064,7 +1067,7 @@ const SMALL_BATCH_BYTES: usize = 2048;
 const HEADER_CHUNK_BYTES: usize = 16 * 1024;
 
 impl<'f> HeaderScanner<'f> {
-    pub(crate) fn new(file: &'f File, path: PathBuf, position: u64, end: u64) -> HeaderScanner<'f> {
+    pub(crate) fn new(file: &'f File, path: &'f Path, position: u64, end: u64) -> HeaderScanner<'f> {
         HeaderScanner { file, path, position, end, buf: Vec::new(), buf_start: 0, last_size: 0, last_next_offset: None }
     }
 
@@ -1081,7 +1084,7 @@ impl<'f> HeaderScanner<'f> {
             return Ok(None);
         }
         let corrupt = |position: u64, reason: &str| StorageError::CorruptSegment {
-            path: self.path.clone(),
+            path: self.path.to_path_buf(),
             position,
             reason: reason.into(),
         };
@@ -1094,7 +1097,7 @@ impl<'f> HeaderScanner<'f> {
             let want = if self.last_size < SMALL_BATCH_BYTES { HEADER_CHUNK_BYTES } else { HEADER_BYTES };
             let want = (want as u64).min(self.end - self.position) as usize;
             self.buf.resize(want, 0);
-            self.file.read_exact_at(&mut self.buf, self.position).at(&self.path)?;
+            self.file.read_exact_at(&mut self.buf, self.position).at(self.path)?;
             self.buf_start = self.position;
         }
         let at = (self.position - self.buf_start) as usize;
@@ -1170,8 +1173,8 @@ impl Segment {
     /// The commit point of a swap: `<base>.log.cleaned` becomes `<base>.log.swap`, which
     /// `Log::open` completes after a crash. The caller fsyncs the directory.
     pub(crate) fn cleaned_to_swap(&self) -> Result<()> {
-        let cleaned = with_suffix(&self.log_path(), CLEANED_SUFFIX);
-        let swap = with_suffix(&self.log_path(), SWAP_SUFFIX);
+        let cleaned = with_suffix(self.log_path(), CLEANED_SUFFIX);
+        let swap = with_suffix(self.log_path(), SWAP_SUFFIX);
         std::fs::rename(&cleaned, &swap).at(&cleaned)
     }
 
@@ -1179,7 +1182,7 @@ impl Segment {
     /// (renamed to `.deleted`): `.log.swap` to `.log`, then the indexes. The caller fsyncs the
     /// directory.
     pub(crate) fn swap_into_place(&self) -> Result<()> {
-        let swap = with_suffix(&self.log_path(), SWAP_SUFFIX);
+        let swap = with_suffix(self.log_path(), SWAP_SUFFIX);
         std::fs::rename(&swap, self.log_path()).at(&swap)?;
         let (index_path, time_index_path) = (self.index_path(), self.time_index_path());
         let mut state = self.lock();
@@ -1196,7 +1199,7 @@ impl Segment {
     /// came out empty, or the clean was aborted). Only before [`Segment::cleaned_to_swap`]: after
     /// the commit point the `.swap` file is the segment's data.
     pub(crate) fn discard_cleaned(&self) {
-        let mut paths = vec![with_suffix(&self.log_path(), CLEANED_SUFFIX)];
+        let mut paths = vec![with_suffix(self.log_path(), CLEANED_SUFFIX)];
         let mut state = self.lock();
         if let Some(oi) = state.offset_index.as_mut() {
             paths.push(oi.file().path().to_path_buf());
