@@ -8,6 +8,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={file}");
     }
     let descriptors = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        // Bodies as `Bytes`: a received body is a slice of the request and a delivered one of
+        // the stored record, neither copied on its way through.
+        .bytes(".apache.rocketmq.v2.Message.body")
+        .compile_fds(descriptors)?;
     Ok(())
 }

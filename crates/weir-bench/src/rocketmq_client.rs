@@ -103,7 +103,7 @@ pub(crate) fn message(topic: &str, message_id: String, tag: &str, body: Vec<u8>)
             born_host: "127.0.0.1".to_string(),
             ..Default::default()
         }),
-        body,
+        body: body.into(),
     }
 }
 

@@ -108,7 +108,7 @@ fn to_proto(
     invisible: Duration,
     store_host: &str,
 ) -> proto::Message {
-    let body = message.body.to_vec();
+    let body = message.body;
     let digest = format!("{:08X}", crc32fast::hash(&body));
     let message_type =
         if message.message_group.is_some() { proto::MessageType::Fifo } else { proto::MessageType::Normal };

@@ -51,7 +51,7 @@ pub(crate) fn validate(
     // A map has no order on the wire; sorted, the stored headers are the same for the same map.
     properties.sort();
     Ok(Message {
-        body: bytes::Bytes::from(message.body.clone()),
+        body: message.body.clone(),
         tag: system.tag.clone(),
         keys: system.keys.clone(),
         message_id: (!system.message_id.is_empty()).then(|| system.message_id.clone()),
@@ -328,7 +328,7 @@ mod tests {
             topic: None,
             user_properties: Default::default(),
             system_properties: Some(proto::SystemProperties { message_id: "01AB".into(), ..Default::default() }),
-            body: body.to_vec(),
+            body: bytes::Bytes::copy_from_slice(body),
         }
     }
 

@@ -187,12 +187,20 @@ impl Service {
         client: &str,
     ) -> Vec<Status> {
         let mut statuses: Vec<Option<Status>> = Vec::new();
-        let mut acks = Vec::new();
+        // One key per queue named (a batch's handles are mostly of one queue).
+        let mut keys: Vec<QueueKey> = Vec::new();
+        let mut named = Vec::new();
         for handle in handles {
             match Handle::decode(handle) {
                 Some(handle) => {
-                    let key = self.queue_key(group.to_string(), topic.to_string(), handle.partition, client);
-                    acks.push((key, handle.offset, handle.nonce));
+                    let index = match keys.iter().position(|k| k.partition == handle.partition) {
+                        Some(index) => index,
+                        None => {
+                            keys.push(self.queue_key(group.to_string(), topic.to_string(), handle.partition, client));
+                            keys.len() - 1
+                        }
+                    };
+                    named.push((index, handle.offset, handle.nonce));
                     statuses.push(None);
                 }
                 None => statuses.push(Some(status(
@@ -201,6 +209,8 @@ impl Service {
                 ))),
             }
         }
+        let acks: Vec<(&QueueKey, i64, u64)> =
+            named.into_iter().map(|(index, offset, nonce)| (&keys[index], offset, nonce)).collect();
         let mut results = self.engines.pop.ack_many(&acks).await.into_iter();
         statuses
             .into_iter()

@@ -103,7 +103,7 @@ pub(crate) async fn end(transactions: &TransactionalMessages, request: &proto::E
 /// The command that shows a producer the half message `record` of `pending`.
 fn check_command(pending: &Pending, record: &Record) -> TelemetryCommand {
     let message = Message::from_record(&pending.topic, -1, record);
-    let body = message.body.to_vec();
+    let body = message.body.clone();
     let system = proto::SystemProperties {
         tag: message.tag.clone(),
         keys: message.keys.clone(),
