@@ -385,7 +385,12 @@ impl Bench<'_> {
         let fetched = timed(&self.server, || self.kafka_fetch(sent_grpc))?;
         println!("Kafka Fetch of {TOPIC_GRPC}: {:.0} msg/s", fetched.msgs_per_s());
         let all = timed(&self.server, || self.grpc_receive(GROUP_ALL, None, 0..sent_grpc))?;
-        println!("gRPC receive of {TOPIC_GRPC}: {:.0} msg/s", all.msgs_per_s());
+        println!(
+            "gRPC receive of {TOPIC_GRPC}: {:.0} msg/s, {} receive calls ({:.1} messages per call)",
+            all.msgs_per_s(),
+            all.requests,
+            all.messages as f64 / all.requests.max(1) as f64
+        );
         let hits = timed(&self.server, || self.grpc_receive(GROUP_HIT, Some(TAG_HIT), 0..sent_grpc))?;
         println!("gRPC receive of {TOPIC_GRPC} with TAG {TAG_HIT}: {:.0} msg/s delivered", hits.msgs_per_s());
         let classic = timed(&self.server, || self.kafka_fetch_commit(sent_grpc))?;
@@ -916,7 +921,7 @@ mod tests {
         let sent = grpc::message(TOPIC_GRPC, message_id(200), tag_of(200), body(200, 64));
         assert_eq!(check_received(&sent, 64).ok(), Some(200));
         let mut wrong_body = sent.clone();
-        wrong_body.body = body(201, 64);
+        wrong_body.body = body(201, 64).into();
         assert!(check_received(&wrong_body, 64).is_err());
         let mut wrong_tag = sent.clone();
         if let Some(system) = wrong_tag.system_properties.as_mut() {
