@@ -72,7 +72,20 @@ pub fn decode_batches(bytes: &[u8]) -> Result<Vec<DecodedBatch>, BatchError> {
     for (at, header) in batch::headers(bytes) {
         let size = header.size_bytes().ok_or_else(|| corrupt(format!("batch length {}", header.batch_length)))?;
         let end = at.checked_add(size).filter(|end| *end <= bytes.len()).ok_or_else(|| corrupt("truncated batch"))?;
-        out.push(decode_batch(header, &bytes[at + HEADER_BYTES..end])?);
+        out.push(decode_batch(header, Bytes::copy_from_slice(&bytes[at + HEADER_BYTES..end]))?);
+    }
+    Ok(out)
+}
+
+/// As [`decode_batches`], without copying: the records of an uncompressed batch are slices of
+/// `bytes` itself. Any of them keeps the whole buffer alive, so this is for readers that hand
+/// the records out and drop them soon (a receive), not for records kept for long.
+pub fn decode_shared_batches(bytes: &Bytes) -> Result<Vec<DecodedBatch>, BatchError> {
+    let mut out = Vec::new();
+    for (at, header) in batch::headers(bytes) {
+        let size = header.size_bytes().ok_or_else(|| corrupt(format!("batch length {}", header.batch_length)))?;
+        let end = at.checked_add(size).filter(|end| *end <= bytes.len()).ok_or_else(|| corrupt("truncated batch"))?;
+        out.push(decode_batch(header, bytes.slice(at + HEADER_BYTES..end))?);
     }
     Ok(out)
 }
@@ -86,7 +99,7 @@ fn corrupt(why: impl Into<String>) -> BatchError {
     BatchError::Corrupt(why.into())
 }
 
-fn decode_batch(header: BatchHeader, body: &[u8]) -> Result<DecodedBatch, BatchError> {
+fn decode_batch(header: BatchHeader, body: Bytes) -> Result<DecodedBatch, BatchError> {
     if header.magic != batch::MAGIC_V2 {
         return Err(BatchError::UnsupportedMagic(header.magic));
     }
@@ -107,8 +120,7 @@ fn decode_batch(header: BatchHeader, body: &[u8]) -> Result<DecodedBatch, BatchE
     Ok(DecodedBatch { header, records })
 }
 
-fn decompress(compression: Compression, body: &[u8]) -> Result<Bytes, BatchError> {
-    let mut input = Bytes::copy_from_slice(body);
+fn decompress(compression: Compression, mut input: Bytes) -> Result<Bytes, BatchError> {
     let take = |buf: &mut Bytes| Ok(buf.copy_to_bytes(buf.remaining()));
     let result = match compression {
         Compression::None => return Ok(input),
@@ -376,7 +388,7 @@ pub fn recompress(bytes: &[u8], target: Compression, max_batch_bytes: usize) -> 
             out.extend_from_slice(whole);
             continue;
         }
-        let decoded = decode_batch(header, &whole[HEADER_BYTES..])?;
+        let decoded = decode_batch(header, Bytes::copy_from_slice(&whole[HEADER_BYTES..]))?;
         let options = BatchOptions { compression: target, ..BatchOptions::of(&header) };
         out.extend_from_slice(&encode_batch(&decoded.records, &options)?);
     }

@@ -215,3 +215,56 @@ proptest! {
         prop_assert_eq!(batches.iter().map(|(b, _)| *b).collect::<Vec<_>>(), expected);
     }
 }
+
+fn records_strategy() -> impl Strategy<Value = Vec<weir_storage::records::Record>> {
+    let header = ("[a-z]{1,8}", prop::option::of(prop::collection::vec(any::<u8>(), 0..40)));
+    let record = (
+        prop::option::of(prop::collection::vec(any::<u8>(), 0..30)),
+        prop::option::of(prop::collection::vec(any::<u8>(), 0..3000)),
+        prop::collection::vec(header, 0..5),
+        0i64..10_000,
+    );
+    prop::collection::vec(record, 1..8).prop_map(|records| {
+        records
+            .into_iter()
+            .map(|(key, value, headers, timestamp)| {
+                let mut record =
+                    weir_storage::records::Record::new(T0 + timestamp, key.map(Into::into), value.map(Into::into));
+                record.headers = headers
+                    .into_iter()
+                    .map(|(name, value)| weir_storage::records::Header::new(name, value.map(Into::into)))
+                    .collect();
+                record
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// Records decoded as slices of the read buffer equal those decoded from a copy, compressed
+    /// or not.
+    #[test]
+    fn shared_decoding_equals_copying_decoding(
+        batches in prop::collection::vec((records_strategy(), 0usize..5), 1..6),
+    ) {
+        use weir_storage::batch::Compression;
+        use weir_storage::records::{decode_batches, decode_shared_batches, encode_batch, BatchOptions};
+        let codecs = [Compression::None, Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd];
+        let mut bytes = Vec::new();
+        let mut base_offset = 0;
+        for (records, codec) in &batches {
+            let options = BatchOptions { base_offset, compression: codecs[*codec], ..BatchOptions::default() };
+            bytes.extend_from_slice(&encode_batch(records, &options).expect("encode"));
+            base_offset += records.len() as i64;
+        }
+        let copied = decode_batches(&bytes).expect("decode");
+        let shared = decode_shared_batches(&bytes::Bytes::from(bytes)).expect("decode");
+        prop_assert_eq!(copied.len(), batches.len());
+        prop_assert_eq!(
+            copied.iter().map(|b| (&b.header, &b.records)).collect::<Vec<_>>(),
+            shared.iter().map(|b| (&b.header, &b.records)).collect::<Vec<_>>()
+        );
+    }
+}

@@ -247,7 +247,7 @@ fn encode_received(received: Received) -> (Option<Bytes>, Vec<AcquiredRecords>) 
             pieces.push((header.base_offset, delivery.batch.bytes));
             continue;
         }
-        match delivery.batch.records() {
+        match delivery.batch.transient_records() {
             Ok(records) => {
                 let went_out = |offset: i64| match &delivery.offsets {
                     BatchOffsets::Range(first, last) => (*first..=*last).contains(&offset),

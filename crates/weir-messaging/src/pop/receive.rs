@@ -11,7 +11,7 @@
 //! one queue for one group take turns (`ReceiveTurns`), so two consumers never get the same
 //! message at once.
 //!
-//! New messages are read in growing steps ([`FIRST_READ_BYTES`], four times more each step, at
+//! New messages are read in steps sized by what they find ([`first_step`], [`next_step`]; at
 //! most [`READ_BYTES`] in all), and under a tag filter only the batches the message index
 //! names. Under FIFO consumption a new message of a group with an active one is parked, not
 //! delivered ([`super::state`]).
@@ -43,8 +43,8 @@ pub const MIN_INVISIBLE: Duration = Duration::from_secs(1);
 pub const MAX_INVISIBLE: Duration = Duration::from_secs(12 * 3600);
 /// How much of a queue one receive reads at most while looking for new messages.
 const READ_BYTES: u64 = 4 << 20;
-/// Its first read: about a batch of 32 messages of 1 KiB with their headers. Each further read
-/// is four times larger, up to [`READ_BYTES`] in all.
+/// The first read of a filtered scan, and of one in a log whose record size is not known:
+/// about a batch of 32 messages of 1 KiB with their headers.
 const FIRST_READ_BYTES: u64 = 64 << 10;
 
 /// How soon a long poll tries again to move a dead letter it could not move.
@@ -462,7 +462,7 @@ impl<'a> Pass<'a> {
     fn pick_scanned(&mut self, messaging: &Messaging, room: usize) -> Result<(), BrokerError> {
         let (broker, request) = (&messaging.broker, self.request);
         let mut taken = 0;
-        let mut step = FIRST_READ_BYTES;
+        let mut step = first_step(request, room);
         let mut read_bytes = 0;
         // No room left to remember a waiting FIFO message: the rest of the queue waits too.
         let mut parking_full = false;
@@ -479,7 +479,7 @@ impl<'a> Pass<'a> {
                 if taken == room {
                     break;
                 }
-                for record in batch.records()?.into_iter().filter(|r| r.offset >= start) {
+                for record in batch.transient_records()?.into_iter().filter(|r| r.offset >= start) {
                     if taken == room {
                         self.examined_to = record.offset;
                         break 'read;
@@ -518,7 +518,7 @@ impl<'a> Pass<'a> {
     fn pick_batches(&mut self, messaging: &Messaging, room: usize) -> Result<(), BrokerError> {
         let (broker, request) = (&messaging.broker, self.request);
         let mut taken = 0;
-        let mut step = FIRST_READ_BYTES;
+        let mut step = first_step(request, room);
         let mut read_bytes = 0;
         while taken < room && read_bytes < READ_BYTES {
             let (batches, end) = broker.read_batches(&request.partition, self.examined_to, step)?;
@@ -536,7 +536,7 @@ impl<'a> Pass<'a> {
                 let offsets = if batch.is_dense() {
                     BatchOffsets::Range(from, last)
                 } else {
-                    let present = batch.records()?.into_iter().map(|r| r.offset).filter(|o| *o >= from);
+                    let present = batch.transient_records()?.into_iter().map(|r| r.offset).filter(|o| *o >= from);
                     BatchOffsets::List(present.collect())
                 };
                 self.examined_to = self.examined_to.max(last + 1);
@@ -552,6 +552,21 @@ impl<'a> Pass<'a> {
         }
         Ok(())
     }
+}
+
+/// The size of a scan's first read for `room` messages: what they take at the log's mean size
+/// of a record, a quarter more for the slack (a receive of 32 messages of 1 KiB reads 44 KiB,
+/// a share fetch of 500 its 690 KiB at once). A filter may match little of what it reads: its
+/// scan starts at [`FIRST_READ_BYTES`] and grows.
+fn first_step(request: &ReceiveRequest, room: usize) -> u64 {
+    let log = &request.partition.log;
+    let records = u64::try_from(log.log_end_offset() - log.log_start_offset()).unwrap_or(0);
+    let mean = log.size_bytes().checked_div(records).unwrap_or(0);
+    if !matches!(request.filter, TagFilter::All) || mean == 0 {
+        return FIRST_READ_BYTES;
+    }
+    let wanted = mean.saturating_mul(room as u64);
+    (wanted + wanted / 4).clamp(FIRST_READ_BYTES / 4, READ_BYTES)
 }
 
 /// The size of a scan's next read, after `read_bytes` read gave `taken` of the `room`
