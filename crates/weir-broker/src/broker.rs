@@ -167,24 +167,27 @@ pub struct StoredBatch {
 impl StoredBatch {
     /// Its records, decoded (decompressed as needed).
     pub fn records(&self) -> Result<Vec<weir_storage::records::Record>, BrokerError> {
-        let decoded = weir_storage::records::decode_batches(&self.bytes)
-            .map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
-        Ok(decoded.into_iter().flat_map(|b| b.records).collect())
+        records_of(weir_storage::records::decode_batches(&self.bytes))
     }
 
     /// Its records as [`StoredBatch::records`] does, but as slices of the buffer the batch was
     /// read into (uncompressed batches): each keeps that whole read alive, so for records
     /// dropped soon after, as a receive's are once answered.
     pub fn transient_records(&self) -> Result<Vec<weir_storage::records::Record>, BrokerError> {
-        let decoded = weir_storage::records::decode_shared_batches(&self.bytes)
-            .map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
-        Ok(decoded.into_iter().flat_map(|b| b.records).collect())
+        records_of(weir_storage::records::decode_shared_batches(&self.bytes))
     }
 
     /// Whether the batch holds a record at every offset of its range (none compacted away).
     pub fn is_dense(&self) -> bool {
         i64::from(self.header.records_count) == i64::from(self.header.last_offset_delta) + 1
     }
+}
+
+fn records_of(
+    decoded: Result<Vec<weir_storage::records::DecodedBatch>, weir_storage::BatchError>,
+) -> Result<Vec<weir_storage::records::Record>, BrokerError> {
+    let decoded = decoded.map_err(|e| BrokerError::new(ErrorKind::Corrupt, e.to_string()))?;
+    Ok(decoded.into_iter().flat_map(|b| b.records).collect())
 }
 
 pub(crate) fn io_error(context: &str, e: impl std::fmt::Display) -> BrokerError {

@@ -68,24 +68,26 @@ pub struct DecodedBatch {
 /// Decodes every whole batch in `bytes` (as a log read returns them), decompressing as needed.
 /// Bytes after the last whole batch are ignored; a batch that does not parse is an error.
 pub fn decode_batches(bytes: &[u8]) -> Result<Vec<DecodedBatch>, BatchError> {
-    let mut out = Vec::new();
-    for (at, header) in batch::headers(bytes) {
-        let size = header.size_bytes().ok_or_else(|| corrupt(format!("batch length {}", header.batch_length)))?;
-        let end = at.checked_add(size).filter(|end| *end <= bytes.len()).ok_or_else(|| corrupt("truncated batch"))?;
-        out.push(decode_batch(header, Bytes::copy_from_slice(&bytes[at + HEADER_BYTES..end]))?);
-    }
-    Ok(out)
+    decode_each(bytes, |body| Bytes::copy_from_slice(&bytes[body]))
 }
 
 /// As [`decode_batches`], without copying: the records of an uncompressed batch are slices of
 /// `bytes` itself. Any of them keeps the whole buffer alive, so this is for readers that hand
 /// the records out and drop them soon (a receive), not for records kept for long.
 pub fn decode_shared_batches(bytes: &Bytes) -> Result<Vec<DecodedBatch>, BatchError> {
+    decode_each(bytes, |body| bytes.slice(body))
+}
+
+/// Decodes each whole batch of `bytes`, its body (after the header) taken by `body_of`.
+fn decode_each(
+    bytes: &[u8],
+    body_of: impl Fn(std::ops::Range<usize>) -> Bytes,
+) -> Result<Vec<DecodedBatch>, BatchError> {
     let mut out = Vec::new();
     for (at, header) in batch::headers(bytes) {
         let size = header.size_bytes().ok_or_else(|| corrupt(format!("batch length {}", header.batch_length)))?;
         let end = at.checked_add(size).filter(|end| *end <= bytes.len()).ok_or_else(|| corrupt("truncated batch"))?;
-        out.push(decode_batch(header, bytes.slice(at + HEADER_BYTES..end))?);
+        out.push(decode_batch(header, body_of(at + HEADER_BYTES..end))?);
     }
     Ok(out)
 }
