@@ -358,3 +358,19 @@ def test_a_share_group_loses_nothing_and_redelivers_no_accepted_record_when_the_
     assert sorted(after) == sorted(set(sent) - accepted), after
     counts = {m.value().decode(): m.delivery_count() for m in got}
     assert all(counts[v] >= 2 for v in first["held"]), (first["held"], counts)
+
+    # Every survivor's admin API shows the group's start offset past all 40 and nothing in
+    # flight: the one that does not lead the partition asks the one that does.
+    for n in survivors:
+        env = {**os.environ, "WEIR_ADMIN": cluster.node(n).admin_url()}
+        row, deadline = None, time.monotonic() + 20
+        while time.monotonic() < deadline:
+            done = subprocess.run([str(weir_bin()), "group", "describe", group, "--json"], capture_output=True,
+                                  text=True, env=env, timeout=60)
+            assert done.returncode == 0, done.stderr
+            rows = [r for r in json.loads(done.stdout)["offsets"] if r["topic"] == topic and r["partition"] == 0]
+            row = rows[0] if rows else None
+            if row and row.get("committed_offset") == 40 and row.get("in_flight") == 0:
+                break
+            time.sleep(0.5)
+        assert row and row.get("committed_offset") == 40 and row.get("in_flight") == 0, (n, row)

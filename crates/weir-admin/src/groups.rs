@@ -298,11 +298,13 @@ async fn share_members(
             offset_row(offsets, topic, partition);
         }
     }
-    for row in offsets.values_mut() {
-        let key = weir_messaging::pop::QueueKey::new(group, row.topic.clone(), row.partition);
-        if let Some(position) = core.messaging.queue_position(&key) {
-            row.committed_offset = Some(position.done_below);
-            row.in_flight = Some(position.in_flight);
+    // Each partition's position, from the broker leading it.
+    let queues: Vec<(String, i32)> = offsets.keys().cloned().collect();
+    let standings = core.messaging.queue_standings(group, Some(&queues)).await;
+    for (queue, row) in offsets.iter_mut() {
+        if let Some(standing) = standings.get(queue) {
+            row.committed_offset = Some(standing.position.done_below);
+            row.in_flight = Some(standing.position.in_flight);
         }
     }
     Some((members, (described.group_epoch, described.assignment_epoch)))

@@ -7,7 +7,7 @@
 //! ones after it.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,10 +17,13 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
-use crate::context::Ctx;
+use crate::context::{Ctx, Peer};
 use crate::dispatch::{self, Reply};
 use crate::frame::{self, FrameError};
 use crate::zero_copy;
+
+/// The number of the next connection (see [`Peer::connection`]).
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) async fn serve_connection(
     ctx: Arc<Ctx>,
@@ -29,6 +32,7 @@ pub(crate) async fn serve_connection(
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
     let queued = ctx.broker.config.queued_requests_per_connection;
     let (read_half, write_half) = stream.into_split();
     let (request_tx, request_rx) = mpsc::channel::<Bytes>(queued);
@@ -40,9 +44,11 @@ pub(crate) async fn serve_connection(
     // was read and the writer sends what was answered, then the socket closes.
     tokio::join!(
         read_requests(&ctx, read_half, request_tx, &in_flight, peer, shutdown),
-        process_requests(&ctx, request_rx, response_tx, &in_flight, peer),
+        process_requests(&ctx, request_rx, response_tx, &in_flight, peer, connection),
         write_responses(&ctx, write_half, response_rx, &in_flight, peer),
     );
+    // A share consumer gone without closing its share sessions: what it held is released now.
+    crate::handlers::share_fetch::connection_closed(&ctx, connection).await;
 }
 
 /// Reads frames ahead into `requests` until EOF, a bad frame, shutdown, or an idle period with
@@ -107,10 +113,11 @@ async fn process_requests(
     replies: mpsc::Sender<Reply>,
     in_flight: &InFlight,
     peer: SocketAddr,
+    connection: u64,
 ) {
-    let host = peer.ip().to_string();
+    let client = Peer { host: peer.ip().to_string(), connection };
     while let Some(frame) = requests.recv().await {
-        match dispatch::handle(ctx, &host, frame).await {
+        match dispatch::handle(ctx, &client, frame).await {
             Ok(Reply::Now(None)) => in_flight.done(),
             Ok(reply) => {
                 if replies.send(reply).await.is_err() {

@@ -73,4 +73,16 @@ pub(crate) struct Client {
     pub(crate) client_id: String,
     /// The peer's IP address, as DescribeGroups reports it.
     pub(crate) host: String,
+    /// The connection the request came on (unique in this process), which a share session
+    /// belongs to.
+    pub(crate) connection: u64,
+}
+
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone)]
+pub(crate) struct Peer {
+    /// The IP address, as DescribeGroups reports it.
+    pub(crate) host: String,
+    /// The connection's number, unique in this process.
+    pub(crate) connection: u64,
 }

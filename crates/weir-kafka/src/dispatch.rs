@@ -11,7 +11,7 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::VersionRange;
 use weir_broker::metrics::{ErrorCounter, OperationMetrics, ProtocolMetrics};
 
-use crate::context::{Client, Ctx};
+use crate::context::{Client, Ctx, Peer};
 use crate::frame::{self, FrameError, ResponseFrame};
 use crate::handlers::{self, admin, groups};
 use crate::share_versions;
@@ -42,14 +42,14 @@ pub(crate) enum Reply {
 /// The time measured runs from here (the request was read and its turn on the connection has
 /// come) to the response being encoded, before it is written: for Fetch it includes the
 /// long-poll wait, for JoinGroup the wait for the other members, for Produce the fsync.
-pub(crate) async fn handle(ctx: &Ctx, host: &str, frame: Bytes) -> Result<Reply, FrameError> {
+pub(crate) async fn handle(ctx: &Ctx, peer: &Peer, frame: Bytes) -> Result<Reply, FrameError> {
     let started = Instant::now();
     let known = frame::peek_prefix(&frame).ok().and_then(|p| ApiKey::try_from(p.api_key).ok());
     let Some((key, metrics)) = known.and_then(|key| api_metrics(&ctx.metrics, key).map(|m| (key, m))) else {
         ctx.metrics.count_unknown_operation();
-        return route(ctx, host, frame, None).await;
+        return route(ctx, peer, frame, None).await;
     };
-    let result = route(ctx, host, frame, Some(metrics)).await;
+    let result = route(ctx, peer, frame, Some(metrics)).await;
     match result {
         Ok(Reply::Later(deferred)) => {
             let protocol = ctx.metrics.clone();
@@ -76,7 +76,7 @@ pub(crate) async fn handle(ctx: &Ctx, host: &str, frame: Bytes) -> Result<Reply,
 
 async fn route(
     ctx: &Ctx,
-    host: &str,
+    peer: &Peer,
     mut frame: Bytes,
     metrics: Option<&OperationMetrics>,
 ) -> Result<Reply, FrameError> {
@@ -94,7 +94,7 @@ async fn route(
     if let Some(reply) = check_version(api_key, version, prefix.correlation_id)? {
         return Ok(reply);
     }
-    let (client, correlation_id) = decode_header(&mut frame, &prefix, api_key, host)?;
+    let (client, correlation_id) = decode_header(&mut frame, &prefix, api_key, peer)?;
     let mut body = frame;
 
     macro_rules! call {
@@ -194,14 +194,14 @@ async fn route(
         ApiKey::DescribeShareGroupOffsets => {
             // v1 asks as v0 does; its answer adds each partition's lag (`share_versions`).
             let request: DescribeShareGroupOffsetsRequest = frame::decode_body(&mut body, api_key, 0)?;
-            let response = handlers::share_groups::describe_offsets(ctx, &client, request).await;
-            count_errors(&response);
+            let described = handlers::share_groups::describe_offsets(ctx, &client, request).await;
+            count_errors(&described.response);
             Some(single(if version >= 1 {
-                share_versions::describe_offsets_response(correlation_id, &response, |group, topic, partition| {
-                    handlers::share_groups::lag(ctx, group, topic, partition)
+                share_versions::describe_offsets_response(correlation_id, &described.response, |group, topic, p| {
+                    described.lag(group, topic, p)
                 })
             } else {
-                frame::encode_response(api_key, version, correlation_id, &response)?
+                frame::encode_response(api_key, version, correlation_id, &described.response)?
             }))
         }
         ApiKey::AlterShareGroupOffsets => call!(AlterShareGroupOffsetsRequest, handlers::share_groups::alter_offsets),
@@ -238,7 +238,7 @@ fn decode_header(
     frame: &mut Bytes,
     prefix: &frame::RequestPrefix,
     api_key: ApiKey,
-    host: &str,
+    peer: &Peer,
 ) -> Result<(Client, i32), FrameError> {
     let version = prefix.version;
     let header = frame::decode_header(frame, api_key, version)?;
@@ -246,7 +246,8 @@ fn decode_header(
     let client = Client {
         version,
         client_id: header.client_id.as_ref().map(|s| s.to_string()).unwrap_or_default(),
-        host: host.to_string(),
+        host: peer.host.clone(),
+        connection: peer.connection,
     };
     Ok((client, header.correlation_id))
 }

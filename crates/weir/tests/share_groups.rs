@@ -316,7 +316,7 @@ fn given_a_lock_that_ran_out_its_holder_can_no_longer_acknowledge_the_record() {
 }
 
 #[test]
-fn given_a_closed_share_session_what_its_member_held_is_available_again_at_once() {
+fn given_a_closed_share_session_or_connection_what_its_member_held_is_available_again_at_once() {
     let broker = Broker::start(&[]);
     let mut client = broker.connect();
     let topic_id = client.create_topic(TOPIC, 1, &[]);
@@ -345,6 +345,16 @@ fn given_a_closed_share_session_what_its_member_held_is_available_again_at_once(
     assert_eq!(client.send(1, &leave).expect("leave").error_code, code::NONE);
     let mut c = join(&mut client, group, topic_id);
     assert_eq!(fetch(&mut client, &mut c, 0, Vec::new()), [(1, 3)]);
+
+    // d's consumer dies holding the record: its connection closes, and so does its session.
+    let mut dying = broker.connect();
+    let mut d = join(&mut dying, group, topic_id);
+    c.epoch = -1;
+    assert_eq!(acknowledge(&mut client, &mut c, 1, 1, RELEASE), code::NONE);
+    assert_eq!(fetch(&mut dying, &mut d, 0, Vec::new()), [(1, 4)]);
+    drop(dying);
+    let mut e = join(&mut client, group, topic_id);
+    assert_eq!(fetch_some(&mut client, &mut e, Duration::from_secs(10)), [(1, 5)], "back long before its lock ran out");
 }
 
 /// A request frame of `api_key` at version 2, from `request` encoded at v1 with `extra` (the

@@ -537,7 +537,7 @@ mod tests {
     }
 
     fn client(version: i16) -> Client {
-        Client { version, client_id: "test-client".into(), host: "127.0.0.1".into() }
+        Client { version, client_id: "test-client".into(), host: "127.0.0.1".into(), connection: 1 }
     }
 
     fn join_request(group: &str, member_id: &str) -> JoinGroupRequest {

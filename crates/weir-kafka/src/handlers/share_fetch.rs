@@ -178,10 +178,22 @@ fn outcome(done: weir_messaging::pop::HandleResult<()>, note: &mut impl FnMut(Re
 
 /// A member leaving its share group (ShareGroupHeartbeat with epoch -1) whose share session
 /// on this broker is still open: the session closes and what the member holds is released.
-pub(crate) async fn member_left(ctx: &Ctx, group: &str, member: &str) {
+pub(crate) async fn member_left(ctx: &Ctx, client: &Client, group: &str, member: &str) {
     let Some(engines) = ctx.share.as_ref() else { return };
-    if let Ok(partitions) = ctx.share_sessions.advance(group, member, FINAL_EPOCH, &[], &[]) {
+    if let Ok(partitions) = ctx.share_sessions.advance(client.connection, group, member, FINAL_EPOCH, &[], &[]) {
         release_held(ctx, engines, group, member_nonce(group, member), &partitions).await;
+    }
+}
+
+/// A closed connection: the share sessions it last served close, and what their members held
+/// is released (Kafka's share session cache does the same on a disconnect). A consumer that
+/// died thus gives its records back at once rather than after their locks.
+pub(crate) async fn connection_closed(ctx: &Ctx, connection: u64) {
+    let Some(engines) = ctx.share.as_ref() else { return };
+    for session in ctx.share_sessions.connection_closed(connection) {
+        let nonce = member_nonce(&session.group, &session.member);
+        tracing::debug!(group = %session.group, member = %session.member, "share session closed with its connection");
+        release_held(ctx, engines, &session.group, nonce, &session.partitions).await;
     }
 }
 
@@ -325,7 +337,7 @@ pub(crate) fn record_lock_ms(ctx: &Ctx, group: &str) -> i32 {
 /// renew-only flag).
 pub(crate) async fn share_fetch(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     req: ShareFetchRequest,
     extras: FetchExtras,
 ) -> ShareFetchResponse {
@@ -357,7 +369,7 @@ pub(crate) async fn share_fetch(
     if extras.renew_ack && (req.max_wait_ms != 0 || req.min_bytes != 0 || req.max_bytes != 0 || req.max_records != 0) {
         return refuse(ResponseError::InvalidRequest, "a renew-only share fetch has zero fetch parameters");
     }
-    let fetch_from = match ctx.share_sessions.advance(&group, &member, epoch, &added, &forgotten) {
+    let fetch_from = match ctx.share_sessions.advance(client.connection, &group, &member, epoch, &added, &forgotten) {
         Ok(partitions) => partitions,
         Err(e) => return refuse(session_error(e), "share session"),
     };
@@ -560,7 +572,7 @@ fn clone_request(request: &ReceiveRequest) -> ReceiveRequest {
 
 pub(crate) async fn share_acknowledge(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     req: ShareAcknowledgeRequest,
 ) -> ShareAcknowledgeResponse {
     let refuse = |error: ResponseError, message: &str| {
@@ -574,7 +586,7 @@ pub(crate) async fn share_acknowledge(
     let Some(engines) = ctx.share.as_ref() else {
         return refuse(ResponseError::InvalidRequest, "this broker serves no share groups");
     };
-    let closed = match ctx.share_sessions.acknowledge(&group, &member, req.share_session_epoch) {
+    let closed = match ctx.share_sessions.acknowledge(client.connection, &group, &member, req.share_session_epoch) {
         Ok(closed) => closed,
         Err(e) => return refuse(session_error(e), "share session"),
     };

@@ -28,7 +28,6 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use uuid::Uuid;
 use weir_coordinators::group::{GroupState, ShareHeartbeatParams};
-use weir_messaging::pop::QueueKey;
 
 use super::authorized_operations;
 use crate::context::{Client, Ctx};
@@ -55,7 +54,7 @@ pub(crate) async fn heartbeat(
     let leaving = (req.member_epoch == -1).then(|| (req.group_id.to_string(), req.member_id.to_string()));
     let result = ctx.groups.share_heartbeat(params).await;
     if let (Some((group, member)), None) = (leaving, result.error) {
-        super::share_fetch::member_left(ctx, &group, &member).await;
+        super::share_fetch::member_left(ctx, client, &group, &member).await;
     }
     let mut response = ShareGroupHeartbeatResponse::default()
         .with_error_code(code_of(result.error))
@@ -139,79 +138,93 @@ pub(crate) async fn describe(
     ShareGroupDescribeResponse::default().with_groups(groups)
 }
 
-/// The start offset of `group` on a partition this broker leads: -1 when it has no state
-/// there (Kafka's answer for a partition the group never consumed).
-fn start_offset(ctx: &Ctx, group: &str, topic: &str, partition: i32) -> i64 {
-    let Some(engines) = ctx.share.as_ref() else { return -1 };
-    engines.pop.position(&QueueKey::new(group, topic, partition)).map_or(-1, |p| p.done_below)
+/// A DescribeShareGroupOffsets answer, with each partition's lag for v1 (which the
+/// `kafka-protocol` crate's schema lacks, see `share_versions`).
+pub(crate) struct DescribedOffsets {
+    pub(crate) response: DescribeShareGroupOffsetsResponse,
+    /// (group, topic, partition) to lag, for the partitions whose leader answered.
+    lags: BTreeMap<(String, String, i32), i64>,
 }
 
-/// How many records of a share partition the group is not done with (DescribeShareGroupOffsets
-/// v1's lag): those in flight, and those not yet handed out up to the last stable offset; -1
-/// when the group has no position there on this broker.
-pub(crate) fn lag(ctx: &Ctx, group: &str, topic: &str, partition: i32) -> i64 {
-    let Some(engines) = ctx.share.as_ref() else { return -1 };
-    let (Some(position), Some(log)) =
-        (engines.pop.position(&QueueKey::new(group, topic, partition)), ctx.broker.partition(topic, partition))
-    else {
-        return -1;
-    };
-    position.in_flight as i64 + (log.log.last_stable_offset() - position.next).max(0)
+impl DescribedOffsets {
+    /// How many records of a share partition the group is not done with: those in flight, and
+    /// those not yet handed out up to the last stable offset; -1 when the partition's leader
+    /// knows no position of the group there.
+    pub(crate) fn lag(&self, group: &str, topic: &str, partition: i32) -> i64 {
+        self.lags.get(&(group.to_string(), topic.to_string(), partition)).copied().unwrap_or(-1)
+    }
 }
 
+/// DescribeShareGroupOffsets: each partition's start offset (every record below it is done),
+/// asked of the broker leading the partition, wherever that is; -1 for a partition the group
+/// never consumed (Kafka's answer), or whose leader did not answer.
 pub(crate) async fn describe_offsets(
     ctx: &Ctx,
     _client: &Client,
     req: DescribeShareGroupOffsetsRequest,
-) -> DescribeShareGroupOffsetsResponse {
+) -> DescribedOffsets {
     let metadata = ctx.broker.metadata();
-    let groups = req
-        .groups
-        .into_iter()
-        .map(|g| {
-            let group = g.group_id.to_string();
-            let wanted: Vec<(String, Vec<i32>)> = match g.topics {
-                Some(topics) => topics.into_iter().map(|t| (t.topic_name.to_string(), t.partitions)).collect(),
-                None => {
-                    // Every partition the group has a position on.
-                    let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-                    if let Some(engines) = ctx.share.as_ref() {
-                        for (topic, partition) in engines.pop.queues_of(&group) {
-                            by_topic.entry(topic).or_default().push(partition);
-                        }
-                    }
-                    by_topic.into_iter().collect()
-                }
-            };
-            let topics = wanted
-                .into_iter()
-                .map(|(name, mut partitions)| {
-                    partitions.sort_unstable();
-                    let topic = metadata.topic(&name);
-                    let partitions = partitions
-                        .into_iter()
-                        .map(|p| {
-                            let answer = DescribeShareGroupOffsetsResponsePartition::default().with_partition_index(p);
-                            match topic.and_then(|t| t.partition(p)) {
-                                None => answer
-                                    .with_start_offset(-1)
-                                    .with_error_code(ResponseError::UnknownTopicOrPartition.code()),
-                                Some(state) => answer
-                                    .with_start_offset(start_offset(ctx, &group, &name, p))
-                                    .with_leader_epoch(state.leader_epoch),
+    let mut lags = BTreeMap::new();
+    let mut groups = Vec::with_capacity(req.groups.len());
+    for g in req.groups {
+        let group = g.group_id.to_string();
+        let asked: Option<Vec<(String, Vec<i32>)>> =
+            g.topics.map(|topics| topics.into_iter().map(|t| (t.topic_name.to_string(), t.partitions)).collect());
+        let standings = match (ctx.share.as_ref(), &asked) {
+            (None, _) => BTreeMap::new(),
+            (Some(engines), Some(asked)) => {
+                let queues: Vec<(String, i32)> = asked
+                    .iter()
+                    .flat_map(|(topic, partitions)| partitions.iter().map(move |p| (topic.clone(), *p)))
+                    .collect();
+                engines.messaging.queue_standings(&group, Some(&queues)).await
+            }
+            // Every partition the group has a position on, anywhere.
+            (Some(engines), None) => engines.messaging.queue_standings(&group, None).await,
+        };
+        let wanted = asked.unwrap_or_else(|| {
+            let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+            for (topic, partition) in standings.keys() {
+                by_topic.entry(topic.clone()).or_default().push(*partition);
+            }
+            by_topic.into_iter().collect()
+        });
+        let topics = wanted
+            .into_iter()
+            .map(|(name, mut partitions)| {
+                partitions.sort_unstable();
+                let topic = metadata.topic(&name);
+                let partitions = partitions
+                    .into_iter()
+                    .map(|p| {
+                        let answer = DescribeShareGroupOffsetsResponsePartition::default().with_partition_index(p);
+                        match topic.and_then(|t| t.partition(p)) {
+                            None => answer
+                                .with_start_offset(-1)
+                                .with_error_code(ResponseError::UnknownTopicOrPartition.code()),
+                            Some(state) => {
+                                let standing = standings.get(&(name.clone(), p));
+                                if let Some(standing) = standing {
+                                    lags.insert((group.clone(), name.clone(), p), standing.lag());
+                                }
+                                answer
+                                    .with_start_offset(standing.map_or(-1, |s| s.position.done_below))
+                                    .with_leader_epoch(state.leader_epoch)
                             }
-                        })
-                        .collect();
-                    DescribeShareGroupOffsetsResponseTopic::default()
-                        .with_topic_name(TopicName(s(name)))
-                        .with_topic_id(topic.map_or(Uuid::nil(), |t| t.id))
-                        .with_partitions(partitions)
-                })
-                .collect();
-            DescribeShareGroupOffsetsResponseGroup::default().with_group_id(GroupId(s(group))).with_topics(topics)
-        })
-        .collect();
-    DescribeShareGroupOffsetsResponse::default().with_groups(groups)
+                        }
+                    })
+                    .collect();
+                DescribeShareGroupOffsetsResponseTopic::default()
+                    .with_topic_name(TopicName(s(name)))
+                    .with_topic_id(topic.map_or(Uuid::nil(), |t| t.id))
+                    .with_partitions(partitions)
+            })
+            .collect();
+        groups.push(
+            DescribeShareGroupOffsetsResponseGroup::default().with_group_id(GroupId(s(group))).with_topics(topics),
+        );
+    }
+    DescribedOffsets { response: DescribeShareGroupOffsetsResponse::default().with_groups(groups), lags }
 }
 
 /// Why a group's offsets cannot be changed now: it has members, or its name is another type's.

@@ -49,7 +49,7 @@ pub mod store;
 pub use engine::{HandleResult, PopEngine};
 pub use filter::TagFilter;
 pub use receive::{BatchDelivery, BatchOffsets, Delivery, ReceiveRequest, Received};
-pub use share::QueuePosition;
+pub use share::{QueuePosition, QueueStanding};
 pub use state::HandleError;
 pub(crate) use state::{Inflight, QueueState};
 pub use store::*;

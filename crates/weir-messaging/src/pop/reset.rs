@@ -147,6 +147,7 @@ impl RpcHandler for PopService {
                         .await;
                     encode_json(&method, &answer)
                 }
+                super::share::POSITIONS => messaging.serve_positions(&body),
                 super::service::TAKE_OVER => {
                     let request: super::service::TakeOverRequest = decode_json(&method, &body)?;
                     let answer =
@@ -164,7 +165,8 @@ impl RpcHandler for PopService {
     }
 }
 
-/// Serves `pop.reset`, `pop.take_over` and `pop.write` on this broker's internal RPC.
+/// Serves `pop.reset`, `pop.positions`, `pop.take_over` and `pop.write` on this broker's
+/// internal RPC.
 pub fn register(messaging: &Arc<Messaging>) {
     let service = Arc::new(PopService { messaging: Arc::downgrade(messaging) });
     messaging.broker.cluster.register_service(SERVICE, service);
