@@ -126,6 +126,41 @@ def test_a_killed_member_is_removed_after_the_session_timeout(kip848, closer):
             child.wait(10)
 
 
+def test_a_groups_own_session_timeout_config_overrides_the_brokers(broker_factory, closer):
+    """The broker keeps Kafka's 45 s default; the group's `consumer.session.timeout.ms` of 3 s
+    (set as kafka-configs --entity-type groups sets it) removes a killed member in seconds, and
+    its `consumer.heartbeat.interval.ms` is what the members are told."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    broker = broker_factory()
+    topic, group = unique("kip"), unique("g")
+    admin = c_admin(broker.bootstrap)
+    c_create_topic(admin, topic, partitions=4)
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("consumer.session.timeout.ms", str(SESSION_MS), incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("consumer.heartbeat.interval.ms", "300", incremental_operation=AlterConfigOpType.SET),
+    ])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    a = closer.add(new_consumer(broker.bootstrap, group, "a"))
+    a.subscribe([topic])
+    drive([a], lambda: exact_cover([a], topic, 4))
+    child = subprocess.Popen(
+        [sys.executable, "-c", DYING_MEMBER, broker.bootstrap, group, topic], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        drive([a], lambda: len(owned(a)) == 2, what="the child taking two partitions")
+        child.kill()
+        child.wait(10)
+        killed_at = time.monotonic()
+        drive([a], lambda: len(owned(a)) == 4, timeout=SESSION_MS / 1000 + 15, what="the dead member's partitions")
+        assert time.monotonic() - killed_at >= SESSION_MS / 1000 - 0.6
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+
+
 def test_commits_are_read_back_and_resumed_from(kip848, closer):
     topic, group = unique("kip"), unique("g")
     c_create_topic(c_admin(kip848.bootstrap), topic, partitions=2)

@@ -38,6 +38,13 @@ pub const CONSUME_FROM_WHERE: &str = "consume.from.where";
 /// back by default).
 pub const CONSUME_TIMESTAMP: &str = "consume.timestamp";
 
+/// Consumer groups of the consumer protocol (KIP-848), with Kafka's group config names: a
+/// member without a heartbeat for this long is removed (the broker's
+/// `group.consumer.session.timeout.ms` when unset).
+pub const CONSUMER_SESSION_TIMEOUT_MS: &str = "consumer.session.timeout.ms";
+/// How often a consumer group's members heartbeat (`group.consumer.heartbeat.interval.ms`).
+pub const CONSUMER_HEARTBEAT_INTERVAL_MS: &str = "consumer.heartbeat.interval.ms";
+
 /// Share groups (KIP-932), with Kafka's group config names: a member without a heartbeat for
 /// this long is removed (the broker's `group.share.session.timeout.ms` when unset).
 pub const SHARE_SESSION_TIMEOUT_MS: &str = "share.session.timeout.ms";
@@ -59,8 +66,8 @@ pub const SHARE_RECORD_LOCK_DURATION_MS_RANGE: std::ops::RangeInclusive<i64> = 1
 /// Kafka's bounds of a share group's delivery count limit.
 pub const SHARE_DELIVERY_COUNT_LIMIT_RANGE: std::ops::RangeInclusive<u32> = 2..=10;
 
-/// Every group setting and its default (empty for a share setting whose default is the
-/// broker's `group.share.*` setting).
+/// Every group setting and its default (empty for a consumer or share setting whose default
+/// is the broker's `group.consumer.*` or `group.share.*` setting).
 pub(crate) const GROUP_CONFIGS: &[(&str, &str)] = &[
     (FIFO, "false"),
     (BROADCAST, "false"),
@@ -72,6 +79,8 @@ pub(crate) const GROUP_CONFIGS: &[(&str, &str)] = &[
     // first), so it depends on the broker's cache; the oldest message loses nothing.
     (CONSUME_FROM_WHERE, "CONSUME_FROM_FIRST_OFFSET"),
     (CONSUME_TIMESTAMP, "-30m"),
+    (CONSUMER_SESSION_TIMEOUT_MS, ""),
+    (CONSUMER_HEARTBEAT_INTERVAL_MS, ""),
     (SHARE_SESSION_TIMEOUT_MS, ""),
     (SHARE_HEARTBEAT_INTERVAL_MS, ""),
     (SHARE_RECORD_LOCK_DURATION_MS, ""),
@@ -219,6 +228,10 @@ pub struct GroupSettings {
     pub max_delivery_attempts: u32,
     pub retry_backoff: RetryBackoff,
     pub consume_from: ConsumeFrom,
+    /// Consumer-protocol groups: overrides of the broker's `group.consumer.*` defaults
+    /// (`None`: the broker's).
+    pub consumer_session_timeout_ms: Option<i32>,
+    pub consumer_heartbeat_interval_ms: Option<i32>,
     /// Share groups: overrides of the broker's `group.share.*` defaults (`None`: the broker's).
     pub share_session_timeout_ms: Option<i32>,
     pub share_heartbeat_interval_ms: Option<i32>,
@@ -254,6 +267,10 @@ impl GroupSettings {
                 .unwrap_or(RetryBackoff::Customized(vec![Duration::from_secs(1)])),
             consume_from: consume_from(value(CONSUME_FROM_WHERE), value(CONSUME_TIMESTAMP))
                 .unwrap_or(ConsumeFrom::FirstOffset),
+            consumer_session_timeout_ms: overrides.get(CONSUMER_SESSION_TIMEOUT_MS).and_then(|v| parse_ms(v).ok()),
+            consumer_heartbeat_interval_ms: overrides
+                .get(CONSUMER_HEARTBEAT_INTERVAL_MS)
+                .and_then(|v| parse_ms(v).ok()),
             share_session_timeout_ms: overrides.get(SHARE_SESSION_TIMEOUT_MS).and_then(|v| parse_ms(v).ok()),
             share_heartbeat_interval_ms: overrides.get(SHARE_HEARTBEAT_INTERVAL_MS).and_then(|v| parse_ms(v).ok()),
             share_record_lock_duration_ms: overrides
@@ -353,13 +370,30 @@ pub fn validate(configs: &BTreeMap<String, String>) -> Result<(), String> {
             RETRY_BACKOFF => RetryBackoff::parse(value).map(|_| ()),
             CONSUME_FROM_WHERE => check_consume_from(value),
             CONSUME_TIMESTAMP => parse_start_time(value).map(|_| ()),
-            SHARE_SESSION_TIMEOUT_MS | SHARE_HEARTBEAT_INTERVAL_MS => parse_ms(value).map(|_| ()),
+            CONSUMER_SESSION_TIMEOUT_MS
+            | CONSUMER_HEARTBEAT_INTERVAL_MS
+            | SHARE_SESSION_TIMEOUT_MS
+            | SHARE_HEARTBEAT_INTERVAL_MS => parse_ms(value).map(|_| ()),
             SHARE_RECORD_LOCK_DURATION_MS => parse_lock_duration(value).map(|_| ()),
             SHARE_DELIVERY_COUNT_LIMIT => parse_delivery_count_limit(value).map(|_| ()),
             SHARE_AUTO_OFFSET_RESET => parse_offset_reset(value).map(|_| ()),
             _ => return Err(unknown_config(name)),
         };
         problem.map_err(|reason| format!("Invalid value {value} for group config {name}: {reason}"))?;
+    }
+    // A member must be able to heartbeat within its session.
+    for (interval, session) in [
+        (CONSUMER_HEARTBEAT_INTERVAL_MS, CONSUMER_SESSION_TIMEOUT_MS),
+        (SHARE_HEARTBEAT_INTERVAL_MS, SHARE_SESSION_TIMEOUT_MS),
+    ] {
+        let ms = |name: &str| configs.get(name).and_then(|v| parse_ms(v).ok());
+        if let (Some(interval_ms), Some(session_ms)) = (ms(interval), ms(session)) {
+            if interval_ms >= session_ms {
+                return Err(format!(
+                    "Invalid value {interval_ms} for group config {interval}: it must be less than {session} ({session_ms})"
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -483,6 +517,25 @@ mod tests {
         ] {
             let error = validate(&map(&[(name, value)])).expect_err(value);
             assert!(error.contains(name), "{error}");
+        }
+    }
+
+    #[test]
+    fn consumer_group_configs_override_the_broker_defaults_and_a_heartbeat_fits_in_a_session() {
+        let settings = GroupSettings::default();
+        assert_eq!((settings.consumer_session_timeout_ms, settings.consumer_heartbeat_interval_ms), (None, None));
+        let configs = map(&[(CONSUMER_SESSION_TIMEOUT_MS, "6000"), (CONSUMER_HEARTBEAT_INTERVAL_MS, "500")]);
+        validate(&configs).expect("valid");
+        let set = GroupSettings::from_configs(&configs);
+        assert_eq!((set.consumer_session_timeout_ms, set.consumer_heartbeat_interval_ms), (Some(6000), Some(500)));
+        for configs in [
+            map(&[(CONSUMER_SESSION_TIMEOUT_MS, "0")]),
+            map(&[(CONSUMER_HEARTBEAT_INTERVAL_MS, "soon")]),
+            map(&[(CONSUMER_SESSION_TIMEOUT_MS, "6000"), (CONSUMER_HEARTBEAT_INTERVAL_MS, "6000")]),
+            map(&[(SHARE_SESSION_TIMEOUT_MS, "1000"), (SHARE_HEARTBEAT_INTERVAL_MS, "2000")]),
+        ] {
+            let error = validate(&configs).expect_err("invalid");
+            assert!(error.contains("heartbeat.interval.ms") || error.contains("session.timeout.ms"), "{error}");
         }
     }
 

@@ -292,6 +292,27 @@ fn given_a_share_group_a_consumer_protocol_member_is_refused_and_given_a_consume
 }
 
 #[test]
+fn given_a_groups_heartbeat_interval_config_its_members_are_told_it() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic(TOPIC, 1, &[]);
+    let heartbeat_interval = |client: &mut Client, group: &str| {
+        let request = ConsumerGroupHeartbeatRequest::default()
+            .with_group_id(group_id(group))
+            .with_member_id(s(&uuid::Uuid::new_v4().to_string()))
+            .with_member_epoch(0)
+            .with_rebalance_timeout_ms(30_000)
+            .with_subscribed_topic_names(Some(vec![TopicName(s(TOPIC))]));
+        let response = client.send(1, &request).expect("ConsumerGroupHeartbeat");
+        assert_eq!(response.error_code, code::NONE, "{:?}", response.error_message);
+        response.heartbeat_interval_ms
+    };
+    assert_eq!(heartbeat_interval(&mut client, "plain"), 5_000, "the broker's group.consumer.heartbeat.interval.ms");
+    set_group_configs(&mut client, "tuned", &[("consumer.heartbeat.interval.ms", "750")]);
+    assert_eq!(heartbeat_interval(&mut client, "tuned"), 750);
+}
+
+#[test]
 fn given_a_lock_that_ran_out_its_holder_can_no_longer_acknowledge_the_record() {
     let broker = Broker::start(&[]);
     let mut client = broker.connect();

@@ -81,6 +81,7 @@ impl GroupCoordinator {
         // Held through the append, so records of the group reach the log in state order.
         let _writer = lock(&target.writer);
         let metadata = self.broker.metadata();
+        let limits = self.consumer_limits_of(&params.group_id);
         let (result, record) = {
             let mut groups = self.groups();
             if !self.is_active() {
@@ -135,7 +136,7 @@ impl GroupCoordinator {
                 Some(consumer) => {
                     let (names, patterns) = consumer.subscriptions(&params);
                     let catalog = catalog(&metadata, &names, &patterns);
-                    consumer.heartbeat(&params, &catalog, now, &self.consumer_limits)
+                    consumer.heartbeat(&params, &catalog, now, &limits)
                 }
                 None => ConsumerHeartbeatResult::error(ErrorKind::Internal),
             };
@@ -248,6 +249,7 @@ impl GroupCoordinator {
         let Some((subscribed, owned_names)) = decoded.filter(|_| params.protocol_type == "consumer") else {
             return JoinGroupResult::error(params.member_id.clone(), ErrorKind::InconsistentGroupProtocol);
         };
+        let limits = self.consumer_limits_of(&params.group_id);
         let Some(consumer) = group.consumer.as_mut() else {
             return JoinGroupResult::error(member_id, ErrorKind::Internal);
         };
@@ -263,8 +265,7 @@ impl GroupCoordinator {
                 owned.entry(t.id).or_default().extend(partitions);
             }
         }
-        let result =
-            consumer.classic_join(&member_id, &params, subscribed, owned, &catalog, now, &self.consumer_limits);
+        let result = consumer.classic_join(&member_id, &params, subscribed, owned, &catalog, now, &limits);
         group.sync_consumer_state(now);
         match result {
             Ok((generation, protocol)) => JoinGroupResult {

@@ -157,7 +157,8 @@ impl ShardOwner for GroupCoordinator {
             if let Some(snapshot) = consumer {
                 // A consumer-protocol group carries on with its members, epochs and assignment.
                 let value = offsets::consumer_group_value(&snapshot);
-                group.consumer = Some(ConsumerGroup::from_snapshot(snapshot, value, now, &self.consumer_limits));
+                group.consumer =
+                    Some(ConsumerGroup::from_snapshot(snapshot, value, now, &self.consumer_limits_of(&id)));
                 group.protocol_type = Some("consumer".to_string());
                 group.sync_consumer_state(now);
             }
@@ -189,6 +190,20 @@ impl ShardOwner for GroupCoordinator {
 }
 
 impl GroupCoordinator {
+    /// The limits a consumer-protocol `group` obeys: its `consumer.*` group configs over the
+    /// broker's `group.consumer.*` settings.
+    pub(super) fn consumer_limits_of(&self, group: &str) -> ConsumerLimits {
+        let settings = self.broker.group_settings(group);
+        let mut limits = self.consumer_limits.clone();
+        if let Some(ms) = settings.consumer_session_timeout_ms {
+            limits.session_timeout_ms = ms;
+        }
+        if let Some(ms) = settings.consumer_heartbeat_interval_ms {
+            limits.heartbeat_interval_ms = ms;
+        }
+        limits
+    }
+
     /// Starts the coordinator: loads the groups of every `__consumer_offsets` partition this
     /// broker leads, and starts the timer task and the task that follows leadership changes.
     /// On a single node it first creates the topic, as it always did; in a cluster the first
