@@ -514,23 +514,30 @@ def test_offsets_sent_in_a_transaction_use_the_member_epoch(kip848, closer):
     assert committed[0].offset == 5
 
 
-def test_a_running_classic_group_converts_and_its_classic_members_keep_working(kip848, closer):
-    """Kafka 4's migration (policy bidirectional): a consumer-protocol member joins a Stable
-    classic group; the group converts, the classic member is told to rejoin and keeps its
-    share through JoinGroup/SyncGroup/Heartbeat, commits with its generation, and its leaving
-    hands its partitions to the new member."""
-    topic, group = unique("kipmig"), unique("g")
-    c_create_topic(c_admin(kip848.bootstrap), topic, partitions=4)
-    classic = closer.add(c_consumer(kip848.bootstrap, group=group))
+def converted_group(bootstrap, closer, topic, group):
+    """A classic consumer owning the 4 partitions of a new `topic`, then a consumer-protocol
+    member joining: the group converts and they share the partitions. Returns both."""
+    c_create_topic(c_admin(bootstrap), topic, partitions=4)
+    classic = closer.add(c_consumer(bootstrap, group=group))
     classic.subscribe([topic])
     drive([classic], lambda: exact_cover([classic], topic, 4), what="the classic member owning all")
-    modern = closer.add(new_consumer(kip848.bootstrap, group, "modern"))
+    modern = closer.add(new_consumer(bootstrap, group, "modern"))
     modern.subscribe([topic])
     drive(
         [classic, modern],
         lambda: exact_cover([classic, modern], topic, 4) and len(owned(modern)) == 2,
         what="the converted group sharing the partitions",
     )
+    return classic, modern
+
+
+def test_a_running_classic_group_converts_and_its_classic_members_keep_working(kip848, closer):
+    """Kafka 4's migration (policy bidirectional): a consumer-protocol member joins a Stable
+    classic group; the group converts, the classic member is told to rejoin and keeps its
+    share through JoinGroup/SyncGroup/Heartbeat, commits with its generation, and its leaving
+    hands its partitions to the new member."""
+    topic, group = unique("kipmig"), unique("g")
+    classic, modern = converted_group(kip848.bootstrap, closer, topic, group)
     # The classic member commits through the consumer group (its generation is its epoch).
     classic.commit(offsets=[TopicPartition(topic, p, 1) for _, p in owned(classic, topic)], asynchronous=False)
     admin = c_admin(kip848.bootstrap)
@@ -540,3 +547,63 @@ def test_a_running_classic_group_converts_and_its_classic_members_keep_working(k
     assert str(listed[group].type).endswith("CONSUMER"), listed[group].type
     classic.close()
     drive([modern], lambda: exact_cover([modern], topic, 4), what="the classic member's partitions handed over")
+
+
+def test_a_group_left_with_classic_members_only_becomes_classic_again(kip848, closer):
+    """Kafka 4's online downgrade (policy bidirectional): when the last consumer-protocol member
+    leaves a converted group, the classic members left make it a classic group again. They
+    rejoin, the classic leader assigns every partition, their commits are taken at the new
+    generation, and the broker restarted finds a classic group with those offsets."""
+    topic, group = unique("kipdown"), unique("g")
+    admin = c_admin(kip848.bootstrap)
+    classic, modern = converted_group(kip848.bootstrap, closer, topic, group)
+    modern.close()
+
+    def classic_again():
+        listed = {g.group_id: g for g in admin.list_consumer_groups().result(10).valid}
+        return group in listed and str(listed[group].type).endswith("CLASSIC")
+
+    drive([classic], lambda: exact_cover([classic], topic, 4) and classic_again(), what="a classic group again")
+    described = admin.describe_consumer_groups([group])[group].result(10)
+    assert str(described.type).endswith("CLASSIC"), described.type
+    assert len(described.members) == 1, described.members
+    assert sorted(tp.partition for tp in described.members[0].assignment.topic_partitions) == [0, 1, 2, 3]
+    classic.commit(offsets=[TopicPartition(topic, p, 3) for p in range(4)], asynchronous=False)
+    classic.close()
+
+    kip848.restart()
+    admin = c_admin(kip848.bootstrap)
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        listed = {g.group_id: g for g in admin.list_consumer_groups().result(10).valid}
+        if group in listed or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert str(listed[group].type).endswith("CLASSIC"), listed[group].type
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
+    assert sorted((tp.partition, tp.offset) for tp in offsets.topic_partitions) == [(p, 3) for p in range(4)]
+
+
+def test_with_migration_disabled_a_running_classic_group_keeps_its_protocol(broker_factory, closer):
+    """`group.consumer.migration.policy=disabled`: a consumer-protocol member cannot take over a
+    running classic group (Kafka's GROUP_ID_NOT_FOUND); the classic member keeps everything."""
+    broker = broker_factory(settings={**SETTINGS, "group.consumer.migration.policy": "disabled"})
+    topic, group = unique("kipnomig"), unique("g")
+    admin = c_admin(broker.bootstrap)
+    c_create_topic(admin, topic, partitions=2)
+    classic = closer.add(c_consumer(broker.bootstrap, group=group))
+    classic.subscribe([topic])
+    drive([classic], lambda: exact_cover([classic], topic, 2), what="the classic member owning all")
+    modern = closer.add(new_consumer(broker.bootstrap, group, "modern"))
+    modern.subscribe([topic])
+    errors = []
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        msg = modern.poll(0.1)
+        if msg is not None and msg.error():
+            errors.append(msg.error())
+        classic.poll(0.05)
+        assert owned(modern) == [], owned(modern)
+    assert exact_cover([classic], topic, 2)
+    listed = {g.group_id: g for g in admin.list_consumer_groups().result(10).valid}
+    assert str(listed[group].type).endswith("CLASSIC"), listed[group].type

@@ -189,6 +189,11 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "uniform,range",
         "Consumer protocol: the server-side assignors members may choose; the first is the default.",
     ),
+    s(
+        "group.consumer.migration.policy",
+        "bidirectional",
+        "Converting a running group between protocols: bidirectional, upgrade (classic to consumer), downgrade (consumer to classic) or disabled. Empty groups always convert.",
+    ),
     s("offsets.topic.num.partitions", "50", "Partitions of the internal __consumer_offsets topic."),
     s(
         "offsets.topic.replication.factor",
@@ -341,6 +346,8 @@ pub struct BrokerConfig {
     pub group_share_delivery_count_limit: u32,
     /// Known assignor names, in the configured order (the first is the default).
     pub group_consumer_assignors: Vec<String>,
+    /// `group.consumer.migration.policy`: which way a group with members may change protocol.
+    pub group_consumer_migration_policy: MigrationPolicy,
     pub offsets_topic_partitions: i32,
     pub transaction_state_partitions: i32,
     pub offsets_topic_replication_factor: i16,
@@ -516,6 +523,43 @@ struct Merged {
 
 /// Every broker setting's value by name; each reader names the setting in its error.
 struct Values(BTreeMap<String, String>);
+
+/// `group.consumer.migration.policy` (Kafka 4's names): whether a group that has members may
+/// convert between the classic protocol and the consumer protocol (KIP-848) while it runs.
+/// A group without members converts either way whatever the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrationPolicy {
+    Bidirectional,
+    Upgrade,
+    Downgrade,
+    Disabled,
+}
+
+impl MigrationPolicy {
+    fn parse(value: &str) -> Result<Self, ConfigError> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "bidirectional" => Ok(Self::Bidirectional),
+            "upgrade" => Ok(Self::Upgrade),
+            "downgrade" => Ok(Self::Downgrade),
+            "disabled" => Ok(Self::Disabled),
+            _ => Err(invalid(
+                "group.consumer.migration.policy",
+                value,
+                "must be one of bidirectional, upgrade, downgrade, disabled",
+            )),
+        }
+    }
+
+    /// A running classic group may become a consumer group when a consumer-protocol member joins.
+    pub fn upgrades(self) -> bool {
+        matches!(self, Self::Bidirectional | Self::Upgrade)
+    }
+
+    /// A consumer group left with classic members only may become a classic group again.
+    pub fn downgrades(self) -> bool {
+        matches!(self, Self::Bidirectional | Self::Downgrade)
+    }
+}
 
 /// `group.consumer.assignors`: a non-empty list of the assignors this broker has.
 fn parse_assignors(value: &str) -> Result<Vec<String>, ConfigError> {
@@ -718,6 +762,7 @@ impl BrokerConfig {
             group_share_record_lock_duration_ms: values.num("group.share.record.lock.duration.ms", 1000)?,
             group_share_delivery_count_limit: values.num("group.share.delivery.count.limit", 1)?,
             group_consumer_assignors: parse_assignors(values.get("group.consumer.assignors"))?,
+            group_consumer_migration_policy: MigrationPolicy::parse(values.get("group.consumer.migration.policy"))?,
             offsets_topic_partitions: values.num("offsets.topic.num.partitions", 1)?,
             transaction_state_partitions: values.num("transaction.state.log.num.partitions", 1)?,
             offsets_topic_replication_factor: values.num("offsets.topic.replication.factor", 1)?,
@@ -951,6 +996,12 @@ mod tests {
         assert!(err.to_string().contains("`log.retention.ms`"), "{err}");
         let err = BrokerConfig::from_settings(&settings(&[("log.flush.policy", "always")])).unwrap_err();
         assert!(err.to_string().contains("`log.flush.policy`"), "{err}");
+        let err =
+            BrokerConfig::from_settings(&settings(&[("group.consumer.migration.policy", "sideways")])).unwrap_err();
+        assert!(err.to_string().contains("`group.consumer.migration.policy`"), "{err}");
+        let config = BrokerConfig::from_settings(&settings(&[("group.consumer.migration.policy", "Upgrade")])).unwrap();
+        assert!(config.group_consumer_migration_policy.upgrades());
+        assert!(!config.group_consumer_migration_policy.downgrades());
     }
 
     #[test]

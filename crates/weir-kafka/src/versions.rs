@@ -13,7 +13,7 @@ const IMPLEMENTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Metadata, 0, 12),
     // v9: the generation is a consumer-protocol member's epoch (STALE_MEMBER_EPOCH).
     (ApiKey::OffsetCommit, 2, 9),
-    (ApiKey::OffsetFetch, 1, 8),
+    (ApiKey::OffsetFetch, 1, 9),
     (ApiKey::FindCoordinator, 0, 4),
     (ApiKey::JoinGroup, 0, 9),
     (ApiKey::Heartbeat, 0, 4),

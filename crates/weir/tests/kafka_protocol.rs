@@ -859,6 +859,29 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
             };
             expect_code("partition", error, code::NONE)?;
             ensure!(offset == 2, "committed offset {offset}, expected 2");
+            if version >= 9 {
+                // A consumer-protocol member fetches under its current epoch; an admin (-1) freely.
+                let group = unique("conformance-offset-fetch-member");
+                let (member, epoch) = consumer_join(client, fx, &group, 1)?;
+                for (who, member_epoch, expected) in [
+                    (member.as_str(), epoch, code::NONE),
+                    (member.as_str(), epoch - 1, code::STALE_MEMBER_EPOCH),
+                    (member.as_str(), epoch + 1, code::FENCED_MEMBER_EPOCH),
+                    ("someone-else", epoch, code::UNKNOWN_MEMBER_ID),
+                    ("", -1, code::NONE),
+                ] {
+                    let request = OffsetFetchRequest::default().with_groups(vec![
+                        offset_fetch_request::OffsetFetchRequestGroup::default()
+                            .with_group_id(group_id(&group))
+                            .with_member_id(Some(s(who)))
+                            .with_member_epoch(member_epoch)
+                            .with_topics(None),
+                    ]);
+                    let response = call(client, version, &request)?;
+                    let g = response.groups.first().ok_or("no group in the response")?;
+                    expect_code(&format!("fetch by {who:?} at epoch {member_epoch}"), g.error_code, expected)?;
+                }
+            }
         }
         ApiKey::DescribeGroups => {
             let group = unique("conformance-describe");

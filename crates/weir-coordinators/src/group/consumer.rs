@@ -699,8 +699,32 @@ impl ConsumerGroup {
         }
     }
 
+    /// The members, when every one of them speaks the classic protocol (the group's last
+    /// consumer-protocol member is gone): what a downgrade to a classic group takes over. Their
+    /// assignments are left out: the classic group's leader computes new ones at the rejoin.
+    pub(crate) fn classic_members_only(&self) -> Option<Vec<ClassicSeed>> {
+        if self.members.is_empty() {
+            return None;
+        }
+        self.members
+            .values()
+            .map(|m| {
+                Some(ClassicSeed {
+                    member_id: m.member_id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    classic: m.classic.clone()?,
+                    subscribed: m.subscribed_topic_names.clone(),
+                    assigned: Vec::new(),
+                })
+            })
+            .collect()
+    }
+
     /// Takes over a Stable classic group's members (Kafka 4's migration, policy
-    /// `bidirectional`): each keeps its assignment at the classic generation, which becomes the
+    /// `bidirectional` or `upgrade`): each keeps its assignment at the classic generation, which becomes the
     /// group and assignment epoch; the members then reconcile like any other.
     pub(crate) fn from_classic(
         generation: i32,
@@ -901,6 +925,22 @@ impl ConsumerGroup {
             return Err(ErrorKind::StaleMemberEpoch);
         }
         Ok(())
+    }
+
+    /// OffsetFetch v9's member check (Kafka's `validateOffsetFetch`): a fetch naming no epoch
+    /// (-1: an admin, or a client outside the group) reads freely; otherwise the member exists
+    /// and names its current epoch, so a member that missed a rebalance does not resume from
+    /// offsets read under an assignment it no longer holds.
+    pub(crate) fn validate_fetch(&self, member_id: &str, member_epoch: i32) -> Result<(), ErrorKind> {
+        if member_epoch < 0 {
+            return Ok(());
+        }
+        let member = self.members.get(member_id).ok_or(ErrorKind::UnknownMember)?;
+        match member_epoch.cmp(&member.member_epoch) {
+            std::cmp::Ordering::Equal => Ok(()),
+            std::cmp::Ordering::Less => Err(ErrorKind::StaleMemberEpoch),
+            std::cmp::Ordering::Greater => Err(ErrorKind::FencedMemberEpoch),
+        }
     }
 
     /// Removes members whose session expired and fences members that did not revoke in time.
@@ -1245,5 +1285,17 @@ mod tests {
         assert_eq!(g.validate_commit("a", Some(0)), Err(ErrorKind::StaleMemberEpoch));
         assert_eq!(g.validate_commit("b", Some(1)), Err(ErrorKind::UnknownMember));
         assert_eq!(g.validate_commit("", None), Err(ErrorKind::UnknownMember));
+    }
+
+    #[test]
+    fn offset_fetches_by_a_member_need_its_current_epoch_and_others_read_freely() {
+        let (_, cat) = catalog(1);
+        let mut g = ConsumerGroup::default();
+        g.heartbeat(&hb("a", 0, None), &cat, 0, &limits());
+        assert_eq!(g.validate_fetch("a", 1), Ok(()));
+        assert_eq!(g.validate_fetch("a", 0), Err(ErrorKind::StaleMemberEpoch));
+        assert_eq!(g.validate_fetch("a", 2), Err(ErrorKind::FencedMemberEpoch));
+        assert_eq!(g.validate_fetch("b", 1), Err(ErrorKind::UnknownMember));
+        assert_eq!(g.validate_fetch("", -1), Ok(()), "an admin's fetch, with members present");
     }
 }

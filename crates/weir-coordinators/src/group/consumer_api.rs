@@ -110,9 +110,12 @@ impl GroupCoordinator {
             let group =
                 groups.entry(params.group_id.clone()).or_insert_with(|| Group::new(params.group_id.clone(), now));
             if group.consumer.is_none() && group.has_members() {
-                // A running classic group converts (Kafka 4's `group.consumer.migration.policy`
-                // bidirectional) when Stable; otherwise Kafka's GROUP_ID_NOT_FOUND ("not a
-                // consumer group"), and the member retries.
+                // A running classic group converts when `group.consumer.migration.policy`
+                // allows upgrades and the group is Stable; otherwise Kafka's GROUP_ID_NOT_FOUND
+                // ("not a consumer group"), and the member retries.
+                if !self.limits.migration.upgrades() {
+                    return ConsumerHeartbeatResult::error(ErrorKind::UnknownGroup);
+                }
                 let Some((generation, seeds)) = group.take_members_for_migration() else {
                     return ConsumerHeartbeatResult::error(ErrorKind::UnknownGroup);
                 };
@@ -141,6 +144,8 @@ impl GroupCoordinator {
                 None => ConsumerHeartbeatResult::error(ErrorKind::Internal),
             };
             group.sync_consumer_state(now);
+            // A leave that left classic members only may turn the group classic again.
+            group.downgrade_if_only_classic(now, &self.limits);
             let record = group.consumer.as_ref().and_then(|c| {
                 let value = offsets::consumer_group_value(&c.snapshot());
                 (c.persisted_value.as_ref() != Some(&value)).then_some(value)
@@ -344,7 +349,7 @@ impl GroupCoordinator {
 }
 
 /// A ConsumerProtocolSubscription (v3, with the rack), as a classic consumer would send it.
-fn encode_subscription(topics: &[String], rack: Option<&str>) -> Bytes {
+pub(super) fn encode_subscription(topics: &[String], rack: Option<&str>) -> Bytes {
     let version = 3;
     let subscription = ConsumerProtocolSubscription::default()
         .with_topics(topics.iter().map(|t| StrBytes::from_string(t.clone())).collect())

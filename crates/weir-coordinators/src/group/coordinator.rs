@@ -56,7 +56,7 @@ pub struct OffsetsPartition {
 
 pub struct GroupCoordinator {
     pub(super) broker: Arc<Broker>,
-    limits: Limits,
+    pub(super) limits: Limits,
     /// The consumer protocol's settings (KIP-848).
     pub(super) consumer_limits: ConsumerLimits,
     session_timeout_ms_min: i32,
@@ -223,6 +223,7 @@ impl GroupCoordinator {
             limits: Limits {
                 initial_rebalance_delay_ms: i64::try_from(config.group_initial_rebalance_delay_ms).unwrap_or(i64::MAX),
                 max_size: config.group_max_size,
+                migration: config.group_consumer_migration_policy,
             },
             consumer_limits: ConsumerLimits {
                 session_timeout_ms: config.group_consumer_session_timeout_ms,
@@ -473,21 +474,29 @@ impl GroupCoordinator {
         };
         let _writer = lock(&target.writer);
         let now = self.now_ms();
-        let record = {
+        let (record, stale_consumer_record) = {
             let groups = self.groups();
             match groups.get(group_id) {
-                Some(g) if g.state == GroupState::CompletingRebalance && g.generation == generation => g.record(now),
+                Some(g) if g.state == GroupState::CompletingRebalance && g.generation == generation => {
+                    (g.record(now), g.stale_consumer_record)
+                }
                 // Moved on meanwhile; its members were told (REBALANCE_IN_PROGRESS).
                 _ => return,
             }
         };
-        let entry = (offsets::group_key(group_id), Some(offsets::group_value(&record)));
-        let stored = self.append(&target, std::slice::from_ref(&entry)).map_err(|e| {
+        let mut entries = vec![(offsets::group_key(group_id), Some(offsets::group_value(&record)))];
+        if stale_consumer_record {
+            entries.push((offsets::consumer_group_key(group_id), None));
+        }
+        let stored = self.append(&target, &entries).map_err(|e| {
             tracing::error!(group = group_id, error = %e, "cannot store the group record");
             append_error_kind(&e, ErrorKind::Internal)
         });
         let mut groups = self.groups();
         if let Some(group) = groups.get_mut(group_id) {
+            if stored.is_ok() && stale_consumer_record {
+                group.stale_consumer_record = false;
+            }
             group.complete_sync(generation, &assignments, stored, self.now_ms(), &self.limits);
         }
         drop(groups);
@@ -713,6 +722,16 @@ impl GroupCoordinator {
             // one); a generation means a member of a group that is gone.
             None if params.generation_id.is_none() => validate_in(&mut Group::new(group_id.to_string(), now)),
             None => Err(ErrorKind::WrongGeneration),
+        }
+    }
+
+    /// OffsetFetch v9's member check: in a consumer-protocol group a member fetches under its
+    /// current epoch (see [`super::consumer::ConsumerGroup::validate_fetch`]); other groups take any fetch.
+    pub fn validate_offset_fetch(&self, group_id: &str, member_id: &str, member_epoch: i32) -> Result<(), ErrorKind> {
+        let groups = self.groups();
+        match groups.get(group_id).and_then(|g| g.consumer.as_ref()) {
+            Some(consumer) => consumer.validate_fetch(member_id, member_epoch),
+            None => Ok(()),
         }
     }
 
@@ -968,7 +987,7 @@ impl GroupCoordinator {
             if group.persisted {
                 entries.push((offsets::group_key(group_id), None));
             }
-            if group.consumer.as_ref().is_some_and(|c| c.persisted_value.is_some()) {
+            if group.stale_consumer_record || group.consumer.as_ref().is_some_and(|c| c.persisted_value.is_some()) {
                 entries.push((offsets::consumer_group_key(group_id), None));
             }
         }
@@ -1061,7 +1080,8 @@ impl GroupCoordinator {
                     if emptied && group.persisted && !group.has_members() {
                         entries.push((offsets::group_key(&group.id), None));
                     }
-                    let consumer_stored = group.consumer.as_ref().is_some_and(|c| c.persisted_value.is_some());
+                    let consumer_stored = group.stale_consumer_record
+                        || group.consumer.as_ref().is_some_and(|c| c.persisted_value.is_some());
                     if emptied && consumer_stored && !group.has_members() {
                         entries.push((offsets::consumer_group_key(&group.id), None));
                     }

@@ -31,8 +31,10 @@ use kafka_protocol::messages::ConsumerProtocolSubscription;
 use kafka_protocol::protocol::Decodable;
 use tokio::sync::oneshot;
 use uuid::Uuid;
+use weir_broker::config::MigrationPolicy;
 
 use super::consumer::{ClassicMember, ClassicSeed, ConsumerGroup};
+use super::consumer_api::encode_subscription;
 use super::offsets::{GroupRecord, LoadedGroup};
 use super::{
     ErrorKind, GroupDescription, GroupState, HeartbeatParams, JoinGroupParams, JoinGroupResult, JoinedMember,
@@ -48,6 +50,8 @@ pub(crate) type SyncTx = oneshot::Sender<SyncGroupResult>;
 pub(crate) struct Limits {
     pub(crate) initial_rebalance_delay_ms: i64,
     pub(crate) max_size: usize,
+    /// `group.consumer.migration.policy`: whether a running group may change protocol.
+    pub(crate) migration: MigrationPolicy,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +189,9 @@ pub(crate) struct Group {
     /// assignment. Then the classic fields above have no members, and `state` mirrors the
     /// consumer group's state (see `sync_consumer_state`).
     pub(crate) consumer: Option<ConsumerGroup>,
+    /// The group was a consumer-protocol group whose record is still in the log: the next
+    /// classic group record goes with a tombstone for it, so a reload finds a classic group.
+    pub(crate) stale_consumer_record: bool,
 }
 
 impl Group {
@@ -209,6 +216,7 @@ impl Group {
             empty_since_ms: now_ms,
             persisted: false,
             consumer: None,
+            stale_consumer_record: false,
         }
     }
 
@@ -294,6 +302,78 @@ impl Group {
         self.pending_members.clear();
         self.sync_deadline_ms = None;
         Some((self.generation, seeds))
+    }
+
+    /// Kafka 4's online downgrade: a consumer group left with classic members only (its last
+    /// consumer-protocol member left or was fenced) becomes a classic group again when
+    /// `group.consumer.migration.policy` allows downgrades. The members keep their ids and
+    /// sessions and are made to rejoin (a classic group's leader computes the assignment);
+    /// committed offsets stay. Returns whether it converted.
+    pub(crate) fn downgrade_if_only_classic(&mut self, now_ms: i64, limits: &Limits) -> bool {
+        if !limits.migration.downgrades() {
+            return false;
+        }
+        let Some(consumer) = &self.consumer else { return false };
+        let Some(seeds) = consumer.classic_members_only() else { return false };
+        if seeds.len() > limits.max_size {
+            return false;
+        }
+        let generation = consumer.group_epoch;
+        self.stale_consumer_record |= consumer.persisted_value.is_some();
+        self.consumer = None;
+        self.members.clear();
+        self.static_members.clear();
+        self.pending_members.clear();
+        self.pending_sync.clear();
+        self.generation = generation;
+        self.protocol_type = Some("consumer".to_string());
+        // The protocol every member has, in the first member's order of preference.
+        self.protocol_name = seeds.first().and_then(|first| {
+            first
+                .classic
+                .protocol_names
+                .iter()
+                .find(|name| seeds.iter().all(|s| s.classic.protocol_names.contains(name)))
+                .cloned()
+        });
+        let mut subscribed = HashSet::new();
+        for seed in seeds {
+            let metadata = encode_subscription(&seed.subscribed, None);
+            subscribed.extend(seed.subscribed.iter().cloned());
+            if let Some(instance) = &seed.instance_id {
+                self.static_members.insert(instance.clone(), seed.member_id.clone());
+            }
+            let protocols = seed
+                .classic
+                .protocol_names
+                .iter()
+                .map(|name| Protocol { name: name.clone(), metadata: metadata.clone() })
+                .collect();
+            self.members.insert(
+                seed.member_id.clone(),
+                Member {
+                    member_id: seed.member_id,
+                    group_instance_id: seed.instance_id,
+                    client_id: seed.client_id,
+                    client_host: seed.client_host,
+                    session_timeout_ms: seed.classic.session_timeout_ms,
+                    rebalance_timeout_ms: seed.rebalance_timeout_ms,
+                    protocol_type: "consumer".to_string(),
+                    protocols,
+                    assignment: Bytes::new(),
+                    join_waiter: None,
+                    sync_waiter: None,
+                    is_new: false,
+                    session_deadline_ms: now_ms + i64::from(seed.classic.session_timeout_ms),
+                },
+            );
+        }
+        self.subscribed_topics = Some(subscribed);
+        self.leader = self.members.keys().next().cloned();
+        tracing::info!(group = %self.id, members = self.members.len(), generation, "converting a consumer group to the classic protocol");
+        self.state = GroupState::Stable;
+        self.prepare_rebalance(now_ms, limits, "downgraded to the classic protocol");
+        true
     }
 
     /// Makes `state` follow the consumer group's (after any change to it).
@@ -668,8 +748,9 @@ impl Group {
                 let _ = reply.send(JoinGroupResult::error(params.member_id, ErrorKind::InconsistentGroupProtocol));
                 return;
             }
-            // An empty consumer group becomes a classic group again (migration policy
-            // `bidirectional`), keeping its committed offsets.
+            // An empty consumer group becomes a classic group again (whatever the migration
+            // policy), keeping its committed offsets.
+            self.stale_consumer_record |= consumer.persisted_value.is_some();
             self.consumer = None;
             self.state = GroupState::Empty;
         }
@@ -1083,7 +1164,9 @@ impl Group {
         if let Some(consumer) = &mut self.consumer {
             consumer.poll(now_ms);
             self.sync_consumer_state(now_ms);
-            return;
+            if !self.downgrade_if_only_classic(now_ms, limits) {
+                return;
+            }
         }
         let forgotten: Vec<String> = self
             .pending_members

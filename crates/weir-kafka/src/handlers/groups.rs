@@ -323,6 +323,12 @@ pub(crate) async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchReq
                 .topics
                 .map(|topics| requested_partitions(topics.into_iter().map(|t| (t.name, t.partition_indexes))));
             let response = OffsetFetchResponseGroup::default().with_group_id(group.group_id.clone());
+            // v9 names the fetching member: a consumer-protocol member reads under its epoch.
+            let member = group.member_id.as_deref().unwrap_or_default();
+            if let Err(error) = ctx.groups.validate_offset_fetch(&group.group_id, member, group.member_epoch) {
+                groups.push(response.with_error_code(kafka_error(error).code()));
+                continue;
+            }
             groups.push(match ctx.groups.fetch_offsets(&group.group_id, partitions).await {
                 Ok(fetched) => response.with_topics(topic_entries(
                     fetched.into_iter().map(|f| (f.topic.clone(), f)),

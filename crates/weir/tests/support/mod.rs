@@ -61,6 +61,9 @@ pub mod code {
     pub const NO_REASSIGNMENT_IN_PROGRESS: i16 = 85;
     pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
     pub const UNKNOWN_TOPIC_ID: i16 = 100;
+    pub const UNKNOWN_MEMBER_ID: i16 = 25;
+    pub const FENCED_MEMBER_EPOCH: i16 = 110;
+    pub const STALE_MEMBER_EPOCH: i16 = 113;
 }
 
 pub fn s(text: &str) -> StrBytes {
