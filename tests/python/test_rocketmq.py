@@ -558,7 +558,8 @@ def test_group_settings_from_the_http_api_reach_consumers_in_their_settings(brok
     assert {c["name"]: c["source"] for c in described["configs"]} == {
         "consume.fifo": "default", "consume.broadcast": "default", "max.delivery.attempts": "group", "retry.backoff": "group",
         "consume.from.where": "default", "consume.timestamp": "default",
-        # A share group of the same name would obey these (Kafka's share group configs).
+        # A Kafka consumer or share group of the same name would obey these (Kafka's group configs).
+        "consumer.session.timeout.ms": "default", "consumer.heartbeat.interval.ms": "default",
         "share.session.timeout.ms": "default", "share.heartbeat.interval.ms": "default",
         "share.record.lock.duration.ms": "default", "share.delivery.count.limit": "default",
         "share.auto.offset.reset": "default",
