@@ -387,7 +387,11 @@ impl PopStore {
     /// would write two dead letters.
     pub(crate) fn claim_dead_letter(&self, key: &QueueKey, offset: i64) -> Option<DeadLetterClaim<'_>> {
         let delivery = (key.clone(), offset);
-        lock(&self.dead_lettering).insert(delivery.clone()).then_some(DeadLetterClaim { store: self, delivery })
+        // The lock is let go before a claim exists: a refused claim built eagerly (as
+        // `bool::then_some` builds it) is dropped at once, and its drop takes this lock; under
+        // the guard that hung the worker for good, and then every worker, on the second mover.
+        let claimed = lock(&self.dead_lettering).insert(delivery.clone());
+        claimed.then(|| DeadLetterClaim { store: self, delivery })
     }
 
     /// Whether any queue of `group` has a state here (the group consumes by invisible time).
@@ -585,6 +589,29 @@ mod tests {
         let partition = broker.require_partition(TOPIC, index).expect("shard partition");
         let replayed = super::super::shard::tests::load(&broker, index, partition);
         assert_eq!(replayed.get(&key(0).id()).map(|q| q.states[&None].clone()), Some(q0));
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_mover_of_a_dead_letter_is_refused_and_the_first_keeps_its_claim() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (broker, messaging) = open(dir.path()).await;
+        // On a thread of its own: a claim that hangs (as a refused one once did, on its own
+        // lock) fails the test instead of hanging it.
+        let (done, finished) = std::sync::mpsc::channel();
+        let store = messaging.clone();
+        std::thread::spawn(move || {
+            let store = &store.pop;
+            let first = store.claim_dead_letter(&key(0), 7);
+            let second = store.claim_dead_letter(&key(0), 7);
+            let other = store.claim_dead_letter(&key(0), 8).is_some();
+            let third = store.claim_dead_letter(&key(0), 7).is_some();
+            drop(first);
+            let after = store.claim_dead_letter(&key(0), 7).is_some();
+            let _ = done.send((second.is_none(), other, third, after));
+        });
+        let outcome = finished.recv_timeout(std::time::Duration::from_secs(10)).expect("a claim hung");
+        assert_eq!(outcome, (true, true, false, true), "(second refused, other offset, third while held, after)");
         broker.begin_shutdown();
     }
 
