@@ -71,6 +71,50 @@ struct SegmentState {
     first_batch_timestamp: Option<i64>,
     /// The offset after the last batch, once known.
     next_offset: Option<i64>,
+    /// Where recent reads ended ([`ReadEnds`]).
+    read_ends: ReadEnds,
+}
+
+/// How many reads a segment remembers the batches of: about as many readers as a partition
+/// has at once (its followers, consumer groups, receiving groups).
+const READS_REMEMBERED: usize = 8;
+
+/// Where the batches of the last [`READS_REMEMBERED`] reads of a segment start: each read's
+/// (base offset, position) of every batch it found, ascending, then the offset after it with
+/// the position where that read ended. A reader that goes on where it stopped (a follower, a
+/// consumer) or within what it read (a receive of 32 messages out of a larger read) then
+/// starts at its batch's header, not at the sparse index entry below it with a 16 KiB read of
+/// the headers between. Invariant: every position remembered is the start of a batch of this
+/// file, or its end; so they are forgotten whenever the file is cut.
+#[derive(Default)]
+struct ReadEnds {
+    reads: std::collections::VecDeque<Vec<(i64, u64)>>,
+}
+
+impl ReadEnds {
+    /// The position of the batch whose base offset is `offset`, if a read found or ended there.
+    fn position_of(&self, offset: i64) -> Option<u64> {
+        self.reads.iter().rev().find_map(|batches| {
+            let (first, last) = (batches.first()?, batches.last()?);
+            if offset < first.0 || offset > last.0 {
+                return None;
+            }
+            batches.binary_search_by_key(&offset, |(base, _)| *base).ok().map(|i| batches[i].1)
+        })
+    }
+
+    /// A read's batches, as [`ReadEnds`] keeps them.
+    fn remember(&mut self, batches: Vec<(i64, u64)>) {
+        debug_assert!(batches.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1), "batches out of order");
+        if self.reads.len() == READS_REMEMBERED {
+            self.reads.pop_front();
+        }
+        self.reads.push_back(batches);
+    }
+
+    fn clear(&mut self) {
+        self.reads.clear();
+    }
 }
 
 /// What the index files of a segment being loaded may hold, which decides how their entries are
@@ -218,6 +262,7 @@ impl Segment {
                 offset_of_max_timestamp: base_offset,
                 first_batch_timestamp: None,
                 next_offset: if size == 0 { Some(base_offset) } else { None },
+                read_ends: ReadEnds::default(),
             }),
             roll_jitter_ms,
             created_ms: now_ms,
@@ -506,6 +551,7 @@ impl Segment {
                 reason = reason.unwrap_or("unknown"),
                 "truncating invalid tail found by recovery"
             );
+            state.read_ends.clear();
             self.log.set_len(valid).at(path)?;
         }
         if valid == 0 {
@@ -645,11 +691,22 @@ impl Segment {
     /// As `find_batch`, also returning the scanner positioned after that batch, so a read goes on
     /// from the buffer it already has instead of reading the first batch's header again.
     fn seek_batch(&self, offset: i64, end: u64) -> Result<Option<(u64, BatchHeader, HeaderScanner<'_>)>> {
-        let start = {
+        let (read_end, start) = {
             let mut state = self.lock();
+            let read_end = state.read_ends.position_of(offset).filter(|position| *position < end);
             let (oi, _) = self.indexes(&mut state)?;
-            oi.lookup(offset).position
+            (read_end, oi.lookup(offset).position)
         };
+        // Where a read ended, the batch there is the one (its header read alone); any doubt
+        // (a header that does not start at `offset`) falls back to the index.
+        if let Some(position) = read_end {
+            let mut scanner = HeaderScanner::new(&self.log, self.log_path(), position, end).header_first();
+            if let Ok(Some((position, header))) = scanner.next() {
+                if header.base_offset == offset {
+                    return Ok(Some((position, header, scanner)));
+                }
+            }
+        }
         let mut scanner = HeaderScanner::new(&self.log, self.log_path(), u64::from(start), end);
         while let Some((position, header)) = scanner.next()? {
             if header.last_offset() >= offset {
@@ -719,6 +776,8 @@ impl Segment {
         }
         let mut len = first_size;
         let mut next_offset = first.next_offset();
+        // Where each batch read starts, for the reads that go on within or after this one.
+        let mut batches = vec![(first.base_offset, start)];
         // In memory: what may be served, read once (not when the first batch alone runs past
         // the segment's end: the scan below reports that).
         let mut data = None;
@@ -754,6 +813,7 @@ impl Segment {
             if len + size > max_bytes && !(len == 0 && min_one_batch) {
                 break;
             }
+            batches.push((header.base_offset, start + len));
             len += size;
             next_offset = header.next_offset();
         }
@@ -778,6 +838,9 @@ impl Segment {
             buf.truncate(len as usize);
             bytes::Bytes::from(buf)
         });
+        batches.retain(|(_, position)| *position < start + len);
+        batches.push((next_offset, start + len));
+        self.lock().read_ends.remember(batches);
         Ok(SegmentRead::Slice(FileSlice {
             file: Arc::clone(&self.log),
             path: self.log_path().to_path_buf(),
@@ -894,6 +957,7 @@ impl Segment {
         };
         let path = self.log_path();
         let mut state = self.lock();
+        state.read_ends.clear();
         self.size.store(position, Ordering::Release);
         self.log.set_len(position).at(path)?;
         self.verified_bytes.fetch_min(position, Ordering::AcqRel);
@@ -1074,6 +1138,13 @@ impl<'f> HeaderScanner<'f> {
     /// Reads exactly the header bytes of each batch, never a chunk of batch data.
     pub(crate) fn headers_only(mut self) -> Self {
         self.last_size = usize::MAX;
+        self
+    }
+
+    /// Reads only the first batch's header bytes (the caller expects that batch to be the one
+    /// it wants), then goes on as [`HeaderScanner::new`] does.
+    fn header_first(mut self) -> Self {
+        self.last_size = SMALL_BATCH_BYTES;
         self
     }
 

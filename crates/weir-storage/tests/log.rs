@@ -179,6 +179,61 @@ fn given_truncate_to_when_appending_again_should_continue_from_cut() {
     assert_eq!(log.append(&mut records(1, 10, T0, 9), 0).expect("append").first_offset, 0);
 }
 
+/// Reads of one batch at a time, each going on where the last ended (as a consumer reads),
+/// from `from` to the log end: (base offset, bytes) per batch.
+fn read_stepwise(log: &weir_storage::Log, from: i64, in_memory: bool) -> Vec<(i64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut next = from;
+    loop {
+        let result = if in_memory {
+            log.read_in_memory(next, 1, i64::MAX, true)
+        } else {
+            log.read_with(next, 1, i64::MAX, true)
+        };
+        let Some(slice) = result.expect("read").slice else { break };
+        let bytes = slice.read_to_vec().expect("read slice");
+        out.extend(weir_storage::batch::headers(&bytes).map(|(at, header)| {
+            let size = header.size_bytes().expect("size");
+            (header.base_offset, bytes[at..at + size].to_vec())
+        }));
+        next = slice.next_offset;
+    }
+    out
+}
+
+#[test]
+fn given_reads_going_on_where_they_ended_when_the_log_is_cut_and_rewritten_should_read_what_it_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // One index entry per MiB: a read that does not start where one ended scans from the start.
+    let log = open(
+        dir.path(),
+        config(&[("index.interval.bytes", "1048576")]),
+        Arc::new(ManualClock::new(T0)),
+        OpenOptions::default(),
+    );
+    for i in 0..30u8 {
+        log.append(&mut records(2, 100, T0, i), 0).expect("append");
+    }
+    for in_memory in [false, true] {
+        assert_eq!(read_stepwise(&log, 0, in_memory), read_all(&log, 0), "in memory: {in_memory}");
+    }
+    // Cut in the middle and written again with batches of other sizes: the positions where
+    // the reads above ended now lie inside other batches.
+    assert_eq!(log.truncate_to(21).expect("truncate"), 20);
+    for i in 0..8u8 {
+        log.append(&mut records(3, 37 + usize::from(i), T0, 100 + i), 0).expect("append");
+    }
+    for in_memory in [false, true] {
+        let stepwise = read_stepwise(&log, 20, in_memory);
+        assert_eq!(stepwise, read_all(&log, 20), "in memory: {in_memory}");
+        assert_eq!(stepwise.iter().map(|(base, _)| *base).collect::<Vec<_>>(), (20..44).step_by(3).collect::<Vec<_>>());
+        for from in (20..44).step_by(3) {
+            let first = log.read_in_memory(from, 1, i64::MAX, true).expect("read").slice.expect("a batch");
+            assert_eq!(first.first_offset, from, "the batch at {from}");
+        }
+    }
+}
+
 #[test]
 fn given_delete_records_when_reading_below_should_be_out_of_range() {
     let dir = tempfile::tempdir().expect("tempdir");
