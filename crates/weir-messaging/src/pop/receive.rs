@@ -82,9 +82,10 @@ pub struct ReceiveRequest {
     /// `None`: they come back after `invisible`.
     pub hold_for: Option<String>,
     /// The nonce each delivery of this receive gets, chosen by the caller; `None`: a random
-    /// one per delivery. A protocol whose acknowledgements name no nonce (a Kafka share
-    /// group's, by offset) gives one per consumer (a hash of its member id), so that its ack
-    /// by offset names its own delivery and another consumer's is refused as stale.
+    /// one per pass (a handle's offset tells its deliveries apart). A protocol whose
+    /// acknowledgements name no nonce (a Kafka share group's, by offset) gives one per
+    /// consumer (a hash of its member id), so that its ack by offset names its own delivery
+    /// and another consumer's is refused as stale.
     pub nonce: Option<u64>,
     /// Hand new messages on as the log stores them, a whole batch at a time
     /// ([`Received::batches`]), not decoded: what a Kafka share group's fetch sends on as it
@@ -331,6 +332,10 @@ fn deliver(
     visible_at: i64,
 ) -> Vec<Delivery> {
     let mut deliveries = Vec::with_capacity(picked.len());
+    // One nonce for the whole pass: a handle names its offset too, so it still names one
+    // delivery (a redelivery comes in another pass, under another nonce), and the line that
+    // records the pass holds one run of alike entries rather than one entry per message.
+    let nonce = request.nonce.unwrap_or_else(rand::random::<u64>);
     for (record, redelivery) in picked {
         let in_flight = q.inflight.contains_key(&record.offset);
         if redelivery != in_flight || (!redelivery && record.offset < q.next) {
@@ -341,7 +346,6 @@ fn deliver(
             q.park(record.offset, group);
             continue;
         }
-        let nonce = request.nonce.unwrap_or_else(rand::random::<u64>);
         let inflight = q.deliver_in_group(record.offset, visible_at, nonce, group);
         deliveries.push(Delivery { record, attempt: inflight.attempt, nonce });
     }
