@@ -71,27 +71,27 @@ struct SegmentState {
     first_batch_timestamp: Option<i64>,
     /// The offset after the last batch, once known.
     next_offset: Option<i64>,
-    /// Where recent reads ended ([`ReadEnds`]).
-    read_ends: ReadEnds,
+    /// Where recent reads found batches ([`ReadPositions`]).
+    read_positions: ReadPositions,
 }
 
 /// How many reads a segment remembers the batches of: about as many readers as a partition
 /// has at once (its followers, consumer groups, receiving groups).
 const READS_REMEMBERED: usize = 8;
 
-/// Where the batches of the last [`READS_REMEMBERED`] reads of a segment start: each read's
-/// (base offset, position) of every batch it found, ascending, then the offset after it with
-/// the position where that read ended. A reader that goes on where it stopped (a follower, a
-/// consumer) or within what it read (a receive of 32 messages out of a larger read) then
-/// starts at its batch's header, not at the sparse index entry below it with a 16 KiB read of
-/// the headers between. Invariant: every position remembered is the start of a batch of this
-/// file, or its end; so they are forgotten whenever the file is cut.
+/// Where the last [`READS_REMEMBERED`] reads of a segment found batches: for each, ascending,
+/// the (base offset, position) of every batch of an in-memory read (its reader decodes and may
+/// stop within it: a receive of 32 messages out of a larger read), then the offset after the
+/// read with the position where it ended (where a follower or a consumer goes on). Such a
+/// reader then starts at its batch's header, not at the sparse index entry below it with a
+/// 16 KiB read of the headers between. Invariant: every position remembered is the start of a
+/// batch of this file, or its end; so they are forgotten whenever the file is cut.
 #[derive(Default)]
-struct ReadEnds {
+struct ReadPositions {
     reads: std::collections::VecDeque<Vec<(i64, u64)>>,
 }
 
-impl ReadEnds {
+impl ReadPositions {
     /// The position of the batch whose base offset is `offset`, if a read found or ended there.
     fn position_of(&self, offset: i64) -> Option<u64> {
         self.reads.iter().rev().find_map(|batches| {
@@ -103,7 +103,7 @@ impl ReadEnds {
         })
     }
 
-    /// A read's batches, as [`ReadEnds`] keeps them.
+    /// A read's batches, as [`ReadPositions`] keeps them.
     fn remember(&mut self, batches: Vec<(i64, u64)>) {
         debug_assert!(batches.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1), "batches out of order");
         if self.reads.len() == READS_REMEMBERED {
@@ -262,7 +262,7 @@ impl Segment {
                 offset_of_max_timestamp: base_offset,
                 first_batch_timestamp: None,
                 next_offset: if size == 0 { Some(base_offset) } else { None },
-                read_ends: ReadEnds::default(),
+                read_positions: ReadPositions::default(),
             }),
             roll_jitter_ms,
             created_ms: now_ms,
@@ -551,7 +551,7 @@ impl Segment {
                 reason = reason.unwrap_or("unknown"),
                 "truncating invalid tail found by recovery"
             );
-            state.read_ends.clear();
+            state.read_positions.clear();
             self.log.set_len(valid).at(path)?;
         }
         if valid == 0 {
@@ -691,15 +691,10 @@ impl Segment {
     /// As `find_batch`, also returning the scanner positioned after that batch, so a read goes on
     /// from the buffer it already has instead of reading the first batch's header again.
     fn seek_batch(&self, offset: i64, end: u64) -> Result<Option<(u64, BatchHeader, HeaderScanner<'_>)>> {
-        let (read_end, start) = {
-            let mut state = self.lock();
-            let read_end = state.read_ends.position_of(offset).filter(|position| *position < end);
-            let (oi, _) = self.indexes(&mut state)?;
-            (read_end, oi.lookup(offset).position)
-        };
-        // Where a read ended, the batch there is the one (its header read alone); any doubt
-        // (a header that does not start at `offset`) falls back to the index.
-        if let Some(position) = read_end {
+        // Where a read found the batch, it is the one (its header read alone); any doubt (a
+        // header that does not start at `offset`) falls back to the index.
+        let remembered = self.lock().read_positions.position_of(offset).filter(|position| *position < end);
+        if let Some(position) = remembered {
             let mut scanner = HeaderScanner::new(&self.log, self.log_path(), position, end).header_first();
             if let Ok(Some((position, header))) = scanner.next() {
                 if header.base_offset == offset {
@@ -707,6 +702,11 @@ impl Segment {
                 }
             }
         }
+        let start = {
+            let mut state = self.lock();
+            let (oi, _) = self.indexes(&mut state)?;
+            oi.lookup(offset).position
+        };
         let mut scanner = HeaderScanner::new(&self.log, self.log_path(), u64::from(start), end);
         while let Some((position, header)) = scanner.next()? {
             if header.last_offset() >= offset {
@@ -776,8 +776,9 @@ impl Segment {
         }
         let mut len = first_size;
         let mut next_offset = first.next_offset();
-        // Where each batch read starts, for the reads that go on within or after this one.
-        let mut batches = vec![(first.base_offset, start)];
+        // Where each batch of an in-memory read starts, for the reads that go on within it (a
+        // file-range read is sent on whole: only its end is kept).
+        let mut batches = if in_memory { vec![(first.base_offset, start)] } else { Vec::new() };
         // In memory: what may be served, read once (not when the first batch alone runs past
         // the segment's end: the scan below reports that).
         let mut data = None;
@@ -813,7 +814,9 @@ impl Segment {
             if len + size > max_bytes && !(len == 0 && min_one_batch) {
                 break;
             }
-            batches.push((header.base_offset, start + len));
+            if in_memory {
+                batches.push((header.base_offset, start + len));
+            }
             len += size;
             next_offset = header.next_offset();
         }
@@ -840,7 +843,7 @@ impl Segment {
         });
         batches.retain(|(_, position)| *position < start + len);
         batches.push((next_offset, start + len));
-        self.lock().read_ends.remember(batches);
+        self.lock().read_positions.remember(batches);
         Ok(SegmentRead::Slice(FileSlice {
             file: Arc::clone(&self.log),
             path: self.log_path().to_path_buf(),
@@ -957,7 +960,7 @@ impl Segment {
         };
         let path = self.log_path();
         let mut state = self.lock();
-        state.read_ends.clear();
+        state.read_positions.clear();
         self.size.store(position, Ordering::Release);
         self.log.set_len(position).at(path)?;
         self.verified_bytes.fetch_min(position, Ordering::AcqRel);
