@@ -383,9 +383,11 @@ def test_the_group_carries_on_when_its_coordinator_is_killed(cluster_factory, cl
     assert {name: owned(c, topic) for name, c in (("a", a), ("b", b))} == before
 
 
-def test_uniform_assigns_each_partition_to_a_member_on_its_replicas_rack(cluster_factory, closer):
+@pytest.mark.parametrize("assignor", ["uniform", "range"])
+def test_the_assignors_give_each_partition_to_a_member_on_its_replicas_rack(cluster_factory, closer, assignor):
     """Three brokers on three racks, one partition on each; members with client.rack join one
-    after another, and each ends up with the partition whose replica is on its rack."""
+    after another (the last-numbered rack first, against the partition order range would
+    follow), and each ends up with the partition whose replica is on its rack."""
     from kafka.admin import NewTopic as KpNewTopic
 
     from helpers import kp_admin
@@ -406,13 +408,14 @@ def test_uniform_assigns_each_partition_to_a_member_on_its_replicas_rack(cluster
         admin.close()
     cluster.wait_topic(topic, 3)
     members = []
-    for node_id in (1, 2, 3):
-        c = closer.add(new_consumer(cluster.bootstrap(), group, f"m{node_id}", {"client.rack": f"rack-{node_id}"}))
+    for node_id in (3, 2, 1):
+        conf = {"client.rack": f"rack-{node_id}", "group.remote.assignor": assignor}
+        c = closer.add(new_consumer(cluster.bootstrap(), group, f"m{node_id}", conf))
         c.subscribe([topic])
         members.append(c)
         drive(members, lambda: exact_cover(members, topic, 3) and all(owned(m) for m in members), timeout=40)
     # Partition p has its replica on node p + 1, in rack-(p + 1).
-    assert [owned(m, topic) for m in members] == [[(topic, 0)], [(topic, 1)], [(topic, 2)]]
+    assert [owned(m, topic) for m in members] == [[(topic, 2)], [(topic, 1)], [(topic, 0)]]
 
 
 def test_the_admin_api_and_the_cli_show_members_assignments_and_epochs(kip848, closer):

@@ -204,6 +204,12 @@ pub(crate) fn uniform(
 /// handed out in partition order to members below their quota, in member order. Members with
 /// the same subscriptions get the same partition numbers of co-partitioned topics as long as
 /// nothing is kept from an earlier, different assignment.
+///
+/// Rack-aware when racks are known (as Kafka's RangeAssignor is since KIP-881): a member does
+/// not keep a partition with no replica on its rack that another subscriber's rack has, and
+/// before the partition-order pass each member below its quota takes free partitions with a
+/// replica on its own rack; what is left goes back to its holder if it has room. The quotas
+/// are the same, so racks never unbalance the counts.
 pub(crate) fn range(
     members: &BTreeMap<String, MemberSpec>,
     topics: &BTreeMap<Uuid, TopicSpec>,
@@ -218,16 +224,49 @@ pub(crate) fn range(
         let partitions = usize::try_from(spec.partitions).unwrap_or(0);
         let n = subscribers.len();
         let quota = |i: usize| partitions / n + usize::from(i < partitions % n);
+        let rack_of = |id: &str| members[id].rack.as_deref();
+        // Another subscriber than `i` sits on a rack holding a replica of `p`.
+        let local_elsewhere =
+            |i: usize, p: i32| subscribers.iter().enumerate().any(|(j, id)| j != i && spec.on_rack(p, rack_of(id)));
         let mut taken = vec![false; partitions];
         let mut got: Vec<Vec<i32>> = vec![Vec::new(); n];
         for (i, id) in subscribers.iter().enumerate() {
+            let rack = rack_of(id);
             if let Some(current) = members[id.as_str()].current.get(topic) {
                 for p in current {
                     let Ok(index) = usize::try_from(*p) else { continue };
-                    if index < partitions && !taken[index] && got[i].len() < quota(i) {
+                    let misplaced = rack.is_some() && !spec.on_rack(*p, rack) && local_elsewhere(i, *p);
+                    if index < partitions && !taken[index] && got[i].len() < quota(i) && !misplaced {
                         taken[index] = true;
                         got[i].push(*p);
                     }
+                }
+            }
+        }
+        if !spec.racks.is_empty() {
+            for (i, id) in subscribers.iter().enumerate() {
+                let Some(rack) = rack_of(id) else { continue };
+                for (index, p) in (0..spec.partitions).enumerate() {
+                    if got[i].len() >= quota(i) {
+                        break;
+                    }
+                    if !taken[index] && spec.on_rack(p, Some(rack)) {
+                        taken[index] = true;
+                        got[i].push(p);
+                    }
+                }
+            }
+        }
+        // A partition left over goes back to a member that held it and has room, so that
+        // assigning an unchanged group again changes nothing (whether a partition is misplaced
+        // depends on racks and subscriptions only, never on the assignment).
+        for (i, id) in subscribers.iter().enumerate() {
+            let Some(current) = members[id.as_str()].current.get(topic) else { continue };
+            for p in current {
+                let Ok(index) = usize::try_from(*p) else { continue };
+                if index < partitions && !taken[index] && got[i].len() < quota(i) {
+                    taken[index] = true;
+                    got[i].push(*p);
                 }
             }
         }
@@ -353,6 +392,41 @@ mod tests {
     }
 
     #[test]
+    fn range_moves_a_partition_to_its_rack_when_a_member_there_joins() {
+        let topic = Uuid::from_u128(11);
+        let racks = (0..3).map(|p| [format!("r{p}")].into()).collect();
+        let topics = BTreeMap::from([(topic, TopicSpec { partitions: 3, racks })]);
+        let member =
+            |rack: &str| MemberSpec { subscribed: [topic].into(), rack: Some(rack.into()), ..Default::default() };
+        // Members join one at a time (ids against rack order, so member order is no help).
+        let mut members = BTreeMap::from([("c".to_string(), member("r2"))]);
+        for (id, rack) in [("b", "r1"), ("a", "r0")] {
+            let result = range(&members, &topics);
+            with_current(&mut members, &result);
+            members.insert(id.to_string(), member(rack));
+        }
+        let result = range(&members, &topics);
+        assert_eq!(result["c"][&topic], [2].into());
+        assert_eq!(result["b"][&topic], [1].into());
+        assert_eq!(result["a"][&topic], [0].into());
+    }
+
+    #[test]
+    fn range_with_a_full_rack_gives_the_rest_in_partition_order() {
+        // Four partitions all on rack a, two members on a: still two each.
+        let topic = Uuid::from_u128(12);
+        let racks = (0..4).map(|_| ["a".to_string()].into()).collect();
+        let topics = BTreeMap::from([(topic, TopicSpec { partitions: 4, racks })]);
+        let members = BTreeMap::from([
+            ("x".to_string(), MemberSpec { subscribed: [topic].into(), rack: Some("a".into()), ..Default::default() }),
+            ("y".to_string(), MemberSpec { subscribed: [topic].into(), rack: Some("b".into()), ..Default::default() }),
+        ]);
+        let result = range(&members, &topics);
+        assert_eq!(result["x"][&topic], [0, 1].into());
+        assert_eq!(result["y"][&topic], [2, 3].into());
+    }
+
+    #[test]
     fn unknown_assignor_is_refused() {
         assert!(assign("sticky", &BTreeMap::new(), &BTreeMap::new()).is_none());
     }
@@ -414,6 +488,51 @@ mod tests {
             }
             with_current(&mut members, &first);
             prop_assert_eq!(&range(&members, &topics), &first);
+        }
+
+        #[test]
+        fn range_with_racks_is_complete_within_quota_and_stable(
+            n in 1usize..7,
+            parts in proptest::collection::vec(0i32..12, 1..4),
+            member_racks in proptest::collection::vec(proptest::option::of(0u8..3), 7),
+            replica_racks in proptest::collection::vec(proptest::collection::btree_set(0u8..3, 0..3), 12),
+            joiners in 0usize..3,
+        ) {
+            let ids = topic_ids(parts.len());
+            let topics: BTreeMap<Uuid, TopicSpec> = ids
+                .iter()
+                .zip(&parts)
+                .map(|(id, p)| {
+                    let racks = (0..*p as usize)
+                        .map(|i| replica_racks[i].iter().map(|r| format!("r{r}")).collect())
+                        .collect();
+                    (*id, TopicSpec { partitions: *p, racks })
+                })
+                .collect();
+            let mut members: BTreeMap<String, MemberSpec> = (0..n)
+                .map(|i| {
+                    let rack = member_racks[i].map(|r| format!("r{r}"));
+                    (format!("m{i}"), MemberSpec { subscribed: ids.iter().copied().collect(), rack, ..Default::default() })
+                })
+                .collect();
+            let mut result = range(&members, &topics);
+            // Members join a running group, each time from the assignment before.
+            for j in 0..joiners {
+                with_current(&mut members, &result);
+                let rack = member_racks[(n + j) % 7].map(|r| format!("r{r}"));
+                members.insert(format!("j{j}"), MemberSpec { subscribed: ids.iter().copied().collect(), rack, ..Default::default() });
+                result = range(&members, &topics);
+            }
+            check_complete(&members, &topics, &result);
+            let size = members.len() as i32;
+            for (topic, spec) in &topics {
+                for a in result.values() {
+                    let got = a.get(topic).map_or(0, BTreeSet::len) as i32;
+                    prop_assert!(got == spec.partitions / size || got == spec.partitions / size + 1);
+                }
+            }
+            with_current(&mut members, &result);
+            prop_assert_eq!(&range(&members, &topics), &result);
         }
     }
 }
