@@ -2,6 +2,7 @@
 offsets in the transaction, and atomicity across producer and broker crashes."""
 
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -260,3 +261,76 @@ def test_offsets_sent_in_a_transaction_count_only_when_it_commits(broker, closer
         assert committed_offset() == 10
     finally:
         consumer.close()
+
+
+def test_read_committed_consumers_wait_for_offsets_an_open_transaction_will_commit(broker, closer):
+    """KIP-447: a read_committed consumer fetches its start offset with RequireStable. While a
+    transaction holds offsets for its partition, the coordinator answers UNSTABLE_OFFSET_COMMIT
+    (so the consumer does not start from the old offset and read records twice); an abort
+    makes the old offset stable again, and a commit makes the new one the start."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError
+
+    admin = c_admin(broker.bootstrap)
+    source = c_create_topic(admin, unique("stable-in"), partitions=1)
+    sink = c_create_topic(admin, unique("stable-out"), partitions=1)
+    group = unique("stable-group")
+    plain = closer.add(c_producer(broker.bootstrap))
+    for i in range(10):
+        plain.produce(source, value=f"{i}".encode(), partition=0)
+    plain.flush(TIMEOUT_S)
+
+    def consumer(isolation):
+        return closer.add(
+            Consumer(
+                {
+                    "bootstrap.servers": broker.bootstrap,
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "isolation.level": isolation,
+                }
+            )
+        )
+
+    owner = consumer("read_committed")
+    owner.commit(offsets=[TopicPartition(source, 0, 2)], asynchronous=False)
+
+    def listed(require_stable):
+        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(source, 0)])]
+        future = admin.list_consumer_group_offsets(request, require_stable=require_stable)[group]
+        return future.result(timeout=TIMEOUT_S).topic_partitions[0]
+
+    def first_offset_read(c):
+        c.assign([TopicPartition(source, 0)])
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                return m.offset()
+        raise AssertionError("nothing was read")
+
+    p = closer.add(txn_producer(broker.bootstrap, unique("tx")))
+    # An aborted transaction leaves the old offset, stable again.
+    p.begin_transaction()
+    p.produce(sink, value=b"a", partition=0)
+    p.send_offsets_to_transaction([TopicPartition(source, 0, 5)], owner.consumer_group_metadata(), TIMEOUT_S)
+    unstable = listed(require_stable=True)
+    assert unstable.error is not None and unstable.error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT, unstable
+    assert listed(require_stable=False).offset == 2, "without RequireStable the stored offset is answered"
+    p.abort_transaction(TIMEOUT_S)
+    after_abort = listed(require_stable=True)
+    assert after_abort.error is None and after_abort.offset == 2
+    # A committing transaction: a read_committed consumer starting meanwhile waits for it and
+    # begins at the transaction's offset, not at the old one.
+    p.begin_transaction()
+    p.produce(sink, value=b"c", partition=0)
+    p.send_offsets_to_transaction([TopicPartition(source, 0, 7)], owner.consumer_group_metadata(), TIMEOUT_S)
+    assert first_offset_read(consumer("read_uncommitted")) == 2, "read_uncommitted does not wait"
+    committer = threading.Timer(1.5, lambda: p.commit_transaction(TIMEOUT_S))
+    committer.start()
+    try:
+        started = time.monotonic()
+        assert first_offset_read(consumer("read_committed")) == 7
+        assert time.monotonic() - started >= 1.0, "the consumer started before the transaction ended"
+    finally:
+        committer.join()

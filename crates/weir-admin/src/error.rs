@@ -109,7 +109,8 @@ pub(crate) fn status_for(kind: ErrorKind) -> StatusCode {
         | K::ProducerFenced
         | K::InvalidProducerIdMapping
         | K::InvalidTransactionState
-        | K::ConcurrentTransactions => StatusCode::CONFLICT,
+        | K::ConcurrentTransactions
+        | K::UnstableOffsetCommit => StatusCode::CONFLICT,
         K::InvalidTopic
         | K::InvalidPartitionCount
         | K::InvalidReplicationFactor

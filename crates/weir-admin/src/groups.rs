@@ -175,7 +175,8 @@ pub(crate) async fn describe(
     if described.state == GroupState::Dead && settings.is_none() && connected.is_empty() {
         return Err(ApiError::unknown_group(&group));
     }
-    let committed = core.groups.fetch_offsets(&group, None).await.map_err(|code| coordinator_error(code, &group))?;
+    let committed =
+        core.groups.fetch_offsets(&group, None, false).await.map_err(|code| coordinator_error(code, &group))?;
     let mut offsets: BTreeMap<(String, i32), GroupOffset> = BTreeMap::new();
     for c in committed {
         let e = offset_row(&mut offsets, &c.topic, c.partition);
@@ -512,7 +513,7 @@ pub(crate) async fn reset_offsets(
     }
     let committed: HashMap<(String, i32), i64> = core
         .groups
-        .fetch_offsets(&group, None)
+        .fetch_offsets(&group, None, false)
         .await
         .map_err(|code| coordinator_error(code, &group))?
         .into_iter()

@@ -137,6 +137,9 @@ pub enum ErrorKind {
     UnsupportedAssignor,
     OffsetMetadataTooLarge,
     InvalidCommitOffsetSize,
+    /// OffsetFetch with RequireStable: an open transaction is about to commit this partition's
+    /// offset; ask again once it ends.
+    UnstableOffsetCommit,
     /// The coordinator is starting, stopping or cannot write: retry.
     CoordinatorNotAvailable,
     /// This broker became the coordinator and is still reading the state from its log: retry.
@@ -183,6 +186,7 @@ impl ErrorKind {
                 | Storage
                 | ConcurrentTransactions
                 | RebalanceInProgress
+                | UnstableOffsetCommit
                 | CoordinatorNotAvailable
                 | CoordinatorLoadInProgress
                 | NotCoordinator
@@ -251,6 +255,7 @@ impl ErrorKind {
             UnsupportedAssignor => "unsupported assignor",
             OffsetMetadataTooLarge => "offset metadata too large",
             InvalidCommitOffsetSize => "invalid commit offset size",
+            UnstableOffsetCommit => "unstable offset commit (a transaction is open)",
             CoordinatorNotAvailable => "coordinator not available",
             CoordinatorLoadInProgress => "coordinator loading",
             NotCoordinator => "not the coordinator",

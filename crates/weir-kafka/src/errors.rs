@@ -65,6 +65,7 @@ pub fn kafka_error(kind: ErrorKind) -> ResponseError {
         K::UnsupportedAssignor => E::UnsupportedAssignor,
         K::OffsetMetadataTooLarge => E::OffsetMetadataTooLarge,
         K::InvalidCommitOffsetSize => E::InvalidCommitOffsetSize,
+        K::UnstableOffsetCommit => E::UnstableOffsetCommit,
         K::CoordinatorNotAvailable => E::CoordinatorNotAvailable,
         K::CoordinatorLoadInProgress => E::CoordinatorLoadInProgress,
         K::NotCoordinator => E::NotCoordinator,

@@ -88,6 +88,7 @@ pub(crate) fn code_of(kind: ErrorKind) -> Code {
         | InvalidTransactionTimeout
         | InvalidTransactionState
         | ConcurrentTransactions
+        | UnstableOffsetCommit
         | NotAttempted => Code::BadRequest,
         GroupNotEmpty
         | GroupSubscribedToTopic

@@ -17,7 +17,7 @@
 //! - JoinGroup and SyncGroup replies travel through one-shot channels held by the members
 //!   (see `state`); shutdown answers every one of them, so no request waits forever.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -66,6 +66,8 @@ pub struct GroupCoordinator {
     groups: Mutex<HashMap<String, Group>>,
     /// Kafka share groups (KIP-932), in memory (see `share_api`). Lock order: `groups` first.
     pub(super) share_groups: Mutex<HashMap<String, super::share::ShareGroup>>,
+    /// Partitions whose offsets an open transaction is about to commit (RequireStable).
+    unstable: super::unstable::UnstableOffsets,
     /// The `__consumer_offsets` partitions this broker coordinates.
     shards: Shards<OffsetsPartition>,
     /// Wakes the timer task when a deadline may have moved earlier.
@@ -178,6 +180,7 @@ impl ShardOwner for GroupCoordinator {
 
     fn unload_shard(&self, index: i32) {
         let count = self.partition_count();
+        self.unstable.forget_groups(|id| count == 0 || partition_for(id, count) == index);
         let mut groups = self.groups();
         groups.retain(|id, group| {
             let keep = count == 0 || partition_for(id, count) != index;
@@ -238,6 +241,7 @@ impl GroupCoordinator {
                 .unwrap_or(i64::MAX),
             groups: Mutex::new(HashMap::new()),
             share_groups: Mutex::new(HashMap::new()),
+            unstable: Default::default(),
             shards: Shards::new(OFFSETS_TOPIC),
             timer_wake: Arc::new(Notify::new()),
             shut_down: AtomicBool::new(false),
@@ -595,10 +599,14 @@ impl GroupCoordinator {
     /// Stores the offsets a transaction committed (TxnOffsetCommit, materialized when EndTxn
     /// commits): the member was checked when the offsets were sent, so the group's current
     /// generation is not checked again. Blocking.
+    ///
+    /// The offsets of `producer_id`'s transaction are stable from here on, stored or not (a
+    /// refusal is final and logged by the caller).
     pub(crate) fn commit_transaction_offsets_blocking(
         &self,
         group_id: &str,
         offsets: Vec<super::OffsetToCommit>,
+        producer_id: Option<i64>,
     ) -> Vec<PartitionResult> {
         let params = CommitParams {
             group_id: group_id.to_string(),
@@ -607,7 +615,29 @@ impl GroupCoordinator {
             group_instance_id: None,
             offsets,
         };
-        self.commit_checked(params, false)
+        let results = self.commit_checked(params, false);
+        if let Some(producer_id) = producer_id {
+            self.unstable.stored(producer_id, group_id);
+        }
+        results
+    }
+
+    /// A TxnOffsetCommit of `producer_id`'s open transaction was accepted for `group_id`: its
+    /// partitions' offsets are unstable until the transaction ends.
+    pub(crate) fn note_transactional_offsets(
+        &self,
+        producer_id: i64,
+        group_id: &str,
+        partitions: impl IntoIterator<Item = (String, i32)>,
+    ) {
+        let max_ms = i64::from(self.broker.config.transaction_max_timeout_ms);
+        self.unstable.note(producer_id, group_id, partitions, self.now_ms(), max_ms);
+    }
+
+    /// `producer_id`'s transaction aborted (its marker reached this broker's
+    /// `__consumer_offsets` partition): the offsets it sent will never be stored.
+    pub(crate) fn transaction_aborted(&self, producer_id: i64) {
+        self.unstable.ended(producer_id);
     }
 
     /// Checks a transactional commit's member as an OffsetCommit would (TxnOffsetCommit v3+
@@ -736,30 +766,42 @@ impl GroupCoordinator {
     }
 
     /// OffsetFetch: the listed partitions (without offset where nothing is committed), or every
-    /// committed partition of the group with `None`.
+    /// committed partition of the group with `None`. With `require_stable` (KIP-447), a
+    /// partition an open transaction is about to commit an offset for answers
+    /// UNSTABLE_OFFSET_COMMIT instead, and the client asks again.
     pub async fn fetch_offsets(
         &self,
         group_id: &str,
         partitions: Option<Vec<(String, i32)>>,
+        require_stable: bool,
     ) -> Result<Vec<FetchedOffset>, ErrorKind> {
+        let unstable = if require_stable { self.unstable.of_group(group_id, self.now_ms()) } else { BTreeSet::new() };
         let groups = self.groups();
         if !self.is_active() {
             return Err(ErrorKind::CoordinatorNotAvailable);
         }
         self.check_coordinator(group_id)?;
         let group = groups.get(group_id);
-        let fetched = |(topic, partition): (String, i32), committed: Option<&CommittedOffset>| match committed {
+        let fetched = |key: (String, i32), committed: Option<&CommittedOffset>| match committed {
+            _ if unstable.contains(&key) => FetchedOffset {
+                topic: key.0,
+                partition: key.1,
+                offset: None,
+                leader_epoch: None,
+                metadata: String::new(),
+                error: Some(ErrorKind::UnstableOffsetCommit),
+            },
             Some(c) => FetchedOffset {
-                topic,
-                partition,
+                topic: key.0,
+                partition: key.1,
                 offset: Some(c.offset),
                 leader_epoch: c.leader_epoch,
                 metadata: c.metadata.clone(),
                 error: None,
             },
             None => FetchedOffset {
-                topic,
-                partition,
+                topic: key.0,
+                partition: key.1,
                 offset: None,
                 leader_epoch: None,
                 metadata: String::new(),

@@ -17,6 +17,8 @@
 //! - `share`: one Kafka share group's membership and assignment (KIP-932, the `simple`
 //!   assignor); `share_api`: the coordinator's entry points for it and the one namespace of
 //!   group ids across group types.
+//! - `unstable`: which partitions' offsets an open transaction is about to commit
+//!   (OffsetFetch's `RequireStable`).
 //!
 //! The group protocol is carried by the clients: the broker picks a protocol every member
 //! supports, elects a leader, hands the leader the members' metadata and hands every member the
@@ -45,6 +47,7 @@ mod share_api;
 mod state;
 #[cfg(test)]
 mod tests;
+mod unstable;
 
 use std::collections::{BTreeMap, BTreeSet};
 

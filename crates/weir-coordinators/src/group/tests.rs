@@ -543,7 +543,7 @@ async fn fencing_and_validation_errors_follow_kafkas_rules() {
     };
     assert_eq!(groups.commit_offsets(big).await[0].error, Some(ErrorKind::OffsetMetadataTooLarge));
     assert_eq!(groups.commit_offsets(commit(Some(generation), &a)).await[0].error, None);
-    let fetched = groups.fetch_offsets(g, Some(vec![(TOPIC.into(), 0), (TOPIC.into(), 1)])).await.unwrap();
+    let fetched = groups.fetch_offsets(g, Some(vec![(TOPIC.into(), 0), (TOPIC.into(), 1)]), false).await.unwrap();
     assert_eq!((fetched[0].offset, fetched[0].leader_epoch), (Some(5), Some(3)));
     assert_eq!((fetched[1].offset, fetched[1].leader_epoch), (None, None), "nothing committed");
 
@@ -696,8 +696,8 @@ async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_
     let deleted = groups.delete_groups(vec!["doomed".into()]).await;
     assert_eq!(deleted, vec![("doomed".to_string(), None)]);
 
-    let before_consumers = groups.fetch_offsets(g, None).await.unwrap();
-    let before_standalone = groups.fetch_offsets("standalone", None).await.unwrap();
+    let before_consumers = groups.fetch_offsets(g, None, false).await.unwrap();
+    let before_standalone = groups.fetch_offsets("standalone", None, false).await.unwrap();
     assert_eq!(before_consumers.len(), 4);
     assert_eq!(before_consumers[0].offset, Some(555));
     assert_eq!(before_consumers[1].metadata, "meta-1");
@@ -710,9 +710,9 @@ async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_
     copy_dir(dir.path(), copy.path());
     let (_broker, groups) = open(copy.path(), &[]).await;
 
-    assert_eq!(groups.fetch_offsets(g, None).await.unwrap(), before_consumers);
-    assert_eq!(groups.fetch_offsets("standalone", None).await.unwrap(), before_standalone);
-    assert!(groups.fetch_offsets("doomed", None).await.unwrap().is_empty());
+    assert_eq!(groups.fetch_offsets(g, None, false).await.unwrap(), before_consumers);
+    assert_eq!(groups.fetch_offsets("standalone", None, false).await.unwrap(), before_standalone);
+    assert!(groups.fetch_offsets("doomed", None, false).await.unwrap().is_empty());
     let listed = groups.list_groups(&[]).await.unwrap();
     assert_eq!(
         listed,
@@ -773,7 +773,7 @@ async fn delete_groups_and_offset_delete_follow_kafkas_rules() {
         .unwrap();
     let errors: Vec<Option<ErrorKind>> = results.iter().map(|r| r.error).collect();
     assert_eq!(errors, vec![Some(ErrorKind::GroupSubscribedToTopic), None, Some(ErrorKind::UnknownTopicOrPartition)]);
-    let left = groups.fetch_offsets(g, None).await.unwrap();
+    let left = groups.fetch_offsets(g, None, false).await.unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].topic, TOPIC);
     assert_eq!(groups.delete_offsets("unknown".into(), vec![]).await, Err(ErrorKind::UnknownGroup));
@@ -782,7 +782,7 @@ async fn delete_groups_and_offset_delete_follow_kafkas_rules() {
     assert_eq!(groups.delete_groups(vec![g.into()]).await, vec![(g.to_string(), None)]);
     assert!(groups.list_groups(&[]).await.unwrap().is_empty());
     assert_eq!(describe(&groups, g).await.state, GroupState::Dead);
-    assert!(groups.fetch_offsets(g, None).await.unwrap().is_empty());
+    assert!(groups.fetch_offsets(g, None, false).await.unwrap().is_empty());
 
     // Deleting all offsets of an Empty group deletes the group.
     let simple = CommitParams {
@@ -825,7 +825,7 @@ async fn given_an_empty_group_when_its_offsets_outlive_the_retention_then_they_e
     groups.commit_offsets(commit("old", 0)).await;
     let now = weir_broker::Broker::now_ms(&_broker);
     groups.expire_offsets_at(now + 30_000);
-    assert_eq!(groups.fetch_offsets("old", None).await.unwrap().len(), 1, "not yet");
+    assert_eq!(groups.fetch_offsets("old", None, false).await.unwrap().len(), 1, "not yet");
 
     // A group with members keeps its offsets however old.
     let a = member_id(&groups, "live").await;
@@ -835,10 +835,10 @@ async fn given_an_empty_group_when_its_offsets_outlive_the_retention_then_they_e
     groups.commit_offsets(member_commit).await;
 
     groups.expire_offsets_at(now + 61_000);
-    assert!(groups.fetch_offsets("old", None).await.unwrap().is_empty());
+    assert!(groups.fetch_offsets("old", None, false).await.unwrap().is_empty());
     let listed: Vec<String> = groups.list_groups(&[]).await.unwrap().into_iter().map(|l| l.group_id).collect();
     assert_eq!(listed, vec!["live".to_string()], "the emptied group is gone");
-    assert_eq!(groups.fetch_offsets("live", None).await.unwrap().len(), 1);
+    assert_eq!(groups.fetch_offsets("live", None, false).await.unwrap().len(), 1);
     let states = groups.list_groups(&[GroupState::Empty]).await.unwrap();
     assert!(states.is_empty());
     let stable = groups.list_groups(&[GroupState::Stable]).await.unwrap();

@@ -517,7 +517,7 @@ impl TxnCoordinator {
             commit,
             partitions: marker_partitions,
         };
-        service::write_markers_everywhere(&self.broker, markers)?;
+        service::write_markers_everywhere(&self.broker, &self.groups, markers)?;
         if commit {
             for (group, offsets) in &meta.pending_offsets {
                 let offsets: Vec<OffsetToCommit> = offsets
@@ -530,7 +530,7 @@ impl TxnCoordinator {
                         metadata: p.metadata.clone(),
                     })
                     .collect();
-                service::commit_group_offsets(&self.broker, &self.groups, group, offsets)?;
+                service::commit_group_offsets(&self.broker, &self.groups, group, offsets, meta.producer_id)?;
             }
         }
         let mut done = meta;

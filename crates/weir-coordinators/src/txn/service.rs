@@ -40,6 +40,10 @@ pub(super) struct Markers {
 struct CommitOffsets {
     group_id: String,
     offsets: Vec<PendingOffset>,
+    /// The committing transaction's producer, whose offsets become stable (absent from a
+    /// broker of an older version).
+    #[serde(default)]
+    producer_id: Option<i64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -74,8 +78,12 @@ fn leader_of(broker: &Broker, topic: &str, index: i32) -> Option<i32> {
 }
 
 /// Appends the markers to the partitions this broker hosts; a partition deleted meanwhile has
-/// nothing left to mark. Blocking.
-fn write_local_markers(broker: &Broker, markers: &Markers) -> Result<(), BrokerError> {
+/// nothing left to mark. An abort marker in `__consumer_offsets` tells the group coordinator
+/// that the transaction's offsets will never come. Blocking.
+fn write_local_markers(broker: &Broker, groups: &GroupCoordinator, markers: &Markers) -> Result<(), BrokerError> {
+    if !markers.commit && markers.partitions.iter().any(|(topic, _)| topic == OFFSETS_TOPIC) {
+        groups.transaction_aborted(markers.producer_id);
+    }
     for (topic, index) in &markers.partitions {
         let Some(partition) = broker.partition(topic, *index) else {
             if broker.partition_exists(topic, *index) {
@@ -103,7 +111,11 @@ fn write_local_markers(broker: &Broker, markers: &Markers) -> Result<(), BrokerE
 
 /// Writes the markers at every partition's leader, this broker's directly. Blocking; fails
 /// with the first error (the caller retries the whole set: a repeated marker is harmless).
-pub(super) fn write_markers_everywhere(broker: &Broker, markers: Markers) -> Result<(), BrokerError> {
+pub(super) fn write_markers_everywhere(
+    broker: &Broker,
+    groups: &GroupCoordinator,
+    markers: Markers,
+) -> Result<(), BrokerError> {
     let mut by_leader: BTreeMap<i32, Vec<(String, i32)>> = BTreeMap::new();
     for (topic, index) in markers.partitions {
         // A partition deleted meanwhile has nothing left to mark.
@@ -114,7 +126,7 @@ pub(super) fn write_markers_everywhere(broker: &Broker, markers: Markers) -> Res
     for (leader, partitions) in by_leader {
         let markers = Markers { partitions, ..markers };
         if leader == broker.config.node_id {
-            write_local_markers(broker, &markers)?;
+            write_local_markers(broker, groups, &markers)?;
         } else if leader < 0 {
             let (topic, index) = &markers.partitions[0];
             return Err(err(ErrorKind::LeaderNotAvailable, format!("{topic}-{index} has no leader right now")));
@@ -133,13 +145,17 @@ pub(super) fn commit_group_offsets(
     groups: &GroupCoordinator,
     group_id: &str,
     offsets: Vec<OffsetToCommit>,
+    producer_id: i64,
 ) -> Result<(), BrokerError> {
     let index = groups.partition_for(group_id);
     let results: Vec<(String, i32, Option<ErrorKind>)> = match leader_of(broker, OFFSETS_TOPIC, index) {
-        Some(leader) if leader == broker.config.node_id => commit_local(groups, group_id, offsets),
+        Some(leader) if leader == broker.config.node_id => commit_local(groups, group_id, offsets, Some(producer_id)),
         Some(leader) if leader >= 0 => {
-            let request =
-                CommitOffsets { group_id: group_id.to_string(), offsets: offsets.iter().map(pending).collect() };
+            let request = CommitOffsets {
+                group_id: group_id.to_string(),
+                offsets: offsets.iter().map(pending).collect(),
+                producer_id: Some(producer_id),
+            };
             call(broker, leader, COMMIT_OFFSETS, &request)?
         }
         _ => {
@@ -167,9 +183,10 @@ fn commit_local(
     groups: &GroupCoordinator,
     group_id: &str,
     offsets: Vec<OffsetToCommit>,
+    producer_id: Option<i64>,
 ) -> Vec<(String, i32, Option<ErrorKind>)> {
     groups
-        .commit_transaction_offsets_blocking(group_id, offsets)
+        .commit_transaction_offsets_blocking(group_id, offsets, producer_id)
         .into_iter()
         .map(|r| (r.topic, r.partition, r.error))
         .collect()
@@ -206,8 +223,9 @@ impl TxnCoordinator {
         group_id: &str,
         offsets: Vec<PendingOffset>,
     ) -> Result<(), BrokerError> {
+        let partitions: Vec<(String, i32)> = offsets.iter().map(|o| (o.topic.clone(), o.partition)).collect();
         let index = self.partition_for(transactional_id);
-        match leader_of(&self.broker, TRANSACTION_STATE_TOPIC, index) {
+        let result = match leader_of(&self.broker, TRANSACTION_STATE_TOPIC, index) {
             Some(leader) if leader >= 0 && leader != self.broker.config.node_id => {
                 let request = OffsetCommit {
                     transactional_id: transactional_id.to_string(),
@@ -218,7 +236,13 @@ impl TxnCoordinator {
                 call(&self.broker, leader, OFFSET_COMMIT, &request)
             }
             _ => self.record_txn_offsets(transactional_id, who, group_id, offsets),
+        };
+        // This broker is the group's coordinator (the client sent the offsets here): their
+        // partitions read as unstable until the transaction ends.
+        if result.is_ok() {
+            self.groups.note_transactional_offsets(who.producer_id, group_id, partitions);
         }
+        result
     }
 
     /// Answers a method of the service. Blocking.
@@ -226,12 +250,12 @@ impl TxnCoordinator {
         match method {
             WRITE_MARKERS => {
                 let markers: Markers = weir_rpc::decode_json(method, body)?;
-                weir_rpc::encode_json(method, &write_local_markers(&self.broker, &markers))
+                weir_rpc::encode_json(method, &write_local_markers(&self.broker, &self.groups, &markers))
             }
             COMMIT_OFFSETS => {
                 let request: CommitOffsets = weir_rpc::decode_json(method, body)?;
                 let offsets = request.offsets.into_iter().map(to_commit).collect();
-                let results = commit_local(&self.groups, &request.group_id, offsets);
+                let results = commit_local(&self.groups, &request.group_id, offsets, request.producer_id);
                 weir_rpc::encode_json(method, &Ok::<_, BrokerError>(results))
             }
             OFFSET_COMMIT => {

@@ -316,6 +316,8 @@ pub(crate) async fn offset_commit(ctx: &Ctx, client: &Client, req: OffsetCommitR
 
 pub(crate) async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchRequest) -> OffsetFetchResponse {
     let version = client.version;
+    // v7+ (KIP-447): a read_committed consumer asks for stable offsets only.
+    let require_stable = version >= 7 && req.require_stable;
     if version >= 8 {
         let mut groups = Vec::with_capacity(req.groups.len());
         for group in req.groups {
@@ -329,7 +331,7 @@ pub(crate) async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchReq
                 groups.push(response.with_error_code(kafka_error(error).code()));
                 continue;
             }
-            groups.push(match ctx.groups.fetch_offsets(&group.group_id, partitions).await {
+            groups.push(match ctx.groups.fetch_offsets(&group.group_id, partitions, require_stable).await {
                 Ok(fetched) => response.with_topics(topic_entries(
                     fetched.into_iter().map(|f| (f.topic.clone(), f)),
                     partition_v8,
@@ -342,7 +344,7 @@ pub(crate) async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchReq
     }
     let requested: Option<Vec<(String, i32)>> =
         req.topics.map(|topics| requested_partitions(topics.into_iter().map(|t| (t.name, t.partition_indexes))));
-    let fetched = match ctx.groups.fetch_offsets(&req.group_id, requested.clone()).await {
+    let fetched = match ctx.groups.fetch_offsets(&req.group_id, requested.clone(), require_stable).await {
         Ok(fetched) => fetched,
         Err(error) if version >= 2 => return OffsetFetchResponse::default().with_error_code(kafka_error(error).code()),
         // v1 has no top-level error: each requested partition carries it.
