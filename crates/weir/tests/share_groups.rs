@@ -548,3 +548,64 @@ fn start_offset_and_lag(client: &mut Client, group: &str) -> (i64, i64) {
     assert_eq!(i16::from_be_bytes(body[at + 24..at + 26].try_into().expect("2")), code::NONE);
     (start, lag)
 }
+
+/// A ShareFetch of partitions 0 and 1 by `member`, waiting up to `wait_ms` for `min_bytes`.
+fn fetch_both(client: &mut Client, member: &mut Member, wait_ms: i32, min_bytes: i32) -> Vec<(i32, i64)> {
+    let partitions = (0..2).map(|p| share_fetch_request::FetchPartition::default().with_partition_index(p)).collect();
+    let request = ShareFetchRequest::default()
+        .with_group_id(Some(group_id(&member.group)))
+        .with_member_id(Some(s(&member.id)))
+        .with_share_session_epoch(member.epoch)
+        .with_max_wait_ms(wait_ms)
+        .with_min_bytes(min_bytes)
+        .with_max_records(100)
+        .with_topics(vec![share_fetch_request::FetchTopic::default()
+            .with_topic_id(member.topic_id)
+            .with_partitions(partitions)]);
+    let response = client.send(1, &request).expect("ShareFetch");
+    assert_eq!(response.error_code, code::NONE, "{:?}", response.error_message);
+    member.epoch += 1;
+    let mut got = Vec::new();
+    for p in response.responses.iter().flat_map(|t| &t.partitions) {
+        assert_eq!(p.error_code, code::NONE, "{p:?}");
+        got.extend(
+            p.acquired_records.iter().flat_map(|r| (r.first_offset..=r.last_offset).map(|o| (p.partition_index, o))),
+        );
+    }
+    got
+}
+
+#[test]
+fn given_a_share_fetch_waiting_on_two_partitions_either_ones_record_answers_it_and_min_bytes_holds_it() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 2, &[]);
+    let group = "waiters";
+    set_group_configs(&mut client, group, &[("share.auto.offset.reset", "earliest")]);
+    let mut member = join(&mut client, group, topic_id);
+    assert_eq!(fetch_both(&mut client, &mut member, 0, 1), [], "nothing yet");
+
+    let mut producer = broker.connect();
+    let produce_later = |producer: &mut Client, partition: i32, after: Duration, value: &str| {
+        std::thread::sleep(after);
+        producer.produce_ok(TOPIC, partition, batch(&[Message::new("k", value, 1_000)]));
+    };
+    // A record on partition 1 answers the fetch at once, though partition 0 stays empty.
+    let started = Instant::now();
+    let got = std::thread::scope(|scope| {
+        scope.spawn(|| produce_later(&mut producer, 1, Duration::from_millis(300), "one"));
+        fetch_both(&mut client, &mut member, 10_000, 1)
+    });
+    assert_eq!(got, [(1, 0)]);
+    assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}, not at its 10 s wait", started.elapsed());
+
+    // MinBytes of 100 KB: one small record does not answer; the fetch waits out its 1.5 s and
+    // answers with what it has.
+    let started = Instant::now();
+    let got = std::thread::scope(|scope| {
+        scope.spawn(|| produce_later(&mut producer, 0, Duration::from_millis(200), "two"));
+        fetch_both(&mut client, &mut member, 1_500, 100_000)
+    });
+    assert_eq!(got, [(0, 0)]);
+    assert!(started.elapsed() >= Duration::from_millis(1_400), "answered after {:?}", started.elapsed());
+}

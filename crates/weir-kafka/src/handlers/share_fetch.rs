@@ -436,13 +436,17 @@ pub(crate) async fn share_fetch(
                 }
             }
         }
+        // Waits up to MaxWaitMs until MinBytes (at least one record) are acquired, woken by
+        // any of the partitions.
         let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(pop::receive::MAX_LONG_POLLING);
-        let received = receive_all(engines, requests, max_records, wait).await;
-        for (at, result) in received {
+        let min_bytes = usize::try_from(req.min_bytes).unwrap_or(0);
+        let (at, requests): (Vec<(Uuid, i32)>, Vec<ReceiveRequest>) = requests.into_iter().unzip();
+        let received = engines.pop.receive_many(&requests, max_records, min_bytes, wait).await;
+        for (at, result) in at.into_iter().zip(received) {
             let answer = answers.entry(at).or_default();
             match result {
                 Ok(received) => answer.received = received,
-                Err(error) => answer.error = Some(error),
+                Err(e) => answer.error = Some(kafka_error(e.kind)),
             }
         }
     }
@@ -505,69 +509,6 @@ pub(crate) async fn share_fetch(
                 })
                 .collect(),
         )
-}
-
-/// Receives from every partition: at once, then, when nothing came and the fetch may wait,
-/// with a long poll on each (what any of them gets is answered).
-async fn receive_all(
-    engines: &ShareEngines,
-    requests: Vec<((Uuid, i32), ReceiveRequest)>,
-    max_records: usize,
-    wait: Duration,
-) -> Vec<((Uuid, i32), Result<Received, ResponseError>)> {
-    let mut out = Vec::with_capacity(requests.len());
-    let mut remaining = max_records;
-    let mut pending: Vec<((Uuid, i32), ReceiveRequest)> = Vec::new();
-    for (at, request) in requests {
-        if remaining == 0 {
-            pending.push((at, request));
-            continue;
-        }
-        let batch = remaining.min(request.batch);
-        let again = ReceiveRequest { batch, ..clone_request(&request) };
-        match engines.pop.receive_batches(again).await {
-            Ok(received) => {
-                remaining = remaining.saturating_sub(received.len());
-                if received.is_empty() {
-                    pending.push((at, request));
-                } else {
-                    out.push((at, Ok(received)));
-                }
-            }
-            Err(e) => out.push((at, Err(kafka_error(e.kind)))),
-        }
-    }
-    if !out.iter().any(|(_, r)| r.as_ref().is_ok_and(|d| !d.is_empty())) && !wait.is_zero() && !pending.is_empty() {
-        let mut polls = tokio::task::JoinSet::new();
-        for (at, request) in pending {
-            let pop = engines.pop.clone();
-            let request = ReceiveRequest { long_polling: wait, ..request };
-            polls.spawn(async move { (at, pop.receive_batches(request).await) });
-        }
-        while let Some(joined) = polls.join_next().await {
-            if let Ok((at, result)) = joined {
-                out.push((at, result.map_err(|e| kafka_error(e.kind))));
-            }
-        }
-    }
-    out
-}
-
-fn clone_request(request: &ReceiveRequest) -> ReceiveRequest {
-    ReceiveRequest {
-        key: request.key.clone(),
-        partition: request.partition.clone(),
-        filter: TagFilter::All,
-        batch: request.batch,
-        invisible: request.invisible,
-        long_polling: request.long_polling,
-        max_attempts: request.max_attempts,
-        fifo: request.fifo,
-        start: request.start,
-        hold_for: request.hold_for.clone(),
-        nonce: request.nonce,
-        whole_batches: request.whole_batches,
-    }
 }
 
 pub(crate) async fn share_acknowledge(

@@ -51,12 +51,87 @@ impl PopEngine {
         Ok(received.deliveries)
     }
 
+    /// Receives from several queues as one long poll, as a Kafka share fetch does over its
+    /// partitions: a pass over each queue in turn (each asking for what is left of
+    /// `max_records`, at most its own `batch`), then, until `min_bytes` (at least one byte) have
+    /// come or `wait` has passed, another pass whenever any of the partitions grows or one of
+    /// the queues' messages becomes visible again. The requests' own `long_polling` is not
+    /// used. One result per request, in order: a queue that failed after handing something
+    /// out keeps what it handed out (those messages are out, under their invisible time).
+    pub async fn receive_many(
+        &self,
+        requests: &[ReceiveRequest],
+        max_records: usize,
+        min_bytes: usize,
+        wait: Duration,
+    ) -> Vec<Result<Received, BrokerError>> {
+        let broker = &self.messaging.broker;
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut shutdown = broker.shutdown_signal();
+        let mut results: Vec<Result<Received, BrokerError>> =
+            requests.iter().map(|_| Ok(Received::default())).collect();
+        let (mut remaining, mut bytes) = (max_records, 0usize);
+        loop {
+            // Register first: an append between a pass and the wait still wakes this one.
+            let waiter = Arc::new(tokio::sync::Notify::new());
+            for request in requests {
+                request.partition.register_waiter(&waiter);
+            }
+            for (request, result) in requests.iter().zip(results.iter_mut()) {
+                if remaining == 0 {
+                    break;
+                }
+                let Ok(so_far) = result else { continue };
+                let pass = ReceiveRequest {
+                    batch: remaining.min(request.batch),
+                    long_polling: Duration::ZERO,
+                    ..request.clone()
+                };
+                // Another consumer's pass over the same queue is waited for: it may leave
+                // messages this one can take, and no append would wake this one for them.
+                match self.receive_in_turn(pass, Some(deadline)).await {
+                    Ok(got) => {
+                        remaining = remaining.saturating_sub(got.len());
+                        bytes = bytes.saturating_add(got.bytes());
+                        so_far.append(got);
+                    }
+                    Err(e) if so_far.is_empty() => *result = Err(e),
+                    Err(e) => tracing::debug!(error = %e, "a queue failed after handing messages out"),
+                }
+            }
+            let now = tokio::time::Instant::now();
+            let failed = results.iter().all(|r| r.is_err());
+            if bytes >= min_bytes.max(1) || remaining == 0 || failed || now >= deadline || *shutdown.borrow() {
+                return results;
+            }
+            // Wake at the next expiry too: that message is deliverable again then.
+            let next_expiry = requests.iter().filter_map(|r| self.messaging.pop.next_expiry_ms(&r.key)).min();
+            let wake = next_expiry.map_or(deadline, |at| {
+                let wait_ms = u64::try_from(at - broker.now_ms()).unwrap_or(0).max(1);
+                deadline.min(now + Duration::from_millis(wait_ms))
+            });
+            tokio::select! {
+                _ = waiter.notified() => {}
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = shutdown.wait_for(|down| *down) => return results,
+            }
+        }
+    }
+
     /// [`PopEngine::receive`], with new messages handed out as whole stored batches when the
     /// request asks for [`ReceiveRequest::whole_batches`].
     pub async fn receive_batches(&self, request: ReceiveRequest) -> Result<Received, BrokerError> {
+        self.receive_in_turn(request, None).await
+    }
+
+    async fn receive_in_turn(
+        &self,
+        request: ReceiveRequest,
+        turn_deadline: Option<tokio::time::Instant>,
+    ) -> Result<Received, BrokerError> {
         let (key, slice, hold_for) = (request.key.clone(), request.invisible, request.hold_for.clone());
         self.limits.note(&key.group, request.max_attempts);
-        let received = receive::receive(&self.messaging, &self.turns, request).await?;
+        let received = receive::receive(&self.messaging, &self.turns, request, turn_deadline).await?;
         if let Some(client) = hold_for {
             let now = self.messaging.broker.now_ms();
             for (offset, nonce) in received.offsets() {

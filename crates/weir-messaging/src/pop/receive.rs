@@ -56,6 +56,7 @@ const TURNS_MAX: usize = 1024;
 /// What a receive asks for. The front-end validates it against [`MAX_BATCH`],
 /// [`MIN_INVISIBLE`]..=[`MAX_INVISIBLE`] and [`MAX_LONG_POLLING`] (each protocol refuses with
 /// its own codes); [`ReceiveRequest::check`] asserts it did.
+#[derive(Clone)]
 pub struct ReceiveRequest {
     /// The queue, and whose consumption of it.
     pub key: QueueKey,
@@ -137,6 +138,28 @@ pub struct Received {
 impl Received {
     pub fn is_empty(&self) -> bool {
         self.deliveries.is_empty() && self.batches.is_empty()
+    }
+
+    /// About how many bytes went out: the stored batches' sizes and the decoded records' keys,
+    /// values and headers (what a fetch's `MinBytes` counts).
+    pub fn bytes(&self) -> usize {
+        let records: usize = self
+            .deliveries
+            .iter()
+            .map(|d| {
+                let r = &d.record;
+                let headers: usize =
+                    r.headers.iter().map(|h| h.name.len() + h.value.as_ref().map_or(0, |v| v.len())).sum();
+                r.key.as_ref().map_or(0, |k| k.len()) + r.value.as_ref().map_or(0, |v| v.len()) + headers
+            })
+            .sum();
+        records + self.batches.iter().map(|b| b.batch.bytes.len()).sum::<usize>()
+    }
+
+    /// Adds what a later pass over the same queue handed out.
+    pub fn append(&mut self, later: Received) {
+        self.deliveries.extend(later.deliveries);
+        self.batches.extend(later.batches);
     }
 
     /// How many messages went out.
@@ -606,16 +629,21 @@ fn check_deliveries(log_start: i64, received: &Received) {
 
 /// A receive with long polling: what it hands out, empty when nothing came before its
 /// deadline or the broker began shutting down.
+///
+/// Receives of one queue take turns; a receive waits for its turn until `turn_deadline`, or
+/// until the end of its long polling when that is `None`. (A pass of a fetch over several
+/// queues waits for its turn as long as the fetch may wait, and for messages not at all.)
 pub(crate) async fn receive(
     messaging: &Arc<Messaging>,
     turns: &ReceiveTurns,
     request: ReceiveRequest,
+    turn_deadline: Option<tokio::time::Instant>,
 ) -> Result<Received, BrokerError> {
     let broker = &messaging.broker;
     request.check();
     let turn = turns.of(&request.key);
     let deadline = tokio::time::Instant::now() + request.long_polling;
-    let _turn = match tokio::time::timeout_at(deadline, turn.lock()).await {
+    let _turn = match tokio::time::timeout_at(turn_deadline.unwrap_or(deadline), turn.lock()).await {
         Ok(turn) => turn,
         Err(_) => return Ok(Received::default()),
     };
