@@ -17,7 +17,7 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message
 
 from confluent_kafka import KafkaError
 
-from helpers import c_consumer, rec_from_confluent, unique
+from helpers import c_consumer, http, rec_from_confluent, unique
 
 DURABLE = {"default.replication.factor": "3", "min.insync.replicas": "2"}
 TIMER_TOPIC = "__delayed_messages"
@@ -362,3 +362,30 @@ def test_acks_go_on_through_the_loss_of_the_broker_leading_the_queues_state_shar
     bodies = [m.body for m in again]
     assert not acked & set(bodies), f"acked messages delivered again: {sorted(acked & set(bodies))}"
     assert sorted(bodies) == sorted({m.body for m in got} - acked), bodies
+
+
+def test_the_new_leader_of_a_queue_nobody_receives_from_dead_letters_what_ran_out(cluster_factory):
+    """A message received (attempts limit 1) through the broker leading its queue, which is
+    then killed: with no consumer left, the new leader takes over the queue's state by itself
+    and its dead-letter sweep moves the message once its invisible time runs out."""
+    cluster, name, group = ack_failover_setup(cluster_factory)
+    status, body = http("POST", f"{cluster.node(1).admin_url()}/v1/groups", {
+        "name": group, "configs": {"max.delivery.attempts": "1"},
+    })
+    assert status == 201, body
+    victim = leaders_of(cluster, name)[0]
+    config = ClientConfiguration(cluster.node(victim).rocketmq_endpoint, Credentials(), request_timeout=10)
+    consumer = SimpleConsumer(config, group, {name: FilterExpression("*")}, await_duration=1)
+    consumer.startup()
+    try:
+        got = receive_for(consumer, 40, 4, 30)
+        for m in got[1:]:
+            consumer.ack(m)
+    finally:
+        consumer.shutdown()
+    assert len(got) == 40
+    orphan = got[0].body
+    cluster.node(victim).kill9()
+    survivor = next(n for n in cluster.ids() if n != victim)
+    dead = read_all(cluster.node(survivor).bootstrap, f"%DLQ%{group}", 1, want=1, timeout=60)
+    assert [r.value for r in dead] == [orphan]

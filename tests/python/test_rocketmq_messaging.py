@@ -461,6 +461,27 @@ def test_a_never_acked_message_is_delivered_max_attempts_times_then_dead_lettere
     assert len(metadata.topics[dlq].partitions) == 1, "the dead-letter topic has one partition"
 
 
+def test_a_message_whose_last_delivery_ran_out_is_dead_lettered_after_a_restart_with_no_receive(broker_factory):
+    """The broker takes over the state of every queue it leads when it starts (as after a
+    failover), so the dead-letter sweep finds a message nobody receives from any more."""
+    broker = broker_factory()
+    topic, group = unique("rmq-adopt"), unique("g")
+    c_create_topic(c_admin(broker.bootstrap), topic, partitions=1)
+    group_settings(broker, group, max_delivery_attempts=1)
+    send_all(broker, topic, [message(topic, b"orphan")])
+    consumer = simple_consumer(broker, group, topic, await_s=1)
+    try:
+        first = receive_timed(consumer, until=time.time() + 10, want=1, invisible_s=3, ack=False)
+        assert [m.body for _, m in first] == [b"orphan"]
+    finally:
+        consumer.shutdown()
+    broker.kill9()
+    broker.start()
+    [dead] = read_to_end(broker.bootstrap, dlq_of(group), want=1, timeout=20)
+    assert dead.value == b"orphan"
+    assert headers_of(dead)["weir.delivery-attempts"] == ["1"]
+
+
 def test_a_dead_lettered_message_is_received_from_the_dlq_topic_by_a_rocketmq_consumer_with_its_origin(broker):
     topic, group = unique("rmq-dlq"), unique("g")
     c_create_topic(c_admin(broker.bootstrap), topic, partitions=1)

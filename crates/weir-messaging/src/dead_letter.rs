@@ -212,11 +212,32 @@ async fn ensure_dead_letter_topic(broker: &Arc<Broker>, group: &str) -> Result<S
         // Whatever the original took (RocketMQ's 4 MiB bodies with their properties).
         ("max.message.bytes".to_string(), (8 << 20).to_string()),
     ]);
-    let topic =
-        NewTopic { name: name.clone(), partitions: 1, replication_factor: -1, assignments: Vec::new(), configs };
+    let topic = |replication_factor: i16| NewTopic {
+        name: name.clone(),
+        partitions: 1,
+        replication_factor,
+        assignments: Vec::new(),
+        configs: configs.clone(),
+    };
+    let mut result = create_one(broker, topic(-1)).await;
+    // A cluster short of brokers (one lost for good, below default.replication.factor) still
+    // takes its dead letters, on every broker it has, rather than keep them in flight until an
+    // operator adds one: the group's consumers have given up on them already.
+    let live = i16::try_from(broker.live_brokers().len()).unwrap_or(i16::MAX);
+    if matches!(&result, Err(e) if e.kind == ErrorKind::InvalidReplicationFactor)
+        && (1..broker.config.default_replication_factor).contains(&live)
+    {
+        tracing::warn!(topic = %name, replicas = live, wanted = broker.config.default_replication_factor,
+            "too few brokers for default.replication.factor: creating the dead-letter topic with fewer replicas");
+        result = create_one(broker, topic(live)).await;
+    }
+    result.map(|()| name)
+}
+
+async fn create_one(broker: &Arc<Broker>, topic: NewTopic) -> Result<(), BrokerError> {
     match broker.create_topics(vec![topic], false).await.pop() {
-        Some(Ok(_)) => Ok(name),
-        Some(Err(e)) if e.kind == ErrorKind::TopicExists => Ok(name),
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) if e.kind == ErrorKind::TopicExists => Ok(()),
         Some(Err(e)) => Err(e),
         None => Err(BrokerError::internal("creating the dead-letter topic gave no result")),
     }

@@ -38,6 +38,7 @@ impl PopEngine {
         super::progress::start(messaging, groups);
         let limits = Arc::new(super::dead_letter::AttemptLimits::default());
         super::dead_letter::start_sweep(messaging, limits.clone());
+        super::adopt::start(messaging);
         Arc::new(PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals, limits })
     }
 

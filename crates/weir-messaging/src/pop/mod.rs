@@ -8,6 +8,7 @@
 //! - [`receive`]: which messages a receive picks, with long polling; [`filter`]: by tag;
 //! - [`state`]: one queue's state for one group (`QueueState`, FIFO parking included);
 //! - `dead_letter`: exhausted messages to the dead letters, on receive and every second;
+//! - `adopt`: a new leader of a partition takes over all of its queues' states at once;
 //! - [`renew`]: held messages kept invisible while their client lives;
 //! - [`progress`]: each group's progress mirrored as Kafka committed offsets;
 //! - [`reset`]: a group's position moved from outside;
@@ -31,6 +32,7 @@
 //! `kafka-consumer-groups.sh --reset-offsets` move it: [`reset`] does it where each partition
 //! is led.
 
+pub(crate) mod adopt;
 pub(crate) mod dead_letter;
 pub mod engine;
 pub mod filter;

@@ -154,6 +154,11 @@ impl RpcHandler for PopService {
                         messaging.pop_states.take_over_here(request.shard, &request.queue, request.epoch).await;
                     encode_json(&method, &answer)
                 }
+                super::service::QUEUES_ON => {
+                    let request: super::service::QueuesOnRequest = decode_json(&method, &body)?;
+                    let answer = messaging.pop_states.queues_on_here(&request.shards, &request.partitions);
+                    encode_json(&method, &answer)
+                }
                 super::service::WRITE => {
                     let request: super::service::WriteRequest = decode_json(&method, &body)?;
                     let answer = messaging.pop_states.write_here(request.shard, request.lines).await;
@@ -165,7 +170,7 @@ impl RpcHandler for PopService {
     }
 }
 
-/// Serves `pop.reset`, `pop.positions`, `pop.take_over` and `pop.write` on this broker's
+/// Serves `pop.reset`, `pop.positions`, `pop.take_over`, `pop.write` and `pop.queues_on` on this broker's
 /// internal RPC.
 pub fn register(messaging: &Arc<Messaging>) {
     let service = Arc::new(PopService { messaging: Arc::downgrade(messaging) });

@@ -4,7 +4,9 @@
 //! - `pop.take_over`: a JSON [`TakeOverRequest`]; answers every consumer's state of the queue
 //!   (see `StateShard::take_over`);
 //! - `pop.write`: a JSON [`WriteRequest`]; answers, per line, whether it was accepted, once
-//!   the shard's ISR has the accepted ones.
+//!   the shard's ISR has the accepted ones;
+//! - `pop.queues_on`: a JSON [`QueuesOnRequest`]; answers the queues the shards hold on the
+//!   partitions (for a new leader of them to take over, `super::adopt`).
 //!
 //! NOT_COORDINATOR and its kin send the caller to try again (`state_topic::at_leader`).
 
@@ -18,6 +20,25 @@ use super::store::QueueKey;
 
 pub(crate) const TAKE_OVER: &str = "pop.take_over";
 pub(crate) const WRITE: &str = "pop.write";
+pub(crate) const QUEUES_ON: &str = "pop.queues_on";
+
+/// Which queues shards `shards` (led by the broker asked) hold on `partitions` (see
+/// `super::adopt`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct QueuesOnRequest {
+    pub(crate) shards: Vec<i32>,
+    pub(crate) partitions: Vec<(String, i32)>,
+}
+
+pub(crate) async fn call_queues_on(
+    broker: &Broker,
+    node: i32,
+    request: &QueuesOnRequest,
+) -> Result<Vec<QueueId>, BrokerError> {
+    let body = encode_json(QUEUES_ON, request).map_err(remote_failure)?;
+    let answer = broker.call_broker(node, QUEUES_ON, body, rpc_timeout(broker)).await?;
+    decode_json::<Result<Vec<QueueId>, BrokerError>>(QUEUES_ON, &answer).map_err(remote_failure)?
+}
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct TakeOverRequest {

@@ -307,6 +307,25 @@ impl StateShards {
         Ok(states)
     }
 
+    /// The queues shards `shards`, led here, hold on `partitions`. NOT_COORDINATOR and its
+    /// kin when one of them is not loaded here (the caller asks again later).
+    pub(crate) fn queues_on_here(
+        &self,
+        shards: &[i32],
+        partitions: &[(String, i32)],
+    ) -> Result<Vec<QueueId>, BrokerError> {
+        let wanted: std::collections::HashSet<(&str, i32)> = partitions.iter().map(|(t, p)| (t.as_str(), *p)).collect();
+        let mut queues = Vec::new();
+        for index in shards {
+            let shard = self.shards.get(*index)?;
+            let inner = lock(&shard.inner);
+            queues.extend(
+                inner.queues.0.keys().filter(|id| wanted.contains(&(id.topic.as_str(), id.partition))).cloned(),
+            );
+        }
+        Ok(queues)
+    }
+
     /// How many queues the shards led here hold.
     pub(crate) fn queue_count(&self) -> usize {
         self.shards.loaded().values().map(|s| lock(&s.inner).queues.0.len()).sum()
