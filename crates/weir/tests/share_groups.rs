@@ -609,3 +609,63 @@ fn given_a_share_fetch_waiting_on_two_partitions_either_ones_record_answers_it_a
     assert_eq!(got, [(0, 0)]);
     assert!(started.elapsed() >= Duration::from_millis(1_400), "answered after {:?}", started.elapsed());
 }
+
+/// A heartbeat of `member` at `epoch`: (error code, epoch answered).
+fn heartbeat(client: &mut Client, group: &str, member: &str, epoch: i32) -> (i16, i32) {
+    let request = ShareGroupHeartbeatRequest::default()
+        .with_group_id(group_id(group))
+        .with_member_id(s(member))
+        .with_member_epoch(epoch);
+    let response = client.send(1, &request).expect("ShareGroupHeartbeat");
+    (response.error_code, response.member_epoch)
+}
+
+#[test]
+fn given_a_share_group_its_members_carry_on_at_their_epochs_after_a_kill_9_and_restart() {
+    let mut broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 2, &[]);
+    let group = "survivors";
+    let join_at = |client: &mut Client| {
+        let id = uuid::Uuid::new_v4().to_string();
+        let request = ShareGroupHeartbeatRequest::default()
+            .with_group_id(group_id(group))
+            .with_member_id(s(&id))
+            .with_member_epoch(0)
+            .with_subscribed_topic_names(Some(vec![TopicName(s(TOPIC))]));
+        let response = client.send(1, &request).expect("ShareGroupHeartbeat");
+        assert_eq!(response.error_code, code::NONE, "{:?}", response.error_message);
+        (Member { group: group.to_string(), id, topic_id, epoch: 0 }, response.member_epoch)
+    };
+    let (a, epoch_a) = join_at(&mut client);
+    let (b, epoch) = join_at(&mut client);
+    // a moves to the epoch of b's join: both at the group's epoch.
+    assert_eq!(heartbeat(&mut client, group, &a.id, epoch_a), (code::NONE, epoch));
+    assert_eq!(heartbeat(&mut client, group, &b.id, epoch), (code::NONE, epoch));
+
+    broker.kill();
+    broker.restart();
+    let mut client = broker.connect();
+    // Both carry on at their epochs: no UNKNOWN_MEMBER_ID, no rejoin.
+    let found = wait_until(Duration::from_secs(20), || heartbeat(&mut client, group, &a.id, epoch).0 == code::NONE);
+    assert!(found, "member a is unknown after the restart: {:?}", heartbeat(&mut client, group, &a.id, epoch));
+    assert_eq!(heartbeat(&mut client, group, &b.id, epoch), (code::NONE, epoch));
+    let describe = ShareGroupDescribeRequest::default().with_group_ids(vec![group_id(group)]);
+    let described = client.send(1, &describe).expect("ShareGroupDescribe");
+    let mut members: Vec<String> = described.groups[0].members.iter().map(|m| m.member_id.to_string()).collect();
+    members.sort();
+    let mut expected = vec![a.id.clone(), b.id.clone()];
+    expected.sort();
+    assert_eq!(members, expected);
+
+    // A member that leaves is gone for good, a restart later too.
+    assert_eq!(heartbeat(&mut client, group, &b.id, -1).0, code::NONE);
+    // b's leave bumped the group epoch; a's next heartbeat (at its own epoch) moves it on.
+    let (code_a, later) = heartbeat(&mut client, group, &a.id, epoch);
+    assert_eq!((code_a, later > epoch), (code::NONE, true));
+    broker.kill();
+    broker.restart();
+    let mut client = broker.connect();
+    assert!(wait_until(Duration::from_secs(20), || heartbeat(&mut client, group, &a.id, later).0 == code::NONE));
+    assert_eq!(heartbeat(&mut client, group, &b.id, later).0, code::UNKNOWN_MEMBER_ID);
+}

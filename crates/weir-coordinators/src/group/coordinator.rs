@@ -154,6 +154,16 @@ impl ShardOwner for GroupCoordinator {
         let now = self.now_ms();
         let mut groups = self.groups();
         for (id, mut group) in loaded {
+            if let Some((snapshot, value)) = group.share.take() {
+                // A share group carries on with its members and epochs (lock order: `groups`
+                // first, held here).
+                let session_ms = self.share_limits(&id).session_timeout_ms;
+                let share = super::share::ShareGroup::from_snapshot(snapshot, value, now, session_ms);
+                self.share_groups().insert(id.clone(), share);
+            }
+            if !group.has_group_state() {
+                continue;
+            }
             let consumer = group.consumer.take();
             let mut group = Group::from_loaded(id.clone(), group);
             if let Some(snapshot) = consumer {
@@ -182,6 +192,7 @@ impl ShardOwner for GroupCoordinator {
         let count = self.partition_count();
         self.unstable.forget_groups(|id| count == 0 || partition_for(id, count) == index);
         let mut groups = self.groups();
+        self.share_groups().retain(|id, _| count != 0 && partition_for(id, count) != index);
         groups.retain(|id, group| {
             let keep = count == 0 || partition_for(id, count) != index;
             if !keep {
@@ -995,7 +1006,7 @@ impl GroupCoordinator {
 
     fn delete_group_blocking(&self, group_id: &str) -> Result<(), ErrorKind> {
         let target = self.shard_of(group_id)?;
-        if let Some(deleted) = self.delete_share_group(group_id) {
+        if let Some(deleted) = self.delete_share_group(&target, group_id) {
             deleted?;
             // Its mirrored offsets, if any, go too; none is no error for a share group.
             return match self.delete_group_blocking_classic(&target, group_id) {

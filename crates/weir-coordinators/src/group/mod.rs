@@ -32,9 +32,9 @@
 //! rebalance completes are acknowledged only after their append to `__consumer_offsets` is
 //! fsynced. Classic group membership itself is not persisted: after a restart every classic group
 //! is Empty (its members rejoin, as after a coordinator move in Kafka), with its committed
-//! offsets, protocol type and generation intact. A consumer-protocol group is persisted whole
-//! (one record, rewritten by every heartbeat that changes it, before the answer), so its members
-//! carry on at their epochs.
+//! offsets, protocol type and generation intact. A consumer-protocol group and a share group
+//! are persisted whole (one record, rewritten by every heartbeat that changes it, before the
+//! answer), so their members carry on at their epochs.
 
 mod assignor;
 pub mod clients;

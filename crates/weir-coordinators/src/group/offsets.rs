@@ -13,6 +13,7 @@
 //! offset key: u8 1 | u32 len | group id | u32 len | topic | i32 partition
 //! group key:  u8 2 | u32 len | group id
 //! consumer group key: u8 3 | u32 len | group id
+//! share group key: u8 4 | u32 len | group id
 //! ```
 //! Values start with a version byte (0 today). A value of a version this code does not know is
 //! skipped with an error in the log rather than guessed at:
@@ -22,11 +23,14 @@
 //! group value v0:  u8 0 | i32 generation | u32 len | protocol type
 //!                  | i32 len (-1: none) | protocol name | i64 timestamp ms (when written)
 //! consumer group value v0: u8 0 | JSON of the group's state (`ConsumerGroupSnapshot`)
+//! share group value v0: u8 0 | JSON of the group's membership (`ShareGroupSnapshot`)
 //! ```
 //! The consumer group record (KIP-848 groups) holds the whole group: epochs, the target
 //! assignment, every member with its subscription, epoch and assignment. It is rewritten (and
 //! fsynced) whenever a heartbeat changes any of that, before the heartbeat is answered, so a new
-//! coordinator carries the group on where the old one left it.
+//! coordinator carries the group on where the old one left it. The share group record (KIP-932
+//! groups) does the same for a share group's members, epochs and assignment; what its members
+//! consumed is the invisible-time state's, in `__share_group_state`.
 //! Integers are big-endian, strings UTF-8. Classic group membership is deliberately absent:
 //! after a restart the members rejoin, so only what outlives them is kept (offsets, protocol
 //! type, generation).
@@ -41,11 +45,13 @@ use weir_broker::internal_records;
 use weir_broker::partition::Partition;
 
 use super::consumer::ConsumerGroupSnapshot;
+use super::share::ShareGroupSnapshot;
 use super::state::CommittedOffset;
 
 const KEY_OFFSET: u8 = 1;
 const KEY_GROUP: u8 = 2;
 const KEY_CONSUMER_GROUP: u8 = 3;
+const KEY_SHARE_GROUP: u8 = 4;
 const VALUE_VERSION: u8 = 0;
 /// An unknown leader epoch in an offset value (Kafka's `NO_PARTITION_LEADER_EPOCH`).
 const UNKNOWN_LEADER_EPOCH: i32 = -1;
@@ -59,6 +65,7 @@ pub(crate) enum RecordKey {
     Offset { group: String, topic: String, partition: i32 },
     Group { group: String },
     ConsumerGroup { group: String },
+    ShareGroup { group: String },
 }
 
 /// What a group record keeps of a group.
@@ -121,7 +128,15 @@ pub(crate) fn consumer_group_key(group: &str) -> Bytes {
     buf.freeze()
 }
 
-pub(crate) fn consumer_group_value(snapshot: &ConsumerGroupSnapshot) -> Bytes {
+pub(crate) fn share_group_key(group: &str) -> Bytes {
+    let mut buf = BytesMut::with_capacity(1 + 4 + group.len());
+    buf.put_u8(KEY_SHARE_GROUP);
+    put_str(&mut buf, group);
+    buf.freeze()
+}
+
+/// A versioned JSON value (the consumer and share group records).
+fn json_value<T: serde::Serialize>(snapshot: &T) -> Bytes {
     let mut buf = BytesMut::with_capacity(256);
     buf.put_u8(VALUE_VERSION);
     // Serializing plain data (strings, numbers, maps with string keys) cannot fail.
@@ -129,13 +144,29 @@ pub(crate) fn consumer_group_value(snapshot: &ConsumerGroupSnapshot) -> Bytes {
     buf.freeze()
 }
 
-pub(crate) fn decode_consumer_group_value(mut buf: &[u8]) -> Result<ConsumerGroupSnapshot, String> {
+fn decode_json_value<T: serde::de::DeserializeOwned>(mut buf: &[u8], what: &str) -> Result<T, String> {
     need(buf, 1, "value version")?;
     let version = buf.get_u8();
     if version != VALUE_VERSION {
-        return Err(format!("unknown consumer group value version {version}"));
+        return Err(format!("unknown {what} value version {version}"));
     }
-    serde_json::from_slice(buf).map_err(|e| format!("bad consumer group value: {e}"))
+    serde_json::from_slice(buf).map_err(|e| format!("bad {what} value: {e}"))
+}
+
+pub(crate) fn consumer_group_value(snapshot: &ConsumerGroupSnapshot) -> Bytes {
+    json_value(snapshot)
+}
+
+pub(crate) fn decode_consumer_group_value(buf: &[u8]) -> Result<ConsumerGroupSnapshot, String> {
+    decode_json_value(buf, "consumer group")
+}
+
+pub(crate) fn share_group_value(snapshot: &ShareGroupSnapshot) -> Bytes {
+    json_value(snapshot)
+}
+
+pub(crate) fn decode_share_group_value(buf: &[u8]) -> Result<ShareGroupSnapshot, String> {
+    decode_json_value(buf, "share group")
 }
 
 pub(crate) fn decode_key(mut buf: &[u8]) -> Result<RecordKey, String> {
@@ -150,6 +181,7 @@ pub(crate) fn decode_key(mut buf: &[u8]) -> Result<RecordKey, String> {
         }
         KEY_GROUP => RecordKey::Group { group: get_str(&mut buf, "group id")? },
         KEY_CONSUMER_GROUP => RecordKey::ConsumerGroup { group: get_str(&mut buf, "group id")? },
+        KEY_SHARE_GROUP => RecordKey::ShareGroup { group: get_str(&mut buf, "group id")? },
         other => return Err(format!("unknown key kind {other}")),
     };
     if !buf.is_empty() {
@@ -223,6 +255,16 @@ pub(crate) struct LoadedGroup {
     pub(crate) offsets: HashMap<(String, i32), CommittedOffset>,
     /// A consumer-protocol group's last state.
     pub(crate) consumer: Option<ConsumerGroupSnapshot>,
+    /// A share group's last membership, with the record's value as stored.
+    pub(crate) share: Option<(ShareGroupSnapshot, Bytes)>,
+}
+
+impl LoadedGroup {
+    /// Whether anything besides a share group's membership was loaded (a classic or consumer
+    /// group's record, or committed offsets).
+    pub(crate) fn has_group_state(&self) -> bool {
+        self.record.is_some() || !self.offsets.is_empty() || self.consumer.is_some()
+    }
 }
 
 /// Replays one partition of `__consumer_offsets` into `groups`. Blocking. Records that cannot be
@@ -254,7 +296,7 @@ pub(crate) fn load_partition(
         }
         offset = slice.next_offset;
     }
-    groups.retain(|_, g| g.record.is_some() || !g.offsets.is_empty() || g.consumer.is_some());
+    groups.retain(|_, g| g.has_group_state() || g.share.is_some());
     Ok(records_read)
 }
 
@@ -309,6 +351,17 @@ fn apply_record(
             Some(value) => match decode_consumer_group_value(value) {
                 Ok(decoded) => groups.entry(group).or_default().consumer = Some(decoded),
                 Err(e) => tracing::error!(record = %at(), error = %e, "skipping an undecodable consumer group record"),
+            },
+        },
+        RecordKey::ShareGroup { group } => match record.value {
+            None => {
+                if let Some(entry) = groups.get_mut(&group) {
+                    entry.share = None;
+                }
+            }
+            Some(value) => match decode_share_group_value(&value) {
+                Ok(decoded) => groups.entry(group).or_default().share = Some((decoded, value)),
+                Err(e) => tracing::error!(record = %at(), error = %e, "skipping an undecodable share group record"),
             },
         },
     }

@@ -120,9 +120,89 @@ pub(crate) struct ShareGroup {
     /// Partition counts of the subscribed topics when the assignment was last computed: a
     /// topic that grows bumps the group epoch.
     partitions_seen: BTreeMap<Uuid, i32>,
+    /// The group record last stored in `__consumer_offsets` (`None`: none yet), so that only
+    /// a heartbeat that changes the group writes one.
+    pub(crate) persisted_value: Option<bytes::Bytes>,
+}
+
+/// What `__consumer_offsets` keeps of a share group: everything but the members' session
+/// deadlines (a loaded member gets a whole session from the load) and what each was last told
+/// (a loaded member is told its assignment again).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ShareGroupSnapshot {
+    group_epoch: i32,
+    assignment_epoch: i32,
+    members: BTreeMap<String, ShareMemberSnapshot>,
+    partitions_seen: BTreeMap<Uuid, i32>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct ShareMemberSnapshot {
+    member_epoch: i32,
+    rack_id: Option<String>,
+    client_id: String,
+    client_host: String,
+    subscribed: BTreeSet<String>,
+    assigned: ShareAssignment,
 }
 
 impl ShareGroup {
+    pub(crate) fn snapshot(&self) -> ShareGroupSnapshot {
+        ShareGroupSnapshot {
+            group_epoch: self.group_epoch,
+            assignment_epoch: self.assignment_epoch,
+            members: self
+                .members
+                .iter()
+                .map(|(id, m)| {
+                    let member = ShareMemberSnapshot {
+                        member_epoch: m.member_epoch,
+                        rack_id: m.rack_id.clone(),
+                        client_id: m.client_id.clone(),
+                        client_host: m.client_host.clone(),
+                        subscribed: m.subscribed.clone(),
+                        assigned: m.assigned.clone(),
+                    };
+                    (id.clone(), member)
+                })
+                .collect(),
+            partitions_seen: self.partitions_seen.clone(),
+        }
+    }
+
+    /// The group as a coordinator loads it: every member with a whole session from `now_ms`.
+    pub(crate) fn from_snapshot(
+        snapshot: ShareGroupSnapshot,
+        persisted_value: bytes::Bytes,
+        now_ms: i64,
+        session_timeout_ms: i32,
+    ) -> ShareGroup {
+        let deadline = now_ms.saturating_add(i64::from(session_timeout_ms));
+        ShareGroup {
+            group_epoch: snapshot.group_epoch,
+            assignment_epoch: snapshot.assignment_epoch,
+            members: snapshot
+                .members
+                .into_iter()
+                .map(|(id, m)| {
+                    let member = ShareMember {
+                        member_epoch: m.member_epoch,
+                        rack_id: m.rack_id,
+                        client_id: m.client_id,
+                        client_host: m.client_host,
+                        subscribed: m.subscribed,
+                        assigned: m.assigned,
+                        session_deadline_ms: deadline,
+                        sent: None,
+                    };
+                    (id, member)
+                })
+                .collect(),
+            partitions_seen: snapshot.partitions_seen,
+            persisted_value: Some(persisted_value),
+        }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.members.is_empty()
     }

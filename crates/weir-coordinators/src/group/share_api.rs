@@ -10,12 +10,18 @@
 //! same invisible-time state in `weir-messaging`, keyed by the group name. RocketMQ consumers
 //! never join, so they never conflict with a share group's members.
 //!
-//! Concurrency: share groups are kept under their own mutex (`share_groups`), in memory only:
-//! after a coordinator move or a restart members rejoin with epoch 0 (their next heartbeat gets
-//! UNKNOWN_MEMBER_ID), and what they consumed is durable in the invisible-time state. Lock order:
-//! `groups`, then `share_groups`; the shards are never asked with `share_groups` held. Sessions
-//! run out lazily: every call that reads a group first
-//! drops its expired members.
+//! Durability: a share group's membership (members, epochs, assignment) is one record in
+//! `__consumer_offsets`, rewritten and fsynced by every heartbeat that changes it before the
+//! answer (as a consumer group's is), and loaded with the partition: after a coordinator move or
+//! a restart its members carry on at their epochs, each with a whole session from the load. What
+//! they consumed is durable in the invisible-time state. A member whose session ran out is
+//! dropped from the record at the group's next written change. An empty share group made by
+//! AlterShareGroupOffsets has no record until a member joins.
+//!
+//! Concurrency: share groups are kept under their own mutex (`share_groups`). Lock order:
+//! the shard's writer, `groups`, then `share_groups`; the shards are never asked with
+//! `share_groups` held. Sessions run out lazily: every call that reads a group first drops its
+//! expired members.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, MutexGuard};
@@ -24,7 +30,8 @@ use uuid::Uuid;
 use weir_storage::sync::lock;
 
 use super::consumer_api::catalog;
-use super::coordinator::GroupCoordinator;
+use super::coordinator::{append_error_kind, GroupCoordinator, OffsetsPartition};
+use super::offsets;
 use super::share::{ShareGroup, ShareGroupDescription, ShareHeartbeatParams, ShareHeartbeatResult, ShareLimits};
 use super::state::Group;
 use super::{ErrorKind, GroupDescription, GroupListing, GroupState, MemberDescription};
@@ -43,7 +50,7 @@ impl GroupCoordinator {
     }
 
     /// The settings `group` obeys: its `share.*` configs over the broker's `group.share.*`.
-    fn share_limits(&self, group: &str) -> ShareLimits {
+    pub(super) fn share_limits(&self, group: &str) -> ShareLimits {
         let settings = self.broker.group_settings(group);
         let config = &self.broker.config;
         ShareLimits {
@@ -60,38 +67,66 @@ impl GroupCoordinator {
         self.share_groups().contains_key(group_id)
     }
 
-    /// ShareGroupHeartbeat: join (epoch 0), heartbeat, leave (epoch -1).
+    /// ShareGroupHeartbeat: join (epoch 0), heartbeat, leave (epoch -1). A heartbeat that
+    /// changes the group (its members, epochs or assignment) is answered once the group's
+    /// record is fsynced, so a new coordinator carries the group on.
     pub async fn share_heartbeat(self: &Arc<Self>, params: ShareHeartbeatParams) -> ShareHeartbeatResult {
         if params.group_id.is_empty() {
             return ShareHeartbeatResult::error(ErrorKind::InvalidGroupId);
         }
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.share_heartbeat_blocking(params))
+            .await
+            .unwrap_or_else(|_| ShareHeartbeatResult::error(ErrorKind::Internal))
+    }
+
+    fn share_heartbeat_blocking(&self, params: ShareHeartbeatParams) -> ShareHeartbeatResult {
+        let target = match self.shard_of(&params.group_id) {
+            Ok(target) => target,
+            Err(kind) => return ShareHeartbeatResult::error(kind),
+        };
+        // Held through the append, so records of the group reach the log in state order.
+        let _writer = lock(&target.writer);
         let limits = self.share_limits(&params.group_id);
         let metadata = self.broker.metadata();
-        let groups = self.groups();
-        if !self.is_active() {
-            return ShareHeartbeatResult::error(ErrorKind::CoordinatorNotAvailable);
+        let (result, record) = {
+            let groups = self.groups();
+            if !self.is_active() {
+                return ShareHeartbeatResult::error(ErrorKind::CoordinatorNotAvailable);
+            }
+            if let Err(kind) = self.check_coordinator(&params.group_id) {
+                return ShareHeartbeatResult::error(kind);
+            }
+            if groups.get(&params.group_id).is_some_and(in_use) {
+                // Kafka: "Group X is not a share group."
+                return ShareHeartbeatResult::error(ErrorKind::UnknownGroup);
+            }
+            let mut shares = self.share_groups();
+            let now = self.now_ms();
+            if params.member_epoch != 0 && !shares.contains_key(&params.group_id) {
+                return ShareHeartbeatResult::error(ErrorKind::UnknownMember);
+            }
+            let group = shares.entry(params.group_id.clone()).or_default();
+            group.expire(now);
+            let mut names: BTreeSet<String> = group.subscribed_names();
+            names.extend(params.subscribed_topic_names.iter().flatten().cloned());
+            let names_ref: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+            let catalog = catalog(&metadata, &names_ref, &BTreeSet::new());
+            let result = group.heartbeat(&params, &catalog, now, &limits);
+            if let Some(kind) = result.error {
+                tracing::debug!(group = %params.group_id, member = %params.member_id, ?kind, "share heartbeat refused");
+            }
+            let value = offsets::share_group_value(&group.snapshot());
+            (result, (group.persisted_value.as_ref() != Some(&value)).then_some(value))
+        };
+        let Some(value) = record else { return result };
+        let entry = (offsets::share_group_key(&params.group_id), Some(value.clone()));
+        if let Err(e) = self.append(&target, std::slice::from_ref(&entry)) {
+            tracing::error!(group = %params.group_id, error = %e, "cannot store the share group record");
+            return ShareHeartbeatResult::error(append_error_kind(&e, ErrorKind::Internal));
         }
-        if let Err(kind) = self.check_coordinator(&params.group_id) {
-            return ShareHeartbeatResult::error(kind);
-        }
-        if groups.get(&params.group_id).is_some_and(in_use) {
-            // Kafka: "Group X is not a share group."
-            return ShareHeartbeatResult::error(ErrorKind::UnknownGroup);
-        }
-        let mut shares = self.share_groups();
-        let now = self.now_ms();
-        if params.member_epoch != 0 && !shares.contains_key(&params.group_id) {
-            return ShareHeartbeatResult::error(ErrorKind::UnknownMember);
-        }
-        let group = shares.entry(params.group_id.clone()).or_default();
-        group.expire(now);
-        let mut names: BTreeSet<String> = group.subscribed_names();
-        names.extend(params.subscribed_topic_names.iter().flatten().cloned());
-        let names_ref: BTreeSet<&str> = names.iter().map(String::as_str).collect();
-        let catalog = catalog(&metadata, &names_ref, &BTreeSet::new());
-        let result = group.heartbeat(&params, &catalog, now, &limits);
-        if let Some(kind) = result.error {
-            tracing::debug!(group = %params.group_id, member = %params.member_id, ?kind, "share heartbeat refused");
+        if let Some(group) = self.share_groups().get_mut(&params.group_id) {
+            group.persisted_value = Some(value);
         }
         result
     }
@@ -197,16 +232,31 @@ impl GroupCoordinator {
     }
 
     /// DeleteGroups of a share group: `None` when `group_id` is no share group here, else
-    /// NON_EMPTY_GROUP while it has members. Its invisible-time state is the messaging layer's.
-    pub(super) fn delete_share_group(&self, group_id: &str) -> Option<Result<(), ErrorKind>> {
+    /// NON_EMPTY_GROUP while it has members; its record is deleted (a tombstone, fsynced) before
+    /// the group is. Its invisible-time state is the messaging layer's.
+    pub(super) fn delete_share_group(
+        &self,
+        target: &OffsetsPartition,
+        group_id: &str,
+    ) -> Option<Result<(), ErrorKind>> {
+        let _writer = lock(&target.writer);
         let now = self.now_ms();
-        let mut shares = self.share_groups();
-        let group = shares.get_mut(group_id)?;
-        group.expire(now);
-        if !group.is_empty() {
-            return Some(Err(ErrorKind::GroupNotEmpty));
+        let persisted = {
+            let mut shares = self.share_groups();
+            let group = shares.get_mut(group_id)?;
+            group.expire(now);
+            if !group.is_empty() {
+                return Some(Err(ErrorKind::GroupNotEmpty));
+            }
+            group.persisted_value.is_some()
+        };
+        if persisted {
+            if let Err(e) = self.append(target, &[(offsets::share_group_key(group_id), None)]) {
+                tracing::error!(group = group_id, error = %e, "cannot delete the share group record");
+                return Some(Err(append_error_kind(&e, ErrorKind::Internal)));
+            }
         }
-        shares.remove(group_id);
+        self.share_groups().remove(group_id);
         Some(Ok(()))
     }
 
