@@ -49,6 +49,11 @@ fn set_group_configs(client: &mut Client, group: &str, configs: &[(&str, &str)])
 }
 
 fn join(client: &mut Client, group: &str, topic_id: uuid::Uuid) -> Member {
+    join_at(client, group, topic_id).0
+}
+
+/// A new member of `group`, with the member epoch its join was answered.
+fn join_at(client: &mut Client, group: &str, topic_id: uuid::Uuid) -> (Member, i32) {
     let id = uuid::Uuid::new_v4().to_string();
     let request = ShareGroupHeartbeatRequest::default()
         .with_group_id(group_id(group))
@@ -57,7 +62,7 @@ fn join(client: &mut Client, group: &str, topic_id: uuid::Uuid) -> Member {
         .with_subscribed_topic_names(Some(vec![TopicName(s(TOPIC))]));
     let response = client.send(1, &request).expect("ShareGroupHeartbeat");
     assert_eq!(response.error_code, code::NONE, "{:?}", response.error_message);
-    Member { group: group.to_string(), id, topic_id, epoch: 0 }
+    (Member { group: group.to_string(), id, topic_id, epoch: 0 }, response.member_epoch)
 }
 
 /// A ShareFetch of partition 0 by `member`, waiting up to `wait_ms` for up to `max_records`,
@@ -626,19 +631,8 @@ fn given_a_share_group_its_members_carry_on_at_their_epochs_after_a_kill_9_and_r
     let mut client = broker.connect();
     let topic_id = client.create_topic(TOPIC, 2, &[]);
     let group = "survivors";
-    let join_at = |client: &mut Client| {
-        let id = uuid::Uuid::new_v4().to_string();
-        let request = ShareGroupHeartbeatRequest::default()
-            .with_group_id(group_id(group))
-            .with_member_id(s(&id))
-            .with_member_epoch(0)
-            .with_subscribed_topic_names(Some(vec![TopicName(s(TOPIC))]));
-        let response = client.send(1, &request).expect("ShareGroupHeartbeat");
-        assert_eq!(response.error_code, code::NONE, "{:?}", response.error_message);
-        (Member { group: group.to_string(), id, topic_id, epoch: 0 }, response.member_epoch)
-    };
-    let (a, epoch_a) = join_at(&mut client);
-    let (b, epoch) = join_at(&mut client);
+    let (a, epoch_a) = join_at(&mut client, group, topic_id);
+    let (b, epoch) = join_at(&mut client, group, topic_id);
     // a moves to the epoch of b's join: both at the group's epoch.
     assert_eq!(heartbeat(&mut client, group, &a.id, epoch_a), (code::NONE, epoch));
     assert_eq!(heartbeat(&mut client, group, &b.id, epoch), (code::NONE, epoch));

@@ -98,7 +98,9 @@ pub struct ShareMemberDescription {
     pub assignment: Vec<(Uuid, String, Vec<i32>)>,
 }
 
-#[derive(Debug, Clone)]
+/// One member. Stored in the group record without its session deadline (a loaded member gets
+/// a whole session from the load) and what it was last told (a loaded member is told again).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 struct ShareMember {
     member_epoch: i32,
     rack_id: Option<String>,
@@ -106,8 +108,10 @@ struct ShareMember {
     client_host: String,
     subscribed: BTreeSet<String>,
     assigned: ShareAssignment,
+    #[serde(skip)]
     session_deadline_ms: i64,
     /// The (epoch, assignment) the member was last told.
+    #[serde(skip)]
     sent: Option<(i32, ShareAssignment)>,
 }
 
@@ -125,25 +129,13 @@ pub(crate) struct ShareGroup {
     pub(crate) persisted_value: Option<bytes::Bytes>,
 }
 
-/// What `__consumer_offsets` keeps of a share group: everything but the members' session
-/// deadlines (a loaded member gets a whole session from the load) and what each was last told
-/// (a loaded member is told its assignment again).
+/// What `__consumer_offsets` keeps of a share group (see [`ShareMember`] for what of a member).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ShareGroupSnapshot {
     group_epoch: i32,
     assignment_epoch: i32,
-    members: BTreeMap<String, ShareMemberSnapshot>,
+    members: BTreeMap<String, ShareMember>,
     partitions_seen: BTreeMap<Uuid, i32>,
-}
-
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-struct ShareMemberSnapshot {
-    member_epoch: i32,
-    rack_id: Option<String>,
-    client_id: String,
-    client_host: String,
-    subscribed: BTreeSet<String>,
-    assigned: ShareAssignment,
 }
 
 impl ShareGroup {
@@ -151,21 +143,7 @@ impl ShareGroup {
         ShareGroupSnapshot {
             group_epoch: self.group_epoch,
             assignment_epoch: self.assignment_epoch,
-            members: self
-                .members
-                .iter()
-                .map(|(id, m)| {
-                    let member = ShareMemberSnapshot {
-                        member_epoch: m.member_epoch,
-                        rack_id: m.rack_id.clone(),
-                        client_id: m.client_id.clone(),
-                        client_host: m.client_host.clone(),
-                        subscribed: m.subscribed.clone(),
-                        assigned: m.assigned.clone(),
-                    };
-                    (id.clone(), member)
-                })
-                .collect(),
+            members: self.members.clone(),
             partitions_seen: self.partitions_seen.clone(),
         }
     }
@@ -178,26 +156,15 @@ impl ShareGroup {
         session_timeout_ms: i32,
     ) -> ShareGroup {
         let deadline = now_ms.saturating_add(i64::from(session_timeout_ms));
+        let mut members = snapshot.members;
+        for member in members.values_mut() {
+            member.session_deadline_ms = deadline;
+            member.sent = None;
+        }
         ShareGroup {
             group_epoch: snapshot.group_epoch,
             assignment_epoch: snapshot.assignment_epoch,
-            members: snapshot
-                .members
-                .into_iter()
-                .map(|(id, m)| {
-                    let member = ShareMember {
-                        member_epoch: m.member_epoch,
-                        rack_id: m.rack_id,
-                        client_id: m.client_id,
-                        client_host: m.client_host,
-                        subscribed: m.subscribed,
-                        assigned: m.assigned,
-                        session_deadline_ms: deadline,
-                        sent: None,
-                    };
-                    (id, member)
-                })
-                .collect(),
+            members,
             partitions_seen: snapshot.partitions_seen,
             persisted_value: Some(persisted_value),
         }
