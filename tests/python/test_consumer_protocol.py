@@ -489,6 +489,34 @@ def test_a_static_member_restarting_takes_its_partitions_back(kip848, closer):
     assert not (b_saw & set(had)), (b_saw, had)
 
 
+def test_a_restarted_static_classic_member_takes_its_partitions_back_in_a_consumer_group(kip848, closer):
+    """A classic consumer with group.instance.id in a consumer-protocol group: closed (a static
+    member sends no LeaveGroup) and started again with the same instance id, it gets exactly
+    its partitions back, and the consumer-protocol member never gets one of them."""
+    topic, group = unique("kip"), unique("g")
+    c_create_topic(c_admin(kip848.bootstrap), topic, partitions=4)
+    b = closer.add(new_consumer(kip848.bootstrap, group, "b"))
+    b.subscribe([topic])
+    drive([b], lambda: exact_cover([b], topic, 4))
+    static = {"group.instance.id": "classic-static", "session.timeout.ms": 30000}
+    a = c_consumer(kip848.bootstrap, group=group, conf=static)
+    a.subscribe([topic])
+    drive([a, b], lambda: exact_cover([a, b], topic, 4) and len(owned(a)) == 2, what="the classic member's half")
+    had = owned(a, topic)
+    a.close()
+    a2 = closer.add(c_consumer(kip848.bootstrap, group=group, conf=static))
+    a2.subscribe([topic])
+    b_saw = set()
+
+    def back():
+        b_saw.update(owned(b, topic))
+        return owned(a2, topic) == had and exact_cover([a2, b], topic, 4)
+
+    # Well within the 30 s session: a dynamic successor would wait for the old member to expire.
+    drive([a2, b], back, timeout=20, what="the successor taking the static member's partitions")
+    assert not (b_saw & set(had)), (b_saw, had)
+
+
 def test_offsets_sent_in_a_transaction_use_the_member_epoch(kip848, closer):
     """Consume-transform-produce with a KIP-848 consumer: TxnOffsetCommit carries the member id
     and epoch (consumer_group_metadata) and the offsets are committed with the transaction."""

@@ -614,16 +614,7 @@ impl ConsumerGroup {
                 }
                 if holder != member_id {
                     // The restarted static member takes its predecessor's place and partitions.
-                    if let Some(mut old) = self.members.remove(&holder) {
-                        old.member_id = member_id.clone();
-                        old.left_temporarily = false;
-                        old.sent = None;
-                        if let Some(t) = self.target.remove(&holder) {
-                            self.target.insert(member_id.clone(), t);
-                        }
-                        self.members.insert(member_id.clone(), old);
-                    }
-                    self.static_members.insert(instance.to_string(), member_id.clone());
+                    self.replace_static_member(instance, &holder, &member_id, |_| {});
                     return Ok((member_id, false));
                 }
             }
@@ -787,6 +778,28 @@ impl ConsumerGroup {
         group
     }
 
+    /// The member `holder` of static `instance` goes on as `member_id`: same partitions,
+    /// epochs and target, told its assignment again; `adjust` makes it the new kind of member.
+    fn replace_static_member(
+        &mut self,
+        instance: &str,
+        holder: &str,
+        member_id: &str,
+        adjust: impl FnOnce(&mut ConsumerMember),
+    ) {
+        if let Some(mut member) = self.members.remove(holder) {
+            member.member_id = member_id.to_string();
+            member.left_temporarily = false;
+            member.sent = None;
+            adjust(&mut member);
+            if let Some(target) = self.target.remove(holder) {
+                self.target.insert(member_id.to_string(), target);
+            }
+            self.members.insert(member_id.to_string(), member);
+        }
+        self.static_members.insert(instance.to_string(), member_id.to_string());
+    }
+
     /// Topic names and patterns of every member, owned (for building a catalog).
     pub(crate) fn subscribed_sets(&self) -> (BTreeSet<String>, BTreeSet<String>) {
         let names = self.members.values().flat_map(|m| m.subscribed_topic_names.iter().cloned()).collect();
@@ -817,6 +830,23 @@ impl ConsumerGroup {
         limits: &ConsumerLimits,
     ) -> Result<(i32, String), ErrorKind> {
         let mut changed = false;
+        let classic = || ClassicMember {
+            session_timeout_ms: params.session_timeout_ms,
+            protocol_names: params.protocols.iter().map(|p| p.name.clone()).collect(),
+        };
+        // A static member (KIP-345) joining under a new member id, as a restarted consumer
+        // does, takes its instance's member over as it is (partitions, epoch, subscription):
+        // no rebalance. The old member id is fenced from then on.
+        if let Some(instance) = params.group_instance_id.as_deref() {
+            match self.static_members.get(instance).cloned() {
+                Some(holder) if holder == member_id => {}
+                Some(_) if !params.member_id.is_empty() => return Err(ErrorKind::FencedInstance),
+                Some(holder) => {
+                    self.replace_static_member(instance, &holder, member_id, |m| m.classic = Some(classic()));
+                }
+                None => {}
+            }
+        }
         match self.members.get(member_id) {
             Some(m) if m.classic.is_none() => return Err(ErrorKind::UnknownMember),
             Some(_) => {}
@@ -828,7 +858,7 @@ impl ConsumerGroup {
                     member_id.to_string(),
                     ConsumerMember {
                         member_id: member_id.to_string(),
-                        instance_id: None,
+                        instance_id: params.group_instance_id.clone(),
                         rack_id: None,
                         client_id: params.client_id.clone(),
                         client_host: params.client_host.clone(),
@@ -848,6 +878,9 @@ impl ConsumerGroup {
                         classic: None,
                     },
                 );
+                if let Some(instance) = &params.group_instance_id {
+                    self.static_members.insert(instance.clone(), member_id.to_string());
+                }
                 changed = true;
             }
         }
@@ -855,10 +888,7 @@ impl ConsumerGroup {
         subscribed.sort();
         subscribed.dedup();
         if let Some(m) = self.members.get_mut(member_id) {
-            m.classic = Some(ClassicMember {
-                session_timeout_ms: params.session_timeout_ms,
-                protocol_names: params.protocols.iter().map(|p| p.name.clone()).collect(),
-            });
+            m.classic = Some(classic());
             m.session_deadline_ms = now_ms + i64::from(params.session_timeout_ms);
             m.rebalance_timeout_ms = params.rebalance_timeout_ms;
             if m.subscribed_topic_names != subscribed {
@@ -1272,6 +1302,52 @@ mod tests {
         assert_eq!(g.classic_heartbeat("c1", 6, 0), Ok(()));
         assert_eq!(count(&g.heartbeat(&hb("m", 6, None), &cat, 0, &l).assignment), 2);
         assert_eq!(g.state(), GroupState::Stable);
+        g.check_invariants();
+    }
+
+    #[test]
+    fn a_restarted_static_classic_member_takes_its_partitions_over_without_a_rebalance() {
+        let (t, cat) = catalog(4);
+        let l = limits();
+        let mut g = ConsumerGroup::default();
+        assert!(g.heartbeat(&hb("m", 0, None), &cat, 0, &l).error.is_none());
+        let join = |member_id: &str| crate::group::JoinGroupParams {
+            group_id: "g".into(),
+            member_id: member_id.into(),
+            group_instance_id: Some("instance-1".into()),
+            client_id: "c".into(),
+            client_host: "/h".into(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 30_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![],
+            require_known_member_id: false,
+            reason: None,
+        };
+        let none = Assignment::new();
+        g.classic_join("c1", &join(""), vec!["t".into()], none.clone(), &cat, 0, &l).unwrap();
+        // m gives half up; c1 rejoins until it holds its half.
+        for _ in 0..4 {
+            let epoch = g.members["m"].member_epoch;
+            let owned = g.members["m"].assigned.clone();
+            g.heartbeat(&hb("m", epoch, Some(owned)), &cat, 0, &l);
+            let held = g.members["c1"].assigned.clone();
+            g.classic_join("c1", &join("c1"), vec!["t".into()], held, &cat, 0, &l).unwrap();
+        }
+        let held = g.members["c1"].assigned.clone();
+        assert_eq!(held.get(&t).map_or(0, BTreeSet::len), 2, "c1 holds its half");
+        let epoch = g.group_epoch;
+        // c1's process restarts: it joins as c2 with the same instance id and owns nothing yet.
+        let (generation, _) = g.classic_join("c2", &join(""), vec!["t".into()], held.clone(), &cat, 0, &l).unwrap();
+        assert_eq!(g.group_epoch, epoch, "no rebalance");
+        assert!(!g.members.contains_key("c1"));
+        assert_eq!(g.members["c2"].assigned, held);
+        assert_eq!(g.classic_sync("c2", generation).unwrap(), held);
+        // The old instance, still running somewhere, is fenced.
+        assert_eq!(
+            g.classic_join("c1", &join("c1"), vec!["t".into()], held, &cat, 0, &l),
+            Err(ErrorKind::FencedInstance)
+        );
         g.check_invariants();
     }
 
