@@ -221,15 +221,21 @@ def test_a_broker_crash_during_commits_leaves_every_transaction_whole(fresh_brok
     assert len(values) == len(set(values)), "duplicates"
 
 
-def test_offsets_sent_in_a_transaction_count_only_when_it_commits(broker, closer):
+def source_and_sink(broker, closer, prefix):
+    """A one-partition source topic holding 10 records, an empty sink and a group name, for a
+    consume-transform-produce loop; with the admin client that made them."""
     admin = c_admin(broker.bootstrap)
-    source = c_create_topic(admin, unique("txn-offsets-in"), partitions=1)
-    sink = c_create_topic(admin, unique("txn-offsets-out"), partitions=1)
-    group = unique("txn-offsets-group")
+    source = c_create_topic(admin, unique(f"{prefix}-in"), partitions=1)
+    sink = c_create_topic(admin, unique(f"{prefix}-out"), partitions=1)
     plain = closer.add(c_producer(broker.bootstrap))
     for i in range(10):
         plain.produce(source, value=f"{i}".encode(), partition=0)
     plain.flush(TIMEOUT_S)
+    return admin, source, sink, unique(f"{prefix}-group")
+
+
+def test_offsets_sent_in_a_transaction_count_only_when_it_commits(broker, closer):
+    admin, source, sink, group = source_and_sink(broker, closer, "txn-offsets")
     consumer = Consumer(
         {"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest"}
     )
@@ -270,14 +276,7 @@ def test_read_committed_consumers_wait_for_offsets_an_open_transaction_will_comm
     makes the old offset stable again, and a commit makes the new one the start."""
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError
 
-    admin = c_admin(broker.bootstrap)
-    source = c_create_topic(admin, unique("stable-in"), partitions=1)
-    sink = c_create_topic(admin, unique("stable-out"), partitions=1)
-    group = unique("stable-group")
-    plain = closer.add(c_producer(broker.bootstrap))
-    for i in range(10):
-        plain.produce(source, value=f"{i}".encode(), partition=0)
-    plain.flush(TIMEOUT_S)
+    admin, source, sink, group = source_and_sink(broker, closer, "stable")
 
     def consumer(isolation):
         return closer.add(

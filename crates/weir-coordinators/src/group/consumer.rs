@@ -1098,6 +1098,23 @@ mod tests {
         (id, BTreeMap::from([(id, info)]))
     }
 
+    /// A classic consumer's JoinGroup into group "g".
+    fn classic_join_params(member_id: &str, instance: Option<&str>) -> crate::group::JoinGroupParams {
+        crate::group::JoinGroupParams {
+            group_id: "g".into(),
+            member_id: member_id.into(),
+            group_instance_id: instance.map(str::to_string),
+            client_id: "c".into(),
+            client_host: "/h".into(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 30_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![],
+            require_known_member_id: false,
+            reason: None,
+        }
+    }
+
     fn hb(member: &str, epoch: i32, owned: Option<Assignment>) -> ConsumerHeartbeatParams {
         ConsumerHeartbeatParams {
             group_id: "g".into(),
@@ -1275,19 +1292,7 @@ mod tests {
         let m = g.heartbeat(&hb("m", 0, None), &cat, 0, &l);
         assert_eq!((m.member_epoch, count(&m.assignment)), (6, 0));
         assert_eq!(g.classic_heartbeat("c1", 5, 0), Err(ErrorKind::RebalanceInProgress));
-        let join = crate::group::JoinGroupParams {
-            group_id: "g".into(),
-            member_id: "c1".into(),
-            group_instance_id: None,
-            client_id: "c".into(),
-            client_host: "/h".into(),
-            session_timeout_ms: 10_000,
-            rebalance_timeout_ms: 30_000,
-            protocol_type: "consumer".into(),
-            protocols: vec![],
-            require_known_member_id: false,
-            reason: None,
-        };
+        let join = classic_join_params("c1", None);
         let all: Assignment = [(t, (0..4).collect())].into();
         // Still owning everything: it is told its kept half at its old generation.
         let (generation, _) = g.classic_join("c1", &join, vec!["t".into()], all, &cat, 0, &l).unwrap();
@@ -1311,19 +1316,7 @@ mod tests {
         let l = limits();
         let mut g = ConsumerGroup::default();
         assert!(g.heartbeat(&hb("m", 0, None), &cat, 0, &l).error.is_none());
-        let join = |member_id: &str| crate::group::JoinGroupParams {
-            group_id: "g".into(),
-            member_id: member_id.into(),
-            group_instance_id: Some("instance-1".into()),
-            client_id: "c".into(),
-            client_host: "/h".into(),
-            session_timeout_ms: 10_000,
-            rebalance_timeout_ms: 30_000,
-            protocol_type: "consumer".into(),
-            protocols: vec![],
-            require_known_member_id: false,
-            reason: None,
-        };
+        let join = |member_id: &str| classic_join_params(member_id, Some("instance-1"));
         let none = Assignment::new();
         g.classic_join("c1", &join(""), vec!["t".into()], none.clone(), &cat, 0, &l).unwrap();
         // m gives half up; c1 rejoins until it holds its half.
