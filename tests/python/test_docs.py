@@ -20,6 +20,8 @@ import time
 import pytest
 
 from conftest import REPO, weir_bin
+from helpers import http
+from test_elastic import murmur2
 
 KCAT = shutil.which("kcat")
 
@@ -131,3 +133,27 @@ def test_the_three_node_recipe_in_docs_cluster_md_starts_a_cluster_that_serves_a
         except subprocess.TimeoutExpired:
             os.killpg(servers.pid, signal.SIGKILL)
             servers.wait(timeout=10)
+
+
+def test_the_recipe_in_docs_elastic_md_splits_merges_and_routes_by_key_and_logical_partition(tmp_path, fresh_broker):
+    """docs/elastic.md's "Trying it", as written, against a running broker: the split and merge
+    name the physical partitions the doc says, the keyed record lands in murmur2("user-7") % 8 and
+    the logical partition 40,000 in stable partition 4."""
+    script = shell_block("elastic.md", "## Trying it")
+    shell = Shell(tmp_path)
+    env = dict(shell.env, WEIR_ADMIN=fresh_broker.admin_url())
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", shell.adapt(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    out = done.stdout
+    assert done.returncode == 0, f"the recipe failed ({done.returncode}):\n{out}\n{done.stderr}"
+    assert "split physical partition(s) 0 of 'clicks' into 2,3" in out, out
+    assert "merged physical partition(s) 2,3 of 'clicks' into 4" in out, out
+    status, body = http("GET", f"{fresh_broker.admin_url()}/v1/topics/clicks")
+    assert status == 200, body
+    ends = {p["partition"]: p["log_end_offset"] for p in body["partitions"]}
+    key_partition = (murmur2(b"user-7") & 0x7FFFFFFF) % 8
+    assert ends[4] >= 1 and ends[key_partition] >= 1, ends
+    assert sum(ends.values()) == 2, ends
+    states = sorted((p["id"], p["state"], p["stable_first"], p["stable_last"]) for p in body["elastic"]["physical"])
+    assert states == [(0, "retired", 0, 3), (1, "active", 4, 7), (2, "retired", 0, 1), (3, "retired", 2, 3),
+                      (4, "active", 0, 3)], states

@@ -185,6 +185,13 @@ pub struct CreateTopic {
     /// Run every check, create nothing.
     #[serde(default)]
     pub validate_only: bool,
+    /// An elastic topic (`docs/elastic.md`): `partitions` is then its physical partition count.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub elastic: bool,
+    /// An elastic topic's stable partitions, the ones Kafka clients see: a power of two, at
+    /// least `partitions`. Default: 16 per physical partition, rounded up to a power of two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable_partitions: Option<i32>,
 }
 
 /// The answer to `POST /v1/topics`.
@@ -197,6 +204,9 @@ pub struct CreatedTopic {
     pub replication_factor: i16,
     pub configs: Vec<ConfigEntry>,
     pub validate_only: bool,
+    /// An elastic topic's physical partitions (`partitions` counts its stable ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_partitions: Option<i32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -210,6 +220,90 @@ pub struct TopicDescription {
     pub configs: Vec<ConfigEntry>,
     /// Bytes on disk, all partitions.
     pub size_bytes: u64,
+    /// An elastic topic's layout; absent for a plain topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticDescription>,
+}
+
+/// An elastic topic's layout (`docs/elastic.md`): its `partitions` are the stable ones.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ElasticDescription {
+    /// Always 65,536.
+    pub logical_partitions: i32,
+    pub stable_partitions: i32,
+    /// Every physical partition it has had, active ones first, each by range.
+    pub physical: Vec<PhysicalPartitionInfo>,
+}
+
+/// One physical partition of an elastic topic.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PhysicalPartitionInfo {
+    pub id: i32,
+    /// `active`, `sealed` (replaced; some of its range is still moving) or `retired`.
+    pub state: String,
+    /// Its stable partitions, `[first, last]`.
+    pub stable_first: i32,
+    pub stable_last: i32,
+    /// Its logical partitions, `[first, last]`.
+    pub logical_first: i32,
+    pub logical_last: i32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<i32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<i32>,
+    /// The replicas its stable partitions share (the preferred leader first); for a sealed or
+    /// retired one, where its range was.
+    pub replicas: Vec<i32>,
+    /// The broker leading its stable partitions: -1 when none does, or when they are led by
+    /// different brokers (a move or a failover in progress; see `leaders`).
+    pub leader: i32,
+    /// Every broker leading one of its stable partitions.
+    pub leaders: Vec<i32>,
+    /// Stable partitions of its range whose reassignment is in progress.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moving: Vec<i32>,
+    /// Its stable partitions' traffic (active ones only), over the leaders' last load window.
+    pub bytes_in_per_sec: f64,
+    pub bytes_out_per_sec: f64,
+    pub size_bytes: u64,
+}
+
+/// `POST /v1/topics/{topic}/split`: split a physical partition of an elastic topic.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitPhysical {
+    pub partition: i32,
+    /// How long to wait for the moves the split starts (default 60,000 ms; 0: do not wait).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+/// `POST /v1/topics/{topic}/merge`: merge two adjacent physical partitions of an elastic topic.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MergePhysical {
+    pub partitions: [i32; 2],
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+/// What a split or merge did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ElasticChanged {
+    pub topic: String,
+    /// The physical partitions it created.
+    pub created: Vec<i32>,
+    /// The physical partitions it replaced.
+    pub replaced: Vec<i32>,
+    /// Stable partitions whose replicas moved (or are moving, when not `in_force`).
+    pub moving: Vec<i32>,
+    /// Stable partitions that stayed on their replicas under another preferred leader.
+    pub new_leaders: Vec<i32>,
+    /// The replaced physical partitions are retired: every moved stable partition serves from
+    /// its new replicas. False when the wait ended first (the moves go on).
+    pub in_force: bool,
+    /// The topic's layout afterwards.
+    pub elastic: ElasticDescription,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -229,6 +323,12 @@ pub struct PartitionInfo {
     /// The offset the next record appended gets.
     pub log_end_offset: i64,
     pub size_bytes: u64,
+    /// Producers' bytes appended per second and bytes fetched per second, over the leader's
+    /// last load window (5 s); 0 when the leader did not answer.
+    #[serde(default)]
+    pub bytes_in_per_sec: f64,
+    #[serde(default)]
+    pub bytes_out_per_sec: f64,
     /// Each follower's lag as the leader sees it; empty when the leader did not answer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replica_lags: Vec<ReplicaLag>,
@@ -390,6 +490,10 @@ pub struct ProduceRecord {
     /// round-robin for a null key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<i32>,
+    /// An elastic topic's logical partition (0 to 65,535) instead of `partition`: the record
+    /// goes to the stable partition holding it (`docs/elastic.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical_partition: Option<i32>,
     /// CreateTime in ms since the epoch. Default: now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<i64>,

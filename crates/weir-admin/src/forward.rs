@@ -302,6 +302,8 @@ fn partition_info(broker: &Broker, p: &Partition) -> PartitionInfo {
         high_watermark: log.high_watermark(),
         log_end_offset: log.log_end_offset(),
         size_bytes: log.size_bytes(),
+        bytes_in_per_sec: p.metrics.load().bytes_in_per_sec,
+        bytes_out_per_sec: p.metrics.load().bytes_out_per_sec,
         replica_lags: p.follower_lags(|id| broker.follower_heartbeats.last(id)).into_iter().map(replica_lag).collect(),
     }
 }
@@ -356,6 +358,8 @@ pub(crate) async fn partition_infos(broker: &Arc<Broker>, topic: &str) -> Vec<Pa
                     high_watermark: -1,
                     log_end_offset: -1,
                     size_bytes: 0,
+                    bytes_in_per_sec: 0.0,
+                    bytes_out_per_sec: 0.0,
                     replica_lags: Vec::new(),
                 })
             })

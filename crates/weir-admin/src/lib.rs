@@ -36,6 +36,7 @@ mod operations;
 /// Kafka's murmur2 key partitioner, which lives in the core (RocketMQ sends with a message
 /// group use it too).
 pub use weir_broker::partitioner;
+mod elastic;
 mod probes;
 mod records;
 mod topics;
@@ -136,6 +137,8 @@ pub(crate) fn router(state: SharedState) -> Router {
         .route("/v1/topics/{topic}", get(topics::describe).delete(topics::delete))
         .route("/v1/topics/{topic}/configs", get(topics::configs).patch(topics::alter_configs))
         .route("/v1/topics/{topic}/partitions", get(topics::partitions).post(topics::create_partitions))
+        .route("/v1/topics/{topic}/split", post(elastic::split))
+        .route("/v1/topics/{topic}/merge", post(elastic::merge))
         .route("/v1/topics/{topic}/records", get(records::consume_topic).post(records::produce))
         .route("/v1/topics/{topic}/partitions/{partition}/records", get(records::consume_partition))
         .route("/v1/topics/{topic}/messages", get(messages::query))

@@ -21,6 +21,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use weir_broker::fetch::{FetchPartition, FetchRequest, Isolation};
+use weir_broker::metadata::elastic::LOGICAL_PARTITIONS;
+use weir_broker::metadata::TopicMetadata;
 use weir_broker::storage::records::{self, BatchOptions, Header, Record};
 use weir_broker::storage::TimestampType;
 use weir_broker::{Broker, ErrorKind, Partition};
@@ -66,6 +68,25 @@ fn encode_batch(records: &[Record]) -> Result<BytesMut, ApiError> {
 /// `POST /v1/topics/{topic}/records`. One batch per partition; each partition's append succeeds
 /// or fails as a whole. 200 when at least one partition took its records (a failed one reports
 /// its `error` on each of its records), else the first failure's error.
+/// The stable partition of an elastic topic holding `logical`, the logical partition record
+/// `i` names (`None` when it names none).
+fn logical_route(topic: &TopicMetadata, logical: Option<i32>, i: usize) -> Result<Option<i32>, ApiError> {
+    let Some(logical) = logical else { return Ok(None) };
+    let Some(layout) = &topic.elastic else {
+        return Err(ApiError::invalid(format!(
+            "record {i}: logical_partition is for elastic topics; topic '{}' is not one (give `partition`)",
+            topic.name
+        )));
+    };
+    if !(0..LOGICAL_PARTITIONS).contains(&logical) {
+        return Err(ApiError::invalid(format!(
+            "record {i}: logical partition {logical} is out of range: an elastic topic has logical partitions 0 to {}",
+            LOGICAL_PARTITIONS - 1
+        )));
+    }
+    Ok(Some(layout.stable_for_logical(logical)))
+}
+
 pub(crate) async fn produce(
     State(state): State<SharedState>,
     PathParams(topic): PathParams<String>,
@@ -99,7 +120,7 @@ pub(crate) async fn produce(
             Some(t) => t,
             None => now,
         };
-        let partition = match (r.partition, &key) {
+        let partition = match (r.partition.or(logical_route(&metadata, r.logical_partition, i)?), &key) {
             (Some(p), _) if (0..metadata.partitions).contains(&p) => p,
             (Some(p), _) => return Err(ApiError::unknown_partition(&topic, p)),
             (None, Some(key)) => partition_for_key(key, metadata.partitions),

@@ -75,7 +75,9 @@ pub(crate) async fn describe(
 /// A topic and every partition, asking the brokers that lead them (see `forward`).
 async fn describe_topic(broker: &std::sync::Arc<Broker>, topic: &TopicMetadata) -> TopicDescription {
     let partitions = crate::forward::partition_infos(broker, &topic.name).await;
+    let elastic = topic.elastic.as_ref().map(|layout| crate::elastic::describe(topic, layout, &partitions));
     TopicDescription {
+        elastic,
         name: topic.name.clone(),
         id: topic.id.to_string(),
         internal: topic.internal,
@@ -99,7 +101,16 @@ pub(crate) async fn create(
         assignments: Vec::new(),
         configs: request.configs,
     };
-    let outcome = broker.create_topics(vec![new], request.validate_only).await.pop();
+    let outcome = if request.elastic {
+        Some(broker.create_elastic_topic(new, request.stable_partitions, request.validate_only).await)
+    } else if request.stable_partitions.is_some() {
+        return Err(ApiError::new(
+            ErrorKind::InvalidRequest,
+            "stable_partitions is for an elastic topic (\"elastic\": true)",
+        ));
+    } else {
+        broker.create_topics(vec![new], request.validate_only).await.pop()
+    };
     let created = match outcome {
         Some(Ok(created)) => created,
         Some(Err(e)) if e.kind == ErrorKind::TopicExists => {
@@ -118,6 +129,7 @@ pub(crate) async fn create(
             replication_factor: created.replication_factor,
             configs: config_entries(broker, &created.topic.configs),
             validate_only: request.validate_only,
+            physical_partitions: created.topic.elastic.as_ref().map(|layout| layout.active().len() as i32),
         }),
     ))
 }

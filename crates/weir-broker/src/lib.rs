@@ -14,6 +14,7 @@ mod capacity;
 pub mod cluster;
 pub mod config;
 pub mod delayed;
+pub mod elastic;
 /// Weir's error vocabulary (the `weir-error` crate), where the core's callers have always found it.
 pub use weir_error as error;
 pub mod fetch;

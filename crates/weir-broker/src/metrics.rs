@@ -36,7 +36,8 @@ use std::sync::Arc;
 use crate::partition::Partition;
 use crate::Broker;
 pub use counted::{
-    BrokerMetrics, ConnectionMetrics, Counter, ErrorCounter, Gauge, OperationMetrics, PartitionMetrics, ProtocolMetrics,
+    BrokerMetrics, ConnectionMetrics, Counter, ErrorCounter, Gauge, OperationMetrics, PartitionLoad, PartitionMetrics,
+    ProtocolMetrics,
 };
 pub use text::{Exposition, Kind};
 
@@ -270,6 +271,22 @@ fn render_partitions(out: &mut Exposition, partitions: &[Arc<Partition>]) {
     );
     out.histogram("weir_fsync_duration_seconds", &[], &LATENCY_BUCKETS_NANOS, &fsyncs);
 }
+
+impl Broker {
+    /// Closes every local partition's load window every [`LOAD_SAMPLE_INTERVAL`], until
+    /// shutdown: the rates `weir topic describe` shows, and elastic topics are split and placed by.
+    pub(crate) fn run_load_sampler(self: &Arc<Self>) {
+        self.every(LOAD_SAMPLE_INTERVAL, |broker| async move {
+            let now = std::time::Instant::now();
+            for partition in broker.partitions() {
+                partition.metrics.sample_load(now);
+            }
+        });
+    }
+}
+
+/// How long a partition's load window is.
+pub const LOAD_SAMPLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests;

@@ -316,6 +316,7 @@ mod tests {
                 configs: Default::default(),
                 internal: false,
                 assignments: partitions,
+                elastic: None,
             }),
         );
         for b in 1..=3 {

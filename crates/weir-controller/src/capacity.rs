@@ -116,6 +116,7 @@ mod tests {
             configs: BTreeMap::new(),
             internal: false,
             assignments: replicas.iter().cloned().map(PartitionState::new).collect(),
+            elastic: None,
         };
         state.topics.insert("t".into(), Arc::new(topic));
         state

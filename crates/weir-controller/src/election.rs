@@ -183,6 +183,7 @@ mod tests {
             configs: Default::default(),
             internal: false,
             assignments: partitions,
+            elastic: None,
         };
         state.topics.insert("t".into(), std::sync::Arc::new(topic));
         for id in 1..=3 {

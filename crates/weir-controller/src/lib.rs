@@ -12,7 +12,8 @@
 //!
 //! Code map:
 //! - [`request`]: what can be asked of the controller ([`ControlRequest`]) and its answers;
-//! - [`topics`]: topics, partitions and topic configs; [`placement`]: where replicas go;
+//! - [`topics`]: topics, partitions and topic configs; [`elastic`]: elastic topics' creation,
+//!   splits and merges; [`placement`]: where replicas go;
 //!   [`capacity`]: how many replicas a broker can hold open, and the refusal past it;
 //! - [`brokers`]: registrations, heartbeats, sessions, fencing and the leader changes they
 //!   imply;
@@ -35,6 +36,7 @@
 
 pub mod brokers;
 pub mod capacity;
+pub mod elastic;
 pub mod election;
 pub mod group_config;
 pub mod isr;

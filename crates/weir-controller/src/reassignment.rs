@@ -296,6 +296,7 @@ mod tests {
             configs: Default::default(),
             internal: false,
             assignments: vec![partition],
+            elastic: None,
         }
     }
 

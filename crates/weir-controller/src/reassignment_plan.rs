@@ -280,6 +280,7 @@ mod tests {
                     configs: Default::default(),
                     internal: false,
                     assignments: assignments.iter().map(|r| PartitionState::new(r.clone())).collect(),
+                    elastic: None,
                 }),
             );
         }

@@ -19,6 +19,23 @@ pub enum ControlRequest {
         topics: Vec<NewTopic>,
         validate_only: bool,
     },
+    /// Creates an elastic topic of `topic.partitions` physical partitions over
+    /// `stable_partitions` stable ones (`None`: the default).
+    CreateElasticTopic {
+        topic: NewTopic,
+        stable_partitions: Option<i32>,
+        validate_only: bool,
+    },
+    /// Splits physical partition `partition` of elastic topic `topic` in two.
+    SplitPhysical {
+        topic: String,
+        partition: i32,
+    },
+    /// Merges two adjacent physical partitions of elastic topic `topic`.
+    MergePhysical {
+        topic: String,
+        partitions: (i32, i32),
+    },
     DeleteTopic {
         name: Option<String>,
         id: Option<Uuid>,
@@ -91,6 +108,9 @@ impl ControlRequest {
     pub fn name(&self) -> &'static str {
         match self {
             ControlRequest::CreateTopics { .. } => "create topics",
+            ControlRequest::CreateElasticTopic { .. } => "create an elastic topic",
+            ControlRequest::SplitPhysical { .. } => "split a physical partition",
+            ControlRequest::MergePhysical { .. } => "merge physical partitions",
             ControlRequest::DeleteTopic { .. } => "delete topic",
             ControlRequest::CreatePartitions { .. } => "create partitions",
             ControlRequest::AlterTopicConfigs { .. } => "alter topic configs",
@@ -122,6 +142,7 @@ pub enum ControlAnswer {
     Heartbeat(HeartbeatAnswer),
     Elected(Vec<crate::election::ElectionResult>),
     Reassigned(Vec<crate::reassignment::ReassignmentResult>),
+    Elastic(crate::elastic::ElasticChange),
 }
 
 /// The controller's answer to a heartbeat.

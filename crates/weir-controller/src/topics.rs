@@ -106,6 +106,7 @@ pub fn decide_create(
         configs: configs.clone(),
         internal: false,
         assignments: assignments.iter().cloned().map(PartitionState::new).collect(),
+        elastic: None,
     };
     let records = if validate_only {
         Vec::new()
@@ -124,7 +125,7 @@ pub fn decide_create(
 }
 
 /// Checks a topic to create; returns the replicas of each of its partitions.
-fn validate_new_topic(
+pub(crate) fn validate_new_topic(
     state: &MetadataState,
     config: &ControllerConfig,
     entropy: &mut dyn Entropy,
@@ -276,6 +277,16 @@ pub fn decide_create_partitions(
     let topic = state.topic(name).ok_or_else(|| {
         BrokerError::new(ErrorKind::UnknownTopicOrPartition, format!("The topic '{name}' does not exist."))
     })?;
+    if topic.elastic.is_some() {
+        return Err(BrokerError::new(
+            ErrorKind::InvalidPartitionCount,
+            format!(
+                "Topic '{name}' is elastic: its {} partitions are stable, so that every key keeps its partition; \
+                 split a physical partition instead (weir topic split)",
+                topic.partitions
+            ),
+        ));
+    }
     if count < topic.partitions {
         return Err(BrokerError::new(
             ErrorKind::InvalidPartitionCount,

@@ -13,6 +13,7 @@
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+pub mod elastic;
 pub mod legacy;
 pub mod raft;
 
@@ -109,6 +110,13 @@ pub enum MetadataRecord {
     /// first record of the quorum it moves to. Applied only to a state that has nothing yet.
     RestoreLegacy {
         state: Box<MetadataState>,
+    },
+    /// Makes the topic elastic, or changes its elastic layout (a split, a merge, a physical
+    /// partition retired): replaces it with `layout`.
+    SetElasticLayout {
+        name: String,
+        id: Uuid,
+        layout: elastic::ElasticLayout,
     },
     /// Replaces the topic's config overrides with `configs`.
     SetTopicConfigs {
@@ -232,6 +240,10 @@ pub struct TopicMetadata {
     /// before replicas were assigned: then filled with unassigned entries at load.
     #[serde(default)]
     pub assignments: Vec<PartitionState>,
+    /// An elastic topic's physical layout (`docs/elastic.md`); its partitions are the stable
+    /// ones. `None` for a plain topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<elastic::ElasticLayout>,
 }
 
 impl TopicMetadata {
@@ -362,6 +374,12 @@ impl MetadataState {
                 "topic {}: one state per partition",
                 topic.name
             );
+            if let Some(layout) = &topic.elastic {
+                assert_eq!(layout.stable_partitions, topic.partitions, "topic {}: stable partitions", topic.name);
+                if let Err(broken) = layout.check() {
+                    panic!("topic {}: {broken}", topic.name);
+                }
+            }
             for (index, state) in topic.assignments.iter().enumerate() {
                 let at = || format!("{}-{index}", topic.name);
                 let mut isr = state.isr.clone();
@@ -432,6 +450,7 @@ impl MetadataState {
                     configs: configs.clone(),
                     internal: *internal,
                     assignments,
+                    elastic: None,
                 };
                 self.topics.insert(name.clone(), Arc::new(topic));
             }
@@ -443,7 +462,7 @@ impl MetadataState {
                 }
             }
             MetadataRecord::CreatePartitions { name, id, partitions, assignments } => match self.topics.get_mut(name) {
-                Some(topic) if topic.id == *id && *partitions >= topic.partitions => {
+                Some(topic) if topic.id == *id && *partitions >= topic.partitions && topic.elastic.is_none() => {
                     let topic = Arc::make_mut(topic);
                     let added = partition_states(*partitions, topic.partitions, assignments);
                     topic.assignments.extend(added);
@@ -474,6 +493,14 @@ impl MetadataState {
                     }
                 }
             }
+            MetadataRecord::SetElasticLayout { name, id, layout } => match self.topics.get_mut(name) {
+                Some(topic)
+                    if topic.id == *id && topic.partitions == layout.stable_partitions && layout.check().is_ok() =>
+                {
+                    Arc::make_mut(topic).elastic = Some(layout.clone())
+                }
+                _ => tracing::warn!(offset, topic = %name, "metadata: skipping an elastic layout that does not fit"),
+            },
             MetadataRecord::SetTopicConfigs { name, id, configs } => match self.topics.get_mut(name) {
                 Some(topic) if topic.id == *id => Arc::make_mut(topic).configs = configs.clone(),
                 _ => tracing::warn!(offset, topic = %name, "metadata: skipping configs of an unknown topic"),

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 use weir_controller::election::{ElectionResult, ElectionType};
 use weir_controller::reassignment::{OngoingReassignment, ReassignmentResult, ReassignmentTarget};
-use weir_controller::{brokers, election, isr, producer_ids, reassignment, topics, ControllerConfig, Decision};
+use weir_controller::{
+    brokers, elastic, election, isr, producer_ids, reassignment, topics, ControllerConfig, Decision,
+};
 use weir_controller::{HeartbeatAnswer, RandomEntropy};
 use weir_storage::sync::lock;
 
@@ -84,6 +86,23 @@ impl Broker {
         match request {
             ControlRequest::CreateTopics { topics, validate_only } => {
                 Ok(ControlAnswer::CreatedTopics(self.decide_create_topics(held, topics, validate_only)))
+            }
+            ControlRequest::CreateElasticTopic { topic, stable_partitions, validate_only } => {
+                let result = self.decide_create_elastic_topic(held, topic, stable_partitions, validate_only);
+                Ok(ControlAnswer::CreatedTopics(vec![result]))
+            }
+            ControlRequest::SplitPhysical { topic, partition } => {
+                let decision = elastic::decide_split(
+                    &self.metadata(),
+                    &topic,
+                    partition,
+                    &elastic::placement_load(&self.metadata()),
+                )?;
+                self.settle_elastic(held, &topic, "split", decision).map(ControlAnswer::Elastic)
+            }
+            ControlRequest::MergePhysical { topic, partitions: (a, b) } => {
+                let decision = elastic::decide_merge(&self.metadata(), &topic, a, b)?;
+                self.settle_elastic(held, &topic, "merge", decision).map(ControlAnswer::Elastic)
             }
             ControlRequest::DeleteTopic { name, id } => {
                 self.decide_delete_topic(held, name, id).map(ControlAnswer::Topic)
@@ -167,6 +186,66 @@ impl Broker {
             results.push(result);
         }
         results
+    }
+
+    fn decide_create_elastic_topic(
+        &self,
+        held: &MutexGuard<'_, ()>,
+        topic: NewTopic,
+        stable_partitions: Option<i32>,
+        validate_only: bool,
+    ) -> Result<CreatedTopic, BrokerError> {
+        let config = self.controller_config();
+        let result = elastic::decide_create(
+            &self.metadata(),
+            &config,
+            &mut RandomEntropy,
+            &topic,
+            stable_partitions,
+            validate_only,
+        )
+        .and_then(|decision| {
+            warn_deprecated(&topic.name, &topic.configs);
+            let planned = decision.answer.clone();
+            self.settle(held, decision)?;
+            let created = self.metadata().topic(&topic.name).cloned().unwrap_or(planned.topic);
+            Ok(CreatedTopic { topic: created, replication_factor: planned.replication_factor })
+        });
+        match &result {
+            Err(e) => tracing::info!(topic = %topic.name, error = %e, validate_only, "create elastic topic refused"),
+            Ok(created) if !validate_only => {
+                tracing::info!(topic = %topic.name, stable_partitions = created.topic.partitions, "created elastic topic")
+            }
+            Ok(_) => {}
+        }
+        result
+    }
+
+    /// Commits a split or merge, then elects the preferred leaders it changed.
+    fn settle_elastic(
+        &self,
+        held: &MutexGuard<'_, ()>,
+        topic: &str,
+        what: &str,
+        decision: Decision<elastic::ElasticChange>,
+    ) -> Result<elastic::ElasticChange, BrokerError> {
+        let change = self.settle(held, decision)?;
+        tracing::info!(
+            topic,
+            replaced = ?change.replaced,
+            created = ?change.created,
+            moving = change.moving.len(),
+            "elastic topic: {what}"
+        );
+        if !change.new_leaders.is_empty() {
+            let partitions = change.new_leaders.iter().map(|s| (topic.to_string(), *s)).collect();
+            for (_, partition, outcome) in self.decide_elect_leaders(held, ElectionType::Preferred, Some(partitions))? {
+                if let Err(e) = outcome {
+                    tracing::info!(topic, partition, error = %e, "elastic topic: preferred leader not elected yet");
+                }
+            }
+        }
+        Ok(change)
     }
 
     fn decide_ensure_internal_topic(
@@ -354,6 +433,11 @@ impl Broker {
             let count = completions.len();
             self.commit(&held, completions)?;
             tracing::info!(partitions = count, "partition reassignments completed");
+        }
+        let retirements = elastic::retirements(&self.metadata());
+        if !retirements.is_empty() {
+            self.commit(&held, retirements)?;
+            tracing::info!("elastic topics: physical partitions retired, their moves done");
         }
         self.rebalance_leaders_if_due(&held)
     }

@@ -208,6 +208,53 @@ pub struct PartitionMetrics {
     pub(crate) messages_in: Counter,
     /// Bytes of record batches put into Fetch responses.
     pub bytes_out: Counter,
+    /// The traffic's rates over the last sampling window (see [`PartitionLoad`]).
+    load: Mutex<LoadSample>,
+}
+
+/// A partition's traffic in bytes per second, over the last window the broker's load sampler
+/// closed (`Broker::sample_partition_loads`); zero until it closed two.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct PartitionLoad {
+    pub bytes_in_per_sec: f64,
+    pub bytes_out_per_sec: f64,
+}
+
+#[derive(Debug)]
+struct LoadSample {
+    /// When the window now open began, and the counters then.
+    since: Option<(std::time::Instant, u64, u64)>,
+    last: PartitionLoad,
+}
+
+impl Default for LoadSample {
+    /// The first window opens with the partition (its counters start at zero).
+    fn default() -> LoadSample {
+        LoadSample { since: Some((std::time::Instant::now(), 0, 0)), last: PartitionLoad::default() }
+    }
+}
+
+impl PartitionMetrics {
+    /// Closes the current window at `now` and opens the next.
+    pub(crate) fn sample_load(&self, now: std::time::Instant) {
+        let (bytes_in, bytes_out) = (self.bytes_in.get(), self.bytes_out.get());
+        let mut sample = lock(&self.load);
+        if let Some((since, was_in, was_out)) = sample.since {
+            let seconds = now.saturating_duration_since(since).as_secs_f64();
+            if seconds > 0.0 {
+                sample.last = PartitionLoad {
+                    bytes_in_per_sec: bytes_in.saturating_sub(was_in) as f64 / seconds,
+                    bytes_out_per_sec: bytes_out.saturating_sub(was_out) as f64 / seconds,
+                };
+            }
+        }
+        sample.since = Some((now, bytes_in, bytes_out));
+    }
+
+    /// The rates of the last closed window.
+    pub fn load(&self) -> PartitionLoad {
+        lock(&self.load).last
+    }
 }
 
 /// The broker's metrics counted as they happen (see the module doc): one [`ProtocolMetrics`]

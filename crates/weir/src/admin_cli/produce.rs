@@ -48,8 +48,12 @@ pub struct ProduceArgs {
     #[arg(long, value_name = "SEP")]
     pub key_separator: Option<String>,
     /// Send every record to this partition. [default: by key hash, round-robin without key]
-    #[arg(long)]
+    #[arg(long, conflicts_with = "logical_partition")]
     pub partition: Option<i32>,
+    /// Send every record to this logical partition (0 to 65535) of an elastic topic: to the
+    /// stable partition that holds it (docs/elastic.md). Admin API only.
+    #[arg(long)]
+    pub logical_partition: Option<i32>,
     /// A header on every record: --header source=cli. Repeatable.
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_key_value)]
     pub headers: Vec<(String, String)>,
@@ -129,6 +133,7 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<()> {
                     value: Some(BASE64.encode(value)),
                     headers: headers.clone(),
                     partition: args.partition,
+                    logical_partition: args.logical_partition,
                     timestamp: None,
                 };
                 (record, batch_bytes)

@@ -5,8 +5,9 @@ use std::io::Write;
 
 use clap::{Args, Subcommand};
 use weir_admin::api::{
-    AlterConfigs, Configs, CreatePartitions, CreateTopic, CreatedTopic, DeletedTopic, PartitionCount, PartitionInfo,
-    ReplicaLag, TopicDescription, TopicList,
+    AlterConfigs, Configs, CreatePartitions, CreateTopic, CreatedTopic, DeletedTopic, ElasticChanged,
+    ElasticDescription, MergePhysical, PartitionCount, PartitionInfo, ReplicaLag, SplitPhysical, TopicDescription,
+    TopicList,
 };
 
 use super::kafka::topics::KafkaTopics;
@@ -32,6 +33,32 @@ pub enum TopicCommand {
     Delete(NameArg),
     /// Change a topic's configs (--set, --delete) or add partitions (--partitions).
     Alter(AlterArgs),
+    /// Split a physical partition of an elastic topic in two, online (docs/elastic.md).
+    Split(SplitArgs),
+    /// Merge two adjacent physical partitions of an elastic topic, online.
+    Merge(MergeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SplitArgs {
+    pub name: String,
+    /// The physical partition to split (an id `weir topic describe` shows).
+    #[arg(long)]
+    pub partition: i32,
+    /// How long to wait for the stable partitions the split moves, in ms (0: do not wait).
+    #[arg(long, default_value_t = 60_000)]
+    pub wait_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    pub name: String,
+    /// The two physical partitions to merge: --partitions 3,4.
+    #[arg(long, value_name = "P,Q", value_delimiter = ',', required = true)]
+    pub partitions: Vec<i32>,
+    /// How long to wait for the stable partitions the merge moves, in ms (0: do not wait).
+    #[arg(long, default_value_t = 60_000)]
+    pub wait_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -54,6 +81,14 @@ pub struct CreateArgs {
     /// Check everything, create nothing.
     #[arg(long)]
     pub validate_only: bool,
+    /// An elastic topic (docs/elastic.md): 65,536 logical partitions over --partitions physical
+    /// ones, which split and merge online.
+    #[arg(long)]
+    pub elastic: bool,
+    /// An elastic topic's stable partitions, the ones Kafka clients see: a power of two, at least
+    /// --partitions. [default: 16 per physical partition, rounded up to a power of two]
+    #[arg(long, requires = "elastic")]
+    pub stable_partitions: Option<i32>,
 }
 
 #[derive(Debug, Args)]
@@ -127,6 +162,9 @@ impl TopicSource for AdminClient {
 }
 
 pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
+    if let TopicCommand::Split(_) | TopicCommand::Merge(_) = &args.command {
+        return change_layout(args);
+    }
     let mut client: Box<dyn TopicSource> = match &args.connection.bootstrap {
         Some(bootstrap) => Box::new(KafkaTopics::connect(bootstrap)?),
         None => Box::new(AdminClient::new(&args.connection)?),
@@ -150,6 +188,8 @@ pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
                     .chain(a.message_type.iter().map(|t| ("message.type".to_string(), t.clone())))
                     .collect(),
                 validate_only: a.validate_only,
+                elastic: a.elastic,
+                stable_partitions: a.stable_partitions,
             };
             let created = client.create(&request)?;
             if json {
@@ -158,6 +198,10 @@ pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
             let partitions = match created.partitions {
                 1 => "1 partition".to_string(),
                 n => format!("{n} partitions"),
+            };
+            let partitions = match created.physical_partitions {
+                Some(physical) => format!("{partitions} (stable) over {physical} physical, elastic"),
+                None => partitions,
             };
             if created.validate_only {
                 writeln!(out, "topic '{}' is valid: {partitions} (nothing created)", created.name)?;
@@ -195,7 +239,94 @@ pub fn run(args: &TopicArgs) -> anyhow::Result<()> {
             writeln!(out, "deleted topic '{}'", deleted.name)?;
         }
         TopicCommand::Alter(a) => alter(client, &mut out, a, json)?,
+        TopicCommand::Split(_) | TopicCommand::Merge(_) => unreachable!("answered above"),
     }
+    Ok(())
+}
+
+/// `weir topic split|merge`: the admin API's, as Kafka's protocol has no such request.
+fn change_layout(args: &TopicArgs) -> anyhow::Result<()> {
+    if args.connection.bootstrap.is_some() {
+        anyhow::bail!(
+            "splitting and merging go through Weir's admin API: use --admin (or WEIR_ADMIN), not --bootstrap"
+        );
+    }
+    let client = AdminClient::new(&args.connection)?;
+    let (name, changed): (&str, ElasticChanged) = match &args.command {
+        TopicCommand::Split(a) => {
+            let request = SplitPhysical { partition: a.partition, wait_ms: Some(a.wait_ms) };
+            (&a.name, client.post(&format!("/v1/topics/{}/split", segment(&a.name)), &request)?)
+        }
+        TopicCommand::Merge(a) => {
+            let [p, q] = a.partitions[..] else { anyhow::bail!("--partitions takes two physical partitions: P,Q") };
+            let request = MergePhysical { partitions: [p, q], wait_ms: Some(a.wait_ms) };
+            (&a.name, client.post(&format!("/v1/topics/{}/merge", segment(&a.name)), &request)?)
+        }
+        _ => unreachable!("only split and merge change a layout"),
+    };
+    let mut out = std::io::stdout().lock();
+    if args.connection.json {
+        return print_json(&mut out, &changed);
+    }
+    let ids = |ids: &[i32]| ids.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+    let what = if matches!(args.command, TopicCommand::Split(_)) { "split" } else { "merged" };
+    writeln!(
+        out,
+        "{what} physical partition(s) {} of '{name}' into {}",
+        ids(&changed.replaced),
+        ids(&changed.created)
+    )?;
+    if !changed.moving.is_empty() {
+        let state = if changed.in_force { "moved" } else { "still moving (see weir topic describe)" };
+        writeln!(out, "stable partitions {}: {state}", ids(&changed.moving))?;
+    }
+    if !changed.new_leaders.is_empty() {
+        writeln!(out, "stable partitions {}: new preferred leader", ids(&changed.new_leaders))?;
+    }
+    writeln!(out)?;
+    write_layout(&mut out, &changed.elastic)
+}
+
+/// An elastic topic's physical partitions, one row each.
+fn write_layout(out: &mut impl Write, layout: &ElasticDescription) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "Elastic: {} logical partitions over {} stable partitions (the ones Kafka clients see)",
+        layout.logical_partitions, layout.stable_partitions
+    )?;
+    let mut table = Table::new(&[
+        "PHYSICAL", "STATE", "STABLE", "LOGICAL", "LEADER", "REPLICAS", "IN/S", "OUT/S", "SIZE", "FROM", "INTO",
+    ]);
+    let list = |ids: &[i32]| {
+        if ids.is_empty() {
+            "-".to_string()
+        } else {
+            ids.iter().map(i32::to_string).collect::<Vec<_>>().join(",")
+        }
+    };
+    for p in &layout.physical {
+        let state =
+            if p.moving.is_empty() { p.state.clone() } else { format!("{} (moving {})", p.state, p.moving.len()) };
+        let leader = match (p.leader, p.leaders.len()) {
+            (-1, 0) => "-".to_string(),
+            (-1, _) => list(&p.leaders),
+            (leader, _) => leader.to_string(),
+        };
+        table.row(vec![
+            p.id.to_string(),
+            state,
+            format!("{}-{}", p.stable_first, p.stable_last),
+            format!("{}-{}", p.logical_first, p.logical_last),
+            leader,
+            list(&p.replicas),
+            human_bytes(p.bytes_in_per_sec as u64),
+            human_bytes(p.bytes_out_per_sec as u64),
+            human_bytes(p.size_bytes),
+            list(&p.parents),
+            list(&p.children),
+        ]);
+    }
+    table.write(out)?;
     Ok(())
 }
 
@@ -237,6 +368,10 @@ fn write_description(out: &mut impl Write, topic: &TopicDescription, all_configs
     }
     table.write(out)?;
     writeln!(out)?;
+    if let Some(layout) = &topic.elastic {
+        write_layout(out, layout)?;
+        writeln!(out)?;
+    }
     let configs: Vec<_> = topic.configs.iter().filter(|c| all_configs || c.source == "topic").collect();
     if configs.is_empty() {
         writeln!(out, "Configs: no overrides (--all-configs shows the defaults in force)")?;

@@ -39,6 +39,11 @@ pub struct KafkaSender<'a> {
 
 impl<'a> KafkaSender<'a> {
     pub fn connect(args: &'a ProduceArgs, bootstrap: &str) -> anyhow::Result<KafkaSender<'a>> {
+        if args.logical_partition.is_some() {
+            anyhow::bail!(
+                "--logical-partition goes through Weir's admin API, which knows elastic topics: leave out --bootstrap"
+            );
+        }
         let mut cluster = super::connect(bootstrap)?;
         let layout = topic_layout(&mut cluster, &args.topic)?;
         if let Some(p) = args.partition {

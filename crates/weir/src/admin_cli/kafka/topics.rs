@@ -106,6 +106,11 @@ fn source_name(source: i8) -> &'static str {
 
 impl TopicSource for KafkaTopics {
     fn create(&mut self, request: &CreateTopic) -> anyhow::Result<CreatedTopic> {
+        if request.elastic {
+            anyhow::bail!(
+                "Kafka's CreateTopics cannot make an elastic topic: leave out --bootstrap (Weir's admin API)"
+            );
+        }
         let topic = CreatableTopic::default()
             .with_name(topic_name(&request.name))
             .with_num_partitions(request.partitions.unwrap_or(-1))
@@ -148,6 +153,7 @@ impl TopicSource for KafkaTopics {
             partitions: created.num_partitions,
             replication_factor: created.replication_factor,
             configs,
+            physical_partitions: None,
             validate_only: request.validate_only,
         })
     }
@@ -203,6 +209,8 @@ impl TopicSource for KafkaTopics {
                     // Followers' positions are the leader's to know; the protocol tells
                     // clients none (the table prints `-`).
                     replica_lags: Vec::new(),
+                    bytes_in_per_sec: 0.0,
+                    bytes_out_per_sec: 0.0,
                 }
             })
             .collect();
@@ -214,6 +222,7 @@ impl TopicSource for KafkaTopics {
             size_bytes: partitions.iter().map(|p| p.size_bytes).sum(),
             partitions,
             configs,
+            elastic: None,
         })
     }
 

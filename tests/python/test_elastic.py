@@ -1,0 +1,378 @@
+"""Elastic topics (docs/elastic.md) with real clients against real `weir` processes.
+
+What it proves:
+- `weir topic create --elastic` makes a topic of 65,536 logical partitions over stable
+  partitions (the ones Kafka clients see) grouped into physical partitions; `weir topic describe`
+  and the admin API show each physical partition's ranges, state, leader, replicas and rates.
+- Splits and merges happen online, under keyed producers of three kinds (librdkafka with the
+  murmur2 partitioner, kafka-python, the RocketMQ 5 client with message groups): every key stays
+  in the stable partition Kafka's partitioner gives it, and a classic group, a KIP-848 group and
+  a RocketMQ FIFO consumer each read every acknowledged message with per-key order intact.
+- In a 3-node cluster a split moves the upper half of a range to the least loaded broker while
+  an idempotent acks=all producer writes and a group reads, without losing or reordering an
+  acknowledged write; a merge brings it back.
+- Bad requests get clear refusals: a split below one stable partition, adding partitions, a
+  merge of ranges that are not adjacent, a logical partition on a plain topic or out of range.
+
+Every wait is bounded.
+"""
+
+import json
+import subprocess
+import threading
+import time
+from collections import defaultdict
+
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka.admin import NewPartitions
+from kafka import KafkaProducer
+
+from conftest import weir_bin
+from helpers import c_admin, c_consumer, c_producer, http, unique, wait_until
+from test_rocketmq import message, producer_for, simple_consumer
+
+MURMUR2_SEED = 0x9747B28C
+
+
+def murmur2(data):
+    """Kafka's Utils.murmur2 (the Java client's and librdkafka's murmur2 partitioner)."""
+    m, r = 0x5BD1E995, 24
+    length = len(data)
+    h = (MURMUR2_SEED ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(data[i:i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    tail = data[length - length % 4:]
+    if len(tail) == 3:
+        h ^= tail[2] << 16
+    if len(tail) >= 2:
+        h ^= tail[1] << 8
+    if tail:
+        h ^= tail[0]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def kafka_partition(key, partitions):
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def weir(admin_url, *args, check=True, timeout=120):
+    cli = subprocess.run([str(weir_bin()), *args, "--admin", admin_url], capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert cli.returncode == 0, f"weir {' '.join(args)}: {cli.stderr}"
+    return cli
+
+
+def describe(admin_url, topic):
+    return json.loads(weir(admin_url, "topic", "describe", topic, "--json").stdout)
+
+
+def active(layout):
+    return [p for p in layout["elastic"]["physical"] if p["state"] == "active"]
+
+
+def test_an_elastic_topic_shows_its_layout_and_kafka_clients_see_its_stable_partitions(broker):
+    topic = unique("elastic")
+    created = weir(broker.admin_url(), "topic", "create", topic, "--elastic", "--partitions", "2")
+    assert "32 partitions (stable) over 2 physical, elastic" in created.stdout, created.stdout
+    layout = describe(broker.admin_url(), topic)
+    assert len(layout["partitions"]) == 32
+    elastic = layout["elastic"]
+    assert (elastic["logical_partitions"], elastic["stable_partitions"]) == (65536, 32)
+    ranges = [(p["id"], p["stable_first"], p["stable_last"], p["logical_first"], p["logical_last"]) for p in active(layout)]
+    assert ranges == [(0, 0, 15, 0, 32767), (1, 16, 31, 32768, 65535)]
+    assert all(p["leaders"] == [p["leader"]] and p["replicas"] == [p["leader"]] for p in active(layout)), active(layout)
+    text = weir(broker.admin_url(), "topic", "describe", topic).stdout
+    assert "Elastic: 65536 logical partitions over 32 stable partitions" in text, text
+    assert "0-15" in text and "32768-65535" in text, text
+    metadata = c_admin(broker.bootstrap).list_topics(topic=topic, timeout=10)
+    assert len(metadata.topics[topic].partitions) == 32
+
+    # An explicit logical partition goes to the stable partition that holds it (65536 / 32 = 2048 each).
+    status, body = http("POST", f"{broker.admin_url()}/v1/topics/{topic}/records",
+                        {"records": [{"value": "a", "logical_partition": 40_000}, {"value": "b", "logical_partition": 0}]})
+    assert status == 200, body
+    assert [o["partition"] for o in body["offsets"]] == [40_000 // 2048, 0]
+    cli = subprocess.run([str(weir_bin()), "produce", topic, "--logical-partition", "65535", "--admin", broker.admin_url()],
+                         input="z\n", capture_output=True, text=True, timeout=30)
+    assert cli.returncode == 0, cli.stderr
+    assert describe(broker.admin_url(), topic)["partitions"][31]["log_end_offset"] == 1
+
+    # Keyed writes over HTTP land where Kafka's partitioner puts the key.
+    keys = [f"user-{i}" for i in range(20)]
+    status, body = http("POST", f"{broker.admin_url()}/v1/topics/{topic}/records",
+                        {"records": [{"key": k, "value": "v"} for k in keys]})
+    assert status == 200, body
+    assert [o["partition"] for o in body["offsets"]] == [kafka_partition(k, 32) for k in keys]
+
+
+def test_bad_elastic_requests_are_refused_with_a_clear_message(broker):
+    admin = broker.admin_url()
+    topic = unique("elastic-bad")
+    weir(admin, "topic", "create", topic, "--elastic", "--partitions", "1", "--stable-partitions", "2")
+    split = weir(admin, "topic", "split", topic, "--partition", "0")
+    assert "into 1,2" in split.stdout, split.stdout
+    refused = weir(admin, "topic", "split", topic, "--partition", "1", check=False)
+    assert refused.returncode != 0 and "single stable partition" in refused.stderr, refused.stderr
+    refused = weir(admin, "topic", "split", topic, "--partition", "0", check=False)
+    assert refused.returncode != 0 and "retired" in refused.stderr, refused.stderr
+    refused = weir(admin, "topic", "split", topic, "--partition", "9", check=False)
+    assert refused.returncode != 0 and "no physical partition 9" in refused.stderr, refused.stderr
+
+    # Kafka's CreatePartitions would move every key: refused, with the reason.
+    kafka_admin = c_admin(broker.bootstrap)
+    futures = kafka_admin.create_partitions([NewPartitions(topic, 4)], request_timeout=15)
+    try:
+        futures[topic].result(timeout=15)
+        raise AssertionError("CreatePartitions on an elastic topic was accepted")
+    except KafkaException as e:
+        assert "elastic" in str(e), e
+
+    wide = unique("elastic-wide")
+    weir(admin, "topic", "create", wide, "--elastic", "--partitions", "3", "--stable-partitions", "8")
+    refused = weir(admin, "topic", "merge", wide, "--partitions", "0,2", check=False)
+    assert refused.returncode != 0 and "not adjacent" in refused.stderr, refused.stderr
+    refused = weir(admin, "topic", "create", unique("elastic-odd"), "--elastic", "--partitions", "2",
+                   "--stable-partitions", "12", check=False)
+    assert refused.returncode != 0 and "power of two" in refused.stderr, refused.stderr
+
+    plain = unique("plain")
+    weir(admin, "topic", "create", plain, "--partitions", "2")
+    refused = weir(admin, "topic", "split", plain, "--partition", "0", check=False)
+    assert refused.returncode != 0 and "not elastic" in refused.stderr, refused.stderr
+    status, body = http("POST", f"{admin}/v1/topics/{plain}/records", {"records": [{"value": "a", "logical_partition": 3}]})
+    assert status == 400 and "elastic" in body["error"]["message"], body
+    status, body = http("POST", f"{admin}/v1/topics/{wide}/records", {"records": [{"value": "a", "logical_partition": 65536}]})
+    assert status == 400 and "out of range" in body["error"]["message"], body
+
+
+class KeyedLoad:
+    """Keyed producers of three kinds writing `<key>/<source>/<seq>` until stopped, recording what
+    each had acknowledged: librdkafka (murmur2 partitioner), kafka-python (murmur2 by default)
+    and, when `rocketmq` is set, the RocketMQ 5 client sending the key as its message group."""
+
+    def __init__(self, broker, topic, keys, rocketmq=True):
+        self.topic, self.keys = topic, keys
+        self.acked = defaultdict(list)  # (key, source) -> acknowledged sequence numbers
+        self.errors = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._confluent, args=(broker,), daemon=True),
+                        threading.Thread(target=self._kafka_python, args=(broker,), daemon=True)]
+        if rocketmq:
+            self.threads.append(threading.Thread(target=self._rocketmq, args=(broker,), daemon=True))
+        for t in self.threads:
+            t.start()
+
+    def _ack(self, key, source, seq):
+        with self.lock:
+            self.acked[(key, source)].append(seq)
+
+    def _confluent(self, broker):
+        producer = c_producer(broker.bootstrap, {"partitioner": "murmur2_random", "enable.idempotence": True, "acks": "all"})
+        seq = 0
+        try:
+            while not self.stop.is_set():
+                for key in self.keys:
+                    def done(err, msg, key=key, seq=seq):
+                        if err is None:
+                            self._ack(key, "c", seq)
+                        else:
+                            self.errors.append(f"confluent {key}/{seq}: {err}")
+                    producer.produce(self.topic, key=key, value=f"{key}/c/{seq}", on_delivery=done)
+                seq += 1
+                producer.poll(0)
+                time.sleep(0.3)
+        finally:
+            producer.flush(30)
+
+    def _kafka_python(self, broker):
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", max_in_flight_requests_per_connection=1,
+                                 retries=20, linger_ms=5)
+        seq = 0
+        try:
+            while not self.stop.is_set():
+                futures = [(key, producer.send(self.topic, key=key.encode(), value=f"{key}/k/{seq}".encode()))
+                           for key in self.keys]
+                for key, future in futures:
+                    try:
+                        future.get(timeout=30)
+                        self._ack(key, "k", seq)
+                    except Exception as e:  # noqa: BLE001 - any failure is reported by the test
+                        self.errors.append(f"kafka-python {key}/{seq}: {e}")
+                seq += 1
+                time.sleep(0.3)
+        finally:
+            producer.close(10)
+
+    def _rocketmq(self, broker):
+        producer = producer_for(broker, [self.topic])
+        seq = 0
+        try:
+            while not self.stop.is_set():
+                for key in self.keys:
+                    try:
+                        producer.send(message(self.topic, f"{key}/r/{seq}".encode(), group=key))
+                        self._ack(key, "r", seq)
+                    except Exception as e:  # noqa: BLE001
+                        self.errors.append(f"rocketmq {key}/{seq}: {e}")
+                seq += 1
+                time.sleep(0.4)
+        finally:
+            producer.shutdown()
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+        assert not self.errors, self.errors[:5]
+        return sum(len(v) for v in self.acked.values())
+
+
+def check_order(acked, received, partitions, what):
+    """`received` is (partition, body) in delivery order: every acknowledged message is there,
+    per (key, source) in the order it was sent, and each key in the stable partition Kafka's
+    partitioner gives it (unless the client does not say: partition None)."""
+    seen = defaultdict(list)
+    for partition, body in received:
+        key, source, seq = body.rsplit("/", 2)
+        if partition is not None:
+            assert partition == kafka_partition(key, partitions), f"{what}: {body} in partition {partition}"
+        seen[(key, source)].append(int(seq))
+    for (key, source), seqs in acked.items():
+        got = seen.get((key, source), [])
+        firsts = list(dict.fromkeys(got))  # redeliveries after the first keep their first place
+        assert firsts == sorted(firsts), f"{what}: {key}/{source} out of order: {firsts[:20]}"
+        missing = set(seqs) - set(got)
+        assert not missing, f"{what}: {key}/{source} lost {sorted(missing)[:10]}"
+
+
+def consume_kafka(bootstrap, topic, want, conf, what, timeout=90):
+    if conf.get("group.protocol") == "consumer":
+        # The broker holds the session settings of a KIP-848 group.
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g-elastic"), "auto.offset.reset": "earliest",
+                             "enable.auto.commit": False, **conf})
+    else:
+        consumer = c_consumer(bootstrap, unique("g-elastic"), conf)
+    consumer.subscribe([topic])
+    received = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(received) < want and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            received.append((msg.partition(), msg.value().decode()))
+    finally:
+        consumer.close()
+    assert len(received) >= want, f"{what}: {len(received)} of {want} messages within {timeout} s"
+    return received
+
+
+def test_splits_and_merges_under_keyed_producers_keep_every_key_in_order_for_every_consumer(broker):
+    admin = broker.admin_url()
+    topic = unique("elastic-load")
+    weir(admin, "topic", "create", topic, "--elastic", "--partitions", "2", "--stable-partitions", "16",
+         "--config", "message.type=FIFO")
+    group = unique("g-fifo")
+    status, body = http("POST", f"{admin}/v1/groups", {"name": group, "configs": {"consume.fifo": "true"}})
+    assert status == 201, body
+    # Enough keys that every queue has some: a FIFO consumer's receive of an empty queue waits
+    # out its long poll.
+    keys = [f"key-{i:02d}" for i in range(48)]
+    load = KeyedLoad(broker, topic, keys)
+    try:
+        time.sleep(1.0)
+        weir(admin, "topic", "split", topic, "--partition", "0")
+        time.sleep(0.5)
+        weir(admin, "topic", "split", topic, "--partition", "1")
+        time.sleep(0.5)
+        weir(admin, "topic", "merge", topic, "--partitions", "3,4")
+        time.sleep(1.0)
+    finally:
+        total = load.finish()
+
+    # The leaders' load windows (5 s) saw the traffic.
+    def rates_shown():
+        return any(p["bytes_in_per_sec"] > 0 for p in active(describe(admin, topic)))
+    wait_until(rates_shown, timeout=12, interval=0.5, what="a physical partition's rates in describe")
+    layout = describe(admin, topic)
+    ranges = [(p["stable_first"], p["stable_last"]) for p in active(layout)]
+    assert ranges == [(0, 3), (4, 11), (12, 15)], ranges
+    retired = sorted(p["id"] for p in layout["elastic"]["physical"] if p["state"] == "retired")
+    assert retired == [0, 1, 3, 4], layout["elastic"]["physical"]
+    assert total > 100, total
+
+    check_order(load.acked, consume_kafka(broker.bootstrap, topic, total, {}, "classic group"), 16, "classic group")
+    check_order(load.acked, consume_kafka(broker.bootstrap, topic, total, {"group.protocol": "consumer"}, "KIP-848 group"),
+                16, "KIP-848 group")
+
+    # RocketMQ FIFO consumers of one group: a message group's next message goes out only after the
+    # one before it is acked, so recording each before acking it gives the group's order.
+    received, lock = [], threading.Lock()
+
+    def fifo_consumer():
+        consumer = simple_consumer(broker, group, topic, await_s=1)
+        deadline = time.monotonic() + 90
+        try:
+            while len(received) < total and time.monotonic() < deadline:
+                for m in consumer.receive(32, 30):
+                    with lock:
+                        received.append((None, m.body.decode()))
+                    consumer.ack(m)
+        finally:
+            consumer.shutdown()
+    fifo_started = time.monotonic()
+    consumers = [threading.Thread(target=fifo_consumer, daemon=True) for _ in range(4)]
+    for t in consumers:
+        t.start()
+    for t in consumers:
+        t.join(120)
+    print(f"\n[elastic figure] {total} messages acked; 4 RocketMQ FIFO consumers took {time.monotonic() - fifo_started:.1f} s")
+    assert len(received) >= total, f"RocketMQ FIFO consumers: {len(received)} of {total}"
+    check_order(load.acked, received, 16, "RocketMQ FIFO consumer")
+
+
+def test_a_split_in_a_cluster_moves_half_the_range_to_the_least_loaded_broker_under_load(cluster_factory):
+    cluster = cluster_factory(voters=3, settings={"replica.lag.time.max.ms": "2000", "replica.fetch.wait.max.ms": "200"})
+    admin = cluster.node(1).admin_url()
+    topic = unique("elastic-move")
+    weir(admin, "topic", "create", topic, "--elastic", "--partitions", "1", "--stable-partitions", "8",
+         "--replication-factor", "1")
+    before = describe(admin, topic)
+    (parent,) = active(before)
+    home = parent["leader"]
+    assert home in (1, 2, 3), parent
+
+    class ClusterBroker:  # what KeyedLoad needs of a broker
+        bootstrap = cluster.bootstrap()
+    keys = [f"k{i:02d}" for i in range(16)]
+    load = KeyedLoad(ClusterBroker, topic, keys, rocketmq=False)
+    try:
+        time.sleep(1.5)
+        started = time.monotonic()
+        split = json.loads(weir(admin, "topic", "split", topic, "--partition", str(parent["id"]), "--json").stdout)
+        split_s = time.monotonic() - started
+        assert split["in_force"] and split["moving"] == [4, 5, 6, 7], split
+        lower, upper = active(describe(admin, topic))
+        assert lower["leader"] == home and upper["leader"] not in (-1, home), (lower, upper)
+        assert upper["replicas"] == [upper["leader"]], upper
+        time.sleep(1.0)
+        merged = json.loads(weir(admin, "topic", "merge", topic, "--partitions", f"{lower['id']},{upper['id']}",
+                                 "--json").stdout)
+        assert merged["in_force"], merged
+        (whole,) = active(describe(admin, topic))
+        assert (whole["stable_first"], whole["stable_last"], whole["leader"]) == (0, 7, home), whole
+        time.sleep(1.0)
+    finally:
+        total = load.finish()
+    print(f"\n[elastic figure] split with a move of 4 stable partitions took {split_s:.2f} s; {total} messages acked")
+    check_order(load.acked, consume_kafka(cluster.bootstrap(), topic, total, {}, "classic group"), 8, "classic group")
