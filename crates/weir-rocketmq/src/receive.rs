@@ -76,25 +76,34 @@ pub(crate) fn timestamp(ms: i64) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: ms.div_euclid(1000), nanos: (ms.rem_euclid(1000) * 1_000_000) as i32 }
 }
 
-/// The answer of a receive of `key` that handed out `deliveries` (not empty), each invisible
-/// for `invisible`.
+/// The answer of a receive that handed out `found` (each queue's deliveries; not empty), each
+/// invisible for `invisible`.
 pub(crate) fn found(
     broker: &Broker,
-    key: &QueueKey,
     invisible: Duration,
-    deliveries: Vec<Delivery>,
+    found: Vec<(QueueKey, Vec<Delivery>)>,
 ) -> Vec<ReceiveMessageResponse> {
-    debug_assert!(!deliveries.is_empty(), "an empty receive is not found");
-    let mut responses = Vec::with_capacity(deliveries.len() + 2);
+    debug_assert!(found.iter().any(|(_, d)| !d.is_empty()), "an empty receive is not found");
+    let count: usize = found.iter().map(|(_, d)| d.len()).sum();
+    let mut responses = Vec::with_capacity(count + 2);
     responses.push(status_response(status::ok()));
     responses.push(ReceiveMessageResponse { content: Some(Content::DeliveryTimestamp(timestamp(broker.now_ms()))) });
     let store_host = format!("{}:{}", broker.config.advertised_host, broker.config.rocketmq_advertised_port);
-    for delivery in deliveries {
-        let message = Message::from_record(&key.topic, key.partition, &delivery.record);
-        let handle = Handle { partition: key.partition, offset: delivery.record.offset, nonce: delivery.nonce };
-        responses.push(ReceiveMessageResponse {
-            content: Some(Content::Message(to_proto(&key.topic, message, &delivery, handle, invisible, &store_host))),
-        });
+    for (key, deliveries) in found {
+        for delivery in deliveries {
+            let message = Message::from_record(&key.topic, key.partition, &delivery.record);
+            let handle = Handle { partition: key.partition, offset: delivery.record.offset, nonce: delivery.nonce };
+            responses.push(ReceiveMessageResponse {
+                content: Some(Content::Message(to_proto(
+                    &key.topic,
+                    message,
+                    &delivery,
+                    handle,
+                    invisible,
+                    &store_host,
+                ))),
+            });
+        }
     }
     responses
 }

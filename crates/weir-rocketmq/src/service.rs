@@ -121,6 +121,27 @@ impl Service {
         key
     }
 
+    /// The receive of `named`'s queue and of every other queue of its topic this broker leads,
+    /// `named` first, then the others in turn from it. RocketMQ's proxy receives from a broker
+    /// (its "broker acting queue", id -1), not from the queue a client names, so a consumer is
+    /// never left waiting on an empty queue while another of the broker's has messages; the
+    /// answer says each message's queue.
+    fn broker_wide(&self, named: ReceiveRequest, client: &str) -> Vec<ReceiveRequest> {
+        let partitions = self.broker.metadata().topic(&named.key.topic).map_or(0, |t| t.partitions);
+        let mut requests = Vec::with_capacity(partitions.max(1) as usize);
+        for step in 1..partitions {
+            let index = (named.key.partition + step) % partitions;
+            let Some(partition) = self.broker.partition(&named.key.topic, index) else { continue };
+            if partition.check_local_leader().is_err() {
+                continue;
+            }
+            let key = self.queue_key(named.key.group.clone(), named.key.topic.clone(), index, client);
+            requests.push(ReceiveRequest { key, partition, ..named.clone() });
+        }
+        requests.insert(0, named);
+        requests
+    }
+
     /// What a receive asks the core for, or the status refusing it.
     async fn receive_request(&self, request: &ReceiveMessageRequest, client: &str) -> Result<ReceiveRequest, Status> {
         let group = group_name(request.group.as_ref())?;
@@ -505,11 +526,27 @@ impl MessagingService for Service {
                     let reserve = (deadline / 5).min(std::time::Duration::from_secs(1));
                     wanted.long_polling = wanted.long_polling.min(deadline.saturating_sub(reserve));
                 }
-                let (key, invisible) = (wanted.key.clone(), wanted.invisible);
-                match self.engines.pop.receive(wanted).await {
-                    Ok(deliveries) if deliveries.is_empty() => receive::not_found(),
-                    Ok(deliveries) => receive::found(&self.broker, &key, invisible, deliveries),
-                    Err(e) => vec![receive::status_response(status::of_error(&e))],
+                let (invisible, batch, wait) = (wanted.invisible, wanted.batch, wanted.long_polling);
+                let requests = self.broker_wide(wanted, &client);
+                let results = self.engines.pop.receive_many(&requests, batch, 1, wait).await;
+                let mut found = Vec::new();
+                let mut first_error = None;
+                for (request, result) in requests.iter().zip(results) {
+                    match result {
+                        Ok(received) if !received.deliveries.is_empty() => {
+                            found.push((request.key.clone(), received.deliveries))
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::debug!(queue = request.key.partition, error = %e, "a queue of a receive failed");
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                match (found.is_empty(), first_error) {
+                    (false, _) => receive::found(&self.broker, invisible, found),
+                    (true, Some(e)) => vec![receive::status_response(status::of_error(&e))],
+                    (true, None) => receive::not_found(),
                 }
             }
             Err(refused) => {
