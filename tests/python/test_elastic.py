@@ -376,3 +376,30 @@ def test_a_split_in_a_cluster_moves_half_the_range_to_the_least_loaded_broker_un
         total = load.finish()
     print(f"\n[elastic figure] split with a move of 4 stable partitions took {split_s:.2f} s; {total} messages acked")
     check_order(load.acked, consume_kafka(cluster.bootstrap(), topic, total, {}, "classic group"), 8, "classic group")
+
+
+def test_a_hot_physical_partition_splits_by_itself_and_the_cold_halves_merge_again(broker):
+    """elastic.split.bytes.per.sec and elastic.merge.bytes.per.sec: under keyed producers the
+    topic's only physical partition splits once its rate held above the threshold for the window;
+    once they stop, the two cold halves merge. Every acknowledged message is read in per-key order."""
+    admin = broker.admin_url()
+    topic = unique("elastic-auto")
+    weir(admin, "topic", "create", topic, "--elastic", "--partitions", "1", "--stable-partitions", "4",
+         "--config", "elastic.split.bytes.per.sec=2000", "--config", "elastic.merge.bytes.per.sec=500",
+         "--config", "elastic.autoscale.window.ms=5000")
+    keys = [f"key-{i:02d}" for i in range(48)]
+    load = KeyedLoad(broker, topic, keys, rocketmq=False)
+    try:
+        def split():
+            return any(p["id"] == 0 and p["state"] == "retired" for p in describe(admin, topic)["elastic"]["physical"])
+        wait_until(split, timeout=40, interval=1.0, what="an automatic split under load")
+    finally:
+        total = load.finish()
+    physical = {p["id"]: p for p in describe(admin, topic)["elastic"]["physical"]}
+    assert physical[0]["children"] == [1, 2], physical
+
+    # (The halves may have split again meanwhile: each is as hot as the threshold allows.)
+    def merged():
+        return any(len(p["parents"]) == 2 for p in active(describe(admin, topic)))
+    wait_until(merged, timeout=40, interval=1.0, what="an automatic merge of cold neighbours")
+    check_order(load.acked, consume_kafka(broker.bootstrap, topic, total, {}, "classic group"), 4, "classic group")

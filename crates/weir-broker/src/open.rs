@@ -88,6 +88,7 @@ impl Broker {
         if self.config.roles.broker {
             self.run_isr_checks();
             self.run_load_sampler();
+            self.run_elastic_autoscaler();
             self.run_lifecycle();
             // As a KRaft broker does: serve clients only once the controller has unfenced it.
             block_on(self.wait_until_unfenced())?;

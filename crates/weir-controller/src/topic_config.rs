@@ -73,7 +73,44 @@ pub(crate) const BROKER_TOPIC_CONFIGS: &[(&str, &str)] = &[
     (MESSAGE_TYPE, "NORMAL"),
     (MESSAGE_INDEX, "false"),
     (MESSAGE_DELAY_MAX_MS, "604800000"),
+    (ELASTIC_SPLIT_BYTES_PER_SEC, "0"),
+    (ELASTIC_MERGE_BYTES_PER_SEC, "0"),
+    (ELASTIC_AUTOSCALE_WINDOW_MS, "60000"),
 ];
+
+/// An elastic topic's automatic split: a physical partition whose producers write more bytes
+/// per second than this, for `elastic.autoscale.window.ms`, is split (0: never).
+pub const ELASTIC_SPLIT_BYTES_PER_SEC: &str = "elastic.split.bytes.per.sec";
+/// An elastic topic's automatic merge: two adjacent physical partitions, led by one broker,
+/// whose producers write fewer bytes per second than this together, for
+/// `elastic.autoscale.window.ms`, are merged (0: never).
+pub const ELASTIC_MERGE_BYTES_PER_SEC: &str = "elastic.merge.bytes.per.sec";
+/// How long a rate must hold before an automatic split or merge, in milliseconds.
+pub const ELASTIC_AUTOSCALE_WINDOW_MS: &str = "elastic.autoscale.window.ms";
+
+/// An elastic topic's automatic split and merge settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ElasticAutoscale {
+    /// Bytes per second in; 0 when off.
+    pub split_bytes_per_sec: u64,
+    pub merge_bytes_per_sec: u64,
+    pub window_ms: u64,
+}
+
+/// A topic's automatic split and merge settings.
+pub fn elastic_autoscale(
+    broker_defaults: &BTreeMap<String, String>,
+    overrides: &BTreeMap<String, String>,
+) -> ElasticAutoscale {
+    let number = |name: &str, default: u64| {
+        override_or_default(broker_defaults, overrides, name).and_then(|v| v.trim().parse().ok()).unwrap_or(default)
+    };
+    ElasticAutoscale {
+        split_bytes_per_sec: number(ELASTIC_SPLIT_BYTES_PER_SEC, 0),
+        merge_bytes_per_sec: number(ELASTIC_MERGE_BYTES_PER_SEC, 0),
+        window_ms: number(ELASTIC_AUTOSCALE_WINDOW_MS, 60_000),
+    }
+}
 
 /// Whether the topic's messages are indexed by key and message id, for queries (see
 /// `weir_broker::message_index`). Topics RocketMQ clients create, and those created with a message
@@ -267,6 +304,16 @@ pub fn log_config(
                     let ms: i64 = value.trim().parse().map_err(|_| bad(name, value, "expected milliseconds"))?;
                     if !(1..=MESSAGE_DELAY_MAX_MS_LIMIT).contains(&ms) {
                         return Err(bad(name, value, "expected milliseconds from 1 to a year (31622400000)"));
+                    }
+                }
+                ELASTIC_SPLIT_BYTES_PER_SEC | ELASTIC_MERGE_BYTES_PER_SEC => {
+                    if value.trim().parse::<u64>().is_err() {
+                        return Err(bad(name, value, "expected bytes per second (0: off)"));
+                    }
+                }
+                ELASTIC_AUTOSCALE_WINDOW_MS => {
+                    if !value.trim().parse::<u64>().is_ok_and(|ms| ms >= 1000) {
+                        return Err(bad(name, value, "expected milliseconds, at least 1000"));
                     }
                 }
                 MESSAGE_TYPE => {
