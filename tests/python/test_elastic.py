@@ -449,3 +449,41 @@ def test_kill9_of_the_leader_in_the_middle_of_a_split_loses_no_acknowledged_writ
     finally:
         total = load.finish()
     check_order(load.acked, consume_kafka(cluster.bootstrap(), topic, load.acked, {}, "classic group"), 4, "classic group")
+
+
+def test_the_controller_moves_a_physical_partition_off_a_hot_broker_by_measured_load(cluster_factory):
+    """Both physical partitions of a topic on one broker of three, under keyed producers: the
+    brokers' heartbeats report the traffic, the controller sees that broker beyond the band and
+    moves one physical partition to the coldest broker (`weir cluster balance` shows the loads),
+    and every acknowledged write is read back in per-key order."""
+    cluster = cluster_factory(voters=3, settings={
+        "replica.lag.time.max.ms": "2000", "replica.fetch.wait.max.ms": "200",
+        "elastic.balance.interval.ms": "2000", "elastic.balance.min.bytes.per.sec": "100"})
+    admin = cluster.node(1).admin_url()
+    topic = unique("elastic-balance")
+    weir(admin, "topic", "create", topic, "--elastic", "--partitions", "2", "--stable-partitions", "4",
+         "--replication-factor", "1")
+    first, second = active(describe(admin, topic))
+    hot = first["leader"]
+    status, body = http("POST", f"{admin}/v1/reassignments", {"version": 1, "partitions": [
+        {"topic": topic, "partition": s, "replicas": [hot]} for s in (second["stable_first"], second["stable_last"])]})
+    assert status == 200 and not any("error" in r for r in body["results"]), body
+    wait_until(lambda: all(p["leader"] == hot and not p.get("moving") for p in active(describe(admin, topic))),
+               timeout=30, interval=0.5, what="both physical partitions on one broker")
+
+    class ClusterBroker:
+        bootstrap = cluster.bootstrap()
+    load = KeyedLoad(ClusterBroker, topic, [f"k{i:02d}" for i in range(16)], rocketmq=False)
+    try:
+        def moved_off():
+            return any(p["leader"] not in (hot, -1) for p in active(describe(admin, topic)))
+        wait_until(moved_off, timeout=60, interval=1.0, what="a physical partition moved off the hot broker")
+        report = json.loads(weir(admin, "cluster", "balance", "--json").stdout)
+        assert report["enabled"] and {b["broker"] for b in report["brokers"]} == {1, 2, 3}, report
+        assert all(b["reported"] for b in report["brokers"]), report
+        text = weir(admin, "cluster", "balance").stdout
+        assert "Load balance: on" in text and "TRAFFIC/S" in text, text
+        time.sleep(1.0)
+    finally:
+        load.finish()
+    check_order(load.acked, consume_kafka(cluster.bootstrap(), topic, load.acked, {}, "classic group"), 4, "classic group")

@@ -268,6 +268,10 @@ pub struct PhysicalPartitionInfo {
     pub size_bytes: u64,
 }
 
+/// `GET /v1/cluster/balance`: every broker's load, the balancer's next move and the elastic
+/// moves in progress (the controller's own types).
+pub use weir_broker::balance::{BalanceReport, BrokerLoad, PlannedMove};
+
 /// `POST /v1/topics/{topic}/split`: split a physical partition of an elastic topic.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -106,3 +106,9 @@ pub(crate) async fn merge(
     let outcome = core.broker.merge_physical(&topic, (a, b), wait).await?;
     answer(&core.broker, &topic, outcome).await
 }
+
+/// `GET /v1/cluster/balance`.
+pub(crate) async fn balance(State(state): State<SharedState>) -> Result<Json<crate::api::BalanceReport>, ApiError> {
+    let core = state.core()?;
+    Ok(Json(core.broker.describe_balance().await?))
+}

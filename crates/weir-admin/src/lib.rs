@@ -124,6 +124,7 @@ pub(crate) fn router(state: SharedState) -> Router {
         .route("/v1/broker/configs", get(broker_info::configs))
         .route("/v1/cluster", get(cluster::info))
         .route("/v1/cluster/health", get(operations::health))
+        .route("/v1/cluster/balance", get(elastic::balance))
         .route("/v1/cluster/configs", get(dynamic_configs::get).patch(dynamic_configs::alter))
         .route("/v1/elections", post(operations::elect))
         .route("/v1/reassignments/generate", post(operations::generate_plan))

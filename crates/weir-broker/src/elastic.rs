@@ -63,6 +63,15 @@ impl Broker {
         self.change_layout(topic, request, wait).await
     }
 
+    /// The brokers' loads as the active controller sees them, and its next move
+    /// (`weir cluster balance`).
+    pub async fn describe_balance(self: &Arc<Self>) -> Result<crate::balance::BalanceReport, BrokerError> {
+        match self.control(ControlRequest::DescribeBalance).await? {
+            ControlAnswer::Balance(report) => Ok(report),
+            other => Err(unexpected_answer(&other)),
+        }
+    }
+
     async fn change_layout(
         self: &Arc<Self>,
         topic: &str,

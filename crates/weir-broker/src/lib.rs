@@ -8,6 +8,8 @@
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+/// Placement by measured load (the controller's, `weir-controller`).
+pub use weir_controller::balance;
 pub mod broker;
 mod broker_configs;
 mod capacity;

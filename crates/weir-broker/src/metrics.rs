@@ -281,8 +281,50 @@ impl Broker {
             for partition in broker.partitions() {
                 partition.metrics.sample_load(now);
             }
+            sample_process_cpu(now);
         });
     }
+
+    /// What this broker reports of its load in its heartbeats: each partition it leads that
+    /// carried traffic in the last window, its CPU and the bytes of its logs.
+    pub(crate) fn load_report(&self) -> weir_controller::balance::LoadReport {
+        let mut report = weir_controller::balance::LoadReport {
+            cpu_cores: f64::from_bits(PROCESS_CPU_CORES.load(std::sync::atomic::Ordering::Relaxed)),
+            ..Default::default()
+        };
+        for partition in self.partitions() {
+            report.disk_bytes += partition.log.size_bytes();
+            let load = partition.metrics.load();
+            let traffic = load.bytes_in_per_sec > 0.0 || load.bytes_out_per_sec > 0.0;
+            if traffic && partition.state().leader == self.config.node_id {
+                report.partitions.push(weir_controller::balance::PartitionRate {
+                    topic: partition.topic.clone(),
+                    partition: partition.index,
+                    bytes_in_per_sec: load.bytes_in_per_sec,
+                    bytes_out_per_sec: load.bytes_out_per_sec,
+                });
+            }
+        }
+        report
+    }
+}
+
+/// The process's CPU use over the last load window, in cores (an `f64`'s bits): one process,
+/// one figure, whichever broker of it reports.
+static PROCESS_CPU_CORES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn sample_process_cpu(now: std::time::Instant) {
+    static LAST: std::sync::Mutex<Option<(std::time::Instant, f64)>> = std::sync::Mutex::new(None);
+    let Some(cpu) = weir_proc::cpu_seconds(weir_proc::Pid::SelfProcess) else { return };
+    let mut last = weir_storage::sync::lock(&LAST);
+    if let Some((then, was)) = *last {
+        let seconds = now.saturating_duration_since(then).as_secs_f64();
+        if seconds > 0.0 {
+            let cores = ((cpu - was) / seconds).max(0.0);
+            PROCESS_CPU_CORES.store(cores.to_bits(), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    *last = Some((now, cpu));
 }
 
 /// How long a partition's load window is.

@@ -25,6 +25,10 @@ pub struct Sessions {
     brokers: HashMap<i32, Session>,
     /// When the leader balance was last checked (`auto.leader.rebalance.enable`).
     pub last_rebalance_check: Option<Instant>,
+    /// What each broker reported of its load in its last heartbeat of this term.
+    pub loads: std::collections::BTreeMap<i32, crate::balance::LoadReport>,
+    /// When the load balance was last checked (`elastic.balance.enable`).
+    pub last_balance_check: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +45,7 @@ impl Sessions {
         if self.term != term {
             self.term = term;
             self.brokers.clear();
+            self.loads.clear();
         }
         self
     }

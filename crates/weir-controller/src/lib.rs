@@ -13,7 +13,7 @@
 //! Code map:
 //! - [`request`]: what can be asked of the controller ([`ControlRequest`]) and its answers;
 //! - [`topics`]: topics, partitions and topic configs; [`elastic`]: elastic topics' creation,
-//!   splits and merges; [`placement`]: where replicas go;
+//!   splits and merges; [`balance`]: moving elastic topics' physical partitions by measured load; [`placement`]: where replicas go;
 //!   [`capacity`]: how many replicas a broker can hold open, and the refusal past it;
 //! - [`brokers`]: registrations, heartbeats, sessions, fencing and the leader changes they
 //!   imply;
@@ -34,6 +34,7 @@
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+pub mod balance;
 pub mod brokers;
 pub mod capacity;
 pub mod elastic;

@@ -69,7 +69,13 @@ pub enum ControlRequest {
         applied_offset: i64,
         /// The broker is shutting down: fence it now rather than at its session timeout.
         shutting_down: bool,
+        /// What the broker's partitions carry, and its CPU and disk use (absent from brokers
+        /// older than the report).
+        #[serde(default)]
+        load: Option<crate::balance::LoadReport>,
     },
+    /// The brokers' loads and the balancer's next move (`weir cluster balance`).
+    DescribeBalance,
     /// A partition leader's proposed ISR (Kafka's AlterPartition).
     AlterPartition {
         proposal: crate::isr::IsrProposal,
@@ -124,6 +130,7 @@ impl ControlRequest {
             ControlRequest::AlterBrokerConfigs { .. } => "alter broker configs",
             ControlRequest::AlterGroupConfigs { .. } => "alter group configs",
             ControlRequest::UnregisterBroker { .. } => "unregister a broker",
+            ControlRequest::DescribeBalance => "describe the load balance",
         }
     }
 }
@@ -143,6 +150,7 @@ pub enum ControlAnswer {
     Elected(Vec<crate::election::ElectionResult>),
     Reassigned(Vec<crate::reassignment::ReassignmentResult>),
     Elastic(crate::elastic::ElasticChange),
+    Balance(crate::balance::BalanceReport),
 }
 
 /// The controller's answer to a heartbeat.

@@ -16,7 +16,7 @@ use uuid::Uuid;
 use weir_controller::election::{ElectionResult, ElectionType};
 use weir_controller::reassignment::{OngoingReassignment, ReassignmentResult, ReassignmentTarget};
 use weir_controller::{
-    brokers, elastic, election, isr, producer_ids, reassignment, topics, ControllerConfig, Decision,
+    balance, brokers, elastic, election, isr, producer_ids, reassignment, topics, ControllerConfig, Decision,
 };
 use weir_controller::{HeartbeatAnswer, RandomEntropy};
 use weir_storage::sync::lock;
@@ -132,9 +132,17 @@ impl Broker {
             ControlRequest::RegisterBroker { registration } => {
                 self.decide_register_broker(held, registration).map(|()| ControlAnswer::Done)
             }
-            ControlRequest::Heartbeat { id, incarnation, applied_offset, shutting_down } => self
-                .decide_heartbeat(held, id, incarnation, applied_offset, shutting_down)
-                .map(ControlAnswer::Heartbeat),
+            ControlRequest::Heartbeat { id, incarnation, applied_offset, shutting_down, load } => {
+                if let Some(load) = load {
+                    lock(&self.cluster.sessions).loads.insert(id, load);
+                }
+                self.decide_heartbeat(held, id, incarnation, applied_offset, shutting_down)
+                    .map(ControlAnswer::Heartbeat)
+            }
+            ControlRequest::DescribeBalance => {
+                let loads = lock(&self.cluster.sessions).loads.clone();
+                Ok(ControlAnswer::Balance(balance::report(&self.metadata(), &loads, &self.config.elastic_balance)))
+            }
             ControlRequest::AlterPartition { proposal } => {
                 self.decide_alter_partition(held, proposal).map(|()| ControlAnswer::Done)
             }
@@ -434,6 +442,7 @@ impl Broker {
             self.commit(&held, completions)?;
             tracing::info!(partitions = count, "partition reassignments completed");
         }
+        self.balance_if_due(&held)?;
         let retirements = elastic::retirements(&self.metadata());
         if !retirements.is_empty() {
             self.commit(&held, retirements)?;
@@ -530,6 +539,40 @@ impl Broker {
         }
         if elected > 0 {
             tracing::info!(kind = ?ElectionType::Preferred, partitions = elected, "elected leaders");
+        }
+        Ok(())
+    }
+
+    /// The load balance check, when `elastic.balance.interval.ms` has passed since the last (and
+    /// `elastic.balance.enable` is on): at most one physical partition starts moving.
+    fn balance_if_due(&self, held: &MutexGuard<'_, ()>) -> Result<(), BrokerError> {
+        let config = self.config.elastic_balance;
+        if !config.enable {
+            return Ok(());
+        }
+        let loads = {
+            let mut sessions = lock(&self.cluster.sessions);
+            let now = Instant::now();
+            let last = *sessions.last_balance_check.get_or_insert(now);
+            if now.saturating_duration_since(last) < Duration::from_millis(self.config.elastic_balance_interval_ms) {
+                return Ok(());
+            }
+            sessions.last_balance_check = Some(now);
+            sessions.loads.clone()
+        };
+        let decision = balance::decide_balance(&self.metadata(), &loads, &config);
+        let Some((planned, new_leaders)) = self.settle(held, decision)? else { return Ok(()) };
+        tracing::info!(
+            topic = %planned.topic,
+            physical = planned.physical,
+            from = planned.from,
+            to = planned.to,
+            bytes_per_sec = planned.bytes_per_sec,
+            "load balance: moving a physical partition"
+        );
+        if !new_leaders.is_empty() {
+            let partitions = new_leaders.iter().map(|s| (planned.topic.clone(), *s)).collect();
+            self.decide_elect_leaders(held, ElectionType::Preferred, Some(partitions))?;
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use weir_admin::api::{
     PartitionHealth, QuorumMembership, ReplicationThrottle, UnregisteredBroker,
 };
 
-use super::{parse_key_value, print_json, AdminClient, Connection, Table};
+use super::{human_bytes, parse_key_value, print_json, AdminClient, Connection, Table};
 
 /// `weir cluster health`'s exit status when the cluster is unhealthy: apart from 1, which says
 /// the question could not be asked (no answer, a bad flag), so a script can tell the two.
@@ -42,6 +42,9 @@ pub enum ClusterCommand {
     /// The dynamic broker configs (those that change while the cluster runs, kept in the
     /// metadata): cluster-wide, or one broker's with --broker.
     Config(ConfigArgs),
+    /// Every broker's traffic, CPU and disk as the controller measures them, the balancer's next
+    /// move of an elastic topic's physical partition, and the moves in progress.
+    Balance,
 }
 
 #[derive(Debug, Args)]
@@ -116,6 +119,14 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
                 return print_json(&mut out, &cluster);
             }
             write_info(&mut out, &cluster)?;
+        }
+        ClusterCommand::Balance => {
+            let report: weir_admin::api::BalanceReport = client.get("/v1/cluster/balance", &[])?;
+            if args.connection.json {
+                print_json(&mut out, &report)?;
+            } else {
+                write_balance(&mut out, &report)?;
+            }
         }
         ClusterCommand::Health => {
             let health: ClusterHealth = client.get("/v1/cluster/health", &[])?;
@@ -340,6 +351,54 @@ fn broker_state(node: &NodeInfo) -> &'static str {
         (Some(false), true) => "active",
         (Some(false), false) => "unreachable",
     }
+}
+
+fn write_balance(out: &mut impl Write, report: &weir_admin::api::BalanceReport) -> anyhow::Result<()> {
+    let state = if report.enabled { "on" } else { "off (elastic.balance.enable=false)" };
+    writeln!(
+        out,
+        "Load balance: {state}; band {}x of the mean ({}/s); nothing moves below {}/s",
+        report.band,
+        human_bytes(report.mean_bytes_per_sec as u64),
+        human_bytes(report.min_bytes_per_sec as u64)
+    )?;
+    let mut table = Table::new(&["BROKER", "TRAFFIC/S", "x MEAN", "CPU", "DISK"]);
+    for b in &report.brokers {
+        let ratio = if report.mean_bytes_per_sec > 0.0 { b.bytes_per_sec / report.mean_bytes_per_sec } else { 0.0 };
+        let traffic = if b.reported { human_bytes(b.bytes_per_sec as u64) } else { "not reported".to_string() };
+        table.row(vec![
+            b.broker.to_string(),
+            traffic,
+            format!("{ratio:.2}"),
+            format!("{:.2} cores", b.cpu_cores),
+            human_bytes(b.disk_bytes),
+        ]);
+    }
+    table.write(out)?;
+    match &report.plan {
+        Some(p) => writeln!(
+            out,
+            "Next move: physical partition {} of '{}' ({}/s) from broker {} to broker {}, replicas {:?}",
+            p.physical,
+            p.topic,
+            human_bytes(p.bytes_per_sec as u64),
+            p.from,
+            p.to,
+            p.replicas
+        )?,
+        None => writeln!(out, "Next move: none")?,
+    }
+    if report.moving.is_empty() {
+        writeln!(out, "Moving: nothing")?;
+    }
+    for m in &report.moving {
+        writeln!(
+            out,
+            "Moving: {}-{} to {:?} (adding {:?}, removing {:?})",
+            m.topic, m.partition, m.replicas, m.adding, m.removing
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
