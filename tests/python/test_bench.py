@@ -64,3 +64,25 @@ def test_bench_partitions_quick(tmp_path):
             # Indexes are mapped once a partition is used: these idle ones map none.
             assert 0 < node["memory_maps"] < 2 * step["partitions"] + 1000, node
     assert "| 60 |" in proc.stdout, proc.stdout
+
+
+def test_bench_elastic_quick(tmp_path):
+    """`weir bench elastic` on a tiny scale: a split under load on three real nodes, and a plain
+    against an elastic topic on one. Every figure must be there and sane: the split moved the
+    upper half of the first physical partition, writes flowed before, during and after it, and
+    both topics took and served bytes."""
+    report_path = tmp_path / "elastic.json"
+    cmd = [str(weir_bin()), "bench", "elastic", "--stable-partitions", "8", "--seconds", "2", "--rounds", "1",
+           "--json", str(report_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    report = json.loads(report_path.read_text())
+    split = report["split"]
+    assert split["moved"] == [2, 3], split
+    assert split["acks_per_sec_before"] > 0 and split["acks_per_sec_after"] > 0, split
+    assert 0 < split["split_seconds"] < 120 and split["stall_moved_p99_ms"] > 0, split
+    assert [c["kind"] for c in report["cost"]] == ["plain", "elastic"]
+    for cost in report["cost"]:
+        assert cost["produce_mb_per_s"][0] > 0 and cost["fetch_mb_per_s"][0] > 0, cost
+        assert cost["produce_cpu_seconds_per_gb"] > 0, cost
+    assert "produce stall, moved partitions" in proc.stdout, proc.stdout

@@ -31,6 +31,10 @@ pub enum BenchCommand {
     /// partitions it led and those it followed, and when it was also the active controller.
     #[command(long_about = FAILOVER_LONG_ABOUT)]
     Failover(FailoverBenchArgs),
+    /// Elastic topics: the produce stall and throughput around a split under load on a 3-node
+    /// cluster, and an elastic topic against a plain one of the same partition count.
+    #[command(long_about = ELASTIC_LONG_ABOUT)]
+    Elastic(ElasticBenchArgs),
     /// What replication costs a producer: produce MB/s and latency with 1 replica / acks=1,
     /// 3 replicas / acks=1 and 3 replicas / acks=all on a 3-node cluster, side by side.
     Replication(ReplicationBenchArgs),
@@ -51,6 +55,24 @@ pub enum BenchCommand {
     #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
     Kafka(crate::kafka::KafkaBenchArgs),
 }
+
+const ELASTIC_LONG_ABOUT: &str = "\
+Elastic topics (docs/elastic.md), two measurements in one run.
+
+A split under load: three nodes, an elastic topic of 2 physical partitions over
+--stable-partitions stable ones with replication factor 2, and a writer per stable partition
+that produces one batch of 10 records of 100 bytes at a time with acks=all to its leader
+(looking the leader up again whenever a request fails). After --seconds, physical partition 0
+is split with `weir topic split` (which answers once the moves it starts are done); the
+writers go on for --seconds more. Printed: messages acknowledged per second before, during and
+after the split, and the produce stall (the longest time without an acknowledgement from the
+split's start until a second after it was in force) at p50 and p99, for the stable partitions
+the split moved and for the others.
+
+The cost of elastic: one node, a plain topic and an elastic topic of --stable-partitions
+partitions each, written by the same writers for --seconds and then read whole with Fetch,
+taking turns for --rounds rounds. Printed: produce and fetch MB/s per round, and the broker's
+CPU seconds per GB of each.";
 
 const FAILOVER_LONG_ABOUT: &str = "\
 How long acknowledgements stop when a node dies: a cluster of 3 combined nodes (this binary, on
@@ -366,6 +388,25 @@ pub struct TimerBenchArgs {
     /// A tiny run (seconds), for CI: checks that everything works, the figures mean little.
     #[arg(long)]
     pub(crate) quick: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ElasticBenchArgs {
+    /// Stable partitions of the topics (a power of two).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(i32).range(2..=256))]
+    pub(crate) stable_partitions: i32,
+
+    /// Seconds of each phase: before and after the split, and each turn of the cost rounds.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub(crate) seconds: u64,
+
+    /// Turns of each topic in the cost comparison.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
 
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]

@@ -37,7 +37,7 @@ const WAIT_LIMIT: Duration = Duration::from_secs(90);
 const WRITER_IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// When each partition's acknowledgements came.
-type AckTimes = Arc<Vec<Mutex<Vec<Instant>>>>;
+pub(crate) type AckTimes = Arc<Vec<Mutex<Vec<Instant>>>>;
 
 /// The stalls of one setting, in seconds, by the dead node's part.
 #[derive(Debug, Default, Serialize)]
@@ -79,7 +79,9 @@ fn measure(args: &FailoverBenchArgs, watch: bool) -> anyhow::Result<Stalls> {
     let writers: Vec<_> = (0..args.partitions)
         .map(|p| {
             let (bootstrap, acks, stop) = (bootstrap.clone(), acks.clone(), stop.clone());
-            std::thread::spawn(move || write_partition(&bootstrap, p, &acks, &stop))
+            std::thread::spawn(move || {
+                write_partition(&bootstrap, TOPIC, p, produce::encode_records(100, 1)?, &acks, &stop)
+            })
         })
         .collect();
     let mut stalls = Stalls::default();
@@ -186,8 +188,13 @@ fn active_controller(client: &mut Client) -> anyhow::Result<Option<i32>> {
 }
 
 fn metadata(client: &mut Client) -> anyhow::Result<MetadataResponse> {
+    topic_metadata(client, TOPIC)
+}
+
+/// Metadata of `topic` alone.
+pub(crate) fn topic_metadata(client: &mut Client, topic: &str) -> anyhow::Result<MetadataResponse> {
     let request = MetadataRequest::default()
-        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic_name(TOPIC)))]))
+        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic_name(topic)))]))
         .with_allow_auto_topic_creation(false);
     client.send(12, &request).context("Metadata")
 }
@@ -229,7 +236,7 @@ fn flows(recent: &[Instant], now: Instant) -> bool {
 
 /// The longest time without an acknowledgement from `fault_at` on (the first acks after it may
 /// answer requests served before it, so the first one is no measure).
-fn stall(times: &[Instant], fault_at: Instant) -> Option<Duration> {
+pub(crate) fn stall(times: &[Instant], fault_at: Instant) -> Option<Duration> {
     let mut previous = fault_at;
     let mut longest = None;
     for t in times.iter().filter(|t| **t > fault_at) {
@@ -240,17 +247,19 @@ fn stall(times: &[Instant], fault_at: Instant) -> Option<Duration> {
     longest
 }
 
-/// A writer: produces one batch at a time with acks=all to `partition`'s leader until `stop`,
-/// noting when each acknowledgement came.
-fn write_partition(
+/// A writer: produces `records` (one batch) at a time with acks=all to `partition` of `topic`'s
+/// leader until `stop`, noting when each acknowledgement came.
+pub(crate) fn write_partition(
     bootstrap: &Mutex<Vec<SocketAddr>>,
+    topic: &str,
     partition: i32,
+    records: bytes::Bytes,
     acks: &AckTimes,
     stop: &AtomicBool,
 ) -> anyhow::Result<()> {
-    let request = kafka_client::produce_request(TOPIC, partition, produce::encode_records(100, 1)?, -1);
+    let request = kafka_client::produce_request(topic, partition, records, -1);
     while !stop.load(Ordering::Relaxed) {
-        let Some(mut client) = leader_of(bootstrap, partition) else {
+        let Some(mut client) = leader_of(bootstrap, topic, partition) else {
             std::thread::sleep(Duration::from_millis(20));
             continue;
         };
@@ -268,11 +277,11 @@ fn write_partition(
 }
 
 /// A connection to `partition`'s leader, as the first live node that answers Metadata says.
-fn leader_of(bootstrap: &Mutex<Vec<SocketAddr>>, partition: i32) -> Option<Client> {
+fn leader_of(bootstrap: &Mutex<Vec<SocketAddr>>, topic: &str, partition: i32) -> Option<Client> {
     let nodes = lock(bootstrap).clone();
     for node in nodes {
         let Ok(mut client) = Client::connect(node, CLIENT_ID, WRITER_IO_TIMEOUT) else { continue };
-        let Ok(response) = metadata(&mut client) else { continue };
+        let Ok(response) = topic_metadata(&mut client, topic) else { continue };
         let leader = response
             .topics
             .first()
@@ -286,7 +295,7 @@ fn leader_of(bootstrap: &Mutex<Vec<SocketAddr>>, partition: i32) -> Option<Clien
     None
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 

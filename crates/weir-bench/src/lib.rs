@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+mod elastic;
 mod failover;
 mod fetch;
 mod kafka;
@@ -44,6 +45,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Produce(args) => produce::run(&args),
         BenchCommand::Kafka(args) => kafka::run(&args),
         BenchCommand::Failover(args) => failover::run(&args),
+        BenchCommand::Elastic(args) => elastic::run(&args),
         BenchCommand::Metadata(args) => metadata::run(&args),
         BenchCommand::Partitions(args) => partitions::run(&args),
         BenchCommand::Replication(args) => replication::run(&args),

@@ -36,12 +36,33 @@ pub(crate) fn start(nodes: usize, partitions: i32, extra: &[(&str, &str)]) -> an
     start_binary(nodes, partitions, extra, None)
 }
 
+/// [`start`] of a cluster (`nodes` > 1) whose nodes each serve the admin API too, on a port of
+/// their own (in each node's `admin`).
+pub(crate) fn start_with_admin(nodes: usize, extra: &[(&str, &str)]) -> anyhow::Result<Setup> {
+    let admin: Vec<u16> = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<_>>()?;
+    let mut setup = start_nodes(nodes, 1, extra, None, Some(&admin))?;
+    for (node, port) in setup.nodes.iter_mut().zip(admin) {
+        node.admin = Some(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    Ok(setup)
+}
+
 /// [`start`] with the nodes running `exe` (`None`: this binary).
 pub(crate) fn start_binary(
     nodes: usize,
     partitions: i32,
     extra: &[(&str, &str)],
     exe: Option<&std::path::Path>,
+) -> anyhow::Result<Setup> {
+    start_nodes(nodes, partitions, extra, exe, None)
+}
+
+fn start_nodes(
+    nodes: usize,
+    partitions: i32,
+    extra: &[(&str, &str)],
+    exe: Option<&std::path::Path>,
+    admin_ports: Option<&[u16]>,
 ) -> anyhow::Result<Setup> {
     let mut settings = vec![
         ("admin.listeners".to_string(), String::new()),
@@ -62,6 +83,9 @@ pub(crate) fn start_binary(
         .map(|(i, port)| {
             let mut settings = settings.clone();
             settings.push(("node.id".into(), (i + 1).to_string()));
+            if let Some(port) = admin_ports.and_then(|ports| ports.get(i)) {
+                settings.push(("admin.listeners".into(), format!("127.0.0.1:{port}")));
+            }
             let listeners = format!("PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:{port}");
             let exe = exe.map(|e| e.to_path_buf());
             std::thread::spawn(move || {
