@@ -6,8 +6,9 @@ What it proves:
   and the admin API show each physical partition's ranges, state, leader, replicas and rates.
 - Splits and merges happen online, under keyed producers of three kinds (librdkafka with the
   murmur2 partitioner, kafka-python, the RocketMQ 5 client with message groups): every key stays
-  in the stable partition Kafka's partitioner gives it, and a classic group, a KIP-848 group and
-  a RocketMQ FIFO consumer each read every acknowledged message with per-key order intact.
+  in the stable partition Kafka's partitioner gives it, and a classic group, a KIP-848 group, a
+  consumer that assigns itself every partition, HTTP consume and RocketMQ FIFO consumers each
+  read every acknowledged message with per-key order intact.
 - In a 3-node cluster a split moves the upper half of a range to the least loaded broker while
   an idempotent acks=all producer writes and a group reads, without losing or reordering an
   acknowledged write; a merge brings it back.
@@ -23,7 +24,7 @@ import threading
 import time
 from collections import defaultdict
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewPartitions
 from kafka import KafkaProducer
 
@@ -282,6 +283,43 @@ def consume_kafka(bootstrap, topic, acked, conf, what, timeout=90):
     return received
 
 
+def assigned_reader(bootstrap, topic, partitions, acked, timeout=60):
+    """A consumer without a group that assigns itself every partition from the start."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("unused"), "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    wanted = {f"{key}/{source}/{seq}" for (key, source), seqs in acked.items() for seq in seqs}
+    received = []
+    deadline = time.monotonic() + timeout
+    try:
+        while wanted and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            received.append((msg.partition(), msg.value().decode()))
+            wanted.discard(msg.value().decode())
+    finally:
+        consumer.close()
+    assert not wanted, f"assign-and-fetch consumer: {len(wanted)} acknowledged messages not read"
+    return received
+
+
+def http_reader(admin, topic, acked, timeout=60):
+    """`GET /v1/topics/{topic}/records`, every partition from the start, following `partitions`."""
+    wanted = {f"{key}/{source}/{seq}" for (key, source), seqs in acked.items() for seq in seqs}
+    positions, received = None, []
+    deadline = time.monotonic() + timeout
+    while wanted and time.monotonic() < deadline:
+        query = "" if positions is None else "offsets=" + ",".join(f"{p}:{o}" for p, o in sorted(positions.items())) + "&"
+        status, body = http("GET", f"{admin}/v1/topics/{topic}/records?{query}max_records=1000&timeout_ms=500")
+        assert status == 200, body
+        for record in body["records"]:
+            received.append((record["partition"], record["value"]))
+            wanted.discard(record["value"])
+        positions = {p["partition"]: p["next_offset"] for p in body["partitions"]}
+    assert not wanted, f"HTTP consume: {len(wanted)} acknowledged messages not read"
+    return received
+
+
 def test_splits_and_merges_under_keyed_producers_keep_every_key_in_order_for_every_consumer(broker):
     admin = broker.admin_url()
     topic = unique("elastic-load")
@@ -319,6 +357,9 @@ def test_splits_and_merges_under_keyed_producers_keep_every_key_in_order_for_eve
     check_order(load.acked, consume_kafka(broker.bootstrap, topic, load.acked, {}, "classic group"), 16, "classic group")
     check_order(load.acked, consume_kafka(broker.bootstrap, topic, load.acked, {"group.protocol": "consumer"}, "KIP-848 group"),
                 16, "KIP-848 group")
+
+    check_order(load.acked, assigned_reader(broker.bootstrap, topic, 16, load.acked), 16, "assign-and-fetch consumer")
+    check_order(load.acked, http_reader(admin, topic, load.acked), 16, "HTTP consume")
 
     # RocketMQ FIFO consumers of one group: a message group's next message goes out only after the
     # one before it is acked, so recording each before acking it gives the group's order.
