@@ -256,18 +256,15 @@ def check_order(acked, received, partitions, what):
         assert not missing, f"{what}: {key}/{source} lost {sorted(missing)[:10]}"
 
 
-def consume_kafka(bootstrap, topic, acked, conf, what, timeout=90):
-    """A new group's member reads `topic` until every acknowledged message came (a retried send
-    may come twice, so counting is not enough), or the timeout."""
-    if conf.get("group.protocol") == "consumer":
-        # The broker holds the session settings of a KIP-848 group.
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g-elastic"), "auto.offset.reset": "earliest",
-                             "enable.auto.commit": False, **conf})
-    else:
-        consumer = c_consumer(bootstrap, unique("g-elastic"), conf)
-    consumer.subscribe([topic])
-    wanted = {f"{key}/{source}/{seq}" for (key, source), seqs in acked.items() for seq in seqs}
-    received = []
+def acked_bodies(acked):
+    """The body of every acknowledged message."""
+    return {f"{key}/{source}/{seq}" for (key, source), seqs in acked.items() for seq in seqs}
+
+
+def drain(consumer, acked, what, timeout):
+    """Polls `consumer` until every acknowledged message came (a retried send may come twice, so
+    counting is not enough), or the timeout; closes it; returns (partition, body) in order."""
+    wanted, received = acked_bodies(acked), []
     deadline = time.monotonic() + timeout
     try:
         while wanted and time.monotonic() < deadline:
@@ -283,29 +280,28 @@ def consume_kafka(bootstrap, topic, acked, conf, what, timeout=90):
     return received
 
 
+def consume_kafka(bootstrap, topic, acked, conf, what, timeout=90):
+    """A new group's member reads `topic` until every acknowledged message came."""
+    if conf.get("group.protocol") == "consumer":
+        # The broker holds the session settings of a KIP-848 group.
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g-elastic"), "auto.offset.reset": "earliest",
+                             "enable.auto.commit": False, **conf})
+    else:
+        consumer = c_consumer(bootstrap, unique("g-elastic"), conf)
+    consumer.subscribe([topic])
+    return drain(consumer, acked, what, timeout)
+
+
 def assigned_reader(bootstrap, topic, partitions, acked, timeout=60):
     """A consumer without a group that assigns itself every partition from the start."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("unused"), "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    wanted = {f"{key}/{source}/{seq}" for (key, source), seqs in acked.items() for seq in seqs}
-    received = []
-    deadline = time.monotonic() + timeout
-    try:
-        while wanted and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            received.append((msg.partition(), msg.value().decode()))
-            wanted.discard(msg.value().decode())
-    finally:
-        consumer.close()
-    assert not wanted, f"assign-and-fetch consumer: {len(wanted)} acknowledged messages not read"
-    return received
+    return drain(consumer, acked, "assign-and-fetch consumer", timeout)
 
 
 def http_reader(admin, topic, acked, timeout=60):
     """`GET /v1/topics/{topic}/records`, every partition from the start, following `partitions`."""
-    wanted = {f"{key}/{source}/{seq}" for (key, source), seqs in acked.items() for seq in seqs}
+    wanted = acked_bodies(acked)
     positions, received = None, []
     deadline = time.monotonic() + timeout
     while wanted and time.monotonic() < deadline:
@@ -364,7 +360,7 @@ def test_splits_and_merges_under_keyed_producers_keep_every_key_in_order_for_eve
     # RocketMQ FIFO consumers of one group: a message group's next message goes out only after the
     # one before it is acked, so recording each before acking it gives the group's order.
     received, lock = [], threading.Lock()
-    wanted = {f"{key}/{source}/{seq}" for (key, source), seqs in load.acked.items() for seq in seqs}
+    wanted = acked_bodies(load.acked)
 
     def fifo_consumer():
         consumer = simple_consumer(broker, group, topic, await_s=1)
