@@ -10,8 +10,9 @@ What it proves:
   consumer that assigns itself every partition, HTTP consume and RocketMQ FIFO consumers each
   read every acknowledged message with per-key order intact.
 - In a 3-node cluster a split moves the upper half of a range to the least loaded broker while
-  an idempotent acks=all producer writes and a group reads, without losing or reordering an
-  acknowledged write; a merge brings it back.
+  keyed Kafka producers (one idempotent, acks=all) and a RocketMQ producer sending in message
+  groups write; a classic group, a KIP-848 group and RocketMQ FIFO consumers then read every
+  acknowledged write in per-key order; a merge brings the half back.
 - Bad requests get clear refusals: a split below one stable partition, adding partitions, a
   merge of ranges that are not adjacent, a logical partition on a plain topic or out of range.
 
@@ -316,14 +317,52 @@ def http_reader(admin, topic, acked, timeout=60):
     return received
 
 
+def fifo_group(admin):
+    """A RocketMQ group with consume.fifo on."""
+    group = unique("g-fifo")
+    status, body = http("POST", f"{admin}/v1/groups", {"name": group, "configs": {"consume.fifo": "true"}})
+    assert status == 201, body
+    return group
+
+
+def fifo_read(broker, group, topic, acked, consumers=4, timeout=90):
+    """RocketMQ FIFO consumers of `group` read `topic` until every acknowledged message came. A
+    message group's next message goes out only after the one before it is acked, so recording
+    each before acking it gives the group's order; returns (None, body) in that order."""
+    received, lock = [], threading.Lock()
+    wanted = acked_bodies(acked)
+
+    def fifo_consumer():
+        consumer = simple_consumer(broker, group, topic, await_s=1)
+        deadline = time.monotonic() + timeout
+        try:
+            while wanted and time.monotonic() < deadline:
+                for m in consumer.receive(32, 30):
+                    with lock:
+                        received.append((None, m.body.decode()))
+                        wanted.discard(m.body.decode())
+                    consumer.ack(m)
+        finally:
+            consumer.shutdown()
+    started = time.monotonic()
+    threads = [threading.Thread(target=fifo_consumer, daemon=True) for _ in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 30)
+    total = sum(len(v) for v in acked.values())
+    print(f"\n[elastic figure] {total} messages acked; {consumers} RocketMQ FIFO consumers took "
+          f"{time.monotonic() - started:.1f} s")
+    assert not wanted, f"RocketMQ FIFO consumers: {len(wanted)} of {total} acknowledged messages not read"
+    return received
+
+
 def test_splits_and_merges_under_keyed_producers_keep_every_key_in_order_for_every_consumer(broker):
     admin = broker.admin_url()
     topic = unique("elastic-load")
     weir(admin, "topic", "create", topic, "--elastic", "--partitions", "2", "--stable-partitions", "16",
          "--config", "message.type=FIFO")
-    group = unique("g-fifo")
-    status, body = http("POST", f"{admin}/v1/groups", {"name": group, "configs": {"consume.fifo": "true"}})
-    assert status == 201, body
+    group = fifo_group(admin)
     # Enough keys that every queue has some: a FIFO consumer's receive of an empty queue waits
     # out its long poll.
     keys = [f"key-{i:02d}" for i in range(48)]
@@ -357,31 +396,7 @@ def test_splits_and_merges_under_keyed_producers_keep_every_key_in_order_for_eve
     check_order(load.acked, assigned_reader(broker.bootstrap, topic, 16, load.acked), 16, "assign-and-fetch consumer")
     check_order(load.acked, http_reader(admin, topic, load.acked), 16, "HTTP consume")
 
-    # RocketMQ FIFO consumers of one group: a message group's next message goes out only after the
-    # one before it is acked, so recording each before acking it gives the group's order.
-    received, lock = [], threading.Lock()
-    wanted = acked_bodies(load.acked)
-
-    def fifo_consumer():
-        consumer = simple_consumer(broker, group, topic, await_s=1)
-        deadline = time.monotonic() + 90
-        try:
-            while wanted and time.monotonic() < deadline:
-                for m in consumer.receive(32, 30):
-                    with lock:
-                        received.append((None, m.body.decode()))
-                        wanted.discard(m.body.decode())
-                    consumer.ack(m)
-        finally:
-            consumer.shutdown()
-    fifo_started = time.monotonic()
-    consumers = [threading.Thread(target=fifo_consumer, daemon=True) for _ in range(4)]
-    for t in consumers:
-        t.start()
-    for t in consumers:
-        t.join(120)
-    print(f"\n[elastic figure] {total} messages acked; 4 RocketMQ FIFO consumers took {time.monotonic() - fifo_started:.1f} s")
-    assert not wanted, f"RocketMQ FIFO consumers: {len(wanted)} of {total} acknowledged messages not read"
+    received = fifo_read(broker, group, topic, load.acked)
     check_order(load.acked, received, 16, "RocketMQ FIFO consumer")
 
 
@@ -390,16 +405,18 @@ def test_a_split_in_a_cluster_moves_half_the_range_to_the_least_loaded_broker_un
     admin = cluster.node(1).admin_url()
     topic = unique("elastic-move")
     weir(admin, "topic", "create", topic, "--elastic", "--partitions", "1", "--stable-partitions", "8",
-         "--replication-factor", "1")
+         "--replication-factor", "1", "--config", "message.type=FIFO")
+    group = fifo_group(admin)
     before = describe(admin, topic)
     (parent,) = active(before)
     home = parent["leader"]
     assert home in (1, 2, 3), parent
 
-    class ClusterBroker:  # what KeyedLoad needs of a broker
+    class ClusterBroker:  # what KeyedLoad and the RocketMQ clients need of a broker
         bootstrap = cluster.bootstrap()
+        rocketmq_endpoint = cluster.node(1).rocketmq_endpoint
     keys = [f"k{i:02d}" for i in range(16)]
-    load = KeyedLoad(ClusterBroker, topic, keys, rocketmq=False)
+    load = KeyedLoad(ClusterBroker, topic, keys)
     try:
         time.sleep(1.5)
         started = time.monotonic()
@@ -420,6 +437,9 @@ def test_a_split_in_a_cluster_moves_half_the_range_to_the_least_loaded_broker_un
         total = load.finish()
     print(f"\n[elastic figure] split with a move of 4 stable partitions took {split_s:.2f} s; {total} messages acked")
     check_order(load.acked, consume_kafka(cluster.bootstrap(), topic, load.acked, {}, "classic group"), 8, "classic group")
+    check_order(load.acked, consume_kafka(cluster.bootstrap(), topic, load.acked, {"group.protocol": "consumer"},
+                                          "KIP-848 group"), 8, "KIP-848 group")
+    check_order(load.acked, fifo_read(ClusterBroker, group, topic, load.acked), 8, "RocketMQ FIFO consumer")
 
 
 def test_a_hot_physical_partition_splits_by_itself_and_the_cold_halves_merge_again(broker):
