@@ -92,12 +92,8 @@ impl Broker {
                 Ok(ControlAnswer::CreatedTopics(vec![result]))
             }
             ControlRequest::SplitPhysical { topic, partition } => {
-                let decision = elastic::decide_split(
-                    &self.metadata(),
-                    &topic,
-                    partition,
-                    &elastic::placement_load(&self.metadata()),
-                )?;
+                let state = self.metadata();
+                let decision = elastic::decide_split(&state, &topic, partition, &self.split_loads(&state))?;
                 self.settle_elastic(held, &topic, "split", decision).map(ControlAnswer::Elastic)
             }
             ControlRequest::MergePhysical { topic, partitions: (a, b) } => {
@@ -227,6 +223,22 @@ impl Broker {
             Ok(_) => {}
         }
         result
+    }
+
+    /// The loads a split places its upper half by: the brokers' measured traffic once every
+    /// unfenced broker reported some (replica and leader counts break ties), else those counts.
+    fn split_loads(&self, state: &crate::metadata::MetadataState) -> BTreeMap<i32, f64> {
+        let counts = elastic::placement_load(state);
+        let reports = lock(&self.cluster.sessions).loads.clone();
+        let measured = balance::broker_loads(state, &reports);
+        let traffic: f64 = measured.iter().map(|l| l.bytes_per_sec).sum();
+        if measured.is_empty() || traffic <= 0.0 || measured.iter().any(|l| !l.reported) {
+            return counts;
+        }
+        measured
+            .into_iter()
+            .map(|l| (l.broker, l.bytes_per_sec + counts.get(&l.broker).copied().unwrap_or(0.0) * 1e-6))
+            .collect()
     }
 
     /// Commits a split or merge, then elects the preferred leaders it changed.
