@@ -143,13 +143,19 @@ class Broker:
         """Where RocketMQ 5 clients reach this broker (their `endpoints`)."""
         return f"{self.host}:{self.rocketmq_port}"
 
-    def admin_url(self):
+    def admin_url(self, timeout=10.0):
         """The admin HTTP API (admin.listeners=127.0.0.1:0), from the line the broker printed at
-        its last start."""
-        text = self.log_path.read_text(errors="replace")
-        urls = re.findall(r"^admin (http://\S+) \(JSON API", text, re.M)
-        assert urls, f"{self} printed no admin line"
-        return urls[-1]
+        its last start. A start returns once the Kafka listener accepts connections; the admin
+        line may come a moment later, so it is waited for."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log_path.read_text(errors="replace")
+            starts = text.split("=== test harness: start")
+            urls = re.findall(r"^admin (http://\S+) \(JSON API", starts[-1] if len(starts) > 1 else text, re.M)
+            if urls:
+                return urls[-1]
+            assert time.monotonic() < deadline and self.alive(), f"{self} printed no admin line"
+            time.sleep(0.05)
 
     @property
     def pid(self):

@@ -544,3 +544,26 @@ def test_the_controller_moves_a_physical_partition_off_a_hot_broker_by_measured_
     finally:
         load.finish()
     check_order(load.acked, consume_kafka(cluster.bootstrap(), topic, load.acked, {}, "classic group"), 4, "classic group")
+
+
+def test_an_elastic_layout_and_its_records_survive_kill9_and_restart(fresh_broker):
+    """The layout is metadata (committed to the metadata log): after splits, a merge, kill -9 and
+    a restart, describe shows the same physical partitions and the records are all there."""
+    admin = fresh_broker.admin_url()
+    topic = unique("elastic-restart")
+    weir(admin, "topic", "create", topic, "--elastic", "--partitions", "1", "--stable-partitions", "8")
+    weir(admin, "topic", "split", topic, "--partition", "0")
+    weir(admin, "topic", "split", topic, "--partition", "2")
+    weir(admin, "topic", "merge", topic, "--partitions", "3,4")
+    status, body = http("POST", f"{admin}/v1/topics/{topic}/records",
+                        {"records": [{"key": f"k{i}", "value": f"v{i}"} for i in range(40)]})
+    assert status == 200, body
+    before = describe(admin, topic)
+    fresh_broker.kill9()
+    fresh_broker.start()
+    admin = fresh_broker.admin_url()
+    after = describe(admin, topic)
+    shape = lambda d: [(p["id"], p["state"], p["stable_first"], p["stable_last"], p["parents"] if "parents" in p else [])
+                       for p in d["elastic"]["physical"]]
+    assert shape(after) == shape(before), (shape(before), shape(after))
+    assert sum(p["log_end_offset"] for p in after["partitions"]) == 40
