@@ -221,11 +221,17 @@ class KeyedLoad:
         try:
             while not self.stop.is_set():
                 for key in self.keys:
-                    try:
-                        producer.send(message(self.topic, f"{key}/r/{seq}".encode(), group=key))
-                        self._ack(key, "r", seq)
-                    except Exception as e:  # noqa: BLE001
-                        self.errors.append(f"rocketmq {key}/{seq}: {e}")
+                    # A send refused while its queue's leader moves is not stored; the
+                    # application sends it again, as RocketMQ's producers retry (maxAttempts).
+                    for attempt in range(5):
+                        try:
+                            producer.send(message(self.topic, f"{key}/r/{seq}".encode(), group=key))
+                            self._ack(key, "r", seq)
+                            break
+                        except Exception as e:  # noqa: BLE001
+                            if attempt == 4:
+                                self.errors.append(f"rocketmq {key}/{seq}: {e}")
+                            time.sleep(0.2)
                 seq += 1
                 time.sleep(0.4)
         finally:
