@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 
 use weir_storage::{AppendInfo, FlushPolicy};
 
-use crate::error::{BrokerError, ErrorKind};
+use crate::error::BrokerError;
 use crate::partition::Partition;
 use crate::Broker;
 
@@ -254,16 +254,27 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
         if !throttled.is_empty() {
             broker.replication_quotas.follower.record(throttled_bytes(&response, &throttled));
         }
-        // The partitions the answer names are the ones whose position may move now.
-        let touched: Vec<usize> = response
-            .partitions
-            .iter()
-            .filter_map(|p| current.index.get(&(p.topic.clone(), p.partition)).copied())
-            .collect();
+        // The partitions the answer names are the ones whose position may move now; each is
+        // applied only while `leader` still leads it at the epoch this fetch asked for.
+        let mut touched = Vec::with_capacity(response.partitions.len());
+        let mut asked = HashMap::with_capacity(response.partitions.len());
+        for p in &response.partitions {
+            if let Some(&i) = current.index.get(&(p.topic.clone(), p.partition)) {
+                touched.push(i);
+                asked.insert(i, current.fetch.partitions[i].current_leader_epoch);
+            }
+        }
         let broker2 = broker.clone();
         let followed = current.partitions.clone();
+        let index = current.index.clone();
         let fetched = followed.len();
-        let applied = tokio::task::spawn_blocking(move || apply_response(&broker2, &followed, response)).await;
+        let applied = tokio::task::spawn_blocking(move || {
+            let asked_of = |topic: &str, partition: i32| {
+                index.get(&(topic.to_string(), partition)).and_then(|i| asked.get(i)).map(|epoch| (leader, *epoch))
+            };
+            apply_response(&broker2, &followed, response, asked_of)
+        })
+        .await;
         for &i in &touched {
             if let Some(partition) = current.partitions.get(i) {
                 current.fetch.partitions[i] = fetch_from(&broker, partition);
@@ -345,12 +356,14 @@ fn throttled_bytes(response: &LeaderAnswer, throttled: &[PartitionKey]) -> u64 {
         .sum()
 }
 
-/// Applies a leader's answer to the followed partitions. Returns the partitions that made no
+/// Applies a leader's answer to the followed partitions. `asked` gives, for a partition, the
+/// leader and leader epoch its fetch was sent for. Returns the partitions that made no
 /// progress and why. Blocking.
 fn apply_response(
     broker: &Broker,
     fetched: &[Arc<Partition>],
     response: LeaderAnswer,
+    asked: impl Fn(&str, i32) -> Option<(i32, i32)>,
 ) -> Result<Vec<(PartitionKey, String)>, String> {
     if let Some(why) = response.refused {
         return Err(format!("the leader refused the fetch: {why}"));
@@ -365,8 +378,9 @@ fn apply_response(
     let mut stuck = Vec::new();
     for data in response.partitions {
         let Some(partition) = partitions.get(&(data.topic.as_str(), data.partition)) else { continue };
+        let Some(from) = asked(&data.topic, data.partition) else { continue };
         let key = (data.topic.clone(), data.partition);
-        if let Err(why) = apply_partition(broker, partition, data) {
+        if let Err(why) = apply_partition(broker, partition, from, data) {
             stuck.push((key, why));
         }
     }
@@ -415,19 +429,28 @@ impl Stalls {
 /// One partition of a fetch response: append, truncate, or start over. `Err` says why the
 /// partition made no progress (an error that needs a metadata change, or a truncation held at
 /// the learned high watermark), so the fetcher backs off and reports it if it lasts.
-fn apply_partition(broker: &Broker, partition: &Partition, data: LeaderPartition) -> Result<(), String> {
+/// `from` is the leader and leader epoch the fetch was sent for: an answer that comes after
+/// either changed writes nothing.
+fn apply_partition(
+    broker: &Broker,
+    partition: &Partition,
+    from: (i32, i32),
+    data: LeaderPartition,
+) -> Result<(), String> {
     match data.error {
         None => {}
         Some(LeaderError::OffsetOutOfRange) => {
             let fetch_offset = partition.log.log_end_offset();
             match (data.log_start_offset, data.high_watermark) {
                 (Some(log_start), _) if fetch_offset < log_start => {
-                    broker.restart_follower_at(partition, log_start).map_err(|e| e.to_string())?;
+                    broker.restart_follower_at(partition, from, log_start).map_err(|e| e.to_string())?;
                 }
                 // Past the leader's log end (it lost a tail in an unclean election):
                 // truncate to what it acknowledged.
                 (_, Some(high_watermark)) => {
-                    broker.truncate_follower(partition, high_watermark).map_err(|e| e.to_string())?;
+                    broker
+                        .truncate_follower(partition, from, high_watermark, "past the leader's log end")
+                        .map_err(|e| e.to_string())?;
                 }
                 _ => {}
             }
@@ -451,7 +474,11 @@ fn apply_partition(broker: &Broker, partition: &Partition, data: LeaderPartition
         };
         let epoch_of = |p: &Partition| p.log.latest_leader_epoch().ok().flatten();
         let before = (partition.log.log_end_offset(), epoch_of(partition));
-        broker.truncate_follower(partition, target.max(0)).map_err(|e| e.to_string())?;
+        let why = match diverging.epoch {
+            Some(epoch) => format!("the leader's epoch {epoch} ends at {}", diverging.end_offset),
+            None => "no epoch in common with the leader".to_string(),
+        };
+        broker.truncate_follower(partition, from, target.max(0), &why).map_err(|e| e.to_string())?;
         if (partition.log.log_end_offset(), epoch_of(partition)) == before {
             return Err(format!(
                 "diverged at epoch {:?} (leader's end {}), but nothing below the learned high watermark may be cut",
@@ -462,7 +489,7 @@ fn apply_partition(broker: &Broker, partition: &Partition, data: LeaderPartition
     }
     let records = data.records;
     let whole = weir_storage::batch::whole_batches_len(&records);
-    broker.append_as_follower(partition, &records[..whole], data.high_watermark).map_err(|e| e.to_string())?;
+    broker.append_as_follower(partition, from, &records[..whole], data.high_watermark).map_err(|e| e.to_string())?;
     if let Some(leader_log_start) = data.log_start_offset {
         follow_log_start(partition, leader_log_start).map_err(|e| e.to_string())?;
     }
@@ -483,48 +510,52 @@ fn follow_log_start(partition: &Partition, leader_log_start: i64) -> Result<(), 
 }
 
 impl Broker {
-    /// Writes the leader's batches to a partition this broker follows, keeping their offsets
-    /// and epochs, fsyncs them with `flush=sync` (a replica's position counts only once it is
-    /// as durable as the topic promises), and takes the leader's high watermark as far as the
-    /// log reaches. Blocking.
+    /// Writes the leader's batches to a partition this broker follows from `from` (leader,
+    /// leader epoch), keeping their offsets and epochs, fsyncs them with `flush=sync` (a
+    /// replica's position counts only once it is as durable as the topic promises), and takes
+    /// the leader's high watermark as far as the log reaches. Blocking.
     pub(crate) fn append_as_follower(
         &self,
         partition: &Partition,
+        from: (i32, i32),
         records: &[u8],
         leader_high_watermark: Option<i64>,
     ) -> Result<Option<AppendInfo>, BrokerError> {
-        if partition.state().leader == self.config.node_id {
-            return Err(BrokerError::new(
-                ErrorKind::NotLeader,
-                format!("{}-{} is led here now: it takes no replicated batches", partition.topic, partition.index),
-            ));
-        }
-        let info = if records.is_empty() {
-            None
-        } else {
-            // Checked again under the state: it may have become the leader since.
-            let info =
-                partition.write_as_follower(|| partition.log.append_replicated(records).map_err(BrokerError::from))?;
+        // Under the state: it may have become the leader, or another broker may lead now.
+        let info = partition.write_as_follower(from.0, from.1, || {
+            let info = if records.is_empty() {
+                None
+            } else {
+                Some(partition.log.append_replicated(records).map_err(BrokerError::from)?)
+            };
+            if let Some(leader_high_watermark) = leader_high_watermark {
+                partition.follow_high_watermark(leader_high_watermark);
+            }
+            Ok::<_, BrokerError>(info)
+        })?;
+        if let Some(info) = &info {
             if partition.log.config().flush == FlushPolicy::Sync {
                 partition.log.sync_to(info.last_offset + 1)?;
             }
-            Some(info)
-        };
-        if let Some(leader_high_watermark) = leader_high_watermark {
-            partition.follow_high_watermark(leader_high_watermark);
         }
         Ok(info)
     }
 
-    /// Cuts a follower's log back to `offset`, where it diverges from the leader's, but never
-    /// below the high watermark it learned: an acknowledged record is never removed. Returns
-    /// the new log end. Blocking.
-    pub(crate) fn truncate_follower(&self, partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
+    /// Cuts a follower's log back to `offset`, where it diverges from the leader's (`from`:
+    /// leader, leader epoch), but never below the high watermark it learned: an acknowledged
+    /// record is never removed. Returns the new log end. Blocking.
+    pub(crate) fn truncate_follower(
+        &self,
+        partition: &Partition,
+        from: (i32, i32),
+        offset: i64,
+        why: &str,
+    ) -> Result<i64, BrokerError> {
         // Under the state: a replica that became the leader meanwhile must not cut its log.
-        partition.write_as_follower(|| Self::truncate_diverged(partition, offset))
+        partition.write_as_follower(from.0, from.1, || Self::truncate_diverged(partition, from, offset, why))
     }
 
-    fn truncate_diverged(partition: &Partition, offset: i64) -> Result<i64, BrokerError> {
+    fn truncate_diverged(partition: &Partition, from: (i32, i32), offset: i64, why: &str) -> Result<i64, BrokerError> {
         let floor = partition.known_high_watermark().min(partition.log.log_end_offset());
         let target = if offset < floor {
             tracing::error!(
@@ -540,7 +571,17 @@ impl Broker {
             offset
         };
         if target < partition.log.log_end_offset() {
-            tracing::info!(topic = %partition.topic, partition = partition.index, from = partition.log.log_end_offset(), to = target, "truncating a diverged follower log");
+            let last_epoch = partition.log.latest_leader_epoch().ok().flatten();
+            tracing::info!(
+                topic = %partition.topic,
+                partition = partition.index,
+                from = partition.log.log_end_offset(),
+                to = target,
+                last_epoch,
+                leader = from.0,
+                leader_epoch = from.1,
+                "truncating a diverged follower log: {why}"
+            );
         }
         // Also at the log end: that drops the epochs that begin there without a batch.
         Ok(partition.log.truncate_to(target)?)
@@ -548,8 +589,15 @@ impl Broker {
 
     /// Empties a follower's log and starts it at `offset`: it fell behind the leader's log start
     /// (retention deleted what it lacks). Blocking.
-    pub(crate) fn restart_follower_at(&self, partition: &Partition, offset: i64) -> Result<(), BrokerError> {
-        tracing::warn!(topic = %partition.topic, partition = partition.index, offset, "follower behind the leader's log start: starting over there");
-        partition.write_as_follower(|| Ok(partition.log.truncate_fully_and_start_at(offset)?))
+    pub(crate) fn restart_follower_at(
+        &self,
+        partition: &Partition,
+        from: (i32, i32),
+        offset: i64,
+    ) -> Result<(), BrokerError> {
+        partition.write_as_follower(from.0, from.1, || {
+            tracing::warn!(topic = %partition.topic, partition = partition.index, offset, "follower behind the leader's log start: starting over there");
+            Ok(partition.log.truncate_fully_and_start_at(offset)?)
+        })
     }
 }

@@ -168,11 +168,17 @@ impl Partition {
         write()
     }
 
-    /// Runs `write` (an append of the leader's batches) only while this broker follows the
-    /// partition, holding the state meanwhile, for the same reason as
-    /// [`Partition::write_as_leader`].
+    /// Runs `write` (an append or truncation from the leader's answer) only while this broker
+    /// follows the partition from `leader` at `leader_epoch`, the leader and epoch the fetch
+    /// was sent for, holding the state meanwhile, for the same reason as
+    /// [`Partition::write_as_leader`]. An answer from a deposed leader that arrives late (one
+    /// frozen with SIGSTOP answers the fetches it had read once it runs again) would otherwise
+    /// put its unacknowledged tail into this log after the new leader took over: Kafka's fetcher
+    /// drops such answers too, by their epoch.
     pub(crate) fn write_as_follower<T, E: From<BrokerError>>(
         &self,
+        leader: i32,
+        leader_epoch: i32,
         write: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
         let state = read(&self.state);
@@ -180,6 +186,17 @@ impl Partition {
             return Err(BrokerError::new(
                 ErrorKind::NotLeader,
                 format!("{}-{} is led here now: it takes no replicated batches", self.topic, self.index),
+            )
+            .into());
+        }
+        if state.leader != leader || state.leader_epoch != leader_epoch {
+            return Err(BrokerError::new(
+                ErrorKind::FencedLeaderEpoch,
+                format!(
+                    "{}-{}: an answer from broker {leader} at leader epoch {leader_epoch} came after broker {} \
+                     took over at epoch {}: dropped",
+                    self.topic, self.index, state.leader, state.leader_epoch
+                ),
             )
             .into());
         }

@@ -569,12 +569,19 @@ mod tests {
         let refused = p.write_as_leader(0, || p.log.append(&mut bytes, 0).map_err(BrokerError::from));
         assert_eq!(refused.err().map(|e| e.kind), Some(ErrorKind::NotLeader));
         assert_eq!(p.log.log_end_offset(), 0, "nothing was written");
+        // Following broker 2 at epoch 1: a late answer to a fetch sent for another leader or
+        // epoch writes nothing (a deposed leader's tail must not enter this log).
+        for (leader, epoch) in [(2, 0), (3, 1)] {
+            let stale = p.write_as_follower(leader, epoch, || Ok::<_, BrokerError>(()));
+            assert_eq!(stale.err().map(|e| e.kind), Some(ErrorKind::FencedLeaderEpoch), "{leader}@{epoch}");
+        }
+        assert!(p.write_as_follower(2, 1, || Ok::<_, BrokerError>(())).is_ok());
         // Leading again (epoch 2): the fetcher's late batches are refused, a client's taken.
         next.leader = 1;
         next.leader_epoch = 2;
         next.partition_epoch = 2;
         p.set_state(next);
-        let late = p.write_as_follower(|| Ok::<_, BrokerError>(()));
+        let late = p.write_as_follower(2, 1, || Ok::<_, BrokerError>(()));
         assert_eq!(late.err().map(|e| e.kind), Some(ErrorKind::NotLeader));
         let written = p.write_as_leader(2, || p.log.append(&mut bytes, 2).map_err(BrokerError::from));
         assert!(written.is_ok(), "{written:?}");

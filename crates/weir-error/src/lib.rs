@@ -322,7 +322,7 @@ impl From<StorageError> for BrokerError {
             StorageError::InvalidConfig { .. } => ErrorKind::InvalidConfig,
             StorageError::InvalidArgument(_) => ErrorKind::InvalidRequest,
             // A closed log belongs to a partition this broker no longer serves.
-            StorageError::Closed(_) => ErrorKind::NotLeader,
+            StorageError::Closed(_) | StorageError::StaleLeaderEpoch { .. } => ErrorKind::NotLeader,
             StorageError::Producer(p) => match p {
                 ProducerError::OutOfOrderSequence(_) => ErrorKind::OutOfOrderSequence,
                 ProducerError::InvalidProducerEpoch(_) => ErrorKind::InvalidProducerEpoch,

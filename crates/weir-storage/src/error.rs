@@ -44,6 +44,10 @@ pub enum StorageError {
     Closed(PathBuf),
     #[error("I/O error on {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    /// A leader's write stamped with a leader epoch older than one this log already has: the
+    /// writer was deposed meanwhile (Kafka: NOT_LEADER_OR_FOLLOWER, so the client retries).
+    #[error("a write at leader epoch {epoch} after leader epoch {latest} began: this leader was deposed")]
+    StaleLeaderEpoch { epoch: i32, latest: i32 },
     /// An idempotent or transactional producer's batch broke the sequence or epoch rules.
     #[error(transparent)]
     Producer(crate::producer_state::ProducerError),

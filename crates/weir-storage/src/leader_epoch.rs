@@ -98,6 +98,32 @@ impl LeaderEpochCache {
         Ok(true)
     }
 
+    /// For a replicated batch stamped `epoch` at `start_offset`, older than the latest epoch
+    /// here: when every newer epoch begins at or after the batch (none holds a batch before
+    /// it: an epoch this replica recorded when it led, without writing), they are dropped and
+    /// `epoch` goes on at the batch, as Kafka's cache drops conflicting entries, so that the
+    /// cache keeps describing the batches in the log. Without this, the replica would name an
+    /// epoch its last batch does not carry, the leader would find it diverged at every fetch,
+    /// and it would truncate and fetch the same batch again forever. Returns the newer epoch
+    /// holding batches before this one when there is one (the batch is out of order: nothing
+    /// changes).
+    pub(crate) fn assign_older(
+        &mut self,
+        epoch: i32,
+        start_offset: i64,
+        log_start_offset: i64,
+    ) -> Result<Option<EpochEntry>> {
+        if let Some(conflict) = self.entries.iter().find(|e| e.epoch > epoch && e.start_offset < start_offset) {
+            return Ok(Some(*conflict));
+        }
+        self.entries.retain(|e| e.epoch <= epoch && e.start_offset <= start_offset);
+        if self.latest().is_none_or(|latest| latest.epoch < epoch) {
+            self.entries.push(EpochEntry { epoch, start_offset });
+        }
+        self.persist(log_start_offset)?;
+        Ok(None)
+    }
+
     /// After the log was truncated to `end_offset`: drops the epochs that began at or after it.
     pub(crate) fn truncate_from_end(&mut self, end_offset: i64, log_start_offset: i64) -> Result<()> {
         let before = self.entries.len();

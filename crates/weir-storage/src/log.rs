@@ -140,6 +140,17 @@ pub struct RetentionOutcome {
 /// `latest_leader_epoch` before the cache is seeded.
 const EPOCHS_NOT_SEEDED: i32 = i32::MIN;
 
+/// Where a leader epoch noted in the cache comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EpochSource {
+    /// This broker starts to lead at the epoch (nothing written yet).
+    StartedLeading,
+    /// A leader's own write, stamped with its epoch.
+    LeaderWrite,
+    /// A batch replicated from the leader, with the epoch it was written in.
+    Replicated,
+}
+
 /// The leader-epoch cache and its lazy seeding (see `Log::epochs`).
 struct EpochState {
     cache: LeaderEpochCache,
@@ -348,13 +359,43 @@ impl Log {
 
     /// Records in the cache that `epoch` begins at `start_offset`, if it is newer than the
     /// latest. Called with the writer lock held, before the epoch's first batch is written.
-    fn note_leader_epoch(&self, epoch: i32, start_offset: i64) -> Result<()> {
+    /// An older epoch (see [`EpochSource`]) changes nothing when a broker starts to lead, is
+    /// refused for a leader's write (it was deposed meanwhile), and for a replicated batch
+    /// replaces the newer epochs that hold no batch yet (see `LeaderEpochCache::assign_older`),
+    /// or is refused when one does.
+    fn note_leader_epoch(&self, epoch: i32, start_offset: i64, source: EpochSource) -> Result<()> {
         if epoch == self.latest_leader_epoch.load(Ordering::Acquire) {
             return Ok(());
         }
+        let log_start = self.log_start_offset();
         let mut epochs = self.epochs()?;
-        if epochs.cache.assign(epoch, start_offset, self.log_start_offset())? {
-            self.latest_leader_epoch.store(epoch, Ordering::Release);
+        match epochs.cache.latest() {
+            Some(latest) if epoch >= 0 && epoch < latest.epoch && source != EpochSource::StartedLeading => {
+                if source == EpochSource::LeaderWrite {
+                    return Err(StorageError::StaleLeaderEpoch { epoch, latest: latest.epoch });
+                }
+                if let Some(conflict) = epochs.cache.assign_older(epoch, start_offset, log_start)? {
+                    return Err(StorageError::Batch(crate::error::BatchError::Invalid(format!(
+                        "replicated batch at offset {start_offset} carries leader epoch {epoch}, older than epoch {} \
+                         whose batches begin at offset {}",
+                        conflict.epoch, conflict.start_offset
+                    ))));
+                }
+                tracing::warn!(
+                    dir = %self.dir.display(),
+                    epoch,
+                    start_offset,
+                    dropped = latest.epoch,
+                    "a replicated batch of an older leader epoch follows epochs without batches: dropped them"
+                );
+                self.latest_leader_epoch
+                    .store(epochs.cache.latest().map_or(UNDEFINED_EPOCH, |e| e.epoch), Ordering::Release);
+            }
+            _ => {
+                if epochs.cache.assign(epoch, start_offset, log_start)? {
+                    self.latest_leader_epoch.store(epoch, Ordering::Release);
+                }
+            }
         }
         Ok(())
     }
@@ -373,7 +414,7 @@ impl Log {
                 return Ok(());
             }
         }
-        self.note_leader_epoch(epoch, self.log_end_offset())
+        self.note_leader_epoch(epoch, self.log_end_offset(), EpochSource::StartedLeading)
     }
 
     /// The latest leader epoch with an entry in the cache, if any.
@@ -641,7 +682,7 @@ impl Log {
         let segment = self.maybe_roll(&config, records.len() as u64, last_offset, now)?;
         let append_time = (config.timestamp_type == TimestampType::LogAppendTime).then_some(now);
         let next_offset = batch::assign_offsets(records, first_offset, partition_leader_epoch, append_time);
-        self.note_leader_epoch(partition_leader_epoch, first_offset)?;
+        self.note_leader_epoch(partition_leader_epoch, first_offset, EpochSource::LeaderWrite)?;
         segment.append(records, config.index_interval_bytes)?;
         self.after_write(&config, records, producer_batch.is_some(), next_offset, now)?;
         self.check_invariants_locked(&writer);
@@ -680,7 +721,7 @@ impl Log {
         let first_offset = batch::headers(records).next().map_or(log_end, |(_, h)| h.base_offset);
         let segment = self.maybe_roll(&config, records.len() as u64, next_offset - 1, now)?;
         for (_, header) in batch::headers(records) {
-            self.note_leader_epoch(header.partition_leader_epoch, header.base_offset)?;
+            self.note_leader_epoch(header.partition_leader_epoch, header.base_offset, EpochSource::Replicated)?;
         }
         segment.append(records, config.index_interval_bytes)?;
         self.after_write(&config, records, has_producer_batch, next_offset, now)?;

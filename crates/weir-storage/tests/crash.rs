@@ -401,9 +401,11 @@ fn verify_recovered(
         }
     }
     check_timestamp_lookups(&log, &batches, context);
-    // Appends continue right after what recovery kept.
+    // Appends continue right after what recovery kept, at the latest leader epoch it kept (an
+    // older one is a deposed leader's write, refused).
     let mut probe = producer_batch(seed, batch_id(0, 0, 0));
-    let info = log.append(&mut probe, 0).expect("append after recovery");
+    let epoch = log.latest_leader_epoch().expect("epochs after recovery").unwrap_or(0);
+    let info = log.append(&mut probe, epoch).expect("append after recovery");
     assert_eq!(info.first_offset, next_offset, "{context}: appends continue at the recovered log end");
     log.sync_to(info.last_offset + 1).expect("sync after recovery");
     next_offset

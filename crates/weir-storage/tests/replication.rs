@@ -200,3 +200,55 @@ fn given_an_epoch_without_batches_when_truncated_at_the_log_end_should_drop_it()
     assert_eq!(log.truncate_to(7).unwrap(), 3, "past the log end: nothing happens");
     assert_eq!(log.leader_epoch_entries().unwrap(), entries(&[(2, 0)]));
 }
+
+#[test]
+fn given_a_newer_epoch_when_a_deposed_leader_writes_at_an_older_one_should_refuse_it() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), config(&[]), clock, OpenOptions::default());
+    log.append(&mut records(2, 20, T0, 1), 3).unwrap();
+    log.assign_leader_epoch(4).unwrap();
+    let stale = log.append(&mut records(2, 20, T0, 2), 3);
+    assert!(matches!(stale, Err(StorageError::StaleLeaderEpoch { epoch: 3, latest: 4 })), "{stale:?}");
+    assert_eq!(log.log_end_offset(), 2, "nothing was written");
+    // Starting to lead at an older epoch changes nothing and is no error.
+    log.assign_leader_epoch(2).unwrap();
+    log.append(&mut records(1, 20, T0, 3), 4).unwrap();
+    assert_eq!(log.leader_epoch_entries().unwrap(), entries(&[(3, 0), (4, 2)]));
+}
+
+#[test]
+fn given_an_epoch_without_batches_when_a_replicated_batch_of_an_older_epoch_comes_should_describe_the_batches() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let leader = open(leader_dir.path(), config(&[]), clock.clone(), OpenOptions::default());
+    leader.append(&mut records(2, 20, T0, 1), 3).unwrap();
+    leader.append(&mut records(2, 20, T0, 2), 5).unwrap();
+    let batches = read_all(&leader, 0);
+
+    let follower = open(follower_dir.path(), config(&[]), clock, OpenOptions::default());
+    follower.append_replicated(&batches[0].1).unwrap();
+    // The follower led at epoch 6 for a moment, writing nothing, then followed again.
+    follower.assign_leader_epoch(6).unwrap();
+    follower.append_replicated(&batches[1].1).unwrap();
+    assert_eq!(
+        follower.leader_epoch_entries().unwrap(),
+        entries(&[(3, 0), (5, 2)]),
+        "the epoch without a batch gave way to the batch's: the follower names epoch 5 as its last"
+    );
+    assert_eq!(follower.end_offset_for_epoch(5).unwrap(), leader.end_offset_for_epoch(5).unwrap());
+
+    // A batch of an older epoch after batches of a newer one is out of order: refused.
+    let follower2_dir = tempfile::tempdir().unwrap();
+    let follower2 = open(follower2_dir.path(), config(&[]), Arc::new(ManualClock::new(T0)), OpenOptions::default());
+    follower2.append_replicated(&batches[1].1).unwrap();
+    let mut older = records(1, 20, T0, 9);
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = open(other_dir.path(), config(&[]), Arc::new(ManualClock::new(T0)), OpenOptions::default());
+    other.append(&mut records(4, 20, T0, 8), 1).unwrap();
+    other.append(&mut older, 1).unwrap();
+    let late = read_all(&other, 4);
+    let refused = follower2.append_replicated(&late[0].1);
+    assert!(matches!(refused, Err(StorageError::Batch(_))), "{refused:?}");
+    assert_eq!(follower2.log_end_offset(), 4);
+}
