@@ -134,6 +134,9 @@ pub struct Broker {
     pub metrics: BrokerMetrics,
     /// The replication throttles' budgets (see [`crate::throttle`]).
     pub(crate) replication_quotas: crate::throttle::ReplicationQuotas,
+    /// What the heartbeats report of this broker's load, as of the last load window: built by
+    /// the load sampler once per window, so that a heartbeat walks no partition.
+    pub(crate) load_report: Mutex<Arc<weir_controller::balance::LoadReport>>,
     /// Followers' last fetches through a fetch session, for the ISR checks (see
     /// [`crate::watch::FollowerHeartbeats`]).
     pub follower_heartbeats: crate::watch::FollowerHeartbeats,
@@ -223,6 +226,7 @@ impl Broker {
             producer_ids: Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             cluster,
             replication_quotas: Default::default(),
+            load_report: Mutex::new(Arc::default()),
             follower_heartbeats: Default::default(),
             internal_address,
             metrics: BrokerMetrics::default(),

@@ -282,12 +282,19 @@ impl Broker {
                 partition.metrics.sample_load(now);
             }
             sample_process_cpu(now);
+            let report = Arc::new(broker.measure_load());
+            *weir_storage::sync::lock(&broker.load_report) = report;
         });
     }
 
-    /// What this broker reports of its load in its heartbeats: each partition it leads that
-    /// carried traffic in the last window, its CPU and the bytes of its logs.
-    pub(crate) fn load_report(&self) -> weir_controller::balance::LoadReport {
+    /// What this broker reports of its load in its heartbeats, as of the last load window.
+    pub(crate) fn load_report(&self) -> Arc<weir_controller::balance::LoadReport> {
+        weir_storage::sync::lock(&self.load_report).clone()
+    }
+
+    /// Each partition this broker leads that carried traffic in the last window, its CPU and
+    /// the bytes of its logs.
+    fn measure_load(&self) -> weir_controller::balance::LoadReport {
         let mut report = weir_controller::balance::LoadReport {
             cpu_cores: f64::from_bits(PROCESS_CPU_CORES.load(std::sync::atomic::Ordering::Relaxed)),
             ..Default::default()

@@ -61,7 +61,7 @@ impl Broker {
             incarnation: self.cluster.incarnation,
             applied_offset: self.reconciled_offset(),
             shutting_down,
-            load: Some(self.load_report()),
+            load: Some(weir_controller::balance::LoadReport::clone(&self.load_report())),
         };
         match self.control(request).await {
             Ok(ControlAnswer::Heartbeat(answer)) if answer.must_register => false,
