@@ -244,11 +244,16 @@ pub(crate) async fn append(
     let mut forwarded = Vec::new();
     for (partition, messages) in by_partition {
         let records: Vec<Record> = messages.iter().map(|p| p.message.to_record(now)).collect();
-        let target = partitions.get(partition as usize).and_then(Option::as_ref);
+        // A replica here that another broker leads (a queue moving, or just moved) is written
+        // through its leader, like one hosted elsewhere.
+        let target = partitions
+            .get(partition as usize)
+            .and_then(Option::as_ref)
+            .filter(|p| p.state().leader == broker.config.node_id);
         match (target, records::encode_batch(&records, &BatchOptions::default())) {
             (Some(target), Ok(batch)) => {
-                appends.push((target.clone(), batch));
-                placed.push(messages);
+                appends.push((target.clone(), batch.clone()));
+                placed.push((partition, batch, messages));
             }
             // A message group's queue led by another broker: the append goes there.
             (None, Ok(batch)) => forwarded.push((partition, batch, messages)),
@@ -256,15 +261,19 @@ pub(crate) async fn append(
         }
     }
     let results = broker.append_many(appends, Acks::All).await;
-    // Requests carry one message, or a few: the forwarded appends go one after the other.
-    let mut remote = Vec::with_capacity(forwarded.len());
-    for (partition, batch, _) in &forwarded {
-        remote.push(broker.append_at_leader(topic, *partition, batch.clone()).await);
-    }
-    let local = placed.iter().zip(results.into_iter().map(|r| r.map(|info| info.first_offset)));
-    let remote = forwarded.iter().map(|(_, _, messages)| messages).zip(remote);
-    for (messages, result) in local.chain(remote) {
+    for ((partition, batch, messages), result) in placed.into_iter().zip(results) {
         match result {
+            Ok(info) => succeed(entries, &messages, info.first_offset),
+            // Leadership moved while the request waited: its new leader takes it, as the
+            // producer would resend it there. If the write here made it to the new leader
+            // before the move, the message is there twice: RocketMQ's sends are at least once.
+            Err(e) if e.kind == ErrorKind::NotLeader => forwarded.push((partition, batch, messages)),
+            Err(e) => fail(entries, &messages, &e),
+        }
+    }
+    // Requests carry one message, or a few: the forwarded appends go one after the other.
+    for (partition, batch, messages) in &forwarded {
+        match broker.append_at_leader(topic, *partition, batch.clone()).await {
             Ok(first_offset) => succeed(entries, messages, first_offset),
             Err(e) => fail(entries, messages, &e),
         }
