@@ -63,6 +63,13 @@ pub struct FollowerFetch {
     /// Indexes in `partitions` whose position may have changed since the previous fetch of
     /// this generation; `None`: any may have.
     pub touched: Option<Vec<usize>>,
+    /// Indexes in `partitions` to name to the leader even if their position did not move: the
+    /// last answer for them could not be applied (dropped as stale, or refused). A fetch
+    /// session's leader reads only the partitions a fetch names and those with news, so an
+    /// answer the follower dropped would otherwise never come again, and the partition would
+    /// stall silently until its next append (which an acks=all producer waiting for this very
+    /// follower never sends).
+    pub retry: Vec<usize>,
 }
 
 /// Where to fetch one partition from.
@@ -281,9 +288,11 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
             }
         }
         current.fetch.touched = Some(touched);
+        current.fetch.retry.clear();
         match applied {
             Ok(Ok(stuck)) => {
                 stalls.fine_but(&stuck);
+                current.fetch.retry.extend(stuck.iter().filter_map(|(key, _)| current.index.get(key).copied()));
                 // A stuck partition makes the leader answer at once (no long poll): pause
                 // briefly so that the fetcher does not spin, and longer when nothing moved.
                 let pause = match stuck.len() {
@@ -305,6 +314,8 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
             Err(e) => {
                 tracing::error!(leader, error = %e, "replica fetcher: applying a response failed");
                 plan = None;
+                // A new connection: its first fetch names every partition again.
+                connection = None;
                 tokio::time::sleep(BACKOFF).await;
             }
         }
@@ -326,6 +337,7 @@ fn fetch_request(broker: &Broker, followed: &[Arc<Partition>]) -> FollowerFetch 
         partitions: followed.iter().map(|partition| fetch_from(broker, partition)).collect(),
         generation: 0,
         touched: None,
+        retry: Vec::new(),
     }
 }
 

@@ -85,13 +85,19 @@ impl FetchSession {
             _ => Box::new(fetch.partitions.iter()),
         };
         let mut named: Vec<&FetchFrom> = Vec::new();
+        // Named again though unchanged: the follower could not apply the last answer for them.
+        let retried: Vec<&FetchFrom> = fetch.retry.iter().filter_map(|i| fetch.partitions.get(*i)).collect();
         for from in candidates {
             let topic = match self.sent.get_mut(from.topic.as_str()) {
                 Some(topic) => topic,
                 None => self.sent.entry(from.topic.clone()).or_default(),
             };
             match topic.get_mut(&from.partition) {
-                Some(sent) if sent == from => {}
+                Some(sent) if sent == from => {
+                    if retried.contains(&from) {
+                        named.push(from);
+                    }
+                }
                 Some(sent) => {
                     *sent = from.clone();
                     named.push(from);
@@ -304,7 +310,15 @@ mod tests {
     }
 
     fn fetch(partitions: Vec<FetchFrom>) -> FollowerFetch {
-        FollowerFetch { replica: 2, max_wait_ms: 500, max_bytes: 1 << 20, partitions, generation: 0, touched: None }
+        FollowerFetch {
+            replica: 2,
+            max_wait_ms: 500,
+            max_bytes: 1 << 20,
+            partitions,
+            generation: 0,
+            touched: None,
+            retry: Vec::new(),
+        }
     }
 
     fn named(request: &FetchRequest) -> Vec<(String, i32, i64)> {
@@ -361,5 +375,25 @@ mod tests {
         list.partitions[0].fetch_offset = 6;
         session.answered(&FetchResponse::default().with_session_id(9));
         assert_eq!(named(&session.request(&list)), vec![("a".to_string(), 0, 6)]);
+    }
+
+    #[test]
+    fn a_partition_whose_answer_was_not_applied_is_named_again_unchanged() {
+        let mut session = FetchSession::default();
+        let mut list = fetch(vec![from("a", 0, 5), from("a", 1, 7)]);
+        list.generation = 1;
+        session.request(&list);
+        session.answered(&FetchResponse::default().with_session_id(9));
+        // The leader answered both; the follower could not apply partition 1's answer.
+        list.touched = Some(vec![0, 1]);
+        list.retry = vec![1];
+        assert_eq!(
+            named(&session.request(&list)),
+            vec![("a".to_string(), 1, 7)],
+            "named at the same position, so that the leader reads it again"
+        );
+        session.answered(&FetchResponse::default().with_session_id(9));
+        list.retry.clear();
+        assert!(named(&session.request(&list)).is_empty(), "applied: nothing to name");
     }
 }
