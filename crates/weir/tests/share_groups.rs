@@ -260,6 +260,37 @@ fn given_an_empty_share_group_its_start_offset_is_altered_and_deleted() {
 }
 
 #[test]
+fn given_a_share_group_made_by_altering_its_offsets_it_survives_kill_9_before_any_member_joins() {
+    let mut broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    let topic_id = client.create_topic(TOPIC, 1, &[]);
+    let messages: Vec<Message> = (0..5).map(|i| Message::new("k", &format!("v{i}"), 1_000 + i)).collect();
+    client.produce_ok(TOPIC, 0, batch(&messages));
+    let group = "prepared";
+    let alter = AlterShareGroupOffsetsRequest::default().with_group_id(group_id(group)).with_topics(vec![
+        alter_share_group_offsets_request::AlterShareGroupOffsetsRequestTopic::default()
+            .with_topic_name(TopicName(s(TOPIC)))
+            .with_partitions(vec![alter_share_group_offsets_request::AlterShareGroupOffsetsRequestPartition::default(
+            )
+            .with_partition_index(0)
+            .with_start_offset(2)]),
+    ]);
+    let response = client.send(0, &alter).expect("AlterShareGroupOffsets");
+    assert_eq!((response.error_code, response.responses[0].partitions[0].error_code), (code::NONE, code::NONE));
+
+    broker.kill();
+    broker.restart();
+    let mut client = broker.connect();
+    let listed = client.send(5, &ListGroupsRequest::default().with_types_filter(vec![s("share")])).expect("ListGroups");
+    let groups: Vec<(&str, &str)> =
+        listed.groups.iter().map(|g| (g.group_id.as_str(), g.group_type.as_str())).collect();
+    assert_eq!(groups, [(group, "share")], "the empty share group came back with its record");
+    assert_eq!(start_offset(&mut client, group), 2, "its start offset is read from its stored state");
+    let mut member = join(&mut client, group, topic_id);
+    assert_eq!(fetch_some(&mut client, &mut member, Duration::from_secs(10)), [(2, 1), (3, 1), (4, 1)]);
+}
+
+#[test]
 fn given_a_share_group_a_consumer_protocol_member_is_refused_and_given_a_consumer_group_a_share_member_is() {
     let broker = Broker::start(&[]);
     let mut client = broker.connect();

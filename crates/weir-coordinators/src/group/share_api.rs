@@ -16,7 +16,7 @@
 //! a restart its members carry on at their epochs, each with a whole session from the load. What
 //! they consumed is durable in the invisible-time state. A member whose session ran out is
 //! dropped from the record at the group's next written change. An empty share group made by
-//! AlterShareGroupOffsets has no record until a member joins.
+//! AlterShareGroupOffsets gets its record at once.
 //!
 //! Concurrency: share groups are kept under their own mutex (`share_groups`). Lock order:
 //! the shard's writer, `groups`, then `share_groups`; the shards are never asked with
@@ -203,12 +203,43 @@ impl GroupCoordinator {
 
     /// Makes `group_id` a share group, with no members, unless it is one already or another
     /// group type uses the name (AlterShareGroupOffsets of a new group, as Kafka creates it).
-    pub fn ensure_share_group(&self, group_id: &str) -> Result<(), ErrorKind> {
-        let groups = self.groups();
-        if groups.get(group_id).is_some_and(in_use) {
-            return Err(ErrorKind::UnknownGroup);
+    /// The new group's record is fsynced before this returns, so a coordinator move or a
+    /// restart keeps it (and its settings' owner) even if no member ever joins.
+    pub async fn ensure_share_group(self: &Arc<Self>, group_id: &str) -> Result<(), ErrorKind> {
+        let (this, group_id) = (self.clone(), group_id.to_string());
+        tokio::task::spawn_blocking(move || this.ensure_share_group_blocking(&group_id))
+            .await
+            .unwrap_or(Err(ErrorKind::Internal))
+    }
+
+    fn ensure_share_group_blocking(&self, group_id: &str) -> Result<(), ErrorKind> {
+        let target = self.shard_of(group_id)?;
+        // Held through the append, as a heartbeat's record is.
+        let _writer = lock(&target.writer);
+        let value = {
+            let groups = self.groups();
+            if !self.is_active() {
+                return Err(ErrorKind::CoordinatorNotAvailable);
+            }
+            self.check_coordinator(group_id)?;
+            if groups.get(group_id).is_some_and(in_use) {
+                return Err(ErrorKind::UnknownGroup);
+            }
+            let mut shares = self.share_groups();
+            let group = shares.entry(group_id.to_string()).or_default();
+            let value = offsets::share_group_value(&group.snapshot());
+            if group.persisted_value.as_ref() == Some(&value) {
+                return Ok(());
+            }
+            value
+        };
+        if let Err(e) = self.append(&target, &[(offsets::share_group_key(group_id), Some(value.clone()))]) {
+            tracing::error!(group = group_id, error = %e, "cannot store the share group record");
+            return Err(append_error_kind(&e, ErrorKind::Internal));
         }
-        self.share_groups().entry(group_id.to_string()).or_default();
+        if let Some(group) = self.share_groups().get_mut(group_id) {
+            group.persisted_value = Some(value);
+        }
         Ok(())
     }
 

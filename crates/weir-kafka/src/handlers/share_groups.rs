@@ -228,7 +228,7 @@ pub(crate) async fn describe_offsets(
 }
 
 /// Why a group's offsets cannot be changed now: it has members, or its name is another type's.
-fn check_offsets_changeable(ctx: &Ctx, group: &str) -> Result<(), ResponseError> {
+async fn check_offsets_changeable(ctx: &Ctx, group: &str) -> Result<(), ResponseError> {
     if group.is_empty() {
         return Err(ResponseError::InvalidGroupId);
     }
@@ -238,7 +238,7 @@ fn check_offsets_changeable(ctx: &Ctx, group: &str) -> Result<(), ResponseError>
     match ctx.groups.share_group_state(group) {
         Some(GroupState::Empty) => Ok(()),
         Some(_) => Err(ResponseError::NonEmptyGroup),
-        None => ctx.groups.ensure_share_group(group).map_err(kafka_error),
+        None => ctx.groups.ensure_share_group(group).await.map_err(kafka_error),
     }
 }
 
@@ -248,7 +248,7 @@ pub(crate) async fn alter_offsets(
     req: AlterShareGroupOffsetsRequest,
 ) -> AlterShareGroupOffsetsResponse {
     let group = req.group_id.to_string();
-    if let Err(error) = check_offsets_changeable(ctx, &group) {
+    if let Err(error) = check_offsets_changeable(ctx, &group).await {
         return AlterShareGroupOffsetsResponse::default().with_error_code(error.code());
     }
     let Some(engines) = ctx.share.as_ref() else { return AlterShareGroupOffsetsResponse::default() };
@@ -297,7 +297,7 @@ pub(crate) async fn delete_offsets(
     req: DeleteShareGroupOffsetsRequest,
 ) -> DeleteShareGroupOffsetsResponse {
     let group = req.group_id.to_string();
-    if let Err(error) = check_offsets_changeable(ctx, &group) {
+    if let Err(error) = check_offsets_changeable(ctx, &group).await {
         return DeleteShareGroupOffsetsResponse::default().with_error_code(error.code());
     }
     let Some(engines) = ctx.share.as_ref() else { return DeleteShareGroupOffsetsResponse::default() };

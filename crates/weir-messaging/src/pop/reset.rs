@@ -147,7 +147,7 @@ impl RpcHandler for PopService {
                         .await;
                     encode_json(&method, &answer)
                 }
-                super::share::POSITIONS => messaging.serve_positions(&body),
+                super::share::POSITIONS => messaging.serve_positions(&body).await,
                 super::service::TAKE_OVER => {
                     let request: super::service::TakeOverRequest = decode_json(&method, &body)?;
                     let answer =

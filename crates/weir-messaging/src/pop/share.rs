@@ -70,8 +70,9 @@ impl Messaging {
 
     /// `group`'s standing on each of `queues` (topic, partition), asked of each queue's
     /// leader; on every queue it has a state for anywhere in the cluster when `queues` is
-    /// `None`. A queue whose leader does not answer in time, or where the group has no state
-    /// loaded (it has not consumed there since that broker came to lead it), is left out.
+    /// `None`. A queue whose leader does not answer in time, or where the group has no state,
+    /// is left out; with `None`, so is a queue whose state is not loaded (the group has not
+    /// consumed there since that broker came to lead it).
     pub async fn queue_standings(
         &self,
         group: &str,
@@ -150,9 +151,17 @@ impl Messaging {
             .collect()
     }
 
-    /// Serves `pop.positions`.
-    pub(crate) fn serve_positions(&self, body: &Bytes) -> Result<Bytes, RemoteError> {
+    /// Serves `pop.positions`. Queues asked for by name are loaded first, so that a group's
+    /// position there shows even before it consumes again after a restart or a move (its
+    /// state is in its shard, not yet in memory).
+    pub(crate) async fn serve_positions(&self, body: &Bytes) -> Result<Bytes, RemoteError> {
         let request: PositionsRequest = decode_json(POSITIONS, body)?;
+        for (topic, partition) in request.queues.iter().flatten() {
+            let key = QueueKey::new(request.group.as_str(), topic.as_str(), *partition);
+            if let Err(e) = self.pop.load(&key).await {
+                tracing::debug!(topic, partition, error = %e, "cannot load a queue for its position");
+            }
+        }
         encode_json(POSITIONS, &self.queue_standings_here(request))
     }
 }
