@@ -160,6 +160,18 @@ fn start_offset(client: &mut Client, group: &str) -> i64 {
     response.groups[0].topics[0].partitions[0].start_offset
 }
 
+/// AlterShareGroupOffsets of `group`: partition 0 of `TOPIC` starts at `offset`.
+fn alter_start_offset(group: &str, offset: i64) -> AlterShareGroupOffsetsRequest {
+    AlterShareGroupOffsetsRequest::default().with_group_id(group_id(group)).with_topics(vec![
+        alter_share_group_offsets_request::AlterShareGroupOffsetsRequestTopic::default()
+            .with_topic_name(TopicName(s(TOPIC)))
+            .with_partitions(vec![alter_share_group_offsets_request::AlterShareGroupOffsetsRequestPartition::default(
+            )
+            .with_partition_index(0)
+            .with_start_offset(offset)]),
+    ])
+}
+
 /// Fetches until something is acquired or `timeout` passes.
 fn fetch_some(client: &mut Client, member: &mut Member, timeout: Duration) -> Vec<(i64, i16)> {
     let deadline = Instant::now() + timeout;
@@ -221,14 +233,7 @@ fn given_an_empty_share_group_its_start_offset_is_altered_and_deleted() {
     let group = "replayers";
 
     // Before any fetch: the group starts where the offset is set (not at the end, `latest`).
-    let alter = AlterShareGroupOffsetsRequest::default().with_group_id(group_id(group)).with_topics(vec![
-        alter_share_group_offsets_request::AlterShareGroupOffsetsRequestTopic::default()
-            .with_topic_name(TopicName(s(TOPIC)))
-            .with_partitions(vec![alter_share_group_offsets_request::AlterShareGroupOffsetsRequestPartition::default(
-            )
-            .with_partition_index(0)
-            .with_start_offset(3)]),
-    ]);
+    let alter = alter_start_offset(group, 3);
     let response = client.send(0, &alter).expect("AlterShareGroupOffsets");
     assert_eq!(response.error_code, code::NONE);
     assert_eq!(response.responses[0].partitions[0].error_code, code::NONE);
@@ -267,15 +272,7 @@ fn given_a_share_group_made_by_altering_its_offsets_it_survives_kill_9_before_an
     let messages: Vec<Message> = (0..5).map(|i| Message::new("k", &format!("v{i}"), 1_000 + i)).collect();
     client.produce_ok(TOPIC, 0, batch(&messages));
     let group = "prepared";
-    let alter = AlterShareGroupOffsetsRequest::default().with_group_id(group_id(group)).with_topics(vec![
-        alter_share_group_offsets_request::AlterShareGroupOffsetsRequestTopic::default()
-            .with_topic_name(TopicName(s(TOPIC)))
-            .with_partitions(vec![alter_share_group_offsets_request::AlterShareGroupOffsetsRequestPartition::default(
-            )
-            .with_partition_index(0)
-            .with_start_offset(2)]),
-    ]);
-    let response = client.send(0, &alter).expect("AlterShareGroupOffsets");
+    let response = client.send(0, &alter_start_offset(group, 2)).expect("AlterShareGroupOffsets");
     assert_eq!((response.error_code, response.responses[0].partitions[0].error_code), (code::NONE, code::NONE));
 
     broker.kill();
