@@ -264,24 +264,17 @@ async fn run_fetcher(broker: Arc<Broker>, transport: Arc<dyn ReplicaTransport>, 
         // The partitions the answer names are the ones whose position may move now; each is
         // applied only while `leader` still leads it at the epoch this fetch asked for.
         let mut touched = Vec::with_capacity(response.partitions.len());
-        let mut asked = HashMap::with_capacity(response.partitions.len());
+        // In the answer's order: the leader and leader epoch each partition was fetched at.
+        let mut asked = Vec::with_capacity(response.partitions.len());
         for p in &response.partitions {
-            if let Some(&i) = current.index.get(&(p.topic.clone(), p.partition)) {
-                touched.push(i);
-                asked.insert(i, current.fetch.partitions[i].current_leader_epoch);
-            }
+            let i = current.index.get(&(p.topic.clone(), p.partition)).copied();
+            touched.extend(i);
+            asked.push(i.map(|i| (leader, current.fetch.partitions[i].current_leader_epoch)));
         }
         let broker2 = broker.clone();
         let followed = current.partitions.clone();
-        let index = current.index.clone();
         let fetched = followed.len();
-        let applied = tokio::task::spawn_blocking(move || {
-            let asked_of = |topic: &str, partition: i32| {
-                index.get(&(topic.to_string(), partition)).and_then(|i| asked.get(i)).map(|epoch| (leader, *epoch))
-            };
-            apply_response(&broker2, &followed, response, asked_of)
-        })
-        .await;
+        let applied = tokio::task::spawn_blocking(move || apply_response(&broker2, &followed, response, &asked)).await;
         for &i in &touched {
             if let Some(partition) = current.partitions.get(i) {
                 current.fetch.partitions[i] = fetch_from(&broker, partition);
@@ -368,14 +361,14 @@ fn throttled_bytes(response: &LeaderAnswer, throttled: &[PartitionKey]) -> u64 {
         .sum()
 }
 
-/// Applies a leader's answer to the followed partitions. `asked` gives, for a partition, the
-/// leader and leader epoch its fetch was sent for. Returns the partitions that made no
-/// progress and why. Blocking.
+/// Applies a leader's answer to the followed partitions. `asked` gives, for each partition of
+/// the answer in its order, the leader and leader epoch its fetch was sent for (`None`: not
+/// fetched). Returns the partitions that made no progress and why. Blocking.
 fn apply_response(
     broker: &Broker,
     fetched: &[Arc<Partition>],
     response: LeaderAnswer,
-    asked: impl Fn(&str, i32) -> Option<(i32, i32)>,
+    asked: &[Option<(i32, i32)>],
 ) -> Result<Vec<(PartitionKey, String)>, String> {
     if let Some(why) = response.refused {
         return Err(format!("the leader refused the fetch: {why}"));
@@ -388,9 +381,9 @@ fn apply_response(
     let partitions: HashMap<(&str, i32), &Arc<Partition>> =
         fetched.iter().map(|p| ((p.topic.as_str(), p.index), p)).collect();
     let mut stuck = Vec::new();
-    for data in response.partitions {
+    for (data, from) in response.partitions.into_iter().zip(asked) {
         let Some(partition) = partitions.get(&(data.topic.as_str(), data.partition)) else { continue };
-        let Some(from) = asked(&data.topic, data.partition) else { continue };
+        let Some(from) = *from else { continue };
         let key = (data.topic.clone(), data.partition);
         if let Err(why) = apply_partition(broker, partition, from, data) {
             stuck.push((key, why));
