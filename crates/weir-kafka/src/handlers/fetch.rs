@@ -352,6 +352,7 @@ impl Turn<'_> {
         let mut topic_at: HashMap<TopicRef, usize> = HashMap::new();
         let mut errors = self.metrics.map(|m| m.error_counter());
         let mut again = Vec::new();
+        let mut answered = Vec::with_capacity(reads.len());
         {
             let mut partitions = lock(&session.partitions);
             for (slot, read) in reads {
@@ -393,16 +394,23 @@ impl Turn<'_> {
                     responses.push(topic_response(version, TopicName(StrBytes::from_string(name)), id));
                     responses.len() - 1
                 });
-                let data = PartitionData::default().with_partition_index(entry.key.1);
-                let data = match read {
-                    Err(code) => failed_partition(data, code),
-                    Ok(f) => fetched_partition(data, f, version, &mut files),
-                };
-                if let Some(errors) = &mut errors {
-                    errors.count(data.error_code);
-                }
-                responses[at].partitions.push(data);
+                answered.push((at, entry.key.1, read));
             }
+        }
+        // Grouped by topic, in the order the response encodes them: the file ranges are
+        // spliced in by placeholders numbered in that order (reads of several passes can
+        // interleave topics).
+        answered.sort_by_key(|(at, _, _)| *at);
+        for (at, index, read) in answered {
+            let data = PartitionData::default().with_partition_index(index);
+            let data = match read {
+                Err(code) => failed_partition(data, code),
+                Ok(f) => fetched_partition(data, f, version, &mut files),
+            };
+            if let Some(errors) = &mut errors {
+                errors.count(data.error_code);
+            }
+            responses[at].partitions.push(data);
         }
         drop(errors);
         for slot in again {
