@@ -65,10 +65,10 @@ pub struct FollowerFetch {
     pub touched: Option<Vec<usize>>,
     /// Indexes in `partitions` to name to the leader even if their position did not move: the
     /// last answer for them could not be applied (dropped as stale, or refused). A fetch
-    /// session's leader reads only the partitions a fetch names and those with news, so an
-    /// answer the follower dropped would otherwise never come again, and the partition would
-    /// stall silently until its next append (which an acks=all producer waiting for this very
-    /// follower never sends).
+    /// session's leader reads only the partitions a fetch names and those it marked: it marks
+    /// again those whose answer had records or an error, but not one that answered a diverging
+    /// epoch, so such an answer, once dropped, would not come again until the partition's next
+    /// append (which an acks=all producer waiting for this very follower never sends).
     pub retry: Vec<usize>,
 }
 
