@@ -1420,6 +1420,66 @@ fn long_poll_fetch_without_data_returns_after_max_wait() {
     assert!(waited < max_wait + Duration::from_secs(1), "returned after {waited:?}, long after max_wait_ms");
 }
 
+/// A session fetch whose first read finds too little parks; a partition that changes meanwhile
+/// is read in a second pass. When that partition's topic came first in the first pass, the
+/// answer groups partitions by topic in another order than they were read: each partition must
+/// still get its own records (once this closed the connection, "placeholder missing").
+#[test]
+fn a_session_fetch_read_in_two_passes_answers_every_partition_with_its_own_records() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("pass-a", 2, &[]);
+    client.create_topic("pass-b", 1, &[]);
+    let both = |a: Vec<i32>, b: Vec<i32>| {
+        let topic = |name: &str, partitions: Vec<i32>| {
+            FetchTopic::default()
+                .with_topic(topic_name(name))
+                .with_partitions(partitions.into_iter().map(|p| fetch_partition(p, 0, 1 << 20)).collect())
+        };
+        vec![topic("pass-a", a), topic("pass-b", b)]
+    };
+
+    // Open the session over all three partitions, while they are empty.
+    let open =
+        fetch_request(0, 0, 1 << 20).with_session_id(0).with_session_epoch(0).with_topics(both(vec![0, 1], vec![0]));
+    let opened = client.send(12, &open).expect("Fetch v12 opening a session");
+    assert_eq!(opened.error_code, code::NONE);
+    assert_ne!(opened.session_id, 0, "the broker granted no fetch session");
+
+    client.produce_ok("pass-a", 0, batch(&[Message::new("k", "a0", 1)]));
+    client.produce_ok("pass-b", 0, batch(&[Message::new("k", "b0", 2)]));
+    // Named in this order, pass-a/0 and pass-b/0 are the first pass; min_bytes is out of reach,
+    // so the fetch waits, and pass-a/1's record below is the second pass.
+    let incremental = fetch_request(1_500, 1 << 20, 1 << 20)
+        .with_session_id(opened.session_id)
+        .with_session_epoch(1)
+        .with_topics(both(vec![0], vec![0]));
+    let id = client.write(12, &incremental).expect("write the incremental fetch");
+    let addr = broker.addr();
+    let producer = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        connect(addr).produce_ok("pass-a", 1, batch(&[Message::new("k", "a1", 3)]));
+    });
+    let response = client.read::<FetchRequest>(12, id).expect("the incremental fetch's answer");
+    producer.join().expect("producer thread");
+
+    assert_eq!(response.error_code, code::NONE);
+    let mut values = BTreeMap::new();
+    for topic in &response.responses {
+        for partition in &topic.partitions {
+            assert_eq!(partition.error_code, code::NONE, "{}/{}", topic.topic.as_str(), partition.partition_index);
+            let records = decode_records(partition.records.clone().unwrap_or_default());
+            let value =
+                records.iter().map(|r| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned());
+            values.insert(format!("{}/{}", topic.topic.as_str(), partition.partition_index), value.collect::<Vec<_>>());
+        }
+    }
+    let expected =
+        [("pass-a/0", "a0"), ("pass-a/1", "a1"), ("pass-b/0", "b0")].map(|(p, v)| (p.to_string(), vec![v.to_string()]));
+    assert_eq!(values, BTreeMap::from(expected));
+    broker_still_serves(&broker);
+}
+
 #[test]
 fn pipelined_requests_are_answered_in_order() {
     let broker = Broker::start(&[]);
