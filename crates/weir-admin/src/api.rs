@@ -336,6 +336,28 @@ pub struct PartitionInfo {
     /// Each follower's lag as the leader sees it; empty when the leader did not answer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replica_lags: Vec<ReplicaLag>,
+    /// A tiered topic's object-store tier, as the leader sees it (absent for other topics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteTier>,
+}
+
+/// What the object store holds of a tiered partition, and what is still to upload.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteTier {
+    /// The leader listed the store: until then the figures below are zeros.
+    pub loaded: bool,
+    /// The first offset in the store, and the offset after its last uploaded segment.
+    pub remote_start_offset: Option<i64>,
+    pub remote_end_offset: Option<i64>,
+    pub remote_segments: usize,
+    pub remote_bytes: u64,
+    /// Closed, committed segments not uploaded yet (Kafka's RemoteCopyLagSegments/Bytes).
+    pub upload_lag_segments: usize,
+    pub upload_lag_bytes: u64,
+    pub upload_failures: u64,
+    /// The last failed pass's error, until a pass succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// How far a follower trails its leader.

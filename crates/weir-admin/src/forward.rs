@@ -34,7 +34,7 @@ use weir_broker::{Acks, Broker, ErrorKind, OffsetQuery, Partition};
 use weir_coordinators::group::clients::ConnectedClient;
 use weir_coordinators::group::OFFSETS_TOPIC;
 
-use crate::api::{ConsumedRecord, Encoding, LaggingFollower, PartitionInfo, PartitionPosition, ReplicaLag};
+use crate::api::{ConsumedRecord, Encoding, LaggingFollower, PartitionInfo, PartitionPosition, RemoteTier, ReplicaLag};
 use crate::error::ApiError;
 use crate::{AdminState, SharedState};
 
@@ -305,6 +305,17 @@ fn partition_info(broker: &Broker, p: &Partition) -> PartitionInfo {
         bytes_in_per_sec: p.metrics.load().bytes_in_per_sec,
         bytes_out_per_sec: p.metrics.load().bytes_out_per_sec,
         replica_lags: p.follower_lags(|id| broker.follower_heartbeats.last(id)).into_iter().map(replica_lag).collect(),
+        remote: broker.tier_status(p).map(|s| RemoteTier {
+            loaded: s.loaded,
+            remote_start_offset: s.remote_start_offset,
+            remote_end_offset: s.remote_end_offset,
+            remote_segments: s.remote_segments,
+            remote_bytes: s.remote_bytes,
+            upload_lag_segments: s.lag_segments,
+            upload_lag_bytes: s.lag_bytes,
+            upload_failures: s.failures_total,
+            last_error: s.last_error,
+        }),
     }
 }
 
@@ -361,6 +372,7 @@ pub(crate) async fn partition_infos(broker: &Arc<Broker>, topic: &str) -> Vec<Pa
                     bytes_in_per_sec: 0.0,
                     bytes_out_per_sec: 0.0,
                     replica_lags: Vec::new(),
+                    remote: None,
                 })
             })
         })

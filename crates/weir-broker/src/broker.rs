@@ -137,6 +137,8 @@ pub struct Broker {
     /// What the heartbeats report of this broker's load, as of the last load window: built by
     /// the load sampler once per window, so that a heartbeat walks no partition.
     pub(crate) load_report: Mutex<Arc<weir_controller::balance::LoadReport>>,
+    /// The object-storage tier when `remote.log.storage.system.enable` is on (see `tier`).
+    pub(crate) tier: Option<Arc<crate::tier::Tier>>,
     /// Followers' last fetches through a fetch session, for the ISR checks (see
     /// [`crate::watch::FollowerHeartbeats`]).
     pub follower_heartbeats: crate::watch::FollowerHeartbeats,
@@ -206,6 +208,7 @@ impl Broker {
         quorum: Quorum,
         cluster: Cluster,
         internal_address: Option<String>,
+        tier: Option<Arc<crate::tier::Tier>>,
     ) -> Arc<Broker> {
         let state = quorum.applied();
         let (shutdown_tx, _) = watch::channel(false);
@@ -227,6 +230,7 @@ impl Broker {
             cluster,
             replication_quotas: Default::default(),
             load_report: Mutex::new(Arc::default()),
+            tier,
             follower_heartbeats: Default::default(),
             internal_address,
             metrics: BrokerMetrics::default(),

@@ -270,7 +270,31 @@ pub(crate) const SETTINGS: &[Setting] = &[
     s("log.cleaner.backoff.ms", "15000", "Sleep between compaction passes with nothing to do."),
     s("log.cleaner.io.max.bytes.per.second", "0", "Compaction I/O limit; 0 means none."),
     s("num.recovery.threads.per.data.dir", "2", "Threads recovering logs at start-up."),
+    s(
+        "remote.log.storage.system.enable",
+        "false",
+        "Tiered storage (KIP-405): topics with remote.storage.enable=true copy their closed segments to the object store. Off, such topics cannot be created.",
+    ),
+    s(
+        "remote.log.manager.task.interval.ms",
+        "30000",
+        "How often each led partition of a tiered topic uploads its closed segments and deletes what retention passed from the store.",
+    ),
+    s("object.store.url", "", "The object store: file:///dir or s3://bucket/prefix; empty: <log.dirs>/objects."),
+    s("object.store.endpoint", "", "An S3-compatible service's address (http://host:port); empty: AWS."),
+    s("object.store.region", "us-east-1", "The S3 region."),
+    s("object.store.access.key.id", "", "The S3 access key id (with object.store.secret.access.key)."),
+    s("object.store.secret.access.key", "", "The S3 secret access key."),
+    s(
+        "object.store.path.style",
+        "false",
+        "Address an S3-compatible service as endpoint/bucket/key (MinIO and most self-hosted services) rather than bucket.endpoint/key.",
+    ),
 ];
+
+/// Settings whose values are secrets: never shown (DescribeConfigs marks them sensitive, the
+/// admin API shows `[hidden]`) nor logged.
+pub const SENSITIVE_SETTINGS: &[&str] = &["object.store.secret.access.key"];
 
 /// Broker-level defaults of topic configs: where they are defined (the controller checks the
 /// dynamic ones).
@@ -391,6 +415,10 @@ pub struct BrokerConfig {
     pub cleaner_backoff_ms: u64,
     pub cleaner_io_max_bytes_per_second: u64,
     pub recovery_threads: usize,
+    /// The object store of tiered topics when `remote.log.storage.system.enable` is on.
+    pub remote_storage: Option<weir_tier::StoreSettings>,
+    /// `remote.log.manager.task.interval.ms`.
+    pub remote_log_manager_interval_ms: u64,
     /// Broker-wide topic config defaults, by topic config name (`retention.ms`, ...).
     pub topic_defaults: BTreeMap<String, String>,
     /// The settings as given (after aliases), for DescribeConfigs on the broker resource.
@@ -618,6 +646,27 @@ impl Values {
     }
 }
 
+/// The `object.store.*` settings when tiered storage is on, checked (not reached: a store that
+/// is down at start-up is retried, never a reason not to start).
+fn remote_storage(values: &Values) -> Result<Option<weir_tier::StoreSettings>, ConfigError> {
+    if !values.bool("remote.log.storage.system.enable")? {
+        return Ok(None);
+    }
+    let settings = weir_tier::StoreSettings {
+        url: values.get("object.store.url").trim().to_string(),
+        endpoint: values.get("object.store.endpoint").trim().to_string(),
+        region: values.get("object.store.region").trim().to_string(),
+        access_key_id: values.get("object.store.access.key.id").trim().to_string(),
+        secret_access_key: values.get("object.store.secret.access.key").to_string(),
+        path_style: values.bool("object.store.path.style")?,
+    };
+    match settings.validate() {
+        Ok(()) => Ok(Some(settings)),
+        Err(weir_tier::TierError::Config { name, value, reason }) => Err(invalid(&name, &value, reason)),
+        Err(other) => Err(invalid("object.store.url", &settings.url, other.to_string())),
+    }
+}
+
 /// Where this node listens and what it advertises.
 struct Listeners {
     listen: Option<SocketAddr>,
@@ -807,6 +856,8 @@ impl BrokerConfig {
             cleaner_backoff_ms: values.num("log.cleaner.backoff.ms", 1)?,
             cleaner_io_max_bytes_per_second: values.num("log.cleaner.io.max.bytes.per.second", 0)?,
             recovery_threads: values.num("num.recovery.threads.per.data.dir", 1)?,
+            remote_storage: remote_storage(values)?,
+            remote_log_manager_interval_ms: values.num("remote.log.manager.task.interval.ms", 10)?,
             topic_defaults,
             explicit,
         })
@@ -924,11 +975,14 @@ impl BrokerConfig {
         crate::topic_config::log_config(&self.topic_defaults, &BTreeMap::new()).unwrap_or_default()
     }
 
-    /// The value and whether it was set explicitly, for every broker setting (DescribeConfigs).
+    /// The value and whether it was set explicitly, for every broker setting (DescribeConfigs);
+    /// a [`SENSITIVE_SETTINGS`] value that is set reads `[hidden]`.
     pub fn describe(&self) -> Vec<(String, String, bool)> {
         let mut out = Vec::new();
         for setting in SETTINGS {
             let value = self.explicit.get(setting.name).cloned();
+            let value =
+                value.map(|v| if SENSITIVE_SETTINGS.contains(&setting.name) { "[hidden]".to_string() } else { v });
             out.push((
                 setting.name.to_string(),
                 value.clone().unwrap_or_else(|| setting.default.to_string()),

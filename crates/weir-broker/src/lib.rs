@@ -39,6 +39,7 @@ pub mod replication;
 
 pub mod runtime;
 pub mod throttle;
+pub mod tier;
 mod topics;
 pub mod watch;
 /// What topic configs mean and how they are checked (the controller's, `weir-controller`).

@@ -66,6 +66,7 @@ pub fn render_prometheus(broker: &Broker, sections: &[&dyn MetricsSection]) -> S
     render_connections(&mut out, &protocols);
     render_topics(&mut out, broker, &partitions);
     render_partitions(&mut out, &partitions);
+    render_tier(&mut out, broker, &partitions);
     for section in sections {
         section.render(&mut out, &partitions);
     }
@@ -216,6 +217,64 @@ fn render_topics(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partit
         out.family(name, Kind::Counter, help);
         for (topic, sums) in &topics {
             out.sample(name, &[("topic", topic)], sums[i]);
+        }
+    }
+}
+
+/// Tiered storage (only when it is on): the broker's totals, and each tiered partition's upload
+/// lag as its leader here sees it.
+fn render_tier(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partition>]) {
+    let Some(total) = broker.tier_totals() else { return };
+    let counters: [(&str, &str, u64); 4] = [
+        (
+            "weir_remote_log_uploaded_segments_total",
+            "Segments uploaded to the object store.",
+            total.uploaded_segments_total,
+        ),
+        (
+            "weir_remote_log_uploaded_bytes_total",
+            "Bytes of segments uploaded to the object store.",
+            total.uploaded_bytes_total,
+        ),
+        (
+            "weir_remote_log_deleted_segments_total",
+            "Uploaded segments deleted from the object store by retention.",
+            total.deleted_segments_total,
+        ),
+        (
+            "weir_remote_log_upload_failures_total",
+            "Passes of a partition that failed (the store down or refusing); each is retried.",
+            total.failures_total,
+        ),
+    ];
+    for (name, help, value) in counters {
+        out.family(name, Kind::Counter, help);
+        out.sample(name, &[], value);
+    }
+    let led: Vec<(&Arc<Partition>, crate::tier::TierStatus)> = partitions
+        .iter()
+        .filter(|p| p.state().leader == broker.config.node_id)
+        .filter_map(|p| broker.tier_status(p).map(|s| (p, s)))
+        .collect();
+    type Read = fn(&crate::tier::TierStatus) -> u64;
+    let gauges: [(&str, &str, Read); 4] = [
+        ("weir_remote_log_segments", "Segments of the partition in the object store.", |s| s.remote_segments as u64),
+        ("weir_remote_log_size_bytes", "Bytes of the partition in the object store.", |s| s.remote_bytes),
+        (
+            "weir_remote_log_upload_lag_bytes",
+            "Bytes of closed, committed segments not uploaded yet (Kafka's RemoteCopyLagBytes).",
+            |s| s.lag_bytes,
+        ),
+        (
+            "weir_remote_log_upload_lag_segments",
+            "Closed, committed segments not uploaded yet (Kafka's RemoteCopyLagSegments).",
+            |s| s.lag_segments as u64,
+        ),
+    ];
+    for (name, help, read) in gauges {
+        out.family(name, Kind::Gauge, help);
+        for (p, status) in &led {
+            out.sample(name, &[("topic", &p.topic), ("partition", &p.index)], read(status));
         }
     }
 }

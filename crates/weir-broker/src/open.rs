@@ -40,6 +40,12 @@ impl Broker {
             Some(listener) => Some(internal_address(&config, listener)?),
         };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let tier = match &config.remote_storage {
+            None => None,
+            Some(settings) => Some(Arc::new(crate::tier::Tier::open(settings, &config.data_dir).map_err(|e| {
+                BrokerError::new(ErrorKind::InvalidConfig, format!("cannot open the object store: {e}"))
+            })?)),
+        };
         let logs = open_logs(&config, &clock)?;
         let cluster = Cluster::new();
         let (quorum, alone) = start_quorum(&config, &cluster, internal_listener.is_some(), &clock)?;
@@ -59,7 +65,7 @@ impl Broker {
                 quorum.wait_for_leader(Duration::from_secs(30)).await
             })??;
         }
-        let broker = Broker::assemble(config, clock, logs, quorum, cluster, internal_address);
+        let broker = Broker::assemble(config, clock, logs, quorum, cluster, internal_address, tier);
         let _ = opened.set(Arc::downgrade(&broker));
         crate::forward::register(&broker);
         broker.start(alone)?;
@@ -88,6 +94,7 @@ impl Broker {
         if self.config.roles.broker {
             self.run_isr_checks();
             self.run_load_sampler();
+            self.run_tier_uploads();
             self.run_elastic_autoscaler();
             self.run_lifecycle();
             // As a KRaft broker does: serve clients only once the controller has unfenced it.

@@ -27,12 +27,29 @@ impl Broker {
         topics: Vec<NewTopic>,
         validate_only: bool,
     ) -> Vec<Result<CreatedTopic, BrokerError>> {
-        let count = topics.len();
-        match self.control(ControlRequest::CreateTopics { topics, validate_only }).await {
-            Ok(ControlAnswer::CreatedTopics(results)) if results.len() == count => results,
-            Ok(other) => vec![Err(unexpected_answer(&other)); count],
-            Err(e) => vec![Err(e); count],
+        // This broker's own check first (tiering needs a store here); the controller decides
+        // the rest. Results stay in the order of the request.
+        let refusals: Vec<Option<BrokerError>> = topics.iter().map(|t| self.check_tiering_of_new(t).err()).collect();
+        let allowed: Vec<NewTopic> =
+            topics.into_iter().zip(&refusals).filter(|(_, refused)| refused.is_none()).map(|(t, _)| t).collect();
+        let count = allowed.len();
+        let mut decided = if count == 0 {
+            Vec::new()
+        } else {
+            match self.control(ControlRequest::CreateTopics { topics: allowed, validate_only }).await {
+                Ok(ControlAnswer::CreatedTopics(results)) if results.len() == count => results,
+                Ok(other) => vec![Err(unexpected_answer(&other)); count],
+                Err(e) => vec![Err(e); count],
+            }
         }
+        .into_iter();
+        refusals
+            .into_iter()
+            .map(|refused| match refused {
+                Some(e) => Err(e),
+                None => decided.next().unwrap_or_else(|| Err(BrokerError::new(ErrorKind::Internal, "no result"))),
+            })
+            .collect()
     }
 
     /// [`Broker::create_topics`] from blocking code.
@@ -138,6 +155,9 @@ impl Broker {
         validate_only: bool,
         edit: topic_config::ConfigEdit,
     ) -> Result<(), BrokerError> {
+        if let Some(topic) = self.metadata().topic(&name) {
+            self.check_tiering_edit(&topic.configs, &edit)?;
+        }
         match self.control(ControlRequest::AlterTopicConfigs { name, validate_only, edit }).await? {
             ControlAnswer::Done => Ok(()),
             other => Err(unexpected_answer(&other)),

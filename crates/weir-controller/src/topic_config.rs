@@ -26,6 +26,8 @@ pub const TOPIC_DEFAULT_SETTINGS: &[(&str, &str, &str)] = &[
     ("log.flush.interval.ms", "flush.ms", "9223372036854775807"),
     ("log.retention.ms", "retention.ms", "604800000"),
     ("log.retention.bytes", "retention.bytes", "-1"),
+    ("log.local.retention.ms", "local.retention.ms", "-2"),
+    ("log.local.retention.bytes", "local.retention.bytes", "-2"),
     ("log.cleanup.policy", "cleanup.policy", "delete"),
     ("log.cleaner.delete.retention.ms", "delete.retention.ms", "86400000"),
     ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms", "0"),

@@ -57,6 +57,14 @@ pub struct LogConfig {
     pub min_cleanable_dirty_ratio: f64,
     /// `file.delete.delay.ms`: how long deleted segments linger as `.deleted` files.
     pub file_delete_delay_ms: u64,
+    /// `remote.storage.enable` (KIP-405): the partition's closed segments are uploaded to the
+    /// broker's object store (the tier lives above this crate; the log only lists the segments).
+    pub remote_storage_enable: bool,
+    /// `local.retention.ms`: with remote storage, how long uploaded segments stay on local disk
+    /// too; -2 (the default) is `retention.ms`.
+    pub local_retention_ms: i64,
+    /// `local.retention.bytes`: with remote storage, local bytes kept; -2 is `retention.bytes`.
+    pub local_retention_bytes: i64,
 }
 
 impl Default for LogConfig {
@@ -77,6 +85,9 @@ impl Default for LogConfig {
             min_compaction_lag_ms: 0,
             min_cleanable_dirty_ratio: 0.5,
             file_delete_delay_ms: 60_000,
+            remote_storage_enable: false,
+            local_retention_ms: -2,
+            local_retention_bytes: -2,
         }
     }
 }
@@ -90,10 +101,13 @@ pub const TOPIC_CONFIG_NAMES: &[&str] = &[
     "flush.ms",
     "flush.policy",
     "index.interval.bytes",
+    "local.retention.bytes",
+    "local.retention.ms",
     "max.message.bytes",
     "message.timestamp.type",
     "min.cleanable.dirty.ratio",
     "min.compaction.lag.ms",
+    "remote.storage.enable",
     "retention.bytes",
     "retention.ms",
     "segment.bytes",
@@ -143,6 +157,15 @@ impl LogConfig {
                     config.min_cleanable_dirty_ratio = ratio;
                 }
                 "file.delete.delay.ms" => config.file_delete_delay_ms = parse_range(name, value, 0, i64::MAX as u64)?,
+                "remote.storage.enable" => {
+                    config.remote_storage_enable = match value {
+                        "true" => true,
+                        "false" => false,
+                        _ => return Err(invalid(name, value, "expected true or false")),
+                    }
+                }
+                "local.retention.ms" => config.local_retention_ms = parse_local_retention(name, value)?,
+                "local.retention.bytes" => config.local_retention_bytes = parse_local_retention(name, value)?,
                 _ => {
                     return Err(StorageError::InvalidConfig {
                         name: name.clone(),
@@ -171,6 +194,33 @@ impl LogConfig {
             },
             None => config.flush,
         };
+        for (local_name, local, total_name, total) in [
+            ("local.retention.ms", config.local_retention_ms, "retention.ms", config.retention_ms),
+            ("local.retention.bytes", config.local_retention_bytes, "retention.bytes", config.retention_bytes),
+        ] {
+            // Kafka's rule: the local tier cannot keep more than both tiers together.
+            if local >= 0 && total >= 0 && local > total {
+                return Err(invalid(
+                    local_name,
+                    &local.to_string(),
+                    &format!("must not exceed {total_name} ({total}), which covers both tiers"),
+                ));
+            }
+            if local == -1 && total >= 0 {
+                return Err(invalid(
+                    local_name,
+                    "-1",
+                    &format!("cannot keep forever what {total_name} ({total}) deletes"),
+                ));
+            }
+        }
+        if config.remote_storage_enable && config.cleanup_policy.compact {
+            return Err(invalid(
+                "remote.storage.enable",
+                "true",
+                "compacted topics cannot be tiered yet (cleanup.policy contains compact)",
+            ));
+        }
         if config.segment_index_bytes < 8 {
             return Err(invalid(
                 "segment.index.bytes",
@@ -223,12 +273,42 @@ impl LogConfig {
         put("min.compaction.lag.ms", self.min_compaction_lag_ms.to_string());
         put("min.cleanable.dirty.ratio", self.min_cleanable_dirty_ratio.to_string());
         put("file.delete.delay.ms", self.file_delete_delay_ms.to_string());
+        put("remote.storage.enable", self.remote_storage_enable.to_string());
+        put("local.retention.ms", self.local_retention_ms.to_string());
+        put("local.retention.bytes", self.local_retention_bytes.to_string());
         p
+    }
+
+    /// `local.retention.ms` in force: the local tier's own limit, or `retention.ms` for -2.
+    pub fn effective_local_retention_ms(&self) -> i64 {
+        if self.local_retention_ms == -2 {
+            self.retention_ms
+        } else {
+            self.local_retention_ms
+        }
+    }
+
+    /// `local.retention.bytes` in force: its own limit, or `retention.bytes` for -2.
+    pub fn effective_local_retention_bytes(&self) -> i64 {
+        if self.local_retention_bytes == -2 {
+            self.retention_bytes
+        } else {
+            self.local_retention_bytes
+        }
     }
 }
 
 fn invalid(name: &str, value: &str, reason: &str) -> StorageError {
     StorageError::InvalidConfig { name: name.into(), value: value.into(), reason: reason.into() }
+}
+
+/// -2 (follow the total), -1 (keep forever) or a limit.
+fn parse_local_retention(name: &str, value: &str) -> Result<i64> {
+    let parsed: i64 = value.parse().map_err(|_| invalid(name, value, "expected -2, -1 or a non-negative integer"))?;
+    if parsed < -2 {
+        return Err(invalid(name, value, "expected -2, -1 or a non-negative integer"));
+    }
+    Ok(parsed)
 }
 
 fn parse_range(name: &str, value: &str, min: u64, max: u64) -> Result<u64> {

@@ -45,7 +45,7 @@ pub use deletion::DeletionQueue;
 pub use error::{BatchError, Result, StorageError};
 pub use file_slice::FileSlice;
 pub use leader_epoch::EpochEntry;
-pub use log::{AppendInfo, Log, LogStats, OpenOptions, ReadResult, RetentionOutcome, TimestampOffset};
+pub use log::{AppendInfo, Log, LogStats, OpenOptions, ReadResult, RetentionOutcome, SealedSegment, TimestampOffset};
 pub use manager::{LogManager, ManagerOptions, TopicPartition};
 pub use producer_state::ProducerError;
 pub use txn_index::AbortedTxn;

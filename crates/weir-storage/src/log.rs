@@ -86,6 +86,27 @@ pub struct ReadResult {
     pub high_watermark: i64,
 }
 
+/// A closed segment's files, for copying them elsewhere (the object-store tier above this
+/// crate). Its offsets never change: only the active segment takes appends, and truncation
+/// never reaches below the high watermark, which [`Log::sealed_segments`] bounds it by.
+#[derive(Debug, Clone)]
+pub struct SealedSegment {
+    pub base_offset: i64,
+    /// The next segment's base offset: every offset of this segment is below it.
+    pub next_offset: i64,
+    /// Bytes of the `.log`.
+    pub size: u64,
+    /// The largest batch timestamp and the base offset of its batch; `None` for no timestamp.
+    pub max_timestamp: Option<(i64, i64)>,
+    /// The open `.log`: a copy reads through it, so retention renaming the file meanwhile does
+    /// not break the copy.
+    pub log: Arc<std::fs::File>,
+    /// The `.index` and `.timeindex`, trimmed to their entries (Kafka's formats). Retention may
+    /// rename them at any time: reading them can find nothing.
+    pub index_path: PathBuf,
+    pub time_index_path: PathBuf,
+}
+
 /// An offset found by timestamp, with the record's timestamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimestampOffset {
@@ -624,6 +645,32 @@ impl Log {
     /// Base offsets of the segments, oldest first.
     pub fn segment_base_offsets(&self) -> Vec<i64> {
         read(&self.segments).keys().copied().collect()
+    }
+
+    /// The closed segments whose every offset is below `bound` (the caller's committed end:
+    /// the high watermark or the last stable offset), oldest first; never the active segment.
+    /// Their index files are on disk when this returns (an index never loaded is loaded, or
+    /// rebuilt, first).
+    pub fn sealed_segments(&self, bound: i64) -> Result<Vec<SealedSegment>> {
+        let segments = self.segments_snapshot();
+        let mut sealed = Vec::new();
+        for pair in segments.windows(2) {
+            let (segment, next) = (&pair[0], &pair[1]);
+            if next.base_offset() > bound {
+                break;
+            }
+            segment.open_indexes()?;
+            sealed.push(SealedSegment {
+                base_offset: segment.base_offset(),
+                next_offset: next.base_offset(),
+                size: segment.size(),
+                max_timestamp: segment.max_timestamp()?,
+                log: Arc::clone(segment.file()),
+                index_path: segment.index_path(),
+                time_index_path: segment.time_index_path(),
+            });
+        }
+        Ok(sealed)
     }
 
     pub(crate) fn segments_snapshot(&self) -> Vec<Arc<Segment>> {

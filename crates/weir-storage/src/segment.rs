@@ -150,10 +150,10 @@ impl Segment {
     pub(crate) fn log_path(&self) -> &Path {
         &self.log_path
     }
-    fn index_path(&self) -> PathBuf {
+    pub(crate) fn index_path(&self) -> PathBuf {
         self.dir.join(file_name(self.base_offset, ".index"))
     }
-    fn time_index_path(&self) -> PathBuf {
+    pub(crate) fn time_index_path(&self) -> PathBuf {
         self.dir.join(file_name(self.base_offset, ".timeindex"))
     }
 

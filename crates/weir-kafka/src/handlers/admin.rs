@@ -271,17 +271,21 @@ pub(crate) async fn describe_configs(
             .into_iter()
             .filter(|(n, _, _)| wanted(n))
             .map(|(n, v, source)| {
+                // As Kafka does: a secret is marked sensitive and its value is null.
+                let sensitive = weir_broker::config::SENSITIVE_SETTINGS.contains(&n.as_str());
+                let v = (!sensitive).then_some(v);
                 let synonyms = if request.include_synonyms {
                     vec![DescribeConfigsSynonym::default()
                         .with_name(str(n.clone()))
-                        .with_value(Some(str(v.clone())))
+                        .with_value(v.clone().map(str))
                         .with_source(source)]
                 } else {
                     Vec::new()
                 };
                 let entry = DescribeConfigsResourceResult::default()
                     .with_name(str(n.clone()))
-                    .with_value(Some(str(v)))
+                    .with_value(v.map(str))
+                    .with_is_sensitive(sensitive)
                     .with_read_only(resource.resource_type == RESOURCE_BROKER && !throttle::is_dynamic(&n))
                     .with_config_source(source)
                     .with_synonyms(synonyms);

@@ -368,6 +368,10 @@ fn write_description(out: &mut impl Write, topic: &TopicDescription, all_configs
     }
     table.write(out)?;
     writeln!(out)?;
+    if topic.partitions.iter().any(|p| p.remote.is_some()) {
+        write_remote(out, &topic.partitions)?;
+        writeln!(out)?;
+    }
     if let Some(layout) = &topic.elastic {
         write_layout(out, layout)?;
         writeln!(out)?;
@@ -380,6 +384,37 @@ fn write_description(out: &mut impl Write, topic: &TopicDescription, all_configs
     let mut table = Table::new(&["CONFIG", "VALUE", "SOURCE"]);
     for c in configs {
         table.row(vec![c.name.clone(), c.value.clone(), c.source.clone()]);
+    }
+    table.write(out)?;
+    Ok(())
+}
+
+/// A tiered topic's object-store tier, a row per partition.
+fn write_remote(out: &mut impl Write, partitions: &[PartitionInfo]) -> anyhow::Result<()> {
+    writeln!(out, "Object store (tiered storage):")?;
+    let mut table = Table::new(&[
+        "PARTITION",
+        "REMOTE-START",
+        "REMOTE-END",
+        "SEGMENTS",
+        "SIZE",
+        "UPLOAD-LAG",
+        "FAILURES",
+        "LAST-ERROR",
+    ]);
+    let offset = |o: Option<i64>| o.map_or("-".to_string(), |o| o.to_string());
+    for p in partitions {
+        let Some(r) = &p.remote else { continue };
+        table.row(vec![
+            p.partition.to_string(),
+            offset(r.remote_start_offset),
+            offset(r.remote_end_offset),
+            r.remote_segments.to_string(),
+            human_bytes(r.remote_bytes),
+            format!("{} ({} segments)", human_bytes(r.upload_lag_bytes), r.upload_lag_segments),
+            r.upload_failures.to_string(),
+            r.last_error.clone().unwrap_or_else(|| "-".to_string()),
+        ]);
     }
     table.write(out)?;
     Ok(())

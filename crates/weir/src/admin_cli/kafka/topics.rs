@@ -209,6 +209,7 @@ impl TopicSource for KafkaTopics {
                     // Followers' positions are the leader's to know; the protocol tells
                     // clients none (the table prints `-`).
                     replica_lags: Vec::new(),
+                    remote: None,
                     bytes_in_per_sec: 0.0,
                     bytes_out_per_sec: 0.0,
                 }

@@ -1,0 +1,120 @@
+//! Tiered storage on this broker (KIP-405's model, the `weir-tier` crate): every
+//! `remote.log.manager.task.interval.ms`, each partition of a tiered topic (`remote.storage.enable`)
+//! that this broker leads uploads its closed, committed segments to the object store and
+//! deletes from it what retention has passed. Followers upload nothing: a leader change hands
+//! the work over, and the new leader learns what the store holds from the store itself.
+//!
+//! Nothing a producer or consumer waits on goes through here: a store that is down only makes
+//! passes fail (counted, logged, retried at the next pass).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use weir_tier::{RemoteSegment, Tier, TierStatus};
+
+use crate::broker::{Broker, NewTopic};
+use crate::error::{BrokerError, ErrorKind};
+use crate::partition::Partition;
+use crate::topic_config::ConfigEdit;
+
+/// The topic config that turns tiering on (Kafka's name).
+pub const REMOTE_STORAGE_ENABLE: &str = "remote.storage.enable";
+
+impl Broker {
+    /// Starts the periodic passes when tiered storage is on.
+    pub(crate) fn run_tier_uploads(self: &Arc<Self>) {
+        let Some(tier) = self.tier.clone() else { return };
+        tracing::info!(store = ?tier.store(), "tiered storage is on");
+        let interval = Duration::from_millis(self.config.remote_log_manager_interval_ms);
+        self.every(interval, move |broker| {
+            let tier = Arc::clone(&tier);
+            async move { broker.tier_pass(&tier).await }
+        });
+    }
+
+    /// One pass over the tiered partitions this broker leads, one partition at a time.
+    async fn tier_pass(&self, tier: &Tier) {
+        let mut tiered = HashSet::new();
+        for partition in self.partitions() {
+            if !partition.log.config().remote_storage_enable {
+                continue;
+            }
+            tiered.insert((partition.topic_id, partition.index));
+            if partition.state().leader != self.config.node_id || self.is_shutting_down() {
+                continue;
+            }
+            let remote = tier.partition(&partition.topic, partition.topic_id, partition.index);
+            match remote.sync(&partition.log, self.config.node_id, self.now_ms()).await {
+                Ok(outcome) if outcome.uploaded_segments > 0 || outcome.deleted_segments > 0 => {
+                    tracing::info!(topic = %partition.topic, partition = partition.index, uploaded = outcome.uploaded_segments, bytes = outcome.uploaded_bytes, deleted = outcome.deleted_segments, "tiered storage pass");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(topic = %partition.topic, partition = partition.index, error = %e, "tiered storage pass failed; the next pass resumes where it stopped");
+                }
+            }
+        }
+        tier.retain(|id, index| tiered.contains(&(id, index)));
+    }
+
+    /// The tier's figures for `partition`, when its topic is tiered on a broker with tiering
+    /// on (zeros until this broker's first pass over it, which only its leader makes).
+    pub fn tier_status(&self, partition: &Partition) -> Option<TierStatus> {
+        let tier = self.tier.as_ref()?;
+        if !partition.log.config().remote_storage_enable {
+            return None;
+        }
+        Some(tier.existing(partition.topic_id, partition.index).map(|t| t.status()).unwrap_or_default())
+    }
+
+    /// Every tiered partition's figures summed, for `/metrics`; `None` when tiering is off.
+    pub fn tier_totals(&self) -> Option<TierStatus> {
+        self.tier.as_ref().map(|tier| tier.totals())
+    }
+
+    /// Refuses a new topic that asks for tiering on a broker without it, as Kafka does.
+    pub(crate) fn check_tiering_of_new(&self, topic: &NewTopic) -> Result<(), BrokerError> {
+        if is_true(topic.configs.get(REMOTE_STORAGE_ENABLE)) && self.tier.is_none() {
+            return Err(tiering_off());
+        }
+        Ok(())
+    }
+
+    /// Refuses an edit that turns tiering on without a store, or off once on (what the store
+    /// holds would be left behind: Kafka too refuses it unless told to delete it).
+    pub(crate) fn check_tiering_edit(
+        &self,
+        current: &BTreeMap<String, String>,
+        edit: &ConfigEdit,
+    ) -> Result<(), BrokerError> {
+        let was = is_true(current.get(REMOTE_STORAGE_ENABLE));
+        let Ok(after) = edit.apply(&self.config.topic_defaults, current) else {
+            return Ok(()); // the controller names what is wrong with the edit
+        };
+        let will = is_true(after.get(REMOTE_STORAGE_ENABLE));
+        if will && !was && self.tier.is_none() {
+            return Err(tiering_off());
+        }
+        if was && !will {
+            return Err(BrokerError::new(
+                ErrorKind::InvalidConfig,
+                "remote.storage.enable cannot be turned off once on: the object store holds the topic's older \
+                 segments (delete the topic to remove them)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn is_true(value: Option<&String>) -> bool {
+    value.is_some_and(|v| v.trim() == "true")
+}
+
+fn tiering_off() -> BrokerError {
+    BrokerError::new(
+        ErrorKind::InvalidConfig,
+        "remote.storage.enable=true needs tiered storage on the brokers: set remote.log.storage.system.enable=true \
+         (and object.store.url for a store other than <log.dirs>/objects)",
+    )
+}

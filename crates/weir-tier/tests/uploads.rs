@@ -1,0 +1,144 @@
+//! Uploads of closed segments to a directory store, as a broker leading the partition runs
+//! them: what reaches the store, resuming after an upload cut short, and retention.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use weir_storage::testing::{batch, BatchSpec};
+use weir_storage::{DeletionQueue, Log, LogConfig, OpenOptions, SystemClock};
+use weir_tier::{StoreSettings, Tier};
+
+fn open_log(dir: &Path) -> Arc<Log> {
+    let overrides: BTreeMap<String, String> =
+        [("segment.bytes", "1024"), ("remote.storage.enable", "true"), ("file.delete.delay.ms", "0")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    let config = LogConfig::default().with_overrides(&overrides).expect("config");
+    Arc::new(
+        Log::open(dir, config, Arc::new(SystemClock), OpenOptions::default(), Arc::new(DeletionQueue::new()))
+            .expect("open log"),
+    )
+}
+
+fn append(log: &Log, batches: usize, fill: u8) {
+    for i in 0..batches {
+        // Stamped now: retention.ms (7 days) must not find these expired.
+        let timestamp =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let spec = BatchSpec {
+            records: 2,
+            value_bytes: 100,
+            timestamp,
+            fill: fill.wrapping_add(i as u8),
+            ..Default::default()
+        };
+        let mut bytes = batch(&spec);
+        log.append(&mut bytes, 0).expect("append");
+    }
+}
+
+fn tier_at(objects: &Path) -> Tier {
+    let settings = StoreSettings { url: format!("file://{}", objects.display()), ..Default::default() };
+    Tier::open(&settings, Path::new("/nonexistent")).expect("open the store")
+}
+
+/// The local `.log` files of the log's closed segments, by base offset.
+fn local_segments(dir: &Path) -> BTreeMap<i64, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("log dir") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        if let Some(base) = name.strip_suffix(".log") {
+            files.insert(base.parse::<i64>().expect("base offset"), std::fs::read(&path).expect("read"));
+        }
+    }
+    files
+}
+
+fn object(objects: &Path, partition_dir: &str, name: &str) -> Option<Vec<u8>> {
+    std::fs::read(objects.join(partition_dir).join("0").join(name)).ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_segments_are_uploaded_once_resumed_after_a_cut_and_deleted_by_retention() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let objects = dir.path().join("objects");
+    let log = open_log(&dir.path().join("t-0"));
+    let id = uuid::Uuid::new_v4();
+    let partition_dir = format!("t-{}", id.simple());
+    append(&log, 20, b'a');
+    let sealed = log.sealed_segments(log.last_stable_offset()).expect("sealed");
+    assert!(sealed.len() >= 3, "20 batches of 1 KiB segments make several closed segments");
+
+    let tier = tier_at(&objects);
+    let partition = tier.partition("t", id, 0);
+    let outcome = partition.sync(&log, 7, 1_000).await.expect("first pass");
+    assert_eq!(outcome.uploaded_segments, sealed.len());
+    let status = partition.status();
+    assert_eq!(status.remote_start_offset, Some(0));
+    assert_eq!(status.remote_end_offset, sealed.last().map(|s| s.next_offset));
+    assert_eq!((status.lag_segments, status.lag_bytes), (0, 0));
+    let local = local_segments(&dir.path().join("t-0"));
+    for segment in partition.remote_segments().await.expect("listed") {
+        let stem = format!("{:020}-{:020}", segment.base_offset, segment.next_offset);
+        let uploaded = object(&objects, &partition_dir, &format!("{stem}.log")).expect("the .log object");
+        assert!(uploaded == local[&segment.base_offset], "segment {stem} differs from the local file");
+        assert!(object(&objects, &partition_dir, &format!("{stem}.index")).is_some(), "{stem}.index");
+        assert!(object(&objects, &partition_dir, &format!("{stem}.timeindex")).is_some(), "{stem}.timeindex");
+        assert_eq!(segment.uploaded_by, 7);
+        assert_eq!(segment.leader_epochs, vec![(0, 0)]);
+    }
+    assert_eq!(partition.sync(&log, 7, 2_000).await.expect("second pass").uploaded_segments, 0, "nothing twice");
+
+    // An upload cut short (a kill -9): the next segment's data object is there, garbage, with
+    // no manifest. A new process lists the store, finds the segment missing, uploads it again.
+    append(&log, 8, b'k');
+    let next = log.sealed_segments(log.last_stable_offset()).expect("sealed")[sealed.len()].clone();
+    let stem = format!("{:020}-{:020}", next.base_offset, next.next_offset);
+    std::fs::write(objects.join(&partition_dir).join("0").join(format!("{stem}.log")), b"torn").expect("torn object");
+    let restarted = tier_at(&objects);
+    let partition = restarted.partition("t", id, 0);
+    assert_eq!(partition.remote_segments().await.expect("listed").len(), sealed.len(), "the torn one is not listed");
+    let outcome = partition.sync(&log, 8, 3_000).await.expect("pass after the restart");
+    assert!(outcome.uploaded_segments >= 1);
+    let local = local_segments(&dir.path().join("t-0"));
+    assert!(object(&objects, &partition_dir, &format!("{stem}.log")) == Some(local[&next.base_offset].clone()));
+
+    // Retention (here DeleteRecords) moves the log start: the segments below it leave the store.
+    let cut = sealed[2].base_offset;
+    log.delete_records_before(cut).expect("delete records");
+    log.apply_retention().expect("retention");
+    let outcome = partition.sync(&log, 8, 4_000).await.expect("pass after retention");
+    assert_eq!(outcome.deleted_segments, 2);
+    assert_eq!(partition.status().remote_start_offset, Some(cut));
+    for gone in &sealed[..2] {
+        let stem = format!("{:020}-{:020}", gone.base_offset, gone.next_offset);
+        for suffix in [".manifest.json", ".log", ".index", ".timeindex"] {
+            assert!(object(&objects, &partition_dir, &format!("{stem}{suffix}")).is_none(), "{stem}{suffix} stayed");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_cannot_be_written_fails_the_pass_and_the_next_one_resumes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let objects = dir.path().join("objects");
+    let log = open_log(&dir.path().join("t-0"));
+    append(&log, 12, b'z');
+    let tier = tier_at(&objects);
+    let partition = tier.partition("t", uuid::Uuid::new_v4(), 0);
+    // The store's directory turns into a file: every write fails, as with a store that is down.
+    std::fs::remove_dir_all(&objects).expect("remove the store");
+    std::fs::write(&objects, b"not a directory").expect("block the store");
+    assert!(partition.sync(&log, 1, 0).await.is_err());
+    let status = partition.status();
+    assert_eq!(status.failures_total, 1);
+    assert!(status.last_error.is_some());
+    std::fs::remove_file(&objects).expect("unblock");
+    std::fs::create_dir(&objects).expect("store back");
+    let outcome = partition.sync(&log, 1, 0).await.expect("the store is back");
+    assert!(outcome.uploaded_segments >= 2);
+    assert_eq!(partition.status().last_error, None);
+}
