@@ -29,11 +29,11 @@ import time
 
 import boto3
 import pytest
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, NewTopic, ResourceType
 
 from conftest import Broker, free_port, weir_bin
-from helpers import c_admin, c_producer, c_read_partition, http, metric, unique, wait_until
+from helpers import c_admin, c_producer, c_read_partition, http, kp_read_partition, metric, unique, wait_until
 
 ACCESS_KEY = "weir-test"
 SECRET_KEY = "weir-test-secret"
@@ -288,3 +288,83 @@ def test_tiering_needs_the_broker_switch_and_cannot_be_turned_off(broker, broker
                                              "object.store.url": "gs://bucket"}, name="bad")
     proc = subprocess.run(bad.command(), capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "object.store.url" in proc.stderr, proc.stderr
+
+
+def test_consumers_of_every_client_read_from_the_store_what_local_retention_deleted(s3, broker_factory):
+    """local.retention.bytes keeps two segments on disk; librdkafka, kafka-python and kcat still
+    read every record from offset 0, the older ones through the store (in chunks smaller than
+    a segment, through a cache smaller than the data); a kill -9 and restart change nothing."""
+    bucket = unique("bucket")
+    s3.client.create_bucket(Bucket=bucket)
+    settings = dict(tiered_settings(s3, bucket, prefix="reads"))
+    settings.update({
+        "log.retention.check.interval.ms": "200",
+        "remote.log.read.ahead.bytes": "65536",
+        "remote.log.cache.bytes": "1048576",
+        "log.flush.offset.checkpoint.interval.ms": "200",
+    })
+    broker = broker_factory(settings)
+    topic = unique("reads")
+    create_tiered_topic(broker, topic, {"segment.bytes": "65536", "local.retention.bytes": "131072"})
+    count = 8000
+    produce(broker, topic, count)
+
+    def local_retention_done():
+        status, body = http("GET", f"{broker.admin_url()}/v1/topics/{topic}")
+        partition = body["partitions"][0]
+        return partition["remote"]["upload_lag_segments"] == 0 and partition["size_bytes"] <= 131072 + 65536
+
+    wait_until(local_retention_done, timeout=60, what="local retention to delete uploaded segments")
+    status, body = http("GET", f"{broker.admin_url()}/v1/topics/{topic}")
+    assert body["partitions"][0]["log_start_offset"] == 0, body
+    assert body["partitions"][0]["remote"]["local_log_start_offset"] > count // 2, body
+    expected = [f"{i:06d}" for i in range(count)]
+
+    def check_every_client():
+        records = c_read_partition(broker.bootstrap, topic, 0, count)
+        assert [bytes(r.value[:6]).decode() for r in records] == expected
+        assert [r.offset for r in records] == list(range(count))
+        # ListOffsets by timestamp finds records only the store holds (offsetsForTimes).
+        local_start = remote(broker, topic)["local_log_start_offset"]
+        for probe in (1, local_start // 3, local_start - 1, local_start + 1):
+            target = records[probe].timestamp
+            want = min(r.offset for r in records if r.timestamp >= target)
+            consumer = c_consumer_plain(broker)
+            try:
+                found = consumer.offsets_for_times([TopicPartition(topic, 0, target)], timeout=30)[0]
+            finally:
+                consumer.close()
+            assert found.offset == want, f"offsetsForTimes({target}) = {found.offset}, want {want} (probe {probe})"
+        records = kp_read_partition(broker.bootstrap, topic, 0, count)
+        assert [bytes(r.value[:6]).decode() for r in records] == expected
+        kcat = subprocess.run(["kcat", "-C", "-b", broker.bootstrap, "-t", topic, "-p", "0", "-o", "beginning", "-e",
+                               "-f", "%o\n"], capture_output=True, text=True, timeout=60)
+        assert kcat.returncode == 0, kcat.stderr
+        assert [int(x) for x in kcat.stdout.split()] == list(range(count))
+        low, high = c_watermarks(broker, topic)
+        assert (low, high) == (0, count)
+
+    check_every_client()
+    assert metric(broker, "weir_remote_log_read_bytes_total") > 0
+    assert metric(broker, "weir_remote_log_cache_bytes") <= 1048576
+    assert metric(broker, "weir_remote_log_cache_misses_total") > 1, "reads spanned several chunks"
+
+    # kill -9, and a restart whose tier pass would come only in 10 minutes: the log start comes
+    # back from its checkpoint, and the store serves the reads before any pass lists it.
+    time.sleep(0.5)
+    broker.kill9()
+    broker.settings["remote.log.manager.task.interval.ms"] = "600000"
+    broker.start()
+    check_every_client()
+
+
+def c_watermarks(broker, topic):
+    consumer = c_consumer_plain(broker)
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
+    finally:
+        consumer.close()
+
+
+def c_consumer_plain(broker):
+    return Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique("g"), "enable.auto.commit": False})

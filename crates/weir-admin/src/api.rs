@@ -346,6 +346,10 @@ pub struct PartitionInfo {
 pub struct RemoteTier {
     /// The leader listed the store: until then the figures below are zeros.
     pub loaded: bool,
+    /// The first offset on local disk (KIP-405's local log start): below it, down to
+    /// `log_start_offset`, reads are served from the store.
+    #[serde(default)]
+    pub local_log_start_offset: i64,
     /// The first offset in the store, and the offset after its last uploaded segment.
     pub remote_start_offset: Option<i64>,
     pub remote_end_offset: Option<i64>,

@@ -307,6 +307,7 @@ fn partition_info(broker: &Broker, p: &Partition) -> PartitionInfo {
         replica_lags: p.follower_lags(|id| broker.follower_heartbeats.last(id)).into_iter().map(replica_lag).collect(),
         remote: broker.tier_status(p).map(|s| RemoteTier {
             loaded: s.loaded,
+            local_log_start_offset: log.local_log_start_offset(),
             remote_start_offset: s.remote_start_offset,
             remote_end_offset: s.remote_end_offset,
             remote_segments: s.remote_segments,

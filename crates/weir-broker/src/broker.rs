@@ -1088,9 +1088,13 @@ impl Broker {
             OffsetQuery::MaxTimestamp => {
                 log.max_timestamp_offset()?.map(|f| (Some(f.timestamp), f.offset)).filter(|(_, offset)| *offset < end)
             }
-            OffsetQuery::AtTimestamp(t) if t >= 0 => {
-                log.offset_for_timestamp(t)?.map(|f| (Some(f.timestamp), f.offset)).filter(|(_, offset)| *offset < end)
-            }
+            OffsetQuery::AtTimestamp(t) if t >= 0 => match self.tiered_offset_for_timestamp(partition, t)? {
+                Some((timestamp, offset)) => Some((Some(timestamp), offset)),
+                None => log
+                    .offset_for_timestamp(t)?
+                    .map(|f| (Some(f.timestamp), f.offset))
+                    .filter(|(_, offset)| *offset < end),
+            },
             OffsetQuery::AtTimestamp(t) => {
                 return Err(BrokerError::new(
                     ErrorKind::InvalidRequest,

@@ -280,6 +280,16 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "30000",
         "How often each led partition of a tiered topic uploads its closed segments and deletes what retention passed from the store.",
     ),
+    s(
+        "remote.log.cache.bytes",
+        "268435456",
+        "Reads of offsets only the object store holds go through chunk files in <log.dirs>/remote-cache, at most this many bytes of them.",
+    ),
+    s(
+        "remote.log.read.ahead.bytes",
+        "4194304",
+        "How much of a segment one read from the object store brings (a consumer reading on is then served from the cache).",
+    ),
     s("object.store.url", "", "The object store: file:///dir or s3://bucket/prefix; empty: <log.dirs>/objects."),
     s("object.store.endpoint", "", "An S3-compatible service's address (http://host:port); empty: AWS."),
     s("object.store.region", "us-east-1", "The S3 region."),
@@ -419,6 +429,8 @@ pub struct BrokerConfig {
     pub remote_storage: Option<weir_tier::StoreSettings>,
     /// `remote.log.manager.task.interval.ms`.
     pub remote_log_manager_interval_ms: u64,
+    /// `remote.log.cache.bytes` and `remote.log.read.ahead.bytes`.
+    pub remote_cache: weir_tier::CacheSettings,
     /// Broker-wide topic config defaults, by topic config name (`retention.ms`, ...).
     pub topic_defaults: BTreeMap<String, String>,
     /// The settings as given (after aliases), for DescribeConfigs on the broker resource.
@@ -858,6 +870,10 @@ impl BrokerConfig {
             recovery_threads: values.num("num.recovery.threads.per.data.dir", 1)?,
             remote_storage: remote_storage(values)?,
             remote_log_manager_interval_ms: values.num("remote.log.manager.task.interval.ms", 10)?,
+            remote_cache: weir_tier::CacheSettings {
+                bytes: values.num("remote.log.cache.bytes", 1 << 20)?,
+                read_ahead: values.num("remote.log.read.ahead.bytes", 64 << 10)?,
+            },
             topic_defaults,
             explicit,
         })

@@ -162,9 +162,13 @@ impl Broker {
         let request = Arc::new(request);
         let found = loop {
             let (broker, wanted) = (self.clone(), request.clone());
-            let (found, seen_bounds, proposals) = tokio::task::spawn_blocking(move || broker.read_once(&wanted))
-                .await
-                .map_err(|e| BrokerError::internal(format!("fetch task failed: {e}")))?;
+            let (mut found, seen_bounds, proposals, remote) =
+                tokio::task::spawn_blocking(move || broker.read_once(&wanted))
+                    .await
+                    .map_err(|e| BrokerError::internal(format!("fetch task failed: {e}")))?;
+            if !remote.is_empty() {
+                self.read_remote(&request, &mut found, remote).await;
+            }
             for (partition, proposal) in proposals {
                 self.send_isr_proposal(partition, proposal);
             }
@@ -205,18 +209,64 @@ impl Broker {
         Ok(found)
     }
 
+    /// Reads what [`Broker::read_once`] left to the object store (offsets of a tiered
+    /// partition below its local log start), into their places in `found`.
+    async fn read_remote(&self, request: &FetchRequest, found: &mut [FetchedPartition], remote: Vec<RemoteWanted>) {
+        let Some(tier) = self.tier.clone() else { return };
+        for wanted in remote {
+            let partition = &wanted.partition;
+            let tiered = tier.partition(&partition.topic, partition.topic_id, partition.index);
+            let read = tiered.read(wanted.offset, wanted.max_bytes, wanted.upper, wanted.min_one_batch).await;
+            found[wanted.at] = match read {
+                Ok(read) => FetchedPartition {
+                    error: None,
+                    offsets: Some(PartitionOffsets::of(partition)),
+                    aborted: (request.isolation == Isolation::Committed)
+                        .then(|| read.as_ref().map(|r| r.aborted.clone()).unwrap_or_default()),
+                    slice: read.map(|r| r.slice),
+                    diverging_epoch: None,
+                    preferred_read_replica: None,
+                },
+                Err(weir_tier::TierError::NotInStore(offset)) => {
+                    let log = &partition.log;
+                    let error = BrokerError::new(
+                        ErrorKind::OffsetOutOfRange,
+                        format!(
+                            "offset {offset} is neither on local disk (from {}) nor in the object store",
+                            log.local_log_start_offset()
+                        ),
+                    );
+                    FetchedPartition::failed(error, Some(partition))
+                }
+                Err(e) => {
+                    tracing::warn!(topic = %partition.topic, partition = partition.index, offset = wanted.offset, error = %e, "a read from the object store failed");
+                    let error = BrokerError::new(ErrorKind::Storage, format!("reading the object store: {e}"));
+                    FetchedPartition::failed(error, Some(partition))
+                }
+            };
+        }
+    }
+
+    /// Whether a read of `offset` goes to the object store: the partition is tiered, the
+    /// offset is in the log but no longer on local disk.
+    fn reads_remote(&self, partition: &Partition, offset: i64) -> bool {
+        let log = &partition.log;
+        self.tier.is_some() && offset >= log.log_start_offset() && offset < log.local_log_start_offset()
+    }
+
     /// One pass over the wanted partitions; also returns the bound each had before its read,
-    /// and the ISR changes followers' fetches call for. Blocking (reads index and segment
-    /// headers).
+    /// the ISR changes followers' fetches call for, and the reads left to the object store.
+    /// Blocking (reads index and segment headers).
     #[allow(clippy::type_complexity)]
     fn read_once(
         &self,
         request: &FetchRequest,
-    ) -> (Vec<FetchedPartition>, Vec<i64>, Vec<(Arc<Partition>, IsrProposal)>) {
+    ) -> (Vec<FetchedPartition>, Vec<i64>, Vec<(Arc<Partition>, IsrProposal)>, Vec<RemoteWanted>) {
         let mut total: u64 = 0;
         let mut out = Vec::with_capacity(request.partitions.len());
         let mut seen = Vec::with_capacity(request.partitions.len());
         let mut proposals = Vec::new();
+        let mut remote = Vec::new();
         // A follower's broker may join ISRs only while unfenced (one just fenced, or back and
         // catching up with the metadata, still fetches).
         let may_join = request.replica_id.is_some_and(|r| self.metadata().brokers.get(&r).is_some_and(|b| !b.fenced));
@@ -275,6 +325,20 @@ impl Broker {
                 (None, Isolation::HighWatermark) => log.high_watermark(),
                 (None, Isolation::Committed) => log.last_stable_offset(),
             };
+            if (limit > 0 || min_one_batch) && self.reads_remote(partition, wanted.offset) {
+                // Read after this pass, asynchronously; its budget is taken now.
+                remote.push(RemoteWanted {
+                    at: out.len(),
+                    partition: Arc::clone(partition),
+                    offset: wanted.offset,
+                    max_bytes: limit,
+                    upper,
+                    min_one_batch,
+                });
+                total += limit;
+                out.push(FetchedPartition::empty(partition));
+                continue;
+            }
             let read = if limit == 0 && !min_one_batch {
                 Ok(None)
             } else {
@@ -309,8 +373,19 @@ impl Broker {
                 }
             }
         }
-        (out, seen, proposals)
+        (out, seen, proposals, remote)
     }
+}
+
+/// A read [`Broker::read_once`] leaves to the object store: where its answer goes in the
+/// fetch's list, and what it may read.
+struct RemoteWanted {
+    at: usize,
+    partition: Arc<Partition>,
+    offset: i64,
+    max_bytes: u64,
+    upper: i64,
+    min_one_batch: bool,
 }
 
 impl Broker {

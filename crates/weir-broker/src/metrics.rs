@@ -221,10 +221,10 @@ fn render_topics(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partit
     }
 }
 
-/// Tiered storage (only when it is on): the broker's totals, and each tiered partition's upload
+/// Tiered storage: the broker's totals (zeros when it is off), and each tiered partition's upload
 /// lag as its leader here sees it.
 fn render_tier(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partition>]) {
-    let Some(total) = broker.tier_totals() else { return };
+    let total = broker.tier_totals().unwrap_or_default();
     let counters: [(&str, &str, u64); 4] = [
         (
             "weir_remote_log_uploaded_segments_total",
@@ -251,6 +251,33 @@ fn render_tier(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partitio
         out.family(name, Kind::Counter, help);
         out.sample(name, &[], value);
     }
+    let cache = broker.tier_cache();
+    let read = |counter: fn(&weir_tier::ChunkCache) -> &std::sync::atomic::AtomicU64| {
+        cache.map_or(0, |c| counter(c).load(Ordering::Relaxed))
+    };
+    let reads: [(&str, &str, u64); 3] = [
+        (
+            "weir_remote_log_read_bytes_total",
+            "Bytes read from the object store to serve fetches of offsets no longer on local disk.",
+            read(|c| &c.fetched_bytes),
+        ),
+        (
+            "weir_remote_log_cache_hits_total",
+            "Reads from the object store's tier served by a chunk already in the local cache.",
+            read(|c| &c.hits),
+        ),
+        (
+            "weir_remote_log_cache_misses_total",
+            "Reads from the object store's tier that fetched a chunk from the store.",
+            read(|c| &c.misses),
+        ),
+    ];
+    for (name, help, value) in reads {
+        out.family(name, Kind::Counter, help);
+        out.sample(name, &[], value);
+    }
+    out.family("weir_remote_log_cache_bytes", Kind::Gauge, "Bytes of chunk files in the remote read cache.");
+    out.sample("weir_remote_log_cache_bytes", &[], cache.map_or(0, |c| c.held_bytes()));
     let led: Vec<(&Arc<Partition>, crate::tier::TierStatus)> = partitions
         .iter()
         .filter(|p| p.state().leader == broker.config.node_id)

@@ -42,9 +42,11 @@ impl Broker {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let tier = match &config.remote_storage {
             None => None,
-            Some(settings) => Some(Arc::new(crate::tier::Tier::open(settings, &config.data_dir).map_err(|e| {
-                BrokerError::new(ErrorKind::InvalidConfig, format!("cannot open the object store: {e}"))
-            })?)),
+            Some(settings) => {
+                Some(Arc::new(crate::tier::Tier::open(settings, &config.data_dir, config.remote_cache).map_err(
+                    |e| BrokerError::new(ErrorKind::InvalidConfig, format!("cannot open the object store: {e}")),
+                )?))
+            }
         };
         let logs = open_logs(&config, &clock)?;
         let cluster = Cluster::new();

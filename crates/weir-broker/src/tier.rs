@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use weir_tier::{RemoteSegment, Tier, TierStatus};
+pub use weir_tier::{CacheSettings, RemoteSegment, Tier, TierStatus};
 
 use crate::broker::{Broker, NewTopic};
 use crate::error::{BrokerError, ErrorKind};
@@ -41,10 +41,18 @@ impl Broker {
                 continue;
             }
             tiered.insert((partition.topic_id, partition.index));
-            if partition.state().leader != self.config.node_id || self.is_shutting_down() {
-                continue;
+            if self.is_shutting_down() {
+                return;
             }
             let remote = tier.partition(&partition.topic, partition.topic_id, partition.index);
+            if partition.state().leader != self.config.node_id {
+                // A follower learns what its leader uploaded (a shared store), for its own
+                // local retention.
+                if let Err(e) = remote.refresh(&partition.log).await {
+                    tracing::debug!(topic = %partition.topic, partition = partition.index, error = %e, "cannot list the object store");
+                }
+                continue;
+            }
             match remote.sync(&partition.log, self.config.node_id, self.now_ms()).await {
                 Ok(outcome) if outcome.uploaded_segments > 0 || outcome.deleted_segments > 0 => {
                     tracing::info!(topic = %partition.topic, partition = partition.index, uploaded = outcome.uploaded_segments, bytes = outcome.uploaded_bytes, deleted = outcome.deleted_segments, "tiered storage pass");
@@ -66,6 +74,31 @@ impl Broker {
             return None;
         }
         Some(tier.existing(partition.topic_id, partition.index).map(|t| t.status()).unwrap_or_default())
+    }
+
+    /// ListOffsets by timestamp over the part of a tiered log only the object store holds
+    /// (blocking: called where `list_offset` is, off the async workers). `None` when the log
+    /// has no such part or no record there is late enough.
+    pub(crate) fn tiered_offset_for_timestamp(
+        &self,
+        partition: &Partition,
+        target: i64,
+    ) -> Result<Option<(i64, i64)>, BrokerError> {
+        let Some(tier) = &self.tier else { return Ok(None) };
+        let log = &partition.log;
+        let (start, local_start) = (log.log_start_offset(), log.local_log_start_offset());
+        if start >= local_start {
+            return Ok(None);
+        }
+        let remote = tier.partition(&partition.topic, partition.topic_id, partition.index);
+        crate::runtime::block_on(remote.offset_for_timestamp(target, start, local_start))?.map_err(|e| {
+            BrokerError::new(ErrorKind::Storage, format!("looking up a timestamp in the object store: {e}"))
+        })
+    }
+
+    /// The cache reads from the store go through, when tiering is on.
+    pub fn tier_cache(&self) -> Option<&weir_tier::ChunkCache> {
+        self.tier.as_deref().map(Tier::cache)
     }
 
     /// Every tiered partition's figures summed, for `/metrics`; `None` when tiering is off.

@@ -223,6 +223,14 @@ pub struct Log {
     aborted: Mutex<Option<TxnIndex>>,
     /// Where each leader epoch began. Entries are added only under the writer lock.
     leader_epochs: Mutex<EpochState>,
+    /// Tiered logs (`remote.storage.enable`): every offset below this is in the object store, as
+    /// the tier last said ([`Log::set_remote_range`]); -1 when nothing is, or the log is not
+    /// tiered. Local retention deletes only segments below it.
+    remote_end: AtomicI64,
+    /// The lowest the log start may go back to when the tier says the store holds older
+    /// offsets: the log-start checkpoint at open, raised by DeleteRecords. (The log start of a
+    /// tiered log may precede its first local segment: those offsets are in the store.)
+    start_floor: AtomicI64,
     /// The latest epoch in `leader_epochs` once seeded (`UNDEFINED_EPOCH` when it has none,
     /// `EPOCHS_NOT_SEEDED` before), so that an append in the current epoch checks it without
     /// the lock.
@@ -316,6 +324,8 @@ impl Log {
             writer: Mutex::new(()),
             maintenance: Mutex::new(()),
             log_start_offset: AtomicI64::new(0),
+            remote_end: AtomicI64::new(-1),
+            start_floor: AtomicI64::new(0),
             log_end_offset: AtomicI64::new(0),
             high_watermark: AtomicI64::new(0),
             recovery_point: AtomicI64::new(0),
@@ -536,6 +546,7 @@ impl Log {
         *write(&self.segments) = map;
         self.log_end_offset.store(log_end, Ordering::Release);
         self.log_start_offset.store(log_start, Ordering::Release);
+        self.start_floor.store(options.log_start_offset.unwrap_or(-1).min(log_start), Ordering::Release);
         self.high_watermark.store(log_end, Ordering::Release);
         // Not fsyncing at recovery keeps a restart after a crash fast (10 GiB in the page cache
         // took seconds to fsync); the recovery point stays below what was recovered, so a
@@ -571,8 +582,21 @@ impl Log {
     }
 
     /// Replaces the configuration; it applies to the next append, roll and retention pass.
+    ///
+    /// A tiered log (`remote.storage.enable`) may start before its first local segment. Opened
+    /// before its topic's configs were known, its log start was put at the first local segment;
+    /// it goes back to the log-start checkpoint now, so that the offsets only the store holds
+    /// are readable at once after a restart (the tier corrects it when it lists the store).
     pub fn set_config(&self, config: LogConfig) {
+        let tiered = config.remote_storage_enable;
         *write(&self.config) = Arc::new(config);
+        if tiered {
+            let first = read(&self.segments).keys().next().copied().unwrap_or(0);
+            let floor = self.start_floor.load(Ordering::Acquire);
+            if floor >= 0 && floor < first {
+                let _ = self.log_start_offset.compare_exchange(first, floor, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
     }
 
     pub fn log_start_offset(&self) -> i64 {
@@ -581,6 +605,58 @@ impl Log {
 
     pub fn log_end_offset(&self) -> i64 {
         self.log_end_offset.load(Ordering::Acquire)
+    }
+
+    /// The first offset on local disk: the log start, unless the log is tiered and its oldest
+    /// offsets are only in the object store (Kafka's local-log-start-offset, KIP-405).
+    pub fn local_log_start_offset(&self) -> i64 {
+        let first = read(&self.segments).keys().next().copied().unwrap_or(0);
+        first.max(self.log_start_offset())
+    }
+
+    /// Tiered logs: the offset below which the object store holds everything; -1 when it holds
+    /// nothing (or the log is not tiered).
+    pub fn remote_end_offset(&self) -> i64 {
+        self.remote_end.load(Ordering::Acquire)
+    }
+
+    /// What the object store holds of this (tiered) log, `[start, end)`, or `None` for nothing:
+    /// the tier says so after listing the store and after each pass. Local retention may then
+    /// delete the local segments below `end`; and when the store reaches the local segments, the
+    /// log starts where the store does (after a restart the log start is first the first local
+    /// segment's), never below what DeleteRecords or retention asked for.
+    pub fn set_remote_range(&self, range: Option<(i64, i64)>) {
+        let _maintenance = lock(&self.maintenance);
+        let Some((start, end)) = range else {
+            self.remote_end.store(-1, Ordering::Release);
+            self.settle_tiered_start(None, -1);
+            return;
+        };
+        self.remote_end.store(end, Ordering::Release);
+        self.settle_tiered_start(Some(start), end);
+    }
+
+    /// A tiered log's start once the store's contents are known: where the store starts (never
+    /// below the floor DeleteRecords and the checkpoint set), if the store reaches the local
+    /// segments; else the first local segment (a gap would be offsets nobody holds). A log start
+    /// inside the local segments (DeleteRecords) stays.
+    fn settle_tiered_start(&self, store_start: Option<i64>, store_end: i64) {
+        if !self.config().remote_storage_enable {
+            return;
+        }
+        let first = read(&self.segments).keys().next().copied().unwrap_or(0);
+        let current = self.log_start_offset();
+        if current > first {
+            return;
+        }
+        let wanted = match store_start {
+            Some(start) if store_end >= first => self.start_floor.load(Ordering::Acquire).max(start).min(first),
+            _ => first,
+        };
+        if wanted != current {
+            self.log_start_offset.store(wanted, Ordering::Release);
+            tracing::info!(dir = %self.dir.display(), log_start_offset = wanted, local_log_start_offset = first, "the tiered log's start follows the object store");
+        }
     }
 
     pub fn high_watermark(&self) -> i64 {
@@ -1129,8 +1205,9 @@ impl Log {
                 log_end_offset: hw,
             });
         }
-        self.log_start_offset.fetch_max(offset, Ordering::AcqRel);
         let _maintenance = lock(&self.maintenance);
+        self.log_start_offset.fetch_max(offset, Ordering::AcqRel);
+        self.start_floor.fetch_max(offset, Ordering::AcqRel);
         self.delete_segments_below_log_start()?;
         self.trim_leader_epochs()?;
         self.check_invariants();
@@ -1159,6 +1236,12 @@ impl Log {
     /// Removes the given (non-active) segments: out of the map first, so no new reader finds
     /// them, then renamed to `.deleted` and queued for unlinking after `file.delete.delay.ms`.
     pub(crate) fn delete_segments(&self, bases: &[i64]) -> Result<RetentionOutcome> {
+        self.delete_segments_moving_start(bases, true)
+    }
+
+    /// [`Log::delete_segments`]; with `move_start` false the log start stays (a tiered log's
+    /// local retention: the store still holds those offsets).
+    fn delete_segments_moving_start(&self, bases: &[i64], move_start: bool) -> Result<RetentionOutcome> {
         let mut outcome = RetentionOutcome::default();
         if bases.is_empty() {
             return Ok(outcome);
@@ -1169,7 +1252,7 @@ impl Log {
             let mut map = write(&self.segments);
             let active = *map.keys().next_back().expect("active segment");
             let removed = bases.iter().filter(|b| **b != active).filter_map(|b| map.remove(b)).collect();
-            if let Some(first) = map.keys().next() {
+            if let Some(first) = map.keys().next().filter(|_| move_start) {
                 self.log_start_offset.fetch_max(*first, Ordering::AcqRel);
             }
             removed
@@ -1196,6 +1279,12 @@ impl Log {
         let now = self.clock.now_ms();
         let mut outcome = self.delete_segments_below_log_start()?;
         if !config.cleanup_policy.delete {
+            return Ok(outcome);
+        }
+        if config.remote_storage_enable {
+            let local = self.apply_local_retention(&config, now)?;
+            outcome.deleted_segments += local.deleted_segments;
+            outcome.deleted_bytes += local.deleted_bytes;
             return Ok(outcome);
         }
         if config.retention_ms >= 0 {
@@ -1238,6 +1327,50 @@ impl Log {
                 doomed.push(segment.base_offset());
             }
             let o = self.delete_segments(&doomed)?;
+            outcome.deleted_segments += o.deleted_segments;
+            outcome.deleted_bytes += o.deleted_bytes;
+        }
+        Ok(outcome)
+    }
+
+    /// A tiered log's retention on local disk: `local.retention.ms` and `local.retention.bytes`
+    /// (`-2`: `retention.*`) over the segments the object store already holds (below
+    /// [`Log::remote_end_offset`] and the high watermark). The log start does not move: the
+    /// tier applies `retention.*` to both tiers and moves it (by DeleteRecords' path). A segment
+    /// not uploaded yet stays, whatever its age: with the store down, local disk carries on.
+    fn apply_local_retention(&self, config: &LogConfig, now: i64) -> Result<RetentionOutcome> {
+        let mut outcome = RetentionOutcome::default();
+        let bound = self.remote_end_offset().min(self.high_watermark());
+        let segments = self.segments_snapshot();
+        let deletable = |next: &Segment| next.base_offset() <= bound;
+        let retention_ms = config.effective_local_retention_ms();
+        let mut doomed = Vec::new();
+        if retention_ms >= 0 {
+            for pair in segments.windows(2) {
+                let (segment, next) = (&pair[0], &pair[1]);
+                let largest = segment.max_timestamp()?.map_or(segment.created_ms, |(t, _)| t);
+                if !deletable(next) || now - largest <= retention_ms {
+                    break;
+                }
+                doomed.push(segment.base_offset());
+            }
+        }
+        let retention_bytes = config.effective_local_retention_bytes();
+        if retention_bytes >= 0 {
+            let mut excess = segments.iter().map(|s| s.size()).sum::<u64>() as i64 - retention_bytes;
+            for pair in segments.windows(2) {
+                let (segment, next) = (&pair[0], &pair[1]);
+                if excess < segment.size() as i64 || !deletable(next) {
+                    break;
+                }
+                excess -= segment.size() as i64;
+                if !doomed.contains(&segment.base_offset()) {
+                    doomed.push(segment.base_offset());
+                }
+            }
+        }
+        if !doomed.is_empty() {
+            let o = self.delete_segments_moving_start(&doomed, false)?;
             outcome.deleted_segments += o.deleted_segments;
             outcome.deleted_bytes += o.deleted_bytes;
         }
@@ -1339,6 +1472,7 @@ impl Log {
             &self.high_watermark,
             &self.recovery_point,
             &self.cleaner_checkpoint,
+            &self.start_floor,
         ] {
             value.store(offset, Ordering::Release);
         }
@@ -1539,7 +1673,12 @@ impl Log {
         let high_watermark = self.high_watermark();
         let recovery_point = self.recovery_point();
         let log_end = self.log_end_offset();
-        assert!(first <= log_start, "{dir}: the first segment ({first}) begins after the log start {log_start}");
+        // A tiered log may start in the object store, which then reaches the local segments.
+        let in_store = self.config().remote_storage_enable;
+        assert!(
+            first <= log_start || in_store,
+            "{dir}: the first segment ({first}) begins after the log start {log_start}"
+        );
         assert!(log_start <= high_watermark, "{dir}: log start {log_start} > high watermark {high_watermark}");
         assert!(high_watermark <= log_end, "{dir}: high watermark {high_watermark} > log end {log_end}");
         assert!(recovery_point <= log_end, "{dir}: recovery point {recovery_point} > log end {log_end}");

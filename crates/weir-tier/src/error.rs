@@ -19,6 +19,9 @@ pub enum TierError {
     /// plans again.
     #[error("segment at offset {0} was deleted locally while it was being uploaded")]
     SegmentGone(i64),
+    /// A read of an offset the store does not hold (below its first segment, or in a gap).
+    #[error("offset {0} is not in the object store")]
+    NotInStore(i64),
     /// An object that does not hold what its manifest says.
     #[error("corrupt object {key}: {reason}")]
     Corrupt { key: String, reason: String },

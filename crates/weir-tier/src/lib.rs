@@ -10,6 +10,7 @@
 pub mod error;
 pub mod manifest;
 pub mod partition;
+pub mod reader;
 pub mod store;
 
 use std::collections::HashMap;
@@ -21,18 +22,30 @@ use uuid::Uuid;
 pub use error::TierError;
 pub use manifest::RemoteSegment;
 pub use partition::{PartitionTier, SyncOutcome, TierStatus};
+pub use reader::{CacheSettings, ChunkCache, RemoteRead};
 pub use store::{Store, StoreSettings};
 
 /// The broker's tier: its store, and a [`PartitionTier`] for each partition it has worked on.
 pub struct Tier {
     store: Arc<Store>,
+    cache: Arc<ChunkCache>,
     partitions: Mutex<HashMap<(Uuid, i32), Arc<PartitionTier>>>,
 }
 
 impl Tier {
-    /// Opens the store (see [`Store::open`]: nothing is read yet).
-    pub fn open(settings: &StoreSettings, data_dir: &Path) -> Result<Tier, TierError> {
-        Ok(Tier { store: Arc::new(Store::open(settings, data_dir)?), partitions: Mutex::new(HashMap::new()) })
+    /// Opens the store (see [`Store::open`]: nothing is read yet) and empties the read cache,
+    /// `<data_dir>/remote-cache`.
+    pub fn open(settings: &StoreSettings, data_dir: &Path, cache: CacheSettings) -> Result<Tier, TierError> {
+        Ok(Tier {
+            store: Arc::new(Store::open(settings, data_dir)?),
+            cache: Arc::new(ChunkCache::open(&data_dir.join("remote-cache"), cache)?),
+            partitions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The cache of chunks read from the store.
+    pub fn cache(&self) -> &ChunkCache {
+        &self.cache
     }
 
     /// The store, as logs name it.
@@ -43,11 +56,9 @@ impl Tier {
     /// The partition's tier, made on first use.
     pub fn partition(&self, topic: &str, topic_id: Uuid, partition: i32) -> Arc<PartitionTier> {
         let mut partitions = weir_storage::sync::lock(&self.partitions);
-        Arc::clone(
-            partitions
-                .entry((topic_id, partition))
-                .or_insert_with(|| Arc::new(PartitionTier::new(Arc::clone(&self.store), topic, topic_id, partition))),
-        )
+        Arc::clone(partitions.entry((topic_id, partition)).or_insert_with(|| {
+            Arc::new(PartitionTier::new(Arc::clone(&self.store), Arc::clone(&self.cache), topic, topic_id, partition))
+        }))
     }
 
     /// The partition's tier if this broker has worked on it.

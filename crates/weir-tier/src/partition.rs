@@ -28,6 +28,7 @@ use weir_storage::{Log, SealedSegment};
 
 use crate::error::TierError;
 use crate::manifest::{self, RemoteFile, RemoteSegment, MANIFEST_FORMAT, MANIFEST_SUFFIX};
+use crate::reader::{self, ChunkCache, ReadRange, RemoteRead};
 use crate::store::Store;
 
 /// Files up to this size go up in one request; larger ones in parts of this size, two at a
@@ -70,6 +71,7 @@ pub struct SyncOutcome {
 /// pass.
 pub struct PartitionTier {
     store: Arc<Store>,
+    cache: Arc<ChunkCache>,
     topic: String,
     topic_id: Uuid,
     partition: i32,
@@ -78,19 +80,30 @@ pub struct PartitionTier {
     /// The uploaded segments by base offset; `None` until the store was listed. The async lock
     /// makes passes of one partition take turns.
     segments: tokio::sync::Mutex<Option<BTreeMap<i64, RemoteSegment>>>,
+    /// A copy of the segments for readers, who must not wait for a pass's uploads; `None`
+    /// until listed.
+    view: Mutex<Option<Arc<BTreeMap<i64, RemoteSegment>>>>,
     status: Mutex<TierStatus>,
 }
 
 impl PartitionTier {
-    pub fn new(store: Arc<Store>, topic: &str, topic_id: Uuid, partition: i32) -> PartitionTier {
+    pub fn new(
+        store: Arc<Store>,
+        cache: Arc<ChunkCache>,
+        topic: &str,
+        topic_id: Uuid,
+        partition: i32,
+    ) -> PartitionTier {
         let dir = store.key(&[&format!("{topic}-{}", topic_id.simple()), &partition.to_string()]);
         PartitionTier {
             store,
+            cache,
             topic: topic.to_string(),
             topic_id,
             partition,
             dir,
             segments: tokio::sync::Mutex::new(None),
+            view: Mutex::new(None),
             status: Mutex::new(TierStatus::default()),
         }
     }
@@ -130,8 +143,21 @@ impl PartitionTier {
         let mut guard = self.segments.lock().await;
         let segments = self.loaded(&mut guard).await?;
         let mut outcome = SyncOutcome::default();
+        tell_log(log, segments).await?;
 
-        // Retention: what the log start offset has passed goes from the store too.
+        // Retention over both tiers: `retention.*` passed the oldest segments only the store
+        // holds; the log start moves past them (as DeleteRecords moves it), which deletes them.
+        let config = log.config();
+        if config.cleanup_policy.delete {
+            let start = retention_start(segments, &config, log.local_log_start_offset(), log.size_bytes(), now_ms);
+            if let Some(start) = start.filter(|s| *s > log.log_start_offset()) {
+                let log = Arc::clone(log);
+                let moved = blocking(move || log.delete_records_before(start).map_err(TierError::from)).await?;
+                tracing::info!(topic = %self.topic, partition = self.partition, log_start_offset = moved, "retention passed segments in the object store");
+            }
+        }
+
+        // What the log start offset has passed goes from the store too.
         let log_start = log.log_start_offset();
         let doomed: Vec<i64> =
             segments.values().take_while(|s| s.next_offset <= log_start).map(|s| s.base_offset).collect();
@@ -140,6 +166,7 @@ impl PartitionTier {
                 self.delete(segment).await?;
             }
             segments.remove(&base);
+            self.cache.forget(&self.dir, base);
             outcome.deleted_segments += 1;
             self.publish(segments, None);
         }
@@ -164,7 +191,17 @@ impl PartitionTier {
             lag = (lag.0 - 1, lag.1.saturating_sub(segment.size));
             self.publish(segments, Some(lag));
         }
+        tell_log(log, segments).await?;
         Ok(outcome)
+    }
+
+    /// A follower's pass: lists the store again (its leader uploads) and tells the log, so that
+    /// local retention here deletes what the store holds too. Uploads and deletes nothing.
+    pub async fn refresh(&self, log: &Arc<Log>) -> Result<(), TierError> {
+        let mut guard = self.segments.lock().await;
+        *guard = None;
+        let segments = self.loaded(&mut guard).await?;
+        tell_log(log, segments).await
     }
 
     /// The uploaded segments, listed from the store on first use.
@@ -319,8 +356,102 @@ impl PartitionTier {
         Ok(())
     }
 
+    /// Reads from `offset`, which the log no longer holds locally (see [`ChunkCache::read`]):
+    /// `None` when nothing at or after it is below `upper`; [`TierError::NotInStore`] when the
+    /// store does not hold it either.
+    pub async fn read(
+        &self,
+        offset: i64,
+        max_bytes: u64,
+        upper: i64,
+        min_one_batch: bool,
+    ) -> Result<Option<RemoteRead>, TierError> {
+        let view = weir_storage::sync::lock(&self.view).clone();
+        let view = match view {
+            Some(view) => view,
+            None => {
+                let mut segments = self.segments.lock().await;
+                self.loaded(&mut segments).await?;
+                weir_storage::sync::lock(&self.view).clone().unwrap_or_default()
+            }
+        };
+        let Some(segment) = view.range(..=offset).rev().find(|(_, s)| s.next_offset > offset).map(|(_, s)| s) else {
+            return Err(TierError::NotInStore(offset));
+        };
+        let range = ReadRange { offset, max_bytes, upper, min_one_batch };
+        let slice = self.cache.read(&self.store, &self.dir, segment, range).await?;
+        Ok(slice.map(|slice| {
+            let aborted = reader::aborted_within(segment, slice.first_offset, slice.next_offset);
+            RemoteRead { slice, aborted }
+        }))
+    }
+
+    /// ListOffsets by timestamp over the offsets only the store holds (those from `from` up
+    /// to `below`, the local log start): the first record at or after `from` whose timestamp is
+    /// at least `target`, as (timestamp, offset). `None` when no such record is there (the
+    /// local log is asked next). Each segment's time index narrows where to read; the batches
+    /// are then read through the cache, and the first batch whose largest timestamp reaches
+    /// `target` is decoded.
+    pub async fn offset_for_timestamp(
+        &self,
+        target: i64,
+        from: i64,
+        below: i64,
+    ) -> Result<Option<(i64, i64)>, TierError> {
+        let view = weir_storage::sync::lock(&self.view).clone();
+        let view = match view {
+            Some(view) => view,
+            None => {
+                let mut segments = self.segments.lock().await;
+                self.loaded(&mut segments).await?;
+                weir_storage::sync::lock(&self.view).clone().unwrap_or_default()
+            }
+        };
+        for segment in view.values().filter(|s| s.base_offset < below && s.next_offset > from) {
+            if segment.max_timestamp.is_none_or(|(max, _)| max < target) {
+                continue;
+            }
+            let stem = manifest::stem(segment.base_offset, segment.next_offset);
+            let entries =
+                self.store.objects.get(&self.dir.clone().join(format!("{stem}.timeindex"))).await?.bytes().await?;
+            // The last index entry below the target: no batch before it can qualify.
+            let mut at = entries
+                .chunks_exact(12)
+                .map(|e| {
+                    let timestamp = i64::from_be_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+                    (timestamp, segment.base_offset + i64::from(u32::from_be_bytes([e[8], e[9], e[10], e[11]])))
+                })
+                .take_while(|(timestamp, _)| *timestamp < target)
+                .last()
+                .map_or(segment.base_offset, |(_, offset)| offset)
+                .max(from);
+            let end = segment.next_offset.min(below);
+            while at < end {
+                let Some(read) = self.read(at, 1 << 20, end, true).await? else { break };
+                let bytes = read.slice.read_to_vec().map_err(TierError::from)?;
+                for (position, header) in weir_storage::batch::headers(&bytes) {
+                    if header.max_timestamp < target || header.last_offset() < from {
+                        continue;
+                    }
+                    let size = header.size_bytes().unwrap_or(0);
+                    let batch = bytes.get(position..position + size).unwrap_or_default();
+                    let records = weir_storage::records::decode_records(batch).map_err(|e| TierError::Corrupt {
+                        key: format!("{}/{stem}.log", self.dir),
+                        reason: format!("batch at offset {}: {e}", header.base_offset),
+                    })?;
+                    if let Some(r) = records.iter().find(|r| r.timestamp >= target && r.offset >= from) {
+                        return Ok(Some((r.timestamp, r.offset)));
+                    }
+                }
+                at = read.slice.next_offset;
+            }
+        }
+        Ok(None)
+    }
+
     /// Puts the store's figures into the status; `lag` when the pass measured it.
     fn publish(&self, segments: &BTreeMap<i64, RemoteSegment>, lag: Option<(usize, u64)>) {
+        *weir_storage::sync::lock(&self.view) = Some(Arc::new(segments.clone()));
         let mut status = weir_storage::sync::lock(&self.status);
         status.loaded = true;
         status.remote_start_offset = segments.values().next().map(|s| s.base_offset);
@@ -332,6 +463,54 @@ impl PartitionTier {
             status.lag_bytes = bytes;
         }
     }
+}
+
+/// Tells the log what the store holds: local retention may then delete below its end, and the
+/// log starts where the store does (see `Log::set_remote_range`).
+async fn tell_log(log: &Arc<Log>, segments: &BTreeMap<i64, RemoteSegment>) -> Result<(), TierError> {
+    let range =
+        segments.values().next().zip(segments.values().next_back()).map(|(f, l)| (f.base_offset, l.next_offset));
+    let log = Arc::clone(log);
+    blocking(move || {
+        log.set_remote_range(range);
+        Ok(())
+    })
+    .await
+}
+
+/// Where `retention.ms` and `retention.bytes` put the log start, over both tiers: past the
+/// oldest segments only the store holds (below the local log start) that are older than
+/// `retention.ms`, or that `retention.bytes` has no room for counting every byte after them.
+/// `None` when they keep every such segment.
+pub(crate) fn retention_start(
+    segments: &BTreeMap<i64, RemoteSegment>,
+    config: &weir_storage::LogConfig,
+    local_start: i64,
+    local_bytes: u64,
+    now_ms: i64,
+) -> Option<i64> {
+    let only_remote: Vec<&RemoteSegment> = segments.values().filter(|s| s.base_offset < local_start).collect();
+    let mut start = None;
+    if config.retention_ms >= 0 {
+        for segment in &only_remote {
+            let newest = segment.max_timestamp.map_or(segment.uploaded_at_ms, |(t, _)| t);
+            if now_ms - newest <= config.retention_ms {
+                break;
+            }
+            start = Some(segment.next_offset.min(local_start));
+        }
+    }
+    if config.retention_bytes >= 0 {
+        let mut total = only_remote.iter().map(|s| s.log_bytes()).sum::<u64>() + local_bytes;
+        for segment in &only_remote {
+            if total.saturating_sub(segment.log_bytes()) < config.retention_bytes as u64 {
+                break;
+            }
+            total -= segment.log_bytes();
+            start = start.max(Some(segment.next_offset.min(local_start)));
+        }
+    }
+    start
 }
 
 /// Runs file work off the async workers.

@@ -7,19 +7,21 @@ use std::sync::Arc;
 
 use weir_storage::testing::{batch, BatchSpec};
 use weir_storage::{DeletionQueue, Log, LogConfig, OpenOptions, SystemClock};
-use weir_tier::{StoreSettings, Tier};
+use weir_tier::{CacheSettings, StoreSettings, Tier};
 
 fn open_log(dir: &Path) -> Arc<Log> {
+    open_log_with(dir, &[], OpenOptions::default())
+}
+
+fn open_log_with(dir: &Path, extra: &[(&str, &str)], options: OpenOptions) -> Arc<Log> {
     let overrides: BTreeMap<String, String> =
         [("segment.bytes", "1024"), ("remote.storage.enable", "true"), ("file.delete.delay.ms", "0")]
             .iter()
+            .chain(extra)
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
     let config = LogConfig::default().with_overrides(&overrides).expect("config");
-    Arc::new(
-        Log::open(dir, config, Arc::new(SystemClock), OpenOptions::default(), Arc::new(DeletionQueue::new()))
-            .expect("open log"),
-    )
+    Arc::new(Log::open(dir, config, Arc::new(SystemClock), options, Arc::new(DeletionQueue::new())).expect("open log"))
 }
 
 fn append(log: &Log, batches: usize, fill: u8) {
@@ -40,8 +42,47 @@ fn append(log: &Log, batches: usize, fill: u8) {
 }
 
 fn tier_at(objects: &Path) -> Tier {
+    tier_with_cache(objects, CacheSettings::default())
+}
+
+fn tier_with_cache(objects: &Path, cache: CacheSettings) -> Tier {
     let settings = StoreSettings { url: format!("file://{}", objects.display()), ..Default::default() };
-    Tier::open(&settings, Path::new("/nonexistent")).expect("open the store")
+    let data_dir = objects.parent().expect("the store's parent").join("broker");
+    Tier::open(&settings, &data_dir, cache).expect("open the store")
+}
+
+/// Every batch from `from` up to the local log start, read back through the tier.
+async fn read_remote(partition: &weir_tier::PartitionTier, from: i64, upto: i64) -> Vec<(i64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut next = from;
+    while next < upto {
+        let read = partition.read(next, 700, i64::MAX, true).await.expect("remote read").expect("a batch");
+        let bytes = read.slice.read_to_vec().expect("chunk bytes");
+        for (at, header) in weir_storage::batch::headers(&bytes) {
+            let size = header.size_bytes().expect("size");
+            out.push((header.base_offset, bytes[at..at + size].to_vec()));
+        }
+        assert!(read.slice.next_offset > next, "no progress at {next}");
+        next = read.slice.next_offset;
+    }
+    out
+}
+
+/// Every batch of the log from `from`, read locally.
+fn read_local(log: &Log, from: i64) -> Vec<(i64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut next = from;
+    loop {
+        let result = log.read(next, 1 << 20, i64::MAX).expect("read");
+        let Some(slice) = result.slice else { break };
+        let bytes = slice.read_to_vec().expect("read slice");
+        for (at, header) in weir_storage::batch::headers(&bytes) {
+            let size = header.size_bytes().expect("size");
+            out.push((header.base_offset, bytes[at..at + size].to_vec()));
+        }
+        next = slice.next_offset;
+    }
+    out
 }
 
 /// The local `.log` files of the log's closed segments, by base offset.
@@ -141,4 +182,71 @@ async fn a_store_that_cannot_be_written_fails_the_pass_and_the_next_one_resumes(
     let outcome = partition.sync(&log, 1, 0).await.expect("the store is back");
     assert!(outcome.uploaded_segments >= 2);
     assert_eq!(partition.status().last_error, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_retention_keeps_only_the_tail_and_the_store_serves_the_rest_byte_for_byte() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let objects = dir.path().join("objects");
+    let log_dir = dir.path().join("t-0");
+    let log = open_log_with(&log_dir, &[("local.retention.bytes", "2048")], OpenOptions::default());
+    append(&log, 30, b'r');
+    let everything = read_local(&log, 0);
+    // A small read-ahead and cache: reads span several chunks, and evict.
+    let tier = tier_with_cache(&objects, CacheSettings { bytes: 3000, read_ahead: 1200 });
+    let id = uuid::Uuid::new_v4();
+    let partition = tier.partition("t", id, 0);
+    partition.sync(&log, 1, 0).await.expect("pass");
+
+    // Local retention deletes what the store holds beyond 2 KiB; the log still starts at 0.
+    log.apply_retention().expect("retention");
+    let local_start = log.local_log_start_offset();
+    assert!(local_start > 0, "local retention deleted nothing");
+    assert_eq!(log.log_start_offset(), 0, "the log starts in the store");
+    assert!(log.size_bytes() <= 2048 + 1024, "local bytes {}", log.size_bytes());
+    let remote = read_remote(&partition, 0, local_start).await;
+    let expected: Vec<_> = everything.iter().filter(|(base, _)| *base < local_start).cloned().collect();
+    assert!(remote == expected, "the store's batches differ from what was appended");
+    assert!(tier.cache().held_bytes() <= 3000, "the cache holds {} bytes", tier.cache().held_bytes());
+    // A read in the middle of a batch starts at that batch (as a local read does).
+    let mid = partition.read(3, 1 << 20, i64::MAX, true).await.expect("read").expect("batch");
+    assert_eq!(mid.slice.first_offset, 2);
+    // DeleteRecords past the first segment: it leaves the store, and reads there find nothing.
+    let cut = partition.remote_segments().await.expect("listed")[1].base_offset;
+    log.delete_records_before(cut).expect("delete records");
+    partition.sync(&log, 1, 0).await.expect("pass");
+    assert!(matches!(partition.read(0, 1 << 20, i64::MAX, true).await, Err(weir_tier::TierError::NotInStore(0))));
+
+    // A restart that lost the log-start checkpoint: the log starts at its first local segment
+    // until the tier lists the store, then where the store does.
+    log.close().expect("close");
+    drop(log);
+    let log = open_log_with(&log_dir, &[("local.retention.bytes", "2048")], OpenOptions::default());
+    assert_eq!(log.log_start_offset(), local_start);
+    let restarted = tier_at(&objects);
+    restarted.partition("t", id, 0).sync(&log, 1, 0).await.expect("pass after restart");
+    assert_eq!(log.log_start_offset(), cut, "the store's start, where DeleteRecords had moved it");
+
+    // retention.bytes covers both tiers: the oldest segments leave the store and the log.
+    let mut config = (*log.config()).clone();
+    config.retention_bytes = (log.size_bytes() + 2000) as i64;
+    log.set_config(config);
+    let outcome = restarted.partition("t", id, 0).sync(&log, 1, 0).await.expect("retention pass");
+    assert!(outcome.deleted_segments >= 1);
+    let status = restarted.partition("t", id, 0).status();
+    assert_eq!(status.remote_start_offset, Some(log.log_start_offset()));
+    let local_start = log.local_log_start_offset();
+    let only_remote: u64 = restarted
+        .partition("t", id, 0)
+        .remote_segments()
+        .await
+        .expect("listed")
+        .iter()
+        .filter(|s| s.base_offset < local_start)
+        .map(|s| s.log_bytes())
+        .sum();
+    // Kafka's rule: a segment goes while what is left still reaches retention.bytes, so what
+    // stays is within one segment above it.
+    assert!(only_remote >= 2000, "retention deleted more than it had to: {only_remote} bytes left in the store");
+    assert!(only_remote < 2000 + 1100, "{only_remote} bytes only in the store, retention.bytes leaves 2000");
 }
