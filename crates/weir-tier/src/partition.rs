@@ -366,15 +366,7 @@ impl PartitionTier {
         upper: i64,
         min_one_batch: bool,
     ) -> Result<Option<RemoteRead>, TierError> {
-        let view = weir_storage::sync::lock(&self.view).clone();
-        let view = match view {
-            Some(view) => view,
-            None => {
-                let mut segments = self.segments.lock().await;
-                self.loaded(&mut segments).await?;
-                weir_storage::sync::lock(&self.view).clone().unwrap_or_default()
-            }
-        };
+        let view = self.view().await?;
         let Some(segment) = view.range(..=offset).rev().find(|(_, s)| s.next_offset > offset).map(|(_, s)| s) else {
             return Err(TierError::NotInStore(offset));
         };
@@ -398,15 +390,7 @@ impl PartitionTier {
         from: i64,
         below: i64,
     ) -> Result<Option<(i64, i64)>, TierError> {
-        let view = weir_storage::sync::lock(&self.view).clone();
-        let view = match view {
-            Some(view) => view,
-            None => {
-                let mut segments = self.segments.lock().await;
-                self.loaded(&mut segments).await?;
-                weir_storage::sync::lock(&self.view).clone().unwrap_or_default()
-            }
-        };
+        let view = self.view().await?;
         for segment in view.values().filter(|s| s.base_offset < below && s.next_offset > from) {
             if segment.max_timestamp.is_none_or(|(max, _)| max < target) {
                 continue;
@@ -447,6 +431,16 @@ impl PartitionTier {
             }
         }
         Ok(None)
+    }
+
+    /// The segments as readers see them, listing the store first if no pass has yet.
+    async fn view(&self) -> Result<Arc<BTreeMap<i64, RemoteSegment>>, TierError> {
+        if let Some(view) = weir_storage::sync::lock(&self.view).clone() {
+            return Ok(view);
+        }
+        let mut segments = self.segments.lock().await;
+        self.loaded(&mut segments).await?;
+        Ok(weir_storage::sync::lock(&self.view).clone().unwrap_or_default())
     }
 
     /// Puts the store's figures into the status; `lag` when the pass measured it.
