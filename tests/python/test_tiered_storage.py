@@ -368,3 +368,42 @@ def c_watermarks(broker, topic):
 
 def c_consumer_plain(broker):
     return Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique("g"), "enable.auto.commit": False})
+
+
+def test_a_new_leader_serves_from_the_shared_store_what_every_replica_deleted_locally(s3, cluster_factory):
+    """Three nodes share one bucket. The leader uploads; followers list the store, so local
+    retention trims every replica; after the leader is killed, a new leader serves a consumer
+    reading from offset 0 through the store."""
+    bucket = unique("bucket")
+    s3.client.create_bucket(Bucket=bucket)
+    settings = dict(tiered_settings(s3, bucket, prefix="cluster"))
+    settings["log.retention.check.interval.ms"] = "200"
+    c = cluster_factory(settings=settings)
+    topic = unique("moved")
+    admin = c_admin(c.bootstrap())
+    configs = {"remote.storage.enable": "true", "segment.bytes": "65536", "local.retention.bytes": "131072",
+               "min.insync.replicas": "2"}
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=3, config=configs)])[topic].result(30)
+    c.wait_topic(topic, 1)
+    count = 4000
+    producer = c_producer(c.bootstrap(), {"acks": "all", "linger.ms": 0, "batch.num.messages": 1})
+    for i in range(count):
+        producer.produce(topic, value=f"{i:06d}".ljust(100, "x").encode(), partition=0)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+    def local_segments(node):
+        return sorted((node.data_dir / f"{topic}-0").glob("*.log"))
+
+    # Every replica keeps only its tail (at most local.retention.bytes plus a segment and the
+    # active one): the followers learned from the shared store what the leader uploaded.
+    c.wait(lambda: all(len(local_segments(n)) <= 4 for n in c.nodes.values()), 90,
+           "local retention on every replica")
+    assert all(local_segments(n)[0].stem != "0" * 20 for n in c.nodes.values())
+
+    leader = c.metadata(c.ids()[0], [topic]).topics[topic].leaders()[0]
+    c.node(leader).kill9()
+    survivors = [i for i in c.ids() if i != leader]
+    c.wait(lambda: c.metadata(survivors[0], [topic]).topics[topic].leaders()[0] in survivors, 30, "a new leader")
+    records = c_read_partition(c.bootstrap(survivors), topic, 0, count)
+    assert [bytes(r.value[:6]).decode() for r in records] == [f"{i:06d}" for i in range(count)]

@@ -35,6 +35,10 @@ pub enum BenchCommand {
     /// cluster, and an elastic topic against a plain one of the same partition count.
     #[command(long_about = ELASTIC_LONG_ABOUT)]
     Elastic(ElasticBenchArgs),
+    /// Tiered storage: fetching what only the object store holds against fetching local data,
+    /// on one broker, side by side.
+    #[command(long_about = TIERED_LONG_ABOUT)]
+    Tiered(TieredBenchArgs),
     /// What replication costs a producer: produce MB/s and latency with 1 replica / acks=1,
     /// 3 replicas / acks=1 and 3 replicas / acks=all on a 3-node cluster, side by side.
     Replication(ReplicationBenchArgs),
@@ -55,6 +59,18 @@ pub enum BenchCommand {
     #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
     Kafka(crate::kafka::KafkaBenchArgs),
 }
+
+const TIERED_LONG_ABOUT: &str = "\
+Tiered storage (docs/tiered-storage.md): fetching what only the object store holds against
+fetching local data, on one broker with the default directory store.
+
+A topic with remote.storage.enable=true gets --bytes of 1 KiB records in segments of a
+sixteenth of that (1 to 64 MiB), with local.retention.bytes a quarter of it. Once every closed
+segment is uploaded and local retention has deleted the rest, the same number of offsets is
+read from each end with 1 MiB Fetch
+requests, taking turns: the oldest (from the store, through chunks of --read-ahead; the cache
+is twice that, so every round reads the store) and the newest (local, in the page cache).
+Printed: MB/s and broker CPU seconds per GB of each, and their ratios.";
 
 const ELASTIC_LONG_ABOUT: &str = "\
 Elastic topics (docs/elastic.md), two measurements in one run.
@@ -407,6 +423,29 @@ pub struct ElasticBenchArgs {
     /// Turns of each topic in the cost comparison.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub(crate) rounds: u32,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TieredBenchArgs {
+    /// Bytes of 1 KiB records to write. [default: 512M, or 48M with --quick]
+    #[arg(long, value_name = "N", value_parser = parse_size)]
+    pub(crate) bytes: Option<u64>,
+
+    /// remote.log.read.ahead.bytes: how much one read from the store brings.
+    #[arg(long, value_name = "N", value_parser = parse_size, default_value = "4M")]
+    pub(crate) read_ahead: u64,
+
+    /// Rounds per source (alternating).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
+
+    /// A small run (seconds), for CI.
+    #[arg(long)]
+    pub(crate) quick: bool,
 
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]

@@ -66,7 +66,7 @@ pub(crate) fn run(args: &ElasticBenchArgs) -> anyhow::Result<()> {
 }
 
 /// Runs `weir ARGS --admin URL --json` (this binary's own client commands) and parses its answer.
-fn weir_json(admin: SocketAddr, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+pub(crate) fn weir_json(admin: SocketAddr, args: &[&str]) -> anyhow::Result<serde_json::Value> {
     let exe = std::env::current_exe().context("this binary's path")?;
     let output = Command::new(exe)
         .args(args)

@@ -31,6 +31,7 @@ mod rocketmq;
 mod rocketmq_client;
 mod share_consumer;
 mod storage;
+mod tiered;
 mod timer;
 mod transactions;
 
@@ -46,6 +47,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Kafka(args) => kafka::run(&args),
         BenchCommand::Failover(args) => failover::run(&args),
         BenchCommand::Elastic(args) => elastic::run(&args),
+        BenchCommand::Tiered(args) => tiered::run(&args),
         BenchCommand::Metadata(args) => metadata::run(&args),
         BenchCommand::Partitions(args) => partitions::run(&args),
         BenchCommand::Replication(args) => replication::run(&args),
