@@ -27,6 +27,11 @@ impl Broker {
         let Some(tier) = self.tier.clone() else { return };
         tracing::info!(store = ?tier.store(), "tiered storage is on");
         let interval = Duration::from_millis(self.config.remote_log_manager_interval_ms);
+        // A first pass at once: after a restart it settles each tiered log's start on what the
+        // store holds (the checkpoint it starts from may be a moment old).
+        let first = Arc::clone(self);
+        let first_tier = Arc::clone(&tier);
+        tokio::spawn(async move { first.tier_pass(&first_tier).await });
         self.every(interval, move |broker| {
             let tier = Arc::clone(&tier);
             async move { broker.tier_pass(&tier).await }

@@ -228,8 +228,9 @@ pub struct Log {
     /// tiered. Local retention deletes only segments below it.
     remote_end: AtomicI64,
     /// The lowest the log start may go back to when the tier says the store holds older
-    /// offsets: the log-start checkpoint at open, raised by DeleteRecords. (The log start of a
-    /// tiered log may precede its first local segment: those offsets are in the store.)
+    /// offsets: the log-start checkpoint at open, raised by DeleteRecords and by every deletion
+    /// that moves the log start. (The log start of a tiered log may precede its first local
+    /// segment: those offsets are in the store.)
     start_floor: AtomicI64,
     /// The latest epoch in `leader_epochs` once seeded (`UNDEFINED_EPOCH` when it has none,
     /// `EPOCHS_NOT_SEEDED` before), so that an append in the current epoch checks it without
@@ -1254,6 +1255,7 @@ impl Log {
             let removed = bases.iter().filter(|b| **b != active).filter_map(|b| map.remove(b)).collect();
             if let Some(first) = map.keys().next().filter(|_| move_start) {
                 self.log_start_offset.fetch_max(*first, Ordering::AcqRel);
+                self.start_floor.fetch_max(*first, Ordering::AcqRel);
             }
             removed
         };
