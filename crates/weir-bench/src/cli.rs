@@ -70,7 +70,13 @@ segment is uploaded and local retention has deleted the rest, the same number of
 read from each end with 1 MiB Fetch
 requests, taking turns: the oldest (from the store, through chunks of --read-ahead; the cache
 is twice that, so every round reads the store) and the newest (local, in the page cache).
-Printed: MB/s and broker CPU seconds per GB of each, and their ratios.";
+Printed: MB/s and broker CPU seconds per GB of each, and their ratios.
+
+With --store-down: two brokers in turn, one with the directory store and one whose S3 endpoint
+refuses every connection, each taking --rate in batches of 1,000 1 KiB records (acks=1) for --seconds on a
+tiered topic with local.retention.bytes of two segments. Printed: the produce latency, the
+local bytes at the end, how fast they grew, the failed passes, and how long --budget of disk
+lasts at that growth with the store down.";
 
 const ELASTIC_LONG_ABOUT: &str = "\
 Elastic topics (docs/elastic.md), two measurements in one run.
@@ -442,6 +448,23 @@ pub struct TieredBenchArgs {
     /// Rounds per source (alternating).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub(crate) rounds: u32,
+
+    /// Instead: produce at --rate to a broker whose store answers and to one whose store refuses
+    /// every connection, and show how local disk grows and how long --budget lasts.
+    #[arg(long)]
+    pub(crate) store_down: bool,
+
+    /// With --store-down: the produce rate in bytes per second.
+    #[arg(long, value_name = "N", value_parser = parse_size, default_value = "20M")]
+    pub(crate) rate: u64,
+
+    /// With --store-down: seconds of producing to each broker.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(crate) seconds: u64,
+
+    /// With --store-down: the disk budget to express the growth in.
+    #[arg(long, value_name = "N", value_parser = parse_size, default_value = "100G")]
+    pub(crate) budget: u64,
 
     /// A small run (seconds), for CI.
     #[arg(long)]

@@ -697,7 +697,13 @@ impl Broker {
         topic: &'a TopicMetadata,
         defaults: &BTreeMap<String, String>,
     ) -> Result<Option<TopicOpening<'a>>, BrokerError> {
-        let settings = TopicSettings::of(defaults, topic)?;
+        let mut settings = TopicSettings::of(defaults, topic)?;
+        if settings.log.remote_storage_enable && self.tier.is_none() {
+            // A broker without a store keeps such a topic's logs as plain local logs (retention
+            // as usual), rather than keeping every segment for uploads that never come.
+            tracing::warn!(topic = %topic.name, "the topic has remote.storage.enable=true but tiered storage is off on this broker (remote.log.storage.system.enable): its logs here are local only");
+            settings.log.remote_storage_enable = false;
+        }
         let existing: &[Option<Arc<Partition>>] = topics.get(&topic.name).map_or(&[], |list| list);
         for partition in existing.iter().flatten() {
             if *partition.log.config() != settings.log {

@@ -196,11 +196,14 @@ impl PartitionTier {
     }
 
     /// A follower's pass: lists the store again (its leader uploads) and tells the log, so that
-    /// local retention here deletes what the store holds too. Uploads and deletes nothing.
+    /// local retention here deletes what the store holds too. Uploads and deletes nothing; reads
+    /// only the manifests it has not seen.
     pub async fn refresh(&self, log: &Arc<Log>) -> Result<(), TierError> {
         let mut guard = self.segments.lock().await;
-        *guard = None;
-        let segments = self.loaded(&mut guard).await?;
+        let known = guard.take().unwrap_or_default();
+        let listed = self.list(&known).await?;
+        self.publish(&listed, None);
+        let segments = guard.insert(listed);
         tell_log(log, segments).await
     }
 
@@ -210,31 +213,38 @@ impl PartitionTier {
         slot: &'a mut Option<BTreeMap<i64, RemoteSegment>>,
     ) -> Result<&'a mut BTreeMap<i64, RemoteSegment>, TierError> {
         if slot.is_none() {
-            let listed: Vec<_> = self.store.objects.list(Some(&self.dir)).try_collect().await?;
-            let mut segments = BTreeMap::new();
-            for meta in listed {
-                let Some(name) = meta.location.filename() else { continue };
-                if !matches!(manifest::parse_name(name), Some((_, _, MANIFEST_SUFFIX))) {
-                    continue;
-                }
-                let bytes = self.store.objects.get(&meta.location).await?.bytes().await?;
-                let segment: RemoteSegment = serde_json::from_slice(&bytes)
-                    .map_err(|e| TierError::Corrupt { key: meta.location.to_string(), reason: e.to_string() })?;
-                if segment.format != MANIFEST_FORMAT {
-                    return Err(TierError::Corrupt {
-                        key: meta.location.to_string(),
-                        reason: format!("manifest format {} (this build reads {MANIFEST_FORMAT})", segment.format),
-                    });
-                }
-                segments.insert(segment.base_offset, segment);
-            }
+            let segments = self.list(&BTreeMap::new()).await?;
             tracing::info!(topic = %self.topic, partition = self.partition, segments = segments.len(), "listed the partition's uploaded segments");
+            self.publish(&segments, None);
             *slot = Some(segments);
-            if let Some(segments) = slot.as_ref() {
-                self.publish(segments, None);
-            }
         }
         Ok(slot.get_or_insert_with(BTreeMap::new))
+    }
+
+    /// The segments whose manifests the store lists now; those in `known` (same offsets) are
+    /// not read again.
+    async fn list(&self, known: &BTreeMap<i64, RemoteSegment>) -> Result<BTreeMap<i64, RemoteSegment>, TierError> {
+        let listed: Vec<_> = self.store.objects.list(Some(&self.dir)).try_collect().await?;
+        let mut segments = BTreeMap::new();
+        for meta in listed {
+            let Some(name) = meta.location.filename() else { continue };
+            let Some((base, next, MANIFEST_SUFFIX)) = manifest::parse_name(name) else { continue };
+            if let Some(seen) = known.get(&base).filter(|s| s.next_offset == next) {
+                segments.insert(base, seen.clone());
+                continue;
+            }
+            let bytes = self.store.objects.get(&meta.location).await?.bytes().await?;
+            let segment: RemoteSegment = serde_json::from_slice(&bytes)
+                .map_err(|e| TierError::Corrupt { key: meta.location.to_string(), reason: e.to_string() })?;
+            if segment.format != MANIFEST_FORMAT {
+                return Err(TierError::Corrupt {
+                    key: meta.location.to_string(),
+                    reason: format!("manifest format {} (this build reads {MANIFEST_FORMAT})", segment.format),
+                });
+            }
+            segments.insert(segment.base_offset, segment);
+        }
+        Ok(segments)
     }
 
     /// Copies one segment: its data objects, then its manifest.

@@ -250,3 +250,30 @@ async fn local_retention_keeps_only_the_tail_and_the_store_serves_the_rest_byte_
     assert!(only_remote >= 2000, "retention deleted more than it had to: {only_remote} bytes left in the store");
     assert!(only_remote < 2000 + 1100, "{only_remote} bytes only in the store, retention.bytes leaves 2000");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_larger_than_a_part_goes_up_in_parts_and_comes_back_whole() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let objects = dir.path().join("objects");
+    // 20 MiB segments: two and a half 8 MiB parts each.
+    let log = open_log_with(&dir.path().join("t-0"), &[("segment.bytes", "20971520")], OpenOptions::default());
+    for i in 0..2_200 {
+        let timestamp =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let spec = BatchSpec { records: 10, value_bytes: 1_000, timestamp, fill: i as u8, ..Default::default() };
+        log.append(&mut batch(&spec), 0).expect("append");
+    }
+    let sealed = log.sealed_segments(log.last_stable_offset()).expect("sealed");
+    assert!(!sealed.is_empty() && sealed[0].size > 16 << 20, "a segment over two parts");
+    let tier = tier_at(&objects);
+    let id = uuid::Uuid::new_v4();
+    let partition = tier.partition("t", id, 0);
+    partition.sync(&log, 1, 0).await.expect("pass");
+    let segment = &partition.remote_segments().await.expect("listed")[0];
+    let stem = format!("{:020}-{:020}", segment.base_offset, segment.next_offset);
+    let uploaded = object(&objects, &format!("t-{}", id.simple()), &format!("{stem}.log")).expect("the object");
+    let local = local_segments(&dir.path().join("t-0"));
+    assert!(uploaded == local[&segment.base_offset], "the multipart object differs from the local file");
+    let crc = segment.files.iter().find(|f| f.kind == "log").expect("log file").crc32c;
+    assert_eq!(crc, crc32c::crc32c(&uploaded), "the manifest's CRC is the object's");
+}
