@@ -4,10 +4,10 @@
 //! topic catalog built from the cluster metadata, and the bridge to the classic group record
 //! the group shares (committed offsets, ListGroups, deletion).
 //!
-//! Same concurrency contract as `coordinator`: everything runs under the `groups` mutex,
-//! in memory only. Membership is not written to `__consumer_offsets`: after a coordinator move
-//! the members' next heartbeat gets UNKNOWN_MEMBER_ID and they rejoin with epoch 0 (committed
-//! offsets are durable as for classic groups).
+//! Same concurrency contract as `coordinator`: every change runs under the `groups` mutex.
+//! A change to a consumer group (members, epochs, assignments, its classic members' too) is
+//! answered once the group's record in `__consumer_offsets` is durable, so a new coordinator
+//! carries the group on where the old one left it (see `offsets`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -169,6 +169,43 @@ impl GroupCoordinator {
             consumer.persisted_value = Some(value);
         }
         result
+    }
+
+    /// Writes `group_id`'s consumer group record when the group changed since it was last
+    /// written: what a classic member's JoinGroup, SyncGroup, Heartbeat or LeaveGroup changed in
+    /// a consumer group, answered only once it is durable, as a consumer heartbeat's change is.
+    /// The record holds the group's state as of when the shard's writer lock is held, so records
+    /// reach the log in state order however callers race. Blocking.
+    pub(super) fn store_consumer_record_blocking(&self, group_id: &str) -> Result<(), ErrorKind> {
+        let target = self.shard_of(group_id)?;
+        let _writer = lock(&target.writer);
+        let value = {
+            let groups = self.groups();
+            let Some(consumer) = groups.get(group_id).and_then(|g| g.consumer.as_ref()) else { return Ok(()) };
+            let value = offsets::consumer_group_value(&consumer.snapshot());
+            if consumer.persisted_value.as_ref() == Some(&value) {
+                return Ok(());
+            }
+            value
+        };
+        let entry = (offsets::consumer_group_key(group_id), Some(value.clone()));
+        if let Err(e) = self.append(&target, std::slice::from_ref(&entry)) {
+            tracing::error!(group = group_id, error = %e, "cannot store the consumer group record");
+            return Err(append_error_kind(&e, ErrorKind::Internal));
+        }
+        if let Some(consumer) = self.groups().get_mut(group_id).and_then(|g| g.consumer.as_mut()) {
+            consumer.persisted_value = Some(value);
+        }
+        Ok(())
+    }
+
+    /// [`Self::store_consumer_record_blocking`] off the async worker.
+    pub(super) async fn store_consumer_record(self: &Arc<Self>, group_id: &str) -> Result<(), ErrorKind> {
+        let this = self.clone();
+        let group_id = group_id.to_string();
+        tokio::task::spawn_blocking(move || this.store_consumer_record_blocking(&group_id))
+            .await
+            .unwrap_or(Err(ErrorKind::Internal))
     }
 
     /// ConsumerGroupDescribe, in request order: GROUP_ID_NOT_FOUND for a group that does not

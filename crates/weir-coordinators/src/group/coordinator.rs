@@ -390,7 +390,7 @@ impl GroupCoordinator {
 
     /// JoinGroup: returns when the join phase completes (or at once with an error, a
     /// MEMBER_ID_REQUIRED, or the current generation for a member that changed nothing).
-    pub async fn join_group(&self, params: JoinGroupParams) -> JoinGroupResult {
+    pub async fn join_group(self: &Arc<Self>, params: JoinGroupParams) -> JoinGroupResult {
         let member_id = params.member_id.clone();
         if params.group_id.is_empty() {
             return JoinGroupResult::error(member_id, ErrorKind::InvalidGroupId);
@@ -399,7 +399,7 @@ impl GroupCoordinator {
             return JoinGroupResult::error(member_id, ErrorKind::InvalidSessionTimeout);
         }
         let (reply, answer) = oneshot::channel();
-        {
+        let in_consumer_group = 'join: {
             let mut groups = self.groups();
             if !self.is_active() {
                 return JoinGroupResult::error(member_id, ErrorKind::CoordinatorNotAvailable);
@@ -417,10 +417,7 @@ impl GroupCoordinator {
                 groups.get_mut(&group_id).filter(|g| g.consumer.as_ref().is_some_and(|c| !c.is_empty()))
             {
                 // A classic member of a consumer group (one converted from classic).
-                let result = self.classic_join_in_consumer_group(group, params, now);
-                drop(groups);
-                self.timer_wake.notify_one();
-                return result;
+                break 'join Some((group_id, self.classic_join_in_consumer_group(group, params, now)));
             }
             if !groups.contains_key(&group_id) {
                 if !member_id.is_empty() {
@@ -434,8 +431,17 @@ impl GroupCoordinator {
                     groups.remove(&group_id);
                 }
             }
-        }
+            None
+        };
         self.timer_wake.notify_one();
+        if let Some((group_id, result)) = in_consumer_group {
+            if result.error.is_none() {
+                if let Err(kind) = self.store_consumer_record(&group_id).await {
+                    return JoinGroupResult::error(result.member_id, kind);
+                }
+            }
+            return result;
+        }
         answer.await.unwrap_or_else(|_| JoinGroupResult::error(member_id, ErrorKind::CoordinatorNotAvailable))
     }
 
@@ -459,10 +465,21 @@ impl GroupCoordinator {
             match groups.get_mut(&group_id) {
                 None => return SyncGroupResult::error(ErrorKind::UnknownMember),
                 Some(group) if group.consumer.as_ref().is_some_and(|c| !c.is_empty()) => {
-                    return self.classic_sync_in_consumer_group(group, &params);
+                    Err(self.classic_sync_in_consumer_group(group, &params))
                 }
-                Some(group) => group.sync(params, reply, now),
+                Some(group) => Ok(group.sync(params, reply, now)),
             }
+        };
+        // A classic member's sync in a consumer group is answered here, once durable.
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(result) if result.error.is_none() => {
+                if let Err(kind) = self.store_consumer_record(&group_id).await {
+                    return SyncGroupResult::error(kind);
+                }
+                return result;
+            }
+            Err(result) => return result,
         };
         if let SyncOutcome::Store { generation, assignments } = outcome {
             // Detached: the store completes (and the followers get their assignment) even if
@@ -518,31 +535,36 @@ impl GroupCoordinator {
         self.timer_wake.notify_one();
     }
 
-    pub async fn heartbeat(&self, params: HeartbeatParams) -> Result<(), ErrorKind> {
+    pub async fn heartbeat(self: &Arc<Self>, params: HeartbeatParams) -> Result<(), ErrorKind> {
         if params.group_id.is_empty() {
             return Err(ErrorKind::InvalidGroupId);
         }
-        let mut groups = self.groups();
-        if !self.is_active() {
-            return Err(ErrorKind::CoordinatorNotAvailable);
-        }
-        self.check_coordinator(&params.group_id)?;
-        let now = self.now_ms();
-        match groups.get_mut(&params.group_id) {
-            None => Err(ErrorKind::UnknownMember),
-            Some(group) if group.consumer.as_ref().is_some_and(|c| !c.is_empty()) => {
-                self.classic_heartbeat_in_consumer_group(group, &params, now)
+        let result = {
+            let mut groups = self.groups();
+            if !self.is_active() {
+                return Err(ErrorKind::CoordinatorNotAvailable);
             }
-            Some(group) => group.heartbeat(&params, now),
-        }
+            self.check_coordinator(&params.group_id)?;
+            let now = self.now_ms();
+            match groups.get_mut(&params.group_id) {
+                None => return Err(ErrorKind::UnknownMember),
+                Some(group) if group.consumer.as_ref().is_some_and(|c| !c.is_empty()) => {
+                    self.classic_heartbeat_in_consumer_group(group, &params, now)
+                }
+                Some(group) => return group.heartbeat(&params, now),
+            }
+        };
+        // A classic member's heartbeat in a consumer group may move it on (a revocation done).
+        self.store_consumer_record(&params.group_id).await?;
+        result
     }
 
     /// LeaveGroup for one or more members (v3+ batches them).
-    pub async fn leave_group(&self, group_id: &str, members: Vec<LeavingMember>) -> LeaveGroupResult {
+    pub async fn leave_group(self: &Arc<Self>, group_id: &str, members: Vec<LeavingMember>) -> LeaveGroupResult {
         if group_id.is_empty() {
             return LeaveGroupResult { error: Some(ErrorKind::InvalidGroupId), members: Vec::new() };
         }
-        let result = {
+        let (result, in_consumer_group) = {
             let mut groups = self.groups();
             if !self.is_active() {
                 return LeaveGroupResult { error: Some(ErrorKind::CoordinatorNotAvailable), members: Vec::new() };
@@ -552,30 +574,35 @@ impl GroupCoordinator {
             }
             let now = self.now_ms();
             match groups.get_mut(group_id) {
-                None => LeaveGroupResult {
-                    error: None,
-                    members: members
+                None => {
+                    let members = members
                         .into_iter()
                         .map(|m| MemberLeaveResult {
                             member_id: m.member_id,
                             group_instance_id: m.group_instance_id,
                             error: Some(ErrorKind::UnknownMember),
                         })
-                        .collect(),
-                },
+                        .collect();
+                    (LeaveGroupResult { error: None, members }, false)
+                }
                 Some(group) if group.consumer.as_ref().is_some_and(|c| !c.is_empty()) => {
-                    self.classic_leave_in_consumer_group(group, members, now)
+                    (self.classic_leave_in_consumer_group(group, members, now), true)
                 }
                 Some(group) => {
                     let result = group.leave(members, now, &self.limits);
                     if group.is_vacant() && !group.persisted {
                         groups.remove(group_id);
                     }
-                    result
+                    (result, false)
                 }
             }
         };
         self.timer_wake.notify_one();
+        if in_consumer_group {
+            if let Err(kind) = self.store_consumer_record(group_id).await {
+                return LeaveGroupResult { error: Some(kind), members: Vec::new() };
+            }
+        }
         result
     }
 

@@ -1,7 +1,7 @@
 //! Group coordinator tests on a real broker in a temporary directory: the classic protocol's
 //! state machine driven the way clients drive it, and committed offsets across a crash.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,7 +138,12 @@ async fn member_id(groups: &Arc<GroupCoordinator>, group: &str) -> String {
     result.member_id
 }
 
-async fn heartbeat(groups: &GroupCoordinator, group: &str, generation: i32, member: &str) -> Result<(), ErrorKind> {
+async fn heartbeat(
+    groups: &Arc<GroupCoordinator>,
+    group: &str,
+    generation: i32,
+    member: &str,
+) -> Result<(), ErrorKind> {
     let params = HeartbeatParams {
         group_id: group.into(),
         generation_id: generation,
@@ -933,5 +938,47 @@ async fn given_a_consumer_protocol_group_when_the_broker_crashes_then_it_carries
     assert_eq!((b3.error, b3.member_epoch), (None, 2));
     let listed = groups.list_groups(&[]).await.unwrap();
     assert!(listed.iter().any(|l| l.group_id == g && l.group_type == GROUP_TYPE_CONSUMER));
+    groups.check_invariants();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_classic_member_in_a_consumer_group_when_the_broker_crashes_then_it_carries_on_as_a_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, groups) = open(dir.path(), &[]).await;
+    let g = "mixed";
+    let a = groups.consumer_heartbeat(consumer_heartbeat(g, "a", 0)).await;
+    assert_eq!((a.error, a.member_epoch), (None, 1));
+    // A classic consumer joins the consumer group: the broker assigns, answered at once.
+    let joined = groups.join_group(join_params(g, "", None)).await;
+    assert_eq!(joined.error, None);
+    let classic = joined.member_id.clone();
+    let generation = generation_of(&joined);
+    let synced = finish(spawn_sync(&groups, g, generation, &classic, Vec::new())).await;
+    assert_eq!(synced.error, None);
+    let before = groups.consumer_group_describe(&[g.to_string()]).await;
+    assert!(before[0].members.iter().any(|m| m.member_id == classic), "{:?}", before[0].members);
+
+    // kill -9 right after the classic member's answers: nothing else wrote the group since.
+    drop(groups);
+    drop(broker);
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), copy.path());
+    let (_broker, groups) = open(copy.path(), &[]).await;
+
+    let after = groups.consumer_group_describe(&[g.to_string()]).await;
+    let ids = |d: &ConsumerGroupDescription| d.members.iter().map(|m| m.member_id.clone()).collect::<BTreeSet<_>>();
+    assert_eq!(ids(&after[0]), ids(&before[0]), "the classic member survives the crash");
+    // It heartbeats at its generation as if nothing happened (UNKNOWN_MEMBER_ID before the fix).
+    let beat = heartbeat(&groups, g, generation, &classic).await;
+    assert!(beat != Err(ErrorKind::UnknownMember), "{beat:?}");
+    // Its leave is durable too.
+    let leaving = vec![LeavingMember { member_id: classic.clone(), group_instance_id: None, reason: None }];
+    assert_eq!(groups.leave_group(g, leaving).await.error, None);
+    drop(groups);
+    let again = tempfile::tempdir().unwrap();
+    copy_dir(copy.path(), again.path());
+    let (_broker, groups) = open(again.path(), &[]).await;
+    let last = groups.consumer_group_describe(&[g.to_string()]).await;
+    assert_eq!(ids(&last[0]), BTreeSet::from(["a".to_string()]));
     groups.check_invariants();
 }
