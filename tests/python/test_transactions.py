@@ -333,3 +333,54 @@ def test_read_committed_consumers_wait_for_offsets_an_open_transaction_will_comm
         assert time.monotonic() - started >= 1.0, "the consumer started before the transaction ended"
     finally:
         committer.join()
+
+
+def test_offsets_an_open_transaction_will_commit_stay_unstable_across_a_broker_crash(fresh_broker, closer):
+    """The coordinator's note of an open transaction's offsets is durable: after kill -9 and a
+    restart, RequireStable still answers UNSTABLE_OFFSET_COMMIT until the transaction ends (it
+    used to answer the old offset, from which a read_committed consumer would read twice)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError
+
+    b = fresh_broker
+    admin, source, sink, group = source_and_sink(b, closer, "stable-crash")
+    owner = closer.add(
+        Consumer({"bootstrap.servers": b.bootstrap, "group.id": group, "enable.auto.commit": False})
+    )
+    owner.commit(offsets=[TopicPartition(source, 0, 2)], asynchronous=False)
+    metadata = owner.consumer_group_metadata()
+
+    def listed(require_stable):
+        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(source, 0)])]
+        future = admin.list_consumer_group_offsets(request, require_stable=require_stable)[group]
+        return future.result(timeout=TIMEOUT_S).topic_partitions[0]
+
+    def listed_when(condition, what):
+        def attempt():
+            try:
+                answer = listed(require_stable=True)
+            except KafkaException:  # the restarted broker may still be loading
+                return None
+            return answer if condition(answer) else None
+
+        return wait_until(attempt, what=what)
+
+    txn_id = unique("tx")
+    p = txn_producer(b.bootstrap, txn_id, **{"transaction.timeout.ms": 60000})
+    p.begin_transaction()
+    p.produce(sink, value=b"a", partition=0)
+    p.send_offsets_to_transaction([TopicPartition(source, 0, 5)], metadata, TIMEOUT_S)
+    assert listed(require_stable=True).error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT
+    b.kill9()
+    b.restart()
+    unstable = listed_when(lambda r: r.error is not None, "an answer with an error")
+    assert unstable.error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT, unstable
+    assert listed(require_stable=False).offset == 2
+    # A new instance with the same transactional id aborts the open transaction: the old offset
+    # is stable again (the abort removed the note), and stays so across another crash.
+    closer.add(txn_producer(b.bootstrap, txn_id))
+    after_abort = listed(require_stable=True)
+    assert after_abort.error is None and after_abort.offset == 2, after_abort
+    b.kill9()
+    b.restart()
+    again = listed_when(lambda r: r.error is None, "a stable offset")
+    assert again.offset == 2, again

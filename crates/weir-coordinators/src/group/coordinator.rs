@@ -161,6 +161,12 @@ impl ShardOwner for GroupCoordinator {
                 let share = super::share::ShareGroup::from_snapshot(snapshot, value, now, session_ms);
                 self.share_groups().insert(id.clone(), share);
             }
+            // Open transactions' offsets stay unstable here as they were at the predecessor.
+            for (producer_id, note) in group.transaction_offsets.drain() {
+                if note.expires_ms > now {
+                    self.unstable.restore(producer_id, &id, note.partitions, note.expires_ms);
+                }
+            }
             if !group.has_group_state() {
                 continue;
             }
@@ -631,7 +637,7 @@ impl GroupCoordinator {
     }
 
     fn commit_blocking(&self, params: CommitParams) -> Vec<PartitionResult> {
-        self.commit_checked(params, true)
+        self.commit_checked(params, true, None)
     }
 
     /// Stores the offsets a transaction committed (TxnOffsetCommit, materialized when EndTxn
@@ -653,7 +659,10 @@ impl GroupCoordinator {
             group_instance_id: None,
             offsets,
         };
-        let results = self.commit_checked(params, false);
+        // The transaction's note goes with its offsets (a tombstone of one that is not there
+        // is harmless, and covers a note this coordinator never loaded).
+        let tombstone = producer_id.map(|id| (offsets::transaction_offsets_key(group_id, id), None));
+        let results = self.commit_checked(params, false, tombstone);
         if let Some(producer_id) = producer_id {
             self.unstable.stored(producer_id, group_id);
         }
@@ -661,21 +670,40 @@ impl GroupCoordinator {
     }
 
     /// A TxnOffsetCommit of `producer_id`'s open transaction was accepted for `group_id`: its
-    /// partitions' offsets are unstable until the transaction ends.
+    /// partitions' offsets are unstable until the transaction ends. Returns once the note is
+    /// durable in the group's partition, so a coordinator that takes the group over knows it
+    /// too. Blocking.
     pub(crate) fn note_transactional_offsets(
         &self,
         producer_id: i64,
         group_id: &str,
         partitions: impl IntoIterator<Item = (String, i32)>,
-    ) {
+    ) -> Result<(), BrokerError> {
+        let target = self
+            .shard_of(group_id)
+            .map_err(|kind| BrokerError::new(kind, format!("this broker does not coordinate group {group_id}")))?;
+        let _writer = lock(&target.writer);
         let max_ms = i64::from(self.broker.config.transaction_max_timeout_ms);
-        self.unstable.note(producer_id, group_id, partitions, self.now_ms(), max_ms);
+        let note = self.unstable.note(producer_id, group_id, partitions, self.now_ms(), max_ms);
+        let entry =
+            (offsets::transaction_offsets_key(group_id, producer_id), Some(offsets::transaction_offsets_value(&note)));
+        self.append(&target, std::slice::from_ref(&entry))
     }
 
     /// `producer_id`'s transaction aborted (its marker reached this broker's
-    /// `__consumer_offsets` partition): the offsets it sent will never be stored.
+    /// `__consumer_offsets` partition): the offsets it sent will never be stored. Blocking
+    /// (tombstones the notes of the groups it had sent offsets for).
     pub(crate) fn transaction_aborted(&self, producer_id: i64) {
-        self.unstable.ended(producer_id);
+        for group_id in self.unstable.ended(producer_id) {
+            let Ok(target) = self.shard_of(&group_id) else { continue };
+            let _writer = lock(&target.writer);
+            let tombstone = (offsets::transaction_offsets_key(&group_id, producer_id), None);
+            if let Err(e) = self.append(&target, std::slice::from_ref(&tombstone)) {
+                // The note lapses on its own (`unstable`'s expiry); a successor may hold the
+                // group's offsets back until then.
+                tracing::warn!(group = %group_id, producer_id, error = %e, "cannot remove an aborted transaction's offsets note");
+            }
+        }
     }
 
     /// Checks a transactional commit's member as an OffsetCommit would (TxnOffsetCommit v3+
@@ -700,7 +728,13 @@ impl GroupCoordinator {
         }
     }
 
-    fn commit_checked(&self, params: CommitParams, validate: bool) -> Vec<PartitionResult> {
+    /// `also`: one more record to append with the offsets (a transaction's note to remove).
+    fn commit_checked(
+        &self,
+        params: CommitParams,
+        validate: bool,
+        also: Option<(Bytes, Option<Bytes>)>,
+    ) -> Vec<PartitionResult> {
         let mut results: Vec<PartitionResult> = params
             .offsets
             .iter()
@@ -738,7 +772,7 @@ impl GroupCoordinator {
             return results;
         }
         let stored = offsets_to_store(&params, &known, now, &mut results);
-        if stored.is_empty() {
+        if stored.is_empty() && also.is_none() {
             return results;
         }
         let entries: Vec<(Bytes, Option<Bytes>)> = stored
@@ -747,6 +781,7 @@ impl GroupCoordinator {
                 let o = &params.offsets[*i];
                 (offsets::offset_key(group_id, &o.topic, o.partition), Some(offsets::offset_value(committed)))
             })
+            .chain(also)
             .collect();
         if let Err(e) = self.append(&target, &entries) {
             tracing::error!(group = group_id, error = %e, "cannot store committed offsets");

@@ -14,6 +14,7 @@
 //! group key:  u8 2 | u32 len | group id
 //! consumer group key: u8 3 | u32 len | group id
 //! share group key: u8 4 | u32 len | group id
+//! transaction offsets key: u8 5 | u32 len | group id | i64 producer id
 //! ```
 //! Values start with a version byte (0 today). A value of a version this code does not know is
 //! skipped with an error in the log rather than guessed at:
@@ -24,7 +25,14 @@
 //!                  | i32 len (-1: none) | protocol name | i64 timestamp ms (when written)
 //! consumer group value v0: u8 0 | JSON of the group's state (`ConsumerGroupSnapshot`)
 //! share group value v0: u8 0 | JSON of the group's membership (`ShareGroupSnapshot`)
+//! transaction offsets value v0: u8 0 | i64 expiry ms | u32 count
+//!                               | count × (u32 len | topic | i32 partition)
 //! ```
+//! A transaction offsets record says that the open transaction of a producer has sent offsets
+//! of these partitions for the group (TxnOffsetCommit), so they read as unstable for
+//! `RequireStable` until it ends (see `unstable`). It is written before the TxnOffsetCommit is
+//! answered, and tombstoned when the transaction's offsets are stored or its abort reaches the
+//! group's partition; a coordinator that loads one whose expiry has not passed takes it over.
 //! The consumer group record (KIP-848 groups) holds the whole group: epochs, the target
 //! assignment, every member with its subscription, epoch and assignment. It is rewritten (and
 //! fsynced) whenever a heartbeat changes any of that, before the heartbeat is answered, so a new
@@ -52,6 +60,7 @@ const KEY_OFFSET: u8 = 1;
 const KEY_GROUP: u8 = 2;
 const KEY_CONSUMER_GROUP: u8 = 3;
 const KEY_SHARE_GROUP: u8 = 4;
+const KEY_TRANSACTION_OFFSETS: u8 = 5;
 const VALUE_VERSION: u8 = 0;
 /// An unknown leader epoch in an offset value (Kafka's `NO_PARTITION_LEADER_EPOCH`).
 const UNKNOWN_LEADER_EPOCH: i32 = -1;
@@ -66,6 +75,15 @@ pub(crate) enum RecordKey {
     Group { group: String },
     ConsumerGroup { group: String },
     ShareGroup { group: String },
+    TransactionOffsets { group: String, producer_id: i64 },
+}
+
+/// What a transaction offsets record keeps: the partitions an open transaction sent offsets
+/// of, and when the note lapses if no end is heard of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TransactionOffsetsNote {
+    pub(crate) expires_ms: i64,
+    pub(crate) partitions: Vec<(String, i32)>,
 }
 
 /// What a group record keeps of a group.
@@ -135,6 +153,44 @@ pub(crate) fn share_group_key(group: &str) -> Bytes {
     buf.freeze()
 }
 
+pub(crate) fn transaction_offsets_key(group: &str, producer_id: i64) -> Bytes {
+    let mut buf = BytesMut::with_capacity(1 + 4 + group.len() + 8);
+    buf.put_u8(KEY_TRANSACTION_OFFSETS);
+    put_str(&mut buf, group);
+    buf.put_i64(producer_id);
+    buf.freeze()
+}
+
+pub(crate) fn transaction_offsets_value(note: &TransactionOffsetsNote) -> Bytes {
+    let mut buf = BytesMut::with_capacity(1 + 8 + 4 + note.partitions.len() * 16);
+    buf.put_u8(VALUE_VERSION);
+    buf.put_i64(note.expires_ms);
+    buf.put_u32(u32::try_from(note.partitions.len()).unwrap_or(u32::MAX));
+    for (topic, partition) in &note.partitions {
+        put_str(&mut buf, topic);
+        buf.put_i32(*partition);
+    }
+    buf.freeze()
+}
+
+pub(crate) fn decode_transaction_offsets_value(mut buf: &[u8]) -> Result<TransactionOffsetsNote, String> {
+    need(buf, 1, "value version")?;
+    let version = buf.get_u8();
+    if version != VALUE_VERSION {
+        return Err(format!("unknown transaction offsets value version {version}"));
+    }
+    need(buf, 8 + 4, "transaction offsets value")?;
+    let expires_ms = buf.get_i64();
+    let count = buf.get_u32();
+    let mut partitions = Vec::new();
+    for _ in 0..count {
+        let topic = get_str(&mut buf, "topic")?;
+        need(buf, 4, "partition")?;
+        partitions.push((topic, buf.get_i32()));
+    }
+    Ok(TransactionOffsetsNote { expires_ms, partitions })
+}
+
 /// A versioned JSON value (the consumer and share group records).
 fn json_value<T: serde::Serialize>(snapshot: &T) -> Bytes {
     let mut buf = BytesMut::with_capacity(256);
@@ -182,6 +238,11 @@ pub(crate) fn decode_key(mut buf: &[u8]) -> Result<RecordKey, String> {
         KEY_GROUP => RecordKey::Group { group: get_str(&mut buf, "group id")? },
         KEY_CONSUMER_GROUP => RecordKey::ConsumerGroup { group: get_str(&mut buf, "group id")? },
         KEY_SHARE_GROUP => RecordKey::ShareGroup { group: get_str(&mut buf, "group id")? },
+        KEY_TRANSACTION_OFFSETS => {
+            let group = get_str(&mut buf, "group id")?;
+            need(buf, 8, "producer id")?;
+            RecordKey::TransactionOffsets { group, producer_id: buf.get_i64() }
+        }
         other => return Err(format!("unknown key kind {other}")),
     };
     if !buf.is_empty() {
@@ -257,6 +318,8 @@ pub(crate) struct LoadedGroup {
     pub(crate) consumer: Option<ConsumerGroupSnapshot>,
     /// A share group's last membership, with the record's value as stored.
     pub(crate) share: Option<(ShareGroupSnapshot, Bytes)>,
+    /// Offsets of open transactions (by producer id), not stored yet.
+    pub(crate) transaction_offsets: HashMap<i64, TransactionOffsetsNote>,
 }
 
 impl LoadedGroup {
@@ -296,7 +359,7 @@ pub(crate) fn load_partition(
         }
         offset = slice.next_offset;
     }
-    groups.retain(|_, g| g.has_group_state() || g.share.is_some());
+    groups.retain(|_, g| g.has_group_state() || g.share.is_some() || !g.transaction_offsets.is_empty());
     Ok(records_read)
 }
 
@@ -353,6 +416,21 @@ fn apply_record(
                 Err(e) => tracing::error!(record = %at(), error = %e, "skipping an undecodable consumer group record"),
             },
         },
+        RecordKey::TransactionOffsets { group, producer_id } => match record.value.as_deref() {
+            None => {
+                if let Some(entry) = groups.get_mut(&group) {
+                    entry.transaction_offsets.remove(&producer_id);
+                }
+            }
+            Some(value) => match decode_transaction_offsets_value(value) {
+                Ok(note) => {
+                    groups.entry(group).or_default().transaction_offsets.insert(producer_id, note);
+                }
+                Err(e) => {
+                    tracing::error!(record = %at(), error = %e, "skipping an undecodable transaction offsets record")
+                }
+            },
+        },
         RecordKey::ShareGroup { group } => match record.value {
             None => {
                 if let Some(entry) = groups.get_mut(&group) {
@@ -379,6 +457,11 @@ mod tests {
         assert_ne!(offset_key("g", "", 0)[..1], group_key("g")[..1]);
         assert!(decode_key(&key[..key.len() - 1]).is_err());
         assert!(decode_key(&[9]).is_err());
+        assert_eq!(
+            decode_key(&transaction_offsets_key("g", 77)).unwrap(),
+            RecordKey::TransactionOffsets { group: "g".into(), producer_id: 77 }
+        );
+        assert_ne!(transaction_offsets_key("g", 1), transaction_offsets_key("g", 2));
     }
 
     #[test]
@@ -399,6 +482,9 @@ mod tests {
                 GroupRecord { generation: 5, protocol_type: "consumer".into(), protocol_name, timestamp_ms: 123 };
             assert_eq!(decode_group_value(&group_value(&record)).unwrap(), record);
         }
+        let note = TransactionOffsetsNote { expires_ms: 99, partitions: vec![("t".into(), 0), ("u".into(), 3)] };
+        assert_eq!(decode_transaction_offsets_value(&transaction_offsets_value(&note)).unwrap(), note);
+        assert!(decode_transaction_offsets_value(&transaction_offsets_value(&note)[..12]).is_err());
     }
 
     #[test]

@@ -8,20 +8,21 @@
 //! transaction is about to overwrite (and processing its records twice).
 //!
 //! The transaction's offsets themselves are kept by its transaction coordinator (replicated in
-//! `__transaction_state`); this coordinator only remembers, in memory, which partitions of
-//! which group an open transaction touches:
-//! - noted when the group's coordinator accepts a TxnOffsetCommit;
-//! - forgotten when the transaction commits (once its offsets are stored here) or aborts (its
-//!   marker reaches this broker's `__consumer_offsets` partition);
-//! - forgotten too when this broker stops coordinating the group's partition, and after
-//!   `transaction.max.timeout.ms` (plus a margin) in any case: no transaction stays open longer,
-//!   so an end this broker never heard of cannot hold a consumer back for good.
-//!
-//! Limit: a coordinator that takes over a group does not know the transactions opened at its
-//! predecessor; their offsets read as stable there until they end.
+//! `__transaction_state`); this coordinator remembers which partitions of which group an open
+//! transaction touches:
+//! - noted when the group's coordinator accepts a TxnOffsetCommit, and written to the group's
+//!   `__consumer_offsets` partition (a transaction offsets record, see `offsets`) before the
+//!   TxnOffsetCommit is answered, so a coordinator that takes the group over loads the note;
+//! - forgotten (and the record tombstoned) when the transaction commits (once its offsets are
+//!   stored here) or aborts (its marker reaches this broker's `__consumer_offsets` partition);
+//! - forgotten from memory when this broker stops coordinating the group's partition, and
+//!   after `transaction.max.timeout.ms` (plus a margin) in any case: no transaction stays open
+//!   longer, so an end nobody heard of cannot hold a consumer back for good.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
+
+use super::offsets::TransactionOffsetsNote;
 
 /// How long past `transaction.max.timeout.ms` a note is kept when no end is heard of.
 const MARGIN_MS: i64 = 60_000;
@@ -44,6 +45,8 @@ impl UnstableOffsets {
     }
 
     /// The open transaction of `producer_id` will commit offsets of `partitions` for `group`.
+    /// Returns what is noted for them now (this call's partitions with the transaction's
+    /// earlier ones for the group): what the group's transaction offsets record holds.
     pub(crate) fn note(
         &self,
         producer_id: i64,
@@ -51,24 +54,38 @@ impl UnstableOffsets {
         partitions: impl IntoIterator<Item = (String, i32)>,
         now_ms: i64,
         max_transaction_ms: i64,
-    ) {
+    ) -> TransactionOffsetsNote {
         let expires_ms = now_ms.saturating_add(max_transaction_ms).saturating_add(MARGIN_MS);
-        let mut notes = self.notes();
-        let entry = notes.entry(producer_id).or_default();
-        match entry.iter_mut().find(|n| n.group == group) {
-            Some(note) => {
-                note.partitions.extend(partitions);
-                note.expires_ms = expires_ms;
-            }
-            None => {
-                entry.push(Note { group: group.to_string(), partitions: partitions.into_iter().collect(), expires_ms })
-            }
-        }
+        self.restore(producer_id, group, partitions, expires_ms)
     }
 
-    /// The transaction of `producer_id` aborted: none of its offsets will come.
-    pub(crate) fn ended(&self, producer_id: i64) {
-        self.notes().remove(&producer_id);
+    /// Takes over a note as a predecessor wrote it (`expires_ms` as it set it).
+    pub(crate) fn restore(
+        &self,
+        producer_id: i64,
+        group: &str,
+        partitions: impl IntoIterator<Item = (String, i32)>,
+        expires_ms: i64,
+    ) -> TransactionOffsetsNote {
+        let mut notes = self.notes();
+        let entry = notes.entry(producer_id).or_default();
+        let note = match entry.iter().position(|n| n.group == group) {
+            Some(i) => &mut entry[i],
+            None => {
+                entry.push(Note { group: group.to_string(), partitions: BTreeSet::new(), expires_ms });
+                let last = entry.len() - 1;
+                &mut entry[last]
+            }
+        };
+        note.partitions.extend(partitions);
+        note.expires_ms = expires_ms;
+        TransactionOffsetsNote { expires_ms, partitions: note.partitions.iter().cloned().collect() }
+    }
+
+    /// The transaction of `producer_id` aborted: none of its offsets will come. Returns the
+    /// groups it had noted offsets for.
+    pub(crate) fn ended(&self, producer_id: i64) -> Vec<String> {
+        self.notes().remove(&producer_id).map_or_else(Vec::new, |list| list.into_iter().map(|n| n.group).collect())
     }
 
     /// The transaction of `producer_id` committed and its offsets for `group` are stored (its

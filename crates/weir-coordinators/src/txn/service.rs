@@ -239,10 +239,8 @@ impl TxnCoordinator {
         };
         // This broker is the group's coordinator (the client sent the offsets here): their
         // partitions read as unstable until the transaction ends.
-        if result.is_ok() {
-            self.groups.note_transactional_offsets(who.producer_id, group_id, partitions);
-        }
-        result
+        result?;
+        self.groups.note_transactional_offsets(who.producer_id, group_id, partitions)
     }
 
     /// Answers a method of the service. Blocking.
