@@ -91,35 +91,11 @@ async fn move_one(
 }
 
 /// Sweeps every queue of this broker each [`SWEEP_INTERVAL`] until the broker shuts down (or
-/// is dropped).
-/// The delivery limit each group's receives last asked for: a Kafka share group's
-/// `share.delivery.count.limit` is not its RocketMQ `max.delivery.attempts`, and the sweep must
-/// dead-letter by the limit its consumers use.
-#[derive(Default)]
-pub(crate) struct AttemptLimits(std::sync::Mutex<std::collections::HashMap<String, u32>>);
-
-/// Groups remembered at most; past it the map starts again (a group's limit is then the
-/// setting's until its next receive).
-const ATTEMPT_LIMITS_MAX: usize = 10_000;
-
-impl AttemptLimits {
-    pub(crate) fn note(&self, group: &str, max_attempts: u32) {
-        let mut limits = weir_storage::sync::lock(&self.0);
-        if limits.get(group) == Some(&max_attempts) {
-            return;
-        }
-        if limits.len() >= ATTEMPT_LIMITS_MAX {
-            limits.clear();
-        }
-        limits.insert(group.to_string(), max_attempts);
-    }
-
-    fn of(&self, group: &str) -> Option<u32> {
-        weir_storage::sync::lock(&self.0).get(group).copied()
-    }
-}
-
-pub(crate) fn start_sweep(messaging: &Arc<Messaging>, limits: Arc<AttemptLimits>) {
+/// is dropped). Each delivery carries the limit of the receive that handed it out (a Kafka
+/// share group's `share.delivery.count.limit` is not its RocketMQ `max.delivery.attempts`), so
+/// a broker that took the queue over dead-letters by the limit its consumers used; the group's
+/// RocketMQ setting applies only to deliveries recorded without one.
+pub(crate) fn start_sweep(messaging: &Arc<Messaging>) {
     let messaging: Weak<Messaging> = Arc::downgrade(messaging);
     tokio::spawn(async move {
         let Some(mut shutdown) = messaging.upgrade().map(|m| m.broker.shutdown_signal()) else { return };
@@ -133,10 +109,8 @@ pub(crate) fn start_sweep(messaging: &Arc<Messaging>, limits: Arc<AttemptLimits>
             for key in messaging.pop.queues_with_expired(broker.now_ms(), 1) {
                 let leads = broker.partition(&key.topic, key.partition).is_some_and(|p| p.check_local_leader().is_ok());
                 if leads {
-                    let max_attempts = limits
-                        .of(&key.group)
-                        .unwrap_or_else(|| broker.group_settings(&key.group).max_delivery_attempts);
-                    move_exhausted(&messaging, &key, max_attempts).await;
+                    let fallback = broker.group_settings(&key.group).max_delivery_attempts;
+                    move_exhausted(&messaging, &key, fallback).await;
                 }
             }
         }

@@ -25,8 +25,6 @@ pub struct PopEngine {
     pub(super) messaging: Arc<Messaging>,
     turns: ReceiveTurns,
     pub(super) renewals: Arc<Renewals>,
-    /// The delivery limit of each group's last receive, for the dead-letter sweep.
-    limits: Arc<super::dead_letter::AttemptLimits>,
 }
 
 impl PopEngine {
@@ -36,10 +34,9 @@ impl PopEngine {
         let renewals = Arc::new(Renewals::default());
         renewals.start(messaging, groups);
         super::progress::start(messaging, groups);
-        let limits = Arc::new(super::dead_letter::AttemptLimits::default());
-        super::dead_letter::start_sweep(messaging, limits.clone());
+        super::dead_letter::start_sweep(messaging);
         super::adopt::start(messaging);
-        Arc::new(PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals, limits })
+        Arc::new(PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals })
     }
 
     /// A receive with long polling (see [`super::receive`]): what it hands out, empty when
@@ -131,7 +128,6 @@ impl PopEngine {
         turn_deadline: Option<tokio::time::Instant>,
     ) -> Result<Received, BrokerError> {
         let (key, slice, hold_for) = (request.key.clone(), request.invisible, request.hold_for.clone());
-        self.limits.note(&key.group, request.max_attempts);
         let received = receive::receive(&self.messaging, &self.turns, request, turn_deadline).await?;
         if let Some(client) = hold_for {
             let now = self.messaging.broker.now_ms();
@@ -300,12 +296,7 @@ mod tests {
 
     /// The engine without its tasks: the tests drive every step.
     fn engine(messaging: &Arc<Messaging>) -> PopEngine {
-        PopEngine {
-            messaging: messaging.clone(),
-            turns: ReceiveTurns::default(),
-            renewals: Arc::default(),
-            limits: Arc::default(),
-        }
+        PopEngine { messaging: messaging.clone(), turns: ReceiveTurns::default(), renewals: Arc::default() }
     }
 
     fn partition(broker: &Broker) -> Arc<Partition> {
@@ -606,6 +597,28 @@ mod tests {
         assert_eq!(engine.give_up(&key, 1, first[1].nonce).await.expect("io"), Ok(()));
         assert_eq!(dead_letters.log.log_end_offset(), 2);
         assert_eq!(messaging.pop.get(&key).map(|q| (q.done_below, q.inflight.len())), Some((2, 0)));
+        broker.begin_shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deliverys_limit_goes_with_it_to_whoever_loads_the_queue_next() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (broker, messaging) = open(dir.path()).await;
+        let engine = engine(&messaging);
+        let key = QueueKey::new("g", TOPIC, 0);
+        append(&broker, &[(None, None)]).await;
+        // A share group's receive: its delivery count limit is 1, not the group's RocketMQ 16.
+        let first =
+            engine.receive(ReceiveRequest { max_attempts: 1, ..request(&broker, &key) }).await.expect("receive");
+        assert_eq!(offsets(&first), [(0, 1)]);
+        expire(&messaging, &key, 0).await;
+
+        // Another broker takes the queue over (a failover): it never saw the receive, and its
+        // sweep's limit for deliveries recorded without one is the RocketMQ setting.
+        let next = Arc::new(super::super::store::PopStore::new(&broker, &messaging.pop_states, dir.path()));
+        next.load(&key).await.expect("load");
+        let due = next.exhausted(&key, broker.now_ms(), 16);
+        assert_eq!(due.iter().map(|(o, i)| (*o, i.attempt)).collect::<Vec<_>>(), [(0, 1)], "out of deliveries");
         broker.begin_shutdown();
     }
 }

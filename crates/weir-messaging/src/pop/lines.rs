@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn a_change_is_written_in_runs_and_reads_back_whole() {
-        let entry = |attempt| Inflight { visible_at_ms: 10, attempt, nonce: 7, group: None };
+        let entry = |attempt| Inflight { visible_at_ms: 10, attempt, nonce: 7, group: None, max_attempts: None };
         let change = Change {
             done_below: 1,
             next: 600,

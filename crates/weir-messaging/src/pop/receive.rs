@@ -369,7 +369,7 @@ fn deliver(
             q.park(record.offset, group);
             continue;
         }
-        let inflight = q.deliver_in_group(record.offset, visible_at, nonce, group);
+        let inflight = q.deliver_in_group(record.offset, visible_at, nonce, group, Some(request.max_attempts));
         deliveries.push(Delivery { record, attempt: inflight.attempt, nonce });
     }
     deliveries
@@ -390,7 +390,7 @@ fn deliver_batches(
     let mut out = Vec::with_capacity(picked.len());
     for (batch, offsets) in picked {
         for offset in offsets.iter() {
-            let inflight = q.deliver_in_group(offset, visible_at, nonce, None);
+            let inflight = q.deliver_in_group(offset, visible_at, nonce, None, Some(request.max_attempts));
             debug_assert_eq!(inflight.attempt, 1, "offset {offset} of a batch was in flight already");
         }
         out.push(BatchDelivery { batch, offsets, nonce });

@@ -33,6 +33,13 @@ pub(crate) struct Inflight {
     /// message delivered without order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<u64>,
+    /// The delivery limit of the receive that handed it out (RocketMQ's
+    /// `max.delivery.attempts`, a share group's `share.delivery.count.limit`): it goes to the
+    /// dead letters when its invisible time runs out after that many deliveries, whichever
+    /// broker leads the queue by then. `None` in state written before it was recorded: the
+    /// caller's limit applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) max_attempts: Option<u32>,
 }
 
 /// A parked FIFO message's `visible_at_ms`: never, until released.
@@ -45,6 +52,11 @@ pub(crate) fn group_hash(group: &[u8]) -> u64 {
 }
 
 impl Inflight {
+    /// Its delivery limit: its own, else `fallback`.
+    pub(crate) fn limit(&self, fallback: u32) -> u32 {
+        self.max_attempts.unwrap_or(fallback)
+    }
+
     /// A FIFO message waiting for the one before it in its group.
     pub(crate) fn is_parked(&self) -> bool {
         self.attempt == 0 && self.visible_at_ms == PARKED
@@ -120,18 +132,18 @@ impl QueueState {
     pub fn expired(&self, now_ms: i64, limit: usize, max_attempts: u32) -> Vec<(i64, Inflight)> {
         self.inflight
             .iter()
-            .filter(|(_, i)| i.visible_at_ms <= now_ms && i.attempt < max_attempts)
+            .filter(|(_, i)| i.visible_at_ms <= now_ms && i.attempt < i.limit(max_attempts))
             .take(limit)
             .map(|(o, i)| (*o, *i))
             .collect()
     }
 
     /// The in-flight offsets whose invisible time ran out after their last allowed delivery
-    /// (`max_attempts`): they go to the dead letters, not to a consumer.
+    /// (their own limit, else `max_attempts`): they go to the dead letters, not to a consumer.
     pub fn exhausted(&self, now_ms: i64, max_attempts: u32) -> Vec<(i64, Inflight)> {
         self.inflight
             .iter()
-            .filter(|(_, i)| i.visible_at_ms <= now_ms && i.attempt >= max_attempts)
+            .filter(|(_, i)| i.visible_at_ms <= now_ms && i.attempt >= i.limit(max_attempts))
             .map(|(o, i)| (*o, *i))
             .collect()
     }
@@ -145,17 +157,18 @@ impl QueueState {
     /// past it) or a redelivery of an in-flight offset (its attempt counts up).
     #[cfg(test)]
     pub fn deliver(&mut self, offset: i64, visible_at_ms: i64, nonce: u64) -> Inflight {
-        self.deliver_in_group(offset, visible_at_ms, nonce, None)
+        self.deliver_in_group(offset, visible_at_ms, nonce, None, None)
     }
 
     /// [`QueueState::deliver`] of a message of FIFO group `group` (a first delivery; a
-    /// redelivery keeps the group it had).
+    /// redelivery keeps the group it had), under the receive's delivery limit `max_attempts`.
     pub(crate) fn deliver_in_group(
         &mut self,
         offset: i64,
         visible_at_ms: i64,
         nonce: u64,
         group: Option<u64>,
+        max_attempts: Option<u32>,
     ) -> Inflight {
         let (attempt, group) = match self.inflight.get(&offset) {
             Some(previous) => (previous.attempt + 1, previous.group),
@@ -165,7 +178,7 @@ impl QueueState {
                 (1, group)
             }
         };
-        let inflight = Inflight { visible_at_ms, attempt, nonce, group };
+        let inflight = Inflight { visible_at_ms, attempt, nonce, group, max_attempts };
         self.inflight.insert(offset, inflight);
         self.touched.0.push(offset);
         self.settle();
@@ -178,7 +191,10 @@ impl QueueState {
         debug_assert!(offset >= self.next, "parking {offset} below next {}", self.next);
         debug_assert!(self.is_active(group), "parking {offset} of a group with no active message");
         self.next = self.next.max(offset + 1);
-        self.inflight.insert(offset, Inflight { visible_at_ms: PARKED, attempt: 0, nonce: 0, group: Some(group) });
+        self.inflight.insert(
+            offset,
+            Inflight { visible_at_ms: PARKED, attempt: 0, nonce: 0, group: Some(group), max_attempts: None },
+        );
         self.touched.0.push(offset);
         self.settle();
     }
@@ -346,20 +362,23 @@ mod tests {
         q.deliver(10, 1_000, 1);
         q.deliver(11, 1_000, 2);
         assert_eq!((q.done_below, q.next), (10, 12));
-        assert_eq!(q.ack(11, 2), Ok(Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 2, group: None }));
+        assert_eq!(
+            q.ack(11, 2),
+            Ok(Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 2, group: None, max_attempts: None })
+        );
         assert_eq!(q.ack(11, 2), Err(HandleError::NotInFlight), "acked twice");
         assert_eq!(q.done_below, 10, "10 is still out");
         assert_eq!(q.expired(999, 10, 16), vec![]);
         assert_eq!(
             q.expired(1_000, 10, 16),
-            vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1, group: None })]
+            vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1, group: None, max_attempts: None })]
         );
         assert_eq!(q.exhausted(1_000, 16), vec![]);
         // Delivered as often as allowed: not again, but to the dead letters.
         assert_eq!(q.expired(1_000, 10, 1), vec![]);
         assert_eq!(
             q.exhausted(1_000, 1),
-            vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1, group: None })]
+            vec![(10, Inflight { visible_at_ms: 1_000, attempt: 1, nonce: 1, group: None, max_attempts: None })]
         );
         let again = q.deliver(10, 2_000, 3);
         assert_eq!(again.attempt, 2);
@@ -373,7 +392,7 @@ mod tests {
         let g = group_hash(b"g");
         let mut q = QueueState::starting_at(0);
         q.deliver(0, 100, 1);
-        q.deliver_in_group(1, 100, 2, Some(g));
+        q.deliver_in_group(1, 100, 2, Some(g), None);
         q.park(2, g);
         q.skip_to(10);
         q.reset_to(1);
@@ -390,9 +409,9 @@ mod tests {
     fn a_fifo_groups_next_message_waits_until_the_one_before_is_done() {
         let (g, h) = (group_hash(b"g"), group_hash(b"h"));
         let mut q = QueueState::starting_at(0);
-        q.deliver_in_group(0, 100, 1, Some(g));
+        q.deliver_in_group(0, 100, 1, Some(g), None);
         q.park(1, g);
-        q.deliver_in_group(2, 100, 2, Some(h)); // another group goes on
+        q.deliver_in_group(2, 100, 2, Some(h), None); // another group goes on
         q.park(3, g);
         assert_eq!(q.active_groups(), [g, h].into_iter().collect());
         // Parked messages are never visible, and no handle names them.
@@ -476,8 +495,8 @@ mod tests {
     fn two_active_messages_of_one_group_are_caught() {
         let g = group_hash(b"g");
         let mut q = QueueState::starting_at(0);
-        q.deliver_in_group(0, 100, 1, Some(g));
-        q.deliver_in_group(1, 100, 2, Some(g));
+        q.deliver_in_group(0, 100, 1, Some(g), None);
+        q.deliver_in_group(1, 100, 2, Some(g), None);
     }
 
     #[cfg(debug_assertions)]
@@ -486,7 +505,10 @@ mod tests {
     fn a_message_parked_behind_nothing_is_caught() {
         let mut q = QueueState::starting_at(0);
         q.deliver(0, 100, 1);
-        q.inflight.insert(1, Inflight { visible_at_ms: PARKED, attempt: 0, nonce: 0, group: Some(group_hash(b"g")) });
+        q.inflight.insert(
+            1,
+            Inflight { visible_at_ms: PARKED, attempt: 0, nonce: 0, group: Some(group_hash(b"g")), max_attempts: None },
+        );
         q.next = 2;
         q.check();
     }
@@ -509,7 +531,7 @@ mod tests {
                         if q.is_active(group) {
                             q.park(at, group);
                         } else {
-                            q.deliver_in_group(at, 0, nonce, Some(group));
+                            q.deliver_in_group(at, 0, nonce, Some(group), None);
                         }
                     }
                     Op::Redeliver(pick) => {
