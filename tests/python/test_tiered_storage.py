@@ -407,3 +407,54 @@ def test_a_new_leader_serves_from_the_shared_store_what_every_replica_deleted_lo
     c.wait(lambda: c.metadata(survivors[0], [topic]).topics[topic].leaders()[0] in survivors, 30, "a new leader")
     records = c_read_partition(c.bootstrap(survivors), topic, 0, count)
     assert [bytes(r.value[:6]).decode() for r in records] == [f"{i:06d}" for i in range(count)]
+
+
+def test_rocketmq_consumers_and_max_timestamp_see_the_stores_part_of_a_tiered_topic(s3, broker_factory):
+    """What the broker reads for itself reaches into the store too: a new RocketMQ group
+    starting at the oldest message receives every message, the older ones only the store holds
+    (it used to start at the local log start, silently); ListOffsets MAX_TIMESTAMP finds the
+    record with the largest timestamp when only the store holds it."""
+    from confluent_kafka.admin import OffsetSpec
+
+    from test_rocketmq import simple_consumer
+
+    bucket = unique("bucket")
+    s3.client.create_bucket(Bucket=bucket)
+    settings = dict(tiered_settings(s3, bucket, prefix="own-reads"))
+    settings["log.retention.check.interval.ms"] = "200"
+    broker = broker_factory(settings)
+    topic = unique("own-reads")
+    admin = create_tiered_topic(broker, topic, {"segment.bytes": "8192", "local.retention.bytes": "16384"})
+    count, late = 600, 7
+    now_ms = int(time.time() * 1000)
+    producer = c_producer(broker.bootstrap, {"acks": "all", "linger.ms": 0, "batch.num.messages": 1})
+    for i in range(count):
+        # One record far later than every other: the partition's MAX_TIMESTAMP.
+        timestamp = now_ms + 600_000 if i == late else now_ms + i
+        producer.produce(topic, value=f"m{i:05d}".ljust(100, "x").encode(), partition=0, timestamp=timestamp)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
+    def local_start():
+        status, body = http("GET", f"{broker.admin_url()}/v1/topics/{topic}")
+        return body["partitions"][0]["remote"]["local_log_start_offset"]
+
+    wait_until(lambda: local_start() > 100, timeout=60, what="local retention to delete uploaded segments")
+    assert c_watermarks(broker, topic) == (0, count)
+
+    found = admin.list_offsets({TopicPartition(topic, 0): OffsetSpec.max_timestamp()})
+    answer = found[TopicPartition(topic, 0)].result(timeout=30)
+    assert (answer.offset, answer.timestamp) == (late, now_ms + 600_000), answer
+
+    consumer = simple_consumer(broker, unique("g"), topic, await_s=1)
+    try:
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < count and time.monotonic() < deadline:
+            for m in consumer.receive(32, 30):
+                got.append(bytes(m.body[:6]).decode())
+                consumer.ack(m)
+    finally:
+        consumer.shutdown()
+    assert sorted(got) == [f"m{i:05d}" for i in range(count)]
+    assert metric(broker, "weir_remote_log_read_bytes_total") > 0

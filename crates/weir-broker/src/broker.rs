@@ -1039,11 +1039,20 @@ impl Broker {
         max_bytes: u64,
     ) -> Result<(Vec<StoredBatch>, i64), BrokerError> {
         let log = &partition.log;
-        let read = log.read_in_memory(offset, max_bytes, log.last_stable_offset(), true)?;
-        let Some(slice) = read.slice else { return Ok((Vec::new(), offset)) };
-        // The aborted transactions of what was read, as a read_committed fetch lists them.
-        let aborted = log.aborted_transactions(slice.first_offset, slice.next_offset);
-        let bytes = slice.into_bytes().map_err(BrokerError::from)?;
+        let upper = log.last_stable_offset();
+        let (bytes, aborted) = if self.reads_remote(partition, offset) {
+            // A tiered log's part that only the object store holds.
+            match self.read_tiered_blocking(partition, offset, max_bytes, upper)? {
+                Some(read) => read,
+                None => return Ok((Vec::new(), offset)),
+            }
+        } else {
+            let read = log.read_in_memory(offset, max_bytes, upper, true)?;
+            let Some(slice) = read.slice else { return Ok((Vec::new(), offset)) };
+            // The aborted transactions of what was read, as a read_committed fetch lists them.
+            let aborted = log.aborted_transactions(slice.first_offset, slice.next_offset);
+            (slice.into_bytes().map_err(BrokerError::from)?, aborted)
+        };
         let mut end = offset;
         let mut out = Vec::new();
         for (at, header) in weir_storage::batch::headers(&bytes) {
@@ -1092,7 +1101,15 @@ impl Broker {
             OffsetQuery::Latest => Some((None, end)),
             OffsetQuery::Earliest => Some((None, log.log_start_offset())),
             OffsetQuery::MaxTimestamp => {
-                log.max_timestamp_offset()?.map(|f| (Some(f.timestamp), f.offset)).filter(|(_, offset)| *offset < end)
+                let local = log.max_timestamp_offset()?.map(|f| (f.timestamp, f.offset));
+                // The store's part counts too; a tie goes to the older record, as between
+                // local segments.
+                let best = match (self.tiered_max_timestamp(partition)?, local) {
+                    (Some(remote), Some(local)) if remote.0 >= local.0 => Some(remote),
+                    (Some(remote), None) => Some(remote),
+                    (_, local) => local,
+                };
+                best.map(|(timestamp, offset)| (Some(timestamp), offset)).filter(|(_, offset)| *offset < end)
             }
             OffsetQuery::AtTimestamp(t) if t >= 0 => match self.tiered_offset_for_timestamp(partition, t)? {
                 Some((timestamp, offset)) => Some((Some(timestamp), offset)),

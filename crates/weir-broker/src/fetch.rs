@@ -247,13 +247,6 @@ impl Broker {
         }
     }
 
-    /// Whether a read of `offset` goes to the object store: the partition is tiered, the
-    /// offset is in the log but no longer on local disk.
-    fn reads_remote(&self, partition: &Partition, offset: i64) -> bool {
-        let log = &partition.log;
-        self.tier.is_some() && offset >= log.log_start_offset() && offset < log.local_log_start_offset()
-    }
-
     /// One pass over the wanted partitions; also returns the bound each had before its read,
     /// the ISR changes followers' fetches call for, and the reads left to the object store.
     /// Blocking (reads index and segment headers).

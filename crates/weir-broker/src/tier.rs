@@ -101,6 +101,74 @@ impl Broker {
         })
     }
 
+    /// Whether a read of `offset` goes to the object store: the partition is tiered, the
+    /// offset is in the log but no longer on local disk.
+    pub(crate) fn reads_remote(&self, partition: &Partition, offset: i64) -> bool {
+        let log = &partition.log;
+        self.tier.is_some() && offset >= log.log_start_offset() && offset < log.local_log_start_offset()
+    }
+
+    /// Whole batches from `offset` (which only the object store holds) up to `upper`, about
+    /// `max_bytes` of them (at least one), with the aborted transactions among them: what the
+    /// broker's own readers (RocketMQ receives, the message index, redeliveries) read of a
+    /// tiered log's older part. `None` when nothing is there below `upper`. Blocking (from
+    /// a worker it steps aside with `block_in_place`).
+    pub(crate) fn read_tiered_blocking(
+        &self,
+        partition: &Partition,
+        offset: i64,
+        max_bytes: u64,
+        upper: i64,
+    ) -> Result<Option<(bytes::Bytes, Vec<weir_storage::AbortedTxn>)>, BrokerError> {
+        let Some(tier) = &self.tier else { return Ok(None) };
+        let remote = tier.partition(&partition.topic, partition.topic_id, partition.index);
+        match crate::runtime::block_on(remote.read(offset, max_bytes, upper, true))? {
+            Ok(Some(read)) => Ok(Some((read.slice.into_bytes().map_err(BrokerError::from)?, read.aborted))),
+            Ok(None) => Ok(None),
+            Err(weir_tier::TierError::NotInStore(offset)) => Err(BrokerError::new(
+                ErrorKind::OffsetOutOfRange,
+                format!(
+                    "offset {offset} is neither on local disk (from {}) nor in the object store",
+                    partition.log.local_log_start_offset()
+                ),
+            )),
+            Err(e) => Err(BrokerError::new(ErrorKind::Storage, format!("reading the object store: {e}"))),
+        }
+    }
+
+    /// The record with the largest timestamp in the part of a tiered log only the object store
+    /// holds, as (timestamp, offset): the first such segment by its manifest, then the last
+    /// record of its batch with that timestamp, as the local log answers MAX_TIMESTAMP.
+    /// Blocking.
+    pub(crate) fn tiered_max_timestamp(&self, partition: &Partition) -> Result<Option<(i64, i64)>, BrokerError> {
+        let Some(tier) = &self.tier else { return Ok(None) };
+        let log = &partition.log;
+        let (start, local_start) = (log.log_start_offset(), log.local_log_start_offset());
+        if start >= local_start {
+            return Ok(None);
+        }
+        let remote = tier.partition(&partition.topic, partition.topic_id, partition.index);
+        let segments = crate::runtime::block_on(remote.remote_segments())?
+            .map_err(|e| BrokerError::new(ErrorKind::Storage, format!("listing the object store: {e}")))?;
+        let mut best: Option<(i64, i64)> = None;
+        for segment in segments.iter().filter(|s| s.next_offset > start && s.base_offset < local_start) {
+            if let Some((timestamp, offset)) = segment.max_timestamp {
+                if best.is_none_or(|(t, _)| timestamp > t) {
+                    best = Some((timestamp, offset.max(start)));
+                }
+            }
+        }
+        let Some((timestamp, offset)) = best else { return Ok(None) };
+        // Refine from the batch to its record carrying the timestamp.
+        let Some((bytes, _)) = self.read_tiered_blocking(partition, offset, 1, local_start)? else {
+            return Ok(best);
+        };
+        let refined = weir_storage::records::decode_records(&bytes)
+            .ok()
+            .and_then(|records| records.into_iter().filter(|r| r.timestamp == timestamp).map(|r| r.offset).max());
+        Ok(Some((timestamp, refined.unwrap_or(offset))))
+    }
+
     /// The cache reads from the store go through, when tiering is on.
     pub fn tier_cache(&self) -> Option<&weir_tier::ChunkCache> {
         self.tier.as_deref().map(Tier::cache)
