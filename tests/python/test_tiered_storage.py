@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, NewTopic, ResourceType
 
 from conftest import Broker, free_port, weir_bin
-from helpers import c_admin, c_producer, c_read_partition, http, kp_read_partition, metric, unique, wait_until
+from helpers import c_admin, c_producer, c_read_partition, http, kp_admin, kp_read_partition, metric, unique, wait_until
 
 ACCESS_KEY = "weir-test"
 SECRET_KEY = "weir-test-secret"
@@ -407,6 +407,83 @@ def test_a_new_leader_serves_from_the_shared_store_what_every_replica_deleted_lo
     c.wait(lambda: c.metadata(survivors[0], [topic]).topics[topic].leaders()[0] in survivors, 30, "a new leader")
     records = c_read_partition(c.bootstrap(survivors), topic, 0, count)
     assert [bytes(r.value[:6]).decode() for r in records] == [f"{i:06d}" for i in range(count)]
+
+
+def list_offset(c, node_id, topic, timestamp):
+    """ListOffsets of partition 0 at one node, raw (the Python clients lack -4 and -5)."""
+    from kafka.protocol.list_offsets import ListOffsetsRequest
+
+    raw = c.raw(node_id)
+    try:
+        response = raw.request(ListOffsetsRequest[4](replica_id=-1, isolation_level=0,
+                                                     topics=[(topic, [(0, -1, timestamp)])]))
+    finally:
+        raw.close()
+    [(_, [(_, error, _timestamp, offset, _epoch)])] = response.topics
+    assert error == 0, error
+    return offset
+
+
+def test_a_new_replica_starts_where_the_store_ends_and_serves_the_rest_from_it(s3, cluster_factory, tmp_path):
+    """KIP-405's followers: a replica added by a reassignment does not copy what the store
+    holds. The leader answers its fetch of offset 0 with OFFSET_MOVED_TO_TIERED_STORAGE; it
+    starts where the store ends, joins the ISR, and once it leads (a preferred election) serves
+    every record from offset 0 (the older ones through the store). ListOffsets EARLIEST_LOCAL (-4) and
+    LATEST_TIERED (-5) answer its local start and the store's last offset."""
+    bucket = unique("bucket")
+    s3.client.create_bucket(Bucket=bucket)
+    settings = dict(tiered_settings(s3, bucket, prefix="replicas"))
+    settings["log.retention.check.interval.ms"] = "200"
+    c = cluster_factory(settings=settings)
+    topic = unique("grown")
+    from kafka.admin import NewTopic as KpNewTopic
+
+    configs = {"remote.storage.enable": "true", "segment.bytes": "65536", "local.retention.bytes": "131072"}
+    admin = kp_admin(c.bootstrap())
+    try:
+        admin.create_topics([KpNewTopic(topic, num_partitions=-1, replication_factor=-1, replica_assignments={0: [1, 2]},
+                                        topic_configs=configs)], timeout_ms=30000)
+    finally:
+        admin.close()
+    c.wait_topic(topic, 1)
+    count = 4000
+    producer = c_producer(c.bootstrap(), {"acks": "all", "linger.ms": 0, "batch.num.messages": 1})
+    for i in range(count):
+        producer.produce(topic, value=f"{i:06d}".ljust(100, "x").encode(), partition=0)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+    def local_bases(node):
+        return sorted(int(p.stem) for p in (node.data_dir / f"{topic}-0").glob("*.log"))
+
+    c.wait(lambda: all(local_bases(c.node(n))[0] > 0 for n in (1, 2)), 90, "local retention on both replicas")
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [{"topic": topic, "partition": 0, "replicas": [3, 1, 2]}]}))
+    env = {"WEIR_ADMIN": c.node(1).admin_url(), "PATH": "/usr/bin:/bin"}
+    moved = subprocess.run([str(weir_bin()), "partition", "reassign", "--plan", str(plan), "--wait", "--timeout", "60"],
+                           capture_output=True, text=True, env=env, timeout=90)
+    assert moved.returncode == 0, moved.stderr
+    status, described = http("GET", f"{c.node(1).admin_url()}/v1/topics/{topic}")
+    assert sorted(described["partitions"][0]["isr"]) == [1, 2, 3], described
+    new_start = local_bases(c.node(3))[0]
+    assert new_start > 0, "the new replica copied the store's part"
+    # It holds only the tail: what it copied is about what the leader keeps locally.
+    copied = sum(p.stat().st_size for p in (c.node(3).data_dir / f"{topic}-0").glob("*.log"))
+    assert copied < 400_000, copied
+
+    # Node 3, the preferred replica now, leads and serves everything, with node 1 gone.
+    elected = subprocess.run([str(weir_bin()), "partition", "elect", "--topic", topic, "--partition", "0"],
+                             capture_output=True, text=True, env=env, timeout=60)
+    assert elected.returncode == 0, elected.stderr
+    c.wait(lambda: c.metadata(3, [topic]).topics[topic].leaders()[0] == 3, 30, "node 3 to lead")
+    c.node(1).kill9()
+    records = c_read_partition(c.bootstrap([3]), topic, 0, count)
+    assert [bytes(r.value[:6]).decode() for r in records] == [f"{i:06d}" for i in range(count)]
+    assert list_offset(c, 3, topic, -2) == 0
+    assert list_offset(c, 3, topic, -4) == new_start
+    latest_tiered = list_offset(c, 3, topic, -5)
+    assert new_start - 1 <= latest_tiered < count, (new_start, latest_tiered)
 
 
 def test_rocketmq_consumers_and_max_timestamp_see_the_stores_part_of_a_tiered_topic(s3, broker_factory):

@@ -127,6 +127,7 @@ pub(crate) fn status_for(kind: ErrorKind) -> StatusCode {
         | K::InvalidTransactionTimeout
         | K::OffsetMetadataTooLarge
         | K::OffsetOutOfRange
+        | K::OffsetMovedToTieredStorage
         | K::FencedLeaderEpoch
         | K::UnknownLeaderEpoch
         | K::NotAttempted

@@ -72,6 +72,11 @@ pub enum OffsetQuery {
     Earliest,
     /// The record with the largest timestamp (KIP-734).
     MaxTimestamp,
+    /// The first offset on local disk (KIP-405): the log start unless the log is tiered.
+    EarliestLocal,
+    /// The last offset the object store holds of a tiered log (KIP-1005); none for a log that
+    /// is not tiered, -1 while the store holds nothing.
+    LatestTiered,
     /// The first record with a timestamp at or after this one (ms).
     AtTimestamp(i64),
 }
@@ -1100,6 +1105,15 @@ impl Broker {
         let found = match query {
             OffsetQuery::Latest => Some((None, end)),
             OffsetQuery::Earliest => Some((None, log.log_start_offset())),
+            OffsetQuery::EarliestLocal => Some((None, log.local_log_start_offset())),
+            OffsetQuery::LatestTiered if self.tier.is_some() && log.config().remote_storage_enable => {
+                let remote_end = log.remote_end_offset();
+                if remote_end <= 0 {
+                    return Ok(Some(OffsetAnswer { timestamp: None, offset: -1, leader_epoch: None }));
+                }
+                Some((None, remote_end - 1))
+            }
+            OffsetQuery::LatestTiered => None,
             OffsetQuery::MaxTimestamp => {
                 let local = log.max_timestamp_offset()?.map(|f| (f.timestamp, f.offset));
                 // The store's part counts too; a tie goes to the older record, as between

@@ -318,6 +318,20 @@ impl Broker {
                 (None, Isolation::HighWatermark) => log.high_watermark(),
                 (None, Isolation::Committed) => log.last_stable_offset(),
             };
+            if request.replica_id.is_some() && self.replicas_skip_store(partition, wanted.offset) {
+                // A replica does not copy what the store holds: it starts where the store ends
+                // (KIP-405's OFFSET_MOVED_TO_TIERED_STORAGE; see `follower`).
+                let error = BrokerError::new(
+                    ErrorKind::OffsetMovedToTieredStorage,
+                    format!(
+                        "offset {} is only in the object store; this log's local part starts at {}",
+                        wanted.offset,
+                        log.local_log_start_offset()
+                    ),
+                );
+                out.push(FetchedPartition::failed(error, Some(partition)));
+                continue;
+            }
             if (limit > 0 || min_one_batch) && self.reads_remote(partition, wanted.offset) {
                 // Read after this pass, asynchronously; its budget is taken now.
                 remote.push(RemoteWanted {

@@ -126,6 +126,9 @@ pub struct DivergingEpoch {
 pub enum LeaderError {
     /// The fetch offset is outside the leader's log.
     OffsetOutOfRange,
+    /// The fetch offset is in the leader's tiered log, but only the object store holds it: the
+    /// follower starts where the store ends instead of copying it (KIP-405).
+    MovedToTieredStorage,
     /// Anything else (not the leader any more, a stale epoch, ...), by name.
     Other(String),
 }
@@ -459,6 +462,11 @@ fn apply_partition(
                 }
                 _ => {}
             }
+            return Ok(());
+        }
+        Some(LeaderError::MovedToTieredStorage) => {
+            let leader_log_start = data.log_start_offset.unwrap_or(0);
+            broker.restart_follower_from_store(partition, from, leader_log_start).map_err(|e| e.to_string())?;
             return Ok(());
         }
         Some(LeaderError::Other(error)) => return Err(format!("the leader answered {error}")),

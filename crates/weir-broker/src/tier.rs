@@ -108,6 +108,13 @@ impl Broker {
         self.tier.is_some() && offset >= log.log_start_offset() && offset < log.local_log_start_offset()
     }
 
+    /// Whether a replica's fetch of `offset` is answered OFFSET_MOVED_TO_TIERED_STORAGE: only the
+    /// store holds it, and the store is one every broker sees (S3). With a directory store,
+    /// which may be each broker's own, the leader serves the replica from its store instead.
+    pub(crate) fn replicas_skip_store(&self, partition: &Partition, offset: i64) -> bool {
+        self.tier.as_ref().is_some_and(|t| t.store().is_shared()) && self.reads_remote(partition, offset)
+    }
+
     /// Whole batches from `offset` (which only the object store holds) up to `upper`, about
     /// `max_bytes` of them (at least one), with the aborted transactions among them: what the
     /// broker's own readers (RocketMQ receives, the message index, redeliveries) read of a
@@ -167,6 +174,48 @@ impl Broker {
             .ok()
             .and_then(|records| records.into_iter().filter(|r| r.timestamp == timestamp).map(|r| r.offset).max());
         Ok(Some((timestamp, refined.unwrap_or(offset))))
+    }
+
+    /// A follower asked its leader for offsets only the object store holds (a new replica, or
+    /// one that fell behind local retention): it lists the store, then empties its log and
+    /// starts it where the store ends (the leader holds that offset locally: local retention
+    /// deletes only below it), with the log starting at the leader's log start. What the store
+    /// holds is read from there, by this broker too once it leads. Blocking.
+    pub(crate) fn restart_follower_from_store(
+        &self,
+        partition: &Partition,
+        from: (i32, i32),
+        leader_log_start: i64,
+    ) -> Result<(), BrokerError> {
+        let Some(tier) = &self.tier else {
+            return Err(BrokerError::new(
+                ErrorKind::InvalidConfig,
+                "the leader's log starts in the object store, and this broker has no tiered storage: set \
+                 remote.log.storage.system.enable=true (and the same object.store.* settings) on every broker",
+            ));
+        };
+        let remote = tier.partition(&partition.topic, partition.topic_id, partition.index);
+        let store_error =
+            |e: weir_tier::TierError| BrokerError::new(ErrorKind::Storage, format!("listing the object store: {e}"));
+        crate::runtime::block_on(remote.refresh(&partition.log))?.map_err(store_error)?;
+        let segments = crate::runtime::block_on(remote.remote_segments())?.map_err(store_error)?;
+        let (Some(first), Some(last)) = (segments.first(), segments.last()) else {
+            return Err(BrokerError::new(ErrorKind::Storage, "the object store holds nothing of this partition yet"));
+        };
+        let (store_start, store_end) = (first.base_offset, last.next_offset);
+        let log = &partition.log;
+        if store_end <= log.log_end_offset() {
+            // The leader's local start is past this log's end, but the store's listing is
+            // behind it: the next fetch asks again.
+            return Err(BrokerError::new(ErrorKind::Storage, "the object store's listing is behind the leader's"));
+        }
+        partition.write_as_follower(from.0, from.1, || {
+            tracing::info!(topic = %partition.topic, partition = partition.index, log_start = leader_log_start, local_start = store_end,
+                "the leader's older offsets are in the object store: starting this replica where the store ends");
+            log.truncate_fully_and_start_tiered_at(leader_log_start.max(store_start), store_end)?;
+            log.set_remote_range(Some((store_start, store_end)));
+            Ok(())
+        })
     }
 
     /// The cache reads from the store go through, when tiering is on.

@@ -73,6 +73,9 @@ pub enum ErrorKind {
     // ----- records ---------------------------------------------------------------------------
     /// An offset outside the log (`[log start, log end]`).
     OffsetOutOfRange,
+    /// A replica asked for an offset of a tiered log that only the object store holds: it
+    /// starts at the leader's local log start instead (KIP-405).
+    OffsetMovedToTieredStorage,
     /// A batch, record or request beyond its size limit.
     TooLarge,
     /// Bytes that fail their checksum or do not parse.
@@ -221,6 +224,7 @@ impl ErrorKind {
             EligibleLeadersNotAvailable => "eligible leaders not available",
             NoReassignmentInProgress => "no reassignment in progress",
             OffsetOutOfRange => "offset out of range",
+            OffsetMovedToTieredStorage => "offset moved to tiered storage",
             TooLarge => "too large",
             Corrupt => "corrupt",
             InvalidRecord => "invalid record",

@@ -30,6 +30,7 @@ pub fn kafka_error(kind: ErrorKind) -> ResponseError {
         K::EligibleLeadersNotAvailable => E::EligibleLeadersNotAvailable,
         K::NoReassignmentInProgress => E::NoReassignmentInProgress,
         K::OffsetOutOfRange => E::OffsetOutOfRange,
+        K::OffsetMovedToTieredStorage => E::OffsetMovedToTieredStorage,
         K::TooLarge => E::MessageTooLarge,
         K::Corrupt => E::CorruptMessage,
         K::InvalidRecord => E::InvalidRecord,

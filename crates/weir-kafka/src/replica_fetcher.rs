@@ -229,6 +229,7 @@ fn answer_of(response: FetchResponse) -> LeaderAnswer {
                 let error = match ResponseError::try_from_code(data.error_code) {
                     None => None,
                     Some(ResponseError::OffsetOutOfRange) => Some(LeaderError::OffsetOutOfRange),
+                    Some(ResponseError::OffsetMovedToTieredStorage) => Some(LeaderError::MovedToTieredStorage),
                     Some(other) => Some(LeaderError::Other(format!("{other:?}"))),
                 };
                 let diverging = &data.diverging_epoch;

@@ -9,7 +9,7 @@ use kafka_protocol::protocol::VersionRange;
 const IMPLEMENTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 11),
     (ApiKey::Fetch, 4, 16),
-    (ApiKey::ListOffsets, 1, 8),
+    (ApiKey::ListOffsets, 1, 10),
     (ApiKey::Metadata, 0, 12),
     // v9: the generation is a consumer-protocol member's epoch (STALE_MEMBER_EPOCH).
     (ApiKey::OffsetCommit, 2, 9),

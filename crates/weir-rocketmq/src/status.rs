@@ -56,7 +56,7 @@ pub(crate) fn code_of(kind: ErrorKind) -> Code {
         TooLarge => Code::MessageBodyTooLarge,
         UnknownGroup => Code::ConsumerGroupNotFound,
         InvalidGroupId => Code::IllegalConsumerGroup,
-        OffsetOutOfRange => Code::IllegalOffset,
+        OffsetOutOfRange | OffsetMovedToTieredStorage => Code::IllegalOffset,
         Throttled => Code::TooManyRequests,
         TimedOut => Code::ProxyTimeout,
         // Another broker leads, or none does right now: the client's next route points

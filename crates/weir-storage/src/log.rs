@@ -1456,6 +1456,25 @@ impl Log {
         Ok(())
     }
 
+    /// Empties a tiered log and starts its local part at `local_start`, with the log starting
+    /// at `log_start` (at most `local_start`): a replica that starts where its leader's local
+    /// part does, the offsets before it being in the object store (KIP-405). Like
+    /// [`Log::truncate_fully_and_start_at`] otherwise.
+    pub fn truncate_fully_and_start_tiered_at(&self, log_start: i64, local_start: i64) -> Result<()> {
+        let _maintenance = lock(&self.maintenance);
+        let writer = lock(&self.writer);
+        self.check_open()?;
+        self.reset_to(local_start)?;
+        if self.config().remote_storage_enable {
+            let log_start = log_start.clamp(0, local_start);
+            self.log_start_offset.store(log_start, Ordering::Release);
+            self.start_floor.store(log_start, Ordering::Release);
+        }
+        self.rebuild_producer_state()?;
+        self.check_invariants_locked(&writer);
+        Ok(())
+    }
+
     /// Empties the log and restarts it at `offset` (Kafka's truncateFullyAndStartAt).
     fn reset_to(&self, offset: i64) -> Result<()> {
         let now = self.clock.now_ms();

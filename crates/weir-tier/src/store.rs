@@ -113,6 +113,9 @@ pub struct Store {
     pub(crate) root: ObjectPath,
     /// What logs and `weir topic describe` name the store by (no credentials).
     description: String,
+    /// A service every broker reaches (S3), rather than a directory, which may be each
+    /// broker's own.
+    shared: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -122,6 +125,13 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
+    /// Whether every broker of a cluster sees the same store: an S3 service. A directory may
+    /// be each broker's own (the default, `<log.dirs>/objects`, is), so a replica cannot count
+    /// on finding there what its leader uploaded.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
     /// Opens the store the settings name (`data_dir` places the default directory, which is
     /// created). Nothing is read yet: a store that is down is found out at its first use, and
     /// the tier retries then, so a broker starts while its store is away.
@@ -142,6 +152,7 @@ impl Store {
                     objects: Arc::new(objects),
                     root: ObjectPath::default(),
                     description: format!("file://{}", dir.display()),
+                    shared: false,
                 })
             }
             Location::S3 { bucket, prefix } => {
@@ -181,6 +192,7 @@ impl Store {
                     objects: Arc::new(objects),
                     root: ObjectPath::from(prefix.as_str()),
                     description: format!("s3://{bucket}/{prefix} at {endpoint}"),
+                    shared: true,
                 })
             }
         }

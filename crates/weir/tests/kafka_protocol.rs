@@ -1556,6 +1556,8 @@ fn list_offsets_finds_earliest_latest_by_timestamp_and_max_timestamp() {
         (5_000, 2, 5_000, 1),
         (5_001, -1, -1, 1), // nothing that late
         (-3, 2, 5_000, 7),  // MAX_TIMESTAMP (KIP-734)
+        (-4, 0, -1, 8),     // EARLIEST_LOCAL (KIP-405): the log start on a topic that is not tiered
+        (-5, -1, -1, 9),    // LATEST_TIERED (KIP-1005): none on a topic that is not tiered
     ];
     for version in max.0..=max.1 {
         for &(timestamp, offset, found_timestamp, since) in cases {

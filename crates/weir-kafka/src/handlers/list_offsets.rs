@@ -18,11 +18,15 @@ const EARLIEST_TIMESTAMP: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
 /// KIP-405: the earliest offset on local storage; without tiered storage, the log start.
 const EARLIEST_LOCAL_TIMESTAMP: i64 = -4;
+/// KIP-1005 (v9+): the last offset the object store holds of a tiered log.
+const LATEST_TIERED_TIMESTAMP: i64 = -5;
 
 fn query(timestamp: i64) -> OffsetQuery {
     match timestamp {
         LATEST_TIMESTAMP => OffsetQuery::Latest,
-        EARLIEST_TIMESTAMP | EARLIEST_LOCAL_TIMESTAMP => OffsetQuery::Earliest,
+        EARLIEST_TIMESTAMP => OffsetQuery::Earliest,
+        EARLIEST_LOCAL_TIMESTAMP => OffsetQuery::EarliestLocal,
+        LATEST_TIERED_TIMESTAMP => OffsetQuery::LatestTiered,
         MAX_TIMESTAMP => OffsetQuery::MaxTimestamp,
         t => OffsetQuery::AtTimestamp(t),
     }
