@@ -9,6 +9,11 @@
 //! `remote.log.cache.bytes`; the least recently used go first (an open read keeps its file
 //! readable after it is unlinked). The cache directory is emptied at start-up: it is only a
 //! cache.
+//!
+//! A directory store's objects are files already: those reads are served from the store's own
+//! `.log` file in place (its batch headers read to find whole batches), with no chunk copied
+//! into the cache. A file the store replaces or deletes meanwhile stays readable through the
+//! descriptor a read holds.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -152,7 +157,6 @@ impl ChunkCache {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(slice);
         }
-        self.misses.fetch_add(1, Ordering::Relaxed);
         let stem = manifest::stem(segment.base_offset, segment.next_offset);
         let index = self.index(store, partition_dir, &key, &stem).await?;
         let position = index.iter().rev().find(|(o, _)| *o <= offset).map_or(0, |(_, p)| *p);
@@ -164,6 +168,17 @@ impl ChunkCache {
             });
         }
         let log_key = partition_dir.clone().join(format!("{stem}.log"));
+        if let Some(path) = store.local_file(&log_key) {
+            let slice = tokio::task::spawn_blocking(move || read_in_place(&path, position, size, range))
+                .await
+                .map_err(|e| TierError::Io {
+                    context: "reading a directory store's segment".into(),
+                    source: std::io::Error::other(e.to_string()),
+                })??;
+            self.fetched_bytes.fetch_add(slice.as_ref().map_or(0, |s| s.len), Ordering::Relaxed);
+            return Ok(slice);
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
         let mut end = (position + self.settings.read_ahead.max(batch::HEADER_BYTES as u64)).min(size);
         let mut bytes = store.objects.get_range(&log_key, position..end).await?;
         // A batch larger than the read-ahead: fetch exactly the batch.
@@ -313,6 +328,55 @@ impl ChunkCache {
 }
 
 /// The whole batches at the start of `bytes`: (base offset, offset after, position, size).
+/// Whole batches of a directory store's `.log` file at `path` (`size` bytes, as its manifest
+/// says), from the batch at or after `position` that holds `range.offset` on, as a slice of the
+/// file itself. Blocking.
+fn read_in_place(path: &Path, mut position: u64, size: u64, range: ReadRange) -> Result<Option<FileSlice>, TierError> {
+    use std::os::unix::fs::FileExt;
+    let io = |e: std::io::Error| TierError::Io { context: format!("reading {}", path.display()), source: e };
+    let file = File::open(path).map_err(io)?;
+    let mut header = [0u8; batch::HEADER_BYTES];
+    let (mut first, mut len, mut first_offset, mut next_offset) = (None, 0u64, 0i64, 0i64);
+    while position + batch::HEADER_BYTES as u64 <= size {
+        file.read_exact_at(&mut header, position).map_err(io)?;
+        let corrupt = |reason: String| TierError::Corrupt { key: path.display().to_string(), reason };
+        let parsed =
+            BatchHeader::parse(&header).ok_or_else(|| corrupt(format!("no batch header at byte {position}")))?;
+        let batch_size = parsed
+            .size_bytes()
+            .map(|s| s as u64)
+            .filter(|s| position + s <= size)
+            .ok_or_else(|| corrupt(format!("the batch at byte {position} runs past the segment's end")))?;
+        if parsed.next_offset() <= range.offset {
+            position += batch_size;
+            continue;
+        }
+        let is_first = first.is_none();
+        if parsed.base_offset >= range.upper
+            || (len + batch_size > range.max_bytes && !(is_first && range.min_one_batch))
+        {
+            break;
+        }
+        if is_first {
+            first = Some(position);
+            first_offset = parsed.base_offset;
+        }
+        len += batch_size;
+        next_offset = parsed.next_offset();
+        position += batch_size;
+    }
+    let Some(start) = first else { return Ok(None) };
+    Ok(Some(FileSlice {
+        file: Arc::new(file),
+        path: path.to_path_buf(),
+        position: start,
+        len,
+        first_offset,
+        next_offset,
+        data: None,
+    }))
+}
+
 fn whole_batches(bytes: &[u8]) -> Vec<(i64, i64, u64, u64)> {
     let mut out = Vec::new();
     for (at, header) in batch::headers(bytes) {

@@ -116,6 +116,8 @@ pub struct Store {
     /// A service every broker reaches (S3), rather than a directory, which may be each
     /// broker's own.
     shared: bool,
+    /// A directory store: its objects are files that reads use in place.
+    directory: Option<Arc<LocalFileSystem>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -130,6 +132,11 @@ impl Store {
     /// on finding there what its leader uploaded.
     pub fn is_shared(&self) -> bool {
         self.shared
+    }
+
+    /// The file holding object `key`, when the store is a directory.
+    pub(crate) fn local_file(&self, key: &ObjectPath) -> Option<std::path::PathBuf> {
+        self.directory.as_ref()?.path_to_filesystem(key).ok()
     }
 
     /// Opens the store the settings name (`data_dir` places the default directory, which is
@@ -148,11 +155,13 @@ impl Store {
                     value: dir.display().to_string(),
                     reason: e.to_string(),
                 })?;
+                let objects = Arc::new(objects);
                 Ok(Store {
-                    objects: Arc::new(objects),
+                    objects: Arc::clone(&objects) as Arc<dyn ObjectStore>,
                     root: ObjectPath::default(),
                     description: format!("file://{}", dir.display()),
                     shared: false,
+                    directory: Some(objects),
                 })
             }
             Location::S3 { bucket, prefix } => {
@@ -193,6 +202,7 @@ impl Store {
                     root: ObjectPath::from(prefix.as_str()),
                     description: format!("s3://{bucket}/{prefix} at {endpoint}"),
                     shared: true,
+                    directory: None,
                 })
             }
         }
