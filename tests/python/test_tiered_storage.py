@@ -535,3 +535,69 @@ def test_rocketmq_consumers_and_max_timestamp_see_the_stores_part_of_a_tiered_to
         consumer.shutdown()
     assert sorted(got) == [f"m{i:05d}" for i in range(count)]
     assert metric(broker, "weir_remote_log_read_bytes_total") > 0
+
+
+def test_a_compacted_topic_is_tiered_and_compacted_in_the_store_too(s3, broker_factory):
+    """Kafka refuses to tier compacted topics; Weir compacts the store's part too. 30 rounds over
+    20 keys go to a compacted, tiered topic that keeps 8 KiB on disk; once the store's part is
+    compacted, librdkafka and kcat read from offset 0 to the end across the gaps compaction
+    left, every key ends at its last value, and the store holds far fewer records than were
+    written."""
+    bucket = unique("bucket")
+    s3.client.create_bucket(Bucket=bucket)
+    settings = dict(tiered_settings(s3, bucket, prefix="compacted"))
+    settings["log.retention.check.interval.ms"] = "200"
+    broker = broker_factory(settings)
+    topic = unique("compacted")
+    create_tiered_topic(broker, topic, {
+        "cleanup.policy": "compact", "segment.bytes": "4096", "local.retention.bytes": "8192",
+        "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "0",
+    })
+    rounds, keys = 30, 20
+    producer = c_producer(broker.bootstrap, {"acks": "all", "linger.ms": 0, "batch.num.messages": 1})
+    for r in range(rounds):
+        for k in range(keys):
+            producer.produce(topic, key=f"k{k:02d}".encode(), value=f"{k}-{r}".ljust(80, "x").encode(), partition=0)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    written = rounds * keys
+
+    def compacted():
+        status, body = http("GET", f"{broker.admin_url()}/v1/topics/{topic}")
+        tier = body["partitions"][0]["remote"]
+        return tier["compacted_segments"] > 0 and tier["local_log_start_offset"] > written // 3 and tier
+
+    tier = wait_until(compacted, timeout=60, what="the store's part to be compacted")
+    assert tier["compacted_records"] > 0
+    low, high = c_watermarks(broker, topic)
+    assert (low, high) == (0, written)
+
+    consumer = c_consumer_plain(broker)
+    latest, count = {}, 0
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is None or m.error():
+                if consumer.position([TopicPartition(topic, 0)])[0].offset >= high:
+                    break
+                continue
+            latest[m.key().decode()] = bytes(m.value()).decode().rstrip("x")
+            count += 1
+            if m.offset() == high - 1:
+                break
+    finally:
+        consumer.close()
+    assert latest == {f"k{k:02d}": f"{k}-{rounds - 1}" for k in range(keys)}
+    assert count < written, f"read {count} records of {written}: nothing was compacted"
+    kcat = subprocess.run(["kcat", "-C", "-b", broker.bootstrap, "-t", topic, "-p", "0", "-o", "beginning", "-e",
+                           "-f", "%k=%s\n"], capture_output=True, text=True, timeout=60)
+    assert kcat.returncode == 0, kcat.stderr
+    last = {}
+    for line in kcat.stdout.split():
+        key, value = line.split("=", 1)
+        last[key] = value.rstrip("x")
+    assert last == latest
+    assert metric(broker, "weir_remote_log_compacted_records_total") == tier["compacted_records"] or \
+        metric(broker, "weir_remote_log_compacted_records_total") >= tier["compacted_records"]

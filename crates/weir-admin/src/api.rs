@@ -359,6 +359,11 @@ pub struct RemoteTier {
     pub upload_lag_segments: usize,
     pub upload_lag_bytes: u64,
     pub upload_failures: u64,
+    /// Compacted topics: segments the store's compaction rewrote, and the records it removed.
+    #[serde(default)]
+    pub compacted_segments: u64,
+    #[serde(default)]
+    pub compacted_records: u64,
     /// The last failed pass's error, until a pass succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,

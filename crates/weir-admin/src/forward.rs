@@ -315,6 +315,8 @@ fn partition_info(broker: &Broker, p: &Partition) -> PartitionInfo {
             upload_lag_segments: s.lag_segments,
             upload_lag_bytes: s.lag_bytes,
             upload_failures: s.failures_total,
+            compacted_segments: s.compacted_segments_total,
+            compacted_records: s.compacted_records_total,
             last_error: s.last_error,
         }),
     }

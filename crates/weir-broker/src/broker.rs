@@ -1045,14 +1045,16 @@ impl Broker {
     ) -> Result<(Vec<StoredBatch>, i64), BrokerError> {
         let log = &partition.log;
         let upper = log.last_stable_offset();
-        let (bytes, aborted) = if self.reads_remote(partition, offset) {
-            // A tiered log's part that only the object store holds.
-            match self.read_tiered_blocking(partition, offset, max_bytes, upper)? {
-                Some(read) => read,
-                None => return Ok((Vec::new(), offset)),
-            }
+        let in_store = self.reads_remote(partition, offset);
+        // A tiered log's part that only the object store holds.
+        let remote = if in_store { self.read_tiered_blocking(partition, offset, max_bytes, upper)? } else { None };
+        let (bytes, aborted) = if let Some(read) = remote {
+            read
         } else {
-            let read = log.read_in_memory(offset, max_bytes, upper, true)?;
+            // Past what the store holds from `offset` (a compacted topic's gap), the local log
+            // goes on from its start.
+            let from = if in_store { log.local_log_start_offset() } else { offset };
+            let read = log.read_in_memory(from, max_bytes, upper, true)?;
             let Some(slice) = read.slice else { return Ok((Vec::new(), offset)) };
             // The aborted transactions of what was read, as a read_committed fetch lists them.
             let aborted = log.aborted_transactions(slice.first_offset, slice.next_offset);

@@ -209,6 +209,33 @@ impl Broker {
         Ok(found)
     }
 
+    /// A remote read that found nothing below its bound, continued in the local log from its
+    /// start (offsets between the two are a compacted topic's gap). As a remote read's answer.
+    async fn read_local_after_gap(
+        &self,
+        partition: &Arc<Partition>,
+        wanted: &RemoteWanted,
+        isolation: Isolation,
+    ) -> Result<Option<weir_tier::RemoteRead>, weir_tier::TierError> {
+        let log = Arc::clone(&partition.log);
+        let (max_bytes, upper, min_one_batch) = (wanted.max_bytes, wanted.upper, wanted.min_one_batch);
+        let read = tokio::task::spawn_blocking(move || -> Result<_, weir_storage::StorageError> {
+            let from = log.local_log_start_offset();
+            let Some(slice) = log.read_with(from, max_bytes, upper, min_one_batch)?.slice else { return Ok(None) };
+            let aborted = match isolation {
+                Isolation::Committed => log.aborted_transactions(slice.first_offset, slice.next_offset),
+                Isolation::HighWatermark => Vec::new(),
+            };
+            Ok(Some(weir_tier::RemoteRead { slice, aborted }))
+        })
+        .await
+        .map_err(|e| weir_tier::TierError::Io {
+            context: "a local read".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        read.map_err(weir_tier::TierError::from)
+    }
+
     /// Reads what [`Broker::read_once`] left to the object store (offsets of a tiered
     /// partition below its local log start), into their places in `found`.
     async fn read_remote(&self, request: &FetchRequest, found: &mut [FetchedPartition], remote: Vec<RemoteWanted>) {
@@ -216,7 +243,12 @@ impl Broker {
         for wanted in remote {
             let partition = &wanted.partition;
             let tiered = tier.partition(&partition.topic, partition.topic_id, partition.index);
-            let read = tiered.read(wanted.offset, wanted.max_bytes, wanted.upper, wanted.min_one_batch).await;
+            let mut read = tiered.read(wanted.offset, wanted.max_bytes, wanted.upper, wanted.min_one_batch).await;
+            if matches!(read, Ok(None)) {
+                // Nothing left in the store's part from the offset on (a compacted topic's
+                // gap): the batches go on in the local log.
+                read = self.read_local_after_gap(partition, &wanted, request.isolation).await;
+            }
             found[wanted.at] = match read {
                 Ok(read) => FetchedPartition {
                     error: None,

@@ -225,7 +225,7 @@ fn render_topics(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partit
 /// lag as its leader here sees it.
 fn render_tier(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partition>]) {
     let total = broker.tier_totals().unwrap_or_default();
-    let counters: [(&str, &str, u64); 4] = [
+    let counters: [(&str, &str, u64); 6] = [
         (
             "weir_remote_log_uploaded_segments_total",
             "Segments uploaded to the object store.",
@@ -245,6 +245,16 @@ fn render_tier(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partitio
             "weir_remote_log_upload_failures_total",
             "Passes of a partition that failed (the store down or refusing); each is retried.",
             total.failures_total,
+        ),
+        (
+            "weir_remote_log_compacted_segments_total",
+            "Segments of compacted topics that compaction rewrote in the object store.",
+            total.compacted_segments_total,
+        ),
+        (
+            "weir_remote_log_compacted_records_total",
+            "Records of compacted topics that compaction removed from the object store.",
+            total.compacted_records_total,
         ),
     ];
     for (name, help, value) in counters {

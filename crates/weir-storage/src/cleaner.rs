@@ -557,6 +557,47 @@ fn corrupt(segment: &Segment, position: u64, reason: &str) -> StorageError {
     }
 }
 
+/// Compacts whole stored batches held outside a log (a tiered log's segments in the object
+/// store), by the same rules as a pass: `retains(record, its batch's max timestamp)` says which
+/// records of a data batch stay; control and transactional batches stay whole; a partly kept
+/// batch is re-encoded as runs of consecutive offsets, and a batch with nothing left goes.
+/// Returns the new bytes and how many records went, or `None` when every record stays.
+pub fn compact_batches(
+    bytes: &[u8],
+    retains: impl Fn(&Record, i64) -> bool,
+) -> std::result::Result<Option<(Vec<u8>, u64)>, String> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut removed = 0u64;
+    let mut end = 0usize;
+    for (at, header) in batch::headers(bytes) {
+        let size = header
+            .size_bytes()
+            .filter(|size| at + size <= bytes.len())
+            .ok_or_else(|| format!("the batch at offset {} is cut short", header.base_offset))?;
+        end = at + size;
+        let whole = &bytes[at..end];
+        if header.is_control() || header.is_transactional() {
+            out.extend_from_slice(whole);
+            continue;
+        }
+        let records = decode_records(whole).map_err(|e| format!("batch at offset {}: {e}", header.base_offset))?;
+        let keep: Vec<bool> = records.iter().map(|r| retains(r, header.max_timestamp)).collect();
+        let kept = keep.iter().filter(|k| **k).count();
+        if kept == records.len() {
+            out.extend_from_slice(whole);
+        } else {
+            removed += (records.len() - kept) as u64;
+            if kept > 0 {
+                out.extend_from_slice(&encode_retained(&header, &records, &keep)?);
+            }
+        }
+    }
+    if end != bytes.len() {
+        return Err(format!("{} bytes after the last whole batch", bytes.len() - end));
+    }
+    Ok((removed > 0).then_some((out, removed)))
+}
+
 /// A batch that loses records: its replacement (empty when nothing is left).
 struct Filtered {
     bytes: Vec<u8>,

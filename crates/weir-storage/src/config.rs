@@ -214,13 +214,6 @@ impl LogConfig {
                 ));
             }
         }
-        if config.remote_storage_enable && config.cleanup_policy.compact {
-            return Err(invalid(
-                "remote.storage.enable",
-                "true",
-                "compacted topics cannot be tiered yet (cleanup.policy contains compact)",
-            ));
-        }
         if config.segment_index_bytes < 8 {
             return Err(invalid(
                 "segment.index.bytes",

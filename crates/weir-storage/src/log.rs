@@ -1280,13 +1280,15 @@ impl Log {
         let config = self.config();
         let now = self.clock.now_ms();
         let mut outcome = self.delete_segments_below_log_start()?;
-        if !config.cleanup_policy.delete {
-            return Ok(outcome);
-        }
+        // A tiered log keeps only its local tail of what the store holds, compacted or not
+        // (the store's part of a compacted log is compacted there).
         if config.remote_storage_enable {
             let local = self.apply_local_retention(&config, now)?;
             outcome.deleted_segments += local.deleted_segments;
             outcome.deleted_bytes += local.deleted_bytes;
+            return Ok(outcome);
+        }
+        if !config.cleanup_policy.delete {
             return Ok(outcome);
         }
         if config.retention_ms >= 0 {

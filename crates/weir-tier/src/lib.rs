@@ -7,6 +7,7 @@
 //! Which segments the store holds is the store's own listing of manifests (see [`manifest`]),
 //! so a restarted or new leader needs nothing else to carry on.
 
+pub mod compact;
 pub mod error;
 pub mod manifest;
 pub mod partition;
@@ -19,6 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use uuid::Uuid;
 
+pub use compact::CompactOutcome;
 pub use error::TierError;
 pub use manifest::RemoteSegment;
 pub use partition::{PartitionTier, SyncOutcome, TierStatus};
@@ -86,6 +88,8 @@ impl Tier {
             total.uploaded_bytes_total += s.uploaded_bytes_total;
             total.deleted_segments_total += s.deleted_segments_total;
             total.failures_total += s.failures_total;
+            total.compacted_segments_total += s.compacted_segments_total;
+            total.compacted_records_total += s.compacted_records_total;
         }
         total
     }

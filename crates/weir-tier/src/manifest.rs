@@ -8,6 +8,12 @@
 //! exactly when its manifest is.** An upload cut short leaves data objects without a manifest,
 //! which the next upload of the same segment overwrites (same offsets, same key, same bytes:
 //! nothing is stored twice); a delete removes the manifest first.
+//!
+//! A compacted topic's segments are compacted again in the store (`compact`): the new data
+//! objects go under new names, `<base>-<next>.c<generation>.log` and so on, and the manifest,
+//! rewritten last with the generation, switches readers over. The previous generation's
+//! objects are removed at the next compaction pass, so a read that began before the switch
+//! finishes on them.
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -40,6 +46,9 @@ pub struct RemoteSegment {
     /// The broker that uploaded it, and when (milliseconds since the epoch).
     pub uploaded_by: i32,
     pub uploaded_at_ms: i64,
+    /// How often the store compacted it (0: the bytes as uploaded); names its data objects.
+    #[serde(default)]
+    pub generation: u32,
 }
 
 /// One data object of a segment.
@@ -52,6 +61,12 @@ pub struct RemoteFile {
 }
 
 impl RemoteSegment {
+    /// The stem of its data objects' names: `<base>-<next>`, with `.c<generation>` once
+    /// compacted in the store.
+    pub(crate) fn data_stem(&self) -> String {
+        data_stem(self.base_offset, self.next_offset, self.generation)
+    }
+
     /// Bytes of the `.log` object.
     pub fn log_bytes(&self) -> u64 {
         self.files.iter().find(|f| f.kind == "log").map_or(0, |f| f.size)
@@ -61,6 +76,29 @@ impl RemoteSegment {
 /// The stem of a segment's object names.
 pub(crate) fn stem(base_offset: i64, next_offset: i64) -> String {
     format!("{base_offset:020}-{next_offset:020}")
+}
+
+/// [`RemoteSegment::data_stem`] of a segment at `generation`.
+pub(crate) fn data_stem(base_offset: i64, next_offset: i64, generation: u32) -> String {
+    match generation {
+        0 => stem(base_offset, next_offset),
+        g => format!("{}.c{g}", stem(base_offset, next_offset)),
+    }
+}
+
+/// The generation a data object's name says (`suffix` as [`parse_name`] gives it), with its
+/// kind: `.log` is (0, "log"), `.c3.index` is (3, "index"). `None` for a manifest or a name
+/// of another form.
+pub(crate) fn data_generation(suffix: &str) -> Option<(u32, &str)> {
+    let rest = suffix.strip_prefix('.')?;
+    let (generation, kind) = match rest.strip_prefix('c') {
+        Some(numbered) => {
+            let (number, kind) = numbered.split_once('.')?;
+            (number.parse().ok()?, kind)
+        }
+        None => (0, rest),
+    };
+    matches!(kind, "log" | "index" | "timeindex").then_some((generation, kind))
 }
 
 /// The (base, next) offsets of an object name made by [`stem`], with what follows the stem.
@@ -99,6 +137,12 @@ mod tests {
         for bad in ["", "00000000000000000000.log", "0000000000000000000x-00000000000000000001.log", "é"] {
             assert_eq!(parse_name(bad), None, "{bad}");
         }
+        let compacted = format!("{}.index", data_stem(5, 9, 3));
+        let (_, _, suffix) = parse_name(&compacted).expect("parses");
+        assert_eq!(data_generation(suffix), Some((3, "index")));
+        assert_eq!(data_generation(".log"), Some((0, "log")));
+        assert_eq!(data_generation(MANIFEST_SUFFIX), None);
+        assert_eq!(data_stem(5, 9, 0), stem(5, 9));
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct TierStatus {
     pub uploaded_bytes_total: u64,
     pub deleted_segments_total: u64,
     pub failures_total: u64,
+    /// Compacted topics: segments the store's compaction rewrote, and the records it removed.
+    pub compacted_segments_total: u64,
+    pub compacted_records_total: u64,
     /// The last failure, until a pass succeeds.
     pub last_error: Option<String>,
 }
@@ -70,20 +73,23 @@ pub struct SyncOutcome {
 /// One partition's tier. Cheap to keep for every partition: nothing is read before the first
 /// pass.
 pub struct PartitionTier {
-    store: Arc<Store>,
-    cache: Arc<ChunkCache>,
-    topic: String,
+    pub(crate) store: Arc<Store>,
+    pub(crate) cache: Arc<ChunkCache>,
+    pub(crate) topic: String,
     topic_id: Uuid,
-    partition: i32,
+    pub(crate) partition: i32,
     /// `<topic>-<topic id>/<partition>`.
-    dir: ObjectPath,
+    pub(crate) dir: ObjectPath,
     /// The uploaded segments by base offset; `None` until the store was listed. The async lock
     /// makes passes of one partition take turns.
-    segments: tokio::sync::Mutex<Option<BTreeMap<i64, RemoteSegment>>>,
+    pub(crate) segments: tokio::sync::Mutex<Option<BTreeMap<i64, RemoteSegment>>>,
     /// A copy of the segments for readers, who must not wait for a pass's uploads; `None`
     /// until listed.
     view: Mutex<Option<Arc<BTreeMap<i64, RemoteSegment>>>>,
-    status: Mutex<TierStatus>,
+    pub(crate) status: Mutex<TierStatus>,
+    /// `status.uploaded_bytes_total` when the store's part was last compacted (compacted
+    /// topics: see `compact`).
+    pub(crate) compacted_at_upload_bytes: Mutex<u64>,
 }
 
 impl PartitionTier {
@@ -105,6 +111,7 @@ impl PartitionTier {
             segments: tokio::sync::Mutex::new(None),
             view: Mutex::new(None),
             status: Mutex::new(TierStatus::default()),
+            compacted_at_upload_bytes: Mutex::new(0),
         }
     }
 
@@ -191,6 +198,14 @@ impl PartitionTier {
             lag = (lag.0 - 1, lag.1.saturating_sub(segment.size));
             self.publish(segments, Some(lag));
         }
+        // A compacted topic's part in the store is compacted too, once enough was uploaded.
+        let remote_bytes: u64 = segments.values().map(RemoteSegment::log_bytes).sum();
+        if config.cleanup_policy.compact && self.compaction_due(remote_bytes, config.min_cleanable_dirty_ratio) {
+            let compacted = self.compact_locked(log, segments, now_ms).await?;
+            if compacted.rewritten_segments > 0 {
+                tracing::info!(topic = %self.topic, partition = self.partition, segments = compacted.rewritten_segments, records = compacted.removed_records, bytes_before = compacted.bytes_before, bytes_after = compacted.bytes_after, "compacted segments in the object store");
+            }
+        }
         tell_log(log, segments).await?;
         Ok(outcome)
     }
@@ -208,7 +223,7 @@ impl PartitionTier {
     }
 
     /// The uploaded segments, listed from the store on first use.
-    async fn loaded<'a>(
+    pub(crate) async fn loaded<'a>(
         &self,
         slot: &'a mut Option<BTreeMap<i64, RemoteSegment>>,
     ) -> Result<&'a mut BTreeMap<i64, RemoteSegment>, TierError> {
@@ -297,6 +312,7 @@ impl PartitionTier {
             ),
             uploaded_by: node,
             uploaded_at_ms: now_ms,
+            generation: 0,
         };
         let json = serde_json::to_vec_pretty(&remote)
             .map_err(|e| TierError::Corrupt { key: format!("{stem}{MANIFEST_SUFFIX}"), reason: e.to_string() })?;
@@ -356,9 +372,15 @@ impl PartitionTier {
     /// gone. Objects already missing are no error (a delete cut short is finished later).
     async fn delete(&self, segment: &RemoteSegment) -> Result<(), TierError> {
         let stem = manifest::stem(segment.base_offset, segment.next_offset);
-        let suffixes = [MANIFEST_SUFFIX, ".log", ".index", ".timeindex"];
-        for suffix in suffixes {
-            match self.store.objects.delete(&self.dir.clone().join(format!("{stem}{suffix}"))).await {
+        let data = segment.data_stem();
+        let names = [
+            format!("{stem}{MANIFEST_SUFFIX}"),
+            format!("{data}.log"),
+            format!("{data}.index"),
+            format!("{data}.timeindex"),
+        ];
+        for name in names {
+            match self.store.objects.delete(&self.dir.clone().join(name)).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -377,15 +399,27 @@ impl PartitionTier {
         min_one_batch: bool,
     ) -> Result<Option<RemoteRead>, TierError> {
         let view = self.view().await?;
-        let Some(segment) = view.range(..=offset).rev().find(|(_, s)| s.next_offset > offset).map(|(_, s)| s) else {
+        let Some(mut segment) = view.range(..=offset).rev().find(|(_, s)| s.next_offset > offset).map(|(_, s)| s)
+        else {
             return Err(TierError::NotInStore(offset));
         };
-        let range = ReadRange { offset, max_bytes, upper, min_one_batch };
-        let slice = self.cache.read(&self.store, &self.dir, segment, range).await?;
-        Ok(slice.map(|slice| {
-            let aborted = reader::aborted_within(segment, slice.first_offset, slice.next_offset);
-            RemoteRead { slice, aborted }
-        }))
+        let mut at = offset;
+        loop {
+            let range = ReadRange { offset: at, max_bytes, upper, min_one_batch };
+            if let Some(slice) = self.cache.read(&self.store, &self.dir, segment, range).await? {
+                let aborted = reader::aborted_within(segment, slice.first_offset, slice.next_offset);
+                return Ok(Some(RemoteRead { slice, aborted }));
+            }
+            // Nothing from `at` to the segment's end: a compacted segment's gap (or `upper`).
+            // The next segment goes on; past the store's end the caller reads the local log.
+            match view.get(&segment.next_offset) {
+                Some(next) if next.base_offset < upper => {
+                    at = next.base_offset;
+                    segment = next;
+                }
+                _ => return Ok(None),
+            }
+        }
     }
 
     /// ListOffsets by timestamp over the offsets only the store holds (those from `from` up
@@ -405,7 +439,7 @@ impl PartitionTier {
             if segment.max_timestamp.is_none_or(|(max, _)| max < target) {
                 continue;
             }
-            let stem = manifest::stem(segment.base_offset, segment.next_offset);
+            let stem = segment.data_stem();
             let entries =
                 self.store.objects.get(&self.dir.clone().join(format!("{stem}.timeindex"))).await?.bytes().await?;
             // The last index entry below the target: no batch before it can qualify.
@@ -454,7 +488,7 @@ impl PartitionTier {
     }
 
     /// Puts the store's figures into the status; `lag` when the pass measured it.
-    fn publish(&self, segments: &BTreeMap<i64, RemoteSegment>, lag: Option<(usize, u64)>) {
+    pub(crate) fn publish(&self, segments: &BTreeMap<i64, RemoteSegment>, lag: Option<(usize, u64)>) {
         *weir_storage::sync::lock(&self.view) = Some(Arc::new(segments.clone()));
         let mut status = weir_storage::sync::lock(&self.status);
         status.loaded = true;
@@ -518,7 +552,7 @@ pub(crate) fn retention_start(
 }
 
 /// Runs file work off the async workers.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, TierError> + Send + 'static,
 ) -> Result<T, TierError> {
     tokio::task::spawn_blocking(work).await.map_err(|e| TierError::Io {

@@ -28,7 +28,7 @@ use weir_storage::batch::{self, BatchHeader};
 use weir_storage::{AbortedTxn, FileSlice};
 
 use crate::error::TierError;
-use crate::manifest::{self, RemoteSegment};
+use crate::manifest::RemoteSegment;
 use crate::store::Store;
 
 /// The chunk cache's settings.
@@ -75,8 +75,8 @@ impl Chunk {
     }
 }
 
-/// A segment of a partition: (partition directory, segment base offset).
-type SegmentKey = (String, i64);
+/// A segment of a partition: (partition directory, segment base offset, generation).
+type SegmentKey = (String, i64, u32);
 
 /// A segment's offset index as (absolute offset, position), ascending.
 type OffsetIndex = Arc<Vec<(i64, u64)>>;
@@ -152,15 +152,18 @@ impl ChunkCache {
         range: ReadRange,
     ) -> Result<Option<FileSlice>, TierError> {
         let offset = range.offset;
-        let key = (partition_dir.to_string(), segment.base_offset);
+        let key = (partition_dir.to_string(), segment.base_offset, segment.generation);
         if let Some(slice) = self.serve(&key, range) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(slice);
         }
-        let stem = manifest::stem(segment.base_offset, segment.next_offset);
+        let stem = segment.data_stem();
         let index = self.index(store, partition_dir, &key, &stem).await?;
         let position = index.iter().rev().find(|(o, _)| *o <= offset).map_or(0, |(_, p)| *p);
         let size = segment.log_bytes();
+        if size == 0 {
+            return Ok(None); // compacted away entirely: the offsets are gaps
+        }
         if position >= size {
             return Err(TierError::Corrupt {
                 key: format!("{partition_dir}/{stem}.index"),
@@ -314,12 +317,15 @@ impl ChunkCache {
     }
 
     /// Forgets what is cached of segments the store no longer holds.
+    /// Drops what is cached of a segment, every generation of it.
     pub(crate) fn forget(&self, partition_dir: &object_store::path::Path, base_offset: i64) {
-        let key = (partition_dir.to_string(), base_offset);
+        let dir = partition_dir.to_string();
+        let matches = |key: &SegmentKey| key.0 == dir && key.1 == base_offset;
         let mut cached = weir_storage::sync::lock(&self.cached);
-        cached.indexes.remove(&key);
-        if let Some(chunks) = cached.chunks.remove(&key) {
-            for chunk in chunks {
+        cached.indexes.retain(|key, _| !matches(key));
+        let keys: Vec<SegmentKey> = cached.chunks.keys().filter(|k| matches(k)).cloned().collect();
+        for key in keys {
+            for chunk in cached.chunks.remove(&key).unwrap_or_default() {
                 cached.bytes -= chunk.bytes();
                 let _ = std::fs::remove_file(&chunk.path);
             }

@@ -279,3 +279,123 @@ async fn a_segment_larger_than_a_part_goes_up_in_parts_and_comes_back_whole() {
     let crc = segment.files.iter().find(|f| f.kind == "log").expect("log file").crc32c;
     assert_eq!(crc, crc32c::crc32c(&uploaded), "the manifest's CRC is the object's");
 }
+
+/// Appends one batch of keyed records, `(key, value)` each (`None`: a tombstone).
+fn append_keyed(log: &Log, records: &[(&str, Option<&str>)]) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let records: Vec<weir_storage::records::Record> = records
+        .iter()
+        .map(|(k, v)| {
+            weir_storage::records::Record::new(
+                now,
+                Some(bytes::Bytes::from(k.to_string())),
+                v.map(|v| bytes::Bytes::from(v.to_string())),
+            )
+        })
+        .collect();
+    let mut bytes = weir_storage::records::encode_batch(&records, &Default::default()).expect("encode");
+    log.append(&mut bytes, 0).expect("append");
+}
+
+/// Every record from `from` to `upto`, read back through the tier, as (offset, key, value).
+async fn records_in_store(
+    partition: &weir_tier::PartitionTier,
+    from: i64,
+    upto: i64,
+) -> Vec<(i64, String, Option<String>)> {
+    let mut out = Vec::new();
+    let mut next = from;
+    while next < upto {
+        let Some(read) = partition.read(next, 700, upto, true).await.expect("remote read") else { break };
+        let bytes = read.slice.read_to_vec().expect("bytes");
+        for r in weir_storage::records::decode_records(&bytes).expect("decode") {
+            let text = |b: &bytes::Bytes| String::from_utf8_lossy(b).to_string();
+            out.push((r.offset, r.key.as_ref().map(text).unwrap_or_default(), r.value.as_ref().map(text)));
+        }
+        assert!(read.slice.next_offset > next, "no progress at {next}");
+        next = read.slice.next_offset;
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_topics_segments_are_compacted_in_the_store_too() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let objects = dir.path().join("objects");
+    let log_dir = dir.path().join("c-0");
+    let settings = [("cleanup.policy", "compact"), ("local.retention.bytes", "2048"), ("delete.retention.ms", "0")];
+    let log = open_log_with(&log_dir, &settings, OpenOptions::default());
+    // Ten rounds over keys k0..k4, ten values each; k4 deleted in the last round.
+    for round in 0..10 {
+        let value = |k: usize| format!("{k}-{round}-{}", "x".repeat(60));
+        let batch: Vec<(String, Option<String>)> =
+            (0..5).map(|k| (format!("k{k}"), (round < 9 || k != 4).then(|| value(k)))).collect();
+        let refs: Vec<(&str, Option<&str>)> = batch.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+        append_keyed(&log, &refs);
+        if round == 0 {
+            // A key written once: its only value stays, wherever it is.
+            append_keyed(&log, &[("solo", Some("only")), ("gone", Some("soon")), ("gone", None)]);
+        }
+    }
+    let tier = tier_at(&objects);
+    let id = uuid::Uuid::new_v4();
+    let partition = tier.partition("c", id, 0);
+    partition.sync(&log, 1, 0).await.expect("pass");
+    log.apply_retention().expect("retention");
+    let local_start = log.local_log_start_offset();
+    assert!(local_start > 10, "local retention left {local_start}");
+    let before = records_in_store(&partition, 0, local_start).await;
+    assert_eq!(before.len() as i64, local_start, "uncompacted: every offset is there");
+
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let outcome = partition.compact(&log, now + 1).await.expect("compaction");
+    assert!(outcome.rewritten_segments > 0 && outcome.removed_records > 0, "{outcome:?}");
+    let after = records_in_store(&partition, 0, local_start).await;
+    // Every key's records in the store are superseded by the local part (rounds go on there):
+    // nothing but records newer than anything after them is left.
+    let local = read_local(&log, local_start);
+    let local_keys: std::collections::HashSet<String> = local
+        .iter()
+        .flat_map(|(_, b)| weir_storage::records::decode_records(b).expect("decode"))
+        .filter_map(|r| r.key.map(|k| String::from_utf8_lossy(&k).to_string()))
+        .collect();
+    for (offset, key, _) in &after {
+        assert!(!local_keys.contains(key), "{key}@{offset} is superseded locally but stayed in the store");
+        assert_eq!(after.iter().filter(|(_, k, _)| k == key).count(), 1, "{key} twice in the store");
+    }
+    assert!(after.len() < before.len());
+    assert_eq!(
+        after.iter().map(|(_, k, v)| (k.as_str(), v.as_deref())).collect::<Vec<_>>(),
+        [("solo", Some("only"))],
+        "the store keeps the latest value of a key nothing later supersedes, and drops an expired tombstone"
+    );
+    // Reads step over the gaps: a read of offset 0 finds the first record left, or the local log.
+    let status = partition.status();
+    assert_eq!(status.compacted_segments_total, outcome.rewritten_segments as u64);
+
+    // The previous generation's objects go at the next pass; the current ones stay readable.
+    let listed = |objects: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(objects.join(format!("c-{}", id.simple())).join("0"))
+            .expect("partition dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let manifests = partition.remote_segments().await.expect("listed");
+    let rewritten = manifests.iter().find(|s| s.generation == 1).expect("a rewritten segment");
+    let old_name = format!("{:020}-{:020}.log", rewritten.base_offset, rewritten.next_offset);
+    assert!(listed(&objects).contains(&old_name), "the old generation is kept a pass");
+    partition.compact(&log, now + 2).await.expect("second pass");
+    let names = listed(&objects);
+    for segment in manifests.iter().filter(|s| s.generation > 0) {
+        let stem = format!("{:020}-{:020}", segment.base_offset, segment.next_offset);
+        assert!(!names.contains(&format!("{stem}.log")), "{stem}.log outlived its generation: {names:?}");
+        assert!(names.contains(&format!("{stem}.c{}.log", segment.generation)), "{names:?}");
+    }
+    assert_eq!(records_in_store(&partition, 0, local_start).await, after, "a pass with nothing new changes nothing");
+
+    // A restart reads the compacted generations from the manifests.
+    let restarted = tier_at(&objects);
+    assert_eq!(records_in_store(&restarted.partition("c", id, 0), 0, local_start).await, after);
+}
