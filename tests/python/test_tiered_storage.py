@@ -116,13 +116,18 @@ def create_tiered_topic(broker, topic, config=None):
 
 
 def produce(broker, topic, count, start=0, size=100):
-    producer = c_producer(broker.bootstrap, {"acks": "all", "linger.ms": 0, "batch.num.messages": 1})
+    produce_to(broker.bootstrap, topic, count, start, size)
+
+
+def produce_to(bootstrap, topic, count, start=0, size=100):
+    """`count` numbered records to partition 0, one per batch, acks=all; all acknowledged."""
+    producer = c_producer(bootstrap, {"acks": "all", "linger.ms": 0, "batch.num.messages": 1})
     errors = []
     for i in range(start, start + count):
         producer.produce(topic, value=f"{i:06d}".ljust(size, "x").encode(), partition=0,
                          on_delivery=lambda err, _msg: err and errors.append(err))
         producer.poll(0)
-    assert producer.flush(30) == 0, "unacknowledged messages"
+    assert producer.flush(60) == 0, "unacknowledged messages"
     assert not errors, errors[:3]
 
 
@@ -386,11 +391,7 @@ def test_a_new_leader_serves_from_the_shared_store_what_every_replica_deleted_lo
     admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=3, config=configs)])[topic].result(30)
     c.wait_topic(topic, 1)
     count = 4000
-    producer = c_producer(c.bootstrap(), {"acks": "all", "linger.ms": 0, "batch.num.messages": 1})
-    for i in range(count):
-        producer.produce(topic, value=f"{i:06d}".ljust(100, "x").encode(), partition=0)
-        producer.poll(0)
-    assert producer.flush(60) == 0
+    produce_to(c.bootstrap(), topic, count)
 
     def local_segments(node):
         return sorted((node.data_dir / f"{topic}-0").glob("*.log"))
@@ -447,11 +448,7 @@ def test_a_new_replica_starts_where_the_store_ends_and_serves_the_rest_from_it(s
         admin.close()
     c.wait_topic(topic, 1)
     count = 4000
-    producer = c_producer(c.bootstrap(), {"acks": "all", "linger.ms": 0, "batch.num.messages": 1})
-    for i in range(count):
-        producer.produce(topic, value=f"{i:06d}".ljust(100, "x").encode(), partition=0)
-        producer.poll(0)
-    assert producer.flush(60) == 0
+    produce_to(c.bootstrap(), topic, count)
 
     def local_bases(node):
         return sorted(int(p.stem) for p in (node.data_dir / f"{topic}-0").glob("*.log"))

@@ -89,16 +89,20 @@ impl Broker {
         partition: &Partition,
         target: i64,
     ) -> Result<Option<(i64, i64)>, BrokerError> {
-        let Some(tier) = &self.tier else { return Ok(None) };
-        let log = &partition.log;
-        let (start, local_start) = (log.log_start_offset(), log.local_log_start_offset());
-        if start >= local_start {
-            return Ok(None);
-        }
-        let remote = tier.partition(&partition.topic, partition.topic_id, partition.index);
+        let Some((remote, start, local_start)) = self.store_only_part(partition) else { return Ok(None) };
         crate::runtime::block_on(remote.offset_for_timestamp(target, start, local_start))?.map_err(|e| {
             BrokerError::new(ErrorKind::Storage, format!("looking up a timestamp in the object store: {e}"))
         })
+    }
+
+    /// The tier of a partition whose log has a part only the store holds, with that part's
+    /// bounds: `[log start, local log start)`. `None` without tiering or such a part.
+    fn store_only_part(&self, partition: &Partition) -> Option<(Arc<weir_tier::PartitionTier>, i64, i64)> {
+        let tier = self.tier.as_ref()?;
+        let log = &partition.log;
+        let (start, local_start) = (log.log_start_offset(), log.local_log_start_offset());
+        (start < local_start)
+            .then(|| (tier.partition(&partition.topic, partition.topic_id, partition.index), start, local_start))
     }
 
     /// Whether a read of `offset` goes to the object store: the partition is tiered, the
@@ -148,13 +152,7 @@ impl Broker {
     /// record of its batch with that timestamp, as the local log answers MAX_TIMESTAMP.
     /// Blocking.
     pub(crate) fn tiered_max_timestamp(&self, partition: &Partition) -> Result<Option<(i64, i64)>, BrokerError> {
-        let Some(tier) = &self.tier else { return Ok(None) };
-        let log = &partition.log;
-        let (start, local_start) = (log.log_start_offset(), log.local_log_start_offset());
-        if start >= local_start {
-            return Ok(None);
-        }
-        let remote = tier.partition(&partition.topic, partition.topic_id, partition.index);
+        let Some((remote, start, local_start)) = self.store_only_part(partition) else { return Ok(None) };
         let segments = crate::runtime::block_on(remote.remote_segments())?
             .map_err(|e| BrokerError::new(ErrorKind::Storage, format!("listing the object store: {e}")))?;
         let mut best: Option<(i64, i64)> = None;
