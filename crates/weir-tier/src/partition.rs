@@ -13,7 +13,7 @@
 //! and below the last stable offset, no open transaction is in it, so the segment's aborted
 //! transactions are final when its manifest records them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
@@ -90,6 +90,9 @@ pub struct PartitionTier {
     /// `status.uploaded_bytes_total` when the store's part was last compacted (compacted
     /// topics: see `compact`).
     pub(crate) compacted_at_upload_bytes: Mutex<u64>,
+    /// Each listed manifest's size and modification time: a listing reads again a manifest
+    /// that changed (a compaction's next generation), and only those.
+    manifest_versions: Mutex<HashMap<i64, (u64, i64)>>,
 }
 
 impl PartitionTier {
@@ -112,6 +115,7 @@ impl PartitionTier {
             view: Mutex::new(None),
             status: Mutex::new(TierStatus::default()),
             compacted_at_upload_bytes: Mutex::new(0),
+            manifest_versions: Mutex::new(HashMap::new()),
         }
     }
 
@@ -244,10 +248,13 @@ impl PartitionTier {
         for meta in listed {
             let Some(name) = meta.location.filename() else { continue };
             let Some((base, next, MANIFEST_SUFFIX)) = manifest::parse_name(name) else { continue };
-            if let Some(seen) = known.get(&base).filter(|s| s.next_offset == next) {
+            let version = (meta.size, meta.last_modified.timestamp_millis());
+            let unchanged = weir_storage::sync::lock(&self.manifest_versions).get(&base) == Some(&version);
+            if let Some(seen) = known.get(&base).filter(|s| s.next_offset == next && unchanged) {
                 segments.insert(base, seen.clone());
                 continue;
             }
+            weir_storage::sync::lock(&self.manifest_versions).insert(base, version);
             let bytes = self.store.objects.get(&meta.location).await?.bytes().await?;
             let segment: RemoteSegment = serde_json::from_slice(&bytes)
                 .map_err(|e| TierError::Corrupt { key: meta.location.to_string(), reason: e.to_string() })?;

@@ -347,6 +347,12 @@ async fn a_compacted_topics_segments_are_compacted_in_the_store_too() {
     let before = records_in_store(&partition, 0, local_start).await;
     assert_eq!(before.len() as i64, local_start, "uncompacted: every offset is there");
 
+    // A follower's tier (another broker, the same store) lists the store before the compaction.
+    let follower_tier = tier_at(&objects);
+    let follower = follower_tier.partition("c", id, 0);
+    let follower_log = open_log_with(&dir.path().join("follower-c-0"), &settings, OpenOptions::default());
+    follower.refresh(&follower_log).await.expect("follower listing");
+
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     let outcome = partition.compact(&log, now + 1).await.expect("compaction");
     assert!(outcome.rewritten_segments > 0 && outcome.removed_records > 0, "{outcome:?}");
@@ -369,7 +375,9 @@ async fn a_compacted_topics_segments_are_compacted_in_the_store_too() {
         [("solo", Some("only"))],
         "the store keeps the latest value of a key nothing later supersedes, and drops an expired tombstone"
     );
-    // Reads step over the gaps: a read of offset 0 finds the first record left, or the local log.
+    // The follower's next listing reads the rewritten manifests again, and only those.
+    follower.refresh(&follower_log).await.expect("follower listing");
+    assert_eq!(follower.remote_segments().await.expect("listed"), partition.remote_segments().await.expect("listed"));
     let status = partition.status();
     assert_eq!(status.compacted_segments_total, outcome.rewritten_segments as u64);
 
