@@ -203,7 +203,8 @@ impl PartitionTier {
         }
         let rewritten = RemoteSegment {
             files,
-            max_timestamp: max_timestamp.or(segment.max_timestamp),
+            // None for a segment left empty: nothing in it has a timestamp any more.
+            max_timestamp,
             generation,
             uploaded_at_ms: now_ms,
             ..segment.clone()
