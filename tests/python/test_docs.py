@@ -20,7 +20,7 @@ import time
 import pytest
 
 from conftest import REPO, weir_bin
-from helpers import http, wait_until
+from helpers import http, metric, wait_until
 from test_elastic import murmur2
 
 KCAT = shutil.which("kcat")
@@ -179,3 +179,18 @@ def test_the_recipe_in_docs_tiered_storage_md_uploads_closed_segments(tmp_path, 
     wait_until(uploaded, timeout=60, what="the recipe's segments uploaded")
     manifests = list((broker.data_dir / "objects").glob("events-*/0/*.manifest.json"))
     assert len(manifests) >= 5, manifests
+
+
+def test_the_recipe_in_docs_memory_first_md_answers_once_the_store_has_the_writes(tmp_path, broker_factory):
+    """docs/memory-first.md's "Trying it", as written, against a broker with tiering on (the
+    directory store): every record comes back, and the writes went to write-ahead objects."""
+    script = shell_block("memory-first.md", "## Trying it")
+    broker = broker_factory({"remote.log.storage.system.enable": "true", "memory.flush.ms": "20"})
+    shell = Shell(tmp_path)
+    env = dict(shell.env, WEIR_ADMIN=broker.admin_url())
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", shell.adapt(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"the recipe failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    assert done.stdout.split()[-1] == "3000", done.stdout
+    assert metric(broker, "weir_memory_flushes_total") >= 1
+    assert list((broker.data_dir / "objects" / "wal").glob("*/*.wal")), "no write-ahead object"

@@ -144,6 +144,8 @@ pub struct Broker {
     pub(crate) load_report: Mutex<Arc<weir_controller::balance::LoadReport>>,
     /// The object-storage tier when `remote.log.storage.system.enable` is on (see `tier`).
     pub(crate) tier: Option<Arc<crate::tier::Tier>>,
+    /// The pool and writer of memory-first topics (`crate::memory`).
+    pub memory: crate::memory::MemoryWriter,
     /// Followers' last fetches through a fetch session, for the ISR checks (see
     /// [`crate::watch::FollowerHeartbeats`]).
     pub follower_heartbeats: crate::watch::FollowerHeartbeats,
@@ -218,6 +220,7 @@ impl Broker {
         let state = quorum.applied();
         let (shutdown_tx, _) = watch::channel(false);
         let (reconciled_tx, _) = watch::channel(state.clone());
+        let memory = crate::memory::MemoryWriter::new(config.memory);
         Arc::new(Broker {
             delayed: OnceLock::new(),
             config,
@@ -235,6 +238,7 @@ impl Broker {
             cluster,
             replication_quotas: Default::default(),
             load_report: Mutex::new(Arc::default()),
+            memory,
             tier,
             follower_heartbeats: Default::default(),
             internal_address,
@@ -845,9 +849,27 @@ impl Broker {
             results,
             to_sync: Vec::new(),
             to_replicate: Vec::new(),
+            to_persist: Vec::new(),
             acks,
             timeout: DEFAULT_PRODUCE_TIMEOUT,
         };
+        // Memory-first partitions take room in the pool first: a produce waits while the
+        // writes the object store has not taken yet fill it.
+        let reserved: u64 =
+            work.iter().filter(|(_, p, _, _)| p.log.config().memory_first).map(|(_, _, r, _)| r.len() as u64).sum();
+        if reserved > 0 && !self.memory.reserve(reserved, tokio::time::Instant::now() + DEFAULT_PRODUCE_TIMEOUT).await {
+            for (slot, partition, _, _) in work.into_iter().filter(|(_, p, _, _)| p.log.config().memory_first) {
+                pending.results[slot] = Some(Err(BrokerError::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "{}-{}: the memory pool of memory-first topics (memory.pool.bytes) stayed full: the object \
+                         store has not taken the writes waiting",
+                        partition.topic, partition.index
+                    ),
+                )));
+            }
+            return pending;
+        }
         if work.is_empty() {
             return pending;
         }
@@ -855,8 +877,9 @@ impl Broker {
             work.into_iter()
                 .map(|(slot, partition, records, leader_epoch)| {
                     let config = partition.log.config();
+                    let size = if config.memory_first { records.len() as u64 } else { 0 };
                     let result = write_client_batches(&partition, &config, records, leader_epoch);
-                    (slot, partition, result, config.flush == FlushPolicy::Sync, leader_epoch)
+                    (slot, partition, result, config.flush == FlushPolicy::Sync, leader_epoch, size)
                 })
                 .collect::<Vec<_>>()
         })
@@ -864,6 +887,7 @@ impl Broker {
         let written = match outcome {
             Ok(written) => written,
             Err(e) => {
+                self.memory.release(reserved);
                 let message = format!("append task failed: {e}");
                 for result in pending.results.iter_mut().filter(|r| r.is_none()) {
                     *result = Some(Err(BrokerError::new(ErrorKind::Internal, message.clone())));
@@ -871,8 +895,15 @@ impl Broker {
                 return pending;
             }
         };
-        for (slot, partition, result, needs_sync, leader_epoch) in written {
-            if acks == Acks::All && result.is_ok() && partition.is_replicated() {
+        for (slot, partition, result, needs_sync, leader_epoch, reserved) in written {
+            if reserved > 0 {
+                // A memory-first write counts once the object store has it, whatever the acks.
+                let written = result.as_ref().map_or(0, |info| info.bytes);
+                self.memory.written(reserved, written);
+                if result.is_ok() {
+                    pending.to_persist.push((slot, partition.clone(), leader_epoch));
+                }
+            } else if acks == Acks::All && result.is_ok() && partition.is_replicated() {
                 pending.to_replicate.push((slot, partition.clone(), leader_epoch));
             }
             match result {
@@ -929,7 +960,8 @@ impl Broker {
         }
         let state = partition.check_local_leader()?;
         let min_isr = partition.min_insync_replicas();
-        if acks == Acks::All && (state.isr.len() as i64) < min_isr {
+        // A memory-first partition is made durable by the object store, not by an ISR.
+        if acks == Acks::All && (state.isr.len() as i64) < min_isr && !partition.log.config().memory_first {
             return Err(BrokerError::new(
                 ErrorKind::NotEnoughReplicas,
                 format!(
@@ -1275,6 +1307,8 @@ pub struct PendingAppends {
     /// `acks=all` writes to replicated partitions, waiting for the ISR: (slot, partition, the
     /// leader epoch they were written at).
     to_replicate: Vec<(usize, Arc<Partition>, i32)>,
+    /// Writes to memory-first partitions, waiting for the object store (see `crate::memory`).
+    to_persist: Vec<(usize, Arc<Partition>, i32)>,
     acks: Acks,
     /// How long `acks=all` waits for the ISR (the produce request's timeout).
     timeout: Duration,
@@ -1299,7 +1333,7 @@ impl PendingAppends {
         /// Blocking threads one request's fsyncs may occupy at once.
         const PARALLEL_SYNCS: usize = 8;
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let PendingAppends { mut results, to_sync, to_replicate, acks, timeout: _ } = self;
+        let PendingAppends { mut results, to_sync, to_replicate, to_persist, acks, timeout: _ } = self;
         debug_assert!(to_replicate.is_empty() || acks == Acks::All);
         let lanes = to_sync.len().min(PARALLEL_SYNCS);
         let mut groups: Vec<Vec<_>> = (0..lanes).map(|_| Vec::new()).collect();
@@ -1338,6 +1372,12 @@ impl PendingAppends {
             // A duplicate (a producer's retry) waits too: its first write may not be replicated.
             let Some(Ok(info)) = &results[slot] else { continue };
             if let Err(e) = partition.wait_replicated(info.last_offset + 1, leader_epoch, deadline).await {
+                results[slot] = Some(Err(e));
+            }
+        }
+        for (slot, partition, leader_epoch) in to_persist {
+            let Some(Ok(info)) = &results[slot] else { continue };
+            if let Err(e) = partition.wait_persisted(info.last_offset + 1, leader_epoch, deadline).await {
                 results[slot] = Some(Err(e));
             }
         }

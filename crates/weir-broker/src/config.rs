@@ -290,6 +290,26 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "4194304",
         "How much of a segment one read from the object store brings (a consumer reading on is then served from the cache).",
     ),
+    s(
+        "memory.pool.bytes",
+        "268435456",
+        "Memory-first topics (storage.mode=memory): the most bytes written to them and not yet in the object store, over all their partitions; producers wait beyond it.",
+    ),
+    s(
+        "memory.flush.ms",
+        "50",
+        "Memory-first topics: how long a write waits at most before the writer puts it in the object store, with every partition's writes of the moment in one object.",
+    ),
+    s(
+        "memory.flush.bytes",
+        "8388608",
+        "Memory-first topics: the writer puts an object in the store sooner once this many bytes wait.",
+    ),
+    s(
+        "memory.wal.max.age.ms",
+        "600000",
+        "Memory-first topics: write-ahead objects older than this have their partitions' segments rolled, so the tier uploads them and the objects can go.",
+    ),
     s("object.store.url", "", "The object store: file:///dir or s3://bucket/prefix; empty: <log.dirs>/objects."),
     s("object.store.endpoint", "", "An S3-compatible service's address (http://host:port); empty: AWS."),
     s("object.store.region", "us-east-1", "The S3 region."),
@@ -431,10 +451,25 @@ pub struct BrokerConfig {
     pub remote_log_manager_interval_ms: u64,
     /// `remote.log.cache.bytes` and `remote.log.read.ahead.bytes`.
     pub remote_cache: weir_tier::CacheSettings,
+    /// `memory.*`: the writer of memory-first topics.
+    pub memory: MemorySettings,
     /// Broker-wide topic config defaults, by topic config name (`retention.ms`, ...).
     pub topic_defaults: BTreeMap<String, String>,
     /// The settings as given (after aliases), for DescribeConfigs on the broker resource.
     pub explicit: BTreeMap<String, String>,
+}
+
+/// The writer of memory-first topics (`memory.*`, see `crate::memory`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemorySettings {
+    /// `memory.pool.bytes`: written and not yet in the store, at most.
+    pub pool_bytes: u64,
+    /// `memory.flush.ms`: the longest a write waits for the writer.
+    pub flush_ms: u64,
+    /// `memory.flush.bytes`: the writer goes sooner once this much waits.
+    pub flush_bytes: u64,
+    /// `memory.wal.max.age.ms`: write-ahead objects older than this get their segments rolled.
+    pub wal_max_age_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -873,6 +908,12 @@ impl BrokerConfig {
             remote_cache: weir_tier::CacheSettings {
                 bytes: values.num("remote.log.cache.bytes", 1 << 20)?,
                 read_ahead: values.num("remote.log.read.ahead.bytes", 64 << 10)?,
+            },
+            memory: MemorySettings {
+                pool_bytes: values.num("memory.pool.bytes", 1 << 16)?,
+                flush_ms: values.num("memory.flush.ms", 1)?,
+                flush_bytes: values.num("memory.flush.bytes", 1 << 10)?,
+                wal_max_age_ms: values.num("memory.wal.max.age.ms", 1_000)?,
             },
             topic_defaults,
             explicit,

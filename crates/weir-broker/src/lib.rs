@@ -26,6 +26,7 @@ pub mod forward;
 pub mod group_config;
 mod isr;
 pub use weir_storage::internal_records;
+pub mod memory;
 pub mod message;
 /// The cluster metadata and its quorum (the `weir-metadata` crate).
 pub use weir_metadata as metadata;

@@ -67,6 +67,7 @@ pub fn render_prometheus(broker: &Broker, sections: &[&dyn MetricsSection]) -> S
     render_topics(&mut out, broker, &partitions);
     render_partitions(&mut out, &partitions);
     render_tier(&mut out, broker, &partitions);
+    render_memory(&mut out, broker);
     for section in sections {
         section.render(&mut out, &partitions);
     }
@@ -218,6 +219,48 @@ fn render_topics(out: &mut Exposition, broker: &Broker, partitions: &[Arc<Partit
         for (topic, sums) in &topics {
             out.sample(name, &[("topic", topic)], sums[i]);
         }
+    }
+}
+
+/// Memory-first topics: the pool and the writer (`crate::memory`).
+fn render_memory(out: &mut Exposition, broker: &Broker) {
+    let memory = &broker.memory;
+    let gauges: [(&str, &str, u64); 2] = [
+        (
+            "weir_memory_pending_bytes",
+            "Bytes written to memory-first topics and not in the object store yet (at most memory.pool.bytes).",
+            memory.pending_bytes(),
+        ),
+        (
+            "weir_memory_wal_objects",
+            "Write-ahead objects of memory-first topics in the object store.",
+            memory.live_objects() as u64,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        out.family(name, Kind::Gauge, help);
+        out.sample(name, &[], value);
+    }
+    let counters: [(&str, &str, u64); 3] = [
+        (
+            "weir_memory_flushes_total",
+            "Write-ahead objects the writer of memory-first topics put in the object store.",
+            memory.flushes.load(Ordering::Relaxed),
+        ),
+        (
+            "weir_memory_flushed_bytes_total",
+            "Bytes of memory-first topics the writer put in the object store.",
+            memory.flushed_bytes.load(Ordering::Relaxed),
+        ),
+        (
+            "weir_memory_flush_failures_total",
+            "Rounds of the writer of memory-first topics that failed (the store down or refusing); each is retried.",
+            memory.failures.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, value) in counters {
+        out.family(name, Kind::Counter, help);
+        out.sample(name, &[], value);
     }
 }
 

@@ -86,6 +86,8 @@ impl Broker {
             );
         }
         self.reconcile_to(self.quorum.applied())?;
+        // Before any client: memory-first partitions hold what the object store holds.
+        self.recover_memory_partitions()?;
         self.follow_metadata();
         if self.config.roles.controller {
             self.run_controller();
@@ -97,6 +99,7 @@ impl Broker {
             self.run_isr_checks();
             self.run_load_sampler();
             self.run_tier_uploads();
+            self.run_memory_writer();
             self.run_elastic_autoscaler();
             self.run_lifecycle();
             // As a KRaft broker does: serve clients only once the controller has unfenced it.

@@ -453,6 +453,28 @@ impl Partition {
         leader_epoch: i32,
         deadline: tokio::time::Instant,
     ) -> Result<(), BrokerError> {
+        self.wait_high_watermark(end_offset, leader_epoch, deadline, true).await
+    }
+
+    /// Waits until the high watermark of a memory-first partition passes `end_offset`: the
+    /// object store has the write (see `crate::memory`). Fails when leadership moves first, or
+    /// at `deadline`.
+    pub(crate) async fn wait_persisted(
+        &self,
+        end_offset: i64,
+        leader_epoch: i32,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), BrokerError> {
+        self.wait_high_watermark(end_offset, leader_epoch, deadline, false).await
+    }
+
+    async fn wait_high_watermark(
+        &self,
+        end_offset: i64,
+        leader_epoch: i32,
+        deadline: tokio::time::Instant,
+        check_isr: bool,
+    ) -> Result<(), BrokerError> {
         loop {
             let waiter = Arc::new(Notify::new());
             self.register_waiter(&waiter);
@@ -474,7 +496,7 @@ impl Partition {
             }
             if self.log.high_watermark() >= end_offset {
                 let min_isr = self.min_insync_replicas();
-                if (state.isr.len() as i64) < min_isr {
+                if check_isr && (state.isr.len() as i64) < min_isr {
                     return Err(BrokerError::new(
                         ErrorKind::NotEnoughReplicasAfterAppend,
                         format!(
@@ -488,13 +510,17 @@ impl Partition {
                 return Ok(());
             }
             if tokio::time::timeout_at(deadline, waiter.notified()).await.is_err() {
+                let waited_for = if check_isr {
+                    format!("the in-sync replicas {:?} did not replicate", state.isr)
+                } else {
+                    "the object store did not take".to_string()
+                };
                 return Err(BrokerError::new(
                     ErrorKind::TimedOut,
                     format!(
-                        "{}-{}: the in-sync replicas {:?} did not replicate offset {} in time (high watermark {})",
+                        "{}-{}: {waited_for} offset {} in time (high watermark {})",
                         self.topic,
                         self.index,
-                        state.isr,
                         end_offset - 1,
                         self.log.high_watermark()
                     ),

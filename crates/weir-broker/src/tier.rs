@@ -231,6 +231,23 @@ impl Broker {
         if is_true(topic.configs.get(REMOTE_STORAGE_ENABLE)) && self.tier.is_none() {
             return Err(tiering_off());
         }
+        if is_memory(topic.configs.get(STORAGE_MODE)) {
+            // The object store makes a memory-first partition durable, not replicas.
+            let factor = match topic.replication_factor {
+                -1 if topic.assignments.is_empty() => self.config.default_replication_factor,
+                -1 => topic.assignments.iter().map(|(_, r)| r.len() as i16).max().unwrap_or(1),
+                n => n,
+            };
+            if factor != 1 {
+                return Err(BrokerError::new(
+                    ErrorKind::InvalidReplicationFactor,
+                    format!(
+                        "a memory-first topic (storage.mode=memory) has one replica: the object store makes it durable \
+                         (asked for {factor})"
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -249,6 +266,12 @@ impl Broker {
         if will && !was && self.tier.is_none() {
             return Err(tiering_off());
         }
+        if is_memory(current.get(STORAGE_MODE)) != is_memory(after.get(STORAGE_MODE)) {
+            return Err(BrokerError::new(
+                ErrorKind::InvalidConfig,
+                "storage.mode cannot change once a topic exists: create a new topic and copy the records",
+            ));
+        }
         if was && !will {
             return Err(BrokerError::new(
                 ErrorKind::InvalidConfig,
@@ -258,6 +281,13 @@ impl Broker {
         }
         Ok(())
     }
+}
+
+/// The topic config that makes a topic memory-first (`crate::memory`).
+pub const STORAGE_MODE: &str = "storage.mode";
+
+fn is_memory(value: Option<&String>) -> bool {
+    value.is_some_and(|v| v.trim() == "memory")
 }
 
 fn is_true(value: Option<&String>) -> bool {

@@ -28,6 +28,7 @@ pub const TOPIC_DEFAULT_SETTINGS: &[(&str, &str, &str)] = &[
     ("log.retention.bytes", "retention.bytes", "-1"),
     ("log.local.retention.ms", "local.retention.ms", "-2"),
     ("log.local.retention.bytes", "local.retention.bytes", "-2"),
+    ("log.storage.mode", "storage.mode", "disk"),
     ("log.cleanup.policy", "cleanup.policy", "delete"),
     ("log.cleaner.delete.retention.ms", "delete.retention.ms", "86400000"),
     ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms", "0"),

@@ -65,6 +65,11 @@ pub struct LogConfig {
     pub local_retention_ms: i64,
     /// `local.retention.bytes`: with remote storage, local bytes kept; -2 is `retention.bytes`.
     pub local_retention_bytes: i64,
+    /// `storage.mode` (Weir): `memory` makes the topic memory-first (Swift's write path): its
+    /// writes count once the broker's writer has them in the object store, not once on local
+    /// disk, and the high watermark follows the store (the broker sets it). `disk` (the
+    /// default) is Kafka's log.
+    pub memory_first: bool,
 }
 
 impl Default for LogConfig {
@@ -88,6 +93,7 @@ impl Default for LogConfig {
             remote_storage_enable: false,
             local_retention_ms: -2,
             local_retention_bytes: -2,
+            memory_first: false,
         }
     }
 }
@@ -114,6 +120,7 @@ pub const TOPIC_CONFIG_NAMES: &[&str] = &[
     "segment.index.bytes",
     "segment.jitter.ms",
     "segment.ms",
+    "storage.mode",
 ];
 
 impl LogConfig {
@@ -157,6 +164,13 @@ impl LogConfig {
                     config.min_cleanable_dirty_ratio = ratio;
                 }
                 "file.delete.delay.ms" => config.file_delete_delay_ms = parse_range(name, value, 0, i64::MAX as u64)?,
+                "storage.mode" => {
+                    config.memory_first = match value {
+                        "memory" => true,
+                        "disk" => false,
+                        _ => return Err(invalid(name, value, "expected disk or memory")),
+                    }
+                }
                 "remote.storage.enable" => {
                     config.remote_storage_enable = match value {
                         "true" => true,
@@ -214,6 +228,13 @@ impl LogConfig {
                 ));
             }
         }
+        if config.memory_first && !config.remote_storage_enable {
+            return Err(invalid(
+                "storage.mode",
+                "memory",
+                "a memory-first topic keeps its data in the object store: set remote.storage.enable=true too",
+            ));
+        }
         if config.segment_index_bytes < 8 {
             return Err(invalid(
                 "segment.index.bytes",
@@ -269,6 +290,7 @@ impl LogConfig {
         put("remote.storage.enable", self.remote_storage_enable.to_string());
         put("local.retention.ms", self.local_retention_ms.to_string());
         put("local.retention.bytes", self.local_retention_bytes.to_string());
+        put("storage.mode", if self.memory_first { "memory" } else { "disk" }.into());
         p
     }
 

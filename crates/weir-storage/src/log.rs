@@ -670,7 +670,9 @@ impl Log {
     }
 
     fn advance_high_watermark(&self, offset: i64) {
-        if !self.high_watermark_managed.load(Ordering::Acquire) {
+        // A memory-first log's high watermark is where the object store has it: the broker's
+        // writer sets it (see `LogConfig::memory_first`).
+        if !self.high_watermark_managed.load(Ordering::Acquire) && !self.config().memory_first {
             self.high_watermark.fetch_max(offset.min(self.log_end_offset()), Ordering::AcqRel);
         }
     }

@@ -13,6 +13,7 @@ pub mod manifest;
 pub mod partition;
 pub mod reader;
 pub mod store;
+pub mod wal;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -26,6 +27,7 @@ pub use manifest::RemoteSegment;
 pub use partition::{PartitionTier, SyncOutcome, TierStatus};
 pub use reader::{CacheSettings, ChunkCache, RemoteRead};
 pub use store::{Store, StoreSettings};
+pub use wal::{Wal, WalEntry, WalHeader, WalObject, WalWrite};
 
 /// The broker's tier: its store, and a [`PartitionTier`] for each partition it has worked on.
 pub struct Tier {
