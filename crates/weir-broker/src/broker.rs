@@ -814,7 +814,11 @@ impl Broker {
         // A broker that may not lead (fenced, or cut off from the controller) writes nothing.
         let may_lead = self.cluster.lifecycle.check_may_lead(self.config.node_id);
         for (slot, (partition, records)) in appends.into_iter().enumerate() {
-            match may_lead.clone().and_then(|()| Self::check_client_append(&partition, acks)) {
+            let checked = may_lead
+                .clone()
+                .and_then(|()| self.check_memory_first_append(&partition))
+                .and_then(|()| Self::check_client_append(&partition, acks));
+            match checked {
                 Ok(leader_epoch) => {
                     // A DELAY topic's records with a delivery time to come wait in the timer.
                     let records = match partition.delay_max_ms() {
@@ -946,6 +950,22 @@ impl Broker {
     /// first one stays.
     pub fn set_delayed_records(&self, timer: Arc<dyn DelayedRecords>) {
         let _ = self.delayed.set(timer);
+    }
+
+    /// A memory-first topic's writes count once the object store has them: on a broker
+    /// without tiered storage (restarted without it) they are refused rather than left waiting.
+    fn check_memory_first_append(&self, partition: &Partition) -> Result<(), BrokerError> {
+        if self.tier.is_none() && partition.log.config().memory_first {
+            return Err(BrokerError::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "{} is memory-first (storage.mode=memory) and this broker has no object store: set \
+                     remote.log.storage.system.enable=true",
+                    partition.topic
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// What every client's append must pass before it is written, whatever its protocol:
