@@ -159,16 +159,23 @@ def test_the_recipe_in_docs_elastic_md_splits_merges_and_routes_by_key_and_logic
                       (4, "active", 0, 3)], states
 
 
+def run_recipe(tmp_path, broker, doc, heading):
+    """Runs the recipe under `heading` of docs/`doc` against `broker` (through its admin API)
+    and returns the finished process, which must have succeeded."""
+    shell = Shell(tmp_path)
+    env = dict(shell.env, WEIR_ADMIN=broker.admin_url())
+    script = shell.adapt(shell_block(doc, heading))
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"the recipe failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return done
+
+
 def test_the_recipe_in_docs_tiered_storage_md_uploads_closed_segments(tmp_path, broker_factory):
     """docs/tiered-storage.md's "Trying it", as written, against a broker with tiering on: the
     topic's closed segments reach the directory store and the describe shows the tier."""
-    script = shell_block("tiered-storage.md", "## Trying it")
     broker = broker_factory({"remote.log.storage.system.enable": "true", "remote.log.manager.task.interval.ms": "200"})
-    shell = Shell(tmp_path)
-    env = dict(shell.env, WEIR_ADMIN=broker.admin_url())
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", shell.adapt(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"the recipe failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    done = run_recipe(tmp_path, broker, "tiered-storage.md", "## Trying it")
     assert "Object store (tiered storage):" in done.stdout, done.stdout
 
     def uploaded():
@@ -184,13 +191,8 @@ def test_the_recipe_in_docs_tiered_storage_md_uploads_closed_segments(tmp_path, 
 def test_the_recipe_in_docs_memory_first_md_answers_once_the_store_has_the_writes(tmp_path, broker_factory):
     """docs/memory-first.md's "Trying it", as written, against a broker with tiering on (the
     directory store): every record comes back, and the writes went to write-ahead objects."""
-    script = shell_block("memory-first.md", "## Trying it")
     broker = broker_factory({"remote.log.storage.system.enable": "true", "memory.flush.ms": "20"})
-    shell = Shell(tmp_path)
-    env = dict(shell.env, WEIR_ADMIN=broker.admin_url())
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", shell.adapt(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"the recipe failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    done = run_recipe(tmp_path, broker, "memory-first.md", "## Trying it")
     assert done.stdout.split()[-1] == "3000", done.stdout
     assert metric(broker, "weir_memory_flushes_total") >= 1
     assert list((broker.data_dir / "objects" / "wal").glob("*/*.wal")), "no write-ahead object"

@@ -17,12 +17,12 @@ Every wait is bounded.
 import shutil
 import time
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
 from conftest import free_port
 from helpers import c_admin, c_producer, c_read_partition, metric, unique, wait_until
-from test_tiered_storage import S3Server, s3, tiered_settings  # noqa: F401 (the fixture)
+from test_tiered_storage import S3Server, c_watermarks, s3, tiered_settings  # noqa: F401 (the fixture)
 
 PARTITIONS = 3
 
@@ -55,14 +55,6 @@ def produce(broker, topic, values, conf=None):
         producer.poll(0)
     producer.flush(60)
     return acked, failed
-
-
-def watermarks(broker, topic, partition):
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique("g")})
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-    finally:
-        consumer.close()
 
 
 def read_all(broker, topic, counts):
@@ -145,7 +137,7 @@ def test_producers_wait_while_the_store_is_down_and_go_on_once_it_is_back(tmp_pa
         # retries again): they reach the store too. At least once, never lost.
         everything = []
         for p in range(PARTITIONS):
-            high = watermarks(broker, topic, p)[1]
+            high = c_watermarks(broker, topic, p)[1]
             everything += [bytes(r.value).decode()[:8] for r in c_read_partition(broker.bootstrap, topic, p, high)]
         assert set(later) <= set(everything)
     finally:

@@ -363,10 +363,10 @@ def test_consumers_of_every_client_read_from_the_store_what_local_retention_dele
     check_every_client()
 
 
-def c_watermarks(broker, topic):
+def c_watermarks(broker, topic, partition=0):
     consumer = c_consumer_plain(broker)
     try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
     finally:
         consumer.close()
 

@@ -33,7 +33,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use uuid::Uuid;
 use weir_storage::sync::lock;
-use weir_tier::{Wal, WalObject, WalWrite};
+use weir_tier::{Wal, WalObject, WalRange, WalWrite};
 
 use crate::broker::Broker;
 use crate::config::MemorySettings;
@@ -209,15 +209,15 @@ impl Broker {
                     let next_offset = slice.next_offset;
                     let bytes = Bytes::from(slice.read_to_vec()?);
                     total += bytes.len() as u64;
-                    let write = WalWrite {
+                    let range = WalRange {
                         topic: partition.topic.clone(),
                         topic_id: partition.topic_id,
                         partition: partition.index,
                         base_offset: from,
                         next_offset,
                         leader_epoch: partition.state().leader_epoch,
-                        bytes,
                     };
+                    let write = WalWrite { range, bytes };
                     writes.push((partition, write));
                 }
                 Ok(writes)
@@ -239,9 +239,10 @@ impl Broker {
             bytes += entry.length;
             // Leadership may have moved meanwhile: the write is in the store all the same, and
             // the next leader recovers from it.
-            if entry.next_offset <= partition.log.log_end_offset() && entry.next_offset > partition.log.high_watermark()
+            if entry.range.next_offset <= partition.log.log_end_offset()
+                && entry.range.next_offset > partition.log.high_watermark()
             {
-                partition.log.set_high_watermark(entry.next_offset);
+                partition.log.set_high_watermark(entry.range.next_offset);
             }
             partition.wake_waiters();
             self.memory.persisted(entry.length);
@@ -271,14 +272,14 @@ impl Broker {
         for object in &objects {
             let mut covered = true;
             for entry in &object.header.entries {
-                let Some(partition) = partitions.get(&(entry.topic_id, entry.partition)) else { continue };
+                let Some(partition) = partitions.get(&(entry.range.topic_id, entry.range.partition)) else { continue };
                 let remote_end = partition.log.remote_end_offset();
-                if remote_end >= entry.next_offset {
+                if remote_end >= entry.range.next_offset {
                     continue;
                 }
                 covered = false;
                 let active_base = partition.log.segment_base_offsets().last().copied().unwrap_or(0);
-                if now - object.header.written_at_ms > max_age && active_base < entry.next_offset {
+                if now - object.header.written_at_ms > max_age && active_base < entry.range.next_offset {
                     // Its segment must close for the tier to upload it (once: the next active
                     // segment starts past the entry).
                     let log = Arc::clone(&partition.log);
@@ -326,7 +327,10 @@ impl Broker {
         let mut by_partition: HashMap<PartitionKey, BTreeMap<i64, (usize, usize)>> = HashMap::new();
         for (o, object) in objects.iter().enumerate() {
             for (e, entry) in object.header.entries.iter().enumerate() {
-                by_partition.entry((entry.topic_id, entry.partition)).or_default().insert(entry.base_offset, (o, e));
+                by_partition
+                    .entry((entry.range.topic_id, entry.range.partition))
+                    .or_default()
+                    .insert(entry.range.base_offset, (o, e));
             }
         }
         for partition in &partitions {
@@ -338,7 +342,7 @@ impl Broker {
             let entries = by_partition.remove(&(partition.topic_id, partition.index)).unwrap_or_default();
             let store_end = entries
                 .values()
-                .map(|(o, e)| objects[*o].header.entries[*e].next_offset)
+                .map(|(o, e)| objects[*o].header.entries[*e].range.next_offset)
                 .max()
                 .unwrap_or(-1)
                 .max(remote_end)
@@ -357,7 +361,7 @@ impl Broker {
             for (o, e) in entries.values() {
                 let entry = &objects[*o].header.entries[*e];
                 let at = log.log_end_offset();
-                if entry.next_offset <= at {
+                if entry.range.next_offset <= at {
                     continue;
                 }
                 let bytes = crate::runtime::block_on(Wal::new(tier.store()).read(&objects[*o], entry))?

@@ -27,7 +27,7 @@ pub use manifest::RemoteSegment;
 pub use partition::{PartitionTier, SyncOutcome, TierStatus};
 pub use reader::{CacheSettings, ChunkCache, RemoteRead};
 pub use store::{Store, StoreSettings};
-pub use wal::{Wal, WalEntry, WalHeader, WalObject, WalWrite};
+pub use wal::{Wal, WalEntry, WalHeader, WalObject, WalRange, WalWrite};
 
 /// The broker's tier: its store, and a [`PartitionTier`] for each partition it has worked on.
 pub struct Tier {

@@ -27,9 +27,9 @@ const PREAMBLE_BYTES: u64 = 12;
 /// A header larger than this is not one this code wrote.
 const HEADER_BYTES_MAX: u64 = 64 << 20;
 
-/// One partition's batches in an object.
+/// Which batches of which partition: `[base_offset, next_offset)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WalEntry {
+pub struct WalRange {
     pub topic: String,
     pub topic_id: Uuid,
     pub partition: i32,
@@ -37,6 +37,13 @@ pub struct WalEntry {
     pub next_offset: i64,
     /// The leader epoch the batches were written in.
     pub leader_epoch: i32,
+}
+
+/// One partition's batches in an object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalEntry {
+    #[serde(flatten)]
+    pub range: WalRange,
     /// Where the entry's bytes are, counted from the end of the header.
     pub position: u64,
     pub length: u64,
@@ -58,14 +65,9 @@ pub struct WalObject {
     pub data_start: u64,
 }
 
-/// An entry to write: its partition and bytes.
+/// An entry to write: its partition's batches.
 pub struct WalWrite {
-    pub topic: String,
-    pub topic_id: Uuid,
-    pub partition: i32,
-    pub base_offset: i64,
-    pub next_offset: i64,
-    pub leader_epoch: i32,
+    pub range: WalRange,
     pub bytes: Bytes,
 }
 
@@ -94,16 +96,7 @@ impl<'a> Wal<'a> {
         let mut entries = Vec::with_capacity(writes.len());
         let mut position = 0u64;
         for w in &writes {
-            entries.push(WalEntry {
-                topic: w.topic.clone(),
-                topic_id: w.topic_id,
-                partition: w.partition,
-                base_offset: w.base_offset,
-                next_offset: w.next_offset,
-                leader_epoch: w.leader_epoch,
-                position,
-                length: w.bytes.len() as u64,
-            });
+            entries.push(WalEntry { range: w.range.clone(), position, length: w.bytes.len() as u64 });
             position += w.bytes.len() as u64;
         }
         let header = WalHeader { node, written_at_ms, entries };

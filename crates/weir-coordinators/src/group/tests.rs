@@ -647,6 +647,21 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// kill -9 of `broker` and `groups` (no shutdown), then a broker and coordinator on a copy of
+/// what its directory `dir` held: what was durable is what survives.
+async fn after_a_crash(
+    dir: &Path,
+    broker: Arc<Broker>,
+    groups: Arc<GroupCoordinator>,
+) -> (tempfile::TempDir, Arc<Broker>, Arc<GroupCoordinator>) {
+    drop(groups);
+    drop(broker);
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir, copy.path());
+    let (broker, groups) = open(copy.path(), &[]).await;
+    (copy, broker, groups)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_are_all_there() {
     let dir = tempfile::tempdir().unwrap();
@@ -709,11 +724,7 @@ async fn given_committed_offsets_when_the_broker_crashes_and_restarts_then_they_
     assert_eq!(before_standalone.len(), 1);
 
     // kill -9: no shutdown; what is on disk is what survives.
-    drop(groups);
-    drop(broker);
-    let copy = tempfile::tempdir().unwrap();
-    copy_dir(dir.path(), copy.path());
-    let (_broker, groups) = open(copy.path(), &[]).await;
+    let (_copy, _broker, groups) = after_a_crash(dir.path(), broker, groups).await;
 
     assert_eq!(groups.fetch_offsets(g, None, false).await.unwrap(), before_consumers);
     assert_eq!(groups.fetch_offsets("standalone", None, false).await.unwrap(), before_standalone);
@@ -808,11 +819,7 @@ async fn delete_groups_and_offset_delete_follow_kafkas_rules() {
     assert_eq!(results[0].error, None);
     assert!(groups.list_groups(&[]).await.unwrap().is_empty());
 
-    drop(groups);
-    drop(broker);
-    let copy = tempfile::tempdir().unwrap();
-    copy_dir(dir.path(), copy.path());
-    let (_broker, groups) = open(copy.path(), &[]).await;
+    let (_copy, _broker, groups) = after_a_crash(dir.path(), broker, groups).await;
     assert!(groups.list_groups(&[]).await.unwrap().is_empty(), "deletions are durable");
 }
 
@@ -921,11 +928,7 @@ async fn given_a_consumer_protocol_group_when_the_broker_crashes_then_it_carries
     let before = groups.consumer_group_describe(&[g.to_string()]).await;
     assert_eq!(before[0].state, GroupState::Stable);
 
-    drop(groups);
-    drop(broker);
-    let copy = tempfile::tempdir().unwrap();
-    copy_dir(dir.path(), copy.path());
-    let (_broker, groups) = open(copy.path(), &[]).await;
+    let (_copy, _broker, groups) = after_a_crash(dir.path(), broker, groups).await;
 
     let after = groups.consumer_group_describe(&[g.to_string()]).await;
     assert_eq!((after[0].group_epoch, after[0].assignment_epoch), (2, 2));
@@ -959,11 +962,7 @@ async fn given_a_classic_member_in_a_consumer_group_when_the_broker_crashes_then
     assert!(before[0].members.iter().any(|m| m.member_id == classic), "{:?}", before[0].members);
 
     // kill -9 right after the classic member's answers: nothing else wrote the group since.
-    drop(groups);
-    drop(broker);
-    let copy = tempfile::tempdir().unwrap();
-    copy_dir(dir.path(), copy.path());
-    let (_broker, groups) = open(copy.path(), &[]).await;
+    let (copy, _broker, groups) = after_a_crash(dir.path(), broker, groups).await;
 
     let after = groups.consumer_group_describe(&[g.to_string()]).await;
     let ids = |d: &ConsumerGroupDescription| d.members.iter().map(|m| m.member_id.clone()).collect::<BTreeSet<_>>();
