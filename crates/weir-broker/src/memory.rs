@@ -266,13 +266,19 @@ impl Broker {
         }
         let partitions: HashMap<PartitionKey, Arc<Partition>> =
             self.partitions().into_iter().map(|p| ((p.topic_id, p.index), p)).collect();
+        let metadata = self.metadata();
         let now = self.now_ms();
         let max_age = i64::try_from(self.config.memory.wal_max_age_ms).unwrap_or(i64::MAX);
         let mut done = Vec::new();
         for object in &objects {
             let mut covered = true;
             for entry in &object.header.entries {
-                let Some(partition) = partitions.get(&(entry.range.topic_id, entry.range.partition)) else { continue };
+                let Some(partition) = partitions.get(&(entry.range.topic_id, entry.range.partition)) else {
+                    // A deleted topic's entries are done with; a partition hosted elsewhere
+                    // (moved) keeps the object until its broker has it in the tier.
+                    covered &= metadata.topic_by_id(entry.range.topic_id).is_none();
+                    continue;
+                };
                 let remote_end = partition.log.remote_end_offset();
                 if remote_end >= entry.range.next_offset {
                     continue;
@@ -384,7 +390,8 @@ impl Broker {
             tracing::info!(topic = %partition.topic, partition = partition.index, log_end = end, remote_end,
                 "recovered a memory-first partition from the object store");
         }
-        *lock(&self.memory.live) = objects;
+        // This broker collects the objects it wrote; another broker's are its own to collect.
+        *lock(&self.memory.live) = objects.into_iter().filter(|o| o.header.node == self.config.node_id).collect();
         Ok(())
     }
 }
