@@ -859,10 +859,11 @@ impl Broker {
         };
         // Memory-first partitions take room in the pool first: a produce waits while the
         // writes the object store has not taken yet fill it.
-        let reserved: u64 =
-            work.iter().filter(|(_, p, _, _)| p.log.config().memory_first).map(|(_, _, r, _)| r.len() as u64).sum();
+        let mut reserved: u64 = work.iter().filter(|w| w.1.log.is_memory_first()).map(|w| w.2.len() as u64).sum();
         if reserved > 0 && !self.memory.reserve(reserved, tokio::time::Instant::now() + DEFAULT_PRODUCE_TIMEOUT).await {
-            for (slot, partition, _, _) in work.into_iter().filter(|(_, p, _, _)| p.log.config().memory_first) {
+            // Refused; the request's other partitions are written as usual.
+            let (refused, rest): (Vec<_>, Vec<_>) = work.into_iter().partition(|w| w.1.log.is_memory_first());
+            for (slot, partition, _, _) in refused {
                 pending.results[slot] = Some(Err(BrokerError::new(
                     ErrorKind::TimedOut,
                     format!(
@@ -872,7 +873,8 @@ impl Broker {
                     ),
                 )));
             }
-            return pending;
+            work = rest;
+            reserved = 0;
         }
         if work.is_empty() {
             return pending;
@@ -881,7 +883,7 @@ impl Broker {
             work.into_iter()
                 .map(|(slot, partition, records, leader_epoch)| {
                     let config = partition.log.config();
-                    let size = if config.memory_first { records.len() as u64 } else { 0 };
+                    let size = if partition.log.is_memory_first() { records.len() as u64 } else { 0 };
                     let result = write_client_batches(&partition, &config, records, leader_epoch);
                     (slot, partition, result, config.flush == FlushPolicy::Sync, leader_epoch, size)
                 })
@@ -955,7 +957,7 @@ impl Broker {
     /// A memory-first topic's writes count once the object store has them: on a broker
     /// without tiered storage (restarted without it) they are refused rather than left waiting.
     fn check_memory_first_append(&self, partition: &Partition) -> Result<(), BrokerError> {
-        if self.tier.is_none() && partition.log.config().memory_first {
+        if self.tier.is_none() && partition.log.is_memory_first() {
             return Err(BrokerError::new(
                 ErrorKind::InvalidConfig,
                 format!(
@@ -981,7 +983,7 @@ impl Broker {
         let state = partition.check_local_leader()?;
         let min_isr = partition.min_insync_replicas();
         // A memory-first partition is made durable by the object store, not by an ISR.
-        if acks == Acks::All && (state.isr.len() as i64) < min_isr && !partition.log.config().memory_first {
+        if acks == Acks::All && (state.isr.len() as i64) < min_isr && !partition.log.is_memory_first() {
             return Err(BrokerError::new(
                 ErrorKind::NotEnoughReplicas,
                 format!(

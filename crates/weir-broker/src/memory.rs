@@ -181,7 +181,7 @@ impl Broker {
             .partitions()
             .into_iter()
             .filter(|p| {
-                p.log.config().memory_first
+                p.log.is_memory_first()
                     && p.state().leader == self.config.node_id
                     && p.log.log_end_offset() > p.log.high_watermark()
             })
@@ -317,7 +317,7 @@ impl Broker {
         let partitions: Vec<Arc<Partition>> = self
             .partitions()
             .into_iter()
-            .filter(|p| p.log.config().memory_first && p.state().replicas.contains(&self.config.node_id))
+            .filter(|p| p.log.is_memory_first() && p.state().replicas.contains(&self.config.node_id))
             .collect();
         if partitions.is_empty() {
             return Ok(());

@@ -208,6 +208,8 @@ pub struct Log {
     /// itself: to the log end on append, or, with `flush=sync`, to what is durable, so that no
     /// consumer ever reads data that a power failure could take back.
     high_watermark_managed: AtomicBool,
+    /// `config.memory_first`, read on every append without taking the config's lock.
+    memory_first: AtomicBool,
     pub(crate) deletion_queue: Arc<DeletionQueue>,
     /// Where compaction has reached (first uncleaned offset); kept by the cleaner.
     pub(crate) cleaner_checkpoint: AtomicI64,
@@ -319,6 +321,7 @@ impl Log {
     ) -> Log {
         Log {
             dir: dir.to_path_buf(),
+            memory_first: AtomicBool::new(config.memory_first),
             config: RwLock::new(Arc::new(config)),
             clock,
             segments: RwLock::new(BTreeMap::new()),
@@ -590,6 +593,7 @@ impl Log {
     /// are readable at once after a restart (the tier corrects it when it lists the store).
     pub fn set_config(&self, config: LogConfig) {
         let tiered = config.remote_storage_enable;
+        self.memory_first.store(config.memory_first, Ordering::Release);
         *write(&self.config) = Arc::new(config);
         if tiered {
             let first = read(&self.segments).keys().next().copied().unwrap_or(0);
@@ -665,6 +669,12 @@ impl Log {
     }
 
     /// Hands the high watermark to the caller's replication (see [`Log::set_high_watermark`]).
+    /// Whether the log is memory-first (`LogConfig::memory_first`), without taking the
+    /// config's lock.
+    pub fn is_memory_first(&self) -> bool {
+        self.memory_first.load(Ordering::Acquire)
+    }
+
     pub fn set_high_watermark_managed(&self, managed: bool) {
         self.high_watermark_managed.store(managed, Ordering::Release);
     }
@@ -672,7 +682,7 @@ impl Log {
     fn advance_high_watermark(&self, offset: i64) {
         // A memory-first log's high watermark is where the object store has it: the broker's
         // writer sets it (see `LogConfig::memory_first`).
-        if !self.high_watermark_managed.load(Ordering::Acquire) && !self.config().memory_first {
+        if !self.high_watermark_managed.load(Ordering::Acquire) && !self.memory_first.load(Ordering::Acquire) {
             self.high_watermark.fetch_max(offset.min(self.log_end_offset()), Ordering::AcqRel);
         }
     }
