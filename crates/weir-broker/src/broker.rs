@@ -1347,6 +1347,14 @@ impl PendingAppends {
         self
     }
 
+    /// Answers without waiting for the object store to take the writes to memory-first
+    /// partitions: a native writer keeps its records until the checkpoint passes them
+    /// (`crate::session`). The pool still counts them until the store has them.
+    pub fn without_persistence_wait(mut self) -> PendingAppends {
+        self.to_persist.clear();
+        self
+    }
+
     /// Waits until every append is as durable as its topic promises and, with `acks=all`, until
     /// the in-sync replicas have it, and returns the results in request order. The fsyncs of
     /// different partitions run in parallel; each partition's `sync_to` is shared with

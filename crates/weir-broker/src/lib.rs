@@ -39,6 +39,7 @@ pub use weir_controller::placement;
 pub mod replication;
 
 pub mod runtime;
+pub mod session;
 pub mod throttle;
 pub mod tier;
 mod topics;

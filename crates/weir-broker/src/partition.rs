@@ -63,6 +63,10 @@ pub struct Partition {
     pub(crate) replication: Mutex<ReplicaState>,
     /// The broker is shutting down: writes waiting for the ISR give up.
     pub(crate) closing: std::sync::atomic::AtomicBool,
+    /// S of the native write protocol: when this broker last took the partition over, in ms
+    /// (see `crate::session`). Set when the partition opens and each time this broker becomes
+    /// its leader.
+    pub(crate) load_stamp: AtomicI64,
 }
 
 /// This broker leads at `epoch` from now on: the epoch begins at the log end (batches appended
@@ -72,6 +76,12 @@ fn record_leader_epoch(log: &Log, topic: &str, index: i32, epoch: i32) {
     if let Err(e) = log.assign_leader_epoch(epoch) {
         tracing::error!(topic, partition = index, error = %e, "cannot record the leader epoch");
     }
+}
+
+pub(crate) fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// A topic's partitions by index, as this broker holds them: `None` where the partition's
@@ -114,7 +124,9 @@ impl Partition {
             watchers: Mutex::new(Vec::new()),
             replication: Mutex::new(ReplicaState::new()),
             closing: std::sync::atomic::AtomicBool::new(false),
+            load_stamp: AtomicI64::new(0),
         };
+        partition.mark_loaded(wall_clock_ms());
         partition.on_state_change(&state);
         partition
     }

@@ -179,6 +179,8 @@ impl Partition {
             if state.leader == self.local_broker {
                 let now = Instant::now();
                 if replication.leading_epoch != Some(state.leader_epoch) {
+                    // A new S for the native write protocol (`crate::session`).
+                    self.mark_loaded(crate::partition::wall_clock_ms());
                     replication.leading_epoch = Some(state.leader_epoch);
                     replication.epoch_start_offset = self.log.log_end_offset();
                     replication.followers.clear();

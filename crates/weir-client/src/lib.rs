@@ -1,5 +1,10 @@
-//! A small blocking Kafka client for tools: the `weir` CLI with `--bootstrap` speaks to a
-//! cluster through it when only the Kafka port is open.
+//! Weir's clients, over the Kafka listener:
+//! - [`native`]: an async producer and consumer. The producer speaks Weir's native write
+//!   protocol: it is answered once a broker holds its messages in memory, keeps each message
+//!   until the partition's checkpoint says it is persisted, and resends exactly what a broker
+//!   lost when the partition reloads or moves.
+//! - A small blocking Kafka client for tools, below: the `weir` CLI with `--bootstrap` speaks
+//!   to a cluster through it when only the Kafka port is open.
 //!
 //! - [`connection`]: one TCP connection to one broker; its API versions are asked once
 //!   (ApiVersions) and every request goes out at the highest version both sides know.
@@ -19,6 +24,7 @@
 pub mod cluster;
 pub mod connection;
 pub mod error;
+pub mod native;
 pub mod wire;
 
 pub use cluster::Cluster;

@@ -43,6 +43,9 @@ pub(crate) enum Reply {
 /// come) to the response being encoded, before it is written: for Fetch it includes the
 /// long-poll wait, for JoinGroup the wait for the other members, for Produce the fsync.
 pub(crate) async fn handle(ctx: &Ctx, peer: &Peer, frame: Bytes) -> Result<Reply, FrameError> {
+    if handlers::session_write::is_session_write(&frame) {
+        return handlers::session_write::handle(ctx, frame).await;
+    }
     let started = Instant::now();
     let known = frame::peek_prefix(&frame).ok().and_then(|p| ApiKey::try_from(p.api_key).ok());
     let Some((key, metrics)) = known.and_then(|key| api_metrics(&ctx.metrics, key).map(|m| (key, m))) else {

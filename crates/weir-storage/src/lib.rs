@@ -47,7 +47,7 @@ pub use file_slice::FileSlice;
 pub use leader_epoch::EpochEntry;
 pub use log::{AppendInfo, Log, LogStats, OpenOptions, ReadResult, RetentionOutcome, SealedSegment, TimestampOffset};
 pub use manager::{LogManager, ManagerOptions, TopicPartition};
-pub use producer_state::ProducerError;
+pub use producer_state::{ProducerError, ProducerProgress};
 pub use txn_index::AbortedTxn;
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ use crate::deletion::DeletionQueue;
 use crate::error::{IoContext, Result, StorageError};
 use crate::file_slice::FileSlice;
 use crate::leader_epoch::{EpochEntry, LeaderEpochCache, UNDEFINED_EPOCH};
-use crate::producer_state::{ProducerCheck, ProducerError, ProducerStateManager, NO_PRODUCER_ID};
+use crate::producer_state::{ProducerCheck, ProducerError, ProducerProgress, ProducerStateManager, NO_PRODUCER_ID};
 use crate::segment::{Segment, SegmentRead};
 use crate::sync::{lock, read, write};
 use crate::txn_index::{AbortedTxn, TxnIndex};
@@ -1660,6 +1660,12 @@ impl Log {
     pub fn expire_producers(&self, expiration_ms: i64) -> usize {
         let now = self.clock.now_ms();
         lock(&self.producers).expire(now, expiration_ms)
+    }
+
+    /// Where an idempotent producer's last batch in this log stands (`None`: the log knows no
+    /// batch of it, or forgot it at expiry).
+    pub fn producer_progress(&self, producer_id: i64) -> Option<ProducerProgress> {
+        lock(&self.producers).progress(producer_id)
     }
 
     /// The idempotent producers this partition knows.

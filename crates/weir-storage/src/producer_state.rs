@@ -73,6 +73,16 @@ impl ProducerEntry {
     }
 }
 
+/// An idempotent producer's last batch in a log: its epoch, the sequence number of its last
+/// record and that record's offset. Every record of the producer with a sequence at or below
+/// `last_sequence` (in the epoch) is in the log at or below `last_offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerProgress {
+    pub epoch: i16,
+    pub last_sequence: i32,
+    pub last_offset: i64,
+}
+
 /// What [`ProducerStateManager::check`] decided for a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ProducerCheck {
@@ -115,6 +125,13 @@ impl ProducerStateManager {
 
     pub fn len(&self) -> usize {
         self.producers.len()
+    }
+
+    /// Where a producer's last batch stands: see [`ProducerProgress`].
+    pub fn progress(&self, producer_id: i64) -> Option<ProducerProgress> {
+        let entry = self.producers.get(&producer_id)?;
+        let last = entry.batches.back()?;
+        Some(ProducerProgress { epoch: entry.epoch, last_sequence: last.last_seq, last_offset: last.last_offset })
     }
 
     /// The first offset of the oldest open transaction, if any (bounds the last stable offset).

@@ -10,6 +10,7 @@ pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
 pub mod producer;
+pub mod session_write;
 pub mod share_fetch;
 pub mod share_groups;
 pub mod txn;

@@ -12,6 +12,7 @@ pub mod consume;
 pub mod group;
 pub mod kafka;
 pub mod message;
+pub mod native;
 pub mod partition;
 pub mod produce;
 pub mod time;

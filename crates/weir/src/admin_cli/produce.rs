@@ -61,6 +61,14 @@ pub struct ProduceArgs {
     /// the admin API's 16 MiB body limit).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub batch: u32,
+    /// Write through Weir's native write protocol (needs --bootstrap): answered once the broker
+    /// holds the lines in memory, printing each partition's checkpoint as it moves, resending
+    /// exactly what a broker lost when a partition reloads or moves (docs/native-protocol.md).
+    #[arg(long, requires = "bootstrap")]
+    pub native: bool,
+    /// With --native: the sequence number of the first line (each next line adds one).
+    #[arg(long, default_value_t = 0, requires = "native")]
+    pub first_sequence: u64,
     #[command(flatten)]
     pub connection: Connection,
 }
@@ -94,6 +102,9 @@ pub fn run(args: &ProduceArgs) -> anyhow::Result<()> {
     std::thread::spawn(move || read_lines(lines_tx));
 
     if let Some(bootstrap) = &args.connection.bootstrap {
+        if args.native {
+            return super::native::run(args, bootstrap, lines);
+        }
         return run_over_kafka(args, bootstrap, lines);
     }
     let mut sender = Sender::new(args)?;
