@@ -157,6 +157,7 @@ impl Broker {
                     let _ = this.flush_memory_partitions().await;
                     return;
                 }
+                this.load_taken_over_memory_partitions();
                 match this.flush_memory_partitions().await {
                     Ok(_) => {}
                     Err(e) => {
@@ -181,9 +182,11 @@ impl Broker {
             .partitions()
             .into_iter()
             .filter(|p| {
+                let state = p.state();
                 p.log.is_memory_first()
-                    && p.state().leader == self.config.node_id
-                    && p.log.log_end_offset() > p.log.high_watermark()
+                    && state.leader == self.config.node_id
+                    && p.memory_loaded(state.leader_epoch)
+                    && p.log.log_end_offset() > p.unpersisted_from()
             })
             .collect();
         if partitions.is_empty() {
@@ -203,7 +206,7 @@ impl Broker {
                         break;
                     }
                     let log = &partition.log;
-                    let (from, end) = (log.high_watermark(), log.log_end_offset());
+                    let (from, end) = (partition.unpersisted_from(), log.log_end_offset());
                     let read = log.read_with(from, budget - total, end, true)?;
                     let Some(slice) = read.slice else { continue };
                     let next_offset = slice.next_offset;
@@ -235,14 +238,16 @@ impl Broker {
             .await
             .map_err(|e| BrokerError::new(ErrorKind::Storage, format!("writing a write-ahead object: {e}")))?;
         let mut bytes = 0u64;
+        // A broker fenced meanwhile, or a partition led elsewhere now, acknowledges nothing
+        // of this object: the new leader may have loaded the partition before the PUT, and
+        // never reads what came after (see `deposed`).
+        let may_lead = self.cluster.lifecycle.check_may_lead(self.config.node_id).is_ok();
         for (partition, entry) in partitions.iter().zip(&object.header.entries) {
             bytes += entry.length;
-            // Leadership may have moved meanwhile: the write is in the store all the same, and
-            // the next leader recovers from it.
-            if entry.range.next_offset <= partition.log.log_end_offset()
-                && entry.range.next_offset > partition.log.high_watermark()
-            {
-                partition.log.set_high_watermark(entry.range.next_offset);
+            let state = partition.state();
+            let still_leads = state.leader == self.config.node_id && state.leader_epoch == entry.range.leader_epoch;
+            if may_lead && still_leads {
+                partition.persisted_to(entry.range.next_offset, state.replicas.len());
             }
             partition.wake_waiters();
             self.memory.persisted(entry.length);
@@ -309,16 +314,48 @@ impl Broker {
     }
 
     /// Brings every memory-first partition hosted here to what the object store holds (see
-    /// the module doc): cuts a local tail the store never took, writes back from the
-    /// write-ahead objects what the local log lacks, and puts the high watermark at the end of
-    /// what the store holds. Blocking; at start-up, before clients are served.
+    /// [`Broker::recover_memory_partition_list`]). Blocking; at start-up, before clients are
+    /// served.
     pub(crate) fn recover_memory_partitions(&self) -> Result<(), BrokerError> {
-        let Some(tier) = self.tier.clone() else { return Ok(()) };
         let partitions: Vec<Arc<Partition>> = self
             .partitions()
             .into_iter()
             .filter(|p| p.log.is_memory_first() && p.state().replicas.contains(&self.config.node_id))
             .collect();
+        self.recover_memory_partition_list(&partitions, true)
+    }
+
+    /// Loads the memory-first partitions this broker leads at an epoch it has not loaded
+    /// them at: moved here from a broker that died, or led here again after a fence. Until
+    /// then they serve nothing (`Partition::check_local_leader`).
+    fn load_taken_over_memory_partitions(&self) {
+        let node = self.config.node_id;
+        let waiting: Vec<Arc<Partition>> = self
+            .partitions()
+            .into_iter()
+            .filter(|p| {
+                let state = p.state();
+                p.log.is_memory_first() && state.leader == node && !p.memory_loaded(state.leader_epoch)
+            })
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        if let Err(e) = self.recover_memory_partition_list(&waiting, false) {
+            tracing::warn!(error = %e, "cannot load memory-first partitions taken over from the object store; retrying");
+        }
+    }
+
+    /// Brings `partitions` to what the object store holds (see the module doc): cuts a local
+    /// tail the store never took, writes back from the write-ahead objects what the local log
+    /// lacks, and puts the high watermark at the end of what the store holds. Each is then
+    /// marked loaded at the leader epoch it had when its loading began. Blocking.
+    ///
+    /// Write-ahead entries of an older leader epoch that begin at or after the first entry of a
+    /// newer one are a deposed leader's, written after the new leader loaded: never
+    /// acknowledged, and not part of the log.
+    fn recover_memory_partition_list(&self, partitions: &[Arc<Partition>], at_start: bool) -> Result<(), BrokerError> {
+        let Some(tier) = self.tier.clone() else { return Ok(()) };
         if partitions.is_empty() {
             return Ok(());
         }
@@ -327,25 +364,30 @@ impl Broker {
         };
         let objects =
             crate::runtime::block_on(Wal::new(tier.store()).list())?.map_err(|e| store_error("listing", e))?;
-        let next_sequence = objects.len() as u64;
-        self.memory.sequence.fetch_max(next_sequence, Ordering::Relaxed);
-        // The entries of each partition, by base offset.
-        let mut by_partition: HashMap<PartitionKey, BTreeMap<i64, (usize, usize)>> = HashMap::new();
+        if at_start {
+            self.memory.sequence.fetch_max(objects.len() as u64, Ordering::Relaxed);
+        }
+        let mut by_partition: HashMap<PartitionKey, Vec<(usize, usize)>> = HashMap::new();
         for (o, object) in objects.iter().enumerate() {
             for (e, entry) in object.header.entries.iter().enumerate() {
-                by_partition
-                    .entry((entry.range.topic_id, entry.range.partition))
-                    .or_default()
-                    .insert(entry.range.base_offset, (o, e));
+                by_partition.entry((entry.range.topic_id, entry.range.partition)).or_default().push((o, e));
             }
         }
-        for partition in &partitions {
+        for partition in partitions {
+            let epoch = partition.state().leader_epoch;
             let remote = tier.partition(&partition.topic, partition.topic_id, partition.index);
             crate::runtime::block_on(remote.refresh(&partition.log))?
                 .map_err(|e| store_error("listing the tier", e))?;
             let remote_end = partition.log.remote_end_offset();
             let log = &partition.log;
-            let entries = by_partition.remove(&(partition.topic_id, partition.index)).unwrap_or_default();
+            let found = by_partition.remove(&(partition.topic_id, partition.index)).unwrap_or_default();
+            let ranges: Vec<&WalRange> = found.iter().map(|(o, e)| &objects[*o].header.entries[*e].range).collect();
+            let entries: BTreeMap<i64, (usize, usize)> = found
+                .iter()
+                .zip(&ranges)
+                .filter(|(_, range)| !deposed(range, &ranges))
+                .map(|(at, range)| (range.base_offset, *at))
+                .collect();
             let store_end = entries
                 .values()
                 .map(|(o, e)| objects[*o].header.entries[*e].range.next_offset)
@@ -360,7 +402,8 @@ impl Broker {
                 log.truncate_to(store_end)?;
             }
             if log.log_end_offset() < remote_end {
-                // Lost below what the tier holds (a lost disk): the local part starts anew.
+                // Lost below what the tier holds (a lost disk, or a partition new here): the
+                // local part starts anew.
                 log.truncate_fully_and_start_tiered_at(log.log_start_offset().min(remote_end), remote_end)?;
                 log.set_remote_range(partition_remote_range(&tier, partition));
             }
@@ -384,16 +427,56 @@ impl Broker {
                 }
             }
             let end = log.log_end_offset();
+            partition.memory_persisted_end.store(end, Ordering::Release);
             if end > log.high_watermark() {
                 log.set_high_watermark(end);
             }
-            tracing::info!(topic = %partition.topic, partition = partition.index, log_end = end, remote_end,
-                "recovered a memory-first partition from the object store");
+            if partition.state().leader == self.config.node_id {
+                // Its leader epoch begins where the loaded log ends.
+                if let Err(e) = log.assign_leader_epoch(epoch) {
+                    tracing::warn!(topic = %partition.topic, partition = partition.index, error = %e, "cannot record the leader epoch");
+                }
+            }
+            partition.set_memory_loaded(epoch);
+            partition.wake_waiters();
+            tracing::info!(topic = %partition.topic, partition = partition.index, log_end = end, remote_end, leader_epoch = epoch,
+                "loaded a memory-first partition from the object store");
         }
-        // This broker collects the objects it wrote; another broker's are its own to collect.
-        *lock(&self.memory.live) = objects.into_iter().filter(|o| o.header.node == self.config.node_id).collect();
+        if at_start {
+            // This broker collects the objects it wrote; another broker's are its own to collect.
+            *lock(&self.memory.live) = objects.into_iter().filter(|o| o.header.node == self.config.node_id).collect();
+        }
         Ok(())
     }
+}
+
+impl Partition {
+    /// Where the part of this memory-first partition the object store lacks begins (past the
+    /// high watermark while a reassignment's new replicas catch up).
+    fn unpersisted_from(&self) -> i64 {
+        self.log.high_watermark().max(self.memory_persisted_end.load(Ordering::Acquire))
+    }
+
+    /// The object store holds this memory-first partition up to `end`: its high watermark
+    /// moves there, or, while a reassignment adds replicas, as far as the in-sync ones have
+    /// it too.
+    fn persisted_to(&self, end: i64, replicas: usize) {
+        if end > self.log.log_end_offset() {
+            return;
+        }
+        self.memory_persisted_end.fetch_max(end, Ordering::AcqRel);
+        if replicas > 1 {
+            self.maybe_advance_high_watermark();
+        } else if end > self.log.high_watermark() {
+            self.log.set_high_watermark(end);
+        }
+    }
+}
+
+/// Whether a write-ahead entry is a deposed leader's: a newer leader epoch's entries begin at
+/// or before it (see [`Broker::recover_memory_partition_list`]).
+fn deposed(range: &WalRange, all: &[&WalRange]) -> bool {
+    all.iter().any(|other| other.leader_epoch > range.leader_epoch && other.base_offset <= range.base_offset)
 }
 
 fn partition_remote_range(tier: &crate::tier::Tier, partition: &Partition) -> Option<(i64, i64)> {

@@ -1,7 +1,7 @@
 //! A partition as the broker sees it: its log, its replicas and leader (from the metadata), and
 //! the long-poll fetches waiting for it to grow.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use tokio::sync::Notify;
@@ -67,6 +67,14 @@ pub struct Partition {
     /// (see `crate::session`). Set when the partition opens and each time this broker becomes
     /// its leader.
     pub(crate) load_stamp: AtomicI64,
+    /// For a memory-first partition: the leader epoch at which this broker last brought it to
+    /// what the object store holds (`crate::memory`); -1 before. Led at another epoch, it
+    /// serves nothing until the memory writer has loaded it (a partition moved here, or led
+    /// here again after a fence, may lack what the store has, or hold what it never took).
+    memory_loaded_epoch: AtomicI32,
+    /// For a memory-first partition led here: the end of what the object store holds of it.
+    /// Its high watermark never passes it (`crate::memory`).
+    pub(crate) memory_persisted_end: AtomicI64,
 }
 
 /// This broker leads at `epoch` from now on: the epoch begins at the log end (batches appended
@@ -107,6 +115,8 @@ impl Partition {
         if state.leader == local_broker {
             record_leader_epoch(&log, &topic, index, state.leader_epoch);
         }
+        // A partition new with its topic has nothing in the store to load.
+        let new_with_topic = if state.leader_epoch == 0 && log.log_end_offset() == 0 { 0 } else { -1 };
         let partition = Partition {
             topic,
             topic_id,
@@ -125,6 +135,8 @@ impl Partition {
             replication: Mutex::new(ReplicaState::new()),
             closing: std::sync::atomic::AtomicBool::new(false),
             load_stamp: AtomicI64::new(0),
+            memory_loaded_epoch: AtomicI32::new(new_with_topic),
+            memory_persisted_end: AtomicI64::new(0),
         };
         partition.mark_loaded(wall_clock_ms());
         partition.on_state_change(&state);
@@ -223,6 +235,15 @@ impl Partition {
     pub fn check_local_leader(&self) -> Result<Arc<PartitionState>, BrokerError> {
         let state = self.state();
         if state.leader == self.local_broker {
+            if self.log.is_memory_first() && !self.memory_loaded(state.leader_epoch) {
+                return Err(BrokerError::new(
+                    ErrorKind::LeaderNotAvailable,
+                    format!(
+                        "{}-{} is loading from the object store on this broker ({}): retry shortly",
+                        self.topic, self.index, self.local_broker
+                    ),
+                ));
+            }
             return Ok(state);
         }
         let (kind, why) = if state.leader == crate::metadata::NO_LEADER {
@@ -234,6 +255,16 @@ impl Partition {
             kind,
             format!("{}-{} {why}, not by this broker ({}).", self.topic, self.index, self.local_broker),
         ))
+    }
+
+    /// Whether this broker brought the memory-first partition to what the object store holds
+    /// at `leader_epoch` (see `crate::memory`).
+    pub(crate) fn memory_loaded(&self, leader_epoch: i32) -> bool {
+        self.memory_loaded_epoch.load(Ordering::Acquire) == leader_epoch
+    }
+
+    pub(crate) fn set_memory_loaded(&self, leader_epoch: i32) {
+        self.memory_loaded_epoch.store(leader_epoch, Ordering::Release);
     }
 
     /// Checks the leader epoch a client believes current (`None`: it does not say): an older one

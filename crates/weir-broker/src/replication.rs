@@ -270,6 +270,11 @@ impl Partition {
                     _ => return,
                 }
             }
+            if self.log.is_memory_first() {
+                // What the ISR has counts once the object store has it too: a replica being
+                // added by a reassignment does not make a write durable.
+                target = target.min(self.memory_persisted_end.load(std::sync::atomic::Ordering::Acquire));
+            }
             let previous = self.log.high_watermark();
             let moved = target > previous && target <= self.log.log_end_offset();
             if moved {

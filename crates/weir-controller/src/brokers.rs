@@ -7,7 +7,7 @@
 //! from the applied state and committed with the fencing record, in one entry, so no node ever
 //! sees a fenced broker still leading.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -154,6 +154,10 @@ pub fn decide_heartbeat(
     if registration.fenced && applied_offset >= session.catch_up_to {
         let mut records = vec![MetadataRecord::UnfenceBroker { id }];
         records.extend(leader_changes_on_unfence(state, id, &|t| unclean_allowed(config, t)));
+        // Memory-first partitions no live broker holds come to this one.
+        let mut homes = crate::elastic::placement_load(state);
+        homes.entry(id).or_insert(0.0);
+        records.extend(memory_first_moves(state, config, homes));
         return Decision { records, answer: HeartbeatAnswer { must_register: false, fenced: false } };
     }
     Decision::nothing(HeartbeatAnswer { must_register: false, fenced: registration.fenced })
@@ -205,11 +209,57 @@ pub fn decide_unregister(state: &MetadataState, id: i32, voter: bool) -> Result<
 /// Decides the fencing of broker `id` with the leader changes it implies; the answer is how
 /// many partitions change.
 pub fn decide_fence(state: &MetadataState, config: &ControllerConfig, id: i32) -> Decision<usize> {
-    let changes = leaderless_changes(state, id, &|t| unclean_allowed(config, t));
+    let mut changes = leaderless_changes(state, id, &|t| unclean_allowed(config, t));
+    let mut homes = crate::elastic::placement_load(state);
+    homes.remove(&id);
+    changes.extend(memory_first_moves(state, config, homes));
     let partitions = changes.len();
     let mut records = vec![MetadataRecord::FenceBroker { id }];
     records.extend(changes);
     Decision { records, answer: partitions }
+}
+
+/// Whether a topic is memory-first (`storage.mode=memory`): its partitions are durable in the
+/// object store, not on their replicas.
+fn memory_first(config: &ControllerConfig, topic: &TopicMetadata) -> bool {
+    crate::topic_config::log_config(&config.topic_defaults, &topic.configs).is_ok_and(|c| c.memory_first)
+}
+
+/// Memory-first partitions whose every replica is on a fenced broker (or one fenced now) move
+/// to a live broker of `homes` (each with its load; the least loaded first, then the lowest
+/// id), which loads them from the object store: what the store has is all there is to them,
+/// so no replica is needed to copy from. Each partition moved adds to its new home's load.
+pub(crate) fn memory_first_moves(
+    state: &MetadataState,
+    config: &ControllerConfig,
+    mut homes: BTreeMap<i32, f64>,
+) -> Vec<MetadataRecord> {
+    let mut out = Vec::new();
+    for topic in state.topics.values().filter(|t| memory_first(config, t)) {
+        for (index, partition) in topic.assignments.iter().enumerate() {
+            if partition.replicas.iter().any(|b| homes.contains_key(b)) {
+                continue;
+            }
+            let best = homes.iter().min_by(|a, b| a.1.total_cmp(b.1).then(a.0.cmp(b.0))).map(|(id, _)| *id);
+            let Some(home) = best else { return out };
+            if let Some(load) = homes.get_mut(&home) {
+                *load += 2.0;
+            }
+            tracing::info!(topic = %topic.name, partition = index, from = ?partition.replicas, to = home,
+                "a memory-first partition lost its broker: it moves and loads from the object store");
+            out.push(MetadataRecord::PartitionReassignment {
+                topic: topic.name.clone(),
+                id: topic.id,
+                partition: index as i32,
+                replicas: vec![home],
+                isr: vec![home],
+                leader: home,
+                adding: Vec::new(),
+                removing: Vec::new(),
+            });
+        }
+    }
+    out
 }
 
 /// May a replica outside the ISR lead this topic's partitions (`unclean.leader.election.enable`)?
@@ -406,6 +456,52 @@ mod tests {
             topic_defaults: Default::default(),
             replica_capacity: None,
         }
+    }
+
+    #[test]
+    fn memory_first_partitions_of_a_fenced_broker_move_to_the_least_loaded_live_ones() {
+        let mut state = state_with(
+            vec![PartitionState::new(vec![1]), PartitionState::new(vec![1]), PartitionState::new(vec![2])],
+            &[3],
+        );
+        let mut topic = (*state.topics["t"]).clone();
+        topic.configs.insert("storage.mode".into(), "memory".into());
+        topic.configs.insert("remote.storage.enable".into(), "true".into());
+        state.topics.insert("t".into(), std::sync::Arc::new(topic));
+        // Broker 3 is fenced: both of broker 1's partitions go to broker 2.
+        let decision = decide_fence(&state, &config(), 1);
+        let moves: Vec<(i32, Vec<i32>, i32)> = decision
+            .records
+            .iter()
+            .filter_map(|r| match r {
+                MetadataRecord::PartitionReassignment { partition, replicas, leader, adding, removing, .. } => {
+                    assert!(adding.is_empty() && removing.is_empty());
+                    Some((*partition, replicas.clone(), *leader))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(moves, vec![(0, vec![2], 2), (1, vec![2], 2)]);
+        let mut after = state.clone();
+        for (record, offset) in decision.records.iter().zip(10..) {
+            after.apply(offset, record);
+        }
+        assert_eq!(after.topics["t"].assignments[0].leader, 2);
+        assert!(after.topics["t"].assignments[0].leader_epoch > state.topics["t"].assignments[0].leader_epoch);
+
+        // With nowhere to go they wait; the next broker unfenced takes them.
+        let alone = decide_fence(&after, &config(), 2);
+        let mut offline = after.clone();
+        for (record, offset) in alone.records.iter().zip(20..) {
+            offline.apply(offset, record);
+        }
+        assert!(offline.topics["t"].assignments.iter().all(|p| p.leader == NO_LEADER));
+        let homes = BTreeMap::from([(3, 0.0)]);
+        assert_eq!(memory_first_moves(&offline, &config(), homes).len(), 3);
+
+        // A topic on disk does not move.
+        let plain = state_with(vec![PartitionState::new(vec![1])], &[]);
+        assert!(memory_first_moves(&plain, &config(), BTreeMap::from([(2, 0.0)])).is_empty());
     }
 
     #[test]

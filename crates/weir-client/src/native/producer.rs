@@ -145,6 +145,8 @@ pub struct ProducerStats {
     pub persisted: u64,
     /// Messages sent again after the broker lost them (a stale session) or never answered.
     pub resent: u64,
+    /// The lowest [`Message::sequence`] sent again, if any was.
+    pub lowest_resent: Option<u64>,
     /// Sessions refused as stale (the partition reloaded or moved).
     pub stale_sessions: u64,
 }
@@ -341,6 +343,10 @@ impl Producer {
             total.persisted += stats.persisted;
             total.resent += stats.resent;
             total.stale_sessions += stats.stale_sessions;
+            total.lowest_resent = match (total.lowest_resent, stats.lowest_resent) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
         total
     }
@@ -457,6 +463,9 @@ impl LaneState {
             bytes += pending.size;
             if pending.sent {
                 resent += 1;
+                if let Some(sequence) = pending.message.sequence {
+                    self.stats.lowest_resent = Some(self.stats.lowest_resent.map_or(sequence, |s| s.min(sequence)));
+                }
             }
             pending.sent = true;
             let message = &pending.message;
@@ -749,6 +758,7 @@ mod tests {
         assert_eq!(state.queue.len(), 3, "released below C = 3");
         let (_, count) = state.next_batch(9, 0, 1 << 20);
         assert_eq!((count, state.stats.resent), (3, 3));
+        assert_eq!(state.stats.lowest_resent, Some(30), "the user's sequence of message 3");
     }
 
     #[test]

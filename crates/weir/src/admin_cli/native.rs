@@ -35,6 +35,8 @@ struct CheckpointLine {
 struct Summary {
     produced: u64,
     resent: u64,
+    /// The lowest line sequence number sent again.
+    lowest_resent: Option<u64>,
     stale_sessions: u64,
     producer_id: i64,
 }
@@ -111,6 +113,7 @@ async fn produce(
         let summary = Summary {
             produced,
             resent: stats.resent,
+            lowest_resent: stats.lowest_resent,
             stale_sessions: stats.stale_sessions,
             producer_id: producer.producer_id(),
         };
