@@ -13,6 +13,7 @@ Every wait is bounded.
 """
 
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -197,6 +198,25 @@ def test_a_native_producer_on_a_page_cache_topic_is_persisted_at_the_high_waterm
     assert out[-1]["produced"] == 500 and out[-1]["resent"] == 0
     assert max(c["sequence"] for c in out[:-1] if c.get("sequence") is not None) == 499
     assert lines_in_order(broker.bootstrap, topic, 500) == list(range(500))
+
+
+def test_a_native_producer_routes_by_logical_partition_on_an_elastic_topic(broker):
+    """Logical partition 20000 of an elastic topic of 8 stable partitions lives in stable
+    partition 20000 // (65536 // 8) = 2, where the native producer puts it."""
+    topic = unique("native-elastic")
+    env = dict(os.environ, WEIR_ADMIN=broker.admin_url())
+    created = subprocess.run([str(weir_bin()), "topic", "create", topic, "--elastic", "--partitions", "2",
+                              "--stable-partitions", "8"], capture_output=True, text=True, env=env, timeout=60)
+    assert created.returncode == 0, created.stderr
+    lines = "".join(f"line-{n}\n" for n in range(200))
+    done = subprocess.run(
+        [str(weir_bin()), "produce", topic, "--native", "--bootstrap", broker.bootstrap, "--logical-partition",
+         "20000", "--json"], input=lines, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["partition"] for line in done.stdout.splitlines()[:-1]] == [2] * (
+        len(done.stdout.splitlines()) - 1)
+    records = c_read_partition(broker.bootstrap, topic, 2, 200)
+    assert [bytes(r.value).decode() for r in records] == [f"line-{n}" for n in range(200)]
 
 
 def session_write(sock, correlation_id, body, version=0):

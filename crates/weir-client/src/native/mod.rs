@@ -20,4 +20,4 @@ mod routes;
 pub mod wire;
 
 pub use consumer::{Consumer, ConsumerConfig, Received, StartAt};
-pub use producer::{Checkpoint, Message, Producer, ProducerConfig, ProducerStats};
+pub use producer::{stable_partition, Checkpoint, Message, Producer, ProducerConfig, ProducerStats};

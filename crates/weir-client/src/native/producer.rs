@@ -294,6 +294,16 @@ impl Producer {
         Ok(())
     }
 
+    /// Sends to logical partition `logical` (0 to 65,535) of an elastic topic: to the stable
+    /// partition that holds it, whatever the topic's physical layout (`docs/elastic.md`: stable
+    /// partition `s` of `S` holds the logical partitions `[s·B, (s+1)·B)`, `B = 65536 / S`).
+    /// A split or merge that moves the stable partition is, to the producer, a move: it
+    /// resends there what was not persisted.
+    pub async fn send_logical(&self, logical: i32, message: Message) -> Result<(), ClientError> {
+        let partition = stable_partition(logical, self.partitions())?;
+        self.send(partition, message).await
+    }
+
     /// Moves every message sent so far into the brokers' memory: returns once each is
     /// accepted (not yet persisted: see [`Producer::persisted`]).
     pub async fn flush(&self) -> Result<(), ClientError> {
@@ -363,6 +373,25 @@ impl Drop for Producer {
             task.abort();
         }
     }
+}
+
+/// The logical partitions of an elastic topic.
+pub const LOGICAL_PARTITIONS: i32 = 65_536;
+
+/// The stable partition of `logical` in a topic of `stable` partitions (a power of two, as an
+/// elastic topic's count is).
+pub fn stable_partition(logical: i32, stable: i32) -> Result<i32, ClientError> {
+    if !(0..LOGICAL_PARTITIONS).contains(&logical) {
+        return Err(ClientError::Unavailable(format!(
+            "logical partition {logical} is outside 0..{LOGICAL_PARTITIONS}"
+        )));
+    }
+    if !(1..=LOGICAL_PARTITIONS).contains(&stable) || stable.count_ones() != 1 {
+        return Err(ClientError::Unavailable(format!(
+            "a topic of {stable} partitions is not elastic: an elastic topic has a power of two of them"
+        )));
+    }
+    Ok(logical / (LOGICAL_PARTITIONS / stable))
 }
 
 /// `sequence` as the wire carries it.
@@ -781,6 +810,17 @@ mod tests {
         let mut state = lane_with(2);
         state.queue.pop_front();
         assert!(state.sync(&answer(-1, -1, 0, 7)).is_err(), "a forgotten producer");
+    }
+
+    #[test]
+    fn logical_partitions_map_to_their_stable_partition_blocks() {
+        assert_eq!(stable_partition(0, 64).ok(), Some(0));
+        assert_eq!(stable_partition(1023, 64).ok(), Some(0));
+        assert_eq!(stable_partition(1024, 64).ok(), Some(1));
+        assert_eq!(stable_partition(65_535, 64).ok(), Some(63));
+        assert!(stable_partition(65_536, 64).is_err());
+        assert!(stable_partition(-1, 64).is_err());
+        assert!(stable_partition(5, 3).is_err(), "not a power of two");
     }
 
     #[test]

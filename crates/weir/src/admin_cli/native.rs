@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde::Serialize;
 use weir_broker::partitioner::partition_for_key;
-use weir_client::native::{Message, Producer, ProducerConfig};
+use weir_client::native::{stable_partition, Message, Producer, ProducerConfig};
 
 use super::produce::{split_line, ProduceArgs};
 
@@ -42,11 +42,6 @@ struct Summary {
 }
 
 pub fn run(args: &ProduceArgs, bootstrap: &str, lines: mpsc::Receiver<anyhow::Result<Vec<u8>>>) -> anyhow::Result<()> {
-    if args.logical_partition.is_some() {
-        anyhow::bail!(
-            "--native writes to stable partitions: give --partition, or keys, instead of --logical-partition"
-        );
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -70,6 +65,11 @@ async fn produce(
     if let Some(partition) = args.partition.filter(|p| *p < 0 || *p >= partitions) {
         anyhow::bail!("partition {partition} of '{}' does not exist (it has {partitions})", args.topic);
     }
+    // An elastic topic's logical partition lives in one stable partition for good.
+    let logical = match args.logical_partition {
+        Some(logical) => Some(stable_partition(logical, partitions)?),
+        None => None,
+    };
     let json = args.connection.json;
     let reporter = tokio::spawn(report(producer.clone(), json));
 
@@ -88,7 +88,7 @@ async fn produce(
     while let Some(line) = rx.recv().await {
         let line = line?;
         let (key, value) = split_line(&line, separator);
-        let partition = match (args.partition, key) {
+        let partition = match (args.partition.or(logical), key) {
             (Some(partition), _) => partition,
             (None, Some(key)) => partition_for_key(key, partitions),
             (None, None) => (produced % partitions as u64) as i32,

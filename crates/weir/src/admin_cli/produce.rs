@@ -51,7 +51,7 @@ pub struct ProduceArgs {
     #[arg(long, conflicts_with = "logical_partition")]
     pub partition: Option<i32>,
     /// Send every record to this logical partition (0 to 65535) of an elastic topic: to the
-    /// stable partition that holds it (docs/elastic.md). Admin API only.
+    /// stable partition that holds it (docs/elastic.md). Admin API, or --native.
     #[arg(long)]
     pub logical_partition: Option<i32>,
     /// A header on every record: --header source=cli. Repeatable.

@@ -41,7 +41,7 @@ impl<'a> KafkaSender<'a> {
     pub fn connect(args: &'a ProduceArgs, bootstrap: &str) -> anyhow::Result<KafkaSender<'a>> {
         if args.logical_partition.is_some() {
             anyhow::bail!(
-                "--logical-partition goes through Weir's admin API, which knows elastic topics: leave out --bootstrap"
+                "--logical-partition goes through Weir's admin API, which knows elastic topics: leave out --bootstrap, or add --native"
             );
         }
         let mut cluster = super::connect(bootstrap)?;
