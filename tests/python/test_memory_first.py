@@ -15,6 +15,8 @@ Every wait is bounded.
 """
 
 import shutil
+import socket
+import threading
 import time
 
 from confluent_kafka import KafkaException
@@ -170,3 +172,93 @@ def test_memory_first_settings_are_checked(s3, broker_factory):
         raise AssertionError("storage.mode changed")
     except KafkaException as e:
         assert "storage.mode cannot change" in str(e)
+
+
+class StoreGate:
+    """A TCP forwarder in front of the S3 server, closed (connections refused) and opened again
+    at will: the store becomes unreachable while keeping what it holds."""
+
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.listener = None
+        self.connections = []
+
+    def open(self):
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+        return self
+
+    def close(self):
+        listener, self.listener = self.listener, None
+        listener.close()
+        for conn in self.connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+        self.connections = []
+
+    def _accept(self, listener):
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self.connections += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source, sink):
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                sink.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+
+def test_a_broker_starts_with_its_store_unreachable_and_loads_memory_first_partitions_once_it_answers(
+        s3, broker_factory):
+    """The store cannot be reached when the broker restarts: it starts anyway and serves its
+    other topics; the memory-first topic takes no write and serves nothing until the store
+    answers, then serves every record it had acknowledged."""
+    bucket = unique("bucket")
+    s3.client.create_bucket(Bucket=bucket)
+    gate = StoreGate(s3.port).open()
+    broker = broker_factory(memory_settings(gate, bucket, prefix="gate"))
+    topic = unique("memory-gate")
+    admin = create_memory_topic(broker, topic)
+    plain = unique("plain")
+    admin.create_topics([NewTopic(plain, num_partitions=1, replication_factor=1)])[plain].result(timeout=30)
+    values = [f"v{i:04d}" for i in range(300)]
+    acked, failed = produce(broker, topic, values)
+    assert not failed and len(acked) == len(values)
+
+    broker.kill9()
+    gate.close()
+    broker.start()
+    # Other topics are served.
+    producer = c_producer(broker.bootstrap, {"acks": "all"})
+    producer.produce(plain, value=b"still here")
+    assert producer.flush(30) == 0
+    assert bytes(c_read_partition(broker.bootstrap, plain, 0, 1)[0].value) == b"still here"
+    # The memory-first topic takes nothing.
+    acked_down, _ = produce(broker, topic, ["down"] * 3, {"message.timeout.ms": "2000", "request.timeout.ms": "1000"})
+    assert acked_down == [], "a write was acknowledged before the partition was loaded"
+
+    gate.open()
+    try:
+        assert sorted(read_all(broker, topic, [100, 100, 100])) == sorted(values)
+        later, failed = produce(broker, topic, [f"later{i}" for i in range(30)])
+        assert not failed and len(later) == 30
+    finally:
+        gate.close()

@@ -39,6 +39,11 @@ pub enum BenchCommand {
     /// on one broker, side by side.
     #[command(long_about = TIERED_LONG_ABOUT)]
     Tiered(TieredBenchArgs),
+    /// The native write protocol against Kafka produce (acks=all), on a memory-first topic and
+    /// on a page-cache topic of one broker, side by side: latency to the answer and to
+    /// persistence, MB/s and broker CPU per GB.
+    #[command(long_about = NATIVE_LONG_ABOUT)]
+    Native(NativeBenchArgs),
     /// What replication costs a producer: produce MB/s and latency with 1 replica / acks=1,
     /// 3 replicas / acks=1 and 3 replicas / acks=all on a 3-node cluster, side by side.
     Replication(ReplicationBenchArgs),
@@ -59,6 +64,18 @@ pub enum BenchCommand {
     #[command(disable_help_flag = true, long_about = KAFKA_LONG_ABOUT)]
     Kafka(crate::kafka::KafkaBenchArgs),
 }
+
+const NATIVE_LONG_ABOUT: &str = "\
+The native write protocol (docs/native-protocol.md) against Kafka produce with acks=all, on a
+memory-first topic and on a page-cache topic (both tiered, one partition) of one broker started
+for the run with the default directory store, taking turns for --rounds.
+
+Each client first writes one --record-bytes record at a time, --writes times: the native
+producer's latency to its answer (the broker holds the write) and to its persistence (the
+checkpoint passes it); Kafka's to its answer, which on a memory-first topic comes once the
+store has the write. Then each streams --bytes: the native producer through its buffer, Kafka
+in 1 MiB batches with five requests in flight; MB/s until all is persisted, and the broker's
+CPU seconds per GB.";
 
 const TIERED_LONG_ABOUT: &str = "\
 Tiered storage (docs/tiered-storage.md): fetching what only the object store holds against
@@ -429,6 +446,37 @@ pub struct ElasticBenchArgs {
     /// Turns of each topic in the cost comparison.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub(crate) rounds: u32,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct NativeBenchArgs {
+    /// Writes of one record, one at a time, for the latencies.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) writes: u32,
+
+    /// Bytes each client streams to each topic, for MB/s and CPU.
+    #[arg(long, value_name = "N", value_parser = parse_size, default_value = "256M")]
+    pub(crate) bytes: u64,
+
+    /// Bytes of each record's value.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub(crate) record_bytes: u64,
+
+    /// The broker's memory.flush.ms.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) flush_ms: u64,
+
+    /// Rounds (each topic and client in turn).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
+
+    /// A setting of the broker, like `weir server --set`; repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_setting)]
+    pub(crate) settings: Vec<(String, String)>,
 
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]

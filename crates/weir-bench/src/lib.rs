@@ -23,6 +23,7 @@ mod failover;
 mod fetch;
 mod kafka;
 mod metadata;
+mod native;
 mod partitions;
 mod produce;
 mod raw_protocol;
@@ -48,6 +49,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Failover(args) => failover::run(&args),
         BenchCommand::Elastic(args) => elastic::run(&args),
         BenchCommand::Tiered(args) => tiered::run(&args),
+        BenchCommand::Native(args) => native::run(&args),
         BenchCommand::Metadata(args) => metadata::run(&args),
         BenchCommand::Partitions(args) => partitions::run(&args),
         BenchCommand::Replication(args) => replication::run(&args),

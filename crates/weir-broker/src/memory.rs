@@ -58,8 +58,11 @@ pub struct MemoryWriter {
     /// Woken when `memory.flush.bytes` wait.
     kick: Notify,
     sequence: AtomicU64,
-    /// The write-ahead objects not deleted yet, oldest first.
+    /// The write-ahead objects this broker wrote and has not deleted yet, oldest first.
     live: Mutex<Vec<WalObject>>,
+    /// Whether `live` holds the objects written before this start too (listed once the store
+    /// answers; until then none of them is collected).
+    live_listed: std::sync::atomic::AtomicBool,
     pub flushes: AtomicU64,
     pub flushed_bytes: AtomicU64,
     pub failures: AtomicU64,
@@ -74,6 +77,7 @@ impl MemoryWriter {
             kick: Notify::new(),
             sequence: AtomicU64::new(0),
             live: Mutex::new(Vec::new()),
+            live_listed: std::sync::atomic::AtomicBool::new(false),
             flushes: AtomicU64::new(0),
             flushed_bytes: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -265,6 +269,15 @@ impl Broker {
     /// gone), and rolls the active segments of partitions an object too old still waits on.
     async fn collect_memory_objects(&self) -> Result<(), BrokerError> {
         let Some(tier) = self.tier.clone() else { return Ok(()) };
+        if !self.memory.live_listed.load(Ordering::Acquire) {
+            // The store did not answer at start-up: the objects of the last run are listed now.
+            let listed = Wal::new(tier.store())
+                .list()
+                .await
+                .map_err(|e| BrokerError::new(ErrorKind::Storage, format!("listing write-ahead objects: {e}")))?;
+            self.memory.sequence.fetch_max(listed.len() as u64, Ordering::Relaxed);
+            self.adopt_own_objects(listed);
+        }
         let objects: Vec<WalObject> = lock(&self.memory.live).clone();
         if objects.is_empty() {
             return Ok(());
@@ -316,13 +329,31 @@ impl Broker {
     /// Brings every memory-first partition hosted here to what the object store holds (see
     /// [`Broker::recover_memory_partition_list`]). Blocking; at start-up, before clients are
     /// served.
-    pub(crate) fn recover_memory_partitions(&self) -> Result<(), BrokerError> {
+    ///
+    /// A store that cannot be read does not stop the broker: its memory-first partitions serve
+    /// nothing (LEADER_NOT_AVAILABLE) until the memory writer, trying again every round, has
+    /// loaded them; every other topic is served meanwhile.
+    pub(crate) fn recover_memory_partitions(&self) {
         let partitions: Vec<Arc<Partition>> = self
             .partitions()
             .into_iter()
             .filter(|p| p.log.is_memory_first() && p.state().replicas.contains(&self.config.node_id))
             .collect();
-        self.recover_memory_partition_list(&partitions, true)
+        for partition in &partitions {
+            // Whatever its leader epoch, it is loaded only by what follows.
+            partition.set_memory_loaded(-1);
+        }
+        if let Err(e) = self.recover_memory_partition_list(&partitions, true) {
+            tracing::error!(error = %e, partitions = partitions.len(),
+                "cannot load the memory-first partitions from the object store at start-up: they serve nothing until it answers");
+        }
+    }
+
+    /// This broker collects the objects it wrote (listed: `objects`); another broker's are its
+    /// own to collect.
+    fn adopt_own_objects(&self, objects: Vec<WalObject>) {
+        *lock(&self.memory.live) = objects.into_iter().filter(|o| o.header.node == self.config.node_id).collect();
+        self.memory.live_listed.store(true, Ordering::Release);
     }
 
     /// Loads the memory-first partitions this broker leads at an epoch it has not loaded
@@ -443,8 +474,7 @@ impl Broker {
                 "loaded a memory-first partition from the object store");
         }
         if at_start {
-            // This broker collects the objects it wrote; another broker's are its own to collect.
-            *lock(&self.memory.live) = objects.into_iter().filter(|o| o.header.node == self.config.node_id).collect();
+            self.adopt_own_objects(objects);
         }
         Ok(())
     }

@@ -87,7 +87,7 @@ impl Broker {
         }
         self.reconcile_to(self.quorum.applied())?;
         // Before any client: memory-first partitions hold what the object store holds.
-        self.recover_memory_partitions()?;
+        self.recover_memory_partitions();
         self.follow_metadata();
         if self.config.roles.controller {
             self.run_controller();
