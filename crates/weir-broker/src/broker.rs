@@ -1486,7 +1486,13 @@ fn write_client_batches(
     if config.cleanup_policy.compact {
         reject_keyless_records(&records)?;
     }
-    partition.write_as_leader(leader_epoch, || Ok(partition.log.append(&mut records, leader_epoch)?))
+    let info = partition
+        .write_as_leader::<_, AppendError>(leader_epoch, || Ok(partition.log.append(&mut records, leader_epoch)?))?;
+    if partition.log.is_memory_first() && !info.duplicate && info.last_offset >= info.first_offset {
+        // The bytes written, offsets and all: what the memory writer puts in the store.
+        partition.keep_unpersisted(info.first_offset, info.last_offset + 1, records.freeze());
+    }
+    Ok(info)
 }
 
 /// Compaction keeps the latest record per key, so a compacted topic refuses records without a

@@ -211,11 +211,16 @@ impl Broker {
                     }
                     let log = &partition.log;
                     let (from, end) = (partition.unpersisted_from(), log.log_end_offset());
-                    let read = log.read_with(from, budget - total, end, true)?;
-                    let Some(slice) = read.slice else { continue };
-                    let next_offset = slice.next_offset;
-                    let bytes = Bytes::from(slice.read_to_vec()?);
-                    total += bytes.len() as u64;
+                    let (chunks, next_offset) = match partition.kept_unpersisted(from, end, budget - total) {
+                        Some(kept) => kept,
+                        // Not all kept (the broker's own batches, a transaction marker, or a
+                        // write from before a restart): read back from the log.
+                        None => {
+                            let read = log.read_with(from, budget - total, end, true)?;
+                            let Some(slice) = read.slice else { continue };
+                            (vec![Bytes::from(slice.read_to_vec()?)], slice.next_offset)
+                        }
+                    };
                     let range = WalRange {
                         topic: partition.topic.clone(),
                         topic_id: partition.topic_id,
@@ -224,7 +229,8 @@ impl Broker {
                         next_offset,
                         leader_epoch: partition.state().leader_epoch,
                     };
-                    let write = WalWrite { range, bytes };
+                    let write = WalWrite { range, chunks };
+                    total += write.len();
                     writes.push((partition, write));
                 }
                 Ok(writes)
@@ -406,6 +412,7 @@ impl Broker {
         }
         for partition in partitions {
             let epoch = partition.state().leader_epoch;
+            partition.forget_unpersisted();
             let remote = tier.partition(&partition.topic, partition.topic_id, partition.index);
             crate::runtime::block_on(remote.refresh(&partition.log))?
                 .map_err(|e| store_error("listing the tier", e))?;
@@ -487,6 +494,33 @@ impl Partition {
         self.log.high_watermark().max(self.memory_persisted_end.load(Ordering::Acquire))
     }
 
+    /// Keeps the bytes of a produce written at `[first, next)` for the memory writer.
+    pub(crate) fn keep_unpersisted(&self, first: i64, next: i64, bytes: Bytes) {
+        lock(&self.memory_tail).insert(first, (next, bytes));
+    }
+
+    /// The kept batches from `from`, contiguous, up to `end` and about `budget` bytes (at least
+    /// one), with the offset after them; `None` when the batch at `from` was not kept.
+    fn kept_unpersisted(&self, from: i64, end: i64, budget: u64) -> Option<(Vec<Bytes>, i64)> {
+        let tail = lock(&self.memory_tail);
+        let mut chunks = Vec::new();
+        let (mut at, mut bytes) = (from, 0u64);
+        for (first, (next, chunk)) in tail.range(from..) {
+            if *first != at || *next > end || (!chunks.is_empty() && bytes + chunk.len() as u64 > budget) {
+                break;
+            }
+            bytes += chunk.len() as u64;
+            chunks.push(chunk.clone());
+            at = *next;
+        }
+        (!chunks.is_empty()).then_some((chunks, at))
+    }
+
+    /// Forgets the kept batches (the log was cut, or is loaded anew).
+    fn forget_unpersisted(&self) {
+        lock(&self.memory_tail).clear();
+    }
+
     /// The object store holds this memory-first partition up to `end`: its high watermark
     /// moves there, or, while a reassignment adds replicas, as far as the in-sync ones have
     /// it too.
@@ -495,6 +529,7 @@ impl Partition {
             return;
         }
         self.memory_persisted_end.fetch_max(end, Ordering::AcqRel);
+        lock(&self.memory_tail).retain(|_, (next, _)| *next > end);
         if replicas > 1 {
             self.maybe_advance_high_watermark();
         } else if end > self.log.high_watermark() {

@@ -75,6 +75,11 @@ pub struct Partition {
     /// For a memory-first partition led here: the end of what the object store holds of it.
     /// Its high watermark never passes it (`crate::memory`).
     pub(crate) memory_persisted_end: AtomicI64,
+    /// For a memory-first partition led here: the batches of its produce requests as they were
+    /// written (offsets assigned), by first offset, with the offset after them, until the
+    /// object store has them. The memory writer sends these instead of reading the log back
+    /// (`crate::memory`).
+    pub(crate) memory_tail: Mutex<std::collections::BTreeMap<i64, (i64, bytes::Bytes)>>,
 }
 
 /// This broker leads at `epoch` from now on: the epoch begins at the log end (batches appended
@@ -137,6 +142,7 @@ impl Partition {
             load_stamp: AtomicI64::new(0),
             memory_loaded_epoch: AtomicI32::new(new_with_topic),
             memory_persisted_end: AtomicI64::new(0),
+            memory_tail: Mutex::new(std::collections::BTreeMap::new()),
         };
         partition.mark_loaded(wall_clock_ms());
         partition.on_state_change(&state);

@@ -68,7 +68,19 @@ pub struct WalObject {
 /// An entry to write: its partition's batches.
 pub struct WalWrite {
     pub range: WalRange,
-    pub bytes: Bytes,
+    /// The range's batches, in order: the pieces the broker kept of its produce requests, or
+    /// what it read back from the log. They go into the object as they are (no copy here).
+    pub chunks: Vec<Bytes>,
+}
+
+impl WalWrite {
+    pub fn len(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len() as u64).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The write-ahead objects of one store.
@@ -96,21 +108,22 @@ impl<'a> Wal<'a> {
         let mut entries = Vec::with_capacity(writes.len());
         let mut position = 0u64;
         for w in &writes {
-            entries.push(WalEntry { range: w.range.clone(), position, length: w.bytes.len() as u64 });
-            position += w.bytes.len() as u64;
+            entries.push(WalEntry { range: w.range.clone(), position, length: w.len() });
+            position += w.len();
         }
         let header = WalHeader { node, written_at_ms, entries };
         let json = serde_json::to_vec(&header)
             .map_err(|e| TierError::Corrupt { key: "a write-ahead object's header".into(), reason: e.to_string() })?;
-        let mut body = BytesMut::with_capacity(PREAMBLE_BYTES as usize + json.len() + position as usize);
-        body.put_slice(MAGIC);
-        body.put_u32(json.len() as u32);
-        body.put_slice(&json);
-        for w in &writes {
-            body.put_slice(&w.bytes);
-        }
+        let mut head = BytesMut::with_capacity(PREAMBLE_BYTES as usize + json.len());
+        head.put_slice(MAGIC);
+        head.put_u32(json.len() as u32);
+        head.put_slice(&json);
+        // The object is the head, then every write's chunks: one PUT of the pieces, not of a
+        // copy of them.
+        let body: PutPayload =
+            std::iter::once(head.freeze()).chain(writes.into_iter().flat_map(|w| w.chunks)).collect();
         let key = self.dir().join(format!("{node:05}")).join(format!("{written_at_ms:020}-{sequence:010}.wal"));
-        self.store.objects.put(&key, PutPayload::from(body.freeze())).await?;
+        self.store.objects.put(&key, body).await?;
         Ok(WalObject { key, header, data_start: PREAMBLE_BYTES + json.len() as u64 })
     }
 
