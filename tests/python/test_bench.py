@@ -101,7 +101,8 @@ def test_bench_native_quick(tmp_path):
     rows = {(r["topic"], r["client"]): r for r in json.loads(report_path.read_text())}
     assert set(rows) == {(t, c) for t in ("memory-first", "page cache") for c in ("native", "Kafka acks=all")}
     for row in rows.values():
-        assert row["mb_per_s"] > 0 and row["cpu_seconds_per_gb"] > 0, row
+        # A 4 MiB stream may take less CPU than /proc's 10 ms ticks show: 0 is a reading.
+        assert row["mb_per_s"] > 0 and row["cpu_seconds_per_gb"] >= 0, row
         assert 0 < row["answered_p50_ms"] <= row["persisted_p50_ms"], row
     native, kafka = rows[("memory-first", "native")], rows[("memory-first", "Kafka acks=all")]
     # memory.flush.ms is 50: the store's round is what Kafka waits for, and the native
