@@ -91,10 +91,11 @@ fn record_leader_epoch(log: &Log, topic: &str, index: i32, epoch: i32) {
     }
 }
 
+/// S is wall-clock time: it must keep growing across restarts, which a broker's test clock
+/// need not.
 pub(crate) fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    use weir_storage::Clock as _;
+    weir_storage::SystemClock.now_ms()
 }
 
 /// A topic's partitions by index, as this broker holds them: `None` where the partition's
