@@ -1073,3 +1073,38 @@ pub struct PartitionOffset {
     pub partition: i32,
     pub offset: i64,
 }
+
+/// `POST /v1/users`: sets a user's SCRAM credential for each mechanism (a new user, or a new
+/// password). The password is salted and hashed here; only the credential is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateUser {
+    pub name: String,
+    pub password: String,
+    /// SCRAM-SHA-256 and/or SCRAM-SHA-512. [default: both]
+    #[serde(default)]
+    pub mechanisms: Vec<String>,
+    /// PBKDF2 iterations, 4096 to 16384. [default: 4096]
+    #[serde(default)]
+    pub iterations: Option<u32>,
+}
+
+/// A user and the SCRAM mechanisms it can log in with (`GET /v1/users`, and the answer to
+/// `POST /v1/users`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserInfo {
+    pub name: String,
+    pub credentials: Vec<UserCredential>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserCredential {
+    pub mechanism: String,
+    pub iterations: u32,
+}
+
+/// `DELETE /v1/users/{name}`: the mechanisms whose credentials were removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedUser {
+    pub name: String,
+    pub mechanisms: Vec<String>,
+}

@@ -133,7 +133,9 @@ pub(crate) fn status_for(kind: ErrorKind) -> StatusCode {
         | K::NotAttempted
         | K::UnsupportedFormat => StatusCode::BAD_REQUEST,
         K::TopicDeletionDisabled => StatusCode::FORBIDDEN,
-        K::BrokerNotRegistered => StatusCode::NOT_FOUND,
+        K::BrokerNotRegistered | K::ResourceNotFound => StatusCode::NOT_FOUND,
+        K::AuthenticationFailed => StatusCode::UNAUTHORIZED,
+        K::UnsupportedSaslMechanism | K::UnacceptableCredential | K::DuplicateResource => StatusCode::BAD_REQUEST,
         K::ElectionNotNeeded | K::NoReassignmentInProgress => StatusCode::CONFLICT,
         K::PreferredLeaderNotAvailable | K::EligibleLeadersNotAvailable => StatusCode::SERVICE_UNAVAILABLE,
         K::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,

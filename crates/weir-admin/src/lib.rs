@@ -40,6 +40,7 @@ mod elastic;
 mod probes;
 mod records;
 mod topics;
+mod users;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -134,6 +135,8 @@ pub(crate) fn router(state: SharedState) -> Router {
         .route("/v1/topics/{topic}/offsets", get(operations::offsets_at_time))
         .route("/v1/reassignments", get(cluster::reassignments).post(cluster::reassign))
         .route("/v1/replication-throttle", get(cluster::throttle).put(cluster::set_throttle))
+        .route("/v1/users", get(users::list).post(users::create))
+        .route("/v1/users/{name}", delete(users::delete))
         .route("/v1/topics", get(topics::list).post(topics::create))
         .route("/v1/topics/{topic}", get(topics::describe).delete(topics::delete))
         .route("/v1/topics/{topic}/configs", get(topics::configs).patch(topics::alter_configs))

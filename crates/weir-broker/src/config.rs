@@ -81,12 +81,65 @@ pub(crate) const SETTINGS: &[Setting] = &[
     s(
         "listeners",
         "127.0.0.1:9092",
-        "Addresses to bind: PLAINTEXT://host:port (Kafka clients; a bare host:port means it) and CONTROLLER://host:port (the metadata quorum and the cluster's internal requests).",
+        "Addresses to bind: NAME://host:port for Kafka clients (one listener, whose security protocol listener.security.protocol.map gives: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL; a bare host:port means PLAINTEXT) and CONTROLLER://host:port (the metadata quorum and the cluster's internal requests).",
     ),
     s(
         "advertised.listeners",
         "",
         "Address Kafka clients are told to connect to (PLAINTEXT://host:port); empty means the bound address.",
+    ),
+    s(
+        "listener.security.protocol.map",
+        "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+        "Each listener name's security protocol (NAME:PROTOCOL,...): PLAINTEXT, SSL (TLS), SASL_PLAINTEXT (SASL over plain text) or SASL_SSL (SASL over TLS). CONTROLLER must be PLAINTEXT for now.",
+    ),
+    s("ssl.keystore.type", "PEM", "The keystore's format: PEM (the only one Weir reads)."),
+    s(
+        "ssl.keystore.location",
+        "",
+        "A PEM file with the listener's certificate chain (leaf first) and its unencrypted private key; reloaded when it changes.",
+    ),
+    s("ssl.keystore.certificate.chain", "", "The certificate chain as inline PEM (instead of ssl.keystore.location)."),
+    s("ssl.keystore.key", "", "The unencrypted private key as inline PEM (with ssl.keystore.certificate.chain)."),
+    s("ssl.key.password", "", "Not supported: the private key must be unencrypted (PKCS#8, PKCS#1 or SEC1 PEM)."),
+    s("ssl.truststore.type", "PEM", "The truststore's format: PEM."),
+    s(
+        "ssl.truststore.location",
+        "",
+        "A PEM file of the certificates that client certificates must chain to (for ssl.client.auth); reloaded when it changes.",
+    ),
+    s("ssl.truststore.certificates", "", "The truststore as inline PEM (instead of ssl.truststore.location)."),
+    s(
+        "ssl.client.auth",
+        "none",
+        "Mutual TLS: none, requested (a client certificate is checked if given) or required.",
+    ),
+    s("ssl.enabled.protocols", "TLSv1.2,TLSv1.3", "The TLS versions offered."),
+    s(
+        "sasl.enabled.mechanisms",
+        "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN",
+        "The SASL mechanisms a SASL listener offers: SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN, each checked against the users' SCRAM credentials (weir user create).",
+    ),
+    s(
+        "connections.max.reauth.ms",
+        "0",
+        "KIP-368: a SASL session lasts this long; the client must authenticate again on the same connection before it ends, or the connection is closed. 0: sessions do not expire.",
+    ),
+    s(
+        "connection.failed.authentication.delay.ms",
+        "100",
+        "How long the answer to a failed authentication is held back (slows password guessing).",
+    ),
+    s(
+        "connection.failed.authentication.max.per.minute",
+        "20",
+        "Failed authentications allowed per client address per minute; beyond it, attempts from that address fail without a password check.",
+    ),
+    s("sasl.server.max.receive.size", "524288", "The largest SASL token a client may send before it is authenticated."),
+    s(
+        "connections.max.unauthenticated.ms",
+        "10000",
+        "A connection to a SASL listener that has not authenticated this long after it opened is closed.",
     ),
     s("broker.rack", "", "The rack (or zone) of this broker, for rack-aware replica placement; empty: none."),
     s(
@@ -367,6 +420,8 @@ pub struct BrokerConfig {
     /// The Kafka (PLAINTEXT) listener; `None` on a controller-only node, which serves no
     /// Kafka clients.
     pub listen: Option<SocketAddr>,
+    /// How the Kafka listener is secured: TLS, SASL, both or neither.
+    pub client_security: ClientSecurity,
     /// Host and port put in Metadata responses.
     pub advertised_host: String,
     pub advertised_port: u16,
@@ -519,7 +574,7 @@ fn parse_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
 }
 
 /// The listeners of a `listeners`-style value: `NAME://host:port,...`, a bare `host:port` being
-/// PLAINTEXT. Known names: PLAINTEXT and CONTROLLER, each at most once.
+/// PLAINTEXT. A name is upper-case letters, digits and `_`, each at most once.
 fn parse_listeners(name: &str, value: &str) -> Result<BTreeMap<String, (String, u16)>, ConfigError> {
     let mut out = BTreeMap::new();
     for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -527,11 +582,11 @@ fn parse_listeners(name: &str, value: &str) -> Result<BTreeMap<String, (String, 
             Some((scheme, rest)) => (scheme.to_ascii_uppercase(), rest),
             None => ("PLAINTEXT".to_string(), item),
         };
-        if !matches!(scheme.as_str(), "PLAINTEXT" | "CONTROLLER") {
+        if scheme.is_empty() || !scheme.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') {
             return Err(invalid(
                 name,
                 value,
-                format!("listener {scheme} is not supported; use PLAINTEXT://host:port and CONTROLLER://host:port"),
+                format!("listener name {scheme:?}: expected letters, digits and _ (e.g. SASL_SSL://host:port)"),
             ));
         }
         let (host, port) = parse_host_port(name, value, addr)?;
@@ -555,6 +610,251 @@ fn parse_listener(name: &str, value: &str) -> Result<(String, u16), ConfigError>
     parse_listeners(name, value)?
         .remove("PLAINTEXT")
         .ok_or_else(|| invalid(name, value, "expected a PLAINTEXT listener, e.g. 127.0.0.1:9092"))
+}
+
+/// A listener's name and (host, port).
+type NamedListener = (String, (String, u16));
+
+/// The one listener of `listeners` that is not CONTROLLER: the Kafka clients' (name, address).
+fn client_listener(
+    name: &str,
+    value: &str,
+    listeners: &mut BTreeMap<String, (String, u16)>,
+) -> Result<Option<NamedListener>, ConfigError> {
+    let names: Vec<String> = listeners.keys().filter(|n| *n != "CONTROLLER").cloned().collect();
+    match names.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(listeners.remove(one).map(|addr| (one.clone(), addr))),
+        _ => Err(invalid(
+            name,
+            value,
+            format!(
+                "{} client listeners: Weir serves Kafka clients on one listener (and CONTROLLER); pick one security protocol for it",
+                names.join(" and ")
+            ),
+        )),
+    }
+}
+
+/// Kafka's security protocols.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecurityProtocol {
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    fn parse(value: &str) -> Option<SecurityProtocol> {
+        match value {
+            "PLAINTEXT" => Some(SecurityProtocol::Plaintext),
+            "SSL" => Some(SecurityProtocol::Ssl),
+            "SASL_PLAINTEXT" => Some(SecurityProtocol::SaslPlaintext),
+            "SASL_SSL" => Some(SecurityProtocol::SaslSsl),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SecurityProtocol::Plaintext => "PLAINTEXT",
+            SecurityProtocol::Ssl => "SSL",
+            SecurityProtocol::SaslPlaintext => "SASL_PLAINTEXT",
+            SecurityProtocol::SaslSsl => "SASL_SSL",
+        }
+    }
+
+    pub fn uses_tls(self) -> bool {
+        matches!(self, SecurityProtocol::Ssl | SecurityProtocol::SaslSsl)
+    }
+
+    pub fn uses_sasl(self) -> bool {
+        matches!(self, SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl)
+    }
+}
+
+/// A SASL mechanism a listener offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaslMechanism {
+    Plain,
+    Scram(weir_metadata::ScramMechanism),
+}
+
+impl SaslMechanism {
+    pub fn parse(name: &str) -> Option<SaslMechanism> {
+        if name.eq_ignore_ascii_case("PLAIN") {
+            return Some(SaslMechanism::Plain);
+        }
+        weir_metadata::ScramMechanism::from_name(name).map(SaslMechanism::Scram)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::Scram(m) => m.name(),
+        }
+    }
+}
+
+/// How the Kafka client listener is secured.
+#[derive(Debug, Clone)]
+pub struct ClientSecurity {
+    /// The listener's name in `listeners` (PLAINTEXT, SASL_SSL, or one of the map's).
+    pub listener_name: String,
+    pub protocol: SecurityProtocol,
+    /// TLS, for SSL and SASL_SSL.
+    pub tls: Option<weir_security::tls::TlsSettings>,
+    /// The mechanisms offered, for SASL_PLAINTEXT and SASL_SSL, in the configured order.
+    pub sasl_mechanisms: Vec<SaslMechanism>,
+    /// `connections.max.reauth.ms`; 0: a session never expires.
+    pub max_reauth_ms: u64,
+    pub failed_authentication_delay_ms: u64,
+    pub failed_authentications_per_minute: u32,
+    pub sasl_max_receive_size: usize,
+    pub max_unauthenticated_ms: u64,
+}
+
+impl ClientSecurity {
+    /// A PLAINTEXT listener (and what the other settings would be).
+    pub fn plaintext() -> ClientSecurity {
+        ClientSecurity {
+            listener_name: "PLAINTEXT".into(),
+            protocol: SecurityProtocol::Plaintext,
+            tls: None,
+            sasl_mechanisms: Vec::new(),
+            max_reauth_ms: 0,
+            failed_authentication_delay_ms: 100,
+            failed_authentications_per_minute: 20,
+            sasl_max_receive_size: 524_288,
+            max_unauthenticated_ms: 10_000,
+        }
+    }
+}
+
+/// `listener.security.protocol.map`: listener name → protocol.
+fn parse_protocol_map(values: &Values) -> Result<BTreeMap<String, SecurityProtocol>, ConfigError> {
+    let name = "listener.security.protocol.map";
+    let value = values.get(name);
+    let mut map = BTreeMap::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (listener, protocol) =
+            item.split_once(':').ok_or_else(|| invalid(name, value, format!("{item:?}: expected NAME:PROTOCOL")))?;
+        let protocol = SecurityProtocol::parse(protocol.trim()).ok_or_else(|| {
+            invalid(name, value, format!("{protocol:?}: expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"))
+        })?;
+        map.insert(listener.trim().to_ascii_uppercase(), protocol);
+    }
+    Ok(map)
+}
+
+/// The TLS settings (`ssl.*`), checked by loading them once.
+fn tls_settings(values: &Values) -> Result<weir_security::tls::TlsSettings, ConfigError> {
+    use weir_security::tls::{ClientAuth, Pem, TlsSettings};
+    for format in ["ssl.keystore.type", "ssl.truststore.type"] {
+        if !values.get(format).trim().eq_ignore_ascii_case("PEM") {
+            return Err(invalid(
+                format,
+                values.get(format),
+                "Weir reads PEM only (JKS and PKCS12 can be converted with openssl or keytool)",
+            ));
+        }
+    }
+    if !values.get("ssl.key.password").is_empty() {
+        return Err(invalid(
+            "ssl.key.password",
+            "(hidden)",
+            "encrypted private keys are not supported; give the key unencrypted (openssl pkcs8 -nocrypt) and protect the file",
+        ));
+    }
+    let location = values.get("ssl.keystore.location").trim();
+    let chain = values.get("ssl.keystore.certificate.chain");
+    let key = values.get("ssl.keystore.key");
+    let (certificate_chain, private_key) = match (location.is_empty(), chain.trim().is_empty(), key.trim().is_empty()) {
+        (false, true, true) => (Pem::File(location.into()), Pem::File(location.into())),
+        (true, false, false) => (Pem::Inline(chain.to_string()), Pem::Inline(key.to_string())),
+        _ => {
+            return Err(invalid(
+                "ssl.keystore.location",
+                location,
+                "a TLS listener needs its certificate and key: ssl.keystore.location, or both ssl.keystore.certificate.chain and ssl.keystore.key",
+            ))
+        }
+    };
+    let trust_location = values.get("ssl.truststore.location").trim();
+    let trust_inline = values.get("ssl.truststore.certificates");
+    let truststore = match (trust_location.is_empty(), trust_inline.trim().is_empty()) {
+        (true, true) => None,
+        (false, true) => Some(Pem::File(trust_location.into())),
+        (true, false) => Some(Pem::Inline(trust_inline.to_string())),
+        (false, false) => {
+            return Err(invalid(
+                "ssl.truststore.location",
+                trust_location,
+                "give ssl.truststore.location or ssl.truststore.certificates, not both",
+            ))
+        }
+    };
+    let client_auth = ClientAuth::parse(values.get("ssl.client.auth")).ok_or_else(|| {
+        invalid("ssl.client.auth", values.get("ssl.client.auth"), "expected none, requested or required")
+    })?;
+    let (tls12, tls13) = TlsSettings::parse_protocols(values.get("ssl.enabled.protocols"))
+        .map_err(|e| invalid("ssl.enabled.protocols", values.get("ssl.enabled.protocols"), e))?;
+    let settings = TlsSettings { certificate_chain, private_key, truststore, client_auth, tls12, tls13 };
+    settings.server_config().map_err(|e| invalid("ssl.keystore.location", location, e))?;
+    Ok(settings)
+}
+
+/// How the client listener `listener_name` is secured.
+fn client_security(values: &Values, listener_name: &str) -> Result<ClientSecurity, ConfigError> {
+    let map = parse_protocol_map(values)?;
+    let protocol = *map.get(listener_name).ok_or_else(|| {
+        invalid(
+            "listener.security.protocol.map",
+            values.get("listener.security.protocol.map"),
+            format!("listener {listener_name} (in `listeners`) has no security protocol here"),
+        )
+    })?;
+    if map.get("CONTROLLER").is_some_and(|p| *p != SecurityProtocol::Plaintext) {
+        return Err(invalid(
+            "listener.security.protocol.map",
+            values.get("listener.security.protocol.map"),
+            "the CONTROLLER listener is PLAINTEXT for now (keep it on a private network)",
+        ));
+    }
+    let tls = if protocol.uses_tls() { Some(tls_settings(values)?) } else { None };
+    let mut sasl_mechanisms = Vec::new();
+    if protocol.uses_sasl() {
+        let value = values.get("sasl.enabled.mechanisms");
+        for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let mechanism = SaslMechanism::parse(item).ok_or_else(|| {
+                invalid(
+                    "sasl.enabled.mechanisms",
+                    value,
+                    format!(
+                        "{item}: Weir offers SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN (not GSSAPI or OAUTHBEARER yet)"
+                    ),
+                )
+            })?;
+            if !sasl_mechanisms.contains(&mechanism) {
+                sasl_mechanisms.push(mechanism);
+            }
+        }
+        if sasl_mechanisms.is_empty() {
+            return Err(invalid("sasl.enabled.mechanisms", value, "a SASL listener needs at least one mechanism"));
+        }
+    }
+    Ok(ClientSecurity {
+        listener_name: listener_name.to_string(),
+        protocol,
+        tls,
+        sasl_mechanisms,
+        max_reauth_ms: values.num("connections.max.reauth.ms", 0)?,
+        failed_authentication_delay_ms: values.num("connection.failed.authentication.delay.ms", 0)?,
+        failed_authentications_per_minute: values.num("connection.failed.authentication.max.per.minute", 1)?,
+        sasl_max_receive_size: values.num("sasl.server.max.receive.size", 1024)?,
+        max_unauthenticated_ms: values.num("connections.max.unauthenticated.ms", 100)?,
+    })
 }
 
 fn socket_addr(name: &str, value: &str, host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
@@ -722,6 +1022,7 @@ struct Listeners {
     advertised_port: u16,
     admin_listen: Option<SocketAddr>,
     rocketmq_listen: Option<SocketAddr>,
+    security: ClientSecurity,
 }
 
 /// Resolves aliases and sorts the given settings into broker settings and topic defaults;
@@ -780,11 +1081,19 @@ fn validate_topic_defaults(topic_defaults: &BTreeMap<String, String>) -> Result<
 fn parse_all_listeners(values: &Values, roles: Roles) -> Result<Listeners, ConfigError> {
     let listeners_value = values.get("listeners");
     let mut listeners = parse_listeners("listeners", listeners_value)?;
-    let (listen, listen_host, listen_port) = match listeners.remove("PLAINTEXT") {
-        _ if !roles.broker => (None, String::new(), 0),
-        Some((host, port)) => (Some(socket_addr("listeners", listeners_value, &host, port)?), host, port),
+    let client = client_listener("listeners", listeners_value, &mut listeners)?;
+    let (listen, listen_host, listen_port, security) = match client {
+        _ if !roles.broker => (None, String::new(), 0, ClientSecurity::plaintext()),
+        Some((name, (host, port))) => {
+            let security = client_security(values, &name)?;
+            (Some(socket_addr("listeners", listeners_value, &host, port)?), host, port, security)
+        }
         None => {
-            return Err(invalid("listeners", listeners_value, "expected a PLAINTEXT listener, e.g. 127.0.0.1:9092"))
+            return Err(invalid(
+                "listeners",
+                listeners_value,
+                "expected a Kafka client listener, e.g. 127.0.0.1:9092 or SASL_SSL://0.0.0.0:9093",
+            ))
         }
     };
     let controller_listen = match listeners.remove("CONTROLLER") {
@@ -794,11 +1103,28 @@ fn parse_all_listeners(values: &Values, roles: Roles) -> Result<Listeners, Confi
     let (advertised_host, advertised_port) = if values.get("advertised.listeners").trim().is_empty() {
         (listen_host, listen_port)
     } else {
-        parse_listener("advertised.listeners", values.get("advertised.listeners"))?
+        let value = values.get("advertised.listeners");
+        let mut advertised = parse_listeners("advertised.listeners", value)?;
+        match advertised.remove(&security.listener_name) {
+            Some(addr) => addr,
+            None => {
+                client_listener("advertised.listeners", value, &mut advertised)?.map(|(_, a)| a).ok_or_else(|| {
+                    invalid("advertised.listeners", value, format!("expected {}://host:port", security.listener_name))
+                })?
+            }
+        }
     };
     let admin_listen = values.ip_listener("admin.listeners")?;
     let rocketmq_listen = if roles.broker { values.ip_listener("rocketmq.listeners")? } else { None };
-    Ok(Listeners { listen, controller_listen, advertised_host, advertised_port, admin_listen, rocketmq_listen })
+    Ok(Listeners {
+        listen,
+        controller_listen,
+        advertised_host,
+        advertised_port,
+        admin_listen,
+        rocketmq_listen,
+        security,
+    })
 }
 
 impl BrokerConfig {
@@ -844,6 +1170,7 @@ impl BrokerConfig {
             admin_listen: listeners.admin_listen,
             rocketmq_advertised_port: listeners.rocketmq_listen.map_or(0, |a: SocketAddr| a.port()),
             rocketmq_listen: listeners.rocketmq_listen,
+            client_security: listeners.security,
             data_dir,
             num_partitions: values.num("num.partitions", 1)?,
             default_replication_factor: values.num("default.replication.factor", 1)?,
@@ -1194,7 +1521,21 @@ mod tests {
             (vec![("controller.quorum.voters", "1@127.0.0.1:9093"), ("node.id", "5")], "controller.quorum.voters"),
             (vec![("process.roles", "broker")], "controller.quorum.voters"),
             (vec![("process.roles", "cook")], "process.roles"),
-            (vec![("listeners", "SSL://127.0.0.1:9092")], "listeners"),
+            (vec![("listeners", "SSL://127.0.0.1:9092")], "ssl.keystore.location"),
+            (vec![("listeners", "PLAINTEXT://127.0.0.1:9092,SASL_SSL://127.0.0.1:9093")], "listeners"),
+            (vec![("listeners", "EXTERNAL://127.0.0.1:9092")], "listener.security.protocol.map"),
+            (
+                vec![("listeners", "SASL_PLAINTEXT://127.0.0.1:9092"), ("sasl.enabled.mechanisms", "GSSAPI")],
+                "sasl.enabled.mechanisms",
+            ),
+            (
+                vec![("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:SSL")],
+                "listener.security.protocol.map",
+            ),
+            (
+                vec![("listeners", "SSL://127.0.0.1:9092"), ("ssl.keystore.location", "/nonexistent.pem")],
+                "ssl.keystore.location",
+            ),
             (
                 vec![
                     ("controller.quorum.voters", "0@127.0.0.1:9093,1@127.0.0.1:9193"),

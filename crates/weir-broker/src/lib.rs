@@ -43,6 +43,7 @@ pub mod session;
 pub mod throttle;
 pub mod tier;
 mod topics;
+pub mod users;
 pub mod watch;
 /// What topic configs mean and how they are checked (the controller's, `weir-controller`).
 pub use weir_controller::topic_config;

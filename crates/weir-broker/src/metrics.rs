@@ -133,7 +133,7 @@ fn render_requests(out: &mut Exposition, protocols: &[Arc<ProtocolMetrics>]) {
 
 fn render_connections(out: &mut Exposition, protocols: &[Arc<ProtocolMetrics>]) {
     type Read = fn(&ConnectionMetrics) -> i64;
-    let families: [(&'static str, Kind, &str, Read); 5] = [
+    let families: [(&'static str, Kind, &str, Read); 8] = [
         ("weir_connections_open", Kind::Gauge, "Open client connections, by protocol.", |c| c.open.get()),
         ("weir_connections_accepted_total", Kind::Counter, "Client connections accepted, by protocol.", |c| {
             c.accepted.get() as i64
@@ -156,6 +156,24 @@ fn render_connections(out: &mut Exposition, protocols: &[Arc<ProtocolMetrics>]) 
             Kind::Gauge,
             "Incremental fetch sessions (KIP-227) in the session cache, by protocol.",
             |c| c.fetch_sessions.get(),
+        ),
+        (
+            "weir_tls_handshake_failures_total",
+            Kind::Counter,
+            "TLS handshakes that failed or timed out, by protocol.",
+            |c| c.tls_handshake_failures.get() as i64,
+        ),
+        (
+            "weir_authentications_total",
+            Kind::Counter,
+            "SASL authentications that succeeded, by protocol.",
+            |c| c.authentications.get() as i64,
+        ),
+        (
+            "weir_authentication_failures_total",
+            Kind::Counter,
+            "SASL authentications that failed (wrong credentials, a malformed exchange, too many failures from one address), by protocol.",
+            |c| c.authentication_failures.get() as i64,
         ),
     ];
     for (name, kind, help, read) in families {

@@ -23,7 +23,8 @@
 //!   moving replicas off brokers or balancing them (proposals only);
 //! - [`topic_config`], [`group_config`], [`throttle`]: what each kind of config means, how a
 //!   change is checked and decided;
-//! - [`producer_ids`]: blocks of producer ids.
+//! - [`producer_ids`]: blocks of producer ids;
+//! - [`users`]: users' SCRAM credentials.
 //!
 //! Randomness (topic ids, a placement's first broker, a cluster id) comes from an [`Entropy`]
 //! the caller gives, so a test can fix it.
@@ -49,6 +50,7 @@ pub mod request;
 pub mod throttle;
 pub mod topic_config;
 pub mod topics;
+pub mod users;
 
 use std::collections::BTreeMap;
 

@@ -107,6 +107,10 @@ pub enum ControlRequest {
     UnregisterBroker {
         id: i32,
     },
+    /// Set or remove users' SCRAM credentials (Kafka's AlterUserScramCredentials).
+    AlterScramCredentials {
+        changes: Vec<crate::users::ScramChange>,
+    },
 }
 
 impl ControlRequest {
@@ -131,6 +135,7 @@ impl ControlRequest {
             ControlRequest::AlterGroupConfigs { .. } => "alter group configs",
             ControlRequest::UnregisterBroker { .. } => "unregister a broker",
             ControlRequest::DescribeBalance => "describe the load balance",
+            ControlRequest::AlterScramCredentials { .. } => "alter SCRAM credentials",
         }
     }
 }
@@ -151,6 +156,8 @@ pub enum ControlAnswer {
     Reassigned(Vec<crate::reassignment::ReassignmentResult>),
     Elastic(crate::elastic::ElasticChange),
     Balance(crate::balance::BalanceReport),
+    /// One outcome per item of the request, in its order.
+    Each(Vec<Result<(), BrokerError>>),
 }
 
 /// The controller's answer to a heartbeat.

@@ -154,6 +154,18 @@ pub enum ErrorKind {
     /// No broker is registered under this id (Kafka's BROKER_ID_NOT_REGISTERED).
     BrokerNotRegistered,
 
+    // ----- security ------------------------------------------------------------------------------
+    /// A wrong user name or password, or a failed SASL exchange.
+    AuthenticationFailed,
+    /// The client asked for a SASL mechanism this listener does not enable.
+    UnsupportedSaslMechanism,
+    /// A SCRAM credential that cannot be stored (iterations out of range, no user name).
+    UnacceptableCredential,
+    /// The named resource (a user's credential) does not exist.
+    ResourceNotFound,
+    /// A request names the same resource twice.
+    DuplicateResource,
+
     // ----- everything else -------------------------------------------------------------------
     /// The request itself is wrong (a field out of range, a missing value).
     InvalidRequest,
@@ -264,6 +276,11 @@ impl ErrorKind {
             CoordinatorLoadInProgress => "coordinator loading",
             NotCoordinator => "not the coordinator",
             BrokerNotRegistered => "broker not registered",
+            AuthenticationFailed => "authentication failed",
+            UnsupportedSaslMechanism => "unsupported SASL mechanism",
+            UnacceptableCredential => "unacceptable credential",
+            ResourceNotFound => "resource not found",
+            DuplicateResource => "duplicate resource",
             InvalidRequest => "invalid request",
             Throttled => "throttled",
             Unavailable => "unavailable",

@@ -7,23 +7,27 @@
 //! ones after it.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::BufReader;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use kafka_protocol::messages::ApiKey;
+use tokio::io::{AsyncRead, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::context::{Ctx, Peer};
 use crate::dispatch::{self, Reply};
 use crate::frame::{self, FrameError};
-use crate::zero_copy;
+use crate::sasl::{Authentication, Outcome};
+use crate::zero_copy::{self, ResponseSink};
 
 /// The number of the next connection (see [`Peer::connection`]).
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
+
+/// How long a client has to finish its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) async fn serve_connection(
     ctx: Arc<Ctx>,
@@ -32,19 +36,56 @@ pub(crate) async fn serve_connection(
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    match &ctx.tls {
+        None => {
+            let (read_half, write_half) = stream.into_split();
+            serve_stream(ctx.clone(), read_half, ResponseSink::Plain(write_half), peer, shutdown).await;
+        }
+        Some(Err(_)) => {
+            ctx.metrics.connections.tls_handshake_failures.inc();
+            tracing::warn!(%peer, "refusing a connection: the listener's TLS certificate does not load");
+        }
+        Some(Ok(tls)) => {
+            let accepted = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.acceptor().accept(stream)).await;
+            match accepted {
+                Ok(Ok(stream)) => {
+                    let (read_half, write_half) = tokio::io::split(stream);
+                    serve_stream(ctx.clone(), read_half, ResponseSink::Tls(write_half), peer, shutdown).await;
+                }
+                Ok(Err(e)) => {
+                    ctx.metrics.connections.tls_handshake_failures.inc();
+                    tracing::info!(%peer, error = %e, "TLS handshake failed");
+                }
+                Err(_) => {
+                    ctx.metrics.connections.tls_handshake_failures.inc();
+                    tracing::info!(%peer, "TLS handshake timed out");
+                }
+            }
+        }
+    }
+}
+
+async fn serve_stream<R: AsyncRead + Unpin>(
+    ctx: Arc<Ctx>,
+    read_half: R,
+    write_half: ResponseSink,
+    peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) {
     let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
     let queued = ctx.broker.config.queued_requests_per_connection;
-    let (read_half, write_half) = stream.into_split();
     let (request_tx, request_rx) = mpsc::channel::<Bytes>(queued);
     let (response_tx, response_rx) = mpsc::channel::<Reply>(queued);
     let in_flight = InFlight { count: AtomicUsize::new(0), ctx: ctx.clone() };
+    // On a SASL listener, nothing but the SASL requests is served until this is set.
+    let authenticated = AtomicBool::new(!ctx.broker.config.client_security.protocol.uses_sasl());
 
     // The three run concurrently on this task. When the processor stops (protocol error), the
     // reader's channel closes; when the reader stops (EOF, shutdown), the processor drains what
     // was read and the writer sends what was answered, then the socket closes.
     tokio::join!(
-        read_requests(&ctx, read_half, request_tx, &in_flight, peer, shutdown),
-        process_requests(&ctx, request_rx, response_tx, &in_flight, peer, connection),
+        read_requests(&ctx, read_half, request_tx, &in_flight, peer, shutdown, &authenticated),
+        process_requests(&ctx, request_rx, response_tx, &in_flight, peer, connection, &authenticated),
         write_responses(&ctx, write_half, response_rx, &in_flight, peer),
     );
     // A share consumer gone without closing its share sessions: what it held is released now.
@@ -53,18 +94,29 @@ pub(crate) async fn serve_connection(
 
 /// Reads frames ahead into `requests` until EOF, a bad frame, shutdown, or an idle period with
 /// nothing in flight.
-async fn read_requests(
+async fn read_requests<R: AsyncRead + Unpin>(
     ctx: &Ctx,
-    read_half: OwnedReadHalf,
+    read_half: R,
     requests: mpsc::Sender<Bytes>,
     in_flight: &InFlight,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
+    authenticated: &AtomicBool,
 ) {
-    let max_frame = ctx.broker.config.socket_request_max_bytes;
+    let security = &ctx.broker.config.client_security;
     let idle = Duration::from_millis(ctx.broker.config.connections_max_idle_ms);
+    // A client that has not authenticated by then is cut off.
+    let must_authenticate_by = tokio::time::Instant::now() + Duration::from_millis(security.max_unauthenticated_ms);
     let mut reader = BufReader::with_capacity(64 * 1024, read_half);
     loop {
+        // Before authentication a frame may be a SASL token at most (Kafka's
+        // sasl.server.max.receive.size), so an unauthenticated client cannot make the broker
+        // buffer 100 MiB.
+        let max_frame = if authenticated.load(Ordering::Acquire) {
+            ctx.broker.config.socket_request_max_bytes
+        } else {
+            security.sasl_max_receive_size
+        };
         // The read of one frame lives across idle ticks: cancelling it when the timer
         // fires would drop the bytes of a partly read frame and desynchronize the stream
         // (a long poll in flight keeps the connection open while the next request is
@@ -82,6 +134,13 @@ async fn read_requests(
                         }
                     }
                     _ = shutdown.changed() => return,
+                    // The processor stopped (a protocol error, a failed authentication).
+                    _ = requests.closed() => return,
+                    _ = tokio::time::sleep_until(must_authenticate_by), if !authenticated.load(Ordering::Acquire) => {
+                        ctx.metrics.connections.authentication_failures.inc();
+                        tracing::info!(%peer, "closing a connection that did not authenticate in connections.max.unauthenticated.ms");
+                        return;
+                    }
                 }
             }
         };
@@ -106,7 +165,8 @@ async fn read_requests(
 }
 
 /// Handles the requests one at a time, in arrival order, and passes the replies on in the same
-/// order; stops at the first error that closes the connection.
+/// order; stops at the first error that closes the connection. On a SASL listener, the SASL
+/// requests come first (`sasl`).
 async fn process_requests(
     ctx: &Ctx,
     mut requests: mpsc::Receiver<Bytes>,
@@ -114,10 +174,45 @@ async fn process_requests(
     in_flight: &InFlight,
     peer: SocketAddr,
     connection: u64,
+    authenticated: &AtomicBool,
 ) {
-    let client = Peer { host: peer.ip().to_string(), connection };
+    let mut client = Peer { host: peer.ip().to_string(), connection, user: None };
+    let mut sasl = ctx.broker.config.client_security.protocol.uses_sasl().then(Authentication::new);
     while let Some(frame) = requests.recv().await {
-        match dispatch::handle(ctx, &client, frame).await {
+        let handled = match sasl.as_mut() {
+            None => dispatch::handle(ctx, &client, frame).await,
+            Some(auth) => {
+                let result = authenticate(ctx, auth, frame, peer).await;
+                authenticated.store(auth.is_authenticated(), Ordering::Release);
+                if client.user.as_deref() != auth.user() {
+                    client.user = auth.user().map(str::to_string);
+                }
+                match result {
+                    Gate::Pass(frame) => dispatch::handle(ctx, &client, frame).await,
+                    Gate::Answer(outcome) => {
+                        let (frame, close) = match outcome {
+                            Outcome::Reply(frame) => (frame, false),
+                            Outcome::Close(frame) => (frame, true),
+                        };
+                        let reply = if frame.chunks.is_empty() { Reply::Now(None) } else { Reply::Now(Some(frame)) };
+                        if matches!(reply, Reply::Now(None)) {
+                            in_flight.done();
+                        } else if replies.send(reply).await.is_err() {
+                            return;
+                        }
+                        if close {
+                            return;
+                        }
+                        continue;
+                    }
+                    Gate::Close(reason) => {
+                        tracing::info!(%peer, reason, "closing connection");
+                        return;
+                    }
+                }
+            }
+        };
+        match handled {
             Ok(Reply::Now(None)) => in_flight.done(),
             Ok(reply) => {
                 if replies.send(reply).await.is_err() {
@@ -132,11 +227,67 @@ async fn process_requests(
     }
 }
 
+/// What the SASL gate does with a frame.
+enum Gate {
+    /// Authenticated (or ApiVersions): handle it as usual.
+    Pass(Bytes),
+    /// A SASL request, answered here.
+    Answer(Outcome),
+    /// Anything else before authentication, or after the session expired.
+    Close(&'static str),
+}
+
+async fn authenticate(ctx: &Ctx, auth: &mut Authentication, frame: Bytes, peer: SocketAddr) -> Gate {
+    if auth.expects_raw_token() {
+        return Gate::Answer(auth.raw_token(ctx, peer.ip(), frame).await);
+    }
+    let Ok(prefix) = frame::peek_prefix(&frame) else {
+        return Gate::Close("a frame too short for a request header");
+    };
+    let api_key = ApiKey::try_from(prefix.api_key).ok();
+    let version = prefix.version;
+    match api_key {
+        Some(key @ (ApiKey::SaslHandshake | ApiKey::SaslAuthenticate)) => {
+            let Some(range) = crate::versions::supported(key) else {
+                return Gate::Close("SASL API not supported");
+            };
+            if version < range.min || version > range.max {
+                return Gate::Close("unsupported version of a SASL API");
+            }
+            let mut body = frame;
+            let peer_host = crate::context::Peer { host: peer.ip().to_string(), connection: 0, user: None };
+            let Ok((_, correlation_id)) = dispatch::decode_header(&mut body, &prefix, key, &peer_host) else {
+                return Gate::Close("a malformed SASL request header");
+            };
+            let outcome = if key == ApiKey::SaslHandshake {
+                auth.restart();
+                match frame::decode_body::<kafka_protocol::messages::SaslHandshakeRequest>(&mut body, key, version) {
+                    Ok(request) => auth.handshake(ctx, version, correlation_id, request).await,
+                    Err(_) => return Gate::Close("a malformed SaslHandshake request"),
+                }
+            } else {
+                match frame::decode_body::<kafka_protocol::messages::SaslAuthenticateRequest>(&mut body, key, version) {
+                    Ok(request) => auth.authenticate(ctx, peer.ip(), version, correlation_id, request).await,
+                    Err(_) => return Gate::Close("a malformed SaslAuthenticate request"),
+                }
+            };
+            match outcome {
+                Ok(outcome) => Gate::Answer(outcome),
+                Err(_) => Gate::Close("cannot encode a SASL response"),
+            }
+        }
+        Some(ApiKey::ApiVersions) => Gate::Pass(frame),
+        _ if auth.is_authenticated() => Gate::Pass(frame),
+        _ if auth.user().is_some() => Gate::Close("the SASL session expired (connections.max.reauth.ms)"),
+        _ => Gate::Close("a request before SASL authentication"),
+    }
+}
+
 /// Writes the replies in order, awaiting a produce's fsync before its response and the ones
 /// after it.
 async fn write_responses(
     ctx: &Ctx,
-    mut write_half: OwnedWriteHalf,
+    mut write_half: ResponseSink,
     mut replies: mpsc::Receiver<Reply>,
     in_flight: &InFlight,
     peer: SocketAddr,

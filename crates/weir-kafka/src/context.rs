@@ -27,6 +27,12 @@ pub struct Ctx {
     pub(crate) share: Option<ShareEngines>,
     /// Share sessions (ShareFetch's session epochs): Kafka protocol state, like fetch sessions.
     pub(crate) share_sessions: crate::share_session::ShareSessions,
+    /// The listener's TLS (SSL and SASL_SSL), its certificate reloaded when its files change;
+    /// `Err` when the files no longer load (every connection is then refused, never served in
+    /// plain text).
+    pub(crate) tls: Option<Result<Arc<weir_security::tls::ReloadingTls>, String>>,
+    /// Failed SASL authentications by address (`connection.failed.authentication.max.per.minute`).
+    pub(crate) failed_logins: crate::sasl::FailedLogins,
 }
 
 /// What share groups' fetches and acknowledgements call.
@@ -44,8 +50,27 @@ impl Ctx {
             broker.config.fetch_session_cache_slots,
             Some(metrics.clone()),
         ));
-        let ctx =
-            Ctx { broker, groups, txns, metrics, fetch_sessions, share: None, share_sessions: Default::default() };
+        if broker.config.client_security.tls.is_some() {
+            // Fetch responses go through rustls, copied: sendfile needs kernel TLS, not used yet.
+            let kernel_tls = weir_security::tls::kernel_tls_available();
+            tracing::info!(kernel_tls, "the Kafka listener uses TLS; fetched records are copied through user space");
+        }
+        let tls = broker.config.client_security.tls.clone().map(|settings| {
+            weir_security::tls::ReloadingTls::new(settings).map(Arc::new).inspect_err(|e| {
+                tracing::error!(error = %e, "the Kafka listener's TLS does not load: every connection will be refused");
+            })
+        });
+        let ctx = Ctx {
+            broker,
+            groups,
+            txns,
+            metrics,
+            fetch_sessions,
+            share: None,
+            share_sessions: Default::default(),
+            tls,
+            failed_logins: Default::default(),
+        };
         for (api_key, _) in crate::versions::all() {
             crate::dispatch::api_metrics(&ctx.metrics, api_key);
         }
@@ -83,6 +108,9 @@ pub(crate) struct Client {
 pub(crate) struct Peer {
     /// The IP address, as DescribeGroups reports it.
     pub(crate) host: String,
+    /// The SASL user the connection authenticated as; `None` on a listener without SASL.
+    #[allow(dead_code)]
+    pub(crate) user: Option<String>,
     /// The connection's number, unique in this process.
     pub(crate) connection: u64,
 }

@@ -208,6 +208,16 @@ async fn route(
             }))
         }
         ApiKey::AlterShareGroupOffsets => call!(AlterShareGroupOffsetsRequest, handlers::share_groups::alter_offsets),
+        // On a SASL listener these never get here (`connection` answers them); elsewhere
+        // there is nothing to authenticate.
+        ApiKey::SaslHandshake => call!(SaslHandshakeRequest, handlers::users::handshake_without_sasl),
+        ApiKey::SaslAuthenticate => call!(SaslAuthenticateRequest, handlers::users::authenticate_without_sasl),
+        ApiKey::AlterUserScramCredentials => {
+            call!(AlterUserScramCredentialsRequest, handlers::users::alter_scram_credentials)
+        }
+        ApiKey::DescribeUserScramCredentials => {
+            call!(DescribeUserScramCredentialsRequest, handlers::users::describe_scram_credentials)
+        }
         ApiKey::DeleteShareGroupOffsets => {
             call!(DeleteShareGroupOffsetsRequest, handlers::share_groups::delete_offsets)
         }
@@ -237,7 +247,7 @@ fn check_version(api_key: ApiKey, version: i16, correlation_id: i32) -> Result<O
 /// The client and correlation id of the request header, which is consumed from `frame`. The
 /// header is dropped here: its client id is a slice of the frame, and Produce needs to be the
 /// frame's only holder to write into it.
-fn decode_header(
+pub(crate) fn decode_header(
     frame: &mut Bytes,
     prefix: &frame::RequestPrefix,
     api_key: ApiKey,
@@ -372,6 +382,19 @@ macro_rules! error_codes {
 
 error_codes! {
     ApiVersionsResponse => |r, c| c.count(r.error_code);
+    SaslHandshakeResponse => |r, c| c.count(r.error_code);
+    SaslAuthenticateResponse => |r, c| c.count(r.error_code);
+    AlterUserScramCredentialsResponse => |r, c| {
+        for result in &r.results {
+            c.count(result.error_code);
+        }
+    };
+    DescribeUserScramCredentialsResponse => |r, c| {
+        c.count(r.error_code);
+        for result in &r.results {
+            c.count(result.error_code);
+        }
+    };
     InitProducerIdResponse => |r, c| c.count(r.error_code);
     AddPartitionsToTxnResponse => |r, c| {
         for t in &r.results_by_topic_v3_and_below {

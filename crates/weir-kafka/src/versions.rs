@@ -46,6 +46,10 @@ const IMPLEMENTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::TxnOffsetCommit, 0, 3),
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::ListTransactions, 0, 1),
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
+    (ApiKey::AlterUserScramCredentials, 0, 0),
+    (ApiKey::DescribeUserScramCredentials, 0, 0),
     (ApiKey::ConsumerGroupHeartbeat, 0, 1),
     (ApiKey::ConsumerGroupDescribe, 0, 1),
     // Share groups (KIP-932), at Kafka 4.2's versions. ShareFetch and ShareAcknowledge v2

@@ -91,28 +91,51 @@ fn length_prefix(len: usize, compact: bool) -> Bytes {
     b.freeze()
 }
 
-/// Writes a whole response. With `use_sendfile` false, file chunks are read into memory and
-/// written like bytes (the comparison path for benchmarks, and for sockets sendfile cannot
-/// serve).
+/// Where a connection's responses go: the socket itself, where file chunks go out by
+/// `sendfile`, or a TLS stream, which must encrypt them in user space (kernel TLS, with which
+/// sendfile works on TLS too, is not used yet).
+pub(crate) enum ResponseSink {
+    Plain(OwnedWriteHalf),
+    Tls(tokio::io::WriteHalf<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+/// Writes a whole response. With `use_sendfile` false, or over TLS, file chunks are read into
+/// memory and written like bytes (the comparison path for benchmarks, and for sockets sendfile
+/// cannot serve).
 pub(crate) async fn write_response(
-    out: &mut OwnedWriteHalf,
+    out: &mut ResponseSink,
     frame: ResponseFrame,
     use_sendfile: bool,
 ) -> std::io::Result<()> {
-    for chunk in frame.chunks {
-        match chunk {
-            Chunk::Bytes(bytes) => out.write_all(&bytes).await?,
-            Chunk::File(file) if use_sendfile => send_file(out, &file).await?,
-            Chunk::File(file) => {
-                let data = tokio::task::spawn_blocking(move || file.read_to_vec())
-                    .await
-                    .map_err(std::io::Error::other)?
-                    .map_err(std::io::Error::other)?;
-                out.write_all(&data).await?;
+    match out {
+        ResponseSink::Plain(out) => {
+            for chunk in frame.chunks {
+                match chunk {
+                    Chunk::Bytes(bytes) => out.write_all(&bytes).await?,
+                    Chunk::File(file) if use_sendfile => send_file(out, &file).await?,
+                    Chunk::File(file) => out.write_all(&read_file(file).await?).await?,
+                }
             }
+        }
+        ResponseSink::Tls(out) => {
+            for chunk in frame.chunks {
+                match chunk {
+                    Chunk::Bytes(bytes) => out.write_all(&bytes).await?,
+                    Chunk::File(file) => out.write_all(&read_file(file).await?).await?,
+                }
+            }
+            // rustls may hold the last record until flushed.
+            out.flush().await?;
         }
     }
     Ok(())
+}
+
+async fn read_file(file: FileSlice) -> std::io::Result<Vec<u8>> {
+    tokio::task::spawn_blocking(move || file.read_to_vec())
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(std::io::Error::other)
 }
 
 async fn send_file(out: &mut OwnedWriteHalf, file: &FileSlice) -> std::io::Result<()> {

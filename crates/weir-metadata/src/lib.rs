@@ -135,6 +135,19 @@ pub enum MetadataRecord {
         group: String,
         configs: BTreeMap<String, String>,
     },
+    /// Sets a user's SCRAM credential for one mechanism (KRaft's UserScramCredentialRecord):
+    /// the salted keys only, never the password.
+    SetScramCredential {
+        user: String,
+        mechanism: ScramMechanism,
+        credential: ScramCredential,
+    },
+    /// Removes a user's SCRAM credential for one mechanism (KRaft's
+    /// RemoveUserScramCredentialRecord).
+    RemoveScramCredential {
+        user: String,
+        mechanism: ScramMechanism,
+    },
     /// Reserves producer ids `[first, first + count)` for InitProducerId; ids are never reused.
     AllocateProducerIds {
         first: i64,
@@ -285,6 +298,58 @@ pub struct MetadataState {
     /// Consumer groups' settings (overrides only), by group; groups without any are absent.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
+    /// Users' SCRAM credentials (SASL/SCRAM and PLAIN check passwords against them), by user
+    /// and mechanism.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scram_credentials: BTreeMap<String, BTreeMap<ScramMechanism, ScramCredential>>,
+}
+
+/// A SCRAM mechanism (RFC 5802 with the hash of RFC 7677), numbered as Kafka's
+/// `ScramMechanism` (the AlterUserScramCredentials API's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ScramMechanism {
+    #[serde(rename = "SCRAM-SHA-256")]
+    Sha256,
+    #[serde(rename = "SCRAM-SHA-512")]
+    Sha512,
+}
+
+impl ScramMechanism {
+    pub const ALL: [ScramMechanism; 2] = [ScramMechanism::Sha256, ScramMechanism::Sha512];
+
+    /// The SASL mechanism name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScramMechanism::Sha256 => "SCRAM-SHA-256",
+            ScramMechanism::Sha512 => "SCRAM-SHA-512",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<ScramMechanism> {
+        ScramMechanism::ALL.into_iter().find(|m| m.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Kafka's number for the mechanism (1: SHA-256, 2: SHA-512; 0 is unknown).
+    pub fn kafka_type(self) -> i8 {
+        match self {
+            ScramMechanism::Sha256 => 1,
+            ScramMechanism::Sha512 => 2,
+        }
+    }
+
+    pub fn from_kafka_type(value: i8) -> Option<ScramMechanism> {
+        ScramMechanism::ALL.into_iter().find(|m| m.kafka_type() == value)
+    }
+}
+
+/// What a broker keeps of a SCRAM password (RFC 5802): enough to check a client's proof and
+/// prove itself, not enough to log in as the user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScramCredential {
+    pub salt: Vec<u8>,
+    pub stored_key: Vec<u8>,
+    pub server_key: Vec<u8>,
+    pub iterations: u32,
 }
 
 /// `MetadataState::topics` in JSON as a plain map of topics: snapshots keep the format they
@@ -517,6 +582,17 @@ impl MetadataState {
                     self.group_configs.remove(group);
                 } else {
                     self.group_configs.insert(group.clone(), configs.clone());
+                }
+            }
+            MetadataRecord::SetScramCredential { user, mechanism, credential } => {
+                self.scram_credentials.entry(user.clone()).or_default().insert(*mechanism, credential.clone());
+            }
+            MetadataRecord::RemoveScramCredential { user, mechanism } => {
+                if let Some(credentials) = self.scram_credentials.get_mut(user) {
+                    credentials.remove(mechanism);
+                    if credentials.is_empty() {
+                        self.scram_credentials.remove(user);
+                    }
                 }
             }
             MetadataRecord::AllocateProducerIds { first, count } => {

@@ -64,6 +64,8 @@ pub(crate) fn code_of(kind: ErrorKind) -> Code {
         NotLeader | LeaderNotAvailable | FencedLeaderEpoch | UnknownLeaderEpoch => Code::HaNotAvailable,
         NotEnoughReplicas | NotEnoughReplicasAfterAppend => Code::SlavePersistenceTimeout,
         Corrupt | InvalidRecord | InvalidTimestamp | UnsupportedFormat => Code::MessageCorrupted,
+        AuthenticationFailed => Code::Unauthorized,
+        UnsupportedSaslMechanism | UnacceptableCredential | ResourceNotFound | DuplicateResource => Code::BadRequest,
         InvalidRequest
         | BrokerNotRegistered
         | InvalidConfig

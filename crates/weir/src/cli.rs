@@ -47,6 +47,8 @@ pub enum Command {
     /// Move partitions between brokers (plans, reassignments, a replication throttle), elect
     /// leaders, delete old records (admin HTTP API).
     Partition(crate::admin_cli::partition::PartitionArgs),
+    /// Create, list and delete the users SASL clients log in as (admin HTTP API).
+    User(crate::admin_cli::user::UserArgs),
 }
 
 impl Command {
@@ -68,7 +70,8 @@ impl Command {
             | Command::Consume(_)
             | Command::Message(_)
             | Command::Cluster(_)
-            | Command::Partition(_) => "warn",
+            | Command::Partition(_)
+            | Command::User(_) => "warn",
         }
     }
 }

@@ -30,6 +30,10 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(command) => weir_bench::run(command),
         Command::Topic(args) => admin_cli::finish(admin_cli::topic::run(&args)),
         Command::Group(args) => admin_cli::finish(admin_cli::group::run(&args)),
+        Command::User(args) => admin_cli::finish(
+            admin_cli::require_admin_api(&args.connection, "user", "users are managed through the admin API")
+                .and_then(|()| admin_cli::user::run(&args)),
+        ),
         Command::Produce(args) => admin_cli::finish(admin_cli::produce::run(&args)),
         Command::Consume(args) => admin_cli::finish(admin_cli::consume::run(&args)),
         Command::Message(args) => admin_cli::finish(

@@ -157,6 +157,9 @@ impl Broker {
             ControlRequest::UnregisterBroker { id } => {
                 self.decide_unregister_broker(held, id).map(|()| ControlAnswer::Done)
             }
+            ControlRequest::AlterScramCredentials { changes } => {
+                self.decide_alter_scram_credentials(held, changes).map(ControlAnswer::Each)
+            }
         }
     }
 

@@ -196,6 +196,12 @@ pub struct ConnectionMetrics {
     pub requests_in_flight: Gauge,
     /// Incremental fetch sessions (Kafka's KIP-227) held for the protocol's clients.
     pub fetch_sessions: Gauge,
+    /// TLS handshakes that failed or timed out.
+    pub tls_handshake_failures: Counter,
+    /// SASL authentications that succeeded, and that failed (a wrong password, a malformed or
+    /// truncated exchange, too many failures from one address).
+    pub authentications: Counter,
+    pub authentication_failures: Counter,
 }
 
 /// Traffic counters of one partition, kept on the [`Partition`] itself so that the produce

@@ -14,6 +14,7 @@ pub mod session_write;
 pub mod share_fetch;
 pub mod share_groups;
 pub mod txn;
+pub mod users;
 
 use kafka_protocol::protocol::StrBytes;
 

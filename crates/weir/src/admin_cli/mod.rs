@@ -1,5 +1,5 @@
 //! The client commands: `weir topic`, `weir group`, `weir produce`, `weir consume`, `weir
-//! message`, `weir cluster`, `weir partition`. They talk to a running broker through its admin HTTP API (`--admin`, `WEIR_ADMIN`,
+//! message`, `weir cluster`, `weir partition`, `weir user`. They talk to a running broker through its admin HTTP API (`--admin`, `WEIR_ADMIN`,
 //! default http://127.0.0.1:9644) with the JSON types of `weir_admin::api`, print aligned tables
 //! for people or `--json` for scripts, and on failure print one line `error: ...` on stderr and
 //! exit 1.
@@ -17,6 +17,7 @@ pub mod partition;
 pub mod produce;
 pub mod time;
 pub mod topic;
+pub mod user;
 
 use std::io::{self, Write};
 use std::time::Duration;

@@ -1,0 +1,15 @@
+//! Weir's security mechanisms, free of any protocol: each front-end (Kafka, RocketMQ, the
+//! admin API) frames them its own way and maps their failures to its own codes.
+//!
+//! - [`tls`]: a listener's TLS (rustls), configured with Kafka's `ssl.*` settings (PEM), its
+//!   certificates reloaded when their files change.
+//! - [`scram`]: SASL/SCRAM-SHA-256 and -512 (RFC 5802, 7677) on the server's side, and the
+//!   salted credentials stored in the metadata log; SASL/PLAIN's message, checked against the
+//!   same credentials.
+#![deny(unsafe_code)]
+#![deny(clippy::unwrap_used)]
+
+pub mod scram;
+pub mod tls;
+
+pub use weir_metadata::{ScramCredential, ScramMechanism};

@@ -1,0 +1,221 @@
+//! TLS for a listener: a rustls server configuration built from Kafka's `ssl.*` settings (PEM
+//! only), rebuilt when its files change so that certificates rotate without a restart.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig, SupportedProtocolVersion};
+use tokio_rustls::TlsAcceptor;
+
+/// Whether the server asks for a client certificate (Kafka's `ssl.client.auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    None,
+    /// Asked for; a client without one is still served.
+    Requested,
+    /// A client without a certificate the truststore vouches for is refused.
+    Required,
+}
+
+impl ClientAuth {
+    pub fn parse(value: &str) -> Option<ClientAuth> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" | "none" => Some(ClientAuth::None),
+            "requested" => Some(ClientAuth::Requested),
+            "required" => Some(ClientAuth::Required),
+            _ => None,
+        }
+    }
+}
+
+/// PEM text given inline, or a file to read it from (and to watch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pem {
+    File(PathBuf),
+    Inline(String),
+}
+
+impl Pem {
+    fn read(&self, what: &str) -> Result<Vec<u8>, String> {
+        match self {
+            Pem::Inline(text) => Ok(text.clone().into_bytes()),
+            Pem::File(path) => {
+                std::fs::read(path).map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
+            }
+        }
+    }
+
+    fn file(&self) -> Option<&Path> {
+        match self {
+            Pem::File(path) => Some(path),
+            Pem::Inline(_) => None,
+        }
+    }
+}
+
+/// What a listener's TLS is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// The server's certificate chain, leaf first (`ssl.keystore.location` holding the chain and
+    /// the key, or `ssl.keystore.certificate.chain`).
+    pub certificate_chain: Pem,
+    /// The server's private key, unencrypted PKCS#8, PKCS#1 or SEC1 (`ssl.keystore.location`,
+    /// or `ssl.keystore.key`).
+    pub private_key: Pem,
+    /// The certificates client certificates are checked against (`ssl.truststore.location` or
+    /// `ssl.truststore.certificates`); needed for `ssl.client.auth` other than none.
+    pub truststore: Option<Pem>,
+    pub client_auth: ClientAuth,
+    /// `ssl.enabled.protocols`: TLS 1.2 and/or 1.3.
+    pub tls12: bool,
+    pub tls13: bool,
+}
+
+impl TlsSettings {
+    /// Parses `ssl.enabled.protocols` (`TLSv1.2,TLSv1.3`): which of the two are on.
+    pub fn parse_protocols(value: &str) -> Result<(bool, bool), String> {
+        let (mut tls12, mut tls13) = (false, false);
+        for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match item {
+                "TLSv1.2" => tls12 = true,
+                "TLSv1.3" => tls13 = true,
+                "TLSv1" | "TLSv1.1" | "SSLv3" => {
+                    return Err(format!("{item} is not offered (it is unsafe); use TLSv1.2 and TLSv1.3"))
+                }
+                _ => return Err(format!("unknown protocol {item:?}; expected TLSv1.2 and/or TLSv1.3")),
+            }
+        }
+        if !tls12 && !tls13 {
+            return Err("no protocol enabled; expected TLSv1.2 and/or TLSv1.3".into());
+        }
+        Ok((tls12, tls13))
+    }
+
+    /// The rustls configuration these settings describe, or what is wrong with them.
+    pub fn server_config(&self) -> Result<ServerConfig, String> {
+        let chain_pem = self.certificate_chain.read("certificate chain")?;
+        let certificates: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&chain_pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("the certificate chain is not PEM: {e}"))?;
+        if certificates.is_empty() {
+            return Err("the keystore holds no certificate (-----BEGIN CERTIFICATE-----)".into());
+        }
+        let key_pem = self.private_key.read("private key")?;
+        let key = PrivateKeyDer::from_pem_slice(&key_pem)
+            .map_err(|e| format!("the keystore holds no unencrypted private key (PKCS#8, PKCS#1 or SEC1 PEM): {e}"))?;
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut versions: Vec<&'static SupportedProtocolVersion> = Vec::new();
+        if self.tls13 {
+            versions.push(&rustls::version::TLS13);
+        }
+        if self.tls12 {
+            versions.push(&rustls::version::TLS12);
+        }
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&versions)
+            .map_err(|e| format!("cannot offer these TLS versions: {e}"))?;
+        let builder = match self.client_auth {
+            ClientAuth::None => builder.with_no_client_auth(),
+            auth => {
+                let truststore = self.truststore.as_ref().ok_or(
+                    "ssl.client.auth needs a truststore (ssl.truststore.location or ssl.truststore.certificates)",
+                )?;
+                let pem = truststore.read("truststore")?;
+                let mut roots = RootCertStore::empty();
+                for certificate in CertificateDer::pem_slice_iter(&pem) {
+                    let certificate = certificate.map_err(|e| format!("the truststore is not PEM: {e}"))?;
+                    roots.add(certificate).map_err(|e| format!("a truststore certificate is unusable: {e}"))?;
+                }
+                if roots.is_empty() {
+                    return Err("the truststore holds no certificate".into());
+                }
+                let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+                let verifier = if auth == ClientAuth::Requested { verifier.allow_unauthenticated() } else { verifier };
+                builder.with_client_cert_verifier(verifier.build().map_err(|e| format!("client verification: {e}"))?)
+            }
+        };
+        let mut config = builder
+            .with_single_cert(certificates, key)
+            .map_err(|e| format!("the certificate and key do not fit: {e}"))?;
+        config.alpn_protocols = Vec::new();
+        // No TLS 1.3 session tickets after the handshake: Kafka clients do not resume
+        // sessions, and kafka-python closes a connection that turns readable while it awaits no
+        // answer (which a ticket arriving late makes it).
+        config.send_tls13_tickets = 0;
+        Ok(config)
+    }
+
+    fn files(&self) -> Vec<PathBuf> {
+        [Some(&self.certificate_chain), Some(&self.private_key), self.truststore.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|pem| pem.file().map(Path::to_path_buf))
+            .collect()
+    }
+}
+
+/// How often the files are looked at for changes, at most (on accepting a connection).
+const RELOAD_CHECK: Duration = Duration::from_secs(1);
+
+/// A listener's TLS acceptor, rebuilt from its files when one of them changes (a new
+/// modification time or size). A change that does not load (a half-written file, a key that does
+/// not fit) keeps the configuration in use and is logged; the next change is tried again.
+pub struct ReloadingTls {
+    settings: TlsSettings,
+    files: Vec<PathBuf>,
+    current: Mutex<Current>,
+}
+
+struct Current {
+    acceptor: TlsAcceptor,
+    stamps: Vec<Option<(SystemTime, u64)>>,
+    checked: Instant,
+}
+
+fn stamps(files: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
+    files.iter().map(|f| std::fs::metadata(f).ok().and_then(|m| m.modified().ok().map(|t| (t, m.len())))).collect()
+}
+
+impl ReloadingTls {
+    /// Loads the settings once; an error here is a configuration error.
+    pub fn new(settings: TlsSettings) -> Result<ReloadingTls, String> {
+        let files = settings.files();
+        let stamps = stamps(&files);
+        let config = settings.server_config()?;
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        Ok(ReloadingTls { settings, files, current: Mutex::new(Current { acceptor, stamps, checked: Instant::now() }) })
+    }
+
+    /// The acceptor for the next connection, reloaded first if a file changed.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        let mut current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !self.files.is_empty() && current.checked.elapsed() >= RELOAD_CHECK {
+            current.checked = Instant::now();
+            let now = stamps(&self.files);
+            if now != current.stamps {
+                current.stamps = now;
+                match self.settings.server_config() {
+                    Ok(config) => {
+                        current.acceptor = TlsAcceptor::from(Arc::new(config));
+                        tracing::info!(files = ?self.files, "reloaded the TLS certificate");
+                    }
+                    Err(e) => tracing::warn!(error = %e, "the changed TLS files do not load; keeping the ones in use"),
+                }
+            }
+        }
+        current.acceptor.clone()
+    }
+}
+
+/// Whether the kernel offers TLS offload (kTLS: `tls` among the TCP upper-layer protocols),
+/// with which sendfile could serve TLS connections too. Weir does not use it yet: it reports
+/// it, and TLS connections copy record data through user space.
+pub fn kernel_tls_available() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_ulp")
+        .map(|ulps| ulps.split_whitespace().any(|u| u == "tls"))
+        .unwrap_or(false)
+}

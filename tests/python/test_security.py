@@ -1,0 +1,398 @@
+"""TLS and SASL on the Kafka listener, with real clients: confluent-kafka (librdkafka),
+kafka-python and kcat over SASL_SSL and SSL, users made with `weir user` and with Kafka's
+AlterUserScramCredentials, wrong passwords, requests before authentication, garbage in the
+TLS handshake, re-authentication (KIP-368) and a certificate replaced while the broker runs.
+
+The certificates are made here with the openssl command: a CA, and a server certificate for
+127.0.0.1 and localhost signed by it.
+"""
+
+import re
+import socket
+import ssl
+import struct
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
+)
+
+from conftest import _ALL_BROKERS, Broker, weir_bin
+from helpers import (
+    TIMEOUT_S,
+    c_consume,
+    c_create_topic,
+    c_produce,
+    kp_consumer,
+    kp_produce,
+    kp_producer,
+    unique,
+    wait_until,
+)
+
+PASSWORD = "s3cret-Pässword"
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_server_cert(directory, name, ca="ca"):
+    """A key and a certificate for 127.0.0.1/localhost signed by `ca`, as one PEM (chain + key)."""
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-subj", "/CN=localhost",
+            "-out", f"{name}.csr", cwd=directory)
+    (directory / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=directory)
+    pem = (directory / f"{name}.crt").read_text() + (directory / f"{name}.key").read_text()
+    (directory / f"{name}.pem").write_text(pem)
+    return directory / f"{name}.pem"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("certs")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-subj", "/CN=weir-test-ca",
+            "-days", "2", "-out", "ca.pem", cwd=directory)
+    server = make_server_cert(directory, "server")
+    return {"dir": directory, "ca": directory / "ca.pem", "server": server}
+
+
+def start_broker(tmp_path, protocol, settings=None, name="secure"):
+    broker = Broker(tmp_path / name, settings=settings, name=name)
+    broker.settings["listeners"] = f"{protocol}://127.0.0.1:{broker.port}"
+    _ALL_BROKERS.append(broker)
+    broker.start()
+    return broker
+
+
+@pytest.fixture
+def brokers(tmp_path):
+    made = []
+
+    def make(protocol, settings=None):
+        broker = start_broker(tmp_path, protocol, settings, name=f"secure{len(made)}")
+        made.append(broker)
+        return broker
+
+    yield make
+    for broker in made:
+        broker.cleanup()
+        _ALL_BROKERS.remove(broker)
+
+
+def weir_user(broker, *args):
+    out = subprocess.run(
+        [str(weir_bin()), "user", *args, "--admin", broker.admin_url()],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def client_conf(broker, certs, mechanism="SCRAM-SHA-512", user="alice", password=PASSWORD, protocol="SASL_SSL"):
+    conf = {
+        "bootstrap.servers": broker.bootstrap,
+        "security.protocol": protocol,
+        "socket.connection.setup.timeout.ms": 10000,
+    }
+    if "SSL" in protocol:
+        conf["ssl.ca.location"] = str(certs["ca"])
+    if "SASL" in protocol:
+        conf.update({"sasl.mechanisms": mechanism, "sasl.username": user, "sasl.password": password})
+    return conf
+
+
+def labelled_metric(broker, name, protocol="kafka"):
+    with urllib.request.urlopen(f"{broker.admin_url()}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = re.search(rf'^{name}\{{protocol="{protocol}"\}} (\S+)$', text, re.M)
+    assert found, f"{name} is not in /metrics"
+    return float(found.group(1))
+
+
+def produce_consume(conf, topic, n=20):
+    producer = Producer({**conf, "linger.ms": 5, "message.timeout.ms": int(TIMEOUT_S * 1000)})
+    records = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(n)]
+    c_produce(producer, topic, [{"key": k, "value": v} for k, v in records])
+    group = unique("g")
+    consumer = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    try:
+        consumer.subscribe([topic])
+        got = c_consume(consumer, n)
+        consumer.commit(asynchronous=False)
+        committed = consumer.committed([TopicPartition(topic, 0)], timeout=10)
+    finally:
+        consumer.close()
+    assert [(r.key, r.value) for r in got] == records
+    assert committed[0].offset == n
+
+
+def test_sasl_ssl_scram_and_plain_with_confluent_kafka(brokers, certs):
+    broker = brokers("SASL_SSL", {"ssl.keystore.location": str(certs["server"])})
+    listed = weir_user(broker, "create", "alice", "--password", PASSWORD)
+    assert "SCRAM-SHA-256" in listed and "SCRAM-SHA-512" in listed
+    assert "alice" in weir_user(broker, "list")
+    for mechanism in ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"]:
+        conf = client_conf(broker, certs, mechanism)
+        admin = AdminClient(conf)
+        topic = c_create_topic(admin, unique(f"sec-{mechanism.lower()}"))
+        produce_consume(conf, topic)
+    assert labelled_metric(broker, "weir_authentications_total") >= 3
+
+    # Transactions over SASL_SSL.
+    conf = client_conf(broker, certs)
+    topic = c_create_topic(AdminClient(conf), unique("sec-txn"))
+    producer = Producer({**conf, "transactional.id": unique("tx")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"committed")
+    producer.commit_transaction(30)
+    consumer = Consumer({**conf, "group.id": unique("g"), "auto.offset.reset": "earliest",
+                         "isolation.level": "read_committed"})
+    try:
+        consumer.subscribe([topic])
+        assert [r.value for r in c_consume(consumer, 1)] == [b"committed"]
+    finally:
+        consumer.close()
+
+
+def test_wrong_passwords_unknown_users_and_deleted_users_are_refused(brokers, certs):
+    broker = brokers("SASL_SSL", {"ssl.keystore.location": str(certs["server"]),
+                                  "connection.failed.authentication.delay.ms": "0",
+                                  "connection.failed.authentication.max.per.minute": "100000"})
+    weir_user(broker, "create", "alice", "--password", PASSWORD, "--mechanism", "SCRAM-SHA-256")
+    before = labelled_metric(broker, "weir_authentication_failures_total")
+    for mechanism, user, password in [
+        ("SCRAM-SHA-256", "alice", "wrong"),
+        ("SCRAM-SHA-512", "alice", PASSWORD),  # alice has no SHA-512 credential
+        ("PLAIN", "alice", "wrong"),
+        ("SCRAM-SHA-256", "mallory", PASSWORD),
+    ]:
+        admin = AdminClient({**client_conf(broker, certs, mechanism, user, password)})
+        with pytest.raises(KafkaException) as refused:
+            admin.list_topics(timeout=5)
+        assert "Authentication" in str(refused.value) or "_TRANSPORT" in str(refused.value) or "timed out" in str(
+            refused.value
+        ), str(refused.value)
+    wait_until(lambda: labelled_metric(broker, "weir_authentication_failures_total") >= before + 4,
+               what="the failures counted")
+    # The right password works, then not once the user is deleted.
+    AdminClient(client_conf(broker, certs, "SCRAM-SHA-256")).list_topics(timeout=10)
+    assert "deleted user alice" in weir_user(broker, "delete", "alice")
+    with pytest.raises(KafkaException):
+        AdminClient(client_conf(broker, certs, "SCRAM-SHA-256")).list_topics(timeout=5)
+
+
+def test_failed_logins_are_rate_limited_per_address(brokers, certs):
+    broker = brokers("SASL_PLAINTEXT", {"connection.failed.authentication.delay.ms": "0",
+                                        "connection.failed.authentication.max.per.minute": "3"})
+    weir_user(broker, "create", "alice", "--password", PASSWORD)
+    for _ in range(3):
+        assert sasl_plain_login(broker, "alice", "wrong") == 58
+    # Past the limit even the right password is refused, for a minute, from this address.
+    assert sasl_plain_login(broker, "alice", PASSWORD) == 58
+
+
+def kafka_request(sock, api_key, version, correlation_id, body, client_id=b"raw"):
+    header = struct.pack(">hhih", api_key, version, correlation_id, len(client_id)) + client_id
+    frame = header + body
+    sock.sendall(struct.pack(">i", len(frame)) + frame)
+
+
+def read_frame(sock):
+    size = struct.unpack(">i", recv_exact(sock, 4))[0]
+    return recv_exact(sock, size)
+
+
+def recv_exact(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def sasl_plain_login(broker, user, password):
+    """SaslHandshake v1 + SaslAuthenticate v1 with PLAIN over a raw socket: the error code."""
+    with socket.create_connection((broker.host, broker.port), timeout=10) as sock:
+        mechanism = b"PLAIN"
+        kafka_request(sock, 17, 1, 1, struct.pack(">h", len(mechanism)) + mechanism)
+        response = read_frame(sock)
+        assert struct.unpack(">h", response[4:6])[0] == 0
+        token = b"\0" + user.encode() + b"\0" + password.encode()
+        kafka_request(sock, 36, 1, 2, struct.pack(">i", len(token)) + token)
+        response = read_frame(sock)
+        return struct.unpack(">h", response[4:6])[0]
+
+
+def test_requests_before_authentication_close_the_connection(brokers, certs):
+    broker = brokers("SASL_PLAINTEXT", {"connections.max.unauthenticated.ms": "1000"})
+    # A Metadata request before any SASL exchange: closed, no answer.
+    with socket.create_connection((broker.host, broker.port), timeout=10) as sock:
+        kafka_request(sock, 3, 1, 7, struct.pack(">i", -1))
+        assert sock.recv(100) == b""
+    # ApiVersions is answered before authentication (clients ask it first).
+    with socket.create_connection((broker.host, broker.port), timeout=10) as sock:
+        kafka_request(sock, 18, 0, 8, b"")
+        assert struct.unpack(">i", read_frame(sock)[:4])[0] == 8
+    # A connection that never authenticates is closed after connections.max.unauthenticated.ms.
+    with socket.create_connection((broker.host, broker.port), timeout=10) as sock:
+        started = time.monotonic()
+        assert sock.recv(100) == b""
+        assert time.monotonic() - started < 8
+    # An oversized token before authentication (sasl.server.max.receive.size) closes it too.
+    with socket.create_connection((broker.host, broker.port), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", 10_000_000) + b"x" * 1000)
+        assert sock.recv(100) == b""
+    assert broker.alive()
+
+
+def test_garbage_in_the_tls_handshake_harms_no_one(brokers, certs):
+    broker = brokers("SSL", {"ssl.keystore.location": str(certs["server"])})
+    for garbage in [b"\x00" * 64, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x16\x03\x01\x00\x05hello", b""]:
+        with socket.create_connection((broker.host, broker.port), timeout=10) as sock:
+            sock.sendall(garbage)
+            sock.shutdown(socket.SHUT_WR)
+            try:
+                sock.recv(100)
+            except ConnectionResetError:
+                pass
+    # A plain-text Kafka client gets nothing useful either, and the broker serves TLS clients.
+    assert broker.alive()
+    conf = client_conf(broker, certs, protocol="SSL")
+    topic = c_create_topic(AdminClient(conf), unique("ssl"))
+    produce_consume(conf, topic, n=5)
+    assert labelled_metric(broker, "weir_tls_handshake_failures_total") >= 3
+
+
+def test_kcat_and_kafka_python_over_tls(brokers, certs):
+    broker = brokers("SASL_SSL", {"ssl.keystore.location": str(certs["server"])})
+    weir_user(broker, "create", "alice", "--password", PASSWORD)
+    topic = c_create_topic(AdminClient(client_conf(broker, certs)), unique("kp"), partitions=1)
+    sasl = dict(security_protocol="SASL_SSL", ssl_cafile=str(certs["ca"]), sasl_mechanism="SCRAM-SHA-512",
+                sasl_plain_username="alice", sasl_plain_password=PASSWORD)
+    producer = kp_producer(broker.bootstrap, **sasl)
+    kp_produce(producer, topic, [{"key": b"k", "value": b"from kafka-python"}])
+    producer.close()
+    consumer = kp_consumer(broker.bootstrap, group_id=unique("g"), **sasl)
+    consumer.subscribe([topic])
+    got = []
+    deadline = time.monotonic() + TIMEOUT_S
+    while not got and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            got += [r.value for r in records]
+    consumer.close()
+    assert got == [b"from kafka-python"]
+
+    kcat = ["kcat", "-b", broker.bootstrap, "-X", "security.protocol=SASL_SSL", "-X",
+            f"ssl.ca.location={certs['ca']}", "-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=alice",
+            "-X", f"sasl.password={PASSWORD}"]
+    subprocess.run(kcat + ["-P", "-t", topic], input=b"from kcat\n", check=True, timeout=60)
+    out = subprocess.run(kcat + ["-C", "-t", topic, "-e", "-o", "beginning", "-f", "%s\n"], capture_output=True,
+                         check=True, timeout=60)
+    assert out.stdout.decode().split() == ["from", "kafka-python", "from", "kcat"]
+    # Without the CA, kcat refuses the broker's certificate.
+    refused = subprocess.run(["kcat", "-b", broker.bootstrap, "-X", "security.protocol=SSL", "-L", "-m", "5"],
+                             capture_output=True, timeout=60)
+    assert refused.returncode != 0
+
+
+def test_scram_credentials_through_the_kafka_admin_api(brokers, certs):
+    broker = brokers("SASL_SSL", {"ssl.keystore.location": str(certs["server"])})
+    weir_user(broker, "create", "admin", "--password", PASSWORD)
+    admin = AdminClient(client_conf(broker, certs, user="admin"))
+    futures = admin.alter_user_scram_credentials([
+        UserScramCredentialUpsertion("bob", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192), b"bob-pw"),
+    ])
+    for future in futures.values():
+        future.result(timeout=30)
+    described = {u: f.result(timeout=30) for u, f in admin.describe_user_scram_credentials(["bob"]).items()}
+    info = described["bob"].scram_credential_infos
+    assert [(i.mechanism, i.iterations) for i in info] == [(ScramMechanism.SCRAM_SHA_256, 8192)]
+    AdminClient(client_conf(broker, certs, "SCRAM-SHA-256", "bob", "bob-pw")).list_topics(timeout=10)
+    AdminClient(client_conf(broker, certs, "PLAIN", "bob", "bob-pw")).list_topics(timeout=10)
+    for future in admin.alter_user_scram_credentials(
+        [UserScramCredentialDeletion("bob", ScramMechanism.SCRAM_SHA_256)]
+    ).values():
+        future.result(timeout=30)
+    with pytest.raises(KafkaException):
+        AdminClient(client_conf(broker, certs, "SCRAM-SHA-256", "bob", "bob-pw")).list_topics(timeout=5)
+    # Too few iterations is refused, as Kafka refuses it.
+    bad = admin.alter_user_scram_credentials([
+        UserScramCredentialUpsertion("carol", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 100), b"pw"),
+    ])
+    with pytest.raises(KafkaException):
+        bad["carol"].result(timeout=30)
+
+
+def test_reauthentication_keeps_a_producer_going(brokers, certs):
+    broker = brokers("SASL_SSL", {"ssl.keystore.location": str(certs["server"]),
+                                  "connections.max.reauth.ms": "1500"})
+    weir_user(broker, "create", "alice", "--password", PASSWORD)
+    conf = client_conf(broker, certs)
+    topic = c_create_topic(AdminClient(conf), unique("reauth"))
+    producer = Producer({**conf, "linger.ms": 0, "message.timeout.ms": 30000})
+    errors = []
+    delivered = []
+    deadline = time.monotonic() + 5
+    i = 0
+    while time.monotonic() < deadline:
+        producer.produce(topic, f"{i}".encode(),
+                         on_delivery=lambda e, m: errors.append(e) if e else delivered.append(m.offset()))
+        producer.poll(0.05)
+        i += 1
+    assert producer.flush(30) == 0
+    assert not errors and len(delivered) == i
+    # The sessions expired and were renewed on the same connections.
+    assert labelled_metric(broker, "weir_authentications_total") >= 3
+
+
+def served_certificate(broker):
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with socket.create_connection((broker.host, broker.port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            return tls.getpeercert(binary_form=True)
+
+
+def test_a_replaced_certificate_is_served_without_a_restart(brokers, certs, tmp_path):
+    keystore = tmp_path / "keystore.pem"
+    keystore.write_text(certs["server"].read_text())
+    broker = brokers("SSL", {"ssl.keystore.location": str(keystore)})
+    first = served_certificate(broker)
+    fresh = make_server_cert(certs["dir"], "rotated")
+    # Half-written files are not loaded: the old certificate stays until a whole one is there.
+    keystore.write_text("-----BEGIN CERTIFICATE-----\nnot a cert\n")
+    time.sleep(1.2)
+    assert served_certificate(broker) == first
+    keystore.write_text(fresh.read_text())
+    wait_until(lambda: served_certificate(broker) != first, timeout=10, what="the new certificate served")
+    conf = client_conf(broker, certs, protocol="SSL")
+    AdminClient(conf).list_topics(timeout=10)
+
+
+def test_bad_tls_settings_stop_the_start_with_a_clear_error(tmp_path, certs):
+    for settings, expected in [
+        ({"listeners": "SSL://127.0.0.1:0"}, "ssl.keystore.location"),
+        ({"listeners": "SSL://127.0.0.1:0", "ssl.keystore.location": str(certs["ca"])}, "private key"),
+        ({"listeners": "SASL_SSL://127.0.0.1:0", "ssl.keystore.location": str(certs["server"]),
+          "sasl.enabled.mechanisms": "GSSAPI"}, "sasl.enabled.mechanisms"),
+    ]:
+        args = [str(weir_bin()), "server", "--data-dir", str(tmp_path / "d")]
+        for k, v in settings.items():
+            args += ["--set", f"{k}={v}"]
+        out = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0
+        assert expected in out.stderr, out.stderr
