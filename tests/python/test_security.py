@@ -223,17 +223,33 @@ def recv_exact(sock, n):
     return data
 
 
+def plain_login(sock, user, password):
+    """SaslHandshake v1 + SaslAuthenticate v1 with PLAIN on a raw socket: the error code."""
+    mechanism = b"PLAIN"
+    kafka_request(sock, 17, 1, 1, struct.pack(">h", len(mechanism)) + mechanism)
+    response = read_frame(sock)
+    assert struct.unpack(">h", response[4:6])[0] == 0
+    token = b"\0" + user.encode() + b"\0" + password.encode()
+    kafka_request(sock, 36, 1, 2, struct.pack(">i", len(token)) + token)
+    response = read_frame(sock)
+    return struct.unpack(">h", response[4:6])[0]
+
+
 def sasl_plain_login(broker, user, password):
-    """SaslHandshake v1 + SaslAuthenticate v1 with PLAIN over a raw socket: the error code."""
     with socket.create_connection((broker.host, broker.port), timeout=10) as sock:
-        mechanism = b"PLAIN"
-        kafka_request(sock, 17, 1, 1, struct.pack(">h", len(mechanism)) + mechanism)
-        response = read_frame(sock)
-        assert struct.unpack(">h", response[4:6])[0] == 0
-        token = b"\0" + user.encode() + b"\0" + password.encode()
-        kafka_request(sock, 36, 1, 2, struct.pack(">i", len(token)) + token)
-        response = read_frame(sock)
-        return struct.unpack(">h", response[4:6])[0]
+        return plain_login(sock, user, password)
+
+
+def test_an_authenticated_connection_may_stay_idle(brokers, certs):
+    """connections.max.unauthenticated.ms bounds the time to authenticate, not the connection:
+    one that authenticated and then sends nothing for longer is still served."""
+    broker = brokers("SASL_PLAINTEXT", {"connections.max.unauthenticated.ms": "1000"})
+    weir_user(broker, "create", "alice", "--password", PASSWORD)
+    with socket.create_connection((broker.host, broker.port), timeout=10) as sock:
+        assert plain_login(sock, "alice", PASSWORD) == 0
+        time.sleep(2.5)
+        kafka_request(sock, 18, 0, 9, b"")
+        assert struct.unpack(">i", read_frame(sock)[:4])[0] == 9
 
 
 def test_requests_before_authentication_close_the_connection(brokers, certs):

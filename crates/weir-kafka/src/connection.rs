@@ -107,8 +107,14 @@ async fn read_requests<R: AsyncRead + Unpin>(
     let idle = Duration::from_millis(ctx.broker.config.connections_max_idle_ms);
     // A client that has not authenticated by then is cut off.
     let must_authenticate_by = tokio::time::Instant::now() + Duration::from_millis(security.max_unauthenticated_ms);
+    // Armed until the first authentication only: a session that expires later (KIP-368) is
+    // the processor's to end, and a client re-authenticating late is not cut off here.
+    let mut must_authenticate = !authenticated.load(Ordering::Acquire);
     let mut reader = BufReader::with_capacity(64 * 1024, read_half);
     loop {
+        if authenticated.load(Ordering::Acquire) {
+            must_authenticate = false;
+        }
         // Before authentication a frame may be a SASL token at most (Kafka's
         // sasl.server.max.receive.size), so an unauthenticated client cannot make the broker
         // buffer 100 MiB.
@@ -136,7 +142,12 @@ async fn read_requests<R: AsyncRead + Unpin>(
                     _ = shutdown.changed() => return,
                     // The processor stopped (a protocol error, a failed authentication).
                     _ = requests.closed() => return,
-                    _ = tokio::time::sleep_until(must_authenticate_by), if !authenticated.load(Ordering::Acquire) => {
+                    _ = tokio::time::sleep_until(must_authenticate_by), if must_authenticate => {
+                        // (Authenticated while this read was waiting for the next frame.)
+                        if authenticated.load(Ordering::Acquire) {
+                            must_authenticate = false;
+                            continue;
+                        }
                         ctx.metrics.connections.authentication_failures.inc();
                         tracing::info!(%peer, "closing a connection that did not authenticate in connections.max.unauthenticated.ms");
                         return;

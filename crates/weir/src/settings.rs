@@ -35,6 +35,8 @@ pub const NOT_SETTINGS: &[&str] = &[
     // The client commands' `--admin` and `--bootstrap`.
     "WEIR_ADMIN",
     "WEIR_BOOTSTRAP",
+    // `weir user create --password`.
+    "WEIR_USER_PASSWORD",
     // scripts/test and the Python client tests (tests/python/conftest.py).
     "WEIR_TEST_THREADS",
     "WEIR_BIN",
