@@ -110,3 +110,17 @@ def test_bench_native_quick(tmp_path):
     assert native["answered_p50_ms"] < kafka["answered_p50_ms"], (native, kafka)
     assert native["persisted_p50_ms"] >= 20, native
     assert "| memory-first | native |" in proc.stdout, proc.stdout
+
+
+def test_bench_tls_quick(tmp_path):
+    """`weir bench tls --quick`: both brokers take the produce and give every byte back, the
+    TLS one through rustls (a fetch over TLS costs more CPU per GB than sendfile)."""
+    report_path = tmp_path / "tls.json"
+    cmd = [str(weir_bin()), "bench", "tls", "--quick", "--json", str(report_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    rows = {r["listener"]: r for r in json.loads(report_path.read_text())}
+    assert set(rows) == {"PLAINTEXT (sendfile)", "SSL (rustls)"}
+    for row in rows.values():
+        assert row["produce_mb_per_s"][0] > 0 and row["fetch_mb_per_s"][0] > 0, row
+    assert "TLS / plain text: produce" in proc.stdout, proc.stdout

@@ -19,6 +19,10 @@ pub enum BenchCommand {
     /// the user-space copy path, side by side in one run.
     #[command(long_about = FETCH_LONG_ABOUT)]
     Fetch(FetchBenchArgs),
+    /// Produce and fetch over a TLS listener against a plain-text one, two brokers side by side
+    /// in one run: MB/s and broker CPU per GB.
+    #[command(long_about = TLS_LONG_ABOUT)]
+    Tls(TlsBenchArgs),
     /// Produce capacity of a broker (its own `weir server` child, or --bootstrap) measured with a
     /// raw Kafka-protocol client that costs next to nothing: MB/s, broker CPU and RSS, latency.
     #[command(long_about = PRODUCE_LONG_ABOUT)]
@@ -617,6 +621,40 @@ pub struct FetchBenchArgs {
     pub(crate) fetch_bytes: u64,
 
     /// Rounds per mode (alternating). [default: 3]
+    #[arg(long, default_value_t = 3)]
+    pub(crate) rounds: u32,
+
+    /// A small run (seconds), for CI.
+    #[arg(long)]
+    pub(crate) quick: bool,
+
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+}
+
+const TLS_LONG_ABOUT: &str = "\
+Produce and fetch over a TLS listener (SSL://, rustls) against a plain-text one (PLAINTEXT://,
+fetches by sendfile), two `weir server` children side by side on 127.0.0.1, each with a topic of
+one partition. The run makes a CA and a certificate for 127.0.0.1 of its own.
+
+Each round, each broker in turn: one connection produces --bytes of 1,000-record batches of 1 KiB
+records (acks=1, one request at a time), then fetches the same records back (--fetch-bytes per
+request, from the page cache). Reported per listener: the median MB/s of the rounds and the
+broker's CPU seconds per GB (user + system from /proc), then TLS / plain-text ratios. The
+client's own TLS work shares the machine's cores with the broker's.";
+
+#[derive(Debug, Args)]
+pub struct TlsBenchArgs {
+    /// Bytes to produce and fetch back per round and broker. [default: 256M, or 16M with --quick]
+    #[arg(long, value_name = "N", value_parser = parse_size)]
+    pub(crate) bytes: Option<u64>,
+
+    /// partition_max_bytes and max_bytes of each Fetch request.
+    #[arg(long, value_name = "N", value_parser = parse_size, default_value = "1M")]
+    pub(crate) fetch_bytes: u64,
+
+    /// Rounds per broker (alternating). [default: 3; 1 with --quick]
     #[arg(long, default_value_t = 3)]
     pub(crate) rounds: u32,
 

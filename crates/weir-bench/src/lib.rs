@@ -34,6 +34,7 @@ mod share_consumer;
 mod storage;
 mod tiered;
 mod timer;
+mod tls;
 mod transactions;
 
 pub use cli::BenchCommand;
@@ -44,6 +45,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Storage(args) => storage::run(&args),
         BenchCommand::Fetch(args) => fetch::run(&args),
+        BenchCommand::Tls(args) => tls::run(&args),
         BenchCommand::Produce(args) => produce::run(&args),
         BenchCommand::Kafka(args) => kafka::run(&args),
         BenchCommand::Failover(args) => failover::run(&args),

@@ -42,6 +42,9 @@ pub enum ClientError {
     /// A frame arrived but does not decode as the expected response.
     #[error("undecodable response: {0}")]
     Decode(String),
+    /// The TLS configuration (the CA given) is unusable.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 impl From<std::io::Error> for ClientError {
@@ -110,10 +113,50 @@ pub fn connect(addr: SocketAddr, io_timeout: Duration) -> Result<TcpStream, Clie
     Ok(stream)
 }
 
+/// A client's connection: plain TCP, or TLS over it (rustls, blocking).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(socket) => socket,
+            Stream::Tls(tls) => &tls.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
 /// One connection speaking the Kafka protocol: one request at a time with [`Client::send`], or
 /// pipelined with [`Client::write`] and [`Client::read`] (responses come back in request order).
 pub struct Client {
-    stream: TcpStream,
+    stream: Stream,
     client_id: &'static str,
     next_correlation_id: i32,
 }
@@ -121,11 +164,40 @@ pub struct Client {
 impl Client {
     /// Connects as [`connect`] does; `client_id` names this client in every request header.
     pub fn connect(addr: SocketAddr, client_id: &'static str, io_timeout: Duration) -> Result<Client, ClientError> {
-        Ok(Client { stream: connect(addr, io_timeout)?, client_id, next_correlation_id: 1 })
+        Ok(Client { stream: Stream::Plain(connect(addr, io_timeout)?), client_id, next_correlation_id: 1 })
+    }
+
+    /// Connects over TLS to a broker whose certificate `ca_pem` (PEM) vouches for, for the
+    /// address's IP (the certificate must name it). The handshake happens with the first
+    /// request.
+    pub fn connect_tls(
+        addr: SocketAddr,
+        client_id: &'static str,
+        io_timeout: Duration,
+        ca_pem: &[u8],
+    ) -> Result<Client, ClientError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, ServerName};
+        let tls = |e: &dyn std::fmt::Display| ClientError::Tls(e.to_string());
+        let mut roots = rustls::RootCertStore::empty();
+        for certificate in CertificateDer::pem_slice_iter(ca_pem) {
+            roots.add(certificate.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls(&e))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connection = rustls::ClientConnection::new(std::sync::Arc::new(config), ServerName::from(addr.ip()))
+            .map_err(|e| tls(&e))?;
+        let socket = connect(addr, io_timeout)?;
+        let stream = Stream::Tls(Box::new(rustls::StreamOwned::new(connection, socket)));
+        Ok(Client { stream, client_id, next_correlation_id: 1 })
     }
 
     pub fn set_read_timeout(&mut self, timeout: Duration) -> Result<(), ClientError> {
-        Ok(self.stream.set_read_timeout(Some(timeout))?)
+        Ok(self.stream.socket().set_read_timeout(Some(timeout))?)
     }
 
     /// Sends `request` at `version` and waits for its response.
@@ -140,6 +212,8 @@ impl Client {
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
         let frame = encode_request(version, correlation_id, self.client_id, request)?;
         self.stream.write_all(&frame)?;
+        // (rustls may hold the last record until flushed; a plain socket has nothing to flush.)
+        self.stream.flush()?;
         Ok(correlation_id)
     }
 
@@ -167,7 +241,7 @@ impl Client {
 
     /// Half-closes the connection: the broker sees the end of the stream, and can still answer.
     pub fn shutdown_write(&mut self) -> Result<(), ClientError> {
-        Ok(self.stream.shutdown(Shutdown::Write)?)
+        Ok(self.stream.socket().shutdown(Shutdown::Write)?)
     }
 }
 
