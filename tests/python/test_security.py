@@ -412,3 +412,36 @@ def test_bad_tls_settings_stop_the_start_with_a_clear_error(tmp_path, certs):
         out = subprocess.run(args, capture_output=True, text=True, timeout=30)
         assert out.returncode != 0
         assert expected in out.stderr, out.stderr
+
+
+def test_a_plaintext_and_a_sasl_ssl_listener_side_by_side(tmp_path, certs):
+    """Two client listeners on one broker: each client is told the broker's address on the
+    listener it came in on (Kafka's rule), so a SASL_SSL client never lands on the plain port."""
+    from conftest import free_port
+
+    broker = Broker(tmp_path / "two", settings={"ssl.keystore.location": str(certs["server"])}, name="two")
+    secure_port = free_port()
+    broker.settings["listeners"] = f"PLAINTEXT://127.0.0.1:{broker.port},SASL_SSL://127.0.0.1:{secure_port}"
+    _ALL_BROKERS.append(broker)
+    try:
+        broker.start()
+        weir_user(broker, "create", "alice", "--password", PASSWORD)
+        plain = AdminClient({"bootstrap.servers": broker.bootstrap})
+        assert [b.port for b in plain.list_topics(timeout=10).brokers.values()] == [broker.port]
+        conf = client_conf(broker, certs)
+        conf["bootstrap.servers"] = f"127.0.0.1:{secure_port}"
+        secure = AdminClient(conf)
+        assert [b.port for b in secure.list_topics(timeout=10).brokers.values()] == [secure_port]
+        topic = c_create_topic(secure, unique("two"))
+        produce_consume(conf, topic, n=5)
+        # The plain listener reads what came in through the secured one.
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique("g"),
+                             "auto.offset.reset": "earliest"})
+        try:
+            consumer.subscribe([topic])
+            assert len(c_consume(consumer, 5)) == 5
+        finally:
+            consumer.close()
+    finally:
+        broker.cleanup()
+        _ALL_BROKERS.remove(broker)

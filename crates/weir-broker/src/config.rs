@@ -81,12 +81,17 @@ pub(crate) const SETTINGS: &[Setting] = &[
     s(
         "listeners",
         "127.0.0.1:9092",
-        "Addresses to bind: NAME://host:port for Kafka clients (one listener, whose security protocol listener.security.protocol.map gives: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL; a bare host:port means PLAINTEXT) and CONTROLLER://host:port (the metadata quorum and the cluster's internal requests).",
+        "Addresses to bind: NAME://host:port,... for Kafka clients (each listener's security protocol is listener.security.protocol.map's: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL; a bare host:port means PLAINTEXT) and CONTROLLER://host:port (the metadata quorum and the cluster's internal requests).",
     ),
     s(
         "advertised.listeners",
         "",
-        "Address Kafka clients are told to connect to (PLAINTEXT://host:port); empty means the bound address.",
+        "Addresses Kafka clients are told to connect to, per listener (NAME://host:port,...); a listener not named here advertises its bound address.",
+    ),
+    s(
+        "inter.broker.listener.name",
+        "",
+        "The Kafka listener other brokers replicate from (it must be PLAINTEXT in a cluster for now); empty: the only client listener, or the one named PLAINTEXT.",
     ),
     s(
         "listener.security.protocol.map",
@@ -417,11 +422,14 @@ pub struct BrokerConfig {
     pub(crate) liveness_watch: bool,
     pub(crate) quorum_election_timeout_ms: u64,
     pub quorum_request_timeout_ms: u64,
-    /// The Kafka (PLAINTEXT) listener; `None` on a controller-only node, which serves no
-    /// Kafka clients.
+    /// The inter-broker Kafka listener (the first of `client_listeners`); `None` on a
+    /// controller-only node, which serves no Kafka clients.
     pub listen: Option<SocketAddr>,
-    /// How the Kafka listener is secured: TLS, SASL, both or neither.
+    /// How the inter-broker Kafka listener (`listen`) is secured: TLS, SASL, both or neither.
     pub client_security: ClientSecurity,
+    /// Every Kafka client listener, the inter-broker one (`listen`, `advertised_*`,
+    /// `client_security`) first.
+    pub client_listeners: Vec<ClientListener>,
     /// Host and port put in Metadata responses.
     pub advertised_host: String,
     pub advertised_port: u16,
@@ -612,30 +620,6 @@ fn parse_listener(name: &str, value: &str) -> Result<(String, u16), ConfigError>
         .ok_or_else(|| invalid(name, value, "expected a PLAINTEXT listener, e.g. 127.0.0.1:9092"))
 }
 
-/// A listener's name and (host, port).
-type NamedListener = (String, (String, u16));
-
-/// The one listener of `listeners` that is not CONTROLLER: the Kafka clients' (name, address).
-fn client_listener(
-    name: &str,
-    value: &str,
-    listeners: &mut BTreeMap<String, (String, u16)>,
-) -> Result<Option<NamedListener>, ConfigError> {
-    let names: Vec<String> = listeners.keys().filter(|n| *n != "CONTROLLER").cloned().collect();
-    match names.as_slice() {
-        [] => Ok(None),
-        [one] => Ok(listeners.remove(one).map(|addr| (one.clone(), addr))),
-        _ => Err(invalid(
-            name,
-            value,
-            format!(
-                "{} client listeners: Weir serves Kafka clients on one listener (and CONTROLLER); pick one security protocol for it",
-                names.join(" and ")
-            ),
-        )),
-    }
-}
-
 /// Kafka's security protocols.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SecurityProtocol {
@@ -697,7 +681,19 @@ impl SaslMechanism {
     }
 }
 
-/// How the Kafka client listener is secured.
+/// One Kafka client listener: where it binds, what it advertises, how it is secured.
+#[derive(Debug, Clone)]
+pub struct ClientListener {
+    pub name: String,
+    pub listen: SocketAddr,
+    /// Host and port put in Metadata responses to the clients of this listener (port 0 until
+    /// bound, when the setting said 0).
+    pub advertised_host: String,
+    pub advertised_port: u16,
+    pub security: ClientSecurity,
+}
+
+/// How a Kafka client listener is secured.
 #[derive(Debug, Clone)]
 pub struct ClientSecurity {
     /// The listener's name in `listeners` (PLAINTEXT, SASL_SSL, or one of the map's).
@@ -1023,6 +1019,7 @@ struct Listeners {
     admin_listen: Option<SocketAddr>,
     rocketmq_listen: Option<SocketAddr>,
     security: ClientSecurity,
+    client_listeners: Vec<ClientListener>,
 }
 
 /// Resolves aliases and sorts the given settings into broker settings and topic defaults;
@@ -1081,38 +1078,72 @@ fn validate_topic_defaults(topic_defaults: &BTreeMap<String, String>) -> Result<
 fn parse_all_listeners(values: &Values, roles: Roles) -> Result<Listeners, ConfigError> {
     let listeners_value = values.get("listeners");
     let mut listeners = parse_listeners("listeners", listeners_value)?;
-    let client = client_listener("listeners", listeners_value, &mut listeners)?;
-    let (listen, listen_host, listen_port, security) = match client {
-        _ if !roles.broker => (None, String::new(), 0, ClientSecurity::plaintext()),
-        Some((name, (host, port))) => {
-            let security = client_security(values, &name)?;
-            (Some(socket_addr("listeners", listeners_value, &host, port)?), host, port, security)
-        }
-        None => {
-            return Err(invalid(
-                "listeners",
-                listeners_value,
-                "expected a Kafka client listener, e.g. 127.0.0.1:9092 or SASL_SSL://0.0.0.0:9093",
-            ))
-        }
-    };
     let controller_listen = match listeners.remove("CONTROLLER") {
         Some((host, port)) => Some(socket_addr("listeners", listeners_value, &host, port)?),
         None => None,
     };
-    let (advertised_host, advertised_port) = if values.get("advertised.listeners").trim().is_empty() {
-        (listen_host, listen_port)
-    } else {
-        let value = values.get("advertised.listeners");
-        let mut advertised = parse_listeners("advertised.listeners", value)?;
-        match advertised.remove(&security.listener_name) {
-            Some(addr) => addr,
-            None => {
-                client_listener("advertised.listeners", value, &mut advertised)?.map(|(_, a)| a).ok_or_else(|| {
-                    invalid("advertised.listeners", value, format!("expected {}://host:port", security.listener_name))
-                })?
-            }
+    let advertised_value = values.get("advertised.listeners");
+    let mut advertised = parse_listeners("advertised.listeners", advertised_value)?;
+    advertised.remove("CONTROLLER");
+    // One advertised address and one client listener: it is that listener's, whatever its name
+    // says (`advertised.listeners=host:port` reads as PLAINTEXT).
+    if listeners.len() == 1 && advertised.len() == 1 {
+        if let (Some(name), Some(addr)) = (listeners.keys().next(), advertised.values().next()) {
+            advertised = BTreeMap::from([(name.clone(), addr.clone())]);
         }
+    }
+    if let Some(unknown) = advertised.keys().find(|name| !listeners.contains_key(*name)) {
+        return Err(invalid(
+            "advertised.listeners",
+            advertised_value,
+            format!("{unknown} is not a listener of `listeners`"),
+        ));
+    }
+    let mut client_listeners = Vec::new();
+    if roles.broker {
+        for (name, (host, port)) in &listeners {
+            let listen = socket_addr("listeners", listeners_value, host, *port)?;
+            let (advertised_host, advertised_port) = advertised.get(name).cloned().unwrap_or((host.clone(), *port));
+            let security = client_security(values, name)?;
+            client_listeners.push(ClientListener {
+                name: name.clone(),
+                listen,
+                advertised_host,
+                advertised_port,
+                security,
+            });
+        }
+        if client_listeners.is_empty() {
+            return Err(invalid(
+                "listeners",
+                listeners_value,
+                "expected a Kafka client listener, e.g. 127.0.0.1:9092 or SASL_SSL://0.0.0.0:9093",
+            ));
+        }
+        // The inter-broker listener first: it is the one registered as the broker's address.
+        let wanted = values.get("inter.broker.listener.name").trim().to_ascii_uppercase();
+        let primary = if !wanted.is_empty() {
+            client_listeners
+                .iter()
+                .position(|l| l.name == wanted)
+                .ok_or_else(|| invalid("inter.broker.listener.name", &wanted, "not a client listener of `listeners`"))?
+        } else if client_listeners.len() == 1 {
+            0
+        } else {
+            client_listeners.iter().position(|l| l.name == "PLAINTEXT").ok_or_else(|| {
+                invalid(
+                    "inter.broker.listener.name",
+                    "",
+                    "with several client listeners and none named PLAINTEXT, name the one brokers replicate from",
+                )
+            })?
+        };
+        let first = client_listeners.remove(primary);
+        client_listeners.insert(0, first);
+    }
+    let (listen, advertised_host, advertised_port, security) = match client_listeners.first() {
+        Some(l) => (Some(l.listen), l.advertised_host.clone(), l.advertised_port, l.security.clone()),
+        None => (None, String::new(), 0, ClientSecurity::plaintext()),
     };
     let admin_listen = values.ip_listener("admin.listeners")?;
     let rocketmq_listen = if roles.broker { values.ip_listener("rocketmq.listeners")? } else { None };
@@ -1124,6 +1155,7 @@ fn parse_all_listeners(values: &Values, roles: Roles) -> Result<Listeners, Confi
         admin_listen,
         rocketmq_listen,
         security,
+        client_listeners,
     })
 }
 
@@ -1171,6 +1203,7 @@ impl BrokerConfig {
             rocketmq_advertised_port: listeners.rocketmq_listen.map_or(0, |a: SocketAddr| a.port()),
             rocketmq_listen: listeners.rocketmq_listen,
             client_security: listeners.security,
+            client_listeners: listeners.client_listeners,
             data_dir,
             num_partitions: values.num("num.partitions", 1)?,
             default_replication_factor: values.num("default.replication.factor", 1)?,
@@ -1286,6 +1319,13 @@ impl BrokerConfig {
 
     /// The cluster settings must fit together; each error names the setting to change.
     fn check_cluster(&self) -> Result<(), ConfigError> {
+        if self.is_cluster() && self.roles.broker && self.client_security.protocol != SecurityProtocol::Plaintext {
+            return Err(invalid(
+                "inter.broker.listener.name",
+                &self.client_security.listener_name,
+                "followers replicate over PLAINTEXT for now: add a PLAINTEXT listener on a private network for the brokers (inter.broker.listener.name), beside the secured one for clients",
+            ));
+        }
         let roles = if self.roles.broker && self.roles.controller {
             "broker,controller"
         } else if self.roles.controller {
@@ -1522,7 +1562,27 @@ mod tests {
             (vec![("process.roles", "broker")], "controller.quorum.voters"),
             (vec![("process.roles", "cook")], "process.roles"),
             (vec![("listeners", "SSL://127.0.0.1:9092")], "ssl.keystore.location"),
-            (vec![("listeners", "PLAINTEXT://127.0.0.1:9092,SASL_SSL://127.0.0.1:9093")], "listeners"),
+            (
+                vec![
+                    ("listeners", "SASL_PLAINTEXT://127.0.0.1:9092,EXTERNAL://127.0.0.1:9093"),
+                    ("listener.security.protocol.map", "SASL_PLAINTEXT:SASL_PLAINTEXT,EXTERNAL:SASL_PLAINTEXT"),
+                ],
+                "inter.broker.listener.name",
+            ),
+            (
+                vec![
+                    ("listeners", "PLAINTEXT://127.0.0.1:9092"),
+                    ("advertised.listeners", "PLAINTEXT://h:1,SSL://h:2"),
+                ],
+                "advertised.listeners",
+            ),
+            (
+                vec![
+                    ("controller.quorum.voters", "0@127.0.0.1:9093"),
+                    ("listeners", "SASL_PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"),
+                ],
+                "inter.broker.listener.name",
+            ),
             (vec![("listeners", "EXTERNAL://127.0.0.1:9092")], "listener.security.protocol.map"),
             (
                 vec![("listeners", "SASL_PLAINTEXT://127.0.0.1:9092"), ("sasl.enabled.mechanisms", "GSSAPI")],
@@ -1547,6 +1607,28 @@ mod tests {
             let err = BrokerConfig::from_settings(&settings(&bad)).unwrap_err();
             assert_eq!(err.setting(), Some(setting), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn several_client_listeners_the_inter_broker_one_first() {
+        let config = BrokerConfig::from_settings(&settings(&[
+            ("listeners", "SASL_PLAINTEXT://0.0.0.0:9093,PLAINTEXT://127.0.0.1:9092"),
+            ("advertised.listeners", "SASL_PLAINTEXT://broker1.example.com:9093"),
+        ]))
+        .unwrap();
+        let names: Vec<&str> = config.client_listeners.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["PLAINTEXT", "SASL_PLAINTEXT"]);
+        assert_eq!(config.listen.map(|a| a.port()), Some(9092));
+        assert_eq!((config.advertised_host.as_str(), config.advertised_port), ("127.0.0.1", 9092));
+        let external = &config.client_listeners[1];
+        assert_eq!((external.advertised_host.as_str(), external.advertised_port), ("broker1.example.com", 9093));
+        assert!(external.security.protocol.uses_sasl());
+        let named = BrokerConfig::from_settings(&settings(&[
+            ("listeners", "SASL_PLAINTEXT://0.0.0.0:9093,PLAINTEXT://127.0.0.1:9092"),
+            ("inter.broker.listener.name", "SASL_PLAINTEXT"),
+        ]))
+        .unwrap();
+        assert_eq!(named.client_listeners[0].name, "SASL_PLAINTEXT");
     }
 
     #[test]

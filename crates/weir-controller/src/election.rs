@@ -192,6 +192,7 @@ mod tests {
                 incarnation: uuid::Uuid::new_v4(),
                 host: "h".into(),
                 port: 1,
+                listeners: Vec::new(),
                 internal: String::new(),
                 rack: None,
                 rocketmq_port: 0,

@@ -53,6 +53,7 @@ pub(crate) fn test_broker(id: i32, fenced: bool) -> weir_metadata::BrokerRegistr
         incarnation: uuid::Uuid::new_v4(),
         host: "h".into(),
         port: 1,
+        listeners: Vec::new(),
         internal: String::new(),
         rack: None,
         rocketmq_port: 0,

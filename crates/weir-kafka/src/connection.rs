@@ -31,15 +31,16 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) async fn serve_connection(
     ctx: Arc<Ctx>,
+    listener: usize,
     stream: TcpStream,
     peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    match &ctx.tls {
+    match &ctx.listener(listener).tls {
         None => {
             let (read_half, write_half) = stream.into_split();
-            serve_stream(ctx.clone(), read_half, ResponseSink::Plain(write_half), peer, shutdown).await;
+            serve_stream(ctx.clone(), listener, read_half, ResponseSink::Plain(write_half), peer, shutdown).await;
         }
         Some(Err(_)) => {
             ctx.metrics.connections.tls_handshake_failures.inc();
@@ -50,7 +51,7 @@ pub(crate) async fn serve_connection(
             match accepted {
                 Ok(Ok(stream)) => {
                     let (read_half, write_half) = tokio::io::split(stream);
-                    serve_stream(ctx.clone(), read_half, ResponseSink::Tls(write_half), peer, shutdown).await;
+                    serve_stream(ctx.clone(), listener, read_half, ResponseSink::Tls(write_half), peer, shutdown).await;
                 }
                 Ok(Err(e)) => {
                     ctx.metrics.connections.tls_handshake_failures.inc();
@@ -67,6 +68,7 @@ pub(crate) async fn serve_connection(
 
 async fn serve_stream<R: AsyncRead + Unpin>(
     ctx: Arc<Ctx>,
+    listener: usize,
     read_half: R,
     write_half: ResponseSink,
     peer: SocketAddr,
@@ -78,14 +80,14 @@ async fn serve_stream<R: AsyncRead + Unpin>(
     let (response_tx, response_rx) = mpsc::channel::<Reply>(queued);
     let in_flight = InFlight { count: AtomicUsize::new(0), ctx: ctx.clone() };
     // On a SASL listener, nothing but the SASL requests is served until this is set.
-    let authenticated = AtomicBool::new(!ctx.broker.config.client_security.protocol.uses_sasl());
+    let authenticated = AtomicBool::new(!ctx.listener(listener).security.protocol.uses_sasl());
 
     // The three run concurrently on this task. When the processor stops (protocol error), the
     // reader's channel closes; when the reader stops (EOF, shutdown), the processor drains what
     // was read and the writer sends what was answered, then the socket closes.
     tokio::join!(
-        read_requests(&ctx, read_half, request_tx, &in_flight, peer, shutdown, &authenticated),
-        process_requests(&ctx, request_rx, response_tx, &in_flight, peer, connection, &authenticated),
+        read_requests(&ctx, listener, read_half, request_tx, &in_flight, peer, shutdown, &authenticated),
+        process_requests(&ctx, listener, request_rx, response_tx, &in_flight, peer, connection, &authenticated),
         write_responses(&ctx, write_half, response_rx, &in_flight, peer),
     );
     // A share consumer gone without closing its share sessions: what it held is released now.
@@ -94,8 +96,10 @@ async fn serve_stream<R: AsyncRead + Unpin>(
 
 /// Reads frames ahead into `requests` until EOF, a bad frame, shutdown, or an idle period with
 /// nothing in flight.
+#[allow(clippy::too_many_arguments)]
 async fn read_requests<R: AsyncRead + Unpin>(
     ctx: &Ctx,
+    listener: usize,
     read_half: R,
     requests: mpsc::Sender<Bytes>,
     in_flight: &InFlight,
@@ -103,7 +107,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
     mut shutdown: watch::Receiver<bool>,
     authenticated: &AtomicBool,
 ) {
-    let security = &ctx.broker.config.client_security;
+    let security = &ctx.listener(listener).security;
     let idle = Duration::from_millis(ctx.broker.config.connections_max_idle_ms);
     // A client that has not authenticated by then is cut off.
     let must_authenticate_by = tokio::time::Instant::now() + Duration::from_millis(security.max_unauthenticated_ms);
@@ -178,8 +182,10 @@ async fn read_requests<R: AsyncRead + Unpin>(
 /// Handles the requests one at a time, in arrival order, and passes the replies on in the same
 /// order; stops at the first error that closes the connection. On a SASL listener, the SASL
 /// requests come first (`sasl`).
+#[allow(clippy::too_many_arguments)]
 async fn process_requests(
     ctx: &Ctx,
+    listener: usize,
     mut requests: mpsc::Receiver<Bytes>,
     replies: mpsc::Sender<Reply>,
     in_flight: &InFlight,
@@ -187,8 +193,8 @@ async fn process_requests(
     connection: u64,
     authenticated: &AtomicBool,
 ) {
-    let mut client = Peer { host: peer.ip().to_string(), connection, user: None };
-    let mut sasl = ctx.broker.config.client_security.protocol.uses_sasl().then(Authentication::new);
+    let mut client = Peer { host: peer.ip().to_string(), connection, listener, user: None };
+    let mut sasl = ctx.listener(listener).security.protocol.uses_sasl().then(|| Authentication::new(listener));
     while let Some(frame) = requests.recv().await {
         let handled = match sasl.as_mut() {
             None => dispatch::handle(ctx, &client, frame).await,
@@ -266,7 +272,8 @@ async fn authenticate(ctx: &Ctx, auth: &mut Authentication, frame: Bytes, peer: 
                 return Gate::Close("unsupported version of a SASL API");
             }
             let mut body = frame;
-            let peer_host = crate::context::Peer { host: peer.ip().to_string(), connection: 0, user: None };
+            let peer_host =
+                crate::context::Peer { host: peer.ip().to_string(), connection: 0, listener: 0, user: None };
             let Ok((_, correlation_id)) = dispatch::decode_header(&mut body, &prefix, key, &peer_host) else {
                 return Gate::Close("a malformed SASL request header");
             };

@@ -27,12 +27,59 @@ pub struct Ctx {
     pub(crate) share: Option<ShareEngines>,
     /// Share sessions (ShareFetch's session epochs): Kafka protocol state, like fetch sessions.
     pub(crate) share_sessions: crate::share_session::ShareSessions,
-    /// The listener's TLS (SSL and SASL_SSL), its certificate reloaded when its files change;
-    /// `Err` when the files no longer load (every connection is then refused, never served in
-    /// plain text).
-    pub(crate) tls: Option<Result<Arc<weir_security::tls::ReloadingTls>, String>>,
+    /// Each Kafka client listener's name, security and TLS, in the order of
+    /// `config.client_listeners` (a connection knows its listener by index).
+    pub(crate) listeners: Vec<Listener>,
     /// Failed SASL authentications by address (`connection.failed.authentication.max.per.minute`).
     pub(crate) failed_logins: crate::sasl::FailedLogins,
+}
+
+/// One Kafka client listener as its connections see it.
+pub(crate) struct Listener {
+    pub(crate) name: String,
+    pub(crate) security: weir_broker::config::ClientSecurity,
+    /// TLS (SSL and SASL_SSL), the certificate reloaded when its files change; `Err` when the
+    /// files no longer load (every connection is then refused, never served in plain text).
+    pub(crate) tls: Option<Result<Arc<weir_security::tls::ReloadingTls>, String>>,
+}
+
+impl Listener {
+    fn new(config: &weir_broker::config::ClientListener) -> Listener {
+        let name = config.name.clone();
+        let tls = config.security.tls.clone().map(|settings| {
+            // Fetch responses go through rustls, copied: sendfile needs kernel TLS, not used yet.
+            let kernel_tls = weir_security::tls::kernel_tls_available();
+            tracing::info!(listener = %name, kernel_tls, "TLS on this listener; fetched records are copied through user space");
+            weir_security::tls::ReloadingTls::new(settings).map(Arc::new).inspect_err(|e| {
+                tracing::error!(listener = %name, error = %e, "the listener's TLS does not load: every connection will be refused");
+            })
+        });
+        Listener { name, security: config.security.clone(), tls }
+    }
+}
+
+impl Ctx {
+    /// The listener of a connection (its index in `config.client_listeners`); the first, for
+    /// a request that came otherwise (forwarded, or in tests).
+    pub(crate) fn listener(&self, index: usize) -> &Listener {
+        static PLAINTEXT: std::sync::OnceLock<Listener> = std::sync::OnceLock::new();
+        self.listeners.get(index).or(self.listeners.first()).unwrap_or_else(|| {
+            PLAINTEXT.get_or_init(|| Listener {
+                name: "PLAINTEXT".into(),
+                security: weir_broker::config::ClientSecurity::plaintext(),
+                tls: None,
+            })
+        })
+    }
+
+    /// Where a client of listener `index` reaches broker `registration`.
+    pub(crate) fn endpoint<'r>(
+        &self,
+        registration: &'r weir_broker::metadata::BrokerRegistration,
+        index: usize,
+    ) -> (&'r str, u16) {
+        registration.endpoint(&self.listener(index).name)
+    }
 }
 
 /// What share groups' fetches and acknowledgements call.
@@ -50,16 +97,7 @@ impl Ctx {
             broker.config.fetch_session_cache_slots,
             Some(metrics.clone()),
         ));
-        if broker.config.client_security.tls.is_some() {
-            // Fetch responses go through rustls, copied: sendfile needs kernel TLS, not used yet.
-            let kernel_tls = weir_security::tls::kernel_tls_available();
-            tracing::info!(kernel_tls, "the Kafka listener uses TLS; fetched records are copied through user space");
-        }
-        let tls = broker.config.client_security.tls.clone().map(|settings| {
-            weir_security::tls::ReloadingTls::new(settings).map(Arc::new).inspect_err(|e| {
-                tracing::error!(error = %e, "the Kafka listener's TLS does not load: every connection will be refused");
-            })
-        });
+        let listeners = broker.config.client_listeners.iter().map(Listener::new).collect();
         let ctx = Ctx {
             broker,
             groups,
@@ -68,7 +106,7 @@ impl Ctx {
             fetch_sessions,
             share: None,
             share_sessions: Default::default(),
-            tls,
+            listeners,
             failed_logins: Default::default(),
         };
         for (api_key, _) in crate::versions::all() {
@@ -95,6 +133,9 @@ impl Ctx {
 pub(crate) struct Client {
     /// The request's API version.
     pub(crate) version: i16,
+    /// The listener the request came on (its index in `config.client_listeners`): the broker
+    /// addresses a response names are that listener's.
+    pub(crate) listener: usize,
     pub(crate) client_id: String,
     /// The peer's IP address, as DescribeGroups reports it.
     pub(crate) host: String,
@@ -108,6 +149,8 @@ pub(crate) struct Client {
 pub(crate) struct Peer {
     /// The IP address, as DescribeGroups reports it.
     pub(crate) host: String,
+    /// The listener the connection came on (its index in `config.client_listeners`).
+    pub(crate) listener: usize,
     /// The SASL user the connection authenticated as; `None` on a listener without SASL.
     #[allow(dead_code)]
     pub(crate) user: Option<String>,

@@ -261,6 +261,7 @@ pub(crate) fn decode_header(
         client_id: header.client_id.as_ref().map(|s| s.to_string()).unwrap_or_default(),
         host: peer.host.clone(),
         connection: peer.connection,
+        listener: peer.listener,
     };
     Ok((client, header.correlation_id))
 }

@@ -29,6 +29,8 @@ const SASL_AUTHENTICATION_FAILED: i16 = 58;
 
 /// Where a connection's authentication stands.
 pub(crate) struct Authentication {
+    /// The connection's listener (its index in `config.client_listeners`).
+    listener: usize,
     state: State,
     /// The user once authenticated (kept across re-authentications, which must name it again).
     user: Option<String>,
@@ -58,8 +60,8 @@ pub(crate) enum Outcome {
 }
 
 impl Authentication {
-    pub(crate) fn new() -> Authentication {
-        Authentication { state: State::Handshake, user: None, expires: None }
+    pub(crate) fn new(listener: usize) -> Authentication {
+        Authentication { listener, state: State::Handshake, user: None, expires: None }
     }
 
     /// The user, once authenticated.
@@ -84,7 +86,7 @@ impl Authentication {
         correlation_id: i32,
         request: SaslHandshakeRequest,
     ) -> Result<Outcome, FrameError> {
-        let security = &ctx.broker.config.client_security;
+        let security = &ctx.listener(self.listener).security;
         let offered: Vec<StrBytes> =
             security.sasl_mechanisms.iter().map(|m| StrBytes::from_static_str(m.name())).collect();
         let encode = |error_code: i16| {
@@ -159,7 +161,7 @@ impl Authentication {
             return Err(Failure::State("SaslAuthenticate without a SaslHandshake first".into()));
         };
         let mechanism = *mechanism;
-        let security = &ctx.broker.config.client_security;
+        let security = &ctx.listener(self.listener).security;
         if ctx.failed_logins.over_limit(peer, security) {
             ctx.metrics.connections.authentication_failures.inc();
             self.state = State::Handshake;

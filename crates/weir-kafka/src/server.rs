@@ -14,7 +14,14 @@ use crate::context::Ctx;
 
 /// Serves `listener` until `shutdown` completes, then stops accepting, lets every connection
 /// finish the requests it has read (up to `grace`), and returns.
-pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<Output = ()>, grace: Duration) {
+/// `index` is the listener's in `config.client_listeners` (0 for the only one).
+pub async fn serve(
+    listener: TcpListener,
+    index: usize,
+    ctx: Arc<Ctx>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) {
     let limit = Arc::new(Semaphore::new(ctx.broker.config.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -41,7 +48,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, shutdown: impl Future<O
                 let ctx = ctx.clone();
                 let stop = stop_rx.clone();
                 connections.spawn(async move {
-                    serve_connection(ctx, stream, peer, stop).await;
+                    serve_connection(ctx, index, stream, peer, stop).await;
                     drop(permit);
                     drop(open);
                 });

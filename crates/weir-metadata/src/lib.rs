@@ -384,9 +384,15 @@ pub struct BrokerRegistration {
     pub id: i32,
     /// A new one at every start of the process: a registration from an old process is stale.
     pub incarnation: Uuid,
-    /// The advertised Kafka listener.
+    /// The advertised inter-broker Kafka listener (followers fetch from it; clients of a
+    /// listener `listeners` does not name are told it).
     pub host: String,
     pub port: u16,
+    /// Every Kafka client listener's advertised endpoint, by name: a client is told each
+    /// broker's endpoint on the listener it came in on (Kafka's rule). Empty in registrations
+    /// written before brokers had several.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<ListenerEndpoint>,
     /// The CONTROLLER listener, for the cluster's internal requests to this broker.
     pub internal: String,
     pub rack: Option<String>,
@@ -397,6 +403,25 @@ pub struct BrokerRegistration {
     /// A fenced broker leads nothing: it stopped heartbeating, or has not caught up with the
     /// metadata since it registered.
     pub fenced: bool,
+}
+
+/// One advertised Kafka listener of a broker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerEndpoint {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+}
+
+impl BrokerRegistration {
+    /// Where clients of listener `name` reach this broker: that listener's endpoint, or the
+    /// inter-broker one if it has none of that name.
+    pub fn endpoint(&self, name: &str) -> (&str, u16) {
+        self.listeners
+            .iter()
+            .find(|l| l.name == name)
+            .map_or((self.host.as_str(), self.port), |l| (l.host.as_str(), l.port))
+    }
 }
 
 impl MetadataState {

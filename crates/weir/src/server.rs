@@ -62,10 +62,30 @@ async fn serve(mut config: BrokerConfig, started: Instant) -> anyhow::Result<()>
         kafka_ctx = kafka_ctx.with_share_groups(core.messaging.clone(), engines.pop.clone());
     }
     let ctx = Arc::new(kafka_ctx);
+    let (stopped, stop) = tokio::sync::watch::channel(false);
     let kafka = match (listeners.kafka_socket, listeners.kafka_addr) {
-        (Some(socket), Some(addr)) => Some(serve_kafka(socket, addr, ctx, &core.broker)?),
+        (Some(socket), Some(addr)) => Some(serve_kafka(socket, addr, ctx.clone(), &core.broker, stopped)?),
         _ => None,
     };
+    // The other listeners stop accepting when the first does, and finish within its grace.
+    let mut more_kafka = Vec::new();
+    for (index, (socket, bound)) in listeners.more_kafka.into_iter().enumerate() {
+        let listener = socket
+            .listen(KAFKA_BACKLOG)
+            .with_context(|| format!("cannot listen on {bound} (the `listeners` setting)"))?;
+        let mut stop = stop.clone();
+        let stopping = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        tracing::info!(listen = %bound, "Kafka listener");
+        more_kafka.push(tokio::spawn(weir_kafka::serve(
+            listener,
+            index + 1,
+            ctx.clone(),
+            stopping,
+            Broker::SHUTDOWN_GRACE,
+        )));
+    }
     // RocketMQ clients, once the Kafka side serves: the same broker and coordinators.
     let rocketmq = match (listeners.rocketmq, &engines) {
         (Some(listener), Some(engines)) => Some(RocketMqServer::start(listener, &core, engines)?),
@@ -92,7 +112,12 @@ async fn serve(mut config: BrokerConfig, started: Instant) -> anyhow::Result<()>
 
     let left = kafka.is_some();
     match kafka {
-        Some(kafka) => kafka.await.context("the Kafka listener task failed")?,
+        Some(kafka) => {
+            kafka.await.context("the Kafka listener task failed")?;
+            for listener in more_kafka {
+                listener.await.context("a Kafka listener task failed")?;
+            }
+        }
         None => {
             shutdown_signal().await;
             core.broker.begin_shutdown();
@@ -120,6 +145,9 @@ struct Listeners {
     /// can answer them.
     kafka_socket: Option<TcpSocket>,
     kafka_addr: Option<SocketAddr>,
+    /// The other Kafka client listeners, in the order of `config.client_listeners` after the
+    /// first.
+    more_kafka: Vec<(TcpSocket, SocketAddr)>,
     admin: Option<(TcpListener, SocketAddr)>,
     admin_addr: Option<SocketAddr>,
     rocketmq: Option<TcpListener>,
@@ -138,6 +166,22 @@ async fn bind_listeners(config: &mut BrokerConfig) -> anyhow::Result<Listeners> 
     };
     if let (Some(bound), 0) = (kafka_addr, config.advertised_port) {
         config.advertised_port = bound.port();
+    }
+    // The other client listeners (the first is the one above), each advertising its bound port
+    // where the settings said 0.
+    let mut more_kafka = Vec::new();
+    if config.roles.broker {
+        if let Some(first) = config.client_listeners.first_mut() {
+            first.advertised_port = config.advertised_port;
+        }
+        for listener in config.client_listeners.iter_mut().skip(1) {
+            let socket = bind_kafka(listener.listen)?;
+            let bound = socket.local_addr()?;
+            if listener.advertised_port == 0 {
+                listener.advertised_port = bound.port();
+            }
+            more_kafka.push((socket, bound));
+        }
     }
     let admin = match config.admin_listen {
         None => None,
@@ -167,7 +211,7 @@ async fn bind_listeners(config: &mut BrokerConfig) -> anyhow::Result<Listeners> 
         None => None,
     };
     let admin_addr = admin.as_ref().map(|(_, addr)| *addr);
-    Ok(Listeners { kafka_socket, kafka_addr, admin, admin_addr, rocketmq })
+    Ok(Listeners { kafka_socket, kafka_addr, more_kafka, admin, admin_addr, rocketmq })
 }
 
 /// The broker and the coordinators every front-end shares.
@@ -227,6 +271,7 @@ fn serve_kafka(
     bound: SocketAddr,
     ctx: Arc<Ctx>,
     broker: &Arc<Broker>,
+    stopped: tokio::sync::watch::Sender<bool>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener =
         socket.listen(KAFKA_BACKLOG).with_context(|| format!("cannot listen on {bound} (the `listeners` setting)"))?;
@@ -237,9 +282,10 @@ fn serve_kafka(
     let leaving = broker.clone();
     let stopping = async move {
         shutdown_signal().await;
+        let _ = stopped.send(true);
         leaving.leave_cluster().await;
     };
-    Ok(tokio::spawn(weir_kafka::serve(listener, ctx, stopping, Broker::SHUTDOWN_GRACE)))
+    Ok(tokio::spawn(weir_kafka::serve(listener, 0, ctx, stopping, Broker::SHUTDOWN_GRACE)))
 }
 
 /// Prints the address lines that tests and scripts wait for, and logs the start.

@@ -26,6 +26,16 @@ impl Broker {
             incarnation: self.cluster.incarnation,
             host: self.config.advertised_host.clone(),
             port: self.advertised_port(),
+            listeners: self
+                .config
+                .client_listeners
+                .iter()
+                .map(|l| crate::metadata::ListenerEndpoint {
+                    name: l.name.clone(),
+                    host: l.advertised_host.clone(),
+                    port: l.advertised_port,
+                })
+                .collect(),
             internal: self.internal_address.clone().unwrap_or_default(),
             rack: self.config.rack.clone(),
             rocketmq_port: self.config.rocketmq_advertised_port,

@@ -458,7 +458,7 @@ pub(crate) async fn delete_records(
 
 pub(crate) async fn describe_cluster(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: DescribeClusterRequest,
 ) -> DescribeClusterResponse {
     // endpoint_type 1 = brokers, 2 = controllers (KIP-919, for clients of controllers; brokers
@@ -478,10 +478,11 @@ pub(crate) async fn describe_cluster(
                 .brokers_for_clients()
                 .into_iter()
                 .map(|b| {
+                    let (host, port) = ctx.endpoint(&b, client.listener);
                     DescribeClusterBroker::default()
                         .with_broker_id(BrokerId(b.id))
-                        .with_host(str(b.host))
-                        .with_port(i32::from(b.port))
+                        .with_host(str(host))
+                        .with_port(i32::from(port))
                         .with_rack(b.rack.map(str))
                 })
                 .collect(),

@@ -118,7 +118,7 @@ pub(crate) async fn find_coordinator(
     if client.version >= 4 {
         let mut coordinators = Vec::with_capacity(req.coordinator_keys.len());
         for key in req.coordinator_keys {
-            let found = coordinator_of(ctx, req.key_type, key.as_str()).await;
+            let found = coordinator_of(ctx, client, req.key_type, key.as_str()).await;
             let base = Coordinator::default().with_key(key);
             coordinators.push(match found {
                 Ok((node, host, port)) => base.with_node_id(node).with_host(host).with_port(port),
@@ -132,7 +132,7 @@ pub(crate) async fn find_coordinator(
         return FindCoordinatorResponse::default().with_coordinators(coordinators);
     }
     let response = FindCoordinatorResponse::default();
-    match coordinator_of(ctx, req.key_type, req.key.as_str()).await {
+    match coordinator_of(ctx, client, req.key_type, req.key.as_str()).await {
         Ok((node, host, port)) => response.with_node_id(node).with_host(host).with_port(port),
         Err((error, text)) => {
             let response = response.with_error_code(error.code()).with_node_id(BrokerId(-1)).with_port(-1);
@@ -149,6 +149,7 @@ pub(crate) async fn find_coordinator(
 /// `__consumer_offsets` (`__transaction_state`), which the first FindCoordinator creates.
 async fn coordinator_of(
     ctx: &Ctx,
+    client: &Client,
     key_type: i8,
     key: &str,
 ) -> Result<(BrokerId, StrBytes, i32), (ResponseError, String)> {
@@ -163,7 +164,10 @@ async fn coordinator_of(
     // A topic that could not be created yet (no controller right now): retriable for clients.
     let (topic, partition) = located.map_err(|e| (ResponseError::CoordinatorNotAvailable, e.message))?;
     match ctx.broker.leader_endpoint(topic, partition) {
-        Ok(leader) => Ok((BrokerId(leader.id), s(leader.host), i32::from(leader.port))),
+        Ok(leader) => {
+            let (host, port) = ctx.endpoint(&leader, client.listener);
+            Ok((BrokerId(leader.id), s(host), i32::from(port)))
+        }
         Err(e) => Err((kafka_error(e.kind), e.message)),
     }
 }
@@ -545,7 +549,7 @@ mod tests {
     }
 
     fn client(version: i16) -> Client {
-        Client { version, client_id: "test-client".into(), host: "127.0.0.1".into(), connection: 1 }
+        Client { version, client_id: "test-client".into(), host: "127.0.0.1".into(), connection: 1, listener: 0 }
     }
 
     fn join_request(group: &str, member_id: &str) -> JoinGroupRequest {

@@ -71,10 +71,11 @@ pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest)
         .brokers_for_clients()
         .into_iter()
         .map(|b| {
+            let (host, port) = ctx.endpoint(&b, client.listener);
             MetadataResponseBroker::default()
                 .with_node_id(BrokerId(b.id))
-                .with_host(StrBytes::from_string(b.host))
-                .with_port(i32::from(b.port))
+                .with_host(StrBytes::from_string(host.to_string()))
+                .with_port(i32::from(port))
                 .with_rack(b.rack.map(StrBytes::from_string))
         })
         .collect();

@@ -491,10 +491,11 @@ pub(crate) async fn share_fetch(
         .into_iter()
         .filter(|b| elsewhere.contains(&b.id))
         .map(|b| {
+            let (host, port) = ctx.endpoint(&b, client.listener);
             NodeEndpoint::default()
                 .with_node_id(kafka_protocol::messages::BrokerId(b.id))
-                .with_host(s(b.host))
-                .with_port(i32::from(b.port))
+                .with_host(s(host))
+                .with_port(i32::from(port))
                 .with_rack(b.rack.map(s))
         })
         .collect();
