@@ -445,3 +445,52 @@ def test_a_plaintext_and_a_sasl_ssl_listener_side_by_side(tmp_path, certs):
     finally:
         broker.cleanup()
         _ALL_BROKERS.remove(broker)
+
+
+def test_a_three_node_cluster_with_sasl_ssl_clients(cluster_factory, certs):
+    """Three nodes, each with a SASL_SSL listener for clients and PLAINTEXT for replication: a
+    replicated topic written and read over SASL_SSL, every broker named by its SASL_SSL port,
+    and the writes go on after the partition's leader is killed."""
+    from conftest import free_port
+
+    cluster = cluster_factory(voters=3, start=False, settings={"ssl.keystore.location": str(certs["server"]),
+                                                                "min.insync.replicas": "2"})
+    secure = {}
+    for node in cluster.nodes.values():
+        secure[node.node_id] = free_port()
+        node.settings["listeners"] += f",SASL_SSL://127.0.0.1:{secure[node.node_id]}"
+    cluster.start()
+    cluster.wait_formed()
+    first = cluster.node(1)
+    weir_user(first, "create", "alice", "--password", PASSWORD)
+    conf = client_conf(first, certs)
+    conf["bootstrap.servers"] = ",".join(f"127.0.0.1:{p}" for p in secure.values())
+    admin = AdminClient(conf)
+    wait_until(lambda: sorted(b.port for b in admin.list_topics(timeout=10).brokers.values()) == sorted(secure.values()),
+               what="every broker named by its SASL_SSL port")
+    topic = unique("sec-cluster")
+    from confluent_kafka.admin import NewTopic
+
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=3)])[topic].result(timeout=30)
+    producer = Producer({**conf, "acks": "all", "message.timeout.ms": 60000})
+    sent = 0
+
+    def send(n):
+        nonlocal sent
+        errors = []
+        for _ in range(n):
+            producer.produce(topic, f"m{sent}".encode(), on_delivery=lambda e, m: e and errors.append(e))
+            sent += 1
+        assert producer.flush(60) == 0 and not errors, errors
+
+    send(50)
+    leader = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions[0].leader
+    cluster.node(leader).kill9()
+    send(50)
+    consumer = Consumer({**conf, "group.id": unique("g"), "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe([topic])
+        values = [r.value for r in c_consume(consumer, 100, timeout=60)]
+    finally:
+        consumer.close()
+    assert sorted(values) == sorted(f"m{i}".encode() for i in range(100))
