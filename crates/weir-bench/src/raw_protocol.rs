@@ -378,6 +378,38 @@ pub(crate) fn wait_for_offsets(
     }
 }
 
+/// Produces at least `bytes` to partition 0 of `topic` as batches of `records` records of
+/// `record_bytes` bytes each (uncompressed, timestamps from `first_timestamp` on), acks=1, one
+/// request at a time. Returns the batch bytes sent and the log end offset after the last batch.
+pub(crate) fn produce_filler(
+    client: &mut Client,
+    topic: &str,
+    bytes: u64,
+    records: usize,
+    record_bytes: usize,
+    first_timestamp: i64,
+) -> anyhow::Result<(u64, i64)> {
+    let batch: Vec<_> = (0..records)
+        .map(|i| {
+            let value = bytes::Bytes::from(vec![b'x'; record_bytes]);
+            weir_storage::testing::record(i as i64, first_timestamp + i as i64, None, Some(value))
+        })
+        .collect();
+    let batch = bytes::Bytes::from(weir_storage::testing::encode(&batch, weir_storage::Compression::None));
+    let batches = bytes.div_ceil(batch.len() as u64).max(1);
+    let mut end = 0;
+    for _ in 0..batches {
+        let response = client.send(9, &kafka_client::produce_request(topic, 0, batch.clone(), 1))?;
+        let partition =
+            response.responses.first().and_then(|t| t.partition_responses.first()).context("empty produce response")?;
+        if partition.error_code != 0 {
+            bail!("Produce failed with error {}", error_name(partition.error_code));
+        }
+        end = partition.base_offset + records as i64;
+    }
+    Ok((batches * batch.len() as u64, end))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -255,23 +255,7 @@ fn prepare(server: &Server, bytes: u64, segment_bytes: u64, local_bytes: u64) ->
     raw_protocol::create_topic(&mut client, TOPIC, 1, &configs, None)?;
     // Stamped now: retention.ms (7 days) must not find the records expired.
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-    let records: Vec<_> = (0..RECORDS_PER_BATCH)
-        .map(|i| {
-            let value = Bytes::from(vec![b'x'; RECORD_BYTES]);
-            weir_storage::testing::record(i as i64, now + i as i64, None, Some(value))
-        })
-        .collect();
-    let batch = Bytes::from(weir_storage::testing::encode(&records, weir_storage::Compression::None));
-    let mut end = 0;
-    for _ in 0..bytes.div_ceil(batch.len() as u64).max(1) {
-        let response = client.send(9, &produce_request(TOPIC, 0, batch.clone(), 1))?;
-        let partition =
-            response.responses.first().and_then(|t| t.partition_responses.first()).context("empty produce response")?;
-        if partition.error_code != 0 {
-            bail!("Produce failed with error {}", raw_protocol::error_name(partition.error_code));
-        }
-        end = partition.base_offset + RECORDS_PER_BATCH as i64;
-    }
+    let (_, end) = raw_protocol::produce_filler(&mut client, TOPIC, bytes, RECORDS_PER_BATCH, RECORD_BYTES, now)?;
     Ok(end)
 }
 

@@ -4,10 +4,9 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 
-use anyhow::{bail, Context};
-use bytes::Bytes;
+use anyhow::Context;
 use serde::Serialize;
-use weir_harness::kafka_client::{produce_request, Client};
+use weir_harness::kafka_client::Client;
 
 use crate::cli::TlsBenchArgs;
 use crate::raw_protocol::{self, Server};
@@ -66,25 +65,7 @@ impl Target {
 /// Produces `bytes` of 1,000-record batches (acks=1, one request at a time); returns the
 /// batch bytes sent and the log end offset.
 fn produce(client: &mut Client, bytes: u64) -> anyhow::Result<(u64, i64)> {
-    let records: Vec<_> = (0..RECORDS_PER_BATCH)
-        .map(|i| {
-            let value = Bytes::from(vec![b'x'; RECORD_BYTES]);
-            weir_storage::testing::record(i as i64, 1_700_000_000_000 + i as i64, None, Some(value))
-        })
-        .collect();
-    let batch = Bytes::from(weir_storage::testing::encode(&records, weir_storage::Compression::None));
-    let batches = bytes.div_ceil(batch.len() as u64).max(1);
-    let mut end = 0;
-    for _ in 0..batches {
-        let response = client.send(9, &produce_request(TOPIC, 0, batch.clone(), 1))?;
-        let partition =
-            response.responses.first().and_then(|t| t.partition_responses.first()).context("empty produce response")?;
-        if partition.error_code != 0 {
-            bail!("Produce failed with error {}", raw_protocol::error_name(partition.error_code));
-        }
-        end = partition.base_offset + RECORDS_PER_BATCH as i64;
-    }
-    Ok((batches * batch.len() as u64, end))
+    raw_protocol::produce_filler(client, TOPIC, bytes, RECORDS_PER_BATCH, RECORD_BYTES, 1_700_000_000_000)
 }
 
 #[derive(Debug, Serialize)]
