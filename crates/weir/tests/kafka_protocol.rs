@@ -735,6 +735,49 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
             expect_code("top level", response.error_code, code::NONE)?;
             ensure!(response.topics.is_empty(), "nothing moves on one node: {:?}", response.topics);
         }
+        // ----- security (this broker's listener is PLAINTEXT) -----
+        ApiKey::SaslHandshake => {
+            let response = call(client, version, &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")))?;
+            expect_code("no SASL on a PLAINTEXT listener", response.error_code, 33)?;
+        }
+        ApiKey::SaslAuthenticate => {
+            let request = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"\0u\0p"));
+            let response = call(client, version, &request)?;
+            expect_code("no SASL exchange to take part in", response.error_code, 34)?;
+        }
+        ApiKey::AlterUserScramCredentials => {
+            use kafka_protocol::messages::alter_user_scram_credentials_request::ScramCredentialUpsertion;
+            let user = unique("conformance-user");
+            let upsert = |iterations| {
+                ScramCredentialUpsertion::default()
+                    .with_name(s(&user))
+                    .with_mechanism(1)
+                    .with_iterations(iterations)
+                    .with_salt(Bytes::from_static(b"0123456789abcdef"))
+                    .with_salted_password(Bytes::from(vec![7u8; 32]))
+            };
+            let response = call(
+                client,
+                version,
+                &AlterUserScramCredentialsRequest::default().with_upsertions(vec![upsert(4096)]),
+            )?;
+            let result = response.results.first().ok_or("no result")?;
+            expect_code("upsert", result.error_code, code::NONE)?;
+            let response =
+                call(client, version, &AlterUserScramCredentialsRequest::default().with_upsertions(vec![upsert(10)]))?;
+            let result = response.results.first().ok_or("no result")?;
+            expect_code("too few iterations (UNACCEPTABLE_CREDENTIAL)", result.error_code, 93)?;
+        }
+        ApiKey::DescribeUserScramCredentials => {
+            use kafka_protocol::messages::describe_user_scram_credentials_request::UserName;
+            let unknown = unique("conformance-nobody");
+            let request = DescribeUserScramCredentialsRequest::default()
+                .with_users(Some(vec![UserName::default().with_name(s(&unknown))]));
+            let response = call(client, version, &request)?;
+            expect_code("top level", response.error_code, code::NONE)?;
+            let result = response.results.first().ok_or("no result")?;
+            expect_code("an unknown user", result.error_code, 91)?;
+        }
         ApiKey::UnregisterBroker => {
             // An id nobody registered is unknown; the only broker, a running voter, stays.
             let unknown = call(client, version, &UnregisterBrokerRequest::default().with_broker_id(BrokerId(42)))?;
