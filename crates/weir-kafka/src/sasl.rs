@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{
     ApiKey, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
 };
@@ -22,10 +23,6 @@ use weir_security::scram::{self, ScramServer, Step};
 
 use crate::context::Ctx;
 use crate::frame::{self, Chunk, FrameError, ResponseFrame};
-
-const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
-const ILLEGAL_SASL_STATE: i16 = 34;
-const SASL_AUTHENTICATION_FAILED: i16 = 58;
 
 /// Where a connection's authentication stands.
 pub(crate) struct Authentication {
@@ -95,13 +92,13 @@ impl Authentication {
             frame::encode_response(ApiKey::SaslHandshake, version, correlation_id, &response).map(whole)
         };
         if matches!(self.state, State::Exchange { .. }) {
-            return Ok(Outcome::Close(encode(ILLEGAL_SASL_STATE)?));
+            return Ok(Outcome::Close(encode(ResponseError::IllegalSaslState.code())?));
         }
         let wanted = request.mechanism.as_str();
         let Some(mechanism) = security.sasl_mechanisms.iter().copied().find(|m| m.name().eq_ignore_ascii_case(wanted))
         else {
             tracing::info!(mechanism = wanted, "SASL handshake asks for a mechanism this listener does not offer");
-            return Ok(Outcome::Close(encode(UNSUPPORTED_SASL_MECHANISM)?));
+            return Ok(Outcome::Close(encode(ResponseError::UnsupportedSaslMechanism.code())?));
         };
         let scram = match mechanism {
             SaslMechanism::Scram(m) => Some(Box::new(ScramServer::new(m))),
@@ -122,8 +119,12 @@ impl Authentication {
         let result = self.take_token(ctx, peer, &request.auth_bytes).await;
         let (error_code, message, bytes) = match &result {
             Ok(bytes) => (0, None, bytes.clone()),
-            Err(Failure::State(message)) => (ILLEGAL_SASL_STATE, Some(message.clone()), Bytes::new()),
-            Err(Failure::Credentials(message)) => (SASL_AUTHENTICATION_FAILED, Some(message.clone()), Bytes::new()),
+            Err(Failure::State(message)) => {
+                (ResponseError::IllegalSaslState.code(), Some(message.clone()), Bytes::new())
+            }
+            Err(Failure::Credentials(message)) => {
+                (ResponseError::SaslAuthenticationFailed.code(), Some(message.clone()), Bytes::new())
+            }
         };
         let lifetime = match (&result, self.expires) {
             (Ok(_), Some(at)) if self.is_authenticated() => {
@@ -227,7 +228,7 @@ fn whole(bytes: BytesMut) -> ResponseFrame {
 }
 
 enum Failure {
-    /// A request out of turn: Kafka's ILLEGAL_SASL_STATE.
+    /// A request out of turn: Kafka's ResponseError::IllegalSaslState.code().
     State(String),
     /// Wrong credentials, or a malformed exchange.
     Credentials(String),

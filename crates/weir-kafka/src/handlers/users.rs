@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::alter_user_scram_credentials_response::AlterUserScramCredentialsResult;
 use kafka_protocol::messages::describe_user_scram_credentials_response::{
     CredentialInfo, DescribeUserScramCredentialsResult,
@@ -21,18 +22,13 @@ use crate::errors;
 /// A change refused before the controller sees it: its error code and message.
 type Refused = (i16, String);
 
-const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
-const ILLEGAL_SASL_STATE: i16 = 34;
-const RESOURCE_NOT_FOUND: i16 = 91;
-const DUPLICATE_RESOURCE: i16 = 92;
-
 /// A SaslHandshake on a listener that has no SASL: no mechanism is offered.
 pub(crate) async fn handshake_without_sasl(
     _ctx: &Ctx,
     _client: &Client,
     _request: SaslHandshakeRequest,
 ) -> SaslHandshakeResponse {
-    SaslHandshakeResponse::default().with_error_code(UNSUPPORTED_SASL_MECHANISM)
+    SaslHandshakeResponse::default().with_error_code(ResponseError::UnsupportedSaslMechanism.code())
 }
 
 pub(crate) async fn authenticate_without_sasl(
@@ -41,7 +37,7 @@ pub(crate) async fn authenticate_without_sasl(
     _request: SaslAuthenticateRequest,
 ) -> SaslAuthenticateResponse {
     SaslAuthenticateResponse::default()
-        .with_error_code(ILLEGAL_SASL_STATE)
+        .with_error_code(ResponseError::IllegalSaslState.code())
         .with_error_message(message("this listener does not use SASL"))
 }
 
@@ -56,14 +52,20 @@ pub(crate) async fn alter_scram_credentials(
         let user = deletion.name.to_string();
         let change = match ScramMechanism::from_kafka_type(deletion.mechanism) {
             Some(mechanism) => Ok(ScramChange::Delete { user: user.clone(), mechanism }),
-            None => Err((UNSUPPORTED_SASL_MECHANISM, format!("unknown SCRAM mechanism {}", deletion.mechanism))),
+            None => Err((
+                ResponseError::UnsupportedSaslMechanism.code(),
+                format!("unknown SCRAM mechanism {}", deletion.mechanism),
+            )),
         };
         changes.push((user, change));
     }
     for upsertion in &request.upsertions {
         let user = upsertion.name.to_string();
         let change = match ScramMechanism::from_kafka_type(upsertion.mechanism) {
-            None => Err((UNSUPPORTED_SASL_MECHANISM, format!("unknown SCRAM mechanism {}", upsertion.mechanism))),
+            None => Err((
+                ResponseError::UnsupportedSaslMechanism.code(),
+                format!("unknown SCRAM mechanism {}", upsertion.mechanism),
+            )),
             Some(_) if upsertion.salt.is_empty() || upsertion.salted_password.is_empty() => Err((
                 errors::code_of(Some(ErrorKind::UnacceptableCredential)),
                 "a salt and a salted password are required".into(),
@@ -106,7 +108,7 @@ pub(crate) async fn alter_scram_credentials(
             let result = AlterUserScramCredentialsResult::default().with_user(StrBytes::from_string(user.clone()));
             if duplicates.contains(&user) {
                 return result
-                    .with_error_code(DUPLICATE_RESOURCE)
+                    .with_error_code(ResponseError::DuplicateResource.code())
                     .with_error_message(message(format!("user {user:?} is named more than once")));
             }
             match change {
@@ -148,14 +150,14 @@ pub(crate) async fn describe_scram_credentials(
                     if duplicates.contains(&name) {
                         DescribeUserScramCredentialsResult::default()
                             .with_user(StrBytes::from_string(name.clone()))
-                            .with_error_code(DUPLICATE_RESOURCE)
+                            .with_error_code(ResponseError::DuplicateResource.code())
                             .with_error_message(message(format!("user {name:?} is asked for more than once")))
                     } else {
                         match users.get(&name) {
                             Some(list) => found(&name, info(list)),
                             None => DescribeUserScramCredentialsResult::default()
                                 .with_user(StrBytes::from_string(name.clone()))
-                                .with_error_code(RESOURCE_NOT_FOUND)
+                                .with_error_code(ResponseError::ResourceNotFound.code())
                                 .with_error_message(message(format!(
                                     "attempt to describe a user credential that does not exist: {name}"
                                 ))),
