@@ -459,3 +459,33 @@ fn kill_9_during_acks_all_produces_loses_no_acknowledged_record() {
     let next = client.produce_ok("durable", 0, batch(&[Message::new("k", "after recovery", 1)]));
     assert_eq!(next, records.len() as i64);
 }
+
+/// KIP-467 on the wire, independent of any client's batching: one batch of 100 records, every
+/// tenth without a key, sent to a compacted topic is refused whole with INVALID_RECORD, and the
+/// answer names exactly the keyless records by their index in the batch. Nothing is written.
+#[test]
+fn a_batch_with_keyless_records_on_a_compacted_topic_is_refused_whole_naming_each_one() {
+    let broker = Broker::start(&[]);
+    let mut client = broker.connect();
+    client.create_topic("compacted", 1, &[("cleanup.policy", "compact")]);
+    let messages: Vec<Message> = (0..100)
+        .map(|i| {
+            let mut message = Message::new(&format!("k{i}"), &format!("message {i}"), 1_000 + i);
+            if i % 10 == 0 {
+                message.key = None;
+            }
+            message
+        })
+        .collect();
+    let response =
+        client.send(9, &produce_request("compacted", 0, batch(&messages), 1)).expect("Produce v9 is answered");
+    let answer = &response.responses[0].partition_responses[0];
+    assert_eq!(answer.error_code, code::INVALID_RECORD, "{:?}", answer.error_message);
+    let named: Vec<i32> = answer.record_errors.iter().map(|e| e.batch_index).collect();
+    assert_eq!(named, (0..100).step_by(10).collect::<Vec<i32>>(), "the keyless records, by index in the batch");
+    let (error, high_watermark, _) = client.fetch("compacted", 0, 0, 1 << 20);
+    assert_eq!((error, high_watermark), (code::NONE, 0), "the refused batch wrote nothing");
+    // A keyed batch after it is written.
+    let keyed: Vec<Message> = messages.iter().filter(|m| m.key.is_some()).cloned().collect();
+    assert_eq!(client.produce_ok("compacted", 0, batch(&keyed)), 0);
+}
