@@ -132,7 +132,11 @@ pub(crate) fn status_for(kind: ErrorKind) -> StatusCode {
         | K::UnknownLeaderEpoch
         | K::NotAttempted
         | K::UnsupportedFormat => StatusCode::BAD_REQUEST,
-        K::TopicDeletionDisabled => StatusCode::FORBIDDEN,
+        K::TopicDeletionDisabled
+        | K::TopicAuthorizationFailed
+        | K::GroupAuthorizationFailed
+        | K::ClusterAuthorizationFailed
+        | K::TransactionalIdAuthorizationFailed => StatusCode::FORBIDDEN,
         K::BrokerNotRegistered | K::ResourceNotFound => StatusCode::NOT_FOUND,
         K::AuthenticationFailed => StatusCode::UNAUTHORIZED,
         K::UnsupportedSaslMechanism | K::UnacceptableCredential | K::DuplicateResource => StatusCode::BAD_REQUEST,

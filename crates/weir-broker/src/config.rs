@@ -146,6 +146,21 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "10000",
         "A connection to a SASL listener that has not authenticated this long after it opened is closed.",
     ),
+    s(
+        "authorizer.class.name",
+        "",
+        "org.apache.kafka.metadata.authorizer.StandardAuthorizer (or kafka.security.authorizer.AclAuthorizer) authorizes every Kafka request by the ACLs (weir acl, CreateAcls); empty: no authorization.",
+    ),
+    s(
+        "super.users",
+        "",
+        "Principals allowed everything whatever the ACLs say, separated by ';' (User:admin;User:ops).",
+    ),
+    s(
+        "allow.everyone.if.no.acl.found",
+        "false",
+        "With the authorizer on: a resource no ACL applies to is open to everyone (true) or to super users only (false).",
+    ),
     s("broker.rack", "", "The rack (or zone) of this broker, for rack-aware replica placement; empty: none."),
     s(
         "replica.selector.class",
@@ -430,6 +445,8 @@ pub struct BrokerConfig {
     /// Every Kafka client listener, the inter-broker one (`listen`, `advertised_*`,
     /// `client_security`) first.
     pub client_listeners: Vec<ClientListener>,
+    /// The authorizer (`authorizer.class.name`, `super.users`, `allow.everyone.if.no.acl.found`).
+    pub authorizer: weir_security::acl::AuthorizerSettings,
     /// Host and port put in Metadata responses.
     pub advertised_host: String,
     pub advertised_port: u16,
@@ -1204,6 +1221,12 @@ impl BrokerConfig {
             rocketmq_listen: listeners.rocketmq_listen,
             client_security: listeners.security,
             client_listeners: listeners.client_listeners,
+            authorizer: weir_security::acl::AuthorizerSettings::parse(
+                values.get("authorizer.class.name"),
+                values.get("super.users"),
+                values.bool("allow.everyone.if.no.acl.found")?,
+            )
+            .map_err(|(setting, why)| invalid(setting, values.get(setting), why))?,
             data_dir,
             num_partitions: values.num("num.partitions", 1)?,
             default_replication_factor: values.num("default.replication.factor", 1)?,

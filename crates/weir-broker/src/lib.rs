@@ -10,6 +10,7 @@
 
 /// Placement by measured load (the controller's, `weir-controller`).
 pub use weir_controller::balance;
+mod acls;
 pub mod broker;
 mod broker_configs;
 mod capacity;

@@ -35,6 +35,7 @@
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+pub mod acls;
 pub mod balance;
 pub mod brokers;
 pub mod capacity;

@@ -111,6 +111,14 @@ pub enum ControlRequest {
     AlterScramCredentials {
         changes: Vec<crate::users::ScramChange>,
     },
+    /// Add ACLs (Kafka's CreateAcls).
+    CreateAcls {
+        bindings: Vec<weir_metadata::acl::AclBinding>,
+    },
+    /// Remove the ACLs the filters match (Kafka's DeleteAcls).
+    DeleteAcls {
+        filters: Vec<weir_metadata::acl::AclFilter>,
+    },
 }
 
 impl ControlRequest {
@@ -136,6 +144,8 @@ impl ControlRequest {
             ControlRequest::UnregisterBroker { .. } => "unregister a broker",
             ControlRequest::DescribeBalance => "describe the load balance",
             ControlRequest::AlterScramCredentials { .. } => "alter SCRAM credentials",
+            ControlRequest::CreateAcls { .. } => "create ACLs",
+            ControlRequest::DeleteAcls { .. } => "delete ACLs",
         }
     }
 }
@@ -158,6 +168,8 @@ pub enum ControlAnswer {
     Balance(crate::balance::BalanceReport),
     /// One outcome per item of the request, in its order.
     Each(Vec<Result<(), BrokerError>>),
+    /// Per filter of a DeleteAcls, in its order: the ACLs it matched, now removed.
+    DeletedAcls(Vec<Vec<weir_metadata::acl::AclBinding>>),
 }
 
 /// The controller's answer to a heartbeat.

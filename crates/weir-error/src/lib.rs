@@ -165,6 +165,14 @@ pub enum ErrorKind {
     ResourceNotFound,
     /// A request names the same resource twice.
     DuplicateResource,
+    /// The authorizer refused an operation on a topic (its ACLs, `weir_security::acl`).
+    TopicAuthorizationFailed,
+    /// The authorizer refused an operation on a consumer group.
+    GroupAuthorizationFailed,
+    /// The authorizer refused an operation on the cluster.
+    ClusterAuthorizationFailed,
+    /// The authorizer refused an operation on a transactional id.
+    TransactionalIdAuthorizationFailed,
 
     // ----- everything else -------------------------------------------------------------------
     /// The request itself is wrong (a field out of range, a missing value).
@@ -281,6 +289,10 @@ impl ErrorKind {
             UnacceptableCredential => "unacceptable credential",
             ResourceNotFound => "resource not found",
             DuplicateResource => "duplicate resource",
+            TopicAuthorizationFailed => "not authorized on the topic",
+            GroupAuthorizationFailed => "not authorized on the group",
+            ClusterAuthorizationFailed => "not authorized on the cluster",
+            TransactionalIdAuthorizationFailed => "not authorized on the transactional id",
             InvalidRequest => "invalid request",
             Throttled => "throttled",
             Unavailable => "unavailable",

@@ -193,7 +193,7 @@ async fn process_requests(
     connection: u64,
     authenticated: &AtomicBool,
 ) {
-    let mut client = Peer { host: peer.ip().to_string(), connection, listener, user: None };
+    let mut client = Peer::new(peer.ip().to_string(), connection, listener);
     let mut sasl = ctx.listener(listener).security.protocol.uses_sasl().then(|| Authentication::new(listener));
     while let Some(frame) = requests.recv().await {
         let handled = match sasl.as_mut() {
@@ -202,7 +202,7 @@ async fn process_requests(
                 let result = authenticate(ctx, auth, frame, peer).await;
                 authenticated.store(auth.is_authenticated(), Ordering::Release);
                 if client.user.as_deref() != auth.user() {
-                    client.user = auth.user().map(str::to_string);
+                    client.set_user(auth.user());
                 }
                 match result {
                     Gate::Pass(frame) => dispatch::handle(ctx, &client, frame).await,
@@ -272,8 +272,7 @@ async fn authenticate(ctx: &Ctx, auth: &mut Authentication, frame: Bytes, peer: 
                 return Gate::Close("unsupported version of a SASL API");
             }
             let mut body = frame;
-            let peer_host =
-                crate::context::Peer { host: peer.ip().to_string(), connection: 0, listener: 0, user: None };
+            let peer_host = crate::context::Peer::new(peer.ip().to_string(), 0, 0);
             let Ok((_, correlation_id)) = dispatch::decode_header(&mut body, &prefix, key, &peer_host) else {
                 return Gate::Close("a malformed SASL request header");
             };

@@ -142,6 +142,8 @@ pub(crate) struct Client {
     /// The connection the request came on (unique in this process), which a share session
     /// belongs to.
     pub(crate) connection: u64,
+    /// Who the authorizer sees: `User:<name>` once authenticated, else `User:ANONYMOUS`.
+    pub(crate) principal: Arc<str>,
 }
 
 /// Who is on the other end of a connection.
@@ -152,8 +154,99 @@ pub(crate) struct Peer {
     /// The listener the connection came on (its index in `config.client_listeners`).
     pub(crate) listener: usize,
     /// The SASL user the connection authenticated as; `None` on a listener without SASL.
-    #[allow(dead_code)]
     pub(crate) user: Option<String>,
+    /// `User:<user>`, or `User:ANONYMOUS`.
+    pub(crate) principal: Arc<str>,
     /// The connection's number, unique in this process.
     pub(crate) connection: u64,
+}
+
+impl Peer {
+    /// A connection that has not authenticated (yet).
+    pub(crate) fn new(host: String, connection: u64, listener: usize) -> Peer {
+        Peer { host, listener, user: None, principal: weir_security::acl::ANONYMOUS.into(), connection }
+    }
+
+    pub(crate) fn set_user(&mut self, user: Option<&str>) {
+        self.user = user.map(str::to_string);
+        self.principal = weir_security::acl::principal(user).into();
+    }
+}
+
+impl Ctx {
+    /// May `client` perform `operation` on the resource? (Always, with the authorizer off.)
+    pub(crate) fn allowed(
+        &self,
+        client: &Client,
+        operation: weir_security::acl::AclOperation,
+        resource_type: weir_security::acl::ResourceType,
+        name: &str,
+    ) -> bool {
+        self.broker.authorize(&client.principal, &client.host, operation, resource_type, name)
+    }
+
+    pub(crate) fn allowed_on_topic(
+        &self,
+        client: &Client,
+        operation: weir_security::acl::AclOperation,
+        topic: &str,
+    ) -> bool {
+        self.allowed(client, operation, weir_security::acl::ResourceType::Topic, topic)
+    }
+
+    pub(crate) fn allowed_on_group(
+        &self,
+        client: &Client,
+        operation: weir_security::acl::AclOperation,
+        group: &str,
+    ) -> bool {
+        self.allowed(client, operation, weir_security::acl::ResourceType::Group, group)
+    }
+
+    pub(crate) fn allowed_on_cluster(&self, client: &Client, operation: weir_security::acl::AclOperation) -> bool {
+        self.allowed(client, operation, weir_security::acl::ResourceType::Cluster, weir_security::acl::CLUSTER_RESOURCE)
+    }
+
+    /// `Ok` when `client` may perform `operation` on the resource; else the error Kafka answers
+    /// for the resource type (TOPIC_AUTHORIZATION_FAILED and its relatives).
+    pub(crate) fn require(
+        &self,
+        client: &Client,
+        operation: weir_security::acl::AclOperation,
+        resource_type: weir_security::acl::ResourceType,
+        name: &str,
+    ) -> Result<(), weir_broker::BrokerError> {
+        use weir_broker::ErrorKind as K;
+        use weir_security::acl::ResourceType as R;
+        if self.allowed(client, operation, resource_type, name) {
+            return Ok(());
+        }
+        let kind = match resource_type {
+            R::Topic => K::TopicAuthorizationFailed,
+            R::Group => K::GroupAuthorizationFailed,
+            R::TransactionalId => K::TransactionalIdAuthorizationFailed,
+            R::Cluster | R::DelegationToken | R::User => K::ClusterAuthorizationFailed,
+        };
+        Err(weir_broker::BrokerError::new(
+            kind,
+            format!(
+                "{client_principal} may not {operation} {resource_type} {name:?}",
+                client_principal = client.principal
+            ),
+        ))
+    }
+
+    pub(crate) fn require_on_cluster(
+        &self,
+        client: &Client,
+        operation: weir_security::acl::AclOperation,
+    ) -> Result<(), weir_broker::BrokerError> {
+        self.require(client, operation, weir_security::acl::ResourceType::Cluster, weir_security::acl::CLUSTER_RESOURCE)
+    }
+
+    /// Is `client` on the inter-broker listener of a cluster? Its follower fetches are the
+    /// brokers' own (CLUSTER_ACTION is implied there; that listener belongs on a private network).
+    pub(crate) fn on_inter_broker_listener(&self, client: &Client) -> bool {
+        self.broker.config.is_cluster() && client.listener == 0
+    }
 }

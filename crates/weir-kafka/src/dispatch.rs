@@ -44,7 +44,7 @@ pub(crate) enum Reply {
 /// long-poll wait, for JoinGroup the wait for the other members, for Produce the fsync.
 pub(crate) async fn handle(ctx: &Ctx, peer: &Peer, frame: Bytes) -> Result<Reply, FrameError> {
     if handlers::session_write::is_session_write(&frame) {
-        return handlers::session_write::handle(ctx, frame).await;
+        return handlers::session_write::handle(ctx, peer, frame).await;
     }
     let started = Instant::now();
     let known = frame::peek_prefix(&frame).ok().and_then(|p| ApiKey::try_from(p.api_key).ok());
@@ -215,6 +215,9 @@ async fn route(
         ApiKey::AlterUserScramCredentials => {
             call!(AlterUserScramCredentialsRequest, handlers::users::alter_scram_credentials)
         }
+        ApiKey::CreateAcls => call!(CreateAclsRequest, handlers::acls::create_acls),
+        ApiKey::DescribeAcls => call!(DescribeAclsRequest, handlers::acls::describe_acls),
+        ApiKey::DeleteAcls => call!(DeleteAclsRequest, handlers::acls::delete_acls),
         ApiKey::DescribeUserScramCredentials => {
             call!(DescribeUserScramCredentialsRequest, handlers::users::describe_scram_credentials)
         }
@@ -262,6 +265,7 @@ pub(crate) fn decode_header(
         host: peer.host.clone(),
         connection: peer.connection,
         listener: peer.listener,
+        principal: peer.principal.clone(),
     };
     Ok((client, header.correlation_id))
 }
@@ -387,6 +391,17 @@ error_codes! {
     SaslAuthenticateResponse => |r, c| c.count(r.error_code);
     AlterUserScramCredentialsResponse => |r, c| {
         for result in &r.results {
+            c.count(result.error_code);
+        }
+    };
+    CreateAclsResponse => |r, c| {
+        for result in &r.results {
+            c.count(result.error_code);
+        }
+    };
+    DescribeAclsResponse => |r, c| c.count(r.error_code);
+    DeleteAclsResponse => |r, c| {
+        for result in &r.filter_results {
             c.count(result.error_code);
         }
     };

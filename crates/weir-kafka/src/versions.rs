@@ -50,6 +50,10 @@ const IMPLEMENTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SaslAuthenticate, 0, 2),
     (ApiKey::AlterUserScramCredentials, 0, 0),
     (ApiKey::DescribeUserScramCredentials, 0, 0),
+    // ACLs (KIP-140) at Kafka 4's versions: v0 (no pattern types) is gone there too.
+    (ApiKey::DescribeAcls, 1, 3),
+    (ApiKey::CreateAcls, 1, 3),
+    (ApiKey::DeleteAcls, 1, 3),
     (ApiKey::ConsumerGroupHeartbeat, 0, 1),
     (ApiKey::ConsumerGroupDescribe, 0, 1),
     // Share groups (KIP-932), at Kafka 4.2's versions. ShareFetch and ShareAcknowledge v2

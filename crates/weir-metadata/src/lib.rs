@@ -13,6 +13,7 @@
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+pub mod acl;
 pub mod elastic;
 pub mod legacy;
 pub mod raft;
@@ -147,6 +148,14 @@ pub enum MetadataRecord {
     RemoveScramCredential {
         user: String,
         mechanism: ScramMechanism,
+    },
+    /// Adds an ACL (KRaft's AccessControlEntryRecord); adding one that exists changes nothing.
+    CreateAcl {
+        binding: acl::AclBinding,
+    },
+    /// Removes an ACL (KRaft's RemoveAccessControlEntryRecord).
+    RemoveAcl {
+        binding: acl::AclBinding,
     },
     /// Reserves producer ids `[first, first + count)` for InitProducerId; ids are never reused.
     AllocateProducerIds {
@@ -302,6 +311,9 @@ pub struct MetadataState {
     /// and mechanism.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub scram_credentials: BTreeMap<String, BTreeMap<ScramMechanism, ScramCredential>>,
+    /// The ACLs the authorizer decides by (`weir_security::acl`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub acls: std::collections::BTreeSet<acl::AclBinding>,
 }
 
 /// A SCRAM mechanism (RFC 5802 with the hash of RFC 7677), numbered as Kafka's
@@ -619,6 +631,12 @@ impl MetadataState {
                         self.scram_credentials.remove(user);
                     }
                 }
+            }
+            MetadataRecord::CreateAcl { binding } => {
+                self.acls.insert(binding.clone());
+            }
+            MetadataRecord::RemoveAcl { binding } => {
+                self.acls.remove(binding);
             }
             MetadataRecord::AllocateProducerIds { first, count } => {
                 if *first >= self.next_producer_id && *count > 0 {

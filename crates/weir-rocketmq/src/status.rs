@@ -65,6 +65,10 @@ pub(crate) fn code_of(kind: ErrorKind) -> Code {
         NotEnoughReplicas | NotEnoughReplicasAfterAppend => Code::SlavePersistenceTimeout,
         Corrupt | InvalidRecord | InvalidTimestamp | UnsupportedFormat => Code::MessageCorrupted,
         AuthenticationFailed => Code::Unauthorized,
+        TopicAuthorizationFailed
+        | GroupAuthorizationFailed
+        | ClusterAuthorizationFailed
+        | TransactionalIdAuthorizationFailed => Code::Forbidden,
         UnsupportedSaslMechanism | UnacceptableCredential | ResourceNotFound | DuplicateResource => Code::BadRequest,
         InvalidRequest
         | BrokerNotRegistered

@@ -6,9 +6,11 @@
 //! - [`scram`]: SASL/SCRAM-SHA-256 and -512 (RFC 5802, 7677) on the server's side, and the
 //!   salted credentials stored in the metadata log; SASL/PLAIN's message, checked against the
 //!   same credentials.
+//! - [`acl`]: the authorizer, Kafka's ACL semantics over the ACLs of the metadata log.
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+pub mod acl;
 pub mod scram;
 pub mod tls;
 

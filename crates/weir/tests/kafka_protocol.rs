@@ -778,6 +778,63 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
             let result = response.results.first().ok_or("no result")?;
             expect_code("an unknown user", result.error_code, 91)?;
         }
+        ApiKey::CreateAcls | ApiKey::DescribeAcls | ApiKey::DeleteAcls => {
+            // At every version of each: create two ACLs on a fresh topic name (one refused: no
+            // `User:` in its principal), describe them back, delete them. (A filter's principal
+            // and host are null to match any: "" names the empty principal.)
+            use kafka_protocol::messages::create_acls_request::AclCreation;
+            use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
+            let topic = unique("conformance-acl");
+            let creation = |principal: &str| {
+                AclCreation::default()
+                    .with_resource_type(2)
+                    .with_resource_name(s(&topic))
+                    .with_resource_pattern_type(3)
+                    .with_principal(s(principal))
+                    .with_host(s("*"))
+                    .with_operation(3)
+                    .with_permission_type(3)
+            };
+            let create_version = if key == ApiKey::CreateAcls { version } else { 1 };
+            let created = call(
+                client,
+                create_version,
+                &CreateAclsRequest::default().with_creations(vec![creation("User:conformance"), creation("nobody")]),
+            )?;
+            ensure!(created.results.len() == 2, "one result per creation");
+            expect_code("a good ACL", created.results[0].error_code, code::NONE)?;
+            expect_code("a principal without User:", created.results[1].error_code, code::INVALID_REQUEST)?;
+            let describe_version = if key == ApiKey::DescribeAcls { version } else { 1 };
+            let described = call(
+                client,
+                describe_version,
+                &DescribeAclsRequest::default()
+                    .with_resource_type_filter(2)
+                    .with_resource_name_filter(Some(s(&topic)))
+                    .with_pattern_type_filter(3)
+                    .with_principal_filter(None)
+                    .with_host_filter(None)
+                    .with_operation(1)
+                    .with_permission_type(1),
+            )?;
+            expect_code("describe", described.error_code, code::NONE)?;
+            let acls: Vec<&str> =
+                described.resources.iter().flat_map(|r| r.acls.iter().map(|a| a.principal.as_str())).collect();
+            ensure!(acls == ["User:conformance"], "described {acls:?}");
+            let delete_version = if key == ApiKey::DeleteAcls { version } else { 1 };
+            let filter = DeleteAclsFilter::default()
+                .with_resource_type_filter(2)
+                .with_resource_name_filter(Some(s(&topic)))
+                .with_pattern_type_filter(3)
+                .with_principal_filter(None)
+                .with_host_filter(None)
+                .with_operation(1)
+                .with_permission_type(1);
+            let deleted = call(client, delete_version, &DeleteAclsRequest::default().with_filters(vec![filter]))?;
+            let result = deleted.filter_results.first().ok_or("no filter result")?;
+            expect_code("delete", result.error_code, code::NONE)?;
+            ensure!(result.matching_acls.len() == 1, "deleted {} ACLs", result.matching_acls.len());
+        }
         ApiKey::UnregisterBroker => {
             // An id nobody registered is unknown; the only broker, a running voter, stays.
             let unknown = call(client, version, &UnregisterBrokerRequest::default().with_broker_id(BrokerId(42)))?;

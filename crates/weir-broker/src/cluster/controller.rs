@@ -160,6 +160,10 @@ impl Broker {
             ControlRequest::AlterScramCredentials { changes } => {
                 self.decide_alter_scram_credentials(held, changes).map(ControlAnswer::Each)
             }
+            ControlRequest::CreateAcls { bindings } => self.decide_create_acls(held, bindings).map(ControlAnswer::Each),
+            ControlRequest::DeleteAcls { filters } => {
+                self.decide_delete_acls(held, filters).map(ControlAnswer::DeletedAcls)
+            }
         }
     }
 

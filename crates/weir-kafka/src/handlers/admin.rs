@@ -20,6 +20,8 @@ use weir_broker::throttle;
 use weir_broker::topic_config::{self, ConfigEdit, ConfigOp, ConfigSource};
 use weir_broker::{BrokerError, ErrorKind, NewTopic};
 
+use weir_security::acl::{AclOperation, ResourceType};
+
 use crate::context::{Client, Ctx};
 use crate::errors;
 use crate::handlers::{authorized_operations, message};
@@ -88,6 +90,15 @@ pub(crate) async fn create_topics(ctx: &Ctx, client: &Client, request: CreateTop
             );
             continue;
         }
+        if !super::metadata::may_create(ctx, client, &name) {
+            results.push(
+                CreatableTopicResult::default()
+                    .with_name(topic.name)
+                    .with_error_code(ResponseError::TopicAuthorizationFailed.code())
+                    .with_error_message(message(format!("CREATE on the cluster or on topic {name} is needed."))),
+            );
+            continue;
+        }
         let mut configs = BTreeMap::new();
         for c in &topic.configs {
             if let Some(value) = &c.value {
@@ -149,7 +160,18 @@ pub(crate) async fn delete_topics(ctx: &Ctx, client: &Client, request: DeleteTop
     };
     let mut responses = Vec::with_capacity(targets.len());
     for (name, id) in targets {
-        let result = match ctx.broker.delete_topic(name.clone(), id).await {
+        // DELETE on the topic, by name (a topic id is resolved to its name first).
+        let known =
+            name.clone().or_else(|| id.and_then(|id| ctx.broker.metadata().topic_by_id(id).map(|t| t.name.clone())));
+        let allowed = match &known {
+            Some(topic) => ctx.require(client, AclOperation::Delete, ResourceType::Topic, topic),
+            None => Ok(()),
+        };
+        let deleted = match allowed {
+            Ok(()) => ctx.broker.delete_topic(name.clone(), id).await,
+            Err(e) => Err(e),
+        };
+        let result = match deleted {
             Ok(topic) => DeletableTopicResult::default()
                 .with_name(Some(topic_name(&topic.name)))
                 .with_topic_id(if client.version >= 6 { topic.id } else { uuid::Uuid::nil() }),
@@ -172,7 +194,7 @@ pub(crate) async fn delete_topics(ctx: &Ctx, client: &Client, request: DeleteTop
 
 pub(crate) async fn create_partitions(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
     let mut results = Vec::with_capacity(request.topics.len());
@@ -184,7 +206,10 @@ pub(crate) async fn create_partitions(
             .as_ref()
             .filter(|list| !list.is_empty())
             .map(|list| list.iter().map(|a| a.broker_ids.iter().map(|b| b.0).collect()).collect());
-        let outcome = ctx.broker.create_partitions(name, topic.count, assignments, request.validate_only).await;
+        let outcome = match ctx.require(client, AclOperation::Alter, ResourceType::Topic, &name) {
+            Ok(()) => ctx.broker.create_partitions(name, topic.count, assignments, request.validate_only).await,
+            Err(e) => Err(e),
+        };
         let result = CreatePartitionsTopicResult::default().with_name(topic.name);
         results.push(match outcome {
             Ok(()) => result,
@@ -208,6 +233,10 @@ pub(crate) async fn describe_configs(
         let base = DescribeConfigsResult::default()
             .with_resource_type(resource.resource_type)
             .with_resource_name(resource.resource_name.clone());
+        if let Err(e) = config_access(ctx, client, resource.resource_type, &name, AclOperation::DescribeConfigs) {
+            results.push(base.with_error_code(errors::code(&e)).with_error_message(message(e.message)));
+            continue;
+        }
         let entries: Vec<(String, String, i8)> = match resource.resource_type {
             RESOURCE_TOPIC => match broker.metadata().topic(&name) {
                 Some(topic) => topic_config::describe(&broker.topic_defaults(), &topic.configs)
@@ -301,6 +330,23 @@ pub(crate) async fn describe_configs(
     DescribeConfigsResponse::default().with_results(results)
 }
 
+/// May the client describe (or alter) the configs of this resource: a topic's need the
+/// operation on the topic, a broker's on the cluster, a group's on the group.
+fn config_access(
+    ctx: &Ctx,
+    client: &Client,
+    resource_type: i8,
+    name: &str,
+    operation: AclOperation,
+) -> Result<(), BrokerError> {
+    match resource_type {
+        RESOURCE_TOPIC => ctx.require(client, operation, ResourceType::Topic, name),
+        RESOURCE_BROKER => ctx.require_on_cluster(client, operation),
+        RESOURCE_GROUP => ctx.require(client, operation, ResourceType::Group, name),
+        _ => Ok(()),
+    }
+}
+
 /// The error for a resource whose configs cannot change: anything but topics and the dynamic
 /// broker configs (the replication throttles and the topic defaults).
 fn configs_are_static<'a>(resource_type: i8, mut names: impl Iterator<Item = &'a str>) -> Option<BrokerError> {
@@ -319,12 +365,16 @@ fn configs_are_static<'a>(resource_type: i8, mut names: impl Iterator<Item = &'a
     }
 }
 
-pub(crate) async fn alter_configs(ctx: &Ctx, _client: &Client, request: AlterConfigsRequest) -> AlterConfigsResponse {
+pub(crate) async fn alter_configs(ctx: &Ctx, client: &Client, request: AlterConfigsRequest) -> AlterConfigsResponse {
     use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
     let mut responses = Vec::with_capacity(request.resources.len());
     for resource in request.resources {
-        let outcome = match configs_are_static(resource.resource_type, resource.configs.iter().map(|c| c.name.as_str()))
-        {
+        let access =
+            config_access(ctx, client, resource.resource_type, &resource.resource_name, AclOperation::AlterConfigs);
+        let refused = access
+            .err()
+            .or_else(|| configs_are_static(resource.resource_type, resource.configs.iter().map(|c| c.name.as_str())));
+        let outcome = match refused {
             Some(e) => Err(e),
             None => {
                 // Non-incremental: the given set replaces every override.
@@ -355,7 +405,7 @@ pub(crate) async fn alter_configs(ctx: &Ctx, _client: &Client, request: AlterCon
 
 pub(crate) async fn incremental_alter_configs(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
     use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
@@ -367,7 +417,11 @@ pub(crate) async fn incremental_alter_configs(
     for resource in request.resources {
         // A group's settings (KIP-848's GROUP resource: RocketMQ's and share groups' configs).
         let is_group = resource.resource_type == RESOURCE_GROUP;
-        let refused = if is_group {
+        let access =
+            config_access(ctx, client, resource.resource_type, &resource.resource_name, AclOperation::AlterConfigs);
+        let refused = if let Err(e) = access {
+            Some(e)
+        } else if is_group {
             None
         } else {
             configs_are_static(resource.resource_type, resource.configs.iter().map(|c| c.name.as_str()))
@@ -419,17 +473,20 @@ pub(crate) async fn incremental_alter_configs(
     IncrementalAlterConfigsResponse::default().with_responses(responses)
 }
 
-pub(crate) async fn delete_records(
-    ctx: &Ctx,
-    _client: &Client,
-    request: DeleteRecordsRequest,
-) -> DeleteRecordsResponse {
+pub(crate) async fn delete_records(ctx: &Ctx, client: &Client, request: DeleteRecordsRequest) -> DeleteRecordsResponse {
     let broker = ctx.broker.clone();
+    // DELETE on each topic, decided before the blocking work.
+    let refused: Vec<Option<BrokerError>> = request
+        .topics
+        .iter()
+        .map(|t| ctx.require(client, AclOperation::Delete, ResourceType::Topic, &t.name).err())
+        .collect();
     let topics = tokio::task::spawn_blocking(move || {
         request
             .topics
             .into_iter()
-            .map(|topic| {
+            .zip(refused)
+            .map(|(topic, refused)| {
                 let name = topic.name.to_string();
                 let partitions = topic
                     .partitions
@@ -438,10 +495,13 @@ pub(crate) async fn delete_records(
                         let result = DeleteRecordsPartitionResult::default()
                             .with_partition_index(p.partition_index)
                             .with_low_watermark(-1);
-                        match broker
-                            .require_partition(&name, p.partition_index)
-                            .and_then(|part| broker.delete_records(&part, p.offset))
-                        {
+                        let deleted = match &refused {
+                            Some(e) => Err(e.clone()),
+                            None => broker
+                                .require_partition(&name, p.partition_index)
+                                .and_then(|part| broker.delete_records(&part, p.offset)),
+                        };
+                        match deleted {
                             Ok(low) => result.with_low_watermark(low),
                             Err(e) => result.with_error_code(errors::code(&e)),
                         }
@@ -463,8 +523,14 @@ pub(crate) async fn describe_cluster(
 ) -> DescribeClusterResponse {
     // endpoint_type 1 = brokers, 2 = controllers (KIP-919, for clients of controllers; brokers
     // answer with the brokers).
+    if let Err(e) = ctx.require_on_cluster(client, AclOperation::Describe) {
+        return DescribeClusterResponse::default()
+            .with_error_code(errors::code(&e))
+            .with_error_message(message(e.message))
+            .with_endpoint_type(request.endpoint_type);
+    }
     let operations = if request.include_cluster_authorized_operations {
-        authorized_operations::CLUSTER
+        authorized_operations::on_cluster(ctx, client)
     } else {
         authorized_operations::NOT_REQUESTED
     };
@@ -495,9 +561,14 @@ pub(crate) async fn describe_cluster(
 /// forward it to the controller. The fetch timestamps are not tracked: -1.
 pub(crate) async fn describe_quorum(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: DescribeQuorumRequest,
 ) -> DescribeQuorumResponse {
+    if let Err(e) = ctx.require_on_cluster(client, AclOperation::Describe) {
+        return DescribeQuorumResponse::default()
+            .with_error_code(errors::code(&e))
+            .with_error_message(message(e.message));
+    }
     use kafka_protocol::messages::describe_quorum_response::{PartitionData, ReplicaState, TopicData};
     const METADATA_TOPIC: &str = "__cluster_metadata";
     let asks_for_the_log = request.topics.len() == 1
@@ -542,9 +613,17 @@ pub(crate) async fn describe_quorum(
 
 pub(crate) async fn describe_log_dirs(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: DescribeLogDirsRequest,
 ) -> DescribeLogDirsResponse {
+    if let Err(e) = ctx.require_on_cluster(client, AclOperation::Describe) {
+        // (Before v3 there is no error code: no directories are described.)
+        return DescribeLogDirsResponse::default().with_error_code(if client.version >= 3 {
+            errors::code(&e)
+        } else {
+            0
+        });
+    }
     let sizes = ctx.broker.partition_sizes();
     let wanted = |topic: &str, partition: i32| match &request.topics {
         None => true,
@@ -574,10 +653,14 @@ pub(crate) async fn describe_log_dirs(
 /// broker that holds no replica, decided by the controller (see `brokers::decide_unregister`).
 pub(crate) async fn unregister_broker(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: UnregisterBrokerRequest,
 ) -> UnregisterBrokerResponse {
-    match ctx.broker.unregister_broker(request.broker_id.0).await {
+    let outcome = match ctx.require_on_cluster(client, AclOperation::Alter) {
+        Ok(()) => ctx.broker.unregister_broker(request.broker_id.0).await,
+        Err(e) => Err(e),
+    };
+    match outcome {
         Ok(()) => UnregisterBrokerResponse::default(),
         Err(e) => UnregisterBrokerResponse::default()
             .with_error_code(errors::kafka_error(e.kind).code())
@@ -599,7 +682,11 @@ pub(crate) async fn elect_leaders(ctx: &Ctx, client: &Client, request: ElectLead
     let partitions = request.topic_partitions.as_ref().map(|topics| {
         topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (t.topic.to_string(), *p))).collect::<Vec<_>>()
     });
-    let results = match ctx.broker.elect_leaders(kind, partitions.clone()).await {
+    let elected = match ctx.require_on_cluster(client, AclOperation::Alter) {
+        Ok(()) => ctx.broker.elect_leaders(kind, partitions.clone()).await,
+        Err(e) => Err(e),
+    };
+    let results = match elected {
         Ok(results) => results,
         Err(e) => {
             // The whole request failed (no controller): every partition asked for says why.
@@ -653,7 +740,11 @@ pub(crate) async fn alter_partition_reassignments(
         .collect();
     let response = AlterPartitionReassignmentsResponse::default()
         .with_allow_replication_factor_change(allow_replication_factor_change);
-    let results = match ctx.broker.alter_partition_reassignments(targets, allow_replication_factor_change).await {
+    let reassigned = match ctx.require_on_cluster(client, AclOperation::Alter) {
+        Ok(()) => ctx.broker.alter_partition_reassignments(targets, allow_replication_factor_change).await,
+        Err(e) => Err(e),
+    };
+    let results = match reassigned {
         Ok(results) => results,
         Err(e) => {
             return response
@@ -685,9 +776,14 @@ pub(crate) async fn alter_partition_reassignments(
 /// asked for or of all.
 pub(crate) async fn list_partition_reassignments(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: ListPartitionReassignmentsRequest,
 ) -> ListPartitionReassignmentsResponse {
+    if let Err(e) = ctx.require_on_cluster(client, AclOperation::Describe) {
+        return ListPartitionReassignmentsResponse::default()
+            .with_error_code(errors::code(&e))
+            .with_error_message(message(e.message));
+    }
     use kafka_protocol::messages::BrokerId;
     use list_partition_reassignments_response::{OngoingPartitionReassignment, OngoingTopicReassignment};
     let filter: Option<BTreeMap<String, Vec<i32>>> = request.topics.as_ref().map(|topics| {

@@ -31,6 +31,11 @@ pub(crate) async fn heartbeat(
     client: &Client,
     req: ConsumerGroupHeartbeatRequest,
 ) -> ConsumerGroupHeartbeatResponse {
+    if !ctx.allowed_on_group(client, weir_security::acl::AclOperation::Read, &req.group_id) {
+        return ConsumerGroupHeartbeatResponse::default()
+            .with_error_code(kafka_protocol::ResponseError::GroupAuthorizationFailed.code())
+            .with_error_message(Some(s("READ on the group is needed")));
+    }
     let owned = req.topic_partitions.map(|topics| {
         let mut owned: BTreeMap<Uuid, BTreeSet<i32>> = BTreeMap::new();
         for t in topics {

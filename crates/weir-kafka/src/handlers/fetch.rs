@@ -27,7 +27,7 @@ use uuid::Uuid;
 use weir_broker::fetch::{FetchPartition, FetchRequest as CoreFetch, FetchedPartition, Isolation};
 use weir_broker::metrics::OperationMetrics;
 use weir_broker::partition::{self, Partition, TopicPartitions};
-use weir_broker::Broker;
+use weir_security::acl::AclOperation;
 use weir_storage::sync::lock;
 use weir_storage::FileSlice;
 
@@ -74,13 +74,13 @@ pub(crate) async fn handle(
                 }
                 let size = request.topics.iter().map(|t| t.partitions.len()).sum();
                 if let Some(session) = sessions.create(replica_id.is_some(), uses_topic_ids, size, now) {
-                    let turn = Turn { ctx, metrics, version, correlation_id, replica_id, full: true };
+                    let turn = Turn { ctx, client, metrics, version, correlation_id, replica_id, full: true };
                     return turn.fetch(&request, session).await;
                 }
             }
             epoch => match sessions.take_turn(request.session_id, epoch, uses_topic_ids, now) {
                 Ok(session) => {
-                    let turn = Turn { ctx, metrics, version, correlation_id, replica_id, full: false };
+                    let turn = Turn { ctx, client, metrics, version, correlation_id, replica_id, full: false };
                     return turn.fetch(&request, session).await;
                 }
                 Err(code) => return refuse_session(metrics, version, correlation_id, code),
@@ -88,7 +88,7 @@ pub(crate) async fn handle(
         }
     }
 
-    let Resolved { topics, wanted, reads } = resolve(&ctx.broker, &request, version, replica_id);
+    let Resolved { topics, wanted, reads } = resolve(ctx, client, &request, version, replica_id);
     // A partition that failed already answers the fetch: no waiting (as Kafka does).
     let any_failed = wanted.iter().any(|w| w.target.is_err());
     let fetch = core_fetch(&request, version, reads, any_failed, replica_id);
@@ -151,6 +151,7 @@ fn send(
 /// One fetch through a session.
 struct Turn<'a> {
     ctx: &'a Ctx,
+    client: &'a Client,
     metrics: Option<&'a OperationMetrics>,
     version: i16,
     correlation_id: i32,
@@ -291,6 +292,10 @@ impl Turn<'_> {
                     out.push((slot, Err(ResponseError::UnknownTopicId)));
                     continue;
                 };
+                if !may_read(self.ctx, self.client, self.replica_id, &name) {
+                    out.push((slot, Err(ResponseError::TopicAuthorizationFailed)));
+                    continue;
+                }
                 let list = topics.entry(name.clone()).or_insert_with(|| broker.topic_partitions(&name));
                 let current: Option<Arc<Partition>> =
                     list.as_deref().and_then(|list| partition::by_index(list, index)).cloned();
@@ -464,7 +469,20 @@ struct Resolved {
 
 /// Finds each requested partition (v13+ names topics by id, earlier versions by name); one that
 /// does not exist here gets its error without a read.
-fn resolve(broker: &Broker, request: &FetchRequest, version: i16, replica_id: Option<i32>) -> Resolved {
+/// May this fetch read `topic`? A follower needs CLUSTER_ACTION on the cluster (implied on a
+/// cluster's inter-broker listener); a consumer, READ on the topic.
+fn may_read(ctx: &Ctx, client: &Client, replica_id: Option<i32>, topic: &str) -> bool {
+    if !ctx.broker.authorizer_enabled() {
+        return true;
+    }
+    match replica_id {
+        Some(_) => ctx.on_inter_broker_listener(client) || ctx.allowed_on_cluster(client, AclOperation::ClusterAction),
+        None => ctx.allowed_on_topic(client, AclOperation::Read, topic),
+    }
+}
+
+fn resolve(ctx: &Ctx, client: &Client, request: &FetchRequest, version: i16, replica_id: Option<i32>) -> Resolved {
+    let broker = &ctx.broker;
     let state = broker.metadata();
     let mut resolved = Resolved { topics: Vec::new(), wanted: Vec::new(), reads: Vec::new() };
     for topic in &request.topics {
@@ -482,11 +500,13 @@ fn resolve(broker: &Broker, request: &FetchRequest, version: i16, replica_id: Op
         // One lookup per topic, not per partition: a consumer of 1,000 partitions names them all
         // in every fetch (librdkafka has no fetch sessions).
         let partitions = name.as_deref().and_then(|name| broker.topic_partitions(name));
+        let refused = name.as_deref().is_some_and(|name| !may_read(ctx, client, replica_id, name));
         resolved.topics.push((TopicName(StrBytes::from_string(name.clone().unwrap_or_default())), id));
         for p in &topic.partitions {
             let found = partitions.as_deref().and_then(|list| partition::by_index(list, p.partition));
             let target = match (&name, found) {
                 (None, _) => Err(ResponseError::UnknownTopicId),
+                (Some(_), _) if refused => Err(ResponseError::TopicAuthorizationFailed),
                 (Some(name), None) => Err(kafka_error(broker.absent_partition_error(name, p.partition).kind)),
                 (Some(_), Some(partition)) => {
                     resolved.reads.push(FetchPartition {

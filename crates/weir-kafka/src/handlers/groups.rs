@@ -37,6 +37,8 @@ use kafka_protocol::ResponseError;
 use weir_coordinators::group::OFFSETS_TOPIC;
 use weir_coordinators::txn::TRANSACTION_STATE_TOPIC;
 
+use weir_security::acl::{AclOperation, ResourceType};
+
 use super::{commit_generation, committed_leader_epoch};
 use crate::context::{Client, Ctx};
 use crate::errors::{code_of, kafka_error};
@@ -45,9 +47,8 @@ use crate::errors::{code_of, kafka_error};
 const KEY_TYPE_GROUP: i8 = 0;
 const KEY_TYPE_TRANSACTION: i8 = 1;
 
-/// DescribeGroups' authorized operations without ACLs: READ (3), DELETE (6) and DESCRIBE (8),
-/// everything Kafka allows on a group, as a bit field.
-const GROUP_AUTHORIZED_OPERATIONS: i32 = (1 << 3) | (1 << 6) | (1 << 8);
+/// The answer when the authorizer refuses the group.
+const GROUP_REFUSED: ResponseError = ResponseError::GroupAuthorizationFailed;
 /// "Not requested" in DescribeGroups' authorized operations.
 const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
 
@@ -156,6 +157,15 @@ async fn coordinator_of(
     if matches!(key_type, KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION) && ctx.broker.is_shutting_down() {
         return Err((ResponseError::CoordinatorNotAvailable, "The broker is shutting down.".to_string()));
     }
+    let refused = match key_type {
+        KEY_TYPE_GROUP => (!ctx.allowed_on_group(client, AclOperation::Describe, key)).then_some(GROUP_REFUSED),
+        KEY_TYPE_TRANSACTION => (!ctx.allowed(client, AclOperation::Describe, ResourceType::TransactionalId, key))
+            .then_some(ResponseError::TransactionalIdAuthorizationFailed),
+        _ => None,
+    };
+    if let Some(error) = refused {
+        return Err((error, "DESCRIBE on the coordinator key is needed.".to_string()));
+    }
     let located = match key_type {
         KEY_TYPE_GROUP => ctx.groups.coordinator_partition(key).await.map(|p| (OFFSETS_TOPIC, p)),
         KEY_TYPE_TRANSACTION => ctx.txns.coordinator_partition(key).await.map(|p| (TRANSACTION_STATE_TOPIC, p)),
@@ -176,6 +186,13 @@ async fn coordinator_of(
 
 pub(crate) async fn join_group(ctx: &Ctx, client: &Client, req: JoinGroupRequest) -> JoinGroupResponse {
     let version = client.version;
+    if !ctx.allowed_on_group(client, AclOperation::Read, &req.group_id) {
+        return JoinGroupResponse::default()
+            .with_error_code(GROUP_REFUSED.code())
+            .with_generation_id(-1)
+            .with_protocol_name((version < 7).then(|| s("")))
+            .with_member_id(req.member_id);
+    }
     let params = JoinGroupParams {
         group_id: req.group_id.to_string(),
         member_id: req.member_id.to_string(),
@@ -223,6 +240,9 @@ pub(crate) async fn join_group(ctx: &Ctx, client: &Client, req: JoinGroupRequest
 }
 
 pub(crate) async fn sync_group(ctx: &Ctx, client: &Client, req: SyncGroupRequest) -> SyncGroupResponse {
+    if !ctx.allowed_on_group(client, AclOperation::Read, &req.group_id) {
+        return SyncGroupResponse::default().with_error_code(GROUP_REFUSED.code());
+    }
     let params = SyncGroupParams {
         group_id: req.group_id.to_string(),
         generation_id: req.generation_id,
@@ -241,7 +261,10 @@ pub(crate) async fn sync_group(ctx: &Ctx, client: &Client, req: SyncGroupRequest
     }
 }
 
-pub(crate) async fn heartbeat(ctx: &Ctx, _client: &Client, req: HeartbeatRequest) -> HeartbeatResponse {
+pub(crate) async fn heartbeat(ctx: &Ctx, client: &Client, req: HeartbeatRequest) -> HeartbeatResponse {
+    if !ctx.allowed_on_group(client, AclOperation::Read, &req.group_id) {
+        return HeartbeatResponse::default().with_error_code(GROUP_REFUSED.code());
+    }
     let params = HeartbeatParams {
         group_id: req.group_id.to_string(),
         generation_id: req.generation_id,
@@ -253,6 +276,9 @@ pub(crate) async fn heartbeat(ctx: &Ctx, _client: &Client, req: HeartbeatRequest
 }
 
 pub(crate) async fn leave_group(ctx: &Ctx, client: &Client, req: LeaveGroupRequest) -> LeaveGroupResponse {
+    if !ctx.allowed_on_group(client, AclOperation::Read, &req.group_id) {
+        return LeaveGroupResponse::default().with_error_code(GROUP_REFUSED.code());
+    }
     let members = if client.version >= 3 {
         req.members
             .into_iter()
@@ -287,9 +313,18 @@ pub(crate) async fn leave_group(ctx: &Ctx, client: &Client, req: LeaveGroupReque
 // ----- offsets -----------------------------------------------------------------------------
 
 pub(crate) async fn offset_commit(ctx: &Ctx, client: &Client, req: OffsetCommitRequest) -> OffsetCommitResponse {
+    let group_refused = !ctx.allowed_on_group(client, AclOperation::Read, &req.group_id);
     let mut offsets = Vec::new();
+    // Partitions answered without the coordinator: the group or their topic is not allowed.
+    let mut refused: Vec<(String, (i32, ResponseError))> = Vec::new();
     for topic in &req.topics {
+        let topic_refused = !group_refused && !ctx.allowed_on_topic(client, AclOperation::Read, &topic.name);
         for p in &topic.partitions {
+            if group_refused || topic_refused {
+                let error = if group_refused { GROUP_REFUSED } else { ResponseError::TopicAuthorizationFailed };
+                refused.push((topic.name.to_string(), (p.partition_index, error)));
+                continue;
+            }
             offsets.push(OffsetToCommit {
                 topic: topic.name.to_string(),
                 partition: p.partition_index,
@@ -307,12 +342,15 @@ pub(crate) async fn offset_commit(ctx: &Ctx, client: &Client, req: OffsetCommitR
         group_instance_id: req.group_instance_id.map(|i| i.to_string()),
         offsets,
     };
-    let results = ctx.groups.commit_offsets(params).await;
+    let results = if params.offsets.is_empty() && !refused.is_empty() {
+        Vec::new()
+    } else {
+        ctx.groups.commit_offsets(params).await
+    };
+    let answered = results.into_iter().map(|r| (r.topic, (r.partition, code(r.error))));
     let topics = topic_entries(
-        results.into_iter().map(|r| (r.topic, (r.partition, r.error))),
-        |(index, error)| {
-            OffsetCommitResponsePartition::default().with_partition_index(index).with_error_code(code(error))
-        },
+        answered.chain(refused.into_iter().map(|(topic, (index, error))| (topic, (index, error.code())))),
+        |(index, error)| OffsetCommitResponsePartition::default().with_partition_index(index).with_error_code(error),
         |name, partitions| OffsetCommitResponseTopic::default().with_name(name).with_partitions(partitions),
     );
     OffsetCommitResponse::default().with_topics(topics)
@@ -331,13 +369,17 @@ pub(crate) async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchReq
             let response = OffsetFetchResponseGroup::default().with_group_id(group.group_id.clone());
             // v9 names the fetching member: a consumer-protocol member reads under its epoch.
             let member = group.member_id.as_deref().unwrap_or_default();
+            if !ctx.allowed_on_group(client, AclOperation::Describe, &group.group_id) {
+                groups.push(response.with_error_code(GROUP_REFUSED.code()));
+                continue;
+            }
             if let Err(error) = ctx.groups.validate_offset_fetch(&group.group_id, member, group.member_epoch) {
                 groups.push(response.with_error_code(kafka_error(error).code()));
                 continue;
             }
             groups.push(match ctx.groups.fetch_offsets(&group.group_id, partitions, require_stable).await {
                 Ok(fetched) => response.with_topics(topic_entries(
-                    fetched.into_iter().map(|f| (f.topic.clone(), f)),
+                    described_only(ctx, client, fetched).into_iter().map(|f| (f.topic.clone(), f)),
                     partition_v8,
                     |name, partitions| OffsetFetchResponseTopics::default().with_name(name).with_partitions(partitions),
                 )),
@@ -348,6 +390,11 @@ pub(crate) async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchReq
     }
     let requested: Option<Vec<(String, i32)>> =
         req.topics.map(|topics| requested_partitions(topics.into_iter().map(|t| (t.name, t.partition_indexes))));
+    if !ctx.allowed_on_group(client, AclOperation::Describe, &req.group_id) {
+        // (v1 has no top-level error: it gets no offsets.)
+        let code = if version >= 2 { GROUP_REFUSED.code() } else { 0 };
+        return OffsetFetchResponse::default().with_error_code(code);
+    }
     let fetched = match ctx.groups.fetch_offsets(&req.group_id, requested.clone(), require_stable).await {
         Ok(fetched) => fetched,
         Err(error) if version >= 2 => return OffsetFetchResponse::default().with_error_code(kafka_error(error).code()),
@@ -366,7 +413,7 @@ pub(crate) async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchReq
             .collect(),
     };
     let topics = topic_entries(
-        fetched.into_iter().map(|f| (f.topic.clone(), f)),
+        described_only(ctx, client, fetched).into_iter().map(|f| (f.topic.clone(), f)),
         |f| {
             let p = OffsetFetchResponsePartition::default()
                 .with_partition_index(f.partition)
@@ -385,6 +432,14 @@ pub(crate) async fn offset_fetch(ctx: &Ctx, client: &Client, req: OffsetFetchReq
     OffsetFetchResponse::default().with_topics(topics)
 }
 
+/// The fetched offsets of topics the client may describe (Kafka leaves the others out).
+fn described_only(ctx: &Ctx, client: &Client, fetched: Vec<FetchedOffset>) -> Vec<FetchedOffset> {
+    if !ctx.broker.authorizer_enabled() {
+        return fetched;
+    }
+    fetched.into_iter().filter(|f| ctx.allowed_on_topic(client, AclOperation::Describe, &f.topic)).collect()
+}
+
 fn partition_v8(f: FetchedOffset) -> OffsetFetchResponsePartitions {
     OffsetFetchResponsePartitions::default()
         .with_partition_index(f.partition)
@@ -394,7 +449,14 @@ fn partition_v8(f: FetchedOffset) -> OffsetFetchResponsePartitions {
         .with_error_code(code(f.error))
 }
 
-pub(crate) async fn offset_delete(ctx: &Ctx, _client: &Client, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+pub(crate) async fn offset_delete(ctx: &Ctx, client: &Client, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    if !ctx.allowed_on_group(client, AclOperation::Delete, &req.group_id) {
+        return OffsetDeleteResponse::default().with_error_code(GROUP_REFUSED.code());
+    }
+    if let Some(topic) = req.topics.iter().find(|t| !ctx.allowed_on_topic(client, AclOperation::Read, &t.name)) {
+        tracing::debug!(topic = topic.name.as_str(), "OffsetDelete without READ on a topic");
+        return OffsetDeleteResponse::default().with_error_code(ResponseError::TopicAuthorizationFailed.code());
+    }
     let partitions: Vec<(String, i32)> =
         req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.to_string(), p.partition_index))).collect();
     match ctx.groups.delete_offsets(req.group_id.to_string(), partitions).await {
@@ -421,9 +483,11 @@ pub(crate) async fn list_groups(ctx: &Ctx, client: &Client, req: ListGroupsReque
     let types: Vec<String> = req.types_filter.iter().map(|t| t.to_lowercase()).collect();
     match ctx.groups.list_groups(&states).await {
         Ok(groups) => {
+            let all_visible = ctx.allowed_on_cluster(client, AclOperation::Describe);
             let groups = groups
                 .into_iter()
                 .filter(|g| types.is_empty() || types.iter().any(|t| t == g.group_type))
+                .filter(|g| all_visible || ctx.allowed_on_group(client, AclOperation::Describe, &g.group_id))
                 .map(|g| {
                     let mut listed = ListedGroup::default()
                         .with_group_id(GroupId(s(g.group_id)))
@@ -446,17 +510,26 @@ pub(crate) async fn list_groups(ctx: &Ctx, client: &Client, req: ListGroupsReque
 pub(crate) async fn describe_groups(ctx: &Ctx, client: &Client, req: DescribeGroupsRequest) -> DescribeGroupsResponse {
     let version = client.version;
     let ids: Vec<String> = req.groups.iter().map(|g| g.to_string()).collect();
-    let authorized_operations = if version >= 3 && req.include_authorized_operations {
-        GROUP_AUTHORIZED_OPERATIONS
-    } else {
-        AUTHORIZED_OPERATIONS_OMITTED
-    };
+    let wants_operations = version >= 3 && req.include_authorized_operations;
+    let (ids, refused): (Vec<String>, Vec<String>) =
+        ids.into_iter().partition(|id| ctx.allowed_on_group(client, AclOperation::Describe, id));
+    let refused = refused.into_iter().map(|id| {
+        DescribedGroup::default()
+            .with_error_code(GROUP_REFUSED.code())
+            .with_group_id(GroupId(s(id)))
+            .with_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+    });
     let groups = ctx
         .groups
         .describe_groups(&ids)
         .await
         .into_iter()
         .map(|g| {
+            let authorized_operations = if wants_operations {
+                super::authorized_operations::on_group(ctx, client, &g.group_id)
+            } else {
+                AUTHORIZED_OPERATIONS_OMITTED
+            };
             let members = g
                 .members
                 .into_iter()
@@ -479,18 +552,25 @@ pub(crate) async fn describe_groups(ctx: &Ctx, client: &Client, req: DescribeGro
                 .with_members(members)
                 .with_authorized_operations(authorized_operations)
         })
+        .chain(refused)
         .collect();
     DescribeGroupsResponse::default().with_groups(groups)
 }
 
-pub(crate) async fn delete_groups(ctx: &Ctx, _client: &Client, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
+pub(crate) async fn delete_groups(ctx: &Ctx, client: &Client, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
     let ids: Vec<String> = req.groups_names.iter().map(|g| g.to_string()).collect();
+    let (ids, refused): (Vec<String>, Vec<String>) =
+        ids.into_iter().partition(|id| ctx.allowed_on_group(client, AclOperation::Delete, id));
+    let refused = refused
+        .into_iter()
+        .map(|id| DeletableGroupResult::default().with_group_id(GroupId(s(id))).with_error_code(GROUP_REFUSED.code()));
     let results = ctx
         .groups
         .delete_groups(ids)
         .await
         .into_iter()
         .map(|(id, error)| DeletableGroupResult::default().with_group_id(GroupId(s(id))).with_error_code(code(error)))
+        .chain(refused)
         .collect();
     DeleteGroupsResponse::default().with_results(results)
 }
@@ -549,7 +629,14 @@ mod tests {
     }
 
     fn client(version: i16) -> Client {
-        Client { version, client_id: "test-client".into(), host: "127.0.0.1".into(), connection: 1, listener: 0 }
+        Client {
+            version,
+            client_id: "test-client".into(),
+            host: "127.0.0.1".into(),
+            connection: 1,
+            listener: 0,
+            principal: weir_security::acl::ANONYMOUS.into(),
+        }
     }
 
     fn join_request(group: &str, member_id: &str) -> JoinGroupRequest {

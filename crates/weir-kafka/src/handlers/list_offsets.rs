@@ -9,6 +9,8 @@ use kafka_protocol::messages::{
 use weir_broker::fetch::Isolation;
 use weir_broker::OffsetQuery;
 
+use weir_security::acl::{AclOperation, ResourceType};
+
 use crate::context::{Client, Ctx};
 use crate::errors;
 
@@ -42,12 +44,19 @@ pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsReque
     let with_epochs = client.version >= 4;
     // v2+: a read_committed consumer's "latest" is the last stable offset.
     let isolation = if request.isolation_level == 1 { Isolation::Committed } else { Isolation::HighWatermark };
+    // DESCRIBE on each topic, decided before the blocking work.
+    let refused: Vec<Option<weir_broker::BrokerError>> = request
+        .topics
+        .iter()
+        .map(|t| ctx.require(client, AclOperation::Describe, ResourceType::Topic, &t.name).err())
+        .collect();
     // Timestamp lookups read index files: off the async threads.
     let topics = tokio::task::spawn_blocking(move || {
         request
             .topics
             .into_iter()
-            .map(|topic| {
+            .zip(refused)
+            .map(|(topic, refused)| {
                 let name = topic.name.to_string();
                 let partitions = topic
                     .partitions
@@ -58,7 +67,11 @@ pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsReque
                             .with_timestamp(-1)
                             .with_offset(-1)
                             .with_leader_epoch(-1);
-                        let answer = broker.require_partition(&name, p.partition_index).and_then(|partition| {
+                        let found = match &refused {
+                            Some(e) => Err(e.clone()),
+                            None => broker.require_partition(&name, p.partition_index),
+                        };
+                        let answer = found.and_then(|partition| {
                             partition.check_leader_epoch(leader_epoch(p.current_leader_epoch))?;
                             broker.list_offset(&partition, query(p.timestamp), isolation)
                         });

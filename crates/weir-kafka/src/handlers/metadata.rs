@@ -15,6 +15,7 @@ use weir_broker::Broker;
 use crate::context::{Client, Ctx};
 use crate::errors::kafka_error;
 use crate::handlers::authorized_operations;
+use weir_security::acl::AclOperation;
 
 pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest) -> MetadataResponse {
     let broker = &ctx.broker;
@@ -25,19 +26,26 @@ pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest)
     match request.topics.clone() {
         None => {
             for topic in broker.metadata().topics.values() {
-                topics.push(topic_response(client.version, topic));
+                if ctx.allowed_on_topic(client, AclOperation::Describe, &topic.name) {
+                    topics.push(topic_response(client.version, topic));
+                }
             }
         }
         // v0: an empty list means all topics.
         Some(list) if list.is_empty() && client.version == 0 => {
             for topic in broker.metadata().topics.values() {
-                topics.push(topic_response(client.version, topic));
+                if ctx.allowed_on_topic(client, AclOperation::Describe, &topic.name) {
+                    topics.push(topic_response(client.version, topic));
+                }
             }
         }
         Some(list) => {
             for requested in list {
                 let by_name = requested.name.as_ref().map(|n| n.to_string());
                 let response = match by_name {
+                    Some(name) if !ctx.allowed_on_topic(client, AclOperation::Describe, &name) => {
+                        error_topic(Some(&name), Uuid::nil(), ResponseError::TopicAuthorizationFailed)
+                    }
                     Some(name) => {
                         let existing = broker.metadata().topic(&name).cloned();
                         match existing {
@@ -45,6 +53,9 @@ pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest)
                             None => {
                                 if let Err(e) = Broker::validate_topic_name(&name) {
                                     error_topic(Some(&name), Uuid::nil(), kafka_error(e.kind))
+                                } else if client_allows && config.auto_create_topics && !may_create(ctx, client, &name)
+                                {
+                                    error_topic(Some(&name), Uuid::nil(), ResponseError::TopicAuthorizationFailed)
                                 } else if client_allows && config.auto_create_topics {
                                     match broker.auto_create_topic(&name).await {
                                         Ok(topic) => topic_response(client.version, &topic),
@@ -57,6 +68,9 @@ pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest)
                         }
                     }
                     None => match broker.metadata().topic_by_id(requested.topic_id).cloned() {
+                        Some(topic) if !ctx.allowed_on_topic(client, AclOperation::Describe, &topic.name) => {
+                            error_topic(None, requested.topic_id, ResponseError::TopicAuthorizationFailed)
+                        }
                         Some(topic) => topic_response(client.version, &topic),
                         None => error_topic(None, requested.topic_id, ResponseError::UnknownTopicId),
                     },
@@ -87,16 +101,22 @@ pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: MetadataRequest)
         response = response.with_cluster_id(Some(StrBytes::from_string(broker.cluster_id())));
     }
     if (8..=10).contains(&client.version) && request.include_cluster_authorized_operations {
-        response = response.with_cluster_authorized_operations(authorized_operations::CLUSTER);
+        response = response.with_cluster_authorized_operations(authorized_operations::on_cluster(ctx, client));
     }
     if client.version >= 8 && request.include_topic_authorized_operations {
         for topic in &mut response.topics {
             if topic.error_code == 0 {
-                topic.topic_authorized_operations = authorized_operations::TOPIC;
+                let name = topic.name.as_ref().map(|n| n.to_string()).unwrap_or_default();
+                topic.topic_authorized_operations = authorized_operations::on_topic(ctx, client, &name);
             }
         }
     }
     response
+}
+
+/// May the client create `topic`: CREATE on the cluster, or on the topic?
+pub(crate) fn may_create(ctx: &Ctx, client: &Client, topic: &str) -> bool {
+    ctx.allowed_on_cluster(client, AclOperation::Create) || ctx.allowed_on_topic(client, AclOperation::Create, topic)
 }
 
 fn topic_response(version: i16, topic: &TopicMetadata) -> MetadataResponseTopic {

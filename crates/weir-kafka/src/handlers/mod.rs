@@ -1,6 +1,7 @@
 //! One module per group of Kafka APIs. Each handler takes the decoded request and returns the
 //! response to encode; failures are error codes inside the response, as the protocol wants.
 
+pub mod acls;
 pub mod admin;
 pub mod api_versions;
 pub mod consumer_groups;
@@ -19,9 +20,36 @@ pub mod users;
 use kafka_protocol::protocol::StrBytes;
 
 /// Authorized-operation bitfields (bit n = ACL operation code n), answered when a client asks
-/// for them. Without ACLs every operation on a resource is allowed, as Kafka answers with no
-/// authorizer configured; `NOT_REQUESTED` is Kafka's "not asked" value.
+/// for them: the resource's supported operations the client is allowed (all of them with the
+/// authorizer off, as Kafka answers); `NOT_REQUESTED` is Kafka's "not asked" value.
 pub(crate) mod authorized_operations {
+    use weir_security::acl::{AclOperation, ResourceType, CLUSTER_RESOURCE};
+
+    use crate::context::{Client, Ctx};
+
+    /// The operations of `supported` the client may perform on the resource.
+    pub(crate) fn allowed(ctx: &Ctx, client: &Client, resource_type: ResourceType, name: &str, supported: i32) -> i32 {
+        if !ctx.broker.authorizer_enabled() {
+            return supported;
+        }
+        AclOperation::ALL
+            .iter()
+            .filter(|op| supported & (1 << op.code()) != 0 && ctx.allowed(client, **op, resource_type, name))
+            .fold(0, |bits, op| bits | (1 << op.code()))
+    }
+
+    pub(crate) fn on_topic(ctx: &Ctx, client: &Client, topic: &str) -> i32 {
+        allowed(ctx, client, ResourceType::Topic, topic, TOPIC)
+    }
+
+    pub(crate) fn on_group(ctx: &Ctx, client: &Client, group: &str) -> i32 {
+        allowed(ctx, client, ResourceType::Group, group, GROUP)
+    }
+
+    pub(crate) fn on_cluster(ctx: &Ctx, client: &Client) -> i32 {
+        allowed(ctx, client, ResourceType::Cluster, CLUSTER_RESOURCE, CLUSTER)
+    }
+
     const READ: i32 = 1 << 3;
     const WRITE: i32 = 1 << 4;
     const CREATE: i32 = 1 << 5;

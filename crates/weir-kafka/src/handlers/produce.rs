@@ -17,6 +17,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use weir_broker::partition::{self, Partition};
 use weir_broker::{Acks, BrokerError};
+use weir_security::acl::{AclOperation, ResourceType};
 
 use crate::context::{Client, Ctx};
 use crate::errors::kafka_error;
@@ -42,13 +43,29 @@ pub(crate) async fn handle(
     let mut slots: Vec<Vec<Slot>> = Vec::with_capacity(request.topic_data.len());
     let mut names = Vec::with_capacity(request.topic_data.len());
     let mut appends: Vec<(Arc<Partition>, BytesMut)> = Vec::new();
+    // A transactional produce needs WRITE on its transactional id; every topic, WRITE on it.
+    let transaction_refused = request
+        .transactional_id
+        .as_ref()
+        .is_some_and(|id| !ctx.allowed(client, AclOperation::Write, ResourceType::TransactionalId, id));
     for topic in request.topic_data {
         let partitions = broker.topic_partitions(&topic.name);
         let mut topic_slots = Vec::with_capacity(topic.partition_data.len());
+        let topic_refused = !transaction_refused && !ctx.allowed_on_topic(client, AclOperation::Write, &topic.name);
         for data in topic.partition_data {
             let index = data.index;
             // Taken first, so that a partition refused below does not pass its records on.
             let records = record_sets.next().flatten();
+            if transaction_refused {
+                let text = "WRITE on the transactional id is needed".to_string();
+                topic_slots.push(Slot::Done(fail(index, ResponseError::TransactionalIdAuthorizationFailed, text)));
+                continue;
+            }
+            if topic_refused {
+                let text = format!("WRITE on topic {} is needed", topic.name.as_str());
+                topic_slots.push(Slot::Done(fail(index, ResponseError::TopicAuthorizationFailed, text)));
+                continue;
+            }
             if !matches!(acks, -1..=1) {
                 let text = format!("acks must be -1, 0 or 1, not {acks}");
                 topic_slots.push(Slot::Done(fail(index, ResponseError::InvalidRequiredAcks, text)));

@@ -7,12 +7,14 @@
 use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId};
 use kafka_protocol::ResponseError;
 
+use weir_security::acl::{AclOperation, ResourceType};
+
 use crate::context::{Client, Ctx};
 use crate::errors::kafka_error;
 
 pub(crate) async fn init_producer_id(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
     let failed = |code: ResponseError| {
@@ -22,6 +24,9 @@ pub(crate) async fn init_producer_id(
             .with_producer_epoch(-1)
     };
     if let Some(id) = request.transactional_id.as_ref().filter(|id| !id.is_empty()) {
+        if !ctx.allowed(client, AclOperation::Write, ResourceType::TransactionalId, id) {
+            return failed(ResponseError::TransactionalIdAuthorizationFailed);
+        }
         let (txns, id, timeout) = (ctx.txns.clone(), id.to_string(), request.transaction_timeout_ms);
         return match tokio::task::spawn_blocking(move || txns.init_producer_id(&id, timeout)).await {
             Ok(Ok(who)) => InitProducerIdResponse::default()
@@ -33,6 +38,12 @@ pub(crate) async fn init_producer_id(
             }
             Err(_) => failed(ResponseError::UnknownServerError),
         };
+    }
+    // An idempotent producer: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (Kafka 3's rule).
+    let idempotent_allowed = ctx.allowed_on_cluster(client, AclOperation::IdempotentWrite)
+        || ctx.broker.authorize_any(&client.principal, &client.host, AclOperation::Write, ResourceType::Topic);
+    if !idempotent_allowed {
+        return failed(ResponseError::ClusterAuthorizationFailed);
     }
     let broker = ctx.broker.clone();
     match tokio::task::spawn_blocking(move || broker.allocate_producer_id()).await {

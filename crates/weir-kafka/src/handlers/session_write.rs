@@ -17,7 +17,9 @@ use weir_client::native::wire::{
     SessionWriteRequest, SessionWriteResponse, SESSION_WRITE_KEY, SESSION_WRITE_VERSION, STALE_SESSION,
 };
 
-use crate::context::{Ctx, API_SLOTS};
+use weir_security::acl::{AclOperation, ResourceType};
+
+use crate::context::{Ctx, Peer, API_SLOTS};
 use crate::dispatch::Reply;
 use crate::errors::kafka_error;
 use crate::frame::{self, Chunk, FrameError, ResponseFrame};
@@ -30,7 +32,7 @@ pub(crate) fn is_session_write(frame: &Bytes) -> bool {
     frame::peek_prefix(frame).is_ok_and(|p| p.api_key == SESSION_WRITE_KEY)
 }
 
-pub(crate) async fn handle(ctx: &Ctx, mut frame: Bytes) -> Result<Reply, FrameError> {
+pub(crate) async fn handle(ctx: &Ctx, peer: &Peer, mut frame: Bytes) -> Result<Reply, FrameError> {
     let started = Instant::now();
     let prefix = frame::peek_prefix(&frame)?;
     let correlation_id = prefix.correlation_id;
@@ -41,6 +43,20 @@ pub(crate) async fn handle(ctx: &Ctx, mut frame: Bytes) -> Result<Reply, FrameEr
         )
     } else {
         match skip_header(&mut frame).and_then(|()| SessionWriteRequest::decode(frame).map_err(|e| e.to_string())) {
+            Ok(request)
+                if !ctx.broker.authorize(
+                    &peer.principal,
+                    &peer.host,
+                    AclOperation::Write,
+                    ResourceType::Topic,
+                    &request.topic,
+                ) =>
+            {
+                SessionWriteResponse::error(
+                    ResponseError::TopicAuthorizationFailed.code(),
+                    format!("WRITE on topic {} is needed", request.topic),
+                )
+            }
             Ok(request) => write(ctx, request).await,
             Err(reason) => SessionWriteResponse::error(ResponseError::InvalidRequest.code(), reason),
         }

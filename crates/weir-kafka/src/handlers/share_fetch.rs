@@ -349,6 +349,9 @@ pub(crate) async fn share_fetch(
     if group.is_empty() || member.is_empty() {
         return refuse(ResponseError::InvalidRequest, "a share fetch names its group and member");
     }
+    if !ctx.allowed_on_group(client, weir_security::acl::AclOperation::Read, &group) {
+        return refuse(ResponseError::GroupAuthorizationFailed, "READ on the group is needed");
+    }
     let Some(engines) = ctx.share.as_ref() else {
         return refuse(ResponseError::InvalidRequest, "this broker serves no share groups");
     };
@@ -524,6 +527,9 @@ pub(crate) async fn share_acknowledge(
     let member = req.member_id.as_ref().map(|m| m.to_string()).unwrap_or_default();
     if group.is_empty() || member.is_empty() {
         return refuse(ResponseError::InvalidRequest, "an acknowledgement names its group and member");
+    }
+    if !ctx.allowed_on_group(client, weir_security::acl::AclOperation::Read, &group) {
+        return refuse(ResponseError::GroupAuthorizationFailed, "READ on the group is needed");
     }
     let Some(engines) = ctx.share.as_ref() else {
         return refuse(ResponseError::InvalidRequest, "this broker serves no share groups");

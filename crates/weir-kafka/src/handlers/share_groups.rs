@@ -42,6 +42,11 @@ pub(crate) async fn heartbeat(
     client: &Client,
     req: ShareGroupHeartbeatRequest,
 ) -> ShareGroupHeartbeatResponse {
+    if !ctx.allowed_on_group(client, weir_security::acl::AclOperation::Read, &req.group_id) {
+        return ShareGroupHeartbeatResponse::default()
+            .with_error_code(ResponseError::GroupAuthorizationFailed.code())
+            .with_error_message(Some(s("READ on the group is needed")));
+    }
     let params = ShareHeartbeatParams {
         group_id: req.group_id.to_string(),
         member_id: req.member_id.to_string(),

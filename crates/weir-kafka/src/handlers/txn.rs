@@ -18,6 +18,8 @@ use weir_broker::BrokerError;
 use weir_coordinators::txn::{PendingOffset, ProducerIdentity};
 
 use super::{commit_generation, committed_leader_epoch};
+use weir_security::acl::{AclOperation, ResourceType};
+
 use crate::context::{Client, Ctx};
 use crate::errors;
 
@@ -38,11 +40,43 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(BrokerError::internal(e.to_string())))
 }
 
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED unless the client may WRITE the transactional id.
+fn transaction_refused(ctx: &Ctx, client: &Client, transactional_id: &str) -> Option<ResponseError> {
+    (!ctx.allowed(client, AclOperation::Write, ResourceType::TransactionalId, transactional_id))
+        .then_some(ResponseError::TransactionalIdAuthorizationFailed)
+}
+
 pub(crate) async fn add_partitions(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: AddPartitionsToTxnRequest,
 ) -> AddPartitionsToTxnResponse {
+    if let Some(error) = transaction_refused(ctx, client, &request.v3_and_below_transactional_id) {
+        // Every partition carries the refusal (the v0-3 response has no top-level error).
+        let topics = request
+            .v3_and_below_topics
+            .iter()
+            .map(|t| {
+                let results = t
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        AddPartitionsToTxnPartitionResult::default()
+                            .with_partition_index(*p)
+                            .with_partition_error_code(error.code())
+                    })
+                    .collect();
+                AddPartitionsToTxnTopicResult::default().with_name(t.name.clone()).with_results_by_partition(results)
+            })
+            .collect();
+        return AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(topics);
+    }
+    let topic_refused: Vec<String> = request
+        .v3_and_below_topics
+        .iter()
+        .filter(|t| !ctx.allowed_on_topic(client, AclOperation::Write, &t.name))
+        .map(|t| t.name.to_string())
+        .collect();
     // v0-3: one transaction per request (the client's form).
     let who = ProducerIdentity {
         producer_id: request.v3_and_below_producer_id.0,
@@ -56,9 +90,24 @@ pub(crate) async fn add_partitions(
         .collect();
     let txns = ctx.txns.clone();
     let asked = partitions.clone();
-    let outcomes = tokio::task::spawn_blocking(move || txns.add_partitions(&txn_id, who, &asked))
-        .await
-        .unwrap_or_else(|_| vec![Some(BrokerError::internal("task failed")); partitions.len()]);
+    // Kafka adds none of the partitions when one topic is refused: the others are NOT_ATTEMPTED.
+    let outcomes = if topic_refused.is_empty() {
+        tokio::task::spawn_blocking(move || txns.add_partitions(&txn_id, who, &asked))
+            .await
+            .unwrap_or_else(|_| vec![Some(BrokerError::internal("task failed")); partitions.len()])
+    } else {
+        partitions
+            .iter()
+            .map(|(topic, _)| {
+                let kind = if topic_refused.contains(topic) {
+                    weir_broker::ErrorKind::TopicAuthorizationFailed
+                } else {
+                    weir_broker::ErrorKind::NotAttempted
+                };
+                Some(BrokerError::new(kind, "WRITE on a topic of the request is needed"))
+            })
+            .collect()
+    };
     let mut topics: Vec<AddPartitionsToTxnTopicResult> = Vec::new();
     for ((topic, partition), outcome) in partitions.into_iter().zip(outcomes) {
         let result = AddPartitionsToTxnPartitionResult::default()
@@ -78,9 +127,15 @@ pub(crate) async fn add_partitions(
 
 pub(crate) async fn add_offsets(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: AddOffsetsToTxnRequest,
 ) -> AddOffsetsToTxnResponse {
+    if let Some(error) = transaction_refused(ctx, client, &request.transactional_id) {
+        return AddOffsetsToTxnResponse::default().with_error_code(error.code());
+    }
+    if !ctx.allowed_on_group(client, AclOperation::Read, &request.group_id) {
+        return AddOffsetsToTxnResponse::default().with_error_code(ResponseError::GroupAuthorizationFailed.code());
+    }
     let who = ProducerIdentity { producer_id: request.producer_id.0, producer_epoch: request.producer_epoch };
     let (txns, txn_id, group) = (ctx.txns.clone(), request.transactional_id.to_string(), request.group_id.to_string());
     let result = blocking(move || txns.add_offsets(&txn_id, who, &group)).await;
@@ -94,6 +149,28 @@ pub(crate) async fn txn_offset_commit(
 ) -> TxnOffsetCommitResponse {
     let who = ProducerIdentity { producer_id: request.producer_id.0, producer_epoch: request.producer_epoch };
     let group = request.group_id.to_string();
+    let refused = transaction_refused(ctx, client, &request.transactional_id).or_else(|| {
+        (!ctx.allowed_on_group(client, AclOperation::Read, &group)).then_some(ResponseError::GroupAuthorizationFailed)
+    });
+    if let Some(error) = refused {
+        let topics = request
+            .topics
+            .iter()
+            .map(|topic| {
+                let partitions = topic
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        TxnOffsetCommitResponsePartition::default()
+                            .with_partition_index(p.partition_index)
+                            .with_error_code(error.code())
+                    })
+                    .collect();
+                TxnOffsetCommitResponseTopic::default().with_name(topic.name.clone()).with_partitions(partitions)
+            })
+            .collect();
+        return TxnOffsetCommitResponse::default().with_topics(topics);
+    }
     let mut offsets = Vec::new();
     for topic in &request.topics {
         for p in &topic.partitions {
@@ -154,7 +231,10 @@ pub(crate) async fn txn_offset_commit(
     TxnOffsetCommitResponse::default().with_topics(topics)
 }
 
-pub(crate) async fn end_txn(ctx: &Ctx, _client: &Client, request: EndTxnRequest) -> EndTxnResponse {
+pub(crate) async fn end_txn(ctx: &Ctx, client: &Client, request: EndTxnRequest) -> EndTxnResponse {
+    if let Some(error) = transaction_refused(ctx, client, &request.transactional_id) {
+        return EndTxnResponse::default().with_error_code(error.code());
+    }
     let who = ProducerIdentity { producer_id: request.producer_id.0, producer_epoch: request.producer_epoch };
     let (txns, txn_id, commit) = (ctx.txns.clone(), request.transactional_id.to_string(), request.committed);
     let result = blocking(move || txns.end_txn(&txn_id, who, commit)).await;

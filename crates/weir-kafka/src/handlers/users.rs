@@ -43,9 +43,27 @@ pub(crate) async fn authenticate_without_sasl(
 
 pub(crate) async fn alter_scram_credentials(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: AlterUserScramCredentialsRequest,
 ) -> AlterUserScramCredentialsResponse {
+    if let Err(e) = ctx.require_on_cluster(client, weir_security::acl::AclOperation::Alter) {
+        let users: BTreeSet<String> = request
+            .deletions
+            .iter()
+            .map(|d| d.name.to_string())
+            .chain(request.upsertions.iter().map(|u| u.name.to_string()))
+            .collect();
+        let results = users
+            .into_iter()
+            .map(|user| {
+                AlterUserScramCredentialsResult::default()
+                    .with_user(StrBytes::from_string(user))
+                    .with_error_code(errors::code(&e))
+                    .with_error_message(message(e.message.clone()))
+            })
+            .collect();
+        return AlterUserScramCredentialsResponse::default().with_results(results);
+    }
     // Each change in request order: (user, the change or why it cannot be one).
     let mut changes: Vec<(String, Result<ScramChange, Refused>)> = Vec::new();
     for deletion in &request.deletions {
@@ -125,9 +143,14 @@ pub(crate) async fn alter_scram_credentials(
 
 pub(crate) async fn describe_scram_credentials(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: DescribeUserScramCredentialsRequest,
 ) -> DescribeUserScramCredentialsResponse {
+    if let Err(e) = ctx.require_on_cluster(client, weir_security::acl::AclOperation::Describe) {
+        return DescribeUserScramCredentialsResponse::default()
+            .with_error_code(errors::code(&e))
+            .with_error_message(message(e.message));
+    }
     let users = ctx.broker.scram_users();
     let info = |list: &[(ScramMechanism, u32)]| -> Vec<CredentialInfo> {
         list.iter()

@@ -1,0 +1,385 @@
+"""ACLs (Kafka's model) with real clients: confluent-kafka's AdminClient creates, describes and
+deletes them (CreateAcls, DescribeAcls, DeleteAcls), kafka-python reads them back, and the
+authorizer (`authorizer.class.name`, `super.users`, `allow.everyone.if.no.acl.found`) decides
+what SASL users may do: produce, consume in a group, see topics, create and delete them, read
+configs, run transactions. ACLs are kept in the metadata log: they survive a restart.
+"""
+
+import subprocess
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from kafka import KafkaAdminClient
+from kafka.admin import ACL as KpAcl
+from kafka.admin import ACLFilter as KpAclFilter
+from kafka.admin import ACLOperation as KpOperation
+from kafka.admin import ACLPermissionType as KpPermission
+from kafka.admin import ACLResourcePatternType as KpPatternType
+from kafka.admin import ResourcePattern as KpPattern
+from kafka.admin import ResourcePatternFilter as KpPatternFilter
+from kafka.admin import ResourceType as KpResourceType
+from kafka.errors import ClusterAuthorizationFailedError
+
+from conftest import _ALL_BROKERS, Broker, weir_bin
+from helpers import TIMEOUT_S, unique, wait_until
+
+PASSWORD = "acl-test-password"
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+def weir(broker, *args, check=True):
+    out = subprocess.run(
+        [str(weir_bin()), *args, "--admin", broker.admin_url()], capture_output=True, text=True, timeout=60
+    )
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """A SASL_PLAINTEXT broker with the authorizer on: `admin` is a super user, `alice` and
+    `bob` are ordinary users, and nothing is open without an ACL."""
+    broker = Broker(
+        tmp_path_factory.mktemp("acls") / "acl",
+        settings={
+            "authorizer.class.name": AUTHORIZER,
+            "super.users": "User:admin",
+            "allow.everyone.if.no.acl.found": "false",
+        },
+        name="acl",
+    )
+    broker.settings["listeners"] = f"SASL_PLAINTEXT://127.0.0.1:{broker.port}"
+    _ALL_BROKERS.append(broker)
+    broker.start()
+    for user in ("admin", "alice", "bob"):
+        weir(broker, "user", "create", user, "--password", PASSWORD)
+    yield broker
+    broker.cleanup()
+    _ALL_BROKERS.remove(broker)
+
+
+def conf(broker, user, **extra):
+    base = {
+        "bootstrap.servers": broker.bootstrap,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanisms": "SCRAM-SHA-256",
+        "sasl.username": user,
+        "sasl.password": PASSWORD,
+        "socket.connection.setup.timeout.ms": 10000,
+    }
+    base.update(extra)
+    return base
+
+
+def admin_of(broker, user):
+    return AdminClient(conf(broker, user))
+
+
+def create_acls(admin, bindings):
+    for future in admin.create_acls(bindings, request_timeout=TIMEOUT_S).values():
+        future.result(timeout=TIMEOUT_S)
+
+
+def allow(principal, restype, name, operation, pattern=ResourcePatternType.LITERAL):
+    return AclBinding(restype, name, pattern, principal, "*", operation, AclPermissionType.ALLOW)
+
+
+def make_topic(admin, name, partitions=1):
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=TIMEOUT_S)
+    assert wait_until(lambda: name in admin.list_topics(timeout=TIMEOUT_S).topics, TIMEOUT_S)
+
+
+def delivery_errors(broker, user, topic, count=3, **extra):
+    producer = Producer(conf(broker, user, **{"message.timeout.ms": 10000, **extra}))
+    errors = []
+    for i in range(count):
+        producer.produce(topic, value=f"v{i}".encode(), on_delivery=lambda err, _msg: errors.append(err))
+    producer.flush(TIMEOUT_S)
+    assert len(errors) == count
+    return errors
+
+
+def test_acls_are_created_described_and_deleted_with_the_admin_client(secured):
+    admin = admin_of(secured, "admin")
+    base = unique("acl-topic")
+    bindings = [
+        allow("User:test1", ResourceType.TOPIC, f"{base}_1", AclOperation.READ, ResourcePatternType.PREFIXED),
+        allow("User:test2", ResourceType.TOPIC, f"{base}_1", AclOperation.WRITE),
+        allow("User:test2", ResourceType.TOPIC, f"{base}_2", AclOperation.WRITE),
+        allow("User:test2", ResourceType.GROUP, f"{base}-group", AclOperation.READ),
+    ]
+    create_acls(admin, bindings)
+    create_acls(admin, bindings[:1])  # the same binding again changes nothing
+
+    match = AclBindingFilter(ResourceType.TOPIC, f"{base}_1", ResourcePatternType.MATCH, None, None,
+                             AclOperation.ANY, AclPermissionType.ANY)
+    found = admin.describe_acls(match, request_timeout=TIMEOUT_S).result(timeout=TIMEOUT_S)
+    assert sorted((b.principal, b.resource_pattern_type, b.operation) for b in found) == [
+        ("User:test1", ResourcePatternType.PREFIXED, AclOperation.READ),
+        ("User:test2", ResourcePatternType.LITERAL, AclOperation.WRITE),
+    ]
+    write_only = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, "User:test2", None,
+                                  AclOperation.WRITE, AclPermissionType.ANY)
+    found = admin.describe_acls(write_only, request_timeout=TIMEOUT_S).result(timeout=TIMEOUT_S)
+    assert sorted(b.name for b in found) == [f"{base}_1", f"{base}_2"]
+
+    literal_1 = AclBindingFilter(ResourceType.TOPIC, f"{base}_1", ResourcePatternType.ANY, None, None,
+                                 AclOperation.ANY, AclPermissionType.ANY)
+    deleted = admin.delete_acls([literal_1], request_timeout=TIMEOUT_S)[literal_1].result(timeout=TIMEOUT_S)
+    assert sorted(b.principal for b in deleted) == ["User:test1", "User:test2"]
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+                                  AclOperation.ANY, AclPermissionType.ANY)
+    left = admin.describe_acls(everything, request_timeout=TIMEOUT_S).result(timeout=TIMEOUT_S)
+    assert {(b.restype, b.name) for b in left} >= {(ResourceType.TOPIC, f"{base}_2"), (ResourceType.GROUP, f"{base}-group")}
+    assert not any(b.name == f"{base}_1" for b in left)
+
+
+def test_malformed_acls_are_refused_one_by_one(secured):
+    admin = admin_of(secured, "admin")
+    topic = unique("acl-bad")
+    good = allow("User:carol", ResourceType.TOPIC, topic, AclOperation.READ)
+    no_type = allow("carol", ResourceType.TOPIC, topic, AclOperation.READ)
+    wrong_operation = allow("User:carol", ResourceType.GROUP, topic, AclOperation.WRITE)
+    bad_host = AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:carol", "not a host",
+                          AclOperation.READ, AclPermissionType.ALLOW)
+    futures = admin.create_acls([good, no_type, wrong_operation, bad_host], request_timeout=TIMEOUT_S)
+    futures[good].result(timeout=TIMEOUT_S)
+    for binding in (no_type, wrong_operation, bad_host):
+        with pytest.raises(KafkaException) as refused:
+            futures[binding].result(timeout=TIMEOUT_S)
+        assert refused.value.args[0].code() == KafkaError.INVALID_REQUEST, refused.value
+
+
+def test_only_a_user_allowed_on_the_cluster_manages_acls(secured):
+    alice = admin_of(secured, "alice")
+    binding = allow("User:alice", ResourceType.TOPIC, "*", AclOperation.ALL)
+    with pytest.raises(KafkaException) as refused:
+        create_acls(alice, [binding])
+    assert refused.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+                                  AclOperation.ANY, AclPermissionType.ANY)
+    create_acls(admin_of(secured, "admin"), [allow("User:someone", ResourceType.TOPIC, "secret", AclOperation.READ)])
+    # librdkafka drops DescribeAcls' top-level error and shows an empty list; kafka-python raises it.
+    assert alice.describe_acls(everything, request_timeout=TIMEOUT_S).result(timeout=TIMEOUT_S) == []
+    kp_admin = KafkaAdminClient(
+        bootstrap_servers=secured.bootstrap,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-256",
+        sasl_plain_username="alice",
+        sasl_plain_password=PASSWORD,
+    )
+    try:
+        with pytest.raises(ClusterAuthorizationFailedError):
+            kp_admin.describe_acls(
+                KpAclFilter(principal=None, host=None, operation=KpOperation.ANY, permission_type=KpPermission.ANY,
+                            resource_pattern=KpPatternFilter(KpResourceType.ANY, None, KpPatternType.ANY))
+            )
+    finally:
+        kp_admin.close()
+
+
+def test_kafka_python_reads_and_writes_the_same_acls(secured):
+    kp_admin = KafkaAdminClient(
+        bootstrap_servers=secured.bootstrap,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-256",
+        sasl_plain_username="admin",
+        sasl_plain_password=PASSWORD,
+    )
+    name = unique("acl-kp")
+    try:
+        created = kp_admin.create_acls([
+            KpAcl(principal="User:dave", host="*", operation=KpOperation.READ, permission_type=KpPermission.ALLOW,
+                  resource_pattern=KpPattern(KpResourceType.TOPIC, name, KpPatternType.PREFIXED)),
+        ])
+        assert not created["failed"], created
+        acls, error = kp_admin.describe_acls(
+            KpAclFilter(principal="User:dave", host=None, operation=KpOperation.ANY, permission_type=KpPermission.ANY,
+                        resource_pattern=KpPatternFilter(KpResourceType.TOPIC, f"{name}-x", KpPatternType.MATCH))
+        )
+        assert [(a.resource_pattern.resource_name, a.operation) for a in acls] == [(name, KpOperation.READ)], error
+    finally:
+        kp_admin.close()
+    # confluent-kafka sees what kafka-python created.
+    admin = admin_of(secured, "admin")
+    found = admin.describe_acls(
+        AclBindingFilter(ResourceType.TOPIC, name, ResourcePatternType.PREFIXED, None, None,
+                         AclOperation.ANY, AclPermissionType.ANY), request_timeout=TIMEOUT_S).result(timeout=TIMEOUT_S)
+    assert [(b.principal, b.operation) for b in found] == [("User:dave", AclOperation.READ)]
+
+
+def test_produce_and_consume_need_write_read_and_the_group(secured):
+    admin = admin_of(secured, "admin")
+    topic, group = unique("acl-orders"), unique("acl-group")
+    make_topic(admin, topic)
+
+    # No ACL: alice cannot write, and does not even see the topic.
+    assert all(e is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+               for e in delivery_errors(secured, "alice", topic)), "produce without WRITE"
+    seen = admin_of(secured, "alice").list_topics(timeout=TIMEOUT_S).topics
+    assert topic not in seen, "a topic without DESCRIBE is left out of Metadata"
+
+    create_acls(admin, [allow("User:alice", ResourceType.TOPIC, topic, AclOperation.WRITE)])
+    assert delivery_errors(secured, "alice", topic) == [None, None, None]
+    assert topic in admin_of(secured, "alice").list_topics(timeout=TIMEOUT_S).topics, "WRITE implies DESCRIBE"
+    # bob has no ACL on it: still refused.
+    assert all(e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED for e in delivery_errors(secured, "bob", topic, 1))
+
+    # Reading in a group needs READ on the topic and on the group.
+    create_acls(admin, [allow("User:bob", ResourceType.TOPIC, topic, AclOperation.READ)])
+    consumer = Consumer(conf(secured, "bob", **{"group.id": group, "auto.offset.reset": "earliest"}))
+    try:
+        consumer.subscribe([topic])
+        refusal = None
+        deadline = time.monotonic() + TIMEOUT_S
+        while refusal is None and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error():
+                refusal = msg.error()
+        assert refusal is not None and refusal.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, refusal
+    finally:
+        consumer.close()
+
+    create_acls(admin, [allow("User:bob", ResourceType.GROUP, group, AclOperation.READ)])
+    consumer = Consumer(conf(secured, "bob", **{"group.id": group, "auto.offset.reset": "earliest"}))
+    try:
+        consumer.subscribe([topic])
+        values = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(values) < 3 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                values.append(msg.value())
+        assert values == [b"v0", b"v1", b"v2"]
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def test_deny_wins_and_prefixed_acls_cover_every_matching_name(secured):
+    admin = admin_of(secured, "admin")
+    prefix = unique("acl-team")
+    kept, denied = f"{prefix}-kept", f"{prefix}-denied"
+    make_topic(admin, kept)
+    make_topic(admin, denied)
+    create_acls(admin, [
+        allow("User:alice", ResourceType.TOPIC, prefix, AclOperation.WRITE, ResourcePatternType.PREFIXED),
+        AclBinding(ResourceType.TOPIC, denied, ResourcePatternType.LITERAL, "User:*", "*", AclOperation.WRITE,
+                   AclPermissionType.DENY),
+    ])
+    assert delivery_errors(secured, "alice", kept, 1) == [None]
+    assert delivery_errors(secured, "alice", denied, 1)[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # The super user is not subject to ACLs at all.
+    assert delivery_errors(secured, "admin", denied, 1) == [None]
+
+
+def test_topic_administration_needs_create_delete_and_config_acls(secured):
+    admin = admin_of(secured, "admin")
+    alice = admin_of(secured, "alice")
+    mine, theirs = unique("acl-alice"), unique("acl-other")
+    create_acls(admin, [allow("User:alice", ResourceType.TOPIC, "acl-alice", AclOperation.CREATE,
+                              ResourcePatternType.PREFIXED)])
+    futures = alice.create_topics([NewTopic(mine, 1, 1), NewTopic(theirs, 1, 1)])
+    futures[mine].result(timeout=TIMEOUT_S)
+    with pytest.raises(KafkaException) as refused:
+        futures[theirs].result(timeout=TIMEOUT_S)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+    resource = ConfigResource(ConfigResource.Type.TOPIC, mine)
+    with pytest.raises(KafkaException) as refused:
+        alice.describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    with pytest.raises(KafkaException) as refused:
+        alice.delete_topics([mine])[mine].result(timeout=TIMEOUT_S)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+    create_acls(admin, [
+        allow("User:alice", ResourceType.TOPIC, mine, AclOperation.ALTER_CONFIGS),
+        allow("User:alice", ResourceType.TOPIC, mine, AclOperation.DELETE),
+    ])
+    configs = alice.describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
+    assert "retention.ms" in configs, "ALTER_CONFIGS implies DESCRIBE_CONFIGS"
+    alice.delete_topics([mine])[mine].result(timeout=TIMEOUT_S)
+
+
+def test_transactions_need_write_on_the_transactional_id(secured):
+    admin = admin_of(secured, "admin")
+    topic, txn = unique("acl-txn"), unique("acl-txn-id")
+    make_topic(admin, topic)
+    create_acls(admin, [allow("User:alice", ResourceType.TOPIC, topic, AclOperation.WRITE)])
+    producer = Producer(conf(secured, "alice", **{"transactional.id": txn}))
+    with pytest.raises(KafkaException) as refused:
+        producer.init_transactions(TIMEOUT_S)
+    assert refused.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, refused.value
+
+    create_acls(admin, [allow("User:alice", ResourceType.TRANSACTIONAL_ID, txn, AclOperation.WRITE)])
+    producer = Producer(conf(secured, "alice", **{"transactional.id": txn}))
+    producer.init_transactions(TIMEOUT_S)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"in a transaction")
+    producer.commit_transaction(TIMEOUT_S)
+    consumer = Consumer(conf(secured, "admin", **{"group.id": unique("g"), "isolation.level": "read_committed"}))
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        msg = None
+        deadline = time.monotonic() + TIMEOUT_S
+        while msg is None and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error():
+                msg = None
+        assert msg is not None and msg.value() == b"in a transaction"
+    finally:
+        consumer.close()
+
+
+def test_acls_survive_a_restart(secured):
+    admin = admin_of(secured, "admin")
+    name = unique("acl-durable")
+    create_acls(admin, [allow("User:bob", ResourceType.TOPIC, name, AclOperation.DESCRIBE)])
+    secured.restart()
+    everything = AclBindingFilter(ResourceType.TOPIC, name, ResourcePatternType.ANY, None, None,
+                                  AclOperation.ANY, AclPermissionType.ANY)
+    admin = admin_of(secured, "admin")
+    found = admin.describe_acls(everything, request_timeout=TIMEOUT_S).result(timeout=TIMEOUT_S)
+    assert [(b.principal, b.operation) for b in found] == [("User:bob", AclOperation.DESCRIBE)]
+
+
+def test_without_the_authorizer_acls_are_kept_but_not_enforced(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topic = unique("acl-open")
+    make_topic(admin, topic)
+    create_acls(admin, [AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:*", "*",
+                                   AclOperation.ALL, AclPermissionType.DENY)])
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    errors = []
+    producer.produce(topic, value=b"x", on_delivery=lambda err, _msg: errors.append(err))
+    producer.flush(TIMEOUT_S)
+    assert errors == [None]
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        ({"authorizer.class.name": "com.example.MyAuthorizer"}, "authorizer.class.name"),
+        ({"authorizer.class.name": AUTHORIZER, "super.users": "admin"}, "super.users"),
+    ],
+)
+def test_bad_authorizer_settings_are_refused_at_start(tmp_path, settings, named):
+    broker = Broker(tmp_path / "bad", settings=settings, name="bad")
+    out = subprocess.run(broker.command(), capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert named in out.stderr, out.stderr
