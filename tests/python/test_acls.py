@@ -346,6 +346,29 @@ def test_transactions_need_write_on_the_transactional_id(secured):
         consumer.close()
 
 
+def test_the_weir_acl_command_manages_the_same_acls(secured):
+    admin = admin_of(secured, "admin")
+    topic = unique("acl-cli")
+    make_topic(admin, topic)
+    assert delivery_errors(secured, "bob", topic, 1)[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+    out = weir(secured, "acl", "create", "--topic", topic, "--principal", "User:bob", "--operation", "write",
+               "--operation", "describe").stdout
+    assert out.count("User:bob") == 2 and "WRITE" in out and "DESCRIBE" in out, out
+    assert delivery_errors(secured, "bob", topic, 1) == [None], "the ACL made with weir acl applies"
+
+    listed = weir(secured, "acl", "list", "--topic", topic, "--matching").stdout
+    assert "User:bob" in listed and "WRITE" in listed, listed
+    refused = weir(secured, "acl", "create", "--topic", topic, "--principal", "bob", "--operation", "read",
+                   check=False)
+    assert refused.returncode != 0 and "User:<name>" in refused.stderr, refused.stderr
+    assert weir(secured, "acl", "delete", check=False).returncode != 0, "delete without a filter is refused"
+
+    deleted = weir(secured, "acl", "delete", "--topic", topic, "--principal", "User:bob").stdout
+    assert "deleted 2 ACL(s)" in deleted, deleted
+    assert delivery_errors(secured, "bob", topic, 1)[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
 def test_acls_survive_a_restart(secured):
     admin = admin_of(secured, "admin")
     name = unique("acl-durable")

@@ -1108,3 +1108,54 @@ pub struct DeletedUser {
     pub name: String,
     pub mechanisms: Vec<String>,
 }
+
+/// One ACL (`GET /v1/acls`, `POST /v1/acls`), by Kafka's names: `resource_type` TOPIC, GROUP,
+/// CLUSTER, TRANSACTIONAL_ID, DELEGATION_TOKEN or USER; `pattern_type` LITERAL or PREFIXED;
+/// `operation` READ, WRITE, ... or ALL; `permission` ALLOW or DENY.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acl {
+    pub resource_type: String,
+    pub resource_name: String,
+    #[serde(default = "literal")]
+    pub pattern_type: String,
+    /// `User:<name>`, or `User:*`.
+    pub principal: String,
+    /// An IP address, or `*`.
+    #[serde(default = "any_host")]
+    pub host: String,
+    pub operation: String,
+    #[serde(default = "allow")]
+    pub permission: String,
+}
+
+fn literal() -> String {
+    "LITERAL".into()
+}
+
+fn any_host() -> String {
+    "*".into()
+}
+
+fn allow() -> String {
+    "ALLOW".into()
+}
+
+/// `POST /v1/acls`: the ACLs to add.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateAcls {
+    pub acls: Vec<Acl>,
+}
+
+/// The answer to `POST /v1/acls`: each ACL, and why it was refused if it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AclResult {
+    pub acl: Acl,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The answer to `DELETE /v1/acls?...`: the ACLs removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedAcls {
+    pub deleted: Vec<Acl>,
+}

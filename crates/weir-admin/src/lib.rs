@@ -36,6 +36,7 @@ mod operations;
 /// Kafka's murmur2 key partitioner, which lives in the core (RocketMQ sends with a message
 /// group use it too).
 pub use weir_broker::partitioner;
+mod acls;
 mod elastic;
 mod probes;
 mod records;
@@ -137,6 +138,7 @@ pub(crate) fn router(state: SharedState) -> Router {
         .route("/v1/replication-throttle", get(cluster::throttle).put(cluster::set_throttle))
         .route("/v1/users", get(users::list).post(users::create))
         .route("/v1/users/{name}", delete(users::delete))
+        .route("/v1/acls", get(acls::list).post(acls::create).delete(acls::delete))
         .route("/v1/topics", get(topics::list).post(topics::create))
         .route("/v1/topics/{topic}", get(topics::describe).delete(topics::delete))
         .route("/v1/topics/{topic}/configs", get(topics::configs).patch(topics::alter_configs))

@@ -49,6 +49,8 @@ pub enum Command {
     Partition(crate::admin_cli::partition::PartitionArgs),
     /// Create, list and delete the users SASL clients log in as (admin HTTP API).
     User(crate::admin_cli::user::UserArgs),
+    /// Create, list and delete the ACLs the authorizer decides by (admin HTTP API).
+    Acl(crate::admin_cli::acl::AclArgs),
 }
 
 impl Command {
@@ -71,7 +73,8 @@ impl Command {
             | Command::Message(_)
             | Command::Cluster(_)
             | Command::Partition(_)
-            | Command::User(_) => "warn",
+            | Command::User(_)
+            | Command::Acl(_) => "warn",
         }
     }
 }

@@ -7,6 +7,7 @@
 //! Their arguments are declared next to the code that runs them (one module per command),
 //! unlike `server` and `bench`, whose arguments are in `cli.rs`.
 
+pub mod acl;
 pub mod cluster;
 pub mod consume;
 pub mod group;
@@ -157,6 +158,14 @@ impl AdminClient {
 
     pub fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.finish(self.agent.delete(self.url(path)).call())
+    }
+
+    pub fn delete_with_query<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
+        let mut request = self.agent.delete(self.url(path));
+        for (name, value) in query {
+            request = request.query(*name, value);
+        }
+        self.finish(request.call())
     }
 
     fn finish<T: DeserializeOwned>(
