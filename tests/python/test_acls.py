@@ -5,8 +5,13 @@ what SASL users may do: produce, consume in a group, see topics, create and dele
 configs, run transactions. ACLs are kept in the metadata log: they survive a restart.
 """
 
+import base64
+import json
+import os
 import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -406,3 +411,79 @@ def test_bad_authorizer_settings_are_refused_at_start(tmp_path, settings, named)
     out = subprocess.run(broker.command(), capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert named in out.stderr, out.stderr
+
+
+# -- the admin API -----------------------------------------------------------------------------
+
+def http(broker, method, path, body=None, user=None, password=PASSWORD):
+    """(status, parsed JSON body, headers) of an admin API request, as `user` if given."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{broker.admin_url()}{path}", data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return response.status, json.loads(response.read() or b"null"), response.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null"), e.headers
+
+
+@pytest.fixture
+def guarded(tmp_path):
+    """A broker whose admin API requires a user (and whose authorizer is on), and no user yet."""
+    broker = Broker(
+        tmp_path / "guarded",
+        settings={
+            "authorizer.class.name": AUTHORIZER,
+            "super.users": "User:root",
+            "admin.api.require.auth": "true",
+        },
+        name="guarded",
+    )
+    _ALL_BROKERS.append(broker)
+    broker.start()
+    yield broker
+    broker.cleanup()
+    _ALL_BROKERS.remove(broker)
+
+
+def test_the_admin_api_asks_for_a_user_and_checks_its_acls(guarded):
+    # No user yet: the loopback address may create the first one without credentials.
+    weir(guarded, "user", "create", "root", "--password", PASSWORD)
+    status, body, headers = http(guarded, "GET", "/v1/topics")
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Basic"), (status, body)
+    status, body, _ = http(guarded, "GET", "/v1/topics", user="root", password="wrong")
+    assert status == 401 and body["error"]["code"] == "SASL_AUTHENTICATION_FAILED", body
+    assert http(guarded, "GET", "/health")[0] == 200, "probes stay open"
+
+    # The super user may do anything; the CLI sends the credentials from the environment.
+    env_user = ["--admin-user", "root"]
+    out = subprocess.run(
+        [str(weir_bin()), "user", "create", "carol", "--password", PASSWORD, "--admin", guarded.admin_url(), *env_user],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "WEIR_ADMIN_PASSWORD": PASSWORD},
+    )
+    assert out.returncode == 0, out.stderr
+    topic = unique("guarded")
+    status, body, _ = http(guarded, "POST", "/v1/topics", {"name": topic, "partitions": 1}, user="root")
+    assert status in (200, 201), body
+
+    # carol: administration needs ALTER on the cluster, producing WRITE on the topic.
+    status, body, _ = http(guarded, "POST", "/v1/topics", {"name": unique("nope"), "partitions": 1}, user="carol")
+    assert status == 403 and body["error"]["code"] == "CLUSTER_AUTHORIZATION_FAILED", body
+    records = {"records": [{"value": "hello"}]}
+    status, body, _ = http(guarded, "POST", f"/v1/topics/{topic}/records", records, user="carol")
+    assert status == 403 and body["error"]["code"] == "TOPIC_AUTHORIZATION_FAILED", body
+    status, body, _ = http(guarded, "POST", "/v1/acls", {"acls": [
+        {"resource_type": "TOPIC", "resource_name": topic, "principal": "User:carol", "operation": "WRITE"},
+        {"resource_type": "TOPIC", "resource_name": topic, "principal": "User:carol", "operation": "READ"},
+    ]}, user="root")
+    assert status == 200 and all("error" not in r for r in body), body
+    status, body, _ = http(guarded, "POST", f"/v1/topics/{topic}/records", records, user="carol")
+    assert status == 200, body
+    status, body, _ = http(guarded, "GET", f"/v1/topics/{topic}/records?timeout_ms=2000", user="carol")
+    assert status == 200 and [r["value"] for r in body["records"]] == ["hello"], body
+    # The ACL API itself is administration.
+    status, body, _ = http(guarded, "GET", "/v1/acls", user="carol")
+    assert status == 403, body

@@ -37,6 +37,7 @@ mod operations;
 /// group use it too).
 pub use weir_broker::partitioner;
 mod acls;
+mod auth;
 mod elastic;
 mod probes;
 mod records;
@@ -81,6 +82,8 @@ pub struct AdminState {
     core: OnceLock<Core>,
     /// Next partition for a record without key (round-robin over requests and topics).
     round_robin: AtomicU32,
+    /// Admin API passwords checked lately (`auth`).
+    checked_passwords: auth::CheckedPasswords,
 }
 
 impl AdminState {
@@ -96,6 +99,7 @@ impl AdminState {
             admin_listener,
             core: OnceLock::new(),
             round_robin: AtomicU32::new(0),
+            checked_passwords: Default::default(),
         })
     }
 
@@ -187,5 +191,10 @@ pub async fn serve(
     state: SharedState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    // Authentication wraps the router here, at the HTTP listener only: requests another node
+    // forwards (`forward`) were authenticated there and go through `router` directly.
+    let app = router(state.clone()).layer(axum::middleware::from_fn_with_state(state, auth::require));
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await
 }

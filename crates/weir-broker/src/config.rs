@@ -187,6 +187,11 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "Address of the admin HTTP listener (JSON API, /metrics, /health, /ready); empty disables it.",
     ),
     s(
+        "admin.api.require.auth",
+        "false",
+        "The admin HTTP API asks for a Weir user's name and password (HTTP Basic; use TLS or a private network) and, with the authorizer on, checks the user's ACLs. Until the first user exists, requests from the loopback address need none (to create it).",
+    ),
+    s(
         "rocketmq.listeners",
         "127.0.0.1:8081",
         "Address of the RocketMQ 5 gRPC listener (what RocketMQ 5 clients call their endpoints); empty disables it.",
@@ -447,6 +452,9 @@ pub struct BrokerConfig {
     pub client_listeners: Vec<ClientListener>,
     /// The authorizer (`authorizer.class.name`, `super.users`, `allow.everyone.if.no.acl.found`).
     pub authorizer: weir_security::acl::AuthorizerSettings,
+    /// `admin.api.require.auth`: the admin HTTP API wants a user's name and password (HTTP
+    /// Basic), checked like a SASL login.
+    pub admin_require_auth: bool,
     /// Host and port put in Metadata responses.
     pub advertised_host: String,
     pub advertised_port: u16,
@@ -1227,6 +1235,7 @@ impl BrokerConfig {
                 values.bool("allow.everyone.if.no.acl.found")?,
             )
             .map_err(|(setting, why)| invalid(setting, values.get(setting), why))?,
+            admin_require_auth: values.bool("admin.api.require.auth")?,
             data_dir,
             num_partitions: values.num("num.partitions", 1)?,
             default_replication_factor: values.num("default.replication.factor", 1)?,

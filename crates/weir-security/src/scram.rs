@@ -103,6 +103,23 @@ pub fn credential(mechanism: ScramMechanism, password: &str, iterations: u32) ->
 
 /// Whether `password` is the one `credential` was made from (how SASL/PLAIN logs in against
 /// the same store). Costs one PBKDF2 of the credential's iterations.
+/// An HMAC-SHA-256 of `input` under a key drawn at random once per process: lets a caller
+/// remember which passwords it checked (the admin API does) without keeping them, or a plain
+/// hash of them that a dictionary could reverse.
+pub fn process_keyed_digest(input: &[u8]) -> [u8; 32] {
+    static KEY: OnceLock<hmac::Key> = OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        let mut bytes = [0u8; 32];
+        // (Without randomness the key is still unknown outside this process's memory.)
+        let _ = rand::fill(&mut bytes);
+        hmac::Key::new(hmac::HMAC_SHA256, &bytes)
+    });
+    let tag = hmac::sign(key, input);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(&tag.as_ref()[..32]);
+    out
+}
+
 pub fn verify_password(mechanism: ScramMechanism, credential: &ScramCredential, password: &str) -> bool {
     let salted = salted_password(mechanism, password.as_bytes(), &credential.salt, credential.iterations);
     let derived = credential_from_salted(mechanism, credential.salt.clone(), &salted, credential.iterations);

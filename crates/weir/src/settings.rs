@@ -37,6 +37,9 @@ pub const NOT_SETTINGS: &[&str] = &[
     "WEIR_BOOTSTRAP",
     // `weir user create --password`.
     "WEIR_USER_PASSWORD",
+    // The client commands' admin API credentials (`--admin-user`, `--admin-password`).
+    "WEIR_ADMIN_USER",
+    "WEIR_ADMIN_PASSWORD",
     // scripts/test and the Python client tests (tests/python/conftest.py).
     "WEIR_TEST_THREADS",
     "WEIR_BIN",

@@ -49,6 +49,15 @@ pub struct Connection {
     #[arg(long, value_name = "HOST:PORT[,...]", env = "WEIR_BOOTSTRAP", global = true)]
     pub bootstrap: Option<String>,
 
+    /// The Weir user to authenticate to the admin API as (when it has
+    /// admin.api.require.auth); the password is WEIR_ADMIN_PASSWORD's.
+    #[arg(long, value_name = "USER", env = "WEIR_ADMIN_USER", global = true)]
+    pub admin_user: Option<String>,
+
+    /// The admin user's password (better given as WEIR_ADMIN_PASSWORD, out of the process list).
+    #[arg(long, value_name = "PASSWORD", env = "WEIR_ADMIN_PASSWORD", hide_env_values = true, global = true)]
+    pub admin_password: Option<String>,
+
     /// Print JSON (one object per line) instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
@@ -108,6 +117,8 @@ fn admin_base(admin: &str) -> anyhow::Result<String> {
 pub struct AdminClient {
     base: String,
     agent: ureq::Agent,
+    /// `Basic ...`, when a user was given.
+    authorization: Option<String>,
 }
 
 /// Percent-encodes one path segment (group ids may hold any character).
@@ -129,7 +140,26 @@ impl AdminClient {
         let base = admin_base(&connection.admin)?;
         let config =
             ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(REQUEST_TIMEOUT)).build();
-        Ok(AdminClient { base, agent: ureq::Agent::new_with_config(config) })
+        let authorization = match (&connection.admin_user, &connection.admin_password) {
+            (Some(user), password) => {
+                use base64::Engine as _;
+                let pair = format!("{user}:{}", password.as_deref().unwrap_or_default());
+                Some(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair)))
+            }
+            (None, Some(_)) => {
+                anyhow::bail!("WEIR_ADMIN_PASSWORD is set without a user: give --admin-user or WEIR_ADMIN_USER")
+            }
+            (None, None) => None,
+        };
+        Ok(AdminClient { base, agent: ureq::Agent::new_with_config(config), authorization })
+    }
+
+    /// The request with the admin user's credentials, if any.
+    fn authorized<B>(&self, request: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.authorization {
+            Some(value) => request.header("Authorization", value),
+            None => request,
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -137,7 +167,7 @@ impl AdminClient {
     }
 
     pub fn get<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
-        let mut request = self.agent.get(self.url(path));
+        let mut request = self.authorized(self.agent.get(self.url(path)));
         for (name, value) in query {
             request = request.query(*name, value);
         }
@@ -145,23 +175,23 @@ impl AdminClient {
     }
 
     pub fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
-        self.finish(self.agent.post(self.url(path)).send_json(body))
+        self.finish(self.authorized(self.agent.post(self.url(path))).send_json(body))
     }
 
     pub fn patch<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
-        self.finish(self.agent.patch(self.url(path)).send_json(body))
+        self.finish(self.authorized(self.agent.patch(self.url(path))).send_json(body))
     }
 
     pub fn put<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
-        self.finish(self.agent.put(self.url(path)).send_json(body))
+        self.finish(self.authorized(self.agent.put(self.url(path))).send_json(body))
     }
 
     pub fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        self.finish(self.agent.delete(self.url(path)).call())
+        self.finish(self.authorized(self.agent.delete(self.url(path))).call())
     }
 
     pub fn delete_with_query<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
-        let mut request = self.agent.delete(self.url(path));
+        let mut request = self.authorized(self.agent.delete(self.url(path)));
         for (name, value) in query {
             request = request.query(*name, value);
         }
