@@ -206,3 +206,59 @@ def test_the_recipe_in_docs_native_protocol_md_persists_every_line(tmp_path, bro
     done = run_recipe(tmp_path, broker, "native-protocol.md", "## Trying it")
     assert "produced 10000 record(s) to 'clicks', all persisted" in done.stdout, done.stdout
     assert "through sequence 9999" in done.stdout, done.stdout
+
+
+def test_the_recipe_in_docs_security_md_gives_alice_orders_and_nobody_else(tmp_path):
+    """docs/security.md's "Trying it" (ACLs), as written, against a broker with the authorizer,
+    a SASL listener and an authenticated admin API: alice produces to `orders` and reads it in
+    her group; bob, who has no ACL, is refused."""
+    from confluent_kafka import Consumer, KafkaError, Producer
+
+    from conftest import _ALL_BROKERS, Broker
+
+    broker = Broker(tmp_path / "secured", name="secured", settings={
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:admin",
+        "admin.api.require.auth": "true",
+    })
+    broker.settings["listeners"] = f"SASL_PLAINTEXT://127.0.0.1:{broker.port}"
+    _ALL_BROKERS.append(broker)
+    try:
+        broker.start()
+        done = run_recipe(tmp_path, broker, "security.md", "### Trying it")
+        assert "User:alice" in done.stdout and "WRITE" in done.stdout, done.stdout
+
+        def sasl(user, password, **extra):
+            return {"bootstrap.servers": broker.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                    "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
+                    **extra}
+
+        def produce(user, password):
+            errors = []
+            producer = Producer(sasl(user, password, **{"message.timeout.ms": 10000}))
+            producer.produce("orders", value=b"order", on_delivery=lambda err, _msg: errors.append(err))
+            producer.flush(30)
+            return errors
+
+        assert produce("alice", "alice-secret") == [None]
+        consumer = Consumer(sasl("alice", "alice-secret",
+                                 **{"group.id": "order-readers", "auto.offset.reset": "earliest"}))
+        try:
+            consumer.subscribe(["orders"])
+            got = None
+            deadline = time.monotonic() + 30
+            while got is None and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is not None and not msg.error():
+                    got = msg.value()
+            assert got == b"order"
+        finally:
+            consumer.close()
+        subprocess.run([str(weir_bin()), "user", "create", "bob", "--password", "bob-secret",
+                        "--admin", broker.admin_url(), "--admin-user", "admin"],
+                       env={**os.environ, "WEIR_ADMIN_PASSWORD": "admin-secret"}, check=True, capture_output=True)
+        errors = produce("bob", "bob-secret")
+        assert errors[0] is not None and errors[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        broker.cleanup()
+        _ALL_BROKERS.remove(broker)
