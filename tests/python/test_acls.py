@@ -8,6 +8,7 @@ configs, run transactions. ACLs are kept in the metadata log: they survive a res
 import base64
 import json
 import os
+import re
 import subprocess
 import time
 import urllib.error
@@ -290,6 +291,10 @@ def test_deny_wins_and_prefixed_acls_cover_every_matching_name(secured):
     assert delivery_errors(secured, "alice", denied, 1)[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     # The super user is not subject to ACLs at all.
     assert delivery_errors(secured, "admin", denied, 1) == [None]
+    with urllib.request.urlopen(f"{secured.admin_url()}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    denials = re.search(r"^weir_authorization_denials_total (\d+)$", text, re.M)
+    assert denials and int(denials.group(1)) > 0, "refusals are counted"
 
 
 def test_topic_administration_needs_create_delete_and_config_acls(secured):

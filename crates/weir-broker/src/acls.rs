@@ -33,6 +33,7 @@ impl Broker {
         let request = Request { principal, host, operation, resource_type, resource_name };
         let allowed = acl::authorize(settings, &self.metadata().acls, &request);
         if !allowed {
+            self.metrics.authorization_denials.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::debug!(principal, host, %operation, %resource_type, resource_name, "not authorized");
         }
         allowed

@@ -68,6 +68,12 @@ pub fn render_prometheus(broker: &Broker, sections: &[&dyn MetricsSection]) -> S
     render_partitions(&mut out, &partitions);
     render_tier(&mut out, broker, &partitions);
     render_memory(&mut out, broker);
+    out.family(
+        "weir_authorization_denials_total",
+        Kind::Counter,
+        "Operations the authorizer refused (authorizer.class.name), on every front-end: a request refused, or a topic or group left out of a listing.",
+    );
+    out.sample("weir_authorization_denials_total", &[], broker.metrics.authorization_denials.load(Ordering::Relaxed));
     for section in sections {
         section.render(&mut out, &partitions);
     }

@@ -268,6 +268,8 @@ impl PartitionMetrics {
 #[derive(Debug, Default)]
 pub struct BrokerMetrics {
     protocols: RwLock<Vec<Arc<ProtocolMetrics>>>,
+    /// Operations the authorizer refused (`Broker::authorize`), on any front-end.
+    pub authorization_denials: std::sync::atomic::AtomicU64,
 }
 
 impl BrokerMetrics {
