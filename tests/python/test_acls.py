@@ -492,3 +492,71 @@ def test_the_admin_api_asks_for_a_user_and_checks_its_acls(guarded):
     # The ACL API itself is administration.
     status, body, _ = http(guarded, "GET", "/v1/acls", user="carol")
     assert status == 403, body
+
+
+# -- RocketMQ ----------------------------------------------------------------------------------
+
+RMQ_METADATA = [
+    ("x-mq-client-id", "weir-acl-test"),
+    ("x-mq-language", "PYTHON"),
+    ("x-mq-protocol", "v2"),
+]
+
+
+def test_rocketmq_clients_are_anonymous_to_the_authorizer(secured):
+    """RocketMQ clients carry no credentials Weir checks yet: they are User:ANONYMOUS, refused
+    with FORBIDDEN until ACLs allow that principal: WRITE to send, READ on the group and the
+    topic to receive."""
+    import grpc
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+    from rocketmq import grpc_protocol as pb
+    from rocketmq.grpc_protocol import definition_pb2 as d
+
+    admin = admin_of(secured, "admin")
+    topic, group = unique("acl-rmq"), unique("acl-rmq-group")
+    make_topic(admin, topic)
+    with grpc.insecure_channel(secured.rocketmq_endpoint) as channel:
+        stub = pb.MessagingServiceStub(channel)
+        route = stub.QueryRoute(pb.QueryRouteRequest(topic=pb.Resource(name=topic)), metadata=RMQ_METADATA, timeout=10)
+        assert route.status.code == pb.Code.FORBIDDEN, route.status
+        sent = stub.SendMessage(
+            pb.SendMessageRequest(messages=[d.Message(topic=pb.Resource(name=topic), body=b"x")]),
+            metadata=RMQ_METADATA, timeout=10,
+        )
+        assert sent.entries[0].status.code == pb.Code.FORBIDDEN, sent
+
+    create_acls(admin, [allow("User:ANONYMOUS", ResourceType.TOPIC, topic, AclOperation.WRITE)])
+    config = ClientConfiguration(secured.rocketmq_endpoint, Credentials(), request_timeout=10)
+    producer = Producer(config, [topic])
+    producer.startup()
+    try:
+        m = Message()
+        m.topic = topic
+        m.body = b"allowed"
+        producer.send(m)
+    finally:
+        producer.shutdown()
+
+    with grpc.insecure_channel(secured.rocketmq_endpoint) as channel:
+        stub = pb.MessagingServiceStub(channel)
+        queue = d.MessageQueue(topic=pb.Resource(name=topic), id=0)
+        request = pb.ReceiveMessageRequest(group=pb.Resource(name=group), message_queue=queue, batch_size=1,
+                                           filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"))
+        first = next(iter(stub.ReceiveMessage(request, metadata=RMQ_METADATA, timeout=10)))
+        assert first.status.code == pb.Code.FORBIDDEN, first
+
+    create_acls(admin, [
+        allow("User:ANONYMOUS", ResourceType.GROUP, group, AclOperation.READ),
+        allow("User:ANONYMOUS", ResourceType.TOPIC, topic, AclOperation.READ),
+    ])
+    consumer = SimpleConsumer(config, group, {topic: FilterExpression("*")}, await_duration=2)
+    consumer.startup()
+    try:
+        got = []
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            got = consumer.receive(1, 30)
+        assert [m.body for m in got] == [b"allowed"]
+        consumer.ack(got[0])
+    finally:
+        consumer.shutdown()

@@ -18,6 +18,7 @@ use weir_coordinators::group::clients::{ClientKind, Heard};
 use weir_coordinators::group::GroupCoordinator;
 use weir_messaging::pop::{self, QueueKey, ReceiveRequest};
 use weir_messaging::{Engines, Messaging};
+use weir_security::acl::{AclOperation, ResourceType, ANONYMOUS};
 
 use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;
@@ -102,6 +103,37 @@ impl Service {
         let client = request.metadata().get("x-mq-client-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
         self.groups.clients.called(client, self.broker.now_ms());
         client.to_string()
+    }
+
+    /// `Some(FORBIDDEN)` unless the caller may perform `operation` on the resource. RocketMQ
+    /// clients carry no credentials Weir checks yet: each is `User:ANONYMOUS` to the
+    /// authorizer, as a Kafka client on a listener without SASL is.
+    fn refused(
+        &self,
+        peer: Option<std::net::SocketAddr>,
+        operation: AclOperation,
+        resource_type: ResourceType,
+        name: &str,
+    ) -> Option<Status> {
+        if !self.broker.authorizer_enabled() {
+            return None;
+        }
+        let host = peer.map(|a| a.ip().to_string()).unwrap_or_default();
+        (!self.broker.authorize(ANONYMOUS, &host, operation, resource_type, name))
+            .then(|| status(Code::Forbidden, format!("{ANONYMOUS} may not {operation} {resource_type} {name:?}")))
+    }
+
+    /// As [`Service::refused`] for a consumer's call: READ on its group and on the topic.
+    fn consumer_refused(
+        &self,
+        peer: Option<std::net::SocketAddr>,
+        group: Option<&Resource>,
+        topic: Option<&Resource>,
+    ) -> Option<Status> {
+        let group = group.map(|g| g.name.as_str()).unwrap_or_default();
+        let topic = topic.map(|t| t.name.as_str()).unwrap_or_default();
+        self.refused(peer, AclOperation::Read, ResourceType::Group, group)
+            .or_else(|| self.refused(peer, AclOperation::Read, ResourceType::Topic, topic))
     }
 
     /// Notes that consumer `client` of `group` spoke, from the peer of `request`.
@@ -293,7 +325,11 @@ impl Service {
         max_message_bytes.saturating_sub(PROPERTY_ALLOWANCE_BYTES)
     }
 
-    async fn send_messages(&self, request: SendMessageRequest) -> SendMessageResponse {
+    async fn send_messages(
+        &self,
+        request: SendMessageRequest,
+        peer: Option<std::net::SocketAddr>,
+    ) -> SendMessageResponse {
         let count = request.messages.len();
         if count == 0 {
             return SendMessageResponse {
@@ -313,6 +349,10 @@ impl Service {
                     continue;
                 }
             };
+            if let Some(refused) = self.refused(peer, AclOperation::Write, ResourceType::Topic, &topic.name) {
+                entries[index] = SendResultEntry { status: Some(refused), message_id: id, ..Default::default() };
+                continue;
+            }
             let topic_type = weir_broker::topic_config::message_type(&topic.configs);
             let max_delay_ms =
                 weir_broker::topic_config::message_delay_max_ms(&self.broker.config.topic_defaults, &topic.configs);
@@ -433,8 +473,15 @@ impl MessagingService for Service {
         request: Request<QueryRouteRequest>,
     ) -> Result<Response<QueryRouteResponse>, tonic::Status> {
         let started = Instant::now();
+        let peer = request.remote_addr();
         let request = request.into_inner();
-        let response = match self.topic(request.topic.as_ref()).await {
+        let topic = self.topic(request.topic.as_ref()).await.and_then(|topic| {
+            match self.refused(peer, AclOperation::Describe, ResourceType::Topic, &topic.name) {
+                Some(refused) => Err(refused),
+                None => Ok(topic),
+            }
+        });
+        let response = match topic {
             Ok(topic) => {
                 let queues = route::queues(&self.broker.metadata(), &topic);
                 if queues.is_empty() {
@@ -474,7 +521,8 @@ impl MessagingService for Service {
         request: Request<SendMessageRequest>,
     ) -> Result<Response<SendMessageResponse>, tonic::Status> {
         let started = Instant::now();
-        let response = self.send_messages(request.into_inner()).await;
+        let peer = request.remote_addr();
+        let response = self.send_messages(request.into_inner(), peer).await;
         self.observe(2, started, response.status.as_ref().map_or(0, |s| s.code));
         Ok(Response::new(response))
     }
@@ -484,7 +532,13 @@ impl MessagingService for Service {
         request: Request<QueryAssignmentRequest>,
     ) -> Result<Response<QueryAssignmentResponse>, tonic::Status> {
         let started = Instant::now();
+        let peer = request.remote_addr();
         let request = request.into_inner();
+        if let Some(refused) = self.consumer_refused(peer, request.group.as_ref(), request.topic.as_ref()) {
+            let response = QueryAssignmentResponse { status: Some(refused), assignments: vec![] };
+            self.observe(3, started, response.status.as_ref().map_or(0, |s| s.code));
+            return Ok(Response::new(response));
+        }
         // Consumption is by invisible time, so consumers of a group need not split the queues:
         // each gets every queue, and receives of one queue take turns (RocketMQ 5's POP mode).
         let response = match group_name(request.group.as_ref()) {
@@ -513,9 +567,15 @@ impl MessagingService for Service {
         let started = Instant::now();
         let client = self.client_of(&request);
         let deadline = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(grpc_timeout);
-        let host = request.remote_addr().map(|a| a.to_string());
+        let peer = request.remote_addr();
+        let host = peer.map(|a| a.to_string());
         let request = request.into_inner();
-        let responses = match self.receive_request(&request, &client).await {
+        let topic = request.message_queue.as_ref().and_then(|q| q.topic.as_ref());
+        let wanted = match self.consumer_refused(peer, request.group.as_ref(), topic) {
+            Some(refused) => Err(refused),
+            None => self.receive_request(&request, &client).await,
+        };
+        let responses = match wanted {
             Ok(mut wanted) => {
                 let said = Heard { host: host.as_deref(), topic: Some(&wanted.partition.topic), ..Heard::default() };
                 self.groups.clients.heard(&wanted.key.group, &client, self.broker.now_ms(), said);
@@ -571,8 +631,14 @@ impl MessagingService for Service {
     ) -> Result<Response<AckMessageResponse>, tonic::Status> {
         let started = Instant::now();
         let client = self.client_of(&request);
+        let peer = request.remote_addr();
         let request = request.into_inner();
-        let response = match (group_name(request.group.as_ref()), request.topic.as_ref().map(|t| t.name.as_str())) {
+        let refused = self.consumer_refused(peer, request.group.as_ref(), request.topic.as_ref());
+        let group = match refused {
+            Some(refused) => Err(refused),
+            None => group_name(request.group.as_ref()),
+        };
+        let response = match (group, request.topic.as_ref().map(|t| t.name.as_str())) {
             (Err(refused), _) => AckMessageResponse { status: Some(refused), entries: vec![] },
             (_, None | Some("")) => AckMessageResponse {
                 status: Some(status(Code::IllegalTopic, "the request names no topic")),
@@ -605,7 +671,14 @@ impl MessagingService for Service {
     ) -> Result<Response<ForwardMessageToDeadLetterQueueResponse>, tonic::Status> {
         let started = Instant::now();
         let client = self.client_of(&request);
-        let answer = match self.forward_to_dead_letters(&request.into_inner(), &client).await {
+        let peer = request.remote_addr();
+        let request = request.into_inner();
+        let refused = self.consumer_refused(peer, request.group.as_ref(), request.topic.as_ref());
+        let outcome = match refused {
+            Some(refused) => Err(refused),
+            None => self.forward_to_dead_letters(&request, &client).await,
+        };
+        let answer = match outcome {
             Ok(()) => status::ok(),
             Err(refused) => refused,
         };
@@ -662,7 +735,13 @@ impl MessagingService for Service {
     ) -> Result<Response<EndTransactionResponse>, tonic::Status> {
         let started = Instant::now();
         self.client_of(&request);
-        let answer = crate::transaction::end(&self.engines.transactions, &request.into_inner()).await;
+        let peer = request.remote_addr();
+        let request = request.into_inner();
+        let topic = request.topic.as_ref().map(|t| t.name.as_str()).unwrap_or_default();
+        let answer = match self.refused(peer, AclOperation::Write, ResourceType::Topic, topic) {
+            Some(refused) => refused,
+            None => crate::transaction::end(&self.engines.transactions, &request).await,
+        };
         self.observe(11, started, answer.code);
         Ok(Response::new(EndTransactionResponse { status: Some(answer) }))
     }
@@ -759,8 +838,13 @@ impl MessagingService for Service {
     ) -> Result<Response<ChangeInvisibleDurationResponse>, tonic::Status> {
         let started = Instant::now();
         let client = self.client_of(&request);
+        let peer = request.remote_addr();
         let request = request.into_inner();
-        let response = match self.change_invisible(&request, &client).await {
+        let outcome = match self.consumer_refused(peer, request.group.as_ref(), request.topic.as_ref()) {
+            Some(refused) => Err(refused),
+            None => self.change_invisible(&request, &client).await,
+        };
+        let response = match outcome {
             Ok(handle) => ChangeInvisibleDurationResponse { status: Some(status::ok()), receipt_handle: handle },
             Err(refused) => ChangeInvisibleDurationResponse { status: Some(refused), receipt_handle: String::new() },
         };
@@ -774,7 +858,14 @@ impl MessagingService for Service {
     ) -> Result<Response<RecallMessageResponse>, tonic::Status> {
         let started = Instant::now();
         self.client_of(&request);
-        let response = match crate::recall::recall(&self.messaging, &request.into_inner()).await {
+        let peer = request.remote_addr();
+        let request = request.into_inner();
+        let topic = request.topic.as_ref().map(|t| t.name.as_str()).unwrap_or_default();
+        let outcome = match self.refused(peer, AclOperation::Write, ResourceType::Topic, topic) {
+            Some(refused) => Err(refused),
+            None => crate::recall::recall(&self.messaging, &request).await,
+        };
+        let response = match outcome {
             Ok(message_id) => RecallMessageResponse { status: Some(status::ok()), message_id },
             Err(refused) => RecallMessageResponse { status: Some(refused), message_id: String::new() },
         };
