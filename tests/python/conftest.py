@@ -151,7 +151,7 @@ class Broker:
         while True:
             text = self.log_path.read_text(errors="replace")
             starts = text.split("=== test harness: start")
-            urls = re.findall(r"^admin (http://\S+) \(JSON API", starts[-1] if len(starts) > 1 else text, re.M)
+            urls = re.findall(r"^admin (https?://\S+) \(JSON API", starts[-1] if len(starts) > 1 else text, re.M)
             if urls:
                 return urls[-1]
             assert time.monotonic() < deadline and self.alive(), f"{self} printed no admin line"

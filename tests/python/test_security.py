@@ -7,11 +7,13 @@ The certificates are made here with the openssl command: a CA, and a server cert
 127.0.0.1 and localhost signed by it.
 """
 
+import os
 import re
 import socket
 import ssl
 import struct
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -494,3 +496,68 @@ def test_a_three_node_cluster_with_sasl_ssl_clients(cluster_factory, certs):
     finally:
         consumer.close()
     assert sorted(values) == sorted(f"m{i}".encode() for i in range(100))
+
+
+def test_the_admin_api_and_the_rocketmq_listener_speak_tls(tmp_path, certs, brokers):
+    """admin.ssl.enable and rocketmq.ssl.enable: the admin API answers HTTPS (urllib and the
+    `weir` commands with --admin-ca) and refuses plain HTTP; RocketMQ's gRPC answers over TLS
+    (a raw stub, and the official Python producer) and refuses a plain-text channel."""
+    import grpc
+    from rocketmq import grpc_protocol as pb
+
+    broker = brokers("PLAINTEXT", {
+        "admin.ssl.enable": "true",
+        "rocketmq.ssl.enable": "true",
+        "ssl.keystore.location": str(certs["server"]),
+    })
+    url = broker.admin_url()
+    assert url.startswith("https://"), url
+    context = ssl.create_default_context(cafile=str(certs["ca"]))
+    with urllib.request.urlopen(f"{url}/v1/broker", timeout=10, context=context) as response:
+        assert response.status == 200
+    plain = url.replace("https://", "http://")
+    with pytest.raises(Exception):
+        urllib.request.urlopen(f"{plain}/v1/broker", timeout=10)
+
+    topic = unique("tls-admin")
+    created = subprocess.run([str(weir_bin()), "topic", "create", topic, "--admin", url, "--admin-ca", str(certs["ca"])],
+                             capture_output=True, text=True, timeout=60)
+    assert created.returncode == 0, created.stderr
+    no_ca = subprocess.run([str(weir_bin()), "topic", "list", "--admin", url], capture_output=True, text=True, timeout=60)
+    assert no_ca.returncode != 0 and "--admin-ca" in no_ca.stderr, no_ca.stderr
+
+    credentials = grpc.ssl_channel_credentials(root_certificates=certs["ca"].read_bytes())
+    metadata = [("x-mq-client-id", "tls-test"), ("x-mq-protocol", "v2")]
+    with grpc.secure_channel(broker.rocketmq_endpoint, credentials) as channel:
+        route = pb.MessagingServiceStub(channel).QueryRoute(
+            pb.QueryRouteRequest(topic=pb.Resource(name=topic)), metadata=metadata, timeout=10)
+        assert route.status.code == pb.Code.OK and route.message_queues, route
+    with grpc.insecure_channel(broker.rocketmq_endpoint) as channel:
+        with pytest.raises(grpc.RpcError):
+            pb.MessagingServiceStub(channel).QueryRoute(
+                pb.QueryRouteRequest(topic=pb.Resource(name=topic)), metadata=metadata, timeout=5)
+
+    # The official client, which trusts gRPC's default roots: pointed at the test CA.
+    script = (
+        "import sys\n"
+        "from rocketmq import ClientConfiguration, Credentials, Message, Producer\n"
+        "config = ClientConfiguration(sys.argv[1], Credentials(), request_timeout=10)\n"
+        "producer = Producer(config, [sys.argv[2]], tls_enable=True)\n"
+        "producer.startup()\n"
+        "m = Message()\nm.topic = sys.argv[2]\nm.body = b'over tls'\n"
+        "print(producer.send(m).message_id)\n"
+        "producer.shutdown()\n"
+    )
+    sent = subprocess.run(
+        [sys.executable, "-c", script, broker.rocketmq_endpoint, topic],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(certs["ca"])},
+    )
+    assert sent.returncode == 0 and sent.stdout.strip(), sent.stderr[-2000:]
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique("g"), "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(1)])
+        got = c_consume(consumer, 1)
+        assert [m.value for m in got] == [b"over tls"]
+    finally:
+        consumer.close()

@@ -15,7 +15,6 @@
 //! user's credential is the one it was checked against.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -46,7 +45,7 @@ pub(crate) struct CheckedPasswords(Mutex<HashMap<[u8; 32], Checked>>);
 
 pub(crate) async fn require(
     State(state): State<SharedState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(crate::Peer(peer)): ConnectInfo<crate::Peer>,
     request: Request,
     next: Next,
 ) -> Response {

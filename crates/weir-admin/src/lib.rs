@@ -184,17 +184,120 @@ async fn method_not_allowed() -> ApiError {
     ApiError::http(StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", "this endpoint does not take that method")
 }
 
-/// Serves `listener` until `shutdown` completes, then stops accepting and waits for the
-/// requests in progress (long polls return early once the broker begins shutting down).
+/// Serves `listener` (over TLS when `tls` is given) until `shutdown` completes, then stops
+/// accepting and waits for the requests in progress (long polls return early once the broker
+/// begins shutting down).
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<weir_security::tls::ReloadingTls>>,
     state: SharedState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let listener = match tls {
+        None => AdminListener::Plain(listener),
+        Some(tls) => AdminListener::Tls(weir_security::tls::TlsIncoming::new(listener, tls, "admin", || {})?),
+    };
     // Authentication wraps the router here, at the HTTP listener only: requests another node
     // forwards (`forward`) were authenticated there and go through `router` directly.
     let app = router(state.clone()).layer(axum::middleware::from_fn_with_state(state, auth::require));
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(listener, app.into_make_service_with_connect_info::<Peer>()).with_graceful_shutdown(shutdown).await
+}
+
+/// The admin listener's connections: plain TCP, or TLS (`admin.ssl.enable`).
+pub enum AdminListener {
+    Plain(TcpListener),
+    Tls(weir_security::tls::TlsIncoming),
+}
+
+/// One admin connection.
+pub enum AdminStream {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+impl axum::serve::Listener for AdminListener {
+    type Io = AdminStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (AdminStream, SocketAddr) {
+        match self {
+            AdminListener::Plain(listener) => {
+                // (axum's accept for TCP retries failures itself.)
+                let (stream, peer) = axum::serve::Listener::accept(listener).await;
+                (AdminStream::Plain(stream), peer)
+            }
+            AdminListener::Tls(incoming) => match incoming.accept().await {
+                Some((stream, peer)) => (AdminStream::Tls(Box::new(stream)), peer),
+                // The accept task is gone (only when the listener is dropped): wait for the
+                // shutdown that drops it.
+                None => std::future::pending().await,
+            },
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            AdminListener::Plain(listener) => listener.local_addr(),
+            AdminListener::Tls(incoming) => Ok(incoming.local_addr()),
+        }
+    }
+}
+
+macro_rules! delegate_io {
+    ($self:ident, $stream:ident => $call:expr) => {
+        match $self.get_mut() {
+            AdminStream::Plain($stream) => {
+                let $stream = std::pin::Pin::new($stream);
+                $call
+            }
+            AdminStream::Tls($stream) => {
+                let $stream = std::pin::Pin::new(&mut **$stream);
+                $call
+            }
+        }
+    };
+}
+
+impl tokio::io::AsyncRead for AdminStream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate_io!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl tokio::io::AsyncWrite for AdminStream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        delegate_io!(self, s => s.poll_write(cx, buf))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate_io!(self, s => s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate_io!(self, s => s.poll_shutdown(cx))
+    }
+}
+
+/// The peer of an admin request (what `auth` checks the loopback bootstrap and ACL hosts by).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub(crate) SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, AdminListener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, AdminListener>) -> Peer {
+        Peer(*stream.remote_addr())
+    }
 }

@@ -39,7 +39,7 @@ async fn given_a_starting_broker_ready_is_503_until_handed_over_and_again_when_s
     let addr = listener.local_addr().expect("addr");
     let state = AdminState::new(Instant::now(), Some("127.0.0.1:9092".parse().expect("addr")), Some(addr));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(weir_admin::serve(listener, state.clone(), async {
+    let server = tokio::spawn(weir_admin::serve(listener, None, state.clone(), async {
         let _ = stopped.await;
     }));
 

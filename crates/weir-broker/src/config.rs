@@ -192,9 +192,19 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "The admin HTTP API asks for a Weir user's name and password (HTTP Basic; use TLS or a private network) and, with the authorizer on, checks the user's ACLs. Until the first user exists, requests from the loopback address need none (to create it).",
     ),
     s(
+        "admin.ssl.enable",
+        "false",
+        "The admin listener speaks HTTPS, with the ssl.keystore.* certificate (and ssl.client.auth, ssl.enabled.protocols).",
+    ),
+    s(
         "rocketmq.listeners",
         "127.0.0.1:8081",
         "Address of the RocketMQ 5 gRPC listener (what RocketMQ 5 clients call their endpoints); empty disables it.",
+    ),
+    s(
+        "rocketmq.ssl.enable",
+        "false",
+        "The RocketMQ listener speaks gRPC over TLS, with the ssl.keystore.* certificate; clients turn TLS on (tls_enable, enableSsl).",
     ),
     s("num.partitions", "1", "Partitions of an auto-created topic, and of CreateTopics asking for -1."),
     s("default.replication.factor", "1", "Replication factor of auto-created topics."),
@@ -455,6 +465,11 @@ pub struct BrokerConfig {
     /// `admin.api.require.auth`: the admin HTTP API wants a user's name and password (HTTP
     /// Basic), checked like a SASL login.
     pub admin_require_auth: bool,
+    /// `admin.ssl.enable`: the admin listener speaks HTTPS, with the `ssl.*` keystore.
+    pub admin_tls: Option<weir_security::tls::TlsSettings>,
+    /// `rocketmq.ssl.enable`: the RocketMQ listener speaks gRPC over TLS, with the `ssl.*`
+    /// keystore.
+    pub rocketmq_tls: Option<weir_security::tls::TlsSettings>,
     /// Host and port put in Metadata responses.
     pub advertised_host: String,
     pub advertised_port: u16,
@@ -821,9 +836,23 @@ fn tls_settings(values: &Values) -> Result<weir_security::tls::TlsSettings, Conf
     })?;
     let (tls12, tls13) = TlsSettings::parse_protocols(values.get("ssl.enabled.protocols"))
         .map_err(|e| invalid("ssl.enabled.protocols", values.get("ssl.enabled.protocols"), e))?;
-    let settings = TlsSettings { certificate_chain, private_key, truststore, client_auth, tls12, tls13 };
+    let settings =
+        TlsSettings { certificate_chain, private_key, truststore, client_auth, tls12, tls13, alpn: Vec::new() };
     settings.server_config().map_err(|e| invalid("ssl.keystore.location", location, e))?;
     Ok(settings)
+}
+
+/// The TLS of a listener that `switch` turns on, with the `ssl.*` keystore and `alpn` offered.
+fn listener_tls(
+    values: &Values,
+    switch: &str,
+    alpn: &[u8],
+) -> Result<Option<weir_security::tls::TlsSettings>, ConfigError> {
+    if !values.bool(switch)? {
+        return Ok(None);
+    }
+    let settings = tls_settings(values)?;
+    Ok(Some(weir_security::tls::TlsSettings { alpn: vec![alpn.to_vec()], ..settings }))
 }
 
 /// How the client listener `listener_name` is secured.
@@ -1236,6 +1265,8 @@ impl BrokerConfig {
             )
             .map_err(|(setting, why)| invalid(setting, values.get(setting), why))?,
             admin_require_auth: values.bool("admin.api.require.auth")?,
+            admin_tls: listener_tls(values, "admin.ssl.enable", b"http/1.1")?,
+            rocketmq_tls: listener_tls(values, "rocketmq.ssl.enable", b"h2")?,
             data_dir,
             num_partitions: values.num("num.partitions", 1)?,
             default_replication_factor: values.num("default.replication.factor", 1)?,

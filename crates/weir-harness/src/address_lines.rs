@@ -34,6 +34,11 @@ pub fn admin_line(addr: SocketAddr) -> String {
     format!("admin http://{addr} (JSON API, /metrics)")
 }
 
+/// `admin https://ADDR (JSON API, /metrics)`: the admin listener with TLS (`admin.ssl.enable`).
+pub fn admin_tls_line(addr: SocketAddr) -> String {
+    format!("admin https://{addr} (JSON API, /metrics)")
+}
+
 /// `rocketmq ADDR (RocketMQ 5 gRPC)`.
 pub fn rocketmq_line(addr: SocketAddr) -> String {
     format!("rocketmq {addr} (RocketMQ 5 gRPC)")
@@ -55,7 +60,7 @@ fn parse_kafka_line(line: &str) -> Option<SocketAddr> {
 }
 
 fn parse_admin_line(line: &str) -> Option<SocketAddr> {
-    let rest = line.strip_prefix("admin http://")?;
+    let rest = line.strip_prefix("admin http://").or_else(|| line.strip_prefix("admin https://"))?;
     let (addr, tail) = rest.split_once(' ')?;
     (tail == "(JSON API, /metrics)").then_some(())?;
     addr.parse().ok()

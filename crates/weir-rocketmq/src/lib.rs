@@ -29,7 +29,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 
 mod filter;
 mod recall;
@@ -68,20 +68,97 @@ fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::
     })
 }
 
-/// Serves RocketMQ clients on `listener` until `shutdown` completes, then lets the calls in
-/// progress finish.
+/// Serves RocketMQ clients on `listener` (over TLS when `tls` is given) until `shutdown`
+/// completes, then lets the calls in progress finish.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<weir_security::tls::ReloadingTls>>,
     service: Arc<Service>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    let metrics = service.metrics.clone();
     let server = proto::messaging_service_server::MessagingServiceServer::from_arc(service)
         .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         // Clients keep their connections for the client's life; tell dead peers apart.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .add_service(server)
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
-        .await
+        .add_service(server);
+    match tls {
+        None => router.serve_with_incoming_shutdown(incoming(listener), shutdown).await,
+        Some(tls) => {
+            let on_failure = move || metrics.connections.tls_handshake_failures.inc();
+            let (sender, connections) = tokio::sync::mpsc::channel(16);
+            let mut accepted = match weir_security::tls::TlsIncoming::new(listener, tls, "rocketmq", on_failure) {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // (Only when the listener has no local address: send the error as a
+                    // connection that fails, which tonic reports.)
+                    let _ = sender.try_send(Err(e));
+                    return router.serve_with_incoming_shutdown(ReceiverStream::new(connections), shutdown).await;
+                }
+            };
+            // The accepted connections, until the server stops taking them (drops the stream).
+            tokio::spawn(async move {
+                while let Some((stream, peer)) = accepted.accept().await {
+                    if sender.send(Ok(TlsConnection { stream, peer })).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            let connections = ReceiverStream::new(connections);
+            router.serve_with_incoming_shutdown(connections, shutdown).await
+        }
+    }
+}
+
+/// A client's TLS connection, with its peer address for `Request::remote_addr`.
+struct TlsConnection {
+    stream: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    peer: std::net::SocketAddr,
+}
+
+impl tonic::transport::server::Connected for TlsConnection {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        tonic::transport::server::TcpConnectInfo {
+            local_addr: self.stream.get_ref().0.local_addr().ok(),
+            remote_addr: Some(self.peer),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for TlsConnection {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for TlsConnection {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }

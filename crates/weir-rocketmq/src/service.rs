@@ -72,7 +72,7 @@ pub struct Service {
     /// Invisible-time consumption and transactional messages.
     messaging: Arc<Messaging>,
     engines: Engines,
-    metrics: Arc<ProtocolMetrics>,
+    pub(crate) metrics: Arc<ProtocolMetrics>,
     round_robin: RoundRobin,
     /// The producers' Telemetry streams: how the core's transaction checks reach them.
     producers: Arc<Producers>,

@@ -9,6 +9,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, SupportedProtocolVersion};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 /// Whether the server asks for a client certificate (Kafka's `ssl.client.auth`).
@@ -73,6 +76,9 @@ pub struct TlsSettings {
     /// `ssl.enabled.protocols`: TLS 1.2 and/or 1.3.
     pub tls12: bool,
     pub tls13: bool,
+    /// The application protocols offered in ALPN, most preferred first: none for Kafka's
+    /// protocol, `h2` for gRPC (whose clients insist on it), `http/1.1` for the admin API.
+    pub alpn: Vec<Vec<u8>>,
 }
 
 impl TlsSettings {
@@ -141,7 +147,7 @@ impl TlsSettings {
         let mut config = builder
             .with_single_cert(certificates, key)
             .map_err(|e| format!("the certificate and key do not fit: {e}"))?;
-        config.alpn_protocols = Vec::new();
+        config.alpn_protocols = self.alpn.clone();
         // No TLS 1.3 session tickets after the handshake: Kafka clients do not resume
         // sessions, and kafka-python closes a connection that turns readable while it awaits no
         // answer (which a ticket arriving late makes it).
@@ -208,6 +214,86 @@ impl ReloadingTls {
             }
         }
         current.acceptor.clone()
+    }
+}
+
+/// How long a client has to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in progress at most on one listener; past it, connections wait to be accepted.
+const MAX_HANDSHAKES: usize = 256;
+
+/// The TLS connections a listener accepts, for servers that take a stream of connections (the
+/// admin API's axum, the RocketMQ front-end's tonic). Each handshake runs in a task of its own,
+/// at most [`HANDSHAKE_TIMEOUT`], so a slow or silent client holds up no other; a failed one
+/// is logged and passed to `on_failure` (a metric), and the connection dropped.
+pub struct TlsIncoming {
+    connections: mpsc::Receiver<(TlsStream<TcpStream>, std::net::SocketAddr)>,
+    local: std::net::SocketAddr,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl TlsIncoming {
+    pub fn new(
+        listener: TcpListener,
+        tls: Arc<ReloadingTls>,
+        what: &'static str,
+        on_failure: impl Fn() + Send + Sync + 'static,
+    ) -> std::io::Result<TlsIncoming> {
+        let local = listener.local_addr()?;
+        let (sender, connections) = mpsc::channel(64);
+        let on_failure = Arc::new(on_failure);
+        let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        let accepting = tokio::spawn(async move {
+            loop {
+                let Ok(permit) = handshakes.clone().acquire_owned().await else { return };
+                let (stream, peer) = tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok(accepted) => accepted,
+                        Err(e) => {
+                            // (Out of file descriptors, mostly: wait a little rather than spin.)
+                            tracing::warn!(listener = what, error = %e, "cannot accept a connection");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    },
+                    _ = sender.closed() => return,
+                };
+                let _ = stream.set_nodelay(true);
+                let (acceptor, sender, on_failure) = (tls.acceptor(), sender.clone(), on_failure.clone());
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = sender.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(listener = what, %peer, error = %e, "TLS handshake failed");
+                            on_failure();
+                        }
+                        Err(_) => {
+                            tracing::debug!(listener = what, %peer, "TLS handshake timed out");
+                            on_failure();
+                        }
+                    }
+                });
+            }
+        });
+        Ok(TlsIncoming { connections, local, accepting })
+    }
+
+    /// The next connection whose handshake succeeded.
+    pub async fn accept(&mut self) -> Option<(TlsStream<TcpStream>, std::net::SocketAddr)> {
+        self.connections.recv().await
+    }
+
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.local
+    }
+}
+
+impl Drop for TlsIncoming {
+    fn drop(&mut self) {
+        self.accepting.abort();
     }
 }
 

@@ -46,7 +46,9 @@ async fn serve(mut config: BrokerConfig, started: Instant) -> anyhow::Result<()>
     // The admin API's state exists without its listener too: other nodes' admin APIs
     // forward requests to it over the cluster's internal RPC.
     let admin_state = weir_admin::AdminState::new(started, listeners.kafka_addr, listeners.admin_addr);
-    let admin = listeners.admin.map(|(listener, addr)| AdminServer::start(listener, addr, &admin_state));
+    let admin_tls = listener_tls(config.admin_tls.clone(), "admin")?;
+    let admin = listeners.admin.map(|(listener, addr)| AdminServer::start(listener, addr, admin_tls, &admin_state));
+    let rocketmq_tls = listener_tls(config.rocketmq_tls.clone(), "RocketMQ")?;
     let data_dir = config.data_dir.clone();
     let core = open_core(config).await?;
     // Other nodes' HTTP APIs read and write this broker's partitions through it.
@@ -88,7 +90,7 @@ async fn serve(mut config: BrokerConfig, started: Instant) -> anyhow::Result<()>
     }
     // RocketMQ clients, once the Kafka side serves: the same broker and coordinators.
     let rocketmq = match (listeners.rocketmq, &engines) {
-        (Some(listener), Some(engines)) => Some(RocketMqServer::start(listener, &core, engines)?),
+        (Some(listener), Some(engines)) => Some(RocketMqServer::start(listener, rocketmq_tls, &core, engines)?),
         _ => None,
     };
     // Followers replicate from their leaders with Kafka's Fetch.
@@ -308,7 +310,11 @@ fn announce(
         println!("{}", weir_harness::address_lines::rocketmq_line(addr));
     }
     if let Some(addr) = admin {
-        println!("{}", weir_harness::address_lines::admin_line(addr));
+        if broker.config.admin_tls.is_some() {
+            println!("{}", weir_harness::address_lines::admin_tls_line(addr));
+        } else {
+            println!("{}", weir_harness::address_lines::admin_line(addr));
+        }
     }
     match kafka {
         Some(bound) => {
@@ -334,6 +340,18 @@ fn bind_kafka(addr: SocketAddr) -> anyhow::Result<TcpSocket> {
     Ok(socket)
 }
 
+/// A listener's TLS from its settings (checked when the settings were read; a file that
+/// vanished since is a start-up error).
+fn listener_tls(
+    settings: Option<weir_security::tls::TlsSettings>,
+    listener: &str,
+) -> anyhow::Result<Option<Arc<weir_security::tls::ReloadingTls>>> {
+    settings
+        .map(|s| weir_security::tls::ReloadingTls::new(s).map(Arc::new))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("the {listener} listener's TLS does not load: {e}"))
+}
+
 /// The running admin HTTP listener.
 struct AdminServer {
     addr: SocketAddr,
@@ -343,9 +361,14 @@ struct AdminServer {
 
 impl AdminServer {
     /// Serves the admin API at once: `/health` answers during recovery.
-    fn start(listener: TcpListener, addr: SocketAddr, state: &Arc<weir_admin::AdminState>) -> AdminServer {
+    fn start(
+        listener: TcpListener,
+        addr: SocketAddr,
+        tls: Option<Arc<weir_security::tls::ReloadingTls>>,
+        state: &Arc<weir_admin::AdminState>,
+    ) -> AdminServer {
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(weir_admin::serve(listener, state.clone(), async {
+        let task = tokio::spawn(weir_admin::serve(listener, tls, state.clone(), async {
             let _ = stopped.await;
         }));
         AdminServer { addr, stop, task }
@@ -370,7 +393,12 @@ struct RocketMqServer {
 
 impl RocketMqServer {
     /// Serves RocketMQ clients until the broker begins shutting down.
-    fn start(listener: TcpListener, core: &Core, engines: &weir_messaging::Engines) -> anyhow::Result<RocketMqServer> {
+    fn start(
+        listener: TcpListener,
+        tls: Option<Arc<weir_security::tls::ReloadingTls>>,
+        core: &Core,
+        engines: &weir_messaging::Engines,
+    ) -> anyhow::Result<RocketMqServer> {
         let addr = listener.local_addr()?;
         let engines = weir_messaging::Engines { pop: engines.pop.clone(), transactions: engines.transactions.clone() };
         let service =
@@ -379,7 +407,7 @@ impl RocketMqServer {
         let stopped = async move {
             let _ = stopping.wait_for(|down| *down).await;
         };
-        let serving = weir_rocketmq::serve(listener, service, stopped);
+        let serving = weir_rocketmq::serve(listener, tls, service, stopped);
         Ok(RocketMqServer { addr, task: tokio::spawn(async move { Ok(serving.await?) }) })
     }
 

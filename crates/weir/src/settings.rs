@@ -40,6 +40,7 @@ pub const NOT_SETTINGS: &[&str] = &[
     // The client commands' admin API credentials (`--admin-user`, `--admin-password`).
     "WEIR_ADMIN_USER",
     "WEIR_ADMIN_PASSWORD",
+    "WEIR_ADMIN_CA",
     // scripts/test and the Python client tests (tests/python/conftest.py).
     "WEIR_TEST_THREADS",
     "WEIR_BIN",

@@ -395,7 +395,7 @@ fn the_admin_address_comes_from_the_flag_or_the_environment() {
     let line = unreachable.failed();
     assert!(line.starts_with("error: cannot reach the admin API at http://127.0.0.1:1"), "{line}");
     let refused = run_weir(&["topic", "list", "--admin", "ftp://x"], "", &[]);
-    assert!(refused.failed().contains("expected host:port or an http:// URL"), "{}", refused.stderr);
+    assert!(refused.failed().contains("expected host:port, or an http:// or https:// URL"), "{}", refused.stderr);
     let without_scheme = server.admin.trim_start_matches("http://");
     let by_host_port = run_weir(&["topic", "list", "--admin", without_scheme], "", &[]);
     assert!(by_host_port.ok().contains("__consumer_offsets"), "http is assumed");

@@ -58,6 +58,11 @@ pub struct Connection {
     #[arg(long, value_name = "PASSWORD", env = "WEIR_ADMIN_PASSWORD", hide_env_values = true, global = true)]
     pub admin_password: Option<String>,
 
+    /// The CA certificates (PEM) an https:// admin API's certificate must chain to
+    /// (admin.ssl.enable).
+    #[arg(long, value_name = "FILE", env = "WEIR_ADMIN_CA", global = true)]
+    pub admin_ca: Option<std::path::PathBuf>,
+
     /// Print JSON (one object per line) instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
@@ -107,10 +112,14 @@ pub fn failure_code(e: &anyhow::Error) -> Option<&str> {
 fn admin_base(admin: &str) -> anyhow::Result<String> {
     let admin = admin.trim();
     let with_scheme = if admin.contains("://") { admin.to_string() } else { format!("http://{admin}") };
-    match with_scheme.strip_prefix("http://").map(|rest| rest.trim_end_matches('/')) {
-        Some(host) if !host.is_empty() => Ok(format!("http://{host}")),
-        _ => anyhow::bail!("--admin {admin:?}: expected host:port or an http:// URL such as {DEFAULT_ADMIN}"),
+    for scheme in ["http://", "https://"] {
+        if let Some(host) = with_scheme.strip_prefix(scheme).map(|rest| rest.trim_end_matches('/')) {
+            if !host.is_empty() {
+                return Ok(format!("{scheme}{host}"));
+            }
+        }
     }
+    anyhow::bail!("--admin {admin:?}: expected host:port, or an http:// or https:// URL such as {DEFAULT_ADMIN}")
 }
 
 /// A blocking client of the admin API.
@@ -138,8 +147,34 @@ pub fn segment(text: &str) -> String {
 impl AdminClient {
     pub fn new(connection: &Connection) -> anyhow::Result<AdminClient> {
         let base = admin_base(&connection.admin)?;
-        let config =
-            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(REQUEST_TIMEOUT)).build();
+        let mut builder =
+            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(REQUEST_TIMEOUT));
+        if base.starts_with("https://") {
+            let Some(ca) = &connection.admin_ca else {
+                anyhow::bail!(
+                    "an https:// admin API needs the CA its certificate chains to: --admin-ca FILE or WEIR_ADMIN_CA"
+                );
+            };
+            let pem = std::fs::read(ca).with_context(|| format!("cannot read --admin-ca {}", ca.display()))?;
+            let certificates: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(e)),
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| anyhow::anyhow!("--admin-ca {}: not PEM certificates ({e})", ca.display()))?;
+            if certificates.is_empty() {
+                anyhow::bail!("--admin-ca {} holds no certificate", ca.display());
+            }
+            let tls = ureq::tls::TlsConfig::builder()
+                .provider(ureq::tls::TlsProvider::Rustls)
+                .unversioned_rustls_crypto_provider(std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+                .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(certificates)))
+                .build();
+            builder = builder.tls_config(tls);
+        }
+        let config = builder.build();
         let authorization = match (&connection.admin_user, &connection.admin_password) {
             (Some(user), password) => {
                 use base64::Engine as _;
@@ -381,7 +416,8 @@ mod tests {
         assert_eq!(admin_base("127.0.0.1:9644").expect("host:port"), "http://127.0.0.1:9644");
         assert_eq!(admin_base("http://node2:9644/").expect("a URL"), "http://node2:9644");
         assert_eq!(admin_base(" localhost:1 ").expect("trimmed"), "http://localhost:1");
-        assert!(admin_base("https://node2:9644").is_err(), "no TLS in this client");
+        assert_eq!(admin_base("https://node2:9644").expect("TLS"), "https://node2:9644");
+        assert!(admin_base("ftp://node2:9644").is_err());
         assert!(admin_base("http://").is_err());
         assert!(admin_base("").is_err());
     }
