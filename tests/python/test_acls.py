@@ -95,6 +95,16 @@ def admin_of(broker, user):
     return AdminClient(conf(broker, user))
 
 
+def kp_admin_of(broker, user):
+    return KafkaAdminClient(
+        bootstrap_servers=broker.bootstrap,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-256",
+        sasl_plain_username=user,
+        sasl_plain_password=PASSWORD,
+    )
+
+
 def create_acls(admin, bindings):
     for future in admin.create_acls(bindings, request_timeout=TIMEOUT_S).values():
         future.result(timeout=TIMEOUT_S)
@@ -181,13 +191,7 @@ def test_only_a_user_allowed_on_the_cluster_manages_acls(secured):
     create_acls(admin_of(secured, "admin"), [allow("User:someone", ResourceType.TOPIC, "secret", AclOperation.READ)])
     # librdkafka drops DescribeAcls' top-level error and shows an empty list; kafka-python raises it.
     assert alice.describe_acls(everything, request_timeout=TIMEOUT_S).result(timeout=TIMEOUT_S) == []
-    kp_admin = KafkaAdminClient(
-        bootstrap_servers=secured.bootstrap,
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="SCRAM-SHA-256",
-        sasl_plain_username="alice",
-        sasl_plain_password=PASSWORD,
-    )
+    kp_admin = kp_admin_of(secured, "alice")
     try:
         with pytest.raises(ClusterAuthorizationFailedError):
             kp_admin.describe_acls(
@@ -199,13 +203,7 @@ def test_only_a_user_allowed_on_the_cluster_manages_acls(secured):
 
 
 def test_kafka_python_reads_and_writes_the_same_acls(secured):
-    kp_admin = KafkaAdminClient(
-        bootstrap_servers=secured.bootstrap,
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="SCRAM-SHA-256",
-        sasl_plain_username="admin",
-        sasl_plain_password=PASSWORD,
-    )
+    kp_admin = kp_admin_of(secured, "admin")
     name = unique("acl-kp")
     try:
         created = kp_admin.create_acls([

@@ -149,28 +149,10 @@ pub(crate) async fn txn_offset_commit(
 ) -> TxnOffsetCommitResponse {
     let who = ProducerIdentity { producer_id: request.producer_id.0, producer_epoch: request.producer_epoch };
     let group = request.group_id.to_string();
-    let refused = transaction_refused(ctx, client, &request.transactional_id).or_else(|| {
-        (!ctx.allowed_on_group(client, AclOperation::Read, &group)).then_some(ResponseError::GroupAuthorizationFailed)
-    });
-    if let Some(error) = refused {
-        let topics = request
-            .topics
-            .iter()
-            .map(|topic| {
-                let partitions = topic
-                    .partitions
-                    .iter()
-                    .map(|p| {
-                        TxnOffsetCommitResponsePartition::default()
-                            .with_partition_index(p.partition_index)
-                            .with_error_code(error.code())
-                    })
-                    .collect();
-                TxnOffsetCommitResponseTopic::default().with_name(topic.name.clone()).with_partitions(partitions)
-            })
-            .collect();
-        return TxnOffsetCommitResponse::default().with_topics(topics);
-    }
+    // WRITE on the transactional id, READ on the group: refused, every partition says so.
+    let authorized = ctx
+        .require(client, AclOperation::Write, ResourceType::TransactionalId, &request.transactional_id)
+        .and_then(|()| ctx.require(client, AclOperation::Read, ResourceType::Group, &group));
     let mut offsets = Vec::new();
     for topic in &request.topics {
         for p in &topic.partitions {
@@ -197,7 +179,7 @@ pub(crate) async fn txn_offset_commit(
         Ok(())
     };
     let unknown: Vec<bool> = offsets.iter().map(|o| !ctx.broker.partition_exists(&o.topic, o.partition)).collect();
-    let result = match member_check {
+    let result = match authorized.and(member_check) {
         Err(e) => Err(e),
         Ok(()) => {
             let (txns, txn_id, group, known) = (
