@@ -558,3 +558,67 @@ def test_rocketmq_clients_are_anonymous_to_the_authorizer(secured):
         consumer.ack(got[0])
     finally:
         consumer.shutdown()
+
+
+def test_a_three_node_cluster_enforces_acls_everywhere_and_still_replicates(cluster_factory):
+    """Three nodes with the authorizer on, SASL_PLAINTEXT for clients and PLAINTEXT between
+    brokers: ACLs made through one node apply on every node; acks=all writes (which need the
+    followers' fetches, the brokers' own on the inter-broker listener) succeed; a plain-text
+    client on that listener is User:ANONYMOUS and refused like any other."""
+    from conftest import free_port
+
+    cluster = cluster_factory(voters=3, start=False, settings={
+        "authorizer.class.name": AUTHORIZER,
+        "super.users": "User:admin",
+        "min.insync.replicas": "2",
+    })
+    sasl_ports = {}
+    for node in cluster.nodes.values():
+        sasl_ports[node.node_id] = free_port()
+        node.settings["listeners"] += f",SASL_PLAINTEXT://127.0.0.1:{sasl_ports[node.node_id]}"
+    cluster.start()
+    cluster.wait_formed()
+    first = cluster.node(1)
+    for user in ("admin", "alice"):
+        weir(first, "user", "create", user, "--password", PASSWORD)
+    everywhere = ",".join(f"127.0.0.1:{p}" for p in sasl_ports.values())
+    admin = AdminClient({**conf(first, "admin"), "bootstrap.servers": f"127.0.0.1:{sasl_ports[1]}"})
+    topic, group = unique("acl-cluster"), unique("acl-cluster-g")
+    admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(timeout=30)
+    create_acls(admin, [
+        allow("User:alice", ResourceType.TOPIC, topic, AclOperation.WRITE),
+        allow("User:alice", ResourceType.TOPIC, topic, AclOperation.READ),
+        allow("User:alice", ResourceType.GROUP, group, AclOperation.READ),
+    ])
+    leader = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions[0].leader
+    # alice through the other nodes only: they learned the ACLs from the metadata log.
+    others = ",".join(f"127.0.0.1:{p}" for i, p in sasl_ports.items() if i != 1)
+    producer = Producer({**conf(first, "alice"), "bootstrap.servers": others, "acks": "all",
+                         "message.timeout.ms": 60000})
+    errors = []
+    for i in range(20):
+        producer.produce(topic, f"m{i}".encode(), on_delivery=lambda e, _m: errors.append(e))
+    assert producer.flush(60) == 0
+    assert errors == [None] * 20, errors[:3]
+    isr = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions[0].isrs
+    assert len(isr) == 3, f"the followers replicate: ISR {isr} (leader {leader})"
+
+    consumer = Consumer({**conf(first, "alice"), "bootstrap.servers": everywhere, "group.id": group,
+                         "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe([topic])
+        values = []
+        deadline = time.monotonic() + 60
+        while len(values) < 20 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                values.append(msg.value())
+        assert sorted(values) == sorted(f"m{i}".encode() for i in range(20))
+    finally:
+        consumer.close()
+
+    anonymous = Producer({"bootstrap.servers": cluster.node(leader).bootstrap, "message.timeout.ms": 10000})
+    refused = []
+    anonymous.produce(topic, b"sneaky", on_delivery=lambda e, _m: refused.append(e))
+    anonymous.flush(30)
+    assert refused and refused[0] is not None and refused[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
