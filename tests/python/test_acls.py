@@ -622,3 +622,30 @@ def test_a_three_node_cluster_enforces_acls_everywhere_and_still_replicates(clus
     anonymous.produce(topic, b"sneaky", on_delivery=lambda e, _m: refused.append(e))
     anonymous.flush(30)
     assert refused and refused[0] is not None and refused[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_groups_are_listed_and_described_only_with_describe(secured):
+    """A group alice may not DESCRIBE is left out of her ListGroups and refused in
+    DescribeGroups with GROUP_AUTHORIZATION_FAILED; one she may describe shows, with the
+    operations she is allowed on it."""
+    admin = admin_of(secured, "admin")
+    topic, mine, theirs = unique("acl-groups"), unique("acl-mine"), unique("acl-theirs")
+    make_topic(admin, topic)
+    for group in (mine, theirs):
+        consumer = Consumer(conf(secured, "admin", **{"group.id": group, "enable.auto.commit": False}))
+        try:
+            consumer.assign([TopicPartition(topic, 0, 0)])
+            consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+        finally:
+            consumer.close()
+    create_acls(admin, [allow("User:alice", ResourceType.GROUP, mine, AclOperation.READ)])
+    alice = admin_of(secured, "alice")
+    listed = {g.group_id for g in alice.list_consumer_groups(request_timeout=TIMEOUT_S).result(timeout=TIMEOUT_S).valid}
+    assert mine in listed and theirs not in listed, listed
+    described = alice.describe_consumer_groups([mine, theirs], include_authorized_operations=True,
+                                               request_timeout=TIMEOUT_S)
+    ours = described[mine].result(timeout=TIMEOUT_S)
+    assert set(ours.authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE}, ours.authorized_operations
+    with pytest.raises(KafkaException) as refused:
+        described[theirs].result(timeout=TIMEOUT_S)
+    assert refused.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED

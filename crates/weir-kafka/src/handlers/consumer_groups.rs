@@ -101,10 +101,21 @@ pub(crate) async fn describe(
     req: ConsumerGroupDescribeRequest,
 ) -> ConsumerGroupDescribeResponse {
     let ids: Vec<String> = req.group_ids.iter().map(|g| g.to_string()).collect();
-    let operations = if req.include_authorized_operations {
-        authorized_operations::GROUP
-    } else {
-        authorized_operations::NOT_REQUESTED
+    // DESCRIBE on each group; the refused ones are answered without the coordinator.
+    let (ids, refused): (Vec<String>, Vec<String>) =
+        ids.into_iter().partition(|id| ctx.allowed_on_group(client, weir_security::acl::AclOperation::Describe, id));
+    let refused = refused.into_iter().map(|id| {
+        DescribedGroup::default()
+            .with_error_code(kafka_protocol::ResponseError::GroupAuthorizationFailed.code())
+            .with_group_id(GroupId(s(id)))
+            .with_authorized_operations(authorized_operations::NOT_REQUESTED)
+    });
+    let operations_of = |group: &str| {
+        if req.include_authorized_operations {
+            authorized_operations::on_group(ctx, client, group)
+        } else {
+            authorized_operations::NOT_REQUESTED
+        }
     };
     let version = client.version;
     let groups = ctx
@@ -137,6 +148,7 @@ pub(crate) async fn describe(
                     }
                 })
                 .collect();
+            let operations = operations_of(&g.group_id);
             let group = DescribedGroup::default()
                 .with_error_code(code_of(g.error))
                 .with_group_id(GroupId(s(g.group_id)))
@@ -151,6 +163,7 @@ pub(crate) async fn describe(
                 None => group,
             }
         })
+        .chain(refused)
         .collect();
     ConsumerGroupDescribeResponse::default().with_groups(groups)
 }

@@ -97,17 +97,34 @@ pub(crate) async fn handle(ctx: &Ctx, client: &Client, request: ListOffsetsReque
 
 pub(crate) async fn offset_for_leader_epoch(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: OffsetForLeaderEpochRequest,
 ) -> OffsetForLeaderEpochResponse {
     let broker = ctx.broker.clone();
+    // A follower (replica id set) needs CLUSTER_ACTION, implied on a cluster's inter-broker
+    // listener; a consumer DESCRIBE on each topic.
+    let follower = request.replica_id.0 >= 0;
+    let refused: Vec<Option<weir_broker::BrokerError>> = request
+        .topics
+        .iter()
+        .map(|t| {
+            if follower && ctx.on_inter_broker_listener(client) {
+                None
+            } else if follower {
+                ctx.require_on_cluster(client, AclOperation::ClusterAction).err()
+            } else {
+                ctx.require(client, AclOperation::Describe, ResourceType::Topic, &t.topic).err()
+            }
+        })
+        .collect();
     // The first question after a restart reads a batch header per partition: off the async
     // threads.
     let topics = tokio::task::spawn_blocking(move || {
         request
             .topics
             .into_iter()
-            .map(|topic| {
+            .zip(refused)
+            .map(|(topic, refused)| {
                 let name = topic.topic.to_string();
                 let partitions = topic
                     .partitions
@@ -117,7 +134,11 @@ pub(crate) async fn offset_for_leader_epoch(
                             .with_partition(p.partition)
                             .with_leader_epoch(-1)
                             .with_end_offset(-1);
-                        let answer = broker.require_partition(&name, p.partition).and_then(|partition| {
+                        let found = match &refused {
+                            Some(e) => Err(e.clone()),
+                            None => broker.require_partition(&name, p.partition),
+                        };
+                        let answer = found.and_then(|partition| {
                             partition.check_leader_epoch(leader_epoch(p.current_leader_epoch))?;
                             broker.end_offset_for_epoch(&partition, p.leader_epoch)
                         });

@@ -81,16 +81,23 @@ pub(crate) async fn heartbeat(
     response
 }
 
-pub(crate) async fn describe(
-    ctx: &Ctx,
-    _client: &Client,
-    req: ShareGroupDescribeRequest,
-) -> ShareGroupDescribeResponse {
+pub(crate) async fn describe(ctx: &Ctx, client: &Client, req: ShareGroupDescribeRequest) -> ShareGroupDescribeResponse {
     let ids: Vec<String> = req.group_ids.iter().map(|g| g.to_string()).collect();
-    let operations = if req.include_authorized_operations {
-        authorized_operations::GROUP
-    } else {
-        authorized_operations::NOT_REQUESTED
+    // DESCRIBE on each group; the refused ones are answered without the coordinator.
+    let (ids, refused): (Vec<String>, Vec<String>) =
+        ids.into_iter().partition(|id| ctx.allowed_on_group(client, weir_security::acl::AclOperation::Describe, id));
+    let refused = refused.into_iter().map(|id| {
+        DescribedGroup::default()
+            .with_error_code(kafka_protocol::ResponseError::GroupAuthorizationFailed.code())
+            .with_group_id(GroupId(s(id)))
+            .with_authorized_operations(authorized_operations::NOT_REQUESTED)
+    });
+    let operations_of = |group: &str| {
+        if req.include_authorized_operations {
+            authorized_operations::on_group(ctx, client, group)
+        } else {
+            authorized_operations::NOT_REQUESTED
+        }
     };
     let groups = ctx
         .groups
@@ -125,6 +132,7 @@ pub(crate) async fn describe(
                         .with_assignment(assignment)
                 })
                 .collect();
+            let operations = operations_of(&g.group_id);
             let group = DescribedGroup::default()
                 .with_error_code(code_of(g.error))
                 .with_group_id(GroupId(s(g.group_id)))
@@ -139,6 +147,7 @@ pub(crate) async fn describe(
                 None => group,
             }
         })
+        .chain(refused)
         .collect();
     ShareGroupDescribeResponse::default().with_groups(groups)
 }
@@ -165,7 +174,7 @@ impl DescribedOffsets {
 /// never consumed (Kafka's answer), or whose leader did not answer.
 pub(crate) async fn describe_offsets(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     req: DescribeShareGroupOffsetsRequest,
 ) -> DescribedOffsets {
     let metadata = ctx.broker.metadata();
@@ -173,6 +182,14 @@ pub(crate) async fn describe_offsets(
     let mut groups = Vec::with_capacity(req.groups.len());
     for g in req.groups {
         let group = g.group_id.to_string();
+        if !ctx.allowed_on_group(client, weir_security::acl::AclOperation::Describe, &group) {
+            groups.push(
+                DescribeShareGroupOffsetsResponseGroup::default()
+                    .with_group_id(GroupId(s(group)))
+                    .with_error_code(ResponseError::GroupAuthorizationFailed.code()),
+            );
+            continue;
+        }
         let asked: Option<Vec<(String, Vec<i32>)>> =
             g.topics.map(|topics| topics.into_iter().map(|t| (t.topic_name.to_string(), t.partitions)).collect());
         let standings = match (ctx.share.as_ref(), &asked) {
@@ -249,10 +266,14 @@ async fn check_offsets_changeable(ctx: &Ctx, group: &str) -> Result<(), Response
 
 pub(crate) async fn alter_offsets(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     req: AlterShareGroupOffsetsRequest,
 ) -> AlterShareGroupOffsetsResponse {
     let group = req.group_id.to_string();
+    if !ctx.allowed_on_group(client, weir_security::acl::AclOperation::Read, &group) {
+        return AlterShareGroupOffsetsResponse::default()
+            .with_error_code(ResponseError::GroupAuthorizationFailed.code());
+    }
     if let Err(error) = check_offsets_changeable(ctx, &group).await {
         return AlterShareGroupOffsetsResponse::default().with_error_code(error.code());
     }
@@ -298,10 +319,14 @@ pub(crate) async fn alter_offsets(
 
 pub(crate) async fn delete_offsets(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     req: DeleteShareGroupOffsetsRequest,
 ) -> DeleteShareGroupOffsetsResponse {
     let group = req.group_id.to_string();
+    if !ctx.allowed_on_group(client, weir_security::acl::AclOperation::Delete, &group) {
+        return DeleteShareGroupOffsetsResponse::default()
+            .with_error_code(ResponseError::GroupAuthorizationFailed.code());
+    }
     if let Err(error) = check_offsets_changeable(ctx, &group).await {
         return DeleteShareGroupOffsetsResponse::default().with_error_code(error.code());
     }

@@ -225,7 +225,7 @@ pub(crate) async fn end_txn(ctx: &Ctx, client: &Client, request: EndTxnRequest) 
 
 pub(crate) async fn describe_transactions(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: DescribeTransactionsRequest,
 ) -> DescribeTransactionsResponse {
     let states = request
@@ -233,6 +233,9 @@ pub(crate) async fn describe_transactions(
         .iter()
         .map(|id| {
             let base = TransactionState::default().with_transactional_id(id.clone());
+            if let Err(e) = ctx.require(client, AclOperation::Describe, ResourceType::TransactionalId, id) {
+                return base.with_error_code(errors::code(&e));
+            }
             if let Err(e) = ctx.txns.check_coordinator(id.as_str()) {
                 return base.with_error_code(errors::code(&e));
             }
@@ -265,9 +268,10 @@ pub(crate) async fn describe_transactions(
 
 pub(crate) async fn list_transactions(
     ctx: &Ctx,
-    _client: &Client,
+    client: &Client,
     request: ListTransactionsRequest,
 ) -> ListTransactionsResponse {
+    // Kafka lists the transactional ids the client may DESCRIBE.
     const KNOWN: [&str; 6] = ["Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort"];
     let filters: Vec<String> = request.state_filters.iter().map(|s| s.to_string()).collect();
     let unknown: Vec<StrBytes> =
@@ -280,6 +284,7 @@ pub(crate) async fn list_transactions(
         .into_iter()
         // v1+: only transactions running longer than the duration filter (-1: all).
         .filter(|m| request.duration_filter < 0 || now.saturating_sub(m.started_ms) >= request.duration_filter)
+        .filter(|m| ctx.allowed(client, AclOperation::Describe, ResourceType::TransactionalId, &m.transactional_id))
         .map(|m| {
             ListedTransaction::default()
                 .with_transactional_id(TransactionalId(StrBytes::from_string(m.transactional_id)))
