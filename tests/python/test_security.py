@@ -18,7 +18,7 @@ import time
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     ScramCredentialInfo,
@@ -561,3 +561,54 @@ def test_the_admin_api_and_the_rocketmq_listener_speak_tls(tmp_path, certs, brok
         assert [m.value for m in got] == [b"over tls"]
     finally:
         consumer.close()
+
+
+def make_client_cert(directory, name, subject, ca="ca"):
+    """A client key and certificate (subject as given, e.g. /O=Example/OU=eng/CN=alice) signed by `ca`."""
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-subj", subject,
+            "-out", f"{name}.csr", cwd=directory)
+    (directory / f"{name}.ext").write_text("extendedKeyUsage=clientAuth\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=directory)
+    return directory / f"{name}.crt", directory / f"{name}.key"
+
+
+def test_a_client_certificate_names_the_principal_the_authorizer_sees(tmp_path, certs, brokers):
+    """Mutual TLS (ssl.client.auth=required): the certificate's subject, mapped by
+    ssl.principal.mapping.rules, is the principal; ACLs for User:alice let the CN=alice
+    certificate write and refuse the CN=mallory one; a client without a certificate is
+    turned away in the handshake."""
+    broker = brokers("SSL", {
+        "ssl.keystore.location": str(certs["server"]),
+        "ssl.truststore.location": str(certs["ca"]),
+        "ssl.client.auth": "required",
+        "ssl.principal.mapping.rules": "RULE:^CN=([a-z]+),OU=eng,.*$/$1/,DEFAULT",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    })
+    topic = unique("mtls")
+    out = subprocess.run([str(weir_bin()), "topic", "create", topic, "--admin", broker.admin_url()],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run([str(weir_bin()), "acl", "create", "--topic", topic, "--principal", "User:alice",
+                          "--operation", "write", "--admin", broker.admin_url()], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    alice = make_client_cert(certs["dir"], "alice", "/O=Example/OU=eng/CN=alice")
+    mallory = make_client_cert(certs["dir"], "mallory", "/O=Example/OU=eng/CN=mallory")
+
+    def produce(cert):
+        conf = client_conf(broker, certs, protocol="SSL")
+        if cert is not None:
+            conf.update({"ssl.certificate.location": str(cert[0]), "ssl.key.location": str(cert[1])})
+        producer = Producer({**conf, "message.timeout.ms": 10000})
+        errors = []
+        producer.produce(topic, b"signed", on_delivery=lambda e, _m: errors.append(e))
+        producer.flush(30)
+        return errors
+
+    assert produce(alice) == [None]
+    refused = produce(mallory)
+    assert refused[0] is not None and refused[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, refused
+    anonymous = produce(None)
+    assert anonymous[0] is not None and anonymous[0].code() != KafkaError.TOPIC_AUTHORIZATION_FAILED, anonymous
+    assert labelled_metric(broker, "weir_tls_handshake_failures_total") >= 1

@@ -121,6 +121,11 @@ pub(crate) const SETTINGS: &[Setting] = &[
     ),
     s("ssl.enabled.protocols", "TLSv1.2,TLSv1.3", "The TLS versions offered."),
     s(
+        "ssl.principal.mapping.rules",
+        "DEFAULT",
+        "A mutual-TLS client's principal from its certificate's subject (CN=alice,O=Example): DEFAULT keeps it whole; RULE:pattern/replacement/[LU] rewrites a matching one, e.g. RULE:^CN=(.*?),.*$/$1/,DEFAULT.",
+    ),
+    s(
         "sasl.enabled.mechanisms",
         "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN",
         "The SASL mechanisms a SASL listener offers: SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN, each checked against the users' SCRAM credentials (weir user create).",
@@ -749,6 +754,8 @@ pub struct ClientSecurity {
     pub failed_authentications_per_minute: u32,
     pub sasl_max_receive_size: usize,
     pub max_unauthenticated_ms: u64,
+    /// `ssl.principal.mapping.rules`: a mutual-TLS client's principal from its certificate.
+    pub principal_rules: weir_security::principal::PrincipalRules,
 }
 
 impl ClientSecurity {
@@ -764,6 +771,7 @@ impl ClientSecurity {
             failed_authentications_per_minute: 20,
             sasl_max_receive_size: 524_288,
             max_unauthenticated_ms: 10_000,
+            principal_rules: Default::default(),
         }
     }
 }
@@ -904,6 +912,8 @@ fn client_security(values: &Values, listener_name: &str) -> Result<ClientSecurit
         failed_authentications_per_minute: values.num("connection.failed.authentication.max.per.minute", 1)?,
         sasl_max_receive_size: values.num("sasl.server.max.receive.size", 1024)?,
         max_unauthenticated_ms: values.num("connections.max.unauthenticated.ms", 100)?,
+        principal_rules: weir_security::principal::PrincipalRules::parse(values.get("ssl.principal.mapping.rules"))
+            .map_err(|e| invalid("ssl.principal.mapping.rules", values.get("ssl.principal.mapping.rules"), e))?,
     })
 }
 

@@ -40,7 +40,8 @@ pub(crate) async fn serve_connection(
     match &ctx.listener(listener).tls {
         None => {
             let (read_half, write_half) = stream.into_split();
-            serve_stream(ctx.clone(), listener, read_half, ResponseSink::Plain(write_half), peer, shutdown).await;
+            let sink = ResponseSink::Plain(write_half);
+            serve_stream(ctx.clone(), listener, read_half, sink, peer, None, shutdown).await;
         }
         Some(Err(_)) => {
             ctx.metrics.connections.tls_handshake_failures.inc();
@@ -50,8 +51,17 @@ pub(crate) async fn serve_connection(
             let accepted = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.acceptor().accept(stream)).await;
             match accepted {
                 Ok(Ok(stream)) => {
+                    let principal = match certificate_principal(&ctx, listener, &stream) {
+                        Ok(principal) => principal,
+                        Err(why) => {
+                            ctx.metrics.connections.authentication_failures.inc();
+                            tracing::info!(%peer, why, "refusing a client certificate");
+                            return;
+                        }
+                    };
                     let (read_half, write_half) = tokio::io::split(stream);
-                    serve_stream(ctx.clone(), listener, read_half, ResponseSink::Tls(write_half), peer, shutdown).await;
+                    let sink = ResponseSink::Tls(write_half);
+                    serve_stream(ctx.clone(), listener, read_half, sink, peer, principal, shutdown).await;
                 }
                 Ok(Err(e)) => {
                     ctx.metrics.connections.tls_handshake_failures.inc();
@@ -66,12 +76,37 @@ pub(crate) async fn serve_connection(
     }
 }
 
+/// The principal of a client that presented a certificate on an SSL listener (Kafka's
+/// `User:<subject>`, mapped by `ssl.principal.mapping.rules`); `None` without one, or on a
+/// SASL_SSL listener, where SASL says who the client is. `Err`: a certificate no rule maps.
+fn certificate_principal(
+    ctx: &Ctx,
+    listener: usize,
+    stream: &tokio_rustls::server::TlsStream<TcpStream>,
+) -> Result<Option<Arc<str>>, String> {
+    let security = &ctx.listener(listener).security;
+    if security.protocol.uses_sasl() {
+        return Ok(None);
+    }
+    let Some(leaf) = stream.get_ref().1.peer_certificates().and_then(|chain| chain.first()) else {
+        return Ok(None);
+    };
+    let subject = weir_security::principal::subject_name(leaf)?;
+    let name = security
+        .principal_rules
+        .apply(&subject)
+        .ok_or_else(|| format!("no ssl.principal.mapping.rules rule maps {subject:?}"))?;
+    Ok(Some(format!("User:{name}").into()))
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn serve_stream<R: AsyncRead + Unpin>(
     ctx: Arc<Ctx>,
     listener: usize,
     read_half: R,
     write_half: ResponseSink,
     peer: SocketAddr,
+    principal: Option<Arc<str>>,
     shutdown: watch::Receiver<bool>,
 ) {
     let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
@@ -87,7 +122,17 @@ async fn serve_stream<R: AsyncRead + Unpin>(
     // was read and the writer sends what was answered, then the socket closes.
     tokio::join!(
         read_requests(&ctx, listener, read_half, request_tx, &in_flight, peer, shutdown, &authenticated),
-        process_requests(&ctx, listener, request_rx, response_tx, &in_flight, peer, connection, &authenticated),
+        process_requests(
+            &ctx,
+            listener,
+            request_rx,
+            response_tx,
+            &in_flight,
+            peer,
+            principal,
+            connection,
+            &authenticated
+        ),
         write_responses(&ctx, write_half, response_rx, &in_flight, peer),
     );
     // A share consumer gone without closing its share sessions: what it held is released now.
@@ -190,10 +235,14 @@ async fn process_requests(
     replies: mpsc::Sender<Reply>,
     in_flight: &InFlight,
     peer: SocketAddr,
+    principal: Option<Arc<str>>,
     connection: u64,
     authenticated: &AtomicBool,
 ) {
     let mut client = Peer::new(peer.ip().to_string(), connection, listener);
+    if let Some(principal) = principal {
+        client.principal = principal;
+    }
     let mut sasl = ctx.listener(listener).security.protocol.uses_sasl().then(|| Authentication::new(listener));
     while let Some(frame) = requests.recv().await {
         let handled = match sasl.as_mut() {

@@ -7,10 +7,13 @@
 //!   salted credentials stored in the metadata log; SASL/PLAIN's message, checked against the
 //!   same credentials.
 //! - [`acl`]: the authorizer, Kafka's ACL semantics over the ACLs of the metadata log.
+//! - [`principal`]: the principal of a mutual-TLS client, from its certificate's subject and
+//!   `ssl.principal.mapping.rules`.
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
 pub mod acl;
+pub mod principal;
 pub mod scram;
 pub mod tls;
 
