@@ -46,6 +46,25 @@ pub(crate) mod authorized_operations {
         allowed(ctx, client, ResourceType::Group, group, GROUP)
     }
 
+    /// A group's field in a describe: its operations if `requested`, else `NOT_REQUESTED`.
+    pub(crate) fn of_group(ctx: &Ctx, client: &Client, group: &str, requested: bool) -> i32 {
+        if requested {
+            on_group(ctx, client, group)
+        } else {
+            NOT_REQUESTED
+        }
+    }
+
+    /// The groups of a describe the client may DESCRIBE, and the others (answered
+    /// GROUP_AUTHORIZATION_FAILED without the coordinator).
+    pub(crate) fn describable_groups(
+        ctx: &Ctx,
+        client: &Client,
+        ids: &[kafka_protocol::messages::GroupId],
+    ) -> (Vec<String>, Vec<String>) {
+        ids.iter().map(|id| id.to_string()).partition(|id| ctx.allowed_on_group(client, AclOperation::Describe, id))
+    }
+
     pub(crate) fn on_cluster(ctx: &Ctx, client: &Client) -> i32 {
         allowed(ctx, client, ResourceType::Cluster, CLUSTER_RESOURCE, CLUSTER)
     }

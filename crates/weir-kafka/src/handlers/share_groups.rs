@@ -82,23 +82,15 @@ pub(crate) async fn heartbeat(
 }
 
 pub(crate) async fn describe(ctx: &Ctx, client: &Client, req: ShareGroupDescribeRequest) -> ShareGroupDescribeResponse {
-    let ids: Vec<String> = req.group_ids.iter().map(|g| g.to_string()).collect();
-    // DESCRIBE on each group; the refused ones are answered without the coordinator.
-    let (ids, refused): (Vec<String>, Vec<String>) =
-        ids.into_iter().partition(|id| ctx.allowed_on_group(client, weir_security::acl::AclOperation::Describe, id));
+    let (ids, refused) = authorized_operations::describable_groups(ctx, client, &req.group_ids);
     let refused = refused.into_iter().map(|id| {
         DescribedGroup::default()
             .with_error_code(kafka_protocol::ResponseError::GroupAuthorizationFailed.code())
             .with_group_id(GroupId(s(id)))
             .with_authorized_operations(authorized_operations::NOT_REQUESTED)
     });
-    let operations_of = |group: &str| {
-        if req.include_authorized_operations {
-            authorized_operations::on_group(ctx, client, group)
-        } else {
-            authorized_operations::NOT_REQUESTED
-        }
-    };
+    let operations_of =
+        |group: &str| authorized_operations::of_group(ctx, client, group, req.include_authorized_operations);
     let groups = ctx
         .groups
         .share_group_describe(&ids)
