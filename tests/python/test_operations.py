@@ -97,7 +97,7 @@ def test_a_healthy_cluster_reports_nothing_and_exits_0_and_admin_needs_no_scheme
     assert len(rows) == 7 and all("0" in row and row[-1] == "-" for row in rows), shown.stdout
     as_json = json.loads(weir(four, "cluster", "health", "--json").stdout)
     assert as_json["healthy"] is True and as_json["fenced_brokers"] == [] and as_json["lagging_followers"] == []
-    bad = weir(four, "cluster", "health", "--admin", "https://127.0.0.1:1")
+    bad = weir(four, "cluster", "health", "--admin", "ftp://127.0.0.1:1")
     assert bad.returncode == 1 and "expected host:port" in bad.stderr, bad.stderr
 
 
