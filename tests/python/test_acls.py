@@ -649,3 +649,51 @@ def test_groups_are_listed_and_described_only_with_describe(secured):
     with pytest.raises(KafkaException) as refused:
         described[theirs].result(timeout=TIMEOUT_S)
     assert refused.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+
+def test_client_quotas_need_cluster_configs_acls_and_follow_the_sasl_user(secured):
+    """AlterClientQuotas needs ALTER_CONFIGS on the cluster, DescribeClientQuotas
+    DESCRIBE_CONFIGS; a user quota applies to the authenticated user, every client of it."""
+    from test_quotas import alter, describe
+
+    alice = kp_admin_of(secured, "alice")
+    try:
+        results = alter(alice, [([("user", "alice")], [("producer_byte_rate", 1024)])])
+        assert [code for code, _ in results] == [31], results  # CLUSTER_AUTHORIZATION_FAILED
+        _, error = describe(alice, [])
+        assert error[0] == 31, error
+    finally:
+        alice.close()
+
+    admin = kp_admin_of(secured, "admin")
+    topic = unique("acl-quota")
+    make_topic(admin_of(secured, "admin"), topic)
+    create_acls(admin_of(secured, "admin"), [
+        allow("User:alice", ResourceType.TOPIC, topic, AclOperation.WRITE),
+        allow("User:bob", ResourceType.TOPIC, topic, AclOperation.WRITE),
+    ])
+    try:
+        results = alter(admin, [([("user", "alice")], [("producer_byte_rate", 4096)])])
+        assert results == [(0, None)], results
+        found, _ = describe(admin, [("user", 0, "alice")])
+        assert found == {frozenset({("user", "alice")}): {"producer_byte_rate": 4096.0}}
+
+        def throttles_of(user):
+            events = []
+            producer = Producer(conf(secured, user, **{
+                "client.id": unique("quota-client"),
+                "linger.ms": 5,
+                "throttle_cb": lambda event: events.append(event.throttle_time),
+            }))
+            # 128 KiB: past the ten seconds' worth (40 KiB) a new client sends unthrottled.
+            for i in range(32):
+                producer.produce(topic, value=b"z" * 4096)
+                producer.poll(0)
+            assert producer.flush(60) == 0
+            return events
+
+        assert any(t > 0 for t in throttles_of("alice")), "alice is over her producer_byte_rate"
+        assert not any(t > 0 for t in throttles_of("bob")), "bob has no quota"
+    finally:
+        alter(admin, [([("user", "alice")], [("producer_byte_rate", None)])])
+        admin.close()

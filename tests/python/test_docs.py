@@ -208,6 +208,19 @@ def test_the_recipe_in_docs_native_protocol_md_persists_every_line(tmp_path, bro
     assert "through sequence 9999" in done.stdout, done.stdout
 
 
+def test_the_recipe_in_docs_security_md_sets_and_lists_quotas(tmp_path, fresh_broker):
+    """docs/security.md's "Trying quotas", as written: the quotas it sets are listed, and the one
+    it deletes is gone."""
+    done = run_recipe(tmp_path, fresh_broker, "security.md", "### Trying quotas")
+    assert "consumer_byte_rate" in done.stdout and "reports" in done.stdout, done.stdout
+    status, body = http("GET", f"{fresh_broker.admin_url()}/v1/quotas")
+    assert status == 200, body
+    assert sorted((tuple(sorted(q["entity"].items())), q["quotas"]) for q in body) == [
+        ((("client_id", "reports"),), {"consumer_byte_rate": 1048576.0}),
+        ((("user", "<default>"),), {"producer_byte_rate": 10485760.0}),
+    ], body
+
+
 def test_the_recipe_in_docs_security_md_gives_alice_orders_and_nobody_else(tmp_path):
     """docs/security.md's "Trying it" (ACLs), as written, against a broker with the authorizer,
     a SASL listener and an authenticated admin API: alice produces to `orders` and reads it in

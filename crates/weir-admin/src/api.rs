@@ -1159,3 +1159,37 @@ pub struct AclResult {
 pub struct DeletedAcls {
     pub deleted: Vec<Acl>,
 }
+
+/// A client quota entity (`GET /v1/quotas`, `POST /v1/quotas`): a user, a client id, both, or
+/// an IP address. `<default>` names the default of its type, as Kafka prints it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaEntity {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+}
+
+/// An entity's quotas (`GET /v1/quotas`), by Kafka's keys: `producer_byte_rate`,
+/// `consumer_byte_rate`, `request_percentage`, `controller_mutation_rate`,
+/// `connection_creation_rate`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quotas {
+    pub entity: QuotaEntity,
+    pub quotas: BTreeMap<String, f64>,
+}
+
+/// `POST /v1/quotas`: set some of an entity's quotas and remove others.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AlterQuotas {
+    pub entity: QuotaEntity,
+    #[serde(default)]
+    pub set: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+    /// Check the change without making it.
+    #[serde(default)]
+    pub validate_only: bool,
+}

@@ -40,6 +40,7 @@ mod acls;
 mod auth;
 mod elastic;
 mod probes;
+mod quotas;
 mod records;
 mod topics;
 mod users;
@@ -143,6 +144,7 @@ pub(crate) fn router(state: SharedState) -> Router {
         .route("/v1/users", get(users::list).post(users::create))
         .route("/v1/users/{name}", delete(users::delete))
         .route("/v1/acls", get(acls::list).post(acls::create).delete(acls::delete))
+        .route("/v1/quotas", get(quotas::list).post(quotas::alter))
         .route("/v1/topics", get(topics::list).post(topics::create))
         .route("/v1/topics/{topic}", get(topics::describe).delete(topics::delete))
         .route("/v1/topics/{topic}/configs", get(topics::configs).patch(topics::alter_configs))

@@ -139,6 +139,8 @@ pub struct Broker {
     pub metrics: BrokerMetrics,
     /// The replication throttles' budgets (see [`crate::throttle`]).
     pub(crate) replication_quotas: crate::throttle::ReplicationQuotas,
+    /// The client quotas in force and the rates clients have used (see [`crate::quotas`]).
+    pub client_quotas: crate::quotas::ClientQuotas,
     /// What the heartbeats report of this broker's load, as of the last load window: built by
     /// the load sampler once per window, so that a heartbeat walks no partition.
     pub(crate) load_report: Mutex<Arc<weir_controller::balance::LoadReport>>,
@@ -221,6 +223,7 @@ impl Broker {
         let (shutdown_tx, _) = watch::channel(false);
         let (reconciled_tx, _) = watch::channel(state.clone());
         let memory = crate::memory::MemoryWriter::new(config.memory);
+        let client_quotas = crate::quotas::ClientQuotas::new(config.quota_window_num, config.quota_window_size_seconds);
         Arc::new(Broker {
             delayed: OnceLock::new(),
             config,
@@ -237,6 +240,7 @@ impl Broker {
             producer_ids: Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             cluster,
             replication_quotas: Default::default(),
+            client_quotas,
             load_report: Mutex::new(Arc::default()),
             memory,
             tier,
@@ -580,6 +584,7 @@ impl Broker {
         // Deletions first: a topic deleted and created again under the same name reuses the dir.
         self.drop_deleted_topics(&mut topics, state, &changed)?;
         self.replication_quotas.update(state, self.config.node_id);
+        self.client_quotas.update(state);
         self.drop_moved_replicas(&mut topics, state, &changed)?;
         if previous.is_none() {
             self.delete_stray_logs(state)?;

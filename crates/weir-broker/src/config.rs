@@ -166,6 +166,12 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "false",
         "With the authorizer on: a resource no ACL applies to is open to everyone (true) or to super users only (false).",
     ),
+    s(
+        "quota.window.num",
+        "11",
+        "Client quotas (AlterClientQuotas) measure rates over this many samples of quota.window.size.seconds each.",
+    ),
+    s("quota.window.size.seconds", "1", "The span of one client-quota sample, in seconds."),
     s("broker.rack", "", "The rack (or zone) of this broker, for rack-aware replica placement; empty: none."),
     s(
         "replica.selector.class",
@@ -496,6 +502,10 @@ pub struct BrokerConfig {
     pub max_connections: usize,
     pub connections_max_idle_ms: u64,
     pub queued_requests_per_connection: usize,
+    /// Client quotas' rate window: how many samples (`quota.window.num`) of how long
+    /// (`quota.window.size.seconds`).
+    pub quota_window_num: u32,
+    pub quota_window_size_seconds: u32,
     pub fetch_sendfile: bool,
     pub producer_id_expiration_ms: i64,
     pub transactional_id_expiration_ms: i64,
@@ -1287,6 +1297,8 @@ impl BrokerConfig {
             max_connections: values.num("max.connections", 1)?,
             connections_max_idle_ms: values.num("connections.max.idle.ms", 1)?,
             queued_requests_per_connection: values.num("queued.max.requests.per.connection", 1)?,
+            quota_window_num: values.num("quota.window.num", 1)?,
+            quota_window_size_seconds: values.num("quota.window.size.seconds", 1)?,
             fetch_sendfile: values.bool("fetch.sendfile.enable")?,
             producer_id_expiration_ms: values.num("producer.id.expiration.ms", 1)?,
             transactional_id_expiration_ms: values.num("transactional.id.expiration.ms", 1)?,

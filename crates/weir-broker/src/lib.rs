@@ -35,6 +35,7 @@ pub mod metrics;
 mod open;
 pub mod partition;
 pub mod partitioner;
+pub mod quotas;
 /// Where replicas go (the controller's, `weir-controller`).
 pub use weir_controller::placement;
 pub mod replication;

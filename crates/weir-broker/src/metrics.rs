@@ -74,11 +74,36 @@ pub fn render_prometheus(broker: &Broker, sections: &[&dyn MetricsSection]) -> S
         "Operations the authorizer refused (authorizer.class.name), on every front-end: a request refused, or a topic or group left out of a listing.",
     );
     out.sample("weir_authorization_denials_total", &[], broker.metrics.authorization_denials.load(Ordering::Relaxed));
+    render_quotas(&mut out, broker);
     for section in sections {
         section.render(&mut out, &partitions);
     }
     process::render(&mut out, &process::ProcessStats::read());
     out.finish()
+}
+
+/// Client quotas (`crate::quotas`): how often clients were throttled, and for how long.
+fn render_quotas(out: &mut Exposition, broker: &Broker) {
+    let totals: Vec<_> = crate::quotas::QuotaKind::ALL
+        .iter()
+        .map(|kind| (kind.name(), broker.client_quotas.throttle_totals(*kind)))
+        .collect();
+    out.family(
+        "weir_client_quota_throttles_total",
+        Kind::Counter,
+        "Times a client went over a client quota (AlterClientQuotas) and was made to wait, by quota.",
+    );
+    for (quota, (count, _)) in &totals {
+        out.sample("weir_client_quota_throttles_total", &[("quota", quota)], *count);
+    }
+    out.family(
+        "weir_client_quota_throttle_seconds_total",
+        Kind::Counter,
+        "The waits of weir_client_quota_throttles_total added up, by quota.",
+    );
+    for (quota, (_, time)) in &totals {
+        out.sample("weir_client_quota_throttle_seconds_total", &[("quota", quota)], time.as_secs_f64());
+    }
 }
 
 fn render_requests(out: &mut Exposition, protocols: &[Arc<ProtocolMetrics>]) {

@@ -45,6 +45,7 @@ pub mod group_config;
 pub mod isr;
 pub mod placement;
 pub mod producer_ids;
+pub mod quotas;
 pub mod reassignment;
 pub mod reassignment_plan;
 pub mod request;

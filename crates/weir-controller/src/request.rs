@@ -119,6 +119,11 @@ pub enum ControlRequest {
     DeleteAcls {
         filters: Vec<weir_metadata::acl::AclFilter>,
     },
+    /// Set or remove client quotas (Kafka's AlterClientQuotas).
+    AlterClientQuotas {
+        alterations: Vec<crate::quotas::QuotaAlteration>,
+        validate_only: bool,
+    },
 }
 
 impl ControlRequest {
@@ -146,6 +151,7 @@ impl ControlRequest {
             ControlRequest::AlterScramCredentials { .. } => "alter SCRAM credentials",
             ControlRequest::CreateAcls { .. } => "create ACLs",
             ControlRequest::DeleteAcls { .. } => "delete ACLs",
+            ControlRequest::AlterClientQuotas { .. } => "alter client quotas",
         }
     }
 }

@@ -278,17 +278,30 @@ async fn process_requests(
                 }
             }
         };
-        match handled {
-            Ok(Reply::Now(None)) => in_flight.done(),
-            Ok(reply) => {
-                if replies.send(reply).await.is_err() {
-                    return;
-                }
-            }
+        let (reply, throttle) = match handled {
+            Ok(handled) => (handled.reply, handled.throttle),
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "closing connection");
                 return;
             }
+        };
+        // Over a quota: a client that waits on its own gets its response now and the
+        // connection is muted (nothing more is handled) for the throttle time; an older one
+        // gets its response only once that time has passed (KIP-219).
+        let hold = throttle.filter(|t| !t.client_waits).map(|t| t.delay);
+        if let Some(delay) = hold {
+            tokio::time::sleep(delay).await;
+        }
+        match reply {
+            Reply::Now(None) => in_flight.done(),
+            reply => {
+                if replies.send(reply).await.is_err() {
+                    return;
+                }
+            }
+        }
+        if let Some(throttle) = throttle.filter(|t| t.client_waits) {
+            tokio::time::sleep(throttle.delay).await;
         }
     }
 }

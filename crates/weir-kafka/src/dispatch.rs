@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -14,6 +15,7 @@ use weir_broker::metrics::{ErrorCounter, OperationMetrics, ProtocolMetrics};
 use crate::context::{Client, Ctx, Peer};
 use crate::frame::{self, FrameError, ResponseFrame};
 use crate::handlers::{self, admin, groups};
+use crate::quota::{self, Charge, Throttle, Timed};
 use crate::share_versions;
 use crate::versions;
 
@@ -37,22 +39,47 @@ pub(crate) enum Reply {
     Later(Deferred),
 }
 
+/// What handling a request produced: its reply, and how its client must wait when it is over a
+/// quota (`crate::quota`).
+pub(crate) struct Handled {
+    pub(crate) reply: Reply,
+    pub(crate) throttle: Option<Throttle>,
+}
+
 /// Handles one request. `Err`: the connection must be closed (the error says why, for the log).
 ///
 /// The time measured runs from here (the request was read and its turn on the connection has
 /// come) to the response being encoded, before it is written: for Fetch it includes the
 /// long-poll wait, for JoinGroup the wait for the other members, for Produce the fsync.
-pub(crate) async fn handle(ctx: &Ctx, peer: &Peer, frame: Bytes) -> Result<Reply, FrameError> {
+pub(crate) async fn handle(ctx: &Ctx, peer: &Peer, frame: Bytes) -> Result<Handled, FrameError> {
     if handlers::session_write::is_session_write(&frame) {
-        return handlers::session_write::handle(ctx, peer, frame).await;
+        let reply = handlers::session_write::handle(ctx, peer, frame).await?;
+        return Ok(Handled { reply, throttle: None });
     }
+    let Some(charge) = Charge::for_request(ctx) else {
+        return Ok(Handled { reply: timed(ctx, peer, frame, None).await?, throttle: None });
+    };
+    let prefix = frame::peek_prefix(&frame).ok();
+    let reply = Timed::new(timed(ctx, peer, frame, Some(charge.clone())), charge.clone()).await?;
+    let delay = charge.throttle(ctx);
+    let throttle = match prefix.and_then(|p| ApiKey::try_from(p.api_key).ok().map(|key| (key, p.version))) {
+        Some((api_key, version)) if !delay.is_zero() => {
+            Some(Throttle { delay, client_waits: quota::client_waits(api_key, version) })
+        }
+        _ => None,
+    };
+    Ok(Handled { reply, throttle })
+}
+
+/// [`route`], timed into the request metrics.
+async fn timed(ctx: &Ctx, peer: &Peer, frame: Bytes, charge: Option<Arc<Charge>>) -> Result<Reply, FrameError> {
     let started = Instant::now();
     let known = frame::peek_prefix(&frame).ok().and_then(|p| ApiKey::try_from(p.api_key).ok());
     let Some((key, metrics)) = known.and_then(|key| api_metrics(&ctx.metrics, key).map(|m| (key, m))) else {
         ctx.metrics.count_unknown_operation();
-        return route(ctx, peer, frame, None).await;
+        return route(ctx, peer, frame, None, charge).await;
     };
-    let result = route(ctx, peer, frame, Some(metrics)).await;
+    let result = route(ctx, peer, frame, Some(metrics), charge).await;
     match result {
         Ok(Reply::Later(deferred)) => {
             let protocol = ctx.metrics.clone();
@@ -82,6 +109,7 @@ async fn route(
     peer: &Peer,
     mut frame: Bytes,
     metrics: Option<&OperationMetrics>,
+    charge: Option<Arc<Charge>>,
 ) -> Result<Reply, FrameError> {
     let prefix = frame::peek_prefix(&frame)?;
     let Ok(api_key) = ApiKey::try_from(prefix.api_key) else {
@@ -98,13 +126,19 @@ async fn route(
         return Ok(reply);
     }
     let (client, correlation_id) = decode_header(&mut frame, &prefix, api_key, peer)?;
+    if let Some(charge) = &charge {
+        charge.identify(ctx, &client);
+    }
     let mut body = frame;
 
     macro_rules! call {
         ($request:ty, $handler:path) => {{
             let request: $request = frame::decode_body(&mut body, api_key, version)?;
-            let response = $handler(ctx, &client, request).await;
+            let mut response = $handler(ctx, &client, request).await;
             count_errors(&response);
+            if let Some(charge) = &charge {
+                response.set_throttle_time_ms(charge.throttle_time_ms(ctx));
+            }
             Some(single(frame::encode_response(api_key, version, correlation_id, &response)?))
         }};
     }
@@ -116,11 +150,17 @@ async fn route(
             let whole_body = body.clone();
             let request: ProduceRequest = frame::decode_body(&mut body, api_key, version)?;
             drop(body);
-            return Ok(produce(ctx, &client, correlation_id, request, whole_body).await);
+            return Ok(produce(ctx, &client, correlation_id, request, whole_body, charge).await);
         }
         ApiKey::Fetch => {
-            let request: FetchRequest = frame::decode_body(&mut body, api_key, version)?;
-            Some(handlers::fetch::handle(ctx, &client, correlation_id, request).await?)
+            let mut request: FetchRequest = frame::decode_body(&mut body, api_key, version)?;
+            // Never more than the client's consumer_byte_rate allows in one window, or the
+            // fetch would be throttled whatever it waited (Kafka's getMaxValueInQuotaWindow).
+            if let Some(limit) = charge.as_ref().and_then(|c| c.fetch_limit(ctx)) {
+                let asked = if request.max_bytes <= 0 { u64::MAX } else { request.max_bytes as u64 };
+                request.max_bytes = asked.min(limit).min(i32::MAX as u64) as i32;
+            }
+            Some(handlers::fetch::handle(ctx, &client, correlation_id, request, charge.as_deref()).await?)
         }
         ApiKey::ListOffsets => call!(ListOffsetsRequest, handlers::list_offsets::handle),
         ApiKey::InitProducerId => call!(InitProducerIdRequest, handlers::producer::init_producer_id),
@@ -218,6 +258,8 @@ async fn route(
         ApiKey::CreateAcls => call!(CreateAclsRequest, handlers::acls::create_acls),
         ApiKey::DescribeAcls => call!(DescribeAclsRequest, handlers::acls::describe_acls),
         ApiKey::DeleteAcls => call!(DeleteAclsRequest, handlers::acls::delete_acls),
+        ApiKey::DescribeClientQuotas => call!(DescribeClientQuotasRequest, handlers::quotas::describe_client_quotas),
+        ApiKey::AlterClientQuotas => call!(AlterClientQuotasRequest, handlers::quotas::alter_client_quotas),
         ApiKey::DescribeUserScramCredentials => {
             call!(DescribeUserScramCredentialsRequest, handlers::users::describe_scram_credentials)
         }
@@ -272,8 +314,19 @@ pub(crate) fn decode_header(
 
 /// Produce: the batches are written now; the response follows once they are durable, so the
 /// connection takes its next request meanwhile (see [`Reply::Later`]).
-async fn produce(ctx: &Ctx, client: &Client, correlation_id: i32, request: ProduceRequest, whole_body: Bytes) -> Reply {
+async fn produce(
+    ctx: &Ctx,
+    client: &Client,
+    correlation_id: i32,
+    request: ProduceRequest,
+    whole_body: Bytes,
+    charge: Option<Arc<Charge>>,
+) -> Reply {
     let version = client.version;
+    if let Some(charge) = &charge {
+        charge.produced(ctx, whole_body.len());
+    }
+
     let acks = request.acks;
     let asked = produce_partitions(&request);
     let durable = handlers::produce::handle(ctx, client, request, whole_body).await;
@@ -281,7 +334,11 @@ async fn produce(ctx: &Ctx, client: &Client, correlation_id: i32, request: Produ
     let drop_response = acks != 0 && drop_response_for_fault_injection(ctx);
     let protocol = ctx.metrics.clone();
     Reply::Later(Box::pin(async move {
-        let response = durable.await;
+        let mut response = durable.await;
+        // By now the request is handled and its throttle decided (`handle`).
+        if let Some(charge) = &charge {
+            response.throttle_time_ms = charge.decided_throttle_ms();
+        }
         check_produce_response(&asked, &response);
         if let Some(metrics) = api_metrics(&protocol, ApiKey::Produce) {
             response.error_codes(&mut metrics.error_counter());
@@ -400,6 +457,8 @@ error_codes! {
         }
     };
     DescribeAclsResponse => |r, c| c.count(r.error_code);
+    DescribeClientQuotasResponse => |r, c| c.count(r.error_code);
+    AlterClientQuotasResponse => |r, c| r.entries.iter().for_each(|e| c.count(e.error_code));
     DeleteAclsResponse => |r, c| {
         for result in &r.filter_results {
             c.count(result.error_code);
@@ -526,6 +585,46 @@ error_codes! {
         c.count(r.error_code);
         r.responses.iter().for_each(|t| c.count(t.error_code));
     };
+}
+
+/// A response's `throttle_time_ms` (KIP-219), for the responses `route` builds through `call!`;
+/// a response without the field (SASL's, DescribeQuorum's) ignores it.
+trait ThrottleTime {
+    fn set_throttle_time_ms(&mut self, ms: i32);
+}
+
+macro_rules! throttle_time {
+    (with: $($response:ty),* ; without: $($bare:ty),* $(,)?) => {
+        $(
+            impl ThrottleTime for $response {
+                fn set_throttle_time_ms(&mut self, ms: i32) {
+                    self.throttle_time_ms = ms;
+                }
+            }
+        )*
+        $(
+            impl ThrottleTime for $bare {
+                fn set_throttle_time_ms(&mut self, _ms: i32) {}
+            }
+        )*
+    };
+}
+
+throttle_time! {
+    with: ApiVersionsResponse, MetadataResponse, ListOffsetsResponse, InitProducerIdResponse,
+        AddPartitionsToTxnResponse, AddOffsetsToTxnResponse, EndTxnResponse, TxnOffsetCommitResponse,
+        DescribeTransactionsResponse, ListTransactionsResponse, OffsetForLeaderEpochResponse,
+        CreateTopicsResponse, DeleteTopicsResponse, CreatePartitionsResponse, DescribeConfigsResponse,
+        AlterConfigsResponse, IncrementalAlterConfigsResponse, DeleteRecordsResponse, DescribeClusterResponse,
+        ElectLeadersResponse, UnregisterBrokerResponse, AlterPartitionReassignmentsResponse,
+        ListPartitionReassignmentsResponse, DescribeLogDirsResponse, FindCoordinatorResponse, JoinGroupResponse,
+        SyncGroupResponse, HeartbeatResponse, LeaveGroupResponse, OffsetCommitResponse, OffsetFetchResponse,
+        OffsetDeleteResponse, ListGroupsResponse, DescribeGroupsResponse, DeleteGroupsResponse,
+        ConsumerGroupHeartbeatResponse, ConsumerGroupDescribeResponse, ShareGroupHeartbeatResponse,
+        ShareGroupDescribeResponse, AlterShareGroupOffsetsResponse, AlterUserScramCredentialsResponse,
+        CreateAclsResponse, DescribeAclsResponse, DeleteAclsResponse, DescribeUserScramCredentialsResponse,
+        DeleteShareGroupOffsetsResponse, DescribeClientQuotasResponse, AlterClientQuotasResponse;
+    without: SaslHandshakeResponse, SaslAuthenticateResponse, DescribeQuorumResponse,
 }
 
 /// `fault.produce.response.drop.every=N` (tests only; 0, the default, is off): every Nth produce

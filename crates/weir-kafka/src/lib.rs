@@ -16,6 +16,7 @@ pub mod errors;
 mod fetch_session;
 pub mod frame;
 mod handlers;
+mod quota;
 pub mod replica_fetcher;
 mod sasl;
 mod server;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
+use weir_broker::quotas::QuotaKind;
 
 use crate::connection::serve_connection;
 use crate::context::Ctx;
@@ -48,6 +49,9 @@ pub async fn serve(
                 let ctx = ctx.clone();
                 let stop = stop_rx.clone();
                 connections.spawn(async move {
+                    if over_connection_rate(&ctx, peer).await {
+                        return;
+                    }
                     serve_connection(ctx, index, stream, peer, stop).await;
                     drop(permit);
                     drop(open);
@@ -66,6 +70,23 @@ pub async fn serve(
         tracing::warn!(remaining = connections.len(), "closing connections still busy after the grace period");
         connections.abort_all();
     }
+}
+
+/// Is `peer`'s address over its `connection_creation_rate` (an IP client quota)? Then, as Kafka
+/// does, the connection is closed after the throttle time instead of served (the wait keeps a
+/// client that reconnects at once from spinning).
+async fn over_connection_rate(ctx: &Ctx, peer: std::net::SocketAddr) -> bool {
+    let quotas = &ctx.broker.client_quotas;
+    if !quotas.any_address_quota() {
+        return false;
+    }
+    let wait = quotas.record(QuotaKind::Connection, &peer.ip().to_string(), "", 1.0);
+    if wait.is_zero() {
+        return false;
+    }
+    tracing::info!(%peer, wait_ms = wait.as_millis() as u64, "closing a connection over connection_creation_rate");
+    tokio::time::sleep(wait).await;
+    true
 }
 
 /// One open connection in the metrics: counted when accepted, uncounted when its task ends or

@@ -54,6 +54,8 @@ const IMPLEMENTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeAcls, 1, 3),
     (ApiKey::CreateAcls, 1, 3),
     (ApiKey::DeleteAcls, 1, 3),
+    (ApiKey::DescribeClientQuotas, 0, 1),
+    (ApiKey::AlterClientQuotas, 0, 1),
     (ApiKey::ConsumerGroupHeartbeat, 0, 1),
     (ApiKey::ConsumerGroupDescribe, 0, 1),
     // Share groups (KIP-932), at Kafka 4.2's versions. ShareFetch and ShareAcknowledge v2
@@ -108,5 +110,54 @@ mod tests {
             };
             assert!(*min >= crate_range.min && *max <= crate_range.max, "{key:?} {min}..{max} vs {crate_range}");
         }
+    }
+
+    /// The README's compatibility table and docs/kafka.md's list every API with the versions
+    /// advertised, so they cannot drift from what the broker speaks.
+    #[test]
+    fn the_readme_table_lists_every_api_and_its_versions() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+            .expect("README.md is readable");
+        let table =
+            readme.split("## Kafka compatibility").nth(1).expect("the README has a Kafka compatibility section");
+        let mut listed: Vec<(String, String)> = Vec::new();
+        for line in table.lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|')) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            for pair in cells[1..cells.len() - 1].chunks(3) {
+                if let [name, versions, ..] = pair {
+                    if !name.is_empty() && *name != "API" && !name.starts_with("---") {
+                        listed.push((name.to_string(), versions.to_string()));
+                    }
+                }
+            }
+        }
+        listed.sort();
+        // docs/kafka.md's table too: | API | Key | Versions | Notes |.
+        let kafka_md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/kafka.md"))
+            .expect("docs/kafka.md is readable");
+        let section = kafka_md.split("## Supported APIs").nth(1).and_then(|s| s.split("\n## ").next());
+        let mut documented: Vec<(String, String)> = section
+            .expect("docs/kafka.md has a Supported APIs section")
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| API"))
+            .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
+            .filter(|cells| cells.len() >= 5 && cells[2].parse::<i16>().is_ok())
+            .map(|cells| (cells[1].to_string(), cells[3].to_string()))
+            .collect();
+        documented.sort();
+        let mut advertised: Vec<(String, String)> = all()
+            .into_iter()
+            .map(|(key, range)| {
+                let versions = if range.min == range.max {
+                    range.min.to_string()
+                } else {
+                    format!("{}\u{2013}{}", range.min, range.max)
+                };
+                (format!("{key:?}"), versions)
+            })
+            .collect();
+        advertised.sort();
+        assert_eq!(listed, advertised, "the README's Kafka compatibility table vs versions::IMPLEMENTED");
+        assert_eq!(documented, advertised, "docs/kafka.md's table of APIs vs versions::IMPLEMENTED");
     }
 }

@@ -16,6 +16,7 @@
 pub mod acl;
 pub mod elastic;
 pub mod legacy;
+pub mod quota;
 pub mod raft;
 
 use std::collections::BTreeMap;
@@ -156,6 +157,12 @@ pub enum MetadataRecord {
     /// Removes an ACL (KRaft's RemoveAccessControlEntryRecord).
     RemoveAcl {
         binding: acl::AclBinding,
+    },
+    /// Sets one quota of an entity (KRaft's ClientQuotaRecord); `None` removes it.
+    SetClientQuota {
+        entity: quota::QuotaEntity,
+        key: String,
+        value: Option<f64>,
     },
     /// Reserves producer ids `[first, first + count)` for InitProducerId; ids are never reused.
     AllocateProducerIds {
@@ -314,6 +321,9 @@ pub struct MetadataState {
     /// The ACLs the authorizer decides by (`weir_security::acl`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub acls: std::collections::BTreeSet<acl::AclBinding>,
+    /// Client quotas by entity and key (`weir_broker::quotas` enforces them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty", with = "quota::as_pairs")]
+    pub client_quotas: quota::ClientQuotas,
 }
 
 /// A SCRAM mechanism (RFC 5802 with the hash of RFC 7677), numbered as Kafka's
@@ -638,6 +648,19 @@ impl MetadataState {
             MetadataRecord::RemoveAcl { binding } => {
                 self.acls.remove(binding);
             }
+            MetadataRecord::SetClientQuota { entity, key, value } => match value {
+                Some(value) => {
+                    self.client_quotas.entry(entity.clone()).or_default().insert(key.clone(), *value);
+                }
+                None => {
+                    if let Some(values) = self.client_quotas.get_mut(entity) {
+                        values.remove(key);
+                        if values.is_empty() {
+                            self.client_quotas.remove(entity);
+                        }
+                    }
+                }
+            },
             MetadataRecord::AllocateProducerIds { first, count } => {
                 if *first >= self.next_producer_id && *count > 0 {
                     self.next_producer_id = first.saturating_add(*count);

@@ -13,6 +13,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Streaming};
 use weir_broker::metadata::TopicMetadata;
 use weir_broker::metrics::ProtocolMetrics;
+use weir_broker::quotas::{quota_user, QuotaKind};
 use weir_broker::Broker;
 use weir_coordinators::group::clients::{ClientKind, Heard};
 use weir_coordinators::group::GroupCoordinator;
@@ -134,6 +135,29 @@ impl Service {
         let topic = topic.map(|t| t.name.as_str()).unwrap_or_default();
         self.refused(peer, AclOperation::Read, ResourceType::Group, group)
             .or_else(|| self.refused(peer, AclOperation::Read, ResourceType::Topic, topic))
+    }
+
+    /// `Some(TOO_MANY_REQUESTS)` while `client` is throttled for `kind` by its client quota
+    /// (`weir_broker::quotas`: RocketMQ clients count as the user ANONYMOUS, under their client
+    /// id). RocketMQ's clients back off and retry on that code.
+    fn over_quota(&self, kind: QuotaKind, client: &str) -> Option<Status> {
+        let quotas = &self.broker.client_quotas;
+        if !quotas.any_client_quota() {
+            return None;
+        }
+        let left = quotas.throttled(kind, quota_user(ANONYMOUS), client)?;
+        Some(status(
+            Code::TooManyRequests,
+            format!("client {client:?} is over its {} quota: retry in {} ms", kind.key(), left.as_millis().max(1)),
+        ))
+    }
+
+    /// Counts `bytes` a call of `client` moved against its client quota of `kind`.
+    fn charge(&self, kind: QuotaKind, client: &str, bytes: usize) {
+        let quotas = &self.broker.client_quotas;
+        if quotas.any_client_quota() {
+            quotas.record(kind, quota_user(ANONYMOUS), client, bytes as f64);
+        }
     }
 
     /// Notes that consumer `client` of `group` spoke, from the peer of `request`.
@@ -522,7 +546,17 @@ impl MessagingService for Service {
     ) -> Result<Response<SendMessageResponse>, tonic::Status> {
         let started = Instant::now();
         let peer = request.remote_addr();
-        let response = self.send_messages(request.into_inner(), peer).await;
+        let client = self.client_of(&request);
+        let request = request.into_inner();
+        let response = match self.over_quota(QuotaKind::Produce, &client) {
+            Some(throttled) => SendMessageResponse { status: Some(throttled), entries: vec![] },
+            None => {
+                let bytes = prost::Message::encoded_len(&request);
+                let response = self.send_messages(request, peer).await;
+                self.charge(QuotaKind::Produce, &client, bytes);
+                response
+            }
+        };
         self.observe(2, started, response.status.as_ref().map_or(0, |s| s.code));
         Ok(Response::new(response))
     }
@@ -571,7 +605,10 @@ impl MessagingService for Service {
         let host = peer.map(|a| a.to_string());
         let request = request.into_inner();
         let topic = request.message_queue.as_ref().and_then(|q| q.topic.as_ref());
-        let wanted = match self.consumer_refused(peer, request.group.as_ref(), topic) {
+        let refused = self
+            .consumer_refused(peer, request.group.as_ref(), topic)
+            .or_else(|| self.over_quota(QuotaKind::Fetch, &client));
+        let wanted = match refused {
             Some(refused) => Err(refused),
             None => self.receive_request(&request, &client).await,
         };
@@ -620,6 +657,7 @@ impl MessagingService for Service {
                 _ => None,
             })
             .unwrap_or(0);
+        self.charge(QuotaKind::Fetch, &client, responses.iter().map(prost::Message::encoded_len).sum());
         // An empty long poll is no failure.
         self.observe(4, started, if code == Code::MessageNotFound as i32 { Code::Ok as i32 } else { code });
         Ok(Response::new(Box::pin(tokio_stream::iter(responses.into_iter().map(Ok)))))

@@ -51,6 +51,9 @@ pub enum Command {
     User(crate::admin_cli::user::UserArgs),
     /// Create, list and delete the ACLs the authorizer decides by (admin HTTP API).
     Acl(crate::admin_cli::acl::AclArgs),
+    /// List, set and delete client quotas: byte rates, request time, connection rates (admin
+    /// HTTP API).
+    Quota(crate::admin_cli::quota::QuotaArgs),
 }
 
 impl Command {
@@ -74,7 +77,8 @@ impl Command {
             | Command::Cluster(_)
             | Command::Partition(_)
             | Command::User(_)
-            | Command::Acl(_) => "warn",
+            | Command::Acl(_)
+            | Command::Quota(_) => "warn",
         }
     }
 }

@@ -38,6 +38,10 @@ fn main() -> anyhow::Result<()> {
             admin_cli::require_admin_api(&args.connection, "acl", "ACLs are managed through the admin API")
                 .and_then(|()| admin_cli::acl::run(&args)),
         ),
+        Command::Quota(args) => admin_cli::finish(
+            admin_cli::require_admin_api(&args.connection, "quota", "quotas are managed through the admin API")
+                .and_then(|()| admin_cli::quota::run(&args)),
+        ),
         Command::Produce(args) => admin_cli::finish(admin_cli::produce::run(&args)),
         Command::Consume(args) => admin_cli::finish(admin_cli::consume::run(&args)),
         Command::Message(args) => admin_cli::finish(

@@ -835,6 +835,55 @@ fn check_version(client: &mut Client, fx: &mut Fixture, key: ApiKey, version: i1
             expect_code("delete", result.error_code, code::NONE)?;
             ensure!(result.matching_acls.len() == 1, "deleted {} ACLs", result.matching_acls.len());
         }
+        ApiKey::DescribeClientQuotas | ApiKey::AlterClientQuotas => {
+            // At every version of each: set a quota on a fresh client id (a second entry with a
+            // key no entity takes fails alone), describe it back by an exact filter, remove it.
+            use kafka_protocol::messages::alter_client_quotas_request::{EntityData, EntryData, OpData};
+            use kafka_protocol::messages::describe_client_quotas_request::ComponentData;
+            let client_id = unique("conformance-quota");
+            let entry = |key: &str, value: f64, remove: bool| {
+                EntryData::default()
+                    .with_entity(vec![EntityData::default()
+                        .with_entity_type(s("client-id"))
+                        .with_entity_name(Some(s(&client_id)))])
+                    .with_ops(vec![OpData::default().with_key(s(key)).with_value(value).with_remove(remove)])
+            };
+            let alter_version = if key == ApiKey::AlterClientQuotas { version } else { 0 };
+            let altered = call(
+                client,
+                alter_version,
+                &AlterClientQuotasRequest::default()
+                    .with_entries(vec![entry("producer_byte_rate", 1048576.0, false), entry("bogus", 1.0, false)]),
+            )?;
+            ensure!(altered.entries.len() == 2, "one result per entry");
+            expect_code("a good quota", altered.entries[0].error_code, code::NONE)?;
+            expect_code("an unknown key", altered.entries[1].error_code, code::INVALID_REQUEST)?;
+            let describe_version = if key == ApiKey::DescribeClientQuotas { version } else { 0 };
+            let described = call(
+                client,
+                describe_version,
+                &DescribeClientQuotasRequest::default().with_strict(true).with_components(vec![
+                    ComponentData::default()
+                        .with_entity_type(s("client-id"))
+                        .with_match_type(0)
+                        .with_match(Some(s(&client_id))),
+                ]),
+            )?;
+            expect_code("describe", described.error_code, code::NONE)?;
+            let values: Vec<(String, f64)> = described
+                .entries
+                .iter()
+                .flatten()
+                .flat_map(|e| e.values.iter().map(|v| (v.key.to_string(), v.value)))
+                .collect();
+            ensure!(values == [("producer_byte_rate".to_string(), 1048576.0)], "described {values:?}");
+            let removed = call(
+                client,
+                alter_version,
+                &AlterClientQuotasRequest::default().with_entries(vec![entry("producer_byte_rate", 0.0, true)]),
+            )?;
+            expect_code("remove", removed.entries[0].error_code, code::NONE)?;
+        }
         ApiKey::UnregisterBroker => {
             // An id nobody registered is unknown; the only broker, a running voter, stays.
             let unknown = call(client, version, &UnregisterBrokerRequest::default().with_broker_id(BrokerId(42)))?;

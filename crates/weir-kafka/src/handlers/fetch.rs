@@ -35,6 +35,7 @@ use crate::context::{Client, Ctx};
 use crate::errors::kafka_error;
 use crate::fetch_session::{Found, Position, Session, TopicRef, FINAL_EPOCH, INITIAL_EPOCH};
 use crate::frame::{self, FrameError, ResponseFrame};
+use crate::quota::Charge;
 use crate::zero_copy;
 
 /// One requested partition: its place in the response, and either its index in the core's
@@ -50,6 +51,7 @@ pub(crate) async fn handle(
     client: &Client,
     correlation_id: i32,
     request: FetchRequest,
+    charge: Option<&Charge>,
 ) -> Result<ResponseFrame, FrameError> {
     let version = client.version;
     let metrics = crate::dispatch::api_metrics(&ctx.metrics, ApiKey::Fetch);
@@ -74,13 +76,13 @@ pub(crate) async fn handle(
                 }
                 let size = request.topics.iter().map(|t| t.partitions.len()).sum();
                 if let Some(session) = sessions.create(replica_id.is_some(), uses_topic_ids, size, now) {
-                    let turn = Turn { ctx, client, metrics, version, correlation_id, replica_id, full: true };
+                    let turn = Turn { ctx, client, metrics, version, correlation_id, replica_id, full: true, charge };
                     return turn.fetch(&request, session).await;
                 }
             }
             epoch => match sessions.take_turn(request.session_id, epoch, uses_topic_ids, now) {
                 Ok(session) => {
-                    let turn = Turn { ctx, client, metrics, version, correlation_id, replica_id, full: false };
+                    let turn = Turn { ctx, client, metrics, version, correlation_id, replica_id, full: false, charge };
                     return turn.fetch(&request, session).await;
                 }
                 Err(code) => return refuse_session(metrics, version, correlation_id, code),
@@ -120,7 +122,7 @@ pub(crate) async fn handle(
     }
     drop(errors);
     let response = FetchResponse::default().with_session_id(0).with_responses(responses);
-    send(version, correlation_id, &response, files)
+    send(version, correlation_id, response, files, charge.map(|c| (ctx, c)))
 }
 
 /// The response's entry for a topic: v13+ identifies topics by id only, earlier versions by
@@ -133,19 +135,35 @@ fn topic_response(version: i16, name: TopicName, id: Uuid) -> FetchableTopicResp
     }
 }
 
-/// Encodes `response` and splices the file ranges in.
+/// Encodes `response` and splices the file ranges in. With a client quota, the response's
+/// bytes are counted against its consumer_byte_rate first, and the throttle goes in it.
 fn send(
     version: i16,
     correlation_id: i32,
-    response: &FetchResponse,
+    mut response: FetchResponse,
     files: Vec<FileSlice>,
+    charge: Option<(&Ctx, &Charge)>,
 ) -> Result<ResponseFrame, FrameError> {
-    let encoded = frame::encode_response(ApiKey::Fetch, version, correlation_id, response)?;
+    if let Some((ctx, charge)) = charge {
+        charge.fetched(ctx, response_bytes(&response, &files));
+        response.throttle_time_ms = charge.throttle_time_ms(ctx);
+    }
+    let encoded = frame::encode_response(ApiKey::Fetch, version, correlation_id, &response)?;
     zero_copy::splice_files(encoded, files, version >= 12).map_err(|reason| FrameError::Encode {
         api_key: ApiKey::Fetch,
         version,
         reason,
     })
+}
+
+/// About what a fetch response weighs: its records (in files or in memory) and some bytes of
+/// framing per partition (what consumer_byte_rate counts).
+fn response_bytes(response: &FetchResponse, files: &[FileSlice]) -> u64 {
+    const PER_PARTITION: u64 = 64;
+    let in_files: u64 = files.iter().map(|f| f.len).sum();
+    let partitions = response.responses.iter().flat_map(|t| &t.partitions);
+    let in_memory: u64 = partitions.map(|p| PER_PARTITION + p.records.as_ref().map_or(0, |r| r.len() as u64)).sum();
+    in_files + in_memory
 }
 
 /// One fetch through a session.
@@ -158,6 +176,8 @@ struct Turn<'a> {
     replica_id: Option<i32>,
     /// A full request (epoch 0): every partition is read and answered.
     full: bool,
+    /// What the fetch costs its client, with a client quota.
+    charge: Option<&'a Charge>,
 }
 
 /// A session partition's read: what the core found, or the error it gets without a read.
@@ -422,7 +442,7 @@ impl Turn<'_> {
             session.watch.mark(slot);
         }
         let response = FetchResponse::default().with_session_id(session.id).with_responses(responses);
-        send(version, self.correlation_id, &response, files)
+        send(version, self.correlation_id, response, files, self.charge.map(|c| (self.ctx, c)))
     }
 
     /// Whether `partition` has records at or after `fetch_offset` that this reader may read

@@ -11,6 +11,7 @@ pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
 pub mod producer;
+pub mod quotas;
 pub mod session_write;
 pub mod share_fetch;
 pub mod share_groups;

@@ -16,6 +16,7 @@ pub mod message;
 pub mod native;
 pub mod partition;
 pub mod produce;
+pub mod quota;
 pub mod time;
 pub mod topic;
 pub mod user;
