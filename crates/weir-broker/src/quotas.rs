@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use weir_metadata::quota::{
-    EntityName, QuotaEntity, QuotaFilter, CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE,
-    REQUEST_PERCENTAGE,
+    EntityName, QuotaEntity, QuotaFilter, CONNECTION_CREATION_RATE, CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE,
+    PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE,
 };
 use weir_storage::sync::{lock, read, write};
 
@@ -44,12 +44,22 @@ pub enum QuotaKind {
     Fetch,
     /// Percent of one thread's time spent on the client's requests (`request_percentage`).
     Request,
+    /// Partitions created or deleted per second (`controller_mutation_rate`, KIP-599).
+    ControllerMutation,
     /// New connections per second from one address (`connection_creation_rate`).
     Connection,
 }
 
 impl QuotaKind {
-    pub const ALL: [QuotaKind; 4] = [QuotaKind::Produce, QuotaKind::Fetch, QuotaKind::Request, QuotaKind::Connection];
+    pub const ALL: [QuotaKind; 5] = [
+        QuotaKind::Produce,
+        QuotaKind::Fetch,
+        QuotaKind::Request,
+        QuotaKind::ControllerMutation,
+        QuotaKind::Connection,
+    ];
+    /// The kinds a user or client-id quota sets (the others are IP quotas).
+    const CLIENT_KINDS: usize = 4;
 
     /// The quota's key (Kafka's name).
     pub fn key(self) -> &'static str {
@@ -57,6 +67,7 @@ impl QuotaKind {
             QuotaKind::Produce => PRODUCER_BYTE_RATE,
             QuotaKind::Fetch => CONSUMER_BYTE_RATE,
             QuotaKind::Request => REQUEST_PERCENTAGE,
+            QuotaKind::ControllerMutation => CONTROLLER_MUTATION_RATE,
             QuotaKind::Connection => CONNECTION_CREATION_RATE,
         }
     }
@@ -67,6 +78,7 @@ impl QuotaKind {
             QuotaKind::Produce => "produce",
             QuotaKind::Fetch => "fetch",
             QuotaKind::Request => "request",
+            QuotaKind::ControllerMutation => "controller_mutation",
             QuotaKind::Connection => "connection",
         }
     }
@@ -95,15 +107,15 @@ pub struct ClientQuotas {
     /// Rates by kind and the names the quota that applies counts together.
     sensors: Mutex<HashMap<SensorKey, Sensor>>,
     /// Per kind: how many times a client was throttled, and for how long in all (ms).
-    throttles: [AtomicU64; 4],
-    throttle_ms: [AtomicU64; 4],
+    throttles: [AtomicU64; 5],
+    throttle_ms: [AtomicU64; 5],
 }
 
 /// The quotas of the metadata, by kind.
 #[derive(Debug, Default, PartialEq)]
 struct Limits {
-    /// Produce, fetch and request quotas, by user then client id.
-    clients: [ByUser; 3],
+    /// Produce, fetch, request and controller mutation quotas, by user then client id.
+    clients: [ByUser; QuotaKind::CLIENT_KINDS],
     /// Connection quotas by address (`Default`: every address without its own).
     addresses: HashMap<EntityName, f64>,
 }
@@ -213,7 +225,7 @@ impl ClientQuotas {
                     }
                     continue;
                 }
-                let kind = QuotaKind::ALL[..3].iter().find(|kind| kind.key() == key);
+                let kind = QuotaKind::ALL[..QuotaKind::CLIENT_KINDS].iter().find(|kind| kind.key() == key);
                 if let Some(kind) = kind {
                     limits.clients[kind.index()].insert(&entity.user, &entity.client_id, *value);
                 }
@@ -287,6 +299,34 @@ impl ClientQuotas {
         });
         sensor.last_used = now;
         self.record_sample(sensor, value, now);
+        let throttle = self.over(kind, sensor, limit, now);
+        if !throttle.is_zero() {
+            sensor.throttled_until = Some(now + throttle);
+            self.throttles[kind.index()].fetch_add(1, Ordering::Relaxed);
+            self.throttle_ms[kind.index()].fetch_add(throttle.as_millis() as u64, Ordering::Relaxed);
+        }
+        throttle
+    }
+
+    /// Is the client over its quota of `kind` already, before it counts anything more? Then
+    /// how long it must wait (KIP-599's strict check: a mutation over the quota is refused, not
+    /// made and throttled).
+    pub fn exceeded(&self, kind: QuotaKind, user: &str, client_id: &str) -> Option<Duration> {
+        let (limit, key) = self.applicable(kind, user, client_id)?;
+        let now = Instant::now();
+        let mut sensors = lock(&self.sensors);
+        let sensor = sensors.get_mut(&key)?;
+        let throttle = self.over(kind, sensor, limit, now);
+        if throttle.is_zero() {
+            return None;
+        }
+        self.throttles[kind.index()].fetch_add(1, Ordering::Relaxed);
+        self.throttle_ms[kind.index()].fetch_add(throttle.as_millis() as u64, Ordering::Relaxed);
+        Some(throttle)
+    }
+
+    /// How long the rate of `sensor` takes to come back to `limit` (zero within it).
+    fn over(&self, kind: QuotaKind, sensor: &mut Sensor, limit: f64, now: Instant) -> Duration {
         let (rate, window) = self.measure(sensor, now);
         if rate <= limit {
             return Duration::ZERO;
@@ -296,13 +336,7 @@ impl ClientQuotas {
             // Kafka bounds a request-time throttle by one sample.
             throttle = throttle.min(self.window);
         }
-        let throttle = Duration::from_millis(throttle.as_millis().min(i32::MAX as u128) as u64);
-        if !throttle.is_zero() {
-            sensor.throttled_until = Some(now + throttle);
-            self.throttles[kind.index()].fetch_add(1, Ordering::Relaxed);
-            self.throttle_ms[kind.index()].fetch_add(throttle.as_millis() as u64, Ordering::Relaxed);
-        }
-        throttle
+        Duration::from_millis(throttle.as_millis().min(i32::MAX as u128) as u64)
     }
 
     /// How long the client is still throttled for `kind` by an earlier [`record`](Self::record)
@@ -489,6 +523,17 @@ mod tests {
         let quotas = quotas_with(&[(None, Some(EntityName::Default), REQUEST_PERCENTAGE, 1.0)]);
         let throttle = quotas.record(QuotaKind::Request, "u", "c", request_time_value(Duration::from_secs(5)));
         assert_eq!(throttle, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_mutation_is_refused_only_once_the_rate_is_over_the_quota() {
+        let quotas = quotas_with(&[(None, named("admin"), CONTROLLER_MUTATION_RATE, 1.0)]);
+        // Nothing counted yet, then a burst that takes the rate over: refused only afterwards.
+        assert_eq!(quotas.exceeded(QuotaKind::ControllerMutation, "u", "admin"), None);
+        quotas.record(QuotaKind::ControllerMutation, "u", "admin", 50.0);
+        let wait = quotas.exceeded(QuotaKind::ControllerMutation, "u", "admin").expect("over the quota");
+        assert!(wait > Duration::from_secs(30), "{wait:?}");
+        assert_eq!(quotas.exceeded(QuotaKind::ControllerMutation, "u", "other"), None);
     }
 
     #[test]

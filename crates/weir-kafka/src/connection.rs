@@ -120,6 +120,7 @@ async fn serve_stream<R: AsyncRead + Unpin>(
     // The three run concurrently on this task. When the processor stops (protocol error), the
     // reader's channel closes; when the reader stops (EOF, shutdown), the processor drains what
     // was read and the writer sends what was answered, then the socket closes.
+    let process_shutdown = shutdown.clone();
     tokio::join!(
         read_requests(&ctx, listener, read_half, request_tx, &in_flight, peer, shutdown, &authenticated),
         process_requests(
@@ -131,7 +132,8 @@ async fn serve_stream<R: AsyncRead + Unpin>(
             peer,
             principal,
             connection,
-            &authenticated
+            &authenticated,
+            process_shutdown,
         ),
         write_responses(&ctx, write_half, response_rx, &in_flight, peer),
     );
@@ -238,6 +240,7 @@ async fn process_requests(
     principal: Option<Arc<str>>,
     connection: u64,
     authenticated: &AtomicBool,
+    mut shutdown: watch::Receiver<bool>,
 ) {
     let mut client = Peer::new(peer.ip().to_string(), connection, listener);
     if let Some(principal) = principal {
@@ -290,7 +293,7 @@ async fn process_requests(
         // gets its response only once that time has passed (KIP-219).
         let hold = throttle.filter(|t| !t.client_waits).map(|t| t.delay);
         if let Some(delay) = hold {
-            tokio::time::sleep(delay).await;
+            wait_out(delay, &mut shutdown).await;
         }
         match reply {
             Reply::Now(None) => in_flight.done(),
@@ -301,8 +304,20 @@ async fn process_requests(
             }
         }
         if let Some(throttle) = throttle.filter(|t| t.client_waits) {
-            tokio::time::sleep(throttle.delay).await;
+            wait_out(throttle.delay, &mut shutdown).await;
         }
+    }
+}
+
+/// Waits out a client's throttle, or until the broker shuts down (a byte-rate wait can be long,
+/// and shutting down must not wait for it).
+async fn wait_out(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
+    if *shutdown.borrow() {
+        return;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.changed() => {}
     }
 }
 

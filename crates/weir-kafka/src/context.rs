@@ -144,6 +144,9 @@ pub(crate) struct Client {
     pub(crate) connection: u64,
     /// Who the authorizer sees: `User:<name>` once authenticated, else `User:ANONYMOUS`.
     pub(crate) principal: Arc<str>,
+    /// What the request costs the client's quotas, when any client quota is set
+    /// (`crate::quota`).
+    pub(crate) charge: Option<Arc<crate::quota::Charge>>,
 }
 
 /// Who is on the other end of a connection.

@@ -125,9 +125,10 @@ async fn route(
     if let Some(reply) = check_version(api_key, version, prefix.correlation_id)? {
         return Ok(reply);
     }
-    let (client, correlation_id) = decode_header(&mut frame, &prefix, api_key, peer)?;
+    let (mut client, correlation_id) = decode_header(&mut frame, &prefix, api_key, peer)?;
     if let Some(charge) = &charge {
         charge.identify(ctx, &client);
+        client.charge = Some(charge.clone());
     }
     let mut body = frame;
 
@@ -308,6 +309,7 @@ pub(crate) fn decode_header(
         connection: peer.connection,
         listener: peer.listener,
         principal: peer.principal.clone(),
+        charge: None,
     };
     Ok((client, header.correlation_id))
 }

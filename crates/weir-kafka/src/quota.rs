@@ -74,6 +74,27 @@ impl Charge {
         self.quota(ctx, QuotaKind::Fetch, bytes as f64);
     }
 
+    /// May the request create or delete `partitions` partitions under the client's
+    /// controller_mutation_rate (KIP-599)? A `strict` request (CreateTopics v6+,
+    /// CreatePartitions v3+, DeleteTopics v5+) is refused while the client is over its quota;
+    /// an older one always goes ahead and is throttled after.
+    pub(crate) fn mutation_allowed(&self, ctx: &Ctx, partitions: i64, strict: bool) -> bool {
+        let Some((user, client_id)) = self.who.get() else {
+            return true;
+        };
+        let quotas = &ctx.broker.client_quotas;
+        if strict {
+            if let Some(wait) = quotas.exceeded(QuotaKind::ControllerMutation, user, client_id) {
+                self.throttle_ms.fetch_max(wait.as_millis() as u64, Ordering::AcqRel);
+                return false;
+            }
+            quotas.record(QuotaKind::ControllerMutation, user, client_id, partitions.max(0) as f64);
+        } else {
+            self.quota(ctx, QuotaKind::ControllerMutation, partitions.max(0) as f64);
+        }
+        true
+    }
+
     /// The most a fetch may ask for under the client's consumer_byte_rate (what one window of
     /// the quota allows), or `None` without one.
     pub(crate) fn fetch_limit(&self, ctx: &Ctx) -> Option<u64> {

@@ -14,8 +14,8 @@ pub const PRODUCER_BYTE_RATE: &str = "producer_byte_rate";
 pub const CONSUMER_BYTE_RATE: &str = "consumer_byte_rate";
 /// Percentage of one request-handling thread's time (user and client-id entities).
 pub const REQUEST_PERCENTAGE: &str = "request_percentage";
-/// Partition mutations per second (CreateTopics, CreatePartitions, DeleteTopics); stored and
-/// described, not enforced yet.
+/// Partitions created or deleted per second (CreateTopics, CreatePartitions, DeleteTopics;
+/// KIP-599).
 pub const CONTROLLER_MUTATION_RATE: &str = "controller_mutation_rate";
 /// New connections per second from one address (IP entities).
 pub const CONNECTION_CREATION_RATE: &str = "connection_creation_rate";

@@ -1842,3 +1842,59 @@ fn create_topics_errors_have_codes_and_messages_and_validate_only_creates_nothin
     // And creating it for real still works.
     client.create_topic("validated", 3, &[]);
 }
+
+/// KIP-599: a client over its controller_mutation_rate has topic creations, deletions and new
+/// partitions refused with THROTTLING_QUOTA_EXCEEDED and told how long to wait (CreateTopics
+/// v6+, DeleteTopics v5+, CreatePartitions v3+); an older request goes ahead and is throttled.
+#[test]
+fn mutations_over_the_controller_mutation_rate_are_refused_and_throttled() {
+    use kafka_protocol::messages::alter_client_quotas_request::{EntityData, EntryData, OpData};
+    use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
+    use kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+
+    let broker = Broker::start(&["quota.window.num=2"]);
+    let mut admin = broker.connect();
+    let quota = AlterClientQuotasRequest::default().with_entries(vec![EntryData::default()
+        .with_entity(vec![EntityData::default().with_entity_type(s("client-id")).with_entity_name(Some(s("mutator")))])
+        .with_ops(vec![OpData::default().with_key(s("controller_mutation_rate")).with_value(1.0)])]);
+    let altered = admin.send(1, &quota).expect("AlterClientQuotas");
+    assert_eq!(altered.entries[0].error_code, 0, "{altered:?}");
+
+    let mut mutator = Client::connect(broker.addr(), "mutator", IO_TIMEOUT).expect("connects");
+    let create = |name: &str| {
+        CreateTopicsRequest::default().with_timeout_ms(10_000).with_topics(vec![CreatableTopic::default()
+            .with_name(topic_name(name))
+            .with_num_partitions(8)
+            .with_replication_factor(1)])
+    };
+    // Nothing counted yet: the first creation goes ahead, taking the rate far over 1/s.
+    let first = mutator.send(7, &create("mutated-1")).expect("CreateTopics");
+    assert_eq!(first.topics[0].error_code, 0, "{first:?}");
+    let second = mutator.send(7, &create("mutated-2")).expect("CreateTopics");
+    assert_eq!(second.topics[0].error_code, code::THROTTLING_QUOTA_EXCEEDED, "{second:?}");
+    assert!(second.throttle_time_ms > 0, "{second:?}");
+    let more =
+        CreatePartitionsRequest::default().with_timeout_ms(10_000).with_topics(vec![CreatePartitionsTopic::default()
+            .with_name(topic_name("mutated-1"))
+            .with_count(9)
+            .with_assignments(None)]);
+    // (A connection over a quota is muted until the rate is back under it: ask on new ones,
+    // under the same client id.)
+    let mut fresh = || Client::connect(broker.addr(), "mutator", IO_TIMEOUT).expect("connects");
+    let refused = fresh().send(3, &more).expect("CreatePartitions");
+    assert_eq!(refused.results[0].error_code, code::THROTTLING_QUOTA_EXCEEDED, "{refused:?}");
+    let delete = DeleteTopicsRequest::default()
+        .with_timeout_ms(10_000)
+        .with_topics(vec![DeleteTopicState::default().with_name(Some(topic_name("mutated-1")))]);
+    let refused = fresh().send(6, &delete).expect("DeleteTopics");
+    assert_eq!(refused.responses[0].error_code, code::THROTTLING_QUOTA_EXCEEDED, "{refused:?}");
+
+    // Before KIP-599 (CreateTopics v5) the creation is made, and the client throttled after.
+    let old = fresh().send(5, &create("mutated-3")).expect("CreateTopics");
+    assert_eq!(old.topics[0].error_code, 0, "{old:?}");
+    assert!(old.throttle_time_ms > 0, "{old:?}");
+    // Another client is not held back.
+    let other = admin.send(7, &create("mutated-4")).expect("CreateTopics");
+    assert_eq!(other.topics[0].error_code, 0, "{other:?}");
+}

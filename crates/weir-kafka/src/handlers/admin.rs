@@ -74,6 +74,16 @@ fn config_type(name: &str) -> i8 {
     }
 }
 
+/// Kafka's message for THROTTLING_QUOTA_EXCEEDED.
+const THROTTLED: &str = "The throttling quota has been exceeded.";
+
+/// May this request create or delete `partitions` partitions under the client's
+/// controller_mutation_rate (KIP-599; from version `strict_from` a request over the quota is
+/// refused, before it the mutation is made and the client throttled after)?
+fn mutation_allowed(ctx: &Ctx, client: &Client, partitions: i64, strict_from: i16) -> bool {
+    client.charge.as_ref().is_none_or(|charge| charge.mutation_allowed(ctx, partitions, client.version >= strict_from))
+}
+
 pub(crate) async fn create_topics(ctx: &Ctx, client: &Client, request: CreateTopicsRequest) -> CreateTopicsResponse {
     let broker = &ctx.broker;
     let mut results = Vec::with_capacity(request.topics.len());
@@ -96,6 +106,22 @@ pub(crate) async fn create_topics(ctx: &Ctx, client: &Client, request: CreateTop
                     .with_name(topic.name)
                     .with_error_code(ResponseError::TopicAuthorizationFailed.code())
                     .with_error_message(message(format!("CREATE on the cluster or on topic {name} is needed."))),
+            );
+            continue;
+        }
+        let partitions = if topic.num_partitions > 0 {
+            topic.num_partitions
+        } else if !topic.assignments.is_empty() {
+            topic.assignments.len() as i32
+        } else {
+            broker.config.num_partitions
+        };
+        if !request.validate_only && !mutation_allowed(ctx, client, partitions.into(), 6) {
+            results.push(
+                CreatableTopicResult::default()
+                    .with_name(topic.name)
+                    .with_error_code(ResponseError::ThrottlingQuotaExceeded.code())
+                    .with_error_message(message(THROTTLED)),
             );
             continue;
         }
@@ -167,6 +193,13 @@ pub(crate) async fn delete_topics(ctx: &Ctx, client: &Client, request: DeleteTop
             Some(topic) => ctx.require(client, AclOperation::Delete, ResourceType::Topic, topic),
             None => Ok(()),
         };
+        let partitions = known.as_deref().and_then(|t| ctx.broker.metadata().topic(t).map(|t| t.partitions));
+        let allowed = allowed.and_then(|()| match partitions {
+            Some(partitions) if !mutation_allowed(ctx, client, partitions.into(), 5) => {
+                Err(BrokerError::new(ErrorKind::Throttled, THROTTLED))
+            }
+            _ => Ok(()),
+        });
         let deleted = match allowed {
             Ok(()) => ctx.broker.delete_topic(name.clone(), id).await,
             Err(e) => Err(e),
@@ -206,7 +239,12 @@ pub(crate) async fn create_partitions(
             .as_ref()
             .filter(|list| !list.is_empty())
             .map(|list| list.iter().map(|a| a.broker_ids.iter().map(|b| b.0).collect()).collect());
+        let current = ctx.broker.metadata().topic(&name).map_or(0, |t| t.partitions);
+        let throttled = !request.validate_only
+            && topic.count > current
+            && !mutation_allowed(ctx, client, i64::from(topic.count - current), 3);
         let outcome = match ctx.require(client, AclOperation::Alter, ResourceType::Topic, &name) {
+            Ok(()) if throttled => Err(BrokerError::new(ErrorKind::Throttled, THROTTLED)),
             Ok(()) => ctx.broker.create_partitions(name, topic.count, assignments, request.validate_only).await,
             Err(e) => Err(e),
         };

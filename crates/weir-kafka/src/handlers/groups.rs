@@ -636,6 +636,7 @@ mod tests {
             connection: 1,
             listener: 0,
             principal: weir_security::acl::ANONYMOUS.into(),
+            charge: None,
         }
     }
 

@@ -59,6 +59,7 @@ pub mod code {
     pub const BROKER_ID_NOT_REGISTERED: i16 = 102;
     pub const INVALID_REQUEST: i16 = 42;
     pub const INVALID_RECORD: i16 = 87;
+    pub const THROTTLING_QUOTA_EXCEEDED: i16 = 89;
     pub const NO_REASSIGNMENT_IN_PROGRESS: i16 = 85;
     pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
     pub const UNKNOWN_TOPIC_ID: i16 = 100;
