@@ -1881,7 +1881,7 @@ fn mutations_over_the_controller_mutation_rate_are_refused_and_throttled() {
             .with_assignments(None)]);
     // (A connection over a quota is muted until the rate is back under it: ask on new ones,
     // under the same client id.)
-    let mut fresh = || Client::connect(broker.addr(), "mutator", IO_TIMEOUT).expect("connects");
+    let fresh = || Client::connect(broker.addr(), "mutator", IO_TIMEOUT).expect("connects");
     let refused = fresh().send(3, &more).expect("CreatePartitions");
     assert_eq!(refused.results[0].error_code, code::THROTTLING_QUOTA_EXCEEDED, "{refused:?}");
     let delete = DeleteTopicsRequest::default()
