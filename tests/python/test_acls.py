@@ -502,7 +502,7 @@ RMQ_METADATA = [
 
 
 def test_rocketmq_clients_are_anonymous_to_the_authorizer(secured):
-    """RocketMQ clients carry no credentials Weir checks yet: they are User:ANONYMOUS, refused
+    """RocketMQ clients without an access key are User:ANONYMOUS, refused
     with FORBIDDEN until ACLs allow that principal: WRITE to send, READ on the group and the
     topic to receive."""
     import grpc
@@ -697,3 +697,103 @@ def test_client_quotas_need_cluster_configs_acls_and_follow_the_sasl_user(secure
     finally:
         alter(admin, [([("user", "alice")], [("producer_byte_rate", None)])])
         admin.close()
+
+
+def signed_metadata(access_key, secret_key, date_time="20261207T101010Z"):
+    """The metadata RocketMQ's clients send, signed as rocketmq-python-client signs it."""
+    from rocketmq.v5.util.signature import Signature
+
+    signature = Signature.sign(secret_key, date_time)
+    return RMQ_METADATA + [
+        ("x-mq-date-time", date_time),
+        ("authorization", f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, Signature={signature}"),
+    ]
+
+
+def test_rocketmq_clients_sign_with_an_access_key_and_are_that_user(secured):
+    """A user made with `weir user create --rocketmq` is a RocketMQ access key, its password the
+    secret key: the official client signs with them (MQv2-HMAC-SHA1) and is that user to the
+    authorizer. A wrong secret or an unknown key is refused with UNAUTHENTICATED."""
+    import grpc
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+    from rocketmq import grpc_protocol as pb
+
+    out = weir(secured, "user", "create", "carol", "--password", PASSWORD, "--rocketmq")
+    assert "yes" in out.stdout, out.stdout
+    admin = admin_of(secured, "admin")
+    topic, group = unique("acl-ak"), unique("acl-ak-group")
+    make_topic(admin, topic)
+    create_acls(admin, [
+        allow("User:carol", ResourceType.TOPIC, topic, AclOperation.WRITE),
+        allow("User:carol", ResourceType.TOPIC, topic, AclOperation.READ),
+        allow("User:carol", ResourceType.GROUP, group, AclOperation.READ),
+    ])
+
+    config = ClientConfiguration(secured.rocketmq_endpoint, Credentials("carol", PASSWORD), request_timeout=10)
+    producer = Producer(config, [topic])
+    producer.startup()
+    try:
+        m = Message()
+        m.topic = topic
+        m.body = b"signed"
+        producer.send(m)
+    finally:
+        producer.shutdown()
+    consumer = SimpleConsumer(config, group, {topic: FilterExpression("*")}, await_duration=2)
+    consumer.startup()
+    try:
+        got = []
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            got = consumer.receive(1, 30)
+        assert [m.body for m in got] == [b"signed"]
+        consumer.ack(got[0])
+    finally:
+        consumer.shutdown()
+
+    with grpc.insecure_channel(secured.rocketmq_endpoint) as channel:
+        stub = pb.MessagingServiceStub(channel)
+        request = pb.QueryRouteRequest(topic=pb.Resource(name=topic))
+        # Signed right: carol, who may describe the topic (WRITE implies DESCRIBE).
+        route = stub.QueryRoute(request, metadata=signed_metadata("carol", PASSWORD), timeout=10)
+        assert route.status.code == pb.Code.OK, route.status
+        for access_key, secret_key in [("carol", "not her password"), ("nobody", PASSWORD)]:
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.QueryRoute(request, metadata=signed_metadata(access_key, secret_key), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
+            assert "signature does not match" in refused.value.details()
+        # A user without RocketMQ access (alice) is no access key.
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.QueryRoute(request, metadata=signed_metadata("alice", PASSWORD), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+    # Taking RocketMQ access away (the password stays for SASL).
+    weir(secured, "user", "create", "carol", "--password", PASSWORD, "--no-rocketmq")
+    with grpc.insecure_channel(secured.rocketmq_endpoint) as channel:
+        stub = pb.MessagingServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.QueryRoute(pb.QueryRouteRequest(topic=pb.Resource(name=topic)),
+                            metadata=signed_metadata("carol", PASSWORD), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_rocketmq_authentication_enable_refuses_unsigned_calls(broker_factory):
+    """With rocketmq.authentication.enable, an unsigned RocketMQ call is refused; a signed one
+    of a user with RocketMQ access goes through."""
+    import grpc
+    from rocketmq import grpc_protocol as pb
+
+    broker = broker_factory({"rocketmq.authentication.enable": "true"})
+    weir(broker, "user", "create", "dave", "--password", PASSWORD, "--rocketmq")
+    topic = unique("ak-required")
+    creator = AdminClient({"bootstrap.servers": broker.bootstrap})
+    creator.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=TIMEOUT_S)
+    with grpc.insecure_channel(broker.rocketmq_endpoint) as channel:
+        stub = pb.MessagingServiceStub(channel)
+        request = pb.QueryRouteRequest(topic=pb.Resource(name=topic))
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.QueryRoute(request, metadata=RMQ_METADATA, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "rocketmq.authentication.enable" in refused.value.details()
+        route = stub.QueryRoute(request, metadata=signed_metadata("dave", PASSWORD), timeout=10)
+        assert route.status.code == pb.Code.OK, route.status

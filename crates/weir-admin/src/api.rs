@@ -1086,6 +1086,11 @@ pub struct CreateUser {
     /// PBKDF2 iterations, 4096 to 16384. [default: 4096]
     #[serde(default)]
     pub iterations: Option<u32>,
+    /// RocketMQ access: `true` lets RocketMQ clients sign with the user's name as access key
+    /// and its password as secret key (the password is then kept whole, as RocketMQ keeps it);
+    /// `false` takes that away. [default: unchanged; a new password replaces the secret]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rocketmq: Option<bool>,
 }
 
 /// A user and the SCRAM mechanisms it can log in with (`GET /v1/users`, and the answer to
@@ -1094,6 +1099,9 @@ pub struct CreateUser {
 pub struct UserInfo {
     pub name: String,
     pub credentials: Vec<UserCredential>,
+    /// RocketMQ clients may sign as this user (see [`CreateUser::rocketmq`]).
+    #[serde(default)]
+    pub rocketmq: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

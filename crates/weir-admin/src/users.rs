@@ -17,15 +17,17 @@ use crate::SharedState;
 /// `GET /v1/users`: every user with a credential.
 pub(crate) async fn list(State(state): State<SharedState>) -> Result<Json<Vec<UserInfo>>, ApiError> {
     let core = state.core()?;
-    Ok(Json(core.broker.scram_users().into_iter().map(|(name, list)| info(name, &list)).collect()))
+    let broker = &core.broker;
+    Ok(Json(broker.scram_users().into_iter().map(|(name, list)| info(broker, name, &list)).collect()))
 }
 
-fn info(name: String, list: &[(ScramMechanism, u32)]) -> UserInfo {
+fn info(broker: &weir_broker::Broker, name: String, list: &[(ScramMechanism, u32)]) -> UserInfo {
     let credentials = list
         .iter()
         .map(|(m, iterations)| UserCredential { mechanism: m.name().to_string(), iterations: *iterations })
         .collect();
-    UserInfo { name, credentials }
+    let rocketmq = broker.access_secret(&name).is_some();
+    UserInfo { name, credentials, rocketmq }
 }
 
 /// `POST /v1/users`: creates the user, or changes its password.
@@ -70,8 +72,19 @@ pub(crate) async fn create(
             return Err(e.into());
         }
     }
+    // RocketMQ access: granted or taken away when asked; a user who has it signs with the new
+    // password from now on.
+    let had_access = core.broker.access_secret(&request.name).is_some();
+    match request.rocketmq {
+        Some(true) => core.broker.set_access_secret(request.name.clone(), Some(request.password.clone())).await?,
+        Some(false) => core.broker.set_access_secret(request.name.clone(), None).await?,
+        None if had_access => {
+            core.broker.set_access_secret(request.name.clone(), Some(request.password.clone())).await?
+        }
+        None => {}
+    }
     let list = core.broker.scram_users().remove(&request.name).unwrap_or_default();
-    Ok((StatusCode::CREATED, Json(info(request.name, &list))))
+    Ok((StatusCode::CREATED, Json(info(&core.broker, request.name, &list))))
 }
 
 /// `DELETE /v1/users/{name}`: removes every credential of the user.

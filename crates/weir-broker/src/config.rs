@@ -217,6 +217,11 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "false",
         "The RocketMQ listener speaks gRPC over TLS, with the ssl.keystore.* certificate; clients turn TLS on (tls_enable, enableSsl).",
     ),
+    s(
+        "rocketmq.authentication.enable",
+        "false",
+        "RocketMQ clients must sign every call with an access key (a Weir user made with weir user create --rocketmq) and its secret key (MQv2-HMAC-SHA1); false: unsigned calls are User:ANONYMOUS (a signed call is checked either way).",
+    ),
     s("num.partitions", "1", "Partitions of an auto-created topic, and of CreateTopics asking for -1."),
     s("default.replication.factor", "1", "Replication factor of auto-created topics."),
     s("auto.create.topics.enable", "true", "Create a topic when a client asks Metadata for an unknown one."),
@@ -481,6 +486,8 @@ pub struct BrokerConfig {
     /// `rocketmq.ssl.enable`: the RocketMQ listener speaks gRPC over TLS, with the `ssl.*`
     /// keystore.
     pub rocketmq_tls: Option<weir_security::tls::TlsSettings>,
+    /// RocketMQ calls must be signed with an access key (`rocketmq.authentication.enable`).
+    pub rocketmq_require_auth: bool,
     /// Host and port put in Metadata responses.
     pub advertised_host: String,
     pub advertised_port: u16,
@@ -1287,6 +1294,7 @@ impl BrokerConfig {
             admin_require_auth: values.bool("admin.api.require.auth")?,
             admin_tls: listener_tls(values, "admin.ssl.enable", b"http/1.1")?,
             rocketmq_tls: listener_tls(values, "rocketmq.ssl.enable", b"h2")?,
+            rocketmq_require_auth: values.bool("rocketmq.authentication.enable")?,
             data_dir,
             num_partitions: values.num("num.partitions", 1)?,
             default_replication_factor: values.num("default.replication.factor", 1)?,

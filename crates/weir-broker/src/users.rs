@@ -54,4 +54,31 @@ impl Broker {
         }
         Ok(outcomes)
     }
+
+    /// `user`'s RocketMQ secret key, if it has RocketMQ access.
+    pub fn access_secret(&self, user: &str) -> Option<String> {
+        self.metadata().access_secrets.get(user).cloned()
+    }
+
+    /// Gives `user` RocketMQ access with `secret` (its password), or with `None` takes it away,
+    /// through the controller.
+    pub async fn set_access_secret(self: &Arc<Self>, user: String, secret: Option<String>) -> Result<(), BrokerError> {
+        match self.control(ControlRequest::SetAccessSecret { user, secret }).await? {
+            ControlAnswer::Done => Ok(()),
+            other => Err(crate::broker::unexpected_answer(&other)),
+        }
+    }
+
+    pub(crate) fn decide_access_secret(
+        &self,
+        held: &std::sync::MutexGuard<'_, ()>,
+        user: String,
+        secret: Option<String>,
+    ) -> Result<(), BrokerError> {
+        if let Some(record) = decide_access_secret(&self.metadata(), &user, secret.as_deref())? {
+            self.commit(held, vec![record])?;
+            tracing::info!(%user, access = secret.is_some(), "RocketMQ access changed");
+        }
+        Ok(())
+    }
 }

@@ -119,6 +119,11 @@ pub enum ControlRequest {
     DeleteAcls {
         filters: Vec<weir_metadata::acl::AclFilter>,
     },
+    /// Set or remove a user's RocketMQ secret key.
+    SetAccessSecret {
+        user: String,
+        secret: Option<String>,
+    },
     /// Set or remove client quotas (Kafka's AlterClientQuotas).
     AlterClientQuotas {
         alterations: Vec<crate::quotas::QuotaAlteration>,
@@ -152,6 +157,7 @@ impl ControlRequest {
             ControlRequest::CreateAcls { .. } => "create ACLs",
             ControlRequest::DeleteAcls { .. } => "delete ACLs",
             ControlRequest::AlterClientQuotas { .. } => "alter client quotas",
+            ControlRequest::SetAccessSecret { .. } => "set a RocketMQ secret key",
         }
     }
 }

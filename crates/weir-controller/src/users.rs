@@ -103,6 +103,30 @@ fn check(state: &MetadataState, change: &ScramChange) -> Result<(), BrokerError>
     }
 }
 
+/// The record setting (or, with `None`, removing) `user`'s RocketMQ secret key; `None` when
+/// nothing changes. A secret goes with a user who has a SCRAM credential (the access key is the
+/// user's name), and is what a client signs with: not empty, at most 1,024 bytes.
+pub fn decide_access_secret(
+    state: &MetadataState,
+    user: &str,
+    secret: Option<&str>,
+) -> Result<Option<MetadataRecord>, BrokerError> {
+    let invalid = |why: String| Err(BrokerError::new(ErrorKind::InvalidRequest, why));
+    if let Some(secret) = secret {
+        if secret.is_empty() || secret.len() > 1024 {
+            return invalid("a RocketMQ secret key has 1 to 1024 bytes".into());
+        }
+        if !state.scram_credentials.contains_key(user) {
+            return Err(BrokerError::new(ErrorKind::ResourceNotFound, format!("no user {user:?}: create it first")));
+        }
+    }
+    let current = state.access_secrets.get(user).map(String::as_str);
+    if current == secret {
+        return Ok(None);
+    }
+    Ok(Some(MetadataRecord::SetAccessSecret { user: user.to_string(), secret: secret.map(str::to_string) }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +161,21 @@ mod tests {
         assert!(state.scram_credentials.is_empty());
         let (_, outcomes) = decide_alter(&state, &[upsert("", 4096)]);
         assert!(outcomes[0].is_err());
+    }
+
+    #[test]
+    fn a_rocketmq_secret_goes_with_an_existing_user() {
+        let mut state = MetadataState::default();
+        let refused = decide_access_secret(&state, "carol", Some("secret")).expect_err("no such user");
+        assert_eq!(refused.kind, ErrorKind::ResourceNotFound);
+        state.scram_credentials.entry("carol".into()).or_default();
+        assert!(decide_access_secret(&state, "carol", Some("")).is_err(), "an empty secret");
+        let record = decide_access_secret(&state, "carol", Some("secret")).expect("valid").expect("a change");
+        state.apply(0, &record);
+        assert_eq!(state.access_secrets.get("carol").map(String::as_str), Some("secret"));
+        assert_eq!(decide_access_secret(&state, "carol", Some("secret")).expect("valid"), None, "unchanged");
+        let removal = decide_access_secret(&state, "carol", None).expect("valid").expect("a change");
+        state.apply(1, &removal);
+        assert!(state.access_secrets.is_empty());
     }
 }

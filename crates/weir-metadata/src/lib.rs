@@ -158,6 +158,12 @@ pub enum MetadataRecord {
     RemoveAcl {
         binding: acl::AclBinding,
     },
+    /// Sets a user's RocketMQ secret key (ACL 2.0's access keys sign with it, so it is kept
+    /// whole, as RocketMQ keeps it); `None` removes it.
+    SetAccessSecret {
+        user: String,
+        secret: Option<String>,
+    },
     /// Sets one quota of an entity (KRaft's ClientQuotaRecord); `None` removes it.
     SetClientQuota {
         entity: quota::QuotaEntity,
@@ -321,6 +327,10 @@ pub struct MetadataState {
     /// The ACLs the authorizer decides by (`weir_security::acl`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub acls: std::collections::BTreeSet<acl::AclBinding>,
+    /// Users' RocketMQ secret keys (`weir_security::access_key`), by user: only users made
+    /// with RocketMQ access have one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub access_secrets: BTreeMap<String, String>,
     /// Client quotas by entity and key (`weir_broker::quotas` enforces them).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty", with = "quota::as_pairs")]
     pub client_quotas: quota::ClientQuotas,
@@ -639,6 +649,8 @@ impl MetadataState {
                     credentials.remove(mechanism);
                     if credentials.is_empty() {
                         self.scram_credentials.remove(user);
+                        // A user without credentials is gone: its RocketMQ secret with it.
+                        self.access_secrets.remove(user);
                     }
                 }
             }
@@ -648,6 +660,14 @@ impl MetadataState {
             MetadataRecord::RemoveAcl { binding } => {
                 self.acls.remove(binding);
             }
+            MetadataRecord::SetAccessSecret { user, secret } => match secret {
+                Some(secret) => {
+                    self.access_secrets.insert(user.clone(), secret.clone());
+                }
+                None => {
+                    self.access_secrets.remove(user);
+                }
+            },
             MetadataRecord::SetClientQuota { entity, key, value } => match value {
                 Some(value) => {
                     self.client_quotas.entry(entity.clone()).or_default().insert(key.clone(), *value);

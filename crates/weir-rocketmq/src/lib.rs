@@ -31,6 +31,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 
+mod auth;
 mod filter;
 mod recall;
 mod receive;
@@ -77,9 +78,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let metrics = service.metrics.clone();
+    let authenticate = auth::Authenticate { broker: service.broker.clone(), metrics: metrics.clone() };
     let server = proto::messaging_service_server::MessagingServiceServer::from_arc(service)
         .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
+    let server = tonic::service::interceptor::InterceptedService::new(server, authenticate);
     let router = tonic::transport::Server::builder()
         // Clients keep their connections for the client's life; tell dead peers apart.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))

@@ -19,7 +19,7 @@ use weir_coordinators::group::clients::{ClientKind, Heard};
 use weir_coordinators::group::GroupCoordinator;
 use weir_messaging::pop::{self, QueueKey, ReceiveRequest};
 use weir_messaging::{Engines, Messaging};
-use weir_security::acl::{AclOperation, ResourceType, ANONYMOUS};
+use weir_security::acl::{AclOperation, ResourceType};
 
 use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;
@@ -66,8 +66,21 @@ const OPERATIONS: [&str; 16] = [
 /// The RocketMQ front-end: the core, its running messaging engines, and the producers'
 /// streams (per connection, as RocketMQ reaches them). It starts no task of its own beyond
 /// serving each stream, and opens no file.
+/// Who a call comes from: its principal (`crate::auth`) and address, for the authorizer and
+/// the quotas.
+pub(crate) struct Caller {
+    principal: Arc<str>,
+    peer: Option<std::net::SocketAddr>,
+}
+
+impl Caller {
+    fn of<T>(request: &Request<T>) -> Caller {
+        Caller { principal: crate::auth::principal_of(request), peer: request.remote_addr() }
+    }
+}
+
 pub struct Service {
-    broker: Arc<Broker>,
+    pub(crate) broker: Arc<Broker>,
     /// Its `clients` learn of the clients that talk to this broker.
     groups: Arc<GroupCoordinator>,
     /// Invisible-time consumption and transactional messages.
@@ -106,12 +119,11 @@ impl Service {
         client.to_string()
     }
 
-    /// `Some(FORBIDDEN)` unless the caller may perform `operation` on the resource. RocketMQ
-    /// clients carry no credentials Weir checks yet: each is `User:ANONYMOUS` to the
-    /// authorizer, as a Kafka client on a listener without SASL is.
+    /// `Some(FORBIDDEN)` unless the caller may perform `operation` on the resource: the user
+    /// its access key names, or `User:ANONYMOUS` for an unsigned call (`crate::auth`).
     fn refused(
         &self,
-        peer: Option<std::net::SocketAddr>,
+        caller: &Caller,
         operation: AclOperation,
         resource_type: ResourceType,
         name: &str,
@@ -119,33 +131,29 @@ impl Service {
         if !self.broker.authorizer_enabled() {
             return None;
         }
-        let host = peer.map(|a| a.ip().to_string()).unwrap_or_default();
-        (!self.broker.authorize(ANONYMOUS, &host, operation, resource_type, name))
-            .then(|| status(Code::Forbidden, format!("{ANONYMOUS} may not {operation} {resource_type} {name:?}")))
+        let host = caller.peer.map(|a| a.ip().to_string()).unwrap_or_default();
+        let principal = &caller.principal;
+        (!self.broker.authorize(principal, &host, operation, resource_type, name))
+            .then(|| status(Code::Forbidden, format!("{principal} may not {operation} {resource_type} {name:?}")))
     }
 
     /// As [`Service::refused`] for a consumer's call: READ on its group and on the topic.
-    fn consumer_refused(
-        &self,
-        peer: Option<std::net::SocketAddr>,
-        group: Option<&Resource>,
-        topic: Option<&Resource>,
-    ) -> Option<Status> {
+    fn consumer_refused(&self, caller: &Caller, group: Option<&Resource>, topic: Option<&Resource>) -> Option<Status> {
         let group = group.map(|g| g.name.as_str()).unwrap_or_default();
         let topic = topic.map(|t| t.name.as_str()).unwrap_or_default();
-        self.refused(peer, AclOperation::Read, ResourceType::Group, group)
-            .or_else(|| self.refused(peer, AclOperation::Read, ResourceType::Topic, topic))
+        self.refused(caller, AclOperation::Read, ResourceType::Group, group)
+            .or_else(|| self.refused(caller, AclOperation::Read, ResourceType::Topic, topic))
     }
 
     /// `Some(TOO_MANY_REQUESTS)` while `client` is throttled for `kind` by its client quota
-    /// (`weir_broker::quotas`: RocketMQ clients count as the user ANONYMOUS, under their client
-    /// id). RocketMQ's clients back off and retry on that code.
-    fn over_quota(&self, kind: QuotaKind, client: &str) -> Option<Status> {
+    /// (`weir_broker::quotas`: a RocketMQ client counts as the user of its access key, or
+    /// ANONYMOUS, under its client id). RocketMQ's clients back off and retry on that code.
+    fn over_quota(&self, caller: &Caller, kind: QuotaKind, client: &str) -> Option<Status> {
         let quotas = &self.broker.client_quotas;
         if !quotas.any_client_quota() {
             return None;
         }
-        let left = quotas.throttled(kind, quota_user(ANONYMOUS), client)?;
+        let left = quotas.throttled(kind, quota_user(&caller.principal), client)?;
         Some(status(
             Code::TooManyRequests,
             format!("client {client:?} is over its {} quota: retry in {} ms", kind.key(), left.as_millis().max(1)),
@@ -153,10 +161,10 @@ impl Service {
     }
 
     /// Counts `bytes` a call of `client` moved against its client quota of `kind`.
-    fn charge(&self, kind: QuotaKind, client: &str, bytes: usize) {
+    fn charge(&self, caller: &Caller, kind: QuotaKind, client: &str, bytes: usize) {
         let quotas = &self.broker.client_quotas;
         if quotas.any_client_quota() {
-            quotas.record(kind, quota_user(ANONYMOUS), client, bytes as f64);
+            quotas.record(kind, quota_user(&caller.principal), client, bytes as f64);
         }
     }
 
@@ -349,11 +357,7 @@ impl Service {
         max_message_bytes.saturating_sub(PROPERTY_ALLOWANCE_BYTES)
     }
 
-    async fn send_messages(
-        &self,
-        request: SendMessageRequest,
-        peer: Option<std::net::SocketAddr>,
-    ) -> SendMessageResponse {
+    async fn send_messages(&self, request: SendMessageRequest, caller: &Caller) -> SendMessageResponse {
         let count = request.messages.len();
         if count == 0 {
             return SendMessageResponse {
@@ -373,7 +377,7 @@ impl Service {
                     continue;
                 }
             };
-            if let Some(refused) = self.refused(peer, AclOperation::Write, ResourceType::Topic, &topic.name) {
+            if let Some(refused) = self.refused(caller, AclOperation::Write, ResourceType::Topic, &topic.name) {
                 entries[index] = SendResultEntry { status: Some(refused), message_id: id, ..Default::default() };
                 continue;
             }
@@ -497,10 +501,10 @@ impl MessagingService for Service {
         request: Request<QueryRouteRequest>,
     ) -> Result<Response<QueryRouteResponse>, tonic::Status> {
         let started = Instant::now();
-        let peer = request.remote_addr();
+        let caller = Caller::of(&request);
         let request = request.into_inner();
         let topic = self.topic(request.topic.as_ref()).await.and_then(|topic| {
-            match self.refused(peer, AclOperation::Describe, ResourceType::Topic, &topic.name) {
+            match self.refused(&caller, AclOperation::Describe, ResourceType::Topic, &topic.name) {
                 Some(refused) => Err(refused),
                 None => Ok(topic),
             }
@@ -545,15 +549,15 @@ impl MessagingService for Service {
         request: Request<SendMessageRequest>,
     ) -> Result<Response<SendMessageResponse>, tonic::Status> {
         let started = Instant::now();
-        let peer = request.remote_addr();
+        let caller = Caller::of(&request);
         let client = self.client_of(&request);
         let request = request.into_inner();
-        let response = match self.over_quota(QuotaKind::Produce, &client) {
+        let response = match self.over_quota(&caller, QuotaKind::Produce, &client) {
             Some(throttled) => SendMessageResponse { status: Some(throttled), entries: vec![] },
             None => {
                 let bytes = prost::Message::encoded_len(&request);
-                let response = self.send_messages(request, peer).await;
-                self.charge(QuotaKind::Produce, &client, bytes);
+                let response = self.send_messages(request, &caller).await;
+                self.charge(&caller, QuotaKind::Produce, &client, bytes);
                 response
             }
         };
@@ -566,9 +570,9 @@ impl MessagingService for Service {
         request: Request<QueryAssignmentRequest>,
     ) -> Result<Response<QueryAssignmentResponse>, tonic::Status> {
         let started = Instant::now();
-        let peer = request.remote_addr();
+        let caller = Caller::of(&request);
         let request = request.into_inner();
-        if let Some(refused) = self.consumer_refused(peer, request.group.as_ref(), request.topic.as_ref()) {
+        if let Some(refused) = self.consumer_refused(&caller, request.group.as_ref(), request.topic.as_ref()) {
             let response = QueryAssignmentResponse { status: Some(refused), assignments: vec![] };
             self.observe(3, started, response.status.as_ref().map_or(0, |s| s.code));
             return Ok(Response::new(response));
@@ -601,13 +605,13 @@ impl MessagingService for Service {
         let started = Instant::now();
         let client = self.client_of(&request);
         let deadline = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(grpc_timeout);
-        let peer = request.remote_addr();
-        let host = peer.map(|a| a.to_string());
+        let caller = Caller::of(&request);
+        let host = caller.peer.map(|a| a.to_string());
         let request = request.into_inner();
         let topic = request.message_queue.as_ref().and_then(|q| q.topic.as_ref());
         let refused = self
-            .consumer_refused(peer, request.group.as_ref(), topic)
-            .or_else(|| self.over_quota(QuotaKind::Fetch, &client));
+            .consumer_refused(&caller, request.group.as_ref(), topic)
+            .or_else(|| self.over_quota(&caller, QuotaKind::Fetch, &client));
         let wanted = match refused {
             Some(refused) => Err(refused),
             None => self.receive_request(&request, &client).await,
@@ -657,7 +661,7 @@ impl MessagingService for Service {
                 _ => None,
             })
             .unwrap_or(0);
-        self.charge(QuotaKind::Fetch, &client, responses.iter().map(prost::Message::encoded_len).sum());
+        self.charge(&caller, QuotaKind::Fetch, &client, responses.iter().map(prost::Message::encoded_len).sum());
         // An empty long poll is no failure.
         self.observe(4, started, if code == Code::MessageNotFound as i32 { Code::Ok as i32 } else { code });
         Ok(Response::new(Box::pin(tokio_stream::iter(responses.into_iter().map(Ok)))))
@@ -669,9 +673,9 @@ impl MessagingService for Service {
     ) -> Result<Response<AckMessageResponse>, tonic::Status> {
         let started = Instant::now();
         let client = self.client_of(&request);
-        let peer = request.remote_addr();
+        let caller = Caller::of(&request);
         let request = request.into_inner();
-        let refused = self.consumer_refused(peer, request.group.as_ref(), request.topic.as_ref());
+        let refused = self.consumer_refused(&caller, request.group.as_ref(), request.topic.as_ref());
         let group = match refused {
             Some(refused) => Err(refused),
             None => group_name(request.group.as_ref()),
@@ -709,9 +713,9 @@ impl MessagingService for Service {
     ) -> Result<Response<ForwardMessageToDeadLetterQueueResponse>, tonic::Status> {
         let started = Instant::now();
         let client = self.client_of(&request);
-        let peer = request.remote_addr();
+        let caller = Caller::of(&request);
         let request = request.into_inner();
-        let refused = self.consumer_refused(peer, request.group.as_ref(), request.topic.as_ref());
+        let refused = self.consumer_refused(&caller, request.group.as_ref(), request.topic.as_ref());
         let outcome = match refused {
             Some(refused) => Err(refused),
             None => self.forward_to_dead_letters(&request, &client).await,
@@ -773,10 +777,10 @@ impl MessagingService for Service {
     ) -> Result<Response<EndTransactionResponse>, tonic::Status> {
         let started = Instant::now();
         self.client_of(&request);
-        let peer = request.remote_addr();
+        let caller = Caller::of(&request);
         let request = request.into_inner();
         let topic = request.topic.as_ref().map(|t| t.name.as_str()).unwrap_or_default();
-        let answer = match self.refused(peer, AclOperation::Write, ResourceType::Topic, topic) {
+        let answer = match self.refused(&caller, AclOperation::Write, ResourceType::Topic, topic) {
             Some(refused) => refused,
             None => crate::transaction::end(&self.engines.transactions, &request).await,
         };
@@ -876,9 +880,9 @@ impl MessagingService for Service {
     ) -> Result<Response<ChangeInvisibleDurationResponse>, tonic::Status> {
         let started = Instant::now();
         let client = self.client_of(&request);
-        let peer = request.remote_addr();
+        let caller = Caller::of(&request);
         let request = request.into_inner();
-        let outcome = match self.consumer_refused(peer, request.group.as_ref(), request.topic.as_ref()) {
+        let outcome = match self.consumer_refused(&caller, request.group.as_ref(), request.topic.as_ref()) {
             Some(refused) => Err(refused),
             None => self.change_invisible(&request, &client).await,
         };
@@ -896,10 +900,10 @@ impl MessagingService for Service {
     ) -> Result<Response<RecallMessageResponse>, tonic::Status> {
         let started = Instant::now();
         self.client_of(&request);
-        let peer = request.remote_addr();
+        let caller = Caller::of(&request);
         let request = request.into_inner();
         let topic = request.topic.as_ref().map(|t| t.name.as_str()).unwrap_or_default();
-        let outcome = match self.refused(peer, AclOperation::Write, ResourceType::Topic, topic) {
+        let outcome = match self.refused(&caller, AclOperation::Write, ResourceType::Topic, topic) {
             Some(refused) => Err(refused),
             None => crate::recall::recall(&self.messaging, &request).await,
         };

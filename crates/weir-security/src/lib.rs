@@ -7,11 +7,13 @@
 //!   salted credentials stored in the metadata log; SASL/PLAIN's message, checked against the
 //!   same credentials.
 //! - [`acl`]: the authorizer, Kafka's ACL semantics over the ACLs of the metadata log.
+//! - [`access_key`]: RocketMQ's access keys, the `MQv2-HMAC-SHA1` signatures of its clients.
 //! - [`principal`]: the principal of a mutual-TLS client, from its certificate's subject and
 //!   `ssl.principal.mapping.rules`.
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 
+pub mod access_key;
 pub mod acl;
 pub mod principal;
 pub mod scram;

@@ -164,6 +164,9 @@ impl Broker {
             ControlRequest::DeleteAcls { filters } => {
                 self.decide_delete_acls(held, filters).map(ControlAnswer::DeletedAcls)
             }
+            ControlRequest::SetAccessSecret { user, secret } => {
+                self.decide_access_secret(held, user, secret).map(|()| ControlAnswer::Done)
+            }
             ControlRequest::AlterClientQuotas { alterations, validate_only } => {
                 self.decide_alter_client_quotas(held, alterations, validate_only).map(ControlAnswer::Each)
             }

@@ -38,6 +38,13 @@ pub struct CreateUserArgs {
     /// PBKDF2 iterations, 4096 to 16384.
     #[arg(long, default_value_t = 4096)]
     pub iterations: u32,
+    /// Let RocketMQ clients sign as this user: access key the user's name, secret key its
+    /// password (which the cluster then keeps whole, as RocketMQ does).
+    #[arg(long, conflicts_with = "no_rocketmq")]
+    pub rocketmq: bool,
+    /// Take the user's RocketMQ access away.
+    #[arg(long)]
+    pub no_rocketmq: bool,
 }
 
 #[derive(Debug, Args)]
@@ -55,6 +62,13 @@ pub fn run(args: &UserArgs) -> anyhow::Result<()> {
                 password: create.password.clone(),
                 mechanisms: create.mechanisms.clone(),
                 iterations: Some(create.iterations),
+                rocketmq: if create.rocketmq {
+                    Some(true)
+                } else if create.no_rocketmq {
+                    Some(false)
+                } else {
+                    None
+                },
             };
             let user: UserInfo = client.post("/v1/users", &request)?;
             if args.connection.json {
@@ -82,10 +96,15 @@ pub fn run(args: &UserArgs) -> anyhow::Result<()> {
 }
 
 fn write_users(out: &mut impl std::io::Write, users: &[UserInfo]) -> anyhow::Result<()> {
-    let mut table = Table::new(&["USER", "MECHANISM", "ITERATIONS"]);
+    let mut table = Table::new(&["USER", "MECHANISM", "ITERATIONS", "ROCKETMQ"]);
     for user in users {
         for credential in &user.credentials {
-            table.row(vec![user.name.clone(), credential.mechanism.clone(), credential.iterations.to_string()]);
+            table.row(vec![
+                user.name.clone(),
+                credential.mechanism.clone(),
+                credential.iterations.to_string(),
+                if user.rocketmq { "yes" } else { "no" }.to_string(),
+            ]);
         }
     }
     table.write(out)?;
