@@ -501,12 +501,30 @@ RMQ_METADATA = [
 ]
 
 
+def receive_one(config, group, topic):
+    """The body of one message a RocketMQ SimpleConsumer of `group` receives and acknowledges."""
+    from rocketmq import FilterExpression, SimpleConsumer
+
+    consumer = SimpleConsumer(config, group, {topic: FilterExpression("*")}, await_duration=2)
+    consumer.startup()
+    try:
+        got = []
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            got = consumer.receive(1, 30)
+        assert len(got) == 1, got
+        consumer.ack(got[0])
+        return got[0].body
+    finally:
+        consumer.shutdown()
+
+
 def test_rocketmq_clients_are_anonymous_to_the_authorizer(secured):
     """RocketMQ clients without an access key are User:ANONYMOUS, refused
     with FORBIDDEN until ACLs allow that principal: WRITE to send, READ on the group and the
     topic to receive."""
     import grpc
-    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
     from rocketmq import grpc_protocol as pb
     from rocketmq.grpc_protocol import definition_pb2 as d
 
@@ -547,17 +565,7 @@ def test_rocketmq_clients_are_anonymous_to_the_authorizer(secured):
         allow("User:ANONYMOUS", ResourceType.GROUP, group, AclOperation.READ),
         allow("User:ANONYMOUS", ResourceType.TOPIC, topic, AclOperation.READ),
     ])
-    consumer = SimpleConsumer(config, group, {topic: FilterExpression("*")}, await_duration=2)
-    consumer.startup()
-    try:
-        got = []
-        deadline = time.monotonic() + 30
-        while not got and time.monotonic() < deadline:
-            got = consumer.receive(1, 30)
-        assert [m.body for m in got] == [b"allowed"]
-        consumer.ack(got[0])
-    finally:
-        consumer.shutdown()
+    assert receive_one(config, group, topic) == b"allowed"
 
 
 def test_a_three_node_cluster_enforces_acls_everywhere_and_still_replicates(cluster_factory):
@@ -715,7 +723,7 @@ def test_rocketmq_clients_sign_with_an_access_key_and_are_that_user(secured):
     secret key: the official client signs with them (MQv2-HMAC-SHA1) and is that user to the
     authorizer. A wrong secret or an unknown key is refused with UNAUTHENTICATED."""
     import grpc
-    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
     from rocketmq import grpc_protocol as pb
 
     out = weir(secured, "user", "create", "carol", "--password", PASSWORD, "--rocketmq")
@@ -739,17 +747,7 @@ def test_rocketmq_clients_sign_with_an_access_key_and_are_that_user(secured):
         producer.send(m)
     finally:
         producer.shutdown()
-    consumer = SimpleConsumer(config, group, {topic: FilterExpression("*")}, await_duration=2)
-    consumer.startup()
-    try:
-        got = []
-        deadline = time.monotonic() + 30
-        while not got and time.monotonic() < deadline:
-            got = consumer.receive(1, 30)
-        assert [m.body for m in got] == [b"signed"]
-        consumer.ack(got[0])
-    finally:
-        consumer.shutdown()
+    assert receive_one(config, group, topic) == b"signed"
 
     with grpc.insecure_channel(secured.rocketmq_endpoint) as channel:
         stub = pb.MessagingServiceStub(channel)
