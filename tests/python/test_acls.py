@@ -777,11 +777,12 @@ def test_rocketmq_clients_sign_with_an_access_key_and_are_that_user(secured):
 
 def test_rocketmq_authentication_enable_refuses_unsigned_calls(broker_factory):
     """With rocketmq.authentication.enable, an unsigned RocketMQ call is refused; a signed one
-    of a user with RocketMQ access goes through."""
+    of a user with RocketMQ access goes through; failures are limited per address."""
     import grpc
     from rocketmq import grpc_protocol as pb
 
-    broker = broker_factory({"rocketmq.authentication.enable": "true"})
+    broker = broker_factory({"rocketmq.authentication.enable": "true",
+                             "connection.failed.authentication.max.per.minute": "3"})
     weir(broker, "user", "create", "dave", "--password", PASSWORD, "--rocketmq")
     topic = unique("ak-required")
     creator = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -795,3 +796,11 @@ def test_rocketmq_authentication_enable_refuses_unsigned_calls(broker_factory):
         assert "rocketmq.authentication.enable" in refused.value.details()
         route = stub.QueryRoute(request, metadata=signed_metadata("dave", PASSWORD), timeout=10)
         assert route.status.code == pb.Code.OK, route.status
+        # Guessing is cut short: after 3 failures from this address in a minute, even the
+        # right secret is refused unchecked.
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError):
+                stub.QueryRoute(request, metadata=signed_metadata("dave", "a guess"), timeout=10)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.QueryRoute(request, metadata=signed_metadata("dave", PASSWORD), timeout=10)
+        assert "too many failed authentications" in refused.value.details(), refused.value

@@ -31,7 +31,7 @@ pub struct Ctx {
     /// `config.client_listeners` (a connection knows its listener by index).
     pub(crate) listeners: Vec<Listener>,
     /// Failed SASL authentications by address (`connection.failed.authentication.max.per.minute`).
-    pub(crate) failed_logins: crate::sasl::FailedLogins,
+    pub(crate) failed_logins: weir_security::attempts::FailedAttempts,
 }
 
 /// One Kafka client listener as its connections see it.

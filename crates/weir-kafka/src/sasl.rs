@@ -7,9 +7,7 @@
 //! ([`weir_security::scram`]): SCRAM exchanges them salted; PLAIN sends the password, which
 //! is salted and compared the same way.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -18,7 +16,7 @@ use kafka_protocol::messages::{
     ApiKey, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
 };
 use kafka_protocol::protocol::StrBytes;
-use weir_broker::config::{ClientSecurity, SaslMechanism};
+use weir_broker::config::SaslMechanism;
 use weir_security::scram::{self, ScramServer, Step};
 
 use crate::context::Ctx;
@@ -163,7 +161,7 @@ impl Authentication {
         };
         let mechanism = *mechanism;
         let security = &ctx.listener(self.listener).security;
-        if ctx.failed_logins.over_limit(peer, security) {
+        if ctx.failed_logins.over_limit(peer, security.failed_authentications_per_minute) {
             ctx.metrics.connections.authentication_failures.inc();
             self.state = State::Handshake;
             return Err(Failure::Credentials(
@@ -252,36 +250,5 @@ async fn check_plain(ctx: &Ctx, token: &[u8]) -> Result<String, String> {
         Ok(user)
     } else {
         Err("wrong user name or password".into())
-    }
-}
-
-/// Failed authentications per client address, over the last minute.
-#[derive(Default)]
-pub(crate) struct FailedLogins {
-    by_address: Mutex<HashMap<IpAddr, (Instant, u32)>>,
-}
-
-const WINDOW: Duration = Duration::from_secs(60);
-/// Addresses remembered at most (the oldest windows are forgotten first past it).
-const MAX_ADDRESSES: usize = 100_000;
-
-impl FailedLogins {
-    fn over_limit(&self, peer: IpAddr, security: &ClientSecurity) -> bool {
-        let map = self.by_address.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(&peer).is_some_and(|(since, count)| {
-            since.elapsed() < WINDOW && *count >= security.failed_authentications_per_minute
-        })
-    }
-
-    fn record(&self, peer: IpAddr) {
-        let mut map = self.by_address.lock().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= MAX_ADDRESSES {
-            map.retain(|_, (since, _)| since.elapsed() < WINDOW);
-        }
-        let entry = map.entry(peer).or_insert((Instant::now(), 0));
-        if entry.0.elapsed() >= WINDOW {
-            *entry = (Instant::now(), 0);
-        }
-        entry.1 += 1;
     }
 }

@@ -78,7 +78,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let metrics = service.metrics.clone();
-    let authenticate = auth::Authenticate { broker: service.broker.clone(), metrics: metrics.clone() };
+    let authenticate =
+        auth::Authenticate { broker: service.broker.clone(), metrics: metrics.clone(), failures: Default::default() };
     let server = proto::messaging_service_server::MessagingServiceServer::from_arc(service)
         .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
