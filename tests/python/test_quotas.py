@@ -422,3 +422,33 @@ def test_the_weir_quota_command_and_the_admin_api_manage_the_same_quotas(broker)
     assert done.returncode == 0, done.stderr
     status, body = http("GET", f"{broker.admin_url()}/v1/quotas?client_id={client}")
     assert status == 200 and body == [], body
+
+
+def test_a_quota_holds_clients_of_a_cluster_but_not_its_replication(cluster_factory):
+    """Three nodes, one listener each for clients and brokers alike: a quota set through one
+    node throttles a producer on another (its clients are charged there too), while the
+    followers' fetches on that listener are exempt and keep the ISR whole."""
+    cluster = cluster_factory(voters=3, settings={"quota.window.num": "2", "min.insync.replicas": "2"})
+    first = cluster.node(1)
+    admin = KafkaAdminClient(bootstrap_servers=first.bootstrap, client_id="quota-admin")
+    topic, slow = unique("quota-cluster"), unique("slow-cluster")
+    try:
+        creator = AdminClient({"bootstrap.servers": first.bootstrap})
+        creator.create_topics([NewTopic(topic, 1, 3)])[topic].result(timeout=30)
+        # Quotas are the metadata's: set through node 1, in force on every node. A follower's
+        # fetches would be over this rate many times; they are not the client's.
+        set_quotas(admin, [([("client-id", slow)], [("producer_byte_rate", 64 * KIB)]),
+                           ([("client-id", None)], [("consumer_byte_rate", 1024)])])
+        events = []
+        everywhere = ",".join(node.bootstrap for node in cluster.nodes.values())
+        producer = Producer({"bootstrap.servers": everywhere, "client.id": slow, "acks": "all",
+                             "linger.ms": 5, "batch.size": 16 * KIB, "message.timeout.ms": 60000,
+                             "throttle_cb": lambda event: events.append(event.throttle_time)})
+        produce_all(producer, topic, 24, 8 * KIB)
+        assert events and max(events) > 0, "the leader throttled the producer"
+        isr = creator.list_topics(topic=topic, timeout=10).topics[topic].partitions[0].isrs
+        assert len(isr) == 3, f"the followers keep up, unthrottled: ISR {isr}"
+    finally:
+        set_quotas(admin, [([("client-id", slow)], [("producer_byte_rate", None)]),
+                           ([("client-id", None)], [("consumer_byte_rate", None)])])
+        admin.close()

@@ -127,7 +127,7 @@ async fn route(
     }
     let (mut client, correlation_id) = decode_header(&mut frame, &prefix, api_key, peer)?;
     if let Some(charge) = &charge {
-        charge.identify(ctx, &client);
+        charge.identify(&client);
         client.charge = Some(charge.clone());
     }
     let mut body = frame;
@@ -155,6 +155,10 @@ async fn route(
         }
         ApiKey::Fetch => {
             let mut request: FetchRequest = frame::decode_body(&mut body, api_key, version)?;
+            let replica_id = if version >= 15 { request.replica_state.replica_id.0 } else { request.replica_id.0 };
+            if let Some(charge) = charge.as_ref().filter(|_| replica_id >= 0 && ctx.on_inter_broker_listener(&client)) {
+                charge.exempt();
+            }
             // Never more than the client's consumer_byte_rate allows in one window, or the
             // fetch would be throttled whatever it waited (Kafka's getMaxValueInQuotaWindow).
             if let Some(limit) = charge.as_ref().and_then(|c| c.fetch_limit(ctx)) {

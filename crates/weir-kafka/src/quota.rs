@@ -35,6 +35,8 @@ pub(crate) struct Charge {
     throttle_ms: AtomicU64,
     /// The request time has been counted (it is counted once, when the response is built).
     time_counted: AtomicBool,
+    /// See [`Charge::exempt`].
+    exempt: AtomicBool,
 }
 
 impl Charge {
@@ -47,17 +49,22 @@ impl Charge {
         })
     }
 
-    /// Names the client once its header is read. The inter-broker listener of a cluster is
-    /// exempt (replication has its own throttles), as requests authorized by CLUSTER_ACTION
-    /// are in Kafka.
-    pub(crate) fn identify(&self, ctx: &Ctx, client: &Client) {
-        if ctx.on_inter_broker_listener(client) {
-            return;
-        }
+    /// Names the client once its header is read.
+    pub(crate) fn identify(&self, client: &Client) {
         let _ = self.who.set((quota_user(&client.principal).to_string(), client.client_id.clone()));
     }
 
+    /// Exempts the request from every quota: a follower's fetch on a cluster's inter-broker
+    /// listener (replication has its own throttles), as Kafka exempts requests authorized by
+    /// CLUSTER_ACTION.
+    pub(crate) fn exempt(&self) {
+        self.exempt.store(true, Ordering::Release);
+    }
+
     fn quota(&self, ctx: &Ctx, kind: QuotaKind, value: f64) {
+        if self.exempt.load(Ordering::Acquire) {
+            return;
+        }
         if let Some((user, client_id)) = self.who.get() {
             let throttle = ctx.broker.client_quotas.record(kind, user, client_id, value);
             self.throttle_ms.fetch_max(throttle.as_millis() as u64, Ordering::AcqRel);
@@ -98,6 +105,9 @@ impl Charge {
     /// The most a fetch may ask for under the client's consumer_byte_rate (what one window of
     /// the quota allows), or `None` without one.
     pub(crate) fn fetch_limit(&self, ctx: &Ctx) -> Option<u64> {
+        if self.exempt.load(Ordering::Acquire) {
+            return None;
+        }
         let (user, client_id) = self.who.get()?;
         let most = ctx.broker.client_quotas.max_in_window(QuotaKind::Fetch, user, client_id)?;
         Some(most.max(1.0) as u64)
