@@ -5,6 +5,7 @@ what one client wrote with what the other read.
 """
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -403,6 +404,15 @@ def ack_stall(times, fault_at, horizon=30.0):
         if t > fault_at + horizon:
             break
     return longest
+
+
+def labelled_metric(broker, name, label, value):
+    """The sample of the broker's /metrics labelled `label="value"`."""
+    with urllib.request.urlopen(f"{broker.admin_url()}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = re.search(rf'^{name}\{{{label}="{value}"\}} (\S+)$', text, re.M)
+    assert found, f'{name}{{{label}="{value}"}} is not in /metrics'
+    return float(found.group(1))
 
 
 def metric(broker, name):

@@ -501,6 +501,21 @@ RMQ_METADATA = [
 ]
 
 
+def send_one(config, topic, body):
+    """Sends one message with a RocketMQ Producer."""
+    from rocketmq import Message, Producer
+
+    producer = Producer(config, [topic])
+    producer.startup()
+    try:
+        m = Message()
+        m.topic = topic
+        m.body = body
+        producer.send(m)
+    finally:
+        producer.shutdown()
+
+
 def receive_one(config, group, topic):
     """The body of one message a RocketMQ SimpleConsumer of `group` receives and acknowledges."""
     from rocketmq import FilterExpression, SimpleConsumer
@@ -524,7 +539,7 @@ def test_rocketmq_clients_are_anonymous_to_the_authorizer(secured):
     with FORBIDDEN until ACLs allow that principal: WRITE to send, READ on the group and the
     topic to receive."""
     import grpc
-    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+    from rocketmq import ClientConfiguration, Credentials
     from rocketmq import grpc_protocol as pb
     from rocketmq.grpc_protocol import definition_pb2 as d
 
@@ -543,15 +558,7 @@ def test_rocketmq_clients_are_anonymous_to_the_authorizer(secured):
 
     create_acls(admin, [allow("User:ANONYMOUS", ResourceType.TOPIC, topic, AclOperation.WRITE)])
     config = ClientConfiguration(secured.rocketmq_endpoint, Credentials(), request_timeout=10)
-    producer = Producer(config, [topic])
-    producer.startup()
-    try:
-        m = Message()
-        m.topic = topic
-        m.body = b"allowed"
-        producer.send(m)
-    finally:
-        producer.shutdown()
+    send_one(config, topic, b"allowed")
 
     with grpc.insecure_channel(secured.rocketmq_endpoint) as channel:
         stub = pb.MessagingServiceStub(channel)
@@ -723,7 +730,7 @@ def test_rocketmq_clients_sign_with_an_access_key_and_are_that_user(secured):
     secret key: the official client signs with them (MQv2-HMAC-SHA1) and is that user to the
     authorizer. A wrong secret or an unknown key is refused with UNAUTHENTICATED."""
     import grpc
-    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+    from rocketmq import ClientConfiguration, Credentials
     from rocketmq import grpc_protocol as pb
 
     out = weir(secured, "user", "create", "carol", "--password", PASSWORD, "--rocketmq")
@@ -738,15 +745,7 @@ def test_rocketmq_clients_sign_with_an_access_key_and_are_that_user(secured):
     ])
 
     config = ClientConfiguration(secured.rocketmq_endpoint, Credentials("carol", PASSWORD), request_timeout=10)
-    producer = Producer(config, [topic])
-    producer.startup()
-    try:
-        m = Message()
-        m.topic = topic
-        m.body = b"signed"
-        producer.send(m)
-    finally:
-        producer.shutdown()
+    send_one(config, topic, b"signed")
     assert receive_one(config, group, topic) == b"signed"
 
     with grpc.insecure_channel(secured.rocketmq_endpoint) as channel:

@@ -11,12 +11,10 @@ free burst is one second of its quota and the waits show within seconds. The ass
 time are lower bounds only (a slow machine makes clients slower, never faster).
 """
 
-import re
 import socket
 import struct
 import subprocess
 import time
-import urllib.request
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -29,7 +27,7 @@ from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.types import Array, Boolean, Float64, Int16, Int32, Schema, String
 
 from conftest import _ALL_BROKERS, Broker, weir_bin
-from helpers import TIMEOUT_S, http, unique, wait_until
+from helpers import TIMEOUT_S, http, labelled_metric, unique, wait_until
 
 KIB = 1024
 UTF8 = String("utf-8")
@@ -106,11 +104,7 @@ def set_quotas(admin, entries):
 
 
 def quota_metric(broker, name, quota):
-    with urllib.request.urlopen(f"{broker.admin_url()}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    found = re.search(rf'^{name}{{quota="{quota}"}} (\S+)$', text, re.M)
-    assert found, f"{name}{{quota={quota}}} is not in /metrics"
-    return float(found.group(1))
+    return labelled_metric(broker, name, "quota", quota)
 
 
 def make_topic(bootstrap, topic, partitions=1):

@@ -8,7 +8,6 @@ The certificates are made here with the openssl command: a CA, and a server cert
 """
 
 import os
-import re
 import socket
 import ssl
 import struct
@@ -27,6 +26,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+import helpers
 from conftest import _ALL_BROKERS, Broker, weir_bin
 from helpers import (
     TIMEOUT_S,
@@ -114,11 +114,7 @@ def client_conf(broker, certs, mechanism="SCRAM-SHA-512", user="alice", password
 
 
 def labelled_metric(broker, name, protocol="kafka"):
-    with urllib.request.urlopen(f"{broker.admin_url()}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    found = re.search(rf'^{name}\{{protocol="{protocol}"\}} (\S+)$', text, re.M)
-    assert found, f"{name} is not in /metrics"
-    return float(found.group(1))
+    return helpers.labelled_metric(broker, name, "protocol", protocol)
 
 
 def produce_consume(conf, topic, n=20):

@@ -33,18 +33,27 @@ fn api_entity(entity: &model::QuotaEntity) -> QuotaEntity {
     }
 }
 
+/// The components an entity names: (type, name; `None` the default), in Kafka's order.
+fn components(entity: &QuotaEntity) -> Vec<(&'static str, Option<String>)> {
+    [(model::USER, &entity.user), (model::CLIENT_ID, &entity.client_id), (model::IP, &entity.ip)]
+        .into_iter()
+        .filter_map(|(kind, name)| name.as_deref().map(|name| (kind, wire_name(name))))
+        .collect()
+}
+
+/// The entities having every component of `entity` (with `strict`, no other).
+fn matching(entity: &QuotaEntity, strict: bool) -> QuotaFilter {
+    let components =
+        components(entity).into_iter().map(|(kind, name)| (kind, name.map_or(Match::Default, Match::Exact)));
+    QuotaFilter { components: components.collect(), strict }
+}
+
 /// `GET /v1/quotas`.
 pub(crate) async fn list(State(state): State<SharedState>, query: QueryParams) -> Result<Json<Vec<Quotas>>, ApiError> {
     let core = state.core()?;
-    let mut components = Vec::new();
-    for (parameter, kind) in [("user", model::USER), ("client_id", model::CLIENT_ID), ("ip", model::IP)] {
-        if let Some(name) = query.get(parameter) {
-            let matching = if name == DEFAULT { Match::Default } else { Match::Exact(name.to_string()) };
-            components.push((kind, matching));
-        }
-    }
-    let filter = QuotaFilter { components, strict: false };
-    let found = core.broker.describe_client_quotas(&filter);
+    let param = |name: &str| query.get(name).map(str::to_string);
+    let wanted = QuotaEntity { user: param("user"), client_id: param("client_id"), ip: param("ip") };
+    let found = core.broker.describe_client_quotas(&matching(&wanted, false));
     Ok(Json(found.into_iter().map(|(entity, quotas)| Quotas { entity: api_entity(&entity), quotas }).collect()))
 }
 
@@ -57,34 +66,19 @@ pub(crate) async fn alter(
     if request.set.is_empty() && request.remove.is_empty() {
         return Err(ApiError::invalid("nothing to change: give quotas to set or keys to remove"));
     }
-    let entity = &request.entity;
-    let components: Vec<(String, Option<String>)> =
-        [(model::USER, &entity.user), (model::CLIENT_ID, &entity.client_id), (model::IP, &entity.ip)]
-            .into_iter()
-            .filter_map(|(kind, name)| name.as_deref().map(|name| (kind.to_string(), wire_name(name))))
-            .collect();
+    let entity = components(&request.entity).into_iter().map(|(kind, name)| (kind.to_string(), name)).collect();
     let ops = request
         .set
         .iter()
         .map(|(key, value)| (key.clone(), Some(*value)))
         .chain(request.remove.iter().map(|key| (key.clone(), None)))
         .collect();
-    let alteration = QuotaAlteration { entity: components.clone(), ops };
+    let alteration = QuotaAlteration { entity, ops };
     let outcome = core.broker.alter_client_quotas(vec![alteration], request.validate_only).await?;
     if let Some(Err(e)) = outcome.into_iter().next() {
         return Err(e.into());
     }
     // The entity as it stands now (gone once its last quota is removed).
-    let filter = QuotaFilter {
-        components: components
-            .iter()
-            .filter_map(|(kind, name)| {
-                let kind = [model::USER, model::CLIENT_ID, model::IP].into_iter().find(|k| k == kind)?;
-                Some((kind, name.clone().map_or(Match::Default, Match::Exact)))
-            })
-            .collect(),
-        strict: true,
-    };
-    let found = core.broker.describe_client_quotas(&filter);
+    let found = core.broker.describe_client_quotas(&matching(&request.entity, true));
     Ok(Json(found.into_iter().map(|(entity, quotas)| Quotas { entity: api_entity(&entity), quotas }).collect()))
 }
