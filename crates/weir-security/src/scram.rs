@@ -346,6 +346,105 @@ impl ScramServer {
     }
 }
 
+/// The client's side of one SCRAM exchange, as a broker logs in to another broker's SASL
+/// listener: [`client_first`](ScramClient::client_first), then
+/// [`client_final`](ScramClient::client_final) with the server's first message, then
+/// [`verify_server`](ScramClient::verify_server) with its last, which proves the server knew the
+/// credential (a server that skips it is not trusted).
+pub struct ScramClient {
+    mechanism: ScramMechanism,
+    user: String,
+    password: String,
+    client_nonce: String,
+    client_first_bare: String,
+    /// The server's signature the last message must carry, once the proof is sent.
+    expected_server_signature: Option<Vec<u8>>,
+}
+
+/// A user name as a `saslname` (RFC 5802 5.1).
+fn encode_saslname(user: &str) -> String {
+    user.replace('=', "=3D").replace(',', "=2C")
+}
+
+impl ScramClient {
+    pub fn new(mechanism: ScramMechanism, user: &str, password: &str) -> ScramClient {
+        let client_nonce = BASE64.encode(random_bytes(24));
+        let client_first_bare = format!("n={},r={client_nonce}", encode_saslname(user));
+        ScramClient {
+            mechanism,
+            user: user.to_string(),
+            password: password.to_string(),
+            client_nonce,
+            client_first_bare,
+            expected_server_signature: None,
+        }
+    }
+
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The first message: no channel binding, no authorization id.
+    pub fn client_first(&self) -> Vec<u8> {
+        format!("n,,{}", self.client_first_bare).into_bytes()
+    }
+
+    /// The proof, answering the server's first message (`r=...,s=...,i=...`).
+    pub fn client_final(&mut self, server_first: &[u8]) -> Result<Vec<u8>, ScramError> {
+        let text = std::str::from_utf8(server_first).map_err(|_| failed("a SCRAM message must be UTF-8"))?;
+        if let Some(error) = text.strip_prefix("e=") {
+            return Err(ScramError(format!("the server refused: {error}")));
+        }
+        let attributes = attributes(text);
+        let value = |key: char| attributes.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+        let (Some(nonce), Some(salt), Some(iterations)) = (value('r'), value('s'), value('i')) else {
+            return Err(failed("the server's first SCRAM message needs r=, s= and i="));
+        };
+        if !nonce.starts_with(&self.client_nonce) || nonce.len() == self.client_nonce.len() {
+            return Err(failed("the server's nonce does not extend the client's"));
+        }
+        let salt = BASE64.decode(salt).map_err(|_| failed("the SCRAM salt is not base64"))?;
+        let iterations: u32 = iterations.parse().map_err(|_| failed("the SCRAM iteration count is not a number"))?;
+        // Kafka's bounds (4096 to 16384): a server asking for more would make each login cost
+        // seconds of CPU.
+        if !(DEFAULT_ITERATIONS..=16_384).contains(&iterations) {
+            return Err(ScramError(format!("the server asks for {iterations} iterations (4096 to 16384 expected)")));
+        }
+        let mechanism = self.mechanism;
+        let salted = salted_password(mechanism, self.password.as_bytes(), &salt, iterations);
+        let client_key = hmac_of(mechanism, &salted, b"Client Key");
+        let stored_key = digest::digest(digest_algorithm(mechanism), &client_key);
+        // c=biws is base64 of the GS2 header "n,,".
+        let without_proof = format!("c=biws,r={nonce}");
+        let auth_message = format!("{},{text},{without_proof}", self.client_first_bare);
+        let client_signature = hmac_of(mechanism, stored_key.as_ref(), auth_message.as_bytes());
+        let proof: Vec<u8> = client_key.iter().zip(&client_signature).map(|(k, s)| k ^ s).collect();
+        let server_key = hmac_of(mechanism, &salted, b"Server Key");
+        self.expected_server_signature = Some(hmac_of(mechanism, &server_key, auth_message.as_bytes()));
+        Ok(format!("{without_proof},p={}", BASE64.encode(proof)).into_bytes())
+    }
+
+    /// Checks the server's last message (`v=<signature>`).
+    pub fn verify_server(&self, server_final: &[u8]) -> Result<(), ScramError> {
+        let text = std::str::from_utf8(server_final).map_err(|_| failed("a SCRAM message must be UTF-8"))?;
+        if let Some(error) = text.strip_prefix("e=") {
+            return Err(ScramError(format!("the server refused: {error}")));
+        }
+        let expected = self.expected_server_signature.as_ref().ok_or_else(|| failed("no proof was sent yet"))?;
+        let signature = text
+            .strip_prefix("v=")
+            .and_then(|v| BASE64.decode(v).ok())
+            .ok_or_else(|| failed("the server's last SCRAM message is not v=<signature>"))?;
+        constant_time::verify_slices_are_equal(&signature, expected)
+            .map_err(|_| failed("the server's SCRAM signature is wrong: it does not hold this credential"))
+    }
+}
+
+/// A SASL/PLAIN message for `user` and `password` (no authorization id).
+pub fn plain_message(user: &str, password: &str) -> Vec<u8> {
+    format!("\0{user}\0{password}").into_bytes()
+}
+
 /// The user name and password of a SASL/PLAIN message (RFC 4616: `authzid NUL authcid NUL
 /// passwd`); an authorization id, if given, must be the user name.
 pub fn parse_plain(message: &[u8]) -> Result<(String, String), ScramError> {
@@ -368,29 +467,6 @@ pub fn parse_plain(message: &[u8]) -> Result<(String, String), ScramError> {
 mod tests {
     use super::*;
 
-    /// A client's side, written from RFC 5802 for the tests.
-    fn client_final(
-        mechanism: ScramMechanism,
-        password: &str,
-        client_first_bare: &str,
-        server_first: &str,
-    ) -> (String, Vec<u8>) {
-        let attrs = attributes(server_first);
-        let nonce = attrs.iter().find(|(k, _)| *k == 'r').unwrap().1;
-        let salt = BASE64.decode(attrs.iter().find(|(k, _)| *k == 's').unwrap().1).unwrap();
-        let iterations: u32 = attrs.iter().find(|(k, _)| *k == 'i').unwrap().1.parse().unwrap();
-        let salted = salted_password(mechanism, password.as_bytes(), &salt, iterations);
-        let client_key = hmac_of(mechanism, &salted, b"Client Key");
-        let stored_key = digest::digest(digest_algorithm(mechanism), &client_key);
-        let without_proof = format!("c=biws,r={nonce}");
-        let auth_message = format!("{client_first_bare},{server_first},{without_proof}");
-        let signature = hmac_of(mechanism, stored_key.as_ref(), auth_message.as_bytes());
-        let proof: Vec<u8> = client_key.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
-        let server_key = hmac_of(mechanism, &salted, b"Server Key");
-        let expected = hmac_of(mechanism, &server_key, auth_message.as_bytes());
-        (format!("{without_proof},p={}", BASE64.encode(proof)), expected)
-    }
-
     fn exchange(
         mechanism: ScramMechanism,
         stored: &ScramCredential,
@@ -398,16 +474,15 @@ mod tests {
         password: &str,
     ) -> Result<Step, ScramError> {
         let mut server = ScramServer::new(mechanism);
-        let bare = format!("n={user},r=fyko+d2lbbFgONRv9qkxdawL");
+        let mut client = ScramClient::new(mechanism, user, password);
         let lookup = |name: &str| (name == "alice").then(|| stored.clone());
-        let Step::Continue(server_first) = server.step(format!("n,,{bare}").as_bytes(), lookup)? else {
+        let Step::Continue(server_first) = server.step(&client.client_first(), lookup)? else {
             panic!("expected a challenge")
         };
-        let server_first = String::from_utf8(server_first).unwrap();
-        let (last, expected_signature) = client_final(mechanism, password, &bare, &server_first);
-        let step = server.step(last.as_bytes(), |_| None)?;
+        let last = client.client_final(&server_first)?;
+        let step = server.step(&last, |_| None)?;
         if let Step::Authenticated { last, .. } = &step {
-            assert_eq!(*last, format!("v={}", BASE64.encode(expected_signature)).into_bytes());
+            client.verify_server(last).expect("the server proves itself");
         }
         Ok(step)
     }
@@ -450,6 +525,40 @@ mod tests {
             )
             .unwrap();
         assert_eq!(last, b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=".to_vec());
+    }
+
+    /// The client's side of the same vector: its proof and the server signature it expects.
+    #[test]
+    fn rfc_7677_vector_client() {
+        let mut client = ScramClient::new(ScramMechanism::Sha256, "user", "pencil");
+        client.client_nonce = "rOprNGfwEbeRWgbNEkqO".into();
+        client.client_first_bare = "n=user,r=rOprNGfwEbeRWgbNEkqO".into();
+        let server_first = b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
+        let last = client.client_final(server_first).unwrap();
+        assert_eq!(
+            String::from_utf8(last).unwrap(),
+            "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
+        );
+        client.verify_server(b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=").unwrap();
+        assert!(client.verify_server(b"v=AAAATRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=").is_err());
+        assert!(client.verify_server(b"e=invalid-proof").is_err());
+    }
+
+    #[test]
+    fn the_client_refuses_odd_challenges() {
+        let mut client = ScramClient::new(ScramMechanism::Sha512, "alice", "secret");
+        let nonce = client.client_nonce.clone();
+        for bad in [
+            "r=other,s=c2FsdA==,i=4096".to_string(),
+            format!("r={nonce},s=c2FsdA==,i=4096"),
+            format!("r={nonce}x,s=c2FsdA==,i=100"),
+            format!("r={nonce}x,s=c2FsdA==,i=100000000"),
+            format!("r={nonce}x,s=!!,i=4096"),
+            "e=unknown-user".to_string(),
+        ] {
+            assert!(client.client_final(bad.as_bytes()).is_err(), "{bad}");
+        }
+        assert!(client.verify_server(b"v=AAAA").is_err(), "nothing was proved yet");
     }
 
     #[test]

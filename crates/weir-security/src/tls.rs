@@ -5,10 +5,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig, SupportedProtocolVersion};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SupportedProtocolVersion,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_rustls::server::TlsStream;
@@ -101,8 +106,8 @@ impl TlsSettings {
         Ok((tls12, tls13))
     }
 
-    /// The rustls configuration these settings describe, or what is wrong with them.
-    pub fn server_config(&self) -> Result<ServerConfig, String> {
+    /// The certificate chain (leaf first) and the private key of the keystore.
+    fn certificate_and_key(&self) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
         let chain_pem = self.certificate_chain.read("certificate chain")?;
         let certificates: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&chain_pem)
             .collect::<Result<_, _>>()
@@ -113,7 +118,27 @@ impl TlsSettings {
         let key_pem = self.private_key.read("private key")?;
         let key = PrivateKeyDer::from_pem_slice(&key_pem)
             .map_err(|e| format!("the keystore holds no unencrypted private key (PKCS#8, PKCS#1 or SEC1 PEM): {e}"))?;
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        Ok((certificates, key))
+    }
+
+    /// The truststore's certificates; `what_for` says what needs them when there are none.
+    fn roots(&self, what_for: &str) -> Result<RootCertStore, String> {
+        let truststore = self.truststore.as_ref().ok_or_else(|| {
+            format!("{what_for} needs a truststore (ssl.truststore.location or ssl.truststore.certificates)")
+        })?;
+        let pem = truststore.read("truststore")?;
+        let mut roots = RootCertStore::empty();
+        for certificate in CertificateDer::pem_slice_iter(&pem) {
+            let certificate = certificate.map_err(|e| format!("the truststore is not PEM: {e}"))?;
+            roots.add(certificate).map_err(|e| format!("a truststore certificate is unusable: {e}"))?;
+        }
+        if roots.is_empty() {
+            return Err("the truststore holds no certificate".into());
+        }
+        Ok(roots)
+    }
+
+    fn versions(&self) -> Vec<&'static SupportedProtocolVersion> {
         let mut versions: Vec<&'static SupportedProtocolVersion> = Vec::new();
         if self.tls13 {
             versions.push(&rustls::version::TLS13);
@@ -121,24 +146,20 @@ impl TlsSettings {
         if self.tls12 {
             versions.push(&rustls::version::TLS12);
         }
+        versions
+    }
+
+    /// The rustls configuration these settings describe, or what is wrong with them.
+    pub fn server_config(&self) -> Result<ServerConfig, String> {
+        let (certificates, key) = self.certificate_and_key()?;
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let builder = ServerConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(&versions)
+            .with_protocol_versions(&self.versions())
             .map_err(|e| format!("cannot offer these TLS versions: {e}"))?;
         let builder = match self.client_auth {
             ClientAuth::None => builder.with_no_client_auth(),
             auth => {
-                let truststore = self.truststore.as_ref().ok_or(
-                    "ssl.client.auth needs a truststore (ssl.truststore.location or ssl.truststore.certificates)",
-                )?;
-                let pem = truststore.read("truststore")?;
-                let mut roots = RootCertStore::empty();
-                for certificate in CertificateDer::pem_slice_iter(&pem) {
-                    let certificate = certificate.map_err(|e| format!("the truststore is not PEM: {e}"))?;
-                    roots.add(certificate).map_err(|e| format!("a truststore certificate is unusable: {e}"))?;
-                }
-                if roots.is_empty() {
-                    return Err("the truststore holds no certificate".into());
-                }
+                let roots = self.roots("ssl.client.auth")?;
                 let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
                 let verifier = if auth == ClientAuth::Requested { verifier.allow_unauthenticated() } else { verifier };
                 builder.with_client_cert_verifier(verifier.build().map_err(|e| format!("client verification: {e}"))?)
@@ -155,12 +176,80 @@ impl TlsSettings {
         Ok(config)
     }
 
+    /// This node's rustls configuration as a client of another node's TLS listener (replication
+    /// and the CONTROLLER listener): the peer's certificate must chain to the truststore, and
+    /// this node presents its own keystore certificate when the peer asks (mutual TLS), as a
+    /// Kafka broker does. With `verify_name` (`ssl.endpoint.identification.algorithm=https`,
+    /// Kafka's default) the certificate must also name the address connected to.
+    pub fn client_config(&self, verify_name: bool) -> Result<ClientConfig, String> {
+        let roots = Arc::new(self.roots("a TLS connection to another node")?);
+        let (certificates, key) = self.certificate_and_key()?;
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&self.versions())
+            .map_err(|e| format!("cannot offer these TLS versions: {e}"))?;
+        let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider)
+            .build()
+            .map_err(|e| format!("server verification: {e}"))?;
+        let builder = if verify_name {
+            builder.with_webpki_verifier(verifier)
+        } else {
+            builder.dangerous().with_custom_certificate_verifier(Arc::new(AnyName(verifier)))
+        };
+        builder.with_client_auth_cert(certificates, key).map_err(|e| format!("the certificate and key do not fit: {e}"))
+    }
+
     fn files(&self) -> Vec<PathBuf> {
         [Some(&self.certificate_chain), Some(&self.private_key), self.truststore.as_ref()]
             .into_iter()
             .flatten()
             .filter_map(|pem| pem.file().map(Path::to_path_buf))
             .collect()
+    }
+}
+
+/// The truststore's verification without the name check (`ssl.endpoint.identification.algorithm`
+/// empty): the certificate must chain to a trusted root and be valid now, whatever it names.
+#[derive(Debug)]
+struct AnyName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
     }
 }
 
