@@ -10,6 +10,10 @@
 //! a call (its timeout, or the caller dropping it) removes it from the table; its request is
 //! then not written if it is still queued, and its answer, if one comes, is dropped. When
 //! either task finds the connection broken, every pending call fails at once with the reason.
+//!
+//! With [`ClientConfig::tls`], connecting includes the TLS handshake (in the peer's connect,
+//! within `connect_timeout`), and the two tasks work on the halves of the TLS stream instead of
+//! the socket's; they are the same code, generic over the stream.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -19,12 +23,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
+use rustls::pki_types::ServerName;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
 
 use crate::error::{CallPhase, Failure, RpcError, RpcErrorKind};
 use crate::frame::{self, ErrorCode, Frame, Kind, OutFrame, ReadError, CONNECTION_ID, DEFAULT_MAX_FRAME_BYTES};
@@ -40,6 +46,10 @@ pub struct ClientConfig {
     /// Calls to one peer under way at once; the next call waits for a slot (within its
     /// timeout). This bounds the requests queued for a peer that does not read.
     pub max_in_flight_per_peer: usize,
+    /// TLS on every connection; `None` connects in plain TCP. The server's certificate is
+    /// checked for the peer's IP address (peers are socket addresses, not names) by whatever
+    /// verifier this configuration has; its client certificate, if any, is presented.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ClientConfig {
@@ -50,6 +60,7 @@ impl Default for ClientConfig {
             // that a dead host is told from a slow one within a Raft election timeout or two.
             connect_timeout: Duration::from_secs(2),
             max_in_flight_per_peer: 128,
+            tls: None,
         }
     }
 }
@@ -205,7 +216,9 @@ impl Peer {
             return Ok(connection.clone());
         }
         *current = None;
-        let stream = match tokio::time::timeout(config.connect_timeout, TcpStream::connect(self.addr)).await {
+        // The TCP connect and the TLS handshake share the one connect timeout.
+        let deadline = Instant::now() + config.connect_timeout;
+        let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(self.addr)).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return Err(RpcErrorKind::Unreachable(e.to_string())),
             Err(_) => {
@@ -216,14 +229,41 @@ impl Peer {
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(peer = %self.addr, error = %e, "rpc: cannot set TCP_NODELAY");
         }
-        tracing::debug!(peer = %self.addr, "rpc: connected");
-        let connection = Arc::new(Connection::open(stream, self.addr, config));
+        let connection = match &config.tls {
+            None => {
+                tracing::debug!(peer = %self.addr, "rpc: connected");
+                let (read, write) = stream.into_split();
+                Connection::open(read, write, self.addr, config)
+            }
+            Some(tls) => {
+                let name = ServerName::IpAddress(self.addr.ip().into());
+                let handshake = TlsConnector::from(tls.clone()).connect(name, stream);
+                let stream = match tokio::time::timeout_at(deadline, handshake).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        let message = format!("TLS handshake with {} failed: {e}", self.addr);
+                        return Err(RpcErrorKind::Unreachable(message));
+                    }
+                    Err(_) => {
+                        let message = format!(
+                            "no TLS handshake with {} within the connect timeout of {:?}",
+                            self.addr, config.connect_timeout
+                        );
+                        return Err(RpcErrorKind::Unreachable(message));
+                    }
+                };
+                tracing::debug!(peer = %self.addr, "rpc: connected over TLS");
+                let (read, write) = tokio::io::split(stream);
+                Connection::open(read, write, self.addr, config)
+            }
+        };
+        let connection = Arc::new(connection);
         *current = Some(connection.clone());
         Ok(connection)
     }
 }
 
-/// One TCP connection to a peer. Dropping the last handle closes it.
+/// One connection to a peer, plain or TLS. Dropping the last handle closes it.
 struct Connection {
     /// To the writer task; room for one request per in-flight slot.
     requests: mpsc::Sender<OutFrame>,
@@ -233,8 +273,11 @@ struct Connection {
 }
 
 impl Connection {
-    fn open(stream: TcpStream, peer: SocketAddr, config: &ClientConfig) -> Connection {
-        let (read, write) = stream.into_split();
+    fn open<R, W>(read: R, write: W, peer: SocketAddr, config: &ClientConfig) -> Connection
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let shared = Arc::new(Shared {
             peer,
             state: Mutex::new(State { pending: HashMap::new(), closed: None }),
@@ -382,7 +425,11 @@ async fn unless_closed<T>(closed: &mut watch::Receiver<bool>, work: impl Future<
     }
 }
 
-async fn write_requests(write: OwnedWriteHalf, mut queued: mpsc::Receiver<OutFrame>, shared: Arc<Shared>) {
+async fn write_requests<W: AsyncWrite + Unpin + Send>(
+    write: W,
+    mut queued: mpsc::Receiver<OutFrame>,
+    shared: Arc<Shared>,
+) {
     let mut closed = shared.closed.subscribe();
     let mut writer = BufWriter::new(write);
     let failure = loop {
@@ -406,7 +453,7 @@ async fn write_requests(write: OwnedWriteHalf, mut queued: mpsc::Receiver<OutFra
     shared.close(failure);
 }
 
-async fn read_answers(read: OwnedReadHalf, shared: Arc<Shared>, max: u32) {
+async fn read_answers<R: AsyncRead + Unpin + Send>(read: R, shared: Arc<Shared>, max: u32) {
     let mut closed = shared.closed.subscribe();
     let mut reader = BufReader::new(read);
     let failure = loop {
@@ -447,9 +494,12 @@ async fn read_answers(read: OwnedReadHalf, shared: Arc<Shared>, max: u32) {
             Err(e @ (ReadError::Closed | ReadError::Truncated | ReadError::Io(_))) => {
                 break Failure::Lost(e.to_string())
             }
-            Err(e @ (ReadError::TooLarge { .. } | ReadError::UnsupportedVersion(_) | ReadError::Malformed { .. })) => {
-                break Failure::Protocol(e.to_string())
-            }
+            Err(
+                e @ (ReadError::TooLarge { .. }
+                | ReadError::UnsupportedVersion(_)
+                | ReadError::Tls
+                | ReadError::Malformed { .. }),
+            ) => break Failure::Protocol(e.to_string()),
         }
     };
     shared.close(failure);

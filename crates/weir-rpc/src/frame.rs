@@ -160,6 +160,13 @@ pub(crate) enum ReadError {
     Io(#[from] io::Error),
     #[error("frame version {0} is not supported (supported: {versions})", versions = versions_list())]
     UnsupportedVersion(u8),
+    /// An unsupported version after bytes that start a TLS record: one side of the connection
+    /// speaks TLS and the other does not. Still names the versions, as any refused version does.
+    #[error(
+        "a TLS record where a frame should start: TLS is set up on one side of the connection only (frame versions supported: {versions})",
+        versions = versions_list()
+    )]
+    Tls,
     /// The header was read and is sound; the `length - HEADER_BYTES` bytes after it were not.
     #[error("a frame of {length} bytes exceeds the limit of {max} bytes")]
     TooLarge { header: Header, length: u32, max: u32 },
@@ -189,12 +196,18 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R, max: u32) -
         return Err(ReadError::Closed);
     }
     reader.read_exact(&mut length[1..]).await.map_err(eof_is_truncation)?;
+    let length_bytes = length;
     let length = u32::from_be_bytes(length);
     if length == 0 {
         return Err(ReadError::Malformed { correlation_id: None, reason: "empty frame".into() });
     }
     let version = reader.read_u8().await.map_err(eof_is_truncation)?;
     if version != VERSION {
+        // A TLS record begins with its content type (20 to 23) and the major version 3: what a
+        // TLS server's alert or a TLS client's hello puts where a frame's length should be.
+        if matches!(length_bytes, [20..=23, 3, ..]) {
+            return Err(ReadError::Tls);
+        }
         return Err(ReadError::UnsupportedVersion(version));
     }
     if (length as usize) < HEADER_BYTES {
@@ -414,6 +427,10 @@ mod tests {
         assert!(matches!(read(&[0, 0], 1024), Err(ReadError::Truncated)));
         assert!(matches!(read(&[0, 0, 0, 0], 1024), Err(ReadError::Malformed { .. })));
         assert!(matches!(read(&[0, 0, 0, 12, 2], 1024), Err(ReadError::UnsupportedVersion(2))));
+        // A TLS alert (content type 21, version 3.3, length 2) where a frame should be.
+        let tls_alert = [21, 3, 3, 0, 2, 2, 40];
+        assert!(matches!(read(&tls_alert, 1024), Err(ReadError::Tls)));
+        assert!(ReadError::Tls.to_string().contains("supported: 1"));
         assert!(matches!(read(&[0, 0, 0, 5, 1], 1024), Err(ReadError::Malformed { correlation_id: None, .. })));
         let unknown_kind = [0, 0, 0, 12, 1, 7, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0];
         assert!(matches!(read(&unknown_kind, 1024), Err(ReadError::Malformed { correlation_id: Some(3), .. })));

@@ -1,6 +1,6 @@
 //! Weir's internal RPC transport: what cluster nodes say to each other (Raft messages, broker
 //! registration and heartbeats, admin requests forwarded to the controller), as named methods
-//! with byte bodies over TCP.
+//! with byte bodies over TCP, optionally in TLS (rustls).
 //!
 //! **Owns:** framing, connections, concurrency limits, timeouts and how each failure is told.
 //! **Knows nothing of:** Raft, brokers or any Weir type; it depends on no Weir crate. Methods
@@ -23,6 +23,37 @@
 //! this frame, 0x81 the request is over the limit, 0x82 unsupported version, 0x83 malformed,
 //! 0x84 refused (too many connections, shutting down). Correlation id 0 is never a call's: an
 //! error frame with it is about the whole connection.
+//!
+//! # TLS
+//! Optional on each side, and all or nothing: a server with [`ServerConfig::tls`] speaks only
+//! TLS, one without it only plain TCP, and a client uses TLS to every peer when
+//! [`ClientConfig::tls`] is set. Inside TLS the frames are the same, and so is every guarantee
+//! below.
+//! - **Server.** The handshake runs in the connection's own task, never in the accept loop (so
+//!   a client that connects and says nothing holds up nobody else), holding the connection's
+//!   slot of `max_connections`, and is bounded by [`ServerTls::handshake_timeout`]; a failed or
+//!   timed-out handshake is logged at debug and the connection dropped, as is one still under
+//!   way when shutdown begins. The acceptor is asked for anew for each connection, so a reloaded
+//!   certificate serves from the next connection on. The rustls configuration checks a client
+//!   certificate; [`ServerTls::admit`] then decides on the chain presented (or its absence), and
+//!   a peer it refuses gets the 0x84 "refused" error frame with its message, over TLS, before
+//!   the connection closes. A connection over `max_connections` is refused the same way, over
+//!   TLS, which takes a handshake: a few such refusals run at once, each bounded by the
+//!   handshake timeout, and a connection beyond those is closed without a word.
+//! - **Client.** The handshake is part of connecting: within `connect_timeout` (one deadline
+//!   for the TCP connect and the handshake), under the peer's connect lock. The server's
+//!   certificate is checked for the peer's IP address, since peers are socket addresses; the
+//!   given rustls configuration's verifier decides. A failed handshake is
+//!   [`RpcErrorKind::Unreachable`] (the request was not sent) with a message that names TLS and
+//!   the reason, e.g. "TLS handshake with 127.0.0.1:9093 failed: invalid peer certificate:
+//!   UnknownIssuer".
+//! - **Mismatch.** A plain client's first frame fails the TLS server's handshake, and the server
+//!   sends a TLS alert and closes: the plain client's call fails at once, as a
+//!   [`RpcErrorKind::Protocol`] error that says TLS is set up on one side only (the alert,
+//!   recognised where a frame should start), or as the connection lost if the close came first.
+//!   A plain server answers a TLS client's hello with an error frame (most often saying the
+//!   same), which the client cannot read: its handshake fails ([`RpcErrorKind::Unreachable`]).
+//!   Neither waits for a timeout.
 //!
 //! # What each side guarantees
 //! - **Bounded frames.** A declared length over the limit is refused after the 12-byte header,
@@ -83,4 +114,4 @@ mod server;
 pub use client::{ClientConfig, RpcClient};
 pub use error::{CallPhase, RemoteError, RpcError, RpcErrorKind};
 pub use json::{decode_json, encode_json};
-pub use server::{serve, BoxFuture, Handler, ServerConfig};
+pub use server::{serve, Admit, BoxFuture, Handler, ServerConfig, ServerTls};

@@ -11,7 +11,14 @@
 //! A frame that breaks the format is answered with an error frame (with its correlation id when
 //! the header could be read) and closes that connection only: the socket's input is then read
 //! and dropped for up to [`LINGER`] so that the peer gets the error before a reset.
+//!
+//! With [`ServerTls`], a connection's task first runs the TLS handshake (holding the
+//! connection's slot, within `handshake_timeout`, given up when shutdown begins) and asks
+//! `admit` about the peer; then the two halves are those of the TLS stream (`tokio::io::split`)
+//! instead of the socket's own (`TcpStream::into_split`), and everything else is the same code,
+//! generic over the stream. Plain TCP pays nothing for TLS being possible.
 
+use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -19,11 +26,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use rustls::pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 
 use crate::error::RemoteError;
 use crate::frame::{self, ErrorCode, Frame, Kind, OutFrame, ReadError, CONNECTION_ID, DEFAULT_MAX_FRAME_BYTES};
@@ -46,6 +55,44 @@ pub trait Handler: Send + Sync + 'static {
 /// on the networks a cluster runs on.
 pub(crate) const LINGER: Duration = Duration::from_secs(1);
 
+/// TLS connections refused at once for `max_connections`. Over TLS a refusal takes a handshake
+/// before its error frame can be read; these few are enough to tell the clients that come while
+/// the server is full why, and bound what such clients can make it do. Past them, a connection
+/// is closed without a word (its client's handshake fails: unreachable either way).
+const TLS_REFUSALS_AT_ONCE: usize = 16;
+
+/// Who checks a [`ServerTls`] peer once its handshake is done: given the certificate chain it
+/// presented (`None` without one), an `Err` refuses the connection with that message.
+pub type Admit = Arc<dyn Fn(Option<&[CertificateDer<'static>]>) -> Result<(), String> + Send + Sync>;
+
+/// TLS on a server's connections ([`ServerConfig::tls`]): what to present and whom to accept.
+///
+/// The client's certificate, if any, is checked by the acceptor's rustls configuration (its
+/// client verifier) during the handshake; `admit` then decides, on the chain that passed, whether
+/// this peer may use the server at all.
+#[derive(Clone)]
+pub struct ServerTls {
+    /// Called for each accepted connection, so that a reloaded certificate is used from the next
+    /// connection on.
+    pub acceptor: Arc<dyn Fn() -> TlsAcceptor + Send + Sync>,
+    /// Checks the peer once its handshake is done, with the certificate chain it presented
+    /// (None without one). An Err refuses the connection with that message: the peer gets a
+    /// "refused" error frame (0x84) over TLS, and the connection closes.
+    pub admit: Option<Admit>,
+    /// The longest a handshake may take; a connection still handshaking then is dropped.
+    pub handshake_timeout: Duration,
+}
+
+impl fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("acceptor", &"Fn() -> TlsAcceptor")
+            .field("admit", &self.admit.as_ref().map(|_| "Fn(peer certificates) -> Result<(), String>"))
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish()
+    }
+}
+
 /// Limits of a server. Every one of them is a bound on memory or tasks a peer can make it use.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -61,6 +108,8 @@ pub struct ServerConfig {
     pub write_timeout: Duration,
     /// After shutdown begins, how long requests already read may take before they are cut off.
     pub shutdown_grace: Duration,
+    /// TLS on every connection; `None` serves plain TCP.
+    pub tls: Option<ServerTls>,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +122,7 @@ impl Default for ServerConfig {
             // 16 MiB in 10 s is 1.6 MB/s: slower than that, the peer is stuck, not slow.
             write_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -82,6 +132,9 @@ impl ServerConfig {
         frame::check_max_frame_bytes(self.max_frame_bytes);
         assert!(self.max_connections > 0, "max_connections must be positive");
         assert!(self.max_in_flight_per_connection > 0, "max_in_flight_per_connection must be positive");
+        if let Some(tls) = &self.tls {
+            assert!(!tls.handshake_timeout.is_zero(), "the TLS handshake_timeout must be positive");
+        }
     }
 }
 
@@ -101,6 +154,9 @@ enum Stage {
 /// every connection and returns. A connection whose last frames cannot be written within
 /// `write_timeout` after that is dropped as it is.
 ///
+/// With `config.tls`, each connection's TLS handshake runs in that connection's own task (never
+/// in the accept loop), holding its slot of `max_connections`.
+///
 /// # Panics
 /// If `config` is unusable (a zero limit, `max_frame_bytes` below `frame::MIN_MAX_FRAME_BYTES`).
 pub async fn serve(
@@ -114,6 +170,9 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(config.max_connections));
     let (stage_tx, stage_rx) = watch::channel(Stage::Serving);
     let mut connections = JoinSet::new();
+    // TLS refusals (see TLS_REFUSALS_AT_ONCE); dropped, so aborted, when this function returns.
+    let tls_refusal_slots = Arc::new(Semaphore::new(TLS_REFUSALS_AT_ONCE));
+    let mut tls_refusals = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -121,7 +180,19 @@ pub async fn serve(
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     tracing::warn!(%peer, max_connections = config.max_connections, "rpc: refusing a connection");
                     let message = format!("the server has its max_connections={} open", config.max_connections);
-                    refuse(&stream, &message);
+                    match &config.tls {
+                        None => refuse(&stream, &message),
+                        Some(tls) => {
+                            while tls_refusals.try_join_next().is_some() {}
+                            if let Ok(refusal_slot) = tls_refusal_slots.clone().try_acquire_owned() {
+                                let (tls, write_timeout) = (tls.clone(), config.write_timeout);
+                                tls_refusals.spawn(async move {
+                                    refuse_tls(stream, peer, &tls, &message, write_timeout).await;
+                                    drop(refusal_slot);
+                                });
+                            }
+                        }
+                    }
                     continue;
                 };
                 let (handler, config, stage) = (handler.clone(), config.clone(), stage_rx.clone());
@@ -169,11 +240,56 @@ async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
     }
 }
 
-/// Tells a connection it will not be served, without waiting: the frame is small enough for
-/// any fresh socket's buffer, and if even that fails, the close says enough.
+/// Tells a plain TCP connection it will not be served, without waiting: the frame is small
+/// enough for any fresh socket's buffer, and if even that fails, the close says enough.
 fn refuse(stream: &TcpStream, message: &str) {
     let frame = OutFrame::error(CONNECTION_ID, ErrorCode::Refused, message).to_bytes();
     let _ = stream.try_write(&frame);
+}
+
+/// Tells a TLS connection it will not be served: its bytes must be TLS records, so this takes
+/// the handshake first (within `handshake_timeout`), then [`refuse_and_close`].
+async fn refuse_tls(stream: TcpStream, peer: SocketAddr, tls: &ServerTls, message: &str, write_timeout: Duration) {
+    let Some(stream) = handshake(stream, peer, tls).await else { return };
+    refuse_and_close(stream, message, write_timeout).await;
+}
+
+/// Writes the "refused" error frame, closes the sending side (with TLS's close_notify first)
+/// and reads what the peer still sends for up to [`LINGER`], so that the frame is not lost to a
+/// TCP reset. Within `write_timeout`, like any frame.
+async fn refuse_and_close<S: AsyncRead + AsyncWrite + Unpin + Send>(
+    mut stream: S,
+    message: &str,
+    write_timeout: Duration,
+) {
+    let frame = OutFrame::error(CONNECTION_ID, ErrorCode::Refused, message).to_bytes();
+    let written = write_within(write_timeout, async {
+        stream.write_all(&frame).await?;
+        stream.flush().await?;
+        stream.shutdown().await
+    })
+    .await;
+    if written.is_ok() {
+        linger(stream).await;
+    }
+}
+
+/// The TLS handshake of an accepted connection, within `handshake_timeout`; `None` (logged at
+/// debug) if it failed or took too long, and the connection is to be dropped.
+async fn handshake(stream: TcpStream, peer: SocketAddr, tls: &ServerTls) -> Option<TlsStream<TcpStream>> {
+    let acceptor = (tls.acceptor)();
+    match tokio::time::timeout(tls.handshake_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "rpc: TLS handshake failed; dropping the connection");
+            None
+        }
+        Err(_) => {
+            let timeout = tls.handshake_timeout;
+            tracing::debug!(%peer, ?timeout, "rpc: no TLS handshake within handshake_timeout; dropping the connection");
+            None
+        }
+    }
 }
 
 /// How a connection's reading ended.
@@ -196,8 +312,46 @@ async fn serve_connection(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "rpc: cannot set TCP_NODELAY");
     }
-    tracing::debug!(%peer, "rpc: connection accepted");
-    let (read, write) = stream.into_split();
+    match &config.tls {
+        None => {
+            tracing::debug!(%peer, "rpc: connection accepted");
+            let (read, write) = stream.into_split();
+            serve_halves(read, write, peer, handler, config, stage).await;
+        }
+        Some(tls) => {
+            // Nothing was read from a connection still handshaking: shutdown drops it at once.
+            let stream = tokio::select! {
+                stream = handshake(stream, peer, tls) => stream,
+                _ = stage.wait_for(|stage| *stage >= Stage::Draining) => None,
+            };
+            let Some(stream) = stream else { return };
+            if let Some(admit) = &tls.admit {
+                if let Err(message) = admit(stream.get_ref().1.peer_certificates()) {
+                    tracing::warn!(%peer, "rpc: refusing a TLS connection: {message}");
+                    refuse_and_close(stream, &message, config.write_timeout).await;
+                    return;
+                }
+            }
+            tracing::debug!(%peer, "rpc: TLS connection accepted");
+            let (read, write) = tokio::io::split(stream);
+            serve_halves(read, write, peer, handler, config, stage).await;
+        }
+    }
+    tracing::debug!(%peer, "rpc: connection closed");
+}
+
+/// Serves a connection, plain or TLS, through its two halves.
+async fn serve_halves<R, W>(
+    read: R,
+    write: W,
+    peer: SocketAddr,
+    handler: Arc<dyn Handler>,
+    config: &ServerConfig,
+    mut stage: watch::Receiver<Stage>,
+) where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
     let mut read = BufReader::new(read);
     // Every queued frame but the last, connection-level one holds an in-flight slot, so this
     // channel never fills: answers never wait for room in it.
@@ -220,11 +374,10 @@ async fn serve_connection(
     if let Some(ReadEnd::Fatal) = end {
         linger(read.into_inner()).await;
     }
-    tracing::debug!(%peer, "rpc: connection closed");
 }
 
-async fn read_requests(
-    read: &mut BufReader<OwnedReadHalf>,
+async fn read_requests<R: AsyncRead + Unpin + Send>(
+    read: &mut BufReader<R>,
     out: mpsc::Sender<OutFrame>,
     peer: SocketAddr,
     handler: Arc<dyn Handler>,
@@ -278,7 +431,7 @@ async fn read_requests(
                 let message = format!("a request frame of {length} bytes exceeds the server's limit of {max} bytes");
                 break fatal(&out, header.correlation_id, ErrorCode::RequestTooLarge, &message);
             }
-            Err(e @ ReadError::UnsupportedVersion(_)) => {
+            Err(e @ (ReadError::UnsupportedVersion(_) | ReadError::Tls)) => {
                 break fatal(&out, CONNECTION_ID, ErrorCode::UnsupportedVersion, &e.to_string());
             }
             Err(ReadError::Malformed { correlation_id, reason }) => {
@@ -350,8 +503,8 @@ impl Drop for Reply {
 }
 
 /// Writes frames until every sender is gone, then flushes and shuts the write side down.
-async fn write_frames(
-    write: OwnedWriteHalf,
+async fn write_frames<W: AsyncWrite + Unpin + Send>(
+    write: W,
     mut frames: mpsc::Receiver<OutFrame>,
     peer: SocketAddr,
     timeout: Duration,
@@ -385,8 +538,9 @@ async fn write_within(timeout: Duration, write: impl Future<Output = std::io::Re
     })
 }
 
-/// Reads and drops what the peer still sends, until it closes or [`LINGER`] passes.
-async fn linger(mut read: OwnedReadHalf) {
+/// Reads and drops what the peer still sends, until it closes or [`LINGER`] passes. Over TLS
+/// this reads through the TLS stream, which is what keeps the socket's input drained.
+async fn linger<R: AsyncRead + Unpin + Send>(mut read: R) {
     let mut scratch = [0u8; 8 * 1024];
     let _ = tokio::time::timeout(LINGER, async { while matches!(read.read(&mut scratch).await, Ok(1..)) {} }).await;
 }
