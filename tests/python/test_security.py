@@ -8,6 +8,7 @@ The certificates are made here with the openssl command: a CA, and a server cert
 """
 
 import os
+import shlex
 import socket
 import ssl
 import struct
@@ -47,9 +48,9 @@ def openssl(*args, cwd):
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_server_cert(directory, name, ca="ca"):
+def make_server_cert(directory, name, ca="ca", subject="/CN=localhost"):
     """A key and a certificate for 127.0.0.1/localhost signed by `ca`, as one PEM (chain + key)."""
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-subj", "/CN=localhost",
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-subj", subject,
             "-out", f"{name}.csr", cwd=directory)
     (directory / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
@@ -492,6 +493,146 @@ def test_a_three_node_cluster_with_sasl_ssl_clients(cluster_factory, certs):
     finally:
         consumer.close()
     assert sorted(values) == sorted(f"m{i}".encode() for i in range(100))
+
+
+def secured_inside_settings(certs, node_cert):
+    """The settings of docs/security.md's "A cluster secured inside": replication over SASL_SSL
+    (SCRAM-SHA-512 as User:broker), the CONTROLLER listener over mutual TLS, the authorizer on.
+    The node's own settings (id, roles, voters, listeners) are the cluster harness's; the files
+    are this test's. A PLAINTEXT listener is added for the test's (anonymous) clients, whom
+    allow.everyone.if.no.acl.found lets in."""
+    from test_docs import shell_block
+
+    script = shell_block("security.md", "### A cluster secured inside").replace("\\\n", " ")
+    words = shlex.split(script)
+    settings = dict(words[i + 1].split("=", 1) for i, word in enumerate(words) if word == "--set")
+    for own in ("node.id", "process.roles", "controller.quorum.voters", "listeners"):
+        assert settings.pop(own)
+    assert settings.pop("ssl.keystore.location").endswith(".pem")
+    assert settings.pop("ssl.truststore.location").endswith(".pem")
+    settings.update({
+        "ssl.keystore.location": str(node_cert),
+        "ssl.truststore.location": str(certs["ca"]),
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT," + settings["listener.security.protocol.map"],
+        "inter.broker.listener.name": "SASL_SSL",
+        "allow.everyone.if.no.acl.found": "true",
+        "min.insync.replicas": "2",
+        "replica.lag.time.max.ms": "3000",
+    })
+    return settings
+
+
+def is_rpc_answer(port, wrap=None):
+    """Whether the CONTROLLER port answers a weir-rpc request (`cluster.node_status`) with an
+    RPC frame (version 1, a response or an error); `wrap` makes the socket TLS."""
+    method = b"cluster.node_status"
+    frame = struct.pack(">BBQH", 1, 0, 7, len(method)) + method + b"{}"
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        if wrap is not None:
+            sock = wrap(sock)
+        sock.sendall(struct.pack(">I", len(frame)) + frame)
+        answer = b""
+        while len(answer) < 6:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return False
+            answer += chunk
+        return answer[4] == 1 and answer[5] in (1, 2)
+    except (ssl.SSLError, ConnectionError, socket.timeout):
+        return False
+    finally:
+        sock.close()
+
+
+def test_a_three_node_cluster_secured_inside(cluster_factory, certs):
+    """Replication between brokers over SASL_SSL with SCRAM (the brokers' user made from their
+    JAAS login at the first start), the metadata quorum and internal requests over mutual TLS,
+    and the authorizer on. Writes with acks=all need the followers: they reach every replica,
+    survive the leader's kill -9, and read back whole. The CONTROLLER port refuses plain text
+    and a TLS client without a certificate; a broker whose inter-broker password is wrong
+    never joins the ISR."""
+    from conftest import free_port
+
+    node_cert = make_server_cert(certs["dir"], "node", subject="/CN=weir-node")
+    cluster = cluster_factory(voters=3, brokers=1, start=False, settings=secured_inside_settings(certs, node_cert))
+    for node in cluster.nodes.values():
+        node.settings["listeners"] = (f"PLAINTEXT://127.0.0.1:{node.port},SASL_SSL://127.0.0.1:{free_port()},"
+                                      f"CONTROLLER://127.0.0.1:{node.controller_port}")
+    intruder = cluster.node(4)
+    intruder.settings["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"] = (
+        'org.apache.kafka.common.security.scram.ScramLoginModule required username="broker" password="wrong";')
+    cluster.start(ids=[1, 2, 3])
+    cluster.wait_formed(ids=[1, 2, 3])
+    users = weir_user(cluster.node(1), "list")
+    assert "broker" in users, users
+
+    from confluent_kafka.admin import NewTopic
+
+    topic = unique("inside")
+    bootstrap = cluster.bootstrap([1, 2, 3])
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=3)])[topic].result(timeout=30)
+    cluster.wait_topic(topic, 3, ids=[1, 2, 3])
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "message.timeout.ms": 60000,
+                         "linger.ms": 5})
+    sent = []
+
+    def send(n):
+        errors = []
+        for _ in range(n):
+            value = f"m{len(sent)}".encode()
+            producer.produce(topic, value, partition=len(sent) % 3, on_delivery=lambda e, m: e and errors.append(e))
+            sent.append(value)
+        assert producer.flush(60) == 0 and not errors, errors
+
+    send(90)
+    partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
+    assert all(sorted(p.isrs) == [1, 2, 3] for p in partitions.values()), partitions
+    logins = sum(labelled_metric(cluster.node(i), "weir_authentications_total") for i in (1, 2, 3))
+    assert logins >= 3, "the followers logged in over SASL_SSL"
+
+    # The CONTROLLER port answers a node's certificate only: not plain text, nor TLS without one.
+    port = cluster.node(1).controller_port
+    anonymous = ssl.create_default_context(cafile=str(certs["ca"]))
+    with_cert = ssl.create_default_context(cafile=str(certs["ca"]))
+    with_cert.load_cert_chain(str(node_cert))
+    assert is_rpc_answer(port, wrap=lambda s: with_cert.wrap_socket(s, server_hostname="127.0.0.1"))
+    assert not is_rpc_answer(port), "plain text is not served"
+    assert not is_rpc_answer(port, wrap=lambda s: anonymous.wrap_socket(s, server_hostname="127.0.0.1"))
+
+    leader = partitions[0].leader
+    cluster.node(leader).kill9()
+    send(30)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"), "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe([topic])
+        values = [r.value for r in c_consume(consumer, len(sent), timeout=60)]
+    finally:
+        consumer.close()
+    assert sorted(values) == sorted(sent)
+    cluster.start(ids=[leader])
+
+    # A broker with the wrong password registers (its certificate is good) but cannot fetch.
+    cluster.start(ids=[4])
+    spread = unique("intruder")
+    from kafka.admin import NewTopic as KpNewTopic
+
+    kp = helpers.kp_admin(bootstrap)
+    try:
+        kp.create_topics([KpNewTopic(spread, num_partitions=-1, replication_factor=-1,
+                                     replica_assignments={0: [1, 4], 1: [4, 1]})])
+    finally:
+        kp.close()
+
+    def isr_of_what_node_1_leads():
+        parts = admin.list_topics(topic=spread, timeout=10).topics[spread].partitions.values()
+        return [sorted(p.isrs) for p in parts if p.leader == 1]
+
+    wait_until(lambda: isr_of_what_node_1_leads() == [[1]], timeout=30, what="broker 4 out of node 1's ISR")
+    time.sleep(3)
+    assert isr_of_what_node_1_leads() == [[1]], "broker 4 never catches up"
+    assert labelled_metric(cluster.node(1), "weir_authentication_failures_total") >= 1
 
 
 def test_the_admin_api_and_the_rocketmq_listener_speak_tls(tmp_path, certs, brokers):

@@ -91,12 +91,12 @@ pub(crate) const SETTINGS: &[Setting] = &[
     s(
         "inter.broker.listener.name",
         "",
-        "The Kafka listener other brokers replicate from (it must be PLAINTEXT in a cluster for now); empty: the only client listener, or the one named PLAINTEXT.",
+        "The Kafka listener other brokers replicate from, secured as its protocol says (over SASL, brokers log in with listener.name.<listener>.<mechanism>.sasl.jaas.config); empty: the only client listener, or the one named PLAINTEXT.",
     ),
     s(
         "listener.security.protocol.map",
         "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
-        "Each listener name's security protocol (NAME:PROTOCOL,...): PLAINTEXT, SSL (TLS), SASL_PLAINTEXT (SASL over plain text) or SASL_SSL (SASL over TLS). CONTROLLER must be PLAINTEXT for now.",
+        "Each listener name's security protocol (NAME:PROTOCOL,...): PLAINTEXT, SSL (TLS), SASL_PLAINTEXT (SASL over plain text) or SASL_SSL (SASL over TLS). CONTROLLER is PLAINTEXT or SSL (with ssl.client.auth=required, nodes prove themselves with certificates).",
     ),
     s("ssl.keystore.type", "PEM", "The keystore's format: PEM (the only one Weir reads)."),
     s(
@@ -146,6 +146,16 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "Failed authentications allowed per client address per minute; beyond it, attempts from that address fail without a password check.",
     ),
     s("sasl.server.max.receive.size", "524288", "The largest SASL token a client may send before it is authenticated."),
+    s(
+        "sasl.mechanism.inter.broker.protocol",
+        "",
+        "The SASL mechanism brokers log in to each other's SASL inter-broker listener with (its login is listener.name.<listener>.<mechanism>.sasl.jaas.config); empty: the first of sasl.enabled.mechanisms.",
+    ),
+    s(
+        "ssl.endpoint.identification.algorithm",
+        "https",
+        "How a node checks the certificate of another node it connects to over TLS (replication, CONTROLLER): https: it must name the address connected to (an IP address SAN for an IP); empty: any certificate the truststore trusts.",
+    ),
     s(
         "connections.max.unauthenticated.ms",
         "10000",
@@ -428,7 +438,36 @@ pub(crate) const SETTINGS: &[Setting] = &[
 
 /// Settings whose values are secrets: never shown (DescribeConfigs marks them sensitive, the
 /// admin API shows `[hidden]`) nor logged.
-pub const SENSITIVE_SETTINGS: &[&str] = &["object.store.secret.access.key"];
+pub const SENSITIVE_SETTINGS: &[&str] = &["object.store.secret.access.key", "ssl.keystore.key", "ssl.key.password"];
+
+/// The settings a listener may set for itself as `listener.name.<listener>.<setting>` (Kafka's
+/// listener prefix; the listener's name in lower case), besides its SASL mechanisms' logins
+/// (`listener.name.<listener>.<mechanism>.sasl.jaas.config`).
+fn per_listener(setting: &str) -> bool {
+    (setting.starts_with("ssl.") && setting != "ssl.endpoint.identification.algorithm")
+        || matches!(
+            setting,
+            "sasl.enabled.mechanisms"
+                | "connections.max.reauth.ms"
+                | "sasl.server.max.receive.size"
+                | "connections.max.unauthenticated.ms"
+        )
+}
+
+/// Whether `name` is a listener-prefixed setting Weir reads; its canonical (lower-case
+/// listener) form.
+fn listener_prefixed(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("listener.name.")?;
+    let (listener, setting) = rest.split_once('.')?;
+    let listener = listener.to_ascii_lowercase();
+    if listener.is_empty() || !listener.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return None;
+    }
+    let jaas =
+        setting.strip_suffix(".sasl.jaas.config").is_some_and(|mechanism| SaslMechanism::parse(mechanism).is_some());
+    (jaas || (per_listener(setting) && SETTINGS.iter().any(|s| s.name == setting)))
+        .then(|| format!("listener.name.{listener}.{setting}"))
+}
 
 /// Broker-level defaults of topic configs: where they are defined (the controller checks the
 /// dynamic ones).
@@ -459,6 +498,18 @@ pub struct BrokerConfig {
     pub voters: BTreeMap<i32, (String, u16)>,
     /// The CONTROLLER listener: the quorum's messages and the cluster's internal requests.
     pub(crate) controller_listen: Option<SocketAddr>,
+    /// `CONTROLLER:SSL`: the internal RPC's TLS, as the CONTROLLER listener serves it and as
+    /// this node connects to the others' (which must then all speak TLS too).
+    pub controller_tls: Option<weir_security::tls::TlsSettings>,
+    /// The principal of a node's certificate on the CONTROLLER listener
+    /// (`listener.name.controller.ssl.principal.mapping.rules`).
+    pub controller_principal_rules: weir_security::principal::PrincipalRules,
+    /// `ssl.endpoint.identification.algorithm=https`: a node's certificate must name the
+    /// address another node connects to.
+    pub verify_peer_names: bool,
+    /// How this broker reaches the other brokers' inter-broker listener; `None` off a cluster
+    /// (nothing to replicate from) and on a controller-only node.
+    pub inter_broker: Option<InterBrokerClient>,
     pub rack: Option<String>,
     /// KIP-392: consumers that say their `client.rack` read from an in-sync replica there.
     pub(crate) rack_aware_reads: bool,
@@ -809,61 +860,67 @@ fn parse_protocol_map(values: &Values) -> Result<BTreeMap<String, SecurityProtoc
     Ok(map)
 }
 
-/// The TLS settings (`ssl.*`), checked by loading them once.
-fn tls_settings(values: &Values) -> Result<weir_security::tls::TlsSettings, ConfigError> {
+/// The TLS settings (`ssl.*`) of `listener` (its `listener.name.<listener>.ssl.*` first; `None`:
+/// the global ones), checked by loading them once.
+fn tls_settings(values: &Values, listener: Option<&str>) -> Result<weir_security::tls::TlsSettings, ConfigError> {
     use weir_security::tls::{ClientAuth, Pem, TlsSettings};
+    let get = |name: &str| values.of_listener(listener, name);
     for format in ["ssl.keystore.type", "ssl.truststore.type"] {
-        if !values.get(format).trim().eq_ignore_ascii_case("PEM") {
+        let (name, value) = get(format);
+        if !value.trim().eq_ignore_ascii_case("PEM") {
             return Err(invalid(
-                format,
-                values.get(format),
+                &name,
+                value,
                 "Weir reads PEM only (JKS and PKCS12 can be converted with openssl or keytool)",
             ));
         }
     }
-    if !values.get("ssl.key.password").is_empty() {
+    let (name, password) = get("ssl.key.password");
+    if !password.is_empty() {
         return Err(invalid(
-            "ssl.key.password",
+            &name,
             "(hidden)",
             "encrypted private keys are not supported; give the key unencrypted (openssl pkcs8 -nocrypt) and protect the file",
         ));
     }
-    let location = values.get("ssl.keystore.location").trim();
-    let chain = values.get("ssl.keystore.certificate.chain");
-    let key = values.get("ssl.keystore.key");
+    let (location_name, location) = get("ssl.keystore.location");
+    let location = location.trim();
+    let (_, chain) = get("ssl.keystore.certificate.chain");
+    let (_, key) = get("ssl.keystore.key");
     let (certificate_chain, private_key) = match (location.is_empty(), chain.trim().is_empty(), key.trim().is_empty()) {
         (false, true, true) => (Pem::File(location.into()), Pem::File(location.into())),
         (true, false, false) => (Pem::Inline(chain.to_string()), Pem::Inline(key.to_string())),
         _ => {
             return Err(invalid(
-                "ssl.keystore.location",
+                &location_name,
                 location,
                 "a TLS listener needs its certificate and key: ssl.keystore.location, or both ssl.keystore.certificate.chain and ssl.keystore.key",
             ))
         }
     };
-    let trust_location = values.get("ssl.truststore.location").trim();
-    let trust_inline = values.get("ssl.truststore.certificates");
+    let (trust_name, trust_location) = get("ssl.truststore.location");
+    let trust_location = trust_location.trim();
+    let (_, trust_inline) = get("ssl.truststore.certificates");
     let truststore = match (trust_location.is_empty(), trust_inline.trim().is_empty()) {
         (true, true) => None,
         (false, true) => Some(Pem::File(trust_location.into())),
         (true, false) => Some(Pem::Inline(trust_inline.to_string())),
         (false, false) => {
             return Err(invalid(
-                "ssl.truststore.location",
+                &trust_name,
                 trust_location,
                 "give ssl.truststore.location or ssl.truststore.certificates, not both",
             ))
         }
     };
-    let client_auth = ClientAuth::parse(values.get("ssl.client.auth")).ok_or_else(|| {
-        invalid("ssl.client.auth", values.get("ssl.client.auth"), "expected none, requested or required")
-    })?;
-    let (tls12, tls13) = TlsSettings::parse_protocols(values.get("ssl.enabled.protocols"))
-        .map_err(|e| invalid("ssl.enabled.protocols", values.get("ssl.enabled.protocols"), e))?;
+    let (auth_name, auth) = get("ssl.client.auth");
+    let client_auth =
+        ClientAuth::parse(auth).ok_or_else(|| invalid(&auth_name, auth, "expected none, requested or required"))?;
+    let (protocols_name, protocols) = get("ssl.enabled.protocols");
+    let (tls12, tls13) = TlsSettings::parse_protocols(protocols).map_err(|e| invalid(&protocols_name, protocols, e))?;
     let settings =
         TlsSettings { certificate_chain, private_key, truststore, client_auth, tls12, tls13, alpn: Vec::new() };
-    settings.server_config().map_err(|e| invalid("ssl.keystore.location", location, e))?;
+    settings.server_config().map_err(|e| invalid(&location_name, location, e))?;
     Ok(settings)
 }
 
@@ -876,11 +933,12 @@ fn listener_tls(
     if !values.bool(switch)? {
         return Ok(None);
     }
-    let settings = tls_settings(values)?;
+    let settings = tls_settings(values, None)?;
     Ok(Some(weir_security::tls::TlsSettings { alpn: vec![alpn.to_vec()], ..settings }))
 }
 
-/// How the client listener `listener_name` is secured.
+/// How the client listener `listener_name` is secured (its `listener.name.<listener>.*`
+/// settings first).
 fn client_security(values: &Values, listener_name: &str) -> Result<ClientSecurity, ConfigError> {
     let map = parse_protocol_map(values)?;
     let protocol = *map.get(listener_name).ok_or_else(|| {
@@ -890,21 +948,16 @@ fn client_security(values: &Values, listener_name: &str) -> Result<ClientSecurit
             format!("listener {listener_name} (in `listeners`) has no security protocol here"),
         )
     })?;
-    if map.get("CONTROLLER").is_some_and(|p| *p != SecurityProtocol::Plaintext) {
-        return Err(invalid(
-            "listener.security.protocol.map",
-            values.get("listener.security.protocol.map"),
-            "the CONTROLLER listener is PLAINTEXT for now (keep it on a private network)",
-        ));
-    }
-    let tls = if protocol.uses_tls() { Some(tls_settings(values)?) } else { None };
+    let listener = Some(listener_name);
+    let get = |name: &str| values.of_listener(listener, name);
+    let tls = if protocol.uses_tls() { Some(tls_settings(values, listener)?) } else { None };
     let mut sasl_mechanisms = Vec::new();
     if protocol.uses_sasl() {
-        let value = values.get("sasl.enabled.mechanisms");
+        let (name, value) = get("sasl.enabled.mechanisms");
         for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let mechanism = SaslMechanism::parse(item).ok_or_else(|| {
                 invalid(
-                    "sasl.enabled.mechanisms",
+                    &name,
                     value,
                     format!(
                         "{item}: Weir offers SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN (not GSSAPI or OAUTHBEARER yet)"
@@ -916,22 +969,228 @@ fn client_security(values: &Values, listener_name: &str) -> Result<ClientSecurit
             }
         }
         if sasl_mechanisms.is_empty() {
-            return Err(invalid("sasl.enabled.mechanisms", value, "a SASL listener needs at least one mechanism"));
+            return Err(invalid(&name, value, "a SASL listener needs at least one mechanism"));
         }
     }
+    let (rules_name, rules) = get("ssl.principal.mapping.rules");
     Ok(ClientSecurity {
         listener_name: listener_name.to_string(),
         protocol,
         tls,
         sasl_mechanisms,
-        max_reauth_ms: values.num("connections.max.reauth.ms", 0)?,
+        max_reauth_ms: listener_num(values, listener, "connections.max.reauth.ms", 0)?,
         failed_authentication_delay_ms: values.num("connection.failed.authentication.delay.ms", 0)?,
         failed_authentications_per_minute: values.num("connection.failed.authentication.max.per.minute", 1)?,
-        sasl_max_receive_size: values.num("sasl.server.max.receive.size", 1024)?,
-        max_unauthenticated_ms: values.num("connections.max.unauthenticated.ms", 100)?,
-        principal_rules: weir_security::principal::PrincipalRules::parse(values.get("ssl.principal.mapping.rules"))
-            .map_err(|e| invalid("ssl.principal.mapping.rules", values.get("ssl.principal.mapping.rules"), e))?,
+        sasl_max_receive_size: listener_num(values, listener, "sasl.server.max.receive.size", 1024)?,
+        max_unauthenticated_ms: listener_num(values, listener, "connections.max.unauthenticated.ms", 100)?,
+        principal_rules: weir_security::principal::PrincipalRules::parse(rules)
+            .map_err(|e| invalid(&rules_name, rules, e))?,
     })
+}
+
+/// A number setting as `listener` sees it.
+fn listener_num<T: std::str::FromStr + PartialOrd + std::fmt::Display>(
+    values: &Values,
+    listener: Option<&str>,
+    name: &str,
+    min: T,
+) -> Result<T, ConfigError> {
+    let (name, value) = values.of_listener(listener, name);
+    parse_num(&name, value, min)
+}
+
+/// The CONTROLLER listener's TLS: `None` for PLAINTEXT. It speaks Weir's internal RPC, which
+/// has no SASL: nodes prove themselves with certificates (`ssl.client.auth=required`).
+fn controller_tls(values: &Values) -> Result<Option<weir_security::tls::TlsSettings>, ConfigError> {
+    let map = parse_protocol_map(values)?;
+    match map.get("CONTROLLER").copied().unwrap_or(SecurityProtocol::Plaintext) {
+        SecurityProtocol::Plaintext => Ok(None),
+        SecurityProtocol::Ssl => Ok(Some(tls_settings(values, Some("CONTROLLER"))?)),
+        other => Err(invalid(
+            "listener.security.protocol.map",
+            values.get("listener.security.protocol.map"),
+            format!(
+                "CONTROLLER:{}: the CONTROLLER listener is PLAINTEXT or SSL; with SSL and listener.name.controller.ssl.client.auth=required, nodes authenticate with certificates",
+                other.name()
+            ),
+        )),
+    }
+}
+
+/// How this broker connects to the other brokers' inter-broker listener (a follower fetching
+/// from its leader): TLS as a client, and the SASL login.
+#[derive(Clone)]
+pub struct InterBrokerClient {
+    /// For SSL and SASL_SSL: this node's TLS settings; it checks the leader's certificate
+    /// against their truststore and presents its own when asked.
+    pub tls: Option<weir_security::tls::TlsSettings>,
+    /// `ssl.endpoint.identification.algorithm=https`: the leader's certificate must name the
+    /// address connected to.
+    pub verify_name: bool,
+    /// For SASL_PLAINTEXT and SASL_SSL.
+    pub login: Option<SaslLogin>,
+}
+
+impl std::fmt::Debug for InterBrokerClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InterBrokerClient")
+            .field("tls", &self.tls.is_some())
+            .field("verify_name", &self.verify_name)
+            .field("login", &self.login)
+            .finish()
+    }
+}
+
+/// A SASL login of this node (mechanism, user name, password), from a JAAS configuration.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SaslLogin {
+    pub mechanism: SaslMechanism,
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for SaslLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SaslLogin({} as {:?}, password hidden)", self.mechanism.name(), self.user)
+    }
+}
+
+/// Kafka's `sasl.jaas.config` for a client login:
+/// `org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p";`
+/// (PlainLoginModule for PLAIN). Values may be quoted (with `\"` and `\\` escapes) or bare.
+fn parse_jaas(mechanism: SaslMechanism, text: &str) -> Result<(String, String), String> {
+    let text = text.trim();
+    let text = text.strip_suffix(';').unwrap_or(text).trim_end();
+    let (module, rest) = text
+        .split_once(char::is_whitespace)
+        .ok_or("expected `<LoginModule> required username=\"...\" password=\"...\";`")?;
+    let expected = match mechanism {
+        SaslMechanism::Plain => "PlainLoginModule",
+        SaslMechanism::Scram(_) => "ScramLoginModule",
+    };
+    if module.rsplit('.').next() != Some(expected) {
+        return Err(format!("{} logs in with {expected}, not {module}", mechanism.name()));
+    }
+    let rest = rest.trim_start();
+    let (flag, mut rest) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    if !matches!(flag, "required" | "requisite" | "sufficient" | "optional") {
+        return Err(format!("{flag:?}: expected the control flag `required`"));
+    }
+    let (mut user, mut password) = (None, None);
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let (key, after) = rest.split_once('=').ok_or_else(|| format!("{rest:?}: expected key=value"))?;
+        let key = key.trim();
+        let (value, after) = if let Some(quoted) = after.strip_prefix('"') {
+            let mut value = String::new();
+            let mut chars = quoted.char_indices();
+            let mut end = None;
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => match chars.next() {
+                        Some((_, escaped)) => value.push(escaped),
+                        None => break,
+                    },
+                    '"' => {
+                        end = Some(i + 1);
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            let end = end.ok_or_else(|| format!("the value of {key} has no closing quote"))?;
+            (value, &quoted[end..])
+        } else {
+            let end = after.find(char::is_whitespace).unwrap_or(after.len());
+            (after[..end].to_string(), &after[end..])
+        };
+        rest = after;
+        match key {
+            "username" => user = Some(value),
+            "password" => password = Some(value),
+            _ if key.starts_with("user_") => {
+                return Err(format!(
+                    "{key}: Weir does not take users from the JAAS configuration; create them with `weir user create` (PLAIN logins are checked against them)"
+                ))
+            }
+            _ => {}
+        }
+    }
+    match (user, password) {
+        (Some(user), Some(password)) if !user.is_empty() && !password.is_empty() => Ok((user, password)),
+        _ => Err("needs username=\"...\" and password=\"...\"".into()),
+    }
+}
+
+/// `ssl.endpoint.identification.algorithm`: whether a peer's certificate must name its address.
+fn inter_broker_client_verify(values: &Values) -> Result<bool, ConfigError> {
+    match values.get("ssl.endpoint.identification.algorithm").trim() {
+        "" => Ok(false),
+        a if a.eq_ignore_ascii_case("https") => Ok(true),
+        other => Err(invalid("ssl.endpoint.identification.algorithm", other, "expected https, or empty")),
+    }
+}
+
+/// How this node reaches the inter-broker listener `security` describes, as a client.
+fn inter_broker_client(values: &Values, security: &ClientSecurity) -> Result<InterBrokerClient, ConfigError> {
+    let verify_name = inter_broker_client_verify(values)?;
+    let listener = security.listener_name.as_str();
+    let tls = match &security.tls {
+        Some(tls) => {
+            tls.client_config(verify_name).map_err(|e| {
+                let (name, value) = values.of_listener(Some(listener), "ssl.truststore.location");
+                invalid(&name, value, format!("brokers connect to each other's {listener} listener over TLS: {e}"))
+            })?;
+            Some(tls.clone())
+        }
+        None => None,
+    };
+    let login = if security.protocol.uses_sasl() {
+        let wanted = values.get("sasl.mechanism.inter.broker.protocol").trim();
+        let mechanism = if wanted.is_empty() {
+            security.sasl_mechanisms[0]
+        } else {
+            let mechanism = SaslMechanism::parse(wanted).ok_or_else(|| {
+                invalid(
+                    "sasl.mechanism.inter.broker.protocol",
+                    wanted,
+                    "expected SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN",
+                )
+            })?;
+            if !security.sasl_mechanisms.contains(&mechanism) {
+                return Err(invalid(
+                    "sasl.mechanism.inter.broker.protocol",
+                    wanted,
+                    format!("the {listener} listener does not offer it (sasl.enabled.mechanisms)"),
+                ));
+            }
+            mechanism
+        };
+        let name = format!(
+            "listener.name.{}.{}.sasl.jaas.config",
+            listener.to_ascii_lowercase(),
+            mechanism.name().to_ascii_lowercase()
+        );
+        let text = values.get(&name);
+        if text.trim().is_empty() {
+            return Err(invalid(
+                &name,
+                "",
+                format!(
+                    "brokers log in to each other's {listener} listener with {}: give the login, e.g. {name}=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"broker\" password=\"...\";",
+                    mechanism.name()
+                ),
+            ));
+        }
+        let (user, password) = parse_jaas(mechanism, text).map_err(|e| invalid(&name, "(hidden)", e))?;
+        Some(SaslLogin { mechanism, user, password })
+    } else {
+        None
+    };
+    Ok(InterBrokerClient { tls, verify_name, login })
 }
 
 fn socket_addr(name: &str, value: &str, host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
@@ -1048,6 +1307,18 @@ impl Values {
         self.0.get(name).map(String::as_str).unwrap_or("")
     }
 
+    /// A setting as `listener` sees it: `listener.name.<listener>.<name>` when given, else
+    /// `name`. Returns the name that was read (for errors) and the value.
+    fn of_listener(&self, listener: Option<&str>, name: &str) -> (String, &str) {
+        if let Some(listener) = listener {
+            let prefixed = format!("listener.name.{}.{name}", listener.to_ascii_lowercase());
+            if let Some(value) = self.0.get(&prefixed) {
+                return (prefixed, value);
+            }
+        }
+        (name.to_string(), self.get(name))
+    }
+
     fn num<T: std::str::FromStr + PartialOrd + std::fmt::Display>(&self, name: &str, min: T) -> Result<T, ConfigError> {
         parse_num(name, self.get(name), min)
     }
@@ -1126,6 +1397,10 @@ fn merge_given(given: &BTreeMap<String, String>) -> Result<Merged, ConfigError> 
             topic_defaults.insert(topic_name.to_string(), value.clone());
         } else if values.contains_key(&name) {
             values.insert(name.clone(), value.clone());
+        } else if let Some(prefixed) = listener_prefixed(&name) {
+            values.insert(prefixed.clone(), value.clone());
+            explicit.insert(prefixed, value);
+            continue;
         } else {
             return Err(ConfigError::Unknown(name));
         }
@@ -1265,11 +1540,24 @@ impl BrokerConfig {
             return Err(invalid("log.dirs", values.get("log.dirs"), "must name a directory"));
         }
         let rack = values.get("broker.rack").trim();
+        let voters = parse_voters("controller.quorum.voters", values.get("controller.quorum.voters"))?;
+        let inter_broker = if roles.broker && !voters.is_empty() {
+            Some(inter_broker_client(values, &listeners.security)?)
+        } else {
+            None
+        };
         Ok(BrokerConfig {
             node_id: values.num("node.id", 0)?,
             roles,
-            voters: parse_voters("controller.quorum.voters", values.get("controller.quorum.voters"))?,
+            voters,
             controller_listen: listeners.controller_listen,
+            controller_tls: controller_tls(values)?,
+            controller_principal_rules: {
+                let (name, rules) = values.of_listener(Some("CONTROLLER"), "ssl.principal.mapping.rules");
+                weir_security::principal::PrincipalRules::parse(rules).map_err(|e| invalid(&name, rules, e))?
+            },
+            verify_peer_names: inter_broker_client_verify(values)?,
+            inter_broker,
             rack: (!rack.is_empty()).then(|| rack.to_string()),
             rack_aware_reads: parse_replica_selector(values.get("replica.selector.class"))?,
             broker_heartbeat_interval_ms: values.num("broker.heartbeat.interval.ms", 1)?,
@@ -1412,13 +1700,6 @@ impl BrokerConfig {
 
     /// The cluster settings must fit together; each error names the setting to change.
     fn check_cluster(&self) -> Result<(), ConfigError> {
-        if self.is_cluster() && self.roles.broker && self.client_security.protocol != SecurityProtocol::Plaintext {
-            return Err(invalid(
-                "inter.broker.listener.name",
-                &self.client_security.listener_name,
-                "followers replicate over PLAINTEXT for now: add a PLAINTEXT listener on a private network for the brokers (inter.broker.listener.name), beside the secured one for clients",
-            ));
-        }
         let roles = if self.roles.broker && self.roles.controller {
             "broker,controller"
         } else if self.roles.controller {
@@ -1674,7 +1955,33 @@ mod tests {
                     ("controller.quorum.voters", "0@127.0.0.1:9093"),
                     ("listeners", "SASL_PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"),
                 ],
-                "inter.broker.listener.name",
+                "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config",
+            ),
+            (
+                vec![
+                    ("controller.quorum.voters", "0@127.0.0.1:9093"),
+                    ("listeners", "SASL_PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"),
+                    ("sasl.mechanism.inter.broker.protocol", "PLAIN"),
+                    (
+                        "listener.name.sasl_plaintext.plain.sasl.jaas.config",
+                        "org.apache.kafka.common.security.scram.ScramLoginModule required username=\"b\" password=\"p\";",
+                    ),
+                ],
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config",
+            ),
+            (
+                vec![
+                    ("controller.quorum.voters", "0@127.0.0.1:9093"),
+                    ("listeners", "SASL_PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"),
+                    ("listener.name.sasl_plaintext.sasl.enabled.mechanisms", "PLAIN"),
+                    ("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-512"),
+                ],
+                "sasl.mechanism.inter.broker.protocol",
+            ),
+            (vec![("listener.name.plaintext.num.partitions", "3")], "listener.name.plaintext.num.partitions"),
+            (
+                vec![("listeners", "SASL_PLAINTEXT://127.0.0.1:9092"), ("listener.name.sasl_plaintext.sasl.enabled.mechanisms", "GSSAPI")],
+                "listener.name.sasl_plaintext.sasl.enabled.mechanisms",
             ),
             (vec![("listeners", "EXTERNAL://127.0.0.1:9092")], "listener.security.protocol.map"),
             (
@@ -1682,9 +1989,10 @@ mod tests {
                 "sasl.enabled.mechanisms",
             ),
             (
-                vec![("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:SSL")],
+                vec![("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:SASL_SSL")],
                 "listener.security.protocol.map",
             ),
+            (vec![("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:SSL")], "ssl.keystore.location"),
             (
                 vec![("listeners", "SSL://127.0.0.1:9092"), ("ssl.keystore.location", "/nonexistent.pem")],
                 "ssl.keystore.location",
@@ -1699,6 +2007,57 @@ mod tests {
         ] {
             let err = BrokerConfig::from_settings(&settings(&bad)).unwrap_err();
             assert_eq!(err.setting(), Some(setting), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn brokers_log_in_to_a_sasl_inter_broker_listener_with_its_jaas_login() {
+        let config = BrokerConfig::from_settings(&settings(&[
+            ("controller.quorum.voters", "0@127.0.0.1:9093"),
+            ("listeners", "SASL_PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"),
+            ("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-512"),
+            ("LISTENER.NAME.SASL_PLAINTEXT.connections.max.reauth.ms".to_ascii_lowercase().as_str(), "60000"),
+            (
+                "listener.name.SASL_PLAINTEXT.scram-sha-512.sasl.jaas.config",
+                r#"org.apache.kafka.common.security.scram.ScramLoginModule required
+                    username="broker" password="p\"w d";"#,
+            ),
+        ]))
+        .unwrap();
+        let login = config.inter_broker.as_ref().and_then(|c| c.login.clone()).unwrap();
+        assert_eq!(login.mechanism.name(), "SCRAM-SHA-512");
+        assert_eq!((login.user.as_str(), login.password.as_str()), ("broker", "p\"w d"));
+        assert!(!format!("{config:?}").contains("p\"w d"), "the password is never printed");
+        assert_eq!(config.client_security.max_reauth_ms, 60_000, "the listener's own setting");
+        assert!(config.controller_tls.is_none());
+        // A single node replicates from nobody: no login needed.
+        let single =
+            BrokerConfig::from_settings(&settings(&[("listeners", "SASL_PLAINTEXT://127.0.0.1:9092")])).unwrap();
+        assert!(single.inter_broker.is_none());
+    }
+
+    #[test]
+    fn jaas_logins() {
+        let scram = SaslMechanism::Scram(weir_metadata::ScramMechanism::Sha256);
+        let ok = |text| parse_jaas(scram, text);
+        assert_eq!(
+            ok("org.apache.kafka.common.security.scram.ScramLoginModule required username=u password=\"a b\""),
+            Ok(("u".into(), "a b".into()))
+        );
+        assert_eq!(
+            parse_jaas(SaslMechanism::Plain, "PlainLoginModule required username=\"u\" password=\"x\\\\y\";"),
+            Ok(("u".into(), "x\\y".into()))
+        );
+        for bad in [
+            "",
+            "ScramLoginModule",
+            "ScramLoginModule maybe username=u password=p;",
+            "ScramLoginModule required username=u;",
+            "ScramLoginModule required username=\"u password=p;",
+            "ScramLoginModule required username=u password=p user_alice=\"x\";",
+            "PlainLoginModule required username=u password=p;",
+        ] {
+            assert!(ok(bad).is_err(), "{bad}");
         }
     }
 

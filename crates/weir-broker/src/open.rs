@@ -49,12 +49,16 @@ impl Broker {
             }
         };
         let logs = open_logs(&config, &clock)?;
-        let cluster = Cluster::new();
+        let invalid_tls = |e: String| {
+            BrokerError::new(ErrorKind::InvalidConfig, format!("the CONTROLLER listener's TLS (CONTROLLER:SSL): {e}"))
+        };
+        let cluster = Cluster::new(crate::cluster::server::client_tls(&config).map_err(invalid_tls)?);
         let (quorum, alone) = start_quorum(&config, &cluster, internal_listener.is_some(), &clock)?;
         // The server answers Raft messages at once, the rest once the broker is open.
         let opened: Arc<OnceLock<Weak<Broker>>> = Arc::new(OnceLock::new());
         if let Some(listener) = internal_listener {
-            let server = crate::cluster::server::serve(listener, quorum.messages(), opened.clone())
+            let tls = crate::cluster::server::server_tls(&config).map_err(invalid_tls)?;
+            let server = crate::cluster::server::serve(listener, quorum.messages(), opened.clone(), tls)
                 .map_err(|e| io_error("cannot serve the CONTROLLER listener", e))?;
             *lock(&cluster.server) = Some(server);
         }
@@ -104,6 +108,10 @@ impl Broker {
             self.run_lifecycle();
             // As a KRaft broker does: serve clients only once the controller has unfenced it.
             block_on(self.wait_until_unfenced())?;
+            // Before its followers log in to the other brokers with it.
+            if let Err(e) = block_on(self.ensure_inter_broker_user())? {
+                tracing::warn!(error = %e, "cannot create the inter-broker user; replication over SASL will fail until it exists");
+            }
         }
         self.start_storage_background()?;
         Ok(())

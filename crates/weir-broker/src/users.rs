@@ -55,6 +55,36 @@ impl Broker {
         Ok(outcomes)
     }
 
+    /// A broker that logs in to the others' inter-broker listener over SASL makes sure its user
+    /// exists, as Kafka's `kafka-storage format --add-scram` would have made it: created with the
+    /// configured password when the metadata holds no credential of the login's mechanism for
+    /// it (for PLAIN, which is checked against any of them: none at all). An existing
+    /// credential is never replaced: a password changed through the API wins over the file, and
+    /// this broker's login then fails, loudly, at the leader. Brokers starting together may
+    /// each create it; they hold the same password, so whichever is stored last serves.
+    pub async fn ensure_inter_broker_user(self: &Arc<Self>) -> Result<(), BrokerError> {
+        let Some(login) = self.config.inter_broker.as_ref().and_then(|c| c.login.as_ref()) else { return Ok(()) };
+        let (mechanism, exists) = match login.mechanism {
+            crate::config::SaslMechanism::Plain => (
+                ScramMechanism::Sha512,
+                self.metadata().scram_credentials.get(&login.user).is_some_and(|c| !c.is_empty()),
+            ),
+            crate::config::SaslMechanism::Scram(mechanism) => {
+                (mechanism, self.scram_credential(&login.user, mechanism).is_some())
+            }
+        };
+        if exists {
+            return Ok(());
+        }
+        let credential = weir_security::scram::credential(mechanism, &login.password, MIN_ITERATIONS);
+        let change = ScramChange::Upsert { user: login.user.clone(), mechanism, credential };
+        for outcome in self.alter_scram_credentials(vec![change]).await? {
+            outcome?;
+        }
+        tracing::info!(user = %login.user, mechanism = mechanism.name(), "created the inter-broker user from its JAAS login");
+        Ok(())
+    }
+
     /// `user`'s RocketMQ secret key, if it has RocketMQ access.
     pub fn access_secret(&self, user: &str) -> Option<String> {
         self.metadata().access_secrets.get(user).cloned()

@@ -247,9 +247,15 @@ impl Ctx {
         self.require(client, operation, weir_security::acl::ResourceType::Cluster, weir_security::acl::CLUSTER_RESOURCE)
     }
 
-    /// Is `client` on the inter-broker listener of a cluster? Its follower fetches are the
-    /// brokers' own (CLUSTER_ACTION is implied there; that listener belongs on a private network).
+    /// Is `client` on the inter-broker listener of a cluster, as one of the brokers? When that
+    /// listener authenticates nobody (PLAINTEXT, or TLS without a client certificate) it belongs
+    /// on a private network, and CLUSTER_ACTION is implied for its follower fetches; when it
+    /// does (SASL, mutual TLS), the principal needs CLUSTER_ACTION, as in Kafka (the brokers'
+    /// user is a super user).
     pub(crate) fn on_inter_broker_listener(&self, client: &Client) -> bool {
-        self.broker.config.is_cluster() && client.listener == 0
+        self.broker.config.is_cluster()
+            && client.listener == 0
+            && (*client.principal == *weir_security::acl::ANONYMOUS
+                || self.allowed_on_cluster(client, weir_security::acl::AclOperation::ClusterAction))
     }
 }

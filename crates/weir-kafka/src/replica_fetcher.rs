@@ -8,18 +8,29 @@
 //! (and those no longer followed, as forgotten), and the leader answers only for partitions
 //! with something new. An idle follower's fetch is then a few dozen bytes whatever it follows.
 //! A refused session (unknown, wrong epoch) is dropped and the next fetch opens a new one.
+//!
+//! The connection is secured as the leader's inter-broker listener is (`InterBrokerClient`):
+//! TLS, checking the leader's certificate against the truststore, and a SASL login (PLAIN or
+//! SCRAM, whose last message proves the leader holds the credential too). A refused login is
+//! not tried again for [`LOGIN_RETRY`], so that a broker with a wrong password does not spend
+//! the address's allowance of failed logins (`connection.failed.authentication.max.per.minute`)
+//! that clients on the same host share.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic, ForgottenTopic, ReplicaState};
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseHeader, TopicName,
+    ApiKey, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseHeader, SaslAuthenticateRequest,
+    SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::ResponseError;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use weir_broker::config::{InterBrokerClient, SaslLogin, SaslMechanism};
 use weir_broker::follower::{
     DivergingEpoch, FetchFrom, FollowerFetch, LeaderAnswer, LeaderError, LeaderPartition, ReplicaConnection,
     ReplicaTransport, TransportFuture,
@@ -27,26 +38,178 @@ use weir_broker::follower::{
 
 /// The Fetch version followers send: the first with diverging epochs, and topics by name.
 const FETCH_VERSION: i16 = 12;
+/// SaslHandshake v1 (the exchange goes on in SaslAuthenticate) and SaslAuthenticate v2.
+const SASL_HANDSHAKE_VERSION: i16 = 1;
+const SASL_AUTHENTICATE_VERSION: i16 = 2;
+/// How long a leader that refused this broker's login is left alone.
+pub const LOGIN_RETRY: Duration = Duration::from_secs(5);
+/// The client id of the login's requests.
+const SASL_CLIENT_ID: &str = "weir-replica-fetcher";
+/// The largest answer to a handshake or login.
+const MAX_SASL_RESPONSE: i32 = 64 * 1024;
 
-/// Kafka's Fetch over TCP.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct KafkaReplicaTransport;
+/// A connection to a leader: TCP, or TLS over it.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// Kafka's Fetch over TCP, secured as the inter-broker listener is.
+#[derive(Default, Clone)]
+pub struct KafkaReplicaTransport {
+    tls: Option<tokio_rustls::TlsConnector>,
+    login: Option<SaslLogin>,
+    /// When each leader address last refused the login.
+    refused: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl KafkaReplicaTransport {
+    /// The transport `client` describes (`None`: plain text, no login).
+    pub fn new(client: Option<&InterBrokerClient>) -> Result<KafkaReplicaTransport, String> {
+        let Some(client) = client else { return Ok(KafkaReplicaTransport::default()) };
+        let tls = match &client.tls {
+            Some(settings) => {
+                Some(tokio_rustls::TlsConnector::from(Arc::new(settings.client_config(client.verify_name)?)))
+            }
+            None => None,
+        };
+        Ok(KafkaReplicaTransport { tls, login: client.login.clone(), refused: Default::default() })
+    }
+
+    fn refused_recently(&self, addr: &str) -> Option<Duration> {
+        let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        refused.get(addr).map(Instant::elapsed).filter(|since| *since < LOGIN_RETRY)
+    }
+
+    async fn open(&self, addr: &str) -> Result<Box<dyn Stream>, String> {
+        let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let _ = tcp.set_nodelay(true);
+        let mut stream: Box<dyn Stream> = match &self.tls {
+            None => Box::new(tcp),
+            Some(connector) => {
+                let host =
+                    addr.rsplit_once(':').map_or(addr, |(host, _)| host).trim_start_matches('[').trim_end_matches(']');
+                let name = rustls_server_name(host)?;
+                let tls =
+                    connector.connect(name, tcp).await.map_err(|e| format!("TLS handshake with {addr} failed: {e}"))?;
+                Box::new(tls)
+            }
+        };
+        if let Some(login) = &self.login {
+            if let Err(e) = sasl_login(&mut stream, login).await {
+                if e.refused {
+                    let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+                    refused.insert(addr.to_string(), Instant::now());
+                }
+                return Err(format!(
+                    "SASL {} login as {:?} to {addr}: {}",
+                    login.mechanism.name(),
+                    login.user,
+                    e.message
+                ));
+            }
+        }
+        Ok(stream)
+    }
+}
+
+fn rustls_server_name(host: &str) -> Result<tokio_rustls::rustls::pki_types::ServerName<'static>, String> {
+    tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| format!("{host:?} is not a name a certificate can hold: {e}"))
+}
 
 impl ReplicaTransport for KafkaReplicaTransport {
     fn connect(&self, addr: &str) -> TransportFuture<'static, Result<Box<dyn ReplicaConnection>, String>> {
         let addr = addr.to_string();
+        let transport = self.clone();
         Box::pin(async move {
-            let stream = TcpStream::connect(&addr).await.map_err(|e| e.to_string())?;
-            let _ = stream.set_nodelay(true);
+            if let Some(since) = transport.refused_recently(&addr) {
+                return Err(format!(
+                    "{addr} refused this broker's login {:.1} s ago; trying again {} s after",
+                    since.as_secs_f64(),
+                    LOGIN_RETRY.as_secs()
+                ));
+            }
+            let stream = transport.open(&addr).await?;
             Ok(Box::new(Connection { stream, correlation_id: 0, session: FetchSession::default() })
                 as Box<dyn ReplicaConnection>)
         })
     }
 }
 
+/// Why a login failed; `refused` when the leader said no (not a broken connection).
+struct LoginError {
+    refused: bool,
+    message: String,
+}
+
+fn broken(message: impl std::fmt::Display) -> LoginError {
+    LoginError { refused: false, message: message.to_string() }
+}
+
+fn refused(message: impl std::fmt::Display) -> LoginError {
+    LoginError { refused: true, message: message.to_string() }
+}
+
+/// SaslHandshake for the mechanism, then SaslAuthenticate until the exchange is done.
+async fn sasl_login(stream: &mut Box<dyn Stream>, login: &SaslLogin) -> Result<(), LoginError> {
+    let handshake = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(login.mechanism.name()));
+    let answer: SaslHandshakeResponse = exchange(
+        stream,
+        SASL_CLIENT_ID,
+        1,
+        ApiKey::SaslHandshake,
+        SASL_HANDSHAKE_VERSION,
+        &handshake,
+        MAX_SASL_RESPONSE,
+    )
+    .await
+    .map_err(broken)?;
+    if answer.error_code != 0 {
+        let offered: Vec<&str> = answer.mechanisms.iter().map(|m| m.as_str()).collect();
+        return Err(refused(format!("the leader offers {offered:?}, not {}", login.mechanism.name())));
+    }
+    match login.mechanism {
+        SaslMechanism::Plain => {
+            authenticate(stream, 2, weir_security::scram::plain_message(&login.user, &login.password)).await?;
+        }
+        SaslMechanism::Scram(mechanism) => {
+            let mut client = weir_security::scram::ScramClient::new(mechanism, &login.user, &login.password);
+            let server_first = authenticate(stream, 2, client.client_first()).await?;
+            let proof = client.client_final(&server_first).map_err(refused)?;
+            let server_final = authenticate(stream, 3, proof).await?;
+            client.verify_server(&server_final).map_err(refused)?;
+        }
+    }
+    Ok(())
+}
+
+/// One SaslAuthenticate round: sends `token`, returns the leader's.
+async fn authenticate(
+    stream: &mut Box<dyn Stream>,
+    correlation_id: i32,
+    token: Vec<u8>,
+) -> Result<Vec<u8>, LoginError> {
+    let request = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token));
+    let answer: SaslAuthenticateResponse = exchange(
+        stream,
+        SASL_CLIENT_ID,
+        correlation_id,
+        ApiKey::SaslAuthenticate,
+        SASL_AUTHENTICATE_VERSION,
+        &request,
+        MAX_SASL_RESPONSE,
+    )
+    .await
+    .map_err(broken)?;
+    if answer.error_code != 0 {
+        let why = answer.error_message.as_ref().map(|m| m.to_string()).unwrap_or_default();
+        return Err(refused(format!("{why} ({:?})", ResponseError::try_from_code(answer.error_code))));
+    }
+    Ok(answer.auth_bytes.to_vec())
+}
+
 /// One connection to a leader's Kafka listener.
 struct Connection {
-    stream: TcpStream,
+    stream: Box<dyn Stream>,
     correlation_id: i32,
     session: FetchSession,
 }
@@ -168,15 +331,18 @@ impl ReplicaConnection for Connection {
             self.correlation_id = self.correlation_id.wrapping_add(1);
             let client_id = format!("weir-replica-fetcher-{}", request.replica);
             let fetch = self.session.request(request);
-            let response =
-                match exchange(&mut self.stream, &client_id, self.correlation_id, &fetch, request.max_bytes).await {
-                    Ok(response) => response,
-                    Err(e) => {
-                        // The connection is dropped, and its session with it.
-                        self.session = FetchSession::default();
-                        return Err(e);
-                    }
-                };
+            // A response holds at most the request's bytes plus per-partition overhead.
+            let max = request.max_bytes.max(0).saturating_mul(2).saturating_add(1 << 20);
+            let exchanged =
+                exchange(&mut self.stream, &client_id, self.correlation_id, ApiKey::Fetch, FETCH_VERSION, &fetch, max);
+            let response: FetchResponse = match exchanged.await {
+                Ok(response) => response,
+                Err(e) => {
+                    // The connection is dropped, and its session with it.
+                    self.session = FetchSession::default();
+                    return Err(e);
+                }
+            };
             self.session.answered(&response);
             Ok(answer_of(response))
         })
@@ -252,43 +418,45 @@ fn answer_of(response: FetchResponse) -> LeaderAnswer {
     LeaderAnswer { refused, partitions }
 }
 
-/// Writes one request frame and reads its response.
-async fn exchange(
-    stream: &mut TcpStream,
+/// Writes one request frame and reads its response (at most `response_max_bytes`).
+async fn exchange<Req: Encodable, Resp: Decodable>(
+    stream: &mut Box<dyn Stream>,
     client_id: &str,
     correlation_id: i32,
-    request: &FetchRequest,
+    api_key: ApiKey,
+    version: i16,
+    request: &Req,
     response_max_bytes: i32,
-) -> Result<FetchResponse, String> {
+) -> Result<Resp, String> {
     let header = RequestHeader::default()
-        .with_request_api_key(ApiKey::Fetch as i16)
-        .with_request_api_version(FETCH_VERSION)
+        .with_request_api_key(api_key as i16)
+        .with_request_api_version(version)
         .with_correlation_id(correlation_id)
         .with_client_id(Some(StrBytes::from_string(client_id.to_string())));
     let mut body = BytesMut::new();
-    header.encode(&mut body, ApiKey::Fetch.request_header_version(FETCH_VERSION)).map_err(|e| e.to_string())?;
-    request.encode(&mut body, FETCH_VERSION).map_err(|e| e.to_string())?;
+    header.encode(&mut body, api_key.request_header_version(version)).map_err(|e| e.to_string())?;
+    request.encode(&mut body, version).map_err(|e| e.to_string())?;
     let mut frame = BytesMut::with_capacity(body.len() + 4);
     frame.put_i32(body.len() as i32);
     frame.extend_from_slice(&body);
     stream.write_all(&frame).await.map_err(|e| e.to_string())?;
+    stream.flush().await.map_err(|e| e.to_string())?;
 
     let size = stream.read_i32().await.map_err(|e| e.to_string())?;
-    // A response holds at most the request's bytes plus per-partition overhead.
-    if size < 0 || size as usize > response_max_bytes.max(0) as usize * 2 + (1 << 20) {
+    if size < 0 || size > response_max_bytes {
         return Err(format!("response frame of {size} bytes"));
     }
     let mut buf = vec![0u8; size as usize];
     stream.read_exact(&mut buf).await.map_err(|e| e.to_string())?;
     let mut buf = Bytes::from(buf);
-    let header = ResponseHeader::decode(&mut buf, ApiKey::Fetch.response_header_version(FETCH_VERSION))
-        .map_err(|e| e.to_string())?;
+    let header =
+        ResponseHeader::decode(&mut buf, api_key.response_header_version(version)).map_err(|e| e.to_string())?;
     if header.correlation_id != correlation_id {
         return Err(format!("correlation id {} in answer to {correlation_id}", header.correlation_id));
     }
-    let response = FetchResponse::decode(&mut buf, FETCH_VERSION).map_err(|e| e.to_string())?;
+    let response = Resp::decode(&mut buf, version).map_err(|e| e.to_string())?;
     if buf.has_remaining() {
-        tracing::debug!(left = buf.remaining(), "replica fetcher: bytes after the fetch response");
+        tracing::debug!(left = buf.remaining(), ?api_key, "replica fetcher: bytes after the response");
     }
     Ok(response)
 }

@@ -93,11 +93,17 @@ async fn serve(mut config: BrokerConfig, started: Instant) -> anyhow::Result<()>
         (Some(listener), Some(engines)) => Some(RocketMqServer::start(listener, rocketmq_tls, &core, engines)?),
         _ => None,
     };
-    // Followers replicate from their leaders with Kafka's Fetch.
-    let replication = kafka.is_some().then(|| {
-        let transport = std::sync::Arc::new(weir_kafka::replica_fetcher::KafkaReplicaTransport);
-        weir_broker::follower::spawn(core.broker.clone(), transport)
-    });
+    // Followers replicate from their leaders with Kafka's Fetch, secured as the inter-broker
+    // listener is (the settings were checked at start: an error here is a file gone since).
+    let replication = match kafka.is_some() {
+        true => {
+            let transport =
+                weir_kafka::replica_fetcher::KafkaReplicaTransport::new(core.broker.config.inter_broker.as_ref())
+                    .map_err(|e| anyhow::anyhow!("the inter-broker listener's TLS: {e}"))?;
+            Some(weir_broker::follower::spawn(core.broker.clone(), std::sync::Arc::new(transport)))
+        }
+        false => None,
+    };
     admin_state.set_ready(weir_admin::Core {
         broker: core.broker.clone(),
         groups: core.groups.clone(),

@@ -86,9 +86,10 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub(crate) fn new() -> Cluster {
+    /// `tls`: the other nodes' CONTROLLER listeners speak TLS (`CONTROLLER:SSL`).
+    pub(crate) fn new(tls: Option<Arc<rustls::ClientConfig>>) -> Cluster {
         Cluster {
-            rpc: RpcClient::new(weir_rpc::ClientConfig::default()),
+            rpc: RpcClient::new(weir_rpc::ClientConfig { tls, ..Default::default() }),
             incarnation: Uuid::new_v4(),
             services: RwLock::new(HashMap::new()),
             lifecycle: Lifecycle::new(),

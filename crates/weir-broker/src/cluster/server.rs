@@ -23,16 +23,64 @@ pub(crate) fn serve(
     listener: std::net::TcpListener,
     raft: RaftMessages,
     broker: Arc<OnceLock<Weak<Broker>>>,
+    tls: Option<weir_rpc::ServerTls>,
 ) -> std::io::Result<ServerHandle> {
     listener.set_nonblocking(true)?;
     let listener = TcpListener::from_std(listener)?;
     let handler: Arc<dyn Handler> = Arc::new(InternalHandler { raft, broker });
     let (stop, stopped) = oneshot::channel::<()>();
-    let config = weir_rpc::ServerConfig { shutdown_grace: Duration::from_secs(2), ..Default::default() };
+    let config = weir_rpc::ServerConfig { shutdown_grace: Duration::from_secs(2), tls, ..Default::default() };
     let task = tokio::spawn(weir_rpc::serve(listener, handler, config, async {
         let _ = stopped.await;
     }));
     Ok(ServerHandle { stop, task })
+}
+
+/// The CONTROLLER listener's TLS (`CONTROLLER:SSL`), certificates reloaded when their files
+/// change. With the authorizer on, only the cluster's own nodes are admitted: the principal of
+/// the certificate a peer presents must be a super user (Kafka's brokers and controllers need
+/// CLUSTER_ACTION there, which their super-user principals have). With it off, whoever the TLS
+/// settings let in (`ssl.client.auth=required`: a certificate the truststore trusts).
+pub(crate) fn server_tls(config: &crate::config::BrokerConfig) -> Result<Option<weir_rpc::ServerTls>, String> {
+    let Some(settings) = &config.controller_tls else { return Ok(None) };
+    let reloading = Arc::new(weir_security::tls::ReloadingTls::new(settings.clone())?);
+    let admit: Option<weir_rpc::Admit> = config.authorizer.enabled.then(|| {
+        let super_users = config.authorizer.super_users.clone();
+        let rules = config.controller_principal_rules.clone();
+        Arc::new(move |chain: Option<&[rustls::pki_types::CertificateDer<'static>]>| {
+            let principal = match chain.and_then(|c| c.first()) {
+                None => weir_security::acl::ANONYMOUS.to_string(),
+                Some(leaf) => {
+                    let subject = weir_security::principal::subject_name(leaf)?;
+                    let name = rules
+                        .apply(&subject)
+                        .ok_or_else(|| format!("no ssl.principal.mapping.rules rule maps {subject:?}"))?;
+                    format!("User:{name}")
+                }
+            };
+            if super_users.contains(&principal) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the CONTROLLER listener admits the cluster's nodes only, and {principal} is not in super.users"
+                ))
+            }
+        }) as weir_rpc::Admit
+    });
+    Ok(Some(weir_rpc::ServerTls {
+        acceptor: Arc::new(move || reloading.acceptor()),
+        admit,
+        handshake_timeout: weir_security::tls::HANDSHAKE_TIMEOUT,
+    }))
+}
+
+/// This node's TLS as a client of the other nodes' CONTROLLER listeners: the same keystore
+/// (presented when asked) and truststore.
+pub(crate) fn client_tls(config: &crate::config::BrokerConfig) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
+    match &config.controller_tls {
+        None => Ok(None),
+        Some(settings) => Ok(Some(Arc::new(settings.client_config(config.verify_peer_names)?))),
+    }
 }
 
 struct InternalHandler {
