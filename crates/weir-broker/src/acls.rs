@@ -10,8 +10,24 @@ use weir_security::acl::{self, Request};
 use crate::broker::Broker;
 use crate::cluster::{ControlAnswer, ControlRequest};
 use crate::error::BrokerError;
+use weir_storage::sync::{read, write};
 
 impl Broker {
+    /// The ACLs of the current metadata, indexed: built again only when they changed (the
+    /// state's ACLs are shared between the states that did not change them).
+    fn acl_index(&self) -> Arc<acl::AclIndex> {
+        let state = self.metadata();
+        {
+            let (acls, index) = &*read(&self.acl_index);
+            if Arc::ptr_eq(acls, &state.acls) {
+                return index.clone();
+            }
+        }
+        let index = Arc::new(acl::AclIndex::new(state.acls.iter()));
+        *write(&self.acl_index) = (state.acls.clone(), index.clone());
+        index
+    }
+
     /// Is authorization on (`authorizer.class.name`)?
     pub fn authorizer_enabled(&self) -> bool {
         self.config.authorizer.enabled
@@ -31,7 +47,7 @@ impl Broker {
             return true;
         }
         let request = Request { principal, host, operation, resource_type, resource_name };
-        let allowed = acl::authorize(settings, &self.metadata().acls, &request);
+        let allowed = acl::authorize(settings, &self.acl_index(), &request);
         if !allowed {
             self.metrics.authorization_denials.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::debug!(principal, host, %operation, %resource_type, resource_name, "not authorized");
@@ -49,8 +65,7 @@ impl Broker {
         resource_type: ResourceType,
     ) -> bool {
         let settings = &self.config.authorizer;
-        !settings.enabled
-            || acl::authorize_any(settings, &self.metadata().acls, principal, host, operation, resource_type)
+        !settings.enabled || acl::authorize_any(settings, &self.acl_index(), principal, host, operation, resource_type)
     }
 
     /// The ACLs `filter` matches, in their stored order.

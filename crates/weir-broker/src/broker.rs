@@ -39,6 +39,10 @@ use weir_storage::sync::{lock, read, write};
 
 pub use weir_controller::topics::{CreatedTopic, NewTopic, MAX_TOPIC_NAME_LEN};
 
+/// The ACLs an index was built from, and the index.
+pub(crate) type AclIndexCache =
+    RwLock<(Arc<std::collections::BTreeSet<weir_metadata::acl::AclBinding>>, Arc<weir_security::acl::AclIndex>)>;
+
 /// What a node says of itself (`weir cluster info`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeStatus {
@@ -141,6 +145,9 @@ pub struct Broker {
     pub(crate) replication_quotas: crate::throttle::ReplicationQuotas,
     /// The client quotas in force and the rates clients have used (see [`crate::quotas`]).
     pub client_quotas: crate::quotas::ClientQuotas,
+    /// The metadata's ACLs and their index for the authorizer (see `acls`): rebuilt by the
+    /// first decision after the ACLs change.
+    pub(crate) acl_index: AclIndexCache,
     /// What the heartbeats report of this broker's load, as of the last load window: built by
     /// the load sampler once per window, so that a heartbeat walks no partition.
     pub(crate) load_report: Mutex<Arc<weir_controller::balance::LoadReport>>,
@@ -241,6 +248,7 @@ impl Broker {
             cluster,
             replication_quotas: Default::default(),
             client_quotas,
+            acl_index: RwLock::new((Arc::default(), Arc::default())),
             load_report: Mutex::new(Arc::default()),
             memory,
             tier,

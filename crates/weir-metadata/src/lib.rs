@@ -293,6 +293,10 @@ impl TopicMetadata {
     }
 }
 
+fn no_acls(acls: &Arc<std::collections::BTreeSet<acl::AclBinding>>) -> bool {
+    acls.is_empty()
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MetadataState {
     pub cluster_id: String,
@@ -324,9 +328,11 @@ pub struct MetadataState {
     /// and mechanism.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub scram_credentials: BTreeMap<String, BTreeMap<ScramMechanism, ScramCredential>>,
-    /// The ACLs the authorizer decides by (`weir_security::acl`).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
-    pub acls: std::collections::BTreeSet<acl::AclBinding>,
+    /// The ACLs the authorizer decides by (`weir_security::acl`). Behind an `Arc`, as the
+    /// topics are: the copy of the state made per applied batch shares them, and a reader tells
+    /// unchanged ACLs (the broker's index of them stays) with `Arc::ptr_eq`.
+    #[serde(default, skip_serializing_if = "no_acls")]
+    pub acls: Arc<std::collections::BTreeSet<acl::AclBinding>>,
     /// Users' RocketMQ secret keys (`weir_security::access_key`), by user: only users made
     /// with RocketMQ access have one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -655,10 +661,14 @@ impl MetadataState {
                 }
             }
             MetadataRecord::CreateAcl { binding } => {
-                self.acls.insert(binding.clone());
+                if !self.acls.contains(binding) {
+                    Arc::make_mut(&mut self.acls).insert(binding.clone());
+                }
             }
             MetadataRecord::RemoveAcl { binding } => {
-                self.acls.remove(binding);
+                if self.acls.contains(binding) {
+                    Arc::make_mut(&mut self.acls).remove(binding);
+                }
             }
             MetadataRecord::SetAccessSecret { user, secret } => match secret {
                 Some(secret) => {

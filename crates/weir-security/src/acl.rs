@@ -12,8 +12,11 @@
 //!    DELETE and ALTER, and DESCRIBE_CONFIGS by ALTER_CONFIGS (Kafka's implied operations).
 //!
 //! A principal or host matches when equal, or when the ACL names `User:*` or `*`.
+//!
+//! The decisions read an [`AclIndex`]: the bindings by resource type, literal name and prefix,
+//! so that a request looks at the bindings of its own resource, whatever the number of ACLs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 pub use weir_metadata::acl::*;
 
@@ -84,12 +87,80 @@ pub struct Request<'a> {
     pub resource_name: &'a str,
 }
 
+/// The ACLs indexed by the resources they cover. Built once per change of the ACLs; a lookup
+/// costs one hash lookup for the literal name, one for `*`, and one per distinct prefix length
+/// among the prefixed bindings of the resource type, not one comparison per ACL.
+#[derive(Debug, Default)]
+pub struct AclIndex {
+    types: HashMap<ResourceType, TypeIndex>,
+}
+
+#[derive(Debug, Default)]
+struct TypeIndex {
+    /// Literal bindings by resource name, the wildcard `*` among them.
+    literal: HashMap<String, Vec<AclBinding>>,
+    /// Prefixed bindings by prefix.
+    prefixed: HashMap<String, Vec<AclBinding>>,
+    /// The byte lengths of the prefixes in `prefixed`, ascending, once each.
+    prefix_lengths: Vec<usize>,
+    /// Every binding of the type (authorization by resource type reads them all).
+    all: Vec<AclBinding>,
+}
+
+impl AclIndex {
+    pub fn new<'a>(acls: impl IntoIterator<Item = &'a AclBinding>) -> AclIndex {
+        let mut types: HashMap<ResourceType, TypeIndex> = HashMap::new();
+        for binding in acls {
+            let index = types.entry(binding.resource_type).or_default();
+            let by_name = match binding.pattern_type {
+                PatternType::Literal => &mut index.literal,
+                PatternType::Prefixed => {
+                    index.prefix_lengths.push(binding.resource_name.len());
+                    &mut index.prefixed
+                }
+            };
+            by_name.entry(binding.resource_name.clone()).or_default().push(binding.clone());
+            index.all.push(binding.clone());
+        }
+        for index in types.values_mut() {
+            index.prefix_lengths.sort_unstable();
+            index.prefix_lengths.dedup();
+        }
+        AclIndex { types }
+    }
+
+    /// The bindings whose pattern covers `name` of `resource_type` (as
+    /// [`AclBinding::covers`] says), each once.
+    pub fn covering<'a>(&'a self, resource_type: ResourceType, name: &'a str) -> impl Iterator<Item = &'a AclBinding> {
+        let index = self.types.get(&resource_type);
+        let literal = index.into_iter().flat_map(move |index| {
+            let exact = index.literal.get(name).into_iter().flatten();
+            let wildcard = (name != WILDCARD).then(|| index.literal.get(WILDCARD)).flatten().into_iter().flatten();
+            exact.chain(wildcard)
+        });
+        let prefixed = index.into_iter().flat_map(move |index| {
+            index
+                .prefix_lengths
+                .iter()
+                .filter_map(move |len| name.get(..*len))
+                .filter_map(move |prefix| index.prefixed.get(prefix))
+                .flatten()
+        });
+        literal.chain(prefixed)
+    }
+
+    /// Every binding of `resource_type`.
+    fn of_type(&self, resource_type: ResourceType) -> &[AclBinding] {
+        self.types.get(&resource_type).map_or(&[], |index| &index.all)
+    }
+}
+
 /// Does `settings` with `acls` allow `request`? (Authorization off allows everything.)
-pub fn authorize(settings: &AuthorizerSettings, acls: &BTreeSet<AclBinding>, request: &Request<'_>) -> bool {
+pub fn authorize(settings: &AuthorizerSettings, acls: &AclIndex, request: &Request<'_>) -> bool {
     if !settings.enabled || settings.super_users.contains(request.principal) {
         return true;
     }
-    let mut applies = acls.iter().filter(|b| b.covers(request.resource_type, request.resource_name)).peekable();
+    let mut applies = acls.covering(request.resource_type, request.resource_name).peekable();
     if applies.peek().is_none() {
         return settings.allow_if_no_acl;
     }
@@ -125,7 +196,7 @@ fn implies(granted: AclOperation, wanted: AclOperation) -> bool {
 /// topic)? Denials on literal names do not count; a DENY on `*` does.
 pub fn authorize_any(
     settings: &AuthorizerSettings,
-    acls: &BTreeSet<AclBinding>,
+    acls: &AclIndex,
     principal: &str,
     host: &str,
     operation: AclOperation,
@@ -134,12 +205,11 @@ pub fn authorize_any(
     if !settings.enabled || settings.super_users.contains(principal) {
         return true;
     }
+    let of_type = acls.of_type(resource_type);
     let matching = |b: &&AclBinding| {
-        b.resource_type == resource_type
-            && (b.principal == principal || b.principal == ANY_PRINCIPAL)
-            && (b.host == host || b.host == WILDCARD)
+        (b.principal == principal || b.principal == ANY_PRINCIPAL) && (b.host == host || b.host == WILDCARD)
     };
-    let denied_everywhere = acls.iter().filter(matching).any(|b| {
+    let denied_everywhere = of_type.iter().filter(matching).any(|b| {
         b.permission == AclPermission::Deny
             && b.resource_name == WILDCARD
             && b.pattern_type == PatternType::Literal
@@ -148,8 +218,8 @@ pub fn authorize_any(
     if denied_everywhere {
         return false;
     }
-    acls.iter().filter(matching).any(|b| b.permission == AclPermission::Allow && implies(b.operation, operation))
-        || (settings.allow_if_no_acl && !acls.iter().any(|b| b.resource_type == resource_type))
+    of_type.iter().filter(matching).any(|b| b.permission == AclPermission::Allow && implies(b.operation, operation))
+        || (settings.allow_if_no_acl && of_type.is_empty())
 }
 
 #[cfg(test)]
@@ -187,7 +257,7 @@ mod tests {
     ) -> bool {
         authorize(
             settings,
-            acls,
+            &AclIndex::new(acls),
             &Request {
                 principal: who,
                 host: "10.0.0.1",
@@ -248,9 +318,36 @@ mod tests {
     fn idempotent_write_is_implied_by_write_on_some_topic() {
         let acls: BTreeSet<_> =
             [acl("orders", PatternType::Literal, "User:alice", AclOperation::Write, AclPermission::Allow)].into();
-        let any = |who| authorize_any(&on(), &acls, who, "10.0.0.1", AclOperation::Write, ResourceType::Topic);
+        let index = AclIndex::new(&acls);
+        let any = |who| authorize_any(&on(), &index, who, "10.0.0.1", AclOperation::Write, ResourceType::Topic);
         assert!(any("User:alice"));
         assert!(!any("User:bob"));
+    }
+
+    /// The index finds exactly the bindings a scan with `covers` finds, for literal, wildcard,
+    /// prefixed (the empty prefix too) and multi-byte names.
+    #[test]
+    fn the_index_covers_what_a_scan_covers() {
+        let names = ["", "*", "a", "ab", "abc", "b", "é", "éa", "a*"];
+        let mut acls = BTreeSet::new();
+        for (i, name) in names.iter().enumerate() {
+            for pattern in [PatternType::Literal, PatternType::Prefixed] {
+                let mut binding = acl(name, pattern, "User:x", AclOperation::Read, AclPermission::Allow);
+                if i % 2 == 0 {
+                    binding.resource_type = ResourceType::Group;
+                }
+                acls.insert(binding);
+            }
+        }
+        let index = AclIndex::new(&acls);
+        for resource_type in [ResourceType::Topic, ResourceType::Group, ResourceType::Cluster] {
+            for name in names.iter().chain(&["abcd", "ba", "éé", "x"]) {
+                let scanned: BTreeSet<&AclBinding> = acls.iter().filter(|b| b.covers(resource_type, name)).collect();
+                let found: Vec<&AclBinding> = index.covering(resource_type, name).collect();
+                assert_eq!(found.len(), scanned.len(), "{resource_type} {name:?}: each once");
+                assert_eq!(found.into_iter().collect::<BTreeSet<_>>(), scanned, "{resource_type} {name:?}");
+            }
+        }
     }
 
     #[test]
