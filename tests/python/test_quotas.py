@@ -344,6 +344,49 @@ def test_a_rocketmq_client_over_its_rate_gets_too_many_requests(broker):
         admin.close()
 
 
+def test_a_busy_rocketmq_client_is_held_by_request_percentage(broker):
+    """request_percentage on a RocketMQ client: the time its sends keep the broker busy counts,
+    and once over, SendMessage and ReceiveMessage answer TOO_MANY_REQUESTS naming the quota."""
+    import grpc
+    from rocketmq import grpc_protocol as pb
+    from rocketmq.grpc_protocol import definition_pb2 as d
+
+    topic = unique("quota-rmq-busy")
+    make_topic(broker.bootstrap, topic)
+    busy = RMQ_CLIENT + "-busy"
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, client_id="quota-admin")
+    metadata = [("x-mq-client-id", busy), ("x-mq-language", "PYTHON"), ("x-mq-protocol", "v2")]
+    entity = [("user", "ANONYMOUS"), ("client-id", busy)]
+    try:
+        # A hundredth of a percent of one thread: a tenth of a millisecond per second.
+        set_quotas(admin, [(entity, [("request_percentage", 0.01)])])
+        with grpc.insecure_channel(broker.rocketmq_endpoint) as channel:
+            stub = pb.MessagingServiceStub(channel)
+
+            def send_one():
+                message = d.Message(topic=pb.Resource(name=topic), body=b"busy",
+                                    system_properties=d.SystemProperties(message_id=unique("id")))
+                return stub.SendMessage(pb.SendMessageRequest(messages=[message]), metadata=metadata, timeout=10)
+
+            codes = []
+            for _ in range(200):
+                answer = send_one()
+                codes.append(answer.status.code)
+                if answer.status.code != pb.Code.OK:
+                    break
+            assert codes[0] == pb.Code.OK and codes[-1] == pb.Code.TOO_MANY_REQUESTS, codes
+            assert "request_percentage" in answer.status.message, answer
+            queue = d.MessageQueue(topic=pb.Resource(name=topic), id=0)
+            receive = pb.ReceiveMessageRequest(
+                group=pb.Resource(name=unique("g")), message_queue=queue, batch_size=1,
+                filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"))
+            first = next(iter(stub.ReceiveMessage(receive, metadata=metadata, timeout=10)))
+            assert first.status.code == pb.Code.TOO_MANY_REQUESTS, first
+    finally:
+        set_quotas(admin, [(entity, [("request_percentage", None)])])
+        admin.close()
+
+
 def api_versions_answered(port):
     """Opens a connection and asks ApiVersions v0: True when answered, False when the broker
     closed the connection instead."""

@@ -94,6 +94,29 @@ pub fn request_time_value(time: Duration) -> f64 {
     time.as_secs_f64() * 100.0
 }
 
+/// A future and the time its polls took (not the time it waited between them): what a call
+/// counts against `request_percentage`, so that a long poll's wait is not work.
+pub struct PollTimed<F> {
+    inner: std::pin::Pin<Box<F>>,
+    spent: Duration,
+}
+
+/// `work`, timed as [`PollTimed`] says.
+pub fn poll_timed<F: std::future::Future>(work: F) -> PollTimed<F> {
+    PollTimed { inner: Box::pin(work), spent: Duration::ZERO }
+}
+
+impl<F: std::future::Future> std::future::Future for PollTimed<F> {
+    type Output = (F::Output, Duration);
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let started = Instant::now();
+        let polled = self.inner.as_mut().poll(cx);
+        self.spent += started.elapsed();
+        polled.map(|output| (output, self.spent))
+    }
+}
+
 /// The client quotas in force on this broker and the rates clients have used.
 #[derive(Debug)]
 pub struct ClientQuotas {

@@ -13,7 +13,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Streaming};
 use weir_broker::metadata::TopicMetadata;
 use weir_broker::metrics::ProtocolMetrics;
-use weir_broker::quotas::{quota_user, QuotaKind};
+use weir_broker::quotas::{poll_timed, quota_user, request_time_value, QuotaKind};
 use weir_broker::Broker;
 use weir_coordinators::group::clients::{ClientKind, Heard};
 use weir_coordinators::group::GroupCoordinator;
@@ -158,6 +158,61 @@ impl Service {
             Code::TooManyRequests,
             format!("client {client:?} is over its {} quota: retry in {} ms", kind.key(), left.as_millis().max(1)),
         ))
+    }
+
+    /// A receive's answer: the messages found within its long poll (answered before the
+    /// client's `deadline`), or why there are none.
+    async fn receive(
+        &self,
+        request: &ReceiveMessageRequest,
+        client: &str,
+        host: Option<&str>,
+        deadline: Option<std::time::Duration>,
+    ) -> Vec<ReceiveMessageResponse> {
+        let mut wanted = match self.receive_request(request, client).await {
+            Ok(wanted) => wanted,
+            Err(refused) => return vec![receive::status_response(refused)],
+        };
+        let said = Heard { host, topic: Some(&wanted.partition.topic), ..Heard::default() };
+        self.groups.clients.heard(&wanted.key.group, client, self.broker.now_ms(), said);
+        // Answer before the client's deadline, not after it: some clients (the Rust
+        // one) set it to the long-polling time itself. A fifth of it, at most 1 s, is
+        // left for the answer to travel.
+        if let Some(deadline) = deadline {
+            let reserve = (deadline / 5).min(std::time::Duration::from_secs(1));
+            wanted.long_polling = wanted.long_polling.min(deadline.saturating_sub(reserve));
+        }
+        let (invisible, batch, wait) = (wanted.invisible, wanted.batch, wanted.long_polling);
+        let requests = self.broker_wide(wanted, client);
+        let results = self.engines.pop.receive_many(&requests, batch, 1, wait).await;
+        let mut found = Vec::new();
+        let mut first_error = None;
+        for (request, result) in requests.iter().zip(results) {
+            match result {
+                Ok(received) if !received.deliveries.is_empty() => {
+                    found.push((request.key.clone(), received.deliveries))
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(queue = request.key.partition, error = %e, "a queue of a receive failed");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match (found.is_empty(), first_error) {
+            (false, _) => receive::found(&self.broker, invisible, found),
+            (true, Some(e)) => vec![receive::status_response(status::of_error(&e))],
+            (true, None) => receive::not_found(),
+        }
+    }
+
+    /// Counts the time a call of `client` kept the broker busy (its polls) against its
+    /// `request_percentage`.
+    fn charge_time(&self, caller: &Caller, client: &str, spent: std::time::Duration) {
+        let quotas = &self.broker.client_quotas;
+        if quotas.any_client_quota() {
+            quotas.record(QuotaKind::Request, quota_user(&caller.principal), client, request_time_value(spent));
+        }
     }
 
     /// Counts `bytes` a call of `client` moved against its client quota of `kind`.
@@ -552,12 +607,16 @@ impl MessagingService for Service {
         let caller = Caller::of(&request);
         let client = self.client_of(&request);
         let request = request.into_inner();
-        let response = match self.over_quota(&caller, QuotaKind::Produce, &client) {
+        let throttled = self
+            .over_quota(&caller, QuotaKind::Produce, &client)
+            .or_else(|| self.over_quota(&caller, QuotaKind::Request, &client));
+        let response = match throttled {
             Some(throttled) => SendMessageResponse { status: Some(throttled), entries: vec![] },
             None => {
                 let bytes = prost::Message::encoded_len(&request);
-                let response = self.send_messages(request, &caller).await;
+                let (response, spent) = poll_timed(self.send_messages(request, &caller)).await;
                 self.charge(&caller, QuotaKind::Produce, &client, bytes);
+                self.charge_time(&caller, &client, spent);
                 response
             }
         };
@@ -611,49 +670,13 @@ impl MessagingService for Service {
         let topic = request.message_queue.as_ref().and_then(|q| q.topic.as_ref());
         let refused = self
             .consumer_refused(&caller, request.group.as_ref(), topic)
-            .or_else(|| self.over_quota(&caller, QuotaKind::Fetch, &client));
-        let wanted = match refused {
-            Some(refused) => Err(refused),
-            None => self.receive_request(&request, &client).await,
+            .or_else(|| self.over_quota(&caller, QuotaKind::Fetch, &client))
+            .or_else(|| self.over_quota(&caller, QuotaKind::Request, &client));
+        let (responses, spent) = match refused {
+            Some(refused) => (vec![receive::status_response(refused)], std::time::Duration::ZERO),
+            None => poll_timed(self.receive(&request, &client, host.as_deref(), deadline)).await,
         };
-        let responses = match wanted {
-            Ok(mut wanted) => {
-                let said = Heard { host: host.as_deref(), topic: Some(&wanted.partition.topic), ..Heard::default() };
-                self.groups.clients.heard(&wanted.key.group, &client, self.broker.now_ms(), said);
-                // Answer before the client's deadline, not after it: some clients (the Rust
-                // one) set it to the long-polling time itself. A fifth of it, at most 1 s, is
-                // left for the answer to travel.
-                if let Some(deadline) = deadline {
-                    let reserve = (deadline / 5).min(std::time::Duration::from_secs(1));
-                    wanted.long_polling = wanted.long_polling.min(deadline.saturating_sub(reserve));
-                }
-                let (invisible, batch, wait) = (wanted.invisible, wanted.batch, wanted.long_polling);
-                let requests = self.broker_wide(wanted, &client);
-                let results = self.engines.pop.receive_many(&requests, batch, 1, wait).await;
-                let mut found = Vec::new();
-                let mut first_error = None;
-                for (request, result) in requests.iter().zip(results) {
-                    match result {
-                        Ok(received) if !received.deliveries.is_empty() => {
-                            found.push((request.key.clone(), received.deliveries))
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            tracing::debug!(queue = request.key.partition, error = %e, "a queue of a receive failed");
-                            first_error.get_or_insert(e);
-                        }
-                    }
-                }
-                match (found.is_empty(), first_error) {
-                    (false, _) => receive::found(&self.broker, invisible, found),
-                    (true, Some(e)) => vec![receive::status_response(status::of_error(&e))],
-                    (true, None) => receive::not_found(),
-                }
-            }
-            Err(refused) => {
-                vec![ReceiveMessageResponse { content: Some(receive_message_response::Content::Status(refused)) }]
-            }
-        };
+        self.charge_time(&caller, &client, spent);
         let code = responses
             .iter()
             .find_map(|r| match &r.content {
