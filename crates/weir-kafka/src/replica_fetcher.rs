@@ -55,7 +55,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 /// Kafka's Fetch over TCP, secured as the inter-broker listener is.
 #[derive(Default, Clone)]
 pub struct KafkaReplicaTransport {
-    tls: Option<tokio_rustls::TlsConnector>,
+    /// The TLS of each new connection, its files reloaded when they change.
+    tls: Option<Arc<weir_security::tls::ReloadingClientTls>>,
     login: Option<SaslLogin>,
     /// When each leader address last refused the login.
     refused: Arc<Mutex<HashMap<String, Instant>>>,
@@ -67,7 +68,7 @@ impl KafkaReplicaTransport {
         let Some(client) = client else { return Ok(KafkaReplicaTransport::default()) };
         let tls = match &client.tls {
             Some(settings) => {
-                Some(tokio_rustls::TlsConnector::from(Arc::new(settings.client_config(client.verify_name)?)))
+                Some(Arc::new(weir_security::tls::ReloadingClientTls::new(settings.clone(), client.verify_name)?))
             }
             None => None,
         };
@@ -84,7 +85,8 @@ impl KafkaReplicaTransport {
         let _ = tcp.set_nodelay(true);
         let mut stream: Box<dyn Stream> = match &self.tls {
             None => Box::new(tcp),
-            Some(connector) => {
+            Some(tls) => {
+                let connector = tokio_rustls::TlsConnector::from(tls.config());
                 let host =
                     addr.rsplit_once(':').map_or(addr, |(host, _)| host).trim_start_matches('[').trim_end_matches(']');
                 let name = rustls_server_name(host)?;

@@ -49,7 +49,34 @@ pub struct ClientConfig {
     /// TLS on every connection; `None` connects in plain TCP. The server's certificate is
     /// checked for the peer's IP address (peers are socket addresses, not names) by whatever
     /// verifier this configuration has; its client certificate, if any, is presented.
-    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub tls: Option<ClientTls>,
+}
+
+/// Gives the rustls configuration of each new connection, so that certificates rotated on
+/// disk are used from the next connection on.
+#[derive(Clone)]
+pub struct ClientTls(Arc<dyn Fn() -> Arc<rustls::ClientConfig> + Send + Sync>);
+
+impl ClientTls {
+    /// The configuration `current` gives when a connection is made.
+    pub fn new(current: impl Fn() -> Arc<rustls::ClientConfig> + Send + Sync + 'static) -> ClientTls {
+        ClientTls(Arc::new(current))
+    }
+
+    /// Always `config`.
+    pub fn fixed(config: Arc<rustls::ClientConfig>) -> ClientTls {
+        ClientTls::new(move || config.clone())
+    }
+
+    fn current(&self) -> Arc<rustls::ClientConfig> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientTls(Fn() -> rustls::ClientConfig)")
+    }
 }
 
 impl Default for ClientConfig {
@@ -237,7 +264,7 @@ impl Peer {
             }
             Some(tls) => {
                 let name = ServerName::IpAddress(self.addr.ip().into());
-                let handshake = TlsConnector::from(tls.clone()).connect(name, stream);
+                let handshake = TlsConnector::from(tls.current()).connect(name, stream);
                 let stream = match tokio::time::timeout_at(deadline, handshake).await {
                     Ok(Ok(stream)) => stream,
                     Ok(Err(e)) => {

@@ -111,7 +111,7 @@ mod frame;
 mod json;
 mod server;
 
-pub use client::{ClientConfig, RpcClient};
+pub use client::{ClientConfig, ClientTls, RpcClient};
 pub use error::{CallPhase, RemoteError, RpcError, RpcErrorKind};
 pub use json::{decode_json, encode_json};
 pub use server::{serve, Admit, BoxFuture, Handler, ServerConfig, ServerTls};

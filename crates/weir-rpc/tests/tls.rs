@@ -24,8 +24,8 @@ use tokio::sync::{oneshot, Barrier};
 use tokio::task::JoinHandle;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use weir_rpc::{
-    serve, Admit, BoxFuture, ClientConfig, Handler, RemoteError, RpcClient, RpcError, RpcErrorKind, ServerConfig,
-    ServerTls,
+    serve, Admit, BoxFuture, ClientConfig, ClientTls, Handler, RemoteError, RpcClient, RpcError, RpcErrorKind,
+    ServerConfig, ServerTls,
 };
 
 const LONG: Duration = Duration::from_secs(20);
@@ -138,7 +138,8 @@ fn client_tls_config(ca: &Ca, identity: Option<&Identity>) -> Arc<rustls::Client
 }
 
 fn tls_client(ca: &Ca, identity: Option<&Identity>) -> RpcClient {
-    RpcClient::new(ClientConfig { tls: Some(client_tls_config(ca, identity)), ..ClientConfig::default() })
+    let tls = ClientTls::fixed(client_tls_config(ca, identity));
+    RpcClient::new(ClientConfig { tls: Some(tls), ..ClientConfig::default() })
 }
 
 // ---- a server ----

@@ -256,17 +256,22 @@ impl ServerCertVerifier for AnyName {
 /// How often the files are looked at for changes, at most (on accepting a connection).
 const RELOAD_CHECK: Duration = Duration::from_secs(1);
 
-/// A listener's TLS acceptor, rebuilt from its files when one of them changes (a new
-/// modification time or size). A change that does not load (a half-written file, a key that does
-/// not fit) keeps the configuration in use and is logged; the next change is tried again.
-pub struct ReloadingTls {
+/// What TLS settings build, rebuilt from their files when one of them changes (a new
+/// modification time or size), looked at most once per [`RELOAD_CHECK`]. A change that does
+/// not load (a half-written file, a key that does not fit) keeps the configuration in use and
+/// is logged; the next change is tried again.
+struct Reloading<T> {
     settings: TlsSettings,
     files: Vec<PathBuf>,
-    current: Mutex<Current>,
+    build: Build<T>,
+    current: Mutex<Current<T>>,
 }
 
-struct Current {
-    acceptor: TlsAcceptor,
+/// How a [`Reloading`] makes its value from the settings.
+type Build<T> = Box<dyn Fn(&TlsSettings) -> Result<T, String> + Send + Sync>;
+
+struct Current<T> {
+    built: T,
     stamps: Vec<Option<(SystemTime, u64)>>,
     checked: Instant,
 }
@@ -275,34 +280,69 @@ fn stamps(files: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
     files.iter().map(|f| std::fs::metadata(f).ok().and_then(|m| m.modified().ok().map(|t| (t, m.len())))).collect()
 }
 
-impl ReloadingTls {
-    /// Loads the settings once; an error here is a configuration error.
-    pub fn new(settings: TlsSettings) -> Result<ReloadingTls, String> {
+impl<T: Clone> Reloading<T> {
+    /// Builds once; an error here is a configuration error.
+    fn new(
+        settings: TlsSettings,
+        build: impl Fn(&TlsSettings) -> Result<T, String> + Send + Sync + 'static,
+    ) -> Result<Reloading<T>, String> {
         let files = settings.files();
         let stamps = stamps(&files);
-        let config = settings.server_config()?;
-        let acceptor = TlsAcceptor::from(Arc::new(config));
-        Ok(ReloadingTls { settings, files, current: Mutex::new(Current { acceptor, stamps, checked: Instant::now() }) })
+        let built = build(&settings)?;
+        let current = Mutex::new(Current { built, stamps, checked: Instant::now() });
+        Ok(Reloading { settings, files, build: Box::new(build), current })
     }
 
-    /// The acceptor for the next connection, reloaded first if a file changed.
-    pub fn acceptor(&self) -> TlsAcceptor {
+    /// What the files hold now, rebuilt first if one changed.
+    fn get(&self) -> T {
         let mut current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if !self.files.is_empty() && current.checked.elapsed() >= RELOAD_CHECK {
             current.checked = Instant::now();
             let now = stamps(&self.files);
             if now != current.stamps {
                 current.stamps = now;
-                match self.settings.server_config() {
-                    Ok(config) => {
-                        current.acceptor = TlsAcceptor::from(Arc::new(config));
+                match (self.build)(&self.settings) {
+                    Ok(built) => {
+                        current.built = built;
                         tracing::info!(files = ?self.files, "reloaded the TLS certificate");
                     }
                     Err(e) => tracing::warn!(error = %e, "the changed TLS files do not load; keeping the ones in use"),
                 }
             }
         }
-        current.acceptor.clone()
+        current.built.clone()
+    }
+}
+
+/// A listener's TLS acceptor, rebuilt from its files when one of them changes.
+pub struct ReloadingTls(Reloading<TlsAcceptor>);
+
+impl ReloadingTls {
+    /// Loads the settings once; an error here is a configuration error.
+    pub fn new(settings: TlsSettings) -> Result<ReloadingTls, String> {
+        Reloading::new(settings, |s| Ok(TlsAcceptor::from(Arc::new(s.server_config()?)))).map(ReloadingTls)
+    }
+
+    /// The acceptor for the next connection, reloaded first if a file changed.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        self.0.get()
+    }
+}
+
+/// This node's TLS as a client of other nodes ([`TlsSettings::client_config`]), rebuilt from
+/// its files when one of them changes: a rotated certificate or truststore is used from the
+/// next connection on, as the listeners use theirs.
+pub struct ReloadingClientTls(Reloading<Arc<ClientConfig>>);
+
+impl ReloadingClientTls {
+    /// Loads the settings once; an error here is a configuration error.
+    pub fn new(settings: TlsSettings, verify_name: bool) -> Result<ReloadingClientTls, String> {
+        Reloading::new(settings, move |s| Ok(Arc::new(s.client_config(verify_name)?))).map(ReloadingClientTls)
+    }
+
+    /// The configuration for the next connection, reloaded first if a file changed.
+    pub fn config(&self) -> Arc<ClientConfig> {
+        self.0.get()
     }
 }
 
@@ -393,4 +433,60 @@ pub fn kernel_tls_available() -> bool {
     std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_ulp")
         .map(|ulps| ulps.split_whitespace().any(|u| u == "tls"))
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A CA's certificate, and a leaf for 127.0.0.1 it signed (chain and key, as one PEM).
+    fn ca_and_leaf(name: &str) -> (String, String) {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, name);
+        let ca = ca.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let leaf =
+            CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap().signed_by(&key, &ca, &ca_key).unwrap();
+        (ca.pem(), format!("{}{}", leaf.pem(), key.serialize_pem()))
+    }
+
+    #[test]
+    fn a_client_config_follows_its_files() {
+        let dir = std::env::temp_dir().join(format!("weir-tls-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ca, keystore) = ca_and_leaf("first CA");
+        let (trust_path, key_path) = (dir.join("ca.pem"), dir.join("node.pem"));
+        std::fs::write(&trust_path, &ca).unwrap();
+        std::fs::write(&key_path, &keystore).unwrap();
+        let settings = TlsSettings {
+            certificate_chain: Pem::File(key_path.clone()),
+            private_key: Pem::File(key_path.clone()),
+            truststore: Some(Pem::File(trust_path.clone())),
+            client_auth: ClientAuth::None,
+            tls12: true,
+            tls13: true,
+            alpn: Vec::new(),
+        };
+        let tls = ReloadingClientTls::new(settings, true).unwrap();
+        let first = tls.config();
+        assert!(Arc::ptr_eq(&first, &tls.config()), "unchanged files: the same configuration");
+
+        // A rotated truststore and certificate are taken (after the check interval).
+        let (ca, keystore) = ca_and_leaf("second CA with a longer name");
+        std::fs::write(&trust_path, &ca).unwrap();
+        std::fs::write(&key_path, &keystore).unwrap();
+        std::thread::sleep(RELOAD_CHECK + Duration::from_millis(100));
+        let second = tls.config();
+        assert!(!Arc::ptr_eq(&first, &second), "the rotated files are loaded");
+
+        // A half-written file keeps the configuration in use.
+        std::fs::write(&trust_path, "-----BEGIN CERTIFICATE-----\nnot yet").unwrap();
+        std::thread::sleep(RELOAD_CHECK + Duration::from_millis(100));
+        assert!(Arc::ptr_eq(&second, &tls.config()), "a file that does not load changes nothing");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -87,7 +87,7 @@ pub struct Cluster {
 
 impl Cluster {
     /// `tls`: the other nodes' CONTROLLER listeners speak TLS (`CONTROLLER:SSL`).
-    pub(crate) fn new(tls: Option<Arc<rustls::ClientConfig>>) -> Cluster {
+    pub(crate) fn new(tls: Option<weir_rpc::ClientTls>) -> Cluster {
         Cluster {
             rpc: RpcClient::new(weir_rpc::ClientConfig { tls, ..Default::default() }),
             incarnation: Uuid::new_v4(),

@@ -75,12 +75,11 @@ pub(crate) fn server_tls(config: &crate::config::BrokerConfig) -> Result<Option<
 }
 
 /// This node's TLS as a client of the other nodes' CONTROLLER listeners: the same keystore
-/// (presented when asked) and truststore.
-pub(crate) fn client_tls(config: &crate::config::BrokerConfig) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
-    match &config.controller_tls {
-        None => Ok(None),
-        Some(settings) => Ok(Some(Arc::new(settings.client_config(config.verify_peer_names)?))),
-    }
+/// (presented when asked) and truststore, reloaded when their files change.
+pub(crate) fn client_tls(config: &crate::config::BrokerConfig) -> Result<Option<weir_rpc::ClientTls>, String> {
+    let Some(settings) = &config.controller_tls else { return Ok(None) };
+    let reloading = weir_security::tls::ReloadingClientTls::new(settings.clone(), config.verify_peer_names)?;
+    Ok(Some(weir_rpc::ClientTls::new(move || reloading.config())))
 }
 
 struct InternalHandler {
