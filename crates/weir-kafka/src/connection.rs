@@ -91,12 +91,7 @@ fn certificate_principal(
     let Some(leaf) = stream.get_ref().1.peer_certificates().and_then(|chain| chain.first()) else {
         return Ok(None);
     };
-    let subject = weir_security::principal::subject_name(leaf)?;
-    let name = security
-        .principal_rules
-        .apply(&subject)
-        .ok_or_else(|| format!("no ssl.principal.mapping.rules rule maps {subject:?}"))?;
-    Ok(Some(format!("User:{name}").into()))
+    Ok(Some(security.principal_rules.principal_of_certificate(leaf)?.into()))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -93,6 +93,15 @@ impl PrincipalRules {
         }
         None
     }
+
+    /// The principal (`User:<name>`) of a client certificate, its leaf in DER: the subject's
+    /// name, mapped by these rules.
+    pub fn principal_of_certificate(&self, leaf_der: &[u8]) -> Result<String, String> {
+        let subject = subject_name(leaf_der)?;
+        let name =
+            self.apply(&subject).ok_or_else(|| format!("no ssl.principal.mapping.rules rule maps {subject:?}"))?;
+        Ok(format!("User:{name}"))
+    }
 }
 
 /// The text up to the next unescaped `/`, with `\/` unescaped, and what follows the slash.

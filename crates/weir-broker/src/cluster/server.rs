@@ -50,13 +50,7 @@ pub(crate) fn server_tls(config: &crate::config::BrokerConfig) -> Result<Option<
         Arc::new(move |chain: Option<&[rustls::pki_types::CertificateDer<'static>]>| {
             let principal = match chain.and_then(|c| c.first()) {
                 None => weir_security::acl::ANONYMOUS.to_string(),
-                Some(leaf) => {
-                    let subject = weir_security::principal::subject_name(leaf)?;
-                    let name = rules
-                        .apply(&subject)
-                        .ok_or_else(|| format!("no ssl.principal.mapping.rules rule maps {subject:?}"))?;
-                    format!("User:{name}")
-                }
+                Some(leaf) => rules.principal_of_certificate(leaf)?,
             };
             if super_users.contains(&principal) {
                 Ok(())
